@@ -1,0 +1,127 @@
+"""Train a small CNN on scikit-learn's bundled 8x8 digits images with ddpkit (real data, no download).
+
+    python examples/digits.py                               # one process (world size 1)
+    ddpkit run --nproc-per-node 2 examples/digits.py        # every rank of this machine
+
+Prints one JSON line at the end (rank 0): test_accuracy, test_loss, world_size, epochs, seconds,
+param_sha256, ... The global batch is fixed (--global-batch-size), so the number of ranks changes
+only the speed, not the samples each optimizer step sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+
+import ddpkit
+from ddpkit.metrics import MetricsLog, ProgressBar
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=15, help="passes over the training set")
+    p.add_argument("--global-batch-size", type=int, default=64, help="samples per optimizer step, all ranks together")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of model init, data order and split")
+    p.add_argument("--run-dir", default="runs/digits", help="where metrics.jsonl and plots go ('' for none)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    return p.parse_args(argv)
+
+
+def digits_datasets(seed: int) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset]:
+    """1797 real 8x8 grey images of handwritten digits, split 80/20 stratified, scaled to [0, 1]."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+
+    def as_dataset(xs, ys):
+        images = torch.tensor(xs, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+        return torch.utils.data.TensorDataset(images, torch.tensor(ys, dtype=torch.long))
+
+    return as_dataset(x_train, y_train), as_dataset(x_test, y_test)
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10),
+    )
+
+
+def evaluate(model: nn.Module, data, ctx: ddpkit.Context) -> dict[str, float]:
+    """Exact accuracy and mean loss over the whole test set: sums and counts reduced across ranks."""
+    net = ddpkit.unwrap(model).eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in data:
+            logits = net(x)
+            loss_sum += nn.functional.cross_entropy(logits, y, reduction="sum").item()
+            correct += (logits.argmax(1) == y).sum().item()
+            count += len(y)
+    net.train()
+    means = ddpkit.reduce_means(ctx, {"loss": loss_sum, "accuracy": correct}, count)
+    return {"test_loss": means["loss"], "test_accuracy": means["accuracy"]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    with ddpkit.init(seed=args.seed, device=args.device) as ctx:
+        start = time.perf_counter()
+        train_set, test_set = digits_datasets(args.seed)
+        if args.global_batch_size % ctx.world_size:
+            raise ValueError(
+                f"--global-batch-size {args.global_batch_size} is not divisible by world size {ctx.world_size}; "
+                "pick a multiple of the number of ranks"
+            )
+        train = ddpkit.loader(train_set, ctx, batch_size=args.global_batch_size // ctx.world_size)
+        test = ddpkit.eval_loader(test_set, ctx, batch_size=256)
+        torch.manual_seed(args.seed)  # same initial weights for every world size (DDP also broadcasts rank 0's)
+        model = ddpkit.wrap(make_model(), ctx)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * train.steps_per_epoch)
+        log = MetricsLog(args.run_dir, ctx) if args.run_dir else None
+        step = 0
+        with ProgressBar(ctx, total=args.epochs * train.steps_per_epoch, desc="digits") as bar:
+            for epoch in range(args.epochs):
+                for x, y in train:
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    step += 1
+                    bar.update(samples=train.global_batch_size, loss=loss)
+                metrics = evaluate(model, test, ctx)
+                train_loss = ddpkit.reduce_mean(ctx, loss.detach() * len(y), len(y))
+                if log is not None:
+                    log.log(step=step, epoch=epoch, loss=train_loss, lr=sched.get_last_lr()[0],
+                            samples_per_s=bar.samples_per_s, **metrics)
+        result = {
+            **metrics,
+            "world_size": ctx.world_size,
+            "epochs": args.epochs,
+            "global_batch_size": train.global_batch_size,
+            "steps": step,
+            "seconds": round(time.perf_counter() - start, 2),
+            "param_sha256": ddpkit.param_sha256(model),
+        }
+        if log is not None:
+            log.close()
+            if ctx.is_main:
+                from ddpkit.plot import plot_run
+
+                plot_run(args.run_dir)
+        if ctx.is_main:
+            print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

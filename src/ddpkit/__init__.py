@@ -1,0 +1,53 @@
+"""ddpkit: correct, fast DistributedDataParallel training from a single-device PyTorch script.
+
+Importing ddpkit imports nothing heavy and touches no device: names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "init": "ddpkit.runtime",
+    "Context": "ddpkit.runtime",
+    "rank_seed": "ddpkit.runtime",
+    "LaunchEnv": "ddpkit.env",
+    "read_env": "ddpkit.env",
+    "wrap": "ddpkit.wrap",
+    "unwrap": "ddpkit.wrap",
+    "accumulate": "ddpkit.wrap",
+    "loader": "ddpkit.data",
+    "eval_loader": "ddpkit.data",
+    "param_sha256": "ddpkit.wrap",
+    "DistributedLoader": "ddpkit.data",
+    "to_device": "ddpkit.data",
+    "all_reduce_sum": "ddpkit.collectives",
+    "reduce_mean": "ddpkit.collectives",
+    "reduce_means": "ddpkit.collectives",
+    "all_gather_object": "ddpkit.collectives",
+    "broadcast_object": "ddpkit.collectives",
+    "gather_in_order": "ddpkit.collectives",
+    "barrier": "ddpkit.collectives",
+    "MetricsLog": "ddpkit.metrics",
+    "ProgressBar": "ddpkit.metrics",
+    "print0": "ddpkit.metrics",
+    "rank_logger": "ddpkit.metrics",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

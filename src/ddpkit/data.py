@@ -1,0 +1,314 @@
+"""Distributed data loading: disjoint shards, automatic epochs, device transfer, resumable position.
+
+The global sample order depends only on (seed, epoch), never on the world size: optimizer step t
+of an epoch consumes positions [t*G, (t+1)*G) of one permutation, G = batch_size * world_size *
+accumulation_steps (the global batch). Micro-step j of rank r takes the b-sized slice starting at
+t*G + (j*world_size + r)*b. So 2 ranks x 32, 1 rank x 64, or 1 rank x 32 x 2 micro-steps all train
+on the same samples at every optimizer step, and a checkpoint taken on one world size resumes on
+another at the same place. torch's DistributedSampler interleaves by rank and cannot start
+mid-epoch, which is why ddpkit samples by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ddpkit.runtime import Context
+
+__all__ = [
+    "DistributedLoader",
+    "EvalLoader",
+    "ShardedBatchSampler",
+    "loader",
+    "eval_loader",
+    "eval_shard",
+    "to_device",
+    "epoch_permutation",
+]
+
+_DATALOADER_OWNED = ("sampler", "batch_sampler", "shuffle_seed", "generator")
+
+
+def epoch_permutation(num_samples: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The global order of one epoch: the same on every rank and for every world size."""
+    if not shuffle:
+        return list(range(num_samples))
+    import numpy as np
+    import torch
+
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))
+    return torch.randperm(num_samples, generator=g).tolist()
+
+
+class ShardedBatchSampler:
+    """Batches of dataset indices for one rank; see the module docstring for the layout."""
+
+    def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int,
+                 accumulation_steps: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.accumulation_steps = accumulation_steps
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.start_step = 0
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size * self.accumulation_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch (every rank runs the same number: no rank waits alone)."""
+        g = self.global_batch_size
+        return self.num_samples // g if self.drop_last else -(-self.num_samples // g)
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch - self.start_step) * self.accumulation_steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = epoch_permutation(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        g, b, w = self.global_batch_size, self.batch_size, self.world_size
+        needed = self.steps_per_epoch * g
+        if needed > len(order):  # drop_last=False: pad the last global batch from the epoch's start
+            order = order + (order * (needed // max(len(order), 1) + 1))[: needed - len(order)]
+        for t in range(self.start_step, self.steps_per_epoch):
+            for j in range(self.accumulation_steps):
+                start = t * g + (j * w + self.rank) * b
+                yield order[start:start + b]
+
+
+class DistributedLoader:
+    """Iterate this rank's shard on its device; each complete `for` loop over it is one epoch.
+
+    A loop that stops early (break) leaves the loader mid-epoch and the next loop continues from
+    there; `set_epoch(e)` restarts at epoch e's beginning.
+
+    Build it with `ddpkit.loader(...)`. Attributes: `epoch` (the epoch being or last iterated),
+    `step_end` (True when the last yielded micro-batch ends an optimizer step),
+    `global_batch_size`, `steps_per_epoch`. `state_dict()`/`load_state_dict()` save and restore
+    the exact position, also across world sizes that keep the global batch.
+    """
+
+    def __init__(self, dataset: Any, ctx: Context, sampler: ShardedBatchSampler, dataloader_kwargs: dict):
+        import torch
+
+        self.dataset = dataset
+        self.ctx = ctx
+        self.sampler = sampler
+        self.step_end = False
+        self._epoch, self._step = 0, 0  # position: the next optimizer step to run
+        self._micro = 0  # micro-batches yielded into the current optimizer step
+        self._pin = ctx.device.type == "cuda"
+        self._loader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=sampler, pin_memory=self._pin,
+            worker_init_fn=_WorkerSeeder(ctx.seed, ctx.rank, sampler), **dataloader_kwargs,
+        )
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated (or last iterated)."""
+        return self.sampler.epoch
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.sampler.global_batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.sampler.accumulation_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields in a whole epoch."""
+        return self.sampler.steps_per_epoch * self.sampler.accumulation_steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next loop iterate `epoch` from its start (optional: epochs advance by themselves)."""
+        self._epoch, self._step, self._micro = int(epoch), 0, 0
+
+    def _position(self) -> tuple[int, int]:
+        if self._step >= self.sampler.steps_per_epoch:
+            return self._epoch + 1, 0
+        return self._epoch, self._step
+
+    def __iter__(self) -> Iterator[Any]:
+        s = self.sampler
+        self._epoch, self._step = self._position()
+        s.epoch, s.start_step = self._epoch, self._step
+        self._micro = 0
+        for batch in self._loader:
+            self._micro += 1
+            self.step_end = self._micro == s.accumulation_steps
+            if self.step_end:
+                self._micro, self._step = 0, self._step + 1
+            yield to_device(batch, self.ctx.device, non_blocking=self._pin)
+        self._epoch, self._step = s.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The position after the last completed optimizer step: save when `step_end` is True."""
+        if self._micro:
+            raise ValueError(
+                f"loader.state_dict() called after micro-step {self._micro} of {self.sampler.accumulation_steps}; "
+                "save checkpoints when loader.step_end is True"
+            )
+        epoch, step = self._position()
+        return {"epoch": epoch, "samples_seen": step * self.sampler.global_batch_size, "seed": self.sampler.seed}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue from `state` (from any world size with the same global batch size and seed)."""
+        s = self.sampler
+        if int(state["seed"]) != s.seed:
+            raise ValueError(
+                f"checkpoint's data seed {state['seed']} differs from this loader's seed {s.seed}; "
+                "build the loader with the seed the run started with"
+            )
+        seen = int(state["samples_seen"])
+        if seen % s.global_batch_size:
+            raise ValueError(
+                f"checkpoint position {seen} samples is not a multiple of the global batch "
+                f"{s.global_batch_size}; keep batch_size * world_size * accumulation_steps as in the saved run"
+            )
+        self._epoch, self._step, self._micro = int(state["epoch"]), seen // s.global_batch_size, 0
+
+
+class _WorkerSeeder:
+    """Seed each data-loader worker from (seed, rank, epoch, worker id): distinct everywhere, reproducible."""
+
+    def __init__(self, seed: int, rank: int, sampler: ShardedBatchSampler):
+        self.seed, self.rank, self.sampler = seed, rank, sampler
+
+    def __call__(self, worker_id: int) -> None:
+        import numpy as np
+
+        from ddpkit.runtime import seed_everything
+
+        seq = np.random.SeedSequence([self.seed, self.rank, self.sampler.epoch, worker_id])
+        seed_everything(int(seq.generate_state(1)[0]))
+
+
+def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """Move tensors inside nested tuples/lists/dicts to `device`; other values pass through."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(v, device, non_blocking=non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device, non_blocking=non_blocking) for v in batch)
+    return batch
+
+
+def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True, seed: int | None = None,
+           accumulation_steps: int = 1, drop_last: bool = True, num_workers: int = 0,
+           **dataloader_kwargs: Any) -> DistributedLoader:
+    """A training loader: this rank's disjoint shard, a new order every epoch, batches on the device.
+
+    Args:
+        batch_size: samples per rank per micro-step. The global batch of one optimizer step is
+            batch_size * world_size * accumulation_steps.
+        shuffle: a new permutation of the whole dataset every epoch, from (seed, epoch).
+        seed: data-order seed, the same on every rank; default ctx.seed.
+        accumulation_steps: micro-steps per optimizer step (see `loader.step_end`, `ddpkit.accumulate`).
+        drop_last: True drops the final incomplete global batch, so every rank runs the same number
+            of equal steps; False pads it with samples from the epoch's start (a few samples are seen
+            twice, as with DistributedSampler).
+        num_workers, **dataloader_kwargs: passed to torch.utils.data.DataLoader (collate_fn,
+            persistent_workers, prefetch_factor, ...). Sampling options are ddpkit's own.
+    """
+    import torch
+
+    if isinstance(dataset, torch.utils.data.DataLoader):
+        raise TypeError("ddpkit.loader needs a Dataset, got a DataLoader; pass loader.dataset and the batch size")
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise TypeError("ddpkit.loader shards by index and needs a map-style Dataset (with __len__ and __getitem__)")
+    for name in _DATALOADER_OWNED:
+        if name in dataloader_kwargs:
+            raise TypeError(
+                f"ddpkit.loader got {name}=: ddpkit shards and orders the data itself (a sampler beside "
+                f"shuffle would contradict it); remove {name}= and use shuffle=/seed="
+            )
+    if "pin_memory" in dataloader_kwargs:
+        raise TypeError("pin_memory= is chosen by ddpkit (on for CUDA, off for CPU); remove it")
+    for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    if not isinstance(shuffle, bool):
+        raise TypeError(f"shuffle={shuffle!r} must be True or False")
+    num_samples = len(dataset)
+    sampler = ShardedBatchSampler(
+        num_samples, batch_size=batch_size, rank=ctx.rank, world_size=ctx.world_size,
+        accumulation_steps=accumulation_steps, shuffle=shuffle, seed=ctx.seed if seed is None else seed,
+        drop_last=drop_last,
+    )
+    if sampler.steps_per_epoch == 0:
+        raise ValueError(
+            f"dataset has {num_samples} samples, fewer than one global batch of {sampler.global_batch_size} "
+            f"(batch_size {batch_size} x world_size {ctx.world_size} x accumulation_steps {accumulation_steps}); "
+            "lower batch_size or pass drop_last=False"
+        )
+    if num_workers > 0:
+        dataloader_kwargs.setdefault("persistent_workers", True)
+    return DistributedLoader(dataset, ctx, sampler, {"num_workers": num_workers, **dataloader_kwargs})
+
+
+def eval_shard(num_samples: int, *, rank: int, world_size: int) -> range:
+    """Rank's contiguous, unpadded slice of an eval set: sizes differ by at most one, none repeats."""
+    return range(rank * num_samples // world_size, (rank + 1) * num_samples // world_size)
+
+
+class EvalLoader:
+    """This rank's unpadded eval shard, in dataset order, on its device.
+
+    Unlike DistributedSampler nothing is padded, so sums and counts reduced across ranks give
+    exactly the single-process metrics. Shards may differ in length by one sample: evaluate the
+    unwrapped model (`ddpkit.unwrap(model)`) under `torch.no_grad()` and call collectives only
+    after the loop, so no rank waits on a peer that has already finished. `indices` lists the
+    dataset indices of this shard in the order batches come (for `ddpkit.gather_in_order`).
+    """
+
+    def __init__(self, dataset: Any, ctx: Context, batch_size: int, dataloader_kwargs: dict):
+        import torch
+
+        self.ctx = ctx
+        self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size)
+        self._pin = ctx.device.type == "cuda"
+        self._loader = torch.utils.data.DataLoader(
+            torch.utils.data.Subset(dataset, self.indices), batch_size=batch_size, shuffle=False,
+            pin_memory=self._pin, **dataloader_kwargs,
+        )
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self._loader:
+            yield to_device(batch, self.ctx.device, non_blocking=self._pin)
+
+
+def eval_loader(dataset: Any, ctx: Context, *, batch_size: int, **dataloader_kwargs: Any) -> EvalLoader:
+    """An evaluation loader over an exact, duplicate-free shard (see EvalLoader)."""
+    import torch
+
+    if isinstance(dataset, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset)):
+        raise TypeError("ddpkit.eval_loader needs a map-style Dataset (with __len__ and __getitem__)")
+    for name in ("sampler", "batch_sampler", "shuffle", "drop_last", "pin_memory"):
+        if name in dataloader_kwargs:
+            raise TypeError(f"ddpkit.eval_loader got {name}=: evaluation shards are fixed, ordered and unpadded; remove it")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+    return EvalLoader(dataset, ctx, batch_size, dataloader_kwargs)

@@ -1,0 +1,314 @@
+"""What the lint rules need to know about one script: import aliases, rank guards, per-rank code."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "rank_name_kind", "terminal"]
+
+NONE, LOCAL, GLOBAL = 0, 1, 2
+"""How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
+
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "monitored_barrier",
+})
+"""torch.distributed functions that every rank of the group must call, or the job hangs."""
+
+_GLOBAL_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+_LOCAL_ENV = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+_RANK_TOKEN = re.compile(r"^(local|global|world|ddp|my|node|proc|process|gpu|dist)?rank(\d+|zero|id)?$")
+_MAIN_NAME = re.compile(
+    r"^_?(is|am)_(local_|global_|node_)?(main|master|chief|leader|zero|rank_?0|rank_?zero)"
+    r"(_process|_rank|_worker|_node)?$|^_?(local_)?(main|master)_(process|rank|worker)$"
+)
+_TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+
+
+def rank_name_kind(name: str) -> int:
+    """GLOBAL for names like rank/is_main/get_rank/RANK, LOCAL for local_rank/LOCAL_RANK, else NONE."""
+    if name in _GLOBAL_ENV:
+        return GLOBAL
+    if name in _LOCAL_ENV:
+        return LOCAL
+    lowered = name.lower()
+    tokens = lowered.split("_")
+    if not (_MAIN_NAME.match(lowered) or any(_RANK_TOKEN.match(t) for t in tokens)):
+        return NONE
+    return LOCAL if any(t.startswith("local") for t in tokens) else GLOBAL
+
+
+def terminal(node: ast.AST) -> str:
+    """The last identifier of a name or attribute chain (`dist.all_reduce` -> 'all_reduce')."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return ""
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a node sits: the strongest rank guard around it and the rank branches it is in."""
+
+    level: int = NONE
+    """NONE, LOCAL or GLOBAL: the strongest rank check that must pass for this code to run."""
+    branches: tuple[tuple[int, str, int], ...] = ()
+    """(id of the `if`, which branch, line of the `if`) for each rank-dependent branch, innermost last."""
+    functions: tuple[str, ...] = ()
+    """Names of the enclosing functions, outermost first."""
+    scope: int = 0
+    """id() of the innermost enclosing function (0 at module level)."""
+
+    def guarded(self, kind: int, node: ast.AST, branch: str) -> Context:
+        entry = (id(node), branch, getattr(node, "lineno", 0))
+        return Context(max(self.level, kind), self.branches + (entry,), self.functions, self.scope)
+
+
+class Script:
+    """One parsed script plus the facts the rules share; build it once per file."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self.nodes = list(ast.walk(tree))
+        self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self.aliases = self._import_aliases()
+        self.derived = self._derive_rank_names()
+        self.contexts: dict[int, Context] = {}
+        self._analyse_functions()
+        modules = set(self.aliases.values())
+        self.uses_ddpkit = any(m == "ddpkit" or m.startswith("ddpkit.") for m in modules)
+        self.uses_ddp = any(self.qualname(n).endswith("DistributedDataParallel")
+                            for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute)))
+        self.uses_torch_distributed = self.uses_ddp or any(
+            self.qualname(n).startswith("torch.distributed") or self.call_name(n) == "init_process_group"
+            for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute, ast.Call))
+        )
+        self.distributed = self.uses_torch_distributed or self.uses_ddpkit
+        """Every rank runs this file: it uses torch.distributed, DDP or ddpkit."""
+
+    # ---- names -------------------------------------------------------------------------------
+    def _import_aliases(self) -> dict[str, str]:
+        aliases: dict[str, str] = {}
+        for node in self.nodes:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        aliases[a.asname] = a.name
+                    else:
+                        head = a.name.split(".")[0]
+                        aliases[head] = head
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        return aliases
+
+    def qualname(self, node: ast.AST) -> str:
+        """Dotted name with import aliases resolved (`dist.barrier` -> 'torch.distributed.barrier')."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return ""
+        parts.append(self.aliases.get(node.id, node.id))
+        return ".".join(reversed(parts))
+
+    def call_name(self, node: ast.AST) -> str:
+        """The terminal name of a call's callee ('' for anything that is not a call)."""
+        return terminal(node.func) if isinstance(node, ast.Call) else ""
+
+    def calls_named(self, *names: str) -> list[ast.Call]:
+        return [c for c in self.calls if terminal(c.func) in names]
+
+    def is_dist_collective(self, call: ast.Call) -> bool:
+        name = self.qualname(call.func)
+        return name.startswith("torch.distributed.") and name.rsplit(".", 1)[-1] in COLLECTIVES
+
+    # ---- rank-dependence --------------------------------------------------------------------
+    def kind(self, expr: ast.AST | None) -> int:
+        """How an expression depends on the rank: NONE, LOCAL or GLOBAL (see rank_name_kind)."""
+        if isinstance(expr, ast.Name):
+            return self.derived.get(expr.id) or rank_name_kind(expr.id)
+        if isinstance(expr, ast.Attribute):
+            return self.derived.get("." + expr.attr) or rank_name_kind(expr.attr)
+        if isinstance(expr, ast.Call):
+            name = terminal(expr.func)
+            if name in ("int", "bool", "str") and expr.args:
+                return self.kind(expr.args[0])
+            if name in ("get", "getenv") and expr.args and isinstance(expr.args[0], ast.Constant):
+                return rank_name_kind(str(expr.args[0].value))
+            return rank_name_kind(name)
+        if isinstance(expr, ast.Subscript):
+            key = expr.slice
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                return rank_name_kind(key.value)
+            return NONE
+        if isinstance(expr, ast.Compare):
+            # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
+            if all(_is_mode_sentinel(c) for c in expr.comparators):
+                return NONE
+            return max(self.kind(e) for e in (expr.left, *expr.comparators))
+        if isinstance(expr, ast.BoolOp):
+            return max(self.kind(v) for v in expr.values)
+        if isinstance(expr, ast.UnaryOp):
+            return self.kind(expr.operand)
+        if isinstance(expr, ast.BinOp):
+            return max(self.kind(expr.left), self.kind(expr.right))
+        if isinstance(expr, ast.IfExp):
+            return max(self.kind(expr.body), self.kind(expr.orelse))
+        if isinstance(expr, ast.NamedExpr):
+            return self.kind(expr.value)
+        return NONE
+
+    def _derive_rank_names(self) -> dict[str, int]:
+        """Names assigned from the rank (`r = dist.get_rank()`, `main = r == 0`), to a fixed point."""
+        pairs: list[tuple[str, ast.AST]] = []
+        for node in self.nodes:
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    pairs.extend(_target_pairs(target, node.value))
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                pairs.extend(_target_pairs(node.target, node.value))
+        self.derived = {}
+        for _ in range(8):
+            derived: dict[str, int] = {}
+            for key, value in pairs:
+                k = self.kind(value)
+                if k:
+                    derived[key] = max(derived.get(key, NONE), k)
+            if derived == self.derived:
+                break
+            self.derived = derived
+        return self.derived
+
+    # ---- contexts --------------------------------------------------------------------------
+    def context(self, node: ast.AST) -> Context:
+        return self.contexts.get(id(node), Context())
+
+    def _analyse_functions(self) -> None:
+        """Walk the tree until the guard level of every function (from its call sites) is stable."""
+        defs = [n for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        names = {d.name for d in defs}
+        refs = [n for n in self.nodes if _references(n, names)]
+        self.function_level: dict[str, int] = {}
+        for _ in range(8):
+            self.contexts = {}
+            self._block(self.tree.body, Context())
+            levels: dict[str, int] = {}
+            for ref in refs:
+                name = terminal(ref)
+                level = self.context(ref).level
+                levels[name] = min(levels.get(name, GLOBAL), level)
+            if levels == self.function_level:
+                break
+            self.function_level = levels
+        self.per_rank_functions = self._spawned_functions(defs)
+
+    def _block(self, stmts: list[ast.stmt], ctx: Context) -> None:
+        for stmt in stmts:
+            self._visit(stmt, ctx)
+            # `if rank != 0: return` guards everything after it in the same block
+            if isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS):
+                k = self.kind(stmt.test)
+                if k:
+                    ctx = ctx.guarded(k, stmt, "after")
+
+    def _visit(self, node: ast.AST, ctx: Context) -> None:
+        self.contexts[id(node)] = ctx
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in (*node.decorator_list, *node.args.defaults, *node.args.kw_defaults):
+                if child is not None:
+                    self._visit(child, ctx)
+            decorated = max((rank_name_kind(terminal(d.func if isinstance(d, ast.Call) else d))
+                             for d in node.decorator_list), default=NONE)
+            level = max(ctx.level, decorated, self.function_level.get(node.name, NONE))
+            self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node)))
+            return
+        if isinstance(node, (ast.If, ast.IfExp)):
+            self._visit(node.test, ctx)
+            k = self.kind(node.test)
+            body_ctx = ctx.guarded(k, node, "body") if k else ctx
+            else_ctx = ctx.guarded(k, node, "else") if k else ctx
+            if isinstance(node, ast.If):
+                self._block(node.body, body_ctx)
+                self._block(node.orelse, else_ctx)
+            else:
+                self._visit(node.body, body_ctx)
+                self._visit(node.orelse, else_ctx)
+            return
+        if isinstance(node, ast.BoolOp):
+            for i, value in enumerate(node.values):
+                self._visit(value, ctx)
+                k = self.kind(value)
+                if k:  # `rank == 0 and print(...)`
+                    ctx = ctx.guarded(k, node, f"operand{i}")
+            return
+        for value in ast.iter_fields(node):
+            field = value[1]
+            if isinstance(field, list):
+                if field and isinstance(field[0], ast.stmt):
+                    self._block(field, ctx)
+                else:
+                    for item in field:
+                        if isinstance(item, ast.AST):
+                            self._visit(item, ctx)
+            elif isinstance(field, ast.AST):
+                self._visit(field, ctx)
+
+    def _spawned_functions(self, defs: list[ast.AST]) -> set[str] | None:
+        """Functions run by the ranks of an mp.spawn/Process script (None: the whole file is per-rank)."""
+        workers: set[str] = set()
+        for call in self.calls:
+            name = self.qualname(call.func)
+            if name.endswith(("multiprocessing.spawn", "start_processes")) and call.args:
+                workers.add(terminal(call.args[0]))
+            elif name.endswith("Process"):
+                workers.update(terminal(k.value) for k in call.keywords if k.arg == "target")
+        workers.discard("")
+        if not workers:
+            return None
+        callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
+        reached, todo = set(), list(workers)
+        while todo:
+            name = todo.pop()
+            if name not in reached:
+                reached.add(name)
+                todo.extend(callees.get(name, ()))
+        return reached
+
+    def per_rank(self, node: ast.AST) -> bool:
+        """True if every rank runs this node (False for the parent process of an mp.spawn script)."""
+        if self.per_rank_functions is None:
+            return True
+        return any(f in self.per_rank_functions for f in self.context(node).functions)
+
+
+def _is_mode_sentinel(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value is None or node.value == -1
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
+        isinstance(node.operand, ast.Constant) and node.operand.value == 1
+
+
+def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if isinstance(target, ast.Attribute):
+        return [("." + target.attr, value)]
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+            and len(target.elts) == len(value.elts):
+        return [p for t, v in zip(target.elts, value.elts) for p in _target_pairs(t, v)]
+    return []
+
+
+def _references(node: ast.AST, names: set[str]) -> bool:
+    """A use of a locally defined function: `f(...)`, `f` passed along, or `self.f(...)`."""
+    if isinstance(node, ast.Name):
+        return node.id in names and isinstance(node.ctx, ast.Load)
+    return (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls"))

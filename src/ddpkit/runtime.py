@@ -1,0 +1,196 @@
+"""Set up a rank (device, process group, seeds) in one call and tear it down cleanly."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from ddpkit.device import select_device
+from ddpkit.env import LaunchEnv, read_env
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Context", "init", "rank_seed", "seed_everything"]
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of one rank's python/numpy/torch generators: SeedSequence([seed, rank]) -> 32 bits.
+
+    Ranks get different streams (different dropout and augmentation per rank, which is what
+    data parallelism needs), a fixed `seed` reproduces every rank's stream, and unlike
+    `seed + rank` two runs with neighbouring seeds never share a rank's stream.
+    """
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's `random`, numpy's global generator and torch (CPU and every CUDA device)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device, lazily
+
+
+@dataclass(eq=False)
+class Context:
+    """What a rank knows about itself after `ddpkit.init()`; pass it to the other ddpkit calls."""
+
+    env: LaunchEnv
+    """The launcher's contract, read once."""
+    device: torch.device
+    """This rank's device: cuda:{local_rank} or cpu."""
+    backend: str
+    """Process-group backend: 'nccl' on CUDA, 'gloo' on CPU."""
+    seed: int
+    """The job's base seed (the data order uses it as is; generators use rank_seed(seed, rank))."""
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that writes files and prints."""
+        return self.env.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group exists (world size > 1); collectives are trivial otherwise."""
+        return self.env.distributed
+
+    def close(self) -> None:
+        """Tear down the process group; every rank must call it (it synchronises). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _teardown(clean=True, key=f"ddpkit/close/{self.env.restart_count}")
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Leave after an error without waiting for other ranks (they may be dead or stuck)."""
+        if self._closed:
+            return
+        self._closed = True
+        if exc is not None:
+            _record_error(exc)
+        _teardown(clean=False, key="")
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self.abort(exc)
+
+
+def init(
+    *,
+    seed: int = 0,
+    device: str = "auto",
+    timeout_s: float = 600.0,
+    init_method: str | None = None,
+    env: LaunchEnv | None = None,
+) -> Context:
+    """Set up this rank: device, process group, per-rank seeds. Use as `with ddpkit.init() as ctx:`.
+
+    Under `ddpkit run` / torchrun every rank calls it; under plain `python script.py` it sets up
+    world size 1 (no process group, trivial collectives) and the same code runs unchanged.
+
+    Args:
+        seed: base seed; rank r seeds python/numpy/torch with `rank_seed(seed, r)`.
+        device: 'auto' (cuda:{local_rank} when GPUs are visible, else cpu), 'cuda' or 'cpu'.
+        timeout_s: how long a collective may wait for a peer before the job fails (instead of hanging).
+        init_method: rendezvous URL (e.g. 'file:///shared/store'); default reads MASTER_ADDR/PORT.
+        env: the launcher's contract; default `read_env()` of this process.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed={seed!r} must be an int, e.g. ddpkit.init(seed=0)")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds, e.g. timeout_s=600")
+    env = read_env() if env is None else env
+    dev, backend = select_device(env, device=device)
+    if env.distributed:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            raise RuntimeError(
+                "a default process group already exists; call ddpkit.init() once per process and "
+                "do not also call torch.distributed.init_process_group"
+            )
+        if init_method is None:
+            if env.master_port is None:
+                raise ValueError(
+                    f"WORLD_SIZE={env.world_size} but MASTER_ADDR/MASTER_PORT are not set; launch with "
+                    "`ddpkit run` or torchrun, which set them, or pass init_method= to ddpkit.init"
+                )
+            init_method = "env://"
+        kwargs = {"device_id": dev} if dev.type == "cuda" else {}
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+    seed_everything(rank_seed(seed, env.rank))
+    return Context(env=env, device=dev, backend=backend, seed=seed)
+
+
+def _teardown(*, clean: bool, key: str) -> None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if clean:
+        # Nobody may free its sockets while a peer still waits on them: a rank that destroys the
+        # group while another is inside its last collective leaves that peer hung or aborting.
+        # The gloo barrier drains the data channel; the store barrier then proves every rank has
+        # returned from it before any rank destroys anything.
+        dist.barrier()
+        _store_barrier(dist, key)
+    dist.destroy_process_group()
+
+
+def _store_barrier(dist, key: str) -> None:
+    """Wait until every rank has reached `key`, through the rendezvous store (no gloo traffic)."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = _get_default_store()
+    except (ImportError, RuntimeError, ValueError):
+        return  # the gloo barrier above is then the only synchronisation
+    world_size = dist.get_world_size()
+    if store.add(key, 1) == world_size:
+        store.set(key + "/done", "1")
+    store.wait([key + "/done"])
+
+
+def _record_error(exc: BaseException) -> None:
+    """Write the traceback where torchrun looks for it, so its failure summary shows the cause."""
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+    except Exception:  # reporting must never mask the user's own exception
+        pass

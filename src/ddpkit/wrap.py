@@ -1,0 +1,160 @@
+"""Wrap a model for DDP with checked options; unwrap it; accumulate gradients without extra all-reduces."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ddpkit.runtime import Context
+
+__all__ = ["wrap", "unwrap", "accumulate", "param_sha256", "DDP_DEFAULTS"]
+
+DDP_DEFAULTS: dict[str, Any] = {
+    "find_unused_parameters": False,
+    "static_graph": False,
+    "gradient_as_bucket_view": True,
+    "bucket_cap_mb": 25.0,
+}
+"""DDP options ddpkit passes unless told otherwise (see wrap's docstring for why).
+
+`broadcast_buffers` is passed only when the user sets it (torch >= 2.13 deprecates the name in
+favour of `forward_sync_buffers`, whose init-time behaviour differs); DDP's default is True."""
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "find_unused_parameters": (bool,),
+    "static_graph": (bool,),
+    "gradient_as_bucket_view": (bool,),
+    "bucket_cap_mb": (int, float),
+    "broadcast_buffers": (bool,),
+}
+
+
+def _check_options(options: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(DDP_DEFAULTS)
+    for name, value in options.items():
+        if name not in _TYPES:
+            hint = ""
+            if name in ("device_ids", "output_device"):
+                hint = "; ddpkit sets device_ids itself (none on CPU, [local_rank] on CUDA)"
+            elif name in ("shuffle", "batch_size", "num_workers", "sampler", "pin_memory"):
+                hint = f"; {name} is a data-loader option: pass it to ddpkit.loader"
+            raise TypeError(f"wrap() got unknown DDP option {name!r}; known: {', '.join(_TYPES)}{hint}")
+        want = _TYPES[name]
+        if isinstance(value, bool) and bool not in want or not isinstance(value, want):
+            raise TypeError(
+                f"wrap() option {name}={value!r} must be {' or '.join(t.__name__ for t in want)}"
+            )
+        merged[name] = value
+    if merged["bucket_cap_mb"] <= 0:
+        raise ValueError(f"bucket_cap_mb={merged['bucket_cap_mb']} must be > 0 (PyTorch's default is 25)")
+    return merged
+
+
+def wrap(
+    model: torch.nn.Module,
+    ctx: Context,
+    *,
+    sync_batchnorm: bool = False,
+    compile: bool = False,
+    **ddp_options: Any,
+) -> torch.nn.Module:
+    """Move `model` to the rank's device and wrap it in DistributedDataParallel.
+
+    At world size 1 the model is returned unwrapped (DDP would only add copies). On CPU no
+    `device_ids` are passed (DDP rejects them there); on CUDA `device_ids=[local_rank]`.
+
+    Defaults: `gradient_as_bucket_view=True` (gradients alias the all-reduce buckets: one copy and
+    one gradient-sized buffer less per step, same numbers); `find_unused_parameters=False` (the
+    extra graph traversal costs every step; set it True if some parameters get no gradient);
+    `static_graph=False` (set True when the graph is the same every step, which also makes
+    activation checkpointing work). DDP broadcasts rank 0's parameters and buffers at wrap time, so
+    every rank starts from the same model.
+
+    Args:
+        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (statistics over the global batch).
+        compile: apply torch.compile after wrapping (the order DDP's optimizer needs).
+        **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
+            bucket_cap_mb, broadcast_buffers.
+    """
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"wrap() needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
+    options = _check_options(ddp_options)
+    model = model.to(ctx.device)
+    if ctx.distributed:
+        if sync_batchnorm:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
+    if compile:
+        model = torch.compile(model)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own module inside DDP and/or torch.compile wrappers (for saving and evaluation).
+
+    Its state_dict has no `module.` or `_orig_mod.` prefixes.
+    """
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or not _is_wrapper(model):
+            return model
+        model = inner
+
+
+def _is_wrapper(model: Any) -> bool:
+    import torch
+
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return True
+    return type(model).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod")
+
+
+@contextlib.contextmanager
+def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
+    """Run one micro-step's forward and backward; all-reduce gradients only when `sync` is True.
+
+    Put both forward and backward inside: DDP decides at forward time whether the following
+    backward all-reduces, so `no_sync` around backward alone does nothing. With k micro-steps and
+    `sync=True` on the last one, gradients accumulate locally and cost one all-reduce per
+    optimizer step instead of k. The loader's `step_end` flag is the usual `sync` value.
+    """
+    ddp = _find_ddp(model)
+    if sync or ddp is None:
+        yield
+    else:
+        with ddp.no_sync():
+            yield
+
+
+def _find_ddp(model: Any):
+    import torch
+
+    while model is not None:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model
+        model = getattr(model, "_orig_mod", None)
+    return None
+
+
+def param_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of the unwrapped model's state (names, dtypes, shapes, bytes): equal means bit-identical."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(unwrap(model).state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
