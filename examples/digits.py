@@ -2,6 +2,7 @@
 
     python examples/digits.py                               # one process (world size 1)
     ddpkit run --nproc-per-node 2 examples/digits.py        # every rank of this machine
+    ddpkit run --max-restarts 3 examples/digits.py --checkpoint-dir ckpt   # survive crashes, resume
 
 Prints one JSON line at the end (rank 0): test_accuracy, test_loss, world_size, epochs, seconds,
 param_sha256, ... The global batch is fixed (--global-batch-size), so the number of ranks changes
@@ -29,6 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of model init, data order and split")
     p.add_argument("--run-dir", default="runs/digits", help="where metrics.jsonl and plots go ('' for none)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    p.add_argument("--checkpoint-dir", default="",
+                   help="save checkpoints here and resume from the newest valid one at start ('' for none)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="optimizer steps between checkpoints (0: at the end of every epoch)")
     return p.parse_args(argv)
 
 
@@ -72,6 +77,8 @@ def evaluate(model: nn.Module, data, ctx: ddpkit.Context) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.save_every < 0:
+        raise ValueError(f"--save-every {args.save_every} must be >= 0 (0 saves at the end of every epoch)")
     with ddpkit.init(seed=args.seed, device=args.device) as ctx:
         start = time.perf_counter()
         train_set, test_set = digits_datasets(args.seed)
@@ -87,9 +94,18 @@ def main(argv: list[str] | None = None) -> dict:
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * train.steps_per_epoch)
         log = MetricsLog(args.run_dir, ctx) if args.run_dir else None
-        step = 0
-        with ProgressBar(ctx, total=args.epochs * train.steps_per_epoch, desc="digits") as bar:
-            for epoch in range(args.epochs):
+        step, first_epoch, resumed_from = 0, 0, None
+        if args.checkpoint_dir:  # resume if a checkpoint exists; None on a fresh start
+            ckpt = ddpkit.load_checkpoint(ctx, args.checkpoint_dir, model=model, optimizer=opt, scheduler=sched,
+                                          loader=train)
+            if ckpt is not None:
+                step = resumed_from = ckpt["step"]
+                first_epoch = train.state_dict()["epoch"]  # mid-epoch: the loop continues inside it
+        total_steps = args.epochs * train.steps_per_epoch
+        save_every = args.save_every or train.steps_per_epoch
+        metrics = None
+        with ProgressBar(ctx, total=total_steps - step, desc="digits") as bar:
+            for epoch in range(first_epoch, args.epochs):
                 for x, y in train:
                     loss = nn.functional.cross_entropy(model(x), y)
                     opt.zero_grad(set_to_none=True)
@@ -98,11 +114,16 @@ def main(argv: list[str] | None = None) -> dict:
                     sched.step()
                     step += 1
                     bar.update(samples=train.global_batch_size, loss=loss)
+                    if args.checkpoint_dir and (step % save_every == 0 or step == total_steps):
+                        ddpkit.save_checkpoint(ctx, args.checkpoint_dir, step=step, model=model, optimizer=opt,
+                                               scheduler=sched, loader=train)
                 metrics = evaluate(model, test, ctx)
                 train_loss = ddpkit.reduce_mean(ctx, loss.detach() * len(y), len(y))
                 if log is not None:
                     log.log(step=step, epoch=epoch, loss=train_loss, lr=sched.get_last_lr()[0],
                             samples_per_s=bar.samples_per_s, **metrics)
+        if metrics is None:  # resumed from the final checkpoint: nothing left to train
+            metrics = evaluate(model, test, ctx)
         result = {
             **metrics,
             "world_size": ctx.world_size,
@@ -112,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
             "seconds": round(time.perf_counter() - start, 2),
             "param_sha256": ddpkit.param_sha256(model),
         }
+        if args.checkpoint_dir:
+            result["resumed_from_step"] = resumed_from
         if log is not None:
             log.close()
             if ctx.is_main:

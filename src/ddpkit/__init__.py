@@ -35,6 +35,13 @@ _EXPORTS = {
     "ProgressBar": "ddpkit.metrics",
     "print0": "ddpkit.metrics",
     "rank_logger": "ddpkit.metrics",
+    "save_checkpoint": "ddpkit.checkpoint",
+    "load_checkpoint": "ddpkit.checkpoint",
+    "latest_checkpoint": "ddpkit.checkpoint",
+    "verify_checkpoint": "ddpkit.checkpoint",
+    "CheckpointError": "ddpkit.checkpoint",
+    "Precision": "ddpkit.precision",
+    "StepInfo": "ddpkit.precision",
 }
 
 __all__ = ["__version__", *_EXPORTS]

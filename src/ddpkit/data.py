@@ -108,9 +108,13 @@ class DistributedLoader:
         self._epoch, self._step = 0, 0  # position: the next optimizer step to run
         self._micro = 0  # micro-batches yielded into the current optimizer step
         self._pin = ctx.device.type == "cuda"
+        # A private generator: DataLoader draws a base seed from the global torch generator each
+        # time a loop starts, so a run resumed mid-epoch (one extra loop start) would otherwise get
+        # different dropout than the uninterrupted run. Worker seeds come from _WorkerSeeder anyway.
         self._loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=sampler, pin_memory=self._pin,
-            worker_init_fn=_WorkerSeeder(ctx.seed, ctx.rank, sampler), **dataloader_kwargs,
+            worker_init_fn=_WorkerSeeder(ctx.seed, ctx.rank, sampler),
+            generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
         )
 
     @property

@@ -68,21 +68,33 @@ def _slurm_env(environ: Mapping[str, str]) -> LaunchEnv | None:
     world_size = _int(environ, "SLURM_NTASKS")
     if world_size is None or world_size <= 1:
         return None
-    master_addr = environ.get("MASTER_ADDR")
-    if master_addr is None:
+    from ddpkit.cluster import ClusterError, parse_hostlist, slurm_port, tasks_per_node
+
+    node_rank = _int(environ, "SLURM_NODEID", 0)
+    job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    if environ.get("MASTER_ADDR") is None and (nodelist is None or job_id is None):
         raise EnvError(
-            "running as one srun task per rank needs MASTER_ADDR and MASTER_PORT; set them in the "
-            "batch script, or run `srun --ntasks-per-node 1 ddpkit run SCRIPT` to let torchrun start "
-            "the ranks"
+            "running as one srun task per rank needs MASTER_ADDR and MASTER_PORT (or SLURM_JOB_ID and "
+            "SLURM_STEP_NODELIST); set them in the batch script, or run `srun --ntasks-per-node 1 ddpkit "
+            "run SCRIPT` to let torchrun start the ranks"
         )
+    try:
+        # Every task computes the same store address: the step's first host, a port from the job id.
+        master_addr = environ.get("MASTER_ADDR") or parse_hostlist(nodelist)[0]
+        master_port = _int(environ, "MASTER_PORT", None) or (slurm_port(job_id) if job_id else 29500)
+        local_world_size = tasks_per_node(per_node, node_rank) if per_node else _int(environ, "SLURM_NTASKS_PER_NODE", 1)
+    except ClusterError as e:
+        raise EnvError(str(e)) from None
     return LaunchEnv(
         rank=_int(environ, "SLURM_PROCID"),
         local_rank=_int(environ, "SLURM_LOCALID", 0),
         world_size=world_size,
-        local_world_size=_int(environ, "SLURM_NTASKS_PER_NODE", None) or _int(environ, "SLURM_STEP_TASKS_PER_NODE", 1),
-        node_rank=_int(environ, "SLURM_NODEID", 0),
+        local_world_size=local_world_size,
+        node_rank=node_rank,
         master_addr=master_addr,
-        master_port=_int(environ, "MASTER_PORT", 29500),
+        master_port=master_port,
         launcher="slurm",
     )
 
@@ -110,9 +122,11 @@ def read_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         )
     local_rank = _int(environ, "LOCAL_RANK", None)
     local_world_size = _int(environ, "LOCAL_WORLD_SIZE", None)
+    node_rank = _int(environ, "GROUP_RANK", None)
     if local_rank is None:
-        # Kubeflow's PyTorchJob sets RANK/WORLD_SIZE per pod with one process each.
+        # Kubeflow's PyTorchJob sets RANK/WORLD_SIZE per pod with one process each: the pod is the node.
         local_rank, local_world_size = 0, local_world_size or 1
+        node_rank = rank if node_rank is None else node_rank
     if local_world_size is None:
         local_world_size = world_size if world_size > 0 else 1
     if not 0 <= local_rank < local_world_size:
@@ -127,7 +141,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=local_world_size,
-        node_rank=_int(environ, "GROUP_RANK", None) or _int(environ, "NODE_RANK", 0),
+        node_rank=node_rank if node_rank is not None else _int(environ, "NODE_RANK", 0),
         master_addr=environ.get("MASTER_ADDR", "127.0.0.1"),
         master_port=master_port,
         restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT", 0),

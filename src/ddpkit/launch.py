@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "RunConfig",
     "LaunchError",
     "build_torchrun_argv",
     "default_nproc_per_node",
+    "resolve_nodes",
     "resolve_nproc_per_node",
     "threads_per_rank",
     "launch",
@@ -50,6 +51,17 @@ class RunConfig:
     """Seconds between torchrun's health checks of the ranks (how fast a crash is noticed)."""
     local_addr: str | None = None
     """Address this node advertises to the others (multi-node)."""
+    iface: str | None = None
+    """Network interface for the ranks' collectives (multi-node); None: the one that routes to the endpoint."""
+    rdzv_timeout: float = 300.0
+    """Seconds a node waits for the others to join the rendezvous before the run fails."""
+    connect_timeout: float = 30.0
+    """Seconds a non-host node keeps trying to reach --rdzv-endpoint before the run fails (pre-flight)."""
+    hang_timeout_s: float | None = None
+    """Start ranks under ddpkit's hang watchdog (ddpkit.check._bootstrap): a rank blocked this long in a
+    collective reports where and exits, so the run fails with a summary instead of hanging. None: off."""
+    hang_report_dir: str | None = None
+    """Where the watchdogs write their per-rank reports; `launch` picks a temporary directory when None."""
 
     @property
     def single_node(self) -> bool:
@@ -95,29 +107,99 @@ def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int) -> int:
     return n
 
 
+def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None,
+                  rdzv_id: str | None, nproc_per_node: str | None, environ) -> dict:
+    """Multi-node settings: explicit flags, else the cluster's environment (SLURM, Kubeflow), validated.
+
+    Returns RunConfig keyword values (nnodes, node_rank, rdzv_endpoint, rdzv_id when decided) and the
+    --nproc-per-node string to resolve. A pure function of its arguments.
+    """
+    from ddpkit.cluster import ClusterError, detect_cluster
+    from ddpkit.netcheck import NetworkError, split_endpoint
+
+    try:
+        found = detect_cluster(environ)
+    except ClusterError as e:
+        raise LaunchError(str(e)) from None
+    if found is not None:
+        nnodes = nnodes if nnodes is not None else found.nnodes
+        node_rank = node_rank if node_rank is not None else (found.node_rank if found.rdzv_endpoint else None)
+        rdzv_endpoint = rdzv_endpoint or found.rdzv_endpoint
+        rdzv_id = rdzv_id or (found.rdzv_id if rdzv_endpoint else None)
+        nproc_per_node = nproc_per_node or found.nproc_per_node
+    nnodes = nnodes or "1"
+    low, _, high = nnodes.partition(":")
+    high = high or low
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)) or nnodes.count(":") > 1:
+        raise LaunchError(f"--nnodes {nnodes!r} is not N or MIN:MAX with 1 <= MIN <= MAX; pass e.g. 2, or 2:4 "
+                          "for elastic membership")
+    if node_rank is not None and not 0 <= node_rank < int(high):
+        raise LaunchError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks are 0..{int(high) - 1}; "
+                          f"pass --node-rank 0 on the rendezvous node and 1..{int(high) - 1} on the others")
+    out = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
+           "nproc_per_node": nproc_per_node or "auto"}
+    if nnodes in ("1", "1:1") and rdzv_endpoint is None:
+        out["node_rank"] = None
+        if rdzv_id is not None:
+            out["rdzv_id"] = rdzv_id
+        return out
+    if rdzv_endpoint is None:
+        raise LaunchError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the address of node 0 that every "
+                          "node can reach, e.g. --rdzv-endpoint node0:29400")
+    try:
+        host, port = split_endpoint(rdzv_endpoint)
+    except NetworkError as e:
+        raise LaunchError(str(e)) from None
+    if port == 0:
+        raise LaunchError(f"--rdzv-endpoint {rdzv_endpoint}: port 0 cannot be shared by several nodes; "
+                          f"pass a fixed free port, e.g. {host}:29400")
+    # Every node must name the same rendezvous: derive the id from the endpoint, never a per-node uuid.
+    out["rdzv_id"] = rdzv_id or f"ddpkit-{host}-{port}"
+    return out
+
+
 def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
     """Intra-op threads per rank so that the ranks together do not oversubscribe the cores."""
     return max(1, num_cpus // max(1, nproc_per_node))
 
 
-def build_torchrun_argv(cfg: RunConfig) -> list[str]:
-    """The arguments of `torch.distributed.run` for `cfg` (a pure function)."""
+def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr: str | None = None,
+                        is_host: bool | None = None) -> list[str]:
+    """The arguments of `torch.distributed.run` for `cfg` (a pure function).
+
+    `launch` passes ddpkit's own backend (`ddpkit.rendezvous.BACKEND`, c10d whose stores listen on
+    `bind_addr` only) and whether this node hosts the rendezvous store, which it learns at run time.
+    """
     argv = [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={cfg.max_restarts}",
             f"--monitor-interval={cfg.monitor_interval}"]
+    # Bounded waits: a node whose peers never join (or whose store stops answering) fails
+    # after these many seconds instead of torchrun's 600 s default join timeout.
+    conf = [f"join_timeout={cfg.rdzv_timeout:g}", f"read_timeout={max(1, round(min(cfg.rdzv_timeout, 60)))}"]
+    if bind_addr is not None:
+        conf.append(f"bind_addr={bind_addr}")
+    if is_host is not None:
+        conf.append(f"is_host={str(is_host).lower()}")
     if cfg.single_node:
         # c10d on port 0: the OS picks a free port when the store binds, so two jobs on one
         # machine never collide and nothing probes a port and releases it (a race).
-        argv += ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+        argv += ["--nnodes=1", f"--rdzv-backend={rdzv_backend}", "--rdzv-endpoint=127.0.0.1:0",
                  f"--rdzv-id={cfg.rdzv_id}", "--local-addr=127.0.0.1"]
     else:
         if cfg.rdzv_endpoint is None:
             raise LaunchError(f"--nnodes {cfg.nnodes} needs --rdzv-endpoint HOST:PORT (the node all others reach)")
-        argv += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+        argv += [f"--nnodes={cfg.nnodes}", f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={cfg.rdzv_endpoint}",
                  f"--rdzv-id={cfg.rdzv_id}"]
         if cfg.node_rank is not None:
             argv.append(f"--node-rank={cfg.node_rank}")
         if cfg.local_addr is not None:
             argv.append(f"--local-addr={cfg.local_addr}")
+    argv.append("--rdzv-conf=" + ",".join(conf))
+    if cfg.hang_timeout_s is not None:
+        # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
+        # script unchanged as __main__ (no environment variables of our own).
+        argv += ["-m", "ddpkit.check._bootstrap", f"--hang-timeout={cfg.hang_timeout_s:g}"]
+        if cfg.hang_report_dir is not None:
+            argv += ["--report-dir", cfg.hang_report_dir]
     if cfg.module:
         argv.append("-m")
     argv.append(cfg.target)
@@ -131,12 +213,27 @@ def launch(cfg: RunConfig) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import parse_args, run
 
+    from ddpkit import rendezvous
+    from ddpkit.netcheck import NetworkError
+
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(cfg.nproc_per_node, _num_cpus())))
-    args = parse_args(build_torchrun_argv(cfg))
+    try:
+        socket_env, cfg, net_kwargs = _plan_network(cfg)
+    except NetworkError as e:
+        print(f"ddpkit run: error: {e}", file=sys.stderr)
+        return 2
+    os.environ.update(socket_env)  # the ranks inherit this process's environment
+    if cfg.hang_timeout_s is not None and cfg.hang_report_dir is None:
+        import tempfile
+
+        cfg = replace(cfg, hang_report_dir=tempfile.mkdtemp(prefix="ddpkit-hang-"))
+    rendezvous.register()
+    args = parse_args(build_torchrun_argv(cfg, rdzv_backend=rendezvous.BACKEND, **net_kwargs))
     try:
         run(args)
     except ChildFailedError as e:
         _print_failures(e)
+        _print_hang_reports(cfg)
         return 1
     except SignalException as e:
         print(f"ddpkit run: stopped by {e.sigval.name}; all ranks were terminated", file=sys.stderr)
@@ -145,6 +242,48 @@ def launch(cfg: RunConfig) -> int:
         print("ddpkit run: interrupted; all ranks were terminated", file=sys.stderr)
         return 130
     return 0
+
+
+def _plan_network(cfg: RunConfig) -> tuple[dict[str, str], RunConfig, dict]:
+    """Socket variables for the ranks, the config to run, and the store binding (may raise NetworkError).
+
+    One node: everything on loopback, including gloo's sockets, which otherwise bind the address the
+    hostname resolves to. Several nodes: the interface the user names (--iface) or the one that routes
+    to the endpoint, and a pre-flight connect so a wrong endpoint fails now instead of hanging.
+    """
+    from ddpkit import netcheck
+
+    if cfg.single_node:
+        lo = netcheck.loopback_interface()
+        env = {name: lo for name in netcheck.SOCKET_IFNAME_VARS if name not in os.environ}
+        return env, cfg, {"bind_addr": "127.0.0.1", "is_host": True}
+    host, port = netcheck.split_endpoint(cfg.rdzv_endpoint or "")
+    plan = netcheck.plan_network(host, port, iface=cfg.iface, node_rank=cfg.node_rank, environ=os.environ)
+    if not plan.is_host:
+        netcheck.probe_endpoint(host, port, iface=plan.iface, timeout_s=cfg.connect_timeout)
+    kwargs: dict = {}
+    if cfg.iface is not None:
+        # The user named the network: the stores this node hosts listen there only, and the node
+        # advertises its address on it (where rank 0's node puts the ranks' store).
+        cfg = replace(cfg, local_addr=cfg.local_addr or plan.address)
+        kwargs = {"bind_addr": plan.address, "is_host": plan.is_host}
+    elif cfg.node_rank is not None:
+        kwargs = {"is_host": plan.is_host}
+    return plan.env, cfg, kwargs
+
+
+def _print_hang_reports(cfg: RunConfig) -> None:
+    """After a failure: the watchdogs' one line per rank, if they declared a hang."""
+    if cfg.hang_report_dir is None:
+        return
+    from ddpkit.check.watchdog import collect_reports, summarize
+
+    reports = collect_reports(cfg.hang_report_dir)
+    if reports:
+        print(f"ddpkit run: hang detected (--hang-timeout {cfg.hang_timeout_s:g} s); reports in "
+              f"{cfg.hang_report_dir}", file=sys.stderr)
+        for line in summarize(reports):
+            print(f"ddpkit run:   {line}", file=sys.stderr)
 
 
 def _print_failures(e) -> None:
@@ -160,6 +299,23 @@ def _print_failures(e) -> None:
             if message:
                 why += f": {message.strip().splitlines()[-1]}"
         print(f"ddpkit run: {where} {why}", file=sys.stderr)
+    from ddpkit.netcheck import lost_peer
+
+    lost = {lost_peer(why) for why in _failure_messages(e)} - {None}
+    for addr in sorted(lost):
+        print(f"ddpkit run: lost the ranks at {addr}: that node's launcher, ranks or network stopped, so this "
+              "node stopped too; check that node's log, then relaunch every node (or use --nnodes MIN:MAX with "
+              "--max-restarts to continue without it)", file=sys.stderr)
+
+
+def _failure_messages(e) -> list[str]:
+    out = []
+    for failure in e.failures.values():
+        data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+        message = data.get("message")
+        if isinstance(message, dict) and message.get("message"):
+            out.append(str(message["message"]))
+    return out
 
 
 def _visible_gpus() -> int:

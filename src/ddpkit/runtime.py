@@ -108,6 +108,7 @@ def init(
     timeout_s: float = 600.0,
     init_method: str | None = None,
     env: LaunchEnv | None = None,
+    hang_timeout_s: float | None = None,
 ) -> Context:
     """Set up this rank: device, process group, per-rank seeds. Use as `with ddpkit.init() as ctx:`.
 
@@ -120,12 +121,19 @@ def init(
         timeout_s: how long a collective may wait for a peer before the job fails (instead of hanging).
         init_method: rendezvous URL (e.g. 'file:///shared/store'); default reads MASTER_ADDR/PORT.
         env: the launcher's contract; default `read_env()` of this process.
+        hang_timeout_s: start a hang watchdog: a rank blocked this long in a collective (or in
+            DDP's backward) without progress prints its stack and the collective's call site, and
+            exits (see ddpkit.check.watchdog). None: off (`ddpkit run --hang-timeout` turns it on too).
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed={seed!r} must be an int, e.g. ddpkit.init(seed=0)")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds, e.g. timeout_s=600")
+    if hang_timeout_s is not None and not hang_timeout_s > 0:
+        raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 seconds (or None: off), e.g. 300")
     env = read_env() if env is None else env
+    if env.launcher == "torchrun":
+        _exit_with_launcher()
     dev, backend = select_device(env, device=device)
     if env.distributed:
         import torch.distributed as dist
@@ -151,8 +159,35 @@ def init(
             timeout=timedelta(seconds=timeout_s),
             **kwargs,
         )
+    if hang_timeout_s is not None and env.distributed:
+        from ddpkit.check.watchdog import start_watchdog
+
+        start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
     seed_everything(rank_seed(seed, env.rank))
     return Context(env=env, device=dev, backend=backend, seed=seed)
+
+
+def _exit_with_launcher() -> None:
+    """Die when this rank's launcher dies (Linux): a SIGKILLed `ddpkit run` leaves no orphan ranks.
+
+    torchrun starts each rank in its own session, so nothing else reaches them when the launcher is
+    killed; the surviving nodes then see this node's ranks vanish and fail fast instead of training on.
+    """
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl (unusual libc): keep running without the lifeline
+        return
+    if os.getppid() != parent:  # the launcher died before the lifeline was set
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _teardown(*, clean: bool, key: str) -> None:

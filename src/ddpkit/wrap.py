@@ -59,7 +59,8 @@ def wrap(
     ctx: Context,
     *,
     sync_batchnorm: bool = False,
-    compile: bool = False,
+    compile: bool | dict[str, Any] = False,
+    comm: str | None = None,
     **ddp_options: Any,
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
@@ -76,7 +77,11 @@ def wrap(
 
     Args:
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (statistics over the global batch).
-        compile: apply torch.compile after wrapping (the order DDP's optimizer needs).
+        compile: apply torch.compile after wrapping (the order DDP's optimizer needs): True, or a
+            dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
+            (traces and runs eagerly: no C++ compiler, no kernel build time).
+        comm: None (default: float32 gradients, exact DDP), 'fp16' or 'bf16': all-reduce
+            16-bit gradients (half the bytes; opt-in because it rounds them; see ddpkit.comm).
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers.
     """
@@ -87,14 +92,22 @@ def wrap(
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
     options = _check_options(ddp_options)
+    from ddpkit.comm import check_comm, register_comm
+
+    check_comm(comm)
     model = model.to(ctx.device)
     if ctx.distributed:
         if sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
-    if compile:
+        register_comm(model, comm)
+    if isinstance(compile, dict):
+        model = torch.compile(model, **compile)
+    elif compile is True:
         model = torch.compile(model)
+    elif compile is not False:
+        raise TypeError(f"wrap(compile={compile!r}) must be True, False or a dict of torch.compile options")
     return model
 
 

@@ -26,6 +26,8 @@ _MAIN_NAME = re.compile(
     r"^_?(is|am)_(local_|global_|node_)?(main|master|chief|leader|zero|rank_?0|rank_?zero)"
     r"(_process|_rank|_worker|_node)?$|^_?(local_)?(main|master)_(process|rank|worker)$"
 )
+_GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
+"""Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 
 
@@ -36,6 +38,8 @@ def rank_name_kind(name: str) -> int:
     if name in _LOCAL_ENV:
         return LOCAL
     lowered = name.lower()
+    if lowered in _GPU_INDEX:
+        return LOCAL
     tokens = lowered.split("_")
     if not (_MAIN_NAME.match(lowered) or any(_RANK_TOKEN.match(t) for t in tokens)):
         return NONE
@@ -210,13 +214,23 @@ class Script:
         self.per_rank_functions = self._spawned_functions(defs)
 
     def _block(self, stmts: list[ast.stmt], ctx: Context) -> None:
+        before_first: Context | None = None
         for stmt in stmts:
+            k = self.kind(stmt.test) if isinstance(stmt, ast.If) and not stmt.orelse else NONE
+            barrier = k and any(terminal(n.func) == "barrier" for n in ast.walk(stmt) if isinstance(n, ast.Call))
+            if barrier and before_first is not None:
+                ctx, before_first = before_first, None
+                self._visit(stmt, ctx)
+                continue
             self._visit(stmt, ctx)
-            # `if rank != 0: return` guards everything after it in the same block
-            if isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS):
-                k = self.kind(stmt.test)
-                if k:
-                    ctx = ctx.guarded(k, stmt, "after")
+            if k and isinstance(stmt.body[-1], _TERMINATORS):
+                # `if rank != 0: return` guards everything after it in the same block
+                ctx = ctx.guarded(k, stmt, "after")
+            elif barrier:
+                # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: rank 0 runs the code in
+                # between first (and e.g. writes a cache), the others after it; treat it as guarded.
+                before_first = ctx
+                ctx = Context(max(ctx.level, k), ctx.branches, ctx.functions, ctx.scope)
 
     def _visit(self, node: ast.AST, ctx: Context) -> None:
         self.contexts[id(node)] = ctx

@@ -159,7 +159,8 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
     if not s.distributed or reduces or not s.calls_named("DistributedSampler") or "torchmetrics" in s.aliases:
         return
     for call in s.calls:
-        if terminal(call.func) not in _LOG_CALLS or s.context(call).level == NONE:
+        if terminal(call.func) not in _LOG_CALLS or s.context(call).level == NONE \
+                or s.qualname(call.func).startswith(("math.", "numpy.", "torch.")):
             continue
         metric = next((n for a in (*call.args, *call.keywords) for n in _names_in(a) if _METRIC.search(n.lower())),
                       None)
@@ -214,7 +215,10 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
                       "of torchrun and passes --local-rank instead of setting LOCAL_RANK", _LAUNCH_FIX)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and "torch.distributed.launch" in node.value:
-            yield Hit(node, "DDP007", "warning",
+            before = node.value[:node.value.index("torch.distributed.launch")]
+            at = ast.Constant(node.value, lineno=node.lineno + before.count("\n"),
+                              col_offset=node.col_offset if "\n" not in before else 0)
+            yield Hit(at, "DDP007", "warning",
                       "starts (or tells users to start) the deprecated `python -m torch.distributed.launch`",
                       _LAUNCH_FIX)
     for call in s.calls_named("add_argument"):

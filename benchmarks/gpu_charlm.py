@@ -1,0 +1,155 @@
+"""GPU throughput of examples/charlm.py's model scaled up: tokens/s and MFU, bf16, eager vs compile,
+ddpkit (world size 1) vs the same loop in plain PyTorch.
+
+    python benchmarks/gpu_charlm.py                     # one GPU, about 3-4 minutes on an H200
+    python benchmarks/gpu_charlm.py --device cpu --d-model 64 --layers 2 --heads 2 --seq-len 64 \\
+        --batch-size 4 --steps 3 --warmup 1 --compile-backend aot_eager   # a smoke test on CPU
+
+Four arms run one after another, each on a fresh model: plain/eager, ddpkit/eager, plain/compile,
+ddpkit/compile. Data are random bytes; each batch is fetched before its step's clock starts
+(ddpkit's loader pins and copies it, the plain loop slices a device tensor), so step times compare
+the model step itself: at world size 1 ddpkit.wrap adds no wrapper, and the table shows that it
+costs nothing. MFU counts 6 * parameters + 12 * layers * d_model * seq_len FLOPs per token (forward and
+backward, attention included) against the device's dense bf16 peak. Prints a markdown table and
+writes benchmarks/results/gpu_charlm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import ddpkit
+
+HERE = Path(__file__).resolve().parent
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+"""Dense bf16 tensor-core peaks (no sparsity), by a substring of torch.cuda.get_device_name()."""
+
+
+def load_charlm():
+    """examples/charlm.py as a module (it is a script, not a package)."""
+    path = HERE.parent / "examples" / "charlm.py"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: this benchmark measures charlm's model (CharLM class)")
+    spec = importlib.util.spec_from_file_location("charlm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--d-model", type=int, default=1024, help="transformer width")
+    p.add_argument("--layers", type=int, default=12, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=16, help="attention heads")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per arm")
+    p.add_argument("--warmup", type=int, default=8, help="untimed steps per arm (compilation happens here)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend ('' skips compile arms)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak; default: by device name")
+    p.add_argument("--time-limit", type=float, default=270.0, help="skip arms not started after this many seconds")
+    p.add_argument("--out", default=str(HERE / "results" / "gpu_charlm.json"))
+    return p.parse_args(argv)
+
+
+def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dict:
+    torch.manual_seed(0)
+    model = charlm.CharLM(d_model=args.d_model, layers=args.layers, heads=args.heads, seq_len=args.seq_len,
+                          dropout=0.0)
+    num_params = sum(p.numel() for p in model.parameters())
+    compile_opts = {"backend": compile_backend} if compile_backend else False
+    if use_ddpkit:
+        model = ddpkit.wrap(model, ctx, compile=compile_opts)  # world size 1: no DDP wrapper, same model
+    else:
+        model = model.to(ctx.device)
+        if compile_opts:
+            model = torch.compile(model, **compile_opts)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=ctx.device.type == "cuda")
+    n = args.batch_size * (args.warmup + args.steps)
+    tokens = torch.randint(0, 256, (n, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    if use_ddpkit:
+        dataset = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
+        batches = iter(ddpkit.loader(dataset, ctx, batch_size=args.batch_size, shuffle=False))
+    else:
+        tokens = tokens.to(ctx.device)
+        batches = ((tokens[i:i + args.batch_size, :-1], tokens[i:i + args.batch_size, 1:])
+                   for i in range(0, n, args.batch_size))
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, t_start = [], time.perf_counter()
+    for step in range(args.warmup + args.steps):
+        x, y = next(batches)
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tokens_per_s = args.batch_size * args.seq_len / step_s
+    flops_per_token = 6 * num_params + 12 * args.layers * args.d_model * args.seq_len
+    return {
+        "params_m": num_params / 1e6, "step_ms": 1000 * step_s, "tokens_per_s": tokens_per_s,
+        "model_tflops": flops_per_token * tokens_per_s / 1e12, "arm_s": time.perf_counter() - t_start,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if ctx.device.type == "cuda" else None,
+        "final_loss": float(loss.detach()),
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    charlm = load_charlm()
+    started = time.perf_counter()
+    with ddpkit.init(seed=0, device=args.device) as ctx:
+        if ctx.world_size != 1:
+            raise SystemExit("run gpu_charlm.py as one process (python benchmarks/gpu_charlm.py), not under ddpkit run")
+        name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
+        peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        arms = [("plain PyTorch", False, ""), ("ddpkit", True, "")]
+        if args.compile_backend:
+            arms += [("plain PyTorch", False, args.compile_backend), ("ddpkit", True, args.compile_backend)]
+        results = []
+        for label, use_ddpkit, backend in arms:
+            if time.perf_counter() - started > args.time_limit:
+                print(f"skipped {label} compile={backend or 'no'}: past --time-limit", file=sys.stderr)
+                continue
+            r = run_arm(charlm, args, ctx, use_ddpkit=use_ddpkit, compile_backend=backend)
+            r.update(arm=label, compile=backend or "no", mfu=(r["model_tflops"] / peak) if peak else None)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+            results.append(r)
+    base = {r["compile"]: r for r in results if r["arm"] == "plain PyTorch"}
+    print(f"\n{name}, bf16 autocast, {results[0]['params_m']:.1f} M params, batch {args.batch_size} x "
+          f"seq {args.seq_len}\n")
+    print("| loop | compile | step ms | tokens/s | x plain (same compile) | model TFLOP/s | MFU | peak mem GB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        b = base.get(r["compile"])
+        rel = f"{r['tokens_per_s'] / b['tokens_per_s']:.3f}" if b else "-"
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "-"
+        print(f"| {r['arm']} | {r['compile']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {rel} | "
+              f"{r['model_tflops']:.1f} | {mfu} | {mem} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"device": name, "peak_tflops": peak, "args": vars(args), "arms": results},
+                                         indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Compare the ranks' records of a `ddpkit check` run and name each broken DDP invariant (pure functions)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Finding", "load_records", "analyse", "check_steps", "check_collectives", "check_data", "check_saves",
+           "check_errors"]
+
+Records = dict[int, list[dict[str, Any]]]
+"""Per rank, its events in order (see ddpkit.check.probes)."""
+
+_SHAPED = {"all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken invariant, where it shows, and what to change."""
+
+    kind: str
+    """Short tag: params, grads, collectives, data-overlap, data-order, eval-padding, save, steps, error, hang."""
+    site: str
+    """'file:line' in the user's script."""
+    message: str
+    """What differs between ranks, in numbers."""
+    fix: str
+    """What to change."""
+
+
+def load_records(folder: str | Path) -> Records:
+    """rank-N.jsonl files -> {rank: [event, ...]}; a line cut short by a killed rank is skipped."""
+    out: Records = {}
+    for path in sorted(Path(folder).glob("rank-*.jsonl")):
+        events = []
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        out[int(path.stem.split("-")[1])] = events
+    return out
+
+
+def _events(records: Records, kind: str) -> dict[int, list[dict[str, Any]]]:
+    return {rank: [e for e in events if e["ev"] == kind] for rank, events in records.items()}
+
+
+def check_steps(records: Records) -> list[Finding]:
+    """Parameters (and the gradients that produced them) must be bit-identical on every rank after each step."""
+    steps = _events(records, "step")
+    ranks = sorted(steps)
+    counts = {r: len(steps[r]) for r in ranks}
+    out = []
+    for i in range(min(counts.values(), default=0)):
+        row = {r: steps[r][i] for r in ranks}
+        first = row[ranks[0]]
+        site, n = first["site"], first["n"]
+        differ = {key: _disagree(row, key) for key in ("params_before", "grads", "params_after")}
+        if differ["params_before"]:
+            when = "before the first optimizer step" if i == 0 else f"between optimizer steps {n - 1} and {n}"
+            out.append(Finding("params", site, f"parameters differ across ranks {when} ({differ['params_before']})",
+                               "wrap the model in DistributedDataParallel before training (it copies rank 0's "
+                               "weights to every rank) and never change weights on some ranks only"))
+        elif differ["grads"]:
+            ddp, synced = first.get("ddp_forwards", 0), first.get("synced_forwards", 0)
+            if ddp and not synced:
+                why = (f"all {ddp} forward passes of this step ran inside no_sync(), so DDP never all-reduced "
+                       "the gradients")
+                fix = ("leave no_sync() for the last micro-step before optimizer.step() "
+                       "(with ddpkit: ddpkit.accumulate(model, sync=loader.step_end))")
+            elif not ddp:
+                why = "no forward pass of this step went through DistributedDataParallel"
+                fix = "call the DDP-wrapped model (not model.module) in the training step, on every rank"
+            else:
+                why = "they were changed on some ranks after DDP all-reduced them (a rank-local gradient)"
+                fix = ("make every rank compute the same loss terms through the DDP model; do not edit .grad "
+                       "on some ranks only, and do not branch on the rank around backward")
+            out.append(Finding("grads", site, f"gradients differ across ranks at optimizer step {n} "
+                               f"({differ['grads']}): {why}", fix))
+        elif differ["params_after"]:
+            out.append(Finding("params", site, f"optimizer step {n} turned identical gradients into different "
+                               f"parameters ({differ['params_after']})",
+                               "give every rank the same optimizer settings (learning rate, weight decay) and state"))
+        else:
+            continue
+        break  # later steps differ as a consequence; the first difference is the cause
+    if len(set(counts.values())) > 1:
+        first_site = next((s[0]["site"] for s in steps.values() if s), "<unknown>")
+        out.append(Finding("steps", first_site, "ranks made different numbers of optimizer steps ("
+                           + ", ".join(f"rank {r}: {c}" for r, c in counts.items()) + ")",
+                           "every rank must run the same number of steps per epoch (shard with "
+                           "DistributedSampler or ddpkit.loader, drop_last=True)"))
+    return out
+
+
+def _disagree(row: dict[int, dict[str, Any]], key: str) -> str | None:
+    """None when every rank has the same row[r][key]; else which ranks agree, e.g. 'rank 0 vs rank 1'."""
+    by_value: dict[Any, list[int]] = {}
+    for rank, event in row.items():
+        by_value.setdefault(event.get(key), []).append(rank)
+    if len(by_value) == 1:
+        return None
+    return " vs ".join("ranks " + ",".join(map(str, rs)) if len(rs) > 1 else f"rank {rs[0]}"
+                       for rs in by_value.values())
+
+
+def _key(call: dict[str, Any]) -> tuple:
+    return (call["op"], tuple(call["shapes"]) if call["op"] in _SHAPED else ())
+
+
+def _show(rank: int, call: dict[str, Any] | None) -> str:
+    if call is None:
+        return f"rank {rank} never issued it"
+    shapes = f" {', '.join(call['shapes'])}" if call["shapes"] else ""
+    return f"rank {rank} {call['op']}{shapes} at {call['site']}"
+
+
+def check_collectives(records: Records) -> list[Finding]:
+    """Every rank must issue the same collectives, in the same order, with the same shapes."""
+    calls = _events(records, "collective")
+    ranks = sorted(calls)
+    longest = max((len(c) for c in calls.values()), default=0)
+    for i in range(longest):
+        row = {r: calls[r][i] if i < len(calls[r]) else None for r in ranks}
+        keys = {_key(c) if c is not None else None for c in row.values()}
+        if len(keys) > 1:
+            site = next(c["site"] for c in row.values() if c is not None)
+            return [Finding("collectives", site,
+                            f"ranks issue different collectives at collective #{i + 1}: "
+                            + "; ".join(_show(r, c) for r, c in row.items()),
+                            "every rank must call the same collectives in the same order with same-shaped "
+                            "tensors; move the collective out of the rank-dependent branch (this is what hangs jobs)")]
+    return []
+
+
+def _iterations(records: Records) -> dict[tuple[int, int], dict[int, dict[str, Any]]]:
+    """(loader, iteration) -> rank -> {start: event, idx: [...], steps: int, complete: bool}."""
+    out: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for rank, events in records.items():
+        for e in events:
+            if e["ev"] not in ("epoch_start", "batch", "epoch_end", "epoch_cut"):
+                continue
+            slot = out.setdefault((e["loader"], e["iter"]), {}).setdefault(
+                rank, {"start": None, "idx": [], "last_step": None, "complete": False})
+            if e["ev"] == "epoch_start":
+                slot["start"] = e
+            elif e["ev"] == "batch":
+                slot["idx"].extend(e["idx"])
+                slot["last_step"] = e["step"]
+            elif e["ev"] == "epoch_end":
+                slot["complete"] = True
+                slot["last_step"] = e["steps"]
+            else:
+                slot["last_step"] = e["steps"]
+    return out
+
+
+def _training(slot: dict[str, Any]) -> bool:
+    start = slot["start"]
+    return start is not None and slot["last_step"] is not None and slot["last_step"] > start["step"]
+
+
+def check_data(records: Records) -> list[Finding]:
+    """Training shards are disjoint within an epoch, the order changes between epochs, eval is unpadded."""
+    out: list[Finding] = []
+    iterations = _iterations(records)
+    reported: set[tuple[str, int]] = set()
+    for (loader, it), slots in sorted(iterations.items()):
+        start = next((s["start"] for s in slots.values() if s["start"] is not None), None)
+        if start is None:
+            continue
+        site = start["site"]
+        if any(_training(s) for s in slots.values()):
+            padding = max(0, start.get("total_size", 0) - (start.get("dataset_len") or 0))
+            ranks = sorted(slots)
+            for a in ranks:
+                for b in ranks:
+                    if a < b and ("overlap", loader) not in reported:
+                        shared = len(set(slots[a]["idx"]) & set(slots[b]["idx"]))
+                        if shared > padding:
+                            reported.add(("overlap", loader))
+                            out.append(Finding("data-overlap", site, f"ranks {a} and {b} trained on {shared} of the "
+                                               f"same samples in epoch {it} (of {len(slots[a]['idx'])} each)",
+                                               "give each rank a disjoint shard: DataLoader(..., sampler="
+                                               "DistributedSampler(dataset)) and no shuffle=, or ddpkit.loader"))
+            previous = iterations.get((loader, it - 1), {})
+            for rank, slot in slots.items():
+                prev = previous.get(rank)
+                if prev is None or ("order", loader) in reported or not _training(prev):
+                    continue
+                n = min(len(prev["idx"]), len(slot["idx"]))
+                shuffled = prev["idx"][:n] != sorted(prev["idx"][:n])
+                if n and shuffled and prev["idx"][:n] == slot["idx"][:n]:
+                    reported.add(("order", loader))
+                    epoch_note = (f" (DistributedSampler.epoch stayed {start.get('epoch')})"
+                                  if start.get("distributed") else "")
+                    out.append(Finding("data-order", site, f"epochs {it - 1} and {it} shuffled the data in the "
+                                       f"same order on rank {rank}{epoch_note}",
+                                       "call sampler.set_epoch(epoch) before each epoch's loop (ddpkit.loader "
+                                       "does it for you)"))
+        elif start.get("distributed") and all(s["complete"] for s in slots.values()):
+            total, length = start["total_size"], start["dataset_len"]
+            if length is not None and total > length and ("pad", loader) not in reported:
+                reported.add(("pad", loader))
+                out.append(Finding("eval-padding", site, f"evaluation iterates {total} samples for a dataset of "
+                                   f"{length}: DistributedSampler padded {total - length} duplicates "
+                                   f"({start['num_replicas']} ranks x {start['num_samples']}), so metrics count "
+                                   "them twice", "shard evaluation without padding (ddpkit.eval_loader), or "
+                                   "count only the first len(dataset) samples when reducing"))
+    return out
+
+
+def check_saves(records: Records) -> list[Finding]:
+    """A checkpoint path must be written by one rank only (usually rank 0)."""
+    writers: dict[str, dict[int, str]] = {}
+    for rank, events in _events(records, "save").items():
+        for e in events:
+            if e["path"]:
+                writers.setdefault(e["path"], {}).setdefault(rank, e["site"])
+    return [Finding("save", next(iter(by_rank.values())), f"{path} is written by {len(by_rank)} ranks "
+                    f"({', '.join(map(str, sorted(by_rank)))}): concurrent writes can leave a torn file",
+                    "save on rank 0 only (if dist.get_rank() == 0: torch.save(...)), then barrier before "
+                    "anyone reads it")
+            for path, by_rank in writers.items() if len(by_rank) > 1]
+
+
+def check_errors(records: Records) -> list[Finding]:
+    """A rank that raised; CUDA-only code is named as such (it cannot be checked on CPU ranks)."""
+    out = []
+    for rank, events in sorted(records.items()):
+        end = next((e for e in events if e["ev"] == "end"), None)
+        if end is None or end["status"] != "error":
+            continue
+        error = end.get("error", "")
+        if "cuda" in error.lower() or "nccl" in error.lower():
+            out.append(Finding("error", end.get("site") or "<unknown>", f"rank {rank} needs CUDA here, which "
+                               f"ddpkit check cannot map to CPU: {error}",
+                               "guard the call with torch.cuda.is_available(), or run the check on a GPU machine"))
+        else:
+            out.append(Finding("error", end.get("site") or "<unknown>", f"rank {rank} failed: {error}",
+                               "fix the error (the script's own traceback is above)"))
+    return out
+
+
+def analyse(records: Records) -> list[Finding]:
+    """All findings, causes first: collectives, gradients/parameters, data, saves, then errors."""
+    return (check_collectives(records) + check_steps(records) + check_data(records) + check_saves(records)
+            + check_errors(records))

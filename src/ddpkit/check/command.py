@@ -1,0 +1,163 @@
+"""`ddpkit check SCRIPT [ARGS]`: run the script on CPU ranks under probes and report broken DDP invariants."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpkit.check.analysis import Finding, analyse, load_records
+
+__all__ = ["CheckConfig", "main", "parse_check_args", "bootstrap_argv", "run_check"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckConfig:
+    """One `ddpkit check` run."""
+
+    target: str
+    """The script's path, or a module name when `module` is True."""
+    target_args: tuple[str, ...] = ()
+    """Arguments for the script, passed through untouched."""
+    module: bool = False
+    """Run `target` as `python -m target`."""
+    nproc_per_node: int = 2
+    """CPU ranks (gloo) to run the script on."""
+    max_steps: int = 20
+    """Optimizer steps after which every rank is stopped (0: let the script finish)."""
+    epoch_steps: int = 5
+    """End each training epoch after this many optimizer steps, so a short check sees several epochs (0: off)."""
+    timeout_s: float = 300.0
+    """Wall-clock limit of the whole check; ranks still running are killed and reported."""
+    hang_timeout_s: float = 60.0
+    """A rank blocked in a collective this long without progress is reported as hung."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddpkit check", description="Run SCRIPT on CPU ranks (gloo) for a few "
+                                "steps and verify the DDP invariants; exit 1 and name file:line when one breaks.")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=2, help="CPU ranks to run (default 2)")
+    p.add_argument("--max-steps", type=int, default=20, help="stop after N optimizer steps (0: run to the end)")
+    p.add_argument("--epoch-steps", type=int, default=5,
+                   help="end each training epoch after N optimizer steps to see several epochs (0: full epochs)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before the check gives up and kills the ranks")
+    p.add_argument("--hang-timeout", type=float, default=60.0,
+                   help="seconds a rank may wait in a collective without progress before it is reported as hung")
+    p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    p.add_argument("target", metavar="SCRIPT", help="training script path (or module name with -m)")
+    p.add_argument("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script unchanged")
+    return p
+
+
+def parse_check_args(argv: list[str]) -> CheckConfig:
+    """argv -> CheckConfig, validated (ValueError naming the flag and the fix)."""
+    a = _parser().parse_args(argv)
+    if not a.module and not os.path.isfile(a.target):
+        raise ValueError(f"script {a.target!r} does not exist; pass the path of a .py file (or -m MODULE)")
+    if a.nproc_per_node < 2:
+        raise ValueError(f"--nproc-per-node {a.nproc_per_node}: the invariants compare ranks, pass 2 or more")
+    for flag, value in (("--max-steps", a.max_steps), ("--epoch-steps", a.epoch_steps)):
+        if value < 0:
+            raise ValueError(f"{flag} {value} must be >= 0 (0 turns the limit off)")
+    for flag, value in (("--timeout", a.timeout), ("--hang-timeout", a.hang_timeout)):
+        if value <= 0:
+            raise ValueError(f"{flag} {value} must be > 0 seconds")
+    return CheckConfig(target=a.target, target_args=tuple(a.target_args), module=a.module,
+                       nproc_per_node=a.nproc_per_node, max_steps=a.max_steps, epoch_steps=a.epoch_steps,
+                       timeout_s=a.timeout, hang_timeout_s=a.hang_timeout)
+
+
+def bootstrap_argv(cfg: CheckConfig, workdir: str) -> list[str]:
+    """The torchrun argv that starts ddpkit.check._bootstrap around the script on every rank (pure)."""
+    from ddpkit.launch import RunConfig, build_torchrun_argv
+
+    inner = ["--record", str(Path(workdir) / "records"), f"--max-steps={cfg.max_steps}",
+             f"--epoch-steps={cfg.epoch_steps}", "--cpu", f"--hang-timeout={cfg.hang_timeout_s:g}",
+             "--report-dir", str(Path(workdir) / "hang")]
+    if cfg.module:
+        inner.append("-m")
+    run = RunConfig(target="ddpkit.check._bootstrap", module=True, nproc_per_node=cfg.nproc_per_node,
+                    target_args=(*inner, cfg.target, *cfg.target_args))
+    return build_torchrun_argv(run)
+
+
+def _run_ranks(cfg: CheckConfig, workdir: str, log_path: Path) -> tuple[int | None, str]:
+    """Start torchrun; returns (exit code or None if killed at the timeout, log text)."""
+    (Path(workdir) / "records").mkdir()
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", *bootstrap_argv(cfg, workdir)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+    return code, log_path.read_text(errors="replace")
+
+
+def run_check(cfg: CheckConfig) -> tuple[list[Finding], list[str], int | None, str]:
+    """Run the check; returns (findings, notes, torchrun exit code or None on timeout, the ranks' output)."""
+    from ddpkit.check.watchdog import collect_reports, summarize
+
+    with tempfile.TemporaryDirectory(prefix="ddpkit-check-") as workdir:
+        code, output = _run_ranks(cfg, workdir, Path(workdir) / "output.log")
+        records = load_records(Path(workdir) / "records")
+        reports = collect_reports(Path(workdir) / "hang") if (Path(workdir) / "hang").exists() else {}
+    findings = analyse(records)
+    if reports:
+        findings.append(Finding("hang", next((r["site"] for r in reports.values() if r.get("site")), "<unknown>"),
+                                "ranks stopped making progress: " + "; ".join(summarize(reports, cfg.nproc_per_node)),
+                                "make every rank reach the same collectives (see the collective finding, if any)"))
+    elif code is None:
+        findings.append(Finding("hang", "<unknown>", f"the ranks did not finish within --timeout {cfg.timeout_s:g} s "
+                                "and were killed", "raise --timeout if the script is just slow to start"))
+    if code not in (0, None) and not findings:
+        findings.append(Finding("error", "<unknown>", f"the ranks failed with exit code {code}",
+                                "see the script's output above"))
+    notes = []
+    for rank, events in sorted(records.items()):
+        notes += [f"{e['what']} at {e['site']}" for e in events if e["ev"] == "map" and rank == 0]
+    steps = max((sum(e["ev"] == "step" for e in ev) for ev in records.values()), default=0)
+    if steps == 0 and not findings:
+        notes.append("no optimizer step was seen: the parameter and gradient checks did not run")
+    return findings, notes, code, output
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg = parse_check_args(argv)
+    except ValueError as e:
+        print(f"ddpkit check: error: {e}", file=sys.stderr)
+        return 2
+    findings, notes, code, output = run_check(cfg)
+    stopped = f"stopped after {cfg.max_steps} optimizer steps" if cfg.max_steps else "run to the end"
+    print(f"ddpkit check: {cfg.target} on {cfg.nproc_per_node} CPU ranks (gloo), {stopped}")
+    for note in notes:
+        print(f"  mapped for CPU: {note}" if " at " in note else f"  note: {note}")
+    if not findings:
+        print("ddpkit check: no problems found")
+        return 0
+    if any(f.kind in ("error", "hang") for f in findings):
+        tail = output.strip().splitlines()[-40:]
+        print("--- last lines of the ranks' output ---\n" + "\n".join(tail) + "\n---")
+    print(f"ddpkit check: {len(findings)} problem{'s' * (len(findings) > 1)} found")
+    for f in findings:
+        print(f"  {f.site}: [{f.kind}] {f.message}\n      fix: {f.fix}")
+    return 1

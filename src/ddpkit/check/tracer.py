@@ -1,0 +1,166 @@
+"""See every torch.distributed collective the user's code issues: op, tensor shapes and call site.
+
+`ddpkit check` and the hang watchdog both need to know "which collective, called from which line".
+`install()` replaces the collective functions of `torch.distributed` (and of `distributed_c10d`,
+which torch's own object collectives call) with thin wrappers that notify listeners before and
+after the real call. The wrappers add no communication: the user's group sees exactly the calls it
+saw before. Nested calls (all_gather_object calls all_gather inside) are reported once, as the
+outer call. This is process-wide instrumentation by nature; `uninstall()` restores the originals.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["Call", "Listener", "install", "uninstall", "user_site", "user_frame", "describe_tensors", "COLLECTIVES"]
+
+COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "barrier", "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object",
+    "scatter_object_list",
+)
+"""Names wrapped when torch has them (point-to-point send/recv are not matched across ranks)."""
+
+
+@dataclass
+class Call:
+    """One collective as issued by the user's code."""
+
+    op: str
+    """torch.distributed function name, e.g. 'all_reduce'."""
+    shapes: list[str]
+    """The tensor arguments, e.g. ['float32[4]']; empty for object collectives and barrier."""
+    site: str
+    """'file:line' of the user's code that issued it (first frame outside torch and ddpkit)."""
+    index: int
+    """0-based position in this process's sequence of collectives."""
+    start: float = field(default_factory=time.monotonic)
+    """time.monotonic() when the call began."""
+
+
+class Listener(Protocol):
+    def enter(self, call: Call) -> None: ...
+
+    def exit(self, call: Call) -> None: ...
+
+
+_state = threading.local()
+_listeners: list[Listener] = []
+_originals: dict[tuple[Any, str], Any] = {}
+_count = [0]
+_lock = threading.Lock()
+
+_TORCH_DIR: str | None = None
+_DDPKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+
+
+def _is_library(filename: str) -> bool:
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        torch = sys.modules.get("torch")
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep if torch else "\0"
+    if filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    return path.startswith(_TORCH_DIR) or path.startswith(_DDPKIT_DIR) or path.startswith(_STDLIB_DIRS)
+
+
+def user_frame(frame):
+    """The innermost frame, from `frame` outwards, that belongs to the user's code (None if none)."""
+    while frame is not None and _is_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def format_site(filename: str, lineno: int) -> str:
+    """'file:line', relative to the working directory when the file is below it."""
+    path = os.path.abspath(filename)
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:  # another drive (Windows)
+        pass
+    return f"{path}:{lineno}"
+
+
+def user_site(frame=None) -> str:
+    """'file:line' of the user's code that is running at `frame` (default: the caller)."""
+    frame = user_frame(frame if frame is not None else sys._getframe(1))
+    return format_site(frame.f_code.co_filename, frame.f_lineno) if frame is not None else "<unknown>"
+
+
+def describe_tensors(args: tuple, kwargs: dict) -> list[str]:
+    """'dtype[shape]' of the tensor arguments (and tensors in list arguments), in order."""
+    import torch
+
+    out = []
+    for value in (*args, *kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                out.append(f"{str(item.dtype).removeprefix('torch.')}{list(item.shape)}")
+    return out
+
+
+def _wrap(name: str, original):
+    def collective(*args, **kwargs):
+        if getattr(_state, "depth", 0) or not _listeners:
+            return original(*args, **kwargs)
+        shapes = [] if name.endswith(("_object", "_object_list")) else describe_tensors(args, kwargs)
+        with _lock:
+            index = _count[0]
+            _count[0] += 1
+        call = Call(op=name, shapes=shapes, site=user_site(sys._getframe(1)), index=index)
+        for listener in list(_listeners):
+            listener.enter(call)
+        _state.depth = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _state.depth = 0
+            for listener in list(_listeners):
+                listener.exit(call)
+
+    collective.__wrapped__ = original
+    collective._ddpkit_traced = True
+    collective.__name__ = name
+    collective.__doc__ = original.__doc__
+    return collective
+
+
+def install(listener: Listener) -> None:
+    """Start reporting collectives to `listener` (wraps torch.distributed's functions on first use)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    with _lock:
+        if not _originals:
+            for module in (dist, c10d):
+                for name in COLLECTIVES:
+                    original = getattr(module, name, None)
+                    if original is None or getattr(original, "_ddpkit_traced", False):
+                        continue
+                    _originals[(module, name)] = original
+                    setattr(module, name, _wrap(name, original))
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
+def uninstall(listener: Listener) -> None:
+    """Stop reporting to `listener`; the last one out restores torch.distributed's functions."""
+    with _lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+        if not _listeners:
+            for (module, name), original in _originals.items():
+                setattr(module, name, original)
+            _originals.clear()

@@ -1,0 +1,191 @@
+"""Turn a silent hang into a report: which rank waits in which collective, called from where.
+
+A daemon thread per rank watches progress (a collective returned, an optimizer stepped, a batch
+was fetched). When the rank has been blocked - inside a collective, or inside backward, where
+DDP all-reduces gradients - for `timeout_s` without progress, it writes a JSON report (the main
+thread's Python stack from `sys._current_frames`, the collective in flight and its call site) to
+`report_dir`, drops a marker there so that the other ranks of this node write theirs too, and
+exits the process with HANG_EXIT_CODE, so the launcher tears the job down instead of waiting for
+the process-group timeout. `collect_reports` and `summarize` turn the reports into one line per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ddpkit.check import tracer
+
+__all__ = ["Watchdog", "start_watchdog", "HANG_EXIT_CODE", "collect_reports", "summarize", "describe"]
+
+HANG_EXIT_CODE = 124
+"""Exit status of a rank stopped by the watchdog (the same as coreutils `timeout`)."""
+
+_MARKER = "hang-declared"
+_BACKWARD_FILES = (os.sep + os.path.join("torch", "_tensor.py"), os.sep + os.path.join("torch", "autograd", "__init__.py"))
+
+
+class Watchdog:
+    """Watches this rank; see the module docstring. `start()` it once; it never issues a collective."""
+
+    def __init__(self, *, timeout_s: float, rank: int, world_size: int, report_dir: str | None = None,
+                 poll_s: float | None = None, grace_s: float = 3.0):
+        if not timeout_s > 0:
+            raise ValueError(f"hang timeout {timeout_s!r} must be > 0 seconds, e.g. 300")
+        self.timeout_s = float(timeout_s)
+        self.rank, self.world_size = rank, world_size
+        self.report_dir = None if report_dir is None else Path(report_dir)
+        self.poll_s = poll_s if poll_s is not None else min(1.0, self.timeout_s / 5)
+        self.grace_s = grace_s
+        self.last_progress = time.monotonic()
+        self.current: tracer.Call | None = None
+        self._main = threading.main_thread()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._hooks: list[Any] = []
+
+    # tracer.Listener
+    def enter(self, call: tracer.Call) -> None:
+        if threading.current_thread() is self._main:
+            self.current = call
+        self.beat()
+
+    def exit(self, call: tracer.Call) -> None:
+        if self.current is call:
+            self.current = None
+        self.beat()
+
+    def beat(self, *_: Any) -> None:
+        """Record progress now (also usable as an optimizer hook)."""
+        self.last_progress = time.monotonic()
+
+    def start(self) -> Watchdog:
+        import torch.optim.optimizer as optim
+
+        tracer.install(self)
+        self._hooks.append(optim.register_optimizer_step_post_hook(self.beat))
+        if self.report_dir is not None:
+            self.report_dir.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="ddpkit-hang-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        tracer.uninstall(self)
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+
+    def blocked(self) -> str | None:
+        """What the main thread waits in: a collective's name, 'backward', or None."""
+        if self.current is not None:
+            return self.current.op
+        frame = sys._current_frames().get(self._main.ident)
+        while frame is not None:
+            if frame.f_code.co_name == "backward" and frame.f_code.co_filename.endswith(_BACKWARD_FILES):
+                return "backward"
+            frame = frame.f_back
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if self.report_dir is not None and (self.report_dir / _MARKER).exists():
+                self._fire("another rank declared a hang")
+            idle = time.monotonic() - self.last_progress
+            if idle > self.timeout_s and self.blocked() is not None:
+                if self.report_dir is not None:
+                    (self.report_dir / _MARKER).write_text(str(self.rank))
+                self._fire(f"no progress for {idle:.1f} s (hang timeout {self.timeout_s:g} s)")
+
+    def report(self, reason: str) -> dict[str, Any]:
+        """This rank's report now: the collective in flight, the user's line, the main thread's stack."""
+        frame = sys._current_frames().get(self._main.ident)
+        call = self.current
+        user = tracer.user_frame(frame)
+        return {
+            "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "reason": reason,
+            "blocked_in": self.blocked(),
+            "collective": None if call is None else {
+                "op": call.op, "shapes": call.shapes, "site": call.site, "index": call.index,
+                "waiting_s": round(time.monotonic() - call.start, 1)},
+            "site": tracer.format_site(user.f_code.co_filename, user.f_lineno) if user is not None else None,
+            "stack": traceback.format_stack(frame) if frame is not None else [],
+        }
+
+    def _fire(self, reason: str) -> None:
+        rep = self.report(reason)
+        line = describe(rep)
+        if self.report_dir is not None:
+            tmp = self.report_dir / f".rank-{self.rank}.json.tmp"
+            tmp.write_text(json.dumps(rep, indent=1))
+            os.replace(tmp, self.report_dir / f"rank-{self.rank}.json")
+            if rep["reason"].startswith("no progress"):
+                # Let the other ranks of this node write their reports before the launcher,
+                # seeing this rank exit, terminates them.
+                deadline = time.monotonic() + self.grace_s
+                while time.monotonic() < deadline and len(list(self.report_dir.glob("rank-*.json"))) < self.world_size:
+                    time.sleep(0.05)
+        sys.stderr.write(f"ddpkit hang watchdog: {line} ({reason})\n{''.join(rep['stack'])}")
+        sys.stderr.flush()
+        os._exit(HANG_EXIT_CODE)
+
+
+_active: list[Watchdog] = []
+
+
+def start_watchdog(*, timeout_s: float, rank: int, world_size: int, report_dir: str | None = None) -> Watchdog:
+    """Start this process's watchdog, or return the running one (e.g. started by `ddpkit run --hang-timeout`)."""
+    if not _active:
+        _active.append(Watchdog(timeout_s=timeout_s, rank=rank, world_size=world_size, report_dir=report_dir).start())
+    return _active[0]
+
+
+def describe(report: dict[str, Any]) -> str:
+    """One line for one rank's report, e.g. 'rank 1 waiting in all_reduce at train.py:88'."""
+    rank = report["rank"]
+    call = report.get("collective")
+    if call:
+        shapes = f" ({', '.join(call['shapes'])})" if call.get("shapes") else ""
+        return f"rank {rank} waiting in {call['op']}{shapes} at {call['site']} for {call['waiting_s']:g} s"
+    site = report.get("site") or "<unknown>"
+    if report.get("blocked_in") == "backward":
+        return f"rank {rank} waiting in backward (DDP's gradient all-reduce) at {site}"
+    return f"rank {rank} at {site}, not in a collective"
+
+
+def collect_reports(report_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """The reports the watchdogs wrote under `report_dir`, by rank (empty when none).
+
+    Ranks write into `attempt-N` subdirectories (N = torchrun's restart count); the last attempt wins.
+    """
+    attempts = sorted(Path(report_dir).glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    folder = attempts[-1] if attempts else Path(report_dir)
+    out = {}
+    for path in sorted(folder.glob("rank-*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[int(report["rank"])] = report
+    return out
+
+
+def summarize(reports: dict[int, dict[str, Any]], world_size: int | None = None) -> list[str]:
+    """One line per rank; ranks without a report are named as such (they exited or were killed)."""
+    if not reports:
+        return []
+    world_size = world_size or max(r["world_size"] for r in reports.values())
+    lines = []
+    for rank in range(world_size):
+        if rank in reports:
+            lines.append(describe(reports[rank]))
+        else:
+            lines.append(f"rank {rank} wrote no report (it had exited, or runs on another node)")
+    return lines

@@ -1,0 +1,200 @@
+"""Derive `ddpkit run`'s multi-node settings from a cluster's environment (SLURM, Kubeflow PyTorchJob)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "ClusterError",
+    "ClusterLaunch",
+    "detect_cluster",
+    "from_kubeflow",
+    "from_slurm",
+    "parse_hostlist",
+    "slurm_port",
+    "tasks_per_node",
+]
+
+SLURM_PORT_BASE = 20000
+"""Rendezvous ports derived from SLURM_JOB_ID lie in [SLURM_PORT_BASE, SLURM_PORT_BASE + SLURM_PORT_SPAN):
+below Linux's ephemeral range (32768+), so no outgoing connection already holds the port."""
+SLURM_PORT_SPAN = 10000
+
+
+class ClusterError(ValueError):
+    """A cluster variable is malformed or describes a launch `ddpkit run` cannot do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterLaunch:
+    """What a cluster's environment says about this launcher's place in a multi-node job."""
+
+    source: str
+    """'slurm' or 'kubeflow': where the values came from (shown in messages)."""
+    nnodes: str
+    """Node count, or MIN:MAX (Kubeflow's elastic PET_NNODES)."""
+    node_rank: int
+    """This node's rank, 0 .. nnodes-1."""
+    rdzv_endpoint: str | None
+    """HOST:PORT of the c10d rendezvous; None when the job has one node (loopback then)."""
+    rdzv_id: str | None
+    """Job id shared by every node (SLURM_JOB_ID); None lets the nodes agree on the endpoint alone."""
+    nproc_per_node: str | None = None
+    """Ranks per node as the cluster states it (GPUs on the node, PET_NPROC_PER_NODE), or None."""
+
+
+def parse_hostlist(hostlist: str) -> list[str]:
+    """Expand SLURM's compressed host list: 'node[01-03,07],gpu5' -> node01 node02 node03 node07 gpu5.
+
+    Several bracket groups in one name expand as a product ('r[1-2]n[1-2]' -> r1n1 r1n2 r2n1 r2n2);
+    zero padding of a range is kept ('[08-10]' -> 08 09 10).
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(hostlist.strip()):
+        hosts.extend(_expand(item, hostlist))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            raise ClusterError(f"host list {text!r} has unbalanced brackets; expected e.g. 'node[01-03,07],gpu5'")
+    if depth != 0:
+        raise ClusterError(f"host list {text!r} has unbalanced brackets; expected e.g. 'node[01-03,07],gpu5'")
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand(item: str, whole: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", item)
+    if match is None:
+        return [item]
+    prefix, rest = item[: match.start()], item[match.end():]
+    tails = _expand(rest, whole)
+    out = []
+    for part in match.group(1).split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ClusterError(f"host list {whole!r}: range {part!r} is not N or N-M; expected e.g. 'node[01-03,07]'")
+        if not sep:
+            out.extend(prefix + lo + tail for tail in tails)
+            continue
+        if int(hi) < int(lo):
+            raise ClusterError(f"host list {whole!r}: range {part!r} runs backwards; write it as {hi}-{lo}")
+        width = len(lo) if lo.startswith("0") else 0
+        out.extend(prefix + str(n).zfill(width) + tail for n in range(int(lo), int(hi) + 1) for tail in tails)
+    return out
+
+
+def tasks_per_node(spec: str, node_id: int) -> int:
+    """Tasks on node `node_id` from SLURM's '2(x3),1' form of SLURM_TASKS_PER_NODE."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            raise ClusterError(f"SLURM_TASKS_PER_NODE={spec!r} is not of the form '2(x3),1'")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    if not 0 <= node_id < len(counts):
+        raise ClusterError(f"SLURM_NODEID={node_id} is outside SLURM_TASKS_PER_NODE={spec!r}")
+    return counts[node_id]
+
+
+def slurm_port(job_id: str) -> int:
+    """The rendezvous port every node of SLURM job `job_id` computes alike (no communication needed)."""
+    digits = re.sub(r"\D", "", job_id)  # array jobs: '1234_7'
+    if not digits:
+        raise ClusterError(f"SLURM_JOB_ID={job_id!r} has no digits to derive a port from; pass --rdzv-endpoint")
+    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
+
+
+def _get(environ: Mapping[str, str], *names: str) -> str | None:
+    for name in names:
+        value = environ.get(name)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _as_int(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ClusterError(f"{name}={value!r} is not an integer; the cluster's variables are malformed") from None
+
+
+def from_slurm(environ: Mapping[str, str]) -> ClusterLaunch | None:
+    """`srun ddpkit run SCRIPT` with one launcher task per node: nodes, node rank and endpoint from SLURM.
+
+    Returns None outside an srun step (e.g. in the batch script itself). The endpoint is the step's
+    first host at a port derived from SLURM_JOB_ID (`slurm_port`), or MASTER_ADDR/MASTER_PORT when set.
+    """
+    if _get(environ, "SLURM_JOB_ID", "SLURM_JOBID") is None:
+        return None
+    if _get(environ, "SLURM_STEP_ID", "SLURM_STEPID") is None:
+        return None
+    job_id = _get(environ, "SLURM_JOB_ID", "SLURM_JOBID")
+    raw_nodes = _get(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+    nnodes = _as_int(raw_nodes, "SLURM_NNODES") if raw_nodes else 1
+    node_rank = _as_int(_get(environ, "SLURM_NODEID") or "0", "SLURM_NODEID")
+    ntasks = _get(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    if ntasks is not None and _as_int(ntasks, "SLURM_NTASKS") > nnodes:
+        raise ClusterError(
+            f"srun started SLURM_NTASKS={ntasks} tasks on {nnodes} node(s), but `ddpkit run` starts the "
+            f"ranks itself and needs one task per node; run `srun --ntasks-per-node=1 ddpkit run SCRIPT`"
+        )
+    gpus = _get(environ, "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+    nproc = gpus.rsplit(":", 1)[-1] if gpus else None  # SLURM_GPUS_PER_NODE may read 'a100:4'
+    if nproc is not None and (not nproc.isdigit() or int(nproc) == 0):
+        nproc = None
+    if nnodes == 1:
+        return ClusterLaunch(source="slurm", nnodes="1", node_rank=0, rdzv_endpoint=None, rdzv_id=job_id,
+                             nproc_per_node=nproc)
+    nodelist = _get(environ, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    host = _get(environ, "MASTER_ADDR")
+    if host is None:
+        if nodelist is None:
+            raise ClusterError("SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are unset; pass --rdzv-endpoint HOST:PORT")
+        host = parse_hostlist(nodelist)[0]
+    port = _get(environ, "MASTER_PORT") or str(slurm_port(job_id))
+    return ClusterLaunch(source="slurm", nnodes=str(nnodes), node_rank=node_rank,
+                         rdzv_endpoint=f"{host}:{port}", rdzv_id=job_id, nproc_per_node=nproc)
+
+
+def from_kubeflow(environ: Mapping[str, str]) -> ClusterLaunch | None:
+    """`ddpkit run SCRIPT` as a PyTorchJob pod's command: nodes, node rank and endpoint from Kubeflow.
+
+    The training operator's torchrun-style policy sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+    PET_MASTER_ADDR and PET_MASTER_PORT; its plain policy sets WORLD_SIZE (= pods), RANK (= this pod)
+    and MASTER_ADDR/MASTER_PORT. The PET_ values win where both are present.
+    """
+    if _get(environ, "TORCHELASTIC_RUN_ID", "LOCAL_RANK") is not None:
+        return None  # a rank already started by torchrun, not a launcher
+    if _get(environ, "PET_NNODES") is None and _get(environ, "KUBERNETES_SERVICE_HOST") is None:
+        return None  # WORLD_SIZE/MASTER_ADDR in a shell outside a pod are not a PyTorchJob
+    nnodes = _get(environ, "PET_NNODES", "WORLD_SIZE")
+    addr = _get(environ, "PET_MASTER_ADDR", "MASTER_ADDR")
+    if nnodes is None or addr is None:
+        return None
+    port = _get(environ, "PET_MASTER_PORT", "MASTER_PORT")
+    if port is None:
+        raise ClusterError(f"MASTER_ADDR={addr} is set but MASTER_PORT is not; set it in the PyTorchJob spec")
+    node_rank = _as_int(_get(environ, "PET_NODE_RANK", "RANK") or "0", "PET_NODE_RANK")
+    single = nnodes in ("1", "1:1")
+    return ClusterLaunch(source="kubeflow", nnodes=nnodes, node_rank=node_rank,
+                         rdzv_endpoint=None if single else f"{addr}:{port}", rdzv_id=None,
+                         nproc_per_node=_get(environ, "PET_NPROC_PER_NODE"))
+
+
+def detect_cluster(environ: Mapping[str, str]) -> ClusterLaunch | None:
+    """The cluster this launcher runs in, SLURM first, then Kubeflow; None on a plain machine."""
+    return from_slurm(environ) or from_kubeflow(environ)

@@ -1,0 +1,78 @@
+"""Hang forensics: a rank that skips an all_reduce ends the run within the hang timeout, with a summary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import run_ranks
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "check" / "hang_skip_allreduce.py"
+
+
+def _line(text: str) -> int:
+    return next(i for i, line in enumerate(FIXTURE.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.timeout(90)
+def test_ddpkit_run_hang_timeout_prints_one_line_per_rank_and_fails():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", "--hang-timeout", "5",
+                          FIXTURE.name], capture_output=True, text=True, timeout=60, env=env, cwd=FIXTURE.parent)
+    elapsed = time.monotonic() - start
+    assert out.returncode != 0
+    summary = [line for line in out.stderr.splitlines() if line.startswith("ddpkit run:   rank")]
+    assert len(summary) == 2, out.stderr
+    name = FIXTURE.name
+    assert summary[0].startswith(f"ddpkit run:   rank 0 waiting in all_reduce (float32[4]) at "
+                                 f"{name}:{_line('HANG-ALLREDUCE')}")
+    assert summary[1].startswith(f"ddpkit run:   rank 1 waiting in barrier at {name}:{_line('HANG-BARRIER')}")
+    assert "hang detected (--hang-timeout 5 s)" in out.stderr
+    assert elapsed < 45, f"took {elapsed:.0f} s"
+
+
+def _skip_all_reduce(info, hang_timeout_s):
+    import torch
+    import torch.distributed as dist
+
+    with info.init(hang_timeout_s=hang_timeout_s):
+        t = torch.ones(3)
+        if info.rank == 0:
+            dist.all_reduce(t)  # rank 1 skips it and waits in the barrier below
+        dist.barrier()
+    return "finished"
+
+
+@pytest.mark.timeout(60)
+def test_init_hang_timeout_ends_a_hung_job():
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as failure:
+        run_ranks(_skip_all_reduce, 2, 3.0, timeout=40)
+    assert time.monotonic() - start < 35
+    message = str(failure.value)
+    # Rank 0 (in all_reduce) exits with the watchdog's code; rank 1's barrier then fails (or its own
+    # watchdog fires first): either way no rank is left waiting for the process-group timeout.
+    assert "rank 0: no result (exit code 124)" in message
+    assert "rank 1: no result (exit code 124)" in message or "rank 1 raised" in message
+
+
+def _healthy(info, hang_timeout_s):
+    import torch
+    import torch.distributed as dist
+
+    with info.init(hang_timeout_s=hang_timeout_s):
+        t = torch.ones(3)
+        for _ in range(5):
+            dist.all_reduce(t)
+            time.sleep(0.3)  # longer gaps in total than the timeout, but never blocked that long
+        return t.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_init_hang_timeout_leaves_a_healthy_job_alone():
+    assert run_ranks(_healthy, 2, 1.0, timeout=40) == [[32.0] * 3] * 2

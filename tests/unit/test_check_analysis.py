@@ -1,0 +1,118 @@
+"""ddpkit check's analysis: synthetic per-rank records -> findings (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+from ddpkit.check.analysis import analyse, check_collectives, check_data, check_saves, check_steps, load_records
+
+
+def _step(n, *, before="p", grads="g", after="q", ddp=1, synced=1, site="train.py:30"):
+    return {"ev": "step", "n": n, "site": site, "params_before": before, "grads": grads, "params_after": after,
+            "ddp_forwards": ddp, "synced_forwards": synced}
+
+
+def _call(i, op="all_reduce", shapes=("float32[4]",), site="train.py:40"):
+    return {"ev": "collective", "i": i, "op": op, "shapes": list(shapes), "site": site, "step": 0}
+
+
+def _iteration(loader, it, indices, *, step0=0, steps=1, site="train.py:20", complete=True, **info):
+    events = [{"ev": "epoch_start", "loader": loader, "iter": it, "step": step0, "site": site, **info}]
+    events += [{"ev": "batch", "loader": loader, "iter": it, "step": step0, "idx": list(indices)}]
+    events += [{"ev": "epoch_end" if complete else "epoch_cut", "loader": loader, "iter": it, "steps": step0 + steps}]
+    return events
+
+
+def test_identical_ranks_have_no_findings():
+    rank = [_step(1), _step(2, before="q", after="r"), _call(0), _call(1, op="barrier", shapes=())]
+    assert analyse({0: list(rank), 1: list(rank)}) == []
+
+
+def test_params_differing_before_the_first_step_is_named_with_the_step_site():
+    [f] = check_steps({0: [_step(1, before="a")], 1: [_step(1, before="b")]})
+    assert (f.kind, f.site) == ("params", "train.py:30")
+    assert "before the first optimizer step" in f.message and "DistributedDataParallel" in f.fix
+
+
+def test_gradients_differing_under_no_sync_blame_no_sync():
+    [f] = check_steps({0: [_step(1, grads="a", synced=0, ddp=2)], 1: [_step(1, grads="b", synced=0, ddp=2)]})
+    assert f.kind == "grads" and "no_sync" in f.message and "rank 0 vs rank 1" in f.message
+
+
+def test_gradients_differing_after_synced_backward_blame_a_rank_local_edit():
+    [f] = check_steps({0: [_step(1, grads="a")], 1: [_step(1, grads="b")]})
+    assert "rank-local gradient" in f.message
+
+
+def test_only_the_first_divergent_step_is_reported_and_step_counts_are_compared():
+    out = check_steps({0: [_step(1, grads="a"), _step(2, grads="c")], 1: [_step(1, grads="b")]})
+    assert [f.kind for f in out] == ["grads", "steps"]
+    assert "rank 0: 2, rank 1: 1" in out[1].message
+
+
+def test_collective_mismatch_names_each_rank_and_site():
+    [f] = check_collectives({0: [_call(0), _call(1, site="train.py:88")],
+                             1: [_call(0), _call(1, op="barrier", shapes=(), site="train.py:91")]})
+    assert f.site == "train.py:88"
+    assert "collective #2" in f.message and "rank 1 barrier at train.py:91" in f.message
+
+
+def test_collective_shape_mismatch_and_missing_call():
+    [shape] = check_collectives({0: [_call(0, shapes=("float32[4]",))], 1: [_call(0, shapes=("float32[5]",))]})
+    assert "float32[5]" in shape.message
+    [missing] = check_collectives({0: [_call(0)], 1: []})
+    assert "rank 1 never issued it" in missing.message
+    assert check_collectives({0: [_call(0, op="all_gather_object", shapes=())],
+                              1: [_call(0, op="all_gather_object", shapes=())]}) == []
+
+
+def test_overlapping_training_shards_are_reported_but_padding_is_allowed():
+    records = {0: _iteration(0, 0, [0, 1, 2, 3]), 1: _iteration(0, 0, [2, 3, 4, 5])}
+    [f] = check_data(records)
+    assert f.kind == "data-overlap" and "2 of the same samples" in f.message
+    padded = {r: _iteration(0, 0, idx, distributed=True, total_size=6, dataset_len=5, shuffle=True, epoch=0)
+              for r, idx in ((0, [0, 2, 4]), (1, [1, 3, 0]))}
+    assert check_data(padded) == []
+
+
+def test_same_shuffled_order_in_two_epochs_is_reported_and_a_new_order_is_not():
+    same = {r: _iteration(0, 0, [3, 1, 2], steps=1) + _iteration(0, 1, [3, 1, 2], step0=1, steps=1)
+            for r in (0,)}
+    [f] = check_data(same)
+    assert f.kind == "data-order" and "epochs 0 and 1" in f.message and "set_epoch" in f.fix
+    changed = {0: _iteration(0, 0, [3, 1, 2]) + _iteration(0, 1, [2, 3, 1], step0=1)}
+    assert check_data(changed) == []
+    unshuffled = {0: _iteration(0, 0, [0, 1, 2]) + _iteration(0, 1, [0, 1, 2], step0=1)}
+    assert check_data(unshuffled) == []
+
+
+def test_padded_evaluation_is_reported_only_for_eval_iterations():
+    info = dict(distributed=True, total_size=102, dataset_len=101, num_samples=51, num_replicas=2, shuffle=False)
+    evaluation = {r: _iteration(0, 0, range(r, 102, 2), steps=0, **info) for r in (0, 1)}
+    [f] = check_data(evaluation)
+    assert f.kind == "eval-padding" and "1 duplicates" in f.message
+    even = dict(info, total_size=100, dataset_len=100, num_samples=50)
+    assert check_data({r: _iteration(0, 0, range(r, 100, 2), steps=0, **even) for r in (0, 1)}) == []
+
+
+def test_checkpoint_written_by_two_ranks():
+    save = {"ev": "save", "path": "/ckpt/model.pt", "site": "train.py:50"}
+    [f] = check_saves({0: [save], 1: [save]})
+    assert f.site == "train.py:50" and "2 ranks" in f.message
+    assert check_saves({0: [save], 1: [dict(save, path="/ckpt/model-1.pt")]}) == []
+
+
+def test_load_records_skips_a_line_cut_short(tmp_path):
+    (tmp_path / "rank-0.jsonl").write_text(json.dumps(_step(1)) + "\n" + '{"ev": "st')
+    (tmp_path / "rank-1.jsonl").write_text(json.dumps(_step(1)) + "\n")
+    records = load_records(tmp_path)
+    assert sorted(records) == [0, 1] and len(records[0]) == 1
+
+
+def test_a_cuda_only_call_is_reported_as_not_mappable_with_its_line():
+    from ddpkit.check.analysis import check_errors
+
+    end = {"ev": "end", "status": "error", "steps": 0, "site": "train.py:12",
+           "error": "AssertionError: Torch not compiled with CUDA enabled"}
+    [f] = check_errors({0: [end], 1: [dict(end, status="stopped")]})
+    assert (f.kind, f.site) == ("error", "train.py:12") and "needs CUDA" in f.message

@@ -1,0 +1,80 @@
+"""ddpkit check's argv handling, the rank bootstrap's argv, and `ddpkit run --hang-timeout` (no processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ddpkit.check.command import CheckConfig, bootstrap_argv, parse_check_args
+from ddpkit.cli import parse_run_args
+from ddpkit.launch import LaunchError, RunConfig, build_torchrun_argv
+
+
+def test_importing_ddpkit_check_stays_cheap():
+    code = "import sys, ddpkit.check; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_parse_check_args_defaults_and_passthrough(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    cfg = parse_check_args([str(script), "--lr", "0.1"])
+    assert cfg == CheckConfig(target=str(script), target_args=("--lr", "0.1"))
+    assert cfg.nproc_per_node == 2 and cfg.max_steps == 20
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["missing.py"], "does not exist"),
+    (["--nproc-per-node", "1", "{s}"], "pass 2 or more"),
+    (["--max-steps", "-1", "{s}"], "--max-steps -1"),
+    (["--hang-timeout", "0", "{s}"], "--hang-timeout 0"),
+])
+def test_parse_check_args_errors_name_the_flag(tmp_path, argv, words):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    with pytest.raises(ValueError, match=words.replace("-", r"\-")):
+        parse_check_args([a.format(s=script) for a in argv])
+
+
+def test_bootstrap_argv_wraps_the_script_with_the_probes():
+    argv = bootstrap_argv(CheckConfig(target="train.py", target_args=("--x", "1"), nproc_per_node=3), "/w")
+    assert "--nproc-per-node=3" in argv
+    i = argv.index("ddpkit.check._bootstrap")
+    assert argv[i - 1] == "-m"
+    tail = argv[i + 1:]
+    assert tail[-3:] == ["train.py", "--x", "1"]
+    assert {"--record", "/w/records", "--cpu", "--max-steps=20", "--epoch-steps=5"} <= set(tail)
+    module = bootstrap_argv(CheckConfig(target="pkg.train", module=True), "/w")
+    assert module[-2:] == ["-m", "pkg.train"]
+
+
+def test_run_argv_with_hang_timeout_goes_through_the_bootstrap():
+    plain = build_torchrun_argv(RunConfig(target="train.py", target_args=("--a",)))
+    assert plain[-2:] == ["train.py", "--a"] and "ddpkit.check._bootstrap" not in plain
+    argv = build_torchrun_argv(RunConfig(target="train.py", target_args=("--a",), hang_timeout_s=30,
+                                         hang_report_dir="/r"))
+    assert argv[-7:] == ["-m", "ddpkit.check._bootstrap", "--hang-timeout=30", "--report-dir", "/r",
+                         "train.py", "--a"]
+    module = build_torchrun_argv(RunConfig(target="pkg.train", module=True, hang_timeout_s=5))
+    assert module[-5:] == ["-m", "ddpkit.check._bootstrap", "--hang-timeout=5", "-m", "pkg.train"]
+
+
+def test_ddpkit_run_hang_timeout_flag(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    cfg = parse_run_args(["--hang-timeout", "12", "--nproc-per-node", "2", str(script)], num_gpus=0, num_cpus=2,
+                         environ={})
+    assert cfg.hang_timeout_s == 12.0
+    assert parse_run_args([str(script)], num_gpus=0, num_cpus=2, environ={}).hang_timeout_s is None
+    with pytest.raises(LaunchError, match="--hang-timeout 0 must be > 0"):
+        parse_run_args(["--hang-timeout", "0", str(script)], num_gpus=0, num_cpus=2, environ={})
+
+
+def test_init_rejects_a_bad_hang_timeout_before_anything_starts():
+    import ddpkit
+
+    with pytest.raises(ValueError, match="hang_timeout_s=-1"):
+        ddpkit.init(hang_timeout_s=-1)

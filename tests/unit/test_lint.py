@@ -1,0 +1,283 @@
+"""Tests of `ddpkit lint`: every rule on a script with the mistake and on correct scripts, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddpkit.lint import RULES, lint_file, lint_source, main
+from ddpkit.lint.analysis import GLOBAL, LOCAL, NONE, rank_name_kind
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint"
+BAD = sorted(FIXTURES.glob("bad_*.py"))
+GOOD = sorted(FIXTURES.glob("good_*.py"))
+_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
+
+
+def expected(path: Path) -> set[tuple[int, str, str]]:
+    """(line, rule, severity) for each `# lint-expect: RULE severity` marker in a fixture."""
+    found = set()
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        found.update((number, rule, severity) for rule, severity in _EXPECT.findall(line))
+    return found
+
+
+def got(findings) -> set[tuple[int, str, str]]:
+    return {(f.line, f.rule, f.severity) for f in findings}
+
+
+def lint(code: str):
+    return lint_source(textwrap.dedent(code), "script.py")
+
+
+def line_of(code: str, needle: str) -> int:
+    """1-based line of the first line of `code` that contains `needle`."""
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_fixture_reports_exactly_its_markers(path):
+    marks = expected(path)
+    assert marks, f"{path.name} has no lint-expect markers"
+    assert got(lint_file(path)) == marks
+
+
+@pytest.mark.parametrize("path", GOOD, ids=lambda p: p.stem)
+def test_correct_script_has_no_findings(path):
+    assert lint_file(path) == []
+
+
+def test_every_rule_has_a_failing_fixture():
+    covered = {rule for path in BAD for _, rule, _ in expected(path)}
+    assert covered == set(RULES) - {"DDP000"}  # a syntax error is tested inline, not as a fixture
+
+
+def test_syntax_error_is_a_finding_not_a_crash():
+    (finding,) = lint_source("x = 1\ndef broken(:\n    pass\n", "broken.py")
+    assert (finding.path, finding.line, finding.rule, finding.severity) == ("broken.py", 2, "DDP000", "error")
+
+
+def test_findings_point_at_the_call_and_carry_a_fix():
+    (finding,) = lint_file(FIXTURES / "bad_ddp004_save_every_rank.py")
+    assert (finding.line, finding.col) == (11, 5)
+    assert finding.fix and "rank" in finding.fix
+    assert finding.path.endswith("bad_ddp004_save_every_rank.py")
+
+
+# ---- rank guards and aliases -----------------------------------------------------------------
+@pytest.mark.parametrize("name, kind", [
+    ("rank", GLOBAL), ("global_rank", GLOBAL), ("ddp_rank", GLOBAL), ("is_main", GLOBAL),
+    ("master_process", GLOBAL), ("is_global_zero", GLOBAL), ("get_rank", GLOBAL), ("RANK", GLOBAL),
+    ("local_rank", LOCAL), ("LOCAL_RANK", LOCAL), ("get_local_rank", LOCAL), ("is_local_main", LOCAL),
+    ("SLURM_LOCALID", LOCAL), ("world_size", NONE), ("ranking", NONE), ("main", NONE), ("frank", NONE),
+])
+def test_rank_name_kind(name, kind):
+    assert rank_name_kind(name) == kind
+
+
+SAVE_PRELUDE = """
+    import os
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.Linear(2, 2)
+"""
+
+
+@pytest.mark.parametrize("guard", [
+    "if dist.get_rank() == 0:",
+    "if int(os.environ['RANK']) == 0:",
+    "if os.environ.get('RANK', '0') == '0':",
+    "me = dist.get_rank()\nif me == 0:",
+    "chief = int(os.environ['RANK']) == 0\nif chief:",
+    "writer = dist.get_rank() == 0 and True\nif writer:",
+    "class Run:\n    pass\nrun = Run()\nrun.leader = dist.get_rank() == 0\nif run.leader:",
+])
+def test_global_rank_guards_and_aliases_silence_save(guard):
+    code = SAVE_PRELUDE + textwrap.indent(guard + "\n    torch.save(model.state_dict(), 'm.pt')\n", "    ")
+    code += "    dist.destroy_process_group()\n"
+    assert lint(code) == []
+
+
+def test_alias_of_local_rank_is_a_local_guard():
+    code = SAVE_PRELUDE + """
+    r = int(os.environ["LOCAL_RANK"])
+    if r == 0:
+        torch.save(model.state_dict(), "m.pt")
+    dist.destroy_process_group()
+    """
+    assert got(lint(code)) == {(line_of(code, "torch.save"), "DDP004", "warning")}
+
+
+def test_distributed_mode_sentinel_is_not_a_rank_guard():
+    code = SAVE_PRELUDE + """
+    local_rank = int(os.environ.get("LOCAL_RANK", -1))
+    if local_rank != -1:
+        torch.save(model.state_dict(), "m.pt")
+        dist.barrier()
+    dist.destroy_process_group()
+    """
+    assert got(lint(code)) == {(line_of(code, "torch.save"), "DDP004", "error")}
+
+
+def test_function_called_only_under_a_guard_and_early_return():
+    code = SAVE_PRELUDE + """
+    def checkpoint(step):
+        torch.save(model.state_dict(), f"{step}.pt")
+
+    def maybe_print(msg):
+        if dist.get_rank() != 0:
+            return
+        print(msg)
+
+    for step in range(3):
+        if dist.get_rank() == 0:
+            checkpoint(step)
+        maybe_print(step)
+    dist.destroy_process_group()
+    """
+    assert lint(code) == []
+
+
+def test_function_called_from_a_guard_and_outside_it_is_unguarded():
+    code = SAVE_PRELUDE + """
+    def checkpoint(step):
+        torch.save(model.state_dict(), f"{step}.pt")
+
+    if dist.get_rank() == 0:
+        checkpoint(0)
+    checkpoint(1)
+    dist.destroy_process_group()
+    """
+    assert got(lint(code)) == {(line_of(code, "torch.save"), "DDP004", "error")}
+
+
+def test_paired_collectives_in_rank_branches_do_not_hang():
+    code = """
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    if dist.get_rank() == 0:
+        out = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        dist.gather(t, gather_list=out)
+    else:
+        dist.gather(t)
+    dist.destroy_process_group()
+    """
+    assert lint(code) == []
+
+
+def test_subgroup_collective_under_rank_check_is_allowed():
+    code = """
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    pair = dist.new_group([0, 1])
+    t = torch.ones(1)
+    if dist.get_rank() in (0, 1):
+        dist.all_reduce(t, group=pair)
+    dist.destroy_process_group()
+    """
+    assert lint(code) == []
+
+
+def test_ddpkit_collective_under_is_main_hangs():
+    code = """
+    import ddpkit
+    with ddpkit.init() as ctx:
+        if ctx.is_main:
+            ddpkit.barrier(ctx)
+    """
+    assert got(lint(code)) == {(line_of(code, "ddpkit.barrier"), "DDP010", "error")}
+
+
+def test_noqa_silences_one_rule_or_all():
+    code = SAVE_PRELUDE + """
+    torch.save(model.state_dict(), "m.pt")  # noqa: DDP004
+    print("hi")  # noqa
+    print("there")  # noqa: DDP004
+    dist.destroy_process_group()
+    """
+    assert got(lint(code)) == {(line_of(code, '"there"'), "DDP008", "warning")}
+
+
+def test_plain_script_is_not_linted_as_distributed():
+    code = """
+    import torch
+    print("hello")
+    torch.save({}, "x.pt")
+    torch.load("x.pt")
+    """
+    assert lint(code) == []
+
+
+# ---- command line ------------------------------------------------------------------------------
+def test_main_exit_codes(capsys):
+    assert main([str(FIXTURES / "good_torch_ddp.py")]) == 0
+    assert main([str(FIXTURES / "bad_ddp001_no_set_epoch.py")]) == 1
+    assert main([str(FIXTURES / "bad_ddp008_print_every_rank.py")]) == 0  # warnings only
+    assert main([str(FIXTURES / "bad_ddp013_batchnorm.py")]) == 0  # a note only
+    capsys.readouterr()
+
+
+def test_main_text_output(capsys):
+    path = FIXTURES / "bad_ddp004_save_every_rank.py"
+    assert main([str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{path}:11:5: DDP004 error: torch.save runs on every rank")
+    assert ". fix: " in out[0]
+    assert out[-1] == "1 error in 1 file checked"
+
+
+def test_main_json_output_parses(capsys):
+    assert main(["--format", "json", str(FIXTURES / "bad_ddp005_load.py")]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["line"], r["rule"], r["severity"]) for r in records] == [
+        (11, "DDP005", "warning"), (12, "DDP005", "warning")]
+    assert set(records[0]) == {"path", "line", "col", "rule", "severity", "message", "fix"}
+
+
+def test_main_directory_select_and_ignore(capsys):
+    assert main(["--format", "json", str(FIXTURES)]) == 1
+    every = json.loads(capsys.readouterr().out)
+    assert {r["rule"] for r in every} == set(RULES) - {"DDP000"}
+    assert main(["--format", "json", "--select", "DDP008,ddp013", str(FIXTURES)]) == 0
+    assert {r["rule"] for r in json.loads(capsys.readouterr().out)} == {"DDP008", "DDP013"}
+    assert main(["--format", "json", "--ignore", "DDP001,DDP004", str(FIXTURES)]) == 1
+    assert {r["rule"] for r in json.loads(capsys.readouterr().out)} == set(RULES) - {"DDP000", "DDP001", "DDP004"}
+
+
+def test_main_skips_hidden_directories(tmp_path, capsys):
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "bad.py").write_text("def broken(:\n")
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == "no findings in 1 file checked"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "broken.py").write_text("def broken(:\n")
+    assert main([str(tmp_path)]) == 1
+    assert "broken.py:1:" in capsys.readouterr().out
+
+
+def test_main_usage_errors(tmp_path, capsys):
+    missing = tmp_path / "nope.py"
+    assert main([str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddpkit lint: error: ") and str(missing) in err and "pass a .py file" in err
+    assert main([]) == 2
+    assert "no PATH given" in capsys.readouterr().err
+    assert main(["--select", "DDP999", str(FIXTURES)]) == 2
+    assert "unknown rule id DDP999" in capsys.readouterr().err
+    assert main(["--format", "xml", str(FIXTURES)]) == 2
+    capsys.readouterr()
+
+
+def test_list_rules(capsys):
+    assert main(["--list-rules"]) == 0
+    out = capsys.readouterr().out
+    assert all(rule in out for rule in RULES)

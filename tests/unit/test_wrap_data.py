@@ -1,0 +1,168 @@
+"""wrap() option checking, unwrap(), loader index math and input errors: no processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddpkit
+from ddpkit.data import ShardedBatchSampler, epoch_permutation, eval_shard
+from ddpkit.env import LaunchEnv
+from ddpkit.runtime import Context, rank_seed
+
+
+def _ctx(rank=0, world_size=1) -> Context:
+    return Context(env=LaunchEnv(rank=rank, world_size=world_size, local_world_size=world_size, local_rank=rank),
+                   device=torch.device("cpu"), backend="gloo", seed=0)
+
+
+def test_wrap_rejects_unknown_and_mistyped_options():
+    with pytest.raises(TypeError, match="unknown DDP option 'shuffle'.*ddpkit.loader"):
+        ddpkit.wrap(torch.nn.Linear(2, 2), _ctx(), shuffle=True)
+    with pytest.raises(TypeError, match="device_ids itself"):
+        ddpkit.wrap(torch.nn.Linear(2, 2), _ctx(), device_ids=[0])
+    with pytest.raises(TypeError, match="find_unused_parameters='yes' must be bool"):
+        ddpkit.wrap(torch.nn.Linear(2, 2), _ctx(), find_unused_parameters="yes")
+    with pytest.raises(ValueError, match="bucket_cap_mb=0 must be > 0"):
+        ddpkit.wrap(torch.nn.Linear(2, 2), _ctx(), bucket_cap_mb=0)
+    with pytest.raises(TypeError, match="needs a torch.nn.Module"):
+        ddpkit.wrap(lambda x: x, _ctx())
+
+
+def test_world_size_one_returns_plain_module_and_unwrap_strips_compile():
+    model = torch.nn.Linear(2, 2)
+    assert ddpkit.wrap(model, _ctx()) is model
+    compiled = torch.compile(model)
+    assert ddpkit.unwrap(compiled) is model
+    assert set(ddpkit.unwrap(compiled).state_dict()) == {"weight", "bias"}
+
+
+def test_param_sha256_detects_one_bit():
+    model = torch.nn.Linear(3, 2)
+    before = ddpkit.param_sha256(model)
+    with torch.no_grad():
+        model.weight.view(-1)[0] = torch.nextafter(model.weight.view(-1)[0], torch.tensor(10.0))
+    assert ddpkit.param_sha256(model) != before
+
+
+def _indices(world_size, batch, k=1, n=100, epoch=0, drop_last=True, seed=0):
+    out = []
+    for rank in range(world_size):
+        s = ShardedBatchSampler(n, batch_size=batch, rank=rank, world_size=world_size, accumulation_steps=k,
+                                seed=seed, drop_last=drop_last)
+        s.epoch = epoch
+        out.append(list(s))
+    return out
+
+
+def test_sampler_shards_disjoint_and_cover():
+    shards = _indices(4, 5)
+    flat = [i for shard in shards for batch in shard for i in batch]
+    assert sorted(flat) == list(range(100))
+
+
+def test_global_order_independent_of_world_size_and_accumulation():
+    """Optimizer step t consumes the same samples for 2x16, 1x32 and 1x16x2."""
+    def steps(world_size, batch, k):
+        shards = _indices(world_size, batch, k, n=200)
+        per_step = []
+        for t in range(len(shards[0]) // k):
+            per_step.append(sorted(i for shard in shards for batch in shard[t * k:(t + 1) * k] for i in batch))
+        return per_step
+    assert steps(2, 16, 1) == steps(1, 32, 1) == steps(1, 16, 2) == steps(4, 4, 2)
+
+
+def test_epochs_differ_and_are_reproducible():
+    assert epoch_permutation(50, seed=1, epoch=0, shuffle=True) != epoch_permutation(50, seed=1, epoch=1, shuffle=True)
+    assert epoch_permutation(50, seed=1, epoch=3, shuffle=True) == epoch_permutation(50, seed=1, epoch=3, shuffle=True)
+    assert epoch_permutation(5, seed=1, epoch=3, shuffle=False) == [0, 1, 2, 3, 4]
+
+
+def test_drop_last_false_pads_equally():
+    shards = _indices(3, 4, n=50, drop_last=False)  # 50 samples, global batch 12 -> 5 steps, 10 padded
+    assert [len(s) for s in shards] == [5, 5, 5]
+    flat = [i for shard in shards for batch in shard for i in batch]
+    assert len(flat) == 60 and set(flat) == set(range(50))
+
+
+def test_eval_shard_unpadded():
+    shards = [eval_shard(1001, rank=r, world_size=3) for r in range(3)]
+    assert [len(s) for s in shards] == [333, 334, 334]
+    assert [i for s in shards for i in s] == list(range(1001))
+
+
+def test_loader_input_errors():
+    ds = torch.utils.data.TensorDataset(torch.arange(10))
+    with pytest.raises(TypeError, match="sampler=.*contradict"):
+        ddpkit.loader(ds, _ctx(), batch_size=2, sampler=torch.utils.data.SequentialSampler(ds))
+    with pytest.raises(TypeError, match="needs a Dataset, got a DataLoader"):
+        ddpkit.loader(torch.utils.data.DataLoader(ds), _ctx(), batch_size=2)
+    with pytest.raises(ValueError, match="batch_size=0 must be a positive int"):
+        ddpkit.loader(ds, _ctx(), batch_size=0)
+    with pytest.raises(ValueError, match="fewer than one global batch of 16"):
+        ddpkit.loader(ds, _ctx(0, 2), batch_size=8)
+    with pytest.raises(TypeError, match="shuffle"):
+        ddpkit.eval_loader(ds, _ctx(), batch_size=2, shuffle=True)
+
+
+def test_loader_position_state_dict_roundtrip():
+    ds = torch.utils.data.TensorDataset(torch.arange(40))
+    full = ddpkit.loader(ds, _ctx(), batch_size=4, seed=5)
+    order = [b[0].tolist() for _ in range(2) for b in full]  # two epochs, no set_epoch
+    part = ddpkit.loader(ds, _ctx(), batch_size=4, seed=5)
+    seen = []
+    for i, b in enumerate(part):
+        seen.append(b[0].tolist())
+        if i == 3:
+            break
+    state = part.state_dict()
+    assert state == {"epoch": 0, "samples_seen": 16, "seed": 5}
+    resumed = ddpkit.loader(ds, _ctx(), batch_size=4, seed=5)
+    resumed.load_state_dict(state)
+    seen += [b[0].tolist() for b in resumed] + [b[0].tolist() for b in resumed]
+    assert seen == order
+    assert resumed.state_dict() == {"epoch": 2, "samples_seen": 0, "seed": 5}
+
+
+def test_rank_seeds_distinct_and_stable():
+    seeds = {rank_seed(0, r) for r in range(8)} | {rank_seed(1, r) for r in range(8)}
+    assert len(seeds) == 16
+    assert rank_seed(3, 2) == rank_seed(3, 2)
+
+
+def test_import_is_cheap():
+    import subprocess
+    import sys
+
+    code = "import sys, ddpkit; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == ["False", "False"]
+
+
+class _Draws(torch.utils.data.Dataset):
+    """Each item is (python, numpy, torch) random draws made inside the worker that loads it."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import random
+
+        import numpy as np
+
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([info.id, random.random(), float(np.random.rand()), float(torch.rand(1))],
+                            dtype=torch.float64)
+
+
+def test_worker_seeds_distinct_per_rank_and_worker():
+    draws = {}
+    for rank in (0, 1):
+        ctx = _ctx(rank, 2)
+        data = ddpkit.loader(_Draws(), ctx, batch_size=1, num_workers=2, persistent_workers=False, shuffle=False)
+        for (row,) in ((b[0],) for b in data):
+            draws.setdefault((rank, int(row[0])), row[1:].tolist())
+    assert len(draws) == 4  # 2 ranks x 2 workers
+    for column in range(3):  # python, numpy, torch streams
+        values = [v[column] for v in draws.values()]
+        assert len(set(values)) == 4, f"stream {column} repeats across ranks/workers: {values}"
