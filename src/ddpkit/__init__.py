@@ -40,11 +40,17 @@ _EXPORTS = {
     "latest_checkpoint": "ddpkit.checkpoint",
     "verify_checkpoint": "ddpkit.checkpoint",
     "CheckpointError": "ddpkit.checkpoint",
+    "CheckpointWarning": "ddpkit.checkpoint",
     "Precision": "ddpkit.precision",
     "StepInfo": "ddpkit.precision",
 }
 
 __all__ = ["__version__", *_EXPORTS]
+
+# `wrap` names both a function and its module. The first import of the submodule (e.g. `from
+# ddpkit.wrap import unwrap`, in ddpkit or user code) would rebind `ddpkit.wrap` to the module;
+# importing it here (it imports no torch at module level) and binding the function prevents that.
+from ddpkit.wrap import wrap  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

@@ -88,12 +88,12 @@ def _fresh_store_per_round(handler: RendezvousHandler) -> None:
     """
     if not hasattr(handler, "_bootstrap_store_info"):
         return  # a torch whose handler does not cache the store
-    first_round = handler.next_rendezvous
+    torch_next_rendezvous = handler.next_rendezvous
 
     def next_rendezvous():
         handler._bootstrap_store_info = None  # type: ignore[attr-defined]
         handler._shared_tcp_store_server = None  # type: ignore[attr-defined]
-        return first_round()
+        return torch_next_rendezvous()
 
     handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 

@@ -7,7 +7,6 @@ import os
 import pickle
 import random
 import shlex
-import warnings
 
 import numpy as np
 import pytest
@@ -256,3 +255,15 @@ def test_rng_state_survives_weights_only_round_trip(tmp_path):
     got = (random.random(), np.random.randn(), torch.randn(2))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
     assert pickle.dumps(state)  # plain data all the way down
+
+
+def test_importing_the_wrap_submodule_keeps_ddpkit_wrap_the_function():
+    """ddpkit.checkpoint imports `ddpkit.wrap` (the module); `ddpkit.wrap` must stay the function."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ddpkit.wrap import unwrap; import ddpkit; "
+            "assert callable(ddpkit.wrap) and ddpkit.wrap.__name__ == 'wrap', ddpkit.wrap; "
+            "assert 'torch' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
