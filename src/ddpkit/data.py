@@ -293,7 +293,7 @@ class EvalLoader:
         self._pin = ctx.device.type == "cuda"
         self._loader = torch.utils.data.DataLoader(
             torch.utils.data.Subset(dataset, self.indices), batch_size=batch_size, shuffle=False,
-            pin_memory=self._pin, **dataloader_kwargs,
+            pin_memory=self._pin, generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
         )
 
     def __len__(self) -> int:
@@ -310,7 +310,8 @@ def eval_loader(dataset: Any, ctx: Context, *, batch_size: int, **dataloader_kwa
 
     if isinstance(dataset, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset)):
         raise TypeError("ddpkit.eval_loader needs a map-style Dataset (with __len__ and __getitem__)")
-    for name in ("sampler", "batch_sampler", "shuffle", "drop_last", "pin_memory"):
+    # A private generator (above): evaluating more or less often must not shift training's RNG streams.
+    for name in ("sampler", "batch_sampler", "shuffle", "drop_last", "pin_memory", "generator"):
         if name in dataloader_kwargs:
             raise TypeError(f"ddpkit.eval_loader got {name}=: evaluation shards are fixed, ordered and unpadded; remove it")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

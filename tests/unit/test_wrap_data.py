@@ -166,3 +166,14 @@ def test_worker_seeds_distinct_per_rank_and_worker():
     for column in range(3):  # python, numpy, torch streams
         values = [v[column] for v in draws.values()]
         assert len(set(values)) == 4, f"stream {column} repeats across ranks/workers: {values}"
+
+
+def test_eval_loop_does_not_draw_from_the_global_generator():
+    ds = torch.utils.data.TensorDataset(torch.arange(10))
+    data = ddpkit.eval_loader(ds, _ctx(), batch_size=4)
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    for _ in range(3):
+        list(data)
+    assert torch.equal(torch.rand(1), expected)
