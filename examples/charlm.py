@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import sysconfig
 import time
@@ -30,7 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import ddpkit
-from ddpkit.metrics import MetricsLog, ProgressBar
+from ddpkit.metrics import MetricsLog, ProgressBar, finish_run
 
 VOCAB = 256
 
@@ -262,14 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_s": round(step * tokens_per_step / seconds, 1),
             "param_sha256": ddpkit.param_sha256(model),
         }
-        if log is not None:
-            log.close()
-            if ctx.is_main:
-                from ddpkit.plot import plot_run
-
-                plot_run(args.run_dir)
-        if ctx.is_main:
-            print(json.dumps(result), flush=True)
+        finish_run(ctx, result, log)
     return result
 
 

@@ -12,19 +12,18 @@ only the speed, not the samples each optimizer step sees.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from torch import nn
 
 import ddpkit
-from ddpkit.metrics import MetricsLog, ProgressBar
+from ddpkit.metrics import MetricsLog, ProgressBar, finish_run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=15, help="passes over the training set")
+    p.add_argument("--epochs", type=int, default=25, help="passes over the training set")
     p.add_argument("--global-batch-size", type=int, default=64, help="samples per optimizer step, all ranks together")
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed of model init, data order and split")
@@ -135,14 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if args.checkpoint_dir:
             result["resumed_from_step"] = resumed_from
-        if log is not None:
-            log.close()
-            if ctx.is_main:
-                from ddpkit.plot import plot_run
-
-                plot_run(args.run_dir)
-        if ctx.is_main:
-            print(json.dumps(result), flush=True)
+        finish_run(ctx, result, log)
     return result
 
 

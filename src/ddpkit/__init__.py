@@ -34,6 +34,7 @@ _EXPORTS = {
     "MetricsLog": "ddpkit.metrics",
     "ProgressBar": "ddpkit.metrics",
     "print0": "ddpkit.metrics",
+    "finish_run": "ddpkit.metrics",
     "rank_logger": "ddpkit.metrics",
     "save_checkpoint": "ddpkit.checkpoint",
     "load_checkpoint": "ddpkit.checkpoint",

@@ -55,11 +55,12 @@ def parse_run_args(argv: list[str], *, num_gpus: int | None = None, num_cpus: in
     Inside SLURM (`srun ddpkit run`) or a Kubeflow PyTorchJob pod, node count, node rank and endpoint
     come from `environ` (default os.environ) unless given as flags.
     """
-    from ddpkit.launch import LaunchError, RunConfig, _num_cpus, _visible_gpus, resolve_nodes, resolve_nproc_per_node
+    from ddpkit.launch import (
+        LaunchError, RunConfig, _num_cpus, _visible_gpus, check_target, resolve_nodes, resolve_nproc_per_node,
+    )
 
     args = _run_parser().parse_args(argv)
-    if not args.module and not os.path.isfile(args.target):
-        raise LaunchError(f"script {args.target!r} does not exist; pass the path of a .py file (or -m MODULE)")
+    check_target(args.target, module=args.module)
     if args.max_restarts < 0:
         raise LaunchError(f"--max-restarts {args.max_restarts} must be >= 0")
     for flag, value in (("--rdzv-timeout", args.rdzv_timeout), ("--connect-timeout", args.connect_timeout)):

@@ -15,6 +15,7 @@ __all__ = [
     "resolve_nodes",
     "resolve_nproc_per_node",
     "threads_per_rank",
+    "check_target",
     "launch",
 ]
 
@@ -158,6 +159,12 @@ def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: s
     return out
 
 
+def check_target(target: str, *, module: bool) -> None:
+    """Refuse a script path that does not exist before any process starts."""
+    if not module and not os.path.isfile(target):
+        raise LaunchError(f"script {target!r} does not exist; pass the path of a .py file (or -m MODULE)")
+
+
 def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
     """Intra-op threads per rank so that the ranks together do not oversubscribe the cores."""
     return max(1, num_cpus // max(1, nproc_per_node))
@@ -276,7 +283,7 @@ def _print_hang_reports(cfg: RunConfig) -> None:
     """After a failure: the watchdogs' one line per rank, if they declared a hang."""
     if cfg.hang_report_dir is None:
         return
-    from ddpkit.check.watchdog import collect_reports, summarize
+    from ddpkit.watchdog import collect_reports, summarize
 
     reports = collect_reports(cfg.hang_report_dir)
     if reports:

@@ -123,7 +123,7 @@ def init(
         env: the launcher's contract; default `read_env()` of this process.
         hang_timeout_s: start a hang watchdog: a rank blocked this long in a collective (or in
             DDP's backward) without progress prints its stack and the collective's call site, and
-            exits (see ddpkit.check.watchdog). None: off (`ddpkit run --hang-timeout` turns it on too).
+            exits (see ddpkit.watchdog). None: off (`ddpkit run --hang-timeout` turns it on too).
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed={seed!r} must be an int, e.g. ddpkit.init(seed=0)")
@@ -160,7 +160,7 @@ def init(
             **kwargs,
         )
     if hang_timeout_s is not None and env.distributed:
-        from ddpkit.check.watchdog import start_watchdog
+        from ddpkit.watchdog import start_watchdog
 
         start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
     seed_everything(rank_seed(seed, env.rank))

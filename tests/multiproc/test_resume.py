@@ -27,7 +27,7 @@ def _dataset() -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(x, (x @ torch.randn(8, 1, generator=g)).squeeze(1))
 
 
-def _setup(ctx, *, dropout: bool, accumulation_steps: int = 1):
+def _setup(ctx, *, dropout: bool, accumulation_steps: int = 1, global_batch: int = GLOBAL_BATCH):
     import ddpkit
 
     with torch.random.fork_rng():  # the same initial weights everywhere; the rank's streams untouched
@@ -37,7 +37,7 @@ def _setup(ctx, *, dropout: bool, accumulation_steps: int = 1):
     model = ddpkit.wrap(net, ctx)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
-    per_rank = GLOBAL_BATCH // (ctx.world_size * accumulation_steps)
+    per_rank = global_batch // (ctx.world_size * accumulation_steps)
     data = ddpkit.loader(_dataset(), ctx, batch_size=per_rank, accumulation_steps=accumulation_steps, seed=3)
     return model, opt, sched, data
 
@@ -126,7 +126,7 @@ def test_stop_anywhere_then_resume_is_bit_identical(tmp_path):
     assert unrestored["step"] == 12 and unrestored["sha"] != reference[0]
 
 
-def _world_size_leg(info: RankInfo, load_from: str | None, save_to: str):
+def _world_size_leg(info: RankInfo, load_from: str | None, save_to: str, global_batch: int = GLOBAL_BATCH):
     """Uninterrupted run; a run checkpointed at step 10 and stopped at 13; optionally a resume from `load_from`."""
     import ddpkit
 
@@ -134,12 +134,13 @@ def _world_size_leg(info: RankInfo, load_from: str | None, save_to: str):
         return [p.detach().clone() for p in ddpkit.unwrap(model).parameters()]
 
     with info.init(seed=SEED) as ctx:
-        ref = _setup(ctx, dropout=False)
+        ref = _setup(ctx, dropout=False, global_batch=global_batch)
         _train(ctx, ref, start=0, stop=TOTAL_STEPS, noise=False)
         out = {"reference": params(ref[0])}
-        _train(ctx, _setup(ctx, dropout=False), start=0, stop=13, noise=False, ckpt=Path(save_to), save_every=10)
+        stopped = _setup(ctx, dropout=False, global_batch=global_batch)
+        _train(ctx, stopped, start=0, stop=13, noise=False, ckpt=Path(save_to), save_every=10)
         if load_from is not None:
-            model, opt, sched, data = parts = _setup(ctx, dropout=False)
+            model, opt, sched, data = parts = _setup(ctx, dropout=False, global_batch=global_batch)
             meta = ddpkit.load_checkpoint(ctx, load_from, model=model, optimizer=opt, scheduler=sched, loader=data)
             out["saved_world_size"], out["draw"] = meta["world_size"], torch.rand(1).item()
             _train(ctx, parts, start=meta["step"], stop=TOTAL_STEPS, noise=False)
@@ -163,6 +164,21 @@ def test_resume_on_another_world_size_continues_from_the_same_samples(tmp_path):
     assert not torch.allclose(single["reference"][0], _initial_weight())
     # Rank 1 did not exist in the 1-rank run: it gets fresh streams, distinct from rank 0's.
     assert grown[0]["draw"] != grown[1]["draw"]
+
+
+@pytest.mark.timeout(240)
+def test_resume_from_two_ranks_on_three():
+    """2 ranks x 24 checkpoint at step 10; 3 ranks x 16 continue: same global batch of 48, same samples."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        two = run_ranks(_world_size_leg, 2, None, tmp + "/two", 48, timeout=120)
+        three = run_ranks(_world_size_leg, 3, tmp + "/two", tmp + "/unused", 48, timeout=180)
+    assert {r["saved_world_size"] for r in three} == {2}
+    for r in three:
+        for a, b in zip(r["resumed"], two[0]["reference"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert len({r["draw"] for r in three}) == 3  # rank 2 is new: fresh streams, distinct from 0 and 1
 
 
 def _initial_weight() -> torch.Tensor:

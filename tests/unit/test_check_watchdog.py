@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ddpkit.check import tracer
-from ddpkit.check.watchdog import Watchdog, collect_reports, describe, summarize
+from ddpkit import tracer
+from ddpkit.watchdog import Watchdog, collect_reports, describe, summarize
 
 
 class _Calls:

@@ -45,7 +45,7 @@ def run_target(target: str, target_args: list[str], *, module: bool) -> None:
 
 
 def _error_site(exc: BaseException) -> str | None:
-    from ddpkit.check import tracer
+    from ddpkit import tracer
 
     tb, site = exc.__traceback__, None
     while tb is not None:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env = read_env()
     if args.hang_timeout is not None:
-        from ddpkit.check.watchdog import start_watchdog
+        from ddpkit.watchdog import start_watchdog
 
         report_dir = None if args.report_dir is None else str(Path(args.report_dir) / f"attempt-{env.restart_count}")
         start_watchdog(timeout_s=args.hang_timeout, rank=env.rank, world_size=env.world_size, report_dir=report_dir)

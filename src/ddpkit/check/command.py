@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.check.analysis import Finding, analyse, load_records
+from ddpkit.launch import check_target
 
 __all__ = ["CheckConfig", "main", "parse_check_args", "bootstrap_argv", "run_check"]
 
@@ -57,8 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 def parse_check_args(argv: list[str]) -> CheckConfig:
     """argv -> CheckConfig, validated (ValueError naming the flag and the fix)."""
     a = _parser().parse_args(argv)
-    if not a.module and not os.path.isfile(a.target):
-        raise ValueError(f"script {a.target!r} does not exist; pass the path of a .py file (or -m MODULE)")
+    check_target(a.target, module=a.module)  # LaunchError is a ValueError
     if a.nproc_per_node < 2:
         raise ValueError(f"--nproc-per-node {a.nproc_per_node}: the invariants compare ranks, pass 2 or more")
     for flag, value in (("--max-steps", a.max_steps), ("--epoch-steps", a.epoch_steps)):
@@ -113,7 +113,7 @@ def _run_ranks(cfg: CheckConfig, workdir: str, log_path: Path) -> tuple[int | No
 
 def run_check(cfg: CheckConfig) -> tuple[list[Finding], list[str], int | None, str]:
     """Run the check; returns (findings, notes, torchrun exit code or None on timeout, the ranks' output)."""
-    from ddpkit.check.watchdog import collect_reports, summarize
+    from ddpkit.watchdog import collect_reports, summarize
 
     with tempfile.TemporaryDirectory(prefix="ddpkit-check-") as workdir:
         code, output = _run_ranks(cfg, workdir, Path(workdir) / "output.log")

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.check import tracer
+from ddpkit import tracer
 
 __all__ = ["CpuMapping"]
 

@@ -14,7 +14,7 @@ import sys
 import weakref
 from typing import Any
 
-from ddpkit.check import tracer
+from ddpkit import tracer
 
 __all__ = ["Recorder", "StopCheck"]
 

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ddpkit.check import tracer
+from ddpkit import tracer
 
 __all__ = ["Watchdog", "start_watchdog", "HANG_EXIT_CODE", "collect_reports", "summarize", "describe"]
 
