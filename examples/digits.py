@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> dict:
         model = ddpkit.wrap(make_model(), ctx)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * train.steps_per_epoch)
-        log = MetricsLog(args.run_dir, ctx) if args.run_dir else None
         step, first_epoch, resumed_from = 0, 0, None
         if args.checkpoint_dir:  # resume if a checkpoint exists; None on a fresh start
             ckpt = ddpkit.load_checkpoint(ctx, args.checkpoint_dir, model=model, optimizer=opt, scheduler=sched,
@@ -100,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
             if ckpt is not None:
                 step = resumed_from = ckpt["step"]
                 first_epoch = train.state_dict()["epoch"]  # mid-epoch: the loop continues inside it
+        # A resumed run continues its log; a fresh one moves an old log aside (kept, not mixed in).
+        log = MetricsLog(args.run_dir, ctx, resume=resumed_from is not None) if args.run_dir else None
         total_steps = args.epochs * train.steps_per_epoch
         save_every = args.save_every or train.steps_per_epoch
         metrics = None

@@ -45,8 +45,8 @@ class MetricsLog:
     Every rank may construct and call it with the same arguments; only the main rank
     (``ctx.is_main``) creates ``run_dir`` and touches the file, other ranks keep no file open.
     Each line is flushed as it is written, so a crash loses nothing already logged. The file is
-    opened for appending: a resumed run continues the same log (``ddpkit plot`` keeps the last
-    value logged for a repeated ``step``).
+    opened for appending when ``resume=True``: a resumed run continues the same log (``ddpkit plot``
+    keeps the last value logged for a repeated ``step``); a fresh run moves an old log aside.
 
     Values must already be reduced across ranks before they are passed here, e.g. with
     ``ddpkit.reduce_mean(ctx, loss_sum, count)`` called by every rank: this logger never issues
@@ -60,7 +60,9 @@ class MetricsLog:
     reads back) so a diverging loss stays visible in the log.
     """
 
-    def __init__(self, run_dir: str | Path, ctx: Any) -> None:
+    def __init__(self, run_dir: str | Path, ctx: Any, *, resume: bool = False) -> None:
+        """`resume=True` appends to an existing log (a run continued from a checkpoint); otherwise an
+        existing log is renamed to `metrics.<time>.jsonl` first, so runs are never mixed nor lost."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILENAME
         self.is_main = bool(ctx.is_main)
@@ -68,6 +70,13 @@ class MetricsLog:
         self._file = None
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if not resume and self.path.exists() and self.path.stat().st_size > 0:
+                stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
+                aside = self.path.with_name(f"metrics.{stamp}.jsonl")
+                n = 1
+                while aside.exists():
+                    aside, n = self.path.with_name(f"metrics.{stamp}-{n}.jsonl"), n + 1
+                self.path.rename(aside)
             self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, **values: Any) -> None:

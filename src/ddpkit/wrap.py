@@ -77,6 +77,8 @@ def wrap(
 
     Args:
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (statistics over the global batch).
+            CUDA only (PyTorch's DDP refuses SyncBatchNorm on CPU): on CPU it is skipped with a
+            warning, so a GPU script still runs on a CPU box, with per-rank statistics.
         compile: apply torch.compile after wrapping (the order DDP's optimizer needs): True, or a
             dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
             (traces and runs eagerly: no C++ compiler, no kernel build time).
@@ -97,7 +99,12 @@ def wrap(
     check_comm(comm)
     model = model.to(ctx.device)
     if ctx.distributed:
-        if sync_batchnorm:
+        if sync_batchnorm and ctx.device.type == "cpu":
+            import warnings
+
+            warnings.warn("wrap(sync_batchnorm=True) is skipped on CPU: PyTorch's SyncBatchNorm runs on CUDA "
+                          "only, so BatchNorm statistics stay per rank here", stacklevel=2)
+        elif sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)

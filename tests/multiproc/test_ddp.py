@@ -144,3 +144,24 @@ def test_shards_disjoint_with_drop_last():
     r0, r1 = run_ranks(_shards_drop_last, 2)
     assert not set(r0) & set(r1)
     assert set(r0) | set(r1) == set(range(100))
+
+
+
+def _syncbn_on_cpu(info: RankInfo):
+    import warnings
+
+    import ddpkit
+
+    with info.init() as ctx:
+        net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = ddpkit.wrap(net, ctx, sync_batchnorm=True)
+        model(torch.randn(8, 4)).sum().backward()  # trains instead of DDP's "only work with GPU modules"
+        return type(ddpkit.unwrap(model)[1]).__name__, [str(w.message) for w in caught]
+
+
+def test_sync_batchnorm_on_cpu_warns_and_keeps_training():
+    for name, messages in run_ranks(_syncbn_on_cpu, 2):
+        assert name == "BatchNorm1d"
+        assert any("sync_batchnorm=True) is skipped on CPU" in m for m in messages)

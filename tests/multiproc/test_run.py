@@ -50,6 +50,8 @@ def test_two_ranks_train_and_args_pass_through(tmp_path):
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
     assert ranks[0]["extra"] == ["a", "b"]
     assert ranks[0]["sha"] == ranks[1]["sha"]
+    # clean teardown: no "destroy_process_group() was not called" warning, no abort
+    assert "destroy_process_group" not in proc.stderr and "terminate called" not in proc.stderr
 
 
 def test_crashing_rank_fails_fast_with_traceback_and_no_orphans(tmp_path):

@@ -41,11 +41,21 @@ def test_metrics_log_writes_one_line_per_call_on_rank0(tmp_path):
     assert all(isinstance(r["time"], float) and r["time"] > 1e9 for r in records)
 
 
-def test_metrics_log_appends_across_instances(tmp_path):
+def test_metrics_log_appends_when_resuming(tmp_path):
     for step in (1, 2):
-        with MetricsLog(tmp_path, FakeCtx()) as log:
+        with MetricsLog(tmp_path, FakeCtx(), resume=step > 1) as log:
             log.log(step=step, loss=1.0)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_fresh_metrics_log_moves_the_old_one_aside(tmp_path):
+    for step in (1, 2, 3):
+        with MetricsLog(tmp_path, FakeCtx()) as log:
+            log.log(step=step, loss=1.0)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [3]
+    old = sorted(p for p in tmp_path.glob("metrics.*.jsonl"))
+    assert len(old) == 2  # both earlier runs kept, none mixed into the new log
+    assert sorted(read_metrics(p)[0]["step"] for p in old) == [1, 2]
 
 
 def test_metrics_log_on_rank1_touches_no_file(tmp_path):
