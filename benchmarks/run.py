@@ -49,6 +49,7 @@ CONFIGS = [
     Config("single process (no DDP) 1x64", "main", "single", "python", 1),
     Config("hand-written DDP", "main", "torch_ddp"),
     Config("ddpkit", "main", "ddpkit_ddp", "ddpkit"),
+    Config("ddpkit comm=shm", "main", "ddpkit_ddp", "ddpkit", options={"comm": "shm"}),
     Config("Accelerate", "main", "accelerate_ddp"),
     Config("Lightning Fabric", "main", "fabric_ddp"),
     Config("1 process x 128, 2 threads", "scaling", "single", "python", 1, ("--batch-size", "128", "--threads", "2")),
@@ -102,18 +103,39 @@ def _run_sweep(steps: int, tmp: Path, tag: str, timeout: float) -> dict:
 
 
 def _call(argv: list[str], env: dict, timeout: float) -> str | None:
-    """Run one job in its own session; on timeout kill the whole session (launcher and its ranks)."""
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    """Run one job; on timeout kill every process it started, wherever it was reparented.
+
+    torchrun starts each rank in a session of its own, so killing the launcher's process group
+    misses the ranks, and a rank that outlives its launcher keeps our pipes open. Every process of
+    the job carries a tag in its environment, and on timeout each process with that tag is killed.
+    """
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(argv, env={**env, "DDPKIT_BENCH_JOB": tag}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        _kill_tagged(tag)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
         return f"timed out after {timeout:.0f} s"
     if proc.returncode != 0:
         return f"exit {proc.returncode}: " + (stderr or stdout)[-1500:]
     return None
+
+
+def _kill_tagged(tag: str) -> None:
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("DDPKIT_BENCH_JOB") == tag:
+                p.kill()
+        except (psutil.Error, OSError):
+            continue
 
 
 def _sweep_table(sweeps: list[dict]) -> str:

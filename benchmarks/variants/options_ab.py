@@ -29,6 +29,7 @@ ARMS = {
     "static_graph=True": {"static_graph": True},
     "comm='fp16'": {"comm": "fp16"},
     "comm='bf16'": {"comm": "bf16"},
+    "comm='shm'": {"comm": "shm"},
 }
 REFERENCE = "PyTorch DDP defaults"
 

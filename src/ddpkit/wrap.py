@@ -83,7 +83,9 @@ def wrap(
             dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
             (traces and runs eagerly: no C++ compiler, no kernel build time).
         comm: None (default: float32 gradients, exact DDP), 'fp16' or 'bf16': all-reduce
-            16-bit gradients (half the bytes; opt-in because it rounds them; see ddpkit.comm).
+            16-bit gradients (half the bytes; opt-in because it rounds them; see ddpkit.comm);
+            'shm': CPU ranks on one host average gradients through POSIX shared memory instead
+            of gloo's loopback TCP (float32; ValueError on CUDA or across hosts).
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers.
     """
@@ -96,7 +98,7 @@ def wrap(
     options = _check_options(ddp_options)
     from ddpkit.comm import check_comm, register_comm
 
-    check_comm(comm)
+    check_comm(comm, ctx)
     model = model.to(ctx.device)
     if ctx.distributed:
         if sync_batchnorm and ctx.device.type == "cpu":

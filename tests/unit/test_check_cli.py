@@ -78,3 +78,13 @@ def test_init_rejects_a_bad_hang_timeout_before_anything_starts():
 
     with pytest.raises(ValueError, match="hang_timeout_s=-1"):
         ddpkit.init(hang_timeout_s=-1)
+
+
+def test_exit_after_every_rank_finished_is_not_a_finding():
+    from ddpkit.check.command import _all_ranks_finished
+
+    done = {0: [{"ev": "end", "status": "stopped"}], 1: [{"ev": "end", "status": "finished", "code": 0}]}
+    assert _all_ranks_finished(done, 2)
+    assert not _all_ranks_finished({0: done[0]}, 2)  # a rank that never recorded its end
+    assert not _all_ranks_finished({**done, 1: [{"ev": "end", "status": "error", "code": 1}]}, 2)
+    assert not _all_ranks_finished({**done, 1: [{"ev": "step"}]}, 2)
