@@ -236,9 +236,9 @@ def load_checkpoint(
         rank, first = failures[0]
         where = f" [rank {rank}; {len(failures)} of {ctx.world_size} ranks failed]" if ctx.distributed else ""
         raise CheckpointError(first + where) from error
+    states = meta.pop("_rng")
     if restore_rng:
-        _restore_rng(ctx, meta.pop("_rng"), meta["step"])
-    meta.pop("_rng", None)
+        _restore_rng(ctx, states, meta["step"])
     return meta
 
 

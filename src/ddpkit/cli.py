@@ -116,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _DELEGATED:
         module = importlib.import_module(_DELEGATED[argv[0]][0])
         return int(module.main(argv[1:]) or 0)
-    args = _top_parser().parse_args(argv[:1])
+    parser = _top_parser()
+    args = parser.parse_args(argv[:1])
     if args.version:
         from ddpkit import __version__
 
         print(__version__)
         return 0
-    _top_parser().print_help()
+    parser.print_help()
     return 0 if not argv else 2
 
 

@@ -138,11 +138,9 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterLaunch | None:
     Returns None outside an srun step (e.g. in the batch script itself). The endpoint is the step's
     first host at a port derived from SLURM_JOB_ID (`slurm_port`), or MASTER_ADDR/MASTER_PORT when set.
     """
-    if _get(environ, "SLURM_JOB_ID", "SLURM_JOBID") is None:
-        return None
-    if _get(environ, "SLURM_STEP_ID", "SLURM_STEPID") is None:
-        return None
     job_id = _get(environ, "SLURM_JOB_ID", "SLURM_JOBID")
+    if job_id is None or _get(environ, "SLURM_STEP_ID", "SLURM_STEPID") is None:
+        return None
     raw_nodes = _get(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
     nnodes = _as_int(raw_nodes, "SLURM_NNODES") if raw_nodes else 1
     node_rank = _as_int(_get(environ, "SLURM_NODEID") or "0", "SLURM_NODEID")

@@ -128,7 +128,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         local_rank, local_world_size = 0, local_world_size or 1
         node_rank = rank if node_rank is None else node_rank
     if local_world_size is None:
-        local_world_size = world_size if world_size > 0 else 1
+        local_world_size = world_size
     if not 0 <= local_rank < local_world_size:
         raise EnvError(
             f"LOCAL_RANK={local_rank} is outside 0..{local_world_size - 1} "

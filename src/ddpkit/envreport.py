@@ -90,8 +90,8 @@ def _interfaces() -> dict[str, list[str]]:
 def _launch(num_gpus: int, num_cpus: int) -> dict[str, Any]:
     try:
         from ddpkit.launch import default_nproc_per_node
-        nproc = default_nproc_per_node()
-    except (ImportError, AttributeError):
+        nproc = default_nproc_per_node(num_gpus, num_cpus)
+    except ImportError:
         nproc = num_gpus if num_gpus > 0 else max(1, min(4, num_cpus))
     backend = "nccl" if num_gpus > 0 else "gloo"
     return {"nproc_per_node": nproc, "backend": backend,

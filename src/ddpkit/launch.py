@@ -66,7 +66,11 @@ class RunConfig:
 
     @property
     def single_node(self) -> bool:
-        return self.nnodes in ("1", "1:1") and self.rdzv_endpoint is None
+        return _is_single_node(self.nnodes, self.rdzv_endpoint)
+
+
+def _is_single_node(nnodes: str, rdzv_endpoint: str | None) -> bool:
+    return nnodes in ("1", "1:1") and rdzv_endpoint is None
 
 
 def default_nproc_per_node(num_gpus: int | None = None, num_cpus: int | None = None) -> int:
@@ -139,7 +143,7 @@ def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: s
                           f"pass --node-rank 0 on the rendezvous node and 1..{int(high) - 1} on the others")
     out = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
            "nproc_per_node": nproc_per_node or "auto"}
-    if nnodes in ("1", "1:1") and rdzv_endpoint is None:
+    if _is_single_node(nnodes, rdzv_endpoint):
         out["node_rank"] = None
         if rdzv_id is not None:
             out["rdzv_id"] = rdzv_id
@@ -261,8 +265,7 @@ def _plan_network(cfg: RunConfig) -> tuple[dict[str, str], RunConfig, dict]:
     from ddpkit import netcheck
 
     if cfg.single_node:
-        lo = netcheck.loopback_interface()
-        env = {name: lo for name in netcheck.SOCKET_IFNAME_VARS if name not in os.environ}
+        env = netcheck.socket_env(netcheck.loopback_interface(), os.environ)
         return env, cfg, {"bind_addr": "127.0.0.1", "is_host": True}
     host, port = netcheck.split_endpoint(cfg.rdzv_endpoint or "")
     plan = netcheck.plan_network(host, port, iface=cfg.iface, node_rank=cfg.node_rank, environ=os.environ)
@@ -301,28 +304,27 @@ def _print_failures(e) -> None:
             why = f"was killed by {failure.signal_name()}"
         else:
             why = f"failed with exit code {failure.exitcode}"
-            data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
-            message = (data.get("message") or {}).get("message") if isinstance(data.get("message"), dict) else None
+            message = _failure_message(failure)
             if message:
                 why += f": {message.strip().splitlines()[-1]}"
         print(f"ddpkit run: {where} {why}", file=sys.stderr)
     from ddpkit.netcheck import lost_peer
 
-    lost = {lost_peer(why) for why in _failure_messages(e)} - {None}
+    messages = filter(None, map(_failure_message, e.failures.values()))
+    lost = {lost_peer(message) for message in messages} - {None}
     for addr in sorted(lost):
         print(f"ddpkit run: lost the ranks at {addr}: that node's launcher, ranks or network stopped, so this "
               "node stopped too; check that node's log, then relaunch every node (or use --nnodes MIN:MAX with "
               "--max-restarts to continue without it)", file=sys.stderr)
 
 
-def _failure_messages(e) -> list[str]:
-    out = []
-    for failure in e.failures.values():
-        data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
-        message = data.get("message")
-        if isinstance(message, dict) and message.get("message"):
-            out.append(str(message["message"]))
-    return out
+def _failure_message(failure) -> str | None:
+    """The exception message a failed rank wrote to its torchrun error file, or None."""
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    message = data.get("message")
+    if isinstance(message, dict) and message.get("message"):
+        return str(message["message"])
+    return None
 
 
 def _visible_gpus() -> int:

@@ -182,6 +182,9 @@ class ProgressBar:
         self._avg_samples = 0.0
         self._avg_seconds = 0.0
         self._rate: float | None = None
+        self._next_postfix = 0.0  # when the shown loss may next be read (a device sync on CUDA)
+        self._pending: tuple[Any, dict[str, Any]] = (None, {})  # the latest loss and extras passed
+        self._stale = False  # _pending not shown yet
         if not ctx.is_main or disable:
             return
         try:
@@ -201,8 +204,9 @@ class ProgressBar:
         """Advance by ``n_steps``; ``samples`` is the global sample count for those steps.
 
         ``loss`` (a float or one-element tensor) is shown as passed: rank 0's own loss unless
-        the caller reduced it. Tensors are read with ``.item()`` on rank 0 only, so other ranks
-        never wait on a device sync for the bar. Extra keywords are shown as-is.
+        the caller reduced it. Tensors are read with ``.item()`` on rank 0 only, at most once per
+        tqdm refresh interval, so no step waits on a device sync for the bar. Extra keywords are
+        shown as-is.
         """
         if n_steps < 0 or (samples is not None and samples < 0):
             raise ValueError(
@@ -218,6 +222,17 @@ class ProgressBar:
         self._last_time = now
         if self._bar is None:
             return
+        self._pending, self._stale = (loss, postfix), True
+        if now >= self._next_postfix:
+            # Read the loss at most as often as tqdm redraws: `.item()` on a CUDA tensor waits for
+            # the GPU, and doing that every step would stall rank 0, and through DDP every rank.
+            self._next_postfix = now + self._bar.mininterval
+            self._show_postfix()
+        self._bar.update(n_steps)
+
+    def _show_postfix(self) -> None:
+        loss, postfix = self._pending
+        self._stale = False
         shown: dict[str, Any] = {}
         if loss is not None:
             shown["loss"] = f"{float(loss.item() if hasattr(loss, 'item') else loss):.4g}"
@@ -226,11 +241,12 @@ class ProgressBar:
         shown.update(postfix)
         if shown:
             self._bar.set_postfix(shown, refresh=False)
-        self._bar.update(n_steps)
 
     def close(self) -> None:
-        """Close the bar (idempotent)."""
+        """Close the bar (idempotent), showing the latest loss and rate."""
         if self._bar is not None:
+            if self._stale:
+                self._show_postfix()
             self._bar.close()
             self._bar = None
 

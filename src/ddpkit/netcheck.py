@@ -21,6 +21,7 @@ __all__ = [
     "probe_endpoint",
     "resolve_host",
     "route_source",
+    "socket_env",
     "split_endpoint",
 ]
 
@@ -45,6 +46,11 @@ class NetworkPlan:
     """True when this node hosts the rendezvous store (the endpoint is one of its addresses)."""
     env: dict[str, str] = field(default_factory=dict)
     """Socket variables to add to the ranks' environment (only those the user has not set)."""
+
+
+def socket_env(iface: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The SOCKET_IFNAME_VARS naming `iface`, except those the user has set in `environ`."""
+    return {name: iface for name in SOCKET_IFNAME_VARS if name not in environ}
 
 
 def split_endpoint(endpoint: str, *, setting: str = "--rdzv-endpoint") -> tuple[str, int]:
@@ -143,9 +149,9 @@ def plan_network(host: str, port: int, *, iface: str | None, node_rank: int | No
         if iface not in addresses:
             raise NetworkError(f"--iface {iface!r} is not an interface of this node; pick one of "
                                f"{', '.join(sorted(addresses))}")
-        v4 = [a for a in addresses[iface] if ":" not in a]
-        if not (v4 or addresses[iface]):
+        if not addresses[iface]:
             raise NetworkError(f"--iface {iface!r} has no IP address; pick one of {', '.join(sorted(addresses))}")
+        v4 = [a for a in addresses[iface] if ":" not in a]
         address = (v4 or addresses[iface])[0]
     else:
         address = route_source(resolved[0], port)
@@ -153,8 +159,7 @@ def plan_network(host: str, port: int, *, iface: str | None, node_rank: int | No
         if iface is None:
             raise NetworkError(f"--rdzv-endpoint {host}:{port} is reached from {address}, which no interface "
                                "holds; pass --iface NAME")
-    env = {name: iface for name in SOCKET_IFNAME_VARS if name not in environ}
-    return NetworkPlan(iface=iface, address=address, is_host=is_host, env=env)
+    return NetworkPlan(iface=iface, address=address, is_host=is_host, env=socket_env(iface, environ))
 
 
 _PEER_LOST = re.compile(r"(?:Connection reset by peer|Connection closed by peer|Read error|Write error)"

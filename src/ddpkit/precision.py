@@ -135,12 +135,12 @@ class Precision:
             # multiplied by 65536 would clip every step. unscale_ also records whether any
             # gradient is inf/nan, which makes scaler.step skip the optimizer step.
             self.scaler.unscale_(optimizer)
-        grads = [p.grad for p in params if p.grad is not None]
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         else:
             # What clip_grad_norm_ measures, without scaling (get_total_norm needs torch >= 2.6).
-            norms = [torch.linalg.vector_norm(g.detach(), 2.0, dtype=torch.float32) for g in grads]
+            norms = [torch.linalg.vector_norm(p.grad.detach(), 2.0, dtype=torch.float32)
+                     for p in params if p.grad is not None]
             norm = torch.linalg.vector_norm(torch.stack(norms), 2.0) if norms else torch.zeros(())
         grad_norm = float(norm)
         if self.scaler is not None:

@@ -33,7 +33,7 @@ def rng_state(device: torch.device | str | None = None) -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": {
             "kind": str(kind),
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64).copy()),
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached_gaussian),

@@ -80,7 +80,7 @@ class Context:
         if self._closed:
             return
         self._closed = True
-        _teardown(clean=True, key=f"ddpkit/close/{self.env.restart_count}")
+        _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Leave after an error without waiting for other ranks (they may be dead or stuck)."""
@@ -89,7 +89,7 @@ class Context:
         self._closed = True
         if exc is not None:
             _record_error(exc)
-        _teardown(clean=False, key="")
+        _teardown(barrier_key=None)
 
     def __enter__(self) -> Context:
         return self
@@ -190,18 +190,19 @@ def _exit_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _teardown(*, clean: bool, key: str) -> None:
+def _teardown(*, barrier_key: str | None) -> None:
+    """Destroy the process group; with a store key, first wait for every rank (a clean close)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return
-    if clean:
+    if barrier_key is not None:
         # Nobody may free its sockets while a peer still waits on them: a rank that destroys the
         # group while another is inside its last collective leaves that peer hung or aborting.
         # The gloo barrier drains the data channel; the store barrier then proves every rank has
         # returned from it before any rank destroys anything.
         dist.barrier()
-        _store_barrier(dist, key)
+        _store_barrier(dist, barrier_key)
     dist.destroy_process_group()
 
 

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Call", "Listener", "install", "uninstall", "user_site", "user_frame", "describe_tensors", "COLLECTIVES"]
+__all__ = ["Call", "Listener", "install", "uninstall", "user_site", "user_frame", "format_site",
+           "describe_tensors", "COLLECTIVES"]
 
 COLLECTIVES = (
     "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
@@ -60,17 +61,21 @@ _lock = threading.Lock()
 _TORCH_DIR: str | None = None
 _DDPKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+_LIBRARY: dict[str, bool] = {}
+"""filename -> _is_library(filename): the stack walk runs on every collective, over the same few files."""
 
 
 def _is_library(filename: str) -> bool:
     global _TORCH_DIR
+    known = _LIBRARY.get(filename)
+    if known is not None:
+        return known
     if _TORCH_DIR is None:
         torch = sys.modules.get("torch")
         _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep if torch else "\0"
-    if filename.startswith("<"):
-        return True
     path = os.path.abspath(filename)
-    return path.startswith(_TORCH_DIR) or path.startswith(_DDPKIT_DIR) or path.startswith(_STDLIB_DIRS)
+    known = _LIBRARY[filename] = filename.startswith("<") or path.startswith((_TORCH_DIR, _DDPKIT_DIR, *_STDLIB_DIRS))
+    return known
 
 
 def user_frame(frame):

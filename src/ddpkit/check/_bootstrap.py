@@ -86,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 
         CpuMapping(lambda what, site: rec.write("map", what=what, site=site)).install()
     rec.install()
+
+    def finish(status: str, **fields) -> None:
+        rec.close(status, **fields)
+        (folder / f"rank-{env.rank}.done").touch()
+
     status, code = "finished", 0
     try:
         run_target(args.target, args.target_args, module=args.module)
@@ -94,17 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code:
-            status = "error"
-            rec.close(status, code=code, error=f"SystemExit({e.code!r})", site=_error_site(e))
-            (folder / f"rank-{env.rank}.done").touch()
+            finish("error", code=code, error=f"SystemExit({e.code!r})", site=_error_site(e))
             raise
     except BaseException as e:
-        rec.close("error", code=1, error="".join(traceback.format_exception_only(type(e), e)).strip(),
-                  site=_error_site(e))
-        (folder / f"rank-{env.rank}.done").touch()
+        finish("error", code=1, error="".join(traceback.format_exception_only(type(e), e)).strip(),
+               site=_error_site(e))
         raise
-    rec.close(status, code=code)
-    (folder / f"rank-{env.rank}.done").touch()
+    finish(status, code=code)
     _wait_for_peers(folder, env.world_size)
     sys.stdout.flush()
     sys.stderr.flush()

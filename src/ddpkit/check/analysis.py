@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -175,17 +176,16 @@ def check_data(records: Records) -> list[Finding]:
         site = start["site"]
         if any(_training(s) for s in slots.values()):
             padding = max(0, start.get("total_size", 0) - (start.get("dataset_len") or 0))
-            ranks = sorted(slots)
-            for a in ranks:
-                for b in ranks:
-                    if a < b and ("overlap", loader) not in reported:
-                        shared = len(set(slots[a]["idx"]) & set(slots[b]["idx"]))
-                        if shared > padding:
-                            reported.add(("overlap", loader))
-                            out.append(Finding("data-overlap", site, f"ranks {a} and {b} trained on {shared} of the "
-                                               f"same samples in epoch {it} (of {len(slots[a]['idx'])} each)",
-                                               "give each rank a disjoint shard: DataLoader(..., sampler="
-                                               "DistributedSampler(dataset)) and no shuffle=, or ddpkit.loader"))
+            pairs = combinations(sorted(slots), 2) if ("overlap", loader) not in reported else ()
+            for a, b in pairs:
+                shared = len(set(slots[a]["idx"]) & set(slots[b]["idx"]))
+                if shared > padding:
+                    reported.add(("overlap", loader))
+                    out.append(Finding("data-overlap", site, f"ranks {a} and {b} trained on {shared} of the "
+                                       f"same samples in epoch {it} (of {len(slots[a]['idx'])} each)",
+                                       "give each rank a disjoint shard: DataLoader(..., sampler="
+                                       "DistributedSampler(dataset)) and no shuffle=, or ddpkit.loader"))
+                    break
             previous = iterations.get((loader, it - 1), {})
             for rank, slot in slots.items():
                 prev = previous.get(rank)

@@ -124,7 +124,7 @@ def run_check(cfg: CheckConfig) -> tuple[list[Finding], list[str], int | None, s
     with tempfile.TemporaryDirectory(prefix="ddpkit-check-") as workdir:
         code, output = _run_ranks(cfg, workdir, Path(workdir) / "output.log")
         records = load_records(Path(workdir) / "records")
-        reports = collect_reports(Path(workdir) / "hang") if (Path(workdir) / "hang").exists() else {}
+        reports = collect_reports(Path(workdir) / "hang")  # no folder: no reports
     findings = analyse(records)
     if reports:
         findings.append(Finding("hang", next((r["site"] for r in reports.values() if r.get("site")), "<unknown>"),
@@ -143,8 +143,7 @@ def run_check(cfg: CheckConfig) -> tuple[list[Finding], list[str], int | None, s
         else:
             findings.append(Finding("error", "<unknown>", f"the ranks failed with exit code {code}",
                                     "see the script's output above"))
-    for rank, events in sorted(records.items()):
-        notes += [f"{e['what']} at {e['site']}" for e in events if e["ev"] == "map" and rank == 0]
+    notes += [f"{e['what']} at {e['site']}" for e in records.get(0, []) if e["ev"] == "map"]
     steps = max((sum(e["ev"] == "step" for e in ev) for ev in records.values()), default=0)
     if steps == 0 and not findings:
         notes.append("no optimizer step was seen: the parameter and gradient checks did not run")

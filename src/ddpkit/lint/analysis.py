@@ -81,7 +81,7 @@ class Script:
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = self._import_aliases()
-        self.derived = self._derive_rank_names()
+        self._derive_rank_names()
         self.contexts: dict[int, Context] = {}
         self._analyse_functions()
         modules = set(self.aliases.values())
@@ -169,8 +169,8 @@ class Script:
             return self.kind(expr.value)
         return NONE
 
-    def _derive_rank_names(self) -> dict[str, int]:
-        """Names assigned from the rank (`r = dist.get_rank()`, `main = r == 0`), to a fixed point."""
+    def _derive_rank_names(self) -> None:
+        """Set self.derived: names assigned from the rank (`r = dist.get_rank()`, `main = r == 0`), to a fixed point."""
         pairs: list[tuple[str, ast.AST]] = []
         for node in self.nodes:
             if isinstance(node, ast.Assign):
@@ -188,7 +188,6 @@ class Script:
             if derived == self.derived:
                 break
             self.derived = derived
-        return self.derived
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
