@@ -276,19 +276,12 @@ def _load_file(path: Path, device: torch.device) -> dict[str, Any]:
     return state
 
 
-def _strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
-    """Accept model state saved from a DDP- or compile-wrapped module (keys 'module.', '_orig_mod.')."""
-    for prefix in ("module.", "_orig_mod."):
-        if state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
-    return state
-
-
 def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> dict[str, Any]:
     from ddpkit.wrap import unwrap
 
     state = _load_file(path, ctx.device)
-    unwrap(model).load_state_dict(_strip_prefixes(state["model"]), strict=strict)
+    # save_checkpoint stores unwrap(model)'s state, so the keys match unwrap(model) here as they are.
+    unwrap(model).load_state_dict(state["model"], strict=strict)
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler), ("loader", loader)):
         if obj is None:
             continue

@@ -267,3 +267,18 @@ def test_importing_the_wrap_submodule_keeps_ddpkit_wrap_the_function():
             "assert 'torch' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_child_named_module_round_trips(ctx, tmp_path):
+    """Keys are never rewritten on load: a user's own `self.module` child is not a DDP prefix."""
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = torch.nn.Linear(3, 2)
+
+    saved = Holder()
+    ddpkit.save_checkpoint(ctx, tmp_path, step=1, model=saved)
+    loaded = Holder()
+    assert ddpkit.load_checkpoint(ctx, tmp_path, model=loaded)["step"] == 1
+    assert torch.equal(loaded.module.weight, saved.module.weight)
