@@ -49,7 +49,7 @@ CONFIGS = [
     Config("single process (no DDP) 1x64", "main", "single", "python", 1),
     Config("hand-written DDP", "main", "torch_ddp"),
     Config("ddpkit", "main", "ddpkit_ddp", "ddpkit"),
-    Config("ddpkit comm=shm", "main", "ddpkit_ddp", "ddpkit", options={"comm": "shm"}),
+    Config("ddpkit comm=None (gloo all-reduce)", "main", "ddpkit_ddp", "ddpkit", options={"comm": None}),
     Config("Accelerate", "main", "accelerate_ddp"),
     Config("Lightning Fabric", "main", "fabric_ddp"),
     Config("1 process x 128, 2 threads", "scaling", "single", "python", 1, ("--batch-size", "128", "--threads", "2")),

@@ -1,7 +1,14 @@
-"""Gradient communication options for a DDP model: exact float32 (default), 16-bit, or host shared memory."""
+"""Gradient communication for a DDP model: host shared memory or exact float32 all-reduce, or 16-bit.
+
+`wrap()`'s default, comm="auto", picks "shm" where it can (CPU ranks that all share one host)
+and PyTorch's own all-reduce elsewhere. Both give the float32 average of the ranks' gradients;
+on 2 ranks they agree bit for bit. "fp16"/"bf16" round gradients to 16 bits (opt-in).
+"""
 
 from __future__ import annotations
 
+import os
+import platform
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -9,66 +16,120 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["COMM_CHOICES", "check_comm", "register_comm"]
+__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm"]
 
-COMM_CHOICES = (None, "fp16", "bf16", "shm")
-"""Values of `ddpkit.wrap(..., comm=...)`: None sends gradients as they are (exact DDP)."""
+COMM_CHOICES = ("auto", None, "fp16", "bf16", "shm")
+"""Values of `ddpkit.wrap(..., comm=...)`; "auto" (the default) is "shm" where it works, else None."""
 
 _SHM_DIR = "/dev/shm"
-_HEADER = 64
-"""Bytes before the slots: rank 0's token, which proves the other ranks mapped the same segment."""
+_LINE = 64
+"""Bytes per rank in the segment's header (one cache line): barrier counter byte, then the pid."""
+_PIECE_BYTES = 1 << 18
+"""Gradients cross the segment in pieces of at most this many bytes: its size does not grow with the model."""
+_TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+"""x86 keeps stores in program order, so a rank that sees a peer's flag also sees the data written before it."""
 
 
 def check_comm(comm: Any, ctx: Context | None = None) -> str | None:
     """Validate a `comm=` value (and, for 'shm', that `ctx` is CPU ranks on one host); returns it."""
     if comm not in COMM_CHOICES:
         raise ValueError(
-            f"wrap(comm={comm!r}) is not a gradient communication option; use None (exact, the default), "
-            "'fp16' or 'bf16' (half the all-reduce bytes, gradients rounded to 16 bits), "
+            f"wrap(comm={comm!r}) is not a gradient communication option; use 'auto' (the default), None "
+            "(PyTorch's all-reduce), 'fp16' or 'bf16' (half the all-reduce bytes, gradients rounded to 16 bits), "
             "or 'shm' (CPU ranks on one host: sum through shared memory)"
         )
     if comm == "shm" and ctx is not None and ctx.distributed:
-        if ctx.device.type != "cpu":
-            raise ValueError(f"wrap(comm='shm') sums gradients in host shared memory, so it needs CPU ranks, but "
-                             f"this rank runs on {ctx.device}; use comm=None (exact DDP) or comm='bf16'")
-        if ctx.env.local_world_size != ctx.world_size:
-            raise ValueError(
-                f"wrap(comm='shm') needs every rank on one host, but LOCAL_WORLD_SIZE={ctx.env.local_world_size} "
-                f"!= WORLD_SIZE={ctx.world_size}; use comm=None (exact DDP over the network) or comm='bf16'")
-        import os
-
-        if not os.path.isdir(_SHM_DIR):
-            raise ValueError(f"wrap(comm='shm') needs POSIX shared memory at {_SHM_DIR} (Linux); "
-                             "use comm=None (exact DDP) on this system")
+        reason = _shm_unsupported(ctx)
+        if reason:
+            raise ValueError(f"wrap(comm='shm') {reason}; use comm=None (exact DDP) or comm='bf16'")
     return comm
 
 
-def register_comm(model: torch.nn.Module, comm: str | None) -> None:
+def _shm_unsupported(ctx: Context) -> str | None:
+    """Why 'shm' cannot serve these ranks (None: it can)."""
+    if ctx.device.type != "cpu":
+        return f"sums gradients in host shared memory, so it needs CPU ranks, but this rank runs on {ctx.device}"
+    if ctx.env.local_world_size != ctx.world_size:
+        return (f"needs every rank on one host, but LOCAL_WORLD_SIZE={ctx.env.local_world_size} "
+                f"!= WORLD_SIZE={ctx.world_size}")
+    if not os.path.isdir(_SHM_DIR):
+        return f"needs POSIX shared memory at {_SHM_DIR} (Linux)"
+    return None
+
+
+def resolve_comm(comm: str | None, ctx: Context, model: torch.nn.Module) -> str | None:
+    """The option `comm` stands for on these ranks: "auto" becomes "shm" or None (same on every rank)."""
+    if comm != "auto":
+        return comm
+    if not ctx.distributed or _shm_unsupported(ctx):
+        return None
+    if any(getattr(m, "sparse", False) is True for m in model.modules()):  # sparse gradients: all-reduce them
+        return None
+    return "shm"
+
+
+def register_comm(model: torch.nn.Module, comm: str | None, *, explicit: bool = True,
+                  timeout_s: float = 600.0) -> None:
     """Install the communication hook for `comm` on a DistributedDataParallel model (None: nothing).
 
-    The hook runs inside backward on every rank, once per gradient bucket, and issues one
-    all-reduce of that bucket: a collective, like DDP's own. It divides by the world size before
-    rounding to 16 bits (an average cannot overflow where a sum might), all-reduces the 16-bit
-    copy and writes the result back into the float32 bucket. DDP allows one hook per model, so a
-    model wrapped with `comm` cannot also take `register_comm_hook`.
+    `explicit=False` means ddpkit picked `comm` ("auto"): a hook the user registers later replaces
+    it, and if the shared segment cannot be set up the model keeps PyTorch's all-reduce. A `comm`
+    the user chose explicitly owns DDP's one hook slot; registering another one then raises.
+    `timeout_s`: how long the shm exchange waits for a peer before raising (init's timeout_s).
     """
     import torch
 
-    if check_comm(comm) is None:
+    if comm is None:
         return
     if comm == "shm":
-        model.register_comm_hook(_shm_state(model), _shm_hook)
-        return
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[comm]
-    # torch's own bf16_compress_hook refuses gloo; gloo all-reduces bf16 fine, so ddpkit has its own.
-    model.register_comm_hook(None, _compress_hook(dtype))
+        state = _shm_state(timeout_s, required=explicit)
+        if state is None:
+            return
+        model.register_comm_hook(state, _shm_hook)
+    else:
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[comm]
+        # torch's own bf16_compress_hook refuses gloo; gloo all-reduces bf16 fine, so ddpkit has its own.
+        model.register_comm_hook(None, _compress_hook(dtype))
+        state = None
+    _guard_hook_slot(model, comm, explicit, state)
+
+
+def _guard_hook_slot(model, comm: str, explicit: bool, state: _ShmState | None) -> None:
+    """Make the model's register_comm_hook replace ddpkit's default hook, or refuse with a clear message."""
+    ddp_register = model.register_comm_hook
+
+    def register_comm_hook(hook_state, hook):
+        if explicit or state is None:
+            raise RuntimeError(
+                f"this model was wrapped with ddpkit.wrap(comm={comm!r}), which already uses DDP's one "
+                "communication-hook slot; wrap it with comm=None to register your own hook")
+        model._check_comm_hook(hook)
+        state.replace(hook_state, hook)
+
+    def register_builtin_comm_hook(comm_hook_type):
+        import torch.distributed as dist
+
+        if explicit or state is None or comm_hook_type != dist.BuiltinCommHookType.ALLREDUCE:
+            wrapped = repr(comm) if explicit else "'auto'"
+            raise RuntimeError(
+                f"register_builtin_comm_hook({comm_hook_type}) needs DDP's one communication-hook slot, which "
+                f"ddpkit.wrap(comm={wrapped}) already uses; wrap with comm=None "
+                "(or comm='fp16' for FP16_COMPRESS)")
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        state.replace(None, allreduce_hook)
+
+    register_comm_hook.__doc__ = ddp_register.__doc__
+    model.register_comm_hook = register_comm_hook
+    model.register_builtin_comm_hook = register_builtin_comm_hook
 
 
 def _compress_hook(dtype: torch.dtype):
     """A comm hook: bucket -> 16-bit average over ranks -> back into the float32 bucket.
 
-    DDP inspects a hook's signature and rejects annotations other than its own, so the hook
-    itself is left unannotated.
+    It divides by the world size before rounding to 16 bits (an average cannot overflow where a
+    sum might). DDP inspects a hook's signature and rejects annotations other than its own, so the
+    hook itself is left unannotated.
     """
     import torch.distributed as dist
 
@@ -89,28 +150,124 @@ def _compress_hook(dtype: torch.dtype):
 
 
 class _ShmState:
-    """The shm hook's state: the mapped segment (2 slot sets x world size slots), rank, which set is next.
+    """The shm hook's state: a mapped segment of world_size + 1 piece-sized slots and a flag line per rank.
 
-    The mapping belongs to `arena`'s storage: it is unmapped when the DDP model, which holds this
-    state, is freed. The segment's name is already unlinked, so nothing is left in /dev/shm.
+    Layout: `world_size` header lines (rank r's barrier counter at byte 64r, its pid at 64r + 8),
+    then one slot per rank (its contribution: a piece of its bucket, divided by the world size),
+    then the result slot (each rank writes the sum of its share of the piece there). The mapping
+    belongs to `arena`'s storage and is unmapped when the DDP model, which holds this state, is
+    freed; the segment's name is unlinked at setup, so nothing is ever left in /dev/shm.
     """
 
-    def __init__(self, name: str, arena: torch.Tensor, slot_bytes: int, rank: int, world_size: int) -> None:
+    def __init__(self, name: str, arena: torch.Tensor, rank: int, world_size: int, timeout_s: float) -> None:
+        import ctypes
+
         import torch
 
         self.name = name
-        """The segment's name in /dev/shm, unlinked once every rank has mapped it."""
         self.arena = arena
-        self.slot_bytes = slot_bytes
         self.rank = rank
         self.world_size = world_size
-        self.next_set = 0
-        self.tick = torch.zeros(1)
+        self.timeout_s = timeout_s
+        self.user: tuple[Any, Any] | None = None
+        """(state, hook) the user registered in place of this exchange."""
+        header = world_size * _LINE
+        self._slot_offsets = [header + s * _PIECE_BYTES for s in range(world_size + 1)]
+        self._views: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
+        self._pids = [int.from_bytes(bytes(self._flags[s * _LINE + 8:s * _LINE + 16]), "little")
+                      for s in range(world_size)]
+        self._count = 0
+        self._tick = torch.zeros(1)
+
+    def replace(self, state: Any, hook: Any) -> None:
+        """Route every bucket to the user's hook from now on and let go of the segment."""
+        self.user = (state, hook)
+        self._views.clear()
+        self.arena = None
+
+    def slots(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The world_size contribution slots and the result slot, as flat tensors of `dtype`."""
+        views = self._views.get(dtype)
+        if views is None:
+            views = [self.arena[o:o + _PIECE_BYTES].view(dtype) for o in self._slot_offsets]
+            self._views[dtype] = views
+        return views
+
+    def barrier(self) -> None:
+        """Return once every rank has called barrier() as often as this one.
+
+        On x86 through the segment's flag bytes (a few microseconds); elsewhere a one-element gloo
+        all-reduce, whose syscalls order memory. A peer that died is noticed within a second.
+        """
+        if not _TSO:
+            import torch.distributed as dist
+
+            dist.all_reduce(self._tick)
+            return
+        self._count += 1
+        k = self._count & 0xFF
+        flags = self._flags
+        flags[self.rank * _LINE] = k
+        for s in range(self.world_size):
+            # a peer is at most one barrier ahead: it waits in the next one for this rank
+            if s == self.rank or (flags[s * _LINE] - k) & 0xFF <= 1:
+                continue
+            self._wait(s, k)
+
+    def _wait(self, s: int, k: int) -> None:
+        import time
+
+        flags, line = self._flags, s * _LINE
+        for _ in range(2000):
+            if (flags[line] - k) & 0xFF <= 1:
+                return
+        start = time.monotonic()
+        check_at = start + 1.0
+        while (flags[line] - k) & 0xFF > 1:
+            now = time.monotonic()
+            if now < start + 0.01:
+                os.sched_yield()  # several ranks per core: let the peer run
+                continue
+            time.sleep(0.0002)
+            if now >= check_at:
+                check_at = now + 1.0
+                self._check_peer(s, now - start)
+
+    def _check_peer(self, s: int, waited: float) -> None:
+        if not _alive(self._pids[s]):
+            raise RuntimeError(f"rank {s} (pid {self._pids[s]}) exited while rank {self.rank} waited for its "
+                               f"gradients in backward(); see rank {s}'s error")
+        if waited > self.timeout_s:
+            raise RuntimeError(
+                f"rank {self.rank} waited {waited:.0f} s in backward() for rank {s}'s gradients; "
+                f"rank {s} is stuck or skipped a backward() (every rank must run the same number of backward "
+                "passes through the DDP model)")
 
 
-def _shm_state(model: torch.nn.Module) -> _ShmState:
-    """Create (rank 0) or map (the others) the shared segment; collective over the default group."""
-    import os
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, exited but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
+    """Create (rank 0) or map (the others) the shared segment; collective over the default group.
+
+    A failure is agreed on by every rank: with `required` they all raise, else they all return None.
+    """
     import secrets
     from multiprocessing import shared_memory
 
@@ -118,12 +275,8 @@ def _shm_state(model: torch.nn.Module) -> _ShmState:
     import torch.distributed as dist
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    # A slot holds all gradients: DDP's bucket sizes are its own business (they are rebuilt after
-    # the first step and do not stay under bucket_cap_mb), and no bucket is larger than that.
-    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
-    slot_bytes = -(-max(sum(sizes), 1) // 64) * 64
-    nbytes = _HEADER + 2 * world_size * slot_bytes
-    token = secrets.token_bytes(16)
+    nbytes = world_size * _LINE + (world_size + 1) * _PIECE_BYTES
+    token = secrets.token_bytes(8)
     shm, name, error = None, [None, token], ""
     if rank == 0:
         stat = os.statvfs(_SHM_DIR)
@@ -132,7 +285,7 @@ def _shm_state(model: torch.nn.Module) -> _ShmState:
         else:
             try:  # an error here must still reach the broadcast below, or the other ranks wait forever
                 shm = shared_memory.SharedMemory(name=f"ddpkit-{secrets.token_hex(8)}", create=True, size=nbytes)
-                shm.buf[:16] = token
+                shm.buf[16:24] = token  # rank 0's pid goes to bytes 8:16, its counter to byte 0
                 name[0] = shm.name
             except OSError as e:
                 error = f"{type(e).__name__}: {e}"
@@ -146,50 +299,80 @@ def _shm_state(model: torch.nn.Module) -> _ShmState:
             raise FileNotFoundError(path)
         storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
         arena = torch.empty(0, dtype=torch.uint8).set_(storage)
-        if bytes(arena[:16].tolist()) != name[1]:
+        if bytes(arena[16:24].tolist()) != name[1]:
             raise RuntimeError(f"{path} is not rank 0's segment")
+        arena[rank * _LINE + 8:rank * _LINE + 16] = torch.tensor(list(os.getpid().to_bytes(8, "little")),
+                                                                 dtype=torch.uint8)
     except (OSError, RuntimeError) as e:
         error = f"{type(e).__name__}: {e}"
     failed = torch.tensor([float(bool(error))])
-    # Every rank must have mapped the segment (or given up) before rank 0 unlinks its name; after
-    # the unlink the mappings stay valid and a killed rank can leave nothing behind in /dev/shm.
+    # Every rank must have mapped the segment and written its pid (or given up) before rank 0
+    # unlinks the name; after the unlink the mappings stay valid and a killed rank leaves nothing.
     dist.all_reduce(failed)
     if shm is not None:
         shm.close()
         shm.unlink()
     if failed.item():
+        if not required:
+            return None
         raise RuntimeError(
             f"wrap(comm='shm'): {int(failed.item())} rank(s) could not map rank 0's shared-memory segment "
             f"{name[0]!r}{' (' + error + ')' if error else ''}; are all ranks on one host? "
             "use comm=None (exact DDP) otherwise")
-    return _ShmState(name[0], arena, slot_bytes, rank, world_size)
+    return _ShmState(name[0], arena, rank, world_size, timeout_s)
 
 
 def _shm_hook(state, bucket):
-    """A comm hook: every rank writes bucket/world_size into its slot, then sums the slots in rank order.
+    """A comm hook: average the bucket over ranks through the shared segment, piece by piece.
 
-    The same order on every rank gives bit-identical replicas. Unannotated: DDP rejects others'
+    For each piece: every rank writes piece/world_size into its slot; barrier; rank r sums share r
+    of every slot in rank order into the result slot; barrier; every rank copies the result back
+    into its bucket. The same summation order everywhere gives bit-identical replicas; on 2 ranks
+    it is the same a/2 + b/2 PyTorch's all-reduce computes. Unannotated: DDP rejects others'
     annotations (see `_compress_hook`).
     """
-    import torch
-    import torch.distributed as dist
-
+    if state.user is not None:
+        return state.user[1](state.user[0], bucket)
     buffer = bucket.buffer()
-    nbytes = buffer.numel() * buffer.element_size()
-    if nbytes > state.slot_bytes:  # same buckets on every rank, so every rank raises here: no hang
-        raise RuntimeError(f"wrap(comm='shm'): a {nbytes}-byte gradient bucket exceeds the {state.slot_bytes}-byte "
-                           "shared slot (parameters added after wrap()?); wrap the final model, or use comm=None")
-    base = _HEADER + state.next_set * state.world_size * state.slot_bytes
-    slots = [state.arena[base + r * state.slot_bytes:][:nbytes].view(buffer.dtype) for r in range(state.world_size)]
-    torch.div(buffer, state.world_size, out=slots[state.rank])
-    # Barrier: no rank may read the slots before every rank has written its own. Consecutive calls
-    # alternate between two slot sets, and a rank reaches the next call's barrier only after
-    # finishing its reads here, so a set is never overwritten while read: one barrier per bucket.
-    dist.all_reduce(state.tick)
-    state.next_set ^= 1
-    torch.add(slots[0], slots[1], out=buffer)
-    for slot in slots[2:]:
-        buffer.add_(slot)
+    if buffer.is_sparse or not buffer.is_contiguous():
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        return allreduce_hook(None, bucket)
+    return _exchange(state, buffer)
+
+
+def _exchange_impl(state: _ShmState, buffer: torch.Tensor):
+    import torch
+
+    world, rank = state.world_size, state.rank
+    flat = buffer.view(-1)
+    views = state.slots(buffer.dtype)
+    slots, result = views[:world], views[world]
+    per = result.numel()
+    for start in range(0, flat.numel(), per):
+        piece = flat[start:start + per]
+        m = piece.numel()
+        torch.div(piece, world, out=slots[rank][:m])
+        state.barrier()
+        share = -(-m // world)
+        lo, hi = min(rank * share, m), min((rank + 1) * share, m)
+        if lo < hi:
+            out = result[lo:hi]
+            torch.add(slots[0][lo:hi], slots[1][lo:hi], out=out)
+            for s in range(2, world):
+                out.add_(slots[s][lo:hi])
+        state.barrier()
+        piece.copy_(result[:m])
     fut = torch.futures.Future()
     fut.set_result(buffer)
     return fut
+
+
+def _traced_exchange():
+    from ddpkit.tracer import traced
+
+    return traced("shm_all_reduce", _exchange_impl)
+
+
+_exchange = _traced_exchange()
+"""The exchange as hang forensics and `ddpkit check` see it: a collective named shm_all_reduce."""

@@ -51,6 +51,8 @@ class Context:
     """Process-group backend: 'nccl' on CUDA, 'gloo' on CPU."""
     seed: int
     """The job's base seed (the data order uses it as is; generators use rank_seed(seed, rank))."""
+    timeout_s: float = 600.0
+    """How long a collective may wait for a peer (init's timeout_s)."""
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -164,7 +166,7 @@ def init(
 
         start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
     seed_everything(rank_seed(seed, env.rank))
-    return Context(env=env, device=dev, backend=backend, seed=seed)
+    return Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s)
 
 
 def _exit_with_launcher() -> None:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Call", "Listener", "install", "uninstall", "user_site", "user_frame", "format_site",
+__all__ = ["Call", "Listener", "install", "uninstall", "traced", "user_site", "user_frame", "format_site",
            "describe_tensors", "COLLECTIVES"]
 
 COLLECTIVES = (
@@ -140,6 +140,11 @@ def _wrap(name: str, original):
     collective.__name__ = name
     collective.__doc__ = original.__doc__
     return collective
+
+
+def traced(name: str, fn):
+    """`fn` reported to listeners as a collective called `name` (ddpkit's own exchanges, e.g. shm_all_reduce)."""
+    return _wrap(name, fn)
 
 
 def install(listener: Listener) -> None:

@@ -60,7 +60,7 @@ def wrap(
     *,
     sync_batchnorm: bool = False,
     compile: bool | dict[str, Any] = False,
-    comm: str | None = None,
+    comm: str | None = "auto",
     **ddp_options: Any,
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
@@ -82,10 +82,12 @@ def wrap(
         compile: apply torch.compile after wrapping (the order DDP's optimizer needs): True, or a
             dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
             (traces and runs eagerly: no C++ compiler, no kernel build time).
-        comm: None (default: float32 gradients, exact DDP), 'fp16' or 'bf16': all-reduce
-            16-bit gradients (half the bytes; opt-in because it rounds them; see ddpkit.comm);
-            'shm': CPU ranks on one host average gradients through POSIX shared memory instead
-            of gloo's loopback TCP (float32; ValueError on CUDA or across hosts).
+        comm: how gradients are averaged. 'auto' (default): 'shm' when every rank is a CPU rank
+            on one host, else None. 'shm': through POSIX shared memory instead of gloo's loopback
+            TCP (float32, bit-identical to None on 2 ranks; ValueError on CUDA or across hosts).
+            None: PyTorch's own all-reduce (exact DDP). 'fp16' or 'bf16': all-reduce 16-bit
+            gradients (half the bytes; opt-in because it rounds them). A hook registered later
+            with model.register_comm_hook replaces 'auto''s choice (see ddpkit.comm).
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers.
     """
@@ -96,7 +98,7 @@ def wrap(
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
     options = _check_options(ddp_options)
-    from ddpkit.comm import check_comm, register_comm
+    from ddpkit.comm import check_comm, register_comm, resolve_comm
 
     check_comm(comm, ctx)
     model = model.to(ctx.device)
@@ -110,7 +112,7 @@ def wrap(
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
-        register_comm(model, comm)
+        register_comm(model, resolve_comm(comm, ctx, model), explicit=comm != "auto", timeout_s=ctx.timeout_s)
     if isinstance(compile, dict):
         model = torch.compile(model, **compile)
     elif compile is True:
