@@ -173,7 +173,7 @@ class _ShmState:
         """(state, hook) the user registered in place of this exchange."""
         header = world_size * _LINE
         self._slot_offsets = [header + s * _PIECE_BYTES for s in range(world_size + 1)]
-        self._views: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._plans: dict[tuple, list[tuple]] = {}
         self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
         self._pids = [int.from_bytes(bytes(self._flags[s * _LINE + 8:s * _LINE + 16]), "little")
                       for s in range(world_size)]
@@ -183,16 +183,30 @@ class _ShmState:
     def replace(self, state: Any, hook: Any) -> None:
         """Route every bucket to the user's hook from now on and let go of the segment."""
         self.user = (state, hook)
-        self._views.clear()
+        self._plans.clear()
         self.arena = None
 
-    def slots(self, dtype: torch.dtype) -> list[torch.Tensor]:
-        """The world_size contribution slots and the result slot, as flat tensors of `dtype`."""
-        views = self._views.get(dtype)
-        if views is None:
-            views = [self.arena[o:o + _PIECE_BYTES].view(dtype) for o in self._slot_offsets]
-            self._views[dtype] = views
-        return views
+    def plan(self, buffer: torch.Tensor) -> list[tuple]:
+        """Per piece of `buffer`: (piece, its slot, the slots' views of this rank's share, the share's
+        place in the result slot, the result for the piece). Cached: DDP reuses its bucket tensors."""
+        key = (buffer.data_ptr(), buffer.numel(), buffer.dtype)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        if len(self._plans) > 64:  # buckets rebuilt (after the first step, or a new model shape)
+            self._plans.clear()
+        views = [self.arena[o:o + _PIECE_BYTES].view(buffer.dtype) for o in self._slot_offsets]
+        slots, result = views[:-1], views[-1]
+        flat, per, plan = buffer.view(-1), result.numel(), []
+        for start in range(0, flat.numel(), per):
+            piece = flat[start:start + per]
+            m = piece.numel()
+            share = -(-m // self.world_size)
+            lo, hi = min(self.rank * share, m), min((self.rank + 1) * share, m)
+            terms = [slot[lo:hi] for slot in slots] if lo < hi else None
+            plan.append((piece, slots[self.rank][:m], terms, result[lo:hi], result[:m]))
+        self._plans[key] = plan
+        return plan
 
     def barrier(self) -> None:
         """Return once every rank has called barrier() as often as this one.
@@ -344,25 +358,16 @@ def _shm_hook(state, bucket):
 def _exchange_impl(state: _ShmState, buffer: torch.Tensor):
     import torch
 
-    world, rank = state.world_size, state.rank
-    flat = buffer.view(-1)
-    views = state.slots(buffer.dtype)
-    slots, result = views[:world], views[world]
-    per = result.numel()
-    for start in range(0, flat.numel(), per):
-        piece = flat[start:start + per]
-        m = piece.numel()
-        torch.div(piece, world, out=slots[rank][:m])
+    world = state.world_size
+    for piece, mine, terms, out, result in state.plan(buffer):
+        torch.div(piece, world, out=mine)
         state.barrier()
-        share = -(-m // world)
-        lo, hi = min(rank * share, m), min((rank + 1) * share, m)
-        if lo < hi:
-            out = result[lo:hi]
-            torch.add(slots[0][lo:hi], slots[1][lo:hi], out=out)
-            for s in range(2, world):
-                out.add_(slots[s][lo:hi])
+        if terms is not None:
+            torch.add(terms[0], terms[1], out=out)
+            for term in terms[2:]:
+                out.add_(term)
         state.barrier()
-        piece.copy_(result[:m])
+        piece.copy_(result)
     fut = torch.futures.Future()
     fut.set_result(buffer)
     return fut
