@@ -54,6 +54,8 @@ CONFIGS = [
     Config("Lightning Fabric", "main", "fabric_ddp"),
     Config("1 process x 128, 2 threads", "scaling", "single", "python", 1, ("--batch-size", "128", "--threads", "2")),
     Config("1 process x 128, 1 thread", "scaling", "single", "python", 1, ("--batch-size", "128")),
+    Config("ddpkit, no gradient exchange (floor; wrong results)", "scaling", "ddpkit_ddp", "ddpkit",
+           args=("--no-exchange",)),
     Config("hand-written DDP, k=4, no_sync", "accum", "torch_ddp", args=_K4),
     Config("hand-written DDP, k=4, all-reduce every micro-step", "accum", "torch_ddp", args=(*_K4, "--no-skip-sync")),
     Config("ddpkit, k=4, accumulate()", "accum", "ddpkit_ddp", "ddpkit", args=_K4),

@@ -20,8 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, make_dataset  # noqa: E402
 
 ARMS = {
-    "PyTorch DDP defaults": {"gradient_as_bucket_view": False},
+    "PyTorch DDP defaults": {"gradient_as_bucket_view": False, "comm": None},
     "ddpkit defaults": {},
+    "comm=None (PyTorch's all-reduce)": {"comm": None},
     "bucket_cap_mb=1": {"bucket_cap_mb": 1},
     "bucket_cap_mb=2.5": {"bucket_cap_mb": 2.5},
     "bucket_cap_mb=5": {"bucket_cap_mb": 5},
@@ -29,7 +30,6 @@ ARMS = {
     "static_graph=True": {"static_graph": True},
     "comm='fp16'": {"comm": "fp16"},
     "comm='bf16'": {"comm": "bf16"},
-    "comm='shm'": {"comm": "shm"},
 }
 REFERENCE = "PyTorch DDP defaults"
 

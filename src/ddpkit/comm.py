@@ -24,7 +24,7 @@ COMM_CHOICES = ("auto", None, "fp16", "bf16", "shm")
 _SHM_DIR = "/dev/shm"
 _LINE = 64
 """Bytes per rank in the segment's header (one cache line): barrier counter byte, then the pid."""
-_PIECE_BYTES = 1 << 18
+_PIECE_BYTES = 1 << 19
 """Gradients cross the segment in pieces of at most this many bytes: its size does not grow with the model."""
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 """x86 keeps stores in program order, so a rank that sees a peer's flag also sees the data written before it."""
@@ -172,7 +172,8 @@ class _ShmState:
         self.user: tuple[Any, Any] | None = None
         """(state, hook) the user registered in place of this exchange."""
         header = world_size * _LINE
-        self._slot_offsets = [header + s * _PIECE_BYTES for s in range(world_size + 1)]
+        self.piece_bytes = (arena.numel() - header) // (world_size + 1)
+        self._slot_offsets = [header + s * self.piece_bytes for s in range(world_size + 1)]
         self._plans: dict[tuple, list[tuple]] = {}
         self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
         self._pids = [int.from_bytes(bytes(self._flags[s * _LINE + 8:s * _LINE + 16]), "little")
@@ -195,7 +196,7 @@ class _ShmState:
             return plan
         if len(self._plans) > 64:  # buckets rebuilt (after the first step, or a new model shape)
             self._plans.clear()
-        views = [self.arena[o:o + _PIECE_BYTES].view(buffer.dtype) for o in self._slot_offsets]
+        views = [self.arena[o:o + self.piece_bytes].view(buffer.dtype) for o in self._slot_offsets]
         slots, result = views[:-1], views[-1]
         flat, per, plan = buffer.view(-1), result.numel(), []
         for start in range(0, flat.numel(), per):
