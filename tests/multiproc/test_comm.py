@@ -329,3 +329,53 @@ def test_shm_fails_on_every_rank_without_hanging_when_a_rank_cannot_map_the_segm
     assert "FileNotFoundError" in messages[1]
     name = messages[0].split("segment ")[1].split(" ")[0].strip("'")
     assert name.startswith("ddpkit-") and not os.path.exists(os.path.join("/dev/shm", name))
+
+
+class _Branchy(torch.nn.Module):
+    """A frozen layer, a float64 head (its own bucket), and a branch that gets no gradient on odd steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(11)
+        self.frozen = torch.nn.Linear(6, 6).requires_grad_(False)
+        self.body = torch.nn.Linear(6, 6)
+        self.branch = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 2).double()
+
+    def forward(self, x, use_branch: bool):
+        h = self.body(self.frozen(x)).tanh()
+        if use_branch:
+            h = h + self.branch(h)
+        return self.head(h.double())
+
+
+def _unusual_models(info: RankInfo):
+    """The default exchange on unused parameters, frozen layers, float64 buckets and uneven inputs (Join)."""
+    from torch.distributed.algorithms.join import Join
+
+    import ddpkit
+
+    out = {}
+    with info.init(seed=0) as ctx:
+        for comm in (None, "auto"):
+            model = ddpkit.wrap(_Branchy(), ctx, comm=comm, find_unused_parameters=True)
+            opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+            steps = 6 if ctx.rank == 0 else 4  # rank 1 runs out of data first: Join shadows its backward passes
+            with Join([model]):
+                for step in range(steps):
+                    g = torch.Generator().manual_seed(100 * step + ctx.rank)
+                    model(torch.randn(4, 6, generator=g), use_branch=step % 2 == 0).square().mean().backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            out[comm] = [p.detach().clone() for p in ddpkit.unwrap(model).parameters()]
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
+def test_default_exchange_handles_unused_frozen_float64_and_uneven_inputs():
+    results = run_ranks(_unusual_models, 2, timeout=120)
+    for r in results:
+        assert all(torch.equal(a, b) for a, b in zip(r[None], r["auto"]))  # same bits as PyTorch's all-reduce
+    assert all(torch.equal(a, b) for a, b in zip(results[0]["auto"], results[1]["auto"]))
+    assert results[0]["auto"][-1].dtype == torch.float64
+    assert not torch.equal(results[0]["auto"][2], _Branchy().body.weight)  # it trained
