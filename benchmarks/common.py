@@ -107,6 +107,15 @@ def _process_start_time() -> float:
     return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+def no_exchange_hook(state, bucket):
+    """A DDP comm hook that keeps each rank's own gradients: what a step costs without communication."""
+    import torch
+
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def save_params(model, path: str) -> None:
     """The final parameters of the plain module, for the equivalence checks in run.py."""
     import torch

@@ -15,7 +15,7 @@ import ddpkit  # noqa: E402
 ddpkit.init, ddpkit.wrap, ddpkit.loader, ddpkit.accumulate  # noqa: B018
 _IMPORT_S = time.perf_counter() - _T0
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import Recorder, build_model, make_dataset, parse_args, save_params  # noqa: E402
+from common import Recorder, build_model, make_dataset, no_exchange_hook, parse_args, save_params  # noqa: E402
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     with ddpkit.init(seed=args.seed) as ctx:
         model = ddpkit.wrap(build_model(args.seed), ctx, **json.loads(args.options))
         if args.no_exchange:  # every rank keeps its own gradients: what DDP costs without communication
-            model.register_comm_hook(None, _no_exchange)
+            model.register_comm_hook(None, no_exchange_hook)
         data = ddpkit.loader(make_dataset(args.seed), ctx, batch_size=args.batch_size,
                              accumulation_steps=args.accumulation_steps)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -46,12 +46,6 @@ def main() -> None:
         if args.save_params and ctx.is_main:
             save_params(ddpkit.unwrap(model), args.save_params)
         rec.write(ctx.rank, ctx.world_size)
-
-
-def _no_exchange(state, bucket):
-    fut = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
 
 
 if __name__ == "__main__":

@@ -17,18 +17,12 @@ import ddpkit
 import ddpkit.comm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import build_model, make_dataset  # noqa: E402
+from common import build_model, make_dataset, no_exchange_hook  # noqa: E402
 
 PIECES = {"pieces of 256 KiB": 1 << 18, "pieces of 512 KiB (default)": 1 << 19, "pieces of 1 MiB": 1 << 20,
           "pieces of 4 MiB": 1 << 22}
 REFERENCE = "comm=None (PyTorch's all-reduce)"
 FLOOR = "no exchange (floor; wrong results)"
-
-
-def _no_exchange(state, bucket):
-    fut = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
 
 
 def main() -> None:
@@ -43,7 +37,7 @@ def main() -> None:
         ddpkit.comm._PIECE_BYTES = default_piece
         models[REFERENCE] = ddpkit.wrap(build_model(0), ctx, comm=None)
         models[FLOOR] = ddpkit.wrap(build_model(0), ctx, comm=None)
-        models[FLOOR].register_comm_hook(None, _no_exchange)
+        models[FLOOR].register_comm_hook(None, no_exchange_hook)
         opts = {name: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for name, m in models.items()}
         times: dict[str, list[float]] = {name: [] for name in models}
         names, data, t = list(models), ddpkit.loader(make_dataset(0), ctx, batch_size=64), 0

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from typing import TYPE_CHECKING, Any
+
+from ddpkit.tracer import traced
 
 if TYPE_CHECKING:
     import torch
@@ -91,33 +94,34 @@ def register_comm(model: torch.nn.Module, comm: str | None, *, explicit: bool = 
         # torch's own bf16_compress_hook refuses gloo; gloo all-reduces bf16 fine, so ddpkit has its own.
         model.register_comm_hook(None, _compress_hook(dtype))
         state = None
-    _guard_hook_slot(model, comm, explicit, state)
+    _guard_hook_slot(model, comm, None if explicit else state)
 
 
-def _guard_hook_slot(model, comm: str, explicit: bool, state: _ShmState | None) -> None:
-    """Make the model's register_comm_hook replace ddpkit's default hook, or refuse with a clear message."""
+def _guard_hook_slot(model, comm: str, replaceable: _ShmState | None) -> None:
+    """Make the model's register_comm_hook replace ddpkit's automatic exchange (`replaceable`), or
+    refuse with a clear message when the user chose `comm` explicitly (`replaceable` is None)."""
     ddp_register = model.register_comm_hook
 
     def register_comm_hook(hook_state, hook):
-        if explicit or state is None:
+        if replaceable is None:
             raise RuntimeError(
                 f"this model was wrapped with ddpkit.wrap(comm={comm!r}), which already uses DDP's one "
                 "communication-hook slot; wrap it with comm=None to register your own hook")
         model._check_comm_hook(hook)
-        state.replace(hook_state, hook)
+        replaceable.replace(hook_state, hook)
 
     def register_builtin_comm_hook(comm_hook_type):
         import torch.distributed as dist
 
-        if explicit or state is None or comm_hook_type != dist.BuiltinCommHookType.ALLREDUCE:
-            wrapped = repr(comm) if explicit else "'auto'"
+        if replaceable is None or comm_hook_type != dist.BuiltinCommHookType.ALLREDUCE:
+            wrapped = repr(comm) if replaceable is None else "'auto'"
             raise RuntimeError(
                 f"register_builtin_comm_hook({comm_hook_type}) needs DDP's one communication-hook slot, which "
                 f"ddpkit.wrap(comm={wrapped}) already uses; wrap with comm=None "
                 "(or comm='fp16' for FP16_COMPRESS)")
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        state.replace(None, allreduce_hook)
+        replaceable.replace(None, allreduce_hook)
 
     register_comm_hook.__doc__ = ddp_register.__doc__
     model.register_comm_hook = register_comm_hook
@@ -176,8 +180,7 @@ class _ShmState:
         self._slot_offsets = [header + s * self.piece_bytes for s in range(world_size + 1)]
         self._plans: dict[tuple, list[tuple]] = {}
         self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
-        self._pids = [int.from_bytes(bytes(self._flags[s * _LINE + 8:s * _LINE + 16]), "little")
-                      for s in range(world_size)]
+        self._pids = arena[:header].view(torch.int64)[1::_LINE // 8].tolist()
         self._count = 0
         self._tick = torch.zeros(1)
 
@@ -231,8 +234,6 @@ class _ShmState:
             self._wait(s, k)
 
     def _wait(self, s: int, k: int) -> None:
-        import time
-
         flags, line = self._flags, s * _LINE
         for _ in range(2000):
             if (flags[line] - k) & 0xFF <= 1:
@@ -316,8 +317,7 @@ def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
         arena = torch.empty(0, dtype=torch.uint8).set_(storage)
         if bytes(arena[16:24].tolist()) != name[1]:
             raise RuntimeError(f"{path} is not rank 0's segment")
-        arena[rank * _LINE + 8:rank * _LINE + 16] = torch.tensor(list(os.getpid().to_bytes(8, "little")),
-                                                                 dtype=torch.uint8)
+        arena[rank * _LINE:(rank + 1) * _LINE].view(torch.int64)[1] = os.getpid()
     except (OSError, RuntimeError) as e:
         error = f"{type(e).__name__}: {e}"
     failed = torch.tensor([float(bool(error))])
@@ -374,11 +374,5 @@ def _exchange_impl(state: _ShmState, buffer: torch.Tensor):
     return fut
 
 
-def _traced_exchange():
-    from ddpkit.tracer import traced
-
-    return traced("shm_all_reduce", _exchange_impl)
-
-
-_exchange = _traced_exchange()
+_exchange = traced("shm_all_reduce", _exchange_impl)
 """The exchange as hang forensics and `ddpkit check` see it: a collective named shm_all_reduce."""
