@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
     a("--precision", default="bf16", choices=["bf16", "fp16", "fp32", "auto"], help="autocast dtype")
     a("--compile", action="store_true", help="torch.compile the DDP model")
+    a("--shard-optimizer", action="store_true",
+      help="ddpkit.shard_optimizer: CPU ranks on one host each step 1/W of the parameters (not with fp16)")
     a("--data-bytes", type=int, default=3_000_000, help="training text size in bytes (stdlib prefix)")
     a("--val-bytes", type=int, default=120_000, help="held-out text size in bytes")
     a("--eval-every", type=int, default=100, help="validate every N optimizer steps (and at start and end)")
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.d_model % args.heads:
         raise ValueError(f"--heads {args.heads} must divide --d-model {args.d_model}; e.g. --heads 4")
+    if args.shard_optimizer and args.precision == "fp16":
+        raise ValueError("--shard-optimizer does not work with --precision fp16 (loss scaling); use bf16 or fp32")
     with ddpkit.init(seed=args.seed, device=args.device) as ctx:
         start = time.perf_counter()
         per_step = ctx.world_size * args.accumulation_steps
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = ddpkit.wrap(net, ctx, compile=args.compile)
         prec = ddpkit.Precision(ctx, dtype=args.precision)
         opt = make_optimizer(model, args)
+        if args.shard_optimizer:  # before the scheduler, which must hold the optimizer that steps
+            opt = ddpkit.shard_optimizer(opt, model, ctx)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
             s, warmup=args.warmup_steps, total=args.max_steps, min_ratio=args.min_lr_ratio))
         log = MetricsLog(args.run_dir, ctx) if args.run_dir else None
@@ -252,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
             "global_batch_size": train.global_batch_size,
             "tokens_per_step": tokens_per_step,
             "precision": prec.dtype,
+            "optimizer": type(opt).__name__,
             "skipped_steps": prec.skipped_steps,
             "num_params": sum(p.numel() for p in net.parameters()),
             "train_bytes": len(train_text),

@@ -19,6 +19,7 @@ _EXPORTS = {
     "wrap": "ddpkit.wrap",
     "unwrap": "ddpkit.wrap",
     "accumulate": "ddpkit.wrap",
+    "shard_optimizer": "ddpkit.optim",
     "loader": "ddpkit.data",
     "eval_loader": "ddpkit.data",
     "param_sha256": "ddpkit.wrap",

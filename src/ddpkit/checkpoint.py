@@ -161,7 +161,7 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
         "world_size": ctx.world_size,
         "seed": ctx.seed,
         "global_batch_size": loader.global_batch_size if loader is not None else None,
-        "model": unwrap(model).state_dict(),
+        "model": _compact(unwrap(model).state_dict()),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
@@ -274,6 +274,15 @@ def _load_file(path: Path, device: torch.device) -> dict[str, Any]:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path} has format {found!r}, not {FORMAT!r}; it was not written by ddpkit.save_checkpoint")
     return state
+
+
+def _compact(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with every tensor that views a larger storage (e.g. parameters shard_optimizer put in one
+    shared segment) copied out: torch.save writes a view's whole storage."""
+    import torch
+
+    return {k: v.clone() if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() != v.nbytes else v
+            for k, v in state.items()}
 
 
 def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> dict[str, Any]:

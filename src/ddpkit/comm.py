@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm"]
+__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm", "map_segment", "shm_unsupported"]
 
 COMM_CHOICES = ("auto", None, "fp16", "bf16", "shm")
 """Values of `ddpkit.wrap(..., comm=...)`; "auto" (the default) is "shm" where it works, else None."""
@@ -42,13 +42,13 @@ def check_comm(comm: Any, ctx: Context | None = None) -> str | None:
             "or 'shm' (CPU ranks on one host: sum through shared memory)"
         )
     if comm == "shm" and ctx is not None and ctx.distributed:
-        reason = _shm_unsupported(ctx)
+        reason = shm_unsupported(ctx)
         if reason:
             raise ValueError(f"wrap(comm='shm') {reason}; use comm=None (exact DDP) or comm='bf16'")
     return comm
 
 
-def _shm_unsupported(ctx: Context) -> str | None:
+def shm_unsupported(ctx: Context) -> str | None:
     """Why 'shm' cannot serve these ranks (None: it can)."""
     if ctx.device.type != "cpu":
         return f"sums gradients in host shared memory, so it needs CPU ranks, but this rank runs on {ctx.device}"
@@ -64,7 +64,7 @@ def resolve_comm(comm: str | None, ctx: Context, model: torch.nn.Module) -> str 
     """The option `comm` stands for on these ranks: "auto" becomes "shm" or None (same on every rank)."""
     if comm != "auto":
         return comm
-    if not ctx.distributed or _shm_unsupported(ctx):
+    if not ctx.distributed or shm_unsupported(ctx):
         return None
     if any(getattr(m, "sparse", False) is True for m in model.modules()):  # sparse gradients: all-reduce them
         return None
@@ -164,10 +164,6 @@ class _ShmState:
     """
 
     def __init__(self, name: str, arena: torch.Tensor, rank: int, world_size: int, timeout_s: float) -> None:
-        import ctypes
-
-        import torch
-
         self.name = name
         self.arena = arena
         self.rank = rank
@@ -179,10 +175,9 @@ class _ShmState:
         self.piece_bytes = (arena.numel() - header) // (world_size + 1)
         self._slot_offsets = [header + s * self.piece_bytes for s in range(world_size + 1)]
         self._plans: dict[tuple, list[tuple]] = {}
-        self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
-        self._pids = arena[:header].view(torch.int64)[1::_LINE // 8].tolist()
-        self._count = 0
-        self._tick = torch.zeros(1)
+        self.barrier = _Barrier(arena, rank, world_size, timeout_s, "in backward() for rank {peer}'s gradients",
+                                "skipped a backward() (every rank must run the same number of backward passes "
+                                "through the DDP model)").wait
 
     def replace(self, state: Any, hook: Any) -> None:
         """Route every bucket to the user's hook from now on and let go of the segment."""
@@ -212,12 +207,31 @@ class _ShmState:
         self._plans[key] = plan
         return plan
 
-    def barrier(self) -> None:
-        """Return once every rank has called barrier() as often as this one.
 
-        On x86 through the segment's flag bytes (a few microseconds); elsewhere a one-element gloo
-        all-reduce, whose syscalls order memory. A peer that died is noticed within a second.
-        """
+class _Barrier:
+    """A barrier over the W header lines of a mapped segment (see `map_segment`).
+
+    On x86 through one flag byte per rank (a few microseconds); elsewhere a one-element gloo
+    all-reduce, whose syscalls order memory. A peer that died is noticed within a second, one that
+    stalls after `timeout_s`; `waiting` ("in X for rank {peer}'s Y") and `skipped` word the error.
+    """
+
+    def __init__(self, arena: torch.Tensor, rank: int, world_size: int, timeout_s: float, waiting: str,
+                 skipped: str) -> None:
+        import ctypes
+
+        import torch
+
+        header = world_size * _LINE
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.waiting, self.skipped = waiting, skipped
+        self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
+        self._pids = arena[:header].view(torch.int64)[1::_LINE // 8].tolist()
+        self._count = 0
+        self._tick = torch.zeros(1)
+
+    def wait(self) -> None:
+        """Return once every rank has called wait() as often as this one."""
         if not _TSO:
             import torch.distributed as dist
 
@@ -251,14 +265,12 @@ class _ShmState:
                 self._check_peer(s, now - start)
 
     def _check_peer(self, s: int, waited: float) -> None:
+        where = self.waiting.format(peer=s)
         if not _alive(self._pids[s]):
-            raise RuntimeError(f"rank {s} (pid {self._pids[s]}) exited while rank {self.rank} waited for its "
-                               f"gradients in backward(); see rank {s}'s error")
+            raise RuntimeError(f"rank {s} (pid {self._pids[s]}) exited while rank {self.rank} waited {where}; "
+                               f"see rank {s}'s error")
         if waited > self.timeout_s:
-            raise RuntimeError(
-                f"rank {self.rank} waited {waited:.0f} s in backward() for rank {s}'s gradients; "
-                f"rank {s} is stuck or skipped a backward() (every rank must run the same number of backward "
-                "passes through the DDP model)")
+            raise RuntimeError(f"rank {self.rank} waited {waited:.0f} s {where}; rank {s} is stuck or {self.skipped}")
 
 
 def _alive(pid: int) -> bool:
@@ -280,9 +292,25 @@ def _alive(pid: int) -> bool:
 
 
 def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
-    """Create (rank 0) or map (the others) the shared segment; collective over the default group.
+    """The exchange's segment and state; collective over the default group (None: not mapped, see map_segment)."""
+    import torch.distributed as dist
 
-    A failure is agreed on by every rank: with `required` they all raise, else they all return None.
+    world_size = dist.get_world_size()
+    mapped = map_segment((world_size + 1) * _PIECE_BYTES, required=required, what="wrap(comm='shm')",
+                         fix="use comm=None (exact DDP) otherwise")
+    if mapped is None:
+        return None
+    return _ShmState(mapped[0], mapped[1], dist.get_rank(), world_size, timeout_s)
+
+
+def map_segment(payload_bytes: int, *, required: bool, what: str, fix: str) -> tuple[str, torch.Tensor] | None:
+    """Create (rank 0) and map (every rank) a shared segment; collective over the default group.
+
+    Returns (name, arena): a uint8 tensor over the mapping, world_size header lines (rank r's
+    barrier byte at 64r, its pid at 64r + 8; see `_Barrier`) and then `payload_bytes` of zeros
+    at offset `world_size * 64`. The name is unlinked before this returns: the mapping lives as
+    long as `arena`'s storage and nothing is ever left in /dev/shm. A failure is agreed on by every
+    rank: with `required` they all raise (`what` failed ...; `fix`), else they all return None.
     """
     import secrets
     from multiprocessing import shared_memory
@@ -291,7 +319,7 @@ def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
     import torch.distributed as dist
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    nbytes = world_size * _LINE + (world_size + 1) * _PIECE_BYTES
+    nbytes = world_size * _LINE + payload_bytes
     token = secrets.token_bytes(8)
     shm, name, error = None, [None, token], ""
     if rank == 0:
@@ -331,10 +359,9 @@ def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
         if not required:
             return None
         raise RuntimeError(
-            f"wrap(comm='shm'): {int(failed.item())} rank(s) could not map rank 0's shared-memory segment "
-            f"{name[0]!r}{' (' + error + ')' if error else ''}; are all ranks on one host? "
-            "use comm=None (exact DDP) otherwise")
-    return _ShmState(name[0], arena, rank, world_size, timeout_s)
+            f"{what}: {int(failed.item())} rank(s) could not map rank 0's shared-memory segment "
+            f"{name[0]!r}{' (' + error + ')' if error else ''}; are all ranks on one host? {fix}")
+    return name[0], arena
 
 
 def _shm_hook(state, bucket):

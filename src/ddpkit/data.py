@@ -116,6 +116,10 @@ class DistributedLoader:
             worker_init_fn=_WorkerSeeder(ctx.seed, ctx.rank, sampler),
             generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
         )
+        # In-memory tensors, nothing to run per sample: one gather per tensor gives the batch the
+        # DataLoader would build row by row and stack (same values, same list), ~10x faster.
+        self._gather = (type(dataset) is torch.utils.data.TensorDataset and not self._pin
+                        and not dataloader_kwargs.get("num_workers") and "collate_fn" not in dataloader_kwargs)
 
     @property
     def epoch(self) -> int:
@@ -152,13 +156,21 @@ class DistributedLoader:
         self._epoch, self._step = self._position()
         s.epoch, s.start_step = self._epoch, self._step
         self._micro = 0
-        for batch in self._loader:
+        for batch in self._gathered() if self._gather else self._loader:
             self._micro += 1
             self.step_end = self._micro == s.accumulation_steps
             if self.step_end:
                 self._micro, self._step = 0, self._step + 1
             yield to_device(batch, self.ctx.device, non_blocking=self._pin)
         self._epoch, self._step = s.epoch + 1, 0
+
+    def _gathered(self) -> Iterator[list[Any]]:
+        import torch
+
+        tensors = self.dataset.tensors
+        for indices in self.sampler:
+            index = torch.tensor(indices, dtype=torch.long)
+            yield [t[index] for t in tensors]
 
     def state_dict(self) -> dict[str, int]:
         """The position after the last completed optimizer step: save when `step_end` is True."""

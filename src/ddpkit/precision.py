@@ -130,6 +130,9 @@ class Precision:
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a finite number > 0 (e.g. 1.0) or None")
         params = _parameters(optimizer, model)
+        if self.scaler is not None and getattr(optimizer, "_ddpkit_shard", None) is not None:
+            raise ValueError("Precision('fp16') cannot step a sharded optimizer: the loss scaler would unscale and "
+                             "check this rank's pieces only; use dtype='bf16' or an unsharded optimizer")
         if self.scaler is not None:
             # Clip the true gradients, not the scaled ones: a threshold of 1.0 against gradients
             # multiplied by 65536 would clip every step. unscale_ also records whether any
@@ -185,8 +188,11 @@ class Precision:
 
 def _parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> list[torch.Tensor]:
     source: Iterable[torch.Tensor]
+    shard = getattr(optimizer, "_ddpkit_shard", None)
     if model is not None:
         source = model.parameters()
+    elif shard is not None:  # a sharded optimizer's groups hold this rank's pieces only
+        source = shard.params
     else:
         source = (p for group in optimizer.param_groups for p in group["params"])
     return [p for p in source if p.requires_grad]

@@ -45,6 +45,7 @@ def test_held_out_text_is_whole_other_files():
 def test_tiny_run_learns_in_process(tmp_path):
     result = _charlm().main([*TINY, "--max-steps", "30", "--eval-every", "15", "--run-dir", str(tmp_path)])
     assert result["world_size"] == 1 and result["steps"] == 30 and result["skipped_steps"] == 0
+    assert result["optimizer"] == "AdamW"
     assert result["val_bpc_start"] > 7.0  # about log2(256) = 8 bits before training
     assert result["val_bpc"] < result["val_bpc_start"] - 2.0
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -59,11 +60,11 @@ def test_two_rank_run_then_ddpkit_plot(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", str(SCRIPT), *TINY,
-           "--max-steps", "20", "--eval-every", "10", "--run-dir", str(run_dir)]
+           "--max-steps", "20", "--eval-every", "10", "--run-dir", str(run_dir), "--shard-optimizer"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["world_size"] == 2 and result["steps"] == 20
+    assert result["world_size"] == 2 and result["steps"] == 20 and result["optimizer"] == "ShardedAdamW"
     assert result["val_bpc"] < result["val_bpc_start"] - 1.0
     plots = tmp_path / "plots"
     proc = subprocess.run([sys.executable, "-m", "ddpkit.cli", "plot", str(run_dir), "--out", str(plots)],

@@ -177,3 +177,24 @@ def test_eval_loop_does_not_draw_from_the_global_generator():
     for _ in range(3):
         list(data)
     assert torch.equal(torch.rand(1), expected)
+
+
+def test_tensor_dataset_batches_are_gathered_exactly_as_the_dataloader_builds_them():
+    from torch.utils.data import default_collate
+
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(50, 3, 2, generator=g), torch.randint(0, 9, (50,), generator=g),
+                                        torch.arange(50, dtype=torch.float64))
+    for rank in range(2):
+        fast = ddpkit.loader(ds, _ctx(rank, 2), batch_size=4, accumulation_steps=2, drop_last=False)
+        slow = ddpkit.loader(ds, _ctx(rank, 2), batch_size=4, accumulation_steps=2, drop_last=False,
+                             collate_fn=default_collate)  # a collate_fn keeps torch's DataLoader path
+        assert fast._gather and not slow._gather
+        got = [(b, fast.step_end) for _ in range(2) for b in fast]  # two epochs
+        want = [(b, slow.step_end) for _ in range(2) for b in slow]
+        assert len(got) == len(want) == 2 * 8
+        for (a, end_a), (b, end_b) in zip(got, want):
+            assert type(a) is type(b) is list and end_a == end_b
+            assert all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+    subclass = type("Sub", (torch.utils.data.TensorDataset,), {})(torch.arange(8))
+    assert not ddpkit.loader(subclass, _ctx(), batch_size=2)._gather  # its __getitem__ may differ

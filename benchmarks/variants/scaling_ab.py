@@ -1,0 +1,108 @@
+"""Scaling, A/B in one job: one process on both cores against 2 ranks, steps interleaved.
+
+The scaling row of run.py compares separate jobs, and on a shared 2-core machine the 2-thread
+single process is the noisiest figure there is (its runs spread over +-20 %). Here every arm runs
+inside one 2-rank job, one step of each in turn, so they all share the machine's drift:
+
+- "1 process x 128, 2 threads": rank 0 alone, with 2 intra-op threads, trains a plain copy of the
+  model on a batch of 128 from torch's DataLoader, while rank 1 sleeps in a gloo barrier;
+- the 2-rank arms, each on its own DDP copy, 64 samples per rank from ddpkit.loader.
+
+Run with `ddpkit run --nproc-per-node 2 benchmarks/variants/scaling_ab.py OUT.json STEPS`.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import ddpkit
+from ddpkit.comm import _Barrier, map_segment
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import build_model, make_dataset, no_exchange_hook  # noqa: E402
+
+SINGLE = "1 process x 128, 2 threads"
+ARMS = (SINGLE, "ddpkit defaults", "ddpkit + shard_optimizer", "comm=None (PyTorch's all-reduce)",
+        "no exchange (floor; wrong results)")
+
+
+def _forever(loader):
+    while True:
+        yield from loader
+
+
+def main() -> None:
+    out, steps = sys.argv[1], int(sys.argv[2])
+    torch.set_num_threads(1)
+    with ddpkit.init(seed=0) as ctx:
+        if ctx.world_size != 2:
+            raise SystemExit("scaling_ab.py compares 2 ranks with one 2-thread process: run it with 2 ranks")
+        dataset = make_dataset(0)
+        # gloo's barrier sleeps, so a rank can wake from it a millisecond late; the flag barrier, which
+        # spins, then lines both ranks up to within microseconds before a timed 2-rank step.
+        _, flags = map_segment(0, required=True, what="scaling_ab", fix="")
+        align = _Barrier(flags, ctx.rank, 2, 60.0, "aligning with rank {peer}", "stopped").wait
+        models, opts, batches = {}, {}, {}
+        for name in ARMS[1:]:
+            models[name] = ddpkit.wrap(build_model(0), ctx, comm=None if name.startswith("comm=None") else "auto")
+            opts[name] = torch.optim.SGD(models[name].parameters(), lr=0.05, momentum=0.9)
+            if "shard_optimizer" in name:
+                opts[name] = ddpkit.shard_optimizer(opts[name], models[name], ctx)
+            if name.startswith("no exchange"):
+                models[name].register_comm_hook(None, no_exchange_hook)
+            batches[name] = _forever(ddpkit.loader(dataset, ctx, batch_size=64))
+        if ctx.is_main:
+            models[SINGLE] = build_model(0)
+            opts[SINGLE] = torch.optim.SGD(models[SINGLE].parameters(), lr=0.05, momentum=0.9)
+            g = torch.Generator().manual_seed(0)
+            batches[SINGLE] = _forever(torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True,
+                                                                   drop_last=True, generator=g))
+        times: dict[str, list[float]] = {name: [] for name in ARMS}
+        for t in range(steps + 3):
+            for name in ARMS[t % len(ARMS):] + ARMS[:t % len(ARMS)]:
+                dist.barrier()  # both ranks start the arm together (untimed)
+                if name == SINGLE:
+                    if ctx.is_main:
+                        torch.set_num_threads(2)
+                        elapsed = _step(models[name], opts[name], batches[name])
+                        torch.set_num_threads(1)
+                    dist.barrier()  # rank 1 sleeps here meanwhile
+                    if not ctx.is_main:
+                        continue
+                else:
+                    align()
+                    elapsed = _step(models[name], opts[name], batches[name])
+                if t >= 3:
+                    times[name].append(elapsed)
+        if ctx.is_main:
+            base = statistics.median(times[SINGLE])
+            result = {"baseline": SINGLE, "steps": steps, "arms": {name: {
+                "step_ms": 1000 * statistics.median(times[name]),
+                "p25_ms": 1000 * statistics.quantiles(times[name], n=4)[0],
+                "p75_ms": 1000 * statistics.quantiles(times[name], n=4)[2],
+                "throughput_x_baseline": base / statistics.median(times[name]),
+            } for name in ARMS}}
+            with open(out, "w") as f:
+                json.dump(result, f, indent=1)
+            for name, arm in result["arms"].items():
+                print(f"{name:38s} {arm['step_ms']:6.2f} ms (p25 {arm['p25_ms']:.2f}, p75 {arm['p75_ms']:.2f})  "
+                      f"throughput x {arm['throughput_x_baseline']:.3f}")
+
+
+def _step(model, opt, batches) -> float:
+    """One optimizer step on 128 samples in all (one process) or 64 per rank; its wall time."""
+    t0 = time.perf_counter()
+    x, y = next(batches)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""Shard the optimizer step over CPU ranks on one host: parameters in shared memory, each rank updates 1/W.
+
+    model = ddpkit.wrap(build_model(), ctx)
+    opt = ddpkit.shard_optimizer(torch.optim.AdamW(model.parameters(), lr=3e-4), model, ctx)
+
+Without it every rank runs the same optimizer step on its own copy of every parameter: W times
+the work and W copies of the optimizer state, all of it redundant, since DDP gives every rank the
+same averaged gradients. Sharded, the parameters live once in a shared segment that every rank's
+model reads, each rank steps one contiguous 1/W of them (its "pieces", cut at any element) and
+keeps the optimizer state for those only, and two barriers per step keep the reads and the writes
+apart. The result is the same, element for element, as the unsharded step.
+
+Where it does not apply (one process, CUDA, ranks on several hosts) `shard_optimizer` checks its
+arguments and returns the optimizer unchanged, so one script runs everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ddpkit.runtime import Context
+
+__all__ = ["shard_optimizer", "SHARDABLE"]
+
+SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "ASGD", "Rprop")
+"""torch.optim classes shard_optimizer accepts: their update of an element depends on that element only."""
+
+_ALIGN = 64
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ctx: Context) -> torch.optim.Optimizer:
+    """Return an optimizer that steps only this rank's 1/W of `optimizer`'s parameters. Collective.
+
+    Call it on every rank, after `ddpkit.wrap` and before the first step, a learning-rate
+    scheduler or loading a state; use the returned optimizer from then on (the one passed in
+    refuses to step). It is an instance of the same class, so schedulers and `isinstance` work.
+
+    - `step()` is a collective: every rank must call it the same number of times. It waits for
+      every rank's backward, updates this rank's pieces, and waits for every rank's update.
+    - `zero_grad()` clears the gradients of all the parameters, as the unsharded one would.
+    - `state_dict()` works on any one rank alone (save_checkpoint calls it on rank 0) and is the
+      unsharded optimizer's, so checkpoints load into sharded and unsharded runs alike;
+      `load_state_dict()` must run on every rank (load_checkpoint does).
+    - `param_groups` hold this rank's pieces: clip gradients with `model.parameters()` (or
+      ddpkit.Precision.step, which does), not with the optimizer's groups.
+
+    Returned unchanged (after the checks) at world size 1, on CUDA or with ranks on several hosts.
+    Not for fp16 loss scaling (bf16 is fine), closures, sparse gradients or parameters added later.
+    """
+    import torch
+
+    from ddpkit.comm import shm_unsupported
+    from ddpkit.wrap import _find_ddp
+
+    cls = type(optimizer)
+    if isinstance(optimizer, _Sharded):
+        raise ValueError("shard_optimizer() got an optimizer it already sharded; pass the original once")
+    allowed = {getattr(torch.optim, n) for n in SHARDABLE if hasattr(torch.optim, n)}
+    if cls not in allowed:
+        raise TypeError(f"shard_optimizer() supports torch.optim's {', '.join(SHARDABLE)}, whose update of a "
+                        f"parameter element depends on that element alone; got {cls.__module__}.{cls.__qualname__}: "
+                        "step it unsharded")
+    if optimizer.state:
+        raise ValueError("shard_optimizer() needs an optimizer that has not stepped or loaded a state yet; shard it "
+                         "right after creating it and load saved state into the returned one (load_checkpoint does)")
+    ddp = _find_ddp(model)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if ctx.distributed and ddp is None:
+        raise TypeError(f"shard_optimizer(optimizer, model, ctx) needs the model ddpkit.wrap returned, got "
+                        f"{type(model).__name__}")
+    owned = {id(p) for p in (ddp.module if ddp is not None else model).parameters()}
+    for i, p in enumerate(params):
+        if id(p) not in owned:
+            raise ValueError(f"shard_optimizer(): the optimizer's parameter {i} {tuple(p.shape)} is not a parameter of "
+                             "the model; shard an optimizer over the wrapped model's parameters only")
+        if p.is_complex() or not p.is_floating_point():
+            raise TypeError(f"shard_optimizer(): parameter {i} has dtype {p.dtype}; only real floating-point "
+                            "parameters can be sharded")
+    if any(getattr(m, "sparse", False) is True for m in model.modules()):
+        raise ValueError("shard_optimizer() cannot shard sparse gradients (a module has sparse=True); step this "
+                         "optimizer unsharded")
+    if not ctx.distributed or shm_unsupported(ctx):
+        return optimizer
+    if not params:
+        raise ValueError("shard_optimizer() got an optimizer without parameters")
+    return _shard(optimizer, params, ctx)
+
+
+class _Sharded:
+    """Mixed into the user's optimizer class (see `_sharded_class`); the sharding lives in `_ddpkit_shard`."""
+
+    _ddpkit_shard: _Shard
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear every parameter's gradient (not only this rank's pieces), as the unsharded optimizer would."""
+        for p in self._ddpkit_shard.params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
+        for piece in self._ddpkit_shard.pieces:
+            piece.grad = None
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_ddpkit_shard", None) is not None:
+            raise ValueError("a sharded optimizer cannot take new parameters: add the group before shard_optimizer()")
+        super().add_param_group(param_group)  # type: ignore[misc]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The unsharded optimizer's state dict, read from the shared segment: any one rank may call it."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():  # type: ignore[attr-defined]
+            hook(self)
+        out = self._ddpkit_shard.full_state_dict(self.param_groups)  # type: ignore[attr-defined]
+        for hook in self._optimizer_state_dict_post_hooks.values():  # type: ignore[attr-defined]
+            out = hook(self, out) or out
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load an (unsharded) state dict: this rank keeps its pieces' share. Collective: every rank calls it."""
+        shard = self._ddpkit_shard
+        super().load_state_dict(shard.piece_state_dict(state_dict))  # type: ignore[misc]
+        shard.publish(self.state, everything=True)  # type: ignore[attr-defined]
+        shard.barrier("load_state_dict")  # every rank's share is in place before any rank reads the state
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _sharded_class(cls: type) -> type:
+    sub = _CLASSES.get(cls)
+    if sub is None:
+        sub = _CLASSES[cls] = type(f"Sharded{cls.__name__}", (_Sharded, cls), {"__module__": __name__})
+    return sub
+
+
+def _rebuilt(optimizer, cls: type, groups: list[dict[str, Any]]):
+    """A fresh optimizer of class `cls` with `optimizer`'s settings and hooks over `groups`.
+
+    Built from the instance rather than by calling the class again: that needs no knowledge of
+    each class's constructor arguments, and keeps what its __init__ set (e.g. fused flags).
+    """
+    from collections import OrderedDict, defaultdict
+
+    new = object.__new__(cls)
+    new.__dict__.update(optimizer.__dict__)
+    for name, value in optimizer.__dict__.items():
+        if isinstance(value, OrderedDict):  # the hook registries: the new optimizer gets its own copies
+            new.__dict__[name] = OrderedDict(value)
+    new.state = defaultdict(dict)
+    new.param_groups = []
+    new._ddpkit_shard = None
+    for group in groups:
+        new.add_param_group(group)
+    return new
+
+
+def _state_keys(optimizer, cls: type, group: dict[str, Any], dtype) -> tuple[list[str], dict[str, Any]]:
+    """What state `group`'s settings make this optimizer keep per parameter: (per-element keys,
+    {per-parameter scalar key: dtype}), found by one step of a copy of it on a dummy parameter."""
+    import torch
+
+    dummy = torch.zeros(3, dtype=dtype, requires_grad=True)
+    probe = _rebuilt(optimizer, cls, [{**{k: v for k, v in group.items() if k != "params"}, "params": [dummy]}])
+    for name, value in list(probe.__dict__.items()):  # no user hooks on the dummy step
+        if name.startswith("_optimizer_step_") and isinstance(value, dict):
+            value.clear()
+    dummy.grad = torch.ones_like(dummy)
+    probe.step()
+    elementwise, scalars = [], {}
+    for key, value in probe.state[dummy].items():
+        if isinstance(value, torch.Tensor) and value.shape == dummy.shape and value.dtype == dtype:
+            elementwise.append(key)
+        elif isinstance(value, torch.Tensor) and value.dim() == 0 and value.element_size() <= 8:
+            scalars[key] = value.dtype
+        else:
+            raise TypeError(f"shard_optimizer(): {cls.__name__} keeps state {key!r} as {type(value).__name__} "
+                            f"{getattr(value, 'shape', '')}, which cannot be shared; step this optimizer unsharded")
+    return elementwise, scalars
+
+
+def _shard(optimizer, params: list, ctx: Context):
+    import torch
+    import torch.distributed as dist
+
+    from ddpkit.comm import _Barrier, map_segment
+
+    cls = type(optimizer)
+    rank, world = ctx.rank, ctx.world_size
+    # Per group: its parameters' indices and the state its settings keep.
+    group_params, group_keys, index = [], [], 0
+    for group in optimizer.param_groups:
+        n = len(group["params"])
+        group_params.append(list(range(index, index + n)))
+        index += n
+        dtype = group["params"][0].dtype if n else torch.float32
+        group_keys.append(_state_keys(optimizer, cls, group, dtype))
+    elementwise = list(dict.fromkeys(k for keys, _ in group_keys for k in keys))
+    scalars: dict[str, Any] = {}
+    for _, s in group_keys:
+        scalars.update(s)
+
+    what, fix = "shard_optimizer()", "step the optimizer unsharded otherwise"
+    offsets, total = [], 0
+    for p in params:
+        offsets.append(total)
+        total += -(-p.numel() * p.element_size() // _ALIGN) * _ALIGN
+    mapped = map_segment(total, required=True, what=what, fix=fix)
+    arena = mapped[1]
+    base = world * 64
+    views = [arena[base + o:base + o + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+             for p, o in zip(params, offsets)]
+    if rank == 0:
+        for v, p in zip(views, params):
+            v.copy_(p.detach())
+    barrier = _Barrier(arena, rank, world, ctx.timeout_s, "in shard_optimizer() for rank {peer}",
+                       "did not call it (every rank must)")
+    barrier.wait()
+    with torch.no_grad():
+        for p, v in zip(params, views):
+            p.data = v  # the model now reads the one shared copy
+    state_bytes = len(elementwise) * total + len(params) * world * (len(scalars) * 8 + 1)
+    state_arena = map_segment(state_bytes, required=True, what=what, fix=fix)[1]
+
+    shard = _Shard(params, views, offsets, total, group_params, group_keys, elementwise, scalars, state_arena,
+                   rank, world, barrier)
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [shard.pieces[j] for j in pieces]}
+              for g, pieces in zip(optimizer.param_groups, shard.group_pieces)]
+    new = _rebuilt(optimizer, _sharded_class(cls), groups)
+    new._ddpkit_shard = shard
+    new.register_step_pre_hook(shard.before_step)
+    new.register_step_post_hook(shard.after_step)
+
+    def replaced(opt, args, kwargs):
+        raise RuntimeError("this optimizer was replaced by ddpkit.shard_optimizer(); step the optimizer it returned")
+
+    optimizer.register_step_pre_hook(replaced)
+    dist.barrier()  # every rank's model reads the shared copy before any rank steps
+    return new
+
+
+class _Shard:
+    """This rank's share of the parameters, and where the optimizer state of every share lives.
+
+    The state segment holds, per per-element key, one region laid out like the parameters, then
+    per (parameter, rank, scalar key) an 8-byte slot, then per (parameter, rank) a byte saying
+    whether that rank's piece of the parameter has state yet.
+    """
+
+    def __init__(self, params, views, offsets, total, group_params, group_keys, elementwise, scalars, arena,
+                 rank, world, barrier) -> None:
+        import torch
+
+        self.params, self.views, self.rank, self.world = params, views, rank, world
+        self._barrier = barrier
+        self.elementwise, self.scalar_keys = elementwise, list(scalars)
+        self.scalar_dtypes = scalars
+        self.group_of = {i: g for g, ids in enumerate(group_params) for i in ids}
+        self.group_params, self.group_keys = group_params, group_keys
+        self._ptrs = [p.data_ptr() for p in params]
+        header = world * 64
+        n = len(params)
+        self._regions = {k: arena[header + j * total: header + (j + 1) * total] for j, k in enumerate(elementwise)}
+        self._offsets = offsets
+        self._scalar_base = header + len(elementwise) * total
+        self._flag_base = self._scalar_base + n * world * len(self.scalar_keys) * 8
+        self._arena = arena
+        self.flags = arena[self._flag_base:self._flag_base + n * world]
+        # This rank's contiguous range of the parameters' elements, cut into pieces at their borders.
+        numel = sum(p.numel() for p in params)
+        share = -(-numel // world)
+        lo, hi = min(rank * share, numel), min((rank + 1) * share, numel)
+        self.pieces, self.where, self.group_pieces = [], [], [[] for _ in group_params]
+        start = 0
+        for i, v in enumerate(views):
+            a, b = max(lo - start, 0), min(hi - start, v.numel())
+            if a < b:
+                self.group_pieces[self.group_of[i]].append(len(self.pieces))
+                self.pieces.append(v.view(-1)[a:b])
+                self.where.append((i, a, b))
+            start += v.numel()
+        self._targets: list[dict[str, torch.Tensor]] = []
+        for piece, (i, a, b) in zip(self.pieces, self.where):
+            keys, scal = group_keys[self.group_of[i]]
+            t = {k: self.region(k, i)[a:b] for k in keys}
+            t.update({k: self.slot(i, rank, k) for k in scal})
+            self._targets.append(t)
+
+    def barrier(self, call: str) -> None:
+        """Wait for every rank inside the optimizer's `call` (the name words the error if one never comes)."""
+        b = self._barrier
+        if b.waiting != f"in optimizer.{call}() for rank {{peer}}":
+            b.waiting = f"in optimizer.{call}() for rank {{peer}}"
+            b.skipped = f"skipped a {call}() (every rank must call {call}() of a sharded optimizer as often as the others)"
+        b.wait()
+
+    def region(self, key: str, i: int):
+        """Parameter i's whole per-element state `key` (flat), shared by every rank."""
+        p = self.params[i]
+        o = self._offsets[i]
+        return self._regions[key][o:o + p.numel() * p.element_size()].view(p.dtype)
+
+    def slot(self, i: int, rank: int, key: str):
+        o = self._scalar_base + ((i * self.world + rank) * len(self.scalar_keys) + self.scalar_keys.index(key)) * 8
+        dtype = self.scalar_dtypes[key]
+        return self._arena[o:o + 8].view(dtype)[0]
+
+    def before_step(self, optimizer, args, kwargs) -> None:
+        rest = args[1:] if args and args[0] is optimizer else args  # torch passes step()'s self along
+        if any(a is not None for a in rest) or kwargs.get("closure") is not None:
+            raise TypeError("a sharded optimizer's step() takes no closure: run forward and backward before step()")
+        for i, p in enumerate(self.params):
+            if p.data_ptr() != self._ptrs[i]:
+                raise RuntimeError(
+                    f"parameter {i} {tuple(p.shape)} no longer lives in the shared segment shard_optimizer() put it "
+                    "in (was the model moved, or its parameters replaced, e.g. load_state_dict(assign=True)?); "
+                    "copy values in place instead")
+        self.barrier("step")  # every rank's backward (which reads the parameters) is done
+        for piece, (i, a, b) in zip(self.pieces, self.where):
+            g = self.params[i].grad
+            piece.grad = None if g is None else g.reshape(-1)[a:b]
+
+    def after_step(self, optimizer, args, kwargs) -> None:
+        self.publish(optimizer.state)
+        self.barrier("step")  # every rank's update is done before anyone reads the parameters again
+
+    def publish(self, state, everything: bool = False) -> None:
+        """Move this rank's pieces' optimizer state into the shared segment (once; or again if
+        the optimizer replaced a tensor) and mark which pieces have state."""
+        for j, piece in enumerate(self.pieces):
+            entry = state.get(piece)
+            i = self.where[j][0]
+            if not entry:
+                if everything:
+                    self.flags[i * self.world + self.rank] = 0
+                continue
+            targets = self._targets[j]
+            for key, value in entry.items():
+                target = targets.get(key)
+                if target is None:
+                    raise RuntimeError(f"sharded {type(self).__name__}: unexpected optimizer state {key!r}")
+                if value is not target:
+                    if value.shape != target.shape or value.dtype != target.dtype:
+                        raise RuntimeError(f"sharded optimizer state {key!r} of parameter {i} is {value.dtype} "
+                                           f"{tuple(value.shape)}, expected {target.dtype} {tuple(target.shape)}")
+                    target.copy_(value)
+                    entry[key] = target
+            self.flags[i * self.world + self.rank] = 1
+
+    def full_state_dict(self, param_groups) -> dict[str, Any]:
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(ids)}
+                  for g, ids in zip(param_groups, self.group_params)]
+        state: dict[int, dict[str, Any]] = {}
+        flags = self.flags.tolist()
+        for i, p in enumerate(self.params):
+            owners = [r for r in range(self.world) if flags[i * self.world + r]]
+            if not owners:
+                continue
+            keys, scal = self.group_keys[self.group_of[i]]
+            entry = {k: self.slot(i, owners[0], k).clone() for k in scal}
+            entry.update({k: self.region(k, i).view(p.shape).clone() for k in keys})
+            state[i] = entry
+        return {"state": state, "param_groups": groups}
+
+    def piece_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """`state_dict` (unsharded, as state_dict() returns it) cut down to this rank's pieces."""
+        import torch
+
+        saved_groups = state_dict.get("param_groups")
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.group_params) or any(
+                len(g.get("params", ())) != len(ids) for g, ids in zip(saved_groups, self.group_params)):
+            sizes = [len(ids) for ids in self.group_params]
+            raise ValueError(f"optimizer state dict does not fit this optimizer: it needs {len(sizes)} parameter "
+                             f"group(s) of {sizes} parameters")
+        saved_ids = [pid for g in saved_groups for pid in g["params"]]
+        saved_state = state_dict.get("state", {})
+        state: dict[int, dict[str, Any]] = {}
+        for j, (i, a, b) in enumerate(self.where):
+            entry = saved_state.get(saved_ids[i])
+            if entry is None:
+                continue
+            keys = self.group_keys[self.group_of[i]][0]
+            out = {}
+            for k, v in entry.items():
+                if k in keys:
+                    if not isinstance(v, torch.Tensor) or v.numel() != self.params[i].numel():
+                        raise ValueError(f"optimizer state {k!r} of parameter {i} has shape "
+                                         f"{tuple(getattr(v, 'shape', ()))}, the parameter {tuple(self.params[i].shape)}")
+                    v = v.reshape(-1)[a:b]
+                out[k] = v
+            state[j] = out
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(pieces)}
+                  for g, pieces in zip(saved_groups, self.group_pieces)]
+        return {"state": state, "param_groups": groups}
