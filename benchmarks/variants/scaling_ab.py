@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.comm import _Barrier, map_segment
+from ddpkit.comm import ShmBarrier, map_segment
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, make_dataset, no_exchange_hook  # noqa: E402
@@ -46,7 +46,7 @@ def main() -> None:
         # gloo's barrier sleeps, so a rank can wake from it a millisecond late; the flag barrier, which
         # spins, then lines both ranks up to within microseconds before a timed 2-rank step.
         _, flags = map_segment(0, required=True, what="scaling_ab", fix="")
-        align = _Barrier(flags, ctx.rank, 2, 60.0, "aligning with rank {peer}", "stopped").wait
+        align = ShmBarrier(flags, ctx.rank, 2, 60.0, "aligning with rank {peer}", "stopped").wait
         models, opts, batches = {}, {}, {}
         for name in ARMS[1:]:
             models[name] = ddpkit.wrap(build_model(0), ctx, comm=None if name.startswith("comm=None") else "auto")

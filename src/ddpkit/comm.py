@@ -3,6 +3,8 @@
 `wrap()`'s default, comm="auto", picks "shm" where it can (CPU ranks that all share one host)
 and PyTorch's own all-reduce elsewhere. Both give the float32 average of the ranks' gradients;
 on 2 ranks they agree bit for bit. "fp16"/"bf16" round gradients to 16 bits (opt-in).
+`map_segment` and `ShmBarrier` (a shared segment for the ranks of one host, a barrier through it)
+also serve ddpkit.optim's sharded optimizer step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm", "map_segment", "shm_unsupported"]
+__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm", "map_segment", "ShmBarrier", "shm_unsupported"]
 
 COMM_CHOICES = ("auto", None, "fp16", "bf16", "shm")
 """Values of `ddpkit.wrap(..., comm=...)`; "auto" (the default) is "shm" where it works, else None."""
@@ -175,9 +177,9 @@ class _ShmState:
         self.piece_bytes = (arena.numel() - header) // (world_size + 1)
         self._slot_offsets = [header + s * self.piece_bytes for s in range(world_size + 1)]
         self._plans: dict[tuple, list[tuple]] = {}
-        self.barrier = _Barrier(arena, rank, world_size, timeout_s, "in backward() for rank {peer}'s gradients",
-                                "skipped a backward() (every rank must run the same number of backward passes "
-                                "through the DDP model)").wait
+        self.barrier = ShmBarrier(arena, rank, world_size, timeout_s, "in backward() for rank {peer}'s gradients",
+                                  "skipped a backward() (every rank must run the same number of backward passes "
+                                  "through the DDP model)").wait
 
     def replace(self, state: Any, hook: Any) -> None:
         """Route every bucket to the user's hook from now on and let go of the segment."""
@@ -186,29 +188,30 @@ class _ShmState:
         self.arena = None
 
     def plan(self, buffer: torch.Tensor) -> list[tuple]:
-        """Per piece of `buffer`: (piece, its slot, the slots' views of this rank's share, the share's
-        place in the result slot, the result for the piece). Cached: DDP reuses its bucket tensors."""
-        key = (buffer.data_ptr(), buffer.numel(), buffer.dtype)
+        """Per piece of `buffer`: (its start and stop in the flat buffer, its slot, the slots' views of
+        this rank's share, the share's place in the result slot, the result for the piece).
+
+        Cached by size and dtype, and made of views of the segment only: a view of the bucket itself
+        would keep DDP's first-step buckets (a gradient-sized buffer) alive after DDP rebuilds them.
+        """
+        key = (buffer.numel(), buffer.dtype)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        if len(self._plans) > 64:  # buckets rebuilt (after the first step, or a new model shape)
-            self._plans.clear()
         views = [self.arena[o:o + self.piece_bytes].view(buffer.dtype) for o in self._slot_offsets]
         slots, result = views[:-1], views[-1]
-        flat, per, plan = buffer.view(-1), result.numel(), []
-        for start in range(0, flat.numel(), per):
-            piece = flat[start:start + per]
-            m = piece.numel()
+        numel, per, plan = buffer.numel(), result.numel(), []
+        for start in range(0, numel, per):
+            m = min(per, numel - start)
             share = -(-m // self.world_size)
             lo, hi = min(self.rank * share, m), min((self.rank + 1) * share, m)
             terms = [slot[lo:hi] for slot in slots] if lo < hi else None
-            plan.append((piece, slots[self.rank][:m], terms, result[lo:hi], result[:m]))
+            plan.append((start, start + m, slots[self.rank][:m], terms, result[lo:hi], result[:m]))
         self._plans[key] = plan
         return plan
 
 
-class _Barrier:
+class ShmBarrier:
     """A barrier over the W header lines of a mapped segment (see `map_segment`).
 
     On x86 through one flag byte per rank (a few microseconds); elsewhere a one-element gloo
@@ -307,7 +310,7 @@ def map_segment(payload_bytes: int, *, required: bool, what: str, fix: str) -> t
     """Create (rank 0) and map (every rank) a shared segment; collective over the default group.
 
     Returns (name, arena): a uint8 tensor over the mapping, world_size header lines (rank r's
-    barrier byte at 64r, its pid at 64r + 8; see `_Barrier`) and then `payload_bytes` of zeros
+    barrier byte at 64r, its pid at 64r + 8; see `ShmBarrier`) and then `payload_bytes` of zeros
     at offset `world_size * 64`. The name is unlinked before this returns: the mapping lives as
     long as `arena`'s storage and nothing is ever left in /dev/shm. A failure is agreed on by every
     rank: with `required` they all raise (`what` failed ...; `fix`), else they all return None.
@@ -386,8 +389,9 @@ def _shm_hook(state, bucket):
 def _exchange_impl(state: _ShmState, buffer: torch.Tensor):
     import torch
 
-    world = state.world_size
-    for piece, mine, terms, out, result in state.plan(buffer):
+    world, flat = state.world_size, buffer.view(-1)
+    for start, stop, mine, terms, out, result in state.plan(buffer):
+        piece = flat[start:stop]
         torch.div(piece, world, out=mine)
         state.barrier()
         if terms is not None:

@@ -8,7 +8,8 @@ the work and W copies of the optimizer state, all of it redundant, since DDP giv
 same averaged gradients. Sharded, the parameters live once in a shared segment that every rank's
 model reads, each rank steps one contiguous 1/W of them (its "pieces", cut at any element) and
 keeps the optimizer state for those only, and two barriers per step keep the reads and the writes
-apart. The result is the same, element for element, as the unsharded step.
+apart. The result is the unsharded step's, bit for bit (fused=True kernels: within float rounding,
+as their vectorised body and scalar tail round differently and sharding moves where a piece starts).
 
 Where it does not apply (one process, CUDA, ranks on several hosts) `shard_optimizer` checks its
 arguments and returns the optimizer unchanged, so one script runs everywhere.
@@ -189,9 +190,8 @@ def _state_keys(optimizer, cls: type, group: dict[str, Any], dtype) -> tuple[lis
 
 def _shard(optimizer, params: list, ctx: Context):
     import torch
-    import torch.distributed as dist
 
-    from ddpkit.comm import _Barrier, map_segment
+    from ddpkit.comm import ShmBarrier, map_segment
 
     cls = type(optimizer)
     rank, world = ctx.rank, ctx.world_size
@@ -213,16 +213,15 @@ def _shard(optimizer, params: list, ctx: Context):
     for p in params:
         offsets.append(total)
         total += -(-p.numel() * p.element_size() // _ALIGN) * _ALIGN
-    mapped = map_segment(total, required=True, what=what, fix=fix)
-    arena = mapped[1]
-    base = world * 64
+    arena = map_segment(total, required=True, what=what, fix=fix)[1]
+    base = arena.numel() - total  # after the barrier's header lines
     views = [arena[base + o:base + o + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
              for p, o in zip(params, offsets)]
     if rank == 0:
         for v, p in zip(views, params):
             v.copy_(p.detach())
-    barrier = _Barrier(arena, rank, world, ctx.timeout_s, "in shard_optimizer() for rank {peer}",
-                       "did not call it (every rank must)")
+    barrier = ShmBarrier(arena, rank, world, ctx.timeout_s, "in shard_optimizer() for rank {peer}",
+                         "did not call it (every rank must)")
     barrier.wait()
     with torch.no_grad():
         for p, v in zip(params, views):
@@ -243,7 +242,6 @@ def _shard(optimizer, params: list, ctx: Context):
         raise RuntimeError("this optimizer was replaced by ddpkit.shard_optimizer(); step the optimizer it returned")
 
     optimizer.register_step_pre_hook(replaced)
-    dist.barrier()  # every rank's model reads the shared copy before any rank steps
     return new
 
 
@@ -266,7 +264,7 @@ class _Shard:
         self.group_of = {i: g for g, ids in enumerate(group_params) for i in ids}
         self.group_params, self.group_keys = group_params, group_keys
         self._ptrs = [p.data_ptr() for p in params]
-        header = world * 64
+        header = arena.numel() - len(elementwise) * total - len(params) * world * (len(scalars) * 8 + 1)
         n = len(params)
         self._regions = {k: arena[header + j * total: header + (j + 1) * total] for j, k in enumerate(elementwise)}
         self._offsets = offsets

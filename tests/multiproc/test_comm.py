@@ -66,12 +66,13 @@ def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
 
     ddpkit.comm._PIECE_BYTES = piece_bytes  # buckets span several pieces, the last one a ragged share
     ddpkit.comm._TSO = tso  # False: the gloo barrier other CPUs use
-    hashes, calls, names = [], {"n": 0}, []
+    hashes, calls, names, live = [], {"n": 0}, [], []
     real_shm_state, real_exchange = ddpkit.comm._shm_state, ddpkit.comm._exchange
 
-    def recording_shm_state(*args, **kwargs):  # keeps the segment's name, not the state (which holds the mapping)
+    def recording_shm_state(*args, **kwargs):  # keeps the segment's name; the state only while its model lives
         state = real_shm_state(*args, **kwargs)
         names.append(state.name)
+        live.append(state)
         return state
 
     def counting_exchange(state, buffer):  # one per bucket per backward
@@ -95,6 +96,14 @@ def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
                 if comm == "auto":
                     hashes.append(ddpkit.param_sha256(model))
             out[(comm, k)] = ([p.detach().clone() for p in ddpkit.unwrap(model).parameters()], calls["n"])
+            for state in live:  # the cached plans view the segment only, never a (since rebuilt) DDP bucket
+                arena = state.arena.untyped_storage().data_ptr()
+                views = [t for plan in state._plans.values() for _, _, mine, terms, share, result in plan
+                         for t in (mine, share, result, *(terms or ()))]
+                out[comm, "plans view the segment only"] = bool(views) and all(
+                    t.untyped_storage().data_ptr() == arena for t in views)
+                del state, views  # they hold the mapping, which must go with the model
+            live.clear()
             del model, opt
             gc.collect()
             out["mapped"] = sum("/ddpkit-" in line for line in open("/proc/self/maps"))  # freed with the model
@@ -137,6 +146,7 @@ def test_shm_is_the_default_matches_exact_ddp_and_leaves_nothing_in_dev_shm(worl
     assert calls > steps  # several buckets
     assert accum_calls == calls  # accumulate(): one exchange per bucket per optimizer step, not per micro-step
     assert all(r["mapped"] == 0 for r, _ in results)
+    assert all(r["auto", "plans view the segment only"] and r["shm", "plans view the segment only"] for r, _ in results)
 
 
 def _big_bucket(info: RankInfo):
