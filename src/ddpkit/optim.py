@@ -17,6 +17,7 @@ arguments and returns the optimizer unchanged, so one script runs everywhere.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -133,14 +134,10 @@ class _Sharded:
         shard.barrier("load_state_dict")  # every rank's share is in place before any rank reads the state
 
 
-_CLASSES: dict[type, type] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _sharded_class(cls: type) -> type:
-    sub = _CLASSES.get(cls)
-    if sub is None:
-        sub = _CLASSES[cls] = type(f"Sharded{cls.__name__}", (_Sharded, cls), {"__module__": __name__})
-    return sub
+    """ShardedAdamW for AdamW, and so on: one class per optimizer class."""
+    return type(f"Sharded{cls.__name__}", (_Sharded, cls), {"__module__": __name__})
 
 
 def _rebuilt(optimizer, cls: type, groups: list[dict[str, Any]]):
