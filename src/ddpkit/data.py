@@ -108,18 +108,21 @@ class DistributedLoader:
         self._epoch, self._step = 0, 0  # position: the next optimizer step to run
         self._micro = 0  # micro-batches yielded into the current optimizer step
         self._pin = ctx.device.type == "cuda"
+        # In-memory tensors, nothing to run per sample: one indexed read per tensor gives the batch the
+        # DataLoader would build row by row and stack (same values, same list), in half the time. It
+        # still goes through the DataLoader, so everything that watches one (ddpkit check) sees it.
+        self._gather = (type(dataset) is torch.utils.data.TensorDataset and not self._pin
+                        and not dataloader_kwargs.get("num_workers") and "collate_fn" not in dataloader_kwargs)
+        if self._gather:
+            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": _the_batch}
         # A private generator: DataLoader draws a base seed from the global torch generator each
         # time a loop starts, so a run resumed mid-epoch (one extra loop start) would otherwise get
         # different dropout than the uninterrupted run. Worker seeds come from _WorkerSeeder anyway.
         self._loader = torch.utils.data.DataLoader(
-            dataset, batch_sampler=sampler, pin_memory=self._pin,
+            _GatheredTensors(dataset) if self._gather else dataset, batch_sampler=sampler, pin_memory=self._pin,
             worker_init_fn=_WorkerSeeder(ctx.seed, ctx.rank, sampler),
             generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
         )
-        # In-memory tensors, nothing to run per sample: one gather per tensor gives the batch the
-        # DataLoader would build row by row and stack (same values, same list), in about half the time.
-        self._gather = (type(dataset) is torch.utils.data.TensorDataset and not self._pin
-                        and not dataloader_kwargs.get("num_workers") and "collate_fn" not in dataloader_kwargs)
 
     @property
     def epoch(self) -> int:
@@ -156,21 +159,13 @@ class DistributedLoader:
         self._epoch, self._step = self._position()
         s.epoch, s.start_step = self._epoch, self._step
         self._micro = 0
-        for batch in self._gathered() if self._gather else self._loader:
+        for batch in self._loader:
             self._micro += 1
             self.step_end = self._micro == s.accumulation_steps
             if self.step_end:
                 self._micro, self._step = 0, self._step + 1
             yield to_device(batch, self.ctx.device, non_blocking=self._pin)
         self._epoch, self._step = s.epoch + 1, 0
-
-    def _gathered(self) -> Iterator[list[Any]]:
-        import torch
-
-        tensors = self.dataset.tensors
-        for indices in self.sampler:
-            index = torch.tensor(indices, dtype=torch.long)
-            yield [t[index] for t in tensors]
 
     def state_dict(self) -> dict[str, int]:
         """The position after the last completed optimizer step: save when `step_end` is True."""
@@ -197,6 +192,30 @@ class DistributedLoader:
                 f"{s.global_batch_size}; keep batch_size * world_size * accumulation_steps as in the saved run"
             )
         self._epoch, self._step, self._micro = int(state["epoch"]), seen // s.global_batch_size, 0
+
+
+class _GatheredTensors:
+    """A TensorDataset whose batches the DataLoader fetches with one indexed read per tensor
+    (`__getitems__`), as a one-element list that `_the_batch` unwraps instead of collating."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[list[Any]]:
+        import torch
+
+        index = torch.tensor(indices, dtype=torch.long)
+        return [[t[index] for t in self.dataset.tensors]]
+
+
+def _the_batch(items: list[Any]) -> Any:
+    return items[0]
 
 
 class _WorkerSeeder:

@@ -40,6 +40,9 @@ def _hash_tensors(tensors) -> str:
 
 
 def _params(optimizer) -> list:
+    shard = getattr(optimizer, "_ddpkit_shard", None)
+    if shard is not None:  # ddpkit.shard_optimizer: its groups hold this rank's pieces; check the whole model
+        return list(shard.params)
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
