@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm", "map_segment", "ShmBarrier", "shm_unsupported"]
+__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm", "map_segment", "ShmBarrier",
+           "shm_unsupported"]
 
 COMM_CHOICES = ("auto", None, "fp16", "bf16", "shm")
 """Values of `ddpkit.wrap(..., comm=...)`; "auto" (the default) is "shm" where it works, else None."""

@@ -294,7 +294,8 @@ class _Shard:
         b = self._barrier
         if b.waiting != f"in optimizer.{call}() for rank {{peer}}":
             b.waiting = f"in optimizer.{call}() for rank {{peer}}"
-            b.skipped = f"skipped a {call}() (every rank must call {call}() of a sharded optimizer as often as the others)"
+            b.skipped = (f"skipped a {call}() (every rank must call {call}() of a sharded optimizer as often as "
+                         "the others)")
         b.wait()
 
     def region(self, key: str, i: int):
@@ -388,7 +389,8 @@ class _Shard:
                 if k in keys:
                     if not isinstance(v, torch.Tensor) or v.numel() != self.params[i].numel():
                         raise ValueError(f"optimizer state {k!r} of parameter {i} has shape "
-                                         f"{tuple(getattr(v, 'shape', ()))}, the parameter {tuple(self.params[i].shape)}")
+                                         f"{tuple(getattr(v, 'shape', ()))}, the parameter "
+                                         f"{tuple(self.params[i].shape)}; load a state saved for this model")
                     v = v.reshape(-1)[a:b]
                 out[k] = v
             state[j] = out

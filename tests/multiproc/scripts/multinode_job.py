@@ -33,7 +33,8 @@ def main() -> None:
         data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
         torch.manual_seed(1)  # identical initial weights on every rank and in every run
         model = ddpkit.wrap(torch.nn.Linear(4, 1), ctx)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        # sharded where the ranks share a host (one node of 4), unchanged across hosts (2 nodes x 2)
+        opt = ddpkit.shard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5), model, ctx)
         batches = ddpkit.loader(data, ctx, batch_size=global_batch // ctx.world_size, seed=2)
         done = 0
         while done < steps:
@@ -49,6 +50,7 @@ def main() -> None:
                 if done == steps:
                     break
         _write(out, ctx.rank, {**info, "sha": ddpkit.param_sha256(model), "steps": done,
+                               "optimizer": type(opt).__name__,
                                "params": [p.tolist() for p in ddpkit.unwrap(model).parameters()]})
 
 
