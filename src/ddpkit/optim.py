@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["shard_optimizer", "SHARDABLE"]
+__all__ = ["shard_optimizer", "SHARDABLE", "is_sharded", "optimizer_parameters"]
 
 SHARDABLE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "ASGD", "Rprop")
 """torch.optim classes shard_optimizer accepts: their update of an element depends on that element only."""
@@ -89,6 +89,18 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ct
     if not params:
         raise ValueError("shard_optimizer() got an optimizer without parameters")
     return _shard(optimizer, params, ctx)
+
+
+def is_sharded(optimizer: Any) -> bool:
+    """Whether `optimizer` came from shard_optimizer (its param_groups hold this rank's pieces)."""
+    return getattr(optimizer, "_ddpkit_shard", None) is not None
+
+
+def optimizer_parameters(optimizer: Any) -> list:
+    """The parameters `optimizer` trains: the whole model's for a sharded one, not this rank's pieces."""
+    if is_sharded(optimizer):
+        return list(optimizer._ddpkit_shard.params)
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 class _Sharded:

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.optim import is_sharded, optimizer_parameters
+
 if TYPE_CHECKING:
     import torch
 
@@ -130,7 +132,7 @@ class Precision:
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a finite number > 0 (e.g. 1.0) or None")
         params = _parameters(optimizer, model)
-        if self.scaler is not None and getattr(optimizer, "_ddpkit_shard", None) is not None:
+        if self.scaler is not None and is_sharded(optimizer):
             raise ValueError("Precision('fp16') cannot step a sharded optimizer: the loss scaler would unscale and "
                              "check this rank's pieces only; use dtype='bf16' or an unsharded optimizer")
         if self.scaler is not None:
@@ -187,12 +189,5 @@ class Precision:
 
 
 def _parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> list[torch.Tensor]:
-    source: Iterable[torch.Tensor]
-    shard = getattr(optimizer, "_ddpkit_shard", None)
-    if model is not None:
-        source = model.parameters()
-    elif shard is not None:  # a sharded optimizer's groups hold this rank's pieces only
-        source = shard.params
-    else:
-        source = (p for group in optimizer.param_groups for p in group["params"])
+    source: Iterable[torch.Tensor] = model.parameters() if model is not None else optimizer_parameters(optimizer)
     return [p for p in source if p.requires_grad]

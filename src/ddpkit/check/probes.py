@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from ddpkit import tracer
+from ddpkit.optim import optimizer_parameters
 
 __all__ = ["Recorder", "StopCheck"]
 
@@ -40,10 +41,7 @@ def _hash_tensors(tensors) -> str:
 
 
 def _params(optimizer) -> list:
-    shard = getattr(optimizer, "_ddpkit_shard", None)
-    if shard is not None:  # ddpkit.shard_optimizer: its groups hold this rank's pieces; check the whole model
-        return list(shard.params)
-    return [p for group in optimizer.param_groups for p in group["params"]]
+    return optimizer_parameters(optimizer)  # a sharded optimizer's groups hold this rank's pieces only
 
 
 class Recorder:
