@@ -8,7 +8,8 @@ import os
 import resource
 import time
 
-__all__ = ["IN_FEATURES", "HIDDEN", "NUM_CLASSES", "build_model", "make_dataset", "parse_args", "Recorder"]
+__all__ = ["IN_FEATURES", "HIDDEN", "NUM_CLASSES", "build_model", "make_dataset", "parse_args", "Recorder",
+           "no_exchange_hook", "save_params", "forever"]
 
 # An MLP of 2.91 M parameters: 784 -> 1024 -> 1024 -> 1024 -> 10. Small enough for CPU ranks,
 # big enough that the gradient all-reduce (11.6 MB of float32) is a real share of each step.
@@ -123,3 +124,13 @@ def save_params(model, path: str) -> None:
     import torch
 
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+
+
+def forever(loader):
+    """Batches of successive epochs without end (ddpkit.loader advances its epoch by itself)."""
+    epoch = 0
+    while True:
+        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1

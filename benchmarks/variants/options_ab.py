@@ -17,7 +17,7 @@ import torch
 import ddpkit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import build_model, make_dataset  # noqa: E402
+from common import build_model, forever, make_dataset  # noqa: E402
 
 ARMS = {
     "PyTorch DDP defaults": {"gradient_as_bucket_view": False, "comm": None},
@@ -54,7 +54,7 @@ def main() -> None:
         data = ddpkit.loader(dataset, ctx, batch_size=64)
         sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, seed=0)
         plain = torch.utils.data.DataLoader(dataset, batch_size=64, sampler=sampler, drop_last=True)
-        fetch = {"DataLoader + DistributedSampler": _forever(plain), "ddpkit.loader": _forever(data)}
+        fetch = {"DataLoader + DistributedSampler": forever(plain), "ddpkit.loader": forever(data)}
         fetch_s: dict[str, list[float]] = {name: [] for name in fetch}
         names = list(ARMS)
         for t in range(steps + 3):
@@ -90,16 +90,6 @@ def main() -> None:
         if ctx.is_main:
             with open(out, "w") as f:
                 json.dump(result, f)
-
-
-def _forever(loader):
-    """Batches of successive epochs without end (ddpkit.loader advances its epoch by itself)."""
-    epoch = 0
-    while True:
-        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
 
 
 if __name__ == "__main__":

@@ -21,19 +21,14 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.comm import ShmBarrier, map_segment
+from ddpkit.shm import ShmBarrier, map_segment
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import build_model, make_dataset, no_exchange_hook  # noqa: E402
+from common import build_model, forever, make_dataset, no_exchange_hook  # noqa: E402
 
 SINGLE = "1 process x 128, 2 threads"
 ARMS = (SINGLE, "ddpkit defaults", "ddpkit + shard_optimizer", "comm=None (PyTorch's all-reduce)",
         "no exchange (floor; wrong results)")
-
-
-def _forever(loader):
-    while True:
-        yield from loader
 
 
 def main() -> None:
@@ -55,12 +50,12 @@ def main() -> None:
                 opts[name] = ddpkit.shard_optimizer(opts[name], models[name], ctx)
             if name.startswith("no exchange"):
                 models[name].register_comm_hook(None, no_exchange_hook)
-            batches[name] = _forever(ddpkit.loader(dataset, ctx, batch_size=64))
+            batches[name] = forever(ddpkit.loader(dataset, ctx, batch_size=64))
         if ctx.is_main:
             models[SINGLE] = build_model(0)
             opts[SINGLE] = torch.optim.SGD(models[SINGLE].parameters(), lr=0.05, momentum=0.9)
             g = torch.Generator().manual_seed(0)
-            batches[SINGLE] = _forever(torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True,
+            batches[SINGLE] = forever(torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True,
                                                                    drop_last=True, generator=g))
         times: dict[str, list[float]] = {name: [] for name in ARMS}
         for t in range(steps + 3):

@@ -3,17 +3,14 @@
 `wrap()`'s default, comm="auto", picks "shm" where it can (CPU ranks that all share one host)
 and PyTorch's own all-reduce elsewhere. Both give the float32 average of the ranks' gradients;
 on 2 ranks they agree bit for bit. "fp16"/"bf16" round gradients to 16 bits (opt-in).
-`map_segment` and `ShmBarrier` (a shared segment for the ranks of one host, a barrier through it)
-also serve ddpkit.optim's sharded optimizer step.
+The shared segment and its barrier come from ddpkit.shm.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import time
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.shm import HEADER_LINE, ShmBarrier, map_segment, shm_unsupported
 from ddpkit.tracer import traced
 
 if TYPE_CHECKING:
@@ -21,19 +18,13 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm", "map_segment", "ShmBarrier",
-           "shm_unsupported"]
+__all__ = ["COMM_CHOICES", "check_comm", "resolve_comm", "register_comm"]
 
 COMM_CHOICES = ("auto", None, "fp16", "bf16", "shm")
 """Values of `ddpkit.wrap(..., comm=...)`; "auto" (the default) is "shm" where it works, else None."""
 
-_SHM_DIR = "/dev/shm"
-_LINE = 64
-"""Bytes per rank in the segment's header (one cache line): barrier counter byte, then the pid."""
 _PIECE_BYTES = 1 << 19
 """Gradients cross the segment in pieces of at most this many bytes: its size does not grow with the model."""
-_TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-"""x86 keeps stores in program order, so a rank that sees a peer's flag also sees the data written before it."""
 
 
 def check_comm(comm: Any, ctx: Context | None = None) -> str | None:
@@ -49,18 +40,6 @@ def check_comm(comm: Any, ctx: Context | None = None) -> str | None:
         if reason:
             raise ValueError(f"wrap(comm='shm') {reason}; use comm=None (exact DDP) or comm='bf16'")
     return comm
-
-
-def shm_unsupported(ctx: Context) -> str | None:
-    """Why 'shm' cannot serve these ranks (None: it can)."""
-    if ctx.device.type != "cpu":
-        return f"sums gradients in host shared memory, so it needs CPU ranks, but this rank runs on {ctx.device}"
-    if ctx.env.local_world_size != ctx.world_size:
-        return (f"needs every rank on one host, but LOCAL_WORLD_SIZE={ctx.env.local_world_size} "
-                f"!= WORLD_SIZE={ctx.world_size}")
-    if not os.path.isdir(_SHM_DIR):
-        return f"needs POSIX shared memory at {_SHM_DIR} (Linux)"
-    return None
 
 
 def resolve_comm(comm: str | None, ctx: Context, model: torch.nn.Module) -> str | None:
@@ -174,7 +153,7 @@ class _ShmState:
         self.timeout_s = timeout_s
         self.user: tuple[Any, Any] | None = None
         """(state, hook) the user registered in place of this exchange."""
-        header = world_size * _LINE
+        header = world_size * HEADER_LINE
         self.piece_bytes = (arena.numel() - header) // (world_size + 1)
         self._slot_offsets = [header + s * self.piece_bytes for s in range(world_size + 1)]
         self._plans: dict[tuple, list[tuple]] = {}
@@ -212,89 +191,6 @@ class _ShmState:
         return plan
 
 
-class ShmBarrier:
-    """A barrier over the W header lines of a mapped segment (see `map_segment`).
-
-    On x86 through one flag byte per rank (a few microseconds); elsewhere a one-element gloo
-    all-reduce, whose syscalls order memory. A peer that died is noticed within a second, one that
-    stalls after `timeout_s`; `waiting` ("in X for rank {peer}'s Y") and `skipped` word the error.
-    """
-
-    def __init__(self, arena: torch.Tensor, rank: int, world_size: int, timeout_s: float, waiting: str,
-                 skipped: str) -> None:
-        import ctypes
-
-        import torch
-
-        header = world_size * _LINE
-        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-        self.waiting, self.skipped = waiting, skipped
-        self._flags = (ctypes.c_uint8 * header).from_address(arena.data_ptr())
-        self._pids = arena[:header].view(torch.int64)[1::_LINE // 8].tolist()
-        self._count = 0
-        self._tick = torch.zeros(1)
-
-    def wait(self) -> None:
-        """Return once every rank has called wait() as often as this one."""
-        if not _TSO:
-            import torch.distributed as dist
-
-            dist.all_reduce(self._tick)
-            return
-        self._count += 1
-        k = self._count & 0xFF
-        flags = self._flags
-        flags[self.rank * _LINE] = k
-        for s in range(self.world_size):
-            # a peer is at most one barrier ahead: it waits in the next one for this rank
-            if s == self.rank or (flags[s * _LINE] - k) & 0xFF <= 1:
-                continue
-            self._wait(s, k)
-
-    def _wait(self, s: int, k: int) -> None:
-        flags, line = self._flags, s * _LINE
-        for _ in range(2000):
-            if (flags[line] - k) & 0xFF <= 1:
-                return
-        start = time.monotonic()
-        check_at = start + 1.0
-        while (flags[line] - k) & 0xFF > 1:
-            now = time.monotonic()
-            if now < start + 0.01:
-                os.sched_yield()  # several ranks per core: let the peer run
-                continue
-            time.sleep(0.0002)
-            if now >= check_at:
-                check_at = now + 1.0
-                self._check_peer(s, now - start)
-
-    def _check_peer(self, s: int, waited: float) -> None:
-        where = self.waiting.format(peer=s)
-        if not _alive(self._pids[s]):
-            raise RuntimeError(f"rank {s} (pid {self._pids[s]}) exited while rank {self.rank} waited {where}; "
-                               f"see rank {s}'s error")
-        if waited > self.timeout_s:
-            raise RuntimeError(f"rank {self.rank} waited {waited:.0f} s {where}; rank {s} is stuck or {self.skipped}")
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie, exited but not yet reaped by its parent, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
     """The exchange's segment and state; collective over the default group (None: not mapped, see map_segment)."""
     import torch.distributed as dist
@@ -305,67 +201,6 @@ def _shm_state(timeout_s: float, *, required: bool = True) -> _ShmState | None:
     if mapped is None:
         return None
     return _ShmState(mapped[0], mapped[1], dist.get_rank(), world_size, timeout_s)
-
-
-def map_segment(payload_bytes: int, *, required: bool, what: str, fix: str) -> tuple[str, torch.Tensor] | None:
-    """Create (rank 0) and map (every rank) a shared segment; collective over the default group.
-
-    Returns (name, arena): a uint8 tensor over the mapping, world_size header lines (rank r's
-    barrier byte at 64r, its pid at 64r + 8; see `ShmBarrier`) and then `payload_bytes` of zeros
-    at offset `world_size * 64`. The name is unlinked before this returns: the mapping lives as
-    long as `arena`'s storage and nothing is ever left in /dev/shm. A failure is agreed on by every
-    rank: with `required` they all raise (`what` failed ...; `fix`), else they all return None.
-    """
-    import secrets
-    from multiprocessing import shared_memory
-
-    import torch
-    import torch.distributed as dist
-
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    nbytes = world_size * _LINE + payload_bytes
-    token = secrets.token_bytes(8)
-    shm, name, error = None, [None, token], ""
-    if rank == 0:
-        stat = os.statvfs(_SHM_DIR)
-        if stat.f_bavail * stat.f_frsize < 2 * nbytes:  # a full tmpfs answers writes with SIGBUS, not an error
-            error = f"{_SHM_DIR} has {stat.f_bavail * stat.f_frsize} bytes free, the segment needs {nbytes}"
-        else:
-            try:  # an error here must still reach the broadcast below, or the other ranks wait forever
-                shm = shared_memory.SharedMemory(name=f"ddpkit-{secrets.token_hex(8)}", create=True, size=nbytes)
-                shm.buf[16:24] = token  # rank 0's pid goes to bytes 8:16, its counter to byte 0
-                name[0] = shm.name
-            except OSError as e:
-                error = f"{type(e).__name__}: {e}"
-    dist.broadcast_object_list(name, src=0)
-    arena = None
-    try:
-        if name[0] is None:
-            raise RuntimeError(error or "rank 0 could not create the segment")
-        path = os.path.join(_SHM_DIR, name[0].lstrip("/"))
-        if not os.path.exists(path):  # from_file would create an empty file instead of failing
-            raise FileNotFoundError(path)
-        storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
-        arena = torch.empty(0, dtype=torch.uint8).set_(storage)
-        if bytes(arena[16:24].tolist()) != name[1]:
-            raise RuntimeError(f"{path} is not rank 0's segment")
-        arena[rank * _LINE:(rank + 1) * _LINE].view(torch.int64)[1] = os.getpid()
-    except (OSError, RuntimeError) as e:
-        error = f"{type(e).__name__}: {e}"
-    failed = torch.tensor([float(bool(error))])
-    # Every rank must have mapped the segment and written its pid (or given up) before rank 0
-    # unlinks the name; after the unlink the mappings stay valid and a killed rank leaves nothing.
-    dist.all_reduce(failed)
-    if shm is not None:
-        shm.close()
-        shm.unlink()
-    if failed.item():
-        if not required:
-            return None
-        raise RuntimeError(
-            f"{what}: {int(failed.item())} rank(s) could not map rank 0's shared-memory segment "
-            f"{name[0]!r}{' (' + error + ')' if error else ''}; are all ranks on one host? {fix}")
-    return name[0], arena
 
 
 def _shm_hook(state, bucket):

@@ -63,9 +63,10 @@ def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
 
     import ddpkit
     import ddpkit.comm
+    import ddpkit.shm
 
     ddpkit.comm._PIECE_BYTES = piece_bytes  # buckets span several pieces, the last one a ragged share
-    ddpkit.comm._TSO = tso  # False: the gloo barrier other CPUs use
+    ddpkit.shm._TSO = tso  # False: the gloo barrier other CPUs use
     hashes, calls, names, live = [], {"n": 0}, [], []
     real_shm_state, real_exchange = ddpkit.comm._shm_state, ddpkit.comm._exchange
 
@@ -262,16 +263,17 @@ def _auto_falls_back(info: RankInfo):
     """'auto' keeps PyTorch's all-reduce, on every rank, where shared memory cannot serve: no error."""
     import ddpkit
     import ddpkit.comm
+    import ddpkit.shm
 
     calls = []
     real_exchange = ddpkit.comm._exchange
     ddpkit.comm._exchange = lambda state, buffer: calls.append(1) or real_exchange(state, buffer)
     if info.rank == 1:
-        ddpkit.comm._SHM_DIR = info.tmp  # looks for the segment where it is not, as a rank on another host would
+        ddpkit.shm._SHM_DIR = info.tmp  # looks for the segment where it is not, as a rank on another host would
     with info.init(seed=0) as ctx:
         model = ddpkit.wrap(torch.nn.Linear(4, 4), ctx)
         model(torch.ones(2, 4)).sum().backward()
-        ddpkit.comm._SHM_DIR = "/dev/shm"
+        ddpkit.shm._SHM_DIR = "/dev/shm"
         sparse = ddpkit.wrap(torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True), ctx)
         sparse(torch.tensor([[1, 2]])).sum().backward()
         return len(calls), model.module.bias.grad.tolist(), sparse.module.weight.grad.is_sparse
@@ -321,9 +323,10 @@ def _shm_unreachable(info: RankInfo):
     """Rank 1 looks for the segment where it is not (as a rank on another host would): every rank raises."""
     import ddpkit
     import ddpkit.comm
+    import ddpkit.shm
 
     if info.rank == 1:
-        ddpkit.comm._SHM_DIR = info.tmp
+        ddpkit.shm._SHM_DIR = info.tmp
     with info.init(seed=0) as ctx:
         try:
             ddpkit.wrap(torch.nn.Linear(4, 4), ctx, comm="shm")
