@@ -57,9 +57,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend ('' skips compile arms)")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak; default: by device name")
-    p.add_argument("--time-limit", type=float, default=270.0, help="skip arms not started after this many seconds")
+    p.add_argument("--time-limit", type=float, default=270.0,
+                   help="skip the arms after the first that would start after this many seconds")
     p.add_argument("--out", default=str(HERE / "results" / "gpu_charlm.json"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("d_model", "layers", "heads", "seq_len", "batch_size", "steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be 0 or more, got {args.warmup}")
+    return args
 
 
 def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dict:
@@ -126,7 +133,7 @@ def main(argv=None) -> int:
             arms += [("plain PyTorch", False, args.compile_backend), ("ddpkit", True, args.compile_backend)]
         results = []
         for label, use_ddpkit, backend in arms:
-            if time.perf_counter() - started > args.time_limit:
+            if results and time.perf_counter() - started > args.time_limit:
                 print(f"skipped {label} compile={backend or 'no'}: past --time-limit", file=sys.stderr)
                 continue
             r = run_arm(charlm, args, ctx, use_ddpkit=use_ddpkit, compile_backend=backend)
@@ -134,7 +141,7 @@ def main(argv=None) -> int:
             print(json.dumps(r), file=sys.stderr, flush=True)
             results.append(r)
     base = {r["compile"]: r for r in results if r["arm"] == "plain PyTorch"}
-    print(f"\n{name}, bf16 autocast, {results[0]['params_m']:.1f} M params, batch {args.batch_size} x "
+    print(f"\n{name}, bf16 autocast, {results[0]['params_m']:.3g} M params, batch {args.batch_size} x "
           f"seq {args.seq_len}\n")
     print("| loop | compile | step ms | tokens/s | x plain (same compile) | model TFLOP/s | MFU | peak mem GB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
