@@ -23,6 +23,7 @@ __all__ = [
     "DistributedLoader",
     "EvalLoader",
     "ShardedBatchSampler",
+    "SeededBatch",
     "loader",
     "eval_loader",
     "eval_shard",
@@ -49,7 +50,8 @@ class ShardedBatchSampler:
     """Batches of dataset indices for one rank; see the module docstring for the layout."""
 
     def __init__(self, num_samples: int, *, batch_size: int, rank: int, world_size: int,
-                 accumulation_steps: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+                 accumulation_steps: int = 1, shuffle: bool = True, seed: int = 0, drop_last: bool = True,
+                 tag_batches: bool = False):
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.rank = rank
@@ -58,6 +60,8 @@ class ShardedBatchSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.tag_batches = tag_batches
+        """Yield each batch as a `SeededBatch` that knows its (epoch, step, micro-step)."""
         self.epoch = 0
         self.start_step = 0
 
@@ -83,7 +87,20 @@ class ShardedBatchSampler:
         for t in range(self.start_step, self.steps_per_epoch):
             for j in range(self.accumulation_steps):
                 start = t * g + (j * w + self.rank) * b
-                yield order[start:start + b]
+                batch = order[start:start + b]
+                yield SeededBatch(batch, (self.epoch, t, j)) if self.tag_batches else batch
+
+
+class SeededBatch(list):
+    """A batch of dataset indices that carries its place, (epoch, optimizer step, micro-step), to the
+    loader worker that fetches it; the worker seeds its random streams from it (see `_SeededFetch`)."""
+
+    def __init__(self, indices: list[int], key: tuple[int, int, int]) -> None:
+        super().__init__(indices)
+        self.key = key
+
+    def __reduce__(self):  # sent to the workers through a pickle
+        return SeededBatch, (list(self), self.key)
 
 
 class DistributedLoader:
@@ -118,9 +135,19 @@ class DistributedLoader:
         # A private generator: DataLoader draws a base seed from the global torch generator each
         # time a loop starts, so a run resumed mid-epoch (one extra loop start) would otherwise get
         # different dropout than the uninterrupted run. Worker seeds come from _WorkerSeeder anyway.
+        workers = bool(dataloader_kwargs.get("num_workers"))
+        sampler.tag_batches = workers
+        dataloader_kwargs = {**dataloader_kwargs,
+                             "worker_init_fn": _WorkerSeeder(ctx.seed, ctx.rank, sampler,
+                                                             dataloader_kwargs.get("worker_init_fn"))}
+        if self._gather:
+            fetched = _GatheredTensors(dataset)
+        elif workers:
+            fetched = _SeededFetch(dataset, sampler.seed, ctx.rank)
+        else:
+            fetched = dataset
         self._loader = torch.utils.data.DataLoader(
-            _GatheredTensors(dataset) if self._gather else dataset, batch_sampler=sampler, pin_memory=self._pin,
-            worker_init_fn=_WorkerSeeder(ctx.seed, ctx.rank, sampler),
+            fetched, batch_sampler=sampler, pin_memory=self._pin,
             generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
         )
 
@@ -218,11 +245,43 @@ def _the_batch(items: list[Any]) -> Any:
     return items[0]
 
 
-class _WorkerSeeder:
-    """Seed each data-loader worker from (seed, rank, epoch, worker id): distinct everywhere, reproducible."""
+class _SeededFetch:
+    """The dataset as loader workers see it: before fetching a batch, the worker seeds python's,
+    numpy's and torch's generators from (data seed, rank, epoch, step, micro-step).
 
-    def __init__(self, seed: int, rank: int, sampler: ShardedBatchSampler):
-        self.seed, self.rank, self.sampler = seed, rank, sampler
+    So what a worker draws for a batch (random augmentation) depends on the batch's place only: not
+    on which worker fetches it, how many workers there are, whether they persist, or whether the run
+    was resumed. One seeding per batch costs about 0.1 ms, in the worker.
+    """
+
+    def __init__(self, dataset: Any, seed: int, rank: int) -> None:
+        self.dataset, self.seed, self.rank = dataset, seed, rank
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        key = getattr(indices, "key", None)
+        if key is not None:
+            import numpy as np
+
+            from ddpkit.runtime import seed_everything
+
+            seed_everything(int(np.random.SeedSequence([self.seed, self.rank, *key]).generate_state(1)[0]))
+        fetch = getattr(self.dataset, "__getitems__", None)
+        return fetch(list(indices)) if fetch else [self.dataset[i] for i in indices]
+
+
+class _WorkerSeeder:
+    """Seed each data-loader worker from (seed, rank, epoch, worker id), then run the user's
+    worker_init_fn if there is one. Batches reseed anyway (`_SeededFetch`); this covers what a
+    worker draws outside them."""
+
+    def __init__(self, seed: int, rank: int, sampler: ShardedBatchSampler, user: Any = None):
+        self.seed, self.rank, self.sampler, self.user = seed, rank, sampler, user
 
     def __call__(self, worker_id: int) -> None:
         import numpy as np
@@ -231,6 +290,8 @@ class _WorkerSeeder:
 
         seq = np.random.SeedSequence([self.seed, self.rank, self.sampler.epoch, worker_id])
         seed_everything(int(seq.generate_state(1)[0]))
+        if self.user is not None:
+            self.user(worker_id)
 
 
 def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
@@ -263,7 +324,11 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
             of equal steps; False pads it with samples from the epoch's start (a few samples are seen
             twice, as with DistributedSampler).
         num_workers, **dataloader_kwargs: passed to torch.utils.data.DataLoader (collate_fn,
-            persistent_workers, prefetch_factor, ...). Sampling options are ddpkit's own.
+            persistent_workers, prefetch_factor, worker_init_fn, ...). Sampling options are ddpkit's
+            own. Workers persist by default, and seed python's, numpy's and torch's generators before
+            each batch from (seed, rank, epoch, step, micro-step): random augmentation drawn in them
+            is the same with 1 worker or 8, persistent or not, and after a resume. A worker_init_fn
+            of yours runs once per worker, after ddpkit's own seeding.
     """
     import torch
 

@@ -168,6 +168,78 @@ def test_worker_seeds_distinct_per_rank_and_worker():
         assert len(set(values)) == 4, f"stream {column} repeats across ranks/workers: {values}"
 
 
+
+class _Augmented(torch.utils.data.Dataset):
+    """Item i with python, numpy and torch draws made where it is fetched (a loader worker)."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        import random
+
+        import numpy as np
+
+        return torch.tensor([i, random.random(), float(np.random.rand()), float(torch.rand(1))], dtype=torch.float64)
+
+
+def _epochs(data, epochs=2, stop_after=None):
+    out = []
+    for _ in range(epochs):
+        for batch in data:
+            out.append(batch)
+            if stop_after is not None and len(out) == stop_after:
+                return out
+    return out
+
+
+def test_worker_augmentation_depends_on_the_batch_not_on_the_workers():
+    runs = {}
+    for workers, persistent in ((1, True), (2, True), (2, False)):
+        data = ddpkit.loader(_Augmented(), _ctx(1, 2), batch_size=2, accumulation_steps=2, num_workers=workers,
+                             persistent_workers=persistent)
+        runs[workers, persistent] = _epochs(data)
+    first = runs[1, True]
+    assert len(first) == 2 * 3 * 2  # 2 epochs x 3 steps x 2 micro-steps
+    for batches in runs.values():
+        assert all(torch.equal(a, b) for a, b in zip(batches, first))
+    draws = torch.cat(first)[:, 1:]
+    assert len(set(draws.flatten().tolist())) == draws.numel()  # no batch, epoch or stream repeats another
+    other_rank = _epochs(ddpkit.loader(_Augmented(), _ctx(0, 2), batch_size=2, accumulation_steps=2, num_workers=2))
+    assert not set(torch.cat(other_rank)[:, 1:].flatten().tolist()) & set(draws.flatten().tolist())
+
+
+def test_worker_augmentation_is_the_same_after_a_resume():
+    def make():
+        return ddpkit.loader(_Augmented(), _ctx(), batch_size=4, num_workers=2)
+
+    whole = _epochs(make())
+    first = make()
+    head = _epochs(first, stop_after=8)  # stops inside epoch 2 (6 steps an epoch)
+    resumed = make()  # fresh workers, as in a new process
+    resumed.load_state_dict(first.state_dict())
+    tail = _epochs(resumed, epochs=1)
+    assert len(head) + len(tail) == len(whole) == 12
+    assert all(torch.equal(a, b) for a, b in zip(head + tail, whole))
+
+
+def test_a_worker_init_fn_of_yours_runs_after_ddpkits_seeding():
+    data = ddpkit.loader(_TaggedAugmented(), _ctx(), batch_size=4, num_workers=2, worker_init_fn=_tag_worker,
+                         persistent_workers=False)
+    assert all(float(b[0, 0]) >= 1000 for b in data)
+
+
+class _TaggedAugmented(_Augmented):
+    tag = 0
+
+    def __getitem__(self, i):
+        return super().__getitem__(i) + _TaggedAugmented.tag
+
+
+def _tag_worker(worker_id):
+    _TaggedAugmented.tag = 1000
+
+
 def test_eval_loop_does_not_draw_from_the_global_generator():
     ds = torch.utils.data.TensorDataset(torch.arange(10))
     data = ddpkit.eval_loader(ds, _ctx(), batch_size=4)

@@ -5,13 +5,17 @@
 The only checkpoint code is the two ddpkit calls a user writes: load_checkpoint (None on a fresh
 start) and save_checkpoint. `--kill-at K` kills rank `--kill-rank` with SIGKILL after step K, on the
 first attempt only (TORCHELASTIC_RESTART_COUNT=0), so the restarted group runs to the end.
+`--workers N` loads through N loader workers that add random noise to every sample (python, numpy
+and torch draws, as augmentation would).
 """
 
 import argparse
 import json
 import os
+import random
 import signal
 
+import numpy as np
 import torch
 
 import ddpkit
@@ -22,8 +26,25 @@ p.add_argument("--steps", type=int, default=30)
 p.add_argument("--save-every", type=int, default=4)
 p.add_argument("--kill-at", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
+p.add_argument("--workers", type=int, default=0)
 p.add_argument("--out", default="")
 args = p.parse_args()
+
+
+class Augmented(torch.utils.data.Dataset):
+    """The samples with noise drawn where they are loaded: python, numpy and torch generators."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        noise = torch.randn(x.shape) * 0.05 + float(np.random.randn()) * 0.05
+        return x + noise * (0.5 + random.random()), y
+
 
 g = torch.Generator().manual_seed(0)
 x_all = torch.randn(320, 8, generator=g)
@@ -36,7 +57,10 @@ with ddpkit.init(seed=5) as ctx:
     model = ddpkit.wrap(net, ctx)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=6, gamma=0.8)
-    data = ddpkit.loader(dataset, ctx, batch_size=8)
+    if args.workers:
+        data = ddpkit.loader(Augmented(dataset), ctx, batch_size=8, num_workers=args.workers)
+    else:
+        data = ddpkit.loader(dataset, ctx, batch_size=8)
     ckpt = ddpkit.load_checkpoint(ctx, args.checkpoint_dir, model=model, optimizer=opt, scheduler=sched, loader=data)
     step = ckpt["step"] if ckpt else 0
     while step < args.steps:
