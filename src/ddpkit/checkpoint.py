@@ -168,6 +168,8 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
         "loader": loader_state,
         "rng": rng,
         "extra": dict(extra or {}),
+        "classes": {name: _class_name(obj) for name, obj in
+                    (("optimizer", optimizer), ("scheduler", scheduler)) if obj is not None},
     }
     _check_plain(payload, "checkpoint")
     manifest = {
@@ -289,6 +291,13 @@ def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> di
     from ddpkit.wrap import unwrap
 
     state = _load_file(path, ctx.device)
+    saved_classes = state.get("classes") or {}  # absent in checkpoints of ddpkit 0.1
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler)):
+        saved = saved_classes.get(name)
+        if obj is not None and saved is not None and saved != _class_name(obj):
+            raise CheckpointError(
+                f"{path} holds the state of a {saved} {name} but load_checkpoint got {name}={_class_name(obj)}; build "
+                f"the {name} the run was saved with (or leave {name}= out and start a fresh one)")
     # save_checkpoint stores unwrap(model)'s state, so the keys match unwrap(model) here as they are.
     unwrap(model).load_state_dict(state["model"], strict=strict)
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler), ("loader", loader)):
@@ -305,6 +314,14 @@ def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> di
         "world_size": state["world_size"], "global_batch_size": state.get("global_batch_size"),
         "loader": state.get("loader"), "_rng": state.get("rng") or [],
     }
+
+
+def _class_name(obj: Any) -> str:
+    """The optimizer's or scheduler's class name, as the user wrote it (Adam, not ShardedAdam)."""
+    from ddpkit.optim import is_sharded
+
+    cls = type(obj)
+    return cls.__mro__[2].__name__ if is_sharded(obj) else cls.__name__
 
 
 def _restore_rng(ctx, states: list[dict[str, Any]], step: int) -> None:

@@ -62,8 +62,14 @@ def reduce_mean(ctx: Context, total: torch.Tensor | float, count: torch.Tensor |
     """
     import torch
 
-    both = all_reduce_sum(ctx, torch.stack([torch.as_tensor(total, dtype=torch.float64).detach().cpu(),
-                                            torch.as_tensor(count, dtype=torch.float64).detach().cpu()]))
+    pair = []
+    for name, value in (("total", total), ("count", count)):
+        t = torch.as_tensor(value, dtype=torch.float64).detach().cpu()
+        if t.numel() != 1:
+            raise ValueError(f"reduce_mean({name}=...) must be one number (this rank's {name}), got a tensor of shape "
+                             f"{tuple(t.shape)}; sum it first, or use reduce_means for several means")
+        pair.append(t.reshape(()))
+    both = all_reduce_sum(ctx, torch.stack(pair))
     total_sum, count_sum = both.tolist()
     if count_sum == 0:
         raise ValueError("reduce_mean over 0 samples on all ranks; the dataset (or eval shard set) is empty")
@@ -98,6 +104,8 @@ def all_gather_object(ctx: Context, obj: Any) -> list[Any]:
 
 def broadcast_object(ctx: Context, obj: Any, src: int = 0) -> Any:
     """Rank `src`'s picklable `obj` on every rank. Collective."""
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < ctx.world_size:
+        raise ValueError(f"broadcast_object(src={src!r}) must be a rank, 0..{ctx.world_size - 1}")
     if not ctx.distributed:
         return obj
     import torch.distributed as dist
@@ -115,6 +123,9 @@ def gather_in_order(ctx: Context, local: torch.Tensor, indices: Sequence[int] | 
     """
     import torch
 
+    if not isinstance(local, torch.Tensor):
+        raise TypeError(f"gather_in_order(ctx, local, indices): local must be a tensor of this rank's outputs "
+                        f"(one row per sample), got {type(local).__name__}")
     idx = torch.as_tensor(indices, dtype=torch.long).cpu()
     if idx.numel() != local.shape[0]:
         raise ValueError(

@@ -347,8 +347,11 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
     for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int")
-    if not isinstance(shuffle, bool):
-        raise TypeError(f"shuffle={shuffle!r} must be True or False")
+    for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be True or False")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed={seed!r} must be an int >= 0 (the data-order seed), or None for ctx.seed")
     num_samples = len(dataset)
     sampler = ShardedBatchSampler(
         num_samples, batch_size=batch_size, rank=ctx.rank, world_size=ctx.world_size,

@@ -164,9 +164,43 @@ def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: s
 
 
 def check_target(target: str, *, module: bool) -> None:
-    """Refuse a script path that does not exist before any process starts."""
+    """Refuse a script path, or a module, that does not exist before any process starts."""
     if not module and not os.path.isfile(target):
         raise LaunchError(f"script {target!r} does not exist; pass the path of a .py file (or -m MODULE)")
+    if module and not _module_exists(target):
+        raise LaunchError(f"module {target!r} is not importable from {os.getcwd()} (nor from the installed packages); "
+                          "check its name, or run from the directory that holds its package")
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `python -m name` would find the module, looked up on the path without importing anything
+    (importing a package runs its __init__, which can be slow or have side effects)."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return False
+    # python -m puts the current directory first on the path; every finder is asked (editable installs
+    # have their own), and a top-level name is looked up without importing anything
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        return False
+    for part in parts[1:]:
+        locations = spec.submodule_search_locations
+        if not locations:
+            return False  # a plain module has no submodules
+        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+        if spec is None:
+            return False
+    return True
 
 
 def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
@@ -243,7 +277,7 @@ def launch(cfg: RunConfig) -> int:
     try:
         run(args)
     except ChildFailedError as e:
-        _print_failures(e)
+        _print_failures(e, multi_node=not cfg.single_node)
         _print_hang_reports(cfg)
         return 1
     except SignalException as e:
@@ -296,8 +330,10 @@ def _print_hang_reports(cfg: RunConfig) -> None:
             print(f"ddpkit run:   {line}", file=sys.stderr)
 
 
-def _print_failures(e) -> None:
-    """One line per failed rank; the rank's own traceback is already on stderr above it."""
+def _print_failures(e, *, multi_node: bool) -> None:
+    """One line per failed rank; the rank's own traceback is already on stderr above it. On several
+    nodes, also which node's ranks were lost (on one node a peer's closed connection is only the
+    echo of the failure above)."""
     for rank, failure in sorted(e.failures.items()):
         where = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
         if failure.exitcode < 0:
@@ -308,6 +344,8 @@ def _print_failures(e) -> None:
             if message:
                 why += f": {message.strip().splitlines()[-1]}"
         print(f"ddpkit run: {where} {why}", file=sys.stderr)
+    if not multi_node:
+        return
     from ddpkit.netcheck import lost_peer
 
     messages = filter(None, map(_failure_message, e.failures.values()))

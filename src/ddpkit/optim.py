@@ -70,6 +70,10 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ct
     if optimizer.state:
         raise ValueError("shard_optimizer() needs an optimizer that has not stepped or loaded a state yet; shard it "
                          "right after creating it and load saved state into the returned one (load_checkpoint does)")
+    if "step" in vars(optimizer):  # a learning-rate scheduler wraps the instance's step() to count calls
+        raise ValueError("shard_optimizer() got an optimizer that a learning-rate scheduler already holds (the "
+                         "scheduler would keep setting the old optimizer's learning rate); create the scheduler from "
+                         "the optimizer shard_optimizer() returns")
     ddp = _find_ddp(model)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if ctx.distributed and ddp is None:

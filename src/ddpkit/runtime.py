@@ -129,7 +129,10 @@ def init(
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed={seed!r} must be an int, e.g. ddpkit.init(seed=0)")
-    if timeout_s <= 0:
+    for name, value in (("timeout_s", timeout_s), ("hang_timeout_s", hang_timeout_s)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise TypeError(f"{name}={value!r} must be a number of seconds, e.g. {name}=600")
+    if timeout_s is None or not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds, e.g. timeout_s=600")
     if hang_timeout_s is not None and not hang_timeout_s > 0:
         raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 seconds (or None: off), e.g. 300")
@@ -166,7 +169,26 @@ def init(
 
         start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
     seed_everything(rank_seed(seed, env.rank))
-    return Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s)
+    ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s)
+    if env.distributed:
+        _abort_on_uncaught(ctx)
+    return ctx
+
+
+def _abort_on_uncaught(ctx: Context) -> None:
+    """Without `with ddpkit.init()`, an exception that ends the script still reaches the launcher's
+    summary and tears the process group down (left to interpreter exit, gloo's threads can abort
+    the process with "terminate called without an active exception", hiding the cause)."""
+    import sys
+
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)  # the traceback first, as always
+        if not ctx._closed and isinstance(exc, Exception):
+            ctx.abort(exc)
+
+    sys.excepthook = excepthook
 
 
 def _exit_with_launcher() -> None:

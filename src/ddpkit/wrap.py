@@ -93,8 +93,14 @@ def wrap(
     """
     import torch
 
+    from ddpkit.runtime import Context
+
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"wrap() needs a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(ctx, Context):
+        raise TypeError(f"wrap(model, ctx) needs the Context ddpkit.init() returned as ctx, got {type(ctx).__name__}")
+    if not isinstance(sync_batchnorm, bool):
+        raise TypeError(f"wrap(sync_batchnorm={sync_batchnorm!r}) must be True or False")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
     options = _check_options(ddp_options)
@@ -127,6 +133,10 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
     Its state_dict has no `module.` or `_orig_mod.` prefixes.
     """
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"unwrap() needs a torch.nn.Module (what ddpkit.wrap returned), got {type(model).__name__}")
     while True:
         inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
         if inner is None or not _is_wrapper(model):
@@ -151,6 +161,8 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
     `sync=True` on the last one, gradients accumulate locally and cost one all-reduce per
     optimizer step instead of k. The loader's `step_end` flag is the usual `sync` value.
     """
+    if not isinstance(sync, bool) and type(sync).__name__ not in ("bool_", "bool"):  # numpy's bool is fine too
+        raise TypeError(f"accumulate(model, sync={sync!r}) must be True or False, e.g. sync=loader.step_end")
     ddp = _find_ddp(model)
     if sync or ddp is None:
         yield

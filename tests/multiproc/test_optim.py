@@ -262,6 +262,11 @@ def test_world_size_1_returns_the_optimizer_after_the_checks():
     assert ddpkit.shard_optimizer(opt, model, ctx) is opt
     with pytest.raises(TypeError, match="LBFGS"):
         ddpkit.shard_optimizer(torch.optim.LBFGS(model.parameters()), model, ctx)
+    # a scheduler made before sharding would drive the old optimizer: refused here already, not only on 2 ranks
+    held = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.optim.lr_scheduler.StepLR(held, step_size=2)
+    with pytest.raises(ValueError, match="scheduler already holds.*create the scheduler from the optimizer"):
+        ddpkit.shard_optimizer(held, model, ctx)
     ctx.close()
 
 

@@ -64,6 +64,17 @@ def test_crashing_rank_fails_fast_with_traceback_and_no_orphans(tmp_path):
     assert "Traceback" in proc.stderr
     assert "ddpkit run: rank 1 (local rank 1" in proc.stderr
     assert not _workers_of(SCRIPT + " --crash-rank")
+    assert "lost the ranks" not in proc.stderr  # one node: the peer's closed connection is only an echo
+
+
+@pytest.mark.parametrize("attempt", range(3))  # the abort it replaces happened in about 1 run of 4
+def test_crash_without_a_with_block_is_summarised_not_aborted(tmp_path, attempt):
+    proc = _run(["--nproc-per-node", "2", SCRIPT, "--no-with", "--crash-rank", "1", "--out", str(tmp_path)])
+    assert proc.returncode == 1
+    summary = [line for line in proc.stderr.splitlines() if line.startswith("ddpkit run: rank 1 ")]
+    assert summary and summary[0].endswith("failed with exit code 1: ValueError: deliberate failure on rank 1"), \
+        proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr and "SIGABRT" not in proc.stderr
 
 
 def test_ctrl_c_stops_every_rank(tmp_path):

@@ -233,6 +233,21 @@ def test_missing_state_is_reported_with_the_fix(ctx, tmp_path):
         ddpkit.load_checkpoint(ctx, tmp_path, model=model, optimizer=opt)
 
 
+def test_another_optimizer_or_scheduler_class_is_named_not_a_keyerror(ctx, tmp_path):
+    _save(ctx, tmp_path, step=1)  # Adam + StepLR
+    model = _parts()[0]
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(CheckpointError, match=r"holds the state of a Adam optimizer but load_checkpoint got "
+                                              r"optimizer=SGD; build the optimizer the run was saved with"):
+        ddpkit.load_checkpoint(ctx, tmp_path, model=model, optimizer=sgd)
+    model, opt, _, _ = _parts()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)
+    with pytest.raises(CheckpointError, match="a StepLR scheduler but load_checkpoint got scheduler=CosineAnnealingLR"):
+        ddpkit.load_checkpoint(ctx, tmp_path, model=model, optimizer=opt, scheduler=cosine)
+    model, opt, sched, _ = _parts()
+    assert ddpkit.load_checkpoint(ctx, tmp_path, model=model, optimizer=opt, scheduler=sched)["step"] == 1
+
+
 def test_argument_checks(ctx, tmp_path):
     model = _parts()[0]
     with pytest.raises(ValueError, match="step=-1"):

@@ -35,7 +35,11 @@ def test_two_runs_get_distinct_rendezvous_ids(script):
     assert len(ids) == 2 and ids[0] != ids[1]
 
 
-def test_module_mode():
+def test_module_mode(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("")
     cfg = parse_run_args(["-m", "pkg.train", "--epochs", "1"], num_gpus=0, num_cpus=2)
     argv = build_torchrun_argv(cfg)
     assert argv[-4:] == ["-m", "pkg.train", "--epochs", "1"]
@@ -85,6 +89,22 @@ def test_missing_script_is_one_line_error_and_exit_2(capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert err.count("\n") == 0 and "does not exist" in err and "nope.py" in err
+
+
+def test_missing_module_is_one_line_error_and_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("raise SystemExit('imported: the check must not import')\n")
+    (tmp_path / "mypkg" / "train.py").write_text("")
+    from ddpkit.launch import check_target
+
+    check_target("mypkg.train", module=True)  # found in the current directory, nothing imported
+    check_target("json.tool", module=True)  # or installed
+    for missing in ("mypkg.nosuch", "nosuch_pkg_xyz.train", "mypkg.train.deeper", "not a name"):
+        rc = main(["run", "-m", missing])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2, missing
+        assert err.count("\n") == 0 and f"module {missing!r} is not importable from {tmp_path}" in err
 
 
 @pytest.mark.parametrize("value", ["0", "abc"])

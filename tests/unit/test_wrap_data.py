@@ -29,6 +29,42 @@ def test_wrap_rejects_unknown_and_mistyped_options():
         ddpkit.wrap(lambda x: x, _ctx())
 
 
+def test_mistyped_arguments_are_named():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"wrap\(model, ctx\) needs the Context ddpkit.init\(\) returned.*NoneType"):
+        ddpkit.wrap(model, None)
+    with pytest.raises(TypeError, match=r"sync_batchnorm='yes'\) must be True or False"):
+        ddpkit.wrap(model, _ctx(), sync_batchnorm="yes")
+    with pytest.raises(TypeError, match=r"unwrap\(\) needs a torch.nn.Module.*got int"):
+        ddpkit.unwrap(3)
+    with pytest.raises(TypeError, match="sync='yes'.*sync=loader.step_end"):
+        with ddpkit.accumulate(model, sync="yes"):
+            pass
+    import numpy as np
+
+    with ddpkit.accumulate(model, sync=np.bool_(True)):  # numpy's bool is a bool
+        pass
+    ds = torch.utils.data.TensorDataset(torch.arange(8))
+    with pytest.raises(TypeError, match="drop_last='no' must be True or False"):
+        ddpkit.loader(ds, _ctx(), batch_size=2, drop_last="no")
+    for seed in ("x", -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"seed=.* must be an int >= 0 \(the data-order seed\)"):
+            ddpkit.loader(ds, _ctx(), batch_size=2, seed=seed)
+    with pytest.raises(TypeError, match="timeout_s='10' must be a number of seconds"):
+        ddpkit.init(timeout_s="10")
+
+
+def test_collectives_check_their_arguments_at_world_size_one():
+    ctx = _ctx()
+    with pytest.raises(ValueError, match=r"broadcast_object\(src=1\) must be a rank, 0..0"):
+        ddpkit.broadcast_object(ctx, "x", src=1)
+    with pytest.raises(ValueError, match=r"reduce_mean\(total=...\) must be one number.*shape \(3,\).*reduce_means"):
+        ddpkit.reduce_mean(ctx, torch.ones(3), 1)
+    assert ddpkit.reduce_mean(ctx, torch.tensor([6.0]), torch.tensor(3)) == 2.0  # one element, any shape
+    with pytest.raises(TypeError, match="local must be a tensor of this rank's outputs.*got list"):
+        ddpkit.gather_in_order(ctx, [1, 2, 3], [0, 1, 2])
+
+
 def test_world_size_one_returns_plain_module_and_unwrap_strips_compile():
     model = torch.nn.Linear(2, 2)
     assert ddpkit.wrap(model, _ctx()) is model

@@ -1,4 +1,5 @@
-"""A tiny ddpkit training script for end-to-end launcher tests: `--crash-rank R`, `--sleep S`, `--out DIR`."""
+"""A tiny ddpkit training script for end-to-end launcher tests: `--crash-rank R`, `--sleep S`, `--out DIR`,
+`--no-with` (ctx = ddpkit.init() ... ctx.close() instead of a with block)."""
 
 import argparse
 import json
@@ -14,10 +15,12 @@ p.add_argument("--crash-rank", type=int, default=-1)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--out", default="")
 p.add_argument("--steps", type=int, default=5)
+p.add_argument("--no-with", action="store_true")
 p.add_argument("extra", nargs="*")
 args = p.parse_args()
 
-with ddpkit.init(seed=1) as ctx:
+
+def train(ctx):
     model = ddpkit.wrap(torch.nn.Linear(4, 1), ctx)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = ddpkit.loader(torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), ctx, batch_size=4)
@@ -33,3 +36,12 @@ with ddpkit.init(seed=1) as ctx:
             json.dump({"rank": ctx.rank, "world_size": ctx.world_size, "pid": os.getpid(), "extra": args.extra,
                        "sha": ddpkit.param_sha256(model)}, f)
     time.sleep(args.sleep)
+
+
+if args.no_with:
+    ctx = ddpkit.init(seed=1)
+    train(ctx)
+    ctx.close()
+else:
+    with ddpkit.init(seed=1) as ctx:
+        train(ctx)
