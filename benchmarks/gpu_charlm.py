@@ -141,17 +141,18 @@ def main(argv=None) -> int:
             print(json.dumps(r), file=sys.stderr, flush=True)
             results.append(r)
     base = {r["compile"]: r for r in results if r["arm"] == "plain PyTorch"}
-    print(f"\n{name}, bf16 autocast, {results[0]['params_m']:.3g} M params, batch {args.batch_size} x "
-          f"seq {args.seq_len}\n")
-    print("| loop | compile | step ms | tokens/s | x plain (same compile) | model TFLOP/s | MFU | peak mem GB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = [f"\n{name}, bf16 autocast, {results[0]['params_m']:.3g} M params, batch {args.batch_size} x "
+             f"seq {args.seq_len}\n",
+             "| loop | compile | step ms | tokens/s | x plain (same compile) | model TFLOP/s | MFU | peak mem GB |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         b = base.get(r["compile"])
         rel = f"{r['tokens_per_s'] / b['tokens_per_s']:.3f}" if b else "-"
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "-"
-        print(f"| {r['arm']} | {r['compile']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {rel} | "
-              f"{r['model_tflops']:.1f} | {mfu} | {mem} |")
+        lines.append(f"| {r['arm']} | {r['compile']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {rel} | "
+                     f"{r['model_tflops']:.1f} | {mfu} | {mem} |")
+    print("\n".join(lines))  # noqa: DDP008 (one process: main() refuses to run on several ranks)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"device": name, "peak_tflops": peak, "args": vars(args), "arms": results},
                                          indent=1))

@@ -52,7 +52,8 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in ARMS}
         losses: dict[str, float] = {}
         data = ddpkit.loader(dataset, ctx, batch_size=64)
-        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, seed=0)
+        # forever() calls sampler.set_epoch at each epoch
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, seed=0)  # noqa: DDP001
         plain = torch.utils.data.DataLoader(dataset, batch_size=64, sampler=sampler, drop_last=True)
         fetch = {"DataLoader + DistributedSampler": forever(plain), "ddpkit.loader": forever(data)}
         fetch_s: dict[str, list[float]] = {name: [] for name in fetch}

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+import ddpkit
+import ddpkit.collectives
 from ddpkit.lint import RULES, lint_file, lint_source, main
 from ddpkit.lint.analysis import GLOBAL, LOCAL, NONE, rank_name_kind
+from ddpkit.lint.hangs import _DDPKIT_COLLECTIVES, _DDPKIT_METHODS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint"
 BAD = sorted(FIXTURES.glob("bad_*.py"))
@@ -196,6 +199,151 @@ def test_ddpkit_collective_under_is_main_hangs():
     assert got(lint(code)) == {(line_of(code, "ddpkit.barrier"), "DDP010", "error")}
 
 
+DDPKIT_PRELUDE = """
+    import torch
+    import ddpkit
+    import ddpkit.comm
+    with ddpkit.init() as ctx:
+        model = ddpkit.wrap(torch.nn.Linear(2, 2), ctx)
+        sharded = ddpkit.shard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, ctx)
+        t = torch.ones(1)
+        if ctx.rank == 0:
+"""
+
+
+@pytest.mark.parametrize("call, name", [
+    ("ddpkit.init(seed=1)", "ddpkit.init"),
+    ("ddpkit.wrap(torch.nn.Linear(2, 2), ctx)", "ddpkit.wrap"),
+    ("ddpkit.shard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, ctx)", "ddpkit.shard_optimizer"),
+    ("ddpkit.save_checkpoint(ctx, 'ckpt', step=0, model=model)", "ddpkit.save_checkpoint"),
+    ("ddpkit.load_checkpoint(ctx, 'ckpt', model=model)", "ddpkit.load_checkpoint"),
+    ("ddpkit.comm.register_comm(model, 'bf16')", "ddpkit.comm.register_comm"),
+    ("ddpkit.barrier(ctx)", "ddpkit.barrier"),
+    ("ddpkit.all_reduce_sum(ctx, 1.0)", "ddpkit.all_reduce_sum"),
+    ("ddpkit.reduce_mean(ctx, 1.0, 1)", "ddpkit.reduce_mean"),
+    ("ddpkit.reduce_means(ctx, {'loss': 1.0}, 1)", "ddpkit.reduce_means"),
+    ("ddpkit.all_gather_object(ctx, 1)", "ddpkit.all_gather_object"),
+    ("ddpkit.broadcast_object(ctx, 1)", "ddpkit.broadcast_object"),
+    ("ddpkit.gather_in_order(ctx, t, [0])", "ddpkit.gather_in_order"),
+    ("ctx.close()", "ctx.close"),
+    ("sharded.step()", "sharded.step"),
+    ("sharded.load_state_dict({})", "sharded.load_state_dict"),
+])
+def test_every_ddpkit_collective_under_a_rank_check_hangs(call, name):
+    code = DDPKIT_PRELUDE + f"            {call}  # here\n"
+    (finding,) = lint(code)
+    assert (finding.line, finding.rule, finding.severity) == (line_of(code, "# here"), "DDP010", "error")
+    assert finding.message.startswith(f"{name}() is a collective that every rank must call")
+
+
+def test_ddpkit_collectives_known_to_lint_match_ddpkit_docstrings():
+    documented = {name for name in ddpkit.__all__ if callable(getattr(ddpkit, name))
+                  and re.search(r"\bCollective\b", getattr(ddpkit, name).__doc__ or "")}
+    assert documented <= _DDPKIT_COLLECTIVES
+    assert set(ddpkit.collectives.__all__) <= _DDPKIT_COLLECTIVES
+    assert {"init", "wrap", "save_checkpoint", "load_checkpoint", "shard_optimizer"} <= _DDPKIT_COLLECTIVES
+    assert "every rank must call it" in ddpkit.Context.close.__doc__ and "close" in _DDPKIT_METHODS["init"]
+    assert not {"print0", "finish_run", "loader", "eval_loader", "unwrap", "latest_checkpoint"} & _DDPKIT_COLLECTIVES
+
+
+def test_ddpkit_save_checkpoint_on_main_only_says_it_writes_from_rank_0():
+    code = """
+    import ddpkit
+    with ddpkit.init() as ctx:
+        model = ddpkit.wrap(object(), ctx)
+        if ctx.is_main:
+            ddpkit.save_checkpoint(ctx, "ckpt", step=0, model=model)
+    """
+    (finding,) = lint(code)
+    assert (finding.line, finding.rule) == (line_of(code, "save_checkpoint"), "DDP010")
+    assert "ddpkit.save_checkpoint()" in finding.message
+    assert "on every rank" in finding.fix and "from rank 0 by itself" in finding.fix
+
+
+def test_ddp010_fix_keeps_only_torch_save_and_printing_inside_the_check():
+    torch_only = lint_file(FIXTURES / "bad_ddp010_collective_in_branch.py")
+    assert torch_only and all("(torch.save, printing)" in f.fix and "save_checkpoint" not in f.fix for f in torch_only)
+    with_ddpkit = lint(DDPKIT_PRELUDE + "            ddpkit.barrier(ctx)\n")
+    assert [f.rule for f in with_ddpkit] == ["DDP010"]
+    assert "(torch.save, printing)" in with_ddpkit[0].fix
+    assert "ddpkit.save_checkpoint is a collective too and must run on every rank" in with_ddpkit[0].fix
+
+
+def test_rank_zero_work_beside_ddpkit_collectives_is_clean():
+    code = """
+    import torch
+    import ddpkit
+
+    def log(ctx, text):
+        if not ctx.is_main:
+            return
+        print(text)
+
+    with ddpkit.init() as ctx:
+        model = ddpkit.wrap(torch.nn.Linear(2, 2), ctx)
+        ddpkit.save_checkpoint(ctx, "ckpt", step=1, model=model)
+        loss = ddpkit.reduce_mean(ctx, 1.0, 1)
+        if ctx.is_main:
+            torch.save(ddpkit.unwrap(model).state_dict(), "model.pt")
+            print(loss)
+        log(ctx, loss)
+    """
+    assert lint(code) == []
+
+
+HELPER_PRELUDE = """
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+
+    def sync_metric(x):
+        dist.all_reduce(x)
+        return x
+
+    def evaluate(x):
+        return sync_metric(x) * 2
+"""
+
+
+def test_collective_in_a_helper_called_under_a_rank_check_hangs():
+    code = HELPER_PRELUDE + """
+    if dist.get_rank() == 0:
+        print(evaluate(t))
+    dist.destroy_process_group()
+    """
+    (finding,) = lint(code)
+    assert (finding.line, finding.rule, finding.severity) == (line_of(code, "print(evaluate"), "DDP010", "error")
+    assert finding.message.startswith(f"evaluate() runs dist.all_reduce() (line {line_of(code, 'dist.all_reduce')})")
+    assert f"rank check on line {line_of(code, 'if dist.get_rank')}" in finding.message
+    assert finding.fix.startswith("call evaluate() on every rank")
+
+
+@pytest.mark.parametrize("use", [
+    "out = evaluate(t)",  # every rank
+    "if rank == 0:\n    sync_metric(t)\nelse:\n    dist.all_reduce(t)",  # the other ranks meet it in the else
+    "if rank != 0:\n    evaluate(t)\nif rank == 0:\n    sync_metric(t)",  # complementary checks
+    "if rank == 0:\n    dist.all_reduce(t, group=dist.new_group([0]))",  # a subgroup
+    "if rank == 0:\n    sync_metric(t)  # noqa: DDP010",
+])
+def test_helper_collectives_every_rank_reaches_are_clean(use):
+    code = HELPER_PRELUDE + textwrap.indent(use, "    ") + "\n    dist.destroy_process_group()\n"
+    assert lint(code) == []
+
+
+def test_same_collective_under_two_rank_zero_checks_is_not_paired():
+    code = HELPER_PRELUDE + """
+    if rank == 0:
+        sync_metric(t)  # first
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)  # second
+    dist.destroy_process_group()
+    """
+    assert got(lint(code)) == {(line_of(code, "# first"), "DDP010", "error"),
+                               (line_of(code, "# second"), "DDP010", "error")}
+
+
 def test_noqa_silences_one_rule_or_all():
     code = SAVE_PRELUDE + """
     torch.save(model.state_dict(), "m.pt")  # noqa: DDP004
@@ -275,6 +423,18 @@ def test_main_usage_errors(tmp_path, capsys):
     assert "unknown rule id DDP999" in capsys.readouterr().err
     assert main(["--format", "xml", str(FIXTURES)]) == 2
     capsys.readouterr()
+
+
+def test_main_rejects_a_file_that_is_not_python(tmp_path, capsys):
+    notes = tmp_path / "README.md"
+    notes.write_text("# ddpkit — notes\n")
+    assert main([str(notes)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"ddpkit lint: error: path {str(notes)!r} is not a Python file") and "pass a .py file" in err
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    assert main([str(tmp_path)]) == 0  # a directory: its .py files only
+    assert capsys.readouterr().out.strip() == "no findings in 1 file checked"
 
 
 def test_list_rules(capsys):

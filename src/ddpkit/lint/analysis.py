@@ -6,7 +6,8 @@ import ast
 import re
 from dataclasses import dataclass
 
-__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "rank_name_kind", "terminal"]
+__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
+           "terminal"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -44,6 +45,11 @@ def rank_name_kind(name: str) -> int:
     if not (_MAIN_NAME.match(lowered) or any(_RANK_TOKEN.match(t) for t in tokens)):
         return NONE
     return LOCAL if any(t.startswith("local") for t in tokens) else GLOBAL
+
+
+def is_main_flag(name: str) -> bool:
+    """True for names of a flag that is true on rank 0 only (is_main, master_process), not a rank number."""
+    return _MAIN_NAME.match(name.lower()) is not None
 
 
 def terminal(node: ast.AST) -> str:
@@ -197,6 +203,8 @@ class Script:
         """Walk the tree until the guard level of every function (from its call sites) is stable."""
         defs = [n for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         names = {d.name for d in defs}
+        self.defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = defs
+        self.function_names = names
         refs = [n for n in self.nodes if _references(n, names)]
         self.function_level: dict[str, int] = {}
         for _ in range(8):
@@ -293,6 +301,10 @@ class Script:
                 reached.add(name)
                 todo.extend(callees.get(name, ()))
         return reached
+
+    def local_callee(self, call: ast.Call) -> str:
+        """The name of the function defined in this file that `call` calls (`f(...)`, `self.f(...)`), else ''."""
+        return terminal(call.func) if _references(call.func, self.function_names) else ""
 
     def per_rank(self, node: ast.AST) -> bool:
         """True if every rank runs this node (False for the parent process of an mp.spawn script)."""

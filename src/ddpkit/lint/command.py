@@ -8,7 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-import ddpkit.lint.hazards  # noqa: F401  (registers DDP010-DDP013 in CHECKS)
+import ddpkit.lint.hangs  # noqa: F401  (registers DDP010 in CHECKS)
+import ddpkit.lint.hazards  # noqa: F401  (registers DDP011-DDP013 in CHECKS)
 from ddpkit.lint.analysis import Script
 from ddpkit.lint.report import RULES, Finding, format_json, format_text
 from ddpkit.lint.rules import CHECKS
@@ -55,13 +56,19 @@ def lint_file(path: str | Path) -> list[Finding]:
 
 
 def collect_paths(paths: list[str]) -> list[Path]:
-    """Files as given, directories searched for *.py (skipping hidden and cache directories)."""
+    """.py files as given, directories searched for *.py (skipping hidden and cache directories).
+
+    FileNotFoundError for a missing path, ValueError for a file that is not a .py file.
+    """
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise FileNotFoundError(f"path {raw!r} does not exist; pass a .py file or a directory of them")
-        if path.is_file():
+        if not path.is_dir():
+            if path.suffix != ".py":
+                raise ValueError(f"path {raw!r} is not a Python file (it does not end in .py); "
+                                 "pass a .py file or a directory of them")
             found.append(path)
             continue
         for file in sorted(path.rglob("*.py")):
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         files = collect_paths(args.paths)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"ddpkit lint: error: {e}", file=sys.stderr)
         return 2
     findings: list[Finding] = []

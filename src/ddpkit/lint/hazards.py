@@ -1,52 +1,15 @@
-"""The lint checks for hangs and wrong devices (DDP010-DDP013): collectives, CUDA devices, BatchNorm."""
+"""The lint checks for wrong devices and statistics (DDP011-DDP013): CUDA devices, NCCL setup, BatchNorm."""
 
 from __future__ import annotations
 
 import ast
 import re
-from collections import defaultdict
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, terminal
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
-__all__ = ["collective_in_rank_branch", "cuda_device_as_device", "nccl_without_set_device",
-           "batchnorm_without_sync"]
-
-_DDPKIT_COLLECTIVES = frozenset({"barrier", "all_reduce_sum", "reduce_mean", "reduce_means",
-                                 "all_gather_object", "broadcast_object", "gather_in_order"})
-
-
-def _is_collective(s: Script, call: ast.Call) -> bool:
-    if s.is_dist_collective(call):
-        return True
-    name = s.qualname(call.func)
-    return name.startswith("ddpkit.") and terminal(call.func) in _DDPKIT_COLLECTIVES
-
-
-@check
-def collective_in_rank_branch(s: Script) -> Iterator[Hit]:
-    # A collective in a rank branch hangs unless the other ranks reach the same collective in
-    # another branch (`if rank == 0: gather(t, lst) else: gather(t)`, or the "rank 0 first" barrier
-    # pair), so only a collective whose rank-guarded calls all sit in one branch is reported.
-    groups: dict[tuple[int, str], list[tuple[ast.Call, tuple[int, str, int]]]] = defaultdict(list)
-    for call in s.calls:
-        # group= collectives run on a subgroup, whose members are naturally chosen by rank
-        if not _is_collective(s, call) or keyword(call, "group") is not None:
-            continue
-        ctx = s.context(call)
-        if ctx.branches:
-            groups[(ctx.scope, terminal(call.func))].append((call, ctx.branches[-1]))
-    for (_, name), calls in groups.items():
-        if len({branch[:2] for _, branch in calls}) > 1:
-            continue
-        for call, (_, _, line) in calls:
-            yield Hit(call, "DDP010", "error",
-                      f"{name}() is a collective that every rank must call, but it runs only when the "
-                      f"rank check on line {line} passes: the other ranks never reach it and the job hangs",
-                      "call it on every rank, before or after the rank check; keep only printing and "
-                      "saving inside the check")
-
+__all__ = ["cuda_device_as_device", "nccl_without_set_device", "batchnorm_without_sync"]
 
 _DEVICE_KWARGS = ("device", "output_device", "map_location", "device_id")
 

@@ -32,7 +32,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("DDP007", "error", "deprecated torch.distributed.launch (warning: --local_rank argument)"),
     Rule("DDP008", "warning", "print()/tqdm() runs on every rank"),
     Rule("DDP009", "warning", "init_process_group without destroy_process_group"),
-    Rule("DDP010", "error", "a collective is called only inside a rank-dependent branch (hangs)"),
+    Rule("DDP010", "error", "a torch.distributed or ddpkit collective runs only inside a rank check (hangs)"),
     Rule("DDP011", "error", "torch.cuda.device(...) used as a device"),
     Rule("DDP012", "error", "NCCL process group without torch.cuda.set_device first"),
     Rule("DDP013", "note", "BatchNorm in a DDP model without SyncBatchNorm"),

@@ -1,0 +1,217 @@
+"""The DDP010 check: a collective (torch.distributed's or ddpkit's) that only some ranks reach, so the job hangs."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ddpkit.lint.analysis import Script, is_main_flag, terminal
+from ddpkit.lint.rules import Hit, check, keyword
+
+__all__ = ["collective_in_rank_branch"]
+
+_DDPKIT_COLLECTIVES = frozenset({
+    "init", "wrap", "shard_optimizer", "save_checkpoint", "load_checkpoint", "register_comm",
+    "barrier", "all_reduce_sum", "reduce_mean", "reduce_means", "all_gather_object", "broadcast_object",
+    "gather_in_order",
+})
+"""ddpkit functions every rank must call, each checked against its code: init (init_process_group),
+wrap (DDP's constructor broadcasts rank 0's parameters), shard_optimizer (a shared-memory barrier),
+save_checkpoint and load_checkpoint (an all-gather and a broadcast), comm.register_comm (maps its
+segment with a broadcast; a hook on some ranks only mismatches the gradient exchange), and every
+function of ddpkit.collectives."""
+
+_DDPKIT_METHODS = {"init": frozenset({"close"}), "shard_optimizer": frozenset({"step", "load_state_dict"})}
+"""Collective methods of what ddpkit returns: Context.close(); a sharded optimizer's step() and load_state_dict()."""
+
+_KEEP_INSIDE = "keep only rank-local work (torch.save, printing) inside the check"
+_DDPKIT_SAVE = "; ddpkit.save_checkpoint is a collective too and must run on every rank (it writes from rank 0 by itself)"
+_WHY = {
+    "save_checkpoint": "gathers every rank's RNG state and writes the file from rank 0 by itself, so it needs no "
+                       "rank check",
+    "load_checkpoint": "has rank 0 pick the checkpoint and every rank load it onto its own device, so it needs no "
+                       "rank check",
+    "shard_optimizer": "belongs right after ddpkit.wrap, on every rank",
+}
+
+
+@dataclass(frozen=True)
+class _Collective:
+    """A call that every rank of the group must make."""
+
+    call: ast.Call
+    name: str
+    """The callee as written: 'dist.all_reduce', 'ddpkit.save_checkpoint', 'ctx.close'."""
+    key: str
+    """The function's own name, which pairs it with the same collective in another branch."""
+    why: str
+    """The end of the fix: what may stay inside the rank check, or why no check is needed."""
+
+
+def _handles(s: Script) -> dict[str, str]:
+    """Names bound to what ddpkit.init or ddpkit.shard_optimizer returns: {'ctx': 'init', 'opt': 'shard_optimizer'}."""
+    def made_by(value: ast.AST | None) -> str:
+        if isinstance(value, ast.Call) and s.qualname(value.func).startswith("ddpkit.") \
+                and terminal(value.func) in _DDPKIT_METHODS:
+            return terminal(value.func)
+        return ""
+
+    found: dict[str, str] = {}
+    for node in s.nodes:
+        if isinstance(node, ast.withitem):
+            pairs = [(node.optional_vars, node.context_expr)]
+        elif isinstance(node, ast.Assign):
+            pairs = [(t, node.value) for t in node.targets]
+        elif isinstance(node, ast.AnnAssign):
+            pairs = [(node.target, node.value)]
+        else:
+            continue
+        for target, value in pairs:
+            if isinstance(target, ast.Name) and made_by(value):
+                found[target.id] = made_by(value)
+    return found
+
+
+def _collective(s: Script, call: ast.Call, handles: dict[str, str]) -> _Collective | None:
+    """The collective `call` is (torch.distributed, ddpkit, or a method of a ddpkit object), else None."""
+    short = terminal(call.func)
+    ddpkit_call = s.qualname(call.func).startswith("ddpkit.") and short in _DDPKIT_COLLECTIVES
+    method = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+        and short in _DDPKIT_METHODS.get(handles.get(call.func.value.id, ""), ())
+    if not (s.is_dist_collective(call) or ddpkit_call or method):
+        return None
+    name = ast.unparse(call.func)
+    if ddpkit_call and short in _WHY:
+        why = f"{name}() {_WHY[short]}"
+    else:
+        why = _KEEP_INSIDE + (_DDPKIT_SAVE if s.uses_ddpkit else "")
+    return _Collective(call, name, short, why)
+
+
+def _helper_collectives(s: Script, find: Callable[[ast.Call], _Collective | None]) -> dict[str, _Collective]:
+    """Functions of this file that make a collective whenever they run: name -> the first one.
+
+    Counted are collectives outside any rank check of the function itself (one inside is reported
+    where it is), also through calls to other such functions, to a fixed point; the same
+    function-by-name model as the guard levels that let DDP004 follow torch.save into helpers.
+    """
+    steps: dict[str, list[tuple[int, int, _Collective | str]]] = defaultdict(list)
+    for d in s.defs:
+        for node in ast.walk(d):
+            if not isinstance(node, ast.Call):
+                continue
+            ctx = s.context(node)
+            if ctx.scope != id(d) or ctx.branches:
+                continue
+            found = find(node)
+            if found is not None and keyword(node, "group") is None:
+                steps[d.name].append((node.lineno, node.col_offset, found))
+            elif found is None and s.local_callee(node):
+                steps[d.name].append((node.lineno, node.col_offset, s.local_callee(node)))
+    reached: dict[str, _Collective] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, body in steps.items():
+            if name in reached:
+                continue
+            for _, _, step in sorted(body, key=lambda item: item[:2]):
+                hit = step if isinstance(step, _Collective) else reached.get(step)
+                if hit is not None:
+                    reached[name], changed = hit, True
+                    break
+    return reached
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value in (0, "0")
+
+
+def _selects(s: Script, test: ast.AST) -> str:
+    """Which ranks a rank check lets through: 'zero' (rank 0 only), 'others' (all but rank 0), or '' (unknown)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand), "")
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return "zero" if is_main_flag(terminal(test)) else ""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return ""
+    left, op, right = test.left, type(test.ops[0]), test.comparators[0]
+    if _is_zero(left):
+        left, right, op = right, left, {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE}.get(op, op)
+    if not s.kind(left) or is_main_flag(terminal(left)):
+        return ""
+    if _is_zero(right):
+        return "zero" if op in (ast.Eq, ast.LtE) else "others" if op in (ast.NotEq, ast.Gt) else ""
+    if isinstance(right, ast.Constant) and right.value == 1 and not isinstance(right.value, bool):
+        return "others" if op is ast.GtE else "zero" if op is ast.Lt else ""
+    return ""
+
+
+def _branch_selects(s: Script, node: ast.AST | None, branch: str) -> str:
+    """Which ranks run one branch of a rank check (see `_selects`; Context.branches names the branch)."""
+    if isinstance(node, (ast.If, ast.IfExp)):
+        test, flip = node.test, branch != "body"  # 'else', or 'after' an `if ...: return`
+    elif isinstance(node, ast.BoolOp) and branch.startswith("operand"):
+        test, flip = node.values[int(branch[len("operand"):])], isinstance(node.op, ast.Or)
+    else:
+        return ""
+    selected = _selects(s, test)
+    return {"zero": "others", "others": "zero"}.get(selected, "") if flip else selected
+
+
+def _paired(s: Script, branches: set[tuple[int, str]], checks: dict[int, ast.AST]) -> bool:
+    """Whether every rank may reach one of these calls: two branches of one check, or checks that
+    may complement each other (`if rank != 0: barrier()` ... `if rank == 0: barrier()`). Calls under
+    checks that all pass on the same ranks (two `if rank == 0:` blocks) are not paired."""
+    if len(branches) < 2:
+        return False
+    if len({check for check, _ in branches}) < len(branches):
+        return True
+    selected = {_branch_selects(s, checks.get(check), branch) for check, branch in branches}
+    return len(selected) > 1 or "" in selected
+
+
+@check
+def collective_in_rank_branch(s: Script) -> Iterator[Hit]:
+    # A collective in a rank branch hangs unless the other ranks reach the same collective in
+    # another branch (`if rank == 0: gather(t, lst) else: gather(t)`, or the "rank 0 first" barrier
+    # pair), so only collectives whose rank-guarded calls are not paired (see _paired) are reported.
+    # A call of a helper function that makes a collective counts as that collective, at the call.
+    handles = _handles(s)
+
+    def find(call: ast.Call) -> _Collective | None:
+        return _collective(s, call, handles)
+
+    helpers = _helper_collectives(s, find)
+    groups: dict[tuple[int, str], list[tuple[ast.Call, tuple[int, str, int], _Collective, str]]] = defaultdict(list)
+    for call in s.calls:
+        ctx = s.context(call)
+        if not ctx.branches:
+            continue
+        found, helper = find(call), ""
+        # group= collectives run on a subgroup, whose members are naturally chosen by rank
+        if found is not None and keyword(call, "group") is not None:
+            continue
+        if found is None:
+            helper = s.local_callee(call)
+            found = helpers.get(helper)
+        if found is not None:
+            groups[(ctx.scope, found.key)].append((call, ctx.branches[-1], found, helper))
+    checks = {id(n): n for n in s.nodes if isinstance(n, (ast.If, ast.IfExp, ast.BoolOp))}
+    for calls in groups.values():
+        if _paired(s, {branch[:2] for _, branch, _, _ in calls}, checks):
+            continue
+        for call, (_, _, line), found, helper in calls:
+            if helper:
+                yield Hit(call, "DDP010", "error",
+                          f"{helper}() runs {found.name}() (line {found.call.lineno}), a collective that every "
+                          f"rank must call, but {helper}() is called only when the rank check on line {line} "
+                          "passes: the other ranks never reach it and the job hangs",
+                          f"call {helper}() on every rank, before or after the rank check; {found.why}")
+            else:
+                yield Hit(call, "DDP010", "error",
+                          f"{found.name}() is a collective that every rank must call, but it runs only when the "
+                          f"rank check on line {line} passes: the other ranks never reach it and the job hangs",
+                          f"call {found.name}() on every rank, before or after the rank check; {found.why}")
