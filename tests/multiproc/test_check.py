@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,8 @@ def _line(script: str, text: str) -> int:
     ("bad_no_set_epoch.py", "data-order", "for x, y in loader", "same order"),
     ("bad_save_every_rank.py", "save", "torch.save(", "written by 2 ranks"),
     ("bad_eval_padding.py", "eval-padding", "for x, y in test_loader", "padded 1 duplicates"),
+    ("bad_augmented_no_sampler.py", "data-overlap", "for x, y in loader", "trained on"),
+    ("bad_uneven_shards.py", "data-uneven", "for x, y in loader", "(rank 0: 17, rank 1: 15)"),
 ])
 def test_each_fault_is_reported_at_its_line(script, kind, line_text, words):
     out = _check(script)
@@ -52,7 +56,8 @@ def test_a_rank_only_collective_is_named_with_both_ranks():
 
 
 @pytest.mark.timeout(170)
-@pytest.mark.parametrize("script", ["good_torch_cuda.py", "good_ddpkit.py"])
+@pytest.mark.parametrize("script", ["good_torch_cuda.py", "good_ddpkit.py", "good_own_shards.py",
+                                    "good_subset_shards.py"])
 def test_correct_scripts_pass(script, tmp_path):
     out = _check(script)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -60,3 +65,64 @@ def test_correct_scripts_pass(script, tmp_path):
     if script == "good_torch_cuda.py":  # written for CUDA/NCCL: mapped, and each mapping named
         assert f"'nccl' -> 'gloo' at {script}:{_line(script, 'init_process_group')}" in out.stdout
         assert f"device_ids= dropped (CPU) at {script}:{_line(script, 'device_ids=')}" in out.stdout
+        # fp16 autocast and GradScaler switch off without CUDA: said, not silently passed
+        assert (f"torch.autocast('cuda', float16) -> off (ran in float32: mixed precision not checked) at "
+                f"{script}:{_line(script, 'torch.autocast(')}") in out.stdout
+        assert f"GradScaler('cuda') -> disabled (loss not scaled: loss scaling not checked) at {script}:" in out.stdout
+        # 3 epochs of 6 steps, each cut after --epoch-steps 5: what happened, not the --max-steps default
+        assert (f"{script} on 2 CPU ranks (gloo), the script ended after 15 optimizer steps; each epoch cut "
+                "after 5 steps (--epoch-steps 5)") in out.stdout
+
+
+@pytest.mark.timeout(170)
+def test_the_header_says_where_max_steps_stopped_the_ranks():
+    out = _check("good_subset_shards.py", "--max-steps", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "(gloo), stopped after 3 optimizer steps (--max-steps 3)\n" in out.stdout
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(170)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupting_check_stops_torchrun_and_every_rank(sig, tmp_path):
+    pytest.importorskip("psutil")
+    cmd = [sys.executable, "-m", "ddpkit.cli", "check", "--timeout", "150", str(FIXTURES / "sleep_forever.py"),
+           str(tmp_path)]
+    # Its own process group, so that SIGINT can go to the whole group, as Ctrl+C in a terminal sends it.
+    check = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=FIXTURES,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    pids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank-*.pid"))) < 2 and check.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for path in tmp_path.glob("rank-*.pid"):
+            pids.update(map(int, path.read_text().split()))  # the rank's pid and torchrun's
+        assert len(pids) == 3, f"ranks did not start: {check.poll()=}, pid files {sorted(pids)}"
+        if sig == signal.SIGINT:
+            os.killpg(check.pid, sig)
+        else:
+            check.send_signal(sig)
+        out, err = check.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = sorted(pid for pid in pids if _alive(pid))
+    finally:
+        if check.poll() is None:
+            check.kill()
+            check.wait()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert check.returncode == 128 + sig, out + err
+    assert err.strip() == f"ddpkit check: stopped by {sig.name}; all ranks were terminated", out + err
+    assert left == [], f"still running after ddpkit check exited: {left}"

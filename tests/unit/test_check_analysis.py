@@ -1,4 +1,4 @@
-"""ddpkit check's analysis: synthetic per-rank records -> findings (no processes)."""
+"""ddpkit check's analysis: synthetic per-rank records -> findings; which sample an index names (no processes)."""
 
 from __future__ import annotations
 
@@ -116,3 +116,125 @@ def test_a_cuda_only_call_is_reported_as_not_mappable_with_its_line():
            "error": "AssertionError: Torch not compiled with CUDA enabled"}
     [f] = check_errors({0: [end], 1: [dict(end, status="stopped")]})
     assert (f.kind, f.site) == ("error", "train.py:12") and "needs CUDA" in f.message
+
+
+def _batches(loader, it, src, *, batches, site="train.py:20"):
+    """One training iteration whose batch names the samples (dataset ordinal, index) behind it."""
+    return [{"ev": "epoch_start", "loader": loader, "iter": it, "step": 0, "site": site, "batches": batches},
+            {"ev": "batch", "loader": loader, "iter": it, "step": 0, "idx": [j for _, j in src],
+             "src": [list(s) for s in src]},
+            {"ev": "epoch_cut", "loader": loader, "iter": it, "steps": 5}]
+
+
+def _dataset(ds=0, *, h="abc", n=64, kind="TensorDataset"):
+    return {"ev": "dataset", "ds": ds, "type": kind, "len": n, "hash": h}
+
+
+def test_overlap_needs_the_same_index_of_the_same_data():
+    same_idx = [(0, i) for i in range(8)]
+    # each rank's own data (pre-sharded files): equal indices, different fingerprints -> no overlap
+    own = {r: _batches(0, 0, same_idx, batches=8) + [_dataset(h=f"shard{r}")] for r in (0, 1)}
+    assert check_data(own) == []
+    # the same data on both ranks -> overlap, also when a rank's fingerprint is unknown (index only)
+    shared = {r: _batches(0, 0, same_idx, batches=8) + [_dataset()] for r in (0, 1)}
+    [f] = check_data(shared)
+    assert f.kind == "data-overlap" and "8 of the same samples" in f.message
+    unknown = {0: _batches(0, 0, same_idx, batches=8) + [_dataset(h=None)], 1: _batches(0, 0, same_idx, batches=8)}
+    assert [f.kind for f in check_data(unknown)] == ["data-overlap"]
+    # Subset halves: the loader indices repeat, the underlying samples do not
+    halves = {r: _batches(0, 0, [(0, 64 * r + i) for i in range(8)], batches=8) + [_dataset()] for r in (0, 1)}
+    assert check_data(halves) == []
+    # a different length or type is different data whatever the hashes say
+    other = {0: _batches(0, 0, same_idx, batches=8) + [_dataset(h=None)],
+             1: _batches(0, 0, same_idx, batches=8) + [_dataset(h=None, n=65)]}
+    assert check_data(other) == []
+
+
+def test_ranks_with_different_numbers_of_batches_are_named_unless_they_join():
+    records = {0: _batches(0, 0, [(0, 1)], batches=17) + [_dataset()],
+               1: _batches(0, 0, [(0, 2)], batches=15) + [_dataset()]}
+    [f] = check_data(records)
+    assert (f.kind, f.site) == ("data-uneven", "train.py:20")
+    assert "(rank 0: 17, rank 1: 15)" in f.message and "drop_last=True" in f.fix
+    joined = {r: [{"ev": "join", "site": "train.py:19"}, *events] for r, events in records.items()}
+    assert check_data(joined) == []
+
+
+def test_source_resolves_nested_subset_and_concat_dataset():
+    import torch
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    from ddpkit.check.samples import source
+
+    a, b = TensorDataset(torch.arange(10)), TensorDataset(torch.arange(10, 15))
+    both = ConcatDataset([a, b])
+    assert source(a, 3) == (a, 3)
+    assert source(both, 12) == (b, 2) and source(both, -1) == (b, 4) and source(both, 9) == (a, 9)
+    nested = Subset(Subset(both, [14, 13, 2, 1]), [1, 2])
+    assert source(nested, 0) == (b, 3) and source(nested, 1) == (a, 2)
+    assert source(Subset(a, torch.tensor([7, 8])), 1) == (a, 8)
+
+
+class _Augmented:
+    """Same rows on every rank; each sample gets noise from torch's, numpy's and python's global generators."""
+
+    def __init__(self, rows):
+        import torch
+
+        self.rows = torch.tensor(rows, dtype=torch.float32)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        import random
+
+        import numpy as np
+        import torch
+
+        return {"x": self.rows[i] + torch.rand(1), "np": np.random.rand(2), "py": random.random(), "label": i}
+
+
+def test_fingerprint_sees_through_random_augmentation_and_leaves_the_generators_as_they_were():
+    import random
+
+    import numpy as np
+    import torch
+
+    from ddpkit.check.samples import fingerprint, same_data
+
+    prints = []
+    for rank_seed in (1, 2):  # two ranks: same data, different generator states
+        torch.manual_seed(rank_seed)
+        np.random.seed(rank_seed)
+        random.seed(rank_seed)
+        prints.append(fingerprint(_Augmented([1.0, 2.0, 3.0])))
+        after = (torch.rand(1).item(), np.random.rand(), random.random())
+        torch.manual_seed(rank_seed)
+        np.random.seed(rank_seed)
+        random.seed(rank_seed)
+        assert after == (torch.rand(1).item(), np.random.rand(), random.random())  # streams untouched
+    assert prints[0]["hash"] is not None and prints[0] == prints[1] and same_data(*prints)
+    different = fingerprint(_Augmented([1.0, 2.0, 4.0]))
+    assert different["len"] == 3 and different["hash"] != prints[0]["hash"] and not same_data(prints[0], different)
+
+
+def test_a_dataset_drawing_from_its_own_generator_has_no_hash():
+    import torch
+
+    from ddpkit.check.samples import fingerprint, same_data
+
+    class OwnGenerator:
+        def __init__(self):
+            self.g = torch.Generator().manual_seed(0)
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.rand(2, generator=self.g)
+
+    fp = fingerprint(OwnGenerator())
+    assert fp["len"] == 4 and fp["hash"] is None
+    assert same_data(fp, dict(fp, hash="abc"))  # unknown content: compared by index, as before
+    assert fingerprint(object())["len"] is None

@@ -88,3 +88,54 @@ def test_exit_after_every_rank_finished_is_not_a_finding():
     assert not _all_ranks_finished({0: done[0]}, 2)  # a rank that never recorded its end
     assert not _all_ranks_finished({**done, 1: [{"ev": "end", "status": "error", "code": 1}]}, 2)
     assert not _all_ranks_finished({**done, 1: [{"ev": "step"}]}, 2)
+
+
+def test_the_header_says_how_many_steps_ran_and_how_the_run_ended():
+    from ddpkit.check.command import describe_run
+
+    def ranks(steps, status, cut=False):
+        events = [{"ev": "step"}] * steps + [{"ev": "epoch_cut"}] * cut
+        return events + ([{"ev": "end", "status": status}] if status else [])
+
+    def describe(records, max_steps=20):
+        return describe_run(records, world_size=2, max_steps=max_steps, epoch_steps=5)
+
+    assert describe({r: ranks(20, "stopped") for r in (0, 1)}) == "stopped after 20 optimizer steps (--max-steps 20)"
+    assert describe({r: ranks(12, "finished") for r in (0, 1)}) == "the script ended after 12 optimizer steps"
+    assert describe({r: ranks(1, "finished") for r in (0, 1)}, 0) == "the script ended after 1 optimizer step"
+    assert describe({r: ranks(0, "finished") for r in (0, 1)}) == "the script ended before any optimizer step"
+    assert describe({0: ranks(3, "error"), 1: ranks(2, "stopped")}) == (
+        "a rank failed after different numbers of optimizer steps (rank 0: 3, rank 1: 2)")
+    assert describe({0: ranks(4, None), 1: ranks(4, "stopped")}) == (
+        "the ranks were stopped unfinished after 4 optimizer steps")
+    assert describe({r: ranks(15, "finished", cut=True) for r in (0, 1)}) == (
+        "the script ended after 15 optimizer steps; each epoch cut after 5 steps (--epoch-steps 5)")
+    assert describe({}) == "no rank started the script"
+
+
+def test_cuda_autocast_and_grad_scaler_are_noted_as_not_checked():
+    import torch
+
+    from ddpkit.check.cpumap import CpuMapping
+
+    notes = []
+    mapping = CpuMapping(lambda what, site: notes.append((what, site)))
+    mapping.install()
+    try:
+        line = sys._getframe().f_lineno + 2
+        with pytest.warns(UserWarning):
+            _, scaler = torch.autocast("cuda", dtype=torch.float16), torch.amp.GradScaler()
+        torch.autocast("cuda", enabled=False)  # switched off by the script itself: nothing to say
+        torch.amp.GradScaler("cuda", enabled=False)
+        torch.autocast("cpu", dtype=torch.bfloat16)  # runs on CPU as written
+    finally:
+        mapping.uninstall()
+    assert not scaler.is_enabled()
+    site = f"test_check_cli.py:{line}"
+    assert [(what, where.endswith(site)) for what, where in notes] == [
+        ("torch.autocast('cuda', float16) -> off (ran in float32: mixed precision not checked)", True),
+        ("GradScaler('cuda') -> disabled (loss not scaled: loss scaling not checked)", True),
+    ]
+    with pytest.warns(UserWarning):
+        torch.autocast("cuda")  # uninstalled: no more notes
+    assert len(notes) == 2

@@ -8,6 +8,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from ddpkit.check.samples import same_data
+
 __all__ = ["Finding", "load_records", "analyse", "check_steps", "check_collectives", "check_data", "check_saves",
            "check_errors"]
 
@@ -22,7 +24,8 @@ class Finding:
     """One broken invariant, where it shows, and what to change."""
 
     kind: str
-    """Short tag: params, grads, collectives, data-overlap, data-order, eval-padding, save, steps, error, hang."""
+    """Short tag: params, grads, collectives, data-overlap, data-order, data-uneven, eval-padding, save, steps,
+    error, hang."""
     site: str
     """'file:line' in the user's script."""
     message: str
@@ -88,7 +91,7 @@ def check_steps(records: Records) -> list[Finding]:
         else:
             continue
         break  # later steps differ as a consequence; the first difference is the cause
-    if len(set(counts.values())) > 1:
+    if len(set(counts.values())) > 1 and not _joined(records):
         first_site = next((s[0]["site"] for s in steps.values() if s), "<unknown>")
         out.append(Finding("steps", first_site, "ranks made different numbers of optimizer steps ("
                            + ", ".join(f"rank {r}: {c}" for r, c in counts.items()) + ")",
@@ -138,18 +141,21 @@ def check_collectives(records: Records) -> list[Finding]:
 
 
 def _iterations(records: Records) -> dict[tuple[int, int], dict[int, dict[str, Any]]]:
-    """(loader, iteration) -> rank -> {start: event, idx: [...], steps: int, complete: bool}."""
+    """(loader, iteration) -> rank -> {start: event, idx: [...], src: [(dataset, index)], steps: int,
+    complete: bool}; `idx` are the loader's indices, `src` the samples they stand for."""
     out: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for rank, events in records.items():
         for e in events:
             if e["ev"] not in ("epoch_start", "batch", "epoch_end", "epoch_cut"):
                 continue
             slot = out.setdefault((e["loader"], e["iter"]), {}).setdefault(
-                rank, {"start": None, "idx": [], "last_step": None, "complete": False})
+                rank, {"start": None, "idx": [], "src": [], "last_step": None, "complete": False})
             if e["ev"] == "epoch_start":
                 slot["start"] = e
             elif e["ev"] == "batch":
                 slot["idx"].extend(e["idx"])
+                # A record without `src` (samples not resolved): the loader's index, dataset unknown.
+                slot["src"].extend(tuple(s) for s in e.get("src", ([-1, i] for i in e["idx"])))
                 slot["last_step"] = e["step"]
             elif e["ev"] == "epoch_end":
                 slot["complete"] = True
@@ -164,10 +170,34 @@ def _training(slot: dict[str, Any]) -> bool:
     return start is not None and slot["last_step"] is not None and slot["last_step"] > start["step"]
 
 
+def _joined(records: Records) -> bool:
+    """Whether the script trains under DDP's join() (or torch's Join), which allows uneven inputs."""
+    return any(e["ev"] == "join" for events in records.values() for e in events)
+
+
+def _datasets(records: Records) -> dict[int, dict[int, dict[str, Any]]]:
+    """rank -> dataset ordinal -> its fingerprint (ddpkit.check.samples.fingerprint)."""
+    return {rank: {e["ds"]: e for e in events if e["ev"] == "dataset"} for rank, events in records.items()}
+
+
+def _shared_samples(a: list[tuple[int, int]], fp_a: dict[int, Any], b: list[tuple[int, int]],
+                    fp_b: dict[int, Any]) -> int:
+    """How many distinct samples of `a` are also in `b`: the same index of datasets whose fingerprints
+    match (a dataset without a fingerprint matches any: the comparison falls back to the index)."""
+    in_b: dict[int, set[int]] = {}
+    for ds, j in b:
+        in_b.setdefault(j, set()).add(ds)
+    return sum(any(same_data(fp_a.get(ds), fp_b.get(other)) for other in in_b.get(j, ()))
+               for ds, j in set(a))
+
+
 def check_data(records: Records) -> list[Finding]:
-    """Training shards are disjoint within an epoch, the order changes between epochs, eval is unpadded."""
+    """Training shards are disjoint within an epoch and equally long, the order changes between epochs,
+    eval is unpadded."""
     out: list[Finding] = []
     iterations = _iterations(records)
+    fingerprints = _datasets(records)
+    joined = _joined(records)
     reported: set[tuple[str, int]] = set()
     for (loader, it), slots in sorted(iterations.items()):
         start = next((s["start"] for s in slots.values() if s["start"] is not None), None)
@@ -175,10 +205,23 @@ def check_data(records: Records) -> list[Finding]:
             continue
         site = start["site"]
         if any(_training(s) for s in slots.values()):
+            batches = {r: s["start"].get("batches") for r, s in sorted(slots.items()) if s["start"] is not None}
+            # Uneven inputs are legitimate under DDP's join() (joined ranks shadow the others' all-reduces).
+            if len(set(batches.values()) - {None}) > 1 and ("uneven", loader) not in reported and not joined:
+                reported.add(("uneven", loader))
+                out.append(Finding("data-uneven", site, "ranks have different numbers of batches per epoch ("
+                                   + ", ".join(f"rank {r}: {n}" for r, n in batches.items()) + "): DDP pairs "
+                                   "each rank's gradient all-reduce with the other ranks', so a rank that runs "
+                                   "out of batches starts its next epoch (or leaves) while the others still "
+                                   "train, and the job hangs or fails at the end",
+                                   "give every rank the same number of batches: the same dataset on every rank "
+                                   "with DistributedSampler(dataset) and DataLoader(..., drop_last=True), or "
+                                   "equal-sized shards, or ddpkit.loader"))
             padding = max(0, start.get("total_size", 0) - (start.get("dataset_len") or 0))
             pairs = combinations(sorted(slots), 2) if ("overlap", loader) not in reported else ()
             for a, b in pairs:
-                shared = len(set(slots[a]["idx"]) & set(slots[b]["idx"]))
+                shared = _shared_samples(slots[a]["src"], fingerprints.get(a, {}),
+                                         slots[b]["src"], fingerprints.get(b, {}))
                 if shared > padding:
                     reported.add(("overlap", loader))
                     out.append(Finding("data-overlap", site, f"ranks {a} and {b} trained on {shared} of the "

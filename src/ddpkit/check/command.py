@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpkit.check.analysis import Finding, analyse, load_records
+from ddpkit.check.analysis import Finding, Records, analyse, load_records
 from ddpkit.launch import check_target
 
-__all__ = ["CheckConfig", "main", "parse_check_args", "bootstrap_argv", "run_check"]
+__all__ = ["CheckConfig", "CheckResult", "Interrupted", "main", "parse_check_args", "bootstrap_argv", "run_check",
+           "describe_run"]
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,28 +92,72 @@ def bootstrap_argv(cfg: CheckConfig, workdir: str) -> list[str]:
     return build_torchrun_argv(run)
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached `ddpkit check` while the ranks ran; torchrun and the ranks are stopped."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_noted():
+    """Within the block, SIGINT/SIGTERM are appended to the yielded list instead of ending this process.
+
+    torchrun runs in its own session (so a Ctrl+C does not reach it and the ranks half-way), which
+    means that nothing stops it when this process dies: the caller must stop it itself. A flag,
+    not an exception, so that a second Ctrl+C cannot cut that cleanup short.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield received
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in _STOP_SIGNALS}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop torchrun and its ranks: on SIGTERM torchrun terminates the ranks and exits; if it has not
+    within 5 s, SIGKILL, and the ranks die with it (the bootstrap ties each rank's life to torchrun's)."""
+    for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _run_ranks(cfg: CheckConfig, workdir: str, log_path: Path) -> tuple[int | None, str]:
-    """Start torchrun; returns (exit code or None if killed at the timeout, log text)."""
+    """Start torchrun; returns (exit code or None if killed at the timeout, log text).
+
+    Raises Interrupted, after stopping torchrun and the ranks, when SIGINT or SIGTERM arrives.
+    """
     (Path(workdir) / "records").mkdir()
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", *bootstrap_argv(cfg, workdir)]
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, _signals_noted() as received:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            code: int | None = proc.wait(timeout=cfg.timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-            for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+        deadline = time.monotonic() + cfg.timeout_s
+        code: int | None = None
+        while not received and time.monotonic() < deadline:
+            try:
+                code = proc.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if code is None:
+            _stop(proc)
+        if received:
+            raise Interrupted(received[0])
     return code, log_path.read_text(errors="replace")
 
 
@@ -117,8 +167,50 @@ def _all_ranks_finished(records, world_size: int) -> bool:
                                            for e in ends)
 
 
-def run_check(cfg: CheckConfig) -> tuple[list[Finding], list[str], int | None, str]:
-    """Run the check; returns (findings, notes, torchrun exit code or None on timeout, the ranks' output)."""
+def describe_run(records: Records, *, world_size: int, max_steps: int, epoch_steps: int) -> str:
+    """What the ranks did, for the report's first line: how many optimizer steps, and how it ended."""
+    if not any(records.get(r) for r in range(world_size)):
+        return "no rank started the script"
+    steps = {r: sum(e["ev"] == "step" for e in records.get(r, [])) for r in range(world_size)}
+    counts = set(steps.values())
+    if len(counts) > 1:
+        when = "after different numbers of optimizer steps (" + ", ".join(
+            f"rank {r}: {n}" for r, n in steps.items()) + ")"
+    else:
+        n = counts.pop()
+        when = f"after {n} optimizer step{'s' * (n != 1)}" if n else "before any optimizer step"
+    ends = {next((e["status"] for e in records.get(r, []) if e["ev"] == "end"), None) for r in range(world_size)}
+    if ends == {"stopped"}:
+        out = f"stopped {when} (--max-steps {max_steps})"
+    elif ends <= {"stopped", "finished"}:
+        out = f"the script ended {when}"
+    elif "error" in ends:
+        out = f"a rank failed {when}"
+    else:
+        out = f"the ranks were stopped unfinished {when}"
+    if any(e["ev"] == "epoch_cut" for events in records.values() for e in events):
+        out += f"; each epoch cut after {epoch_steps} steps (--epoch-steps {epoch_steps})"
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    """What one `ddpkit check` run found."""
+
+    findings: list[Finding]
+    """Broken invariants, causes first."""
+    notes: list[str]
+    """CPU mappings ('what at file:line') and remarks on what was not checked."""
+    code: int | None
+    """torchrun's exit code; None when the ranks were killed at --timeout."""
+    output: str
+    """The ranks' stdout and stderr."""
+    summary: str
+    """How the run went (describe_run), for the report's first line."""
+
+
+def run_check(cfg: CheckConfig) -> CheckResult:
+    """Run the check (raises Interrupted on SIGINT/SIGTERM, after the ranks are stopped)."""
     from ddpkit.watchdog import collect_reports, summarize
 
     with tempfile.TemporaryDirectory(prefix="ddpkit-check-") as workdir:
@@ -147,7 +239,9 @@ def run_check(cfg: CheckConfig) -> tuple[list[Finding], list[str], int | None, s
     steps = max((sum(e["ev"] == "step" for e in ev) for ev in records.values()), default=0)
     if steps == 0 and not findings:
         notes.append("no optimizer step was seen: the parameter and gradient checks did not run")
-    return findings, notes, code, output
+    summary = describe_run(records, world_size=cfg.nproc_per_node, max_steps=cfg.max_steps,
+                           epoch_steps=cfg.epoch_steps)
+    return CheckResult(findings=findings, notes=notes, code=code, output=output, summary=summary)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,9 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"ddpkit check: error: {e}", file=sys.stderr)
         return 2
-    findings, notes, code, output = run_check(cfg)
-    stopped = f"stopped after {cfg.max_steps} optimizer steps" if cfg.max_steps else "run to the end"
-    print(f"ddpkit check: {cfg.target} on {cfg.nproc_per_node} CPU ranks (gloo), {stopped}")
+    try:
+        result = run_check(cfg)
+    except Interrupted as e:
+        print(f"ddpkit check: stopped by {signal.Signals(e.signum).name}; all ranks were terminated",
+              file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:  # before the ranks started or after they ended: nothing is left running
+        print("ddpkit check: interrupted", file=sys.stderr)
+        return 130
+    findings, notes, output = result.findings, result.notes, result.output
+    print(f"ddpkit check: {cfg.target} on {cfg.nproc_per_node} CPU ranks (gloo), {result.summary}")
     for note in notes:
         print(f"  mapped for CPU: {note}" if " at " in note else f"  note: {note}")
     if not findings:

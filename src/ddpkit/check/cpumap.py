@@ -3,8 +3,10 @@
 Mapped: init_process_group's 'nccl' backend (and device_id=), torch.cuda.set_device/synchronize,
 DistributedDataParallel's device_ids/output_device, `device=` arguments and Tensor.to/.cuda
 targets that name CUDA (through a TorchFunctionMode, PyTorch's own hook for every torch call),
-and torch.load's map_location. Anything else a script needs CUDA for fails as it would on any
-CPU machine, and `ddpkit check` reports that failure instead of guessing.
+and torch.load's map_location. CUDA autocast and GradScaler switch themselves off without CUDA;
+each is noted (its steps ran in float32, unscaled, so mixed precision is not checked). Anything
+else a script needs CUDA for fails as it would on any CPU machine, and `ddpkit check` reports that
+failure instead of guessing.
 """
 
 from __future__ import annotations
@@ -80,6 +82,25 @@ class CpuMapping:
                 args = (None, *args[1:])
             return ddp_init(module, inner, *args, **kwargs)
 
+        # CUDA autocast and GradScaler switch themselves off on a machine without CUDA (a warning on
+        # stderr, nothing else): the steps then run in float32 with an unscaled loss. Say so, since
+        # the fp16 paths (overflow skips, unscale before clipping) were not exercised.
+        autocast_init = torch.amp.autocast_mode.autocast.__init__
+
+        def autocast_cpu(ctx, device_type, *args, **kwargs):
+            autocast_init(ctx, device_type, *args, **kwargs)
+            if _is_cuda(device_type) and (args[1] if len(args) > 1 else kwargs.get("enabled", True)):
+                dtype = str(ctx.fast_dtype).removeprefix("torch.")
+                mapping.note(f"torch.autocast('cuda', {dtype}) -> off (ran in float32: mixed precision not checked)")
+
+        scaler_init = torch.amp.GradScaler.__init__
+
+        def scaler_cpu(scaler, *args, **kwargs):
+            scaler_init(scaler, *args, **kwargs)
+            device = args[0] if args else kwargs.get("device", "cuda")  # GradScaler's default device is cuda
+            if _is_cuda(device) and (args[5] if len(args) > 5 else kwargs.get("enabled", True)):
+                mapping.note("GradScaler('cuda') -> disabled (loss not scaled: loss scaling not checked)")
+
         load = torch.load
 
         def load_cpu(f, map_location=None, *args, **kwargs):
@@ -108,6 +129,8 @@ class CpuMapping:
             self._patch(torch.cuda, name, cuda_noop(name))
         self._patch(DistributedDataParallel, "__init__", ddp_init_cpu)
         self._patch(torch, "load", load_cpu)
+        self._patch(torch.amp.autocast_mode.autocast, "__init__", autocast_cpu)
+        self._patch(torch.amp.GradScaler, "__init__", scaler_cpu)
         self._mode = ToCpu()
         self._mode.__enter__()
 

@@ -1,4 +1,4 @@
-"""Instrument one rank for `ddpkit check`: record steps, data indices, collectives and saves as JSON lines.
+"""Instrument one rank for `ddpkit check`: record steps, data samples, collectives and saves as JSON lines.
 
 Everything recorded goes to this rank's own file (one JSON object per line, flushed at once, so a
 killed rank leaves its record behind); nothing is sent over the user's process group. The parent
@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from ddpkit import tracer
+from ddpkit.check.samples import fingerprint, source
 from ddpkit.optim import optimizer_parameters
 
 __all__ = ["Recorder", "StopCheck"]
@@ -56,6 +57,7 @@ class Recorder:
         self._ddp_forwards = 0
         self._synced_forwards = 0
         self._pre: dict[int, tuple[str, str]] = {}
+        self._datasets: dict[int, tuple[int, Any]] = {}  # id -> (ordinal, the dataset, kept alive)
         self._restore: list[tuple[Any, str, Any]] = []
         self._hooks: list[Any] = []
 
@@ -77,6 +79,7 @@ class Recorder:
     def install(self) -> None:
         import torch
         import torch.optim.optimizer as optim
+        from torch.distributed.algorithms.join import Join
         from torch.nn.parallel import DistributedDataParallel
         from torch.utils.data import dataloader
 
@@ -115,8 +118,9 @@ class Recorder:
                     raise
                 if state is not None:
                     flat = index if isinstance(index, (list, tuple)) else [index]
-                    rec.write("batch", loader=state["loader"], iter=state["iter"], step=rec.steps,
-                              idx=[int(i) for i in flat if isinstance(i, int)])
+                    idx = [int(i) for i in flat if isinstance(i, int)]
+                    rec.write("batch", loader=state["loader"], iter=state["iter"], step=rec.steps, idx=idx,
+                              src=[rec._source(state["dataset"], i) for i in idx])
                 return index
             return _next_index
 
@@ -127,7 +131,15 @@ class Recorder:
                 return original(obj, f, *args, **kwargs)
             return save_
 
+        def join_init(original):
+            def __init__(join, joinables, *args, **kwargs):
+                if args[0] if args else kwargs.get("enable", True):
+                    rec.write("join", site=tracer.user_site(sys._getframe(1)))
+                return original(join, joinables, *args, **kwargs)
+            return __init__
+
         self._patch(DistributedDataParallel, "forward", ddp_forward)
+        self._patch(Join, "__init__", join_init)
         self._patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
         self._patch(dataloader._BaseDataLoaderIter, "_next_index", next_index)
         self._patch(torch, "save", save)
@@ -140,8 +152,14 @@ class Recorder:
             setattr(owner, name, original)
         self._restore.clear()
 
+    def _source(self, dataset, index: int) -> list[int]:
+        """[dataset ordinal, index] of the sample behind `dataset[index]` (see ddpkit.check.samples)."""
+        base, j = source(dataset, index)
+        ordinal = self._datasets.setdefault(id(base), (len(self._datasets), base))[0]
+        return [ordinal, j]
+
     def _start_iteration(self, loader, it, frame) -> None:
-        from torch.utils.data import DistributedSampler
+        from torch.utils.data import DistributedSampler, IterableDataset
 
         ordinal = self._loaders.setdefault(loader, len(self._iterations))
         n = self._iterations[ordinal] = self._iterations.get(ordinal, -1) + 1
@@ -153,11 +171,17 @@ class Recorder:
             info["dataset_len"] = len(loader.dataset)
         except TypeError:
             info["dataset_len"] = None
+        if not isinstance(loader.dataset, IterableDataset):
+            try:
+                info["batches"] = len(loader)  # batches this rank's epoch will have
+            except (TypeError, NotImplementedError):  # a batch sampler without a length
+                pass
         if dist_sampler is not None:
             info.update(distributed=True, shuffle=dist_sampler.shuffle, epoch=dist_sampler.epoch,
                         drop_last=dist_sampler.drop_last, num_samples=dist_sampler.num_samples,
                         total_size=dist_sampler.total_size, num_replicas=dist_sampler.num_replicas)
-        it._ddpkit_iteration = {"loader": ordinal, "iter": n, "step0": self.steps, "truncated": False}
+        it._ddpkit_iteration = {"loader": ordinal, "iter": n, "step0": self.steps, "truncated": False,
+                                "dataset": loader.dataset}
         self.write("epoch_start", loader=ordinal, iter=n, step=self.steps, site=tracer.user_site(frame), **info)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
@@ -175,5 +199,10 @@ class Recorder:
             raise StopCheck(self.steps)
 
     def close(self, status: str, **fields: Any) -> None:
+        # Fingerprint the datasets now, after training, not when first seen: fetching samples in the
+        # main process before the loader forks its workers could change what the script does (a file
+        # handle opened here and inherited by every worker).
+        for ordinal, dataset in sorted(self._datasets.values(), key=lambda item: item[0]):
+            self.write("dataset", ds=ordinal, **fingerprint(dataset))
         self.write("end", status=status, steps=self.steps, **fields)
         self._file.close()
