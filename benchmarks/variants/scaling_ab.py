@@ -2,13 +2,18 @@
 
 The scaling row of run.py compares separate jobs, and on a shared 2-core machine the 2-thread
 single process is the noisiest figure there is (its runs spread over +-20 %). Here every arm runs
-inside one 2-rank job, one step of each in turn, so they all share the machine's drift:
+inside one 2-rank job, in blocks of BLOCK steps (default 10) taken in turn, so they all share the
+machine's drift:
 
 - "1 process x 128, 2 threads": rank 0 alone, with 2 intra-op threads, trains a plain copy of the
   model on a batch of 128 from torch's DataLoader, while rank 1 sleeps in a gloo barrier;
 - the 2-rank arms, each on its own DDP copy, 64 samples per rank from ddpkit.loader.
 
-Run with `ddpkit run --nproc-per-node 2 benchmarks/variants/scaling_ab.py OUT.json STEPS`.
+The first 2 steps of every block are not timed: after the 2-thread arm its idle OpenMP worker keeps
+spinning for a while, and would otherwise take a core from the next arm's first steps (with one
+step per turn that bias cost the 2-rank arms 5-15 %).
+
+Run with `ddpkit run --nproc-per-node 2 benchmarks/variants/scaling_ab.py OUT.json STEPS [BLOCK]`.
 """
 
 import json
@@ -33,6 +38,9 @@ ARMS = (SINGLE, "ddpkit defaults", "ddpkit + shard_optimizer", "comm=None (PyTor
 
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
+    block = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+    if block < 3:
+        raise SystemExit(f"scaling_ab.py: BLOCK must be at least 3 steps (2 untimed), got {block}")
     torch.set_num_threads(1)
     with ddpkit.init(seed=0) as ctx:
         if ctx.world_size != 2:
@@ -58,25 +66,27 @@ def main() -> None:
             batches[SINGLE] = forever(torch.utils.data.DataLoader(dataset, batch_size=128, shuffle=True,
                                                                    drop_last=True, generator=g))
         times: dict[str, list[float]] = {name: [] for name in ARMS}
-        for t in range(steps + 3):
-            for name in ARMS[t % len(ARMS):] + ARMS[:t % len(ARMS)]:
-                dist.barrier()  # both ranks start the arm together (untimed)
-                if name == SINGLE:
-                    if ctx.is_main:
+        rounds = -(-steps // (block - 2))
+        for r in range(rounds):
+            for name in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+                dist.barrier()  # both ranks start the block together (untimed)
+                for k in range(block):
+                    if name == SINGLE:
+                        if not ctx.is_main:
+                            break  # rank 1 sleeps in the barrier below meanwhile
                         torch.set_num_threads(2)
                         elapsed = _step(models[name], opts[name], batches[name])
                         torch.set_num_threads(1)
-                    dist.barrier()  # rank 1 sleeps here meanwhile
-                    if not ctx.is_main:
-                        continue
-                else:
-                    align()
-                    elapsed = _step(models[name], opts[name], batches[name])
-                if t >= 3:
-                    times[name].append(elapsed)
+                    else:
+                        align()
+                        elapsed = _step(models[name], opts[name], batches[name])
+                    if k >= 2:
+                        times[name].append(elapsed)
+                if name == SINGLE:
+                    dist.barrier()
         if ctx.is_main:
             base = statistics.median(times[SINGLE])
-            result = {"baseline": SINGLE, "steps": steps, "arms": {name: {
+            result = {"baseline": SINGLE, "steps": steps, "block": block, "arms": {name: {
                 "step_ms": 1000 * statistics.median(times[name]),
                 "p25_ms": 1000 * statistics.quantiles(times[name], n=4)[0],
                 "p75_ms": 1000 * statistics.quantiles(times[name], n=4)[2],
