@@ -305,13 +305,13 @@ def test_auto_resolves_to_shm_only_for_cpu_ranks_on_one_host():
 
 
 def test_shm_refuses_ranks_on_several_hosts_and_cuda():
-    import types
-
     import ddpkit
+    from ddpkit.env import LaunchEnv
+    from ddpkit.runtime import Context
 
-    def fake_ctx(device: str, local_world_size: int):
-        env = types.SimpleNamespace(local_world_size=local_world_size)
-        return types.SimpleNamespace(distributed=True, device=torch.device(device), world_size=4, env=env)
+    def fake_ctx(device: str, local_world_size: int):  # rank 0 of 4, without a process group
+        env = LaunchEnv(rank=0, world_size=4, local_world_size=local_world_size, local_rank=0)
+        return Context(env=env, device=torch.device(device), backend="gloo", seed=0)
 
     with pytest.raises(ValueError, match="comm='shm'.*LOCAL_WORLD_SIZE=2 != WORLD_SIZE=4.*comm=None"):
         ddpkit.wrap(torch.nn.Linear(2, 2), fake_ctx("cpu", 2), comm="shm")
