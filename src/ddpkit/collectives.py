@@ -133,7 +133,10 @@ def gather_in_order(ctx: Context, local: torch.Tensor, indices: Sequence[int] | 
         )
     parts = all_gather_object(ctx, (idx, local.detach().cpu()))
     all_idx = torch.cat([p[0] for p in parts])
-    all_out = torch.cat([p[1] for p in parts])
+    # An empty shard's outputs (often a bare torch.tensor([]), float32) must not promote the others' dtype.
+    filled = [p[1] for p in parts if p[1].numel()]
+    dtype = filled[0].dtype if filled and all(t.dtype == filled[0].dtype for t in filled) else local.dtype
+    all_out = torch.cat([p[1].to(dtype) for p in parts])
     if torch.unique(all_idx).numel() != all_idx.numel():
         raise ValueError("gather_in_order saw a dataset index on two ranks; shard eval data with ddpkit.eval_loader")
     order = torch.argsort(all_idx)

@@ -399,6 +399,16 @@ class EvalLoader:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        if self.ctx.distributed and torch.is_grad_enabled():
+            import warnings
+
+            warnings.warn(
+                "ddpkit.eval_loader iterated with gradients enabled: shards may differ by a batch, and a DDP model "
+                "run with gradients synchronises with its peers on every forward, so the rank with fewer batches "
+                "leaves the others waiting until the timeout; evaluate under torch.no_grad() (or ddpkit.unwrap(model))",
+                stacklevel=2)
         for batch in self._loader:
             yield to_device(batch, self.ctx.device, non_blocking=self._pin)
 

@@ -20,11 +20,12 @@ ENV_VARS = (
     "NODE_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "OMP_NUM_THREADS",
     "TORCH_DISTRIBUTED_DEBUG", "TORCH_CPP_LOG_LEVEL", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES",
     "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_PROCID", "SLURM_LOCALID",
-    "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_STEP_GPUS",
+    "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_STEP_GPUS", "SLURM_STEP_ID", "SLURM_STEPID",
+    "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NUM_NODES", "SLURM_NODELIST",
 )
 """Launcher and communication settings shown by name."""
 
-ENV_PREFIXES = ("TORCHELASTIC_", "NCCL_", "TORCH_NCCL_")
+ENV_PREFIXES = ("TORCHELASTIC_", "NCCL_", "TORCH_NCCL_", "PET_")
 """Every variable with one of these prefixes is shown too."""
 
 
@@ -87,15 +88,29 @@ def _interfaces() -> dict[str, list[str]]:
             for name, addrs in sorted(psutil.net_if_addrs().items())}
 
 
-def _launch(num_gpus: int, num_cpus: int) -> dict[str, Any]:
-    try:
-        from ddpkit.launch import default_nproc_per_node
-        nproc = default_nproc_per_node(num_gpus, num_cpus)
-    except ImportError:
-        nproc = num_gpus if num_gpus > 0 else max(1, min(4, num_cpus))
+def _launch(num_gpus: int, num_cpus: int, environ=None) -> dict[str, Any]:
+    """What `ddpkit run SCRIPT` would launch here: the cluster's settings (SLURM, Kubeflow) included."""
     backend = "nccl" if num_gpus > 0 else "gloo"
-    return {"nproc_per_node": nproc, "backend": backend,
-            "command": f"ddpkit run --nproc-per-node {nproc} SCRIPT"}
+    try:
+        from ddpkit.launch import LaunchError, resolve_nodes, resolve_nproc_per_node
+    except ImportError:  # torch missing: the report still runs
+        nproc = num_gpus if num_gpus > 0 else max(1, min(4, num_cpus))
+        return {"nproc_per_node": nproc, "backend": backend, "command": f"ddpkit run --nproc-per-node {nproc} SCRIPT"}
+    try:
+        nodes = resolve_nodes(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, nproc_per_node=None,
+                              environ=os.environ if environ is None else environ)
+        nproc = resolve_nproc_per_node(nodes["nproc_per_node"], num_gpus=num_gpus, num_cpus=num_cpus)
+    except LaunchError as e:
+        return {"nproc_per_node": None, "backend": backend, "command": f"(ddpkit run would refuse: {e})"}
+    flags = []
+    if nodes["nnodes"] not in ("1", "1:1") or nodes.get("rdzv_endpoint"):
+        flags += [f"--nnodes {nodes['nnodes']}"]
+        if nodes.get("node_rank") is not None:
+            flags += [f"--node-rank {nodes['node_rank']}"]
+        flags += [f"--rdzv-endpoint {nodes['rdzv_endpoint']}", f"--rdzv-id {nodes['rdzv_id']}"]
+    flags += [f"--nproc-per-node {nproc}"]
+    return {"nproc_per_node": nproc, "backend": backend, "nnodes": nodes["nnodes"],
+            "command": "ddpkit run " + " ".join(flags) + " SCRIPT"}
 
 
 def collect() -> dict[str, Any]:

@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ddpkit plot RUN_DIR [--out DIR]``; returns the exit code."""
     args = _parser().parse_args(argv)
     run_dir = Path(args.run_dir)
+    if run_dir.is_file() and run_dir.name == METRICS_FILENAME:  # the log itself: plot its run
+        run_dir = run_dir.parent
+    elif run_dir.is_file():
+        return _error(f"{run_dir} is a file, not a run directory; pass the directory that holds {METRICS_FILENAME}")
     if not run_dir.is_dir():
         return _error(
             f"run directory {run_dir} does not exist; pass the run_dir given to "

@@ -62,16 +62,37 @@ def test_launch_fallback_without_ddpkit_launch(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_launch)
     assert envreport._launch(0, 16)["nproc_per_node"] == 4
     assert envreport._launch(0, 2)["nproc_per_node"] == 2
-    assert envreport._launch(3, 16) == {"nproc_per_node": 3, "backend": "nccl",
+    assert envreport._launch(3, 16, environ={}) == {"nproc_per_node": 3, "backend": "nccl",
                                         "command": "ddpkit run --nproc-per-node 3 SCRIPT"}
+
+
+def test_launch_command_is_the_one_ddpkit_run_resolves_from_the_cluster(monkeypatch, tmp_path):
+    from ddpkit.cli import parse_run_args
+
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+             "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2"}
+    launch = envreport._launch(0, 2, environ=slurm)
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "train.py").write_text("")
+    cfg = parse_run_args([str(tmp_path / "train.py")], num_gpus=0, num_cpus=2)
+    assert launch["command"] == (f"ddpkit run --nnodes {cfg.nnodes} --node-rank {cfg.node_rank} --rdzv-endpoint "
+                                 f"{cfg.rdzv_endpoint} --rdzv-id {cfg.rdzv_id} --nproc-per-node 2 SCRIPT")
+    assert "--nnodes 2 --node-rank 1 --rdzv-endpoint node01:" in launch["command"]
+    env = collect()["env"]
+    assert env["SLURM_STEP_ID"] == "0" and env["SLURM_STEP_NODELIST"] == "node[01-02]"
+    bad = envreport._launch(0, 2, environ={**slurm, "SLURM_NODEID": "5"})
+    assert bad["command"].startswith("(ddpkit run would refuse: ") and "--node-rank 5" in bad["command"]
 
 
 def test_env_section_picks_launcher_variables(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("PET_NNODES", "2")
     monkeypatch.setenv("SOME_SECRET_TOKEN", "x")
     env = collect()["env"]
+    assert env["PET_NNODES"] == "2"
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["NCCL_DEBUG"] == "INFO"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
     assert "SOME_SECRET_TOKEN" not in env

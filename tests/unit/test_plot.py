@@ -80,6 +80,18 @@ def test_main_success_prints_paths(tmp_path, capsys):
     assert printed == [str(out / name) for name in ("loss.png", "eval.png", "throughput.png")]
 
 
+def test_main_takes_the_metrics_file_itself_and_names_any_other_file(tmp_path, capsys):
+    write_log(tmp_path, synthetic_records())
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "metrics.jsonl"), "--out", str(out)]) == 0  # plots its run
+    assert capsys.readouterr().out.split()[0] == str(out / "loss.png")
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    assert main([str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{other} is a file, not a run directory" in err and "metrics.jsonl" in err
+
+
 def test_main_missing_run_dir(tmp_path, capsys):
     missing = tmp_path / "nope"
     assert main([str(missing)]) == 2

@@ -65,6 +65,15 @@ def test_collectives_check_their_arguments_at_world_size_one():
         ddpkit.gather_in_order(ctx, [1, 2, 3], [0, 1, 2])
 
 
+def test_gather_in_order_keeps_the_dtype_when_a_shard_is_empty(monkeypatch):
+    import ddpkit.collectives as collectives
+
+    empty = (torch.tensor([], dtype=torch.long), torch.tensor([]))  # rank 0: no samples, a float32 placeholder
+    monkeypatch.setattr(collectives, "all_gather_object", lambda ctx, obj: [empty, obj])
+    preds = ddpkit.gather_in_order(_ctx(), torch.tensor([7, 3]), [1, 0])
+    assert preds.dtype == torch.long and preds.tolist() == [3, 7]
+
+
 def test_world_size_one_returns_plain_module_and_unwrap_strips_compile():
     model = torch.nn.Linear(2, 2)
     assert ddpkit.wrap(model, _ctx()) is model
@@ -175,6 +184,18 @@ def test_import_is_cheap():
     assert out.split() == ["False", "False"]
 
 
+def test_every_name_the_readme_uses_is_importable_from_ddpkit():
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    used = set(re.findall(r"ddpkit\.([A-Za-z_]\w*)", readme))
+    names = {n for n in used if importlib.util.find_spec(f"ddpkit.{n}") is None}  # not a submodule
+    assert {"read_metrics", "eval_shard"} <= set(ddpkit.__all__) and len(names) > 10
+    assert [n for n in sorted(names | set(ddpkit.__all__)) if not hasattr(ddpkit, n)] == []
+
+
 class _Draws(torch.utils.data.Dataset):
     """Each item is (python, numpy, torch) random draws made inside the worker that loads it."""
 
@@ -274,6 +295,19 @@ class _TaggedAugmented(_Augmented):
 
 def _tag_worker(worker_id):
     _TaggedAugmented.tag = 1000
+
+
+def test_eval_loader_warns_when_iterated_with_gradients_on_several_ranks():
+    ds = torch.utils.data.TensorDataset(torch.arange(3.0))
+    with pytest.warns(UserWarning, match=r"gradients enabled.*torch.no_grad\(\)"):
+        list(ddpkit.eval_loader(ds, _ctx(0, 2), batch_size=1))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            assert len(list(ddpkit.eval_loader(ds, _ctx(0, 2), batch_size=1))) == 1  # rank 0 of 3 samples: 1
+        list(ddpkit.eval_loader(ds, _ctx(), batch_size=1))  # one process: nothing to wait for
 
 
 def test_eval_loop_does_not_draw_from_the_global_generator():
