@@ -29,7 +29,8 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="restart all ranks up to N times after a failure (resume from your last checkpoint)")
     p.add_argument("--nnodes", default=None,
                    help="number of nodes, or MIN:MAX for elastic membership (default 1, or from SLURM/Kubeflow)")
-    p.add_argument("--node-rank", type=int, default=None, help="this node's rank (multi-node; optional with c10d)")
+    p.add_argument("--node-rank", type=int, default=None, help="this node's rank (multi-node): node 0 holds global ranks 0..nproc-1; without "
+                   "it the rendezvous orders the nodes")
     p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT every node can reach (multi-node)")
     p.add_argument("--rdzv-id", default=None, help="job id shared by all nodes (multi-node)")
     p.add_argument("--local-addr", default=None, help="address this node advertises to the others (multi-node)")

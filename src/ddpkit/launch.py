@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import uuid
@@ -15,11 +16,14 @@ __all__ = [
     "resolve_nodes",
     "resolve_nproc_per_node",
     "threads_per_rank",
+    "last_call_timeout",
     "check_target",
     "launch",
 ]
 
 MAX_DEFAULT_CPU_RANKS = 4
+DEAD_NODE_S = 15
+"""How long torch's c10d rendezvous takes to drop a node that stopped: 3 missed keep-alives 5 s apart."""
 
 
 class LaunchError(ValueError):
@@ -43,7 +47,8 @@ class RunConfig:
     nnodes: str = "1"
     """Node count, or MIN:MAX for elastic membership."""
     node_rank: int | None = None
-    """This node's rank for a static multi-node rendezvous; None lets c10d assign it."""
+    """This node's rank among the nodes: node 0 holds global ranks 0..nproc_per_node-1 (nodes are ordered by
+    it in the rendezvous); None lets the rendezvous order the node (by address, then process id)."""
     rdzv_endpoint: str | None = None
     """HOST:PORT of the c10d rendezvous for multi-node runs; None for one node (loopback, free port)."""
     rdzv_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -55,7 +60,8 @@ class RunConfig:
     iface: str | None = None
     """Network interface for the ranks' collectives (multi-node); None: the one that routes to the endpoint."""
     rdzv_timeout: float = 300.0
-    """Seconds a node waits for the others to join the rendezvous before the run fails."""
+    """Seconds a node waits for the others to join the rendezvous (at the start and after every restart)
+    before the run fails. With MIN:MAX nodes it also bounds the last call, see `last_call_timeout`."""
     connect_timeout: float = 30.0
     """Seconds a non-host node keeps trying to reach --rdzv-endpoint before the run fails (pre-flight)."""
     hang_timeout_s: float | None = None
@@ -208,6 +214,18 @@ def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
     return max(1, num_cpus // max(1, nproc_per_node))
 
 
+def last_call_timeout(rdzv_timeout: float) -> int:
+    """Seconds an elastic (MIN:MAX) rendezvous waits for more nodes once MIN have joined.
+
+    The round must complete within --rdzv-timeout, but torch waits 30 s by default whatever the
+    join timeout, so below 30 s a group smaller than MAX could never form. After a node is lost, a
+    survivor first waits up to DEAD_NODE_S for the rendezvous to drop it, then the last call, then a
+    few seconds of store polling: the last call is a third of what DEAD_NODE_S leaves, between 1 s
+    and torch's 30 s (1 s at --rdzv-timeout 20, 15 s at 60, 30 s from 105 on, e.g. the default 300).
+    """
+    return max(1, min(30, (math.ceil(rdzv_timeout) - DEAD_NODE_S) // 3))
+
+
 def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr: str | None = None,
                         is_host: bool | None = None) -> list[str]:
     """The arguments of `torch.distributed.run` for `cfg` (a pure function).
@@ -218,8 +236,11 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
     argv = [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={cfg.max_restarts}",
             f"--monitor-interval={cfg.monitor_interval}"]
     # Bounded waits: a node whose peers never join (or whose store stops answering) fails
-    # after these many seconds instead of torchrun's 600 s default join timeout.
-    conf = [f"join_timeout={cfg.rdzv_timeout:g}", f"read_timeout={max(1, round(min(cfg.rdzv_timeout, 60)))}"]
+    # after these many seconds instead of torchrun's 600 s default join timeout (whole seconds:
+    # torch parses them as integers).
+    conf = [f"join_timeout={max(1, math.ceil(cfg.rdzv_timeout))}",
+            f"last_call_timeout={last_call_timeout(cfg.rdzv_timeout)}",
+            f"read_timeout={max(1, round(min(cfg.rdzv_timeout, 60)))}"]
     if bind_addr is not None:
         conf.append(f"bind_addr={bind_addr}")
     if is_host is not None:
@@ -235,7 +256,9 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
         argv += [f"--nnodes={cfg.nnodes}", f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={cfg.rdzv_endpoint}",
                  f"--rdzv-id={cfg.rdzv_id}"]
         if cfg.node_rank is not None:
+            # torchrun uses --node-rank only with its static backend; ddpkit's orders the nodes by it
             argv.append(f"--node-rank={cfg.node_rank}")
+            conf.append(f"node_rank={cfg.node_rank}")
         if cfg.local_addr is not None:
             argv.append(f"--local-addr={cfg.local_addr}")
     argv.append("--rdzv-conf=" + ",".join(conf))
@@ -256,6 +279,7 @@ def launch(cfg: RunConfig) -> int:
     """Run torchrun in this process; return the exit code. A failed rank's traceback is printed."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import parse_args, run
 
     from ddpkit import rendezvous
@@ -274,11 +298,17 @@ def launch(cfg: RunConfig) -> int:
         cfg = replace(cfg, hang_report_dir=tempfile.mkdtemp(prefix="ddpkit-hang-"))
     rendezvous.register()
     args = parse_args(build_torchrun_argv(cfg, rdzv_backend=rendezvous.BACKEND, **net_kwargs))
+    # torchrun warns that it ignores --node-rank with any backend but its static one; ours reads it
+    # from --rdzv-conf, so the warning would be wrong
+    args.node_rank = 0
     try:
         run(args)
     except ChildFailedError as e:
         _print_failures(e, multi_node=not cfg.single_node)
         _print_hang_reports(cfg)
+        return 1
+    except RendezvousError as e:
+        print(f"ddpkit run: error: {_rendezvous_error(e, cfg)}", file=sys.stderr)
         return 1
     except SignalException as e:
         print(f"ddpkit run: stopped by {e.sigval.name}; all ranks were terminated", file=sys.stderr)
@@ -314,6 +344,40 @@ def _plan_network(cfg: RunConfig) -> tuple[dict[str, str], RunConfig, dict]:
     elif cfg.node_rank is not None:
         kwargs = {"is_host": plan.is_host}
     return plan.env, cfg, kwargs
+
+
+def _rendezvous_error(e: Exception, cfg: RunConfig) -> str:
+    """One line for a failed rendezvous: what happened at which endpoint, what this node saw, the fix."""
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError,
+    )
+
+    from ddpkit.rendezvous import NodeMismatchError
+
+    where = cfg.rdzv_endpoint or "127.0.0.1 (one node)"
+    if isinstance(e, NodeMismatchError):
+        return f"rendezvous at {where}: {e}"  # names both nodes' settings and the fix
+    low, _, high = cfg.nnodes.partition(":")
+    nodes = f"{low} nodes" if high in ("", low) else f"at least {low} nodes"
+    same = (f"start every node with the same --nnodes {cfg.nnodes} and --rdzv-endpoint {where} (and --rdzv-id, "
+            "if you pass it)")
+    if cfg.single_node:
+        same = "run it again, and if it fails again report it with the output of `ddpkit env`"
+    seen = str(e).strip().splitlines()[0] if str(e).strip() else ""  # what this node saw, from ddpkit.rendezvous
+    if isinstance(e, RendezvousTimeoutError):
+        return (f"rendezvous at {where} timed out after --rdzv-timeout {cfg.rdzv_timeout:g} s: --nnodes "
+                f"{cfg.nnodes} expects {nodes}{' and ' + seen if seen else ''}; {same}, all within --rdzv-timeout "
+                "of each other (raise it if nodes start far apart)")
+    if isinstance(e, RendezvousClosedError):
+        return (f"rendezvous at {where} was closed by another node before {nodes} joined"
+                f"{' (' + seen + ')' if seen else ''}: that node timed out, failed or finished (see its log); "
+                f"{same}, then start them all again")
+    if isinstance(e, RendezvousConnectionError):
+        cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ and str(e.__cause__).strip() else seen
+        return (f"lost the rendezvous store at {where}{' (' + cause + ')' if cause else ''}: the node hosting "
+                "it (--node-rank 0, or the machine that holds that address) stopped or cannot be reached; "
+                f"check its log, then {same}")
+    return f"rendezvous at {where} failed ({type(e).__name__}{': ' + seen if seen else ''}); {same}"
 
 
 def _print_hang_reports(cfg: RunConfig) -> None:

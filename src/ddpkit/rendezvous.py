@@ -1,25 +1,72 @@
-"""torchrun's c10d rendezvous with its stores listening on one address instead of every interface."""
+"""torchrun's c10d rendezvous with its stores listening on one address, and node ranks that follow --node-rank."""
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
+
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
+
+try:  # a torch internal (see _with_launch_settings): without it, multi-node runs use torch's handler as is
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+except ImportError:  # pragma: no cover - other torch releases
+    _NodeDesc = object
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
-__all__ = ["BACKEND", "listening_store", "register"]
+__all__ = ["BACKEND", "NodeMismatchError", "listening_store", "register"]
 
 BACKEND = "ddpkit-c10d"
 """Name of the rendezvous backend `ddpkit run` registers in its own torchrun process.
 
-It is torch's c10d backend plus one setting, `bind_addr` (in --rdzv-conf): the stores this launcher
-hosts (the rendezvous store on the host node, the ranks' shared store on rank 0's node) listen on that
-address only. torch's own TCPStore server listens on every interface ('*'), so a single-node job
-would otherwise be reachable from the network.
+It is torch's c10d backend plus two settings in --rdzv-conf:
+- `bind_addr`: the stores this launcher hosts (the rendezvous store on the host node, the ranks' shared
+  store on rank 0's node) listen on that address only. torch's own TCPStore server listens on every
+  interface ('*'), so a single-node job would otherwise be reachable from the network.
+- `node_rank`: this node's --node-rank. torch orders the nodes of a round by address, then process id,
+  so with c10d any node can get global rank 0; ddpkit orders them by --node-rank first.
 """
+
+
+class NodeMismatchError(RendezvousError):
+    """Two nodes of one rendezvous disagree on --nnodes, or share a --node-rank; the message says which."""
+
+
+@dataclass(eq=True, frozen=True, repr=False)
+class _Node(_NodeDesc):
+    """torch's node descriptor plus how the node was launched; it travels to the other nodes in the
+    rendezvous state (pickled, so every node runs ddpkit).
+
+    torch numbers the participants of a round in sorted order (rendezvous rank = node's group rank; the
+    node of group rank 0 holds global ranks 0..nproc-1). Nodes given a --node-rank sort by it, before
+    nodes without one; ties and nodes without one keep torch's order (address, pid).
+    """
+
+    node_rank: int | None
+    nnodes: str
+
+    def _key(self) -> tuple:
+        return (self.node_rank is None, self.node_rank or 0, self.addr, self.pid, self.local_id)
+
+    def __lt__(self, other):
+        return self._key() < other._key() if isinstance(other, _Node) else NotImplemented
+
+    def __le__(self, other):
+        return self._key() <= other._key() if isinstance(other, _Node) else NotImplemented
+
+    def __gt__(self, other):
+        return self._key() > other._key() if isinstance(other, _Node) else NotImplemented
+
+    def __ge__(self, other):
+        return self._key() >= other._key() if isinstance(other, _Node) else NotImplemented
+
+    def describe(self) -> str:
+        rank = f", --node-rank {self.node_rank}" if self.node_rank is not None else ""
+        return f"{self.addr} (pid {self.pid}{rank}, --nnodes {self.nnodes})"
 
 
 def listening_store(addr: str, port: int, *, timeout_s: float) -> TCPStore:
@@ -64,18 +111,107 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
         store = listening_store(bind_addr, port, timeout_s=read_timeout)
     else:
         _, store = create_backend(params)
-    handler = create_handler(store, Backend(store, params.run_id), params)
+    backend = Backend(store, params.run_id)
+    handler = create_handler(store, backend, params)
+    if params.max_nodes > 1:  # one node has no order to decide and nobody to disagree with
+        try:
+            handler = _with_launch_settings(handler, store, backend, params)
+        except (ImportError, AttributeError, TypeError) as e:  # pragma: no cover - other torch releases
+            import warnings
+
+            warnings.warn(f"ddpkit run: this torch's rendezvous internals differ from those ddpkit knows ({e}); "
+                          "nodes are numbered in torch's order, not by --node-rank, and nodes launched with "
+                          "different --nnodes time out instead of failing at once", stacklevel=2)
     _fresh_store_per_round(handler)
     if not bind_addr:
         return handler
 
-    # The one hook into torch's internals: the handler creates the ranks' shared store (on the node
-    # of rendezvous rank 0) through this method, which otherwise listens on every interface.
+    # The handler creates the ranks' shared store (on the node of rendezvous rank 0) through this
+    # method, which otherwise listens on every interface.
     def _bound_store_server(master_addr: str, master_port: int) -> TCPStore:
         return listening_store(bind_addr, master_port, timeout_s=read_timeout)
 
     handler._create_tcp_store_server = _bound_store_server  # type: ignore[attr-defined]
     return handler
+
+
+def _with_launch_settings(torch_handler, store, backend, params: RendezvousParameters):
+    """torch's handler (its timeouts and keep-alive parsed from `params`), rebuilt around a `_Node` that
+    carries this node's --node-rank and --nnodes, and whose join checks the other nodes against them.
+
+    Uses torch internals (read against torch 2.13; tests/multiproc/test_multinode.py exercises them):
+    the handler's constructor and `_this_node`, its op executor's `run`, the join op's class and the
+    backend state holder.
+    """
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler, _BackendRendezvousStateHolder, _RendezvousJoinOp,
+    )
+
+    if _NodeDesc is object:
+        raise ImportError("torch.distributed.elastic.rendezvous.dynamic_rendezvous._NodeDesc is missing")
+    settings = torch_handler.settings
+    plain = torch_handler._this_node
+    low, high = params.min_nodes, params.max_nodes
+    nnodes = str(low) if low == high else f"{low}:{high}"
+    node = _Node(plain.addr, plain.pid, plain.local_id, node_rank=params.get_as_int("node_rank"), nnodes=nnodes)
+    # The constructor hands the node to every part that uses it (op executor, heartbeats, store info).
+    handler = DynamicRendezvousHandler(node, settings, backend.name, store,
+                                       _BackendRendezvousStateHolder(backend, settings))
+    seen: set = set()  # nodes that were participants while this node was joining
+
+    executor = handler._op_executor
+    torch_run = executor.run
+
+    def run(state_handler, deadline, update_deadline=None):
+        if not isinstance(state_handler, _RendezvousJoinOp):
+            return torch_run(state_handler, deadline, update_deadline)
+
+        def checked(ctx, op_deadline):
+            # Runs after every sync with the store, before torch decides the next step: a node
+            # launched differently fails here, on every node that sees it, instead of timing out.
+            seen.update(ctx.state.participants)
+            _check_peers(node, ctx.state)
+            return state_handler(ctx, op_deadline)
+
+        return torch_run(checked, deadline, update_deadline)
+
+    executor.run = run
+    torch_next_rendezvous = handler.next_rendezvous
+
+    def next_rendezvous():
+        seen.clear()
+        try:
+            return torch_next_rendezvous()
+        except (RendezvousTimeoutError, RendezvousClosedError) as e:
+            # torch raises these without a message: say what this node saw
+            others = sorted(n.describe() for n in seen - {node} if isinstance(n, _Node))
+            raise type(e)(f"this node and {len(others)} other(s) joined: " + ", ".join(others) if others
+                          else "no other node joined") from None
+
+    handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+    return handler
+
+
+def _check_peers(node: _Node, state) -> None:
+    """Raise NodeMismatchError when a node of this round was launched with another --nnodes, or two
+    participants share a --node-rank. Only once this node is in the state itself, so that the others
+    see it too and fail the same way (rather than time out)."""
+    if node not in state.participants and node not in state.wait_list:
+        return
+    by_rank: dict[int, _Node] = {}
+    for other in sorted(n for n in state.participants if isinstance(n, _Node)):
+        if other.nnodes != node.nnodes:
+            raise NodeMismatchError(
+                f"this node has --nnodes {node.nnodes} but {other.describe()} joined the same rendezvous; "
+                "start every node with the same --nnodes and --rdzv-endpoint")
+        if node not in state.participants or other.node_rank is None:
+            continue
+        if other.node_rank in by_rank:
+            high = int(node.nnodes.rpartition(":")[2])
+            raise NodeMismatchError(
+                f"--node-rank {other.node_rank} was given to two nodes, {by_rank[other.node_rank].describe()} and "
+                f"{other.describe()}; give each node its own --node-rank (0..{high - 1}), or none of them")
+        by_rank[other.node_rank] = other
 
 
 def _fresh_store_per_round(handler: RendezvousHandler) -> None:

@@ -1,4 +1,5 @@
-"""Multi-node `ddpkit run` on one machine: two launchers ("nodes") over loopback, node loss, socket binding."""
+"""Multi-node `ddpkit run` on one machine: two launchers ("nodes") over loopback, node loss, socket binding,
+rendezvous failures, node ranks, elastic membership."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def _node(rank: int, port: int, job: list[str], out: Path, log: Path) -> subproc
     return _launcher(["--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "2",
                       "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "60", "--connect-timeout", "60"],
                      job, out, log)
+
+
+def _flags(port: int, *, nnodes: str = "2", node_rank: int | None = None, timeout: float = 60) -> list[str]:
+    rank = ["--node-rank", str(node_rank)] if node_rank is not None else []
+    return ["--nnodes", nnodes, *rank, "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-timeout", f"{timeout:g}", "--connect-timeout", "60"]
 
 
 def _free_port() -> int:
@@ -95,6 +102,7 @@ def test_two_nodes_train_like_one_node_of_four(tmp_path):
     ranks, ref = _ranks(two), _ranks(one)
     assert sorted(ranks) == [0, 1, 2, 3] and {r["world_size"] for r in ranks.values()} == {4}
     assert {ranks[r]["node_rank"] for r in (0, 1)} != {ranks[r]["node_rank"] for r in (2, 3)}  # two nodes
+    assert [ranks[r]["launcher_pid"] for r in range(4)] == [nodes[0].pid] * 2 + [nodes[1].pid] * 2  # --node-rank
     assert {r["steps"] for r in ranks.values()} == {6}
     assert {r["optimizer"] for r in ranks.values()} == {"SGD"}
     assert {r["optimizer"] for r in ref.values()} == {"ShardedSGD"}
@@ -160,3 +168,115 @@ def test_single_node_listens_on_loopback_only(tmp_path):
     exposed = [entry for entry in listening if not ipaddress.ip_address(entry[1]).is_loopback]
     assert not exposed, f"listening beyond loopback: {exposed}"
     assert {r["gloo_ifname"] for r in _ranks(tmp_path).values()} == {"lo"}
+
+
+def _run_nodes(flags_per_node, job, out: Path, timeout: float) -> tuple[list[int], list[str], list[int]]:
+    """Start one launcher per flags list back to back; exit codes, logs and pids once all have exited."""
+    logs = [out / f"node{i}.log" for i in range(len(flags_per_node))]
+    nodes = [_launcher(flags, job, out, log) for flags, log in zip(flags_per_node, logs)]
+    try:
+        codes = _wait(nodes, timeout)
+    finally:
+        leftovers = _kill_leftovers(_descendants(nodes) | {p.pid for p in nodes})
+    assert not leftovers, _logs(*logs)
+    return codes, [log.read_text() for log in logs], [p.pid for p in nodes]
+
+
+def _one_error_line(log: str) -> str:
+    lines = log.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddpkit run: error: "), log[-3000:]
+    return lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_rendezvous_timeout_is_one_line_naming_endpoint_nodes_timeout_and_fix(tmp_path):
+    port = _free_port()
+    codes, logs, _ = _run_nodes([_flags(port, node_rank=0, timeout=3)], ["sleep", "0"], tmp_path, 60)
+    line = _one_error_line(logs[0])  # no traceback
+    assert codes == [1]
+    assert line.startswith(f"ddpkit run: error: rendezvous at 127.0.0.1:{port} timed out after --rdzv-timeout 3 s: "
+                           "--nnodes 2 expects 2 nodes and no other node joined; start every node with the same "
+                           f"--nnodes 2 and --rdzv-endpoint 127.0.0.1:{port}"), line
+    assert "raise it if nodes start far apart" in line
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nodes, needles", [
+    ([("2", 0), ("3", 1)], ["this node has --nnodes 2 but localhost", "this node has --nnodes 3 but localhost"]),
+    ([("3", 0), ("3", 1), ("3", 1)], ["--node-rank 1 was given to two nodes"] * 3),
+], ids=["nnodes-differ", "same-node-rank"])
+def test_nodes_launched_differently_all_fail_at_once_with_one_line(tmp_path, nodes, needles):
+    port = _free_port()
+    started = time.monotonic()
+    # --rdzv-timeout 60: they must fail on sight of each other, not time out
+    codes, logs, _ = _run_nodes([_flags(port, nnodes=n, node_rank=r) for n, r in nodes], ["sleep", "0"], tmp_path, 60)
+    assert time.monotonic() - started < 40 and codes == [1] * len(nodes), _logs(*tmp_path.glob("node*.log"))
+    for log, needle in zip(logs, needles):
+        line = _one_error_line(log)
+        assert line.startswith(f"ddpkit run: error: rendezvous at 127.0.0.1:{port}: ") and needle in line, line
+
+
+@pytest.mark.timeout(240)
+def test_node_rank_0_holds_global_rank_0_whichever_node_starts_first(tmp_path):
+    # Nodes on one machine share an address, and torch would order them by process id: the node started
+    # first would get rank 0. Started back to back, node 1 first in most rounds.
+    for attempt, order in enumerate([(1, 0), (0, 1), (1, 0), (1, 0)]):
+        out = tmp_path / str(attempt)
+        out.mkdir()
+        port = _free_port()
+        codes, logs, pids = _run_nodes([_flags(port, node_rank=r) for r in order], ["sleep", "0"], out, 90)
+        assert codes == [0, 0], "\n".join(logs)
+        launcher_of = dict(zip(order, pids))
+        ranks = _ranks(out)
+        assert {r: ranks[r]["launcher_pid"] for r in ranks} == {0: launcher_of[0], 1: launcher_of[1]}, attempt
+        assert {r: ranks[r]["node_rank"] for r in ranks} == {0: 0, 1: 1}
+        assert "node_rank is only used for static rdzv_backend" not in "".join(logs)  # torchrun's warning
+
+
+@pytest.mark.timeout(120)
+def test_elastic_1_2_on_one_node_trains_with_a_short_rdzv_timeout(tmp_path):
+    # MIN nodes form a group after the last call, which must end within --rdzv-timeout (torch's own is 30 s)
+    port = _free_port()
+    started = time.monotonic()
+    codes, logs, _ = _run_nodes([_flags(port, nnodes="1:2", timeout=10)], ["train", "16", "3"], tmp_path, 60)
+    assert codes == [0], logs[0][-3000:]
+    ranks = _ranks(tmp_path)
+    assert sorted(ranks) == [0] and ranks[0]["world_size"] == 1 and ranks[0]["steps"] == 3
+    print(f"1 node of --nnodes 1:2 trained {time.monotonic() - started:.1f}s after its start")
+
+
+@pytest.mark.timeout(240)
+def test_elastic_survivor_trains_on_alone_after_the_other_node_is_killed(tmp_path):
+    # The README's recovery recipe under a short --rdzv-timeout: the survivor waits for the rendezvous to
+    # drop the lost node (up to DEAD_NODE_S), then the last call, all within the timeout.
+    port = _free_port()
+    flags = [[*_flags(port, nnodes="1:2", node_rank=r, timeout=24), "--max-restarts", "2"] for r in (0, 1)]
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    nodes = [_launcher(f, ["elastic", "3"], tmp_path, log) for f, log in zip(flags, logs)]
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and all(p.poll() is None for p in nodes):
+            ranks = _ranks(tmp_path)
+            if sorted(ranks) == [0, 1] and {r["world_size"] for r in ranks.values()} == {2}:
+                break  # both nodes train together
+            time.sleep(0.2)
+        ranks = _ranks(tmp_path)
+        assert {r["world_size"] for r in ranks.values()} == {2} and len(ranks) == 2, _logs(*logs)
+        assert ranks[0]["launcher_pid"] == nodes[0].pid
+        workers = {r["pid"] for r in ranks.values()} | _descendants(nodes)
+        killed_at = time.monotonic()
+        nodes[1].send_signal(signal.SIGKILL)
+        code = _wait([nodes[0]], 90)[0]
+        recovered_after = time.monotonic() - killed_at
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        leftovers = _kill_leftovers(workers | _descendants(nodes))
+    assert code == 0 and not leftovers, _logs(*logs)
+    alone = _ranks(tmp_path)[0]
+    assert (alone["world_size"], alone["restart"], alone["steps"]) == (1, 1, 3), alone
+    assert alone["launcher_pid"] == nodes[0].pid
+    print(f"node 0 finished alone {recovered_after:.1f}s after node 1's launcher was killed (--rdzv-timeout 24)")

@@ -1,14 +1,22 @@
-"""`ddpkit run`: argv -> RunConfig -> torchrun argv, and its input errors."""
+"""`ddpkit run`: argv -> RunConfig -> torchrun argv, its input errors, and its rendezvous (node order, failures)."""
 
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError, RendezvousConnectionError, RendezvousStateError, RendezvousTimeoutError,
+)
 
 from ddpkit.cli import main, parse_run_args
-from ddpkit.launch import LaunchError, RunConfig, build_torchrun_argv, default_nproc_per_node, threads_per_rank
+from ddpkit.launch import (
+    DEAD_NODE_S, LaunchError, RunConfig, build_torchrun_argv, default_nproc_per_node, launch, threads_per_rank,
+)
+from ddpkit.rendezvous import NodeMismatchError, _check_peers, _Node
 
 
 @pytest.fixture
@@ -66,6 +74,76 @@ def test_multi_node_argv():
     argv = build_torchrun_argv(cfg)
     assert "--nnodes=2" in argv and "--rdzv-endpoint=head:29400" in argv and "--node-rank=1" in argv
     assert "--rdzv-id=j" in argv and "--local-addr=127.0.0.1" not in argv
+    assert _rdzv_conf(argv)["node_rank"] == "1"  # where ddpkit's rendezvous backend reads it
+
+
+def _rdzv_conf(argv: list[str]) -> dict[str, str]:
+    conf = next(a for a in argv if a.startswith("--rdzv-conf=")).removeprefix("--rdzv-conf=")
+    return dict(kv.split("=", 1) for kv in conf.split(","))
+
+
+@pytest.mark.parametrize("timeout, join, last_call", [(2.5, 3, 1), (10, 10, 1), (20, 20, 1), (60, 60, 15),
+                                                      (300, 300, 30)])
+def test_rendezvous_timeouts_are_whole_seconds_and_the_last_call_fits(timeout, join, last_call):
+    cfg = RunConfig(target="t.py", nnodes="1:2", rdzv_endpoint="head:29400", rdzv_id="j", rdzv_timeout=timeout)
+    conf = _rdzv_conf(build_torchrun_argv(cfg))
+    # torch reads both as integers, and waits its own 30 s last call unless told otherwise
+    assert (conf["join_timeout"], conf["last_call_timeout"]) == (str(join), str(last_call))
+    if timeout >= 20:  # a survivor waits for the lost node to be dropped, then the last call
+        assert DEAD_NODE_S + last_call < timeout
+
+
+def test_nodes_are_ordered_by_node_rank_then_as_torch_orders_them():
+    one = _Node("10.0.0.1", 100, 0, node_rank=1, nnodes="3")
+    zero = _Node("10.0.0.9", 200, 0, node_rank=0, nnodes="3")  # torch alone would put it last (address)
+    unranked = _Node("10.0.0.0", 50, 0, node_rank=None, nnodes="3")
+    assert sorted([unranked, one, zero]) == [zero, one, unranked]
+    assert sorted([_Node("b", 1, 0, None, "2"), _Node("a", 2, 0, None, "2")])[0].addr == "a"
+    # the descriptor travels to the other nodes in the pickled rendezvous state, as a dict key
+    assert {pickle.loads(pickle.dumps(zero)): 0} == {zero: 0} and repr(zero) == "10.0.0.9_200_0"
+
+
+def test_nodes_launched_differently_are_refused_on_sight():
+    me = _Node("10.0.0.1", 1, 0, node_rank=0, nnodes="2")
+    other = _Node("10.0.0.2", 7, 0, node_rank=1, nnodes="3")
+    with pytest.raises(NodeMismatchError, match=r"this node has --nnodes 2 but 10\.0\.0\.2 \(pid 7, --node-rank 1, "
+                                                r"--nnodes 3\) joined the same rendezvous; start every node with"):
+        _check_peers(me, SimpleNamespace(participants={me: 0, other: 0}, wait_list=set()))
+    twin = _Node("10.0.0.3", 8, 0, node_rank=1, nnodes="3")
+    peers = [_Node("10.0.0.1", 1, 0, node_rank=0, nnodes="3"), other, twin]
+    with pytest.raises(NodeMismatchError, match=r"--node-rank 1 was given to two nodes, 10\.0\.0\.2 .* and "
+                                                r"10\.0\.0\.3 .*; give each node its own --node-rank \(0\.\.2\)"):
+        _check_peers(peers[0], SimpleNamespace(participants=dict.fromkeys(peers, 0), wait_list=set()))
+    # not yet in the state: the others could not see this node, so it does not fail alone
+    _check_peers(me, SimpleNamespace(participants={other: 0}, wait_list=set()))
+    _check_peers(me, SimpleNamespace(participants={me: 0, _Node("10.0.0.2", 7, 0, 1, "2"): 0}, wait_list=set()))
+
+
+@pytest.mark.parametrize("error, needle", [
+    (RendezvousTimeoutError("no other node joined"),
+     "rendezvous at 127.0.0.1:29633 timed out after --rdzv-timeout 5 s: --nnodes 2 expects 2 nodes and no other "
+     "node joined; start every node with the same --nnodes 2 and --rdzv-endpoint 127.0.0.1:29633"),
+    (RendezvousClosedError(), "rendezvous at 127.0.0.1:29633 was closed by another node before 2 nodes joined: "
+                              "that node timed out, failed or finished"),
+    (RendezvousConnectionError("The connection to the C10d store has failed."),
+     "lost the rendezvous store at 127.0.0.1:29633 (The connection to the C10d store has failed.): the node"),
+    (RendezvousStateError("corrupt\nstate"), "rendezvous at 127.0.0.1:29633 failed (RendezvousStateError: corrupt); "
+                                             "start every node with the same --nnodes 2"),
+    (NodeMismatchError("this node has --nnodes 2 but x joined"),
+     "rendezvous at 127.0.0.1:29633: this node has --nnodes 2 but x joined"),
+], ids=["timeout", "closed", "connection", "other", "mismatch"])
+def test_rendezvous_failures_are_one_line_errors(monkeypatch, capsys, script, error, needle):
+    import torch.distributed.run
+
+    def run(args):
+        raise error
+
+    monkeypatch.setattr(torch.distributed.run, "run", run)
+    cfg = RunConfig(target=script, nnodes="2", node_rank=0, rdzv_endpoint="127.0.0.1:29633", rdzv_id="j",
+                    rdzv_timeout=5)
+    assert launch(cfg) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ddpkit run: error: {needle}"), err
 
 
 def test_max_restarts_passed(script):
