@@ -68,6 +68,15 @@ def _descendants(procs) -> set[int]:
     return pids
 
 
+def _stop(nodes, workers: set) -> set:
+    """Kill what is left of the nodes' launchers, then of their ranks; the ranks that had to be killed."""
+    for p in nodes:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+    return _kill_leftovers(workers | _descendants(nodes))
+
+
 def _kill_leftovers(pids) -> list[int]:
     alive = []
     for pid in pids:
@@ -135,11 +144,7 @@ def test_killing_one_node_stops_the_other_and_leaves_no_ranks(tmp_path):
         stopped_after = time.monotonic() - killed_at
         time.sleep(1.0)
     finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
-        leftovers = _kill_leftovers(workers | _descendants(nodes))
+        leftovers = _stop(nodes, workers)
     log0 = (tmp_path / "node0.log").read_text()
     assert code != 0 and stopped_after < 30, log0[-3000:]
     assert not leftovers, f"rank processes outlived their node: {leftovers}"
@@ -270,11 +275,7 @@ def test_elastic_survivor_trains_on_alone_after_the_other_node_is_killed(tmp_pat
         code = _wait([nodes[0]], 90)[0]
         recovered_after = time.monotonic() - killed_at
     finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
-        leftovers = _kill_leftovers(workers | _descendants(nodes))
+        leftovers = _stop(nodes, workers)
     assert code == 0 and not leftovers, _logs(*logs)
     alone = _ranks(tmp_path)[0]
     assert (alone["world_size"], alone["restart"], alone["steps"]) == (1, 1, 3), alone
