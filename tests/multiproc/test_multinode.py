@@ -188,9 +188,12 @@ def _run_nodes(flags_per_node, job, out: Path, timeout: float) -> tuple[list[int
 
 
 def _one_error_line(log: str) -> str:
+    """ddpkit's one error line, last in the log: no Python traceback. (torch's C++ store client may log
+    a warning with its own stack frames when another node's store goes away first; that is torch's.)"""
     lines = log.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ddpkit run: error: "), log[-3000:]
-    return lines[0]
+    ours = [line for line in lines if line.startswith("ddpkit run: error: ")]
+    assert len(ours) == 1 and lines[-1] == ours[0] and "Traceback" not in log, log[-3000:]
+    return ours[0]
 
 
 @pytest.mark.timeout(120)
@@ -206,19 +209,26 @@ def test_rendezvous_timeout_is_one_line_naming_endpoint_nodes_timeout_and_fix(tm
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("nodes, needles", [
-    ([("2", 0), ("3", 1)], ["this node has --nnodes 2 but localhost", "this node has --nnodes 3 but localhost"]),
-    ([("3", 0), ("3", 1), ("3", 1)], ["--node-rank 1 was given to two nodes"] * 3),
+@pytest.mark.parametrize("nodes, needle", [
+    ([("2", 0), ("3", 1)], "this node has --nnodes {n} but localhost"),
+    ([("3", 0), ("3", 1), ("3", 1)], "--node-rank 1 was given to two nodes"),
 ], ids=["nnodes-differ", "same-node-rank"])
-def test_nodes_launched_differently_all_fail_at_once_with_one_line(tmp_path, nodes, needles):
+def test_nodes_launched_differently_all_fail_at_once_with_one_line(tmp_path, nodes, needle):
     port = _free_port()
     started = time.monotonic()
     # --rdzv-timeout 60: they must fail on sight of each other, not time out
     codes, logs, _ = _run_nodes([_flags(port, nnodes=n, node_rank=r) for n, r in nodes], ["sleep", "0"], tmp_path, 60)
     assert time.monotonic() - started < 40 and codes == [1] * len(nodes), _logs(*tmp_path.glob("node*.log"))
-    for log, needle in zip(logs, needles):
+    named = 0
+    for log, (n, _) in zip(logs, nodes):
         line = _one_error_line(log)
-        assert line.startswith(f"ddpkit run: error: rendezvous at 127.0.0.1:{port}: ") and needle in line, line
+        assert f"127.0.0.1:{port}" in line, line
+        if needle.format(n=n) in line:
+            named += 1
+        else:  # a node whose peers saw the mismatch first hears it from them: they closed the rendezvous,
+            # or the node hosting its store has stopped
+            assert "was closed by another node" in line or "lost the rendezvous store" in line, line
+    assert named >= 1, logs
 
 
 @pytest.mark.timeout(240)
