@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.workerseed import SeededBatch, SeededFetch, WorkerSeeder
+
 if TYPE_CHECKING:
     import torch
 
@@ -91,18 +93,6 @@ class ShardedBatchSampler:
                 yield SeededBatch(batch, (self.epoch, t, j)) if self.tag_batches else batch
 
 
-class SeededBatch(list):
-    """A batch of dataset indices that carries its place, (epoch, optimizer step, micro-step), to the
-    loader worker that fetches it; the worker seeds its random streams from it (see `_SeededFetch`)."""
-
-    def __init__(self, indices: list[int], key: tuple[int, int, int]) -> None:
-        super().__init__(indices)
-        self.key = key
-
-    def __reduce__(self):  # sent to the workers through a pickle
-        return SeededBatch, (list(self), self.key)
-
-
 class DistributedLoader:
     """Iterate this rank's shard on its device; each complete `for` loop over it is one epoch.
 
@@ -134,16 +124,16 @@ class DistributedLoader:
             dataloader_kwargs = {**dataloader_kwargs, "collate_fn": _the_batch}
         # A private generator: DataLoader draws a base seed from the global torch generator each
         # time a loop starts, so a run resumed mid-epoch (one extra loop start) would otherwise get
-        # different dropout than the uninterrupted run. Worker seeds come from _WorkerSeeder anyway.
+        # different dropout than the uninterrupted run. Worker seeds come from WorkerSeeder anyway.
         workers = bool(dataloader_kwargs.get("num_workers"))
         sampler.tag_batches = workers
         dataloader_kwargs = {**dataloader_kwargs,
-                             "worker_init_fn": _WorkerSeeder(ctx.seed, ctx.rank, sampler,
+                             "worker_init_fn": WorkerSeeder(ctx.seed, ctx.rank, sampler,
                                                              dataloader_kwargs.get("worker_init_fn"))}
         if self._gather:
             fetched = _GatheredTensors(dataset)
         elif workers:
-            fetched = _SeededFetch(dataset, sampler.seed, ctx.rank)
+            fetched = SeededFetch(dataset, sampler.seed, ctx.rank)
         else:
             fetched = dataset
         self._loader = torch.utils.data.DataLoader(
@@ -243,55 +233,6 @@ class _GatheredTensors:
 
 def _the_batch(items: list[Any]) -> Any:
     return items[0]
-
-
-class _SeededFetch:
-    """The dataset as loader workers see it: before fetching a batch, the worker seeds python's,
-    numpy's and torch's generators from (data seed, rank, epoch, step, micro-step).
-
-    So what a worker draws for a batch (random augmentation) depends on the batch's place only: not
-    on which worker fetches it, how many workers there are, whether they persist, or whether the run
-    was resumed. One seeding per batch costs about 0.1 ms, in the worker.
-    """
-
-    def __init__(self, dataset: Any, seed: int, rank: int) -> None:
-        self.dataset, self.seed, self.rank = dataset, seed, rank
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index]
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        key = getattr(indices, "key", None)
-        if key is not None:
-            import numpy as np
-
-            from ddpkit.runtime import seed_everything
-
-            seed_everything(int(np.random.SeedSequence([self.seed, self.rank, *key]).generate_state(1)[0]))
-        fetch = getattr(self.dataset, "__getitems__", None)
-        return fetch(list(indices)) if fetch else [self.dataset[i] for i in indices]
-
-
-class _WorkerSeeder:
-    """Seed each data-loader worker from (seed, rank, epoch, worker id), then run the user's
-    worker_init_fn if there is one. Batches reseed anyway (`_SeededFetch`); this covers what a
-    worker draws outside them."""
-
-    def __init__(self, seed: int, rank: int, sampler: ShardedBatchSampler, user: Any = None):
-        self.seed, self.rank, self.sampler, self.user = seed, rank, sampler, user
-
-    def __call__(self, worker_id: int) -> None:
-        import numpy as np
-
-        from ddpkit.runtime import seed_everything
-
-        seq = np.random.SeedSequence([self.seed, self.rank, self.sampler.epoch, worker_id])
-        seed_everything(int(seq.generate_state(1)[0]))
-        if self.user is not None:
-            self.user(worker_id)
 
 
 def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:

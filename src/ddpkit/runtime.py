@@ -14,7 +14,7 @@ from ddpkit.env import LaunchEnv, read_env
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Context", "init", "rank_seed", "seed_everything"]
+__all__ = ["Context", "init", "rank_seed", "seed_everything", "exit_with_launcher"]
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -138,7 +138,7 @@ def init(
         raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 seconds (or None: off), e.g. 300")
     env = read_env() if env is None else env
     if env.launcher == "torchrun":
-        _exit_with_launcher()
+        exit_with_launcher()
     dev, backend = select_device(env, device=device)
     if env.distributed:
         import torch.distributed as dist
@@ -191,7 +191,7 @@ def _abort_on_uncaught(ctx: Context) -> None:
     sys.excepthook = excepthook
 
 
-def _exit_with_launcher() -> None:
+def exit_with_launcher() -> None:
     """Die when this rank's launcher dies (Linux): a SIGKILLed `ddpkit run` leaves no orphan ranks.
 
     torchrun starts each rank in its own session, so nothing else reaches them when the launcher is

@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from ddpkit.check.probes import Recorder, StopCheck
-    from ddpkit.runtime import _exit_with_launcher
+    from ddpkit.runtime import exit_with_launcher
 
     # `ddpkit check` stops torchrun on Ctrl+C/SIGTERM, and SIGKILLs it if it does not exit: a plain
     # torch script has no ddpkit.init() to tie its rank to torchrun, so the bootstrap does it here.
-    _exit_with_launcher()
+    exit_with_launcher()
 
     folder = Path(args.record)
     rec = Recorder(str(folder / f"rank-{env.rank}.jsonl"), max_steps=args.max_steps, epoch_steps=args.epoch_steps)

@@ -41,10 +41,6 @@ def _hash_tensors(tensors) -> str:
     return h.hexdigest()[:16]
 
 
-def _params(optimizer) -> list:
-    return optimizer_parameters(optimizer)  # a sharded optimizer's groups hold this rank's pieces only
-
-
 class Recorder:
     """Installs the probes of one rank and writes its events to `path`."""
 
@@ -185,14 +181,14 @@ class Recorder:
         self.write("epoch_start", loader=ordinal, iter=n, step=self.steps, site=tracer.user_site(frame), **info)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        params = _params(optimizer)
+        params = optimizer_parameters(optimizer)  # a sharded optimizer's groups hold its pieces only
         self._pre[id(optimizer)] = (_hash_tensors(params), _hash_tensors([p.grad for p in params]))
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self.steps += 1
         before, grads = self._pre.pop(id(optimizer), ("", ""))
         self.write("step", n=self.steps, site=tracer.user_site(sys._getframe(1)), optimizer=type(optimizer).__name__,
-                   params_before=before, grads=grads, params_after=_hash_tensors(_params(optimizer)),
+                   params_before=before, grads=grads, params_after=_hash_tensors(optimizer_parameters(optimizer)),
                    ddp_forwards=self._ddp_forwards, synced_forwards=self._synced_forwards)
         self._ddp_forwards = self._synced_forwards = 0
         if self.max_steps and self.steps >= self.max_steps:

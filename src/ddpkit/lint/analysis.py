@@ -184,6 +184,8 @@ class Script:
                     pairs.extend(_target_pairs(target, node.value))
             elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
                 pairs.extend(_target_pairs(node.target, node.value))
+        self.assignments = pairs
+        """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
         self.derived = {}
         for _ in range(8):
             derived: dict[str, int] = {}

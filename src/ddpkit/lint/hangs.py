@@ -58,20 +58,9 @@ def _handles(s: Script) -> dict[str, str]:
             return terminal(value.func)
         return ""
 
-    found: dict[str, str] = {}
-    for node in s.nodes:
-        if isinstance(node, ast.withitem):
-            pairs = [(node.optional_vars, node.context_expr)]
-        elif isinstance(node, ast.Assign):
-            pairs = [(t, node.value) for t in node.targets]
-        elif isinstance(node, ast.AnnAssign):
-            pairs = [(node.target, node.value)]
-        else:
-            continue
-        for target, value in pairs:
-            if isinstance(target, ast.Name) and made_by(value):
-                found[target.id] = made_by(value)
-    return found
+    bound = s.assignments + [(item.optional_vars.id, item.context_expr) for item in s.nodes
+                             if isinstance(item, ast.withitem) and isinstance(item.optional_vars, ast.Name)]
+    return {name: made_by(value) for name, value in bound if not name.startswith(".") and made_by(value)}
 
 
 def _collective(s: Script, call: ast.Call, handles: dict[str, str]) -> _Collective | None:

@@ -1,0 +1,95 @@
+"""What `ddpkit run` prints when a job fails: one line per failed rank, lost nodes, hang reports, and one
+line for a rendezvous that did not complete. The ranks' own tracebacks are already on stderr above."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddpkit.launch import RunConfig
+
+__all__ = ["print_failures", "failure_message", "print_hang_reports", "rendezvous_error"]
+
+
+def rendezvous_error(e: Exception, cfg: RunConfig) -> str:
+    """One line for a failed rendezvous: what happened at which endpoint, what this node saw, the fix."""
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError,
+    )
+
+    from ddpkit.rendezvous import NodeMismatchError
+
+    where = cfg.rdzv_endpoint or "127.0.0.1 (one node)"
+    if isinstance(e, NodeMismatchError):
+        return f"rendezvous at {where}: {e}"  # names both nodes' settings and the fix
+    low, _, high = cfg.nnodes.partition(":")
+    nodes = f"{low} nodes" if high in ("", low) else f"at least {low} nodes"
+    same = (f"start every node with the same --nnodes {cfg.nnodes} and --rdzv-endpoint {where} (and --rdzv-id, "
+            "if you pass it)")
+    if cfg.single_node:
+        same = "run it again, and if it fails again report it with the output of `ddpkit env`"
+    seen = str(e).strip().splitlines()[0] if str(e).strip() else ""  # what this node saw, from ddpkit.rendezvous
+    if isinstance(e, RendezvousTimeoutError):
+        return (f"rendezvous at {where} timed out after --rdzv-timeout {cfg.rdzv_timeout:g} s: --nnodes "
+                f"{cfg.nnodes} expects {nodes}{' and ' + seen if seen else ''}; {same}, all within --rdzv-timeout "
+                "of each other (raise it if nodes start far apart)")
+    if isinstance(e, RendezvousClosedError):
+        return (f"rendezvous at {where} was closed by another node before {nodes} joined"
+                f"{' (' + seen + ')' if seen else ''}: that node timed out, failed or finished (see its log); "
+                f"{same}, then start them all again")
+    if isinstance(e, RendezvousConnectionError):
+        cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ and str(e.__cause__).strip() else seen
+        return (f"lost the rendezvous store at {where}{' (' + cause + ')' if cause else ''}: the node hosting "
+                "it (--node-rank 0, or the machine that holds that address) stopped or cannot be reached; "
+                f"check its log, then {same}")
+    return f"rendezvous at {where} failed ({type(e).__name__}{': ' + seen if seen else ''}); {same}"
+
+
+def print_hang_reports(cfg: RunConfig) -> None:
+    """After a failure: the watchdogs' one line per rank, if they declared a hang."""
+    if cfg.hang_report_dir is None:
+        return
+    from ddpkit.watchdog import collect_reports, summarize
+
+    reports = collect_reports(cfg.hang_report_dir)
+    if reports:
+        print(f"ddpkit run: hang detected (--hang-timeout {cfg.hang_timeout_s:g} s); reports in "
+              f"{cfg.hang_report_dir}", file=sys.stderr)
+        for line in summarize(reports):
+            print(f"ddpkit run:   {line}", file=sys.stderr)
+
+
+def print_failures(e, *, multi_node: bool) -> None:
+    """One line per failed rank; the rank's own traceback is already on stderr above it. On several
+    nodes, also which node's ranks were lost (on one node a peer's closed connection is only the
+    echo of the failure above)."""
+    for rank, failure in sorted(e.failures.items()):
+        where = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
+        if failure.exitcode < 0:
+            why = f"was killed by {failure.signal_name()}"
+        else:
+            why = f"failed with exit code {failure.exitcode}"
+            message = failure_message(failure)
+            if message:
+                why += f": {message.strip().splitlines()[-1]}"
+        print(f"ddpkit run: {where} {why}", file=sys.stderr)
+    if not multi_node:
+        return
+    from ddpkit.netcheck import lost_peer
+
+    messages = filter(None, map(failure_message, e.failures.values()))
+    lost = {lost_peer(message) for message in messages} - {None}
+    for addr in sorted(lost):
+        print(f"ddpkit run: lost the ranks at {addr}: that node's launcher, ranks or network stopped, so this "
+              "node stopped too; check that node's log, then relaunch every node (or use --nnodes MIN:MAX with "
+              "--max-restarts to continue without it)", file=sys.stderr)
+
+
+def failure_message(failure) -> str | None:
+    """The exception message a failed rank wrote to its torchrun error file, or None."""
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    message = data.get("message")
+    if isinstance(message, dict) and message.get("message"):
+        return str(message["message"])
+    return None
