@@ -16,15 +16,15 @@ _EXPORTS = {
     "rank_seed": "ddpkit.runtime",
     "LaunchEnv": "ddpkit.env",
     "read_env": "ddpkit.env",
-    "wrap": "ddpkit.wrap",
-    "unwrap": "ddpkit.wrap",
-    "accumulate": "ddpkit.wrap",
+    "wrap": "ddpkit.parallel",
+    "unwrap": "ddpkit.parallel",
+    "accumulate": "ddpkit.parallel",
     "shard_optimizer": "ddpkit.optim",
     "loader": "ddpkit.data",
     "eval_loader": "ddpkit.data",
     "eval_shard": "ddpkit.data",
     "EvalLoader": "ddpkit.data",
-    "param_sha256": "ddpkit.wrap",
+    "param_sha256": "ddpkit.parallel",
     "DistributedLoader": "ddpkit.data",
     "to_device": "ddpkit.data",
     "all_reduce_sum": "ddpkit.collectives",
@@ -51,11 +51,6 @@ _EXPORTS = {
 }
 
 __all__ = ["__version__", *_EXPORTS]
-
-# `wrap` names both a function and its module. The first import of the submodule (e.g. `from
-# ddpkit.wrap import unwrap`, in ddpkit or user code) would rebind `ddpkit.wrap` to the module;
-# importing it here (it imports no torch at module level) and binding the function prevents that.
-from ddpkit.wrap import wrap  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

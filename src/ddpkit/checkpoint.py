@@ -152,7 +152,7 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
     import torch
 
     from ddpkit import __version__
-    from ddpkit.wrap import unwrap
+    from ddpkit.parallel import unwrap
 
     payload = {
         "format": FORMAT,
@@ -288,7 +288,7 @@ def _compact(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> dict[str, Any]:
-    from ddpkit.wrap import unwrap
+    from ddpkit.parallel import unwrap
 
     state = _load_file(path, ctx.device)
     saved_classes = state.get("classes") or {}  # absent in checkpoints of ddpkit 0.1

@@ -57,7 +57,7 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ct
     import torch
 
     from ddpkit.shm import shm_unsupported
-    from ddpkit.wrap import _find_ddp
+    from ddpkit.parallel import _find_ddp
 
     cls = type(optimizer)
     if isinstance(optimizer, _Sharded):

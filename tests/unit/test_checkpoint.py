@@ -272,12 +272,12 @@ def test_rng_state_survives_weights_only_round_trip(tmp_path):
     assert pickle.dumps(state)  # plain data all the way down
 
 
-def test_importing_the_wrap_submodule_keeps_ddpkit_wrap_the_function():
-    """ddpkit.checkpoint imports `ddpkit.wrap` (the module); `ddpkit.wrap` must stay the function."""
+def test_importing_the_parallel_module_keeps_ddpkit_wrap_the_function():
+    """Importing ddpkit.parallel (as ddpkit.checkpoint does) leaves `ddpkit.wrap` the function."""
     import subprocess
     import sys
 
-    code = ("import sys; from ddpkit.wrap import unwrap; import ddpkit; "
+    code = ("import sys; from ddpkit.parallel import unwrap; import ddpkit; "
             "assert callable(ddpkit.wrap) and ddpkit.wrap.__name__ == 'wrap', ddpkit.wrap; "
             "assert 'torch' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
