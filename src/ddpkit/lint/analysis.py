@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal"]
+           "terminal", "distributed_mode"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -30,6 +30,55 @@ _MAIN_NAME = re.compile(
 _GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
 """Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+_MODE_NAME = re.compile(r"^_?(is_|use_|using_|run_)?(ddp|distributed|dist|multi_?gpu|ddp_run|data_parallel)(_mode|_run)?$")
+"""Flags that say "this run is distributed at all" (`args.distributed`, `ddp`), not which rank this is."""
+_MODE_CALLS = frozenset({"is_initialized", "is_dist_avail_and_initialized", "is_distributed"})
+_GLOBAL_CALLS = frozenset({"get_rank", "get_global_rank"})
+_QUERIES = frozenset({"distributed", "is_available", "is_initialized", "get_rank", "get_world_size",
+                      "is_nccl_available", "is_torchelastic_launched"})
+"""torch.distributed names that only ask about the process group; using only these does not make a file per-rank."""
+
+
+def distributed_mode(expr: ast.AST | None) -> int:
+    """+1 if `expr` being true means the run is distributed, -1 if it means a single process, else 0.
+
+    `args.distributed`, `dist.is_initialized()`, `world_size > 1`, `'RANK' in os.environ` and
+    `local_rank != -1` are +1; their negations (`not ddp`, `world_size == 1`, `rank == -1`) are -1.
+    """
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return 1 if _MODE_NAME.match(terminal(expr).lower()) else 0
+    if isinstance(expr, ast.Call):
+        return 1 if terminal(expr.func) in _MODE_CALLS else 0
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        return -distributed_mode(expr.operand)
+    if isinstance(expr, ast.BoolOp):
+        senses = {distributed_mode(v) for v in expr.values}
+        if isinstance(expr.op, ast.And) and 1 in senses and -1 not in senses:
+            return 1
+        if isinstance(expr.op, ast.Or) and senses == {-1}:
+            return -1
+        return 0
+    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1):
+        return 0
+    left, op, right = expr.left, type(expr.ops[0]), expr.comparators[0]
+    if isinstance(left, ast.Constant) and isinstance(left.value, str) and op in (ast.In, ast.NotIn):
+        if left.value in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and "environ" in ast.unparse(right):
+            return 1 if op is ast.In else -1
+        return 0
+    value = right.value if isinstance(right, ast.Constant) and isinstance(right.value, int) else None
+    if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub) and isinstance(right.operand, ast.Constant):
+        value = -right.operand.value if isinstance(right.operand.value, int) else None
+    if value is None:
+        return 0
+    name = terminal(left).lower()
+    if "world_size" in name or name in ("num_processes", "nprocs", "num_replicas"):
+        if (op, value) in ((ast.Gt, 1), (ast.GtE, 2), (ast.NotEq, 1)):
+            return 1
+        if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2)):
+            return -1
+    if value == -1 and rank_name_kind(terminal(left) or "rank"):
+        return {ast.Eq: -1, ast.NotEq: 1}.get(op, 0)
+    return 0
 
 
 def rank_name_kind(name: str) -> int:
@@ -73,33 +122,46 @@ class Context:
     """Names of the enclosing functions, outermost first."""
     scope: int = 0
     """id() of the innermost enclosing function (0 at module level)."""
+    single: bool = False
+    """Inside the single-process branch of a mode check (`if not args.distributed:`): one process runs it."""
 
     def guarded(self, kind: int, node: ast.AST, branch: str) -> Context:
         entry = (id(node), branch, getattr(node, "lineno", 0))
-        return Context(max(self.level, kind), self.branches + (entry,), self.functions, self.scope)
+        return Context(max(self.level, kind), self.branches + (entry,), self.functions, self.scope, self.single)
+
+    def alone(self) -> Context:
+        return Context(self.level, self.branches, self.functions, self.scope, True)
 
 
 class Script:
     """One parsed script plus the facts the rules share; build it once per file."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None) -> None:
         self.tree = tree
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = self._import_aliases()
         self._derive_rank_names()
         self.contexts: dict[int, Context] = {}
+        self.external_levels = external_levels or {}
+        """Guard levels of this file's functions at their call sites in other files of the project."""
         self._analyse_functions()
+        self.project = None
+        """The Project this file belongs to (set by Project, which every lint run builds)."""
+        self.path = ""
         modules = set(self.aliases.values())
         self.uses_ddpkit = any(m == "ddpkit" or m.startswith("ddpkit.") for m in modules)
         self.uses_ddp = any(self.qualname(n).endswith("DistributedDataParallel")
                             for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute)))
         self.uses_torch_distributed = self.uses_ddp or any(
-            self.qualname(n).startswith("torch.distributed") or self.call_name(n) == "init_process_group"
+            (self.qualname(n).startswith("torch.distributed.") and terminal(n) not in _QUERIES)
+            or terminal(n) == "DistributedSampler" or self.call_name(n) == "init_process_group"
             for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute, ast.Call))
         )
-        self.distributed = self.uses_torch_distributed or self.uses_ddpkit
-        """Every rank runs this file: it uses torch.distributed, DDP or ddpkit."""
+        self.distributed = self.uses_torch_distributed or self.uses_ddpkit or self.per_rank_functions is not None
+        """Every rank runs this file: it uses torch.distributed (more than asking whether it is initialised),
+        DDP, ddpkit or mp.spawn. A single-process evaluation script that only checks
+        `dist.is_initialized()` is not distributed."""
 
     # ---- names -------------------------------------------------------------------------------
     def _import_aliases(self) -> dict[str, str]:
@@ -112,9 +174,10 @@ class Script:
                     else:
                         head = a.name.split(".")[0]
                         aliases[head] = head
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                # `from .util import misc` and `from util import misc` both name the project's util.misc
                 for a in node.names:
-                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
         return aliases
 
     def qualname(self, node: ast.AST) -> str:
@@ -164,7 +227,12 @@ class Script:
                 return NONE
             return max(self.kind(e) for e in (expr.left, *expr.comparators))
         if isinstance(expr, ast.BoolOp):
-            return max(self.kind(v) for v in expr.values)
+            if isinstance(expr.op, ast.And):
+                return max(self.kind(v) for v in expr.values)
+            # `not distributed or rank == 0` is rank 0 of a distributed run, but in
+            # `not args.multiprocessing_distributed or rank == 0` the left arm passes on every rank
+            kinds = [self.kind(v) for v in expr.values if distributed_mode(v) >= 0]
+            return min(kinds, default=NONE)
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand)
         if isinstance(expr, ast.BinOp):
@@ -186,6 +254,13 @@ class Script:
                 pairs.extend(_target_pairs(node.target, node.value))
         self.assignments = pairs
         """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
+        self.global_rank_names: set[str] = set()
+        """Names holding the global rank itself (`rank = dist.get_rank()`), not a value derived from it."""
+        for _ in range(4):
+            found = {key for key, value in pairs if self.is_global_rank(value)}
+            if found <= self.global_rank_names:
+                break
+            self.global_rank_names |= found
         self.derived = {}
         for _ in range(8):
             derived: dict[str, int] = {}
@@ -196,6 +271,23 @@ class Script:
             if derived == self.derived:
                 break
             self.derived = derived
+
+    def is_global_rank(self, expr: ast.AST | None) -> bool:
+        """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
+        if isinstance(expr, ast.Name):
+            return expr.id in self.global_rank_names
+        if isinstance(expr, ast.Attribute):
+            return "." + expr.attr in self.global_rank_names
+        if isinstance(expr, ast.Call):
+            name = terminal(expr.func)
+            if name in ("int", "str") and expr.args:
+                return self.is_global_rank(expr.args[0])
+            if name in ("get", "getenv") and expr.args and isinstance(expr.args[0], ast.Constant):
+                return expr.args[0].value in _GLOBAL_ENV
+            return name in _GLOBAL_CALLS
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+            return expr.slice.value in _GLOBAL_ENV
+        return False
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
@@ -212,7 +304,7 @@ class Script:
         for _ in range(8):
             self.contexts = {}
             self._block(self.tree.body, Context())
-            levels: dict[str, int] = {}
+            levels: dict[str, int] = dict(self.external_levels)
             for ref in refs:
                 name = terminal(ref)
                 level = self.context(ref).level
@@ -239,7 +331,7 @@ class Script:
                 # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: rank 0 runs the code in
                 # between first (and e.g. writes a cache), the others after it; treat it as guarded.
                 before_first = ctx
-                ctx = Context(max(ctx.level, k), ctx.branches, ctx.functions, ctx.scope)
+                ctx = Context(max(ctx.level, k), ctx.branches, ctx.functions, ctx.scope, ctx.single)
 
     def _visit(self, node: ast.AST, ctx: Context) -> None:
         self.contexts[id(node)] = ctx
@@ -257,6 +349,9 @@ class Script:
             k = self.kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
+            sense = distributed_mode(node.test)
+            if sense:
+                body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
             if isinstance(node, ast.If):
                 self._block(node.body, body_ctx)
                 self._block(node.orelse, else_ctx)
@@ -295,6 +390,11 @@ class Script:
         workers.discard("")
         if not workers:
             return None
+        # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
+        # rank when torchrun starts the script (the ImageNet example's two modes)
+        workers.update(d.name for d in defs if any(
+            isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
+            for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
         reached, todo = set(), list(workers)
         while todo:
