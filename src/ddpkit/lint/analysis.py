@@ -149,6 +149,7 @@ class Script:
         self.project = None
         """The Project this file belongs to (set by Project, which every lint run builds)."""
         self.path = ""
+        self._parents: dict[int, ast.AST] | None = None
         modules = set(self.aliases.values())
         self.uses_ddpkit = any(m == "ddpkit" or m.startswith("ddpkit.") for m in modules)
         self.uses_ddp = any(self.qualname(n).endswith("DistributedDataParallel")
@@ -162,6 +163,13 @@ class Script:
         """Every rank runs this file: it uses torch.distributed (more than asking whether it is initialised),
         DDP, ddpkit or mp.spawn. A single-process evaluation script that only checks
         `dist.is_initialized()` is not distributed."""
+
+    @property
+    def parents(self) -> dict[int, ast.AST]:
+        """id(node) -> its parent node, built on first use."""
+        if self._parents is None:
+            self._parents = {id(c): p for p in self.nodes for c in ast.iter_child_nodes(p)}
+        return self._parents
 
     # ---- names -------------------------------------------------------------------------------
     def _import_aliases(self) -> dict[str, str]:

@@ -3,63 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ast
-import re
 import sys
 from pathlib import Path
 
-import ddpkit.lint.hangs  # noqa: F401  (registers DDP010 in CHECKS)
-import ddpkit.lint.hazards  # noqa: F401  (registers DDP011-DDP013 in CHECKS)
-import ddpkit.lint.outputs  # noqa: F401  (registers DDP006 and DDP008 in CHECKS)
-import ddpkit.lint.seeding  # noqa: F401  (registers DDP014 in CHECKS)
-from ddpkit.lint.project import Project, programs
+from ddpkit.lint.linter import lint_sources
 from ddpkit.lint.report import RULES, Finding, format_json, format_sarif, format_text
-from ddpkit.lint.rules import CHECKS
 
 __all__ = ["lint_source", "lint_file", "lint_files", "lint_sources", "collect_paths", "main"]
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<ids>[A-Za-z0-9_, ]+))?", re.IGNORECASE)
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
-
-
-def _suppressed(line: str, rule: str) -> bool:
-    """`# noqa` silences every rule on the line; `# noqa: DDP004,DDP008` only those."""
-    match = _NOQA.search(line)
-    if match is None:
-        return False
-    ids = match.group("ids")
-    return ids is None or rule in {i.strip().upper() for i in ids.split(",")}
-
-
-def lint_sources(sources: dict[str, str]) -> list[Finding]:
-    """All findings for files ({path: text}), sorted by position. Never executes them.
-
-    Files that import each other are analysed together as one program (see Project). At most one
-    finding per rule and line; where a print is reported as a wrong metric (DDP006), it is not also
-    reported as repeated output (DDP008).
-    """
-    trees: dict[str, ast.Module] = {}
-    findings: list[Finding] = []
-    for path, source in sources.items():
-        try:
-            trees[path] = ast.parse(source, filename=path)
-        except SyntaxError as e:
-            findings.append(Finding(path, e.lineno or 1, e.offset or 1, "DDP000", "error",
-                                    f"cannot parse the file: {e.msg}",
-                                    "fix the syntax error (ddpkit lint reads the file with this Python's parser)"))
-    scripts = [(path, script) for program in programs(trees) for path, script in Project(program).scripts.items()]
-    for path, script in scripts:
-        lines = sources[path].splitlines()
-        seen: dict[tuple[int, str], Finding] = {}
-        for run_check in CHECKS:
-            for hit in run_check(script):
-                line = getattr(hit.node, "lineno", 1)
-                text = lines[line - 1] if 0 < line <= len(lines) else ""
-                if (line, hit.rule) not in seen and not _suppressed(text, hit.rule):
-                    seen[(line, hit.rule)] = Finding(path, line, getattr(hit.node, "col_offset", 0) + 1, hit.rule,
-                                                     hit.severity, hit.message, hit.fix)
-        findings.extend(f for (line, rule), f in seen.items() if not (rule == "DDP008" and (line, "DDP006") in seen))
-    return sorted(findings, key=Finding.sort_key)
 
 
 def lint_source(source: str, path: str = "<string>") -> list[Finding]:

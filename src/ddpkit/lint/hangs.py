@@ -240,7 +240,7 @@ def _stop_in(body: list[ast.stmt]) -> ast.AST | None:
 def one_rank_stops(s: Script) -> Iterator[Hit]:
     if not (s.distributed or s.project.distributed):
         return
-    parents = {id(c): p for p in s.nodes for c in ast.iter_child_nodes(p)}
+    parents = s.parents
 
     def in_loop(node: ast.AST) -> bool:
         while id(node) in parents:
@@ -287,7 +287,7 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                if isinstance(v, ast.Call) and s.qualname(v.func).endswith("DistributedDataParallel")}
     if not wrapped:
         return
-    parents = {id(c): p for p in s.nodes for c in ast.iter_child_nodes(p)}
+    parents = s.parents
     for call in s.calls:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
         key = func.id if isinstance(func, ast.Name) else "." + func.attr if isinstance(func, ast.Attribute) else ""

@@ -79,8 +79,11 @@ def _pins_device(s: Script) -> bool:
 
 
 def _set_device_calls(s: Script) -> list[tuple[Script, ast.Call]]:
-    return [(script, c) for script in s.project.scripts.values() for c in script.calls
-            if terminal(c.func) in ("set_device", "set_device_index")]
+    return s.project.calls_named("set_device", "set_device_index")
+
+
+def _pinned(s: Script) -> bool:
+    return s.project.memo("pins", lambda: any(_pins_device(script) for script in s.project.scripts.values()))
 
 
 _NO_DEVICE = ("call torch.cuda.set_device(local_rank) before init_process_group, or pass "
@@ -91,7 +94,7 @@ _NO_DEVICE = ("call torch.cuda.set_device(local_rank) before init_process_group,
 def nccl_without_set_device(s: Script) -> Iterator[Hit]:
     # Where set_device sits relative to init_process_group does not matter as long as it comes before
     # the first CUDA work; what puts every rank on cuda:0 is not choosing a device at all.
-    chosen = _set_device_calls(s) or any(_pins_device(script) for script in s.project.scripts.values())
+    chosen = _set_device_calls(s) or _pinned(s)
     spawned = s.project.spawned
     fix = _NO_DEVICE.replace("local_rank", "rank") if spawned else _NO_DEVICE
     for call in s.calls_named("init_process_group"):
@@ -105,7 +108,7 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
                       "current device of every rank stays cuda:0: NCCL communicators, barrier() and every "
                       "bare .cuda() land on one GPU", fix)
         elif backend is not None and (not values or all("gloo" in v for v in values)) \
-                and any(_uses_cuda(script, bare=True) for script in s.project.scripts.values()):
+                and s.project.memo("bare cuda", lambda: any(_uses_cuda(x, bare=True) for x in s.project.scripts.values())):
             what = f"backend {ast.unparse(backend)}" if values else \
                 f"a backend only known at run time ({ast.unparse(backend)})"
             yield Hit(call, "DDP012", "error",
@@ -159,9 +162,9 @@ def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[str, bool
 
 @check
 def ddp_without_device(s: Script) -> Iterator[Hit]:
-    if not _uses_cuda(s) or any(_pins_device(script) for script in s.project.scripts.values()):
+    if not _uses_cuda(s) or _pinned(s):
         return
-    parents = {id(c): p for p in s.nodes for c in ast.iter_child_nodes(p)}
+    parents = s.parents
     chosen = _set_device_calls(s)
     for call in s.calls:
         if not s.qualname(call.func).endswith("DistributedDataParallel") or len(call.args) > 1 \
@@ -180,13 +183,14 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
 
 @check
 def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
-    scripts = list(s.project.scripts.values())
-    if not any(script.uses_ddp for script in scripts):
+    def applies() -> bool:
+        scripts = list(s.project.scripts.values())
+        return any(script.uses_ddp for script in scripts) and not any(
+            isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in ("SyncBatchNorm", "convert_sync_batchnorm")
+            for script in scripts for n in script.nodes)
+
+    if not s.project.memo("batchnorm", applies):
         return
-    for script in scripts:
-        if any(isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in ("SyncBatchNorm", "convert_sync_batchnorm")
-               for n in script.nodes):
-            return
     first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute))
                   and re.fullmatch(r"BatchNorm[123]d", terminal(n))), None)
     if first is not None:

@@ -52,7 +52,7 @@ def _eval_samplers(s: Script) -> list[ast.Call]:
 
 
 def _sharded_eval(s: Script) -> bool:
-    return any(_eval_samplers(script) for script in s.project.scripts.values())
+    return s.project.memo("sharded eval", lambda: any(_eval_samplers(x) for x in s.project.scripts.values()))
 
 
 @check

@@ -31,7 +31,9 @@ class Project:
 
     def __init__(self, trees: dict[str, ast.Module]) -> None:
         self.paths = list(trees)
-        self.modules = {_module_name(path): path for path in self.paths}
+        self.modules = _suffixes(self.paths)
+        """Every dotted suffix of every file's module name -> the file (`misc`, `util.misc` -> util/misc.py)."""
+        self._memo: dict[object, object] = {}
         self.scripts = {path: Script(tree) for path, tree in trees.items()}
         for _ in range(2):  # a helper of a helper in a third file needs a second round
             levels = self._external_levels()
@@ -55,21 +57,19 @@ class Project:
         if "." not in qualname:
             return None
         module, name = qualname.rsplit(".", 1)
-        path = self.modules.get(module) or next(
-            (p for m, p in self.modules.items() if m.endswith("." + module)), None)
+        path = self.modules.get(module)
         if path is None or name not in self.scripts[path].function_names:
             return None
         return path, name
 
     def _module_path(self, dotted: str) -> str | None:
-        for candidate in (dotted, dotted.rsplit(".", 1)[0] if "." in dotted else ""):
-            if not candidate:
-                continue
-            path = self.modules.get(candidate) or next(
-                (p for m, p in self.modules.items() if m.endswith("." + candidate)), None)
-            if path is not None:
-                return path
-        return None
+        return self.modules.get(dotted) or (self.modules.get(dotted.rsplit(".", 1)[0]) if "." in dotted else None)
+
+    def memo(self, key: object, compute):
+        """A fact over every file, computed once per project (the checks run once per file)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def _external_levels(self) -> dict[str, dict[str, int]]:
         levels: dict[str, dict[str, int]] = {}
@@ -87,7 +87,8 @@ class Project:
 
     # ---- facts -------------------------------------------------------------------------------
     def calls_named(self, *names: str) -> list[tuple[Script, ast.Call]]:
-        return [(s, c) for s in self.scripts.values() for c in s.calls if terminal(c.func) in names]
+        return self.memo(("calls", names), lambda: [
+            (s, c) for s in self.scripts.values() for c in s.calls if terminal(c.func) in names])
 
     def _collect_facts(self) -> None:
         scripts = list(self.scripts.values())
@@ -102,14 +103,10 @@ class Project:
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         self.single_node = self._single_node(nodes)
-        self.reducing_functions = self._reducing_functions(scripts)
-        looping = {d.name for s in scripts for d in s.defs
-                   if any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(d))}
+        self.reducing_functions, looping = self._function_facts(scripts)
         self.epoch_loop = any(
-            isinstance(n, (ast.For, ast.While)) and any(
-                (m is not n and isinstance(m, (ast.For, ast.While)))
-                or (isinstance(m, ast.Call) and terminal(m.func) in looping) for m in ast.walk(n))
-            for _, n in nodes)
+            (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
+            and _in_loop(s, n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
         self.imported = {path for s in scripts for module in s.aliases.values()
                          for path in [self._module_path(module)] if path}
@@ -134,16 +131,21 @@ class Project:
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
 
-    def _reducing_functions(self, scripts: list[Script]) -> set[str]:
-        """Project functions that reduce or gather across ranks, directly or through each other."""
+    def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str]]:
+        """Project functions that reduce or gather across ranks (directly or through each other), and those with a loop."""
         direct: dict[str, set[str]] = {}
         found: set[str] = set()
+        looping: set[str] = set()
         for s in scripts:
             for d in s.defs:
-                callees = {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)}
-                if any(isinstance(c, ast.Call) and s.is_dist_collective(c) for c in ast.walk(d)):
-                    found.add(d.name)
-                direct[d.name] = direct.get(d.name, set()) | callees
+                callees = direct.setdefault(d.name, set())
+                for n in ast.walk(d):
+                    if isinstance(n, ast.Call):
+                        callees.add(terminal(n.func))
+                        if s.is_dist_collective(n):
+                            found.add(d.name)
+                    elif isinstance(n, (ast.For, ast.While)):
+                        looping.add(d.name)
         changed = True
         while changed:
             changed = False
@@ -151,10 +153,13 @@ class Project:
                 if name not in found and callees & found:
                     found.add(name)
                     changed = True
-        return found
+        return found, looping
 
     def reduces(self, pattern: re.Pattern[str]) -> bool:
         """Whether some value whose name matches `pattern` is reduced or gathered across ranks anywhere."""
+        return self.memo(("reduces", pattern.pattern), lambda: self._reduces(pattern))
+
+    def _reduces(self, pattern: re.Pattern[str]) -> bool:
         def reducing(s: Script, call: ast.AST) -> bool:
             if not isinstance(call, ast.Call):
                 return False
@@ -174,13 +179,23 @@ class Project:
         return False
 
 
+def _suffixes(paths: list[str]) -> dict[str, str]:
+    """{dotted suffix: path}; the shortest module name wins a suffix two files share."""
+    index: dict[str, str] = {}
+    for path in sorted(paths, key=lambda p: len(_module_name(p))):
+        parts = _module_name(path).split(".")
+        for i in range(len(parts)):
+            index.setdefault(".".join(parts[i:]), path)
+    return index
+
+
 def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
     """Split files into programs: files that import each other (directly or through others) go together.
 
     `ddpkit lint DIR` on a folder of unrelated scripts lints each on its own; a train.py that imports
     utils.py and model.py is one program with them.
     """
-    modules = {_module_name(path): path for path in trees}
+    modules = _suffixes(list(trees))
     group = {path: path for path in trees}
 
     def find(path: str) -> str:
@@ -191,7 +206,7 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
 
     for path, tree in trees.items():
         for name in _imported_names(tree):
-            target = modules.get(name) or next((p for m, p in modules.items() if m.endswith("." + name)), None)
+            target = modules.get(name)
             if target is not None and target != path:
                 group[find(target)] = find(path)
     out: dict[str, dict[str, ast.Module]] = {}
@@ -211,6 +226,17 @@ def _imported_names(tree: ast.Module) -> set[str]:
                 names.add(base)
             names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
     return names
+
+
+def _in_loop(s: Script, node: ast.AST) -> bool:
+    """Whether a loop of the same function encloses the node."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+    return False
 
 
 def _module_name(path: str) -> str:

@@ -191,7 +191,7 @@ def load_without_map_location(s: Script) -> Iterator[Hit]:
         weights_only = keyword(call, "weights_only")
         problems = []
         if argument(call, "map_location", 1) is None:
-            problems.append("without map_location it puts every tensor back on the device it was saved from "
+            problems.append("has no map_location, so it puts every tensor back on the device it was saved from "
                             "(cuda:0), on every rank")
         if _is_const(weights_only, False):
             problems.append("weights_only=False unpickles arbitrary objects from the checkpoint")
@@ -229,7 +229,8 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
     for call in s.calls_named("add_argument"):
         flag = next((a.value for a in call.args if isinstance(a, ast.Constant)
                      and a.value in ("--local_rank", "--local-rank")), None)
-        if flag:
+        default = keyword(call, "default")
+        if flag and not (default is not None and "LOCAL_RANK" in ast.unparse(default)):  # torchrun-compatible
             yield Hit(call, "DDP007", "warning",
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
                       "pass it and sets the LOCAL_RANK environment variable instead",

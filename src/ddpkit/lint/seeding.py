@@ -56,11 +56,10 @@ def seeding(s: Script) -> Iterator[Hit]:
     project = s.project
     if not project.distributed:
         return
-    seeds = [(script, c) for script in project.scripts.values() for c in script.calls
-             if _is_seed(script, c) and _reached(script, c)]
+    seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
+                                            if _is_seed(script, c) and _reached(script, c)])
     if not seeds:
-        inits = [(script, c) for script in project.scripts.values()
-                 for c in script.calls if terminal(c.func) == "init_process_group"]
+        inits = project.calls_named("init_process_group")
         if inits and inits[0][0] is s:
             yield Hit(inits[0][1], "DDP014", "note",
                       "nothing seeds the random number generators: model initialisation, augmentation and "
