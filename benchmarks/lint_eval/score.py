@@ -5,7 +5,7 @@ Each project (a script and the helpers of its own it imports) is linted as one p
 `ddpkit lint DIR` would. A finding is right when a label of the same file and rule covers its line
 (`line`, or `line`..`end` for a statement over several lines); every label is found at most once.
 
-    python benchmarks/lint_eval/score.py [--cache DIR] [--show fp,fn]
+    python benchmarks/lint_eval/score.py [--cache DIR] [--show fp,fn] [--held-out]
 """
 
 from __future__ import annotations
@@ -66,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", type=Path, default=CACHE, help="folder fetch.py filled (default: cache/ here)")
     p.add_argument("--show", default="", help="also list wrong answers: fp, fn or fp,fn")
+    p.add_argument("--held-out", action="store_true",
+                   help="score only the projects labelled after the rules were final (held_out in the manifest)")
     args = p.parse_args(argv)
     projects = json.loads(MANIFEST.read_text())["projects"]
+    if args.held_out:
+        projects = [p for p in projects if p.get("held_out")]
     tp, fp, fn, wrong = score(projects, args.cache)
     known = set(lint.RULES)
     print(f"{len(projects)} projects, {sum(len(p['files']) for p in projects)} files, "

@@ -24,7 +24,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.lint.analysis import Script, terminal
 from ddpkit.lint.linter import analyse
-from ddpkit.lint.rules import DDP_ONLY_KWARGS, Hit, argument, keyword
+from ddpkit.lint.rules import Hit, argument, keyword
 
 __all__ = ["FIXABLE", "fix_source", "apply_fixes"]
 
