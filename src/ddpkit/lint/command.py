@@ -111,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args.fix or args.diff:
-        from ddpkit.lint.fixes import apply_fixes  # libcst is imported only when rewriting
-
+        try:
+            from ddpkit.lint.fixes import apply_fixes  # libcst is imported only when rewriting
+        except ImportError as e:
+            print(f"ddpkit lint: error: --fix/--diff need libcst ({e}); install it: pip install 'libcst>=1.1'",
+                  file=sys.stderr)
+            return 2
         try:
             sources = [apply_fixes(group, write=args.fix and not args.diff, show_diff=args.diff)
                        for group in sources]
