@@ -1,4 +1,4 @@
-"""The lint evaluation set and benchmarks: the manifest is well formed, the scorer counts right, the speed script runs."""
+"""The lint evaluation set and benchmarks: a well-formed manifest, a scorer that counts right, a speed script that runs."""
 
 from __future__ import annotations
 

@@ -5,11 +5,19 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ddpkit.lint.ranks import (COLLECTIVES, GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES,
-                               distributed_mode, is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
+from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
+                               is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
+
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "monitored_barrier",
+})
+"""torch.distributed functions that every rank of the group must call, or the job hangs."""
 
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 

@@ -108,7 +108,8 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
                       "current device of every rank stays cuda:0: NCCL communicators, barrier() and every "
                       "bare .cuda() land on one GPU", fix)
         elif backend is not None and (not values or all("gloo" in v for v in values)) \
-                and s.project.memo("bare cuda", lambda: any(_uses_cuda(x, bare=True) for x in s.project.scripts.values())):
+                and s.project.memo("bare cuda", lambda: any(_uses_cuda(x, bare=True)
+                                                            for x in s.project.scripts.values())):
             what = f"backend {ast.unparse(backend)}" if values else \
                 f"a backend only known at run time ({ast.unparse(backend)})"
             yield Hit(call, "DDP012", "error",

@@ -132,7 +132,7 @@ class Project:
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
 
     def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str]]:
-        """Project functions that reduce or gather across ranks (directly or through each other), and those with a loop."""
+        """Functions that reduce or gather across ranks (directly or through each other); functions with a loop."""
         direct: dict[str, set[str]] = {}
         found: set[str] = set()
         looping: set[str] = set()

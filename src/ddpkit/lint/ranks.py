@@ -5,19 +5,11 @@ from __future__ import annotations
 import ast
 import re
 
-__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
+__all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
            "distributed_mode", "rank_name_kind", "is_main_flag", "is_mode_sentinel", "terminal"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
-
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
-    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
-    "monitored_barrier",
-})
-"""torch.distributed functions that every rank of the group must call, or the job hangs."""
 
 GLOBAL_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
 LOCAL_ENV = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
@@ -28,7 +20,8 @@ _MAIN_NAME = re.compile(
 )
 _GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
 """Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
-_MODE_NAME = re.compile(r"^_?(is_|use_|using_|run_)?(ddp|distributed|dist|multi_?gpu|ddp_run|data_parallel)(_mode|_run)?$")
+_MODE_NAME = re.compile(r"^_?(is_|use_|using_|run_)?(ddp|distributed|dist|multi_?gpu|ddp_run|data_parallel)"
+                        r"(_mode|_run)?$")
 """Flags that say "this run is distributed at all" (`args.distributed`, `ddp`), not which rank this is."""
 _MODE_CALLS = frozenset({"is_initialized", "is_dist_avail_and_initialized", "is_distributed"})
 GLOBAL_CALLS = frozenset({"get_rank", "get_global_rank"})

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from ddpkit.lint.analysis import Script, terminal
 from ddpkit.lint.rules import Hit, argument, check
 
-__all__ = ["seeding"]
+__all__ = ["rank_seeds"]
 
 _SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_everything", "set_seed", "set_random_seed"})
 _TORCH_SEEDS = ("torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.random.manual_seed")
@@ -18,7 +18,8 @@ _SEED_FIX = ("seed each rank differently and reproducibly: torch.manual_seed(arg
 
 def _is_seed(s: Script, call: ast.Call) -> bool:
     name = s.qualname(call.func)
-    if name.startswith(("torch.", "numpy.", "np.", "random.")) or terminal(call.func) in ("seed_everything", "set_seed"):
+    if name.startswith(("torch.", "numpy.", "np.", "random.")) \
+            or terminal(call.func) in ("seed_everything", "set_seed"):
         return terminal(call.func) in _SEEDS
     return s.qualname(call.func).startswith("ddpkit.init") and any(k.arg == "seed" for k in call.keywords)
 
@@ -52,7 +53,7 @@ def _differs_per_rank(s: Script, call: ast.Call) -> bool:
 
 
 @check
-def seeding(s: Script) -> Iterator[Hit]:
+def rank_seeds(s: Script) -> Iterator[Hit]:
     project = s.project
     if not project.distributed:
         return
