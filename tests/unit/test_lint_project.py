@@ -146,3 +146,41 @@ def test_json_carries_the_fix(capsys):
     assert main(["--format", "json", str(FIXTURES / "bad_ddp014_same_seed.py")]) == 0
     (record,) = json.loads(capsys.readouterr().out)
     assert record["rule"] == "DDP014" and record["severity"] == "warning" and "rank" in record["fix"]
+
+
+def test_entry_scripts_sharing_a_helper_are_separate_programs(tmp_path):
+    (tmp_path / "datautils.py").write_text("import torch\n\n\ndef dataset():\n    return torch.randn(8, 2)\n")
+    (tmp_path / "single_gpu.py").write_text(_src("""
+        import torch
+        from datautils import dataset
+        model = torch.nn.Linear(2, 1)
+        torch.save(model.state_dict(), "model.pt")
+    """))
+    (tmp_path / "multigpu.py").write_text(_src("""
+        import torch
+        import torch.distributed as dist
+        from datautils import dataset
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        torch.save(dataset(), "data.pt")
+        dist.destroy_process_group()
+    """))
+    found = lint_files(sorted(tmp_path.glob("*.py")))
+    assert [(Path(f.path).name, f.rule) for f in found] == [("multigpu.py", "DDP004")]
+
+
+def test_each_script_imports_its_own_utils(tmp_path):
+    for name, body in (("a", 'torch.save({}, "x.pt")\n'), ("b", "")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "utils.py").write_text(f"import torch\n\n\ndef save():\n    {body or 'pass'}\n")
+    (tmp_path / "b" / "train.py").write_text(_src("""
+        import torch
+        import torch.distributed as dist
+        import utils
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        utils.save()
+        dist.destroy_process_group()
+    """))
+    assert lint_files(sorted(tmp_path.rglob("*.py"))) == []  # b/train.py's utils is b/utils.py, not a/utils.py

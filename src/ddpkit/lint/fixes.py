@@ -247,7 +247,11 @@ def fix_source(sources: dict[str, str]) -> dict[str, str]:
     current = dict(sources)
     for _ in range(3):
         changed = False
+        planned: set[str] = set()
         for path, script, hits in analyse(current):
+            if path in planned:
+                continue  # a helper two programs share: rewritten once, seen again next round
+            planned.add(path)
             edits = _plan(script, [h for h in hits if h.rule in FIXABLE])
             if edits:
                 new = _rewrite(current[path], edits)

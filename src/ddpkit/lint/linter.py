@@ -36,6 +36,7 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
     reported as repeated output (DDP008).
     """
     findings: list[Finding] = []
+    reported: set[tuple[str, int, str]] = set()  # a helper shared by two programs is reported once
     for path, script, hits in analyse(sources, findings):
         lines = sources[path].splitlines()
         seen: dict[tuple[int, str], Finding] = {}
@@ -45,7 +46,10 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
             if (line, hit.rule) not in seen and not _suppressed(text, hit.rule):
                 seen[(line, hit.rule)] = Finding(path, line, getattr(hit.node, "col_offset", 0) + 1, hit.rule,
                                                  hit.severity, hit.message, hit.fix)
-        findings.extend(f for (line, rule), f in seen.items() if not (rule == "DDP008" and (line, "DDP006") in seen))
+        for (line, rule), f in seen.items():
+            if not (rule == "DDP008" and (line, "DDP006") in seen) and (path, line, rule) not in reported:
+                reported.add((path, line, rule))
+                findings.append(f)
     return sorted(findings, key=Finding.sort_key)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
-from pathlib import PurePath
 
 from ddpkit.lint.analysis import GLOBAL, NONE, Script, terminal
 
@@ -31,10 +31,9 @@ class Project:
 
     def __init__(self, trees: dict[str, ast.Module]) -> None:
         self.paths = list(trees)
-        self.modules = _suffixes(self.paths)
-        """Every dotted suffix of every file's module name -> the file (`misc`, `util.misc` -> util/misc.py)."""
+        self.modules = _Modules(self.paths)
         self._memo: dict[object, object] = {}
-        self.scripts = {path: Script(tree) for path, tree in trees.items()}
+        self.scripts = {path: _script(path, tree, {}) for path, tree in trees.items()}
         for _ in range(2):  # a helper of a helper in a third file needs a second round
             levels = self._external_levels()
             if not levels:
@@ -42,12 +41,12 @@ class Project:
             changed = False
             for path, tree in trees.items():
                 if levels.get(path, {}) != self.scripts[path].external_levels:
-                    self.scripts[path] = Script(tree, levels.get(path, {}))
+                    self.scripts[path] = _script(path, tree, levels.get(path, {}))
                     changed = True
             if not changed:
                 break
-        for path, script in self.scripts.items():
-            script.project, script.path = self, path
+        for script in self.scripts.values():
+            script.project = self
         self._collect_facts()
 
     # ---- imports -----------------------------------------------------------------------------
@@ -57,13 +56,11 @@ class Project:
         if "." not in qualname:
             return None
         module, name = qualname.rsplit(".", 1)
-        path = self.modules.get(module)
+        path = self.modules.locate(script.path, module)
         if path is None or name not in self.scripts[path].function_names:
             return None
         return path, name
 
-    def _module_path(self, dotted: str) -> str | None:
-        return self.modules.get(dotted) or (self.modules.get(dotted.rsplit(".", 1)[0]) if "." in dotted else None)
 
     def memo(self, key: object, compute):
         """A fact over every file, computed once per project (the checks run once per file)."""
@@ -109,7 +106,7 @@ class Project:
             and _in_loop(s, n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
         self.imported = {path for s in scripts for module in s.aliases.values()
-                         for path in [self._module_path(module)] if path}
+                         for path in [self.modules.locate(s.path, module, parent=True)] if path}
         """Files another file of the project imports (their code runs on every rank of an importer)."""
         self.forward_collects = any(
             isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward"
@@ -179,40 +176,71 @@ class Project:
         return False
 
 
-def _suffixes(paths: list[str]) -> dict[str, str]:
-    """{dotted suffix: path}; the shortest module name wins a suffix two files share."""
-    index: dict[str, str] = {}
-    for path in sorted(paths, key=lambda p: len(_module_name(p))):
-        parts = _module_name(path).split(".")
-        for i in range(len(parts)):
-            index.setdefault(".".join(parts[i:]), path)
-    return index
+def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:
+    script = Script(tree, levels)
+    script.path = path
+    return script
+
+
+class _Modules:
+    """Finds the project file an import names, as Python would from the importing file's folder.
+
+    `import utils` in a/b/train.py is a/b/utils.py (or a/b/utils/__init__.py), else a/utils.py and
+    so on up; `from util.misc import f` is util/misc.py found the same way. Two scripts in different
+    folders that each import their own `utils` stay apart.
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        self.files = {os.path.normpath(p): p for p in paths}
+        self._found: dict[tuple[str, str, bool], str | None] = {}
+
+    def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
+        """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
+        key = (os.path.dirname(os.path.normpath(importer)), dotted, parent)
+        if key not in self._found:
+            names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
+            self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None)
+        return self._found[key]
+
+    def _search(self, folder: str, dotted: str) -> str | None:
+        relative = os.path.join(*dotted.split("."))
+        while True:
+            for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
+                path = self.files.get(os.path.normpath(os.path.join(folder, candidate)))
+                if path is not None:
+                    return path
+            up = os.path.dirname(folder)
+            if up == folder or not folder:
+                return None
+            folder = up
 
 
 def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
-    """Split files into programs: files that import each other (directly or through others) go together.
+    """Split files into programs: each entry script (a file no other file imports) with what it imports.
 
     `ddpkit lint DIR` on a folder of unrelated scripts lints each on its own; a train.py that imports
-    utils.py and model.py is one program with them.
+    utils.py and model.py is one program with them. A helper two entry scripts share (datautils.py
+    beside a single-GPU and a DDP script) belongs to both programs; files in an import cycle that
+    nothing else imports form one.
     """
-    modules = _suffixes(list(trees))
-    group = {path: path for path in trees}
-
-    def find(path: str) -> str:
-        while group[path] != path:
-            group[path] = group[group[path]]
-            path = group[path]
-        return path
-
-    for path, tree in trees.items():
-        for name in _imported_names(tree):
-            target = modules.get(name)
-            if target is not None and target != path:
-                group[find(target)] = find(path)
-    out: dict[str, dict[str, ast.Module]] = {}
-    for path, tree in trees.items():
-        out.setdefault(find(path), {})[path] = tree
-    return list(out.values())
+    modules = _Modules(list(trees))
+    imports = {path: {t for name in _imported_names(tree) for t in [modules.locate(path, name)] if t and t != path}
+               for path, tree in trees.items()}
+    imported = set().union(*imports.values()) if imports else set()
+    out: list[dict[str, ast.Module]] = []
+    seen: set[str] = set()
+    for root in [p for p in trees if p not in imported] + list(trees):
+        if root in seen:
+            continue
+        program, todo = {}, [root]
+        while todo:
+            path = todo.pop()
+            if path not in program:
+                program[path] = trees[path]
+                todo.extend(imports[path])
+        seen.update(program)
+        out.append(program)
+    return out
 
 
 def _imported_names(tree: ast.Module) -> set[str]:
@@ -237,13 +265,6 @@ def _in_loop(s: Script, node: ast.AST) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return False
     return False
-
-
-def _module_name(path: str) -> str:
-    parts = list(PurePath(path).with_suffix("").parts)
-    if parts and parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(p for p in parts if p not in ("", ".", "/") and not p.endswith(":\\"))
 
 
 def _is_master_addr(target: ast.AST) -> bool:
