@@ -29,7 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import ddpkit
-from ddpkit.metrics import MetricsLog, ProgressBar, finish_run
+from ddpkit.metrics import MetricsLog, ProgressBar
+from ddpkit.plot import finish_run
 
 VOCAB = 256
 

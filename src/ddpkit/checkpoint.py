@@ -151,7 +151,7 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
 
     import torch
 
-    from ddpkit import __version__
+    from ddpkit.version import __version__
     from ddpkit.parallel import unwrap
 
     payload = {
@@ -326,8 +326,7 @@ def _class_name(obj: Any) -> str:
 
 def _restore_rng(ctx, states: list[dict[str, Any]], step: int) -> None:
     """Rank r continues saved rank r's streams; a rank the saved run did not have gets fresh ones."""
-    from ddpkit.rng import resumed_rank_seed, set_rng_state
-    from ddpkit.runtime import seed_everything
+    from ddpkit.rng import resumed_rank_seed, seed_everything, set_rng_state
 
     if ctx.rank < len(states):
         set_rng_state(states[ctx.rank], ctx.device)

@@ -40,11 +40,12 @@ def epoch_permutation(num_samples: int, *, seed: int, epoch: int, shuffle: bool)
     """The global order of one epoch: the same on every rank and for every world size."""
     if not shuffle:
         return list(range(num_samples))
-    import numpy as np
     import torch
 
+    from ddpkit.rng import epoch_seed
+
     g = torch.Generator()
-    g.manual_seed(int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))
+    g.manual_seed(epoch_seed(seed, epoch))
     return torch.randperm(num_samples, generator=g).tolist()
 
 

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["wrap", "unwrap", "accumulate", "param_sha256", "DDP_DEFAULTS"]
+__all__ = ["wrap", "unwrap", "find_ddp", "accumulate", "param_sha256", "DDP_DEFAULTS"]
 
 DDP_DEFAULTS: dict[str, Any] = {
     "find_unused_parameters": False,
@@ -60,7 +60,7 @@ def wrap(
     *,
     sync_batchnorm: bool = False,
     compile: bool | dict[str, Any] = False,
-    comm: str | None = "auto",
+    comm: str | None = None,
     **ddp_options: Any,
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
@@ -82,12 +82,12 @@ def wrap(
         compile: apply torch.compile after wrapping (the order DDP's optimizer needs): True, or a
             dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
             (traces and runs eagerly: no C++ compiler, no kernel build time).
-        comm: how gradients are averaged. 'auto' (default): 'shm' when every rank is a CPU rank
-            on one host, else None. 'shm': through POSIX shared memory instead of gloo's loopback
-            TCP (float32, bit-identical to None on 2 ranks; ValueError on CUDA or across hosts).
-            None: PyTorch's own all-reduce (exact DDP). 'fp16' or 'bf16': all-reduce 16-bit
-            gradients (half the bytes; opt-in because it rounds them). A hook registered later
-            with model.register_comm_hook replaces 'auto''s choice (see ddpkit.comm).
+        comm: how gradients are averaged. None (default): PyTorch's own DDP all-reduce, no comm
+            hook, on every device. Opt-in hooks (see ddpkit.comm): 'fp16' or 'bf16' all-reduce
+            16-bit gradients (half the bytes, rounded); 'shm' averages float32 gradients through
+            POSIX shared memory instead of gloo's loopback TCP (CPU ranks on one host only,
+            bit-identical to None on 2 ranks; ValueError on CUDA or across hosts). An opt-in hook
+            holds DDP's one hook slot; register a hook of your own on a comm=None model.
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers.
     """
@@ -104,9 +104,9 @@ def wrap(
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
     options = _check_options(ddp_options)
-    from ddpkit.comm import check_comm, register_comm, resolve_comm
+    from ddpkit.comm import check_comm, register_comm
 
-    check_comm(comm, ctx)
+    comm = check_comm(comm, ctx, stacklevel=2)
     model = model.to(ctx.device)
     if ctx.distributed:
         if sync_batchnorm and ctx.device.type == "cpu":
@@ -118,7 +118,7 @@ def wrap(
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
-        register_comm(model, resolve_comm(comm, ctx, model), explicit=comm != "auto", timeout_s=ctx.timeout_s)
+        register_comm(model, comm, timeout_s=ctx.timeout_s)
     if isinstance(compile, dict):
         model = torch.compile(model, **compile)
     elif compile is True:
@@ -163,7 +163,7 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
     """
     if not isinstance(sync, bool) and type(sync).__name__ not in ("bool_", "bool"):  # numpy's bool is fine too
         raise TypeError(f"accumulate(model, sync={sync!r}) must be True or False, e.g. sync=loader.step_end")
-    ddp = _find_ddp(model)
+    ddp = find_ddp(model)
     if sync or ddp is None:
         yield
     else:
@@ -171,7 +171,8 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
             yield
 
 
-def _find_ddp(model: Any):
+def find_ddp(model: Any):
+    """The DistributedDataParallel module inside `model` and its torch.compile wrappers (None: not DDP)."""
     import torch
 
     while model is not None:
