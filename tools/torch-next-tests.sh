@@ -4,6 +4,7 @@
 #   tools/torch-next-tests.sh                 # make .venv-next if needed, then run the tests below
 #   tools/torch-next-tests.sh --setup-only    # only make the venv
 #   tools/torch-next-tests.sh -- -k rendezvous   # extra pytest arguments after --
+#   .venv-next/bin/python tools/torch_bug_repros.py   # then: does torch alone still need each patch?
 #
 # TORCH_NEXT (default 2.14.1) is the release installed; VENV (default .venv-next) where. The CI pin
 # stays in constraints.txt (torch 2.13.0, CPU build); this venv ignores it on purpose. The PyPI
@@ -18,11 +19,13 @@ TESTS=(
     tests/unit/test_torchinternals.py  # every private torch name ddpkit uses, and its version gate
     tests/unit/test_launch.py          # argv -> RunConfig -> torchrun argv; rendezvous node order and errors
     tests/unit/test_check_cli.py       # ddpkit check's torchrun argv, run --hang-timeout
-    tests/multiproc/test_run.py        # ddpkit run end to end: restarts (fresh store per round), failures
+    tests/multiproc/test_run.py        # ddpkit run end to end on c10d: ranks, failures, Ctrl+C, two jobs at once
     tests/multiproc/test_multinode.py  # several launchers on one machine: --node-rank order, --nnodes checks
     tests/multiproc/test_hang.py       # run --hang-timeout, the watchdog, runtime's store barrier at close
     tests/multiproc/test_check.py      # ddpkit check end to end
     tests/multiproc/test_comm.py       # gradient communication hooks on real gloo ranks
+    # a rank killed, torchrun restarts the group: the ranks' store is new in every round (pytorch/pytorch#135712)
+    tests/multiproc/test_resume.py::test_sigkilled_rank_restarts_and_resumes_bit_identically
 )
 
 setup_only=0
@@ -47,4 +50,4 @@ fi
 "$VENV/bin/python" -c "import torch; print('== torch', torch.__version__)"
 [ "$setup_only" = 1 ] && exit 0
 
-exec "$VENV/bin/python" -m pytest -x -q "${TESTS[@]}" "${pytest_args[@]}"
+exec "$VENV/bin/python" -m pytest -q "${TESTS[@]}" "${pytest_args[@]}"
