@@ -2,6 +2,7 @@
 
     python tools/torch_bug_repros.py                  # every case
     python tools/torch_bug_repros.py restart node-rank  # some
+    python tools/torch_bug_repros.py --keep /tmp/logs restart  # and keep the launchers' logs
 
 Each case runs plain torchrun (torch's own c10d rendezvous, no ddpkit), then, as the control, the same
 job under `ddpkit run` (ddpkit's patched backend), on loopback CPU ranks (gloo), and prints one line:
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +52,8 @@ dist.destroy_process_group()
 TORCH_NODES = ["--rdzv-backend=c10d", "--local-addr=127.0.0.1", "--monitor-interval=0.1"]
 """Plain torchrun's flags for "nodes" on one machine (ddpkit run sets the same by itself)."""
 TORCH_ONE_NODE = [*TORCH_NODES, "--rdzv-endpoint=127.0.0.1:0"]
+JOIN_TIMEOUT_S = 40
+"""nnodes-mismatch: failing before this, naming the mismatch, is failing at once (process start-up included)."""
 
 
 def _free_port() -> int:
@@ -143,16 +147,17 @@ def nnodes_mismatch(tmp: Path, worker: Path, ddpkit: bool) -> tuple[bool, str]:
     for rank, nnodes in ((0, 2), (1, 3)):
         flags = [f"--nnodes={nnodes}", f"--node-rank={rank}", "--nproc-per-node=1",
                  f"--rdzv-endpoint=127.0.0.1:{port}",
-                 *(["--rdzv-timeout=40"] if ddpkit else [*TORCH_NODES, "--rdzv-conf=join_timeout=40"])]
+                 *([f"--rdzv-timeout={JOIN_TIMEOUT_S}"] if ddpkit
+                   else [*TORCH_NODES, f"--rdzv-conf=join_timeout={JOIN_TIMEOUT_S}"])]
         procs.append(_launcher(ddpkit, flags, worker, out, "nnodes", tmp / f"log{rank}"))
         time.sleep(1.5)
     codes = _finish(procs, 120)
     elapsed = time.monotonic() - start
     named = any("--nnodes" in (tmp / f"log{r}").read_text(errors="replace") for r in (0, 1))
-    fast = all(c not in (0, None) for c in codes) and elapsed < 25 and named
+    fast = all(c not in (0, None) for c in codes) and elapsed < JOIN_TIMEOUT_S and named
     trained = len(_records(out))
-    return not fast, (f"exits {codes} after {elapsed:.0f} s (join timeout 40 s), {trained} rank(s) trained, "
-                      f"mismatch named: {'yes' if named else 'no'}")
+    return not fast, (f"exits {codes} after {elapsed:.0f} s (join timeout {JOIN_TIMEOUT_S} s), {trained} rank(s) "
+                      f"trained, mismatch named: {'yes' if named else 'no'}")
 
 
 def listen(tmp: Path, worker: Path, ddpkit: bool) -> tuple[bool, str]:
@@ -193,20 +198,25 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cases", nargs="*", metavar="CASE", help=f"cases to run: {', '.join(CASES)} (default: all)")
+    p.add_argument("--keep", metavar="DIR", help="keep each run's launcher logs in a folder under DIR")
     args = p.parse_args(argv)
     unknown = sorted(set(args.cases) - set(CASES))
     if unknown:
         p.error(f"no case {', '.join(unknown)}; pick from {', '.join(CASES)}")
     for name in args.cases or CASES:
         for ddpkit in (False, True):
-            with tempfile.TemporaryDirectory(prefix="ddpkit-repro-") as tmp:
-                worker = Path(tmp) / "worker.py"
+            who = "ddpkit run" if ddpkit else "torchrun"
+            tmp = Path(tempfile.mkdtemp(prefix=f"ddpkit-repro-{name}-{who.replace(' ', '-')}-", dir=args.keep))
+            try:
+                worker = tmp / "worker.py"
                 worker.write_text(WORKER)
                 started = time.monotonic()
-                present, evidence = CASES[name](Path(tmp), worker, ddpkit)
-                who = "ddpkit run" if ddpkit else "torchrun  "
-                print(f"torch {torch.__version__} | {name:15} | {who} | problem: {'yes' if present else 'no '} | "
+                present, evidence = CASES[name](tmp, worker, ddpkit)
+                print(f"torch {torch.__version__} | {name:15} | {who:10} | problem: {'yes' if present else 'no '} | "
                       f"{evidence} ({time.monotonic() - started:.0f} s)", flush=True)
+            finally:
+                if args.keep is None:
+                    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

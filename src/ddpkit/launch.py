@@ -182,14 +182,14 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
         raise LaunchError(f"--iface {args.iface} applies to multi-node runs; one node always uses loopback, "
                           "drop --iface or pass --nnodes and --rdzv-endpoint")
     nproc = resolve_nproc_per_node(nodes.nproc_per_node, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ)
-    rdzv_id = {} if nodes.rdzv_id is None else {"rdzv_id": nodes.rdzv_id}  # None: RunConfig draws a fresh one
-    return RunConfig(
+    cfg = RunConfig(
         target=args.target, target_args=tuple(args.target_args), module=args.module,
         nproc_per_node=nproc, max_restarts=args.max_restarts, nnodes=nodes.nnodes, node_rank=nodes.node_rank,
         rdzv_endpoint=nodes.rdzv_endpoint, local_addr=args.local_addr, iface=args.iface,
         rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout, hang_timeout_s=args.hang_timeout,
-        **rdzv_id,
     )
+    # no id decided (one node, no --rdzv-id): the fresh one RunConfig draws for every run
+    return cfg if nodes.rdzv_id is None else replace(cfg, rdzv_id=nodes.rdzv_id)
 
 
 def main(argv: list[str]) -> int:

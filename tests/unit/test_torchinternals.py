@@ -78,7 +78,8 @@ def test_next_rendezvous_joins_through_the_op_executor_and_caches_the_ranks_stor
     _require(hasattr(dr, "_RendezvousJoinOp") and "_RendezvousJoinOp()" in source, name,
              "no longer runs a _RendezvousJoinOp")
     _require("self._op_executor.run(join_op" in source, name, "no longer runs its join op through _op_executor.run")
-    for needle in ("self._bootstrap_store_info is None", "self._shared_tcp_store_server = self._create_tcp_store_server("):
+    for needle in ("self._bootstrap_store_info is None",
+                   "self._shared_tcp_store_server = self._create_tcp_store_server("):
         _require(needle in source, name, f"no longer has `{needle}` (the store it keeps across rounds)")
     run = list(inspect.signature(dr._DistributedRendezvousOpExecutor.run).parameters)
     _require(run == ["self", "state_handler", "deadline", "update_deadline"],
