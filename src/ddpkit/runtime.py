@@ -250,11 +250,10 @@ def _teardown(*, barrier_key: str | None) -> None:
 
 def _store_barrier(dist, key: str) -> None:
     """Wait until every rank has reached `key`, through the rendezvous store (no gloo traffic)."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
+    from ddpkit.torchinternals import default_store
 
-        store = _get_default_store()
-    except (ImportError, RuntimeError, ValueError):
+    store = default_store()
+    if store is None:
         return  # the gloo barrier above is then the only synchronisation
     world_size = dist.get_world_size()
     if store.add(key, 1) == world_size:
