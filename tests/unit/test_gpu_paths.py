@@ -38,3 +38,21 @@ def test_ddp_options_reach_ddp_only_when_the_user_sets_them(monkeypatch):
     assert "find_unused_parameters" not in default and "static_graph" not in default
     assert default["gradient_as_bucket_view"] is True and default["device_ids"] is None
     assert explicit["bucket_cap_mb"] == 25
+
+
+def test_slurm_task_with_its_own_gpu_uses_it():
+    from ddpkit.device import plan_device
+    from ddpkit.env import read_env
+
+    # srun --ntasks-per-node 4 --gpus-per-task 1: the task of local rank 3 sees one GPU, its own, as device 0.
+    env = read_env({"SLURM_PROCID": "3", "SLURM_LOCALID": "3", "SLURM_NTASKS": "4", "SLURM_NODEID": "0",
+                    "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "gpu01",
+                    "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_GPUS_PER_TASK": "1", "CUDA_VISIBLE_DEVICES": "3"})
+    assert (env.launcher, env.local_rank) == ("slurm", 3)
+    assert plan_device(env, device="auto", num_gpus=1) == ("cuda:0", "nccl")
+    assert plan_device(env, device="cuda", num_gpus=1) == ("cuda:0", "nccl")
+    # torchrun's ranks all see the node's GPUs: local rank 3 with one visible is still a mistake.
+    torchrun = LaunchEnv(rank=3, local_rank=3, world_size=4, local_world_size=4, launcher="torchrun")
+    with pytest.raises(ValueError, match="local rank 3 needs GPU 3 but only 1 are visible"):
+        plan_device(torchrun, device="auto", num_gpus=1)
+    assert plan_device(torchrun, device="auto", num_gpus=4) == ("cuda:3", "nccl")
