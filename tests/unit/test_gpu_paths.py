@@ -56,3 +56,24 @@ def test_slurm_task_with_its_own_gpu_uses_it():
     with pytest.raises(ValueError, match="local rank 3 needs GPU 3 but only 1 are visible"):
         plan_device(torchrun, device="auto", num_gpus=1)
     assert plan_device(torchrun, device="auto", num_gpus=4) == ("cuda:3", "nccl")
+
+
+def test_resume_loads_to_the_cpu_and_leaves_adams_step_counters_there(tmp_path, monkeypatch):
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    with ddpkit.init(seed=0) as ctx:
+        ddpkit.save_checkpoint(ctx, tmp_path, step=1, model=model, optimizer=opt)
+        # The meta device stands for the rank's GPU: parameters and a fresh optimizer live there.
+        ctx.device = torch.device("meta")
+        resumed = torch.nn.Linear(4, 2).to("meta")
+        resumed_opt = torch.optim.Adam(resumed.parameters(), lr=0.1)
+        locations = []
+        load = torch.load
+        monkeypatch.setattr(torch, "load", lambda *a, **kw: locations.append(kw.get("map_location")) or load(*a, **kw))
+        ddpkit.load_checkpoint(ctx, tmp_path, model=resumed, optimizer=resumed_opt)
+    assert locations == ["cpu"]
+    for state in resumed_opt.state.values():
+        assert state["step"].device.type == "cpu"  # read by the CPU every step: no device sync
+        assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"
