@@ -77,3 +77,104 @@ def test_resume_loads_to_the_cpu_and_leaves_adams_step_counters_there(tmp_path, 
     for state in resumed_opt.state.values():
         assert state["step"].device.type == "cpu"  # read by the CPU every step: no device sync
         assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"
+
+
+class _Samples(torch.utils.data.Dataset):
+    """x, y rows of two tensors wherever they live (the meta device stands for GPU memory)."""
+
+    def __init__(self, device: str):
+        self.x, self.y = torch.zeros(16, 3, device=device), torch.zeros(16, device=device)
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch sees an accelerator, pinning behaves as on CUDA (CPU tensors only), and to_device records
+    what it would copy: [(batch, non_blocking)]."""
+    import ddpkit.data
+
+    pinned, moved = [], []
+
+    def pin_memory(t, device=None):
+        if t.device.type != "cpu":
+            raise RuntimeError(f"cannot pin '{t.device.type}' memory: only dense CPU tensors can be pinned")
+        pinned.append(tuple(t.shape))
+        return t
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda"))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(ddpkit.data, "to_device", lambda b, d, non_blocking=False: moved.append((b, non_blocking)) or b)
+    return pinned, moved
+
+
+def test_loader_takes_a_dataset_already_on_the_gpu(fake_cuda):
+    pinned, moved = fake_cuda
+    batches = list(ddpkit.loader(_Samples("meta"), _ctx(device="cuda:0"), batch_size=4))
+    assert len(batches) == 4 and batches[0]["x"].device.type == "meta"
+    assert pinned == []  # device memory is never pinned (CUDA raises)
+    assert list(ddpkit.eval_loader(_Samples("meta"), _ctx(device="cuda:0"), batch_size=8))[0]["y"].shape == (8,)
+
+
+def test_loader_pins_host_batches_only_and_accepts_pin_memory_false(fake_cuda):
+    pinned, moved = fake_cuda
+    list(ddpkit.loader(_Samples("cpu"), _ctx(device="cuda:0"), batch_size=4, shuffle=False))
+    assert pinned == [(4, 3), (4,)] * 4 and all(nb for _, nb in moved)  # pinned, then copied asynchronously
+    pinned.clear(), moved.clear()
+    data = ddpkit.loader(_Samples("cpu"), _ctx(device="cuda:0"), batch_size=4, pin_memory=False)
+    list(data)
+    assert data._loader.pin_memory is False and pinned == [] and not any(nb for _, nb in moved)
+    assert list(ddpkit.eval_loader(_Samples("cpu"), _ctx(device="cuda:0"), batch_size=8, pin_memory=False))
+    with pytest.raises(TypeError, match="pin_memory='yes' must be True or False"):
+        ddpkit.loader(_Samples("cpu"), _ctx(), batch_size=4, pin_memory="yes")
+
+
+def test_pin_host_tensors_leaves_device_tensors_alone(fake_cuda):
+    from ddpkit.data import pin_host_tensors
+
+    pinned, _ = fake_cuda
+    batch = {"host": torch.zeros(2), "device": torch.zeros(3, device="meta"), "n": 7}
+    out = pin_host_tensors([batch])
+    assert pinned == [(2,)] and out[0]["device"].device.type == "meta" and out[0]["n"] == 7
+
+
+def test_to_device_moves_custom_batch_objects():
+    import collections
+    import dataclasses
+
+    from ddpkit.data import to_device
+
+    @dataclasses.dataclass(frozen=True)
+    class Pair:
+        x: torch.Tensor
+        meta: dict
+        label: str = "a"
+
+    class GraphBatch:  # in the manner of PyG's Batch: .to(device, non_blocking=...) returns the moved batch
+        def __init__(self, x):
+            self.x = x
+            self.calls = []
+
+        def to(self, device, *args, non_blocking=False):
+            self.calls.append(non_blocking)
+            return GraphBatch(self.x.to(device))
+
+    class Encoding(collections.UserDict):  # in the manner of HF's BatchEncoding: .to(device), in place
+        def to(self, device):
+            self.data = {k: v.to(device) for k, v in self.data.items()}
+
+    Row = collections.namedtuple("Row", "x y")
+    graph, enc = GraphBatch(torch.zeros(2)), Encoding(input_ids=torch.zeros(2, 3))
+    # The meta device stands for the GPU: a tensor left behind stays on the CPU.
+    out = to_device({"pair": Pair(torch.zeros(2), {"m": torch.ones(1)}), "graph": graph, "enc": enc,
+                     "row": Row(torch.zeros(1), 3)}, torch.device("meta"), non_blocking=True)
+    assert out["pair"].x.device.type == "meta" and out["pair"].meta["m"].device.type == "meta"
+    assert out["pair"].label == "a" and isinstance(out["pair"], Pair)
+    assert out["graph"].x.device.type == "meta" and graph.calls == [True]
+    assert out["enc"] is enc and enc["input_ids"].device.type == "meta"
+    assert out["row"].x.device.type == "meta" and out["row"].y == 3
