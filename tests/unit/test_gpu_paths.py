@@ -178,3 +178,62 @@ def test_to_device_moves_custom_batch_objects():
     assert out["graph"].x.device.type == "meta" and graph.calls == [True]
     assert out["enc"] is enc and enc["input_ids"].device.type == "meta"
     assert out["row"].x.device.type == "meta" and out["row"].y == 3
+
+
+def _fake_bf16(monkeypatch, *, cuda_native: bool, cpu_native: bool):
+    """A GPU that emulates bf16 unless `cuda_native` (V100/T4 vs A100) and a CPU with or without AVX512_BF16."""
+    import ddpkit.precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: cuda_native or including_emulation)
+    flags = "fpu sse avx2 fma" + (" avx512f avx512_bf16" if cpu_native else "")
+    text = f"processor\t: 0\nflags\t\t: {flags}\n"
+    monkeypatch.setattr("builtins.open", _opener(text), raising=True)
+    return ddpkit.precision
+
+
+def _opener(text):
+    import builtins
+    import io
+
+    real = builtins.open
+
+    def fake(path, *args, **kwargs):
+        return io.StringIO(text) if str(path) == "/proc/cpuinfo" else real(path, *args, **kwargs)
+    return fake
+
+
+def test_auto_picks_bf16_only_where_the_hardware_computes_it(monkeypatch):
+    from ddpkit.precision import resolve_dtype
+
+    _fake_bf16(monkeypatch, cuda_native=False, cpu_native=False)
+    assert resolve_dtype("auto", torch.device("cuda:0")) == "fp16"  # V100: bf16 only through emulation
+    assert resolve_dtype("auto", torch.device("cpu")) == "fp32"     # AVX2 only: bf16 matmul ~60x slower
+    assert ddpkit.Precision(_ctx()).dtype == "fp32"                # the default is 'auto'
+    _fake_bf16(monkeypatch, cuda_native=True, cpu_native=True)
+    assert resolve_dtype("auto", torch.device("cuda:0")) == "bf16"
+    assert resolve_dtype("auto", torch.device("cpu")) == "bf16"     # AVX512_BF16 / AMX
+    assert ddpkit.Precision(_ctx()).dtype == "bf16"
+
+
+def test_forcing_an_emulated_bf16_says_so_in_one_line(monkeypatch):
+    import warnings
+
+    _fake_bf16(monkeypatch, cuda_native=False, cpu_native=False)
+    with pytest.warns(UserWarning, match=r"this CPU has no AVX512_BF16/AMX, so bfloat16 is emulated.*dtype='auto' "
+                                         r"\(fp32 here\)") as caught:
+        assert ddpkit.Precision(_ctx(), dtype="bf16").dtype == "bf16"  # the user's choice stands
+    assert "\n" not in str(caught[0].message)
+    _fake_bf16(monkeypatch, cuda_native=False, cpu_native=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ddpkit.Precision(_ctx(), dtype="bf16")
+
+
+def test_cpuinfo_flags_name_native_bf16():
+    from ddpkit.precision import cpuinfo_has_bf16
+
+    assert cpuinfo_has_bf16("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpuinfo_has_bf16("flags\t\t: fpu avx2 amx_tile amx_bf16\n")
+    assert cpuinfo_has_bf16("Features\t: fp asimd bf16 i8mm\n")  # aarch64
+    assert not cpuinfo_has_bf16("flags\t\t: fpu sse avx2 fma avx512f\n")
+    assert not cpuinfo_has_bf16("")
