@@ -76,8 +76,9 @@ def parse_run_args(argv: list[str], *, num_gpus: int | None = None, num_cpus: in
     if args.iface is not None and nodes["rdzv_endpoint"] is None:
         raise LaunchError(f"--iface {args.iface} applies to multi-node runs; one node always uses loopback, "
                           "drop --iface or pass --nnodes and --rdzv-endpoint")
+    nproc_value = nodes.pop("nproc_per_node")
     nproc = resolve_nproc_per_node(
-        nodes.pop("nproc_per_node"),
+        nproc_value,
         num_gpus=_visible_gpus() if num_gpus is None else num_gpus,
         num_cpus=_num_cpus() if num_cpus is None else num_cpus,
     )
@@ -85,7 +86,7 @@ def parse_run_args(argv: list[str], *, num_gpus: int | None = None, num_cpus: in
         target=args.target, target_args=tuple(args.target_args), module=args.module,
         nproc_per_node=nproc, max_restarts=args.max_restarts, local_addr=args.local_addr,
         iface=args.iface, rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout,
-        hang_timeout_s=args.hang_timeout, **nodes,
+        hang_timeout_s=args.hang_timeout, cpu_ranks=nproc_value == "cpu", **nodes,
     )
 
 

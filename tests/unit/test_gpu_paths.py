@@ -237,3 +237,27 @@ def test_cpuinfo_flags_name_native_bf16():
     assert cpuinfo_has_bf16("Features\t: fp asimd bf16 i8mm\n")  # aarch64
     assert not cpuinfo_has_bf16("flags\t\t: fpu sse avx2 fma avx512f\n")
     assert not cpuinfo_has_bf16("")
+
+
+def test_cpu_ranks_on_a_gpu_machine_reach_the_ranks_as_a_bootstrap_argument(tmp_path, monkeypatch):
+    import sys
+
+    from ddpkit.check import _bootstrap
+    from ddpkit.cli import parse_run_args
+    from ddpkit.launch import build_torchrun_argv
+
+    script = tmp_path / "train.py"
+    out = tmp_path / "seen.txt"
+    script.write_text(f"import os\nopen({str(out)!r}, 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>'))\n")
+    cfg = parse_run_args(["--nproc-per-node", "cpu", str(script), "--lr", "1"], num_gpus=8, num_cpus=2)
+    assert cfg.nproc_per_node == 2 and cfg.cpu_ranks
+    argv = build_torchrun_argv(cfg)
+    i = argv.index("ddpkit.check._bootstrap")
+    assert argv[i - 1:] == ["-m", "ddpkit.check._bootstrap", "--device", "cpu", str(script), "--lr", "1"]
+    assert not parse_run_args(["--nproc-per-node", "2", str(script)], num_gpus=8, num_cpus=2).cpu_ranks
+    # The rank bootstrap hides the GPUs before the script runs: torch and ddpkit.init then see none.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert _bootstrap.main(["--device", "cpu", str(script)]) == 0
+    assert out.read_text() == ""
