@@ -261,3 +261,50 @@ def test_cpu_ranks_on_a_gpu_machine_reach_the_ranks_as_a_bootstrap_argument(tmp_
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert _bootstrap.main(["--device", "cpu", str(script)]) == 0
     assert out.read_text() == ""
+
+
+def test_cpu_mapping_maps_every_way_of_naming_a_cuda_device_and_tracks_host_tensors():
+    import torch.distributed as dist
+
+    from ddpkit.check.cpumap import CpuMapping
+
+    notes, host = [], []
+    mapping = CpuMapping(lambda what, site: notes.append(what), lambda op, site, shapes: host.append((op, shapes)))
+    mapping.install()
+    try:
+        assert torch.device(1) == torch.device("cuda", 1) and isinstance(torch.device("cpu"), torch.device)
+        model = torch.nn.Linear(2, 2).to(1)
+        x = torch.randn(3, 2).to(0)
+        y = torch.zeros(1, device=1)
+        acc = torch.accelerator.current_accelerator()
+        torch.accelerator.set_device_index(1)
+        assert (acc.type, torch.accelerator.current_device_index(), torch.cuda.current_device()) == ("cuda", 1, 1)
+        assert {model.weight.device.type, x.device.type, y.device.type} == {"cpu"}
+        bn = torch.nn.SyncBatchNorm(2)
+        assert bn(torch.randn(4, 2, 3)).shape == (4, 2, 3)  # per-rank statistics, any input of 2+ dimensions
+        assert torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) is model
+        mapping.nccl_only = True
+        for t in (torch.tensor([model(x).sum().item()]), model(x).sum(), torch.zeros(1, device="cuda")):
+            with pytest.raises(ValueError):  # no process group here; the check runs first
+                dist.all_reduce(t)
+    finally:
+        mapping.uninstall()
+    assert host == [("all_reduce", ["float32[1]"])]  # only the tensor that stays on the CPU on a GPU machine
+    for what in ("torch.device(1) -> cuda:1 (then cpu)", "Module.to(1) -> cpu", "Tensor.to(0) -> cpu",
+                 "device=1 -> cpu", "torch.accelerator.current_accelerator() -> cuda (then cpu)",
+                 "torch.cuda.current_device() -> 1 (then cpu)", "nn.SyncBatchNorm -> BatchNorm (per-rank statistics: "
+                 "cross-rank synchronisation not checked)"):
+        assert what in notes
+    assert torch.nn.SyncBatchNorm.__module__ == "torch.nn.modules.batchnorm"  # restored
+    with pytest.raises(RuntimeError):
+        torch.device(0)  # torch's own again: no accelerator here
+
+
+def test_host_tensor_findings_name_the_ranks_and_the_line():
+    from ddpkit.check.analysis import analyse
+
+    records = {r: [{"ev": "host_tensor", "op": "all_reduce", "site": "train.py:31", "shapes": ["float32[1]"]}]
+               for r in (0, 1)}
+    [finding] = analyse(records)
+    assert (finding.kind, finding.site) == ("device", "train.py:31")
+    assert "ranks 0,1 pass a CPU tensor (float32[1]) to all_reduce" in finding.message

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         from ddpkit.check.cpumap import CpuMapping
 
-        CpuMapping(lambda what, site: rec.write("map", what=what, site=site)).install()
+        CpuMapping(lambda what, site: rec.write("map", what=what, site=site),
+                   lambda op, site, shapes: rec.write("host_tensor", op=op, site=site, shapes=shapes)).install()
     rec.install()
 
     def finish(status: str, **fields) -> None:
