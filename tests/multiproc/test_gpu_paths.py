@@ -66,7 +66,7 @@ def _at(script: str, text: str) -> str:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("script, mapped", [
     ("good_tutorial_trainer.py", [("Module.to(0) -> cpu", "self.model = model.to(self.gpu_id)"),
-                                  ("DistributedDataParallel device_ids= dropped (CPU)", "device_ids=[self.gpu_id]"),
+                                  ("DistributedDataParallel device_ids= dropped (CPU)", "self.model = DDP("),
                                   ("Tensor.to(0) -> cpu", "source = source.to(self.gpu_id)")]),
     ("good_tutorial_accelerator.py", [
         ("torch.accelerator.current_accelerator() -> cuda (then cpu)", "current_accelerator()"),
