@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.transfer import HostPinnedCollate, to_device, unwrap_host_batch
 from ddpkit.workerseed import SeededBatch, SeededFetch, WorkerSeeder
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ __all__ = [
     "eval_loader",
     "eval_shard",
     "to_device",
-    "pin_host_tensors",
     "epoch_permutation",
 ]
 
@@ -125,7 +125,7 @@ class DistributedLoader:
         if self._gather:
             dataloader_kwargs = {**dataloader_kwargs, "collate_fn": _the_batch}
         if self._pin:
-            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": _HostPinned(dataloader_kwargs.get("collate_fn"))}
+            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": HostPinnedCollate(dataloader_kwargs.get("collate_fn"))}
         # A private generator: DataLoader draws a base seed from the global torch generator each
         # time a loop starts, so a run resumed mid-epoch (one extra loop start) would otherwise get
         # different dropout than the uninterrupted run. Worker seeds come from WorkerSeeder anyway.
@@ -185,7 +185,7 @@ class DistributedLoader:
             self.step_end = self._micro == s.accumulation_steps
             if self.step_end:
                 self._micro, self._step = 0, self._step + 1
-            yield to_device(_unpinned(batch), self.ctx.device, non_blocking=self._pin)
+            yield to_device(unwrap_host_batch(batch), self.ctx.device, non_blocking=self._pin)
         self._epoch, self._step = s.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
@@ -237,101 +237,6 @@ class _GatheredTensors:
 
 def _the_batch(items: list[Any]) -> Any:
     return items[0]
-
-
-def _map_batch(batch: Any, fn: Any) -> Any:
-    """`batch` rebuilt with `fn` applied to each element of its containers (dicts, namedtuples, lists,
-    tuples, dataclasses); None when `batch` is no such container."""
-    import dataclasses
-
-    if isinstance(batch, Mapping):
-        items = {k: fn(v) for k, v in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict, ...)
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(fn(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(fn(v) for v in batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return dataclasses.replace(batch, **{f.name: fn(getattr(batch, f.name))
-                                             for f in dataclasses.fields(batch) if f.init})
-    return None
-
-
-def _accepts_non_blocking(method: Any) -> bool:
-    import inspect
-
-    try:
-        params = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
-    return any(p.name == "non_blocking" or p.kind is p.VAR_KEYWORD for p in params)
-
-
-def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
-    """Move the tensors of a batch to `device`; values that hold no tensor pass through.
-
-    Tensors; objects with their own `.to(device)` (PyG `Batch`, HF `BatchEncoding`, your classes),
-    called with `non_blocking` when their `.to` accepts it; and, element by element, dicts,
-    namedtuples, lists, tuples and dataclasses (rebuilt as the same type).
-    """
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    to = getattr(batch, "to", None)
-    if callable(to) and not isinstance(batch, type):
-        moved = to(device, non_blocking=non_blocking) if _accepts_non_blocking(to) else to(device)
-        return batch if moved is None else moved  # some .to() methods move in place and return None
-    mapped = _map_batch(batch, lambda v: to_device(v, device, non_blocking=non_blocking))
-    return batch if mapped is None else mapped
-
-
-def pin_host_tensors(batch: Any) -> Any:
-    """`batch` with its CPU tensors in pinned (page-locked) memory, for asynchronous copies to the GPU.
-
-    Tensors already on a GPU (a dataset held in device memory) are left as they are: pinning them
-    raises. Containers are walked as `to_device` walks them; objects with a `pin_memory()` method
-    of their own (PyG `Batch`) pin themselves.
-    """
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory() if batch.device.type == "cpu" and not batch.is_pinned() else batch
-    mapped = _map_batch(batch, pin_host_tensors)
-    if mapped is not None:
-        return mapped
-    pin = getattr(batch, "pin_memory", None)
-    return pin() if callable(pin) and not isinstance(batch, type) else batch
-
-
-class _HostPinned:
-    """A collate_fn whose batches torch's pin-memory thread pins with `pin_host_tensors` (CPU tensors
-    only), in the background as usual: the DataLoader calls the batch's own `pin_memory()`."""
-
-    def __init__(self, collate_fn: Any = None):
-        self.collate_fn = collate_fn
-
-    def __call__(self, items: list[Any]) -> _HostBatch:
-        import torch
-
-        collate = self.collate_fn or torch.utils.data.default_collate
-        return _HostBatch(collate(items))
-
-
-class _HostBatch:
-    def __init__(self, batch: Any):
-        self.batch = batch
-
-    def pin_memory(self, device: Any = None) -> Any:
-        return pin_host_tensors(self.batch)
-
-
-def _unpinned(batch: Any) -> Any:
-    """The batch itself: a _HostBatch arrives unwrapped only when torch pinned nothing (no accelerator)."""
-    return batch.batch if isinstance(batch, _HostBatch) else batch
 
 
 def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True, seed: int | None = None,
@@ -418,7 +323,7 @@ class EvalLoader:
         self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size)
         self._pin = pin_memory and ctx.device.type == "cuda"
         if self._pin:
-            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": _HostPinned(dataloader_kwargs.get("collate_fn"))}
+            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": HostPinnedCollate(dataloader_kwargs.get("collate_fn"))}
         self._loader = torch.utils.data.DataLoader(
             torch.utils.data.Subset(dataset, self.indices), batch_size=batch_size, shuffle=False,
             pin_memory=self._pin, generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
@@ -439,7 +344,7 @@ class EvalLoader:
                 "leaves the others waiting until the timeout; evaluate under torch.no_grad() (or ddpkit.unwrap(model))",
                 stacklevel=2)
         for batch in self._loader:
-            yield to_device(_unpinned(batch), self.ctx.device, non_blocking=self._pin)
+            yield to_device(unwrap_host_batch(batch), self.ctx.device, non_blocking=self._pin)
 
 
 def eval_loader(dataset: Any, ctx: Context, *, batch_size: int, pin_memory: bool = True,

@@ -118,7 +118,8 @@ class Precision:
         if self.dtype == "bf16" and dtype == "bf16" and ctx.is_main and not native_bf16(ctx.device):
             import warnings
 
-            where = "this CPU has no AVX512_BF16/AMX" if self.device_type == "cpu" else f"{ctx.device} is older than sm80"
+            where = ("this CPU has no AVX512_BF16/AMX" if self.device_type == "cpu"
+                     else f"{ctx.device} is older than sm80")
             fallback = "fp32" if self.device_type == "cpu" else "fp16, loss-scaled"
             warnings.warn(f"Precision(dtype='bf16'): {where}, so bfloat16 is emulated and slower than "
                           f"{'fp32' if self.device_type == 'cpu' else 'fp16'}; pass dtype='auto' ({fallback} here)",

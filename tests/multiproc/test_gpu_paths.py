@@ -94,7 +94,8 @@ def test_a_cpu_tensor_given_to_an_nccl_collective_is_reported_at_its_line(tmp_pa
     script = "bad_cpu_tensor_collective.py"
     out = _check(script, tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
-    [finding] = [line for line in out.stdout.splitlines() if f"{_at(script, 'dist.all_reduce(total)')}: [device]" in line]
+    site = f"{_at(script, 'dist.all_reduce(total)')}: [device]"
+    [finding] = [line for line in out.stdout.splitlines() if site in line]
     assert "ranks 0,1 pass a CPU tensor (float32[1]) to all_reduce" in finding
     assert "No backend type associated with device type cpu" in finding
     assert "1 problem found" in out.stdout  # the tensors moved with .to(device) are not reported

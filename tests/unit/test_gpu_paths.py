@@ -135,7 +135,7 @@ def test_loader_pins_host_batches_only_and_accepts_pin_memory_false(fake_cuda):
 
 
 def test_pin_host_tensors_leaves_device_tensors_alone(fake_cuda):
-    from ddpkit.data import pin_host_tensors
+    from ddpkit.transfer import pin_host_tensors
 
     pinned, _ = fake_cuda
     batch = {"host": torch.zeros(2), "device": torch.zeros(3, device="meta"), "n": 7}
@@ -147,7 +147,7 @@ def test_to_device_moves_custom_batch_objects():
     import collections
     import dataclasses
 
-    from ddpkit.data import to_device
+    from ddpkit.transfer import to_device
 
     @dataclasses.dataclass(frozen=True)
     class Pair:
@@ -184,7 +184,8 @@ def _fake_bf16(monkeypatch, *, cuda_native: bool, cpu_native: bool):
     """A GPU that emulates bf16 unless `cuda_native` (V100/T4 vs A100) and a CPU with or without AVX512_BF16."""
     import ddpkit.precision
 
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: cuda_native or including_emulation)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: cuda_native or including_emulation)
     flags = "fpu sse avx2 fma" + (" avx512f avx512_bf16" if cpu_native else "")
     text = f"processor\t: 0\nflags\t\t: {flags}\n"
     monkeypatch.setattr("builtins.open", _opener(text), raising=True)
