@@ -26,7 +26,7 @@ _EXPORTS = {
     "EvalLoader": "ddpkit.data",
     "param_sha256": "ddpkit.parallel",
     "DistributedLoader": "ddpkit.data",
-    "to_device": "ddpkit.data",
+    "to_device": "ddpkit.transfer",
     "all_reduce_sum": "ddpkit.collectives",
     "reduce_mean": "ddpkit.collectives",
     "reduce_means": "ddpkit.collectives",

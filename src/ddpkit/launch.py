@@ -77,6 +77,9 @@ class RunConfig:
     collective reports where and exits, so the run fails with a summary instead of hanging. None: off."""
     hang_report_dir: str | None = None
     """Where the watchdogs write their per-rank reports; `launch` picks a temporary directory when None."""
+    cpu_ranks: bool = False
+    """Run the ranks on the CPU even where GPUs are visible (--nproc-per-node cpu): the rank bootstrap
+    hides the GPUs from each rank before the script starts, so ddpkit.init and torch both see none."""
 
     @property
     def single_node(self) -> bool:
@@ -187,6 +190,7 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
         nproc_per_node=nproc, max_restarts=args.max_restarts, nnodes=nodes.nnodes, node_rank=nodes.node_rank,
         rdzv_endpoint=nodes.rdzv_endpoint, local_addr=args.local_addr, iface=args.iface,
         rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout, hang_timeout_s=args.hang_timeout,
+        cpu_ranks=nodes.nproc_per_node == "cpu",
     )
     # no id decided (one node, no --rdzv-id): the fresh one RunConfig draws for every run
     return cfg if nodes.rdzv_id is None else replace(cfg, rdzv_id=nodes.rdzv_id)
@@ -294,12 +298,16 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
         if cfg.local_addr is not None:
             argv.append(f"--local-addr={cfg.local_addr}")
     argv.append("--rdzv-conf=" + ",".join(conf))
-    if cfg.hang_timeout_s is not None:
+    if cfg.hang_timeout_s is not None or cfg.cpu_ranks:
         # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
         # script unchanged as __main__ (no environment variables of our own).
-        argv += ["-m", "ddpkit.check._bootstrap", f"--hang-timeout={cfg.hang_timeout_s:g}"]
-        if cfg.hang_report_dir is not None:
-            argv += ["--report-dir", cfg.hang_report_dir]
+        argv += ["-m", "ddpkit.check._bootstrap"]
+        if cfg.hang_timeout_s is not None:
+            argv.append(f"--hang-timeout={cfg.hang_timeout_s:g}")
+            if cfg.hang_report_dir is not None:
+                argv += ["--report-dir", cfg.hang_report_dir]
+        if cfg.cpu_ranks:
+            argv += ["--device", "cpu"]
     if cfg.module:
         argv.append("-m")
     argv.append(cfg.target)

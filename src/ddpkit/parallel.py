@@ -14,15 +14,15 @@ if TYPE_CHECKING:
 __all__ = ["wrap", "unwrap", "find_ddp", "accumulate", "param_sha256", "DDP_DEFAULTS"]
 
 DDP_DEFAULTS: dict[str, Any] = {
-    "find_unused_parameters": False,
-    "static_graph": False,
     "gradient_as_bucket_view": True,
-    "bucket_cap_mb": 25.0,
 }
 """DDP options ddpkit passes unless told otherwise (see wrap's docstring for why).
 
-`broadcast_buffers` is passed only when the user sets it (torch >= 2.13 deprecates the name in
-favour of `forward_sync_buffers`, whose init-time behaviour differs); DDP's default is True."""
+Every other option reaches DDP only when the user sets it. DDP tells a default from a value
+passed explicitly: `bucket_cap_mb=25` given by hand (even PyTorch's own default value) switches off
+its small first bucket (1 MiB, whose all-reduce starts early in backward) and no longer matches
+torch.compile's DDPOptimizer buckets. `broadcast_buffers` likewise (torch >= 2.13 deprecates the
+name in favour of `forward_sync_buffers`, whose init-time behaviour differs)."""
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "find_unused_parameters": (bool,),
@@ -49,8 +49,9 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
                 f"wrap() option {name}={value!r} must be {' or '.join(t.__name__ for t in want)}"
             )
         merged[name] = value
-    if merged["bucket_cap_mb"] <= 0:
-        raise ValueError(f"bucket_cap_mb={merged['bucket_cap_mb']} must be > 0 (PyTorch's default is 25)")
+    if "bucket_cap_mb" in merged and merged["bucket_cap_mb"] <= 0:
+        raise ValueError(f"bucket_cap_mb={merged['bucket_cap_mb']} must be > 0 (leave it out for PyTorch's default: "
+                         "a 1 MiB first bucket, then 25 MiB)")
     return merged
 
 
@@ -69,7 +70,9 @@ def wrap(
     `device_ids` are passed (DDP rejects them there); on CUDA `device_ids=[local_rank]`.
 
     Defaults: `gradient_as_bucket_view=True` (gradients alias the all-reduce buckets: one copy and
-    one gradient-sized buffer less per step, same numbers); `find_unused_parameters=False` (the
+    one gradient-sized buffer less per step, same numbers); every other option is DDP's own
+    default, and is passed to DDP only when given here (DDP treats an explicit `bucket_cap_mb`,
+    even 25, as a reason to drop its 1 MiB first bucket): `find_unused_parameters=False` (the
     extra graph traversal costs every step; set it True if some parameters get no gradient);
     `static_graph=False` (set True when the graph is the same every step, which also makes
     activation checkpointing work). DDP broadcasts rank 0's parameters and buffers at wrap time, so
