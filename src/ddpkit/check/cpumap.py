@@ -1,6 +1,6 @@
 """Run a script written for CUDA/NCCL on CPU ranks with gloo, noting every call that was mapped.
 
-Mapped: init_process_group's 'nccl' backend (and device_id=), torch.cuda.set_device/synchronize,
+Mapped: init_process_group's CUDA-only backend ('nccl', 'cuda:nccl', ...) (and device_id=), torch.cuda.set_device/synchronize,
 DistributedDataParallel's device_ids/output_device, `device=` arguments and Tensor.to/.cuda
 targets that name CUDA (through a TorchFunctionMode, PyTorch's own hook for every torch call),
 and torch.load's map_location. CUDA autocast and GradScaler switch themselves off without CUDA;
@@ -18,6 +18,28 @@ from typing import Any
 from ddpkit import tracer
 
 __all__ = ["CpuMapping"]
+
+
+def cpu_backend(backend: Any) -> str | None:
+    """The backend to use on CPU ranks instead of `backend`, or None when it already runs on the CPU.
+
+    Decided by the devices torch says each backend serves (`Backend.backend_capability`), never by
+    its name: 'nccl', 'NCCL', 'xccl', a newer 'nccl2' and 'cuda:nccl' have no CPU path and become
+    'gloo'; in a per-device string such as 'cpu:gloo,cuda:nccl' the CPU entry is kept.
+    """
+    if not isinstance(backend, str):
+        return None
+    import torch.distributed as dist
+
+    capability = dist.Backend.backend_capability
+    entries = [part.strip().lower() for part in backend.split(",") if part.strip()]
+    cpu_entries = [e.split(":", 1)[1] for e in entries if e.startswith("cpu:")]
+    if cpu_entries:
+        return None if len(entries) == 1 else cpu_entries[0]
+    names = [e.split(":", 1)[-1] for e in entries]
+    if names and all("cpu" in capability.get(name, ()) for name in names) and all(":" not in e for e in entries):
+        return None
+    return "gloo"
 
 
 def _is_cuda(value: Any) -> bool:
@@ -58,9 +80,10 @@ class CpuMapping:
         init_pg = c10d.init_process_group
 
         def init_process_group(backend=None, *args, **kwargs):
-            if isinstance(backend, str) and "nccl" in backend:
-                mapping.note(f"init_process_group backend {backend!r} -> 'gloo'")
-                backend = "gloo"
+            replacement = cpu_backend(backend)
+            if replacement is not None:
+                mapping.note(f"init_process_group backend {backend!r} -> {replacement!r}")
+                backend = replacement
             if kwargs.pop("device_id", None) is not None:
                 mapping.note("init_process_group device_id dropped")
             return init_pg(backend, *args, **kwargs)
