@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["abort_process_group", "nccl_flight_record", "grad_scaler_scale"]
+__all__ = ["abort_process_group", "nccl_flight_record", "grad_scaler_scale", "step_unless_on_device"]
 
 # --- process-group abort and the NCCL flight recorder (runtime, watchdog) -----------------------
 
@@ -88,3 +88,28 @@ def grad_scaler_scale(scaler: Any) -> Any:
         raise RuntimeError(f"ddpkit's GradScaler access is checked for torch {_SCALER_CHECKED[0]}-{_SCALER_CHECKED[1]}; "
                            "upgrade ddpkit for this torch release")
     return scaler._scale
+
+
+_FOUND_INF_CHECKED = ("2.3", "2.14")
+
+
+def step_unless_on_device(optimizer: Any, skip: Any) -> bool:
+    """`optimizer.step()` skipped on the device where `skip` (a 0-dim tensor) is true; False if it cannot.
+
+    torch's fused optimizers (`fused=True` Adam, AdamW, SGD, ...) mark themselves with the private
+    `_step_supports_amp_scaling` and read a `found_inf` tensor that makes their kernel leave the
+    parameters and step counts alone - the way GradScaler skips a step without reading a flag on
+    the host. Other optimizers return False: the caller must decide on the host.
+    """
+    if not _in_range(_FOUND_INF_CHECKED) or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return False
+    import torch
+
+    optimizer.grad_scale = None
+    optimizer.found_inf = skip.to(torch.float32)
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale
+        del optimizer.found_inf
+    return True

@@ -49,3 +49,16 @@ def test_grad_scaler_scale_is_the_live_scale_tensor():
     scaler.scale(torch.ones((), requires_grad=True))
     scale = torchinternals.grad_scaler_scale(scaler)
     assert isinstance(scale, torch.Tensor) and scale.item() == 8.0 == scaler.get_scale()
+
+
+def test_fused_optimizers_still_skip_on_a_found_inf_tensor():
+    p = torch.nn.Parameter(torch.ones(3))
+    fused, plain = torch.optim.AdamW([p], lr=0.1, fused=True), torch.optim.AdamW([p], lr=0.1)
+    assert getattr(fused, "_step_supports_amp_scaling", None) is True
+    assert not getattr(plain, "_step_supports_amp_scaling", False)
+    assert torchinternals.step_unless_on_device(plain, torch.tensor(False)) is False
+    p.grad = torch.ones(3)
+    assert torchinternals.step_unless_on_device(fused, torch.tensor(True)) is True
+    assert torch.equal(p.detach(), torch.ones(3)) and not hasattr(fused, "found_inf")
+    assert torchinternals.step_unless_on_device(fused, torch.tensor(False)) is True
+    assert not torch.equal(p.detach(), torch.ones(3))
