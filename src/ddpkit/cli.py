@@ -1,4 +1,4 @@
-"""The `ddpkit` command: run | check | lint | env | plot."""
+"""The `ddpkit` command: run | check | lint | env | plot | test."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _DELEGATED = {
     "env": ("ddpkit.envreport", "report versions, devices, network and launch settings"),
     "plot": ("ddpkit.plot", "write PNG plots from a run directory's metrics.jsonl"),
     "check": ("ddpkit.check", "run a script on CPU ranks and verify the DDP invariants"),
+    "test": ("ddpkit.selftest", "check this machine's GPUs (or CPU ranks), backend and DDP path in under a minute"),
 }
 
 

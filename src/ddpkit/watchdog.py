@@ -26,7 +26,7 @@ import time
 import traceback
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ddpkit import tracer
 
@@ -45,7 +45,8 @@ class Watchdog:
     """Watches this rank; see the module docstring. `start()` it once; it never issues a collective."""
 
     def __init__(self, *, timeout_s: float, rank: int, world_size: int, report_dir: str | None = None,
-                 poll_s: float | None = None, grace_s: float = 3.0):
+                 poll_s: float | None = None, grace_s: float = 3.0,
+                 on_hang: Callable[[dict[str, Any]], None] | None = None):
         if not timeout_s > 0:
             raise ValueError(f"hang timeout {timeout_s!r} must be > 0 seconds, e.g. 300")
         self.timeout_s = float(timeout_s)
@@ -53,6 +54,8 @@ class Watchdog:
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.poll_s = poll_s if poll_s is not None else min(1.0, self.timeout_s / 5)
         self.grace_s = grace_s
+        self.on_hang = on_hang
+        """Called with the report instead of writing it and exiting (`ddpkit test` injects a hang and goes on)."""
         self.last_progress = time.monotonic()
         self.current: tracer.Call | None = None
         self.pending: deque[tuple[tracer.Call, Any]] = deque()
@@ -155,6 +158,10 @@ class Watchdog:
 
     def _fire(self, reason: str) -> None:
         rep = self.report(reason)
+        if self.on_hang is not None:
+            self._stop.set()
+            self.on_hang(rep)
+            return
         line = describe(rep)
         if self.report_dir is not None:
             tmp = self.report_dir / f".rank-{self.rank}.json.tmp"
