@@ -60,6 +60,7 @@ class Watchdog:
         self.current: tracer.Call | None = None
         self.pending: deque[tuple[tracer.Call, Any]] = deque()
         """Issued, not yet finished collectives of the main thread, oldest first: (call, Work or CUDA event)."""
+        self._pending_lock = threading.Lock()
         self._main = threading.main_thread()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -76,19 +77,26 @@ class Watchdog:
             self.current = None
             handle = _completion_handle(call)
             if handle is not None:
-                self.pending.append((call, handle))
-                if len(self.pending) > _MAX_PENDING:
-                    self.pending = deque(item for item in self.pending if not _finished(item[1]))
+                with self._pending_lock:
+                    self._prune()
+                    self.pending.append((call, handle))
+                    if len(self.pending) > _MAX_PENDING:
+                        self.pending = deque(item for item in self.pending if not _finished(item[1]))
         self.beat()
+
+    def _prune(self) -> None:
+        while self.pending and _finished(self.pending[0][1]):
+            self.pending.popleft()
 
     def oldest_unfinished(self) -> tracer.Call | None:
         """The oldest collective this rank issued that has not finished (finished ones are forgotten)."""
-        while self.pending:
-            call, handle = self.pending[0]
-            if not _finished(handle):
-                return call
-            self.pending.popleft()
-        return None
+        with self._pending_lock:
+            self._prune()
+            return self.pending[0][0] if self.pending else None
+
+    def num_unfinished(self) -> int:
+        with self._pending_lock:
+            return sum(not _finished(handle) for _, handle in self.pending)
 
     def beat(self, *_: Any) -> None:
         """Record progress now (also usable as an optimizer hook)."""
@@ -150,7 +158,7 @@ class Watchdog:
             "blocked_in": self.blocked(),
             "collective": _call_json(call),
             "unfinished": _call_json(oldest),
-            "num_unfinished": sum(not _finished(handle) for _, handle in self.pending),
+            "num_unfinished": self.num_unfinished(),
             "site": tracer.format_site(user.f_code.co_filename, user.f_lineno) if user is not None else None,
             "stack": traceback.format_stack(frame) if frame is not None else [],
             "flight_recorder": read_summary(),
@@ -193,6 +201,8 @@ def _completion_handle(call: tracer.Call) -> Any:
     if call.on_cuda:
         import torch
 
+        if torch.cuda.is_current_stream_capturing():  # inside a CUDA graph: replayed later, not run now
+            return None
         event = torch.cuda.Event()
         event.record()  # on the current stream, which NCCL's stream is joined to when the call returns
         return event
