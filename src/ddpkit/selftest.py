@@ -100,8 +100,8 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"  {size:>10}  {row['time_us']:>8.0f}us  {row['algbw_gbps']:>6.2f} GB/s  "
                          f"{row['busbw_gbps']:>6.2f} GB/s")
     failed = [c["name"] for c in report["checks"] if not c["ok"]]
-    lines += ["", f"ddpkit test: {'all ' + str(len(report['checks'])) + ' checks passed' if not failed else 'FAILED: ' + ', '.join(failed)} "
-                  f"in {report['seconds']:.1f} s"]
+    verdict = f"all {len(report['checks'])} checks passed" if not failed else "FAILED: " + ", ".join(failed)
+    lines += ["", f"ddpkit test: {verdict} in {report['seconds']:.1f} s"]
     return "\n".join(lines)
 
 

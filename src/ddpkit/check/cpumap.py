@@ -1,6 +1,6 @@
 """Run a script written for CUDA/NCCL on CPU ranks with gloo, noting every call that was mapped.
 
-Mapped: init_process_group's CUDA-only backend ('nccl', 'cuda:nccl', ...) (and device_id=), torch.cuda.set_device/synchronize,
+Mapped: init_process_group's 'nccl' backend (and device_id=), torch.cuda.set_device/synchronize,
 DistributedDataParallel's device_ids/output_device, `device=` arguments and Tensor.to/.cuda
 targets that name CUDA (through a TorchFunctionMode, PyTorch's own hook for every torch call),
 and torch.load's map_location. CUDA autocast and GradScaler switch themselves off without CUDA;
@@ -17,7 +17,7 @@ from typing import Any
 
 from ddpkit import tracer
 
-__all__ = ["CpuMapping"]
+__all__ = ["CpuMapping", "cpu_backend"]
 
 
 def cpu_backend(backend: Any) -> str | None:
