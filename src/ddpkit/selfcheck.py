@@ -227,10 +227,11 @@ def _skipped_collective(ctx, args) -> str:
     from ddpkit.watchdog import Watchdog
 
     group = dist.new_group(list(range(ctx.world_size)))
+    t = torch.ones(4, device=ctx.device)
+    dist.all_reduce(t, group=group)  # every rank: NCCL connects a new group on its first collective
     fired: list[dict[str, Any]] = []
     dog = Watchdog(timeout_s=args.hang_timeout, rank=ctx.rank, world_size=ctx.world_size,
                    poll_s=0.1, on_hang=fired.append).start()
-    t = torch.ones(4, device=ctx.device)
     start = time.monotonic()
     try:
         if ctx.rank == 0:
@@ -251,9 +252,9 @@ def _skipped_collective(ctx, args) -> str:
     if not fired:
         raise RuntimeError(f"the watchdog did not report an all-reduce left waiting for {waited:.1f} s "
                            f"(hang timeout {args.hang_timeout:g} s)")
-    unfinished = fired[0].get("unfinished") or {}
-    if unfinished.get("op") != "all_reduce" or unfinished.get("shapes") != [f"float32{list(t.shape)}"]:
-        raise RuntimeError(f"the watchdog reported {unfinished or fired[0].get('blocked_in')}, not the skipped all_reduce")
+    named = fired[0].get("unfinished") or fired[0].get("collective") or {}
+    if named.get("op") != "all_reduce" or named.get("shapes") != [f"float32{list(t.shape)}"]:
+        raise RuntimeError(f"the watchdog reported {named or fired[0].get('blocked_in')}, not the skipped all_reduce")
     if waited > args.hang_timeout + 3:
         raise RuntimeError(f"reported after {waited:.1f} s, hang timeout {args.hang_timeout:g} s")
     return f"reported after {waited:.1f} s (hang timeout {args.hang_timeout:g} s)"
