@@ -1,4 +1,4 @@
-"""The `ddpkit` command: dispatch to run | check | lint | env | plot, each parsed by its own module."""
+"""The `ddpkit` command: dispatch to run | check | lint | env | plot | test | port, each parsed by its own module."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "env": ("ddpkit.envreport", "report versions, devices, network and launch settings"),
     "plot": ("ddpkit.plot", "write PNG plots from a run directory's metrics.jsonl"),
     "check": ("ddpkit.check", "run a script on CPU ranks and verify the DDP invariants"),
+    "test": ("ddpkit.selftest", "check this machine's GPUs (or CPU ranks), backend and DDP path in under a minute"),
 }
 """Subcommand -> (the module whose `main(argv)` implements it, imported only when used; its help line)."""
 

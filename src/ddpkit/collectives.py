@@ -35,7 +35,7 @@ def barrier(ctx: Context) -> None:
 
 
 def all_reduce_sum(ctx: Context, value: torch.Tensor | float | int) -> torch.Tensor:
-    """Sum `value` over ranks; returns a new float64 tensor (on this rank's device for nccl).
+    """Sum `value` over ranks; returns a new float64 tensor on this rank's device.
 
     Collective: every rank must call it with the same shape. float64 keeps sums of many
     per-sample losses exact enough that the result does not depend on the world size.
@@ -47,9 +47,9 @@ def all_reduce_sum(ctx: Context, value: torch.Tensor | float | int) -> torch.Ten
         return t
     import torch.distributed as dist
 
-    # nccl reduces CUDA tensors only; gloo reduces CPU tensors.
-    comm_device = ctx.device if ctx.backend == "nccl" else "cpu"
-    t = t.to(comm_device)
+    # Reduce on the rank's own device: the group's backend for it (nccl or any successor on CUDA,
+    # gloo on CPU) is chosen with the device, so the device decides, never the backend's name.
+    t = t.to(ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.optim import is_sharded, optimizer_parameters
@@ -24,20 +23,56 @@ on CUDA, else fp32."""
 _TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-@dataclass(frozen=True)
 class StepInfo:
-    """What one `Precision.step` did; the same on every rank (the gradients it saw were all-reduced)."""
+    """What one `Precision.step` did; the same on every rank (the gradients it saw were all-reduced).
 
-    grad_norm: float
-    """Global L2 norm of the unscaled gradients before clipping (inf or nan when they overflowed)."""
-    skipped: bool
-    """True when the optimizer step was skipped because a gradient was inf or nan."""
-    scale: float
-    """fp16 loss scale after this step's update (1.0 for bf16 and fp32, which do not scale)."""
+    The values stay tensors on the device until read: reading `grad_norm`, `skipped` or `scale`
+    converts (a device sync, once per field); `grad_norm_tensor` never does. A loop that logs every
+    N steps therefore syncs every N steps, not every step.
+    """
+
+    __slots__ = ("_grad_norm", "_skipped", "_scale")
+
+    def __init__(self, *, grad_norm: Any, skipped: Any, scale: Any) -> None:
+        self._grad_norm, self._skipped, self._scale = grad_norm, skipped, scale
+
+    @property
+    def grad_norm(self) -> float:
+        """Global L2 norm of the unscaled gradients before clipping (inf or nan when they overflowed)."""
+        if not isinstance(self._grad_norm, float):
+            self._grad_norm = float(self._grad_norm)
+        return self._grad_norm
+
+    @property
+    def grad_norm_tensor(self) -> Any:
+        """`grad_norm` as it was computed (a 0-dim tensor on the device, no sync), or the float given."""
+        return self._grad_norm
+
+    @property
+    def skipped(self) -> bool:
+        """True when the optimizer step was skipped because a gradient was inf or nan."""
+        if not isinstance(self._skipped, bool):
+            self._skipped = bool(self._skipped)
+        return self._skipped
+
+    @property
+    def scale(self) -> float:
+        """fp16 loss scale after this step's update (1.0 for bf16 and fp32, which do not scale)."""
+        if not isinstance(self._scale, float):
+            self._scale = float(self._scale)
+        return self._scale
 
     def as_dict(self) -> dict[str, float | bool]:
-        """The fields as a dict, for `MetricsLog.log(step=..., **info.as_dict())`."""
+        """The fields as a dict, for `MetricsLog.log(step=..., **info.as_dict())` (reads them: a sync)."""
         return {"grad_norm": self.grad_norm, "skipped": self.skipped, "scale": self.scale}
+
+    def __repr__(self) -> str:
+        return f"StepInfo(grad_norm={self.grad_norm!r}, skipped={self.skipped!r}, scale={self.scale!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepInfo) and self.as_dict() == other.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def cpuinfo_has_bf16(cpuinfo: str) -> bool:
@@ -129,8 +164,16 @@ class Precision:
             torch.amp.GradScaler(self.device_type, init_scale=init_scale, growth_interval=growth_interval)
             if self.dtype == "fp16" else None
         )
-        self.skipped_steps = 0
-        """Optimizer steps skipped so far because gradients held inf/nan."""
+        self._skipped: Any = 0  # a device tensor once a step ran: counted without reading it
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped so far because gradients held inf/nan (reading it syncs)."""
+        return int(self._skipped)
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self._skipped = int(value)
 
     def __repr__(self) -> str:
         return f"Precision(dtype={self.dtype!r}, device_type={self.device_type!r}, skipped_steps={self.skipped_steps})"
@@ -188,26 +231,30 @@ class Precision:
             norms = [torch.linalg.vector_norm(p.grad.detach(), 2.0, dtype=torch.float32)
                      for p in params if p.grad is not None]
             norm = torch.linalg.vector_norm(torch.stack(norms), 2.0) if norms else torch.zeros(())
-        grad_norm = float(norm)
+        # Nothing below reads a value on the host: on CUDA that would wait for the whole backward
+        # every step and leave the GPU idle while the next step's kernels are launched.
         if self.scaler is not None:
-            before = self.scaler.get_scale()
-            self.scaler.step(optimizer)
+            from ddpkit.torchinternals import grad_scaler_scale
+
+            before = grad_scaler_scale(self.scaler).clone()
+            self.scaler.step(optimizer)  # skips on inf/nan (on the device with a fused optimizer)
             self.scaler.update()
-            scale = self.scaler.get_scale()
+            scale = grad_scaler_scale(self.scaler).clone()
             # The scale drops (by backoff_factor < 1) exactly when inf/nan was found.
             skipped = scale < before
         else:
+            from ddpkit.torchinternals import step_unless_on_device
+
             # Same rule without a scaler: an inf/nan step would poison the weights and the
             # optimizer state for good. Skipping is identical on every rank because the norm is.
-            skipped = not math.isfinite(grad_norm)
-            if not skipped:
-                optimizer.step()
+            skipped = ~torch.isfinite(norm)
+            if not step_unless_on_device(optimizer, skipped) and not bool(skipped):
+                optimizer.step()  # an unfused optimizer cannot skip on the device: one flag read
             scale = 1.0
-        if skipped:
-            self.skipped_steps += 1
+        self._skipped = self._skipped + skipped.to(torch.int64)
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
-        return StepInfo(grad_norm=grad_norm, skipped=bool(skipped), scale=float(scale))
+        return StepInfo(grad_norm=norm.detach(), skipped=skipped, scale=scale)
 
     def state_dict(self) -> dict[str, Any]:
         """Loss-scale state and the skipped-step count, for checkpoints (resume keeps the scale)."""

@@ -60,6 +60,19 @@ def print_hang_reports(report_dir: str | None, *, hang_timeout_s: float | None) 
               file=sys.stderr)
         for line in summarize(reports):
             print(f"ddpkit run:   {line}", file=sys.stderr)
+    from pathlib import Path
+
+    dumps = sorted(Path(cfg.hang_report_dir).rglob("nccl-trace-rank-*"))
+    if dumps:
+        print(f"ddpkit run: NCCL flight recorder dumps of {len(dumps)} rank(s) in {dumps[0].parent} (read them with "
+              "`python -m torch.distributed.flight_recorder.fr_trace`)", file=sys.stderr)
+
+
+_SIGNAL_CAUSES = {
+    "SIGABRT": (" (aborted from C++: an NCCL collective timed out or failed, and torch's NCCL watchdog ended the "
+                "rank; run with --hang-timeout below init's timeout_s for where each rank waited)"),
+}
+"""What a rank's death by a signal usually means, appended to its one line."""
 
 
 def print_failures(e, *, multi_node: bool) -> None:
@@ -69,7 +82,7 @@ def print_failures(e, *, multi_node: bool) -> None:
     for rank, failure in sorted(e.failures.items()):
         where = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
         if failure.exitcode < 0:
-            why = f"was killed by {failure.signal_name()}"
+            why = f"was killed by {failure.signal_name()}{_SIGNAL_CAUSES.get(failure.signal_name(), '')}"
         else:
             why = f"failed with exit code {failure.exitcode}"
             message = failure_message(failure)

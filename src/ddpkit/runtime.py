@@ -70,14 +70,18 @@ class Context:
         _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
     def abort(self, exc: BaseException | None = None) -> None:
-        """Leave after an error without waiting for other ranks (they may be dead or stuck)."""
+        """Leave after an error without waiting for other ranks (they may be dead or stuck).
+
+        The process group is aborted, not destroyed: `destroy_process_group` waits for collectives
+        still in flight (under NCCL since torch 2.6), which on this path may never finish.
+        """
         if self._closed:
             return
         self._closed = True
         if exc is not None:
             _record_error(exc)
         self._stop_watchdog()
-        _teardown(barrier_key=None)
+        _abort_group()
 
     def _stop_watchdog(self) -> None:
         """Stop the watchdog init started; the last listener out restores torch.distributed's functions."""
@@ -147,6 +151,10 @@ def init(
                 )
             init_method = "env://"
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
+        if hang_timeout_s is not None and dev.type == "cuda":
+            from ddpkit.flightrecorder import enable
+
+            enable()  # torch reads the recorder's switches when the NCCL group is created
         dist.init_process_group(
             backend,
             init_method=init_method,
@@ -246,6 +254,18 @@ def _teardown(*, barrier_key: str | None) -> None:
         dist.barrier()
         _store_barrier(dist, barrier_key)
     dist.destroy_process_group()
+
+
+def _abort_group() -> None:
+    """Drop the process group without waiting for its in-flight work (destroy only where torch cannot abort)."""
+    import torch.distributed as dist
+
+    from ddpkit.torchinternals import abort_process_group
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if not abort_process_group():
+        dist.destroy_process_group()
 
 
 def _store_barrier(dist, key: str) -> None:

@@ -28,6 +28,10 @@ __all__ = [
     "fresh_store_per_round",
     "bind_shared_store",
     "default_store",
+    "abort_process_group",
+    "nccl_flight_record",
+    "grad_scaler_scale",
+    "step_unless_on_device",
 ]
 
 READ_AGAINST = SpecifierSet(">=2.13,<2.15")
@@ -222,3 +226,94 @@ def default_store():
         return _get_default_store()
     except (RuntimeError, ValueError):  # no default group
         return None
+
+
+# --- runtime: abort the process group on the error path ---
+
+def abort_process_group() -> bool:
+    """Abort every process group without waiting for in-flight collectives; False where not usable.
+
+    `destroy_process_group()` shuts backends down gracefully, which since torch 2.6 waits for the
+    NCCL work in flight: on an error path, with a peer dead or stuck, that never returns. torch has
+    no public abort, only `distributed_c10d._abort_process_group` (ncclCommAbort under NCCL).
+    """
+    name = "torch.distributed.distributed_c10d._abort_process_group"
+    lost = "an error path destroys the process group, which waits for NCCL work in flight"
+    if not _usable(name, lost):
+        return False
+    import torch.distributed.distributed_c10d as c10d
+
+    abort = getattr(c10d, "_abort_process_group", None)
+    if abort is None:
+        _fall_back(name, "it is missing", lost)
+        return False
+    abort()
+    return True
+
+
+# --- watchdog: the NCCL flight recorder's buffer ---
+
+def nccl_flight_record(*, only_active: bool = False) -> dict[str, Any] | None:
+    """This process's NCCL flight-recorder buffer (torch's dict with 'entries'), or None without one.
+
+    None on builds without NCCL, where not usable, or when the recorder is off
+    (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE unset). Reads
+    `torch._C._distributed_c10d._dump_nccl_trace`, the function torch's own dump on timeout uses.
+    """
+    if not _usable("torch._C._distributed_c10d._dump_nccl_trace", "hang reports leave out NCCL's flight recorder"):
+        return None
+    import pickle
+
+    import torch
+
+    dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_nccl_trace", None)
+    if dump is None:
+        return None  # a build without NCCL: nothing to fold in, nothing lost
+    try:
+        raw = dump(includeCollectives=True, includeStackTraces=False, onlyActive=only_active)
+    except RuntimeError:  # no NCCL process group yet, or the recorder is disabled
+        return None
+    data = pickle.loads(raw)
+    return data if isinstance(data, dict) else None
+
+
+# --- precision: GradScaler's scale and fused optimizers' on-device skip ---
+
+def grad_scaler_scale(scaler: Any) -> Any:
+    """The loss scale of a `torch.amp.GradScaler` as a tensor on its device (no host sync), or None
+    before the first `scale()`/`unscale_()`.
+
+    `GradScaler.get_scale()` returns a Python float, i.e. a device sync every call; the tensor lives
+    in the private `_scale`. Where that is not usable, the float is read (a sync) and returned as a
+    CPU tensor, so callers stay correct.
+    """
+    name = "torch.amp.GradScaler._scale"
+    if _usable(name, "Precision.step reads the loss scale on the host every step (a device sync)") \
+            and hasattr(scaler, "_scale"):
+        return scaler._scale
+    import torch
+
+    return torch.tensor(scaler.get_scale())
+
+
+def step_unless_on_device(optimizer: Any, skip: Any) -> bool:
+    """`optimizer.step()` skipped on the device where `skip` (a 0-dim tensor) is true; False if it cannot.
+
+    torch's fused optimizers (`fused=True` Adam, AdamW, SGD, ...) mark themselves with the private
+    `_step_supports_amp_scaling` and read a `found_inf` tensor that makes their kernel leave the
+    parameters and step counts alone - the way GradScaler skips a step without reading a flag on
+    the host. Other optimizers, and torch releases this was not read against, return False: the
+    caller then decides on the host.
+    """
+    if torch_version() not in READ_AGAINST or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return False
+    import torch
+
+    optimizer.grad_scale = None
+    optimizer.found_inf = skip.to(torch.float32)
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale
+        del optimizer.found_inf
+    return True

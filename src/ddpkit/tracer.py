@@ -44,6 +44,10 @@ class Call:
     """0-based position in this process's sequence of collectives."""
     start: float = field(default_factory=time.monotonic)
     """time.monotonic() when the call began."""
+    result: Any = None
+    """What the call returned once it has: a Work handle for `async_op=True`, else usually None."""
+    on_cuda: bool = False
+    """Whether a tensor argument lives on a CUDA device (NCCL enqueues it and returns before it is done)."""
 
 
 class Listener(Protocol):
@@ -103,33 +107,38 @@ def user_site(frame=None) -> str:
     return format_site(frame.f_code.co_filename, frame.f_lineno) if frame is not None else "<unknown>"
 
 
-def describe_tensors(args: tuple, kwargs: dict) -> list[str]:
-    """'dtype[shape]' of the tensor arguments (and tensors in list arguments), in order."""
+def _tensors(args: tuple, kwargs: dict) -> list:
     import torch
 
     out = []
     for value in (*args, *kwargs.values()):
         items = value if isinstance(value, (list, tuple)) else [value]
-        for item in items:
-            if isinstance(item, torch.Tensor):
-                out.append(f"{str(item.dtype).removeprefix('torch.')}{list(item.shape)}")
+        out.extend(item for item in items if isinstance(item, torch.Tensor))
     return out
+
+
+def describe_tensors(args: tuple, kwargs: dict) -> list[str]:
+    """'dtype[shape]' of the tensor arguments (and tensors in list arguments), in order."""
+    return [f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in _tensors(args, kwargs)]
 
 
 def _wrap(name: str, original):
     def collective(*args, **kwargs):
         if getattr(_state, "depth", 0) or not _listeners:
             return original(*args, **kwargs)
-        shapes = [] if name.endswith(("_object", "_object_list")) else describe_tensors(args, kwargs)
+        tensors = [] if name.endswith(("_object", "_object_list")) else _tensors(args, kwargs)
+        shapes = [f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors]
         with _lock:
             index = _count[0]
             _count[0] += 1
-        call = Call(op=name, shapes=shapes, site=user_site(sys._getframe(1)), index=index)
+        call = Call(op=name, shapes=shapes, site=user_site(sys._getframe(1)), index=index,
+                    on_cuda=any(t.device.type == "cuda" for t in tensors))
         for listener in list(_listeners):
             listener.enter(call)
         _state.depth = 1
         try:
-            return original(*args, **kwargs)
+            call.result = original(*args, **kwargs)
+            return call.result
         finally:
             _state.depth = 0
             for listener in list(_listeners):

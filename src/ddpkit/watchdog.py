@@ -1,12 +1,19 @@
-"""Turn a silent hang into a report: which rank waits in which collective, called from where.
+"""Turn a silent hang into a report: which rank waits where, and which collective it still waits for.
 
 A daemon thread per rank watches progress (a collective returned, an optimizer stepped, a batch
-was fetched). When the rank has been blocked - inside a collective, or inside backward, where
-DDP all-reduces gradients - for `timeout_s` without progress, it writes a JSON report (the main
-thread's Python stack from `sys._current_frames`, the collective in flight and its call site) to
-`report_dir`, drops a marker there so that the other ranks of this node write theirs too, and
-exits the process with HANG_EXIT_CODE, so the launcher tears the job down instead of waiting for
-the process-group timeout. `collect_reports` and `summarize` turn the reports into one line per rank.
+was fetched). It also keeps the collectives this rank issued that have not finished yet: the Work
+handle of an `async_op=True` call, or, for a collective on CUDA tensors (NCCL returns as soon as
+it has enqueued the kernel), a CUDA event recorded right after it. A rank can then block far from
+the collective that will never complete - at `work.wait()`, `.item()`, `.cpu()` or a barrier - and
+the report still names that collective's op, shapes and the line that issued it.
+
+When the rank has made no progress for `timeout_s` while blocked - inside a collective, inside
+backward (DDP all-reduces gradients there), or with an unfinished collective at least that old -
+it writes a JSON report (the oldest unfinished collective, where the main thread waits now, its
+Python stack, and on NCCL the flight recorder's summary of this rank) to `report_dir`, drops a
+marker there so that the other ranks of this node write theirs too, and exits the process with
+HANG_EXIT_CODE, so the launcher tears the job down instead of waiting for the process-group
+timeout. `collect_reports` and `summarize` turn the reports into one line per rank.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ddpkit import tracer
 
@@ -29,6 +37,8 @@ HANG_EXIT_CODE = 124
 """Exit status of a rank stopped by the watchdog (the same as coreutils `timeout`)."""
 
 _MARKER = "hang-declared"
+_MAX_PENDING = 4096
+"""Unfinished collectives kept per rank; past this, finished ones are dropped from the middle too."""
 _BACKWARD_FILES = (os.sep + os.path.join("torch", "_tensor.py"), os.sep + os.path.join("torch", "autograd", "__init__.py"))
 
 
@@ -36,7 +46,8 @@ class Watchdog:
     """Watches this rank; see the module docstring. `start()` it once; it never issues a collective."""
 
     def __init__(self, *, timeout_s: float, rank: int, world_size: int, report_dir: str | None = None,
-                 poll_s: float | None = None, grace_s: float = 3.0):
+                 poll_s: float | None = None, grace_s: float = 3.0,
+                 on_hang: Callable[[dict[str, Any]], None] | None = None):
         if not timeout_s > 0:
             raise ValueError(f"hang timeout {timeout_s!r} must be > 0 seconds, e.g. 300")
         self.timeout_s = float(timeout_s)
@@ -44,8 +55,13 @@ class Watchdog:
         self.report_dir = None if report_dir is None else Path(report_dir)
         self.poll_s = poll_s if poll_s is not None else min(1.0, self.timeout_s / 5)
         self.grace_s = grace_s
+        self.on_hang = on_hang
+        """Called with the report instead of writing it and exiting (`ddpkit test` injects a hang and goes on)."""
         self.last_progress = time.monotonic()
         self.current: tracer.Call | None = None
+        self.pending: deque[tuple[tracer.Call, Any]] = deque()
+        """Issued, not yet finished collectives of the main thread, oldest first: (call, Work or CUDA event)."""
+        self._pending_lock = threading.Lock()
         self._main = threading.main_thread()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -60,7 +76,28 @@ class Watchdog:
     def exit(self, call: tracer.Call) -> None:
         if self.current is call:
             self.current = None
+            handle = _completion_handle(call)
+            if handle is not None:
+                with self._pending_lock:
+                    self._prune()
+                    self.pending.append((call, handle))
+                    if len(self.pending) > _MAX_PENDING:
+                        self.pending = deque(item for item in self.pending if not _finished(item[1]))
         self.beat()
+
+    def _prune(self) -> None:
+        while self.pending and _finished(self.pending[0][1]):
+            self.pending.popleft()
+
+    def oldest_unfinished(self) -> tracer.Call | None:
+        """The oldest collective this rank issued that has not finished (finished ones are forgotten)."""
+        with self._pending_lock:
+            self._prune()
+            return self.pending[0][0] if self.pending else None
+
+    def num_unfinished(self) -> int:
+        with self._pending_lock:
+            return sum(not _finished(handle) for _, handle in self.pending)
 
     def beat(self, *_: Any) -> None:
         """Record progress now (also usable as an optimizer hook)."""
@@ -94,7 +131,7 @@ class Watchdog:
         self._hooks.clear()
 
     def blocked(self) -> str | None:
-        """What the main thread waits in: a collective's name, 'backward', or None."""
+        """What the main thread waits in: a collective's name, 'backward', 'unfinished <op>', or None."""
         if self.current is not None:
             return self.current.op
         frame = sys._current_frames().get(self._main.ident)
@@ -102,6 +139,10 @@ class Watchdog:
             if frame.f_code.co_name == "backward" and frame.f_code.co_filename.endswith(_BACKWARD_FILES):
                 return "backward"
             frame = frame.f_back
+        oldest = self.oldest_unfinished()
+        if oldest is not None and time.monotonic() - oldest.start > self.timeout_s:
+            # e.g. waiting at work.wait() or .item() for a collective a peer never joined
+            return f"unfinished {oldest.op}"
         return None
 
     def _run(self) -> None:
@@ -116,21 +157,29 @@ class Watchdog:
 
     def report(self, reason: str) -> dict[str, Any]:
         """This rank's report now: the collective in flight, the user's line, the main thread's stack."""
+        from ddpkit.flightrecorder import read_summary
+
         frame = sys._current_frames().get(self._main.ident)
         call = self.current
+        oldest = self.oldest_unfinished()
         user = tracer.user_frame(frame)
         return {
             "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "reason": reason,
             "blocked_in": self.blocked(),
-            "collective": None if call is None else {
-                "op": call.op, "shapes": call.shapes, "site": call.site, "index": call.index,
-                "waiting_s": round(time.monotonic() - call.start, 1)},
+            "collective": _call_json(call),
+            "unfinished": _call_json(oldest),
+            "num_unfinished": self.num_unfinished(),
             "site": tracer.format_site(user.f_code.co_filename, user.f_lineno) if user is not None else None,
             "stack": traceback.format_stack(frame) if frame is not None else [],
+            "flight_recorder": read_summary(),
         }
 
     def _fire(self, reason: str) -> None:
         rep = self.report(reason)
+        if self.on_hang is not None:
+            self._stop.set()
+            self.on_hang(rep)
+            return
         line = describe(rep)
         if self.report_dir is not None:
             tmp = self.report_dir / f".rank-{self.rank}.json.tmp"
@@ -145,6 +194,36 @@ class Watchdog:
         sys.stderr.write(f"ddpkit hang watchdog: {line} ({reason})\n{''.join(rep['stack'])}")
         sys.stderr.flush()
         os._exit(HANG_EXIT_CODE)
+
+
+def _call_json(call: tracer.Call | None) -> dict[str, Any] | None:
+    if call is None:
+        return None
+    return {"op": call.op, "shapes": call.shapes, "site": call.site, "index": call.index,
+            "waiting_s": round(time.monotonic() - call.start, 1)}
+
+
+def _completion_handle(call: tracer.Call) -> Any:
+    """What tells when `call` has really finished: its Work (async_op=True), a CUDA event recorded
+    after it (NCCL returns once the kernel is enqueued), or None when it finished on return (gloo)."""
+    if callable(getattr(call.result, "is_completed", None)):
+        return call.result
+    if call.on_cuda:
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():  # inside a CUDA graph: replayed later, not run now
+            return None
+        event = torch.cuda.Event()
+        event.record()  # on the current stream, which NCCL's stream is joined to when the call returns
+        return event
+    return None
+
+
+def _finished(handle: Any) -> bool:
+    try:
+        return bool(handle.is_completed() if hasattr(handle, "is_completed") else handle.query())
+    except Exception:  # an aborted or failed Work: it will not complete, and it is not ours to raise
+        return False
 
 
 _active: list[Watchdog] = []
@@ -175,17 +254,34 @@ def running_watchdog() -> Watchdog | None:
     return _active[0] if _active else None
 
 
+def _op(call: dict[str, Any]) -> str:
+    return call["op"] + (f" ({', '.join(call['shapes'])})" if call.get("shapes") else "")
+
+
 def describe(report: dict[str, Any]) -> str:
-    """One line for one rank's report, e.g. 'rank 1 waiting in all_reduce at train.py:88'."""
+    """One line for one rank's report, e.g. 'rank 1 waiting in all_reduce at train.py:88 for 300 s'.
+
+    With an unfinished earlier collective: '...; oldest unfinished: all_reduce (float32[4]) issued at
+    train.py:80 301 s ago'; with NCCL's flight recorder, its view of the rank is appended.
+    """
     rank = report["rank"]
     call = report.get("collective")
-    if call:
-        shapes = f" ({', '.join(call['shapes'])})" if call.get("shapes") else ""
-        return f"rank {rank} waiting in {call['op']}{shapes} at {call['site']} for {call['waiting_s']:g} s"
     site = report.get("site") or "<unknown>"
-    if report.get("blocked_in") == "backward":
-        return f"rank {rank} waiting in backward (DDP's gradient all-reduce) at {site}"
-    return f"rank {rank} at {site}, not in a collective"
+    if call:
+        line = f"rank {rank} waiting in {_op(call)} at {call['site']} for {call['waiting_s']:g} s"
+    elif report.get("blocked_in") == "backward":
+        line = f"rank {rank} waiting in backward (DDP's gradient all-reduce) at {site}"
+    elif report.get("unfinished"):
+        line = f"rank {rank} waiting at {site}"
+    else:
+        line = f"rank {rank} at {site}, not in a collective"
+    oldest = report.get("unfinished")
+    if oldest and not (call and oldest["index"] == call["index"]):
+        line += f"; oldest unfinished: {_op(oldest)} issued at {oldest['site']} {oldest['waiting_s']:g} s ago"
+    recorder = report.get("flight_recorder")
+    if recorder and recorder.get("line"):
+        line += f"; NCCL flight recorder: {recorder['line']}"
+    return line
 
 
 def collect_reports(report_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:

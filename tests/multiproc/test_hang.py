@@ -76,3 +76,24 @@ def _healthy(info, hang_timeout_s):
 @pytest.mark.timeout(60)
 def test_init_hang_timeout_leaves_a_healthy_job_alone():
     assert run_ranks(_healthy, 2, 1.0, timeout=40) == [[32.0] * 3] * 2
+
+
+ASYNC = FIXTURE.parent / "hang_async_wait.py"
+
+
+@pytest.mark.timeout(90)
+def test_hang_in_an_async_collective_names_the_line_that_issued_it():
+    """gloo with async_op=True stands in for NCCL, whose collectives all return before they finish."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", "--hang-timeout", "5",
+                          ASYNC.name], capture_output=True, text=True, timeout=60, env=env, cwd=ASYNC.parent)
+    assert out.returncode != 0
+    summary = [line for line in out.stderr.splitlines() if line.startswith("ddpkit run:   rank")]
+    assert len(summary) == 2, out.stderr
+    lines = ASYNC.read_text().splitlines()
+    at = {tag: next(i for i, line in enumerate(lines, 1) if tag in line)
+          for tag in ("ASYNC-ISSUE", "ASYNC-WAIT", "ASYNC-BARRIER")}
+    name = ASYNC.name
+    assert summary[0].startswith(f"ddpkit run:   rank 0 waiting at {name}:{at['ASYNC-WAIT']}; oldest unfinished: "
+                                 f"all_reduce (float32[4]) issued at {name}:{at['ASYNC-ISSUE']} "), out.stderr
+    assert summary[1].startswith(f"ddpkit run:   rank 1 waiting in barrier at {name}:{at['ASYNC-BARRIER']}"), out.stderr

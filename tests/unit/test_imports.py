@@ -23,15 +23,17 @@ LAYERS: list[tuple[str, set[str]]] = [
                                        "ddpkit.torchinternals"}),
     ("device and backend", {"ddpkit.device"}),
     ("seeds and generator state", {"ddpkit.rng"}),
-    ("collective tracing and hang forensics (init starts the watchdog)", {"ddpkit.tracer", "ddpkit.watchdog"}),
+    ("collective tracing and hang forensics (init starts the watchdog)", {"ddpkit.tracer", "ddpkit.watchdog",
+                                                                         "ddpkit.flightrecorder"}),
     ("process group", {"ddpkit.runtime"}),
     ("all-rank helpers", {"ddpkit.collectives"}),
     ("model, gradients, data, checkpoints", {
         "ddpkit.parallel", "ddpkit.comm", "ddpkit.shm", "ddpkit.optim", "ddpkit.shardstate", "ddpkit.data",
-        "ddpkit.workerseed", "ddpkit.ckptfile", "ddpkit.checkpoint"}),
+        "ddpkit.workerseed", "ddpkit.transfer", "ddpkit.ckptfile", "ddpkit.checkpoint"}),
     ("loop helpers", {"ddpkit.precision", "ddpkit.metrics", "ddpkit.plot"}),
     ("launcher", {"ddpkit.launch", "ddpkit.runreport", "ddpkit.rendezvous", "ddpkit.envreport"}),
-    ("tools and faces", {"ddpkit.check.*", "ddpkit.lint.*", "ddpkit.port.*", "ddpkit.cli", "ddpkit"}),
+    ("tools and faces", {"ddpkit.check.*", "ddpkit.lint.*", "ddpkit.port.*", "ddpkit.selftest", "ddpkit.selfcheck",
+                         "ddpkit.cli", "ddpkit"}),
 ]
 """Lowest first, after DESIGN.md: env -> device -> rng -> runtime -> model, data, checkpoint -> loop
 helpers -> launcher/CLI. A module may import its own layer and the ones below; 'pkg.*' stands for

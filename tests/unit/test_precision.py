@@ -193,3 +193,50 @@ def test_lazy_export():
     assert ddpkit.Precision is Precision
     assert ddpkit.StepInfo(grad_norm=1.0, skipped=False, scale=1.0).as_dict() == {
         "grad_norm": 1.0, "skipped": False, "scale": 1.0}
+
+
+_CONVERSIONS = ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_step_reads_nothing_on_the_host_until_the_info_is_read(ctx, monkeypatch, dtype):
+    """On CUDA each of these conversions waits for the device: Precision.step must do none (fused optimizer)."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    prec = Precision(ctx, dtype=dtype, init_scale=2.0**10)
+    x, y = _batch()
+    with prec.autocast():
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    prec.backward(loss)
+    before = _params(model)
+    reads = []
+    for name in _CONVERSIONS:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    info = prec.step(opt, model, max_grad_norm=1.0)
+    assert reads == []
+    assert isinstance(info.grad_norm_tensor, torch.Tensor)
+    assert math.isfinite(info.grad_norm) and info.skipped is False and reads  # reading is what converts
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_nonfinite_step_is_still_skipped_and_counted(ctx, fused):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    prec = Precision(ctx, dtype="fp32")
+    x, y = _batch()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    next(model.parameters()).grad[0, 0] = float("nan")
+    before = _params(model)
+    info = prec.step(opt, model)
+    assert info.skipped is True and not math.isfinite(info.grad_norm) and prec.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    assert prec.step(opt, model).skipped is False and prec.skipped_steps == 1
+    assert opt.state[next(model.parameters())]["step"].item() == 1  # the skipped step did not count

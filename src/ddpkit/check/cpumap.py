@@ -27,7 +27,7 @@ from typing import Any
 from ddpkit import tracer
 from ddpkit.check.devicemap import accelerator_patches, called_from_user, device_class, local_batchnorm_class
 
-__all__ = ["CpuMapping", "TENSOR_COLLECTIVES"]
+__all__ = ["CpuMapping", "TENSOR_COLLECTIVES", "cpu_backend"]
 
 TENSOR_COLLECTIVES = (
     "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
@@ -36,8 +36,31 @@ TENSOR_COLLECTIVES = (
 )
 """torch.distributed calls whose tensors NCCL needs on the GPU."""
 
+
 def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def cpu_backend(backend: Any) -> str | None:
+    """The backend to use on CPU ranks instead of `backend`, or None when it already runs on the CPU.
+
+    Decided by the devices torch says each backend serves (`Backend.backend_capability`), never by
+    its name: 'nccl', 'NCCL', 'xccl', a newer 'nccl2' and 'cuda:nccl' have no CPU path and become
+    'gloo'; in a per-device string such as 'cpu:gloo,cuda:nccl' the CPU entry is kept.
+    """
+    if not isinstance(backend, str):
+        return None
+    import torch.distributed as dist
+
+    capability = dist.Backend.backend_capability
+    entries = [part.strip().lower() for part in backend.split(",") if part.strip()]
+    cpu_entries = [e.split(":", 1)[1] for e in entries if e.startswith("cpu:")]
+    if cpu_entries:
+        return None if len(entries) == 1 else cpu_entries[0]
+    names = [e.split(":", 1)[-1] for e in entries]
+    if names and all("cpu" in capability.get(name, ()) for name in names) and all(":" not in e for e in entries):
+        return None
+    return "gloo"
 
 
 def _is_cuda(value: Any) -> bool:
@@ -125,11 +148,12 @@ class CpuMapping:
         init_pg = c10d.init_process_group
 
         def init_process_group(backend=None, *args, **kwargs):
-            if isinstance(backend, str) and "nccl" in backend:
+            replacement = cpu_backend(backend)
+            if replacement is not None:
                 # A CPU tensor works under a mixed 'cpu:gloo,cuda:nccl' group, not under NCCL alone.
-                mapping.nccl_only = "cpu" not in backend and "gloo" not in backend
-                mapping.note(f"init_process_group backend {backend!r} -> 'gloo'")
-                backend = "gloo"
+                mapping.nccl_only = not any(part.strip().lower().startswith("cpu:") for part in backend.split(","))
+                mapping.note(f"init_process_group backend {backend!r} -> {replacement!r}")
+                backend = replacement
             if kwargs.pop("device_id", None) is not None:
                 mapping.note("init_process_group device_id dropped")
             return init_pg(backend, *args, **kwargs)

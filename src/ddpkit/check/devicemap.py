@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ddpkit.check.cpumap import CpuMapping
+from typing import Any
 
 __all__ = ["device_class", "accelerator_patches", "local_batchnorm_class", "called_from_user"]
 
@@ -58,7 +55,7 @@ def device_class(note: Callable[[str], None]) -> type:
     return device
 
 
-def accelerator_patches(mapping: CpuMapping) -> dict[str, Callable]:
+def accelerator_patches(mapping: Any) -> dict[str, Callable]:
     """torch.accelerator functions answering, to the user's code, as a machine with one CUDA device per rank."""
     import torch
 
