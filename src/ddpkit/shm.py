@@ -1,7 +1,6 @@
 """Host shared memory for the ranks of one host: a segment every rank maps, and a barrier through it.
 
-ddpkit.comm sends gradients through such a segment (wrap's "shm" exchange). ddpkit.optim keeps the
-parameters of a sharded optimizer in one, with their optimizer state in another.
+ddpkit.comm sends gradients through such a segment (wrap's "shm" exchange).
 """
 
 from __future__ import annotations
