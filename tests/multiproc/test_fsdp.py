@@ -62,8 +62,10 @@ def _setup(ctx, strategy: str, accumulation_steps: int = 1):
     return model, opt, data
 
 
-def _train(ctx, parts, *, start: int, stop: int, ckpt: Path | None = None) -> list[float]:
-    """Optimizer steps start..stop (clipped through Precision.step); checkpoints at SAVE_AT and at the end."""
+def _train(ctx, parts, *, start: int, stop: int, ckpt: Path | None = None, reduced: list | None = None) -> list[float]:
+    """Optimizer steps start..stop (clipped through Precision.step); checkpoints at SAVE_AT and at the end.
+
+    `reduced` collects, per micro-step, whether its backward produced (reduce-scattered) gradients."""
     import ddpkit
 
     model, opt, data = parts
@@ -74,6 +76,8 @@ def _train(ctx, parts, *, start: int, stop: int, ckpt: Path | None = None) -> li
             with ddpkit.accumulate(model, sync=data.step_end):
                 loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
                 prec.backward(loss / data.accumulation_steps)
+            if reduced is not None:
+                reduced.append(any(p.grad is not None for p in model.parameters()))
             if not data.step_end:
                 continue
             norms.append(prec.step(opt, model, max_grad_norm=0.5).grad_norm)
@@ -147,11 +151,16 @@ def _two(info: RankInfo, root: str):
     root_path = Path(root)
     out: dict = {}
     with info.init(seed=SEED) as ctx:
+        # Ranks seeded differently build different models; wrap starts every rank from rank 0's.
+        own = TiedLM()
+        out["own_sha"] = ddpkit.param_sha256(own)
+        out["wrapped_sha"] = ddpkit.param_sha256(ddpkit.wrap(own, ctx, strategy="fsdp"))
         for accumulation in (1, 4):
             _fresh(ctx)
             model, opt, data = parts = _setup(ctx, "fsdp", accumulation)
+            out[f"reduced{accumulation}"] = reduced = []
             norms = _train(ctx, parts, start=0, stop=TOTAL_STEPS,
-                           ckpt=root_path / "two" if accumulation == 1 else None)
+                           ckpt=root_path / "two" if accumulation == 1 else None, reduced=reduced)
             out[accumulation] = {"params": _full(ctx, model, root_path / f"two{accumulation}.pt"),
                                  "norms": norms, "sha": ddpkit.param_sha256(model)}
             if accumulation == 1:
@@ -236,6 +245,9 @@ def test_fsdp_trains_checkpoints_and_resumes_like_one_process(tmp_path):
                                    torch.tensor(single[accumulation]["norms"]), rtol=1e-5, atol=1e-6)
         assert r0[accumulation]["norms"] == r1[accumulation]["norms"]  # global norm, identical on every rank
     assert max(single[1]["norms"]) > 0.5  # clipping was active
+    # accumulate(): micro-steps 1-3 of each 4 keep their gradients local; the 4th reduce-scatters.
+    assert r0["reduced4"] == [False, False, False, True] * TOTAL_STEPS and r0["reduced1"] == [True] * TOTAL_STEPS
+    assert r0["own_sha"] != r1["own_sha"] and r0["wrapped_sha"] == r1["wrapped_sha"] == r0["own_sha"]
     # The training moved the tied weights, and they stayed tied.
     assert not torch.allclose(single[1]["params"]["emb.weight"], _initial()["emb.weight"])
     assert torch.equal(r0[1]["params"]["emb.weight"], r0[1]["params"]["head.weight"])
