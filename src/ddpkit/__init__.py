@@ -44,6 +44,7 @@ _EXPORTS = {
     "latest_checkpoint": "ddpkit.checkpoint",
     "verify_checkpoint": "ddpkit.checkpoint",
     "export_state_dict": "ddpkit.ckptshards",
+    "is_sharded": "ddpkit.fsdp",
     "CheckpointError": "ddpkit.checkpoint",
     "CheckpointWarning": "ddpkit.checkpoint",
     "Precision": "ddpkit.precision",

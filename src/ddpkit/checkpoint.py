@@ -135,6 +135,7 @@ def save_checkpoint(
 
         payload, manifest = _payload(ctx, step, epoch, None, optimizer, scheduler, scaler, loader, loader_state, rng,
                                      extra)
+        payload["optimizer"] = "sharded" if optimizer is not None else None  # its tensors are in the shards
         return save_sharded(ctx, directory, step, model, optimizer, payload, manifest, keep_last)
     outcome: tuple[bool, str] | None = None
     error: Exception | None = None
@@ -325,7 +326,7 @@ def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> di
             raise CheckpointError(
                 f"{path} holds the state of a {saved} {name} but load_checkpoint got {name}={_class_name(obj)}; build "
                 f"the {name} the run was saved with (or leave {name}= out and start a fresh one)")
-    if optimizer is not None and state.get("optimizer") is None and not sharded_file:
+    if optimizer is not None and state.get("optimizer") is None:
         raise CheckpointError(f"{path} holds no optimizer state but load_checkpoint got optimizer=; pass "
                               "optimizer=None, or save with save_checkpoint(..., optimizer=...)")
     if sharded_file:  # model and optimizer shards, resharded to this run's layout and strategy

@@ -186,6 +186,13 @@ def _two(info: RankInfo, root: str):
         ddpkit.load_checkpoint(ctx, root_path / "ddp", model=parts[0], optimizer=parts[1], loader=parts[2])
         _train(ctx, parts, start=SAVE_AT, stop=TOTAL_STEPS)
         out["from_ddp"] = _full(ctx, parts[0], root_path / "fromddp.pt")
+        # fsdp -> ddp: the sharded checkpoint continues in a DDP model.
+        _fresh(ctx)
+        parts = _setup(ctx, "ddp")
+        ddpkit.load_checkpoint(ctx, root_path / "two" / "ckpt-00000010.dcp", model=parts[0], optimizer=parts[1],
+                               loader=parts[2])
+        _train(ctx, parts, start=SAVE_AT, stop=TOTAL_STEPS)
+        out["to_ddp"] = _full(ctx, parts[0], root_path / "toddp.pt")
         # 1 -> 2: the world-size-1 run's .pt checkpoint at step 10 continues on 2 sharded ranks.
         _fresh(ctx)
         parts = _setup(ctx, "fsdp")
@@ -260,6 +267,7 @@ def test_fsdp_trains_checkpoints_and_resumes_like_one_process(tmp_path):
     # Resume: bit-identical on the same world size; within float tolerance across strategies and sizes.
     assert r0["resumed_sha"] == r0["uninterrupted_sha"] and r1["resumed_sha"] == r1["uninterrupted_sha"]
     _close(r0["from_ddp"], r0[1]["params"])
+    _close(r0["to_ddp"], r0[1]["params"])
     _close(r0["from_one"], single[1]["params"])
     assert resumed1["saved_world_size"] == 2
     _close(resumed1["resumed"], r0[1]["params"])
