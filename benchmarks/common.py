@@ -51,8 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-skip-sync", action="store_true", help="all-reduce every micro-step (the naive way)")
     p.add_argument("--no-exchange", action="store_true",
                    help="ddpkit variant: skip the gradient exchange (a floor for DDP's step time; wrong results)")
-    p.add_argument("--shard-optimizer", action="store_true",
-                   help="ddpkit variant: ddpkit.shard_optimizer (each rank steps half the parameters)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of this process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--launch-time", type=float, default=None, help="time.time() when the launcher was started")

@@ -20,6 +20,12 @@ counts once, as the tied output head). The attention term is half of PaLM's 12 *
 counts the full T x T score matrix; a causal mask needs only its lower half (flash attention skips
 the rest), so the full count would overstate MFU. MFU divides by the device's dense (no sparsity)
 bf16 tensor-core peak. Prints a markdown table and writes benchmarks/results/gpu_charlm.json.
+
+The FSDP arm shards the same model over several GPUs (ddpkit.wrap(strategy="fsdp"), bf16 through
+FSDP's mixed precision): peak CUDA memory per rank (the largest rank's) and tokens/s of all ranks,
+`--batch-size` sequences per rank:
+
+    ddpkit run --nproc-per-node 8 benchmarks/gpu_charlm.py --strategy fsdp
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak; default: by device name")
     p.add_argument("--time-limit", type=float, default=270.0,
                    help="skip the arms after the first that would start after this many seconds")
+    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"],
+                   help="fsdp: the sharded arm, on several ranks (ddpkit run --nproc-per-node N)")
     p.add_argument("--out", default=str(HERE / "results" / "gpu_charlm.json"))
     args = p.parse_args(argv)
     for name in ("d_model", "layers", "heads", "seq_len", "batch_size", "steps"):
@@ -100,14 +108,17 @@ def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dic
     num_params = sum(p.numel() for p in model.parameters())
     matmul_params = num_params - model.pos.weight.numel()
     compile_opts = {"backend": compile_backend} if compile_backend else False
-    if use_ddpkit:
+    if use_ddpkit and args.strategy == "fsdp":
+        model = ddpkit.wrap(model, ctx, compile=compile_opts, strategy="fsdp", precision="bf16")
+    elif use_ddpkit:
         model = ddpkit.wrap(model, ctx, compile=compile_opts)  # world size 1: no DDP wrapper, same model
     else:
         model = model.to(ctx.device)
         if compile_opts:
             model = torch.compile(model, **compile_opts)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=ctx.device.type == "cuda")
-    n = args.batch_size * (args.warmup + args.steps)
+    fused = ctx.device.type == "cuda" and args.strategy == "ddp"  # FSDP's DTensor shards: the foreach kernels
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=fused)
+    n = args.batch_size * ctx.world_size * (args.warmup + args.steps)
     tokens = torch.randint(0, 256, (n, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
     dataset = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
     if use_ddpkit:
@@ -132,14 +143,17 @@ def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dic
         sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    step_s = statistics.median(times)
-    tokens_per_s = args.batch_size * args.seq_len / step_s
+    step_s = max(ddpkit.all_gather_object(ctx, statistics.median(times)))  # the slowest rank sets the pace
+    tokens_per_s = args.batch_size * ctx.world_size * args.seq_len / step_s
+    peak_mem = torch.cuda.max_memory_allocated() / 2**30 if ctx.device.type == "cuda" else None
+    peak_mem = max(ddpkit.all_gather_object(ctx, peak_mem or 0.0)) if peak_mem is not None else None
     flops = flops_per_token(matmul_params=matmul_params, layers=args.layers, d_model=args.d_model,
                             seq_len=args.seq_len)
     return {
-        "params_m": num_params / 1e6, "matmul_params": matmul_params, "flops_per_token": flops, "step_ms": 1000 * step_s, "tokens_per_s": tokens_per_s,
+        "params_m": num_params / 1e6, "matmul_params": matmul_params, "flops_per_token": flops,
+        "step_ms": 1000 * step_s, "tokens_per_s": tokens_per_s,
         "model_tflops": flops * tokens_per_s / 1e12, "arm_s": time.perf_counter() - t_start,
-        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if ctx.device.type == "cuda" else None,
+        "peak_mem_gb": peak_mem, "world_size": ctx.world_size,
         "final_loss": float(loss.detach()),
     }
 
@@ -149,23 +163,34 @@ def main(argv=None) -> int:
     charlm = load_charlm()
     started = time.perf_counter()
     with ddpkit.init(seed=0, device=args.device) as ctx:
-        if ctx.world_size != 1:
-            raise SystemExit("run gpu_charlm.py as one process (python benchmarks/gpu_charlm.py), not under ddpkit run")
+        if args.strategy == "ddp" and ctx.world_size != 1:
+            raise SystemExit("run gpu_charlm.py as one process (python benchmarks/gpu_charlm.py), not under ddpkit run; "
+                             "only --strategy fsdp runs on several ranks")
+        if args.strategy == "fsdp" and ctx.world_size < 2:
+            raise SystemExit("--strategy fsdp shards over ranks: run it under ddpkit run --nproc-per-node N (N >= 2)")
         name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
         peak = args.peak_tflops or peak_tflops(name)
         torch.backends.cuda.matmul.allow_tf32 = True
         arms = [("plain PyTorch", False, ""), ("ddpkit", True, "")]
         if args.compile_backend:
             arms += [("plain PyTorch", False, args.compile_backend), ("ddpkit", True, args.compile_backend)]
+        if args.strategy == "fsdp":
+            label = f"ddpkit fsdp x{ctx.world_size}"
+            arms = [(label, True, "")] + ([(label, True, args.compile_backend)] if args.compile_backend else [])
         results = []
         for label, use_ddpkit, backend in arms:
-            if results and time.perf_counter() - started > args.time_limit:
+            late = bool(results) and time.perf_counter() - started > args.time_limit
+            if ddpkit.broadcast_object(ctx, late):  # rank 0's clock decides for every rank
                 print(f"skipped {label} compile={backend or 'no'}: past --time-limit", file=sys.stderr)
                 continue
             r = run_arm(charlm, args, ctx, use_ddpkit=use_ddpkit, compile_backend=backend)
-            r.update(arm=label, compile=backend or "no", mfu=(r["model_tflops"] / peak) if peak else None)
-            print(json.dumps(r), file=sys.stderr, flush=True)
+            r.update(arm=label, compile=backend or "no",
+                     mfu=(r["model_tflops"] / (peak * ctx.world_size)) if peak else None)
+            if ctx.is_main:
+                print(json.dumps(r), file=sys.stderr, flush=True)
             results.append(r)
+        if not ctx.is_main:
+            return 0
     base = {r["compile"]: r for r in results if r["arm"] == "plain PyTorch"}
     lines = [f"\n{name}, bf16 autocast, {results[0]['params_m']:.3g} M params, batch {args.batch_size} x "
              f"seq {args.seq_len}\n",

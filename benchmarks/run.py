@@ -50,7 +50,7 @@ CONFIGS = [
     Config("hand-written DDP", "main", "torch_ddp"),
     Config("ddpkit", "main", "ddpkit_ddp", "ddpkit"),
     Config("ddpkit comm='shm' (opt-in shared-memory exchange)", "main", "ddpkit_ddp", "ddpkit", options={"comm": "shm"}),
-    Config("ddpkit + shard_optimizer", "main", "ddpkit_ddp", "ddpkit", args=("--shard-optimizer",)),
+    Config("ddpkit strategy=fsdp", "main", "ddpkit_ddp", "ddpkit", options={"strategy": "fsdp"}),
     Config("Accelerate", "main", "accelerate_ddp"),
     Config("Lightning Fabric", "main", "fabric_ddp"),
     Config("1 process x 128, 2 threads", "scaling", "single", "python", 1, ("--batch-size", "128", "--threads", "2")),

@@ -55,8 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--precision", default="auto", choices=["bf16", "fp16", "fp32", "auto"],
       help="autocast dtype; auto: bf16 where the hardware has it natively, else fp16 (GPU) or fp32 (CPU)")
     a("--compile", action="store_true", help="torch.compile the DDP model")
-    a("--shard-optimizer", action="store_true",
-      help="ddpkit.shard_optimizer: CPU ranks on one host each step 1/W of the parameters (not with fp16)")
+    a("--strategy", default="ddp", choices=["ddp", "fsdp"],
+      help="ddp: every rank holds the model; fsdp: parameters, gradients and optimizer state sharded (not with fp16)")
     a("--data-bytes", type=int, default=3_000_000, help="training text size in bytes (stdlib prefix)")
     a("--val-bytes", type=int, default=120_000, help="held-out text size in bytes")
     a("--eval-every", type=int, default=100, help="validate every N optimizer steps (and at start and end)")
@@ -166,12 +166,18 @@ def evaluate(model: nn.Module, data, ctx: ddpkit.Context, prec: ddpkit.Precision
     """Exact validation loss over every held-out character: per-rank sums, one all-reduce."""
     net = ddpkit.unwrap(model).eval()
     nll, count = 0.0, 0
+    # A sharded model all-gathers in every forward, so every rank must run as many as the others:
+    # unpadded eval shards can differ by a batch, and the shorter ones run empty batches to match.
+    extra = max(ddpkit.all_gather_object(ctx, len(data))) - len(data) if ddpkit.is_sharded(model) else 0
     with torch.no_grad():
         for x, y in data:
             with prec.autocast():
                 logits = net(x)
             nll += F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1), reduction="sum").item()
             count += y.numel()
+        for _ in range(extra):  # an empty batch of the last one's shape (eval shards differ by one batch at most)
+            with prec.autocast():
+                net(x[:0])
     net.train()
     loss = ddpkit.reduce_means(ctx, {"nll": nll}, count)["nll"]  # collective, after the loop
     return {"val_loss": loss, "val_bpc": loss / math.log(2)}
@@ -189,8 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.d_model % args.heads:
         raise ValueError(f"--heads {args.heads} must divide --d-model {args.d_model}; e.g. --heads 4")
-    if args.shard_optimizer and args.precision == "fp16":
-        raise ValueError("--shard-optimizer does not work with --precision fp16 (loss scaling); use bf16 or fp32")
+    if args.strategy == "fsdp" and args.precision == "fp16":
+        raise ValueError("--strategy fsdp does not work with --precision fp16 (loss scaling); use bf16 or fp32")
     with ddpkit.init(seed=args.seed, device=args.device) as ctx:
         start = time.perf_counter()
         per_step = ctx.world_size * args.accumulation_steps
@@ -206,11 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(args.seed)  # same initial weights for every world size (DDP also broadcasts rank 0's)
         net = CharLM(d_model=args.d_model, layers=args.layers, heads=args.heads, seq_len=args.seq_len,
                      dropout=args.dropout)
-        model = ddpkit.wrap(net, ctx, compile=args.compile)
         prec = ddpkit.Precision(ctx, dtype=args.precision)
+        model = ddpkit.wrap(net, ctx, compile=args.compile, strategy=args.strategy,
+                            **({"precision": prec} if args.strategy == "fsdp" else {}))
         opt = make_optimizer(model, args)
-        if args.shard_optimizer:  # before the scheduler, which must hold the optimizer that steps
-            opt = ddpkit.shard_optimizer(opt, model, ctx)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
             s, warmup=args.warmup_steps, total=args.max_steps, min_ratio=args.min_lr_ratio))
         log = MetricsLog(args.run_dir, ctx) if args.run_dir else None
@@ -262,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_step": tokens_per_step,
             "precision": prec.dtype,
             "optimizer": type(opt).__name__,
+            "strategy": args.strategy,
             "skipped_steps": prec.skipped_steps,
             "num_params": sum(p.numel() for p in net.parameters()),
             "train_bytes": len(train_text),

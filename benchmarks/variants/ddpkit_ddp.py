@@ -12,10 +12,10 @@ import torch  # noqa: E402
 import ddpkit  # noqa: E402
 
 # ddpkit's names load on first use; touch the ones this job uses so their cost counts as import time
-ddpkit.init, ddpkit.wrap, ddpkit.loader, ddpkit.accumulate, ddpkit.shard_optimizer  # noqa: B018
+ddpkit.init, ddpkit.wrap, ddpkit.loader, ddpkit.accumulate  # noqa: B018
 _IMPORT_S = time.perf_counter() - _T0
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import Recorder, build_model, make_dataset, no_exchange_hook, parse_args, save_params  # noqa: E402
+from common import Recorder, build_model, make_dataset, no_exchange_hook, parse_args  # noqa: E402
 
 
 def main() -> None:
@@ -28,8 +28,6 @@ def main() -> None:
         data = ddpkit.loader(make_dataset(args.seed), ctx, batch_size=args.batch_size,
                              accumulation_steps=args.accumulation_steps)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        if args.shard_optimizer:
-            opt = ddpkit.shard_optimizer(opt, model, ctx)
         k, total = args.accumulation_steps, args.warmup + args.steps + 1
         rec = Recorder(args, _IMPORT_S)
         steps = 0
@@ -45,8 +43,8 @@ def main() -> None:
                     rec.step(loss * k)
                     if steps == total:
                         break
-        if args.save_params and ctx.is_main:
-            save_params(ddpkit.unwrap(model), args.save_params)
+        if args.save_params:  # every rank: a sharded model's parameters are gathered to rank 0
+            ddpkit.export_state_dict(ctx, model, args.save_params)
         rec.write(ctx.rank, ctx.world_size)
 
 

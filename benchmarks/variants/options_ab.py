@@ -22,7 +22,6 @@ from common import build_model, forever, make_dataset  # noqa: E402
 ARMS = {
     "PyTorch DDP defaults": {"gradient_as_bucket_view": False, "comm": None},
     "ddpkit defaults": {},
-    "ddpkit defaults + shard_optimizer": {"shard_optimizer": True},
     "comm='shm' (opt-in)": {"comm": "shm"},
     "bucket_cap_mb=1": {"bucket_cap_mb": 1},
     "bucket_cap_mb=2.5": {"bucket_cap_mb": 2.5},
@@ -33,7 +32,7 @@ ARMS = {
     "comm='bf16'": {"comm": "bf16"},
 }
 REFERENCE = "PyTorch DDP defaults"
-"""Every arm is ddpkit.wrap(**options), except "shard_optimizer", which shards the arm's optimizer."""
+"""Every arm is ddpkit.wrap(**options)."""
 
 
 def main() -> None:
@@ -43,12 +42,8 @@ def main() -> None:
         dataset = make_dataset(0)
         models, opts = {}, {}
         for name, options in ARMS.items():
-            options = dict(options)
-            shard = options.pop("shard_optimizer", False)
             models[name] = ddpkit.wrap(build_model(0), ctx, **options)
             opts[name] = torch.optim.SGD(models[name].parameters(), lr=0.05, momentum=0.9)
-            if shard:
-                opts[name] = ddpkit.shard_optimizer(opts[name], models[name], ctx)
         times: dict[str, list[float]] = {name: [] for name in ARMS}
         losses: dict[str, float] = {}
         data = ddpkit.loader(dataset, ctx, batch_size=64)

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, forever, make_dataset, no_exchange_hook  # noqa: E402
 
 SINGLE = "1 process x 128, 2 threads"
-ARMS = (SINGLE, "ddpkit defaults", "ddpkit + shard_optimizer", "comm='shm' (opt-in)",
+ARMS = (SINGLE, "ddpkit defaults", "comm='shm' (opt-in)",
         "no exchange (floor; wrong results)")
 
 
@@ -54,8 +54,6 @@ def main() -> None:
         for name in ARMS[1:]:
             models[name] = ddpkit.wrap(build_model(0), ctx, comm="shm" if name.startswith("comm='shm'") else None)
             opts[name] = torch.optim.SGD(models[name].parameters(), lr=0.05, momentum=0.9)
-            if "shard_optimizer" in name:
-                opts[name] = ddpkit.shard_optimizer(opts[name], models[name], ctx)
             if name.startswith("no exchange"):
                 models[name].register_comm_hook(None, no_exchange_hook)
             batches[name] = forever(ddpkit.loader(dataset, ctx, batch_size=64))

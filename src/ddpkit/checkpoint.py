@@ -9,6 +9,8 @@
 What is saved: the unwrapped model, optimizer, scheduler, grad scaler, step, epoch, the loader's
 position inside the epoch and its data seed, and every rank's RNG states. Resuming on the same
 world size continues bit-identically (same samples in the same order, same random streams).
+A sharded (FSDP) model is saved as a torch.distributed.checkpoint directory instead, each rank
+writing its own shards (ddpkit.ckptshards); either kind loads into either strategy.
 Resuming on another world size with the same global batch continues from the same global sample
 position: rank r < old world size takes old rank r's RNG streams, new ranks get fresh seeds
 (`ddpkit.rng.resumed_rank_seed`), so results match an uninterrupted run up to float reduction order
@@ -126,6 +128,15 @@ def save_checkpoint(
     # identical to an uninterrupted run.
     rng = all_gather_object(ctx, rng_state(ctx.device))
 
+    from ddpkit.fsdp import is_sharded
+
+    if is_sharded(model):
+        from ddpkit.ckptshards import save_sharded
+
+        payload, manifest = _payload(ctx, step, epoch, None, optimizer, scheduler, scaler, loader, loader_state, rng,
+                                     extra)
+        payload["optimizer"] = "sharded" if optimizer is not None else None  # its tensors are in the shards
+        return save_sharded(ctx, directory, step, model, optimizer, payload, manifest, keep_last)
     outcome: tuple[bool, str] | None = None
     error: Exception | None = None
     if ctx.is_main:
@@ -147,12 +158,25 @@ def save_checkpoint(
 
 def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loader, loader_state, rng, extra,
            keep_last) -> Path:
+    import torch
+
+    from ddpkit.parallel import unwrap
+
+    payload, manifest = _payload(ctx, step, epoch, _compact(unwrap(model).state_dict()), optimizer, scheduler, scaler,
+                                 loader, loader_state, rng, extra)
+    payload["optimizer"] = optimizer.state_dict() if optimizer is not None else None
+    path = write_checkpoint_files(directory, step, lambda f: torch.save(payload, f), manifest)
+    rotate(directory, path, keep_last)
+    return path
+
+
+def _payload(ctx, step, epoch, model_state, optimizer, scheduler, scaler, loader, loader_state, rng, extra):
+    """(payload, manifest) of a checkpoint; model and optimizer tensors are left to the caller."""
     import datetime
 
     import torch
 
     from ddpkit.version import __version__
-    from ddpkit.parallel import unwrap
 
     payload = {
         "format": FORMAT,
@@ -161,8 +185,8 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
         "world_size": ctx.world_size,
         "seed": ctx.seed,
         "global_batch_size": loader.global_batch_size if loader is not None else None,
-        "model": _compact(unwrap(model).state_dict()),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "model": model_state,
+        "optimizer": None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "loader": loader_state,
@@ -178,9 +202,7 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
         "ddpkit_version": __version__,
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    path = write_checkpoint_files(directory, step, lambda f: torch.save(payload, f), manifest)
-    rotate(directory, path, keep_last)
-    return path
+    return payload, manifest
 
 
 def load_checkpoint(
@@ -246,6 +268,9 @@ def load_checkpoint(
 
 
 def _resolve(source: Path) -> str | None:
+    if source.suffix == ".dcp" and source.is_dir():  # one sharded checkpoint, named directly
+        verify_checkpoint(source)
+        return str(source)
     if source.is_dir() or (not source.exists() and source.suffix != ".pt"):
         latest = latest_checkpoint(source)
         return None if latest is None else str(latest)
@@ -284,8 +309,8 @@ def _load_file(path: Path) -> dict[str, Any]:
 
 
 def _compact(state: dict[str, Any]) -> dict[str, Any]:
-    """`state` with every tensor that views a larger storage (e.g. parameters shard_optimizer put in one
-    shared segment) copied out: torch.save writes a view's whole storage."""
+    """`state` with every tensor that views a larger storage (a parameter carved out of one flat
+    buffer) copied out: torch.save writes a view's whole storage."""
     import torch
 
     return {k: v.clone() if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() != v.nbytes else v
@@ -293,9 +318,12 @@ def _compact(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> dict[str, Any]:
+    from ddpkit import ckptshards
+    from ddpkit.fsdp import is_sharded
     from ddpkit.parallel import unwrap
 
-    state = _load_file(path)
+    sharded_file = path.is_dir()
+    state = ckptshards.read_payload(path) if sharded_file else _load_file(path)
     saved_classes = state.get("classes") or {}  # absent in checkpoints of ddpkit 0.1
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler)):
         saved = saved_classes.get(name)
@@ -303,10 +331,18 @@ def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> di
             raise CheckpointError(
                 f"{path} holds the state of a {saved} {name} but load_checkpoint got {name}={_class_name(obj)}; build "
                 f"the {name} the run was saved with (or leave {name}= out and start a fresh one)")
-    # save_checkpoint stores unwrap(model)'s state, so the keys match unwrap(model) here as they are.
-    unwrap(model).load_state_dict(state["model"], strict=strict)
+    if optimizer is not None and state.get("optimizer") is None:
+        raise CheckpointError(f"{path} holds no optimizer state but load_checkpoint got optimizer=; pass "
+                              "optimizer=None, or save with save_checkpoint(..., optimizer=...)")
+    if sharded_file:  # model and optimizer shards, resharded to this run's layout and strategy
+        ckptshards.load_sharded(path, model, optimizer, strict)
+    elif is_sharded(model):
+        ckptshards.load_full(model, optimizer, state["model"], state["optimizer"], strict)
+    else:
+        # save_checkpoint stores unwrap(model)'s state, so the keys match unwrap(model) here as they are.
+        unwrap(model).load_state_dict(state["model"], strict=strict)
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler), ("loader", loader)):
-        if obj is None:
+        if obj is None or name == "optimizer" and (sharded_file or is_sharded(model)):
             continue
         if state.get(name) is None:
             raise CheckpointError(
@@ -322,11 +358,8 @@ def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> di
 
 
 def _class_name(obj: Any) -> str:
-    """The optimizer's or scheduler's class name, as the user wrote it (Adam, not ShardedAdam)."""
-    from ddpkit.optim import is_sharded
-
-    cls = type(obj)
-    return cls.__mro__[2].__name__ if is_sharded(obj) else cls.__name__
+    """The optimizer's or scheduler's class name."""
+    return type(obj).__name__
 
 
 def _restore_rng(ctx, states: list[dict[str, Any]], step: int) -> None:

@@ -1,9 +1,11 @@
 """Checkpoint files on disk: atomic writes, sha256 manifests, verification, latest-valid lookup, rotation.
 
 Nothing here is a collective; `ddpkit.checkpoint` decides which rank calls what. A checkpoint is
-the pair `ckpt-{step:08d}.pt` + `ckpt-{step:08d}.json`; it is valid when the manifest parses and the
-.pt file has the size and sha256 the manifest records. The manifest is renamed into place last,
-so a save that dies half-way leaves no valid-looking checkpoint behind.
+the pair `ckpt-{step:08d}.pt` + `ckpt-{step:08d}.json`, or for a sharded (FSDP) model the
+torch.distributed.checkpoint directory `ckpt-{step:08d}.dcp/` + `ckpt-{step:08d}.json`; it is valid
+when the manifest parses and every file has the size and sha256 the manifest records. The
+manifest is renamed into place last, so a save that dies half-way leaves no valid-looking
+checkpoint behind.
 """
 
 from __future__ import annotations
@@ -23,18 +25,21 @@ __all__ = [
     "CheckpointError",
     "CheckpointWarning",
     "checkpoint_path",
+    "sharded_path",
     "manifest_path",
+    "file_digest",
     "list_checkpoints",
     "verify_checkpoint",
     "latest_checkpoint",
     "write_checkpoint_files",
+    "write_checkpoint_dir",
     "rotate",
 ]
 
 FORMAT = "ddpkit-checkpoint/1"
 """Written into every manifest and payload; a reader refuses other formats."""
 
-_NAME = re.compile(r"^ckpt-(\d{8,})\.(pt|json)$")
+_NAME = re.compile(r"^ckpt-(\d{8,})\.(pt|json|dcp)$")
 _TMP_PREFIX = ".ckpt-"
 
 
@@ -51,6 +56,11 @@ def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
     return Path(directory) / f"ckpt-{step:08d}.pt"
 
 
+def sharded_path(directory: str | os.PathLike, step: int) -> Path:
+    """Where the torch.distributed.checkpoint directory of step `step` of a sharded model lives."""
+    return Path(directory) / f"ckpt-{step:08d}.dcp"
+
+
 def manifest_path(path: str | os.PathLike) -> Path:
     """The JSON manifest beside checkpoint file `path`."""
     return Path(path).with_suffix(".json")
@@ -62,15 +72,16 @@ def _step_of(path: Path) -> int:
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Checkpoint files (.pt paths) found in `directory`, valid or not, oldest step first.
+    """Checkpoints (.pt files or .dcp directories) found in `directory`, valid or not, oldest step first.
 
-    A manifest whose .pt file is missing is listed too, so that verification reports it.
+    A manifest whose checkpoint is missing is listed too (as .pt), so that verification reports it.
     """
     directory = Path(directory)
     if not directory.is_dir():
         return []
     steps = {_step_of(p) for p in directory.iterdir() if _NAME.match(p.name)}
-    return [checkpoint_path(directory, s) for s in sorted(steps)]
+    return [sharded_path(directory, s) if sharded_path(directory, s).is_dir() else checkpoint_path(directory, s)
+            for s in sorted(steps)]
 
 
 def _sha256_file(path: Path) -> str:
@@ -79,6 +90,29 @@ def _sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """{"size", "sha256"} of one file, as a manifest records it."""
+    path = Path(path)
+    return {"size": path.stat().st_size, "sha256": _sha256_file(path)}
+
+
+def _verify_file(path: Path, size: Any, sha256: Any) -> None:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing although the manifest lists it")
+    found = path.stat().st_size
+    if found != size:
+        raise CheckpointError(f"checkpoint {path} is {found} bytes but its manifest records {size} (truncated or "
+                              "overwritten)")
+    try:
+        digest = _sha256_file(path)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} is unreadable ({e.strerror or e})") from None
+    if digest != sha256:
+        raise CheckpointError(
+            f"checkpoint {path} fails its sha256 check ({digest[:16]}... != manifest's {str(sha256)[:16]}...): "
+            "the file is corrupt")
 
 
 def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -100,22 +134,16 @@ def verify_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"manifest {mpath} has format {found!r}, not {FORMAT!r}; it was not written by ddpkit")
+    files = manifest.get("files")
+    if isinstance(files, dict):  # a sharded checkpoint: a directory of files
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {path} is missing although its manifest {mpath.name} exists")
+        for name, entry in sorted(files.items()):
+            _verify_file(path / name, entry.get("size"), entry.get("sha256"))
+        return manifest
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} is missing although its manifest {mpath.name} exists")
-    size = path.stat().st_size
-    if size != manifest.get("size"):
-        raise CheckpointError(
-            f"checkpoint {path} is {size} bytes but its manifest records {manifest.get('size')} (truncated or overwritten)"
-        )
-    try:
-        digest = _sha256_file(path)
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable ({e.strerror or e})") from None
-    if digest != manifest.get("sha256"):
-        raise CheckpointError(
-            f"checkpoint {path} fails its sha256 check ({digest[:16]}... != manifest's "
-            f"{str(manifest.get('sha256'))[:16]}...): the file is corrupt"
-        )
+    _verify_file(path, manifest.get("size"), manifest.get("sha256"))
     return manifest
 
 
@@ -195,11 +223,42 @@ def write_checkpoint_files(directory: str | os.PathLike, step: int, write: Calla
     return path
 
 
+def write_checkpoint_dir(directory: str | os.PathLike, step: int, tmp: Path, files: dict[str, dict[str, Any]],
+                         manifest: dict[str, Any]) -> Path:
+    """Atomically publish the sharded checkpoint `step` that every rank wrote into `tmp`.
+
+    `files` maps each file inside `tmp` to its file_digest. Order: manifest to a temporary file,
+    fsync; rename the directory, rename the manifest, fsync the directory. On failure before the
+    renames, `tmp` is left for `rotate` to clean and every existing checkpoint stays as it was.
+    """
+    directory = Path(directory)
+    path = sharded_path(directory, step)
+    full = {"format": FORMAT, "file": path.name, "files": files, **manifest}
+    text = json.dumps(full, indent=1, sort_keys=True).encode()
+    _fsync_dir(tmp)
+    tmp_manifest = _write_tmp(directory, manifest_path(path).name, lambda f: f.write(text))
+    try:
+        _remove(path)  # a same-step directory left by an earlier attempt (os.replace cannot replace a directory)
+        os.replace(tmp, path)
+        os.replace(tmp_manifest, manifest_path(path))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_manifest.unlink()
+        raise
+    _fsync_dir(directory)
+    return path
+
+
 def _remove(path: Path) -> None:
+    import shutil
+
     # Manifest first: a checkpoint removed half-way reads as unverifiable, never as valid.
-    for p in (manifest_path(path), path):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+    for p in (manifest_path(path), path, path.with_suffix(".dcp"), path.with_suffix(".pt")):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
 
 
 def rotate(directory: str | os.PathLike, current: Path, keep_last: int | None) -> list[Path]:
@@ -228,6 +287,10 @@ def rotate(directory: str | os.PathLike, current: Path, keep_last: int | None) -
     for p in doomed:
         _remove(p)
     for stale in directory.glob(f"{_TMP_PREFIX}*.tmp-*"):
+        if stale.is_dir():
+            import shutil
+
+            shutil.rmtree(stale, ignore_errors=True)
         with contextlib.suppress(OSError):
             stale.unlink()
     _fsync_dir(directory)

@@ -1,4 +1,4 @@
-"""Wrap a model for DDP with checked options; unwrap it; accumulate gradients without extra all-reduces."""
+"""Wrap a model for DDP (or shard it with FSDP2) with checked options; unwrap it; accumulate gradients without extra all-reduces."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["wrap", "unwrap", "find_ddp", "accumulate", "param_sha256", "DDP_DEFAULTS"]
+__all__ = ["wrap", "unwrap", "find_ddp", "accumulate", "param_sha256", "DDP_DEFAULTS", "STRATEGIES"]
+
+STRATEGIES = ("ddp", "fsdp")
+"""wrap(strategy=...): 'ddp' replicates the model on every rank; 'fsdp' shards it (see ddpkit.fsdp)."""
 
 DDP_DEFAULTS: dict[str, Any] = {
     "gradient_as_bucket_view": True,
@@ -62,6 +65,10 @@ def wrap(
     sync_batchnorm: bool = False,
     compile: bool | dict[str, Any] = False,
     comm: str | None = None,
+    strategy: str = "ddp",
+    shard_modules: tuple[type, ...] | None = None,
+    reshard_after_forward: bool = True,
+    precision: Any = None,
     **ddp_options: Any,
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
@@ -90,9 +97,22 @@ def wrap(
             16-bit gradients (half the bytes, rounded); 'shm' averages float32 gradients through
             POSIX shared memory instead of gloo's loopback TCP (CPU ranks on one host only,
             bit-identical to None on 2 ranks; ValueError on CUDA or across hosts). An opt-in hook
-            holds DDP's one hook slot; register a hook of your own on a comm=None model.
+            holds DDP's one hook slot; register a hook of your own on a comm=None model. DDP only.
+        strategy: 'ddp' (default): every rank holds the whole model, DDP all-reduces gradients.
+            'fsdp': FSDP2's fully_shard, with parameters, gradients and optimizer state 1/W per rank
+            (build the optimizer from the returned model's parameters; docs/fsdp.md). At world size
+            1 both return the module (no process group exists to shard over).
+        shard_modules: FSDP only: classes whose instances become sharding units, e.g.
+            (TransformerBlock,); default: each child of a ModuleList/Sequential holding at least
+            ddpkit.fsdp.MIN_UNIT_PARAMS parameters. The root is always the last unit.
+        reshard_after_forward: FSDP only: True (default, ZeRO-3) frees a unit's gathered
+            parameters after its forward and gathers them again for backward; False keeps them
+            (ZeRO-2-like: less communication, more memory).
+        precision: FSDP only: a ddpkit.Precision (or 'bf16'); bf16 maps onto FSDP2's
+            MixedPrecisionPolicy (bf16 compute and all-gathers, fp32 gradient reduction). DDP
+            ignores it: autocast does the casting there.
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
-            bucket_cap_mb, broadcast_buffers.
+            bucket_cap_mb, broadcast_buffers (DDP only).
     """
     import torch
 
@@ -106,6 +126,7 @@ def wrap(
         raise TypeError(f"wrap(sync_batchnorm={sync_batchnorm!r}) must be True or False")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
+    fsdp, shard_modules = _check_strategy(strategy, comm, ddp_options, shard_modules, reshard_after_forward)
     options = _check_options(ddp_options)
     from ddpkit.comm import check_comm, register_comm
 
@@ -119,9 +140,20 @@ def wrap(
                           "only, so BatchNorm statistics stay per rank here", stacklevel=2)
         elif sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
-        register_comm(model, comm, timeout_s=ctx.timeout_s)
+        if fsdp:
+            from ddpkit.fsdp import shard
+
+            model = shard(model, ctx, shard_modules=shard_modules, reshard_after_forward=reshard_after_forward,
+                          precision=precision)
+        else:
+            device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
+            register_comm(model, comm, timeout_s=ctx.timeout_s)
+    elif fsdp:
+        from ddpkit.fsdp import mixed_precision_policy, shard_units
+
+        shard_units(model, shard_modules)  # the same one-line errors at world size 1
+        mixed_precision_policy(precision)
     if isinstance(compile, dict):
         model = torch.compile(model, **compile)
     elif compile is True:
@@ -131,10 +163,41 @@ def wrap(
     return model
 
 
+def _check_strategy(strategy: Any, comm: Any, ddp_options: dict[str, Any], shard_modules: Any,
+                    reshard_after_forward: Any) -> tuple[bool, tuple[type, ...] | None]:
+    """(whether wrap shards, shard_modules as a tuple); refuses options the chosen strategy does not have."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"wrap(strategy={strategy!r}) is not one of {', '.join(map(repr, STRATEGIES))}; pass "
+                         "strategy='ddp' (replicate the model) or strategy='fsdp' (shard it)")
+    if not isinstance(reshard_after_forward, bool):
+        raise TypeError(f"wrap(reshard_after_forward={reshard_after_forward!r}) must be True or False")
+    if strategy == "ddp":
+        if shard_modules is not None or reshard_after_forward is not True:
+            name = "shard_modules" if shard_modules is not None else "reshard_after_forward"
+            raise ValueError(f"wrap({name}=...) applies to strategy='fsdp' only; pass strategy='fsdp' or drop {name}")
+        return False, None
+    if comm not in (None, "auto"):
+        raise ValueError(f"wrap(strategy='fsdp', comm={comm!r}): comm= chooses DDP's all-reduce, and FSDP "
+                         "reduce-scatters gradients itself; drop comm= (or use strategy='ddp')")
+    if ddp_options:
+        name = next(iter(ddp_options))
+        raise ValueError(f"wrap(strategy='fsdp', {name}=...): {name} is a DistributedDataParallel option, and FSDP "
+                         "has no such setting; drop it (or use strategy='ddp')")
+    if shard_modules is not None:
+        classes = shard_modules if isinstance(shard_modules, (tuple, list)) else (shard_modules,)
+        if not classes or not all(isinstance(c, type) for c in classes):
+            raise TypeError(f"wrap(shard_modules={shard_modules!r}) must be a tuple of module classes, "
+                            "e.g. shard_modules=(TransformerBlock,)")
+        shard_modules = tuple(classes)
+    return True, shard_modules
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The user's own module inside DDP and/or torch.compile wrappers (for saving and evaluation).
 
-    Its state_dict has no `module.` or `_orig_mod.` prefixes.
+    Its state_dict has no `module.` or `_orig_mod.` prefixes. FSDP shards the module in place, so
+    for strategy='fsdp' this is the user's module with DTensor shards as parameters: its
+    state_dict holds this rank's shards; `ddpkit.export_state_dict` writes the full one.
     """
     import torch
 
@@ -166,9 +229,14 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
     """
     if not isinstance(sync, bool) and type(sync).__name__ not in ("bool_", "bool"):  # numpy's bool is fine too
         raise TypeError(f"accumulate(model, sync={sync!r}) must be True or False, e.g. sync=loader.step_end")
-    ddp = find_ddp(model)
-    if sync or ddp is None:
+    from ddpkit.fsdp import find_fsdp, no_gradient_sync
+
+    ddp, fsdp = find_ddp(model), find_fsdp(model)
+    if sync or (ddp is None and fsdp is None):
         yield
+    elif fsdp is not None:  # FSDP decides in backward (set_requires_gradient_sync), not at forward time
+        with no_gradient_sync(fsdp):
+            yield
     else:
         with ddp.no_sync():
             yield
@@ -186,14 +254,20 @@ def find_ddp(model: Any):
 
 
 def param_sha256(model: torch.nn.Module) -> str:
-    """SHA-256 of the unwrapped model's state (names, dtypes, shapes, bytes): equal means bit-identical."""
+    """SHA-256 of the unwrapped model's state (names, dtypes, shapes, bytes): equal means bit-identical.
+
+    For an FSDP model it hashes the full parameters, gathered shard by shard: a collective there
+    (every rank must call it, and every rank gets the same digest, equal to the unsharded model's).
+    """
     import hashlib
 
     import torch
 
+    from ddpkit.fsdp import full_tensor
+
     h = hashlib.sha256()
     for name, tensor in sorted(unwrap(model).state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
+        t = full_tensor(tensor.detach()).cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()

@@ -7,8 +7,6 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.optim import is_sharded, optimizer_parameters
-
 if TYPE_CHECKING:
     import torch
 
@@ -213,12 +211,14 @@ class Precision:
         """
         import torch
 
+        from ddpkit.fsdp import full_tensor
+
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a finite number > 0 (e.g. 1.0) or None")
         params = _parameters(optimizer, model)
-        if self.scaler is not None and is_sharded(optimizer):
-            raise ValueError("Precision('fp16') cannot step a sharded optimizer: the loss scaler would unscale and "
-                             "check this rank's pieces only; use dtype='bf16' or an unsharded optimizer")
+        if self.scaler is not None and any(type(p).__name__ == "DTensor" for p in params):
+            raise ValueError("Precision('fp16') cannot step an FSDP model: the loss scaler would check this rank's "
+                             "gradient shards only, and ranks would disagree on skipping; use dtype='bf16'")
         if self.scaler is not None:
             # Clip the true gradients, not the scaled ones: a threshold of 1.0 against gradients
             # multiplied by 65536 would clip every step. unscale_ also records whether any
@@ -226,11 +226,16 @@ class Precision:
             self.scaler.unscale_(optimizer)
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        elif hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6; DTensor-aware
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         else:
-            # What clip_grad_norm_ measures, without scaling (get_total_norm needs torch >= 2.6).
+            # What clip_grad_norm_ measures, without scaling.
             norms = [torch.linalg.vector_norm(p.grad.detach(), 2.0, dtype=torch.float32)
                      for p in params if p.grad is not None]
             norm = torch.linalg.vector_norm(torch.stack(norms), 2.0) if norms else torch.zeros(())
+        # Under FSDP the gradients are DTensor shards and the norm a replicated DTensor: torch
+        # summed the squares over every rank's shards, so it is the global norm, the same everywhere.
+        norm = full_tensor(norm)
         # Nothing below reads a value on the host: on CUDA that would wait for the whole backward
         # every step and leave the GPU idle while the next step's kernels are launched.
         if self.scaler is not None:
@@ -277,5 +282,6 @@ class Precision:
 
 
 def _parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> list[torch.Tensor]:
-    source: Iterable[torch.Tensor] = model.parameters() if model is not None else optimizer_parameters(optimizer)
+    source: Iterable[torch.Tensor] = (model.parameters() if model is not None else
+                                      (p for group in optimizer.param_groups for p in group["params"]))
     return [p for p in source if p.requires_grad]

@@ -4,9 +4,6 @@ CPU ranks that all share one host average their gradients through one POSIX shar
 instead of gloo's loopback TCP. The exchange is a DDP communication hook registered through DDP's
 public `register_comm_hook`, so it owns DDP's one hook slot like any hook a user registers. A rank
 that waits for a peer that died, or that skipped a backward, raises instead of hanging.
-
-The segment (`map_segment`) and its barrier (`ShmBarrier`) also hold ddpkit.optim's sharded
-optimizer state.
 """
 
 from __future__ import annotations

@@ -60,11 +60,11 @@ def test_two_rank_run_then_ddpkit_plot(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", str(SCRIPT), *TINY,
-           "--max-steps", "20", "--eval-every", "10", "--run-dir", str(run_dir), "--shard-optimizer"]
+           "--max-steps", "20", "--eval-every", "10", "--run-dir", str(run_dir), "--strategy", "fsdp"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["world_size"] == 2 and result["steps"] == 20 and result["optimizer"] == "ShardedAdamW"
+    assert result["world_size"] == 2 and result["steps"] == 20 and result["strategy"] == "fsdp"
     assert result["val_bpc"] < result["val_bpc_start"] - 1.0
     plots = tmp_path / "plots"
     proc = subprocess.run([sys.executable, "-m", "ddpkit.cli", "plot", str(run_dir), "--out", str(plots)],

@@ -57,7 +57,7 @@ def test_a_rank_only_collective_is_named_with_both_ranks():
 
 @pytest.mark.timeout(170)
 @pytest.mark.parametrize("script", ["good_torch_cuda.py", "good_ddpkit.py", "good_own_shards.py",
-                                    "good_subset_shards.py"])
+                                    "good_subset_shards.py", "good_fsdp.py"])
 def test_correct_scripts_pass(script, tmp_path):
     out = _check(script)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -208,7 +208,6 @@ DDPKIT_PRELUDE = """
     import ddpkit.comm
     with ddpkit.init() as ctx:
         model = ddpkit.wrap(torch.nn.Linear(2, 2), ctx)
-        sharded = ddpkit.shard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, ctx)
         t = torch.ones(1)
         if ctx.rank == 0:
 """
@@ -217,7 +216,7 @@ DDPKIT_PRELUDE = """
 @pytest.mark.parametrize("call, name", [
     ("ddpkit.init(seed=1)", "ddpkit.init"),
     ("ddpkit.wrap(torch.nn.Linear(2, 2), ctx)", "ddpkit.wrap"),
-    ("ddpkit.shard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, ctx)", "ddpkit.shard_optimizer"),
+    ("ddpkit.export_state_dict(ctx, model, 'model.pt')", "ddpkit.export_state_dict"),
     ("ddpkit.save_checkpoint(ctx, 'ckpt', step=0, model=model)", "ddpkit.save_checkpoint"),
     ("ddpkit.load_checkpoint(ctx, 'ckpt', model=model)", "ddpkit.load_checkpoint"),
     ("ddpkit.comm.register_comm(model, 'bf16')", "ddpkit.comm.register_comm"),
@@ -229,8 +228,7 @@ DDPKIT_PRELUDE = """
     ("ddpkit.broadcast_object(ctx, 1)", "ddpkit.broadcast_object"),
     ("ddpkit.gather_in_order(ctx, t, [0])", "ddpkit.gather_in_order"),
     ("ctx.close()", "ctx.close"),
-    ("sharded.step()", "sharded.step"),
-    ("sharded.load_state_dict({})", "sharded.load_state_dict"),
+    ("torch.distributed.fsdp.fully_shard(model)", "torch.distributed.fsdp.fully_shard"),
 ])
 def test_every_ddpkit_collective_under_a_rank_check_hangs(call, name):
     code = DDPKIT_PRELUDE + f"            {call}  # here\n"
@@ -244,7 +242,7 @@ def test_ddpkit_collectives_known_to_lint_match_ddpkit_docstrings():
                   and re.search(r"\bCollective\b", getattr(ddpkit, name).__doc__ or "")}
     assert documented <= _DDPKIT_COLLECTIVES
     assert set(ddpkit.collectives.__all__) <= _DDPKIT_COLLECTIVES
-    assert {"init", "wrap", "save_checkpoint", "load_checkpoint", "shard_optimizer"} <= _DDPKIT_COLLECTIVES
+    assert {"init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict"} <= _DDPKIT_COLLECTIVES
     assert "every rank must call it" in ddpkit.Context.close.__doc__ and "close" in _DDPKIT_METHODS["init"]
     assert not {"print0", "finish_run", "loader", "eval_loader", "unwrap", "latest_checkpoint"} & _DDPKIT_COLLECTIVES
 

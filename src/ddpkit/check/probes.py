@@ -16,7 +16,7 @@ from typing import Any
 
 from ddpkit import tracer
 from ddpkit.check.samples import fingerprint, source
-from ddpkit.optim import optimizer_parameters
+from ddpkit.fsdp import full_tensor
 
 __all__ = ["Recorder", "StopCheck"]
 
@@ -25,8 +25,16 @@ class StopCheck(BaseException):
     """Raised from the optimizer-step hook after --max-steps; BaseException so `except Exception` lets it by."""
 
 
+def _parameters(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _hash_tensors(tensors) -> str:
-    """A short digest of the tensors' dtypes, shapes and bytes: equal digests mean bit-identical tensors."""
+    """A short digest of the tensors' dtypes, shapes and bytes: equal digests mean bit-identical tensors.
+
+    An FSDP shard (DTensor) is hashed as the full tensor, so replicas compare whole parameters:
+    an all-gather, which the optimizer-step hooks issue on every rank alike.
+    """
     import torch
 
     h = hashlib.sha256()
@@ -34,7 +42,7 @@ def _hash_tensors(tensors) -> str:
         if t is None:
             h.update(b"<none>")
             continue
-        t = t.detach().cpu().contiguous()
+        t = full_tensor(t.detach()).cpu().contiguous()
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -181,14 +189,14 @@ class Recorder:
         self.write("epoch_start", loader=ordinal, iter=n, step=self.steps, site=tracer.user_site(frame), **info)
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
-        params = optimizer_parameters(optimizer)  # a sharded optimizer's groups hold its pieces only
+        params = _parameters(optimizer)
         self._pre[id(optimizer)] = (_hash_tensors(params), _hash_tensors([p.grad for p in params]))
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         self.steps += 1
         before, grads = self._pre.pop(id(optimizer), ("", ""))
         self.write("step", n=self.steps, site=tracer.user_site(sys._getframe(1)), optimizer=type(optimizer).__name__,
-                   params_before=before, grads=grads, params_after=_hash_tensors(optimizer_parameters(optimizer)),
+                   params_before=before, grads=grads, params_after=_hash_tensors(_parameters(optimizer)),
                    ddp_forwards=self._ddp_forwards, synced_forwards=self._synced_forwards)
         self._ddp_forwards = self._synced_forwards = 0
         if self.max_steps and self.steps >= self.max_steps:

@@ -14,18 +14,21 @@ from ddpkit.lint.rules import Hit, check, keyword
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks"]
 
 _DDPKIT_COLLECTIVES = frozenset({
-    "init", "wrap", "shard_optimizer", "save_checkpoint", "load_checkpoint", "register_comm",
+    "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",
     "barrier", "all_reduce_sum", "reduce_mean", "reduce_means", "all_gather_object", "broadcast_object",
     "gather_in_order",
 })
 """ddpkit functions every rank must call, each checked against its code: init (init_process_group),
-wrap (DDP's constructor broadcasts rank 0's parameters), shard_optimizer (a shared-memory barrier),
-save_checkpoint and load_checkpoint (an all-gather and a broadcast), comm.register_comm (maps its
+wrap (DDP's constructor, or FSDP's, broadcasts rank 0's parameters), save_checkpoint,
+load_checkpoint and export_state_dict (an all-gather and a broadcast), comm.register_comm (maps its
 segment with a broadcast; a hook on some ranks only mismatches the gradient exchange), and every
 function of ddpkit.collectives."""
 
-_DDPKIT_METHODS = {"init": frozenset({"close"}), "shard_optimizer": frozenset({"step", "load_state_dict"})}
-"""Collective methods of what ddpkit returns: Context.close(); a sharded optimizer's step() and load_state_dict()."""
+_DDPKIT_METHODS = {"init": frozenset({"close"})}
+"""Collective methods of what ddpkit returns: Context.close()."""
+
+_TORCH_SHARDING = frozenset({"fully_shard", "FullyShardedDataParallel"})
+"""torch.distributed.fsdp's: a module sharded on some ranks only all-gathers in a forward the others never run."""
 
 _KEEP_INSIDE = "keep only rank-local work (torch.save, printing) inside the check"
 _DDPKIT_SAVE = "; ddpkit.save_checkpoint is a collective too and must run on every rank (it writes from rank 0 by itself)"
@@ -34,7 +37,6 @@ _WHY = {
                        "rank check",
     "load_checkpoint": "has rank 0 pick the checkpoint and every rank load it onto its own device, so it needs no "
                        "rank check",
-    "shard_optimizer": "belongs right after ddpkit.wrap, on every rank",
 }
 
 
@@ -52,7 +54,7 @@ class _Collective:
 
 
 def _handles(s: Script) -> dict[str, str]:
-    """Names bound to what ddpkit.init or ddpkit.shard_optimizer returns: {'ctx': 'init', 'opt': 'shard_optimizer'}."""
+    """Names bound to what ddpkit.init returns: {'ctx': 'init'}."""
     def made_by(value: ast.AST | None) -> str:
         if isinstance(value, ast.Call) and s.qualname(value.func).startswith("ddpkit.") \
                 and terminal(value.func) in _DDPKIT_METHODS:
@@ -70,7 +72,8 @@ def _collective(s: Script, call: ast.Call, handles: dict[str, str]) -> _Collecti
     ddpkit_call = s.qualname(call.func).startswith("ddpkit.") and short in _DDPKIT_COLLECTIVES
     method = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
         and short in _DDPKIT_METHODS.get(handles.get(call.func.value.id, ""), ())
-    if not (s.is_dist_collective(call) or ddpkit_call or method):
+    sharding = s.qualname(call.func).startswith("torch.distributed.") and short in _TORCH_SHARDING
+    if not (s.is_dist_collective(call) or ddpkit_call or method or sharding):
         return None
     name = ast.unparse(call.func)
     if ddpkit_call and short in _WHY:

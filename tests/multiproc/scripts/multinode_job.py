@@ -46,8 +46,7 @@ def _train(ctx, out: str, info: dict, global_batch: int, steps: int, sleep_after
     data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
     torch.manual_seed(1)  # identical initial weights on every rank and in every run
     model = ddpkit.wrap(torch.nn.Linear(4, 1), ctx)
-    # sharded where the ranks share a host (one node of 4), unchanged across hosts (2 nodes x 2)
-    opt = ddpkit.shard_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5), model, ctx)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     batches = ddpkit.loader(data, ctx, batch_size=global_batch // ctx.world_size, seed=2)
     done = 0
     while done < steps:
