@@ -1,4 +1,4 @@
-"""The `ddpkit` command: run | check | lint | env | plot."""
+"""The `ddpkit` command: run | check | lint | env | plot | port."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ _DELEGATED = {
     "env": ("ddpkit.envreport", "report versions, devices, network and launch settings"),
     "plot": ("ddpkit.plot", "write PNG plots from a run directory's metrics.jsonl"),
     "check": ("ddpkit.check", "run a script on CPU ranks and verify the DDP invariants"),
+    "port": ("ddpkit.port", "rewrite a single-device training script into a ddpkit script"),
 }
 
 
