@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddpkit.port.plan import Todo
+__all__ = ["PortError", "PortResult", "Todo", "port_source"]
 
-__all__ = ["PortError", "PortResult", "port_source"]
+
+@dataclass(frozen=True)
+class Todo:
+    """A step the codemod left to the user: the original line and what to do there."""
+
+    line: int
+    message: str
 
 
 class PortError(ValueError):
@@ -69,6 +75,6 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     module = thread_ctx(module, facts)
     module = open_context(module, facts, plan.seed)
     module = add_import(module)
-    todos = sorted(plan.todos, key=lambda t: t.line)
+    todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     return PortResult(module.code, todos, True, f"{path}: {state}")

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
 
-__all__ = ["Todo", "Plan", "loader_expr", "is_optimizer", "move_receiver"]
+__all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -18,14 +16,6 @@ _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
 _COUNTER = re.compile(r"(^|_)(step|steps|iter|iters|iteration|epoch|it|i|batch_idx|n_iter)$")
 _FLOATISH = re.compile(r"loss|float|double|mean|/|\d\.\d*|\.\d")
-
-
-@dataclass(frozen=True)
-class Todo:
-    """A step the codemod left to the user: the original line and what to do there."""
-
-    line: int
-    message: str
 
 
 def is_optimizer(call: cst.Call) -> bool:
@@ -68,7 +58,8 @@ class Plan:
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
                  end_of: Callable[[cst.CSTNode], int]) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
-        self.todos: list[Todo] = []
+        self.todos: list[tuple[int, str]] = []
+        """(original line, what to do there by hand)."""
         self.notes: dict[int, list[str]] = {}
         self.loaders: dict[int, str] = {}
         self.wrap_inline: dict[int, str] = {}
@@ -128,7 +119,7 @@ class Plan:
     def todo(self, node: cst.CSTNode, message: str) -> None:
         stmt = self._stmt.get(id(node), node)
         line = self.line_of(stmt)
-        self.todos.append(Todo(line, message))
+        self.todos.append((line, message))
         self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: TODO (line {line}) {message}")
 
     def note(self, node: cst.CSTNode, text: str) -> None:
@@ -223,7 +214,7 @@ class Plan:
                 if model is not None:
                     if receiver and (receiver == model or receiver.startswith(model + ".")):
                         continue
-                    self.todo(node, "a second optimizer (a second model or training loop): wrap its model with "
+                    self.todo(node, "a second optimizer: a second model or training loop; wrap its model with "
                               "ddpkit.wrap(model, ctx) before this line and check that every rank runs its loop")
                     continue
                 if not receiver:
