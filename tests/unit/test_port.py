@@ -139,11 +139,27 @@ def test_what_cannot_be_ported_safely_is_left_with_a_todo(name):
 def test_model_not_found_and_kwargs_loaders_are_todos():
     src = ("import torch\nfrom torch.utils.data import DataLoader\n\ndef main():\n"
            "    params = build()\n    opt = torch.optim.SGD(params, lr=0.1)\n"
-           "    kw = {'batch_size': 8}\n    data = DataLoader(ds, **kw)\n\nif __name__ == '__main__':\n    main()\n")
+           "    kw = loader_options()\n    data = DataLoader(ds, **kw)\n\nif __name__ == '__main__':\n    main()\n")
     result = port_source(src)
     messages = [t.message for t in result.todos]
     assert [t.line for t in result.todos] == [6, 8]
     assert messages[0].startswith("cannot find the model") and "**kwargs" in messages[1]
+
+
+def test_loader_options_in_a_kwargs_dict_of_literals_are_written_out():
+    src = ("import torch\n\ndef main(args):\n    train_kwargs = {'batch_size': args.batch_size}\n"
+           "    test_kwargs = {'batch_size': 1000}\n    if torch.cuda.is_available():\n"
+           "        cuda_kwargs = {'num_workers': 1, 'pin_memory': True, 'shuffle': True}\n"
+           "        train_kwargs.update(cuda_kwargs)\n        test_kwargs.update(cuda_kwargs)\n"
+           "    train_loader = torch.utils.data.DataLoader(ds1, **train_kwargs)\n"
+           "    test_loader = torch.utils.data.DataLoader(ds2, **test_kwargs)\n"
+           "    model = Net()\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "\nif __name__ == '__main__':\n    main(parse())\n")
+    result = port_source(src)
+    assert result.todos == []
+    assert ("train_loader = ddpkit.loader(ds1, ctx, batch_size=args.batch_size // ctx.world_size, shuffle=True, "
+            "num_workers=1)") in result.code
+    assert "test_loader = ddpkit.eval_loader(ds2, ctx, batch_size=1000, num_workers=1)" in result.code
 
 
 def test_bad_input_is_refused():
@@ -152,6 +168,8 @@ def test_bad_input_is_refused():
     ddp = "import torch.distributed as dist\ndist.init_process_group('gloo')\n"
     with pytest.raises(PortError, match=r"already uses torch\.distributed.*`ddpkit lint x\.py`"):
         port_source(ddp, "x.py")
+    with pytest.raises(PortError, match=r"no training entry point.*__main__"):
+        port_source("import torch\n\ndef train(model):\n    pass\n", "lib.py")
     with pytest.raises(PortError, match="DistributedDataParallel"):
         port_source("from torch.nn.parallel import DistributedDataParallel\n", "x.py")
 

@@ -57,8 +57,11 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     if facts.ported_already:
         return PortResult(source, [], False, f"{path} already calls ddpkit.init(): nothing to change")
     if facts.distributed_hint:
-        raise PortError(f"{path} already uses {facts.distributed_hint}: it is a distributed script, not a "
-                        f"single-device one; check it with `ddpkit lint {path}` instead")
+        raise PortError(f"{path} already uses {facts.distributed_hint}: it is already a multi-process (distributed) "
+                        f"script, not a single-device one; check it with `ddpkit lint {path}` instead")
+    if not facts.region:
+        raise PortError(f"{path} has no training entry point (no top-level code and no `if __name__ == "
+                        "\"__main__\":` block); port the script that runs the training")
     positions = wrapper.resolve(PositionProvider)
 
     def line_of(node: cst.CSTNode) -> int:

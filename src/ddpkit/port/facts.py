@@ -17,7 +17,7 @@ _SETUP = re.compile(r"\b(argparse|parser|parse_args|parse_known_args|add_argumen
 _TRAINING = re.compile(r"DataLoader|backward\(|optim\.|\.parameters\(\)")
 _EVAL_NAME = re.compile(r"test|val|eval|holdout")
 _DISTRIBUTED = re.compile(r"\b(torch\.distributed|DistributedDataParallel|init_process_group|DistributedSampler|"
-                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|torch\.multiprocessing\.spawn)\b")
+                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|torch\.multiprocessing|share_memory)\b")
 
 
 def dotted(node: cst.CSTNode | None) -> str:
@@ -79,6 +79,12 @@ def _is_main_guard(stmt: cst.CSTNode) -> bool:
     parts = [stmt.test.left, *(c.comparator for c in stmt.test.comparisons)]
     texts = {dotted(p) or (p.value.strip("'\"") if isinstance(p, cst.SimpleString) else "") for p in parts}
     return texts == {"__name__", "__main__"}
+
+
+def _is_definition(stmt: cst.BaseStatement) -> bool:
+    """def, class, import: module-level statements that build nothing."""
+    return isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
 
 
 def _is_setup(stmt: cst.BaseStatement, code: str) -> bool:
@@ -158,7 +164,9 @@ class Facts:
     def _find_entry(self) -> tuple[str, cst.CSTNode, list[cst.BaseStatement]]:
         """(scope key, the node whose body holds the region, the region's statements)."""
         guard = next((s for s in self.module.body if _is_main_guard(s)), None)
-        if guard is not None:
+        module_setup = [s for s in self.module.body if s is not guard and not _is_definition(s)
+                        and _TRAINING.search(self.code(s))]
+        if guard is not None and not module_setup:
             called = [dotted(n.func) for n in walk(guard) if isinstance(n, cst.Call)]
             targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None]
             body = statements_of(guard)
@@ -169,8 +177,8 @@ class Facts:
                 node = self.scopes[key].node
                 return key, node, self._region_after_setup(statements_of(node))
             return ENTRY, guard, self._region_after_setup(body)
-        body = [s for s in self.module.body]
-        return ENTRY, self.module, self._region_after_setup(body)
+        # no guard, or training objects built at module level: the region runs to the end (the guard too)
+        return ENTRY, self.module, self._region_after_setup(list(self.module.body))
 
     def _only_calls(self, stmt: cst.BaseStatement, targets: list[str]) -> bool:
         """`main()`, `args = main()`, `sys.exit(main(args))`: the statement only runs the entry function."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
+from ddpkit.port.sums import plan_reductions
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
@@ -14,13 +15,11 @@ _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
                          "LBFGS", "ASGD", "Rprop", "SparseAdam"})
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
-_COUNTER = re.compile(r"(^|_)(step|steps|iter|iters|iteration|epoch|it|i|batch_idx|n_iter)$")
-_FLOATISH = re.compile(r"loss|float|double|mean|/|\d\.\d*|\.\d")
 
 
 def is_optimizer(call: cst.Call) -> bool:
     name = dotted(call.func)
-    return bool(_OPTIMIZER.search(name)) or name in _OPTIMIZERS
+    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
 
 
 def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
@@ -44,14 +43,6 @@ def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
     return None
 
 
-def _zero(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Integer) and node.value == "0":
-        return "int"
-    if isinstance(node, cst.Float) and float(node.value) == 0.0:
-        return "float"
-    return None
-
-
 class Plan:
     """Decisions keyed by id() of the MetadataWrapper module's nodes."""
 
@@ -67,15 +58,26 @@ class Plan:
         self.reduce_after: dict[int, list[tuple[str, str]]] = {}
         self.reduced: dict[str, set[str]] = {}
         self.class_roles: dict[str, dict[str, str]] = {}
+        self.spread: dict[int, dict[str, cst.BaseExpression]] = {}
+        """DataLoader(..., **kw) calls whose kw is built from dict literals here: the options it holds."""
         self._stmt: dict[int, cst.CSTNode] = {}
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
             self._index(facts.scope_statements(key))
         self._plan_loaders()
-        self._plan_model()
+        model = self._plan_model()
+        start = facts.region[0] if facts.region else None
+        if start is not None and model is None:
+            self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
+                      "before its optimizer is made")
+        if start is not None and "train" not in self.loaders.values() and not any(
+                "DataLoader" in m or "sampler" in m for _, m in self.todos):
+            self.todo(start, "no training DataLoader found: the data is not sharded, so every rank trains on all of "
+                      "it (no speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by "
+                      "ctx.rank and ctx.world_size")
         self._propagate_roles()
         for key in sorted(facts.ported):
-            self._plan_reductions(key, facts.scope_statements(key))
+            plan_reductions(self, key, facts.scope_statements(key))
         self.seed = self._seed()
 
     # ---- bookkeeping -------------------------------------------------------------------------
@@ -93,11 +95,11 @@ class Plan:
                     continue
                 for node in walk(child):
                     self._stmt.setdefault(id(node), stmt)
-            for inner in self._blocks_of(stmt):
+            for inner in self.blocks_of(stmt):
                 self._index(inner)
 
     @staticmethod
-    def _blocks_of(stmt: cst.CSTNode) -> list[list[cst.BaseStatement]]:
+    def blocks_of(stmt: cst.CSTNode) -> list[list[cst.BaseStatement]]:
         """The statement lists inside a compound statement (if/elif/else, loops, with, try)."""
         suites = []
         if isinstance(stmt, cst.If):
@@ -144,7 +146,7 @@ class Plan:
         table[name] = role
         return True
 
-    def _nodes(self, key: str) -> Iterator[cst.CSTNode]:
+    def nodes(self, key: str) -> Iterator[cst.CSTNode]:
         for stmt in self.f.scope_statements(key):
             yield from walk(stmt)
 
@@ -152,7 +154,7 @@ class Plan:
     def _plan_loaders(self) -> None:
         found: list[tuple[str, cst.Call, str]] = []
         for key in sorted(self.f.ported):
-            for node in self._nodes(key):
+            for node in self.nodes(key):
                 if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] == "DataLoader":
                     stmt = self._stmt.get(id(node))
                     target = ""
@@ -162,8 +164,12 @@ class Plan:
                     found.append((key, node, target))
         for key, call, target in found:
             kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-            positional = [a for a in call.args if a.keyword is None]
-            if any(a.star for a in call.args):
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            spread = self._spread_kwargs(key, call)
+            if spread is not None:
+                kwargs = {**spread, **kwargs}
+                self.spread[id(call)] = spread
+            elif any(a.star for a in call.args):
                 self.todo(call, "DataLoader options come from **kwargs, which the codemod cannot read: write "
                           "ddpkit.loader(dataset, ctx, batch_size=...) for training or ddpkit.eval_loader(...) "
                           "for evaluation by hand")
@@ -182,10 +188,10 @@ class Plan:
             shuffle = kwargs.get("shuffle")
             shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
             name_text = target or dataset_text
-            if "train" in name_text.lower() or shuffled:
-                kind = "train"
-            elif self.f.is_eval_name(name_text):
+            if "train" not in name_text.lower() and self.f.is_eval_name(name_text):
                 kind = "eval"
+            elif "train" in name_text.lower() or shuffled:
+                kind = "train"
             elif len(found) == 1:
                 kind = "train"
             else:
@@ -201,11 +207,46 @@ class Plan:
             if target:
                 self._set_role(key, target, kind)
 
+    def _spread_kwargs(self, key: str, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
+        """`DataLoader(ds, **train_kwargs)` with `train_kwargs = {...}` (and `.update({...})` or
+        `.update(cuda_kwargs)`) in the same scope: the options, the GPU branch's included; else None."""
+        names = [dotted(a.value) for a in call.args if a.star == "**"]
+        if not names or any(a.star == "*" for a in call.args) or not all(names):
+            return None
+        literals: dict[str, list[cst.Dict]] = {}
+        updates: dict[str, list[cst.BaseExpression]] = {}
+        for node in self.nodes(key):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Dict):
+                literals.setdefault(dotted(node.targets[0].target), []).append(node.value)
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and node.func.attr.value == "update" and len(node.args) == 1:
+                updates.setdefault(dotted(node.func.value), []).append(node.args[0].value)
+        out: dict[str, cst.BaseExpression] = {}
+
+        def add(name: str) -> bool:
+            if len(literals.get(name, [])) != 1:
+                return False
+            for element in literals[name][0].elements:
+                if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                    return False
+                out[element.key.evaluated_value] = element.value
+            for extra in updates.get(name, []):
+                if isinstance(extra, cst.Dict):
+                    for element in extra.elements:
+                        if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                            return False
+                        out[element.key.evaluated_value] = element.value
+                elif not add(dotted(extra)):
+                    return False
+            return True
+
+        return out if all(add(n) for n in names) else None
+
     # ---- model -------------------------------------------------------------------------------
-    def _plan_model(self) -> None:
+    def _plan_model(self) -> str | None:
         model: str | None = None
         for key in sorted(self.f.ported, key=lambda k: (k != self.f.entry_key and k != ENTRY, k)):
-            for node in self._nodes(key):
+            for node in self.nodes(key):
                 if not (isinstance(node, cst.Call) and is_optimizer(node)):
                     continue
                 receiver = next((dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
@@ -223,6 +264,7 @@ class Plan:
                     model = "?"
                     continue
                 model = self._wrap_model(key, node, receiver) or "?"
+        return model
 
     def _wrap_model(self, key: str, optimizer: cst.Call, receiver: str) -> str | None:
         opt_stmt = self._stmt[id(optimizer)]
@@ -231,7 +273,7 @@ class Plan:
         while "." in candidates[-1]:
             candidates.append(candidates[-1].rsplit(".", 1)[0])
         assign = None
-        for node in self._nodes(key):
+        for node in self.nodes(key):
             if isinstance(node, cst.Assign) and len(node.targets) == 1 and self.line_of(node) < line:
                 name = dotted(node.targets[0].target)
                 receiver_of = move_receiver(node.value)
@@ -273,7 +315,7 @@ class Plan:
         for _ in range(10):
             changed = False
             for key in sorted(self.f.ported):
-                for node in self._nodes(key):
+                for node in self.nodes(key):
                     if isinstance(node, cst.Assign) and len(node.targets) == 1:
                         target = dotted(node.targets[0].target)
                         value = dotted(loader_expr(node.value))
@@ -298,60 +340,6 @@ class Plan:
     def loop_role(self, key: str, for_node: cst.For) -> str | None:
         role = self.role(key, dotted(loader_expr(for_node.iter)))
         return role if role in ("train", "eval") else None
-
-    # ---- sums ---------------------------------------------------------------------------------
-    def _plan_reductions(self, key: str, block: list[cst.BaseStatement]) -> None:
-        tracked: dict[str, str] = {}
-        for stmt in block:
-            if isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    tracked.update(self._zero_names(small))
-            elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and tracked:
-                loops = [n for n in walk(stmt) if isinstance(n, cst.For) and self.loop_role(key, n)]
-                if loops:
-                    summed = [n for n in walk(stmt) if isinstance(n, cst.AugAssign)
-                              and isinstance(n.operator, cst.AddAssign) and dotted(n.target) in tracked]
-                    names = list(dict.fromkeys(dotted(n.target) for n in summed))
-                    end = self.end_of(stmt)
-                    for name in names:
-                        kind = tracked.pop(name)
-                        if not self._read_after(key, name, end):
-                            continue  # a running value reset inside the loop: nothing uses the sum
-                        if _COUNTER.search(name) or all(isinstance(n.value, (cst.Integer, cst.Float))
-                                                        for n in summed if dotted(n.target) == name):
-                            continue  # `step += 1`: a step counter, the same on every rank
-                        texts = [self.f.code(n.value) for n in summed if dotted(n.target) == name]
-                        scope_text = "".join(self.f.code(s) for s in block)
-                        if re.search(rf"\b{re.escape(name)}\.item\(\)", scope_text):
-                            kind = "tensor"
-                        elif kind == "int" and any(_FLOATISH.search(t) for t in texts):
-                            kind = "float"
-                        self.reduce_after.setdefault(id(stmt), []).append((name, kind))
-                        self.reduced.setdefault(key, set()).add(name)
-            for inner in self._blocks_of(stmt) if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else ():
-                self._plan_reductions(key, inner)
-
-    def _read_after(self, key: str, name: str, line: int) -> bool:
-        stores = {id(t.target) for n in self._nodes(key) if isinstance(n, (cst.Assign,))
-                  for t in n.targets}
-        return any(dotted(n) == name and id(n) not in stores and self.line_of(n) > line
-                   for n in self._nodes(key) if isinstance(n, (cst.Name, cst.Attribute)))
-
-    @staticmethod
-    def _zero_names(small: cst.BaseSmallStatement) -> dict[str, str]:
-        out: dict[str, str] = {}
-        if isinstance(small, cst.Assign):
-            for target in small.targets:
-                t, v = target.target, small.value
-                if isinstance(t, cst.Tuple) and isinstance(v, cst.Tuple) and len(t.elements) == len(v.elements):
-                    for te, ve in zip(t.elements, v.elements):
-                        if dotted(te.value) and _zero(ve.value):
-                            out[dotted(te.value)] = _zero(ve.value)
-                elif dotted(t) and _zero(v):
-                    out[dotted(t)] = _zero(v)
-        elif isinstance(small, cst.AnnAssign) and small.value is not None and _zero(small.value):
-            out[dotted(small.target)] = _zero(small.value)
-        return out
 
     # ---- init ---------------------------------------------------------------------------------
     def _seed(self) -> cst.BaseExpression | None:

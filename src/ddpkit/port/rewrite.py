@@ -152,7 +152,7 @@ class Rewriter(cst.CSTTransformer):
                 "not ctx.is_main"))]))
         if id(original) in self.p.loaders:
             self.changes += 1
-            return self._loader(updated, self.p.loaders[id(original)])
+            return self._loader(updated, self.p.loaders[id(original)], self.p.spread.get(id(original), {}))
         if name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
                 and len([a for a in updated.args if a.keyword is None]) < 2:
             self.changes += 1
@@ -203,9 +203,10 @@ class Rewriter(cst.CSTTransformer):
             return parse_expr(f"ddpkit.all_reduce_sum(ctx, len({loader})).item()")
         return None
 
-    def _loader(self, call: cst.Call, kind: str) -> cst.Call:
-        positional = [a for a in call.args if a.keyword is None]
-        kwargs = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    def _loader(self, call: cst.Call, kind: str, spread: dict[str, cst.BaseExpression]) -> cst.Call:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        kwargs = {k: _arg(k, v) for k, v in spread.items()}
+        kwargs.update({a.keyword.value: a for a in call.args if a.keyword is not None})
         size = kwargs["batch_size"].value if "batch_size" in kwargs else \
             positional[1].value if len(positional) > 1 else cst.Integer("1")
         if len(positional) > 2 and "shuffle" not in kwargs:
@@ -309,7 +310,7 @@ def _chooses_device(assign: cst.Assign) -> bool:
     if "device" not in dotted(assign.targets[0].target).rsplit(".", 1)[-1].lower():
         return False
     code = cst.Module([]).code_for_node(assign.value)
-    return "cuda" in code or "torch.device" in code or "mps" in code
+    return any(word in code for word in ("cuda", "torch.device", "mps", "accelerator"))
 
 
 def _names(target: cst.CSTNode) -> list[cst.Name]:
