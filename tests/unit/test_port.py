@@ -116,6 +116,22 @@ def test_checkpoints_are_written_by_rank_zero_and_loaded_onto_this_device():
     assert 'ddpkit.unwrap(model).load_state_dict(state["model"])' in code
 
 
+def test_training_objects_built_at_module_level_put_the_whole_script_under_init():
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\n"
+           "parser = argparse.ArgumentParser()\nargs = parser.parse_args()\n"
+           "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+           "train_loader = DataLoader(ds, batch_size=64, shuffle=True)\nmodel = Net().to(device)\n"
+           "opt = torch.optim.Adam(model.parameters())\n\n\ndef train(epoch):\n"
+           "    for x, y in train_loader:\n        x = x.to(device)\n        print(model(x).sum())\n\n\n"
+           "if __name__ == '__main__':\n    for epoch in range(3):\n        train(epoch)\n")
+    code = port_source(src).code
+    assert "args = parser.parse_args()\nwith ddpkit.init() as ctx:\n    device = ctx.device\n" in code
+    assert "    model = ddpkit.wrap(Net(), ctx)\n" in code
+    assert "    def train(epoch):\n        for x, y in train_loader:\n            ddpkit.print0(ctx, " in code
+    assert "x.to(device)" not in code  # the module-level loader's batches, inside a function
+    assert "    if __name__ == '__main__':\n        for epoch in range(3):\n" in code
+
+
 def test_step_counters_are_not_reduced():
     code = _port("charlm").code
     assert "step = int(ddpkit.all_reduce_sum" not in code

@@ -133,6 +133,8 @@ class Plan:
         found = scope.roles.get(name)
         if found is None and name.startswith("self.") and scope.cls:
             found = self.class_roles.get(scope.cls, {}).get(name)
+        if found is None and self.f.ctx_global and key != ENTRY and name not in scope.params:
+            found = self.f.scopes[ENTRY].roles.get(name)  # a module-level name read inside a function
         return found
 
     def _set_role(self, key: str, name: str, role: str) -> bool:

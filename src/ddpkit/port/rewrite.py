@@ -236,11 +236,7 @@ class Rewriter(cst.CSTTransformer):
 
     def leave_If(self, original: cst.If, updated: cst.If):
         """`if torch.cuda.is_available(): x = x.cuda()` with the move gone: the whole `if` goes."""
-        body = updated.body.body if isinstance(updated.body, cst.IndentedBlock) else ()
-        emptied = len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) and \
-            isinstance(body[0].body[0], cst.Pass) and not (
-                isinstance(original.body, cst.IndentedBlock) and isinstance(original.body.body[0], cst.SimpleStatementLine)
-                and isinstance(original.body.body[0].body[0], cst.Pass))
+        emptied = _only_pass(updated.body) and not _only_pass(original.body)
         if emptied and updated.orelse is None and self.in_ctx():
             return cst.RemoveFromParent()
         return updated
@@ -303,6 +299,11 @@ class Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel([*before, updated, *after])
         return updated
+
+
+def _only_pass(block: cst.BaseSuite) -> bool:
+    body = block.body if isinstance(block, cst.IndentedBlock) else ()
+    return len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Pass)
 
 
 def _chooses_device(assign: cst.Assign) -> bool:
