@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "plot": ("ddpkit.plot", "write PNG plots from a run directory's metrics.jsonl"),
     "check": ("ddpkit.check", "run a script on CPU ranks and verify the DDP invariants"),
     "test": ("ddpkit.selftest", "check this machine's GPUs (or CPU ranks), backend and DDP path in under a minute"),
+    "port": ("ddpkit.port", "rewrite a single-device training script into a ddpkit script"),
 }
 """Subcommand -> (the module whose `main(argv)` implements it, imported only when used; its help line)."""
 

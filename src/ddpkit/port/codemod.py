@@ -1,0 +1,83 @@
+"""One script through `ddpkit port`: parse, refuse what is not a plain script, plan, rewrite, report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["PortError", "PortResult", "Todo", "port_source"]
+
+
+@dataclass(frozen=True)
+class Todo:
+    """A step the codemod left to the user: the original line and what to do there."""
+
+    line: int
+    message: str
+
+
+class PortError(ValueError):
+    """The input cannot be ported (not Python, a syntax error, already a DDP script)."""
+
+
+@dataclass(frozen=True)
+class PortResult:
+    """The ported text and what remains to do by hand."""
+
+    code: str
+    todos: list[Todo] = field(default_factory=list)
+    changed: bool = True
+    message: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """0 fully ported (or nothing to do), 3 when TODOs remain."""
+        return 3 if self.todos else 0
+
+
+def port_source(source: str, path: str = "<string>") -> PortResult:
+    """Rewrite a plain single-device PyTorch script's text into a ddpkit script (never runs it).
+
+    Raises PortError for a file that does not parse or already uses torch.distributed (lint it instead).
+    A script that already calls ddpkit.init() comes back unchanged, with a message saying so.
+    """
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from ddpkit.port.entry import add_import, open_context, thread_ctx
+    from ddpkit.port.facts import Facts
+    from ddpkit.port.plan import Plan
+    from ddpkit.port.rewrite import Rewriter
+
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(source))
+    except cst.ParserSyntaxError as e:
+        raise PortError(f"{path}:{e.raw_line}:{e.raw_column + 1}: cannot parse the file ({e.message}); fix the "
+                        "syntax error first") from None
+    facts = Facts(wrapper.module)
+    if facts.ported_already:
+        return PortResult(source, [], False, f"{path} already calls ddpkit.init(): nothing to change")
+    if facts.distributed_hint:
+        raise PortError(f"{path} already uses {facts.distributed_hint}: it is already a multi-process (distributed) "
+                        f"script, not a single-device one; check it with `ddpkit lint {path}` instead")
+    if not facts.region:
+        raise PortError(f"{path} has no training entry point (no top-level code and no `if __name__ == "
+                        "\"__main__\":` block); port the script that runs the training")
+    positions = wrapper.resolve(PositionProvider)
+
+    def line_of(node: cst.CSTNode) -> int:
+        pos = positions.get(node)
+        return pos.start.line if pos is not None else 0
+
+    def end_of(node: cst.CSTNode) -> int:
+        pos = positions.get(node)
+        return pos.end.line if pos is not None else 0
+
+    plan = Plan(facts, line_of, end_of)
+    rewriter = Rewriter(facts, plan)
+    module = wrapper.visit(rewriter)
+    module = thread_ctx(module, facts)
+    module = open_context(module, facts, plan.seed)
+    module = add_import(module)
+    todos = [Todo(line, message) for line, message in sorted(plan.todos)]
+    state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
+    return PortResult(module.code, todos, True, f"{path}: {state}")

@@ -1,0 +1,156 @@
+"""The last edits of `ddpkit port`: `with ddpkit.init() as ctx:` around the entry point, ctx passed down, the import."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpkit.port.facts import ENTRY, Facts, dotted, statements_of, walk
+
+__all__ = ["add_import", "open_context", "thread_ctx"]
+
+
+def _scope_nodes(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    found: dict[str, cst.FunctionDef] = {}
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            found[stmt.name.value] = stmt
+        elif isinstance(stmt, cst.ClassDef):
+            for item in statements_of(stmt):
+                if isinstance(item, cst.FunctionDef):
+                    found[f"{stmt.name.value}.{item.name.value}"] = item
+    return found
+
+
+def _uses_ctx(func: cst.FunctionDef) -> bool:
+    params = {p.name.value for p in (*func.params.params, *func.params.kwonly_params)}
+    return "ctx" not in params and any(isinstance(n, cst.Name) and n.value == "ctx"
+                                       for n in walk(func.body, into_functions=True))
+
+
+class _Threader(cst.CSTTransformer):
+    """Adds a keyword-only `ctx` parameter to the functions that need it and `ctx=ctx` to their calls."""
+
+    def __init__(self, facts: Facts, needs: set[str], callers: set[str]) -> None:
+        super().__init__()
+        self.facts, self.needs, self.callers = facts, needs, callers
+        self.keys: list[str] = []
+        self.cls: list[str] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.cls.append(node.name.value)
+
+    def leave_ClassDef(self, original, updated):
+        self.cls.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        key = f"{self.cls[-1]}.{node.name.value}" if self.cls and not self.keys else node.name.value
+        self.keys.append(key if not self.keys else self.keys[-1])
+
+    def leave_FunctionDef(self, original, updated: cst.FunctionDef):
+        key = self.keys.pop()
+        if self.keys or key not in self.needs or original is not _scope_nodes_cache(self, key):
+            return updated
+        params = updated.params
+        ctx = cst.Param(cst.Name("ctx"))
+        star = params.star_arg if isinstance(params.star_arg, (cst.Param, cst.ParamStar)) else cst.ParamStar()
+        regular = list(params.params)
+        if regular and not isinstance(star, cst.Param):  # `def f(a, b, *, ctx)`
+            regular[-1] = regular[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(params=params.with_changes(
+            params=regular, star_arg=star, kwonly_params=[*params.kwonly_params, ctx]))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        caller = self.keys[0] if self.keys else ENTRY
+        if caller not in self.callers or any(a.keyword and a.keyword.value == "ctx" for a in updated.args):
+            return updated
+        if not set(self.facts.callees(updated, caller)) & self.needs:
+            return updated
+        args = list(updated.args)
+        if args and not isinstance(args[-1].comma, cst.Comma):
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+        return updated.with_changes(args=[*args, cst.Arg(cst.Name("ctx"), keyword=cst.Name("ctx"), equal=equal)])
+
+
+def _scope_nodes_cache(threader: _Threader, key: str):
+    return threader.nodes.get(key)
+
+
+def thread_ctx(module: cst.Module, facts: Facts) -> cst.Module:
+    """Functions below the entry point that now use ctx get `*, ctx`; their callers pass `ctx=ctx`."""
+    if facts.ctx_global:
+        return module
+    nodes = _scope_nodes(module)
+    candidates = facts.ported - {facts.entry_key, ENTRY}
+    needs = {k for k in candidates if k in nodes and _uses_ctx(nodes[k])}
+    while True:
+        more = {k for k in candidates - needs if facts.scopes[k].calls & needs}
+        if not more:
+            break
+        needs |= more
+    if not needs:
+        return module
+    threader = _Threader(facts, needs, needs | {facts.entry_key})
+    threader.nodes = nodes
+    return module.visit(threader)
+
+
+def _init_call(seed: cst.BaseExpression | None) -> cst.Call:
+    args = [] if seed is None else [cst.Arg(seed, keyword=cst.Name("seed"), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))]
+    return cst.Call(cst.parse_expression("ddpkit.init"), args=args)
+
+
+class _BlankLines(cst.CSTTransformer):
+    """Blank lines moved under the `with` stay empty (no indentation whitespace on them)."""
+
+    def leave_EmptyLine(self, original: cst.EmptyLine, updated: cst.EmptyLine) -> cst.EmptyLine:
+        if updated.comment is None:
+            return updated.with_changes(indent=False, whitespace=cst.SimpleWhitespace(""))
+        return updated
+
+
+def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None) -> cst.With:
+    leading = body[0].leading_lines if body else ()
+    body = [stmt.visit(_BlankLines()) for stmt in body]
+    if body:
+        body = [body[0].with_changes(leading_lines=[]), *body[1:]]
+    return cst.With(items=[cst.WithItem(_init_call(seed), asname=cst.AsName(cst.Name("ctx")))],
+                    body=cst.IndentedBlock(body), leading_lines=leading)
+
+
+def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | None) -> cst.Module:
+    """Put the entry point's region (everything after argument parsing) in `with ddpkit.init() as ctx:`."""
+    owner = facts.entry_owner
+    keep = len(statements_of(owner)) - len(facts.region)
+    if not facts.ctx_global:
+        name = facts.entry_key
+        new_body = list(_scope_nodes(module)[name].body.body)
+        wrapped = [*new_body[:keep], _with(new_body[keep:], seed)]
+        target = _scope_nodes(module)[name]
+        return module.deep_replace(target, target.with_changes(body=target.body.with_changes(body=wrapped)))
+    if isinstance(owner, cst.Module):
+        body = list(module.body)
+        return module.with_changes(body=[*body[:keep], _with(body[keep:], seed)])
+    guard = next(s for s in module.body if isinstance(s, cst.If) and module.code_for_node(s.test)
+                 == facts.code(owner.test))
+    inner = list(guard.body.body)
+    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(
+        body=[*inner[:keep], _with(inner[keep:], seed)])))
+
+
+def add_import(module: cst.Module) -> cst.Module:
+    """`import ddpkit` after the script's leading imports."""
+    body = list(module.body)
+    last = -1
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
+                                                              for s in stmt.body):
+            last = i
+        elif isinstance(stmt, cst.SimpleStatementLine) and i == 0 and isinstance(stmt.body[0], cst.Expr):
+            continue
+        else:
+            break
+    body.insert(last + 1, cst.parse_statement("import ddpkit\n"))
+    return module.with_changes(body=body)

@@ -1,0 +1,244 @@
+"""What `ddpkit port` reads from a plain script before changing it: entry point, scopes, loaders, models."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "walk", "statements_of", "ENTRY"]
+
+ENTRY = "<entry>"
+"""Scope key of the training entry point's code when it is not a function (top level or a __main__ block)."""
+
+_SETUP = re.compile(r"\b(argparse|parser|parse_args|parse_known_args|add_argument|ArgumentParser)\b")
+_TRAINING = re.compile(r"DataLoader|backward\(|optim\.|\.parameters\(\)")
+_EVAL_NAME = re.compile(r"test|val|eval|holdout")
+_DISTRIBUTED = re.compile(r"\b(torch\.distributed|DistributedDataParallel|init_process_group|DistributedSampler|"
+                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|torch\.multiprocessing|share_memory)\b")
+
+
+def dotted(node: cst.CSTNode | None) -> str:
+    """`self.model` -> 'self.model'; '' for anything that is not a name or an attribute chain."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else ""
+    return ""
+
+
+def root_name(node: cst.CSTNode) -> str:
+    """The name an expression starts from: `batch["x"].float()` -> 'batch'."""
+    while True:
+        if isinstance(node, cst.Call):
+            node = node.func
+        elif isinstance(node, (cst.Attribute, cst.Subscript)):
+            node = node.value
+        elif isinstance(node, cst.Name):
+            return node.value
+        else:
+            return ""
+
+
+def is_device_expr(node: cst.CSTNode) -> bool:
+    """An expression that names a device: `device`, `self.device`, `ctx.device`, 'cuda', torch.device(...)."""
+    if isinstance(node, cst.SimpleString):
+        return re.fullmatch(r"[rbuRBU]*['\"](cuda|cpu|mps)(:\d+)?['\"]", node.value) is not None
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return "device" in dotted(node).rsplit(".", 1)[-1].lower()
+    if isinstance(node, cst.Call):
+        return dotted(node.func) in ("torch.device", "device")
+    return False
+
+
+def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:
+    """Every node under `node` (pre-order), not descending into nested functions and classes by default."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and not into_functions and isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        stack.extend(reversed(current.children))
+
+
+def statements_of(node: cst.CSTNode) -> list[cst.BaseStatement]:
+    """The statements of a module, a function or a compound statement's block."""
+    body = node.body
+    if isinstance(node, cst.Module):
+        return list(body)
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+def _is_main_guard(stmt: cst.CSTNode) -> bool:
+    if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
+        return False
+    parts = [stmt.test.left, *(c.comparator for c in stmt.test.comparisons)]
+    texts = {dotted(p) or (p.value.strip("'\"") if isinstance(p, cst.SimpleString) else "") for p in parts}
+    return texts == {"__name__", "__main__"}
+
+
+def _is_definition(stmt: cst.BaseStatement) -> bool:
+    """def, class, import: module-level statements that build nothing."""
+    return isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _is_setup(stmt: cst.BaseStatement, code: str) -> bool:
+    """Statements that may stay before ddpkit.init(): docstrings, imports, argument parsing, definitions."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return True
+    if isinstance(stmt, cst.SimpleStatementLine):
+        if all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+            return True
+        if all(isinstance(s, cst.Expr) and isinstance(s.value, (cst.SimpleString, cst.ConcatenatedString))
+               for s in stmt.body):
+            return True
+    return _SETUP.search(code) is not None and "DataLoader" not in code
+
+
+@dataclass
+class Scope:
+    """One place that code runs in: a module-level function, a method, or the entry point's code."""
+
+    key: str
+    node: cst.CSTNode
+    cls: str | None = None
+    params: list[str] = field(default_factory=list)
+    """Parameter names in order (without `self` for methods)."""
+    calls: set[str] = field(default_factory=set)
+    """Scope keys this scope calls directly."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Names in this scope that hold a 'train' or 'eval' loader or the 'model'."""
+    instances: dict[str, str] = field(default_factory=dict)
+    """Names bound to an instance of one of the module's classes: {'trainer': 'Trainer'}."""
+
+
+class Facts:
+    """The analysis of one parsed module (nodes are those of the MetadataWrapper's module)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.distributed_hint = self._distributed_hint()
+        self.ported_already = any(
+            isinstance(n, cst.Call) and dotted(n.func) == "ddpkit.init" for n in walk(module, into_functions=True))
+        self.scopes: dict[str, Scope] = {}
+        self.classes: dict[str, cst.ClassDef] = {}
+        for stmt in module.body:
+            if isinstance(stmt, cst.FunctionDef):
+                self._add_scope(stmt.name.value, stmt, None)
+            elif isinstance(stmt, cst.ClassDef):
+                self.classes[stmt.name.value] = stmt
+                for item in statements_of(stmt):
+                    if isinstance(item, cst.FunctionDef):
+                        self._add_scope(f"{stmt.name.value}.{item.name.value}", item, stmt.name.value)
+        self.entry_key, self.entry_owner, self.region = self._find_entry()
+        self.ctx_global = self.entry_key == ENTRY
+        if self.ctx_global:
+            self.scopes[ENTRY] = Scope(ENTRY, self.entry_owner)
+        for scope in self.scopes.values():
+            scope.calls = self._calls_of(scope)
+        self.ported = self._reachable()
+
+    # ---- structure ---------------------------------------------------------------------------
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def _distributed_hint(self) -> str | None:
+        for stmt in walk(self.module, into_functions=True):
+            if isinstance(stmt, (cst.Import, cst.ImportFrom, cst.Attribute, cst.Name)):
+                match = _DISTRIBUTED.search(self.code(stmt)) if not isinstance(stmt, cst.Name) else None
+                if match:
+                    return match.group(1)
+        return None
+
+    def _add_scope(self, key: str, node: cst.FunctionDef, cls: str | None) -> None:
+        names = [p.name.value for p in (*node.params.params, *node.params.kwonly_params)]
+        if cls is not None and names and names[0] in ("self", "cls"):
+            names = names[1:]
+        self.scopes[key] = Scope(key, node, cls, names)
+
+    def _find_entry(self) -> tuple[str, cst.CSTNode, list[cst.BaseStatement]]:
+        """(scope key, the node whose body holds the region, the region's statements)."""
+        guard = next((s for s in self.module.body if _is_main_guard(s)), None)
+        module_setup = [s for s in self.module.body if s is not guard and not _is_definition(s)
+                        and _TRAINING.search(self.code(s))]
+        if guard is not None and not module_setup:
+            called = [dotted(n.func) for n in walk(guard) if isinstance(n, cst.Call)]
+            targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None]
+            body = statements_of(guard)
+            inline = [s for s in body if not self._only_calls(s, targets)]
+            if targets and not [s for s in inline if not _is_setup(s, self.code(s))]:
+                training = [t for t in targets if _TRAINING.search(self.code(self.scopes[t].node))]
+                key = (training or targets)[0] if training else targets[-1]
+                node = self.scopes[key].node
+                return key, node, self._region_after_setup(statements_of(node))
+            return ENTRY, guard, self._region_after_setup(body)
+        # no guard, or training objects built at module level: the region runs to the end (the guard too)
+        return ENTRY, self.module, self._region_after_setup(list(self.module.body))
+
+    def _only_calls(self, stmt: cst.BaseStatement, targets: list[str]) -> bool:
+        """`main()`, `args = main()`, `sys.exit(main(args))`: the statement only runs the entry function."""
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            return False
+        small = stmt.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        if isinstance(value, cst.Call) and dotted(value.func) in ("sys.exit", "exit", "quit") and value.args:
+            value = value.args[0].value
+        return isinstance(value, cst.Call) and dotted(value.func) in targets
+
+    def _region_after_setup(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        start = 0
+        while start < len(body) and _is_setup(body[start], self.code(body[start])):
+            start += 1
+        return body[start:]
+
+    def region_ids(self) -> set[int]:
+        return {id(s) for s in self.region}
+
+    def _calls_of(self, scope: Scope) -> set[str]:
+        nodes = [n for s in self.region for n in walk(s)] if scope.key == ENTRY or scope.key == self.entry_key \
+            else list(walk(scope.node))
+        scope.instances = {dotted(t.target): dotted(n.value.func) for n in nodes if isinstance(n, cst.Assign)
+                           and isinstance(n.value, cst.Call) and dotted(n.value.func) in self.classes
+                           for t in n.targets if dotted(t.target)}
+        return {k for n in nodes if isinstance(n, cst.Call) for k in self.callees(n, scope.key)}
+
+    def callees(self, call: cst.Call, caller: str) -> list[str]:
+        """The module's own functions or methods a call may run: `f()`, `C()` (its __init__), `self.m()`,
+        `obj.m()` where `obj = C(...)` in the caller."""
+        name = dotted(call.func)
+        if name in self.scopes and self.scopes[name].cls is None:
+            return [name]
+        if name in self.classes:
+            return [f"{name}.__init__"] if f"{name}.__init__" in self.scopes else []
+        if not isinstance(call.func, cst.Attribute) or call.func.attr.value.startswith("__"):
+            return []
+        scope = self.scopes.get(caller)
+        receiver = dotted(call.func.value)
+        cls = scope.cls if scope is not None and receiver == "self" else \
+            scope.instances.get(receiver) if scope is not None else None
+        key = f"{cls}.{call.func.attr.value}"
+        return [key] if cls and key in self.scopes else []
+
+    def _reachable(self) -> set[str]:
+        start = ENTRY if self.ctx_global else self.entry_key
+        seen, todo = {start}, [start]
+        while todo:
+            for callee in self.scopes[todo.pop()].calls:
+                if callee not in seen:
+                    seen.add(callee)
+                    todo.append(callee)
+        return seen
+
+    def scope_statements(self, key: str) -> list[cst.BaseStatement]:
+        """The statements where ctx exists in a ported scope (the region for the entry point)."""
+        if key in (ENTRY, self.entry_key):
+            return self.region
+        return statements_of(self.scopes[key].node)
+
+    def is_eval_name(self, text: str) -> bool:
+        return _EVAL_NAME.search(text.lower()) is not None

@@ -1,0 +1,361 @@
+"""The changes `ddpkit port` decides on before it edits: loaders, the model to wrap, sums to reduce, TODOs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+import libcst as cst
+
+from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
+from ddpkit.port.sums import plan_reductions
+
+__all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
+
+_OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
+_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
+                         "LBFGS", "ASGD", "Rprop", "SparseAdam"})
+_ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
+
+
+def is_optimizer(call: cst.Call) -> bool:
+    name = dotted(call.func)
+    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
+
+
+def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The loader a `for` iterates: `enumerate(tqdm(loader))` -> `loader`."""
+    while isinstance(expr, cst.Call) and dotted(expr.func) in _ITER_WRAPPERS and expr.args:
+        expr = expr.args[0].value
+    return expr
+
+
+def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
+    """For `x.to(device)`, `x.to(device, non_blocking=True)` or `x.cuda()`: x; else None."""
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return None
+    attr = call.func.attr.value
+    positional = [a for a in call.args if a.keyword is None]
+    extra = [a for a in call.args if a.keyword is not None and a.keyword.value != "non_blocking"]
+    if attr == "cuda" and len(positional) <= 1 and not extra:
+        return call.func.value
+    if attr == "to" and len(positional) == 1 and not extra and is_device_expr(positional[0].value):
+        return call.func.value
+    return None
+
+
+class Plan:
+    """Decisions keyed by id() of the MetadataWrapper module's nodes."""
+
+    def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
+                 end_of: Callable[[cst.CSTNode], int]) -> None:
+        self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self.todos: list[tuple[int, str]] = []
+        """(original line, what to do there by hand)."""
+        self.notes: dict[int, list[str]] = {}
+        self.loaders: dict[int, str] = {}
+        self.wrap_inline: dict[int, str] = {}
+        self.wrap_before: dict[int, str] = {}
+        self.reduce_after: dict[int, list[tuple[str, str]]] = {}
+        self.reduced: dict[str, set[str]] = {}
+        self.class_roles: dict[str, dict[str, str]] = {}
+        self.spread: dict[int, dict[str, cst.BaseExpression]] = {}
+        """DataLoader(..., **kw) calls whose kw is built from dict literals here: the options it holds."""
+        self._stmt: dict[int, cst.CSTNode] = {}
+        self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
+        for key in sorted(facts.ported):
+            self._index(facts.scope_statements(key))
+        self._plan_loaders()
+        model = self._plan_model()
+        start = facts.region[0] if facts.region else None
+        if start is not None and model is None:
+            self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
+                      "before its optimizer is made")
+        if start is not None and "train" not in self.loaders.values() and not any(
+                "DataLoader" in m or "sampler" in m for _, m in self.todos):
+            self.todo(start, "no training DataLoader found: the data is not sharded, so every rank trains on all of "
+                      "it (no speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by "
+                      "ctx.rank and ctx.world_size")
+        self._propagate_roles()
+        for key in sorted(facts.ported):
+            plan_reductions(self, key, facts.scope_statements(key))
+        self.seed = self._seed()
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def _index(self, block: list[cst.BaseStatement]) -> None:
+        for i, stmt in enumerate(block):
+            self._block[id(stmt)] = (block, i)
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for node in walk(stmt):
+                    self._stmt[id(node)] = stmt
+                continue
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            for child in stmt.children:
+                if isinstance(child, (cst.BaseSuite, cst.Else, cst.Finally, cst.ExceptHandler, cst.If)):
+                    continue
+                for node in walk(child):
+                    self._stmt.setdefault(id(node), stmt)
+            for inner in self.blocks_of(stmt):
+                self._index(inner)
+
+    @staticmethod
+    def blocks_of(stmt: cst.CSTNode) -> list[list[cst.BaseStatement]]:
+        """The statement lists inside a compound statement (if/elif/else, loops, with, try)."""
+        suites = []
+        if isinstance(stmt, cst.If):
+            node = stmt
+            while isinstance(node, cst.If):
+                suites.append(node.body)
+                node = node.orelse
+            if isinstance(node, cst.Else):
+                suites.append(node.body)
+        else:
+            suites.append(getattr(stmt, "body", None))
+            suites.extend(h.body for h in getattr(stmt, "handlers", ()))
+            for attr in ("orelse", "finalbody"):
+                extra = getattr(stmt, attr, None)
+                if extra is not None:
+                    suites.append(extra.body)
+        return [list(s.body) for s in suites if isinstance(s, cst.IndentedBlock)]
+
+    def todo(self, node: cst.CSTNode, message: str) -> None:
+        stmt = self._stmt.get(id(node), node)
+        line = self.line_of(stmt)
+        self.todos.append((line, message))
+        self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: TODO (line {line}) {message}")
+
+    def note(self, node: cst.CSTNode, text: str) -> None:
+        stmt = self._stmt.get(id(node), node)
+        self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: {text}")
+
+    def role(self, key: str, name: str) -> str | None:
+        scope = self.f.scopes[key]
+        found = scope.roles.get(name)
+        if found is None and name.startswith("self.") and scope.cls:
+            found = self.class_roles.get(scope.cls, {}).get(name)
+        if found is None and self.f.ctx_global and key != ENTRY and name not in scope.params:
+            found = self.f.scopes[ENTRY].roles.get(name)  # a module-level name read inside a function
+        return found
+
+    def _set_role(self, key: str, name: str, role: str) -> bool:
+        scope = self.f.scopes[key]
+        if name.startswith("self.") and scope.cls:
+            table = self.class_roles.setdefault(scope.cls, {})
+        else:
+            table = scope.roles
+        if table.get(name) == role:
+            return False
+        table[name] = role
+        return True
+
+    def nodes(self, key: str) -> Iterator[cst.CSTNode]:
+        for stmt in self.f.scope_statements(key):
+            yield from walk(stmt)
+
+    # ---- loaders ------------------------------------------------------------------------------
+    def _plan_loaders(self) -> None:
+        found: list[tuple[str, cst.Call, str]] = []
+        for key in sorted(self.f.ported):
+            for node in self.nodes(key):
+                if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] == "DataLoader":
+                    stmt = self._stmt.get(id(node))
+                    target = ""
+                    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) \
+                            and stmt.body[0].value is node and len(stmt.body[0].targets) == 1:
+                        target = dotted(stmt.body[0].targets[0].target)
+                    found.append((key, node, target))
+        for key, call, target in found:
+            kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            spread = self._spread_kwargs(key, call)
+            if spread is not None:
+                kwargs = {**spread, **kwargs}
+                self.spread[id(call)] = spread
+            elif any(a.star for a in call.args):
+                self.todo(call, "DataLoader options come from **kwargs, which the codemod cannot read: write "
+                          "ddpkit.loader(dataset, ctx, batch_size=...) for training or ddpkit.eval_loader(...) "
+                          "for evaluation by hand")
+                continue
+            if len(positional) > 2 and "shuffle" not in kwargs:  # DataLoader(dataset, batch_size, shuffle, ...)
+                kwargs["shuffle"] = positional[2].value
+            if "sampler" in kwargs or "batch_sampler" in kwargs or len(positional) > 3:
+                self.todo(call, "custom sampler: ddpkit.loader shards and orders the data itself; drop the "
+                          "sampler (or shard it by rank yourself) and use ddpkit.loader(dataset, ctx, batch_size=...)")
+                continue
+            if not positional and "dataset" not in kwargs:
+                self.todo(call, "DataLoader without a dataset argument the codemod can read: use "
+                          "ddpkit.loader(dataset, ctx, batch_size=...) by hand")
+                continue
+            dataset_text = self.f.code(positional[0].value if positional else kwargs["dataset"])
+            shuffle = kwargs.get("shuffle")
+            shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
+            name_text = target or dataset_text
+            if "train" not in name_text.lower() and self.f.is_eval_name(name_text):
+                kind = "eval"
+            elif "train" in name_text.lower() or shuffled:
+                kind = "train"
+            elif len(found) == 1:
+                kind = "train"
+            else:
+                self.todo(call, "cannot tell whether this DataLoader trains or evaluates: use ddpkit.loader "
+                          "(training) or ddpkit.eval_loader (evaluation)")
+                continue
+            self.loaders[id(call)] = kind
+            if kind == "train":
+                size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
+                    self.f.code(positional[1].value) if len(positional) > 1 else "1"
+                self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
+                          f"{size} samples per step")
+            if target:
+                self._set_role(key, target, kind)
+
+    def _spread_kwargs(self, key: str, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
+        """`DataLoader(ds, **train_kwargs)` with `train_kwargs = {...}` (and `.update({...})` or
+        `.update(cuda_kwargs)`) in the same scope: the options, the GPU branch's included; else None."""
+        names = [dotted(a.value) for a in call.args if a.star == "**"]
+        if not names or any(a.star == "*" for a in call.args) or not all(names):
+            return None
+        literals: dict[str, list[cst.Dict]] = {}
+        updates: dict[str, list[cst.BaseExpression]] = {}
+        for node in self.nodes(key):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Dict):
+                literals.setdefault(dotted(node.targets[0].target), []).append(node.value)
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and node.func.attr.value == "update" and len(node.args) == 1:
+                updates.setdefault(dotted(node.func.value), []).append(node.args[0].value)
+        out: dict[str, cst.BaseExpression] = {}
+
+        def add(name: str) -> bool:
+            if len(literals.get(name, [])) != 1:
+                return False
+            for element in literals[name][0].elements:
+                if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                    return False
+                out[element.key.evaluated_value] = element.value
+            for extra in updates.get(name, []):
+                if isinstance(extra, cst.Dict):
+                    for element in extra.elements:
+                        if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                            return False
+                        out[element.key.evaluated_value] = element.value
+                elif not add(dotted(extra)):
+                    return False
+            return True
+
+        return out if all(add(n) for n in names) else None
+
+    # ---- model -------------------------------------------------------------------------------
+    def _plan_model(self) -> str | None:
+        model: str | None = None
+        for key in sorted(self.f.ported, key=lambda k: (k != self.f.entry_key and k != ENTRY, k)):
+            for node in self.nodes(key):
+                if not (isinstance(node, cst.Call) and is_optimizer(node)):
+                    continue
+                receiver = next((dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
+                                 and isinstance(n.func, cst.Attribute)
+                                 and n.func.attr.value in ("parameters", "named_parameters")), "")
+                if model is not None:
+                    if receiver and (receiver == model or receiver.startswith(model + ".")):
+                        continue
+                    self.todo(node, "a second optimizer: a second model or training loop; wrap its model with "
+                              "ddpkit.wrap(model, ctx) before this line and check that every rank runs its loop")
+                    continue
+                if not receiver:
+                    self.todo(node, "cannot find the model this optimizer trains: build the model, then "
+                              "model = ddpkit.wrap(model, ctx) before this line")
+                    model = "?"
+                    continue
+                model = self._wrap_model(key, node, receiver) or "?"
+        return model
+
+    def _wrap_model(self, key: str, optimizer: cst.Call, receiver: str) -> str | None:
+        opt_stmt = self._stmt[id(optimizer)]
+        line = self.line_of(opt_stmt)
+        candidates = [receiver]
+        while "." in candidates[-1]:
+            candidates.append(candidates[-1].rsplit(".", 1)[0])
+        assign = None
+        for node in self.nodes(key):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and self.line_of(node) < line:
+                name = dotted(node.targets[0].target)
+                receiver_of = move_receiver(node.value)
+                if receiver_of is not None and dotted(receiver_of) == name:
+                    continue  # `model = model.to(device)`: a move, not where the model is built
+                if name in candidates and not (name == "self" or name in self.f.scopes[key].params):
+                    assign, model = node, name
+        if assign is None:
+            where = "is passed in" if any(c in self.f.scopes[key].params for c in candidates) else "is not built here"
+            self.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
+                      "built, before the optimizer is made")
+            return None
+        if any(isinstance(n, cst.Call) and dotted(n.func).endswith("DataParallel") for n in walk(assign.value)):
+            self.todo(assign, "nn.DataParallel: remove it; ddpkit.wrap(model, ctx) replaces it")
+            return None
+        self._set_role(key, model, "model")
+        assign_stmt = self._stmt[id(assign)]
+        block, i = self._block.get(id(assign_stmt), ([], -1))
+        j = block.index(opt_stmt) if opt_stmt in block else -1
+        between = block[i + 1:j] if 0 <= i < j else None
+        pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
+        if between is not None and all(not pattern.search(self.f.code(s)) or self._is_move(s, model) for s in between):
+            self.wrap_inline[id(assign_stmt)] = model
+        else:
+            self.wrap_before[id(opt_stmt)] = model
+        return model
+
+    @staticmethod
+    def _is_move(stmt: cst.BaseStatement, name: str) -> bool:
+        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            return False
+        small = stmt.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        receiver = move_receiver(value) if value is not None else None
+        return receiver is not None and dotted(receiver) == name
+
+    # ---- role propagation ----------------------------------------------------------------------
+    def _propagate_roles(self) -> None:
+        for _ in range(10):
+            changed = False
+            for key in sorted(self.f.ported):
+                for node in self.nodes(key):
+                    if isinstance(node, cst.Assign) and len(node.targets) == 1:
+                        target = dotted(node.targets[0].target)
+                        value = dotted(loader_expr(node.value))
+                        role = self.role(key, value) if value and target else None
+                        if role and (target.startswith("self.") or role != "model"):
+                            changed |= self._set_role(key, target, role)
+                    if not isinstance(node, cst.Call):
+                        continue
+                    for callee in self.f.callees(node, key):
+                        params = self.f.scopes[callee].params
+                        for i, arg in enumerate(a for a in node.args if a.keyword is None and not a.star):
+                            role = self.role(key, dotted(arg.value))
+                            if role and i < len(params):
+                                changed |= self._set_role(callee, params[i], role)
+                        for arg in node.args:
+                            role = self.role(key, dotted(arg.value))
+                            if role and arg.keyword is not None and arg.keyword.value in params:
+                                changed |= self._set_role(callee, arg.keyword.value, role)
+            if not changed:
+                return
+
+    def loop_role(self, key: str, for_node: cst.For) -> str | None:
+        role = self.role(key, dotted(loader_expr(for_node.iter)))
+        return role if role in ("train", "eval") else None
+
+    # ---- init ---------------------------------------------------------------------------------
+    def _seed(self) -> cst.BaseExpression | None:
+        bound = set(self.f.scopes[self.f.entry_key].params) if not self.f.ctx_global else set()
+        entry_node = self.f.entry_owner if self.f.ctx_global else self.f.scopes[self.f.entry_key].node
+        for stmt in statements_of(entry_node):
+            if stmt in self.f.region:
+                break
+            bound.update(dotted(n.target) for n in walk(stmt) if isinstance(n, cst.AssignTarget))
+        for stmt in self.f.region:
+            for node in walk(stmt):
+                if isinstance(node, cst.Call) and dotted(node.func) == "torch.manual_seed" and node.args:
+                    value = node.args[0].value
+                    if isinstance(value, cst.Integer) or root_name(value) in bound and dotted(value):
+                        return value
+                    return None
+        return None

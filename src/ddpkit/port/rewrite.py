@@ -1,0 +1,322 @@
+"""The format-preserving edits of `ddpkit port`, applied where ctx exists (the entry point and what it calls)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name
+from ddpkit.port.plan import Plan, loader_expr, move_receiver
+
+__all__ = ["Rewriter", "parse_expr", "strip_moves"]
+
+# Attributes that DistributedDataParallel forwards or shares with the module it wraps; any other
+# attribute (state_dict, load_state_dict, custom layers and methods) is read from ddpkit.unwrap(model).
+_DDP_SAFE = frozenset({"parameters", "named_parameters", "train", "eval", "zero_grad", "modules", "named_modules",
+                       "children", "named_children", "buffers", "named_buffers", "requires_grad_", "to", "cuda",
+                       "training", "forward", "apply", "no_sync", "register_forward_hook"})
+_TRAIN_DROPPED = frozenset({"dataset", "batch_size", "shuffle", "pin_memory", "generator", "sampler", "batch_sampler"})
+"""DataLoader options that ddpkit's loaders choose themselves (pin_memory, order) or that the port sets."""
+_TQDM = frozenset({"tqdm", "tqdm.tqdm", "trange", "tqdm.trange", "tqdm.auto.tqdm", "auto.tqdm"})
+
+
+def parse_expr(code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code)
+
+
+def strip_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`Net().to(device).cuda()` -> `Net()`: ddpkit.wrap moves the model to ctx.device."""
+    while (receiver := move_receiver(expr)) is not None:
+        expr = receiver
+    return expr
+
+
+def _arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(value=value, keyword=cst.Name(name),
+                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                         whitespace_after=cst.SimpleWhitespace("")))
+
+
+def _comma_args(args: list[cst.Arg]) -> list[cst.Arg]:
+    out = []
+    for i, a in enumerate(args):
+        last = i == len(args) - 1
+        out.append(a.with_changes(comma=cst.MaybeSentinel.DEFAULT if last else
+                                  (a.comma if isinstance(a.comma, cst.Comma) else cst.Comma(
+                                      whitespace_after=cst.SimpleWhitespace(" ")))))
+    return out
+
+
+def _is_identity(small: cst.BaseSmallStatement, original: cst.BaseSmallStatement) -> bool:
+    """After the moves are stripped: `x, y = x, y`, `batch = {k: v for k, v in batch.items()}`, `model`."""
+    if isinstance(small, cst.Expr) and isinstance(original, cst.Expr):
+        return isinstance(small.value, (cst.Name, cst.Attribute)) and isinstance(original.value, cst.Call)
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return False
+    target, value = small.targets[0].target, small.value
+    code = cst.Module([]).code_for_node
+    if code(target).replace("(", "").replace(")", "").replace(" ", "") == \
+            code(value).replace("(", "").replace(")", "").replace(" ", ""):
+        return True
+    if isinstance(value, cst.DictComp) and isinstance(value.for_in.target, cst.Tuple) and value.for_in.inner_for_in \
+            is None and not value.for_in.ifs:
+        names = [dotted(e.value) for e in value.for_in.target.elements]
+        it = value.for_in.iter
+        return (len(names) == 2 and [dotted(value.key), dotted(value.value)] == names and isinstance(it, cst.Call)
+                and dotted(it.func) == f"{dotted(target)}.items")
+    return False
+
+
+class Rewriter(cst.CSTTransformer):
+    """Applies a Plan; run it through the MetadataWrapper whose module the plan was made from."""
+
+    def __init__(self, facts: Facts, plan: Plan) -> None:
+        super().__init__()
+        self.f, self.p = facts, plan
+        self.keys: list[str] = [ENTRY] if facts.ctx_global else ["<module>"]
+        self.region = facts.region_ids()
+        self.region_depth = 0
+        self.batches: list[tuple[set[str], str]] = []
+        self.changes = 0
+        self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
+
+    # ---- where we are -------------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        return self.keys[-1]
+
+    def in_ctx(self) -> bool:
+        key = self.key
+        if key not in self.f.ported:
+            return False
+        if key in (ENTRY, self.f.entry_key):
+            return self.region_depth > 0
+        return True
+
+    def role(self, expr: cst.CSTNode) -> str | None:
+        name = dotted(expr)
+        return self.p.role(self.key, name) if name and self.key in self.f.scopes else None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.region:
+            self.region_depth += 1
+        if id(node) in self._nodes_to_keys:
+            self.keys.append(self._nodes_to_keys[id(node)])
+        if isinstance(node, cst.For) and self.in_ctx():
+            role = self.p.loop_role(self.key, node)
+            if role:
+                self.batches.append(({n.value for n in _names(node.target)}, role))
+        elif isinstance(node, cst.CompFor) and self.batches and root_name(node.iter) in self._batch_names():
+            self.batches[-1][0].update(n.value for n in _names(node.target))
+        elif isinstance(node, cst.Assign) and self.batches and root_name(node.value) in self._batch_names():
+            for target in node.targets:  # `inputs, labels = data`: parts of the batch
+                self.batches[-1][0].update(n.value for n in _names(target.target))
+        return super().on_visit(node)
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        result = super().on_leave(original, updated)
+        if isinstance(original, cst.For) and self.batches and self.in_ctx() and self.p.loop_role(self.key, original):
+            self.batches.pop()
+        if isinstance(original, cst.BaseStatement) and not isinstance(result, cst.RemovalSentinel):
+            result = self._finish_statement(original, result)
+        if id(original) in self._nodes_to_keys:
+            self.keys.pop()
+        if id(original) in self.region:
+            self.region_depth -= 1
+        return result
+
+    def _batch_names(self) -> set[str]:
+        return set().union(*(names for names, _ in self.batches)) if self.batches else set()
+
+    # ---- expressions --------------------------------------------------------------------------
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not self.in_ctx():
+            return updated
+        name = dotted(updated.func)
+        receiver = move_receiver(updated)
+        if receiver is not None:
+            if self.role(receiver) == "model" or root_name(receiver) in self._batch_names():
+                self.changes += 1
+                return receiver
+            if updated.func.attr.value == "cuda":
+                self.changes += 1
+                return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
+                                            args=[cst.Arg(parse_expr("ctx.device"))])
+            return updated
+        if name == "print":
+            self.changes += 1
+            return updated.with_changes(func=parse_expr("ddpkit.print0"),
+                                        args=_comma_args([cst.Arg(cst.Name("ctx")), *updated.args]))
+        if name in _TQDM and not any(a.keyword and a.keyword.value == "disable" for a in updated.args):
+            self.changes += 1
+            return updated.with_changes(args=_comma_args([*updated.args, _arg("disable", parse_expr(
+                "not ctx.is_main"))]))
+        if id(original) in self.p.loaders:
+            self.changes += 1
+            return self._loader(updated, self.p.loaders[id(original)], self.p.spread.get(id(original), {}))
+        if name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
+                and len([a for a in updated.args if a.keyword is None]) < 2:
+            self.changes += 1
+            return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
+                "ctx.device"))]))
+        if name == "len" and len(updated.args) == 1:
+            inner = updated.args[0].value
+            if isinstance(inner, cst.Attribute) and inner.attr.value == "dataset" and self.role(inner.value) == "eval":
+                self.changes += 1
+                return parse_expr(f"int(ddpkit.all_reduce_sum(ctx, len({dotted(inner.value)}.indices)).item())")
+        if self.role(updated.func) == "model" and any(r == "eval" for _, r in self.batches):
+            self.changes += 1  # evaluation shards differ in length: the unwrapped module never synchronises
+            return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
+        return updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
+            self.changes += 1
+            return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
+        return updated
+
+    def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation):
+        if self.in_ctx() and isinstance(updated.operator, cst.Divide):
+            right = self._global_len(updated.left, updated.right)
+            if right is not None:
+                return updated.with_changes(right=right)
+        return updated
+
+    def leave_AugAssign(self, original: cst.AugAssign, updated: cst.AugAssign):
+        if self.in_ctx() and isinstance(updated.operator, cst.DivideAssign):
+            right = self._global_len(updated.target, updated.value)
+            if right is not None:
+                return updated.with_changes(value=right)
+        return updated
+
+    def _global_len(self, left: cst.CSTNode, right: cst.CSTNode) -> cst.BaseExpression | None:
+        """A reduced sum divided by a loader's number of batches: count the batches of every rank."""
+        if dotted(left) not in self.p.reduced.get(self.key, set()) or not (
+                isinstance(right, cst.Call) and dotted(right.func) == "len" and len(right.args) == 1):
+            return None
+        loader = dotted(right.args[0].value)
+        role = self.role(right.args[0].value)
+        if role == "train":
+            self.changes += 1
+            return parse_expr(f"(len({loader}) * ctx.world_size)")
+        if role == "eval":
+            self.changes += 1
+            return parse_expr(f"ddpkit.all_reduce_sum(ctx, len({loader})).item()")
+        return None
+
+    def _loader(self, call: cst.Call, kind: str, spread: dict[str, cst.BaseExpression]) -> cst.Call:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        kwargs = {k: _arg(k, v) for k, v in spread.items()}
+        kwargs.update({a.keyword.value: a for a in call.args if a.keyword is not None})
+        size = kwargs["batch_size"].value if "batch_size" in kwargs else \
+            positional[1].value if len(positional) > 1 else cst.Integer("1")
+        if len(positional) > 2 and "shuffle" not in kwargs:
+            kwargs["shuffle"] = cst.Arg(positional[2].value, keyword=cst.Name("shuffle"))
+        dataset = positional[0].value if positional else kwargs["dataset"].value
+        args = [cst.Arg(dataset), cst.Arg(cst.Name("ctx"))]
+        if kind == "train":
+            text = cst.Module([]).code_for_node(size)
+            if not isinstance(size, (cst.Name, cst.Attribute, cst.Integer)):
+                text = f"({text})"
+            args.append(_arg("batch_size", parse_expr(f"{text} // ctx.world_size")))
+            shuffle = kwargs["shuffle"].value if "shuffle" in kwargs else cst.Name("False")
+            args.append(_arg("shuffle", shuffle))
+            dropped = _TRAIN_DROPPED
+        else:
+            args.append(_arg("batch_size", size))
+            dropped = _TRAIN_DROPPED | {"drop_last"}
+        extra = [a for k, a in kwargs.items() if k not in dropped]
+        func = "ddpkit.loader" if kind == "train" else "ddpkit.eval_loader"
+        return call.with_changes(func=parse_expr(func), args=_comma_args([*args, *extra]))
+
+    # ---- statements ---------------------------------------------------------------------------
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        if not updated.body:  # `if use_cuda: model.cuda()` lost its only statement
+            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return updated
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        """`if torch.cuda.is_available(): x = x.cuda()` with the move gone: the whole `if` goes."""
+        emptied = _only_pass(updated.body) and not _only_pass(original.body)
+        if emptied and updated.orelse is None and self.in_ctx():
+            return cst.RemoveFromParent()
+        return updated
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        if not self.in_ctx():
+            return updated
+        kept = [s for s, o in zip(updated.body, original.body) if not _is_identity(s, o)]
+        if not kept:
+            self.changes += 1
+            return cst.RemoveFromParent()
+        updated = updated.with_changes(body=[*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+        first = updated.body[0]
+        if isinstance(first, cst.Assign) and len(first.targets) == 1 and _chooses_device(first):
+            updated = updated.with_changes(body=[first.with_changes(value=parse_expr("ctx.device")), *updated.body[1:]])
+            self.changes += 1
+        if id(original) in self.p.wrap_inline and isinstance(updated.body[0], cst.Assign):
+            assign = updated.body[0]
+            wrapped = cst.Call(parse_expr("ddpkit.wrap"), args=_comma_args(
+                [cst.Arg(strip_moves(assign.value)), cst.Arg(cst.Name("ctx"))]))
+            updated = updated.with_changes(body=[assign.with_changes(value=wrapped), *updated.body[1:]])
+            self.changes += 1
+        saves = [s for s in updated.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
+                 and dotted(s.value.func) == "torch.save"]
+        if saves and len(updated.body) == 1:
+            call = saves[0].value
+            args = [a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(a.value)})"))
+                    if self.role(a.value) == "model" else a for a in call.args]
+            line = updated.with_changes(body=[saves[0].with_changes(value=call.with_changes(args=args))],
+                                        leading_lines=[])
+            self.changes += 1
+            return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
+                          leading_lines=updated.leading_lines)
+        return updated
+
+    def _finish_statement(self, original: cst.BaseStatement, updated):
+        notes = self.p.notes.get(id(original), [])
+        before = []
+        if id(original) in self.p.wrap_before:
+            model = self.p.wrap_before[id(original)]
+            before.append(cst.parse_statement(f"{model} = ddpkit.wrap({model}, ctx)\n"))
+            self.changes += 1
+        after = []
+        for name, kind in self.p.reduce_after.get(id(original), []):
+            expr = f"ddpkit.all_reduce_sum(ctx, {name})"
+            expr = {"int": f"int({expr}.item())", "float": f"{expr}.item()"}.get(kind, expr)
+            after.append(cst.parse_statement(f"{name} = {expr}  # sum over every rank's shard\n"))
+            self.changes += 1
+        if notes:
+            lines = [cst.EmptyLine(comment=cst.Comment(n)) for n in notes]
+            first = before[0] if before else updated
+            first = first.with_changes(leading_lines=[*first.leading_lines, *lines])
+            if before:
+                before[0] = first
+            else:
+                updated = first
+        if before and not notes and hasattr(updated, "leading_lines"):
+            before[0] = before[0].with_changes(leading_lines=updated.leading_lines)
+            updated = updated.with_changes(leading_lines=[])
+        if before or after:
+            return cst.FlattenSentinel([*before, updated, *after])
+        return updated
+
+
+def _only_pass(block: cst.BaseSuite) -> bool:
+    body = block.body if isinstance(block, cst.IndentedBlock) else ()
+    return len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Pass)
+
+
+def _chooses_device(assign: cst.Assign) -> bool:
+    """`device = torch.device("cuda" if ... else "cpu")`, `self.device = "cuda"`: ctx.device now decides."""
+    if "device" not in dotted(assign.targets[0].target).rsplit(".", 1)[-1].lower():
+        return False
+    code = cst.Module([]).code_for_node(assign.value)
+    return any(word in code for word in ("cuda", "torch.device", "mps", "accelerator"))
+
+
+def _names(target: cst.CSTNode) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _names(e.value)]
+    return []
