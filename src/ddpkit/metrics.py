@@ -6,8 +6,11 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from ddpkit.trackers import Sink, check_trackers, numeric, open_sinks
 
 __all__ = ["METRICS_FILENAME", "MetricsLog", "ProgressBar", "finish_run", "print0", "rank_logger", "read_metrics"]
 
@@ -60,14 +63,23 @@ class MetricsLog:
     reads back) so a diverging loss stays visible in the log.
     """
 
-    def __init__(self, run_dir: str | Path, ctx: Any, *, resume: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, ctx: Any, *, resume: bool = False,
+                 trackers: Iterable[str] = ()) -> None:
         """`resume=True` appends to an existing log (a run continued from a checkpoint); otherwise an
-        existing log is renamed to `metrics.<time>.jsonl` first, so runs are never mixed nor lost."""
+        existing log is renamed to `metrics.<time>.jsonl` first, so runs are never mixed nor lost.
+
+        `trackers` also sends every line's numbers to experiment trackers, from rank 0:
+        "tensorboard" (scalars in run_dir/tensorboard), "wandb", "mlflow" (see ddpkit.trackers).
+        Each line's `step` is the tracker's step (else the line's number).
+        """
+        names = check_trackers(trackers)  # on every rank: a missing package fails all ranks alike
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILENAME
         self.is_main = bool(ctx.is_main)
         self._closed = False
-        self._file = None
+        self._file: IO[str] | None = None
+        self._sinks: list[Sink] = []
+        self._lines = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not resume and self.path.exists() and self.path.stat().st_size > 0:
@@ -77,6 +89,7 @@ class MetricsLog:
                 while aside.exists():
                     aside, n = self.path.with_name(f"metrics.{stamp}-{n}.jsonl"), n + 1
                 self.path.rename(aside)
+            self._sinks = open_sinks(names, self.run_dir, resume=resume)
             self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, **values: Any) -> None:
@@ -100,10 +113,20 @@ class MetricsLog:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        self._lines += 1
+        if self._sinks:
+            step = record.get("step")
+            step = step if isinstance(step, int) and not isinstance(step, bool) else self._lines
+            scalars = numeric({k: v for k, v in record.items() if k not in ("step", "time")})
+            for sink in self._sinks:
+                sink.write(step, scalars)
 
     def close(self) -> None:
         """Close the file (idempotent)."""
         self._closed = True
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            sink.close()
         if self._file is not None:
             self._file.close()
             self._file = None

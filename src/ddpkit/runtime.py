@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ddpkit.device import select_device
 from ddpkit.env import LaunchEnv, read_env
+from ddpkit.preemption import StopFlag
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +55,7 @@ class Context:
     timeout_s: float = 600.0
     """How long a collective may wait for a peer (init's timeout_s)."""
     _closed: bool = field(default=False, repr=False)
+    _stop: StopFlag = field(default_factory=StopFlag, repr=False)
 
     @property
     def rank(self) -> int:
@@ -77,11 +79,27 @@ class Context:
         """True when a process group exists (world size > 1); collectives are trivial otherwise."""
         return self.env.distributed
 
+    def should_stop(self) -> bool:
+        """True once any rank has caught SIGTERM or SIGUSR1 (a preemption notice): stop at this step.
+
+        Every rank must call it at the same points (a collective at world size > 1); `ddpkit.loader`
+        calls it at every optimizer step's end and ends its loop early when it is True, so a loop over
+        a loader only needs `if ctx.should_stop(): save a checkpoint, then exit`. Every rank gets True
+        at the same step; after that it stays True and issues no collective. See ddpkit.preemption.
+        """
+        return self._stop.agree(distributed=self.distributed, device=self.device) is not None
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal number the ranks agreed to stop for (15 SIGTERM, 10 SIGUSR1), or None."""
+        return self._stop.agreed
+
     def close(self) -> None:
         """Tear down the process group; every rank must call it (it synchronises). Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._stop.uninstall()
         _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
     def abort(self, exc: BaseException | None = None) -> None:
@@ -89,6 +107,7 @@ class Context:
         if self._closed:
             return
         self._closed = True
+        self._stop.uninstall()
         if exc is not None:
             _record_error(exc)
         _teardown(barrier_key=None)
@@ -170,6 +189,7 @@ def init(
         start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
     seed_everything(rank_seed(seed, env.rank))
     ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s)
+    ctx._stop.install()
     if env.distributed:
         _abort_on_uncaught(ctx)
     return ctx

@@ -1,0 +1,95 @@
+"""Preemption with real ranks: a signal to one rank or to `ddpkit run` stops every rank at one step, saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from harness import RankInfo, run_ranks
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = str(ROOT / "examples" / "digits.py")
+
+
+def _signal_one_rank(info: RankInfo, signal_rank: int, at_step: int):
+    import ddpkit
+
+    with info.init(device="cpu") as ctx:
+        loader = ddpkit.loader(torch.utils.data.TensorDataset(torch.arange(64.0)), ctx, batch_size=2)
+        steps = 0
+        for _ in loader:
+            steps += 1
+            if ctx.rank == signal_rank and steps == at_step:
+                os.kill(os.getpid(), signal.SIGUSR1)
+        return steps, ctx.should_stop(), ctx.stop_signal, loader.state_dict()
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step() -> None:
+    results = run_ranks(_signal_one_rank, 2, 1, 5, timeout=180)
+    assert results[0] == results[1]
+    steps, stopped, signum, state = results[0]
+    # caught during step 5, all-reduced at step 5's end, read at step 6's: one step later, on every rank
+    assert stopped and signum == signal.SIGUSR1 and steps == 6 and state["samples_seen"] == 6 * 4
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _digits(ckpt: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", DIGITS, "--checkpoint-dir",
+            str(ckpt), "--save-every", "100000", "--epochs", "60", "--run-dir", str(run_dir)]
+
+
+def _result(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def test_sigterm_to_ddpkit_run_saves_the_step_and_a_rerun_ends_bit_identical(tmp_path: Path) -> None:
+    from ddpkit.checkpoint import latest_checkpoint
+
+    whole = subprocess.run(_digits(tmp_path / "whole", tmp_path / "whole-run"), capture_output=True, text=True,
+                           timeout=1500, env=_env())
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = _result(whole.stdout)
+
+    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    proc = subprocess.Popen(_digits(ckpt, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first epoch"
+            time.sleep(0.5)
+        ranks = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert took < 30, f"ddpkit run took {took:.1f} s to exit after SIGTERM"
+    assert "stopped by SIGTERM" in stderr
+    stopped = _result(stdout)
+    assert stopped["stopped_by_signal"] == signal.SIGTERM
+    assert 0 < stopped["steps"] < expected["steps"]
+    latest = latest_checkpoint(ckpt)
+    assert latest is not None and str(stopped["steps"]) in latest.name
+    time.sleep(0.5)
+    assert not [pid for pid in ranks if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+    rerun = subprocess.run(_digits(ckpt, run_dir), capture_output=True, text=True, timeout=1500, env=_env())
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resumed = _result(rerun.stdout)
+    assert resumed["resumed_from_step"] == stopped["steps"]
+    assert resumed["param_sha256"] == expected["param_sha256"]
