@@ -284,6 +284,7 @@ def launch(cfg: RunConfig) -> int:
 
     from ddpkit import rendezvous, runreport
     from ddpkit.netcheck import NetworkError
+    from ddpkit.preemption import STOP_SIGNALS
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(cfg.nproc_per_node, _num_cpus())))
     try:
@@ -304,6 +305,12 @@ def launch(cfg: RunConfig) -> int:
     try:
         run(args)
     except ChildFailedError as e:
+        codes = {failure.exitcode for failure in e.failures.values()}
+        if codes and codes <= {128 + int(sig) for sig in STOP_SIGNALS}:
+            # every failed rank ended itself after a preemption signal (ddpkit.preemption's convention)
+            print(f"ddpkit run: the ranks stopped at a step boundary after a signal (exit code {max(codes)}); "
+                  "rerun the same command to resume from their checkpoint", file=sys.stderr)
+            return max(codes)
         runreport.print_failures(e, multi_node=not cfg.single_node)
         runreport.print_hang_reports(cfg)
         return 1
@@ -311,7 +318,10 @@ def launch(cfg: RunConfig) -> int:
         print(f"ddpkit run: error: {runreport.rendezvous_error(e, cfg)}", file=sys.stderr)
         return 1
     except SignalException as e:
-        print(f"ddpkit run: stopped by {e.sigval.name}; all ranks were terminated", file=sys.stderr)
+        # torchrun's agent has forwarded the signal to every rank and waited for them (up to its
+        # shutdown timeout, then SIGKILL): ranks that check ctx.should_stop() have saved and exited
+        print(f"ddpkit run: stopped by {e.sigval.name}; every rank was given {e.sigval.name} and has exited",
+              file=sys.stderr)
         return 128 + int(e.sigval)
     except KeyboardInterrupt:
         print("ddpkit run: interrupted; all ranks were terminated", file=sys.stderr)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 from harness import RankInfo, run_ranks
 
@@ -52,6 +53,7 @@ def _result(stdout: str) -> dict:
     return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
 
 
+@pytest.mark.timeout(2400)
 def test_sigterm_to_ddpkit_run_saves_the_step_and_a_rerun_ends_bit_identical(tmp_path: Path) -> None:
     from ddpkit.checkpoint import latest_checkpoint
 
@@ -61,8 +63,8 @@ def test_sigterm_to_ddpkit_run_saves_the_step_and_a_rerun_ends_bit_identical(tmp
     expected = _result(whole.stdout)
 
     ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
-    proc = subprocess.Popen(_digits(ckpt, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+    out, err = open(tmp_path / "stdout", "w+"), open(tmp_path / "stderr", "w+")  # files: a full pipe would block it
+    proc = subprocess.Popen(_digits(ckpt, run_dir), stdout=out, stderr=err, text=True, env=_env())
     try:
         deadline = time.monotonic() + 600
         while not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "metrics.jsonl").read_text().strip():
@@ -71,12 +73,15 @@ def test_sigterm_to_ddpkit_run_saves_the_step_and_a_rerun_ends_bit_identical(tmp
         ranks = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         took = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        out.close()
+        err.close()
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert took < 30, f"ddpkit run took {took:.1f} s to exit after SIGTERM"
     assert "stopped by SIGTERM" in stderr
