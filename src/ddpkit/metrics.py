@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ddpkit.trackers import Sink, check_trackers, numeric, open_sinks
 
@@ -199,7 +199,7 @@ class ProgressBar:
                 f"ProgressBar(smoothing={smoothing}): smoothing is the weight of the newest update "
                 f"in the samples/s average and must be in (0, 1]; pass 1.0 for no smoothing"
             )
-        self._bar = None
+        self._bar: Any = None
         self._smoothing = smoothing
         self._last_time: float | None = None
         self._avg_samples = 0.0
@@ -211,7 +211,7 @@ class ProgressBar:
         if not ctx.is_main or disable:
             return
         try:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
         except ImportError:
             return
         self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
@@ -280,14 +280,20 @@ class ProgressBar:
         self.close()
 
 
-class _RankAdapter(logging.LoggerAdapter):
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:
+    _Adapter = logging.LoggerAdapter
+
+
+class _RankAdapter(_Adapter):
     """Prefix each message with ``[rank R/W]``."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return f"{self.extra['prefix']} {msg}", kwargs
+        return f"{(self.extra or {}).get('prefix', '')} {msg}", kwargs
 
 
-def rank_logger(ctx: Any, name: str = "ddpkit", *, level: int | None = None) -> logging.LoggerAdapter:
+def rank_logger(ctx: Any, name: str = "ddpkit", *, level: int | None = None) -> logging.LoggerAdapter[logging.Logger]:
     """Logger for messages every rank emits, each prefixed with ``[rank R/W]``.
 
     If neither the named logger nor its ancestors have a handler, one stderr handler is added

@@ -6,7 +6,8 @@ import os
 import random
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.device import select_device
 from ddpkit.env import LaunchEnv, read_env
@@ -115,7 +116,7 @@ class Context:
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc is None:
             self.close()
         else:
@@ -174,7 +175,7 @@ def init(
                     "`ddpkit run` or torchrun, which set them, or pass init_method= to ddpkit.init"
                 )
             init_method = "env://"
-        kwargs = {"device_id": dev} if dev.type == "cuda" else {}
+        kwargs: dict[str, Any] = {"device_id": dev} if dev.type == "cuda" else {}
         dist.init_process_group(
             backend,
             init_method=init_method,
@@ -203,7 +204,7 @@ def _abort_on_uncaught(ctx: Context) -> None:
 
     previous = sys.excepthook
 
-    def excepthook(exc_type, exc, tb):
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         previous(exc_type, exc, tb)  # the traceback first, as always
         if not ctx._closed and isinstance(exc, Exception):
             ctx.abort(exc)
@@ -250,7 +251,7 @@ def _teardown(*, barrier_key: str | None) -> None:
     dist.destroy_process_group()
 
 
-def _store_barrier(dist, key: str) -> None:
+def _store_barrier(dist: Any, key: str) -> None:
     """Wait until every rank has reached `key`, through the rendezvous store (no gloo traffic)."""
     try:
         from torch.distributed.distributed_c10d import _get_default_store

@@ -129,7 +129,7 @@ def _run_rank(payload: bytes, rank_env: dict[str, str], errors: str) -> bytes:
         raised_ns, text = time.time_ns(), traceback.format_exc()
         try:
             blob: bytes | None = _dumps(exc)
-            _loads(blob)  # only what the caller can rebuild
+            _loads(_dumps(exc))  # only what the caller can rebuild
         except Exception:  # the exception's type or fields do not pickle: the caller gets its text only
             blob = None
         rank = os.environ.get("RANK", "0")
@@ -168,7 +168,7 @@ def _rank_exception(error: Any, errors: Path) -> BaseException:
 
 def _dumps(obj: Any) -> bytes:
     try:
-        import cloudpickle
+        import cloudpickle  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
         cloudpickle = None
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import uuid
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,7 +54,8 @@ def check_trackers(trackers: Iterable[str]) -> tuple[str, ...]:
 
 def open_sinks(trackers: Iterable[str], run_dir: Path, *, resume: bool) -> list[Sink]:
     """Open one sink per tracker name (rank 0 only; names already checked by `check_trackers`)."""
-    openers = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "mlflow": MLflowSink}
+    openers: dict[str, Callable[..., Sink]] = {"tensorboard": TensorBoardSink, "wandb": WandbSink,
+                                               "mlflow": MLflowSink}
     sinks: list[Sink] = []
     try:
         for name in trackers:
