@@ -43,6 +43,18 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                    help="a rank blocked this long in a collective reports its stack and call site, and the run "
                         "fails with one line per rank instead of hanging (default: off)")
+    # torchrun's own flags, handed on unchanged (refused where the installed torch lacks one)
+    p.add_argument("--log-dir", default=None, help="torchrun: directory for the ranks' log files (DIR/RUN_ID/attempt_N/LOCAL_RANK/)")
+    p.add_argument("--redirects", "-r", default=None, help="torchrun: redirect ranks' output to the log files: 0 none, "
+                   "1 stdout, 2 stderr, 3 both, or per local rank, e.g. 0:3,1:1")
+    p.add_argument("--tee", "-t", default=None, help="torchrun: like --redirects, and also to the console")
+    p.add_argument("--local-ranks-filter", default=None, help="torchrun: local ranks whose output the console shows, e.g. 0")
+    p.add_argument("--signals-to-handle", default=None,
+                   help="torchrun: signals it catches and forwards to the ranks (default SIGTERM,SIGINT,SIGHUP,SIGQUIT,"
+                        "SIGUSR1; SIGTERM and SIGUSR1 make ranks stop at a step boundary, see ctx.should_stop)")
+    p.add_argument("--shutdown-timeout", default=None,
+                   help="torchrun: seconds the ranks get to exit after a signal before SIGKILL (torch's default 30)")
+    p.add_argument("--numa-binding", default=None, help="torchrun: bind each rank to its GPU's NUMA node (e.g. node)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("target", metavar="SCRIPT", help="training script path (or module name with -m)")
     p.add_argument("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script unchanged")
@@ -50,14 +62,16 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def parse_run_args(argv: list[str], *, num_gpus: int | None = None, num_cpus: int | None = None,
-                   environ=None):
+                   environ=None, available_flags: frozenset[str] | None = None):
     """`ddpkit run` argv -> RunConfig, validated (raises LaunchError with the fix).
 
     Inside SLURM (`srun ddpkit run`) or a Kubeflow PyTorchJob pod, node count, node rank and endpoint
-    come from `environ` (default os.environ) unless given as flags.
+    come from `environ` (default os.environ) unless given as flags. `available_flags`: the torchrun flags the
+    installed torch has (default: read from its parser, `ddpkit.launch.torchrun_flags`).
     """
     from ddpkit.launch import (
-        LaunchError, RunConfig, _num_cpus, _visible_gpus, check_target, resolve_nodes, resolve_nproc_per_node,
+        DEFAULT_SIGNALS_TO_HANDLE, PASSTHROUGH_FLAGS, LaunchError, RunConfig, _num_cpus, _visible_gpus, check_target,
+        check_torchrun_flags, resolve_nodes, resolve_nproc_per_node, torchrun_flags,
     )
 
     args = _run_parser().parse_args(argv)
@@ -70,6 +84,12 @@ def parse_run_args(argv: list[str], *, num_gpus: int | None = None, num_cpus: in
     if args.hang_timeout is not None and not args.hang_timeout > 0:
         raise LaunchError(f"--hang-timeout {args.hang_timeout:g} must be > 0 seconds, e.g. --hang-timeout 300 "
                           "(longer than your slowest step or evaluation)")
+    given = tuple((flag, getattr(args, flag[2:].replace("-", "_"))) for flag in PASSTHROUGH_FLAGS)
+    options = tuple((flag, str(value)) for flag, value in given if value is not None)
+    available = torchrun_flags() if available_flags is None else available_flags
+    check_torchrun_flags(options, available=available)
+    if args.signals_to_handle is None and "--signals-to-handle" in available:
+        options += (("--signals-to-handle", DEFAULT_SIGNALS_TO_HANDLE),)
     nodes = resolve_nodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                           rdzv_id=args.rdzv_id, nproc_per_node=args.nproc_per_node,
                           environ=os.environ if environ is None else environ)
@@ -85,7 +105,7 @@ def parse_run_args(argv: list[str], *, num_gpus: int | None = None, num_cpus: in
         target=args.target, target_args=tuple(args.target_args), module=args.module,
         nproc_per_node=nproc, max_restarts=args.max_restarts, local_addr=args.local_addr,
         iface=args.iface, rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout,
-        hang_timeout_s=args.hang_timeout, **nodes,
+        hang_timeout_s=args.hang_timeout, torchrun_options=options, **nodes,
     )
 
 

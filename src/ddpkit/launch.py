@@ -18,12 +18,24 @@ __all__ = [
     "threads_per_rank",
     "last_call_timeout",
     "check_target",
+    "check_torchrun_flags",
+    "torchrun_flags",
+    "DEFAULT_SIGNALS_TO_HANDLE",
     "launch",
 ]
 
 MAX_DEFAULT_CPU_RANKS = 4
 DEAD_NODE_S = 15
 """How long torch's c10d rendezvous takes to drop a node that stopped: 3 missed keep-alives 5 s apart."""
+
+
+DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""What `ddpkit run`'s torchrun catches and forwards to the ranks: torchrun's own list plus SIGUSR1,
+the signal SLURM's `--signal=USR1@120` sends ahead of a time limit (see ddpkit.preemption)."""
+
+PASSTHROUGH_FLAGS = ("--log-dir", "--tee", "--redirects", "--local-ranks-filter", "--signals-to-handle",
+                     "--shutdown-timeout", "--numa-binding")
+"""torchrun's flags that `ddpkit run` takes and hands on unchanged (those torch has: `torchrun_flags`)."""
 
 
 class LaunchError(ValueError):
@@ -69,6 +81,9 @@ class RunConfig:
     collective reports where and exits, so the run fails with a summary instead of hanging. None: off."""
     hang_report_dir: str | None = None
     """Where the watchdogs write their per-rank reports; `launch` picks a temporary directory when None."""
+    torchrun_options: tuple[tuple[str, str], ...] = ()
+    """torchrun flags passed through unchanged, as (flag, value) pairs from PASSTHROUGH_FLAGS, e.g.
+    (("--log-dir", "logs"), ("--tee", "3")); `check_torchrun_flags` has checked the installed torch has them."""
 
     @property
     def single_node(self) -> bool:
@@ -209,6 +224,27 @@ def _module_exists(name: str) -> bool:
     return True
 
 
+def torchrun_flags() -> frozenset[str]:
+    """The PASSTHROUGH_FLAGS the installed torch's torchrun accepts, read from its own parser's help."""
+    import re
+
+    from torch.distributed.run import get_args_parser
+
+    text = get_args_parser().format_help()
+    return frozenset(flag for flag in PASSTHROUGH_FLAGS if re.search(rf"(?<![\w-]){flag}(?![\w-])", text))
+
+
+def check_torchrun_flags(options: tuple[tuple[str, str], ...], *, available: frozenset[str]) -> None:
+    """Refuse a passed-through torchrun flag the installed torch lacks (a pure function of its arguments)."""
+    for flag, value in options:
+        if flag == "--shutdown-timeout" and not (value.isdigit()):
+            raise LaunchError(f"--shutdown-timeout {value} must be a whole number of seconds >= 0, e.g. "
+                              "--shutdown-timeout 60 (time the ranks get to save and exit after a signal)")
+        if flag not in available:
+            raise LaunchError(f"{flag} {value}: the installed torch's torchrun has no {flag} flag; upgrade torch "
+                              f"to a release that has it, or drop {flag}")
+
+
 def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
     """Intra-op threads per rank so that the ranks together do not oversubscribe the cores."""
     return max(1, num_cpus // max(1, nproc_per_node))
@@ -262,6 +298,7 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
         if cfg.local_addr is not None:
             argv.append(f"--local-addr={cfg.local_addr}")
     argv.append("--rdzv-conf=" + ",".join(conf))
+    argv += [f"{flag}={value}" for flag, value in cfg.torchrun_options]
     if cfg.hang_timeout_s is not None:
         # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
         # script unchanged as __main__ (no environment variables of our own).

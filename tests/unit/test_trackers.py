@@ -114,3 +114,20 @@ def test_mlflow_file_store_read_back_with_mlflows_client(tmp_path: Path, monkeyp
     assert [(m.step, m.value) for m in sorted(loss, key=lambda m: m.step)] == [(10 * i, 1.0 / (i + 1)) for i in range(6)]
     assert client.get_run(run_id).info.status == "FINISHED"
     assert "note" not in client.get_run(run_id).data.metrics
+
+
+def test_digits_example_writes_tensorboard_scalars(tmp_path: Path) -> None:
+    import importlib.util
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    spec = importlib.util.spec_from_file_location("digits_example", Path(__file__).parents[2] / "examples" / "digits.py")
+    assert spec is not None and spec.loader is not None
+    digits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(digits)
+    result = digits.main(["--epochs", "1", "--run-dir", str(tmp_path), "--tensorboard", "--device", "cpu"])
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert {"loss", "test_accuracy", "lr"} <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("test_accuracy")] == [result["steps"]]
+    assert acc.Scalars("test_accuracy")[0].value == pytest.approx(result["test_accuracy"])
