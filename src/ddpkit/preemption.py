@@ -83,7 +83,7 @@ class StopFlag:
         self._armed = True
         if self.agreed is not None:
             return self.agreed
-        if not distributed:
+        if not distributed or not _group_exists():  # world size 1 (or a Context built without a group)
             self.agreed = self.received
             return self.agreed
         if self._pending is not None:
@@ -93,6 +93,12 @@ class StopFlag:
                 return self.agreed
         self._pending = _start(self.received or 0, device)
         return None
+
+
+def _group_exists() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def _start(value: int, device: torch.device) -> tuple[Any, Any, Any]:
