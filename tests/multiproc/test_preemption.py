@@ -98,3 +98,25 @@ def test_sigterm_to_ddpkit_run_saves_the_step_and_a_rerun_ends_bit_identical(tmp
     resumed = _result(rerun.stdout)
     assert resumed["resumed_from_step"] == stopped["steps"]
     assert resumed["param_sha256"] == expected["param_sha256"]
+
+
+def test_sigusr1_to_one_rank_under_ddpkit_run_stops_all_with_its_exit_code(tmp_path: Path) -> None:
+    job = str(Path(__file__).parent / "scripts" / "stop_job.py")
+    proc = subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", job, str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(tmp_path.glob("rank*.pid"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # some steps in
+        os.kill(int((tmp_path / "rank1.pid").read_text()), signal.SIGUSR1)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGUSR1, stderr[-3000:]
+    assert "the ranks stopped at a step boundary after a signal (exit code 138)" in stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1] and ranks[0]["signal"] == signal.SIGUSR1 and 0 < ranks[0]["step"] < 5000

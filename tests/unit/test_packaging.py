@@ -1,4 +1,4 @@
-"""The public modules type-check under the project's mypy settings (strict for them, see pyproject.toml)."""
+"""Packaging conventions: strict typing of the public modules (pyproject [tool.mypy]), py.typed, the version."""
 
 from __future__ import annotations
 
@@ -18,3 +18,15 @@ def test_mypy_passes_on_the_public_modules() -> None:
 def test_the_package_ships_its_typing_marker() -> None:
     assert (ROOT / "src" / "ddpkit" / "py.typed").is_file()
     assert 'ddpkit = ["py.typed"]' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_version_flag_prints_the_packaged_version(capsys) -> None:
+    import re
+
+    import ddpkit
+    from ddpkit.cli import main
+
+    assert main(["--version"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == ddpkit.__version__ == re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    assert f"## {printed}" in (ROOT / "CHANGELOG.md").read_text()
