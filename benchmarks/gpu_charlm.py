@@ -6,12 +6,20 @@ ddpkit (world size 1) vs the same loop in plain PyTorch.
         --batch-size 4 --steps 3 --warmup 1 --compile-backend aot_eager   # a smoke test on CPU
 
 Four arms run one after another, each on a fresh model: plain/eager, ddpkit/eager, plain/compile,
-ddpkit/compile. Data are random bytes; each batch is fetched before its step's clock starts
-(ddpkit's loader pins and copies it, the plain loop slices a device tensor), so step times compare
-the model step itself: at world size 1 ddpkit.wrap adds no wrapper, and the table shows that it
-costs nothing. MFU counts 6 * parameters + 12 * layers * d_model * seq_len FLOPs per token (forward and
-backward, attention included) against the device's dense bf16 peak. Prints a markdown table and
-writes benchmarks/results/gpu_charlm.json.
+ddpkit/compile. Data are random bytes in host memory. A step's clock covers fetching its batch and
+the model step: the plain loop is the hand-written one (a DataLoader with pinned memory,
+`.to(device, non_blocking=True)`), the ddpkit loop uses ddpkit.loader and ddpkit.wrap. At world
+size 1 ddpkit.wrap adds no wrapper, so "x plain" measures what ddpkit's data path and wrapping cost
+against the hand-written loop (were the batches fetched off the clock, the two arms would run the
+same code and the ratio would be 1 by construction).
+
+Model FLOPs per token (the PaLM paper's appendix B convention, as in nanoGPT's estimate_mfu, with
+causal attention): 6 * N + 6 * layers * seq_len * d_model. N counts the parameters that take part in
+matrix multiplies (every parameter but the learned position table, a lookup; the byte embedding
+counts once, as the tied output head). The attention term is half of PaLM's 12 * L * T * d, which
+counts the full T x T score matrix; a causal mask needs only its lower half (flash attention skips
+the rest), so the full count would overstate MFU. MFU divides by the device's dense (no sparsity)
+bf16 tensor-core peak. Prints a markdown table and writes benchmarks/results/gpu_charlm.json.
 """
 
 from __future__ import annotations
@@ -30,8 +38,24 @@ import torch.nn.functional as F
 import ddpkit
 
 HERE = Path(__file__).resolve().parent
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
-"""Dense bf16 tensor-core peaks (no sparsity), by a substring of torch.cuda.get_device_name()."""
+PEAK_BF16_TFLOPS = (
+    ("H200 NVL", 835.0), ("H200", 989.0),
+    ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
+    ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0), ("L4", 121.0),
+)
+"""Dense bf16 tensor-core peaks (no sparsity; NVIDIA's datasheets print twice these, with sparsity), by a
+substring of torch.cuda.get_device_name(), most specific first: the PCIe and NVL cards run lower clocks
+than the SXM parts ("NVIDIA H100 80GB HBM3" and "NVIDIA H200" are SXM)."""
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device by its name, or None when it is not in PEAK_BF16_TFLOPS."""
+    return next((v for k, v in PEAK_BF16_TFLOPS if k in device_name), None)
+
+
+def flops_per_token(*, matmul_params: int, layers: int, d_model: int, seq_len: int) -> int:
+    """Training FLOPs per token, forward and backward, causal attention (see the module docstring)."""
+    return 6 * matmul_params + 6 * layers * seq_len * d_model
 
 
 def load_charlm():
@@ -74,6 +98,7 @@ def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dic
     model = charlm.CharLM(d_model=args.d_model, layers=args.layers, heads=args.heads, seq_len=args.seq_len,
                           dropout=0.0)
     num_params = sum(p.numel() for p in model.parameters())
+    matmul_params = num_params - model.pos.weight.numel()
     compile_opts = {"backend": compile_backend} if compile_backend else False
     if use_ddpkit:
         model = ddpkit.wrap(model, ctx, compile=compile_opts)  # world size 1: no DDP wrapper, same model
@@ -84,21 +109,21 @@ def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dic
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=ctx.device.type == "cuda")
     n = args.batch_size * (args.warmup + args.steps)
     tokens = torch.randint(0, 256, (n, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    dataset = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
     if use_ddpkit:
-        dataset = torch.utils.data.TensorDataset(tokens[:, :-1], tokens[:, 1:])
         batches = iter(ddpkit.loader(dataset, ctx, batch_size=args.batch_size, shuffle=False))
     else:
-        tokens = tokens.to(ctx.device)
-        batches = ((tokens[i:i + args.batch_size, :-1], tokens[i:i + args.batch_size, 1:])
-                   for i in range(0, n, args.batch_size))
+        cuda = ctx.device.type == "cuda"
+        batches = ((x.to(ctx.device, non_blocking=cuda), y.to(ctx.device, non_blocking=cuda)) for x, y in
+                   torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, pin_memory=cuda))
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times, t_start = [], time.perf_counter()
+    sync()
     for step in range(args.warmup + args.steps):
-        x, y = next(batches)
-        sync()
         t0 = time.perf_counter()
+        x, y = next(batches)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
         loss.backward()
@@ -109,10 +134,11 @@ def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dic
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     tokens_per_s = args.batch_size * args.seq_len / step_s
-    flops_per_token = 6 * num_params + 12 * args.layers * args.d_model * args.seq_len
+    flops = flops_per_token(matmul_params=matmul_params, layers=args.layers, d_model=args.d_model,
+                            seq_len=args.seq_len)
     return {
-        "params_m": num_params / 1e6, "step_ms": 1000 * step_s, "tokens_per_s": tokens_per_s,
-        "model_tflops": flops_per_token * tokens_per_s / 1e12, "arm_s": time.perf_counter() - t_start,
+        "params_m": num_params / 1e6, "matmul_params": matmul_params, "flops_per_token": flops, "step_ms": 1000 * step_s, "tokens_per_s": tokens_per_s,
+        "model_tflops": flops * tokens_per_s / 1e12, "arm_s": time.perf_counter() - t_start,
         "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if ctx.device.type == "cuda" else None,
         "final_loss": float(loss.detach()),
     }
@@ -126,7 +152,7 @@ def main(argv=None) -> int:
         if ctx.world_size != 1:
             raise SystemExit("run gpu_charlm.py as one process (python benchmarks/gpu_charlm.py), not under ddpkit run")
         name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
-        peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+        peak = args.peak_tflops or peak_tflops(name)
         torch.backends.cuda.matmul.allow_tf32 = True
         arms = [("plain PyTorch", False, ""), ("ddpkit", True, "")]
         if args.compile_backend:
@@ -143,7 +169,8 @@ def main(argv=None) -> int:
     base = {r["compile"]: r for r in results if r["arm"] == "plain PyTorch"}
     lines = [f"\n{name}, bf16 autocast, {results[0]['params_m']:.3g} M params, batch {args.batch_size} x "
              f"seq {args.seq_len}\n",
-             "| loop | compile | step ms | tokens/s | x plain (same compile) | model TFLOP/s | MFU | peak mem GB |",
+             "| loop | compile | step ms (batch fetch included) | tokens/s | x plain (same compile) | model TFLOP/s "
+             "| MFU | peak mem GB |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         b = base.get(r["compile"])

@@ -49,7 +49,7 @@ CONFIGS = [
     Config("single process (no DDP) 1x64", "main", "single", "python", 1),
     Config("hand-written DDP", "main", "torch_ddp"),
     Config("ddpkit", "main", "ddpkit_ddp", "ddpkit"),
-    Config("ddpkit comm=None (gloo all-reduce)", "main", "ddpkit_ddp", "ddpkit", options={"comm": None}),
+    Config("ddpkit comm='shm' (opt-in shared-memory exchange)", "main", "ddpkit_ddp", "ddpkit", options={"comm": "shm"}),
     Config("ddpkit + shard_optimizer", "main", "ddpkit_ddp", "ddpkit", args=("--shard-optimizer",)),
     Config("Accelerate", "main", "accelerate_ddp"),
     Config("Lightning Fabric", "main", "fabric_ddp"),

@@ -7,8 +7,9 @@
 
 The text is this interpreter's own stdlib *.py files (no download): sorted by path, every tenth
 file held out for validation, read as bytes (a 256-symbol vocabulary; the sources are nearly all
-ASCII, so a byte is a character). The loop uses everything the issue asks of a real job: bf16
-autocast (ddpkit.Precision), gradient accumulation without extra all-reduces (ddpkit.accumulate),
+ASCII, so a byte is a character). The loop uses everything a real job needs: mixed
+precision (ddpkit.Precision, 'auto': bf16 where the hardware computes it natively, else fp16 on older
+GPUs and fp32 on CPUs without AVX512_BF16/AMX), gradient accumulation without extra all-reduces (ddpkit.accumulate),
 clipping by global norm, warmup + cosine learning rate, and exact validation bits per character
 over the whole held-out split (ddpkit.eval_loader + reduce_means). Prints one JSON line at the end
 (rank 0): val_bpc, val_bpc_start, world_size, steps, seconds, param_sha256, ...
@@ -29,7 +30,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import ddpkit
-from ddpkit.metrics import MetricsLog, ProgressBar, finish_run
+from ddpkit.metrics import MetricsLog, ProgressBar
+from ddpkit.plot import finish_run
 
 VOCAB = 256
 
@@ -50,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--warmup-steps", type=int, default=30, help="linear warmup steps before the cosine decay")
     a("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices only)")
     a("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
-    a("--precision", default="bf16", choices=["bf16", "fp16", "fp32", "auto"], help="autocast dtype")
+    a("--precision", default="auto", choices=["bf16", "fp16", "fp32", "auto"],
+      help="autocast dtype; auto: bf16 where the hardware has it natively, else fp16 (GPU) or fp32 (CPU)")
     a("--compile", action="store_true", help="torch.compile the DDP model")
     a("--shard-optimizer", action="store_true",
       help="ddpkit.shard_optimizer: CPU ranks on one host each step 1/W of the parameters (not with fp16)")

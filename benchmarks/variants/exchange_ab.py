@@ -1,6 +1,7 @@
 """The shared-memory exchange's piece size, A/B in one job: one model copy per arm, steps interleaved.
 
-Arms: the exchange with pieces of 256 KiB to 4 MiB, PyTorch's all-reduce (comm=None), and a floor
+Arms: the opt-in exchange (comm="shm") with pieces of 256 KiB to 4 MiB, PyTorch's all-reduce (the
+default, comm=None), and a floor
 that exchanges nothing (every rank keeps its own gradients: wrong results, the cost of DDP without
 communication). Run with `ddpkit run --nproc-per-node 2 benchmarks/variants/exchange_ab.py OUT.json STEPS`.
 """
@@ -14,7 +15,7 @@ import time
 import torch
 
 import ddpkit
-import ddpkit.comm
+import ddpkit.shm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, make_dataset, no_exchange_hook  # noqa: E402
@@ -28,15 +29,15 @@ FLOOR = "no exchange (floor; wrong results)"
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
-    default_piece = ddpkit.comm._PIECE_BYTES
+    default_piece = ddpkit.shm.PIECE_BYTES
     with ddpkit.init(seed=0) as ctx:
         models = {}
         for name, piece in PIECES.items():
-            ddpkit.comm._PIECE_BYTES = piece  # read when wrap() sets up the segment
+            ddpkit.shm.PIECE_BYTES = piece  # read when wrap() sets up the segment
             models[name] = ddpkit.wrap(build_model(0), ctx, comm="shm")
-        ddpkit.comm._PIECE_BYTES = default_piece
-        models[REFERENCE] = ddpkit.wrap(build_model(0), ctx, comm=None)
-        models[FLOOR] = ddpkit.wrap(build_model(0), ctx, comm=None)
+        ddpkit.shm.PIECE_BYTES = default_piece
+        models[REFERENCE] = ddpkit.wrap(build_model(0), ctx)
+        models[FLOOR] = ddpkit.wrap(build_model(0), ctx)
         models[FLOOR].register_comm_hook(None, no_exchange_hook)
         opts = {name: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for name, m in models.items()}
         times: dict[str, list[float]] = {name: [] for name in models}

@@ -23,7 +23,7 @@ ARMS = {
     "PyTorch DDP defaults": {"gradient_as_bucket_view": False, "comm": None},
     "ddpkit defaults": {},
     "ddpkit defaults + shard_optimizer": {"shard_optimizer": True},
-    "comm=None (PyTorch's all-reduce)": {"comm": None},
+    "comm='shm' (opt-in)": {"comm": "shm"},
     "bucket_cap_mb=1": {"bucket_cap_mb": 1},
     "bucket_cap_mb=2.5": {"bucket_cap_mb": 2.5},
     "bucket_cap_mb=5": {"bucket_cap_mb": 5},

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, forever, make_dataset, no_exchange_hook  # noqa: E402
 
 SINGLE = "1 process x 128, 2 threads"
-ARMS = (SINGLE, "ddpkit defaults", "ddpkit + shard_optimizer", "comm=None (PyTorch's all-reduce)",
+ARMS = (SINGLE, "ddpkit defaults", "ddpkit + shard_optimizer", "comm='shm' (opt-in)",
         "no exchange (floor; wrong results)")
 
 
@@ -52,7 +52,7 @@ def main() -> None:
         align = ShmBarrier(flags, ctx.rank, 2, 60.0, "aligning with rank {peer}", "stopped").wait
         models, opts, batches = {}, {}, {}
         for name in ARMS[1:]:
-            models[name] = ddpkit.wrap(build_model(0), ctx, comm=None if name.startswith("comm=None") else "auto")
+            models[name] = ddpkit.wrap(build_model(0), ctx, comm="shm" if name.startswith("comm='shm'") else None)
             opts[name] = torch.optim.SGD(models[name].parameters(), lr=0.05, momentum=0.9)
             if "shard_optimizer" in name:
                 opts[name] = ddpkit.shard_optimizer(opts[name], models[name], ctx)

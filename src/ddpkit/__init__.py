@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from ddpkit.version import __version__
 
 _EXPORTS = {
     "init": "ddpkit.runtime",
     "Context": "ddpkit.runtime",
-    "rank_seed": "ddpkit.runtime",
+    "rank_seed": "ddpkit.rng",
     "LaunchEnv": "ddpkit.env",
     "read_env": "ddpkit.env",
     "wrap": "ddpkit.parallel",
@@ -26,7 +26,7 @@ _EXPORTS = {
     "EvalLoader": "ddpkit.data",
     "param_sha256": "ddpkit.parallel",
     "DistributedLoader": "ddpkit.data",
-    "to_device": "ddpkit.data",
+    "to_device": "ddpkit.transfer",
     "all_reduce_sum": "ddpkit.collectives",
     "reduce_mean": "ddpkit.collectives",
     "reduce_means": "ddpkit.collectives",
@@ -37,7 +37,7 @@ _EXPORTS = {
     "MetricsLog": "ddpkit.metrics",
     "ProgressBar": "ddpkit.metrics",
     "print0": "ddpkit.metrics",
-    "finish_run": "ddpkit.metrics",
+    "finish_run": "ddpkit.plot",
     "rank_logger": "ddpkit.metrics",
     "read_metrics": "ddpkit.metrics",
     "save_checkpoint": "ddpkit.checkpoint",

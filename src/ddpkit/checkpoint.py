@@ -151,7 +151,7 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
 
     import torch
 
-    from ddpkit import __version__
+    from ddpkit.version import __version__
     from ddpkit.parallel import unwrap
 
     payload = {
@@ -200,8 +200,9 @@ def load_checkpoint(
     `source` is a directory (its newest valid checkpoint is used; None is returned when there is
     none yet, so "resume if possible" is this one call) or a checkpoint file (which must verify).
     Rank 0 picks and verifies the file: a corrupt or truncated newest checkpoint is skipped with a
-    CheckpointWarning and the previous valid one is used. Every rank then loads it onto its own
-    device with torch.load(weights_only=True): a file carrying pickled code is refused
+    CheckpointWarning and the previous valid one is used. Every rank then loads it to the CPU with
+    torch.load(weights_only=True), and each object's load_state_dict puts its tensors where they
+    belong (parameters on the rank's device): a file carrying pickled code is refused
     (CheckpointError), never executed. Returns {"path", "step", "epoch", "extra", "world_size",
     "global_batch_size", "loader"}.
     """
@@ -257,13 +258,17 @@ def _resolve(source: Path) -> str | None:
 _UNSAFE = re.compile(r"GLOBAL ([\w.]+)|[Uu]nsupported operand \S+|[Uu]nsupported class ([\w.]+)")
 
 
-def _load_file(path: Path, device: torch.device) -> dict[str, Any]:
+def _load_file(path: Path) -> dict[str, Any]:
     import pickle
 
     import torch
 
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
+        # To the CPU, whatever the rank's device: each load_state_dict then places its own tensors.
+        # Optimizers put their states beside the parameters but keep Adam's `step` counters on the
+        # CPU (unless capturable/fused); loaded straight to cuda:r, those counters would stay on the
+        # GPU and every step would wait for the GPU to read them.
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         match = _UNSAFE.search(str(e))
         what = f" ({match.group(0)})" if match else ""
@@ -290,7 +295,7 @@ def _compact(state: dict[str, Any]) -> dict[str, Any]:
 def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> dict[str, Any]:
     from ddpkit.parallel import unwrap
 
-    state = _load_file(path, ctx.device)
+    state = _load_file(path)
     saved_classes = state.get("classes") or {}  # absent in checkpoints of ddpkit 0.1
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler)):
         saved = saved_classes.get(name)
@@ -326,8 +331,7 @@ def _class_name(obj: Any) -> str:
 
 def _restore_rng(ctx, states: list[dict[str, Any]], step: int) -> None:
     """Rank r continues saved rank r's streams; a rank the saved run did not have gets fresh ones."""
-    from ddpkit.rng import resumed_rank_seed, set_rng_state
-    from ddpkit.runtime import seed_everything
+    from ddpkit.rng import resumed_rank_seed, seed_everything, set_rng_state
 
     if ctx.rank < len(states):
         set_rng_state(states[ctx.rank], ctx.device)

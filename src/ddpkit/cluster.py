@@ -1,4 +1,4 @@
-"""Derive `ddpkit run`'s multi-node settings from a cluster's environment (SLURM, Kubeflow PyTorchJob)."""
+"""`ddpkit run`'s node settings: its flags, else a cluster's environment (SLURM, Kubeflow PyTorchJob), validated."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from dataclasses import dataclass
 __all__ = [
     "ClusterError",
     "ClusterLaunch",
+    "Nodes",
     "detect_cluster",
+    "is_single_node",
     "from_kubeflow",
     "from_slurm",
     "parse_hostlist",
+    "resolve_nodes",
     "slurm_port",
     "tasks_per_node",
 ]
@@ -196,3 +199,69 @@ def from_kubeflow(environ: Mapping[str, str]) -> ClusterLaunch | None:
 def detect_cluster(environ: Mapping[str, str]) -> ClusterLaunch | None:
     """The cluster this launcher runs in, SLURM first, then Kubeflow; None on a plain machine."""
     return from_slurm(environ) or from_kubeflow(environ)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nodes:
+    """The node settings of one run, from flags and the cluster's environment (`resolve_nodes`)."""
+
+    nnodes: str
+    """Node count, or MIN:MAX."""
+    node_rank: int | None
+    """This node's --node-rank; None on one node, or when the rendezvous orders the nodes."""
+    rdzv_endpoint: str | None
+    """HOST:PORT of the rendezvous; None on one node."""
+    rdzv_id: str | None
+    """Job id shared by all nodes; None on one node without --rdzv-id (each run then draws its own)."""
+    nproc_per_node: str
+    """--nproc-per-node as given ('auto', 'gpu', 'cpu' or a number), resolved later against the devices."""
+
+    @property
+    def single_node(self) -> bool:
+        return is_single_node(self.nnodes, self.rdzv_endpoint)
+
+
+def is_single_node(nnodes: str, rdzv_endpoint: str | None) -> bool:
+    """Whether a run with these settings is one node on loopback (no rendezvous endpoint of its own)."""
+    return nnodes in ("1", "1:1") and rdzv_endpoint is None
+
+
+def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None,
+                  rdzv_id: str | None, nproc_per_node: str | None, environ: Mapping[str, str]) -> Nodes:
+    """Node settings: the explicit flags, else the cluster's environment, validated (raises ClusterError
+    naming the flag and the fix). A pure function of its arguments."""
+    from ddpkit.netcheck import NetworkError, split_endpoint
+
+    found = detect_cluster(environ)
+    if found is not None:
+        nnodes = nnodes if nnodes is not None else found.nnodes
+        node_rank = node_rank if node_rank is not None else (found.node_rank if found.rdzv_endpoint else None)
+        rdzv_endpoint = rdzv_endpoint or found.rdzv_endpoint
+        rdzv_id = rdzv_id or (found.rdzv_id if rdzv_endpoint else None)
+        nproc_per_node = nproc_per_node or found.nproc_per_node
+    nnodes = nnodes or "1"
+    low, _, high = nnodes.partition(":")
+    high = high or low
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)) or nnodes.count(":") > 1:
+        raise ClusterError(f"--nnodes {nnodes!r} is not N or MIN:MAX with 1 <= MIN <= MAX; pass e.g. 2, or 2:4 "
+                           "for elastic membership")
+    if node_rank is not None and not 0 <= node_rank < int(high):
+        raise ClusterError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks are 0..{int(high) - 1}; "
+                           f"pass --node-rank 0 on the rendezvous node and 1..{int(high) - 1} on the others")
+    nproc_per_node = nproc_per_node or "auto"
+    if is_single_node(nnodes, rdzv_endpoint):
+        return Nodes(nnodes=nnodes, node_rank=None, rdzv_endpoint=None, rdzv_id=rdzv_id,
+                     nproc_per_node=nproc_per_node)
+    if rdzv_endpoint is None:
+        raise ClusterError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the address of node 0 that every "
+                           "node can reach, e.g. --rdzv-endpoint node0:29400")
+    try:
+        host, port = split_endpoint(rdzv_endpoint)
+    except NetworkError as e:
+        raise ClusterError(str(e)) from None
+    if port == 0:
+        raise ClusterError(f"--rdzv-endpoint {rdzv_endpoint}: port 0 cannot be shared by several nodes; "
+                           f"pass a fixed free port, e.g. {host}:29400")
+    # Every node must name the same rendezvous: derive the id from the endpoint, never a per-node uuid.
+    return Nodes(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                 rdzv_id=rdzv_id or f"ddpkit-{host}-{port}", nproc_per_node=nproc_per_node)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.transfer import HostPinnedCollate, to_device, unwrap_host_batch
 from ddpkit.workerseed import SeededBatch, SeededFetch, WorkerSeeder
 
 if TYPE_CHECKING:
@@ -40,11 +41,12 @@ def epoch_permutation(num_samples: int, *, seed: int, epoch: int, shuffle: bool)
     """The global order of one epoch: the same on every rank and for every world size."""
     if not shuffle:
         return list(range(num_samples))
-    import numpy as np
     import torch
 
+    from ddpkit.rng import epoch_seed
+
     g = torch.Generator()
-    g.manual_seed(int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0]))
+    g.manual_seed(epoch_seed(seed, epoch))
     return torch.randperm(num_samples, generator=g).tolist()
 
 
@@ -105,7 +107,8 @@ class DistributedLoader:
     the exact position, also across world sizes that keep the global batch.
     """
 
-    def __init__(self, dataset: Any, ctx: Context, sampler: ShardedBatchSampler, dataloader_kwargs: dict):
+    def __init__(self, dataset: Any, ctx: Context, sampler: ShardedBatchSampler, dataloader_kwargs: dict,
+                 pin_memory: bool = True):
         import torch
 
         self.dataset = dataset
@@ -114,7 +117,7 @@ class DistributedLoader:
         self.step_end = False
         self._epoch, self._step = 0, 0  # position: the next optimizer step to run
         self._micro = 0  # micro-batches yielded into the current optimizer step
-        self._pin = ctx.device.type == "cuda"
+        self._pin = pin_memory and ctx.device.type == "cuda"
         # In-memory tensors, nothing to run per sample: one indexed read per tensor gives the batch the
         # DataLoader would build row by row and stack (same values, same list), in half the time. It
         # still goes through the DataLoader, so everything that watches one (ddpkit check) sees it.
@@ -122,6 +125,8 @@ class DistributedLoader:
                         and not dataloader_kwargs.get("num_workers") and "collate_fn" not in dataloader_kwargs)
         if self._gather:
             dataloader_kwargs = {**dataloader_kwargs, "collate_fn": _the_batch}
+        if self._pin:
+            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": HostPinnedCollate(dataloader_kwargs.get("collate_fn"))}
         # A private generator: DataLoader draws a base seed from the global torch generator each
         # time a loop starts, so a run resumed mid-epoch (one extra loop start) would otherwise get
         # different dropout than the uninterrupted run. Worker seeds come from WorkerSeeder anyway.
@@ -183,7 +188,7 @@ class DistributedLoader:
             self.step_end = self._micro == s.accumulation_steps
             if self.step_end:
                 self._micro, self._step = 0, self._step + 1
-            yield to_device(batch, self.ctx.device, non_blocking=self._pin)
+            yield to_device(unwrap_host_batch(batch), self.ctx.device, non_blocking=self._pin)
             # A step boundary every rank reaches at the same step: a preemption signal caught by any
             # rank ends every rank's loop here, mid-epoch, with the position of the step just done.
             if self.step_end and self.ctx.should_stop():
@@ -241,23 +246,8 @@ def _the_batch(items: list[Any]) -> Any:
     return items[0]
 
 
-def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
-    """Move tensors inside nested tuples/lists/dicts to `device`; other values pass through."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(v, device, non_blocking=non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device, non_blocking=non_blocking) for v in batch)
-    return batch
-
-
 def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True, seed: int | None = None,
-           accumulation_steps: int = 1, drop_last: bool = True, num_workers: int = 0,
+           accumulation_steps: int = 1, drop_last: bool = True, num_workers: int = 0, pin_memory: bool = True,
            **dataloader_kwargs: Any) -> DistributedLoader:
     """A training loader: this rank's disjoint shard, a new order every epoch, batches on the device.
 
@@ -270,6 +260,8 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
         drop_last: True drops the final incomplete global batch, so every rank runs the same number
             of equal steps; False pads it with samples from the epoch's start (a few samples are seen
             twice, as with DistributedSampler).
+        pin_memory: on a CUDA device, copy CPU batches through pinned memory, asynchronously
+            (tensors already on the GPU are never pinned); False copies them as they are. No effect on CPU.
         num_workers, **dataloader_kwargs: passed to torch.utils.data.DataLoader (collate_fn,
             persistent_workers, prefetch_factor, worker_init_fn, ...). Sampling options are ddpkit's
             own. Workers persist by default, and seed python's, numpy's and torch's generators before
@@ -289,8 +281,8 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
                 f"ddpkit.loader got {name}=: ddpkit shards and orders the data itself (a sampler beside "
                 f"shuffle would contradict it); remove {name}= and use shuffle=/seed="
             )
-    if "pin_memory" in dataloader_kwargs:
-        raise TypeError("pin_memory= is chosen by ddpkit (on for CUDA, off for CPU); remove it")
+    if not isinstance(pin_memory, bool):
+        raise TypeError(f"pin_memory={pin_memory!r} must be True or False")
     for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int")
@@ -313,7 +305,7 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
         )
     if num_workers > 0:
         dataloader_kwargs.setdefault("persistent_workers", True)
-    return DistributedLoader(dataset, ctx, sampler, {"num_workers": num_workers, **dataloader_kwargs})
+    return DistributedLoader(dataset, ctx, sampler, {"num_workers": num_workers, **dataloader_kwargs}, pin_memory)
 
 
 def eval_shard(num_samples: int, *, rank: int, world_size: int) -> range:
@@ -331,12 +323,14 @@ class EvalLoader:
     dataset indices of this shard in the order batches come (for `ddpkit.gather_in_order`).
     """
 
-    def __init__(self, dataset: Any, ctx: Context, batch_size: int, dataloader_kwargs: dict):
+    def __init__(self, dataset: Any, ctx: Context, batch_size: int, dataloader_kwargs: dict, pin_memory: bool = True):
         import torch
 
         self.ctx = ctx
         self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size)
-        self._pin = ctx.device.type == "cuda"
+        self._pin = pin_memory and ctx.device.type == "cuda"
+        if self._pin:
+            dataloader_kwargs = {**dataloader_kwargs, "collate_fn": HostPinnedCollate(dataloader_kwargs.get("collate_fn"))}
         self._loader = torch.utils.data.DataLoader(
             torch.utils.data.Subset(dataset, self.indices), batch_size=batch_size, shuffle=False,
             pin_memory=self._pin, generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
@@ -357,19 +351,22 @@ class EvalLoader:
                 "leaves the others waiting until the timeout; evaluate under torch.no_grad() (or ddpkit.unwrap(model))",
                 stacklevel=2)
         for batch in self._loader:
-            yield to_device(batch, self.ctx.device, non_blocking=self._pin)
+            yield to_device(unwrap_host_batch(batch), self.ctx.device, non_blocking=self._pin)
 
 
-def eval_loader(dataset: Any, ctx: Context, *, batch_size: int, **dataloader_kwargs: Any) -> EvalLoader:
-    """An evaluation loader over an exact, duplicate-free shard (see EvalLoader)."""
+def eval_loader(dataset: Any, ctx: Context, *, batch_size: int, pin_memory: bool = True,
+                **dataloader_kwargs: Any) -> EvalLoader:
+    """An evaluation loader over an exact, duplicate-free shard (see EvalLoader); `pin_memory` as in `loader`."""
     import torch
 
     if isinstance(dataset, (torch.utils.data.DataLoader, torch.utils.data.IterableDataset)):
         raise TypeError("ddpkit.eval_loader needs a map-style Dataset (with __len__ and __getitem__)")
     # A private generator (above): evaluating more or less often must not shift training's RNG streams.
-    for name in ("sampler", "batch_sampler", "shuffle", "drop_last", "pin_memory", "generator"):
+    for name in ("sampler", "batch_sampler", "shuffle", "drop_last", "generator"):
         if name in dataloader_kwargs:
             raise TypeError(f"ddpkit.eval_loader got {name}=: evaluation shards are fixed, ordered and unpadded; remove it")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-    return EvalLoader(dataset, ctx, batch_size, dataloader_kwargs)
+    if not isinstance(pin_memory, bool):
+        raise TypeError(f"pin_memory={pin_memory!r} must be True or False")
+    return EvalLoader(dataset, ctx, batch_size, dataloader_kwargs, pin_memory)

@@ -17,7 +17,9 @@ _CHOICES = ("auto", "cpu", "cuda")
 def plan_device(env: LaunchEnv, *, device: str, num_gpus: int) -> tuple[str, str]:
     """Pure decision: (device string, backend) for this rank, given how many GPUs are visible.
 
-    CUDA ranks use `cuda:{local_rank}` and nccl; CPU ranks use gloo (nccl has no CPU path).
+    CUDA ranks use `cuda:{local_rank}` and nccl; CPU ranks use gloo (nccl has no CPU path). Under
+    srun with one task per rank, SLURM may bind GPUs per task (--gpus-per-task, --gpu-bind): each
+    task then sees only its own GPU(s), numbered from 0, and uses cuda:0.
     """
     if device not in _CHOICES:
         raise ValueError(f"device={device!r} is not one of {_CHOICES}; pass device='auto' to use GPUs when visible")
@@ -28,6 +30,8 @@ def plan_device(env: LaunchEnv, *, device: str, num_gpus: int) -> tuple[str, str
             "device='cuda' but no GPU is visible (torch.cuda.is_available() is False); "
             "pass device='auto' or 'cpu' to train on the CPU with gloo"
         )
+    if env.local_rank >= num_gpus and env.launcher == "slurm":
+        return "cuda:0", "nccl"  # this task's own GPU, bound by SLURM: local rank 3 sees it as device 0
     if env.local_rank >= num_gpus:
         raise ValueError(
             f"local rank {env.local_rank} needs GPU {env.local_rank} but only {num_gpus} are visible; "

@@ -92,24 +92,27 @@ def _launch(num_gpus: int, num_cpus: int, environ=None) -> dict[str, Any]:
     """What `ddpkit run SCRIPT` would launch here: the cluster's settings (SLURM, Kubeflow) included."""
     backend = "nccl" if num_gpus > 0 else "gloo"
     try:
-        from ddpkit.launch import LaunchError, resolve_nodes, resolve_nproc_per_node
+        from ddpkit.launch import LaunchError, resolve_nproc_per_node
     except ImportError:  # torch missing: the report still runs
         nproc = num_gpus if num_gpus > 0 else max(1, min(4, num_cpus))
         return {"nproc_per_node": nproc, "backend": backend, "command": f"ddpkit run --nproc-per-node {nproc} SCRIPT"}
+    from ddpkit.cluster import ClusterError, resolve_nodes
+
+    environ = os.environ if environ is None else environ
     try:
         nodes = resolve_nodes(nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None, nproc_per_node=None,
-                              environ=os.environ if environ is None else environ)
-        nproc = resolve_nproc_per_node(nodes["nproc_per_node"], num_gpus=num_gpus, num_cpus=num_cpus)
-    except LaunchError as e:
+                              environ=environ)
+        nproc = resolve_nproc_per_node(nodes.nproc_per_node, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ)
+    except (ClusterError, LaunchError) as e:
         return {"nproc_per_node": None, "backend": backend, "command": f"(ddpkit run would refuse: {e})"}
     flags = []
-    if nodes["nnodes"] not in ("1", "1:1") or nodes.get("rdzv_endpoint"):
-        flags += [f"--nnodes {nodes['nnodes']}"]
-        if nodes.get("node_rank") is not None:
-            flags += [f"--node-rank {nodes['node_rank']}"]
-        flags += [f"--rdzv-endpoint {nodes['rdzv_endpoint']}", f"--rdzv-id {nodes['rdzv_id']}"]
+    if not nodes.single_node:
+        flags += [f"--nnodes {nodes.nnodes}"]
+        if nodes.node_rank is not None:
+            flags += [f"--node-rank {nodes.node_rank}"]
+        flags += [f"--rdzv-endpoint {nodes.rdzv_endpoint}", f"--rdzv-id {nodes.rdzv_id}"]
     flags += [f"--nproc-per-node {nproc}"]
-    return {"nproc_per_node": nproc, "backend": backend, "nnodes": nodes["nnodes"],
+    return {"nproc_per_node": nproc, "backend": backend, "nnodes": nodes.nnodes,
             "command": "ddpkit run " + " ".join(flags) + " SCRIPT"}
 
 

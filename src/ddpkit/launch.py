@@ -1,19 +1,25 @@
-"""`ddpkit run`: argv -> RunConfig -> torchrun argv (pure), then torchrun runs the ranks."""
+"""`ddpkit run`: argv -> RunConfig (`config_from_args`) -> torchrun argv (pure), then torchrun runs the ranks."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+
+from ddpkit.cluster import ClusterError, is_single_node, resolve_nodes
 
 __all__ = [
     "RunConfig",
     "LaunchError",
+    "run_parser",
+    "config_from_args",
+    "main",
     "build_torchrun_argv",
     "default_nproc_per_node",
-    "resolve_nodes",
     "resolve_nproc_per_node",
     "threads_per_rank",
     "last_call_timeout",
@@ -21,6 +27,8 @@ __all__ = [
     "check_torchrun_flags",
     "torchrun_flags",
     "DEFAULT_SIGNALS_TO_HANDLE",
+    "visible_gpus",
+    "usable_cpus",
     "launch",
 ]
 
@@ -84,28 +92,27 @@ class RunConfig:
     torchrun_options: tuple[tuple[str, str], ...] = ()
     """torchrun flags passed through unchanged, as (flag, value) pairs from PASSTHROUGH_FLAGS, e.g.
     (("--log-dir", "logs"), ("--tee", "3")); `check_torchrun_flags` has checked the installed torch has them."""
+    cpu_ranks: bool = False
+    """Run the ranks on the CPU even where GPUs are visible (--nproc-per-node cpu): the rank bootstrap
+    hides the GPUs from each rank before the script starts, so ddpkit.init and torch both see none."""
 
     @property
     def single_node(self) -> bool:
-        return _is_single_node(self.nnodes, self.rdzv_endpoint)
-
-
-def _is_single_node(nnodes: str, rdzv_endpoint: str | None) -> bool:
-    return nnodes in ("1", "1:1") and rdzv_endpoint is None
+        return is_single_node(self.nnodes, self.rdzv_endpoint)
 
 
 def default_nproc_per_node(num_gpus: int | None = None, num_cpus: int | None = None) -> int:
     """Every visible GPU; on a CPU-only machine up to 4 ranks (one per core)."""
     if num_gpus is None:
-        num_gpus = _visible_gpus()
+        num_gpus = visible_gpus()
     if num_gpus > 0:
         return num_gpus
     if num_cpus is None:
-        num_cpus = _num_cpus()
+        num_cpus = usable_cpus()
     return max(1, min(num_cpus, MAX_DEFAULT_CPU_RANKS))
 
 
-def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int) -> int:
+def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int, environ: Mapping[str, str]) -> int:
     """Parse --nproc-per-node ('auto', 'gpu', 'cpu' or a positive int) against what is visible."""
     if value == "auto":
         return default_nproc_per_node(num_gpus, num_cpus)
@@ -124,7 +131,7 @@ def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int) -> int:
     if n < 1:
         raise LaunchError(f"--nproc-per-node {n} must be at least 1; pass a positive integer or 'auto'")
     if num_gpus > 0 and n > num_gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
         shown = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
         raise LaunchError(
             f"--nproc-per-node {n} asks for {n} GPUs but {num_gpus} are visible{shown}; "
@@ -133,55 +140,108 @@ def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int) -> int:
     return n
 
 
-def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None,
-                  rdzv_id: str | None, nproc_per_node: str | None, environ) -> dict:
-    """Multi-node settings: explicit flags, else the cluster's environment (SLURM, Kubeflow), validated.
+def run_parser() -> argparse.ArgumentParser:
+    """The flags of `ddpkit run`, torchrun's names where torchrun has the setting."""
+    p = argparse.ArgumentParser(
+        prog="ddpkit run",
+        description="Launch SCRIPT on every device of this machine (or several machines) through torchrun.",
+    )
+    p.add_argument("--nproc-per-node", "--nproc_per_node", default=None,
+                   help="ranks on this node: a number, 'auto' (every visible GPU, else up to 4 CPU ranks), "
+                        "'gpu' or 'cpu'")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart all ranks up to N times after a failure (resume from your last checkpoint)")
+    p.add_argument("--nnodes", default=None,
+                   help="number of nodes, or MIN:MAX for elastic membership (default 1, or from SLURM/Kubeflow)")
+    p.add_argument("--node-rank", type=int, default=None,
+                   help="this node's rank (multi-node): node 0 holds global ranks 0..nproc-1; without it the "
+                        "rendezvous orders the nodes")
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT every node can reach (multi-node)")
+    p.add_argument("--rdzv-id", default=None, help="job id shared by all nodes (multi-node)")
+    p.add_argument("--local-addr", default=None, help="address this node advertises to the others (multi-node)")
+    p.add_argument("--iface", default=None,
+                   help="network interface for the ranks' traffic (multi-node; default: the one routing to the "
+                        "endpoint)")
+    p.add_argument("--rdzv-timeout", type=float, default=300.0,
+                   help="seconds a node waits for the others to join before the run fails (multi-node)")
+    p.add_argument("--connect-timeout", type=float, default=30.0,
+                   help="seconds a node keeps trying to reach --rdzv-endpoint before failing (multi-node)")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a rank blocked this long in a collective reports its stack and call site, and the run "
+                        "fails with one line per rank instead of hanging (default: off)")
+    # torchrun's own flags, handed on unchanged (refused where the installed torch lacks one)
+    p.add_argument("--log-dir", default=None,
+                   help="torchrun: directory for the ranks' log files (DIR/RUN_ID/attempt_N/LOCAL_RANK/)")
+    p.add_argument("--redirects", "-r", default=None, help="torchrun: redirect ranks' output to the log files: "
+                   "0 none, 1 stdout, 2 stderr, 3 both, or per local rank, e.g. 0:3,1:1")
+    p.add_argument("--tee", "-t", default=None, help="torchrun: like --redirects, and also to the console")
+    p.add_argument("--local-ranks-filter", default=None,
+                   help="torchrun: local ranks whose output the console shows, e.g. 0")
+    p.add_argument("--signals-to-handle", default=None,
+                   help="torchrun: signals it catches and forwards to the ranks (default SIGTERM,SIGINT,SIGHUP,"
+                        "SIGQUIT,SIGUSR1; SIGTERM and SIGUSR1 make ranks stop at a step boundary, see ctx.should_stop)")
+    p.add_argument("--shutdown-timeout", default=None,
+                   help="torchrun: seconds the ranks get to exit after a signal before SIGKILL (torch's default 30)")
+    p.add_argument("--numa-binding", default=None, help="torchrun: bind each rank to its GPU's NUMA node (e.g. node)")
+    p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    p.add_argument("target", metavar="SCRIPT", help="training script path (or module name with -m)")
+    p.add_argument("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script unchanged")
+    return p
 
-    Returns RunConfig keyword values (nnodes, node_rank, rdzv_endpoint, rdzv_id when decided) and the
-    --nproc-per-node string to resolve. A pure function of its arguments.
+
+def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: int, num_cpus: int,
+                     available_flags: frozenset[str] | None = None) -> RunConfig:
+    """`ddpkit run` argv -> RunConfig, validated against what this machine has (raises LaunchError naming the fix).
+
+    Inside SLURM (`srun ddpkit run`) or a Kubeflow PyTorchJob pod, node count, node rank and endpoint
+    come from `environ` unless given as flags. `available_flags`: the PASSTHROUGH_FLAGS the installed
+    torchrun has (default `torchrun_flags()`, read from its parser). A pure function of its arguments,
+    the file system and the installed torch.
     """
-    from ddpkit.cluster import ClusterError, detect_cluster
-    from ddpkit.netcheck import NetworkError, split_endpoint
-
+    args = run_parser().parse_args(argv)
+    check_target(args.target, module=args.module)
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max-restarts {args.max_restarts} must be >= 0")
+    for flag, value in (("--rdzv-timeout", args.rdzv_timeout), ("--connect-timeout", args.connect_timeout)):
+        if not value > 0:
+            raise LaunchError(f"{flag} {value:g} must be > 0 seconds, e.g. {flag} 60")
+    if args.hang_timeout is not None and not args.hang_timeout > 0:
+        raise LaunchError(f"--hang-timeout {args.hang_timeout:g} must be > 0 seconds, e.g. --hang-timeout 300 "
+                          "(longer than your slowest step or evaluation)")
+    given = tuple((flag, getattr(args, flag[2:].replace("-", "_"))) for flag in PASSTHROUGH_FLAGS)
+    options = tuple((flag, str(value)) for flag, value in given if value is not None)
+    available = torchrun_flags() if available_flags is None else available_flags
+    check_torchrun_flags(options, available=available)
+    if args.signals_to_handle is None and "--signals-to-handle" in available:
+        options += (("--signals-to-handle", DEFAULT_SIGNALS_TO_HANDLE),)
     try:
-        found = detect_cluster(environ)
+        nodes = resolve_nodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                              rdzv_id=args.rdzv_id, nproc_per_node=args.nproc_per_node, environ=environ)
     except ClusterError as e:
         raise LaunchError(str(e)) from None
-    if found is not None:
-        nnodes = nnodes if nnodes is not None else found.nnodes
-        node_rank = node_rank if node_rank is not None else (found.node_rank if found.rdzv_endpoint else None)
-        rdzv_endpoint = rdzv_endpoint or found.rdzv_endpoint
-        rdzv_id = rdzv_id or (found.rdzv_id if rdzv_endpoint else None)
-        nproc_per_node = nproc_per_node or found.nproc_per_node
-    nnodes = nnodes or "1"
-    low, _, high = nnodes.partition(":")
-    high = high or low
-    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)) or nnodes.count(":") > 1:
-        raise LaunchError(f"--nnodes {nnodes!r} is not N or MIN:MAX with 1 <= MIN <= MAX; pass e.g. 2, or 2:4 "
-                          "for elastic membership")
-    if node_rank is not None and not 0 <= node_rank < int(high):
-        raise LaunchError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks are 0..{int(high) - 1}; "
-                          f"pass --node-rank 0 on the rendezvous node and 1..{int(high) - 1} on the others")
-    out = {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": rdzv_endpoint,
-           "nproc_per_node": nproc_per_node or "auto"}
-    if _is_single_node(nnodes, rdzv_endpoint):
-        out["node_rank"] = None
-        if rdzv_id is not None:
-            out["rdzv_id"] = rdzv_id
-        return out
-    if rdzv_endpoint is None:
-        raise LaunchError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the address of node 0 that every "
-                          "node can reach, e.g. --rdzv-endpoint node0:29400")
+    if args.iface is not None and nodes.rdzv_endpoint is None:
+        raise LaunchError(f"--iface {args.iface} applies to multi-node runs; one node always uses loopback, "
+                          "drop --iface or pass --nnodes and --rdzv-endpoint")
+    nproc = resolve_nproc_per_node(nodes.nproc_per_node, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ)
+    cfg = RunConfig(
+        target=args.target, target_args=tuple(args.target_args), module=args.module,
+        nproc_per_node=nproc, max_restarts=args.max_restarts, nnodes=nodes.nnodes, node_rank=nodes.node_rank,
+        rdzv_endpoint=nodes.rdzv_endpoint, local_addr=args.local_addr, iface=args.iface,
+        rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout, hang_timeout_s=args.hang_timeout,
+        cpu_ranks=nodes.nproc_per_node == "cpu", torchrun_options=options,
+    )
+    # no id decided (one node, no --rdzv-id): the fresh one RunConfig draws for every run
+    return cfg if nodes.rdzv_id is None else replace(cfg, rdzv_id=nodes.rdzv_id)
+
+
+def main(argv: list[str]) -> int:
+    """`ddpkit run ARGV`: resolve the settings on this machine, then launch; 2 for a setting that cannot work."""
     try:
-        host, port = split_endpoint(rdzv_endpoint)
-    except NetworkError as e:
-        raise LaunchError(str(e)) from None
-    if port == 0:
-        raise LaunchError(f"--rdzv-endpoint {rdzv_endpoint}: port 0 cannot be shared by several nodes; "
-                          f"pass a fixed free port, e.g. {host}:29400")
-    # Every node must name the same rendezvous: derive the id from the endpoint, never a per-node uuid.
-    out["rdzv_id"] = rdzv_id or f"ddpkit-{host}-{port}"
-    return out
+        cfg = config_from_args(argv, environ=os.environ, num_gpus=visible_gpus(), num_cpus=usable_cpus())
+    except LaunchError as e:
+        print(f"ddpkit run: error: {e}", file=sys.stderr)
+        return 2
+    return launch(cfg)
 
 
 def check_target(target: str, *, module: bool) -> None:
@@ -198,7 +258,6 @@ def _module_exists(name: str) -> bool:
     (importing a package runs its __init__, which can be slow or have side effects)."""
     import importlib.machinery
     import importlib.util
-    import sys
 
     parts = name.split(".")
     if not all(part.isidentifier() for part in parts):
@@ -299,12 +358,16 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
             argv.append(f"--local-addr={cfg.local_addr}")
     argv.append("--rdzv-conf=" + ",".join(conf))
     argv += [f"{flag}={value}" for flag, value in cfg.torchrun_options]
-    if cfg.hang_timeout_s is not None:
+    if cfg.hang_timeout_s is not None or cfg.cpu_ranks:
         # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
         # script unchanged as __main__ (no environment variables of our own).
-        argv += ["-m", "ddpkit.check._bootstrap", f"--hang-timeout={cfg.hang_timeout_s:g}"]
-        if cfg.hang_report_dir is not None:
-            argv += ["--report-dir", cfg.hang_report_dir]
+        argv += ["-m", "ddpkit.check._bootstrap"]
+        if cfg.hang_timeout_s is not None:
+            argv.append(f"--hang-timeout={cfg.hang_timeout_s:g}")
+            if cfg.hang_report_dir is not None:
+                argv += ["--report-dir", cfg.hang_report_dir]
+        if cfg.cpu_ranks:
+            argv += ["--device", "cpu"]
     if cfg.module:
         argv.append("-m")
     argv.append(cfg.target)
@@ -322,20 +385,25 @@ def launch(cfg: RunConfig) -> int:
     from ddpkit import rendezvous, runreport
     from ddpkit.netcheck import NetworkError
     from ddpkit.preemption import STOP_SIGNALS
+    from ddpkit.netcheck import NetworkError, launcher_network
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(cfg.nproc_per_node, _num_cpus())))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(cfg.nproc_per_node, usable_cpus())))
     try:
-        socket_env, cfg, net_kwargs = _plan_network(cfg)
+        net = launcher_network(cfg.rdzv_endpoint, single_node=cfg.single_node, iface=cfg.iface,
+                               node_rank=cfg.node_rank, connect_timeout_s=cfg.connect_timeout, environ=os.environ)
     except NetworkError as e:
         print(f"ddpkit run: error: {e}", file=sys.stderr)
         return 2
-    os.environ.update(socket_env)  # the ranks inherit this process's environment
+    os.environ.update(net.env)  # the ranks inherit this process's environment
+    if net.local_addr is not None:
+        cfg = replace(cfg, local_addr=cfg.local_addr or net.local_addr)
     if cfg.hang_timeout_s is not None and cfg.hang_report_dir is None:
         import tempfile
 
         cfg = replace(cfg, hang_report_dir=tempfile.mkdtemp(prefix="ddpkit-hang-"))
     rendezvous.register()
-    args = parse_args(build_torchrun_argv(cfg, rdzv_backend=rendezvous.BACKEND, **net_kwargs))
+    args = parse_args(build_torchrun_argv(cfg, rdzv_backend=rendezvous.BACKEND, bind_addr=net.bind_addr,
+                                          is_host=net.is_host))
     # torchrun warns that it ignores --node-rank with any backend but its static one; ours reads it
     # from --rdzv-conf, so the warning would be wrong
     args.node_rank = 0
@@ -349,10 +417,12 @@ def launch(cfg: RunConfig) -> int:
                   "rerun the same command to resume from their checkpoint", file=sys.stderr)
             return max(codes)
         runreport.print_failures(e, multi_node=not cfg.single_node)
-        runreport.print_hang_reports(cfg)
+        runreport.print_hang_reports(cfg.hang_report_dir, hang_timeout_s=cfg.hang_timeout_s)
         return 1
     except RendezvousError as e:
-        print(f"ddpkit run: error: {runreport.rendezvous_error(e, cfg)}", file=sys.stderr)
+        message = runreport.rendezvous_error(e, endpoint=cfg.rdzv_endpoint, nnodes=cfg.nnodes,
+                                             rdzv_timeout=cfg.rdzv_timeout, single_node=cfg.single_node)
+        print(f"ddpkit run: error: {message}", file=sys.stderr)
         return 1
     except SignalException as e:
         # torchrun's agent has forwarded the signal to every rank and waited for them (up to its
@@ -366,40 +436,15 @@ def launch(cfg: RunConfig) -> int:
     return 0
 
 
-def _plan_network(cfg: RunConfig) -> tuple[dict[str, str], RunConfig, dict]:
-    """Socket variables for the ranks, the config to run, and the store binding (may raise NetworkError).
-
-    One node: everything on loopback, including gloo's sockets, which otherwise bind the address the
-    hostname resolves to. Several nodes: the interface the user names (--iface) or the one that routes
-    to the endpoint, and a pre-flight connect so a wrong endpoint fails now instead of hanging.
-    """
-    from ddpkit import netcheck
-
-    if cfg.single_node:
-        env = netcheck.socket_env(netcheck.loopback_interface(), os.environ)
-        return env, cfg, {"bind_addr": "127.0.0.1", "is_host": True}
-    host, port = netcheck.split_endpoint(cfg.rdzv_endpoint or "")
-    plan = netcheck.plan_network(host, port, iface=cfg.iface, node_rank=cfg.node_rank, environ=os.environ)
-    if not plan.is_host:
-        netcheck.probe_endpoint(host, port, iface=plan.iface, timeout_s=cfg.connect_timeout)
-    kwargs: dict = {}
-    if cfg.iface is not None:
-        # The user named the network: the stores this node hosts listen there only, and the node
-        # advertises its address on it (where rank 0's node puts the ranks' store).
-        cfg = replace(cfg, local_addr=cfg.local_addr or plan.address)
-        kwargs = {"bind_addr": plan.address, "is_host": plan.is_host}
-    elif cfg.node_rank is not None:
-        kwargs = {"is_host": plan.is_host}
-    return plan.env, cfg, kwargs
-
-
-def _visible_gpus() -> int:
+def visible_gpus() -> int:
+    """GPUs this process can see (0 without CUDA)."""
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _num_cpus() -> int:
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask), which a container or `taskset` can narrow."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from ddpkit.trackers import Sink, check_trackers, numeric, open_sinks
 
-__all__ = ["METRICS_FILENAME", "MetricsLog", "ProgressBar", "finish_run", "print0", "rank_logger", "read_metrics"]
+__all__ = ["METRICS_FILENAME", "MetricsLog", "ProgressBar", "print0", "rank_logger", "read_metrics"]
 
 METRICS_FILENAME = "metrics.jsonl"
 """Name of the metrics log inside a run directory (read back by ``ddpkit plot``)."""
@@ -319,16 +319,3 @@ def print0(ctx: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("flush", True)
         print(*args, **kwargs)
 
-
-def finish_run(ctx: Any, result: dict[str, Any], log: MetricsLog | None = None, *, plot: bool = True) -> None:
-    """End of a run: close `log`, write its plots and print `result` as one JSON line (rank 0 only).
-
-    Not a collective; every rank may call it.
-    """
-    if log is not None:
-        log.close()
-        if plot and ctx.is_main:
-            from ddpkit.plot import plot_run
-
-            plot_run(log.run_dir)
-    print0(ctx, json.dumps(result))

@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
+    "LauncherNetwork",
     "NetworkError",
     "NetworkPlan",
     "interface_addresses",
     "interface_of",
+    "launcher_network",
     "loopback_interface",
     "lost_peer",
     "plan_network",
@@ -164,6 +166,41 @@ def plan_network(host: str, port: int, *, iface: str | None, node_rank: int | No
 
 _PEER_LOST = re.compile(r"(?:Connection reset by peer|Connection closed by peer|Read error|Write error)"
                         r"[^\[]*\[([^\]]+)\]:\d+|\[([^\]]+)\]:\d+[^\n]*(?:Connection reset|Connection closed)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherNetwork:
+    """Where one `ddpkit run` launcher's sockets go, and its stores' binding."""
+
+    env: dict[str, str]
+    """Socket variables for the ranks' environment (`socket_env`)."""
+    local_addr: str | None = None
+    """The address this node advertises, when the user named its interface; None: torchrun's choice."""
+    bind_addr: str | None = None
+    """The stores this launcher hosts listen on this address only; None: torch's default (every interface)."""
+    is_host: bool | None = None
+    """Whether this node hosts the rendezvous store; None: torch decides (by trying to bind the endpoint)."""
+
+
+def launcher_network(rdzv_endpoint: str | None, *, single_node: bool, iface: str | None, node_rank: int | None,
+                     connect_timeout_s: float, environ: Mapping[str, str]) -> LauncherNetwork:
+    """The network of one launcher (raises NetworkError naming the fix).
+
+    One node: everything on loopback, including gloo's sockets, which otherwise bind the address the
+    hostname resolves to. Several nodes: the interface the user names (--iface) or the one that routes
+    to the endpoint, and a pre-flight connect so a wrong endpoint fails now instead of hanging.
+    """
+    if single_node:
+        return LauncherNetwork(env=socket_env(loopback_interface(), environ), bind_addr="127.0.0.1", is_host=True)
+    host, port = split_endpoint(rdzv_endpoint or "")
+    plan = plan_network(host, port, iface=iface, node_rank=node_rank, environ=environ)
+    if not plan.is_host:
+        probe_endpoint(host, port, iface=plan.iface, timeout_s=connect_timeout_s)
+    if iface is not None:
+        # The user named the network: the stores this node hosts listen there only, and the node
+        # advertises its address on it (where rank 0's node puts the ranks' store).
+        return LauncherNetwork(env=plan.env, local_addr=plan.address, bind_addr=plan.address, is_host=plan.is_host)
+    return LauncherNetwork(env=plan.env, is_host=plan.is_host if node_rank is not None else None)
 
 
 def lost_peer(message: str) -> str | None:

@@ -57,7 +57,7 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ct
     import torch
 
     from ddpkit.shm import shm_unsupported
-    from ddpkit.parallel import _find_ddp
+    from ddpkit.parallel import find_ddp
 
     cls = type(optimizer)
     if isinstance(optimizer, _Sharded):
@@ -74,7 +74,7 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ct
         raise ValueError("shard_optimizer() got an optimizer that a learning-rate scheduler already holds (the "
                          "scheduler would keep setting the old optimizer's learning rate); create the scheduler from "
                          "the optimizer shard_optimizer() returns")
-    ddp = _find_ddp(model)
+    ddp = find_ddp(model)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if ctx.distributed and ddp is None:
         raise TypeError(f"shard_optimizer(optimizer, model, ctx) needs the model ddpkit.wrap returned, got "

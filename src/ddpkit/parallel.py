@@ -11,18 +11,18 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["wrap", "unwrap", "accumulate", "param_sha256", "DDP_DEFAULTS"]
+__all__ = ["wrap", "unwrap", "find_ddp", "accumulate", "param_sha256", "DDP_DEFAULTS"]
 
 DDP_DEFAULTS: dict[str, Any] = {
-    "find_unused_parameters": False,
-    "static_graph": False,
     "gradient_as_bucket_view": True,
-    "bucket_cap_mb": 25.0,
 }
 """DDP options ddpkit passes unless told otherwise (see wrap's docstring for why).
 
-`broadcast_buffers` is passed only when the user sets it (torch >= 2.13 deprecates the name in
-favour of `forward_sync_buffers`, whose init-time behaviour differs); DDP's default is True."""
+Every other option reaches DDP only when the user sets it. DDP tells a default from a value
+passed explicitly: `bucket_cap_mb=25` given by hand (even PyTorch's own default value) switches off
+its small first bucket (1 MiB, whose all-reduce starts early in backward) and no longer matches
+torch.compile's DDPOptimizer buckets. `broadcast_buffers` likewise (torch >= 2.13 deprecates the
+name in favour of `forward_sync_buffers`, whose init-time behaviour differs)."""
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "find_unused_parameters": (bool,),
@@ -49,8 +49,9 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
                 f"wrap() option {name}={value!r} must be {' or '.join(t.__name__ for t in want)}"
             )
         merged[name] = value
-    if merged["bucket_cap_mb"] <= 0:
-        raise ValueError(f"bucket_cap_mb={merged['bucket_cap_mb']} must be > 0 (PyTorch's default is 25)")
+    if "bucket_cap_mb" in merged and merged["bucket_cap_mb"] <= 0:
+        raise ValueError(f"bucket_cap_mb={merged['bucket_cap_mb']} must be > 0 (leave it out for PyTorch's default: "
+                         "a 1 MiB first bucket, then 25 MiB)")
     return merged
 
 
@@ -60,7 +61,7 @@ def wrap(
     *,
     sync_batchnorm: bool = False,
     compile: bool | dict[str, Any] = False,
-    comm: str | None = "auto",
+    comm: str | None = None,
     **ddp_options: Any,
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
@@ -69,7 +70,9 @@ def wrap(
     `device_ids` are passed (DDP rejects them there); on CUDA `device_ids=[local_rank]`.
 
     Defaults: `gradient_as_bucket_view=True` (gradients alias the all-reduce buckets: one copy and
-    one gradient-sized buffer less per step, same numbers); `find_unused_parameters=False` (the
+    one gradient-sized buffer less per step, same numbers); every other option is DDP's own
+    default, and is passed to DDP only when given here (DDP treats an explicit `bucket_cap_mb`,
+    even 25, as a reason to drop its 1 MiB first bucket): `find_unused_parameters=False` (the
     extra graph traversal costs every step; set it True if some parameters get no gradient);
     `static_graph=False` (set True when the graph is the same every step, which also makes
     activation checkpointing work). DDP broadcasts rank 0's parameters and buffers at wrap time, so
@@ -82,12 +85,12 @@ def wrap(
         compile: apply torch.compile after wrapping (the order DDP's optimizer needs): True, or a
             dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
             (traces and runs eagerly: no C++ compiler, no kernel build time).
-        comm: how gradients are averaged. 'auto' (default): 'shm' when every rank is a CPU rank
-            on one host, else None. 'shm': through POSIX shared memory instead of gloo's loopback
-            TCP (float32, bit-identical to None on 2 ranks; ValueError on CUDA or across hosts).
-            None: PyTorch's own all-reduce (exact DDP). 'fp16' or 'bf16': all-reduce 16-bit
-            gradients (half the bytes; opt-in because it rounds them). A hook registered later
-            with model.register_comm_hook replaces 'auto''s choice (see ddpkit.comm).
+        comm: how gradients are averaged. None (default): PyTorch's own DDP all-reduce, no comm
+            hook, on every device. Opt-in hooks (see ddpkit.comm): 'fp16' or 'bf16' all-reduce
+            16-bit gradients (half the bytes, rounded); 'shm' averages float32 gradients through
+            POSIX shared memory instead of gloo's loopback TCP (CPU ranks on one host only,
+            bit-identical to None on 2 ranks; ValueError on CUDA or across hosts). An opt-in hook
+            holds DDP's one hook slot; register a hook of your own on a comm=None model.
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers.
     """
@@ -104,9 +107,9 @@ def wrap(
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
     options = _check_options(ddp_options)
-    from ddpkit.comm import check_comm, register_comm, resolve_comm
+    from ddpkit.comm import check_comm, register_comm
 
-    check_comm(comm, ctx)
+    comm = check_comm(comm, ctx, stacklevel=2)
     model = model.to(ctx.device)
     if ctx.distributed:
         if sync_batchnorm and ctx.device.type == "cpu":
@@ -118,7 +121,7 @@ def wrap(
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
-        register_comm(model, resolve_comm(comm, ctx, model), explicit=comm != "auto", timeout_s=ctx.timeout_s)
+        register_comm(model, comm, timeout_s=ctx.timeout_s)
     if isinstance(compile, dict):
         model = torch.compile(model, **compile)
     elif compile is True:
@@ -163,7 +166,7 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
     """
     if not isinstance(sync, bool) and type(sync).__name__ not in ("bool_", "bool"):  # numpy's bool is fine too
         raise TypeError(f"accumulate(model, sync={sync!r}) must be True or False, e.g. sync=loader.step_end")
-    ddp = _find_ddp(model)
+    ddp = find_ddp(model)
     if sync or ddp is None:
         yield
     else:
@@ -171,7 +174,8 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
             yield
 
 
-def _find_ddp(model: Any):
+def find_ddp(model: Any):
+    """The DistributedDataParallel module inside `model` and its torch.compile wrappers (None: not DDP)."""
     import torch
 
     while model is not None:

@@ -1,16 +1,20 @@
-"""`ddpkit plot`: PNG figures of loss, eval metrics and throughput from a run's metrics.jsonl."""
+"""`ddpkit plot`: PNG figures of loss, eval metrics and throughput from a run's metrics.jsonl; `finish_run`.
+
+`finish_run` ends a training run: it closes the metrics log, writes these figures and prints the result.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from ddpkit.metrics import METRICS_FILENAME, read_metrics
+from ddpkit.metrics import METRICS_FILENAME, MetricsLog, print0, read_metrics
 
-__all__ = ["main", "plot_run"]
+__all__ = ["main", "plot_run", "finish_run"]
 
 TRAIN_LOSS_KEYS = ("loss", "train_loss")
 EVAL_PREFIXES = ("eval_", "val_", "test_")
@@ -122,6 +126,18 @@ def plot_run(run_dir: str | Path, *, out_dir: str | Path | None = None) -> list[
             axes.set_ylim(bottom=0)
         written.append(_save(figure, out / "throughput.png"))
     return written
+
+
+def finish_run(ctx: Any, result: dict[str, Any], log: MetricsLog | None = None, *, plot: bool = True) -> None:
+    """End of a run: close `log`, write its plots and print `result` as one JSON line (rank 0 only).
+
+    Not a collective; every rank may call it.
+    """
+    if log is not None:
+        log.close()
+        if plot and ctx.is_main:
+            plot_run(log.run_dir)
+    print0(ctx, json.dumps(result))
 
 
 def _save(figure: Any, path: Path) -> Path:

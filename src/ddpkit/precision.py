@@ -15,10 +15,11 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["Precision", "StepInfo", "DTYPES", "resolve_dtype"]
+__all__ = ["Precision", "StepInfo", "DTYPES", "resolve_dtype", "native_bf16", "cpuinfo_has_bf16"]
 
 DTYPES = ("bf16", "fp16", "fp32", "auto")
-"""Accepted `dtype=` values. 'auto': bf16 where the device supports it, else fp16 on CUDA, else fp32."""
+"""Accepted `dtype=` values. 'auto': bf16 where the hardware computes it natively, else fp16 (loss-scaled)
+on CUDA, else fp32."""
 
 _TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -39,23 +40,54 @@ class StepInfo:
         return {"grad_norm": self.grad_norm, "skipped": self.skipped, "scale": self.scale}
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """'auto' -> a concrete dtype name for `device`; other names are checked and returned."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}; pass e.g. dtype='bf16'")
-    if dtype != "auto":
-        return dtype
+def cpuinfo_has_bf16(cpuinfo: str) -> bool:
+    """True when /proc/cpuinfo text lists a native bfloat16 instruction set: AVX512_BF16 or AMX-BF16 (x86),
+    BF16 (aarch64)."""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() in ("flags", "features"):
+            flags = set(value.split())
+            if flags & {"avx512_bf16", "amx_bf16", "bf16"}:
+                return True
+    return False
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True when `device` computes bfloat16 in hardware, not through emulation.
+
+    CUDA: compute capability 8.0+ (`torch.cuda.is_bf16_supported(including_emulation=False)`; with
+    emulation, V100 and T4 report True and run bf16 far slower than fp16). CPU: the flags of
+    /proc/cpuinfo; without them (another OS, or no such flag) False: on a CPU without AVX512_BF16 or
+    AMX a bf16 matmul is tens of times slower than fp32.
+    """
     import torch
 
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "fp32"
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return cpuinfo_has_bf16(f.read())
+    except OSError:
+        return False
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """'auto' -> a concrete dtype name for `device`; other names are checked and returned."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}; pass e.g. dtype='auto'")
+    if dtype != "auto":
+        return dtype
+    if native_bf16(device):
+        return "bf16"
+    return "fp16" if device.type == "cuda" else "fp32"
 
 
 class Precision:
     """Autocast, loss scaling and the optimizer step for one training loop.
 
-        prec = ddpkit.Precision(ctx, dtype="bf16")
+        prec = ddpkit.Precision(ctx)   # dtype="auto": bf16 where the hardware has it
         with ddpkit.accumulate(model, sync=data.step_end):
             with prec.autocast():
                 loss = loss_fn(model(x), y)
@@ -69,7 +101,7 @@ class Precision:
     Parameters and optimizer state stay fp32 in every mode.
     """
 
-    def __init__(self, ctx: Context, dtype: str = "bf16", *, init_scale: float = 2.0**16,
+    def __init__(self, ctx: Context, dtype: str = "auto", *, init_scale: float = 2.0**16,
                  growth_interval: int = 2000) -> None:
         import torch
 
@@ -83,6 +115,15 @@ class Precision:
                 f"dtype='bf16' on {ctx.device}, which does not support bfloat16 (needs compute capability 8.0+); "
                 "pass dtype='fp16' (loss-scaled) or 'auto'"
             )
+        if self.dtype == "bf16" and dtype == "bf16" and ctx.is_main and not native_bf16(ctx.device):
+            import warnings
+
+            where = ("this CPU has no AVX512_BF16/AMX" if self.device_type == "cpu"
+                     else f"{ctx.device} is older than sm80")
+            fallback = "fp32" if self.device_type == "cpu" else "fp16, loss-scaled"
+            warnings.warn(f"Precision(dtype='bf16'): {where}, so bfloat16 is emulated and slower than "
+                          f"{'fp32' if self.device_type == 'cpu' else 'fp16'}; pass dtype='auto' ({fallback} here)",
+                          stacklevel=2)
         self.torch_dtype = getattr(torch, _TORCH_DTYPE[self.dtype]) if self.dtype in _TORCH_DTYPE else None
         self.scaler = (
             torch.amp.GradScaler(self.device_type, init_scale=init_scale, growth_interval=growth_interval)

@@ -9,10 +9,7 @@ from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 
-try:  # a torch internal (see _with_launch_settings): without it, multi-node runs use torch's handler as is
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
-except ImportError:  # pragma: no cover - other torch releases
-    _NodeDesc = object
+from ddpkit import torchinternals
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -37,7 +34,7 @@ class NodeMismatchError(RendezvousError):
 
 
 @dataclass(eq=True, frozen=True, repr=False)
-class _Node(_NodeDesc):
+class _Node(torchinternals.node_desc_base()):
     """torch's node descriptor plus how the node was launched; it travels to the other nodes in the
     rendezvous state (pickled, so every node runs ddpkit).
 
@@ -114,68 +111,40 @@ def _create_handler(params: RendezvousParameters) -> RendezvousHandler:
     backend = Backend(store, params.run_id)
     handler = create_handler(store, backend, params)
     if params.max_nodes > 1:  # one node has no order to decide and nobody to disagree with
-        try:
-            handler = _with_launch_settings(handler, store, backend, params)
-        except (ImportError, AttributeError, TypeError) as e:  # pragma: no cover - other torch releases
-            import warnings
-
-            warnings.warn(f"ddpkit run: this torch's rendezvous internals differ from those ddpkit knows ({e}); "
-                          "nodes are numbered in torch's order, not by --node-rank, and nodes launched with "
-                          "different --nnodes time out instead of failing at once", stacklevel=2)
-    _fresh_store_per_round(handler)
-    if not bind_addr:
-        return handler
-
-    # The handler creates the ranks' shared store (on the node of rendezvous rank 0) through this
-    # method, which otherwise listens on every interface.
-    def _bound_store_server(master_addr: str, master_port: int) -> TCPStore:
-        return listening_store(bind_addr, master_port, timeout_s=read_timeout)
-
-    handler._create_tcp_store_server = _bound_store_server  # type: ignore[attr-defined]
+        handler = _with_launch_settings(handler, store, backend, params)
+    torchinternals.fresh_store_per_round(handler)
+    if bind_addr:
+        # The handler creates the ranks' shared store (on the node of rendezvous rank 0) through this,
+        # which otherwise listens on every interface.
+        torchinternals.bind_shared_store(
+            handler, lambda master_addr, master_port: listening_store(bind_addr, master_port, timeout_s=read_timeout))
     return handler
 
 
 def _with_launch_settings(torch_handler, store, backend, params: RendezvousParameters):
     """torch's handler (its timeouts and keep-alive parsed from `params`), rebuilt around a `_Node` that
     carries this node's --node-rank and --nnodes, and whose join checks the other nodes against them.
-
-    Uses torch internals (read against torch 2.13; tests/multiproc/test_multinode.py exercises them):
-    the handler's constructor and `_this_node`, its op executor's `run`, the join op's class and the
-    backend state holder.
-    """
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler, _BackendRendezvousStateHolder, _RendezvousJoinOp,
-    )
-
-    if _NodeDesc is object:
-        raise ImportError("torch.distributed.elastic.rendezvous.dynamic_rendezvous._NodeDesc is missing")
-    settings = torch_handler.settings
-    plain = torch_handler._this_node
+    Where this torch's internals are not the ones ddpkit read, torch's handler as it is (warned)."""
     low, high = params.min_nodes, params.max_nodes
     nnodes = str(low) if low == high else f"{low}:{high}"
-    node = _Node(plain.addr, plain.pid, plain.local_id, node_rank=params.get_as_int("node_rank"), nnodes=nnodes)
-    # The constructor hands the node to every part that uses it (op executor, heartbeats, store info).
-    handler = DynamicRendezvousHandler(node, settings, backend.name, store,
-                                       _BackendRendezvousStateHolder(backend, settings))
+
+    def launched(plain) -> _Node:
+        return _Node(plain.addr, plain.pid, plain.local_id, node_rank=params.get_as_int("node_rank"), nnodes=nnodes)
+
+    rebuilt = torchinternals.handler_with_node(torch_handler, launched, backend=backend, store=store)
+    if rebuilt is None:
+        return torch_handler
+    handler, node = rebuilt
     seen: set = set()  # nodes that were participants while this node was joining
 
-    executor = handler._op_executor
-    torch_run = executor.run
+    def check(state) -> None:
+        # Runs after every sync with the store, before torch decides the next step: a node
+        # launched differently fails here, on every node that sees it, instead of timing out.
+        seen.update(state.participants)
+        _check_peers(node, state)
 
-    def run(state_handler, deadline, update_deadline=None):
-        if not isinstance(state_handler, _RendezvousJoinOp):
-            return torch_run(state_handler, deadline, update_deadline)
-
-        def checked(ctx, op_deadline):
-            # Runs after every sync with the store, before torch decides the next step: a node
-            # launched differently fails here, on every node that sees it, instead of timing out.
-            seen.update(ctx.state.participants)
-            _check_peers(node, ctx.state)
-            return state_handler(ctx, op_deadline)
-
-        return torch_run(checked, deadline, update_deadline)
-
-    executor.run = run
+    if not torchinternals.check_each_join(handler, check):
+        return torch_handler
     torch_next_rendezvous = handler.next_rendezvous
 
     def next_rendezvous():
@@ -212,26 +181,6 @@ def _check_peers(node: _Node, state) -> None:
                 f"--node-rank {other.node_rank} was given to two nodes, {by_rank[other.node_rank].describe()} and "
                 f"{other.describe()}; give each node its own --node-rank (0..{high - 1}), or none of them")
         by_rank[other.node_rank] = other
-
-
-def _fresh_store_per_round(handler: RendezvousHandler) -> None:
-    """Give the ranks a new shared store in every rendezvous round, i.e. after every restart.
-
-    torch (2.5 and later) creates the ranks' store once and keeps it across --max-restarts, while the
-    process-group keys the ranks write carry no attempt prefix: a restarted rank can read the
-    address a killed rank published and fail with "connectFullMesh ... Connection refused"
-    (pytorch/pytorch#135712). A new store per round (a new MASTER_PORT) holds no stale keys.
-    """
-    if not hasattr(handler, "_bootstrap_store_info"):
-        return  # a torch whose handler does not cache the store
-    torch_next_rendezvous = handler.next_rendezvous
-
-    def next_rendezvous():
-        handler._bootstrap_store_info = None  # type: ignore[attr-defined]
-        handler._shared_tcp_store_server = None  # type: ignore[attr-defined]
-        return torch_next_rendezvous()
-
-    handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
 
 def register() -> None:

@@ -1,8 +1,10 @@
-"""Capture and restore a rank's random generators (python, numpy, torch, CUDA) as checkpointable plain data.
+"""Every seed ddpkit derives, the seeding of a process's generators, and their checkpointable state.
 
-The captured state holds only tensors and plain python values, so a checkpoint that carries it
-loads with `torch.load(weights_only=True)`: numpy's key array becomes an int64 tensor and python's
-state stays a tuple of ints.
+Seeds are derived from the job's base seed with numpy's SeedSequence (one 32-bit word): each
+purpose has its own function below, so every key layout is in this one place. The captured state
+(`rng_state`) holds only tensors and plain python values, so a checkpoint that carries it loads
+with `torch.load(weights_only=True)`: numpy's key array becomes an int64 tensor and python's state
+stays a tuple of ints.
 """
 
 from __future__ import annotations
@@ -13,9 +15,79 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["rng_state", "set_rng_state", "resumed_rank_seed"]
+__all__ = ["MAX_SEED", "check_seed", "rank_seed", "resumed_rank_seed", "epoch_seed", "batch_seed", "worker_seed",
+           "seed_everything", "rng_state", "set_rng_state"]
 
 _FORMAT = 1
+MAX_SEED = 2**64 - 1
+"""The largest base seed: numpy's SeedSequence takes no negative seeds, torch's generators no wider ones."""
+
+
+def check_seed(seed: object, setting: str = "ddpkit.init") -> int:
+    """`seed` as an int, or a one-line TypeError/ValueError naming `setting`, the value, the rule and a fix."""
+    import operator
+
+    try:
+        value = operator.index(seed) if not isinstance(seed, bool) else None  # type: ignore[call-overload, arg-type, unused-ignore]
+    except TypeError:
+        value = None
+    if value is None:
+        raise TypeError(f"{setting}: seed={seed!r} ({type(seed).__name__}) must be an int from 0 to 2**64 - 1, "
+                        "e.g. seed=0")
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{setting}: seed={value} is out of range; a seed is an int from 0 to 2**64 - 1 (numpy's "
+                         "SeedSequence takes no negative seeds, torch's generators no wider ones), e.g. seed=0")
+    return value
+
+
+def _derive(*keys: int) -> int:
+    import numpy as np
+
+    return int(np.random.SeedSequence(list(keys)).generate_state(1)[0])
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of one rank's python/numpy/torch generators: SeedSequence([seed, rank]) -> 32 bits.
+
+    Ranks get different streams (different dropout and augmentation per rank, which is what
+    data parallelism needs), a fixed `seed` reproduces every rank's stream, and unlike
+    `seed + rank` two runs with neighbouring seeds never share a rank's stream.
+    """
+    return _derive(seed, rank)
+
+
+def resumed_rank_seed(seed: int, rank: int, step: int) -> int:
+    """Seed for a rank that did not exist when the checkpoint was written (the world size grew).
+
+    SeedSequence([seed, rank, step, 1]): reproducible for a given run, distinct from every rank's
+    `rank_seed(seed, rank)` stream and from the other new ranks.
+    """
+    return _derive(seed, rank, step, 1)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's global data order (the same on every rank): SeedSequence([seed, epoch])."""
+    return _derive(seed, epoch)
+
+
+def batch_seed(seed: int, rank: int, epoch: int, step: int, micro_step: int) -> int:
+    """The seed a loader worker uses for one batch, from the batch's place in the run only."""
+    return _derive(seed, rank, epoch, step, micro_step)
+
+
+def worker_seed(seed: int, rank: int, epoch: int, worker_id: int) -> int:
+    """The seed of one loader worker at its start, for what it draws outside a batch."""
+    return _derive(seed, rank, epoch, worker_id)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's `random`, numpy's global generator and torch (CPU and every CUDA device)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device, lazily
 
 
 def rng_state(device: torch.device | str | None = None) -> dict[str, Any]:
@@ -74,14 +146,3 @@ def set_rng_state(state: dict[str, Any], device: torch.device | str | None = Non
     device = torch.device(device) if device is not None else None
     if "cuda" in state and device is not None and device.type == "cuda" and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu().to(torch.uint8), device)
-
-
-def resumed_rank_seed(seed: int, rank: int, step: int) -> int:
-    """Seed for a rank that did not exist when the checkpoint was written (the world size grew).
-
-    SeedSequence([seed, rank, step, 1]): reproducible for a given run, distinct from every rank's
-    `ddpkit.rank_seed(seed, rank)` stream and from the other new ranks.
-    """
-    import numpy as np
-
-    return int(np.random.SeedSequence([seed, rank, step, 1]).generate_state(1)[0])

@@ -1,38 +1,40 @@
 """What `ddpkit run` prints when a job fails: one line per failed rank, lost nodes, hang reports, and one
-line for a rendezvous that did not complete. The ranks' own tracebacks are already on stderr above."""
+line for a rendezvous that did not complete. The ranks' own tracebacks are already on stderr above.
+
+Formats plain values (the run's settings as arguments, torch's exceptions); the launcher calls it."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ddpkit.launch import RunConfig
 
 __all__ = ["print_failures", "failure_message", "print_hang_reports", "rendezvous_error"]
 
 
-def rendezvous_error(e: Exception, cfg: RunConfig) -> str:
-    """One line for a failed rendezvous: what happened at which endpoint, what this node saw, the fix."""
+def rendezvous_error(e: Exception, *, endpoint: str | None, nnodes: str, rdzv_timeout: float,
+                     single_node: bool) -> str:
+    """One line for a failed rendezvous: what happened at which endpoint, what this node saw, the fix.
+
+    The settings are the run's --rdzv-endpoint (None on one node), --nnodes and --rdzv-timeout.
+    """
     from torch.distributed.elastic.rendezvous import (
         RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError,
     )
 
     from ddpkit.rendezvous import NodeMismatchError
 
-    where = cfg.rdzv_endpoint or "127.0.0.1 (one node)"
+    where = endpoint or "127.0.0.1 (one node)"
     if isinstance(e, NodeMismatchError):
         return f"rendezvous at {where}: {e}"  # names both nodes' settings and the fix
-    low, _, high = cfg.nnodes.partition(":")
+    low, _, high = nnodes.partition(":")
     nodes = f"{low} nodes" if high in ("", low) else f"at least {low} nodes"
-    same = (f"start every node with the same --nnodes {cfg.nnodes} and --rdzv-endpoint {where} (and --rdzv-id, "
+    same = (f"start every node with the same --nnodes {nnodes} and --rdzv-endpoint {where} (and --rdzv-id, "
             "if you pass it)")
-    if cfg.single_node:
+    if single_node:
         same = "run it again, and if it fails again report it with the output of `ddpkit env`"
     seen = str(e).strip().splitlines()[0] if str(e).strip() else ""  # what this node saw, from ddpkit.rendezvous
     if isinstance(e, RendezvousTimeoutError):
-        return (f"rendezvous at {where} timed out after --rdzv-timeout {cfg.rdzv_timeout:g} s: --nnodes "
-                f"{cfg.nnodes} expects {nodes}{' and ' + seen if seen else ''}; {same}, all within --rdzv-timeout "
+        return (f"rendezvous at {where} timed out after --rdzv-timeout {rdzv_timeout:g} s: --nnodes "
+                f"{nnodes} expects {nodes}{' and ' + seen if seen else ''}; {same}, all within --rdzv-timeout "
                 "of each other (raise it if nodes start far apart)")
     if isinstance(e, RendezvousClosedError):
         return (f"rendezvous at {where} was closed by another node before {nodes} joined"
@@ -46,16 +48,16 @@ def rendezvous_error(e: Exception, cfg: RunConfig) -> str:
     return f"rendezvous at {where} failed ({type(e).__name__}{': ' + seen if seen else ''}); {same}"
 
 
-def print_hang_reports(cfg: RunConfig) -> None:
-    """After a failure: the watchdogs' one line per rank, if they declared a hang."""
-    if cfg.hang_report_dir is None:
+def print_hang_reports(report_dir: str | None, *, hang_timeout_s: float | None) -> None:
+    """After a failure: the watchdogs' one line per rank, if they declared a hang in `report_dir`."""
+    if report_dir is None:
         return
     from ddpkit.watchdog import collect_reports, summarize
 
-    reports = collect_reports(cfg.hang_report_dir)
+    reports = collect_reports(report_dir)
     if reports:
-        print(f"ddpkit run: hang detected (--hang-timeout {cfg.hang_timeout_s:g} s); reports in "
-              f"{cfg.hang_report_dir}", file=sys.stderr)
+        print(f"ddpkit run: hang detected (--hang-timeout {hang_timeout_s:g} s); reports in {report_dir}",
+              file=sys.stderr)
         for line in summarize(reports):
             print(f"ddpkit run:   {line}", file=sys.stderr)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import math
 import os
-import random
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -12,33 +12,15 @@ from typing import TYPE_CHECKING, Any
 from ddpkit.device import select_device
 from ddpkit.env import LaunchEnv, read_env
 from ddpkit.preemption import StopFlag
+from ddpkit.rng import check_seed, rank_seed, seed_everything
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Context", "init", "rank_seed", "seed_everything", "exit_with_launcher"]
+__all__ = ["Context", "init", "exit_with_launcher"]
 
-
-def rank_seed(seed: int, rank: int) -> int:
-    """The seed of one rank's python/numpy/torch generators: SeedSequence([seed, rank]) -> 32 bits.
-
-    Ranks get different streams (different dropout and augmentation per rank, which is what
-    data parallelism needs), a fixed `seed` reproduces every rank's stream, and unlike
-    `seed + rank` two runs with neighbouring seeds never share a rank's stream.
-    """
-    import numpy as np
-
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python's `random`, numpy's global generator and torch (CPU and every CUDA device)."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device, lazily
+_MAX_TIMEOUT_S = 1e9
+"""About 32 years: a finite bound that any timedelta and torch's millisecond timeouts hold."""
 
 
 @dataclass(eq=False)
@@ -57,6 +39,8 @@ class Context:
     """How long a collective may wait for a peer (init's timeout_s)."""
     _closed: bool = field(default=False, repr=False)
     _stop: StopFlag = field(default_factory=StopFlag, repr=False)
+    _watchdog: Any = field(default=None, repr=False)
+    """The hang watchdog init started (close and abort stop it); None when there is none or it was already running."""
 
     @property
     def rank(self) -> int:
@@ -101,6 +85,7 @@ class Context:
             return
         self._closed = True
         self._stop.uninstall()
+        self._stop_watchdog()
         _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
     def abort(self, exc: BaseException | None = None) -> None:
@@ -111,7 +96,14 @@ class Context:
         self._stop.uninstall()
         if exc is not None:
             _record_error(exc)
+        self._stop_watchdog()
         _teardown(barrier_key=None)
+
+    def _stop_watchdog(self) -> None:
+        """Stop the watchdog init started; the last listener out restores torch.distributed's functions."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
 
     def __enter__(self) -> Context:
         return self
@@ -145,17 +137,16 @@ def init(
         env: the launcher's contract; default `read_env()` of this process.
         hang_timeout_s: start a hang watchdog: a rank blocked this long in a collective (or in
             DDP's backward) without progress prints its stack and the collective's call site, and
-            exits (see ddpkit.watchdog). None: off (`ddpkit run --hang-timeout` turns it on too).
+            exits (see ddpkit.watchdog). It wraps torch.distributed's collectives process-wide
+            until `close()`; None (the default) leaves torch.distributed untouched. If a watchdog
+            already runs in this process (`ddpkit run --hang-timeout`, `ddpkit check`), it takes
+            this timeout from now on, with a warning when that changes it.
+
+    Every argument is checked before anything else happens: a bad value raises a one-line
+    TypeError/ValueError, and no process group exists.
     """
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed={seed!r} must be an int, e.g. ddpkit.init(seed=0)")
-    for name, value in (("timeout_s", timeout_s), ("hang_timeout_s", hang_timeout_s)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise TypeError(f"{name}={value!r} must be a number of seconds, e.g. {name}=600")
-    if timeout_s is None or not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds, e.g. timeout_s=600")
-    if hang_timeout_s is not None and not hang_timeout_s > 0:
-        raise ValueError(f"hang_timeout_s={hang_timeout_s} must be > 0 seconds (or None: off), e.g. 300")
+    seed = _check_init_args(seed=seed, device=device, timeout_s=timeout_s, init_method=init_method, env=env,
+                            hang_timeout_s=hang_timeout_s)
     env = read_env() if env is None else env
     if env.launcher == "torchrun":
         exit_with_launcher()
@@ -184,16 +175,43 @@ def init(
             timeout=timedelta(seconds=timeout_s),
             **kwargs,
         )
+    watchdog = None
     if hang_timeout_s is not None and env.distributed:
-        from ddpkit.watchdog import start_watchdog
+        from ddpkit.watchdog import running_watchdog, start_watchdog
 
-        start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
+        started_here = running_watchdog() is None
+        watchdog = start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
+        watchdog = watchdog if started_here else None
     seed_everything(rank_seed(seed, env.rank))
-    ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s)
+    ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s, _watchdog=watchdog)
     ctx._stop.install()
     if env.distributed:
         _abort_on_uncaught(ctx)
     return ctx
+
+
+def _check_init_args(*, seed: Any, device: Any, timeout_s: Any, init_method: Any, env: Any,
+                     hang_timeout_s: Any) -> int:
+    """init()'s arguments checked (the seed returned as an int), before any process group or device exists."""
+    checked = check_seed(seed, "ddpkit.init")
+    if not isinstance(device, str):
+        raise TypeError(f"ddpkit.init: device={device!r} must be 'auto', 'cuda' or 'cpu'")
+    for name, value, example in (("timeout_s", timeout_s, 600), ("hang_timeout_s", hang_timeout_s, 300)):
+        if value is None and name == "hang_timeout_s":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"ddpkit.init: {name}={value!r} must be a number of seconds, e.g. {name}={example}")
+        if not (value > 0 and math.isfinite(value) and value <= _MAX_TIMEOUT_S):
+            off = " (or None: no watchdog)" if name == "hang_timeout_s" else ""
+            raise ValueError(f"ddpkit.init: {name}={value} must be a number of seconds > 0 and at most "
+                             f"{_MAX_TIMEOUT_S:.0e}{off}, e.g. {name}={example}")
+    if init_method is not None and not isinstance(init_method, str):
+        raise TypeError(f"ddpkit.init: init_method={init_method!r} must be a rendezvous URL string such as "
+                        "'file:///shared/store' or 'tcp://host:port', or None to read MASTER_ADDR/MASTER_PORT")
+    if env is not None and not isinstance(env, LaunchEnv):
+        raise TypeError(f"ddpkit.init: env={type(env).__name__} must be a ddpkit.LaunchEnv (from ddpkit.read_env()) "
+                        "or None to read this process's environment")
+    return checked
 
 
 def _abort_on_uncaught(ctx: Context) -> None:
@@ -253,11 +271,10 @@ def _teardown(*, barrier_key: str | None) -> None:
 
 def _store_barrier(dist: Any, key: str) -> None:
     """Wait until every rank has reached `key`, through the rendezvous store (no gloo traffic)."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
+    from ddpkit.torchinternals import default_store
 
-        store = _get_default_store()
-    except (ImportError, RuntimeError, ValueError):
+    store = default_store()  # type: ignore[no-untyped-call, unused-ignore]
+    if store is None:
         return  # the gloo barrier above is then the only synchronisation
     world_size = dist.get_world_size()
     if store.add(key, 1) == world_size:

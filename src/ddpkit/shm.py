@@ -1,7 +1,12 @@
-"""Host shared memory for the ranks of one host: a segment every rank maps, and a barrier through it.
+"""The opt-in shared-memory gradient exchange, `ddpkit.wrap(..., comm="shm")`, and what it stands on.
 
-ddpkit.comm sends gradients through such a segment (wrap's "shm" exchange). ddpkit.optim keeps the
-parameters of a sharded optimizer in one, with their optimizer state in another.
+CPU ranks that all share one host average their gradients through one POSIX shared-memory segment
+instead of gloo's loopback TCP. The exchange is a DDP communication hook registered through DDP's
+public `register_comm_hook`, so it owns DDP's one hook slot like any hook a user registers. A rank
+that waits for a peer that died, or that skipped a backward, raises instead of hanging.
+
+The segment (`map_segment`) and its barrier (`ShmBarrier`) also hold ddpkit.optim's sharded
+optimizer state.
 """
 
 from __future__ import annotations
@@ -11,18 +16,23 @@ import platform
 import time
 from typing import TYPE_CHECKING
 
+from ddpkit.tracer import traced
+
 if TYPE_CHECKING:
     import torch
 
     from ddpkit.runtime import Context
 
-__all__ = ["HEADER_LINE", "shm_unsupported", "map_segment", "ShmBarrier"]
+__all__ = ["HEADER_LINE", "PIECE_BYTES", "shm_unsupported", "map_segment", "ShmBarrier", "register_shm_exchange"]
 
 _SHM_DIR = "/dev/shm"
 HEADER_LINE = 64
 """Bytes per rank in a segment's header (one cache line): barrier counter byte, then the pid."""
 _TSO = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 """x86 keeps stores in program order, so a rank that sees a peer's flag also sees the data written before it."""
+PIECE_BYTES = 1 << 19
+"""Gradients cross the segment in pieces of at most this many bytes, so its size does not grow with the
+model. Read when the exchange is registered."""
 
 
 def shm_unsupported(ctx: Context) -> str | None:
@@ -179,3 +189,106 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def register_shm_exchange(model: torch.nn.Module, *, timeout_s: float) -> None:
+    """Average `model`'s gradients through shared memory: map the segment, register the DDP hook.
+
+    A collective over the default group (every rank maps rank 0's segment); raises on every rank if
+    any rank cannot map it. `model` is a DistributedDataParallel model with no comm hook yet; the
+    hook then holds DDP's one slot (DDP refuses a second `register_comm_hook`). `timeout_s`: how
+    long a rank waits in backward for a peer before raising (init's timeout_s).
+    """
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    name, arena = map_segment((world_size + 1) * PIECE_BYTES, required=True, what="wrap(comm='shm')",
+                              fix="use comm=None (PyTorch's all-reduce) otherwise")
+    model.register_comm_hook(_ShmState(name, arena, dist.get_rank(), world_size, timeout_s), _shm_hook)
+
+
+class _ShmState:
+    """The hook's state: a mapped segment of world_size + 1 piece-sized slots and a flag line per rank.
+
+    Layout: `world_size` header lines (rank r's barrier counter at byte 64r, its pid at 64r + 8),
+    then one slot per rank (its contribution: a piece of its bucket, divided by the world size),
+    then the result slot (each rank writes the sum of its share of the piece there). The mapping
+    belongs to `arena`'s storage and is unmapped when the DDP model, which holds this state, is
+    freed; the segment's name is unlinked at setup, so nothing is ever left in /dev/shm.
+    """
+
+    def __init__(self, name: str, arena: torch.Tensor, rank: int, world_size: int, timeout_s: float) -> None:
+        self.name = name
+        self.arena = arena
+        self.rank = rank
+        self.world_size = world_size
+        header = world_size * HEADER_LINE
+        self.piece_bytes = (arena.numel() - header) // (world_size + 1)
+        self._slot_offsets = [header + s * self.piece_bytes for s in range(world_size + 1)]
+        self._plans: dict[tuple, list[tuple]] = {}
+        self.barrier = ShmBarrier(arena, rank, world_size, timeout_s, "in backward() for rank {peer}'s gradients",
+                                  "skipped a backward() (every rank must run the same number of backward passes "
+                                  "through the DDP model)").wait
+
+    def plan(self, buffer: torch.Tensor) -> list[tuple]:
+        """Per piece of `buffer`: (its start and stop in the flat buffer, its slot, the slots' views of
+        this rank's share, the share's place in the result slot, the result for the piece).
+
+        Cached by size and dtype, and made of views of the segment only: a view of the bucket itself
+        would keep DDP's first-step buckets (a gradient-sized buffer) alive after DDP rebuilds them.
+        """
+        key = (buffer.numel(), buffer.dtype)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        views = [self.arena[o:o + self.piece_bytes].view(buffer.dtype) for o in self._slot_offsets]
+        slots, result = views[:-1], views[-1]
+        numel, per, plan = buffer.numel(), result.numel(), []
+        for start in range(0, numel, per):
+            m = min(per, numel - start)
+            share = -(-m // self.world_size)
+            lo, hi = min(self.rank * share, m), min((self.rank + 1) * share, m)
+            terms = [slot[lo:hi] for slot in slots] if lo < hi else None
+            plan.append((start, start + m, slots[self.rank][:m], terms, result[lo:hi], result[:m]))
+        self._plans[key] = plan
+        return plan
+
+
+def _shm_hook(state, bucket):
+    """A comm hook: average the bucket over ranks through the shared segment, piece by piece.
+
+    For each piece: every rank writes piece/world_size into its slot; barrier; rank r sums share r
+    of every slot in rank order into the result slot; barrier; every rank copies the result back
+    into its bucket. The same summation order everywhere gives bit-identical replicas; on 2 ranks
+    it is the same a/2 + b/2 PyTorch's all-reduce computes. Sparse or strided buckets take
+    PyTorch's all-reduce. Unannotated: DDP rejects annotations other than its own on a hook.
+    """
+    buffer = bucket.buffer()
+    if buffer.is_sparse or not buffer.is_contiguous():
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        return allreduce_hook(None, bucket)
+    return _exchange(state, buffer)
+
+
+def _exchange_impl(state: _ShmState, buffer: torch.Tensor):
+    import torch
+
+    world, flat = state.world_size, buffer.view(-1)
+    for start, stop, mine, terms, out, result in state.plan(buffer):
+        piece = flat[start:stop]
+        torch.div(piece, world, out=mine)
+        state.barrier()
+        if terms is not None:
+            torch.add(terms[0], terms[1], out=out)
+            for term in terms[2:]:
+                out.add_(term)
+        state.barrier()
+        piece.copy_(result)
+    fut = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+_exchange = traced("shm_all_reduce", _exchange_impl)
+"""The exchange as hang forensics and `ddpkit check` see it: a collective named shm_all_reduce."""

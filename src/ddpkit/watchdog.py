@@ -22,7 +22,8 @@ from typing import Any
 
 from ddpkit import tracer
 
-__all__ = ["Watchdog", "start_watchdog", "HANG_EXIT_CODE", "collect_reports", "summarize", "describe"]
+__all__ = ["Watchdog", "start_watchdog", "running_watchdog", "HANG_EXIT_CODE", "collect_reports", "summarize",
+           "describe"]
 
 HANG_EXIT_CODE = 124
 """Exit status of a rank stopped by the watchdog (the same as coreutils `timeout`)."""
@@ -76,7 +77,16 @@ class Watchdog:
         self._thread.start()
         return self
 
+    def set_timeout(self, timeout_s: float) -> None:
+        """Declare a hang after `timeout_s` without progress from now on (polling at least as often as it needs)."""
+        if not timeout_s > 0:
+            raise ValueError(f"hang timeout {timeout_s!r} must be > 0 seconds, e.g. 300")
+        self.timeout_s = float(timeout_s)
+        self.poll_s = min(self.poll_s, self.timeout_s / 5)
+
     def stop(self) -> None:
+        if self in _active:
+            _active.remove(self)
         self._stop.set()
         tracer.uninstall(self)
         for handle in self._hooks:
@@ -141,10 +151,28 @@ _active: list[Watchdog] = []
 
 
 def start_watchdog(*, timeout_s: float, rank: int, world_size: int, report_dir: str | None = None) -> Watchdog:
-    """Start this process's watchdog, or return the running one (e.g. started by `ddpkit run --hang-timeout`)."""
+    """Start this process's watchdog, or return the running one (e.g. started by `ddpkit run --hang-timeout`).
+
+    A running watchdog takes `timeout_s` from then on (the latest request is honoured), with a
+    warning when that changes its timeout; it keeps its report directory.
+    """
     if not _active:
         _active.append(Watchdog(timeout_s=timeout_s, rank=rank, world_size=world_size, report_dir=report_dir).start())
-    return _active[0]
+        return _active[0]
+    running = _active[0]
+    if float(timeout_s) != running.timeout_s:
+        import warnings
+
+        warnings.warn(f"hang_timeout_s={timeout_s:g}: this process's hang watchdog (started by `ddpkit run "
+                      f"--hang-timeout`, `ddpkit check` or an earlier ddpkit.init) now declares a hang after "
+                      f"{timeout_s:g} s instead of {running.timeout_s:g} s", stacklevel=3)
+        running.set_timeout(timeout_s)
+    return running
+
+
+def running_watchdog() -> Watchdog | None:
+    """This process's running watchdog, if any."""
+    return _active[0] if _active else None
 
 
 def describe(report: dict[str, Any]) -> str:

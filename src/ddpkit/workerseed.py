@@ -45,11 +45,9 @@ class SeededFetch:
     def __getitems__(self, indices: list[int]) -> list[Any]:
         key = getattr(indices, "key", None)
         if key is not None:
-            import numpy as np
+            from ddpkit.rng import batch_seed, seed_everything
 
-            from ddpkit.runtime import seed_everything
-
-            seed_everything(int(np.random.SeedSequence([self.seed, self.rank, *key]).generate_state(1)[0]))
+            seed_everything(batch_seed(self.seed, self.rank, *key))
         fetch = getattr(self.dataset, "__getitems__", None)
         return fetch(list(indices)) if fetch else [self.dataset[i] for i in indices]
 
@@ -63,11 +61,8 @@ class WorkerSeeder:
         self.seed, self.rank, self.sampler, self.user = seed, rank, sampler, user
 
     def __call__(self, worker_id: int) -> None:
-        import numpy as np
+        from ddpkit.rng import seed_everything, worker_seed
 
-        from ddpkit.runtime import seed_everything
-
-        seq = np.random.SeedSequence([self.seed, self.rank, self.sampler.epoch, worker_id])
-        seed_everything(int(seq.generate_state(1)[0]))
+        seed_everything(worker_seed(self.seed, self.rank, self.sampler.epoch, worker_id))
         if self.user is not None:
             self.user(worker_id)

@@ -1,4 +1,5 @@
-"""wrap(comm=...): the shared-memory default matches exact DDP (bit for bit on 2 ranks); 16-bit is close."""
+"""wrap(comm=...): the default is PyTorch's DDP all-reduce with no hook; opt-in 'shm' matches it (bit for bit on
+2 ranks); 16-bit is close."""
 
 from __future__ import annotations
 
@@ -46,6 +47,64 @@ def test_comm_rejects_unknown_value_and_is_harmless_at_world_size_1():
     ctx.close()
 
 
+def _hooks_registered(info: RankInfo):
+    """Which comm hooks ddpkit registers for the default, comm=None and the deprecated comm='auto'."""
+    import warnings
+
+    import ddpkit
+
+    DDP = torch.nn.parallel.DistributedDataParallel
+    calls = []
+    real_register = DDP.register_comm_hook
+
+    def spy_register(self, state, hook):  # DDP's one public way in; its builtin hooks are private
+        calls.append(getattr(hook, "__name__", repr(hook)))
+        return real_register(self, state, hook)
+
+    DDP.register_comm_hook = spy_register
+    out = {}
+    with info.init(seed=0) as ctx:
+        for label, kwargs in (("default", {}), ("None", {"comm": None}), ("auto", {"comm": "auto"})):
+            calls.clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = ddpkit.wrap(torch.nn.Linear(8, 8), ctx, **kwargs)
+            g = torch.Generator().manual_seed(ctx.rank)
+            model(torch.randn(4, 8, generator=g)).sum().backward()
+            out[label] = {
+                "hooks": list(calls),
+                "patched": sorted(n for n in vars(model) if "register" in n),  # methods set on the instance
+                "warnings": [f"{w.category.__name__}: {w.message} @ {os.path.basename(w.filename)}" for w in caught],
+                "grad": model.module.weight.grad.clone(),
+            }
+        calls.clear()
+        ddpkit.wrap(torch.nn.Linear(8, 8), ctx, comm="bf16")
+        out["bf16"] = list(calls)  # the spy does see ddpkit's own registrations
+    return out
+
+
+def test_default_wrap_registers_no_comm_hook_and_patches_nothing():
+    for out in run_ranks(_hooks_registered, 2):
+        for label in ("default", "None", "auto"):
+            assert out[label]["hooks"] == [], (label, out[label]["hooks"])
+            assert out[label]["patched"] == [], label
+            assert torch.equal(out[label]["grad"], out["default"]["grad"])
+        assert out["default"]["warnings"] == [] and out["None"]["warnings"] == []
+        (warning,) = out["auto"]["warnings"]
+        assert warning.startswith("FutureWarning: wrap(comm='auto') is deprecated") and "comm='shm'" in warning
+        assert warning.endswith("@ test_comm.py")  # points at the caller's line, not ddpkit's
+        assert out["bf16"] == ["ddpkit_bfloat16_compress_hook"]
+
+
+def test_auto_is_a_deprecated_alias_of_none_at_world_size_1():
+    import ddpkit
+
+    ctx = ddpkit.init(env=ddpkit.read_env())
+    with pytest.warns(FutureWarning, match=r"comm='auto'.*default is now comm=None.*comm='shm'"):
+        assert isinstance(ddpkit.wrap(torch.nn.Linear(2, 2), ctx, comm="auto"), torch.nn.Linear)
+    ctx.close()
+
+
 def _shm_batches(step: int, rank: int, micro: int = 0):
     g = torch.Generator().manual_seed(1000 * step + 10 * rank + micro)
     return torch.randn(8, 64, generator=g), torch.randn(8, 4, generator=g)
@@ -58,32 +117,31 @@ def _shm_model() -> torch.nn.Module:
 
 
 def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
-    """comm=None, 'auto' and 'shm' copies trained on the same data; a tiny bucket cap gives several buckets."""
+    """comm=None and 'shm' copies trained on the same data; a tiny bucket cap gives several buckets."""
     import gc
 
     import ddpkit
-    import ddpkit.comm
     import ddpkit.shm
 
-    ddpkit.comm._PIECE_BYTES = piece_bytes  # buckets span several pieces, the last one a ragged share
+    ddpkit.shm.PIECE_BYTES = piece_bytes  # buckets span several pieces, the last one a ragged share
     ddpkit.shm._TSO = tso  # False: the gloo barrier other CPUs use
     hashes, calls, names, live = [], {"n": 0}, [], []
-    real_shm_state, real_exchange = ddpkit.comm._shm_state, ddpkit.comm._exchange
+    real_state, real_exchange = ddpkit.shm._ShmState, ddpkit.shm._exchange
 
-    def recording_shm_state(*args, **kwargs):  # keeps the segment's name; the state only while its model lives
-        state = real_shm_state(*args, **kwargs)
-        names.append(state.name)
-        live.append(state)
-        return state
+    class RecordingState(real_state):  # keeps the segment's name; the state only while its model lives
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            names.append(self.name)
+            live.append(self)
 
     def counting_exchange(state, buffer):  # one per bucket per backward
         calls["n"] += 1
         return real_exchange(state, buffer)
 
-    ddpkit.comm._shm_state, ddpkit.comm._exchange = recording_shm_state, counting_exchange
+    ddpkit.shm._ShmState, ddpkit.shm._exchange = RecordingState, counting_exchange
     out = {}
     with info.init(seed=0) as ctx:
-        for comm, k in ((None, 1), ("auto", 1), ("shm", 2)):
+        for comm, k in ((None, 1), ("shm", 1), ("shm", 2)):
             model = ddpkit.wrap(_shm_model(), ctx, comm=comm, bucket_cap_mb=0.01)
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             calls["n"] = 0
@@ -94,14 +152,14 @@ def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
                         (torch.nn.functional.mse_loss(model(x), y) / k).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                if comm == "auto":
+                if (comm, k) == ("shm", 1):
                     hashes.append(ddpkit.param_sha256(model))
             out[(comm, k)] = ([p.detach().clone() for p in ddpkit.unwrap(model).parameters()], calls["n"])
             for state in live:  # the cached plans view the segment only, never a (since rebuilt) DDP bucket
                 arena = state.arena.untyped_storage().data_ptr()
                 views = [t for plan in state._plans.values() for _, _, mine, terms, share, result in plan
                          for t in (mine, share, result, *(terms or ()))]
-                out[comm, "plans view the segment only"] = bool(views) and all(
+                out[(comm, k), "plans view the segment only"] = bool(views) and all(
                     t.untyped_storage().data_ptr() == arena for t in views)
                 del state, views  # they hold the mapping, which must go with the model
             live.clear()
@@ -127,15 +185,15 @@ def _one_process_reference(steps: int, world_size: int) -> list[torch.Tensor]:
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
 @pytest.mark.parametrize("world_size,piece_bytes,tso", [(2, 1 << 20, True), (2, 4096, True), (2, 4096, False),
                                                          (3, 4100, True)])
-def test_shm_is_the_default_matches_exact_ddp_and_leaves_nothing_in_dev_shm(world_size, piece_bytes, tso):
+def test_shm_matches_exact_ddp_and_leaves_nothing_in_dev_shm(world_size, piece_bytes, tso):
     steps = 12
     results = run_ranks(_shm_train, world_size, steps, piece_bytes, tso, timeout=180)
     r0, hashes0 = results[0]
     assert len(r0["names"]) == 2 and all(r["names"] == r0["names"] for r, _ in results)
     assert not [n for n in r0["names"] if os.path.exists(os.path.join("/dev/shm", n))]  # unlinked at wrap
     assert len(hashes0) == steps and all(h == hashes0 for _, h in results)  # replicas bit-identical every step
-    exact, auto = r0[(None, 1)][0], r0[("auto", 1)][0]
-    for s, e, o in zip(auto, exact, _one_process_reference(steps, world_size)):
+    exact, shm = r0[(None, 1)][0], r0[("shm", 1)][0]
+    for s, e, o in zip(shm, exact, _one_process_reference(steps, world_size)):
         if world_size == 2:  # a/2 + b/2 either way: the same bits as PyTorch's all-reduce
             assert torch.equal(s, e)
         torch.testing.assert_close(s, e, rtol=0, atol=1e-6)
@@ -143,20 +201,21 @@ def test_shm_is_the_default_matches_exact_ddp_and_leaves_nothing_in_dev_shm(worl
     for r, _ in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(r0[("shm", 2)][0], r[("shm", 2)][0]))
     assert r0[(None, 1)][1] == 0  # comm=None: PyTorch's all-reduce, no exchange
-    calls, accum_calls = r0[("auto", 1)][1], r0[("shm", 2)][1]
+    calls, accum_calls = r0[("shm", 1)][1], r0[("shm", 2)][1]
     assert calls > steps  # several buckets
     assert accum_calls == calls  # accumulate(): one exchange per bucket per optimizer step, not per micro-step
     assert all(r["mapped"] == 0 for r, _ in results)
-    assert all(r["auto", "plans view the segment only"] and r["shm", "plans view the segment only"] for r, _ in results)
+    assert all(r[("shm", 1), "plans view the segment only"] and r[("shm", 2), "plans view the segment only"]
+               for r, _ in results)
 
 
 def _big_bucket(info: RankInfo):
-    """A 36 MB gradient bucket through the default exchange; the mapped segment stays the same small size."""
+    """A 36 MB gradient bucket through the shm exchange; the mapped segment stays the same small size."""
     import ddpkit
 
     with info.init(seed=0) as ctx:
         grads = {}
-        for comm in (None, "auto"):
+        for comm in (None, "shm"):
             torch.manual_seed(3)
             model = ddpkit.wrap(torch.nn.Linear(3000, 3000), ctx, comm=comm)
             g = torch.Generator().manual_seed(ctx.rank)
@@ -169,16 +228,16 @@ def _big_bucket(info: RankInfo):
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
 def test_shm_segment_size_does_not_grow_with_the_bucket():
-    import ddpkit.comm
+    import ddpkit.shm
 
     for grads in run_ranks(_big_bucket, 2, timeout=120):
-        assert all(torch.equal(a, b) for a, b in zip(grads[None], grads["auto"]))
+        assert all(torch.equal(a, b) for a, b in zip(grads[None], grads["shm"]))
         assert grads[None, "mapped"] == 0
-        assert 0 < grads["auto", "mapped"] <= 2 * 64 + 3 * ddpkit.comm._PIECE_BYTES + 4096 < 36_000_000 // 8
+        assert 0 < grads["shm", "mapped"] <= 2 * 64 + 3 * ddpkit.shm.PIECE_BYTES + 4096 < 36_000_000 // 8
 
 
 def _own_hooks(info: RankInfo):
-    """A user's hook replaces the default exchange; an explicit comm= keeps the slot and says so."""
+    """A user's hook on a default-wrapped model is DDP's own business; an opt-in comm= holds DDP's one slot."""
     import torch.distributed as dist
 
     import ddpkit
@@ -196,26 +255,22 @@ def _own_hooks(info: RankInfo):
         model.register_comm_hook("mine", my_hook)
         model(torch.ones(2, 8)).sum().backward()
         out["user_hook_calls"] = seen
-        builtin = ddpkit.wrap(torch.nn.Linear(8, 8), ctx)
-        builtin.register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-        builtin(torch.ones(2, 8)).sum().backward()
-        out["builtin_grad"] = builtin.module.bias.grad.tolist()
-        for comm, call in (("shm", lambda m: m.register_comm_hook(None, my_hook)),
-                           ("auto", lambda m: m.register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS))):
+        out["grad"] = model.module.bias.grad.tolist()
+        for comm in ("shm", "bf16"):
             try:
-                call(ddpkit.wrap(torch.nn.Linear(8, 8), ctx, comm=comm))
+                ddpkit.wrap(torch.nn.Linear(8, 8), ctx, comm=comm).register_comm_hook(None, my_hook)
+                out[comm] = "no error"
             except RuntimeError as e:
-                out[comm] = str(e)
+                out[comm] = type(e).__name__
     return out
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
-def test_a_users_comm_hook_replaces_the_default_exchange():
+def test_a_users_comm_hook_works_on_the_default_and_an_opt_in_hook_holds_the_slot():
     for out in run_ranks(_own_hooks, 2):
         assert out["user_hook_calls"] == ["mine"]
-        assert out["builtin_grad"] == [2.0] * 8  # d(sum)/d(bias) = batch size 2, averaged over ranks
-        assert "wrap(comm='shm')" in out["shm"] and "comm=None" in out["shm"]
-        assert "FP16_COMPRESS" in out["auto"] and "comm='fp16'" in out["auto"]
+        assert out["grad"] == [2.0] * 8  # d(sum)/d(bias) = batch size 2, averaged over ranks
+        assert out["shm"] == out["bf16"] == "RuntimeError"  # DDP's own "can only be called once"
 
 
 def _peer_dies(info: RankInfo):
@@ -223,7 +278,7 @@ def _peer_dies(info: RankInfo):
     import ddpkit
 
     ctx = info.init(seed=0)
-    model = ddpkit.wrap(torch.nn.Linear(8, 8), ctx)
+    model = ddpkit.wrap(torch.nn.Linear(8, 8), ctx, comm="shm")
     if info.rank == 1:
         os._exit(3)
     model(torch.ones(2, 8)).sum().backward()
@@ -237,7 +292,7 @@ def _peer_stalls(info: RankInfo):
     import ddpkit
 
     with info.init(seed=0) as ctx:  # gloo keeps its long timeout for the closing barrier
-        model = ddpkit.wrap(torch.nn.Linear(8, 8), dataclasses.replace(ctx, timeout_s=2))
+        model = ddpkit.wrap(torch.nn.Linear(8, 8), dataclasses.replace(ctx, timeout_s=2), comm="shm")
         if info.rank == 1:
             time.sleep(5)
             return None
@@ -259,49 +314,25 @@ def test_shm_exchange_does_not_hang_when_a_peer_dies_or_stalls():
     assert 2 <= waited < 5
 
 
-def _auto_falls_back(info: RankInfo):
-    """'auto' keeps PyTorch's all-reduce, on every rank, where shared memory cannot serve: no error."""
+def _shm_sparse(info: RankInfo):
+    """comm='shm' on a model with sparse gradients: the sparse bucket takes PyTorch's all-reduce."""
     import ddpkit
-    import ddpkit.comm
     import ddpkit.shm
 
     calls = []
-    real_exchange = ddpkit.comm._exchange
-    ddpkit.comm._exchange = lambda state, buffer: calls.append(1) or real_exchange(state, buffer)
-    if info.rank == 1:
-        ddpkit.shm._SHM_DIR = info.tmp  # looks for the segment where it is not, as a rank on another host would
+    real_exchange = ddpkit.shm._exchange
+    ddpkit.shm._exchange = lambda state, buffer: calls.append(1) or real_exchange(state, buffer)
     with info.init(seed=0) as ctx:
-        model = ddpkit.wrap(torch.nn.Linear(4, 4), ctx)
-        model(torch.ones(2, 4)).sum().backward()
-        ddpkit.shm._SHM_DIR = "/dev/shm"
-        sparse = ddpkit.wrap(torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True), ctx)
-        sparse(torch.tensor([[1, 2]])).sum().backward()
-        return len(calls), model.module.bias.grad.tolist(), sparse.module.weight.grad.is_sparse
+        sparse = ddpkit.wrap(torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True), ctx, comm="shm")
+        sparse(torch.tensor([[1, 2 + ctx.rank]])).sum().backward()
+        grad = sparse.module.weight.grad
+        return len(calls), grad.is_sparse, grad.to_dense()[1:4, 0].tolist()
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
-def test_auto_falls_back_to_allreduce_on_every_rank():
-    assert run_ranks(_auto_falls_back, 2) == [(0, [2.0] * 4, True)] * 2
-
-
-def test_auto_resolves_to_shm_only_for_cpu_ranks_on_one_host():
-    import types
-
-    from ddpkit.comm import resolve_comm
-
-    def fake_ctx(device: str, world_size: int, local_world_size: int):
-        env = types.SimpleNamespace(local_world_size=local_world_size)
-        return types.SimpleNamespace(distributed=world_size > 1, device=torch.device(device), world_size=world_size,
-                                     env=env)
-
-    dense = torch.nn.Linear(2, 2)
-    assert resolve_comm("auto", fake_ctx("cpu", 4, 4), dense) == "shm"
-    assert resolve_comm("auto", fake_ctx("cpu", 4, 2), dense) is None  # two hosts
-    assert resolve_comm("auto", fake_ctx("cuda:0", 4, 4), dense) is None
-    assert resolve_comm("auto", fake_ctx("cpu", 1, 1), dense) is None
-    assert resolve_comm("auto", fake_ctx("cpu", 4, 4), torch.nn.Embedding(5, 2, sparse=True)) is None
-    for explicit in (None, "bf16", "shm"):
-        assert resolve_comm(explicit, fake_ctx("cuda:0", 4, 2), dense) == explicit
+def test_shm_sends_sparse_gradients_through_allreduce():
+    # rows 1 and 2 on rank 0, rows 1 and 3 on rank 1: row 1 averages to 1, rows 2 and 3 to 1/2
+    assert run_ranks(_shm_sparse, 2) == [(0, True, [1.0, 0.5, 0.5])] * 2
 
 
 def test_shm_refuses_ranks_on_several_hosts_and_cuda():
@@ -322,7 +353,6 @@ def test_shm_refuses_ranks_on_several_hosts_and_cuda():
 def _shm_unreachable(info: RankInfo):
     """Rank 1 looks for the segment where it is not (as a rank on another host would): every rank raises."""
     import ddpkit
-    import ddpkit.comm
     import ddpkit.shm
 
     if info.rank == 1:
@@ -363,14 +393,14 @@ class _Branchy(torch.nn.Module):
 
 
 def _unusual_models(info: RankInfo):
-    """The default exchange on unused parameters, frozen layers, float64 buckets and uneven inputs (Join)."""
+    """The shm exchange on unused parameters, frozen layers, float64 buckets and uneven inputs (Join)."""
     from torch.distributed.algorithms.join import Join
 
     import ddpkit
 
     out = {}
     with info.init(seed=0) as ctx:
-        for comm in (None, "auto"):
+        for comm in (None, "shm"):
             model = ddpkit.wrap(_Branchy(), ctx, comm=comm, find_unused_parameters=True)
             opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
             steps = 6 if ctx.rank == 0 else 4  # rank 1 runs out of data first: Join shadows its backward passes
@@ -385,10 +415,10 @@ def _unusual_models(info: RankInfo):
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
-def test_default_exchange_handles_unused_frozen_float64_and_uneven_inputs():
+def test_shm_exchange_handles_unused_frozen_float64_and_uneven_inputs():
     results = run_ranks(_unusual_models, 2, timeout=120)
     for r in results:
-        assert all(torch.equal(a, b) for a, b in zip(r[None], r["auto"]))  # same bits as PyTorch's all-reduce
-    assert all(torch.equal(a, b) for a, b in zip(results[0]["auto"], results[1]["auto"]))
-    assert results[0]["auto"][-1].dtype == torch.float64
-    assert not torch.equal(results[0]["auto"][2], _Branchy().body.weight)  # it trained
+        assert all(torch.equal(a, b) for a, b in zip(r[None], r["shm"]))  # same bits as PyTorch's all-reduce
+    assert all(torch.equal(a, b) for a, b in zip(results[0]["shm"], results[1]["shm"]))
+    assert results[0]["shm"][-1].dtype == torch.float64
+    assert not torch.equal(results[0]["shm"][2], _Branchy().body.weight)  # it trained

@@ -71,7 +71,7 @@ def _train(ctx, parts, *, start: int, stop: int, noise: bool, ckpt: Path | None 
 
 def _fresh_rank_state(ctx) -> None:
     """What ddpkit.init leaves: a second run in the same process starts like a new process."""
-    from ddpkit.runtime import rank_seed, seed_everything
+    from ddpkit.rng import rank_seed, seed_everything
 
     seed_everything(rank_seed(ctx.seed, ctx.rank))
 

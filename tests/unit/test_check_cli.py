@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from ddpkit.check.command import CheckConfig, bootstrap_argv, parse_check_args
-from ddpkit.cli import parse_run_args
-from ddpkit.launch import LaunchError, RunConfig, build_torchrun_argv
+from ddpkit.launch import LaunchError, RunConfig, build_torchrun_argv, config_from_args
 
 
 def test_importing_ddpkit_check_stays_cheap():
@@ -65,12 +64,12 @@ def test_run_argv_with_hang_timeout_goes_through_the_bootstrap():
 def test_ddpkit_run_hang_timeout_flag(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
-    cfg = parse_run_args(["--hang-timeout", "12", "--nproc-per-node", "2", str(script)], num_gpus=0, num_cpus=2,
+    cfg = config_from_args(["--hang-timeout", "12", "--nproc-per-node", "2", str(script)], num_gpus=0, num_cpus=2,
                          environ={})
     assert cfg.hang_timeout_s == 12.0
-    assert parse_run_args([str(script)], num_gpus=0, num_cpus=2, environ={}).hang_timeout_s is None
+    assert config_from_args([str(script)], num_gpus=0, num_cpus=2, environ={}).hang_timeout_s is None
     with pytest.raises(LaunchError, match="--hang-timeout 0 must be > 0"):
-        parse_run_args(["--hang-timeout", "0", str(script)], num_gpus=0, num_cpus=2, environ={})
+        config_from_args(["--hang-timeout", "0", str(script)], num_gpus=0, num_cpus=2, environ={})
 
 
 def test_init_rejects_a_bad_hang_timeout_before_anything_starts():

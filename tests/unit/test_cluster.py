@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.cli import parse_run_args
-from ddpkit.cluster import (ClusterError, detect_cluster, from_kubeflow, from_slurm, parse_hostlist, slurm_port,
-                            tasks_per_node)
-from ddpkit.launch import LaunchError, build_torchrun_argv, resolve_nodes
+from ddpkit.cluster import (ClusterError, Nodes, detect_cluster, from_kubeflow, from_slurm, parse_hostlist,
+                            resolve_nodes, slurm_port, tasks_per_node)
+from ddpkit.launch import LaunchError, build_torchrun_argv, config_from_args
 
 SLURM_STEP = {
     "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",
@@ -88,23 +87,22 @@ def _nodes(environ, **flags):
 
 def test_cluster_values_fill_in_and_flags_override():
     n = _nodes(SLURM_STEP)
-    assert n == {"nnodes": "3", "node_rank": 2, "rdzv_endpoint": "gpu07:24242", "rdzv_id": "4242",
-                 "nproc_per_node": "4"}
+    assert n == Nodes(nnodes="3", node_rank=2, rdzv_endpoint="gpu07:24242", rdzv_id="4242", nproc_per_node="4")
     n = _nodes(SLURM_STEP, rdzv_endpoint="head:29400", nproc_per_node="2", node_rank=0)
-    assert (n["rdzv_endpoint"], n["nproc_per_node"], n["node_rank"], n["nnodes"]) == ("head:29400", "2", 0, "3")
+    assert (n.rdzv_endpoint, n.nproc_per_node, n.node_rank, n.nnodes) == ("head:29400", "2", 0, "3")
     n = _nodes(PYTORCHJOB_PET)
-    assert n["rdzv_id"] == "ddpkit-job-master-0-23456"  # every pod derives the same id
+    assert n.rdzv_id == "ddpkit-job-master-0-23456"  # every pod derives the same id
 
 
-def test_parse_run_args_in_slurm_builds_multinode_argv(tmp_path):
+def test_config_from_args_in_slurm_builds_multinode_argv(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("")
-    cfg = parse_run_args([str(script)], num_gpus=4, num_cpus=8, environ=SLURM_STEP)
+    cfg = config_from_args([str(script)], num_gpus=4, num_cpus=8, environ=SLURM_STEP)
     argv = build_torchrun_argv(cfg)
     assert "--nnodes=3" in argv and "--node-rank=2" in argv and "--rdzv-id=4242" in argv
     assert "--rdzv-endpoint=gpu07:24242" in argv and "--nproc-per-node=4" in argv
     assert any(a.startswith("--rdzv-conf=join_timeout=300") for a in argv)
-    single = build_torchrun_argv(parse_run_args([str(script)], num_gpus=0, num_cpus=2, environ={}))
+    single = build_torchrun_argv(config_from_args([str(script)], num_gpus=0, num_cpus=2, environ={}))
     assert "--rdzv-endpoint=127.0.0.1:0" in single and "--nnodes=1" in single
 
 
@@ -118,14 +116,21 @@ def test_parse_run_args_in_slurm_builds_multinode_argv(tmp_path):
     ({"nnodes": "2", "rdzv_endpoint": "head:http"}, "port 'http' is not a number"),
     ({"nnodes": "2", "rdzv_endpoint": "head:0"}, "port 0 cannot be shared"),
 ])
-def test_multinode_input_errors_name_the_fix(flags, needle):
-    with pytest.raises(LaunchError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+def test_multinode_input_errors_name_the_fix(flags, needle, tmp_path):
+    pattern = needle.replace("(", r"\(").replace(".", r"\.")
+    with pytest.raises(ClusterError, match=pattern):
         _nodes({}, **flags)
+    # and `ddpkit run` reports the same line as its own setting error
+    script = tmp_path / "t.py"
+    script.write_text("")
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    with pytest.raises(LaunchError, match=pattern):
+        config_from_args([*argv, str(script)], environ={}, num_gpus=0, num_cpus=2)
 
 
 def test_elastic_range_and_iface_on_one_node(tmp_path):
-    assert _nodes({}, nnodes="2:4", rdzv_endpoint="h:29400", node_rank=3)["nnodes"] == "2:4"
+    assert _nodes({}, nnodes="2:4", rdzv_endpoint="h:29400", node_rank=3).nnodes == "2:4"
     script = tmp_path / "t.py"
     script.write_text("")
     with pytest.raises(LaunchError, match="--iface eth0 applies to multi-node runs"):
-        parse_run_args(["--iface", "eth0", str(script)], num_gpus=0, num_cpus=2, environ={})
+        config_from_args(["--iface", "eth0", str(script)], num_gpus=0, num_cpus=2, environ={})

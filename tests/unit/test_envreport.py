@@ -67,7 +67,7 @@ def test_launch_fallback_without_ddpkit_launch(monkeypatch):
 
 
 def test_launch_command_is_the_one_ddpkit_run_resolves_from_the_cluster(monkeypatch, tmp_path):
-    from ddpkit.cli import parse_run_args
+    from ddpkit.launch import config_from_args
 
     slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
              "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2"}
@@ -75,7 +75,7 @@ def test_launch_command_is_the_one_ddpkit_run_resolves_from_the_cluster(monkeypa
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
     (tmp_path / "train.py").write_text("")
-    cfg = parse_run_args([str(tmp_path / "train.py")], num_gpus=0, num_cpus=2)
+    cfg = config_from_args([str(tmp_path / "train.py")], environ=os.environ, num_gpus=0, num_cpus=2)
     assert launch["command"] == (f"ddpkit run --nnodes {cfg.nnodes} --node-rank {cfg.node_rank} --rdzv-endpoint "
                                  f"{cfg.rdzv_endpoint} --rdzv-id {cfg.rdzv_id} --nproc-per-node 2 SCRIPT")
     assert "--nnodes 2 --node-rank 1 --rdzv-endpoint node01:" in launch["command"]

@@ -38,12 +38,15 @@ def test_four_arms_train_the_same_model_and_their_figures_follow_from_the_timing
     for a in result["arms"]:
         params = round(a["params_m"] * 1e6)
         assert a["tokens_per_s"] == pytest.approx(batch * seq / (a["step_ms"] / 1000))
-        flops_per_token = 6 * params + 12 * layers * d * seq
+        # PaLM/nanoGPT's 6N + attention, causal: half of the full 12 * L * T * d; N without the position table
+        assert a["matmul_params"] == params - seq * d
+        flops_per_token = 6 * (params - seq * d) + 6 * layers * d * seq
+        assert a["flops_per_token"] == flops_per_token
         assert a["model_tflops"] == pytest.approx(flops_per_token * a["tokens_per_s"] / 1e12)
         assert a["mfu"] == pytest.approx(a["model_tflops"] / 0.5)
         assert a["peak_mem_gb"] is None  # CUDA memory only
     table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| loop | compile | step ms | tokens/s")
+    assert table[0].startswith("| loop | compile | step ms (batch fetch included) | tokens/s")
     assert len(table) == 2 + 4
     plain, ddp = result["arms"][0], result["arms"][1]
     assert f"{ddp['tokens_per_s'] / plain['tokens_per_s']:.3f}" in table[3]  # x plain, same compile
@@ -64,3 +67,29 @@ def test_bad_sizes_are_refused_in_one_line(tmp_path, flag, value):
     assert f"{flag} must be" in proc.stderr.strip().splitlines()[-1]
     assert not out.exists()
 
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_charlm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peaks_tell_the_pcie_and_nvl_cards_from_the_sxm_parts():
+    peak = _bench().peak_tflops
+    assert peak("NVIDIA H100 80GB HBM3") == 989.0  # SXM
+    assert peak("NVIDIA H100 PCIe") == 756.0
+    assert peak("NVIDIA H100 NVL") == 835.0
+    assert peak("NVIDIA H200") == 989.0  # SXM
+    assert peak("NVIDIA H200 NVL") == 835.0
+    assert peak("NVIDIA A100-SXM4-80GB") == 312.0
+    assert peak("Tesla V100-SXM2-32GB") is None
+
+
+def test_causal_attention_counts_half_the_score_matrix():
+    flops = _bench().flops_per_token
+    full = 6 * 1000 + 12 * 2 * 128 * 64  # PaLM's count, for attention over the whole sequence
+    assert flops(matmul_params=1000, layers=2, d_model=64, seq_len=128) == full - 6 * 2 * 128 * 64

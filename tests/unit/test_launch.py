@@ -12,9 +12,10 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError, RendezvousConnectionError, RendezvousStateError, RendezvousTimeoutError,
 )
 
-from ddpkit.cli import main, parse_run_args
+from ddpkit.cli import main
 from ddpkit.launch import (
-    DEAD_NODE_S, LaunchError, RunConfig, build_torchrun_argv, default_nproc_per_node, launch, threads_per_rank,
+    DEAD_NODE_S, LaunchError, RunConfig, build_torchrun_argv, config_from_args, default_nproc_per_node, launch,
+    threads_per_rank,
 )
 from ddpkit.rendezvous import NodeMismatchError, _check_peers, _Node
 
@@ -27,7 +28,8 @@ def script(tmp_path):
 
 
 def test_single_node_argv_uses_loopback_and_a_port_the_os_picks(script):
-    cfg = parse_run_args(["--nproc-per-node", "2", script, "--lr", "0.1", "-m", "x"], num_gpus=0, num_cpus=2)
+    cfg = config_from_args(["--nproc-per-node", "2", script, "--lr", "0.1", "-m", "x"], environ={}, num_gpus=0,
+                           num_cpus=2)
     argv = build_torchrun_argv(cfg)
     assert "--nproc-per-node=2" in argv
     assert "--rdzv-endpoint=127.0.0.1:0" in argv  # port 0: bound by the store itself, no probe race
@@ -37,8 +39,8 @@ def test_single_node_argv_uses_loopback_and_a_port_the_os_picks(script):
 
 
 def test_two_runs_get_distinct_rendezvous_ids(script):
-    a = build_torchrun_argv(parse_run_args([script], num_gpus=0, num_cpus=2))
-    b = build_torchrun_argv(parse_run_args([script], num_gpus=0, num_cpus=2))
+    a = build_torchrun_argv(config_from_args([script], environ={}, num_gpus=0, num_cpus=2))
+    b = build_torchrun_argv(config_from_args([script], environ={}, num_gpus=0, num_cpus=2))
     ids = [x for x in a + b if x.startswith("--rdzv-id=")]
     assert len(ids) == 2 and ids[0] != ids[1]
 
@@ -48,7 +50,7 @@ def test_module_mode(tmp_path, monkeypatch):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text("")
-    cfg = parse_run_args(["-m", "pkg.train", "--epochs", "1"], num_gpus=0, num_cpus=2)
+    cfg = config_from_args(["-m", "pkg.train", "--epochs", "1"], environ={}, num_gpus=0, num_cpus=2)
     argv = build_torchrun_argv(cfg)
     assert argv[-4:] == ["-m", "pkg.train", "--epochs", "1"]
 
@@ -58,9 +60,10 @@ def test_default_nproc(script):
     assert default_nproc_per_node(num_gpus=0, num_cpus=2) == 2
     assert default_nproc_per_node(num_gpus=0, num_cpus=64) == 4
     assert default_nproc_per_node(num_gpus=0, num_cpus=1) == 1
-    assert parse_run_args([script], num_gpus=3, num_cpus=2).nproc_per_node == 3
-    assert parse_run_args(["--nproc-per-node", "gpu", script], num_gpus=3, num_cpus=2).nproc_per_node == 3
-    assert parse_run_args(["--nproc-per-node", "cpu", script], num_gpus=0, num_cpus=6).nproc_per_node == 6
+    assert config_from_args([script], environ={}, num_gpus=3, num_cpus=2).nproc_per_node == 3
+    for flag, num_gpus, num_cpus, nproc in (("gpu", 3, 2, 3), ("cpu", 0, 6, 6)):
+        cfg = config_from_args(["--nproc-per-node", flag, script], environ={}, num_gpus=num_gpus, num_cpus=num_cpus)
+        assert cfg.nproc_per_node == nproc
 
 
 def test_threads_per_rank():
@@ -147,7 +150,8 @@ def test_rendezvous_failures_are_one_line_errors(monkeypatch, capsys, script, er
 
 
 def test_max_restarts_passed(script):
-    argv = build_torchrun_argv(parse_run_args(["--max-restarts", "3", script], num_gpus=0, num_cpus=2))
+    cfg = config_from_args(["--max-restarts", "3", script], environ={}, num_gpus=0, num_cpus=2)
+    argv = build_torchrun_argv(cfg)
     assert "--max-restarts=3" in argv
 
 
@@ -159,7 +163,7 @@ def test_max_restarts_passed(script):
 ])
 def test_bad_input_errors(script, args, needle):
     with pytest.raises(LaunchError, match=needle):
-        parse_run_args([*args, script], num_gpus=2, num_cpus=2)
+        config_from_args([*args, script], environ={}, num_gpus=2, num_cpus=2)
 
 
 def test_missing_script_is_one_line_error_and_exit_2(capsys, tmp_path):
@@ -192,3 +196,12 @@ def test_cli_process_bad_nproc_exits_nonzero(script, value):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddpkit run: error: --nproc-per-node")
+
+
+def test_ddpkit_version_prints_the_package_version(capsys):
+    import ddpkit
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == ddpkit.__version__
+    assert main(["no-such-command"]) == 2  # argparse names the choices on stderr
+    assert "invalid choice: 'no-such-command'" in capsys.readouterr().err

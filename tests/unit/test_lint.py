@@ -66,7 +66,7 @@ def test_syntax_error_is_a_finding_not_a_crash():
 
 def test_findings_point_at_the_call_and_carry_a_fix():
     (finding,) = lint_file(FIXTURES / "bad_ddp004_save_every_rank.py")
-    assert (finding.line, finding.col) == (11, 5)
+    assert (finding.line, finding.col) == (12, 5)
     assert finding.fix and "rank" in finding.fix
     assert finding.path.endswith("bad_ddp004_save_every_rank.py")
 
@@ -87,6 +87,7 @@ SAVE_PRELUDE = """
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")
+    torch.manual_seed(0)
     model = torch.nn.Linear(2, 2)
 """
 
@@ -164,6 +165,7 @@ def test_paired_collectives_in_rank_branches_do_not_hang():
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")
+    torch.manual_seed(0)
     t = torch.ones(1)
     if dist.get_rank() == 0:
         out = [torch.zeros(1) for _ in range(dist.get_world_size())]
@@ -180,6 +182,7 @@ def test_subgroup_collective_under_rank_check_is_allowed():
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")
+    torch.manual_seed(0)
     pair = dist.new_group([0, 1])
     t = torch.ones(1)
     if dist.get_rank() in (0, 1):
@@ -295,6 +298,7 @@ HELPER_PRELUDE = """
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")
+    torch.manual_seed(0)
     rank = dist.get_rank()
     t = torch.ones(1)
 
@@ -377,7 +381,7 @@ def test_main_text_output(capsys):
     path = FIXTURES / "bad_ddp004_save_every_rank.py"
     assert main([str(path)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{path}:11:5: DDP004 error: torch.save runs on every rank")
+    assert out[0].startswith(f"{path}:12:5: DDP004 error: torch.save runs on every rank")
     assert ". fix: " in out[0]
     assert out[-1] == "1 error in 1 file checked"
 
@@ -386,7 +390,7 @@ def test_main_json_output_parses(capsys):
     assert main(["--format", "json", str(FIXTURES / "bad_ddp005_load.py")]) == 0
     records = json.loads(capsys.readouterr().out)
     assert [(r["line"], r["rule"], r["severity"]) for r in records] == [
-        (11, "DDP005", "warning"), (12, "DDP005", "warning")]
+        (12, "DDP005", "warning"), (13, "DDP005", "warning")]
     assert set(records[0]) == {"path", "line", "col", "rule", "severity", "message", "fix"}
 
 

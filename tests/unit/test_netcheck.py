@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ddpkit.netcheck import (NetworkError, lost_peer, loopback_interface, plan_network, probe_endpoint,
-                             split_endpoint)
+from ddpkit.netcheck import (LauncherNetwork, NetworkError, launcher_network, lost_peer, loopback_interface,
+                             plan_network, probe_endpoint, split_endpoint)
 
 ADDRS = {"lo": ["127.0.0.1", "::1"], "eth0": ["10.0.0.5"], "ib0": ["192.168.7.5"]}
 
@@ -103,3 +103,27 @@ def test_wrong_endpoint_is_a_one_line_error_within_seconds(tmp_path, endpoint, n
     assert len(lines) == 1 and lines[0].startswith(f"ddpkit run: error: --rdzv-endpoint {endpoint}"), proc.stderr
     assert all(n in lines[0] for n in needles), lines[0]
     assert elapsed < 20  # interpreter + torch import + 2 s of retries, never torchrun's 60-600 s waits
+
+
+def test_launcher_network_binds_what_it_hosts_and_lets_torch_decide_the_rest():
+    lo = loopback_interface()
+    one = launcher_network(None, single_node=True, iface=None, node_rank=None, connect_timeout_s=1, environ={})
+    assert (one.bind_addr, one.is_host, one.local_addr) == ("127.0.0.1", True, None)
+    assert one.env["GLOO_SOCKET_IFNAME"] == lo
+    with socket.socket() as server:  # the rendezvous node that a non-host node probes
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        endpoint = f"127.0.0.1:{server.getsockname()[1]}"
+
+        def plan(**kw) -> LauncherNetwork:
+            return launcher_network(endpoint, single_node=False, connect_timeout_s=5, environ={}, **kw)
+
+        # --iface: the stores it hosts listen there only, and the node advertises that address
+        assert plan(iface=lo, node_rank=1) == LauncherNetwork(env={name: lo for name in ("GLOO_SOCKET_IFNAME",
+                                                              "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")},
+                                                              local_addr="127.0.0.1", bind_addr="127.0.0.1",
+                                                              is_host=False)
+        assert plan(iface=None, node_rank=0).is_host is True and plan(iface=None, node_rank=0).bind_addr is None
+        assert plan(iface=None, node_rank=None).is_host is None  # torch finds out by binding the endpoint
+    with pytest.raises(NetworkError, match="has no port"):
+        launcher_network("head", single_node=False, iface=None, node_rank=None, connect_timeout_s=1, environ={})

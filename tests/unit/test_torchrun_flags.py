@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.cli import parse_run_args
+from ddpkit.launch import config_from_args
 from ddpkit.launch import (
     DEFAULT_SIGNALS_TO_HANDLE, PASSTHROUGH_FLAGS, LaunchError, build_torchrun_argv, torchrun_flags,
 )
@@ -24,10 +24,10 @@ def test_the_flags_reach_torchruns_parser_unchanged(tmp_path: Path) -> None:
     from torch.distributed.run import parse_args
 
     script = _script(tmp_path)
-    cfg = parse_run_args(["--log-dir", str(tmp_path / "logs"), "--tee", "3", "--redirects", "0:3,1:1",
+    cfg = config_from_args(["--log-dir", str(tmp_path / "logs"), "--tee", "3", "--redirects", "0:3,1:1",
                           "--local-ranks-filter", "0", "--signals-to-handle", "SIGTERM,SIGUSR1",
                           "--shutdown-timeout", "45", "--nproc-per-node", "2", script, "--epochs", "1"],
-                         num_gpus=0, num_cpus=2, environ={}, available_flags=ALL)
+                         environ={}, num_gpus=0, num_cpus=2, available_flags=ALL)
     argv = build_torchrun_argv(cfg)
     assert f"--log-dir={tmp_path / 'logs'}" in argv and "--tee=3" in argv and "--redirects=0:3,1:1" in argv
     assert argv[-3:] == [script, "--epochs", "1"]
@@ -38,11 +38,11 @@ def test_the_flags_reach_torchruns_parser_unchanged(tmp_path: Path) -> None:
 
 
 def test_signals_to_handle_defaults_to_torchruns_list_plus_sigusr1(tmp_path: Path) -> None:
-    cfg = parse_run_args([_script(tmp_path)], num_gpus=0, num_cpus=2, environ={}, available_flags=ALL)
+    cfg = config_from_args([_script(tmp_path)], environ={}, num_gpus=0, num_cpus=2, available_flags=ALL)
     assert f"--signals-to-handle={DEFAULT_SIGNALS_TO_HANDLE}" in build_torchrun_argv(cfg)
     assert DEFAULT_SIGNALS_TO_HANDLE == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     # a torch without the flag: nothing passed, nothing refused (the user did not ask for it)
-    older = parse_run_args([_script(tmp_path)], num_gpus=0, num_cpus=2, environ={}, available_flags=frozenset())
+    older = config_from_args([_script(tmp_path)], environ={}, num_gpus=0, num_cpus=2, available_flags=frozenset())
     assert not [a for a in build_torchrun_argv(older) if a.startswith("--signals-to-handle")]
 
 
@@ -50,7 +50,7 @@ def test_signals_to_handle_defaults_to_torchruns_list_plus_sigusr1(tmp_path: Pat
                                          ("--log-dir", "logs")])
 def test_a_flag_the_installed_torch_lacks_is_refused_in_one_line(tmp_path: Path, flag: str, value: str) -> None:
     with pytest.raises(LaunchError) as info:
-        parse_run_args([flag, value, _script(tmp_path)], num_gpus=0, num_cpus=2, environ={},
+        config_from_args([flag, value, _script(tmp_path)], environ={}, num_gpus=0, num_cpus=2,
                        available_flags=ALL - {flag})
     assert str(info.value) == (f"{flag} {value}: the installed torch's torchrun has no {flag} flag; upgrade torch "
                                f"to a release that has it, or drop {flag}")
@@ -58,7 +58,7 @@ def test_a_flag_the_installed_torch_lacks_is_refused_in_one_line(tmp_path: Path,
 
 def test_bad_shutdown_timeout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match=r"--shutdown-timeout -3 must be a whole number of seconds >= 0"):
-        parse_run_args(["--shutdown-timeout", "-3", _script(tmp_path)], num_gpus=0, num_cpus=2, environ={},
+        config_from_args(["--shutdown-timeout", "-3", _script(tmp_path)], environ={}, num_gpus=0, num_cpus=2,
                        available_flags=ALL)
 
 

@@ -8,7 +8,8 @@ import torch
 import ddpkit
 from ddpkit.data import ShardedBatchSampler, epoch_permutation, eval_shard
 from ddpkit.env import LaunchEnv
-from ddpkit.runtime import Context, rank_seed
+from ddpkit.rng import rank_seed
+from ddpkit.runtime import Context
 
 
 def _ctx(rank=0, world_size=1) -> Context:

@@ -1,7 +1,7 @@
 """Rank entry of `ddpkit check` and `ddpkit run --hang-timeout`: install the probes, then run the script.
 
-    python -m ddpkit.check._bootstrap [--hang-timeout S --report-dir D] [--record D --max-steps N
-        --epoch-steps N --cpu] [-m] TARGET [ARGS...]
+    python -m ddpkit.check._bootstrap [--hang-timeout S --report-dir D] [--device cpu] [--record D
+        --max-steps N --epoch-steps N --cpu] [-m] TARGET [ARGS...]
 
 torchrun starts this module on every rank; ddpkit's own settings reach it as these arguments.
 The script runs unmodified as `__main__` (runpy), with `sys.argv` = [TARGET, *ARGS].
@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=0, help="stop every rank after N optimizer steps (0: never)")
     p.add_argument("--epoch-steps", type=int, default=0, help="end each training epoch after N steps (0: never)")
     p.add_argument("--cpu", action="store_true", help="map CUDA/NCCL calls to CPU/gloo")
+    p.add_argument("--device", choices=("auto", "cpu"), default="auto",
+                   help="cpu: hide the GPUs from this rank, so the script trains on the CPU (ddpkit run "
+                        "--nproc-per-node cpu)")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a module name")
     p.add_argument("target")
     p.add_argument("target_args", nargs=argparse.REMAINDER)
@@ -64,6 +67,10 @@ def _wait_for_peers(folder: Path, world_size: int, timeout_s: float = 10.0) -> N
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.device == "cpu":
+        # CUDA's own contract, read when CUDA first initialises (nothing has touched it yet): with no
+        # GPU visible, ddpkit.init(device='auto') and torch.cuda.is_available() both mean the CPU.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from ddpkit.env import read_env
 
     env = read_env()
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         from ddpkit.check.cpumap import CpuMapping
 
-        CpuMapping(lambda what, site: rec.write("map", what=what, site=site)).install()
+        CpuMapping(lambda what, site: rec.write("map", what=what, site=site),
+                   lambda op, site, shapes: rec.write("host_tensor", op=op, site=site, shapes=shapes)).install()
     rec.install()
 
     def finish(status: str, **fields) -> None:

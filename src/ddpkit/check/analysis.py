@@ -11,7 +11,7 @@ from typing import Any
 from ddpkit.check.samples import same_data
 
 __all__ = ["Finding", "load_records", "analyse", "check_steps", "check_collectives", "check_data", "check_saves",
-           "check_errors"]
+           "check_host_tensors", "check_errors"]
 
 Records = dict[int, list[dict[str, Any]]]
 """Per rank, its events in order (see ddpkit.check.probes)."""
@@ -25,7 +25,7 @@ class Finding:
 
     kind: str
     """Short tag: params, grads, collectives, data-overlap, data-order, data-uneven, eval-padding, save, steps,
-    error, hang."""
+    device, error, hang."""
     site: str
     """'file:line' in the user's script."""
     message: str
@@ -270,6 +270,25 @@ def check_saves(records: Records) -> list[Finding]:
             for path, by_rank in writers.items() if len(by_rank) > 1]
 
 
+def check_host_tensors(records: Records) -> list[Finding]:
+    """Under NCCL a collective's tensors must be on the GPU: a tensor that stays in host memory there fails."""
+    by_site: dict[tuple[str, str], dict[int, list[str]]] = {}
+    for rank, events in sorted(records.items()):
+        for e in events:
+            if e["ev"] == "host_tensor":
+                by_site.setdefault((e["site"], e["op"]), {})[rank] = e["shapes"]
+    out = []
+    for (site, op), ranks in by_site.items():
+        shapes = ", ".join(next(iter(ranks.values())))
+        who = f"rank {next(iter(ranks))}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+        out.append(Finding("device", site, f"{who} pass a CPU tensor ({shapes}) to {op}, but the process group is "
+                           "NCCL, which takes GPU tensors only: on GPUs this call fails with \"No backend type "
+                           "associated with device type cpu\"",
+                           "create the tensor on the rank's device (torch.tensor(..., device=device)) or move it "
+                           "there (.to(device)) before the collective"))
+    return out
+
+
 def check_errors(records: Records) -> list[Finding]:
     """A rank that raised; CUDA-only code is named as such (it cannot be checked on CPU ranks)."""
     out = []
@@ -289,6 +308,6 @@ def check_errors(records: Records) -> list[Finding]:
 
 
 def analyse(records: Records) -> list[Finding]:
-    """All findings, causes first: collectives, gradients/parameters, data, saves, then errors."""
+    """All findings, causes first: collectives, gradients/parameters, data, saves, host tensors, then errors."""
     return (check_collectives(records) + check_steps(records) + check_data(records) + check_saves(records)
-            + check_errors(records))
+            + check_host_tensors(records) + check_errors(records))

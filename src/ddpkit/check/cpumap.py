@@ -1,26 +1,47 @@
 """Run a script written for CUDA/NCCL on CPU ranks with gloo, noting every call that was mapped.
 
-Mapped: init_process_group's 'nccl' backend (and device_id=), torch.cuda.set_device/synchronize,
-DistributedDataParallel's device_ids/output_device, `device=` arguments and Tensor.to/.cuda
-targets that name CUDA (through a TorchFunctionMode, PyTorch's own hook for every torch call),
-and torch.load's map_location. CUDA autocast and GradScaler switch themselves off without CUDA;
-each is noted (its steps ran in float32, unscaled, so mixed precision is not checked). Anything
-else a script needs CUDA for fails as it would on any CPU machine, and `ddpkit check` reports that
-failure instead of guessing.
+Mapped: init_process_group's 'nccl' backend (and device_id=); torch.cuda.set_device/synchronize/
+current_device; torch.accelerator's device calls (current_accelerator() is 'cuda', set_device_index
+is remembered); DistributedDataParallel's device_ids/output_device; every way a CUDA device is named
+to torch: 'cuda[:i]' strings, integer indices (`model.to(gpu_id)`, `x.to(local_rank)`,
+`torch.device(local_rank)`, `device=0`) and torch.device('cuda', i), as `device=` arguments and
+Tensor.to/.cuda and Module.to targets (through a TorchFunctionMode, PyTorch's own hook for every
+torch call); torch.load's map_location. SyncBatchNorm becomes BatchNorm with per-rank statistics
+(PyTorch's SyncBatchNorm runs on GPUs only). CUDA autocast and GradScaler switch themselves off
+without CUDA; each is noted (its steps ran in float32, unscaled, so mixed precision is not
+checked). Anything else a script needs CUDA for fails as it would on any CPU machine, and `ddpkit
+check` reports that failure instead of guessing.
+
+Under an NCCL process group every tensor given to a collective must be on a GPU. The mapping
+tracks the tensors that would stay on the CPU in the real run (made without a device, from host
+data only, or moved with .cpu()) and reports each such tensor given to a collective, with its line.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ddpkit import tracer
+from ddpkit.check.devicemap import accelerator_patches, called_from_user, device_class, local_batchnorm_class
 
-__all__ = ["CpuMapping"]
+__all__ = ["CpuMapping", "TENSOR_COLLECTIVES"]
+
+TENSOR_COLLECTIVES = (
+    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
+    "send", "recv", "isend", "irecv",
+)
+"""torch.distributed calls whose tensors NCCL needs on the GPU."""
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_cuda(value: Any) -> bool:
+    """True for what names a CUDA device: torch.device('cuda', ...), 'cuda[:i]'."""
     import torch
 
     if isinstance(value, torch.device):
@@ -28,14 +49,59 @@ def _is_cuda(value: Any) -> bool:
     return isinstance(value, str) and value.split(":")[0] == "cuda"
 
 
-class CpuMapping:
-    """Installs the mappings; `note(what, site)` is told about each one the first time it happens."""
+def _names_cuda(value: Any) -> bool:
+    """`_is_cuda`, or an integer index, which torch reads as a device of the current accelerator."""
+    return _is_cuda(value) or _is_index(value)
 
-    def __init__(self, note: Callable[[str, str], None]):
+
+class _TensorSet:
+    """Tensors by identity, held weakly (a tensor's == is elementwise, so no WeakSet)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, Any] = {}
+
+    def add(self, t: Any) -> None:
+        key = id(t)
+        if key not in self._refs:
+            self._refs[key] = weakref.ref(t, lambda _, key=key: self._refs.pop(key, None))
+
+    def discard(self, t: Any) -> None:
+        self._refs.pop(id(t), None)
+
+    def __contains__(self, t: Any) -> bool:
+        ref = self._refs.get(id(t))
+        return ref is not None and ref() is t
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[Any]:
+    import torch
+
+    out = []
+    for value in (*args, *kwargs.values()):
+        for item in (value if isinstance(value, (list, tuple)) else (value,)):
+            if isinstance(item, torch.Tensor):
+                out.append(item)
+    return out
+
+
+class CpuMapping:
+    """Installs the mappings; `note(what, site)` is told about each one the first time it happens, and
+    `host_tensor(op, site, shapes)` about each collective of an NCCL script given a tensor that would be on
+    the CPU in the real run."""
+
+    def __init__(self, note: Callable[[str, str], None],
+                 host_tensor: Callable[[str, str, list[str]], None] | None = None):
         self._note_fn = note
+        self._host_fn = host_tensor
         self._seen: set[tuple[str, str]] = set()
         self._restore: list[tuple[Any, str, Any]] = []
         self._mode = None
+        self.host = _TensorSet()
+        """Tensors that would be in host memory on the GPU machine too."""
+        self.nccl_only = False
+        """The script's default process group is NCCL alone (not 'cpu:gloo,cuda:nccl')."""
+        self.device_index = 0
+        """The device the script made current (torch.cuda.set_device, torch.accelerator.set_device_index)."""
 
     def note(self, what: str, depth: int = 2) -> None:
         site = tracer.user_site(sys._getframe(depth))
@@ -43,7 +109,7 @@ class CpuMapping:
             self._seen.add((what, site))
             self._note_fn(what, site)
 
-    def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         self._restore.append((owner, name, getattr(owner, name)))
         setattr(owner, name, replacement)
 
@@ -54,11 +120,14 @@ class CpuMapping:
         from torch.nn.parallel import DistributedDataParallel
         from torch.overrides import TorchFunctionMode
 
+
         mapping = self
         init_pg = c10d.init_process_group
 
         def init_process_group(backend=None, *args, **kwargs):
             if isinstance(backend, str) and "nccl" in backend:
+                # A CPU tensor works under a mixed 'cpu:gloo,cuda:nccl' group, not under NCCL alone.
+                mapping.nccl_only = "cpu" not in backend and "gloo" not in backend
                 mapping.note(f"init_process_group backend {backend!r} -> 'gloo'")
                 backend = "gloo"
             if kwargs.pop("device_id", None) is not None:
@@ -67,8 +136,14 @@ class CpuMapping:
 
         def cuda_noop(name):
             def noop(*args, **kwargs):
+                if name == "set_device" and args and (_is_index(args[0]) or _is_cuda(args[0])):
+                    mapping.device_index = args[0] if _is_index(args[0]) else (torch.device(args[0]).index or 0)
                 mapping.note(f"torch.cuda.{name}() skipped")
             return noop
+
+        def current_device():
+            mapping.note(f"torch.cuda.current_device() -> {mapping.device_index} (then cpu)")
+            return mapping.device_index
 
         ddp_init = DistributedDataParallel.__init__
 
@@ -104,29 +179,88 @@ class CpuMapping:
         load = torch.load
 
         def load_cpu(f, map_location=None, *args, **kwargs):
-            if _is_cuda(map_location) or isinstance(map_location, int):
+            if _names_cuda(map_location) or isinstance(map_location, dict):
                 mapping.note("torch.load map_location -> 'cpu'")
                 map_location = "cpu"
             return load(f, map_location, *args, **kwargs)
+
+        module_to = torch.nn.Module.to
+
+        def module_to_cpu(module, *args, **kwargs):
+            # An integer index is resolved against the current accelerator before any tensor moves,
+            # which fails without one; as a CUDA device it is mapped by Tensor.to below.
+            if args and _is_index(args[0]):
+                mapping.note(f"Module.to({args[0]}) -> cpu")
+                args = (torch.device("cuda", args[0]), *args[1:])
+            if _is_index(kwargs.get("device")):
+                mapping.note(f"Module.to(device={kwargs['device']}) -> cpu")
+                kwargs["device"] = torch.device("cuda", kwargs["device"])
+            return module_to(module, *args, **kwargs)
+
+        host = self.host
 
         class ToCpu(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 if func is torch.Tensor.cuda:
                     mapping.note("Tensor.cuda() -> stays on cpu")
+                    host.discard(args[0])  # on the GPU in the real run
                     return args[0]
-                if _is_cuda(kwargs.get("device")):
+                mapped = False
+                if _names_cuda(kwargs.get("device")):
                     mapping.note(f"device={kwargs['device']!s} -> cpu")
-                    kwargs["device"] = "cpu"
-                if func is torch.Tensor.to and len(args) > 1 and (_is_cuda(args[1]) or type(args[1]) is int):
+                    kwargs["device"], mapped = "cpu", True
+                if func is torch.Tensor.to and len(args) > 1 and _names_cuda(args[1]):
                     mapping.note(f"Tensor.to({args[1]!s}) -> cpu")
-                    args = (args[0], "cpu", *args[2:])
-                return func(*args, **kwargs)
+                    args, mapped = (args[0], "cpu", *args[2:]), True
+                out = func(*args, **kwargs)
+                if mapped:
+                    if func is torch.Tensor.to:
+                        host.discard(args[0])  # Module.to moves parameters in place: theirs is the GPU
+                    return out
+                inputs = _tensors(args, kwargs)
+                device = kwargs.get("device", args[1] if func is torch.Tensor.to and len(args) > 1 else None)
+                if func is torch.Tensor.cpu or (isinstance(device, str) and device.split(":")[0] == "cpu"):
+                    on_host = True
+                elif device is not None:
+                    on_host = False  # a device= taken from elsewhere (x.device): where it is in the real run is unknown
+                else:
+                    on_host = all(t in host for t in inputs)  # no tensor inputs: a factory, on the CPU
+                if on_host:
+                    for t in (out if isinstance(out, (list, tuple)) else (out,)):
+                        if isinstance(t, torch.Tensor):
+                            host.add(t)
+                return out
+
+        def checked(name, original):
+            def collective(*args, **kwargs):
+                if mapping.nccl_only and mapping._host_fn is not None and kwargs.get("group") is None \
+                        and called_from_user():
+                    held = [t for t in _tensors(args, kwargs) if t in host]
+                    if held:
+                        site = tracer.user_site(sys._getframe(1))
+                        if (name, site) not in mapping._seen:
+                            mapping._seen.add((name, site))
+                            mapping._host_fn(name, site, tracer.describe_tensors(tuple(held), {}))
+                return original(*args, **kwargs)
+            collective.__wrapped__ = original
+            collective.__name__ = name
+            collective.__doc__ = original.__doc__
+            return collective
 
         for module in (dist, c10d):
             self._patch(module, "init_process_group", init_process_group)
+            for name in TENSOR_COLLECTIVES:
+                if hasattr(module, name):
+                    self._patch(module, name, checked(name, getattr(module, name)))
         for name in ("set_device", "synchronize"):
             self._patch(torch.cuda, name, cuda_noop(name))
+        self._patch(torch.cuda, "current_device", current_device)
+        for name, replacement in accelerator_patches(self).items():
+            self._patch(torch.accelerator, name, replacement)
+        self._patch(torch, "device", device_class(self.note))
+        self._patch(torch.nn, "SyncBatchNorm", local_batchnorm_class(self.note))
+        self._patch(torch.nn.Module, "to", module_to_cpu)
         self._patch(DistributedDataParallel, "__init__", ddp_init_cpu)
         self._patch(torch, "load", load_cpu)
         self._patch(torch.amp.autocast_mode.autocast, "__init__", autocast_cpu)
@@ -141,3 +275,4 @@ class CpuMapping:
         for owner, name, original in reversed(self._restore):
             setattr(owner, name, original)
         self._restore.clear()
+

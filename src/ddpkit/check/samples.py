@@ -81,8 +81,7 @@ def same_data(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 
 def _fetch_hash(dataset: Any, index: int) -> str | None:
-    from ddpkit.rng import rng_state, set_rng_state
-    from ddpkit.runtime import seed_everything
+    from ddpkit.rng import rng_state, seed_everything, set_rng_state
 
     saved = rng_state()
     try:

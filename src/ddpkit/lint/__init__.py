@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ddpkit.lint.command import collect_paths, lint_file, lint_source, main
+from ddpkit.lint.command import collect_paths, lint_file, lint_files, lint_source, lint_sources, main
 from ddpkit.lint.report import RULES, Finding, Rule
 
-__all__ = ["RULES", "Finding", "Rule", "collect_paths", "lint_file", "lint_source", "main"]
+__all__ = ["RULES", "Finding", "Rule", "collect_paths", "lint_file", "lint_files", "lint_source", "lint_sources",
+           "main"]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 
-__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal"]
+from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
+                               is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-NONE, LOCAL, GLOBAL = 0, 1, 2
-"""How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
+__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
+           "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -20,45 +19,7 @@ COLLECTIVES = frozenset({
 })
 """torch.distributed functions that every rank of the group must call, or the job hangs."""
 
-_GLOBAL_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-_LOCAL_ENV = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
-_RANK_TOKEN = re.compile(r"^(local|global|world|ddp|my|node|proc|process|gpu|dist)?rank(\d+|zero|id)?$")
-_MAIN_NAME = re.compile(
-    r"^_?(is|am)_(local_|global_|node_)?(main|master|chief|leader|zero|rank_?0|rank_?zero)"
-    r"(_process|_rank|_worker|_node)?$|^_?(local_)?(main|master)_(process|rank|worker)$"
-)
-_GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
-"""Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
-
-
-def rank_name_kind(name: str) -> int:
-    """GLOBAL for names like rank/is_main/get_rank/RANK, LOCAL for local_rank/LOCAL_RANK, else NONE."""
-    if name in _GLOBAL_ENV:
-        return GLOBAL
-    if name in _LOCAL_ENV:
-        return LOCAL
-    lowered = name.lower()
-    if lowered in _GPU_INDEX:
-        return LOCAL
-    tokens = lowered.split("_")
-    if not (_MAIN_NAME.match(lowered) or any(_RANK_TOKEN.match(t) for t in tokens)):
-        return NONE
-    return LOCAL if any(t.startswith("local") for t in tokens) else GLOBAL
-
-
-def is_main_flag(name: str) -> bool:
-    """True for names of a flag that is true on rank 0 only (is_main, master_process), not a rank number."""
-    return _MAIN_NAME.match(name.lower()) is not None
-
-
-def terminal(node: ast.AST) -> str:
-    """The last identifier of a name or attribute chain (`dist.all_reduce` -> 'all_reduce')."""
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return ""
 
 
 @dataclass(frozen=True)
@@ -73,33 +34,56 @@ class Context:
     """Names of the enclosing functions, outermost first."""
     scope: int = 0
     """id() of the innermost enclosing function (0 at module level)."""
+    single: bool = False
+    """Inside the single-process branch of a mode check (`if not args.distributed:`): one process runs it."""
 
     def guarded(self, kind: int, node: ast.AST, branch: str) -> Context:
         entry = (id(node), branch, getattr(node, "lineno", 0))
-        return Context(max(self.level, kind), self.branches + (entry,), self.functions, self.scope)
+        return Context(max(self.level, kind), self.branches + (entry,), self.functions, self.scope, self.single)
+
+    def alone(self) -> Context:
+        return Context(self.level, self.branches, self.functions, self.scope, True)
 
 
 class Script:
     """One parsed script plus the facts the rules share; build it once per file."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None) -> None:
         self.tree = tree
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = self._import_aliases()
         self._derive_rank_names()
         self.contexts: dict[int, Context] = {}
+        self.external_levels = external_levels or {}
+        """Guard levels of this file's functions at their call sites in other files of the project."""
         self._analyse_functions()
+        self.project = None
+        """The Project this file belongs to (set by Project, which every lint run builds)."""
+        self.path = ""
+        self._parents: dict[int, ast.AST] | None = None
         modules = set(self.aliases.values())
-        self.uses_ddpkit = any(m == "ddpkit" or m.startswith("ddpkit.") for m in modules)
+        self.uses_ddpkit = any((m == "ddpkit" or m.startswith("ddpkit.")) and not m.startswith("ddpkit.lint")
+                               for m in modules)
+        """The script uses ddpkit's runtime (importing only ddpkit.lint, a tool, does not count)."""
         self.uses_ddp = any(self.qualname(n).endswith("DistributedDataParallel")
                             for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute)))
         self.uses_torch_distributed = self.uses_ddp or any(
-            self.qualname(n).startswith("torch.distributed") or self.call_name(n) == "init_process_group"
+            (self.qualname(n).startswith("torch.distributed.") and terminal(n) not in QUERIES)
+            or terminal(n) == "DistributedSampler" or self.call_name(n) == "init_process_group"
             for n in self.nodes if isinstance(n, (ast.Name, ast.Attribute, ast.Call))
         )
-        self.distributed = self.uses_torch_distributed or self.uses_ddpkit
-        """Every rank runs this file: it uses torch.distributed, DDP or ddpkit."""
+        self.distributed = self.uses_torch_distributed or self.uses_ddpkit or self.per_rank_functions is not None
+        """Every rank runs this file: it uses torch.distributed (more than asking whether it is initialised),
+        DDP, ddpkit or mp.spawn. A single-process evaluation script that only checks
+        `dist.is_initialized()` is not distributed."""
+
+    @property
+    def parents(self) -> dict[int, ast.AST]:
+        """id(node) -> its parent node, built on first use."""
+        if self._parents is None:
+            self._parents = {id(c): p for p in self.nodes for c in ast.iter_child_nodes(p)}
+        return self._parents
 
     # ---- names -------------------------------------------------------------------------------
     def _import_aliases(self) -> dict[str, str]:
@@ -112,9 +96,10 @@ class Script:
                     else:
                         head = a.name.split(".")[0]
                         aliases[head] = head
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                # `from .util import misc` and `from util import misc` both name the project's util.misc
                 for a in node.names:
-                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module else a.name
         return aliases
 
     def qualname(self, node: ast.AST) -> str:
@@ -160,11 +145,16 @@ class Script:
             return NONE
         if isinstance(expr, ast.Compare):
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
-            if all(_is_mode_sentinel(c) for c in expr.comparators):
+            if all(is_mode_sentinel(c) for c in expr.comparators):
                 return NONE
             return max(self.kind(e) for e in (expr.left, *expr.comparators))
         if isinstance(expr, ast.BoolOp):
-            return max(self.kind(v) for v in expr.values)
+            if isinstance(expr.op, ast.And):
+                return max(self.kind(v) for v in expr.values)
+            # `not distributed or rank == 0` is rank 0 of a distributed run, but in
+            # `not args.multiprocessing_distributed or rank == 0` the left arm passes on every rank
+            kinds = [self.kind(v) for v in expr.values if distributed_mode(v) >= 0]
+            return min(kinds, default=NONE)
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand)
         if isinstance(expr, ast.BinOp):
@@ -186,6 +176,13 @@ class Script:
                 pairs.extend(_target_pairs(node.target, node.value))
         self.assignments = pairs
         """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
+        self.global_rank_names: set[str] = set()
+        """Names holding the global rank itself (`rank = dist.get_rank()`), not a value derived from it."""
+        for _ in range(4):
+            found = {key for key, value in pairs if self.is_global_rank(value)}
+            if found <= self.global_rank_names:
+                break
+            self.global_rank_names |= found
         self.derived = {}
         for _ in range(8):
             derived: dict[str, int] = {}
@@ -196,6 +193,23 @@ class Script:
             if derived == self.derived:
                 break
             self.derived = derived
+
+    def is_global_rank(self, expr: ast.AST | None) -> bool:
+        """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
+        if isinstance(expr, ast.Name):
+            return expr.id in self.global_rank_names
+        if isinstance(expr, ast.Attribute):
+            return "." + expr.attr in self.global_rank_names
+        if isinstance(expr, ast.Call):
+            name = terminal(expr.func)
+            if name in ("int", "str") and expr.args:
+                return self.is_global_rank(expr.args[0])
+            if name in ("get", "getenv") and expr.args and isinstance(expr.args[0], ast.Constant):
+                return expr.args[0].value in GLOBAL_ENV
+            return name in GLOBAL_CALLS
+        if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
+            return expr.slice.value in GLOBAL_ENV
+        return False
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
@@ -212,7 +226,7 @@ class Script:
         for _ in range(8):
             self.contexts = {}
             self._block(self.tree.body, Context())
-            levels: dict[str, int] = {}
+            levels: dict[str, int] = dict(self.external_levels)
             for ref in refs:
                 name = terminal(ref)
                 level = self.context(ref).level
@@ -239,7 +253,7 @@ class Script:
                 # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: rank 0 runs the code in
                 # between first (and e.g. writes a cache), the others after it; treat it as guarded.
                 before_first = ctx
-                ctx = Context(max(ctx.level, k), ctx.branches, ctx.functions, ctx.scope)
+                ctx = Context(max(ctx.level, k), ctx.branches, ctx.functions, ctx.scope, ctx.single)
 
     def _visit(self, node: ast.AST, ctx: Context) -> None:
         self.contexts[id(node)] = ctx
@@ -257,6 +271,9 @@ class Script:
             k = self.kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
+            sense = distributed_mode(node.test)
+            if sense:
+                body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
             if isinstance(node, ast.If):
                 self._block(node.body, body_ctx)
                 self._block(node.orelse, else_ctx)
@@ -295,6 +312,11 @@ class Script:
         workers.discard("")
         if not workers:
             return None
+        # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
+        # rank when torchrun starts the script (the ImageNet example's two modes)
+        workers.update(d.name for d in defs if any(
+            isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
+            for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
         reached, todo = set(), list(workers)
         while todo:
@@ -315,11 +337,6 @@ class Script:
         return any(f in self.per_rank_functions for f in self.context(node).functions)
 
 
-def _is_mode_sentinel(node: ast.AST) -> bool:
-    if isinstance(node, ast.Constant):
-        return node.value is None or node.value == -1
-    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
-        isinstance(node.operand, ast.Constant) and node.operand.value == 1
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

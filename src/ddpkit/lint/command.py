@@ -3,56 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import ast
-import re
 import sys
 from pathlib import Path
 
-import ddpkit.lint.hangs  # noqa: F401  (registers DDP010 in CHECKS)
-import ddpkit.lint.hazards  # noqa: F401  (registers DDP011-DDP013 in CHECKS)
-from ddpkit.lint.analysis import Script
-from ddpkit.lint.report import RULES, Finding, format_json, format_text
-from ddpkit.lint.rules import CHECKS
+from ddpkit.lint.linter import lint_sources
+from ddpkit.lint.report import RULES, Finding, format_json, format_sarif, format_text
 
-__all__ = ["lint_source", "lint_file", "collect_paths", "main"]
+__all__ = ["lint_source", "lint_file", "lint_files", "lint_sources", "collect_paths", "main"]
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<ids>[A-Za-z0-9_, ]+))?", re.IGNORECASE)
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
-
-
-def _suppressed(line: str, rule: str) -> bool:
-    """`# noqa` silences every rule on the line; `# noqa: DDP004,DDP008` only those."""
-    match = _NOQA.search(line)
-    if match is None:
-        return False
-    ids = match.group("ids")
-    return ids is None or rule in {i.strip().upper() for i in ids.split(",")}
 
 
 def lint_source(source: str, path: str = "<string>") -> list[Finding]:
     """All findings for one script's text, sorted by position. Never executes the script."""
-    try:
-        tree = ast.parse(source, filename=path)
-    except SyntaxError as e:
-        return [Finding(path, e.lineno or 1, e.offset or 1, "DDP000",
-                        "error", f"cannot parse the file: {e.msg}",
-                        "fix the syntax error (ddpkit lint reads the file with this Python's parser)")]
-    script = Script(tree)
-    lines = source.splitlines()
-    findings: set[Finding] = set()
-    for run_check in CHECKS:
-        for hit in run_check(script):
-            line = getattr(hit.node, "lineno", 1)
-            text = lines[line - 1] if 0 < line <= len(lines) else ""
-            if not _suppressed(text, hit.rule):
-                findings.add(Finding(path, line, getattr(hit.node, "col_offset", 0) + 1, hit.rule,
-                                     hit.severity, hit.message, hit.fix))
-    return sorted(findings, key=Finding.sort_key)
+    return lint_sources({path: source})
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def lint_file(path: str | Path) -> list[Finding]:
     path = Path(path)
-    return lint_source(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    return lint_source(_read(path), str(path))
+
+
+def lint_files(paths: list[str | Path]) -> list[Finding]:
+    """Findings for several files, those that import each other analysed as one program."""
+    return lint_sources({str(p): _read(Path(p)) for p in paths})
 
 
 def collect_paths(paths: list[str]) -> list[Path]:
@@ -91,13 +69,19 @@ def _rule_ids(value: str) -> set[str]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ddpkit lint",
-        description="Static checks of a DDP training script for the classic mistakes (never runs it).",
+        description="Static checks of a DDP training script for the classic mistakes (never runs it). "
+                    "Files that import each other are linted as one program (their imports are followed).",
         epilog="Exit status: 0 no errors, 1 at least one error finding, 2 usage error. "
                "Silence one line with `# noqa: DDP004`.")
     p.add_argument("paths", nargs="*", metavar="PATH", help="Python files, or directories searched for *.py")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--format", choices=("text", "json", "sarif"), default="text",
+                   help="output format: text (default), json, or sarif (SARIF 2.1.0 for code-scanning UIs)")
     p.add_argument("--select", type=_rule_ids, metavar="RULE,...", help="report only these rule ids")
     p.add_argument("--ignore", type=_rule_ids, metavar="RULE,...", help="do not report these rule ids")
+    p.add_argument("--fix", action="store_true",
+                   help="rewrite the mechanical mistakes in place (DDP001-DDP003, DDP005, DDP007, DDP009, DDP011), "
+                        "then report what is left")
+    p.add_argument("--diff", action="store_true", help="print the changes --fix would make, write nothing")
     p.add_argument("--list-rules", action="store_true", help="print the rule table and exit")
     return p
 
@@ -118,21 +102,36 @@ def main(argv: list[str] | None = None) -> int:
               "e.g. `ddpkit lint train.py`", file=sys.stderr)
         return 2
     try:
-        files = collect_paths(args.paths)
+        sources = [{str(f): _read(f) for f in collect_paths(args.paths)}]
     except (FileNotFoundError, ValueError) as e:
         print(f"ddpkit lint: error: {e}", file=sys.stderr)
         return 2
-    findings: list[Finding] = []
-    for file in files:
+    except OSError as e:
+        print(f"ddpkit lint: error: cannot read {e.filename!r} ({e.strerror}); check its permissions",
+              file=sys.stderr)
+        return 2
+    if args.fix or args.diff:
         try:
-            findings.extend(lint_file(file))
-        except OSError as e:
-            print(f"ddpkit lint: error: cannot read {str(file)!r} ({e.strerror}); check its permissions",
+            from ddpkit.lint.fixes import apply_fixes  # libcst is imported only when rewriting
+        except ImportError as e:
+            print(f"ddpkit lint: error: --fix/--diff need libcst ({e}); install it: pip install 'libcst>=1.1'",
                   file=sys.stderr)
             return 2
+        try:
+            sources = [apply_fixes(group, write=args.fix and not args.diff, show_diff=args.diff)
+                       for group in sources]
+        except OSError as e:
+            print(f"ddpkit lint: error: cannot write {e.filename!r} ({e.strerror}); nothing else was changed "
+                  "after it", file=sys.stderr)
+            return 2
+    findings = [f for group in sources for f in lint_sources(group)]
     if args.select:
         findings = [f for f in findings if f.rule in args.select]
     if args.ignore:
         findings = [f for f in findings if f.rule not in args.ignore]
-    print(format_json(findings) if args.format == "json" else format_text(findings, len(files)))
+    if args.diff:
+        return 0
+    num_files = sum(len(group) for group in sources)
+    out = {"json": format_json, "sarif": format_sarif}.get(args.format)
+    print(out(findings) if out else format_text(findings, num_files))
     return 1 if any(f.severity == "error" for f in findings) else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from ddpkit.lint.analysis import Script, is_main_flag, terminal
 from ddpkit.lint.rules import Hit, check, keyword
 
-__all__ = ["collective_in_rank_branch"]
+__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks"]
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "shard_optimizer", "save_checkpoint", "load_checkpoint", "register_comm",
@@ -204,3 +205,98 @@ def collective_in_rank_branch(s: Script) -> Iterator[Hit]:
                           f"{found.name}() is a collective that every rank must call, but it runs only when the "
                           f"rank check on line {line} passes: the other ranks never reach it and the job hangs",
                           f"call {found.name}() on every rank, before or after the rank check; {found.why}")
+
+
+# ---- one rank leaving, or one rank running DDP's forward -----------------------------------------
+_NONFINITE = frozenset({"isfinite", "isnan", "isinf"})
+_STOPS = frozenset({"exit", "_exit", "quit"})
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+
+
+def _local_value(s: Script, test: ast.AST) -> str:
+    """The name a NaN/Inf check tests, if that value is this rank's own (not reduced across ranks), else ''."""
+    checks = [n for n in ast.walk(test) if isinstance(n, ast.Call) and terminal(n.func) in _NONFINITE]
+    for check_call in checks:
+        for arg in check_call.args[:1]:
+            names = [terminal(n) for n in ast.walk(arg) if isinstance(n, (ast.Name, ast.Attribute))]
+            sources = [v for k, v in s.assignments if k.lstrip(".") in names]
+            tokens = names + [terminal(n) for v in sources for n in ast.walk(v)
+                              if isinstance(n, (ast.Name, ast.Attribute, ast.Call))]
+            if names and not any(re.search("reduce|gather|sync|global", t or "") for t in tokens):
+                return names[0]
+    return ""
+
+
+def _stop_in(body: list[ast.stmt]) -> ast.AST | None:
+    for stmt in body:
+        if isinstance(stmt, (ast.Return, ast.Break, ast.Raise)):
+            return stmt
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _STOPS:
+            return stmt.value
+    return None
+
+
+@check
+def one_rank_stops(s: Script) -> Iterator[Hit]:
+    if not (s.distributed or s.project.distributed):
+        return
+    parents = s.parents
+
+    def in_loop(node: ast.AST) -> bool:
+        while id(node) in parents:
+            node = parents[id(node)]
+            if isinstance(node, (ast.For, ast.While)):
+                return True
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return False
+        return False
+
+    for node in s.nodes:
+        if isinstance(node, ast.If):
+            stop, value = _stop_in(node.body), _local_value(s, node.test)
+        elif isinstance(node, ast.Assert):
+            stop, value = node, _local_value(s, node.test)
+        else:
+            continue
+        if stop is None or not value or not in_loop(node) or s.context(node).single:
+            continue
+        how = "an assert" if isinstance(stop, ast.Assert) else ast.unparse(stop).split("(")[0]
+        yield Hit(stop, "DDP010", "error",
+                  f"this rank stops ({how}) when its own '{value}' is not finite, but the other ranks' values "
+                  "can be finite: they go on to the next collective (DDP's gradient all-reduce) and wait there "
+                  "for this rank until the job times out",
+                  "decide on every rank together: flag = torch.tensor(float(not ok)); dist.all_reduce(flag); "
+                  "then every rank skips the step or stops when flag > 0")
+
+
+def _without_grad(s: Script, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call) and terminal(
+                i.context_expr.func) in _NO_GRAD for i in node.items):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD for d in node.decorator_list):
+            return True
+    return False
+
+
+@check
+def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
+    wrapped = {k for k, v in s.assignments
+               if isinstance(v, ast.Call) and s.qualname(v.func).endswith("DistributedDataParallel")}
+    if not wrapped:
+        return
+    parents = s.parents
+    for call in s.calls:
+        func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
+        key = func.id if isinstance(func, ast.Name) else "." + func.attr if isinstance(func, ast.Attribute) else ""
+        ctx = s.context(call)
+        if key not in wrapped or not ctx.branches or ctx.single or _without_grad(s, call, parents):
+            continue
+        yield Hit(call, "DDP010", "error",
+                  f"the DistributedDataParallel model runs forward with gradients only when the rank check on "
+                  f"line {ctx.branches[-1][2]} passes: DDP synchronises buffers and prepares the gradient "
+                  "all-reduce in forward, so the ranks fall out of step and the job hangs",
+                  "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
+                  "(model.module) inside the rank check")

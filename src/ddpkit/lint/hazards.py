@@ -1,4 +1,4 @@
-"""The lint checks for wrong devices and statistics (DDP011-DDP013): CUDA devices, NCCL setup, BatchNorm."""
+"""The lint checks for wrong devices and statistics (DDP011-DDP013): CUDA devices, GPU choice, BatchNorm."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from ddpkit.lint.analysis import Script, terminal
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
-__all__ = ["cuda_device_as_device", "nccl_without_set_device", "batchnorm_without_sync"]
+__all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "ddp_without_device",
+           "batchnorm_without_sync"]
 
 _DEVICE_KWARGS = ("device", "output_device", "map_location", "device_id")
 
@@ -30,11 +31,13 @@ def cuda_device_as_device(s: Script) -> Iterator[Hit]:
     def is_cuda_device(node: ast.AST) -> bool:
         return isinstance(node, ast.Call) and s.qualname(node.func) == "torch.cuda.device"
 
-    holders = {t.id for n in s.nodes if isinstance(n, ast.Assign) and is_cuda_device(n.value)
-               for t in n.targets if isinstance(t, ast.Name)}
+    # `device = torch.cuda.device(i)` and `args.device = torch.cuda.device(i)` (attribute targets too)
+    holders = {key for key, value in s.assignments if is_cuda_device(value)}
     for call in s.calls:
         for expr in _device_positions(call):
-            if is_cuda_device(expr) or (isinstance(expr, ast.Name) and expr.id in holders):
+            held = isinstance(expr, ast.Name) and expr.id in holders or \
+                isinstance(expr, ast.Attribute) and "." + expr.attr in holders
+            if is_cuda_device(expr) or held:
                 yield Hit(expr, "DDP011", "error",
                           "torch.cuda.device(...) is a context manager that switches the current GPU, "
                           "not a device: used as one it fails or puts the tensors on the wrong GPU",
@@ -51,11 +54,14 @@ def _strings(s: Script, expr: ast.AST) -> set[str]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-def _uses_cuda(s: Script) -> bool:
+def _uses_cuda(s: Script, bare: bool = False) -> bool:
+    """The script puts things on CUDA ('cuda', 'cuda:0', .cuda()); bare=True: only `.cuda()` with no index."""
     for node in s.nodes:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.match(r"cuda(:\d+)?$", node.value):
+        if not bare and isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.match(r"cuda(:\d+)?$", node.value):
             return True
-        if isinstance(node, ast.Call) and terminal(node.func) == "cuda" and isinstance(node.func, ast.Attribute):
+        if isinstance(node, ast.Call) and terminal(node.func) == "cuda" and isinstance(node.func, ast.Attribute) \
+                and (not bare or not node.args):
             return True
     return False
 
@@ -72,43 +78,122 @@ def _pins_device(s: Script) -> bool:
     return False
 
 
+def _set_device_calls(s: Script) -> list[tuple[Script, ast.Call]]:
+    return s.project.calls_named("set_device", "set_device_index")
+
+
+def _pinned(s: Script) -> bool:
+    return s.project.memo("pins", lambda: any(_pins_device(script) for script in s.project.scripts.values()))
+
+
+_NO_DEVICE = ("call torch.cuda.set_device(local_rank) before init_process_group, or pass "
+              "device_id=torch.device('cuda', local_rank) to it")
+
+
 @check
 def nccl_without_set_device(s: Script) -> Iterator[Hit]:
-    set_device = [c for c in s.calls if terminal(c.func).startswith("set_device")]
+    # Where set_device sits relative to init_process_group does not matter as long as it comes before
+    # the first CUDA work; what puts every rank on cuda:0 is not choosing a device at all.
+    chosen = _set_device_calls(s) or _pinned(s)
+    spawned = s.project.spawned
+    fix = _NO_DEVICE.replace("local_rank", "rank") if spawned else _NO_DEVICE
     for call in s.calls_named("init_process_group"):
-        if keyword(call, "device_id") is not None:
+        if keyword(call, "device_id") is not None or chosen:
             continue
         backend = argument(call, "backend", 0)
-        if backend is None:
-            nccl = _uses_cuda(s)
-        else:
-            nccl = any("nccl" in v for v in _strings(s, backend))
-        if not nccl or _pins_device(s):
-            continue
-        scope = s.context(call).scope
-        same_scope = [c for c in set_device if s.context(c).scope == scope]
-        if not set_device:
+        values = _strings(s, backend) if backend is not None else set()
+        if backend is None and _uses_cuda(s) or any("nccl" in v for v in values):
             yield Hit(call, "DDP012", "error",
                       "init_process_group uses NCCL but torch.cuda.set_device is never called, so the "
                       "current device of every rank stays cuda:0: NCCL communicators, barrier() and every "
-                      "bare .cuda() land on one GPU",
-                      "call torch.cuda.set_device(local_rank) before init_process_group, or pass "
-                      "device_id=torch.device('cuda', local_rank) to it")
-        elif len(same_scope) == len(set_device) and all(c.lineno > call.lineno for c in same_scope):
-            yield Hit(call, "DDP012", "warning",
-                      f"torch.cuda.set_device comes after init_process_group (line {same_scope[0].lineno}); "
-                      "until then NCCL sees cuda:0 as every rank's device",
-                      "move torch.cuda.set_device(local_rank) above init_process_group")
+                      "bare .cuda() land on one GPU", fix)
+        elif backend is not None and (not values or all("gloo" in v for v in values)) \
+                and s.project.memo("bare cuda", lambda: any(_uses_cuda(x, bare=True)
+                                                            for x in s.project.scripts.values())):
+            what = f"backend {ast.unparse(backend)}" if values else \
+                f"a backend only known at run time ({ast.unparse(backend)})"
+            yield Hit(call, "DDP012", "error",
+                      f"init_process_group with {what} and bare .cuda() calls, but no rank ever picks its GPU "
+                      "(no torch.cuda.set_device): every rank's .cuda() lands on cuda:0", fix)
+
+
+def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
+    """Expressions a call uses as a GPU index: set_device(i), torch.device('cuda', i), device_ids=[i], 'cuda:{i}'."""
+    name = terminal(call.func)
+    if name in ("set_device", "set_device_index") and call.args:
+        yield call.args[0]
+    if s.qualname(call.func) == "torch.device" and len(call.args) == 2:
+        yield call.args[1]
+    for k in call.keywords:
+        if k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)):
+            yield from k.value.elts
+    for arg in call.args[:1]:
+        if isinstance(arg, ast.JoinedStr) and any(isinstance(v, ast.Constant) and str(v.value).endswith("cuda:")
+                                                  for v in arg.values):
+            yield from (v.value for v in arg.values if isinstance(v, ast.FormattedValue))
+
+
+@check
+def device_from_global_rank(s: Script) -> Iterator[Hit]:
+    if s.project.single_node or s.project.spawned:
+        return
+    for call in s.calls:
+        for index in _device_indices(s, call):
+            if s.is_global_rank(index):
+                yield Hit(index, "DDP012", "error",
+                          f"the GPU index {ast.unparse(index)} is the global rank: right on the first node only; "
+                          "on the second node rank 8 asks for cuda:8",
+                          "index GPUs by the local rank: int(os.environ['LOCAL_RANK'])")
+
+
+def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[str, bool]]:
+    """(test, which side) of every `if` around a node."""
+    sides: set[tuple[str, bool]] = set()
+    child = node
+    while id(child) in parents:
+        parent = parents[id(child)]
+        if isinstance(parent, ast.If) and child is not parent.test:
+            side = child in parent.body
+            sides.add((ast.dump(parent.test), side))
+            if side and isinstance(parent.test, ast.BoolOp) and isinstance(parent.test.op, ast.And):
+                sides.update((ast.dump(v), True) for v in parent.test.values)  # `a and b` passing means a passed
+        child = parent
+    return sides
+
+
+@check
+def ddp_without_device(s: Script) -> Iterator[Hit]:
+    if not _uses_cuda(s) or _pinned(s):
+        return
+    parents = s.parents
+    chosen = _set_device_calls(s)
+    for call in s.calls:
+        if not s.qualname(call.func).endswith("DistributedDataParallel") or len(call.args) > 1 \
+                or keyword(call, "device_ids") is not None or keyword(call, "device_mesh") is not None:
+            continue
+        sides = _branches(call, parents)
+        # a set_device on the other side of an `if` this call is in (or of the same test) does not run first
+        reaching = [c for script, c in chosen if script is not s or not any(
+            (test, not side) in sides for test, side in _branches(c, parents))]
+        if not reaching:
+            yield Hit(call, "DDP012", "error",
+                      "DistributedDataParallel without device_ids on a CUDA model, and no torch.cuda.set_device "
+                      "on this path: every rank's model sits on cuda:0",
+                      "call torch.cuda.set_device(local_rank) first and pass device_ids=[local_rank]")
 
 
 @check
 def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
-    if not s.uses_ddp:
+    def applies() -> bool:
+        scripts = list(s.project.scripts.values())
+        return any(script.uses_ddp for script in scripts) and not any(
+            isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in ("SyncBatchNorm", "convert_sync_batchnorm")
+            for script in scripts for n in script.nodes)
+
+    if not s.project.memo("batchnorm", applies):
         return
-    names = [n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute))]
-    if any(terminal(n) in ("SyncBatchNorm", "convert_sync_batchnorm") for n in names):
-        return
-    first = next((n for n in names if re.fullmatch(r"BatchNorm[123]d", terminal(n))), None)
+    first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute))
+                  and re.fullmatch(r"BatchNorm[123]d", terminal(n))), None)
     if first is not None:
         yield Hit(first, "DDP013", "note",
                   f"{terminal(first)} under DistributedDataParallel normalises with each rank's own "

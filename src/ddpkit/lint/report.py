@@ -1,12 +1,13 @@
-"""Lint findings and the rule table, and how they are printed: text lines or JSON."""
+"""Lint findings and the rule table, and how they are printed: text lines, JSON or SARIF 2.1.0."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-__all__ = ["SEVERITIES", "Rule", "RULES", "Finding", "format_text", "format_json"]
+__all__ = ["SEVERITIES", "Rule", "RULES", "Finding", "format_text", "format_json", "format_sarif"]
 
 SEVERITIES = ("error", "warning", "note")
 """Only errors fail `ddpkit lint` (exit 1); warnings and notes are advice."""
@@ -28,14 +29,15 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("DDP003", "error", "a DistributedDataParallel-only argument is passed to something else"),
     Rule("DDP004", "error", "torch.save without a global-rank check (warning: local-rank check only)"),
     Rule("DDP005", "warning", "torch.load without map_location, or with weights_only=False"),
-    Rule("DDP006", "warning", "a metric is reported from one rank but never reduced across ranks"),
+    Rule("DDP006", "warning", "a metric of one rank's shard (or a padded eval set) is reported as the run's"),
     Rule("DDP007", "error", "deprecated torch.distributed.launch (warning: --local_rank argument)"),
     Rule("DDP008", "warning", "print()/tqdm() runs on every rank"),
     Rule("DDP009", "warning", "init_process_group without destroy_process_group"),
-    Rule("DDP010", "error", "a torch.distributed or ddpkit collective runs only inside a rank check (hangs)"),
+    Rule("DDP010", "error", "only some ranks reach a collective: under a rank check, a one-rank exit, DDP forward"),
     Rule("DDP011", "error", "torch.cuda.device(...) used as a device"),
-    Rule("DDP012", "error", "NCCL process group without torch.cuda.set_device first"),
+    Rule("DDP012", "error", "every rank on cuda:0 or the wrong GPU (no set_device, global rank as GPU index)"),
     Rule("DDP013", "note", "BatchNorm in a DDP model without SyncBatchNorm"),
+    Rule("DDP014", "warning", "random generators not seeded (note), or the same seed on every rank"),
 )}
 
 
@@ -73,3 +75,29 @@ def format_text(findings: list[Finding], num_files: int) -> str:
 def format_json(findings: list[Finding]) -> str:
     """A JSON list of {path, line, col, rule, severity, message, fix} objects."""
     return json.dumps([asdict(f) for f in findings], indent=2)
+
+
+_SARIF_LEVEL = {"error": "error", "warning": "warning", "note": "note"}
+
+
+def format_sarif(findings: list[Finding]) -> str:
+    """A SARIF 2.1.0 log with one run: the rule table as the tool's rules, one result per finding.
+
+    Each result carries the rule id, level, message, the physical location (file, 1-based line and
+    column) and the fix as `fixes[0].description` (SARIF's place for a fix given in words).
+    """
+    rules = [{"id": r.id, "name": r.id, "shortDescription": {"text": r.summary},
+              "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]}} for r in RULES.values()]
+    index = {r.id: i for i, r in enumerate(RULES.values())}
+    results = [{
+        "ruleId": f.rule, "ruleIndex": index[f.rule], "level": _SARIF_LEVEL[f.severity],
+        "message": {"text": f"{f.message}. fix: {f.fix}"},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": Path(f.path).as_posix()},
+                                            "region": {"startLine": f.line, "startColumn": f.col}}}],
+        "fixes": [{"description": {"text": f.fix}, "artifactChanges": []}],
+    } for f in findings]
+    log = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+           "runs": [{"tool": {"driver": {"name": "ddpkit lint",
+                                         "rules": rules}},
+                     "results": results}]}
+    return json.dumps(log, indent=2)

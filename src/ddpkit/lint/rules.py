@@ -1,15 +1,14 @@
-"""The lint checks for data, checkpoint, logging and launcher mistakes (DDP001-DDP009)."""
+"""The lint checks for data, checkpoint and launcher mistakes (DDP001-DDP005, DDP007, DDP009)."""
 
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ddpkit.lint.analysis import LOCAL, NONE, Script, terminal
 
-__all__ = ["Hit", "CHECKS", "check", "keyword", "argument"]
+__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
 
 @dataclass(frozen=True)
@@ -47,16 +46,17 @@ def _is_const(node: ast.AST | None, value: object) -> bool:
     return isinstance(node, ast.Constant) and node.value is value
 
 
-def _names_in(node: ast.AST) -> Iterator[str]:
-    for n in ast.walk(node):
-        if isinstance(n, (ast.Name, ast.Attribute)):
-            yield terminal(n)
-
-
 # ---- data ------------------------------------------------------------------------------------
 @check
 def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
-    if s.calls_named("set_epoch"):
+    set_epochs = s.project.calls_named("set_epoch")
+    for script, call in set_epochs:
+        if script is s and call.args and isinstance(call.args[0], ast.Constant):
+            yield Hit(call, "DDP001", "error",
+                      f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
+                      "visits the data in the same order",
+                      "pass the loop's epoch number: sampler.set_epoch(epoch)")
+    if set_epochs or not s.project.epoch_loop:
         return
     for call in s.calls_named("DistributedSampler"):
         if _is_const(argument(call, "shuffle", 3), False):
@@ -67,17 +67,46 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
 
 
+def shuffle_arguments(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
+    """The shuffle= a DataLoader gets, and whether it comes through `**kwargs` (a dict built elsewhere)."""
+    shuffle = argument(call, "shuffle", 2)
+    if shuffle is not None:
+        return shuffle, False
+    for k in call.keywords:
+        if k.arg is None:
+            for value in _dict_sources(s, k.value):
+                for key, item in value:
+                    if key == "shuffle":
+                        return item, True
+    return None, False
+
+
+def _dict_sources(s: Script, expr: ast.AST) -> Iterator[list[tuple[str, ast.AST]]]:
+    """(key, value) pairs of the dict literals or dict(...) calls `expr` names."""
+    values = [expr]
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        key = expr.id if isinstance(expr, ast.Name) else "." + expr.attr
+        values = [v for k, v in s.assignments if k == key]
+    for v in values:
+        if isinstance(v, ast.Dict):
+            yield [(k.value, item) for k, item in zip(v.keys, v.values)
+                   if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        elif isinstance(v, ast.Call) and terminal(v.func) == "dict":
+            yield [(k.arg, k.value) for k in v.keywords if k.arg]
+
+
 @check
 def shuffle_beside_sampler(s: Script) -> Iterator[Hit]:
     for call in s.calls_named("DataLoader"):
-        shuffle = argument(call, "shuffle", 2)
+        shuffle, through_kwargs = shuffle_arguments(s, call)
         if not _is_const(shuffle, True):
             continue
         for name, position in (("sampler", 3), ("batch_sampler", 4)):
             given = argument(call, name, position)
             if given is not None and not _is_const(given, None):
+                where = " (through the **kwargs dict)" if through_kwargs else ""
                 yield Hit(shuffle, "DDP002", "error",
-                          f"DataLoader gets shuffle=True together with {name}=; torch raises ValueError "
+                          f"DataLoader gets shuffle=True{where} together with {name}=; torch raises ValueError "
                           f"({name} option is mutually exclusive with shuffle)",
                           "remove shuffle=True from the DataLoader and let the sampler shuffle "
                           "(DistributedSampler(dataset, shuffle=True) plus sampler.set_epoch(epoch))")
@@ -106,12 +135,34 @@ def ddp_kwargs_elsewhere(s: Script) -> Iterator[Hit]:
 
 
 # ---- checkpoints -----------------------------------------------------------------------------
+def is_buffer(s: Script, expr: ast.AST | None) -> bool:
+    """An in-memory file (`buf = io.BytesIO()`): writing or reading it touches no shared file."""
+    if isinstance(expr, ast.Call):
+        return terminal(expr.func) in ("BytesIO", "StringIO")
+    if isinstance(expr, ast.Name):
+        return any(k == expr.id and is_buffer(s, v) for k, v in s.assignments)
+    return False
+
+
+def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
+    """A path that names the rank (`f"queue{rank}.pth"`, or a variable built so): each rank has its own file."""
+    if path is None:
+        return False
+    names = {n.id if isinstance(n, ast.Name) else "." + n.attr for n in ast.walk(path)
+             if isinstance(n, (ast.Name, ast.Attribute))}
+    sources = [path] + [v for k, v in s.assignments if k in names]
+    return any(s.kind(n) for source in sources for n in ast.walk(source))
+
+
 @check
 def unguarded_save(s: Script) -> Iterator[Hit]:
-    if not s.distributed:
+    if not (s.distributed or s.project.distributed):
         return
     for call in s.calls:
-        if s.qualname(call.func) != "torch.save" or not s.per_rank(call):
+        if s.qualname(call.func) != "torch.save" or not s.per_rank(call) or s.context(call).single:
+            continue
+        target = argument(call, "f", 1)
+        if is_buffer(s, target) or _per_rank_file(s, target):
             continue
         level = s.context(call).level
         if level == NONE:
@@ -120,80 +171,34 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
                       "file at once and can leave it corrupt",
                       "save from one rank: `if dist.get_rank() == 0: torch.save(...)` "
                       "(with ddpkit: `if ctx.is_main:`), then dist.barrier() if other ranks read it")
-        elif level == LOCAL:
+        elif level == LOCAL and not s.project.single_node:
             yield Hit(call, "DDP004", "warning",
                       "torch.save is guarded by a local-rank check only: on a multi-node job local rank 0 "
                       "of every node writes the file",
-                      "test the global rank instead: `if int(os.environ['RANK']) == 0:` or "
-                      "`if dist.get_rank() == 0:`")
+                      "test the global rank instead: `if dist.get_rank() == 0:`")
 
 
 @check
 def load_without_map_location(s: Script) -> Iterator[Hit]:
-    if not s.distributed:
+    if not (s.distributed or s.project.distributed):
         return
     for call in s.calls:
-        if s.qualname(call.func) != "torch.load":
+        if s.qualname(call.func) != "torch.load" or s.context(call).single:
             continue
-        if argument(call, "map_location", 1) is None:
-            yield Hit(call, "DDP005", "warning",
-                      "torch.load without map_location puts every tensor back on the device it was saved "
-                      "from (cuda:0), on every rank",
-                      "pass map_location=device (e.g. torch.device('cuda', local_rank)) or map_location='cpu'")
+        source = argument(call, "f", 0)
+        if is_buffer(s, source) or _per_rank_file(s, source):
+            continue
         weights_only = keyword(call, "weights_only")
+        problems = []
+        if argument(call, "map_location", 1) is None:
+            problems.append("has no map_location, so it puts every tensor back on the device it was saved from "
+                            "(cuda:0), on every rank")
         if _is_const(weights_only, False):
-            yield Hit(weights_only, "DDP005", "warning",
-                      "torch.load(weights_only=False) unpickles arbitrary objects from the checkpoint",
-                      "save plain state_dicts and load with weights_only=True (the default since torch 2.6)")
-
-
-# ---- logging ---------------------------------------------------------------------------------
-_METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
-                     r"|^(val|valid|eval|test)_?loss")
-_LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write"})
-
-
-@check
-def unreduced_metric(s: Script) -> Iterator[Hit]:
-    if not s.distributed or not s.calls_named("DistributedSampler") or "torchmetrics" in s.aliases \
-            or any(re.search("reduce|gather", terminal(c.func)) for c in s.calls):
-        return
-    for call in s.calls:
-        if terminal(call.func) not in _LOG_CALLS or s.context(call).level == NONE \
-                or s.qualname(call.func).startswith(("math.", "numpy.", "torch.")):
-            continue
-        metric = next((n for a in (*call.args, *call.keywords) for n in _names_in(a) if _METRIC.search(n.lower())),
-                      None)
-        if metric is not None:
-            yield Hit(call, "DDP006", "warning",
-                      f"'{metric}' is reported from inside a rank check but the script never reduces across "
-                      "ranks, so it describes one rank's shard (1/world_size of the data)",
-                      "on every rank, put the sum and the count in a tensor, dist.all_reduce(t, "
-                      "op=dist.ReduceOp.SUM) it, divide, then report on rank 0")
-
-
-@check
-def every_rank_prints(s: Script) -> Iterator[Hit]:
-    if not s.distributed:
-        return
-    for call in s.calls:
-        name = s.qualname(call.func)
-        is_print = name in ("print", "rich.print")
-        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange")
-        if not (is_print or is_bar) or s.context(call).level != NONE or not s.per_rank(call):
-            continue
-        # a rank in the message means the per-rank output is deliberate
-        if any(s.kind(n) for a in (*call.args, *call.keywords) for n in ast.walk(a)):
-            continue
-        if is_print and keyword(call, "file") is not None:
-            continue
-        if is_bar and keyword(call, "disable") is not None:
-            continue
-        what = "print()" if is_print else "the tqdm progress bar"
-        yield Hit(call, "DDP008", "warning",
-                  f"{what} runs on every rank (no rank check), so the output appears world_size times",
-                  "guard it with `if rank == 0:` (ddpkit: `ddpkit.print0(ctx, ...)`)" if is_print else
-                  "create the bar on rank 0 only: tqdm(..., disable=(rank != 0))")
+            problems.append("weights_only=False unpickles arbitrary objects from the checkpoint")
+        if problems:  # one finding per call, however many arguments are wrong
+            yield Hit(call, "DDP005", "warning", "torch.load " + "; ".join(problems),
+                      "pass map_location='cpu' (or this rank's device) and load plain state_dicts with "
+                      "weights_only=True (the default since torch 2.6)")
 
 
 # ---- launcher and process group -----------------------------------------------------------------
@@ -224,7 +229,8 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
     for call in s.calls_named("add_argument"):
         flag = next((a.value for a in call.args if isinstance(a, ast.Constant)
                      and a.value in ("--local_rank", "--local-rank")), None)
-        if flag:
+        default = keyword(call, "default")
+        if flag and not (default is not None and "LOCAL_RANK" in ast.unparse(default)):  # torchrun-compatible
             yield Hit(call, "DDP007", "warning",
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
                       "pass it and sets the LOCAL_RANK environment variable instead",
@@ -233,11 +239,10 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
 
 @check
 def no_destroy(s: Script) -> Iterator[Hit]:
-    if s.calls_named("destroy_process_group"):
+    if s.project.calls_named("destroy_process_group"):
         return
     for call in s.calls_named("init_process_group"):
         yield Hit(call, "DDP009", "warning",
                   "init_process_group is called but destroy_process_group never is, so the process "
                   "group's resources are not released at exit (torch warns, NCCL may hang at shutdown)",
                   "call dist.destroy_process_group() when training ends, in a `finally:` block")
-

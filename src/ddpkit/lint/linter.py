@@ -1,0 +1,70 @@
+"""Running the checks: files parsed, grouped into programs, each check's hits turned into findings."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import ddpkit.lint.hangs  # noqa: F401  (registers DDP010 in CHECKS)
+import ddpkit.lint.hazards  # noqa: F401  (registers DDP011-DDP013 in CHECKS)
+import ddpkit.lint.outputs  # noqa: F401  (registers DDP006 and DDP008 in CHECKS)
+import ddpkit.lint.seeding  # noqa: F401  (registers DDP014 in CHECKS)
+from ddpkit.lint.analysis import Script
+from ddpkit.lint.project import Project, programs
+from ddpkit.lint.report import Finding
+from ddpkit.lint.rules import CHECKS, Hit
+
+__all__ = ["lint_sources", "analyse"]
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<ids>[A-Za-z0-9_, ]+))?", re.IGNORECASE)
+
+
+def _suppressed(line: str, rule: str) -> bool:
+    """`# noqa` silences every rule on the line; `# noqa: DDP004,DDP008` only those."""
+    match = _NOQA.search(line)
+    if match is None:
+        return False
+    ids = match.group("ids")
+    return ids is None or rule in {i.strip().upper() for i in ids.split(",")}
+
+
+def lint_sources(sources: dict[str, str]) -> list[Finding]:
+    """All findings for files ({path: text}), sorted by position. Never executes them.
+
+    Files that import each other are analysed together as one program (see Project). At most one
+    finding per rule and line; where a print is reported as a wrong metric (DDP006), it is not also
+    reported as repeated output (DDP008).
+    """
+    findings: list[Finding] = []
+    reported: set[tuple[str, int, str]] = set()  # a helper shared by two programs is reported once
+    for path, script, hits in analyse(sources, findings):
+        lines = sources[path].splitlines()
+        seen: dict[tuple[int, str], Finding] = {}
+        for hit in hits:
+            line = getattr(hit.node, "lineno", 1)
+            text = lines[line - 1] if 0 < line <= len(lines) else ""
+            if (line, hit.rule) not in seen and not _suppressed(text, hit.rule):
+                seen[(line, hit.rule)] = Finding(path, line, getattr(hit.node, "col_offset", 0) + 1, hit.rule,
+                                                 hit.severity, hit.message, hit.fix)
+        for (line, rule), f in seen.items():
+            if not (rule == "DDP008" and (line, "DDP006") in seen) and (path, line, rule) not in reported:
+                reported.add((path, line, rule))
+                findings.append(f)
+    return sorted(findings, key=Finding.sort_key)
+
+
+def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> list[tuple[str, Script, list[Hit]]]:
+    """(path, Script, hits of every check) for each file that parses; a DDP000 finding into `errors` for the rest."""
+    trees: dict[str, ast.Module] = {}
+    for path, source in sources.items():
+        try:
+            trees[path] = ast.parse(source, filename=path)
+        except SyntaxError as e:
+            if errors is not None:
+                errors.append(Finding(path, e.lineno or 1, e.offset or 1, "DDP000", "error",
+                                      f"cannot parse the file: {e.msg}",
+                                      "fix the syntax error (ddpkit lint reads the file with this Python's parser)"))
+    scripts = [(path, script) for program in programs(trees) for path, script in Project(program).scripts.items()]
+    return [(path, script, [hit for run_check in CHECKS for hit in run_check(script)]) for path, script in scripts]
+
+

@@ -1,0 +1,190 @@
+"""The lint checks for what ranks report (DDP006, DDP008): metrics of one shard shown as global, output repeated."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from ddpkit.lint.analysis import NONE, Script, terminal
+from ddpkit.lint.project import LOSS_NAME
+from ddpkit.lint.rules import Hit, argument, check, keyword
+
+__all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "every_rank_prints", "EVAL_TOKENS"]
+
+_METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
+                     r"|^(val|valid|eval|test)_?loss")
+_LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning"})
+EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
+                         "valdir", "testdir", "validate", "evaluate", "estimate"})
+"""Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
+_PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid"})
+_EXITS = frozenset({"exit", "_exit", "quit"})
+_ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
+           "divide, then report on rank 0")
+
+
+def _is_eval_name(name: str) -> bool:
+    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
+
+
+def _names(node: ast.AST) -> Iterator[str]:
+    for n in ast.walk(node):
+        if isinstance(n, (ast.Name, ast.Attribute)):
+            yield terminal(n)
+
+
+def _eval_samplers(s: Script) -> list[ast.Call]:
+    """DistributedSamplers over evaluation data: the dataset or the variable the sampler goes to says val/test."""
+    named = {id(v): k.lstrip(".") for k, v in s.assignments}
+    loader_args = [n for c in s.calls_named("DataLoader") for a in (*c.args, *(k.value for k in c.keywords))
+                   for n in ast.walk(a)]
+    used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args if isinstance(n, (ast.Name, ast.Attribute))}
+    found = []
+    for call in s.calls_named("DistributedSampler"):
+        dataset = argument(call, "dataset", 0)
+        target = named.get(id(call), "")
+        if not (id(call) in used or (target and target in used)):
+            continue  # a sampler no DataLoader uses evaluates nothing
+        if _is_eval_name(target) or (dataset is not None and any(_is_eval_name(n) for n in _names(dataset))):
+            found.append(call)
+    return found
+
+
+def _sharded_eval(s: Script) -> bool:
+    return s.project.memo("sharded eval", lambda: any(_eval_samplers(x) for x in s.project.scripts.values()))
+
+
+@check
+def padded_evaluation(s: Script) -> Iterator[Hit]:
+    if not s.distributed or "torchmetrics" in s.aliases:
+        return
+    for call in _eval_samplers(s):
+        drop_last = argument(call, "drop_last", 5)
+        if isinstance(drop_last, ast.Constant) and drop_last.value is True:
+            continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
+        yield Hit(call, "DDP006", "warning",
+                  "evaluation data goes through a DistributedSampler, which pads it with repeated samples up to "
+                  "a multiple of world_size: the reduced metric counts those twice unless len(dataset) divides",
+                  "evaluate every sample once: DistributedSampler(..., drop_last=True) plus the remainder on one "
+                  "rank, or gather predictions with their indices and drop the duplicates (ddpkit.eval_shard)")
+
+
+def _logs(s: Script, call: ast.Call) -> bool:
+    return terminal(call.func) in _LOG_CALLS and not s.qualname(call.func).startswith(("math.", "numpy.", "torch."))
+
+
+def _names_a_rank(s: Script, call: ast.Call) -> bool:
+    parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
+    return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"rank ?0|rank\b", n.value)
+        for n in parts)
+
+
+def _from_evaluation(s: Script, name: str) -> bool:
+    """`losses = estimate_loss()`: the value comes from an evaluation helper, not from the training batches."""
+    return any(isinstance(v, ast.Call) and _is_eval_name(terminal(v.func)) for k, v in s.assignments
+               if k.lstrip(".") == name)
+
+
+@check
+def rank_zero_loss(s: Script) -> Iterator[Hit]:
+    project = s.project
+    if not project.distributed or project.forward_collects or project.reduces(LOSS_NAME):
+        return
+    for call in s.calls:
+        ctx = s.context(call)
+        if ctx.level == NONE or ctx.single or not _logs(s, call):
+            continue
+        if any(_is_eval_name(f) for f in ctx.functions):
+            continue  # an evaluation function: what it reports covers the data it was given
+        if _names_a_rank(s, call):
+            continue  # "rank 0 loss": the log says whose value it is
+        loss = next((n for a in (*call.args, *(k.value for k in call.keywords)) for n in _names(a)
+                     if LOSS_NAME.search(n) and not _is_eval_name(n) and not _from_evaluation(s, n)), None)
+        if loss is not None:
+            yield Hit(call, "DDP006", "warning",
+                      f"'{loss}' is this rank's own loss (its own batches), reported from inside a rank check as "
+                      "if it were the run's; the script never reduces it across ranks",
+                      "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
+                      "by the count, or name it as rank 0's in the log")
+
+
+@check
+def unreduced_metric(s: Script) -> Iterator[Hit]:
+    project = s.project
+    if not s.distributed or "torchmetrics" in s.aliases or not _sharded_eval(s):
+        return
+    if project.reduces(_METRIC) or any(
+            s.local_callee(c) in project.reducing_functions or terminal(c.func) in project.reducing_functions
+            for c in s.calls):
+        return
+    for call in s.calls:
+        ctx = s.context(call)
+        if not _logs(s, call) or ctx.single or not s.per_rank(call):
+            continue
+        if ctx.level == NONE and (project.prints_silenced or terminal(call.func) != "print"):
+            continue
+        metric = next((n for a in (*call.args, *call.keywords) for n in _names(a) if _METRIC.search(n.lower())),
+                      None)
+        if metric is None:
+            continue
+        where = "from inside a rank check" if ctx.level else "by every rank"
+        yield Hit(call, "DDP006", "warning",
+                  f"'{metric}' is reported {where} but the script never reduces it across ranks, so it "
+                  "describes one rank's shard (1/world_size of the data)", _ADVICE)
+
+
+def _next_statements(s: Script) -> dict[int, ast.stmt]:
+    after: dict[int, ast.stmt] = {}
+    for node in s.nodes:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                for first, second in zip(block, block[1:]):
+                    after[id(first)] = second
+    return after
+
+
+def _stops(stmt: ast.stmt | None) -> bool:
+    """`sys.exit(...)` or `raise ...`: a message printed right before it explains why a process stops."""
+    if isinstance(stmt, ast.Raise):
+        return True
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _EXITS
+
+
+def _runs(project, function: str) -> bool:
+    return function in project.referenced or function.startswith("__") or function in ("forward", "main")
+
+
+@check
+def every_rank_prints(s: Script) -> Iterator[Hit]:
+    project = s.project
+    per_rank_file = s.distributed or s.path in project.imported
+    if not per_rank_file or not project.distributed or project.prints_silenced:
+        return
+    after = _next_statements(s)
+    statement_of = {id(n.value): n for n in s.nodes if isinstance(n, ast.Expr)}
+    for call in s.calls:
+        name = s.qualname(call.func)
+        is_print = name in ("print", "rich.print")
+        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange")
+        ctx = s.context(call)
+        if not (is_print or is_bar) or ctx.level != NONE or ctx.single or not s.per_rank(call):
+            continue
+        if ctx.functions and not _runs(project, ctx.functions[-1]):
+            continue  # a function nothing calls (GPT.from_pretrained kept for later use)
+        # a rank, a pid or a device in the message means the per-process output is deliberate
+        mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
+        if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
+                                                   if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+            continue
+        if is_print and (keyword(call, "file") is not None or _stops(after.get(id(statement_of.get(id(call)))))):
+            continue
+        if is_bar and keyword(call, "disable") is not None:
+            continue
+        what = "print()" if is_print else "the tqdm progress bar"
+        yield Hit(call, "DDP008", "warning",
+                  f"{what} runs on every rank (no rank check), so the output appears world_size times",
+                  "guard it with `if rank == 0:` (ddpkit: `ddpkit.print0(ctx, ...)`)" if is_print else
+                  "create the bar on rank 0 only: tqdm(..., disable=(rank != 0))")

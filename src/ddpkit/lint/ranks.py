@@ -1,0 +1,107 @@
+"""What names and expressions say about ranks: which rank a name holds, and whether a run is distributed."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+__all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
+           "distributed_mode", "rank_name_kind", "is_main_flag", "is_mode_sentinel", "terminal"]
+
+NONE, LOCAL, GLOBAL = 0, 1, 2
+"""How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
+
+GLOBAL_ENV = frozenset({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+LOCAL_ENV = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+_RANK_TOKEN = re.compile(r"^(local|global|world|ddp|my|node|proc|process|gpu|dist)?rank(\d+|zero|id)?$")
+_MAIN_NAME = re.compile(
+    r"^_?(is|am)_(local_|global_|node_)?(main|master|chief|leader|zero|rank_?0|rank_?zero)"
+    r"(_process|_rank|_worker|_node)?$|^_?(local_)?(main|master)_(process|rank|worker)$"
+)
+_GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
+"""Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
+_MODE_NAME = re.compile(r"^_?(is_|use_|using_|run_)?(ddp|distributed|dist|multi_?gpu|ddp_run|data_parallel)"
+                        r"(_mode|_run)?$")
+"""Flags that say "this run is distributed at all" (`args.distributed`, `ddp`), not which rank this is."""
+_MODE_CALLS = frozenset({"is_initialized", "is_dist_avail_and_initialized", "is_distributed"})
+GLOBAL_CALLS = frozenset({"get_rank", "get_global_rank"})
+QUERIES = frozenset({"distributed", "is_available", "is_initialized", "get_rank", "get_world_size",
+                      "is_nccl_available", "is_torchelastic_launched"})
+"""torch.distributed names that only ask about the process group; using only these does not make a file per-rank."""
+
+
+def distributed_mode(expr: ast.AST | None) -> int:
+    """+1 if `expr` being true means the run is distributed, -1 if it means a single process, else 0.
+
+    `args.distributed`, `dist.is_initialized()`, `world_size > 1`, `'RANK' in os.environ` and
+    `local_rank != -1` are +1; their negations (`not ddp`, `world_size == 1`, `rank == -1`) are -1.
+    """
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        return 1 if _MODE_NAME.match(terminal(expr).lower()) else 0
+    if isinstance(expr, ast.Call):
+        return 1 if terminal(expr.func) in _MODE_CALLS else 0
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        return -distributed_mode(expr.operand)
+    if isinstance(expr, ast.BoolOp):
+        senses = {distributed_mode(v) for v in expr.values}
+        if isinstance(expr.op, ast.And) and 1 in senses and -1 not in senses:
+            return 1
+        if isinstance(expr.op, ast.Or) and senses == {-1}:
+            return -1
+        return 0
+    if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1):
+        return 0
+    left, op, right = expr.left, type(expr.ops[0]), expr.comparators[0]
+    if isinstance(left, ast.Constant) and isinstance(left.value, str) and op in (ast.In, ast.NotIn):
+        if left.value in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and "environ" in ast.unparse(right):
+            return 1 if op is ast.In else -1
+        return 0
+    value = right.value if isinstance(right, ast.Constant) and isinstance(right.value, int) else None
+    if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub) and isinstance(right.operand, ast.Constant):
+        value = -right.operand.value if isinstance(right.operand.value, int) else None
+    if value is None:
+        return 0
+    name = terminal(left).lower()
+    if "world_size" in name or name in ("num_processes", "nprocs", "num_replicas"):
+        if (op, value) in ((ast.Gt, 1), (ast.GtE, 2), (ast.NotEq, 1)):
+            return 1
+        if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2)):
+            return -1
+    if value == -1 and rank_name_kind(terminal(left) or "rank"):
+        return {ast.Eq: -1, ast.NotEq: 1}.get(op, 0)
+    return 0
+
+
+def rank_name_kind(name: str) -> int:
+    """GLOBAL for names like rank/is_main/get_rank/RANK, LOCAL for local_rank/LOCAL_RANK, else NONE."""
+    if name in GLOBAL_ENV:
+        return GLOBAL
+    if name in LOCAL_ENV:
+        return LOCAL
+    lowered = name.lower()
+    if lowered in _GPU_INDEX:
+        return LOCAL
+    tokens = lowered.split("_")
+    if not (_MAIN_NAME.match(lowered) or any(_RANK_TOKEN.match(t) for t in tokens)):
+        return NONE
+    return LOCAL if any(t.startswith("local") for t in tokens) else GLOBAL
+
+
+def is_main_flag(name: str) -> bool:
+    """True for names of a flag that is true on rank 0 only (is_main, master_process), not a rank number."""
+    return _MAIN_NAME.match(name.lower()) is not None
+
+
+def terminal(node: ast.AST) -> str:
+    """The last identifier of a name or attribute chain (`dist.all_reduce` -> 'all_reduce')."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return ""
+
+def is_mode_sentinel(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value is None or node.value == -1
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
+        isinstance(node.operand, ast.Constant) and node.operand.value == 1

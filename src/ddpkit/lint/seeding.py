@@ -1,0 +1,87 @@
+"""The DDP014 check: how the random number generators of the ranks are seeded (not at all, or all alike)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ddpkit.lint.analysis import Script, terminal
+from ddpkit.lint.rules import Hit, argument, check
+
+__all__ = ["rank_seeds"]
+
+_SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_everything", "set_seed", "set_random_seed"})
+_TORCH_SEEDS = ("torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.random.manual_seed")
+_SEED_FIX = ("seed each rank differently and reproducibly: torch.manual_seed(args.seed + rank) "
+             "(ddpkit.init(seed=...) does it for you)")
+
+
+def _is_seed(s: Script, call: ast.Call) -> bool:
+    name = s.qualname(call.func)
+    if name.startswith(("torch.", "numpy.", "np.", "random.")) \
+            or terminal(call.func) in ("seed_everything", "set_seed"):
+        return terminal(call.func) in _SEEDS
+    return s.qualname(call.func).startswith("ddpkit.init") and any(k.arg == "seed" for k in call.keywords)
+
+
+def _reached(s: Script, call: ast.Call) -> bool:
+    """The seed call runs: it is at module level or in a function the project calls."""
+    functions = s.context(call).functions
+    return not functions or functions[-1] in s.project.referenced
+
+
+def _parameter_of(s: Script, call: ast.Call, value: ast.AST) -> tuple[str, int] | None:
+    """(function, position) when `value` is a parameter of the function the call is in."""
+    if not isinstance(value, ast.Name) or not s.context(call).functions:
+        return None
+    scope = s.context(call).scope
+    d = next((d for d in s.defs if id(d) == scope), None)
+    names = [a.arg for a in d.args.args] if d is not None else []
+    return (d.name, names.index(value.id)) if value.id in names else None
+
+
+def _differs_per_rank(s: Script, call: ast.Call) -> bool:
+    value = argument(call, "seed", 0)
+    if value is None or s.kind(value):
+        return True
+    param = _parameter_of(s, call, value)
+    if param is None:
+        return False
+    callers = s.project.calls_named(param[0])
+    return not callers or any(
+        len(c.args) > param[1] and script.kind(c.args[param[1]]) for script, c in callers)
+
+
+@check
+def rank_seeds(s: Script) -> Iterator[Hit]:
+    project = s.project
+    if not project.distributed:
+        return
+    seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
+                                            if _is_seed(script, c) and _reached(script, c)])
+    if not seeds:
+        inits = project.calls_named("init_process_group")
+        if inits and inits[0][0] is s:
+            yield Hit(inits[0][1], "DDP014", "note",
+                      "nothing seeds the random number generators: model initialisation, augmentation and "
+                      "dropout differ from run to run, so no run can be repeated", _SEED_FIX)
+        return
+    torch_seeds = [(script, c) for script, c in seeds if script.qualname(c.func) in _TORCH_SEEDS]
+    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c)]
+    reported: set[int] = set()
+    for script, call in torch_seeds:
+        scope = script.context(call).scope
+        if script is not s or scope in reported:
+            continue
+        if not in_ranks:
+            reported.add(scope)
+            yield Hit(call, "DDP014", "note",
+                      "the seed is set in the parent process only: the ranks mp.spawn starts are fresh "
+                      "interpreters and begin unseeded", "seed inside the worker function, from its rank: "
+                      "torch.manual_seed(seed + rank)")
+        elif script.per_rank(call) and project.augments and not _differs_per_rank(script, call):
+            reported.add(scope)
+            yield Hit(call, "DDP014", "warning",
+                      "every rank gets the same seed, so every rank (and its DataLoader workers) draws the same "
+                      "random augmentation stream: the ranks see differently indexed but identically "
+                      "transformed data", _SEED_FIX)

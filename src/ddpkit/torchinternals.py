@@ -1,0 +1,224 @@
+"""Every private torch name ddpkit uses, each gated to the torch releases it was read against.
+
+ddpkit works around a few gaps and bugs of torch's own pieces (docs/releases.md lists each patch,
+the torch bug it answers and whether a current torch still needs it). The private names those
+patches need live here and nowhere else. Each function below uses its names only on a torch in
+`READ_AGAINST`; on any other release, or where the names have moved, it falls back to torch's
+public behaviour and warns in one line what is lost. tests/unit/test_torchinternals.py checks every
+name against the installed torch and fails, naming it and the release, when torch changes one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+__all__ = [
+    "READ_AGAINST",
+    "TorchInternalsWarning",
+    "torch_version",
+    "node_desc_base",
+    "handler_with_node",
+    "check_each_join",
+    "fresh_store_per_round",
+    "bind_shared_store",
+    "default_store",
+]
+
+READ_AGAINST = SpecifierSet(">=2.13,<2.15")
+"""The torch releases every name in this module was read against; 2.13.0 (the CI pin) and 2.14.1 were
+run. Widen it only after reading each name again in the new release and running
+tools/torch-next-tests.sh there."""
+
+_DYNAMIC = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+class TorchInternalsWarning(UserWarning):
+    """A ddpkit patch of torch is off on this torch (another release, or the names moved): torch's own
+    behaviour applies, and the message says what that costs."""
+
+
+def torch_version() -> Version:
+    """The installed torch's release, without local or dev parts ('2.14.1+cu130' -> 2.14.1)."""
+    import torch
+
+    return Version(Version(torch.__version__).base_version)
+
+
+def _usable(name: str, lost: str) -> bool:
+    """Whether `name` may be used on this torch; if not, warn once in one line what is `lost`."""
+    version = torch_version()
+    if version in READ_AGAINST:
+        return True
+    _fall_back(name, f"torch {version} is not one of the releases ddpkit read it against ({READ_AGAINST})", lost)
+    return False
+
+
+def _fall_back(name: str, why: str, lost: str) -> None:
+    warnings.warn(f"ddpkit: not using {name} ({why}): {lost}", TorchInternalsWarning, stacklevel=4)
+
+
+# --- rendezvous: node descriptors ordered by --node-rank, checked against the other nodes' --nnodes ---
+
+_NODE_ORDER_LOST = ("nodes are numbered in torch's order (address, then process id), not by --node-rank, and nodes "
+                    "launched with different --nnodes time out instead of failing at once")
+
+
+@dataclass(eq=True, order=True, frozen=True)
+class _PlainNodeDesc:
+    """The shape of torch's node descriptor, for a torch whose own is not usable (then no torch code sees it)."""
+
+    addr: str
+    pid: int
+    local_id: int
+
+    def __repr__(self) -> str:
+        return f"{self.addr}_{self.pid}_{self.local_id}"
+
+
+def node_desc_base() -> type:
+    """`dynamic_rendezvous._NodeDesc`, the frozen dataclass (addr, pid, local_id) torch's handler keys the
+    rendezvous state by, as a base class; a same-shaped stand-in where it is not usable (silent: the
+    handler functions below then warn and keep torch's handler)."""
+    try:
+        if torch_version() in READ_AGAINST:
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+            return _NodeDesc
+    except ImportError:
+        pass
+    return _PlainNodeDesc
+
+
+def handler_with_node(handler, make_node: Callable[[Any], Any], *, backend, store) -> tuple[Any, Any] | None:
+    """torch's handler rebuilt around the node descriptor `make_node(torch_node)` returns (an instance
+    of a `node_desc_base()` subclass, made from the one torch drew for this launcher, `_this_node`).
+    The constructor hands the node to every part that uses it (op executor, heartbeats, store info);
+    `handler`'s settings (its timeouts and keep-alive, parsed by torch) are kept. Returns (handler,
+    node), or None where not usable.
+
+    Uses `DynamicRendezvousHandler(node, settings, backend_name, store, state_holder)` (the public
+    constructor, `from_backend`, draws its own node) and `_BackendRendezvousStateHolder(backend, settings)`.
+    """
+    name = f"{_DYNAMIC}.DynamicRendezvousHandler(node, ...), ._this_node and _BackendRendezvousStateHolder"
+    if not _usable(name, _NODE_ORDER_LOST):
+        return None
+    if node_desc_base() is _PlainNodeDesc:
+        _fall_back(name, f"{_DYNAMIC}._NodeDesc is missing", _NODE_ORDER_LOST)
+        return None
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            DynamicRendezvousHandler, _BackendRendezvousStateHolder,
+        )
+
+        node = make_node(handler._this_node)
+        settings = handler.settings
+        rebuilt = DynamicRendezvousHandler(node, settings, backend.name, store,
+                                           _BackendRendezvousStateHolder(backend, settings))
+    except (ImportError, AttributeError, TypeError) as e:
+        _fall_back(name, f"it differs from the one ddpkit read: {e}", _NODE_ORDER_LOST)
+        return None
+    return rebuilt, node
+
+
+def check_each_join(handler, check: Callable[[Any], None]) -> bool:
+    """Call `check(state)` with the rendezvous state after every sync with the store while this node
+    joins, before torch decides its next step (so `check` can raise and end the join). False where not
+    usable. Wraps the handler's `_op_executor.run` for torch's `_RendezvousJoinOp` only."""
+    name = f"{_DYNAMIC}._RendezvousJoinOp and the handler's _op_executor.run"
+    if not _usable(name, _NODE_ORDER_LOST):
+        return False
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousJoinOp
+
+        executor = handler._op_executor
+        torch_run = executor.run
+    except (ImportError, AttributeError) as e:
+        _fall_back(name, f"it differs from the one ddpkit read: {e}", _NODE_ORDER_LOST)
+        return False
+
+    def run(state_handler, deadline, update_deadline=None):
+        if not isinstance(state_handler, _RendezvousJoinOp):
+            return torch_run(state_handler, deadline, update_deadline)
+
+        def checked(ctx, op_deadline):
+            check(ctx.state)
+            return state_handler(ctx, op_deadline)
+
+        return torch_run(checked, deadline, update_deadline)
+
+    executor.run = run
+    return True
+
+
+# --- rendezvous: a new store for the ranks in every round (pytorch/pytorch#135712) ---
+
+def fresh_store_per_round(handler) -> bool:
+    """Make torch's handler create the ranks' shared store anew in every rendezvous round, i.e. after
+    every restart. False where not usable.
+
+    torch (2.5 and later) creates that store once and keeps it across --max-restarts, while the
+    process-group keys the ranks write carry no attempt prefix: a restarted rank can read the address
+    a killed rank published and fail with "connectFullMesh ... Connection refused"
+    (pytorch/pytorch#135712). `next_rendezvous` builds the store when `_bootstrap_store_info` is None
+    (and, on rank 0, `_shared_tcp_store_server`): clearing both before each round gives a new store
+    (a new MASTER_PORT) that holds no stale keys.
+    """
+    name = f"{_DYNAMIC}.DynamicRendezvousHandler._bootstrap_store_info and ._shared_tcp_store_server"
+    lost = ("after a restart (--max-restarts) the ranks reuse the previous round's store and can fail to "
+            "connect (pytorch/pytorch#135712)")
+    if not _usable(name, lost):
+        return False
+    if not (hasattr(handler, "_bootstrap_store_info") and hasattr(handler, "_shared_tcp_store_server")):
+        _fall_back(name, "the handler has no such attributes", lost)
+        return False
+    torch_next_rendezvous = handler.next_rendezvous
+
+    def next_rendezvous():
+        handler._bootstrap_store_info = None
+        handler._shared_tcp_store_server = None
+        return torch_next_rendezvous()
+
+    handler.next_rendezvous = next_rendezvous
+    return True
+
+
+# --- rendezvous: the ranks' shared store listens on one address ---
+
+def bind_shared_store(handler, create: Callable[[str, int], Any]) -> bool:
+    """Have torch's handler create the ranks' shared store (on the node of rendezvous rank 0) with
+    `create(master_addr, master_port)` instead of its `_create_tcp_store_server`, whose TCPStore listens
+    on every interface. False where not usable."""
+    name = f"{_DYNAMIC}.DynamicRendezvousHandler._create_tcp_store_server"
+    lost = "the ranks' shared store listens on every interface of rank 0's node, not only on the one asked for"
+    if not _usable(name, lost):
+        return False
+    if not callable(getattr(handler, "_create_tcp_store_server", None)):
+        _fall_back(name, "the handler has no such method", lost)
+        return False
+    handler._create_tcp_store_server = create
+    return True
+
+
+# --- runtime: the store of the default process group ---
+
+def default_store():
+    """The store of the default process group (`distributed_c10d._get_default_store`), or None where not
+    usable or no group exists. torch has no public accessor for it."""
+    name = "torch.distributed.distributed_c10d._get_default_store"
+    if not _usable(name, "ddpkit.close() waits for the other ranks with a gloo barrier only"):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+    except ImportError as e:
+        _fall_back(name, str(e), "ddpkit.close() waits for the other ranks with a gloo barrier only")
+        return None
+    try:
+        return _get_default_store()
+    except (RuntimeError, ValueError):  # no default group
+        return None
