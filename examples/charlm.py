@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--log-every", type=int, default=10, help="log train loss every N optimizer steps")
     a("--seed", type=int, default=0, help="seed of model init and data order")
     a("--run-dir", default="runs/charlm", help="where metrics.jsonl and plots go ('' for none)")
+    a("--tensorboard", action="store_true", help="also write the metrics as TensorBoard scalars under RUN_DIR/tensorboard")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
     return p.parse_args(argv)
 
@@ -218,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
         opt = make_optimizer(model, args)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
             s, warmup=args.warmup_steps, total=args.max_steps, min_ratio=args.min_lr_ratio))
-        log = MetricsLog(args.run_dir, ctx) if args.run_dir else None
+        trackers = ("tensorboard",) if args.tensorboard else ()
+        log = MetricsLog(args.run_dir, ctx, trackers=trackers) if args.run_dir else None
         first = evaluate(model, val, ctx, prec)
         if log is not None:
             log.log(step=0, **first)

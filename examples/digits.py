@@ -3,6 +3,11 @@
     python examples/digits.py                               # one process (world size 1)
     ddpkit run --nproc-per-node 2 examples/digits.py        # every rank of this machine
     ddpkit run --max-restarts 3 examples/digits.py --checkpoint-dir ckpt   # survive crashes, resume
+    ddpkit run examples/digits.py --tensorboard             # also log to TensorBoard (runs/digits/tensorboard)
+
+SIGTERM or SIGUSR1 (a preemption notice) to `ddpkit run` or to any rank: every rank stops at the same
+step, a checkpoint of that step is saved (with --checkpoint-dir), and the process exits with
+128 + the signal's number (143, 138); rerunning the same command resumes from it.
 
 Prints one JSON line at the end (rank 0): test_accuracy, test_loss, world_size, epochs, seconds,
 param_sha256, ... The global batch is fixed (--global-batch-size), so the number of ranks changes
@@ -12,6 +17,7 @@ only the speed, not the samples each optimizer step sees.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -34,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="save checkpoints here and resume from the newest valid one at start ('' for none)")
     p.add_argument("--save-every", type=int, default=0,
                    help="optimizer steps between checkpoints (0: at the end of every epoch)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write the metrics as TensorBoard scalars under RUN_DIR/tensorboard")
     return p.parse_args(argv)
 
 
@@ -101,10 +109,12 @@ def main(argv: list[str] | None = None) -> dict:
                 step = resumed_from = ckpt["step"]
                 first_epoch = train.state_dict()["epoch"]  # mid-epoch: the loop continues inside it
         # A resumed run continues its log; a fresh one moves an old log aside (kept, not mixed in).
-        log = MetricsLog(args.run_dir, ctx, resume=resumed_from is not None) if args.run_dir else None
+        trackers = ("tensorboard",) if args.tensorboard else ()
+        log = (MetricsLog(args.run_dir, ctx, resume=resumed_from is not None, trackers=trackers)
+               if args.run_dir else None)
         total_steps = args.epochs * train.steps_per_epoch
         save_every = args.save_every or train.steps_per_epoch
-        metrics = None
+        metrics, saved = None, step
         with ProgressBar(ctx, total=total_steps - step, desc="digits") as bar:
             for epoch in range(first_epoch, args.epochs):
                 for x, y in train:
@@ -118,11 +128,21 @@ def main(argv: list[str] | None = None) -> dict:
                     if args.checkpoint_dir and (step % save_every == 0 or step == total_steps):
                         ddpkit.save_checkpoint(ctx, args.checkpoint_dir, step=step, model=model, optimizer=opt,
                                                scheduler=sched, loader=train)
+                        saved = step
+                if ctx.should_stop():  # a preemption notice: every rank is here after the same step
+                    if args.checkpoint_dir and saved != step:
+                        ddpkit.save_checkpoint(ctx, args.checkpoint_dir, step=step, model=model, optimizer=opt,
+                                               scheduler=sched, loader=train)
+                    break
                 metrics = evaluate(model, test, ctx)
                 train_loss = ddpkit.reduce_mean(ctx, loss.detach() * len(y), len(y))
                 if log is not None:
                     log.log(step=step, epoch=epoch, loss=train_loss, lr=sched.get_last_lr()[0],
                             samples_per_s=bar.samples_per_s, **metrics)
+        if ctx.stop_signal is not None:
+            stopped = {"stopped_by_signal": ctx.stop_signal, "steps": step, "checkpoint_dir": args.checkpoint_dir}
+            finish_run(ctx, stopped, log, plot=False)
+            return stopped
         if metrics is None:  # resumed from the final checkpoint: nothing left to train
             metrics = evaluate(model, test, ctx)
         result = {
@@ -141,4 +161,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    outcome = main()
+    if "stopped_by_signal" in outcome:
+        sys.exit(128 + outcome["stopped_by_signal"])  # like a process the signal ended; rerun to resume

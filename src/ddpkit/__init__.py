@@ -49,6 +49,8 @@ _EXPORTS = {
     "CheckpointWarning": "ddpkit.checkpoint",
     "Precision": "ddpkit.precision",
     "StepInfo": "ddpkit.precision",
+    "launch": "ddpkit.spawn",
+    "RankFailedError": "ddpkit.spawn",
 }
 
 __all__ = ["__version__", *_EXPORTS]

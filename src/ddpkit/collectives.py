@@ -73,7 +73,7 @@ def reduce_mean(ctx: Context, total: torch.Tensor | float, count: torch.Tensor |
     total_sum, count_sum = both.tolist()
     if count_sum == 0:
         raise ValueError("reduce_mean over 0 samples on all ranks; the dataset (or eval shard set) is empty")
-    return total_sum / count_sum
+    return float(total_sum / count_sum)
 
 
 def reduce_means(ctx: Context, sums: Mapping[str, Any], count: Any) -> dict[str, float]:

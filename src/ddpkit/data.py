@@ -181,12 +181,18 @@ class DistributedLoader:
         self._epoch, self._step = self._position()
         s.epoch, s.start_step = self._epoch, self._step
         self._micro = 0
+        if self.ctx.should_stop():
+            return
         for batch in self._loader:
             self._micro += 1
             self.step_end = self._micro == s.accumulation_steps
             if self.step_end:
                 self._micro, self._step = 0, self._step + 1
             yield to_device(unwrap_host_batch(batch), self.ctx.device, non_blocking=self._pin)
+            # A step boundary every rank reaches at the same step: a preemption signal caught by any
+            # rank ends every rank's loop here, mid-epoch, with the position of the step just done.
+            if self.step_end and self.ctx.should_stop():
+                return
         self._epoch, self._step = s.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:

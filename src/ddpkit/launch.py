@@ -24,6 +24,9 @@ __all__ = [
     "threads_per_rank",
     "last_call_timeout",
     "check_target",
+    "check_torchrun_flags",
+    "torchrun_flags",
+    "DEFAULT_SIGNALS_TO_HANDLE",
     "visible_gpus",
     "usable_cpus",
     "launch",
@@ -32,6 +35,15 @@ __all__ = [
 MAX_DEFAULT_CPU_RANKS = 4
 DEAD_NODE_S = 15
 """How long torch's c10d rendezvous takes to drop a node that stopped: 3 missed keep-alives 5 s apart."""
+
+
+DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""What `ddpkit run`'s torchrun catches and forwards to the ranks: torchrun's own list plus SIGUSR1,
+the signal SLURM's `--signal=USR1@120` sends ahead of a time limit (see ddpkit.preemption)."""
+
+PASSTHROUGH_FLAGS = ("--log-dir", "--tee", "--redirects", "--local-ranks-filter", "--signals-to-handle",
+                     "--shutdown-timeout", "--numa-binding")
+"""torchrun's flags that `ddpkit run` takes and hands on unchanged (those torch has: `torchrun_flags`)."""
 
 
 class LaunchError(ValueError):
@@ -77,6 +89,9 @@ class RunConfig:
     collective reports where and exits, so the run fails with a summary instead of hanging. None: off."""
     hang_report_dir: str | None = None
     """Where the watchdogs write their per-rank reports; `launch` picks a temporary directory when None."""
+    torchrun_options: tuple[tuple[str, str], ...] = ()
+    """torchrun flags passed through unchanged, as (flag, value) pairs from PASSTHROUGH_FLAGS, e.g.
+    (("--log-dir", "logs"), ("--tee", "3")); `check_torchrun_flags` has checked the installed torch has them."""
     cpu_ranks: bool = False
     """Run the ranks on the CPU even where GPUs are visible (--nproc-per-node cpu): the rank bootstrap
     hides the GPUs from each rank before the script starts, so ddpkit.init and torch both see none."""
@@ -154,17 +169,34 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                    help="a rank blocked this long in a collective reports its stack and call site, and the run "
                         "fails with one line per rank instead of hanging (default: off)")
+    # torchrun's own flags, handed on unchanged (refused where the installed torch lacks one)
+    p.add_argument("--log-dir", default=None,
+                   help="torchrun: directory for the ranks' log files (DIR/RUN_ID/attempt_N/LOCAL_RANK/)")
+    p.add_argument("--redirects", "-r", default=None, help="torchrun: redirect ranks' output to the log files: "
+                   "0 none, 1 stdout, 2 stderr, 3 both, or per local rank, e.g. 0:3,1:1")
+    p.add_argument("--tee", "-t", default=None, help="torchrun: like --redirects, and also to the console")
+    p.add_argument("--local-ranks-filter", default=None,
+                   help="torchrun: local ranks whose output the console shows, e.g. 0")
+    p.add_argument("--signals-to-handle", default=None,
+                   help="torchrun: signals it catches and forwards to the ranks (default SIGTERM,SIGINT,SIGHUP,"
+                        "SIGQUIT,SIGUSR1; SIGTERM and SIGUSR1 make ranks stop at a step boundary, see ctx.should_stop)")
+    p.add_argument("--shutdown-timeout", default=None,
+                   help="torchrun: seconds the ranks get to exit after a signal before SIGKILL (torch's default 30)")
+    p.add_argument("--numa-binding", default=None, help="torchrun: bind each rank to its GPU's NUMA node (e.g. node)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("target", metavar="SCRIPT", help="training script path (or module name with -m)")
     p.add_argument("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script unchanged")
     return p
 
 
-def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: int, num_cpus: int) -> RunConfig:
+def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: int, num_cpus: int,
+                     available_flags: frozenset[str] | None = None) -> RunConfig:
     """`ddpkit run` argv -> RunConfig, validated against what this machine has (raises LaunchError naming the fix).
 
     Inside SLURM (`srun ddpkit run`) or a Kubeflow PyTorchJob pod, node count, node rank and endpoint
-    come from `environ` unless given as flags. A pure function of its arguments and the file system.
+    come from `environ` unless given as flags. `available_flags`: the PASSTHROUGH_FLAGS the installed
+    torchrun has (default `torchrun_flags()`, read from its parser). A pure function of its arguments,
+    the file system and the installed torch.
     """
     args = run_parser().parse_args(argv)
     check_target(args.target, module=args.module)
@@ -176,6 +208,12 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
     if args.hang_timeout is not None and not args.hang_timeout > 0:
         raise LaunchError(f"--hang-timeout {args.hang_timeout:g} must be > 0 seconds, e.g. --hang-timeout 300 "
                           "(longer than your slowest step or evaluation)")
+    given = tuple((flag, getattr(args, flag[2:].replace("-", "_"))) for flag in PASSTHROUGH_FLAGS)
+    options = tuple((flag, str(value)) for flag, value in given if value is not None)
+    available = torchrun_flags() if available_flags is None else available_flags
+    check_torchrun_flags(options, available=available)
+    if args.signals_to_handle is None and "--signals-to-handle" in available:
+        options += (("--signals-to-handle", DEFAULT_SIGNALS_TO_HANDLE),)
     try:
         nodes = resolve_nodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                               rdzv_id=args.rdzv_id, nproc_per_node=args.nproc_per_node, environ=environ)
@@ -190,7 +228,7 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
         nproc_per_node=nproc, max_restarts=args.max_restarts, nnodes=nodes.nnodes, node_rank=nodes.node_rank,
         rdzv_endpoint=nodes.rdzv_endpoint, local_addr=args.local_addr, iface=args.iface,
         rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout, hang_timeout_s=args.hang_timeout,
-        cpu_ranks=nodes.nproc_per_node == "cpu",
+        cpu_ranks=nodes.nproc_per_node == "cpu", torchrun_options=options,
     )
     # no id decided (one node, no --rdzv-id): the fresh one RunConfig draws for every run
     return cfg if nodes.rdzv_id is None else replace(cfg, rdzv_id=nodes.rdzv_id)
@@ -243,6 +281,27 @@ def _module_exists(name: str) -> bool:
         if spec is None:
             return False
     return True
+
+
+def torchrun_flags() -> frozenset[str]:
+    """The PASSTHROUGH_FLAGS the installed torch's torchrun accepts, read from its own parser's help."""
+    import re
+
+    from torch.distributed.run import get_args_parser
+
+    text = get_args_parser().format_help()
+    return frozenset(flag for flag in PASSTHROUGH_FLAGS if re.search(rf"(?<![\w-]){flag}(?![\w-])", text))
+
+
+def check_torchrun_flags(options: tuple[tuple[str, str], ...], *, available: frozenset[str]) -> None:
+    """Refuse a passed-through torchrun flag the installed torch lacks (a pure function of its arguments)."""
+    for flag, value in options:
+        if flag == "--shutdown-timeout" and not (value.isdigit()):
+            raise LaunchError(f"--shutdown-timeout {value} must be a whole number of seconds >= 0, e.g. "
+                              "--shutdown-timeout 60 (time the ranks get to save and exit after a signal)")
+        if flag not in available:
+            raise LaunchError(f"{flag} {value}: the installed torch's torchrun has no {flag} flag; upgrade torch "
+                              f"to a release that has it, or drop {flag}")
 
 
 def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
@@ -298,6 +357,7 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
         if cfg.local_addr is not None:
             argv.append(f"--local-addr={cfg.local_addr}")
     argv.append("--rdzv-conf=" + ",".join(conf))
+    argv += [f"{flag}={value}" for flag, value in cfg.torchrun_options]
     if cfg.hang_timeout_s is not None or cfg.cpu_ranks:
         # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
         # script unchanged as __main__ (no environment variables of our own).
@@ -323,6 +383,8 @@ def launch(cfg: RunConfig) -> int:
     from torch.distributed.run import parse_args, run
 
     from ddpkit import rendezvous, runreport
+    from ddpkit.netcheck import NetworkError
+    from ddpkit.preemption import STOP_SIGNALS
     from ddpkit.netcheck import NetworkError, launcher_network
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(cfg.nproc_per_node, usable_cpus())))
@@ -348,6 +410,12 @@ def launch(cfg: RunConfig) -> int:
     try:
         run(args)
     except ChildFailedError as e:
+        codes = {failure.exitcode for failure in e.failures.values()}
+        if codes and codes <= {128 + int(sig) for sig in STOP_SIGNALS}:
+            # every failed rank ended itself after a preemption signal (ddpkit.preemption's convention)
+            print(f"ddpkit run: the ranks stopped at a step boundary after a signal (exit code {max(codes)}); "
+                  "rerun the same command to resume from their checkpoint", file=sys.stderr)
+            return max(codes)
         runreport.print_failures(e, multi_node=not cfg.single_node)
         runreport.print_hang_reports(cfg.hang_report_dir, hang_timeout_s=cfg.hang_timeout_s)
         return 1
@@ -357,7 +425,10 @@ def launch(cfg: RunConfig) -> int:
         print(f"ddpkit run: error: {message}", file=sys.stderr)
         return 1
     except SignalException as e:
-        print(f"ddpkit run: stopped by {e.sigval.name}; all ranks were terminated", file=sys.stderr)
+        # torchrun's agent has forwarded the signal to every rank and waited for them (up to its
+        # shutdown timeout, then SIGKILL): ranks that check ctx.should_stop() have saved and exited
+        print(f"ddpkit run: stopped by {e.sigval.name}; every rank was given {e.sigval.name} and has exited",
+              file=sys.stderr)
         return 128 + int(e.sigval)
     except KeyboardInterrupt:
         print("ddpkit run: interrupted; all ranks were terminated", file=sys.stderr)

@@ -6,8 +6,11 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
+
+from ddpkit.trackers import Sink, check_trackers, numeric, open_sinks
 
 __all__ = ["METRICS_FILENAME", "MetricsLog", "ProgressBar", "print0", "rank_logger", "read_metrics"]
 
@@ -60,14 +63,23 @@ class MetricsLog:
     reads back) so a diverging loss stays visible in the log.
     """
 
-    def __init__(self, run_dir: str | Path, ctx: Any, *, resume: bool = False) -> None:
+    def __init__(self, run_dir: str | Path, ctx: Any, *, resume: bool = False,
+                 trackers: Iterable[str] = ()) -> None:
         """`resume=True` appends to an existing log (a run continued from a checkpoint); otherwise an
-        existing log is renamed to `metrics.<time>.jsonl` first, so runs are never mixed nor lost."""
+        existing log is renamed to `metrics.<time>.jsonl` first, so runs are never mixed nor lost.
+
+        `trackers` also sends every line's numbers to experiment trackers, from rank 0:
+        "tensorboard" (scalars in run_dir/tensorboard), "wandb", "mlflow" (see ddpkit.trackers).
+        Each line's `step` is the tracker's step (else the line's number).
+        """
+        names = check_trackers(trackers)  # on every rank: a missing package fails all ranks alike
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILENAME
         self.is_main = bool(ctx.is_main)
         self._closed = False
-        self._file = None
+        self._file: IO[str] | None = None
+        self._sinks: list[Sink] = []
+        self._lines = 0
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if not resume and self.path.exists() and self.path.stat().st_size > 0:
@@ -77,6 +89,7 @@ class MetricsLog:
                 while aside.exists():
                     aside, n = self.path.with_name(f"metrics.{stamp}-{n}.jsonl"), n + 1
                 self.path.rename(aside)
+            self._sinks = open_sinks(names, self.run_dir, resume=resume)
             self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, **values: Any) -> None:
@@ -100,10 +113,20 @@ class MetricsLog:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        self._lines += 1
+        if self._sinks:
+            step = record.get("step")
+            step = step if isinstance(step, int) and not isinstance(step, bool) else self._lines
+            scalars = numeric({k: v for k, v in record.items() if k not in ("step", "time")})
+            for sink in self._sinks:
+                sink.write(step, scalars)
 
     def close(self) -> None:
         """Close the file (idempotent)."""
         self._closed = True
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            sink.close()
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -176,7 +199,7 @@ class ProgressBar:
                 f"ProgressBar(smoothing={smoothing}): smoothing is the weight of the newest update "
                 f"in the samples/s average and must be in (0, 1]; pass 1.0 for no smoothing"
             )
-        self._bar = None
+        self._bar: Any = None
         self._smoothing = smoothing
         self._last_time: float | None = None
         self._avg_samples = 0.0
@@ -188,7 +211,7 @@ class ProgressBar:
         if not ctx.is_main or disable:
             return
         try:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
         except ImportError:
             return
         self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
@@ -257,14 +280,20 @@ class ProgressBar:
         self.close()
 
 
-class _RankAdapter(logging.LoggerAdapter):
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+else:
+    _Adapter = logging.LoggerAdapter
+
+
+class _RankAdapter(_Adapter):
     """Prefix each message with ``[rank R/W]``."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        return f"{self.extra['prefix']} {msg}", kwargs
+        return f"{(self.extra or {}).get('prefix', '')} {msg}", kwargs
 
 
-def rank_logger(ctx: Any, name: str = "ddpkit", *, level: int | None = None) -> logging.LoggerAdapter:
+def rank_logger(ctx: Any, name: str = "ddpkit", *, level: int | None = None) -> logging.LoggerAdapter[logging.Logger]:
     """Logger for messages every rank emits, each prefixed with ``[rank R/W]``.
 
     If neither the named logger nor its ancestors have a handler, one stderr handler is added

@@ -28,7 +28,7 @@ def check_seed(seed: object, setting: str = "ddpkit.init") -> int:
     import operator
 
     try:
-        value = operator.index(seed) if not isinstance(seed, bool) else None
+        value = operator.index(seed) if not isinstance(seed, bool) else None  # type: ignore[call-overload, arg-type, unused-ignore]
     except TypeError:
         value = None
     if value is None:

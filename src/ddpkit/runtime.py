@@ -6,10 +6,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.device import select_device
 from ddpkit.env import LaunchEnv, read_env
+from ddpkit.preemption import StopFlag
 from ddpkit.rng import check_seed, rank_seed, seed_everything
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ class Context:
     timeout_s: float = 600.0
     """How long a collective may wait for a peer (init's timeout_s)."""
     _closed: bool = field(default=False, repr=False)
+    _stop: StopFlag = field(default_factory=StopFlag, repr=False)
     _watchdog: Any = field(default=None, repr=False)
     """The hang watchdog init started (close and abort stop it); None when there is none or it was already running."""
 
@@ -61,11 +64,27 @@ class Context:
         """True when a process group exists (world size > 1); collectives are trivial otherwise."""
         return self.env.distributed
 
+    def should_stop(self) -> bool:
+        """True once any rank has caught SIGTERM or SIGUSR1 (a preemption notice): stop at this step.
+
+        Every rank must call it at the same points (a collective at world size > 1); `ddpkit.loader`
+        calls it at every optimizer step's end and ends its loop early when it is True, so a loop over
+        a loader only needs `if ctx.should_stop(): save a checkpoint, then exit`. Every rank gets True
+        at the same step; after that it stays True and issues no collective. See ddpkit.preemption.
+        """
+        return self._stop.agree(distributed=self.distributed, device=self.device) is not None
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal number the ranks agreed to stop for (15 SIGTERM, 10 SIGUSR1), or None."""
+        return self._stop.agreed
+
     def close(self) -> None:
         """Tear down the process group; every rank must call it (it synchronises). Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._stop.uninstall()
         self._stop_watchdog()
         _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
@@ -78,6 +97,7 @@ class Context:
         if self._closed:
             return
         self._closed = True
+        self._stop.uninstall()
         if exc is not None:
             _record_error(exc)
         self._stop_watchdog()
@@ -92,7 +112,7 @@ class Context:
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc is None:
             self.close()
         else:
@@ -150,7 +170,7 @@ def init(
                     "`ddpkit run` or torchrun, which set them, or pass init_method= to ddpkit.init"
                 )
             init_method = "env://"
-        kwargs = {"device_id": dev} if dev.type == "cuda" else {}
+        kwargs: dict[str, Any] = {"device_id": dev} if dev.type == "cuda" else {}
         if hang_timeout_s is not None and dev.type == "cuda":
             from ddpkit.flightrecorder import enable
 
@@ -172,6 +192,7 @@ def init(
         watchdog = watchdog if started_here else None
     seed_everything(rank_seed(seed, env.rank))
     ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s, _watchdog=watchdog)
+    ctx._stop.install()
     if env.distributed:
         _abort_on_uncaught(ctx)
     return ctx
@@ -180,7 +201,7 @@ def init(
 def _check_init_args(*, seed: Any, device: Any, timeout_s: Any, init_method: Any, env: Any,
                      hang_timeout_s: Any) -> int:
     """init()'s arguments checked (the seed returned as an int), before any process group or device exists."""
-    seed = check_seed(seed, "ddpkit.init")
+    checked = check_seed(seed, "ddpkit.init")
     if not isinstance(device, str):
         raise TypeError(f"ddpkit.init: device={device!r} must be 'auto', 'cuda' or 'cpu'")
     for name, value, example in (("timeout_s", timeout_s, 600), ("hang_timeout_s", hang_timeout_s, 300)):
@@ -198,7 +219,7 @@ def _check_init_args(*, seed: Any, device: Any, timeout_s: Any, init_method: Any
     if env is not None and not isinstance(env, LaunchEnv):
         raise TypeError(f"ddpkit.init: env={type(env).__name__} must be a ddpkit.LaunchEnv (from ddpkit.read_env()) "
                         "or None to read this process's environment")
-    return seed
+    return checked
 
 
 def _abort_on_uncaught(ctx: Context) -> None:
@@ -209,7 +230,7 @@ def _abort_on_uncaught(ctx: Context) -> None:
 
     previous = sys.excepthook
 
-    def excepthook(exc_type, exc, tb):
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         previous(exc_type, exc, tb)  # the traceback first, as always
         if not ctx._closed and isinstance(exc, Exception):
             ctx.abort(exc)
@@ -268,11 +289,11 @@ def _abort_group() -> None:
         dist.destroy_process_group()
 
 
-def _store_barrier(dist, key: str) -> None:
+def _store_barrier(dist: Any, key: str) -> None:
     """Wait until every rank has reached `key`, through the rendezvous store (no gloo traffic)."""
     from ddpkit.torchinternals import default_store
 
-    store = default_store()
+    store = default_store()  # type: ignore[no-untyped-call, unused-ignore]
     if store is None:
         return  # the gloo barrier above is then the only synchronisation
     world_size = dist.get_world_size()

@@ -28,7 +28,7 @@ def _rel(path: Path) -> str:
 
 # ---- names --------------------------------------------------------------------------------------
 
-_DOTTED = re.compile(r"\bddpkit((?:\.[A-Za-z_]\w*)+)")
+_DOTTED = re.compile(r"\bddpkit((?:\.[A-Za-z_]\w*)+)(?!\w)(?<!\.pt)")  # a file such as ddpkit.pt is no name
 _FROM_IMPORT = re.compile(r"\bfrom (ddpkit(?:\.[A-Za-z_]\w*)*) import ([A-Za-z_][\w, ]*)")
 
 

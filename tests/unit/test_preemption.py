@@ -1,0 +1,47 @@
+"""Preemption at world size 1: a caught SIGTERM/SIGUSR1 ends the loader's loop at a step boundary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ddpkit
+
+
+def _data() -> torch.utils.data.TensorDataset:
+    return torch.utils.data.TensorDataset(torch.arange(40.0))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_mid_step_stops_after_that_step(sig: signal.Signals) -> None:
+    before = signal.getsignal(sig)
+    with ddpkit.init(device="cpu") as ctx:
+        loader = ddpkit.loader(_data(), ctx, batch_size=2, accumulation_steps=2, shuffle=False)
+        seen = []
+        for (x,) in loader:
+            seen.append(x.tolist())
+            if len(seen) == 5:  # first micro-batch of step 3: the stop waits for the step's end
+                os.kill(os.getpid(), sig)
+        assert len(seen) == 6 and loader.step_end
+        assert ctx.should_stop() and ctx.stop_signal == int(sig)
+        assert loader.state_dict() == {"epoch": 0, "samples_seen": 12, "seed": 0}
+        assert list(loader) == []  # stays stopped: a later loop yields nothing
+    assert signal.getsignal(sig) == before  # close() puts the previous handler back
+
+
+def test_without_a_signal_the_loader_runs_the_epoch() -> None:
+    with ddpkit.init(device="cpu") as ctx:
+        loader = ddpkit.loader(_data(), ctx, batch_size=4, shuffle=False)
+        assert len(list(loader)) == 10 and not ctx.should_stop() and ctx.stop_signal is None
+
+
+def test_a_process_that_never_checks_still_dies_on_sigterm() -> None:
+    code = ("import os, signal, ddpkit\nctx = ddpkit.init(device='cpu')\nos.kill(os.getpid(), signal.SIGTERM)\n"
+            "import time; time.sleep(30)\nprint('survived')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout
