@@ -9,7 +9,7 @@ import sys
 __all__ = ["main", "SUBCOMMANDS"]
 
 SUBCOMMANDS = {
-    "run": ("ddpkit.launch", "launch a training script on all devices (torchrun)"),
+    "run": ("ddpkit.launcher", "launch a training script on all devices (torchrun)"),
     "lint": ("ddpkit.lint", "static checks of a training script (no execution)"),
     "env": ("ddpkit.envreport", "report versions, devices, network and launch settings"),
     "plot": ("ddpkit.plot", "write PNG plots from a run directory's metrics.jsonl"),

@@ -92,7 +92,7 @@ def _launch(num_gpus: int, num_cpus: int, environ=None) -> dict[str, Any]:
     """What `ddpkit run SCRIPT` would launch here: the cluster's settings (SLURM, Kubeflow) included."""
     backend = "nccl" if num_gpus > 0 else "gloo"
     try:
-        from ddpkit.launch import LaunchError, resolve_nproc_per_node
+        from ddpkit.launcher import LaunchError, resolve_nproc_per_node
     except ImportError:  # torch missing: the report still runs
         nproc = num_gpus if num_gpus > 0 else max(1, min(4, num_cpus))
         return {"nproc_per_node": nproc, "backend": backend, "command": f"ddpkit run --nproc-per-node {nproc} SCRIPT"}

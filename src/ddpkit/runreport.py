@@ -62,7 +62,7 @@ def print_hang_reports(report_dir: str | None, *, hang_timeout_s: float | None) 
             print(f"ddpkit run:   {line}", file=sys.stderr)
     from pathlib import Path
 
-    dumps = sorted(Path(cfg.hang_report_dir).rglob("nccl-trace-rank-*"))
+    dumps = sorted(Path(report_dir).rglob("nccl-trace-rank-*"))
     if dumps:
         print(f"ddpkit run: NCCL flight recorder dumps of {len(dumps)} rank(s) in {dumps[0].parent} (read them with "
               "`python -m torch.distributed.flight_recorder.fr_trace`)", file=sys.stderr)

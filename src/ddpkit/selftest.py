@@ -18,22 +18,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = ["main", "merge_results", "format_table", "link_type", "plan_ranks"]
 
 
-def plan_ranks(value: str, *, num_gpus: int, num_cpus: int, device: str = "auto") -> tuple[int, str]:
+def plan_ranks(value: str, *, num_gpus: int, num_cpus: int, device: str = "auto",
+               environ: Mapping[str, str] | None = None) -> tuple[int, str]:
     """(ranks, device) for --nproc-per-node: every visible GPU by default; CPU ranks with 'cpu', --device cpu
     or without GPUs (up to 4, one per core, as `ddpkit run`). Raises LaunchError with the fix."""
-    from ddpkit.launch import default_nproc_per_node, resolve_nproc_per_node
+    from ddpkit.launcher import default_nproc_per_node, resolve_nproc_per_node
 
+    environ = os.environ if environ is None else environ
     if value == "cpu" or device == "cpu" or num_gpus == 0:
         if value in ("auto", "cpu"):
             return default_nproc_per_node(0, num_cpus), "cpu"
-        return resolve_nproc_per_node(value, num_gpus=0, num_cpus=num_cpus), "cpu"
-    return resolve_nproc_per_node(value, num_gpus=num_gpus, num_cpus=num_cpus), "cuda"
+        return resolve_nproc_per_node(value, num_gpus=0, num_cpus=num_cpus, environ=environ), "cpu"
+    return resolve_nproc_per_node(value, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ), "cuda"
 
 
 def link_type(device: str, num_ranks: int, *, topo: str | None = None) -> str:
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    from ddpkit.launch import LaunchError, RunConfig, launch
+    from ddpkit.launcher import LaunchError, RunConfig, launch
 
     if not args.hang_timeout > 0 or not args.deadline > 0:
         print(f"ddpkit test: error: --hang-timeout {args.hang_timeout:g} and --deadline {args.deadline:g} must be "

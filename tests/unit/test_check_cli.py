@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ddpkit.check.command import CheckConfig, bootstrap_argv, parse_check_args
-from ddpkit.launch import LaunchError, RunConfig, build_torchrun_argv, config_from_args
+from ddpkit.launcher import LaunchError, RunConfig, build_torchrun_argv, config_from_args
 
 
 def test_importing_ddpkit_check_stays_cheap():

@@ -63,10 +63,10 @@ def names_used(text: str) -> set[str]:
 
 
 def test_names_used_finds_dotted_and_imported_names():
-    text = "call `ddpkit.wrap(m, ctx)`; ddpkit.launch.build_torchrun_argv.\nfrom ddpkit.metrics import MetricsLog, print0\n"
-    assert names_used(text) == {"ddpkit.wrap", "ddpkit.launch.build_torchrun_argv", "ddpkit.metrics",
+    text = "call `ddpkit.wrap(m, ctx)`; ddpkit.launcher.build_torchrun_argv.\nfrom ddpkit.metrics import MetricsLog, print0\n"
+    assert names_used(text) == {"ddpkit.wrap", "ddpkit.launcher.build_torchrun_argv", "ddpkit.metrics",
                                 "ddpkit.metrics.MetricsLog", "ddpkit.metrics.print0"}
-    assert not _resolves("ddpkit.no_such_name") and not _resolves("ddpkit.launch.no_such_function")
+    assert not _resolves("ddpkit.no_such_name") and not _resolves("ddpkit.launcher.no_such_function")
 
 
 def test_every_ddpkit_name_the_docs_use_exists():

@@ -244,7 +244,7 @@ def test_cpu_ranks_on_a_gpu_machine_reach_the_ranks_as_a_bootstrap_argument(tmp_
     import sys
 
     from ddpkit.check import _bootstrap
-    from ddpkit.launch import build_torchrun_argv, config_from_args
+    from ddpkit.launcher import build_torchrun_argv, config_from_args
 
     script = tmp_path / "train.py"
     out = tmp_path / "seen.txt"

@@ -13,7 +13,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ddpkit.cli import main
-from ddpkit.launch import (
+from ddpkit.launcher import (
     DEAD_NODE_S, LaunchError, RunConfig, build_torchrun_argv, config_from_args, default_nproc_per_node, launch,
     threads_per_rank,
 )
@@ -178,7 +178,7 @@ def test_missing_module_is_one_line_error_and_exit_2(capsys, tmp_path, monkeypat
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("raise SystemExit('imported: the check must not import')\n")
     (tmp_path / "mypkg" / "train.py").write_text("")
-    from ddpkit.launch import check_target
+    from ddpkit.launcher import check_target
 
     check_target("mypkg.train", module=True)  # found in the current directory, nothing imported
     check_target("json.tool", module=True)  # or installed

@@ -234,6 +234,6 @@ def test_port_is_a_ddpkit_subcommand_and_import_ddpkit_stays_cheap():
             "import ddpkit.port; assert 'libcst' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
-    from ddpkit.cli import _DELEGATED
+    from ddpkit.cli import SUBCOMMANDS
 
-    assert _DELEGATED["port"][0] == "ddpkit.port"
+    assert SUBCOMMANDS["port"][0] == "ddpkit.port"

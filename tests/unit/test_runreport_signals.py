@@ -7,7 +7,7 @@ import signal
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddpkit import runreport
-from ddpkit.launch import RunConfig
+from ddpkit.launcher import RunConfig
 
 
 def test_sigabrt_is_explained_in_the_ranks_line(capsys, tmp_path):
@@ -23,5 +23,5 @@ def test_nccl_flight_recorder_dumps_are_pointed_to(capsys, tmp_path):
     (tmp_path / "attempt-0").mkdir()
     (tmp_path / "attempt-0" / "nccl-trace-rank-0").write_bytes(b"\x80\x02}")
     cfg = RunConfig(target="train.py", hang_timeout_s=5.0, hang_report_dir=str(tmp_path))
-    runreport.print_hang_reports(cfg)
+    runreport.print_hang_reports(cfg.hang_report_dir, hang_timeout_s=cfg.hang_timeout_s)
     assert "NCCL flight recorder dumps of 1 rank(s)" in capsys.readouterr().err

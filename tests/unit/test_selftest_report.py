@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.launch import LaunchError
+from ddpkit.launcher import LaunchError
 from ddpkit.selfcheck import CHECKS, bus_bandwidth
 from ddpkit.selftest import format_table, link_type, merge_results, plan_ranks
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launch import config_from_args
-from ddpkit.launch import (
+from ddpkit.launcher import config_from_args
+from ddpkit.launcher import (
     DEFAULT_SIGNALS_TO_HANDLE, PASSTHROUGH_FLAGS, LaunchError, build_torchrun_argv, torchrun_flags,
 )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.check.analysis import Finding, Records, analyse, load_records
-from ddpkit.launch import check_target
+from ddpkit.launcher import check_target
 
 __all__ = ["CheckConfig", "CheckResult", "Interrupted", "main", "parse_check_args", "bootstrap_argv", "run_check",
            "describe_run"]
@@ -80,7 +80,7 @@ def parse_check_args(argv: list[str]) -> CheckConfig:
 
 def bootstrap_argv(cfg: CheckConfig, workdir: str) -> list[str]:
     """The torchrun argv that starts ddpkit.check._bootstrap around the script on every rank (pure)."""
-    from ddpkit.launch import RunConfig, build_torchrun_argv
+    from ddpkit.launcher import RunConfig, build_torchrun_argv
 
     inner = ["--record", str(Path(workdir) / "records"), f"--max-steps={cfg.max_steps}",
              f"--epoch-steps={cfg.epoch_steps}", "--cpu", f"--hang-timeout={cfg.hang_timeout_s:g}",

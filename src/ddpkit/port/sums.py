@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Any
 
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
 
-if TYPE_CHECKING:
-    from ddpkit.port.plan import Plan
 
 __all__ = ["plan_reductions"]
 
@@ -26,7 +24,7 @@ def _zero(node: cst.BaseExpression) -> str | None:
     return None
 
 
-def plan_reductions(plan: Plan, key: str, block: list[cst.BaseStatement]) -> None:
+def plan_reductions(plan: Any, key: str, block: list[cst.BaseStatement]) -> None:
     """Schedule `name = all_reduce_sum(ctx, name)` after each loop over a loader that sums into `name`."""
     tracked: dict[str, str] = {}
     for stmt in block:
@@ -59,7 +57,7 @@ def plan_reductions(plan: Plan, key: str, block: list[cst.BaseStatement]) -> Non
             plan_reductions(plan, key, inner)
 
 
-def _read_after(plan: Plan, key: str, name: str, line: int) -> bool:
+def _read_after(plan: Any, key: str, name: str, line: int) -> bool:
     stores = {id(t.target) for n in plan.nodes(key) if isinstance(n, (cst.Assign,))
               for t in n.targets}
     return any(dotted(n) == name and id(n) not in stores and plan.line_of(n) > line
