@@ -19,6 +19,9 @@ TESTS=(
     tests/unit/test_torchinternals.py  # every private torch name ddpkit uses, and its version gate
     tests/unit/test_launch.py          # argv -> RunConfig -> torchrun argv; rendezvous node order and errors
     tests/unit/test_check_cli.py       # ddpkit check's torchrun argv, run --hang-timeout
+    tests/unit/test_runtime_abort.py   # the error path aborts the process group (distributed_c10d._abort_process_group)
+    tests/unit/test_precision.py       # GradScaler's scale tensor, fused optimizers' on-device skip
+    tests/unit/test_watchdog_unfinished.py  # unfinished async collectives, the NCCL flight recorder's summary
     tests/multiproc/test_run.py        # ddpkit run end to end on c10d: ranks, failures, Ctrl+C, two jobs at once
     tests/multiproc/test_multinode.py  # several launchers on one machine: --node-rank order, --nnodes checks
     tests/multiproc/test_hang.py       # run --hang-timeout, the watchdog, runtime's store barrier at close
