@@ -169,10 +169,12 @@ def find_fsdp(model: Any):
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # torch < 2.6: nothing can be sharded
         return None
+    from ddpkit.torchinternals import compiled_inner
+
     while model is not None:
         if isinstance(model, FSDPModule):
             return model
-        model = getattr(model, "_orig_mod", None)
+        model = compiled_inner(model)
     return None
 
 

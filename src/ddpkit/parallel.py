@@ -203,19 +203,16 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"unwrap() needs a torch.nn.Module (what ddpkit.wrap returned), got {type(model).__name__}")
+    from ddpkit.torchinternals import compiled_inner
+
     while True:
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None or not _is_wrapper(model):
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            inner = model.module
+        else:
+            inner = compiled_inner(model)
+        if inner is None:
             return model
         model = inner
-
-
-def _is_wrapper(model: Any) -> bool:
-    import torch
-
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return True
-    return type(model).__name__ == "OptimizedModule" or hasattr(model, "_orig_mod")
 
 
 @contextlib.contextmanager
@@ -246,10 +243,12 @@ def find_ddp(model: Any):
     """The DistributedDataParallel module inside `model` and its torch.compile wrappers (None: not DDP)."""
     import torch
 
+    from ddpkit.torchinternals import compiled_inner
+
     while model is not None:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return model
-        model = getattr(model, "_orig_mod", None)
+        model = compiled_inner(model)
     return None
 
 

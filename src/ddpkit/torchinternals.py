@@ -32,6 +32,7 @@ __all__ = [
     "nccl_flight_record",
     "grad_scaler_scale",
     "step_unless_on_device",
+    "compiled_inner",
 ]
 
 READ_AGAINST = SpecifierSet(">=2.13,<2.15")
@@ -317,3 +318,22 @@ def step_unless_on_device(optimizer: Any, skip: Any) -> bool:
         del optimizer.grad_scale
         del optimizer.found_inf
     return True
+
+
+# --- parallel, fsdp: the module inside a torch.compile wrapper ---
+
+def compiled_inner(model: Any) -> Any:
+    """The module a `torch.compile` wrapper (`OptimizedModule`) holds, or None for any other object.
+
+    torch keeps it in the private `_orig_mod` and has no public accessor; ddpkit needs it to find
+    DDP or FSDP under a compiled model and to save the user's module without `_orig_mod.` key
+    prefixes. On a torch this was not read against the attribute is still read (there is no other
+    way to reach the module), after a one-line warning.
+    """
+    if type(model).__name__ != "OptimizedModule" and not hasattr(model, "_orig_mod"):
+        return None
+    if torch_version() not in READ_AGAINST:
+        _fall_back("torch.compile's OptimizedModule._orig_mod",
+                   f"torch {torch_version()} is not one of the releases ddpkit read it against ({READ_AGAINST})",
+                   "ddpkit reads it anyway to unwrap compiled models; check unwrap() on this release")
+    return getattr(model, "_orig_mod", None)

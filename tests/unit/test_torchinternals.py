@@ -212,3 +212,20 @@ def test_fused_optimizers_still_skip_on_a_found_inf_tensor():
     assert torch.equal(p.detach(), torch.ones(3)) and not hasattr(fused, "found_inf")
     assert torchinternals.step_unless_on_device(fused, torch.tensor(False)) is True
     assert not torch.equal(p.detach(), torch.ones(3))
+
+
+# --- torch.compile's wrapper (parallel.unwrap, find_ddp, fsdp.find_fsdp) ---
+
+
+def test_compiled_module_keeps_the_original_in_orig_mod():
+    net = torch.nn.Linear(2, 2)
+    compiled = torch.compile(net, backend="eager")  # wraps at once; nothing compiles until called
+    _require(type(compiled).__name__ == "OptimizedModule", "torch.compile's wrapper",
+             f"is a {type(compiled).__name__}, not OptimizedModule")
+    _require(getattr(compiled, "_orig_mod", None) is net, "OptimizedModule._orig_mod", "no longer holds the module")
+    assert torchinternals.compiled_inner(compiled) is net
+    assert torchinternals.compiled_inner(net) is None
+    from ddpkit.parallel import unwrap
+
+    assert unwrap(compiled) is net
+    assert all(not k.startswith("_orig_mod.") for k in unwrap(compiled).state_dict())
