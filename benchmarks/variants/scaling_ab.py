@@ -48,7 +48,7 @@ def main() -> None:
         dataset = make_dataset(0)
         # gloo's barrier sleeps, so a rank can wake from it a millisecond late; the flag barrier, which
         # spins, then lines both ranks up to within microseconds before a timed 2-rank step.
-        _, flags = map_segment(0, required=True, what="scaling_ab", fix="")
+        _, flags = map_segment(0, what="scaling_ab", fix="")
         align = ShmBarrier(flags, ctx.rank, 2, 60.0, "aligning with rank {peer}", "stopped").wait
         models, opts, batches = {}, {}, {}
         for name in ARMS[1:]:

@@ -21,7 +21,7 @@ SUBCOMMANDS = {
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    from ddpkit import __version__
+    from ddpkit.version import __version__
 
     p = argparse.ArgumentParser(prog="ddpkit", description="Correct, fast DistributedDataParallel training.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

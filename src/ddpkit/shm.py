@@ -44,14 +44,14 @@ def shm_unsupported(ctx: Context) -> str | None:
     return None
 
 
-def map_segment(payload_bytes: int, *, required: bool, what: str, fix: str) -> tuple[str, torch.Tensor] | None:
+def map_segment(payload_bytes: int, *, what: str, fix: str) -> tuple[str, torch.Tensor]:
     """Create (rank 0) and map (every rank) a shared segment; collective over the default group.
 
     Returns (name, arena): a uint8 tensor over the mapping, world_size header lines (rank r's
     barrier byte at 64r, its pid at 64r + 8; see `ShmBarrier`) and then `payload_bytes` of zeros
     at offset `world_size * 64`. The name is unlinked before this returns: the mapping lives as
     long as `arena`'s storage and nothing is ever left in /dev/shm. A failure is agreed on by every
-    rank: with `required` they all raise (`what` failed ...; `fix`), else they all return None.
+    rank: they all raise (`what` failed ...; `fix`).
     """
     import secrets
     from multiprocessing import shared_memory
@@ -97,8 +97,6 @@ def map_segment(payload_bytes: int, *, required: bool, what: str, fix: str) -> t
         shm.close()
         shm.unlink()
     if failed.item():
-        if not required:
-            return None
         raise RuntimeError(
             f"{what}: {int(failed.item())} rank(s) could not map rank 0's shared-memory segment "
             f"{name[0]!r}{' (' + error + ')' if error else ''}; are all ranks on one host? {fix}")
@@ -199,7 +197,7 @@ def register_shm_exchange(model: torch.nn.Module, *, timeout_s: float) -> None:
     import torch.distributed as dist
 
     world_size = dist.get_world_size()
-    name, arena = map_segment((world_size + 1) * PIECE_BYTES, required=True, what="wrap(comm='shm')",
+    name, arena = map_segment((world_size + 1) * PIECE_BYTES, what="wrap(comm='shm')",
                               fix="use comm=None (PyTorch's all-reduce) otherwise")
     model.register_comm_hook(_ShmState(name, arena, dist.get_rank(), world_size, timeout_s), _shm_hook)
 
