@@ -383,7 +383,6 @@ def launch(cfg: RunConfig) -> int:
     from torch.distributed.run import parse_args, run
 
     from ddpkit import rendezvous, runreport
-    from ddpkit.netcheck import NetworkError
     from ddpkit.preemption import STOP_SIGNALS
     from ddpkit.netcheck import NetworkError, launcher_network
 

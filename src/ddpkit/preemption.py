@@ -27,8 +27,9 @@ class StopFlag:
     on the same optimizer step. Until `agree` is first called (nothing in this process checks for
     a stop yet), the handler does what the signal did before: the default action ends the process,
     so a script that never asks still stops on SIGTERM. Once armed, a repeated signal (SLURM signals
-    every process of the step, and torchrun's agent forwards what it got) changes nothing; a rank
-    that does not reach the next step boundary in time is killed by its launcher.
+    every process of the step, and torchrun's agent forwards what it got) changes nothing, and after an agreed
+    stop it stays so until the process exits (see `uninstall`); a rank that does not reach the next
+    step boundary in time is killed by its launcher.
     """
 
     def __init__(self) -> None:
@@ -48,12 +49,21 @@ class StopFlag:
             self._previous[int(sig)] = signal.signal(sig, self._handle)
 
     def uninstall(self) -> None:
-        """Put the handlers found by `install` back."""
+        """Put the handlers found by `install` back, unless the ranks agreed to stop.
+
+        After an agreed stop the process is on its way out with the stop's exit code, and a
+        repeated stop signal is ignored until it exits: torchrun's agent SIGTERMs every rank still
+        running once the first one has exited, and a rank that is still saving or leaving would
+        otherwise die by that signal, and the run would read as failed, not stopped.
+        """
         if threading.current_thread() is not threading.main_thread():
             return
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) == self._handle:
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+                if self.agreed is not None:
+                    signal.signal(sig, _stopping)
+                else:
+                    signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -93,6 +103,11 @@ class StopFlag:
                 return self.agreed
         self._pending = _start(self.received or 0, device)
         return None
+
+
+def _stopping(signum: int, frame: FrameType | None) -> None:
+    """The handler after an agreed stop: the process is already leaving. (A Python handler, not
+    SIG_IGN, so that programs this process starts get the default action back.)"""
 
 
 def _group_exists() -> bool:

@@ -31,7 +31,34 @@ def test_signal_mid_step_stops_after_that_step(sig: signal.Signals) -> None:
         assert ctx.should_stop() and ctx.stop_signal == int(sig)
         assert loader.state_dict() == {"epoch": 0, "samples_seen": 12, "seed": 0}
         assert list(loader) == []  # stays stopped: a later loop yields nothing
-    assert signal.getsignal(sig) == before  # close() puts the previous handler back
+    # stopping: a repeated signal (torchrun's agent SIGTERMs the ranks left once one has exited) is ignored
+    assert signal.getsignal(sig) not in (before, signal.SIG_IGN, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    for stop in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(stop, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_close_without_a_stop_puts_the_previous_handler_back(sig: signal.Signals) -> None:
+    before = signal.getsignal(sig)
+    with ddpkit.init(device="cpu") as ctx:
+        assert not ctx.should_stop()
+    assert signal.getsignal(sig) == before
+
+
+def test_after_an_agreed_stop_a_late_sigterm_cannot_kill_the_rank_on_its_way_out() -> None:
+    # rank 0 of a stopped run exits first, and torchrun's agent then SIGTERMs the ranks still leaving
+    code = ("import os, signal, sys, time, ddpkit\n"
+            "with ddpkit.init(device='cpu') as ctx:\n"
+            "    assert not ctx.should_stop()\n"
+            "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "    assert ctx.should_stop()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(0.2)\n"
+            "print('left', flush=True)\n"
+            "sys.exit(128 + ctx.stop_signal)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGUSR1 and "left" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_without_a_signal_the_loader_runs_the_epoch() -> None:

@@ -1,5 +1,6 @@
 """Steps over ddpkit.loader slowly, writing its pid; on a preemption stop, writes the step it stopped at and
-exits with 128 + the signal (as the examples do)."""
+exits with 128 + the signal (as the examples do). Rank 1 takes longer to leave, so torchrun's agent, which
+SIGTERMs the ranks still running once one has exited, catches it on its way out."""
 
 import json
 import os
@@ -21,4 +22,6 @@ with ddpkit.init(device="cpu") as ctx:
         time.sleep(0.05)
     (out / f"rank{ctx.rank}.json").write_text(json.dumps({"step": step, "signal": ctx.stop_signal}))
     stopped = ctx.stop_signal
+if stopped and ctx.rank == 1:
+    time.sleep(2.0)  # e.g. an upload of the last checkpoint
 sys.exit(128 + stopped if stopped else 0)
