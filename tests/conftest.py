@@ -39,11 +39,14 @@ def _hygiene():
 
 
 def _is_leftover(proc) -> bool:
-    """A running child that is not multiprocessing's own long-lived helper."""
+    """A running child that is not one of multiprocessing's own long-lived helpers (the resource
+    tracker, and the fork server the harness starts ranks from: a direct child of this process;
+    ranks forked from it share its command line, but not its parent)."""
     try:
         if not proc.is_running() or proc.status() == "zombie":
             return False
         cmd = " ".join(proc.cmdline())
+        helper = "resource_tracker" in cmd or ("forkserver" in cmd and proc.ppid() == os.getpid())
     except Exception:  # it exited while we looked
         return False
-    return "resource_tracker" not in cmd and "forkserver" not in cmd
+    return not helper
