@@ -117,7 +117,7 @@ def test_two_nodes_train_like_one_node_of_four(tmp_path):
     assert len({r["sha"] for r in ranks.values()}) == 1  # identical on all 4 ranks of both nodes
     assert len({r["sha"] for r in ref.values()}) == 1
     # ... and equal to one node of 4 ranks with the same global batch, up to the order of the float
-    # sums: across nodes gradients go through gloo's all-reduce, on one node through shared memory
+    # sums (gloo's all-reduce both times, but over two launchers' rendezvous and rank placement)
     for a, b in zip(ranks[0]["params"], ref[0]["params"]):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-6, atol=1e-7)
     assert ranks[0]["params"] != [[[0.0] * 4], [0.0]] and {r["gloo_ifname"] for r in ranks.values()} == {"lo"}

@@ -46,7 +46,7 @@ def _env() -> dict[str, str]:
 
 def _digits(ckpt: Path, run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", DIGITS, "--checkpoint-dir",
-            str(ckpt), "--save-every", "100000", "--epochs", "60", "--run-dir", str(run_dir)]
+            str(ckpt), "--save-every", "100000", "--epochs", "20", "--run-dir", str(run_dir)]
 
 
 def _result(stdout: str) -> dict:
