@@ -76,7 +76,9 @@ from pathlib import Path
 import ddpkit
 
 def wait_forever(out):
-    Path(out, f"rank-{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+    tmp = Path(out, f"rank-{os.environ['RANK']}.tmp")
+    tmp.write_text(str(os.getpid()))
+    tmp.rename(Path(out, f"rank-{os.environ['RANK']}.pid"))  # whole, when the test sees it
     time.sleep(600)
 
 if __name__ == "__main__":

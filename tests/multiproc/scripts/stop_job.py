@@ -15,10 +15,12 @@ import ddpkit
 out = Path(sys.argv[1])
 with ddpkit.init(device="cpu") as ctx:
     data = ddpkit.loader(torch.utils.data.TensorDataset(torch.arange(10_000.0)), ctx, batch_size=1)
-    (out / f"rank{ctx.rank}.pid").write_text(str(os.getpid()))
     step = 0
     for _ in data:
         step += 1
+        if step == 2:  # the loader has checked for a stop once: a signal now is caught, not fatal
+            (out / f"rank{ctx.rank}.tmp").write_text(str(os.getpid()))
+            (out / f"rank{ctx.rank}.tmp").rename(out / f"rank{ctx.rank}.pid")  # whole, when the test sees it
         time.sleep(0.05)
     (out / f"rank{ctx.rank}.json").write_text(json.dumps({"step": step, "signal": ctx.stop_signal}))
     stopped = ctx.stop_signal
