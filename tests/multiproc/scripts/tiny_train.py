@@ -32,9 +32,11 @@ def train(ctx):
         if step == 2 and ctx.rank == args.crash_rank:
             raise ValueError(f"deliberate failure on rank {ctx.rank}")
     if args.out:
-        with open(os.path.join(args.out, f"rank{ctx.rank}.json"), "w") as f:
+        path = os.path.join(args.out, f"rank{ctx.rank}.json")
+        with open(path + ".tmp", "w") as f:
             json.dump({"rank": ctx.rank, "world_size": ctx.world_size, "pid": os.getpid(), "extra": args.extra,
                        "sha": ddpkit.param_sha256(model)}, f)
+        os.replace(path + ".tmp", path)  # whole, when a test polling for it sees it
     time.sleep(args.sleep)
 
 
