@@ -27,9 +27,9 @@ class StopFlag:
     on the same optimizer step. Until `agree` is first called (nothing in this process checks for
     a stop yet), the handler does what the signal did before: the default action ends the process,
     so a script that never asks still stops on SIGTERM. Once armed, a repeated signal (SLURM signals
-    every process of the step, and torchrun's agent forwards what it got) changes nothing, and after an agreed
-    stop it stays so until the process exits (see `uninstall`); a rank that does not reach the next
-    step boundary in time is killed by its launcher.
+    every process of the step, and torchrun's agent forwards what it got) changes nothing, and after
+    an agreed stop it stays so until the process exits (see `uninstall`); a rank that does not reach
+    the next step boundary in time is killed by its launcher.
     """
 
     def __init__(self) -> None:
