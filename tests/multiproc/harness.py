@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import pickle
@@ -51,18 +52,14 @@ def _child(fn: Callable, info: RankInfo, args: tuple, out: str, environ: dict[st
     os._exit(0)
 
 
-_CONTEXT: Any = None
-
-
+@functools.cache
 def _context() -> Any:
     """Ranks are forked from one fork server that has imported torch (its own clean process, never
     this one: pytest's process has run torch's thread pools, which a fork would inherit broken). A
     rank then starts in a fraction of a second instead of the seconds `import torch` takes."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "harness"])
-    return _CONTEXT
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "harness"])
+    return ctx
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
