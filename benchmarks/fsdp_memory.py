@@ -62,7 +62,7 @@ def _model(args):
 
 
 def _bytes(tensors) -> int:
-    from ddpkit.fsdp import local_numel
+    from ddpkit.parallel.strategy import local_numel
 
     return sum(local_numel(t) * t.element_size() for t in tensors)
 

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import ddpkit
+from ddpkit.collectives import all_gather_object, broadcast_object
 
 HERE = Path(__file__).resolve().parent
 PEAK_BF16_TFLOPS = (
@@ -143,10 +144,10 @@ def run_arm(charlm, args, ctx, *, use_ddpkit: bool, compile_backend: str) -> dic
         sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    step_s = max(ddpkit.all_gather_object(ctx, statistics.median(times)))  # the slowest rank sets the pace
+    step_s = max(all_gather_object(ctx, statistics.median(times)))  # the slowest rank sets the pace
     tokens_per_s = args.batch_size * ctx.world_size * args.seq_len / step_s
     peak_mem = torch.cuda.max_memory_allocated() / 2**30 if ctx.device.type == "cuda" else None
-    peak_mem = max(ddpkit.all_gather_object(ctx, peak_mem or 0.0)) if peak_mem is not None else None
+    peak_mem = max(all_gather_object(ctx, peak_mem or 0.0)) if peak_mem is not None else None
     flops = flops_per_token(matmul_params=matmul_params, layers=args.layers, d_model=args.d_model,
                             seq_len=args.seq_len)
     return {
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
         results = []
         for label, use_ddpkit, backend in arms:
             late = bool(results) and time.perf_counter() - started > args.time_limit
-            if ddpkit.broadcast_object(ctx, late):  # rank 0's clock decides for every rank
+            if broadcast_object(ctx, late):  # rank 0's clock decides for every rank
                 print(f"skipped {label} compile={backend or 'no'}: past --time-limit", file=sys.stderr)
                 continue
             r = run_arm(charlm, args, ctx, use_ddpkit=use_ddpkit, compile_backend=backend)

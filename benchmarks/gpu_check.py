@@ -119,8 +119,8 @@ def item_hang_forensics(tmp: str):
     import torch
     import torch.distributed as dist
 
-    from ddpkit.flightrecorder import enable, read_summary
-    from ddpkit.watchdog import Watchdog, describe
+    from ddpkit.hang.flightrecorder import enable, read_summary
+    from ddpkit.hang.watchdog import Watchdog, describe
 
     _cuda()
     enable(tmp)
@@ -208,9 +208,10 @@ def item_custom_batches(tmp: str):
     import torch
 
     import ddpkit
+    from ddpkit.device import to_device
 
     dev = _cuda()
-    moved = ddpkit.to_device({"pair": _Pair(torch.ones(2), torch.zeros(2)), "obj": _HasTo(torch.ones(3))}, dev)
+    moved = to_device({"pair": _Pair(torch.ones(2), torch.zeros(2)), "obj": _HasTo(torch.ones(3))}, dev)
     where = {"dataclass": str(moved["pair"].x.device), "to()": str(moved["obj"].t.device)}
     ok = set(where.values()) == {"cuda:0"}
     return ("OK" if ok else "BUG"), f"after to_device: {where}", {"devices": where}

@@ -30,8 +30,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import ddpkit
-from ddpkit.metrics import MetricsLog, ProgressBar
-from ddpkit.plot import finish_run
+from ddpkit.collectives import all_gather_object
+from ddpkit.parallel.strategy import is_sharded
+from ddpkit.metrics.log import MetricsLog, ProgressBar
+from ddpkit.metrics.plot import finish_run
 
 VOCAB = 256
 
@@ -169,7 +171,7 @@ def evaluate(model: nn.Module, data, ctx: ddpkit.Context, prec: ddpkit.Precision
     nll, count = 0.0, 0
     # A sharded model all-gathers in every forward, so every rank must run as many as the others:
     # unpadded eval shards can differ by a batch, and the shorter ones run empty batches to match.
-    extra = max(ddpkit.all_gather_object(ctx, len(data))) - len(data) if ddpkit.is_sharded(model) else 0
+    extra = max(all_gather_object(ctx, len(data))) - len(data) if is_sharded(model) else 0
     with torch.no_grad():
         for x, y in data:
             with prec.autocast():

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 import ddpkit
-from ddpkit.metrics import MetricsLog, ProgressBar
-from ddpkit.plot import finish_run
+from ddpkit.metrics.log import MetricsLog, ProgressBar
+from ddpkit.metrics.plot import finish_run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -3,6 +3,7 @@
 import torch
 
 import ddpkit
+from ddpkit.collectives import all_gather_object
 
 with ddpkit.init() as ctx:
     model = ddpkit.wrap(torch.nn.Linear(8, 8), ctx)
@@ -11,5 +12,5 @@ with ddpkit.init() as ctx:
         opt.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
-    ddpkit.all_gather_object(ctx, ctx.rank)
+    all_gather_object(ctx, ctx.rank)
     ddpkit.all_reduce_sum(ctx, torch.ones(2))

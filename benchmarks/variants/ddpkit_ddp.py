@@ -10,6 +10,7 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 
 import ddpkit  # noqa: E402
+from ddpkit.checkpoint.sharded import export_state_dict
 
 # ddpkit's names load on first use; touch the ones this job uses so their cost counts as import time
 ddpkit.init, ddpkit.wrap, ddpkit.loader, ddpkit.accumulate  # noqa: B018
@@ -44,7 +45,7 @@ def main() -> None:
                     if steps == total:
                         break
         if args.save_params:  # every rank: a sharded model's parameters are gathered to rank 0
-            ddpkit.export_state_dict(ctx, model, args.save_params)
+            export_state_dict(ctx, model, args.save_params)
         rec.write(ctx.rank, ctx.world_size)
 
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 import ddpkit
-import ddpkit.shm
+import ddpkit.parallel.shm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, make_dataset, no_exchange_hook  # noqa: E402
@@ -29,13 +29,13 @@ FLOOR = "no exchange (floor; wrong results)"
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
-    default_piece = ddpkit.shm.PIECE_BYTES
+    default_piece = ddpkit.parallel.shm.PIECE_BYTES
     with ddpkit.init(seed=0) as ctx:
         models = {}
         for name, piece in PIECES.items():
-            ddpkit.shm.PIECE_BYTES = piece  # read when wrap() sets up the segment
+            ddpkit.parallel.shm.PIECE_BYTES = piece  # read when wrap() sets up the segment
             models[name] = ddpkit.wrap(build_model(0), ctx, comm="shm")
-        ddpkit.shm.PIECE_BYTES = default_piece
+        ddpkit.parallel.shm.PIECE_BYTES = default_piece
         models[REFERENCE] = ddpkit.wrap(build_model(0), ctx)
         models[FLOOR] = ddpkit.wrap(build_model(0), ctx)
         models[FLOOR].register_comm_hook(None, no_exchange_hook)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.shm import ShmBarrier, map_segment
+from ddpkit.parallel.shm import ShmBarrier, map_segment
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import build_model, forever, make_dataset, no_exchange_hook  # noqa: E402

@@ -9,12 +9,12 @@ import sys
 __all__ = ["main", "SUBCOMMANDS"]
 
 SUBCOMMANDS = {
-    "run": ("ddpkit.launcher", "launch a training script on all devices (torchrun)"),
+    "run": ("ddpkit.run.launcher", "launch a training script on all devices (torchrun)"),
     "lint": ("ddpkit.lint", "static checks of a training script (no execution)"),
-    "env": ("ddpkit.envreport", "report versions, devices, network and launch settings"),
-    "plot": ("ddpkit.plot", "write PNG plots from a run directory's metrics.jsonl"),
+    "env": ("ddpkit.run.envreport", "report versions, devices, network and launch settings"),
+    "plot": ("ddpkit.metrics.plot", "write PNG plots from a run directory's metrics.jsonl"),
     "check": ("ddpkit.check", "run a script on CPU ranks and verify the DDP invariants"),
-    "test": ("ddpkit.selftest", "check this machine's GPUs (or CPU ranks), backend and DDP path in under a minute"),
+    "test": ("ddpkit.selftest.command", "check this machine's GPUs (or CPU ranks), backend and DDP path in under a minute"),
     "port": ("ddpkit.port", "rewrite a single-device training script into a ddpkit script"),
 }
 """Subcommand -> (the module whose `main(argv)` implements it, imported only when used; its help line)."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.transfer import HostPinnedCollate, to_device, unwrap_host_batch
-from ddpkit.workerseed import SeededBatch, SeededFetch, WorkerSeeder
+from ddpkit.device import HostPinnedCollate, to_device, unwrap_host_batch
+from ddpkit.rng import SeededBatch, SeededFetch, WorkerSeeder
 
 if TYPE_CHECKING:
     import torch
@@ -289,8 +289,10 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
     for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be True or False")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed={seed!r} must be an int >= 0 (the data-order seed), or None for ctx.seed")
+    if seed is not None:
+        from ddpkit.rng import check_seed
+
+        seed = check_seed(seed, "ddpkit.loader (the data-order seed; None means ctx.seed)")
     num_samples = len(dataset)
     sampler = ShardedBatchSampler(
         num_samples, batch_size=batch_size, rank=ctx.rank, world_size=ctx.world_size,

@@ -3,14 +3,100 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["LaunchEnv", "read_env", "EnvError"]
+__all__ = ["LaunchEnv", "read_env", "EnvError", "ClusterError", "parse_hostlist", "tasks_per_node", "slurm_port",
+           "SLURM_PORT_BASE", "SLURM_PORT_SPAN"]
 
 
 class EnvError(ValueError):
     """The launcher's environment variables are inconsistent or malformed."""
+
+
+class ClusterError(EnvError):
+    """A cluster variable is malformed or describes a launch `ddpkit run` cannot do."""
+
+
+SLURM_PORT_BASE = 20000
+"""Rendezvous ports derived from SLURM_JOB_ID lie in [SLURM_PORT_BASE, SLURM_PORT_BASE + SLURM_PORT_SPAN):
+below Linux's ephemeral range (32768+), so no outgoing connection already holds the port."""
+SLURM_PORT_SPAN = 10000
+
+
+
+def parse_hostlist(hostlist: str) -> list[str]:
+    """Expand SLURM's compressed host list: 'node[01-03,07],gpu5' -> node01 node02 node03 node07 gpu5.
+
+    Several bracket groups in one name expand as a product ('r[1-2]n[1-2]' -> r1n1 r1n2 r2n1 r2n2);
+    zero padding of a range is kept ('[08-10]' -> 08 09 10).
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(hostlist.strip()):
+        hosts.extend(_expand(item, hostlist))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            raise ClusterError(f"host list {text!r} has unbalanced brackets; expected e.g. 'node[01-03,07],gpu5'")
+    if depth != 0:
+        raise ClusterError(f"host list {text!r} has unbalanced brackets; expected e.g. 'node[01-03,07],gpu5'")
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _expand(item: str, whole: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", item)
+    if match is None:
+        return [item]
+    prefix, rest = item[: match.start()], item[match.end():]
+    tails = _expand(rest, whole)
+    out = []
+    for part in match.group(1).split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ClusterError(f"host list {whole!r}: range {part!r} is not N or N-M; expected e.g. 'node[01-03,07]'")
+        if not sep:
+            out.extend(prefix + lo + tail for tail in tails)
+            continue
+        if int(hi) < int(lo):
+            raise ClusterError(f"host list {whole!r}: range {part!r} runs backwards; write it as {hi}-{lo}")
+        width = len(lo) if lo.startswith("0") else 0
+        out.extend(prefix + str(n).zfill(width) + tail for n in range(int(lo), int(hi) + 1) for tail in tails)
+    return out
+
+
+def tasks_per_node(spec: str, node_id: int) -> int:
+    """Tasks on node `node_id` from SLURM's '2(x3),1' form of SLURM_TASKS_PER_NODE."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            raise ClusterError(f"SLURM_TASKS_PER_NODE={spec!r} is not of the form '2(x3),1'")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    if not 0 <= node_id < len(counts):
+        raise ClusterError(f"SLURM_NODEID={node_id} is outside SLURM_TASKS_PER_NODE={spec!r}")
+    return counts[node_id]
+
+
+def slurm_port(job_id: str) -> int:
+    """The rendezvous port every node of SLURM job `job_id` computes alike (no communication needed)."""
+    digits = re.sub(r"\D", "", job_id)  # array jobs: '1234_7'
+    if not digits:
+        raise ClusterError(f"SLURM_JOB_ID={job_id!r} has no digits to derive a port from; pass --rdzv-endpoint")
+    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,8 +154,6 @@ def _slurm_env(environ: Mapping[str, str]) -> LaunchEnv | None:
     world_size = _int(environ, "SLURM_NTASKS")
     if world_size is None or world_size <= 1:
         return None
-    from ddpkit.cluster import ClusterError, parse_hostlist, slurm_port, tasks_per_node
-
     node_rank = _int(environ, "SLURM_NODEID", 0)
     job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")

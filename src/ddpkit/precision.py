@@ -211,14 +211,15 @@ class Precision:
         """
         import torch
 
-        from ddpkit.fsdp import full_tensor
+        from ddpkit.parallel.strategy import full_tensor, is_dtensor
 
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a finite number > 0 (e.g. 1.0) or None")
         params = _parameters(optimizer, model)
-        if self.scaler is not None and any(type(p).__name__ == "DTensor" for p in params):
-            raise ValueError("Precision('fp16') cannot step an FSDP model: the loss scaler would check this rank's "
-                             "gradient shards only, and ranks would disagree on skipping; use dtype='bf16'")
+        if self.scaler is not None and any(is_dtensor(p) for p in params):
+            from ddpkit.parallel.fsdp import refuse_fp16
+
+            refuse_fp16("Precision('fp16').step on an FSDP model")
         if self.scaler is not None:
             # Clip the true gradients, not the scaled ones: a threshold of 1.0 against gradients
             # multiplied by 65536 would clip every step. unscale_ also records whether any

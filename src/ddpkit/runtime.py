@@ -141,7 +141,7 @@ def init(
         env: the launcher's contract; default `read_env()` of this process.
         hang_timeout_s: start a hang watchdog: a rank blocked this long in a collective (or in
             DDP's backward) without progress prints its stack and the collective's call site, and
-            exits (see ddpkit.watchdog). It wraps torch.distributed's collectives process-wide
+            exits (see ddpkit.hang.watchdog). It wraps torch.distributed's collectives process-wide
             until `close()`; None (the default) leaves torch.distributed untouched. If a watchdog
             already runs in this process (`ddpkit run --hang-timeout`, `ddpkit check`), it takes
             this timeout from now on, with a warning when that changes it.
@@ -172,7 +172,7 @@ def init(
             init_method = "env://"
         kwargs: dict[str, Any] = {"device_id": dev} if dev.type == "cuda" else {}
         if hang_timeout_s is not None and dev.type == "cuda":
-            from ddpkit.flightrecorder import enable
+            from ddpkit.hang.flightrecorder import enable
 
             enable()  # torch reads the recorder's switches when the NCCL group is created
         dist.init_process_group(
@@ -185,7 +185,7 @@ def init(
         )
     watchdog = None
     if hang_timeout_s is not None and env.distributed:
-        from ddpkit.watchdog import running_watchdog, start_watchdog
+        from ddpkit.hang.watchdog import running_watchdog, start_watchdog
 
         started_here = running_watchdog() is None
         watchdog = start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)

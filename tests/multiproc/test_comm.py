@@ -39,8 +39,9 @@ def test_compressed_allreduce_matches_exact_average_within_16_bit_rounding():
 
 def test_comm_rejects_unknown_value_and_is_harmless_at_world_size_1():
     import ddpkit
+    from ddpkit.env import read_env
 
-    ctx = ddpkit.init(env=ddpkit.read_env())
+    ctx = ddpkit.init(env=read_env())
     with pytest.raises(ValueError, match="comm='int8'.*'fp16' or 'bf16'"):
         ddpkit.wrap(torch.nn.Linear(2, 2), ctx, comm="int8")
     assert isinstance(ddpkit.wrap(torch.nn.Linear(2, 2), ctx, comm="fp16"), torch.nn.Linear)
@@ -98,8 +99,9 @@ def test_default_wrap_registers_no_comm_hook_and_patches_nothing():
 
 def test_auto_is_a_deprecated_alias_of_none_at_world_size_1():
     import ddpkit
+    from ddpkit.env import read_env
 
-    ctx = ddpkit.init(env=ddpkit.read_env())
+    ctx = ddpkit.init(env=read_env())
     with pytest.warns(FutureWarning, match=r"comm='auto'.*default is now comm=None.*comm='shm'"):
         assert isinstance(ddpkit.wrap(torch.nn.Linear(2, 2), ctx, comm="auto"), torch.nn.Linear)
     ctx.close()
@@ -121,12 +123,12 @@ def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
     import gc
 
     import ddpkit
-    import ddpkit.shm
+    import ddpkit.parallel.shm
 
-    ddpkit.shm.PIECE_BYTES = piece_bytes  # buckets span several pieces, the last one a ragged share
-    ddpkit.shm._TSO = tso  # False: the gloo barrier other CPUs use
+    ddpkit.parallel.shm.PIECE_BYTES = piece_bytes  # buckets span several pieces, the last one a ragged share
+    ddpkit.parallel.shm._TSO = tso  # False: the gloo barrier other CPUs use
     hashes, calls, names, live = [], {"n": 0}, [], []
-    real_state, real_exchange = ddpkit.shm._ShmState, ddpkit.shm._exchange
+    real_state, real_exchange = ddpkit.parallel.shm._ShmState, ddpkit.parallel.shm._exchange
 
     class RecordingState(real_state):  # keeps the segment's name; the state only while its model lives
         def __init__(self, *args, **kwargs):
@@ -138,7 +140,7 @@ def _shm_train(info: RankInfo, steps: int, piece_bytes: int, tso: bool):
         calls["n"] += 1
         return real_exchange(state, buffer)
 
-    ddpkit.shm._ShmState, ddpkit.shm._exchange = RecordingState, counting_exchange
+    ddpkit.parallel.shm._ShmState, ddpkit.parallel.shm._exchange = RecordingState, counting_exchange
     out = {}
     with info.init(seed=0) as ctx:
         for comm, k in ((None, 1), ("shm", 1), ("shm", 2)):
@@ -228,12 +230,12 @@ def _big_bucket(info: RankInfo):
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory at /dev/shm (Linux)")
 def test_shm_segment_size_does_not_grow_with_the_bucket():
-    import ddpkit.shm
+    import ddpkit.parallel.shm
 
     for grads in run_ranks(_big_bucket, 2, timeout=120):
         assert all(torch.equal(a, b) for a, b in zip(grads[None], grads["shm"]))
         assert grads[None, "mapped"] == 0
-        assert 0 < grads["shm", "mapped"] <= 2 * 64 + 3 * ddpkit.shm.PIECE_BYTES + 4096 < 36_000_000 // 8
+        assert 0 < grads["shm", "mapped"] <= 2 * 64 + 3 * ddpkit.parallel.shm.PIECE_BYTES + 4096 < 36_000_000 // 8
 
 
 def _own_hooks(info: RankInfo):
@@ -317,11 +319,11 @@ def test_shm_exchange_does_not_hang_when_a_peer_dies_or_stalls():
 def _shm_sparse(info: RankInfo):
     """comm='shm' on a model with sparse gradients: the sparse bucket takes PyTorch's all-reduce."""
     import ddpkit
-    import ddpkit.shm
+    import ddpkit.parallel.shm
 
     calls = []
-    real_exchange = ddpkit.shm._exchange
-    ddpkit.shm._exchange = lambda state, buffer: calls.append(1) or real_exchange(state, buffer)
+    real_exchange = ddpkit.parallel.shm._exchange
+    ddpkit.parallel.shm._exchange = lambda state, buffer: calls.append(1) or real_exchange(state, buffer)
     with info.init(seed=0) as ctx:
         sparse = ddpkit.wrap(torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True), ctx, comm="shm")
         sparse(torch.tensor([[1, 2 + ctx.rank]])).sum().backward()
@@ -353,10 +355,10 @@ def test_shm_refuses_ranks_on_several_hosts_and_cuda():
 def _shm_unreachable(info: RankInfo):
     """Rank 1 looks for the segment where it is not (as a rank on another host would): every rank raises."""
     import ddpkit
-    import ddpkit.shm
+    import ddpkit.parallel.shm
 
     if info.rank == 1:
-        ddpkit.shm._SHM_DIR = info.tmp
+        ddpkit.parallel.shm._SHM_DIR = info.tmp
     with info.init(seed=0) as ctx:
         try:
             ddpkit.wrap(torch.nn.Linear(4, 4), ctx, comm="shm")

@@ -91,8 +91,9 @@ def _train(ctx, parts, *, start: int, stop: int, ckpt: Path | None = None, reduc
 
 def _full(ctx, model, path: Path) -> dict[str, torch.Tensor]:
     import ddpkit
+    from ddpkit.checkpoint.sharded import export_state_dict
 
-    ddpkit.export_state_dict(ctx, model, path)
+    export_state_dict(ctx, model, path)
     return torch.load(path, weights_only=True)
 
 
@@ -146,7 +147,7 @@ def _bad_input(ctx) -> dict[str, str]:
 
 def _two(info: RankInfo, root: str):
     import ddpkit
-    from ddpkit.fsdp import local_numel
+    from ddpkit.parallel.strategy import local_numel
 
     root_path = Path(root)
     out: dict = {}
@@ -207,6 +208,7 @@ def _two(info: RankInfo, root: str):
 def _corrupt(ctx, root: Path) -> dict:
     """A truncated shard: named directly, every rank refuses it; in a directory, the older checkpoint is used."""
     import ddpkit
+    from ddpkit.checkpoint.api import CheckpointError, CheckpointWarning
 
     bad = root / "bad"
     if ctx.is_main:
@@ -221,14 +223,14 @@ def _corrupt(ctx, root: Path) -> dict:
     try:
         ddpkit.load_checkpoint(ctx, bad / "ckpt-00000020.dcp", model=model, optimizer=opt, loader=data)
         out["named"] = "<loaded>"
-    except ddpkit.CheckpointError as e:
+    except CheckpointError as e:
         out["named"] = str(e)
     out["unchanged"] = ddpkit.param_sha256(model) == before and not opt.state
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         meta = ddpkit.load_checkpoint(ctx, bad, model=model, optimizer=opt, loader=data)
     out["fallback_step"] = meta["step"]
-    out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, ddpkit.CheckpointWarning)]
+    out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
     return out
 
 

@@ -20,7 +20,7 @@ def _watchdog_lifecycle(info: RankInfo):
     import itertools
 
     import ddpkit
-    from ddpkit.watchdog import running_watchdog, start_watchdog
+    from ddpkit.hang.watchdog import running_watchdog, start_watchdog
 
     fresh = itertools.count()
 

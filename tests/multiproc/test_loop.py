@@ -39,7 +39,7 @@ def _train(info: RankInfo, dtype: str, per_rank_batch: int, inject_inf_step: int
            run_dir: str | None) -> dict:
     """STEPS optimizer steps with Precision; per step: the StepInfo, the param hash, local loss sums."""
     import ddpkit
-    from ddpkit.metrics import MetricsLog
+    from ddpkit.metrics.log import MetricsLog
 
     with info.init(seed=0) as ctx:
         model = ddpkit.wrap(_model(), ctx)

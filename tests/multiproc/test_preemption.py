@@ -55,7 +55,7 @@ def _result(stdout: str) -> dict:
 
 @pytest.mark.timeout(2400)
 def test_sigterm_to_ddpkit_run_saves_the_step_and_a_rerun_ends_bit_identical(tmp_path: Path) -> None:
-    from ddpkit.checkpoint import latest_checkpoint
+    from ddpkit.checkpoint.api import latest_checkpoint
 
     whole = subprocess.run(_digits(tmp_path / "whole", tmp_path / "whole-run"), capture_output=True, text=True,
                            timeout=1500, env=_env())

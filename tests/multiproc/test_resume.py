@@ -189,6 +189,7 @@ def _initial_weight() -> torch.Tensor:
 
 def _failing_write(info: RankInfo, directory: str):
     import ddpkit
+    from ddpkit.checkpoint.api import CheckpointError, latest_checkpoint
 
     with info.init(seed=1) as ctx:
         model = ddpkit.wrap(torch.nn.Linear(2, 2), ctx)
@@ -202,17 +203,17 @@ def _failing_write(info: RankInfo, directory: str):
         try:
             ddpkit.save_checkpoint(ctx, directory, step=2, model=model)
             outcome = "saved"
-        except ddpkit.CheckpointError as e:
+        except CheckpointError as e:
             outcome = str(e)
         finally:
             os.fsync = real_fsync
-        after = ddpkit.latest_checkpoint(directory)
+        after = latest_checkpoint(directory)
         # A load that fails on one rank only (a model of another shape) fails on every rank.
         try:
             shape = (2, 2) if ctx.rank == 0 else (3, 3)
             ddpkit.load_checkpoint(ctx, directory, model=torch.nn.Linear(*shape))
             load_outcome = "loaded"
-        except ddpkit.CheckpointError as e:
+        except CheckpointError as e:
             load_outcome = str(e)
         return {"first": str(first), "outcome": outcome, "latest": str(after), "load": load_outcome,
                 "files": sorted(os.listdir(directory))}

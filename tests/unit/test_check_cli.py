@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ddpkit.check.command import CheckConfig, bootstrap_argv, parse_check_args
-from ddpkit.launcher import LaunchError, RunConfig, build_torchrun_argv, config_from_args
+from ddpkit.run.launcher import LaunchError, RunConfig, build_torchrun_argv, config_from_args
 
 
 def test_importing_ddpkit_check_stays_cheap():
@@ -41,7 +41,7 @@ def test_parse_check_args_errors_name_the_flag(tmp_path, argv, words):
 def test_bootstrap_argv_wraps_the_script_with_the_probes():
     argv = bootstrap_argv(CheckConfig(target="train.py", target_args=("--x", "1"), nproc_per_node=3), "/w")
     assert "--nproc-per-node=3" in argv
-    i = argv.index("ddpkit.check._bootstrap")
+    i = argv.index("ddpkit.bootstrap")
     assert argv[i - 1] == "-m"
     tail = argv[i + 1:]
     assert tail[-3:] == ["train.py", "--x", "1"]
@@ -52,13 +52,13 @@ def test_bootstrap_argv_wraps_the_script_with_the_probes():
 
 def test_run_argv_with_hang_timeout_goes_through_the_bootstrap():
     plain = build_torchrun_argv(RunConfig(target="train.py", target_args=("--a",)))
-    assert plain[-2:] == ["train.py", "--a"] and "ddpkit.check._bootstrap" not in plain
+    assert plain[-2:] == ["train.py", "--a"] and "ddpkit.bootstrap" not in plain
     argv = build_torchrun_argv(RunConfig(target="train.py", target_args=("--a",), hang_timeout_s=30,
                                          hang_report_dir="/r"))
-    assert argv[-7:] == ["-m", "ddpkit.check._bootstrap", "--hang-timeout=30", "--report-dir", "/r",
+    assert argv[-7:] == ["-m", "ddpkit.bootstrap", "--hang-timeout=30", "--report-dir", "/r",
                          "train.py", "--a"]
     module = build_torchrun_argv(RunConfig(target="pkg.train", module=True, hang_timeout_s=5))
-    assert module[-5:] == ["-m", "ddpkit.check._bootstrap", "--hang-timeout=5", "-m", "pkg.train"]
+    assert module[-5:] == ["-m", "ddpkit.bootstrap", "--hang-timeout=5", "-m", "pkg.train"]
 
 
 def test_ddpkit_run_hang_timeout_flag(tmp_path):

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ddpkit import tracer
-from ddpkit.watchdog import Watchdog, collect_reports, describe, summarize
+from ddpkit.hang import tracer
+from ddpkit.hang.watchdog import Watchdog, collect_reports, describe, summarize
 
 
 class _Calls:

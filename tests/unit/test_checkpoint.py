@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import ddpkit
-from ddpkit.ckptfile import FORMAT, CheckpointWarning, list_checkpoints, manifest_path
-from ddpkit.checkpoint import CheckpointError
+from ddpkit.checkpoint.api import latest_checkpoint, verify_checkpoint
+from ddpkit.checkpoint.files import FORMAT, CheckpointWarning, list_checkpoints, manifest_path
+from ddpkit.checkpoint.api import CheckpointError
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def test_round_trip_restores_everything_exactly(ctx, tmp_path):
 def test_no_checkpoint_yet_returns_none_and_missing_file_raises(ctx, tmp_path):
     model = _parts()[0]
     assert ddpkit.load_checkpoint(ctx, tmp_path / "not-yet", model=model) is None
-    assert ddpkit.latest_checkpoint(tmp_path) is None
+    assert latest_checkpoint(tmp_path) is None
     with pytest.raises(CheckpointError, match="does not exist"):
         ddpkit.load_checkpoint(ctx, tmp_path / "ckpt-00000001.pt", model=model)
 
@@ -124,7 +125,7 @@ def test_keep_last_rotation_and_rollback_removes_abandoned_future(ctx, tmp_path)
     with pytest.warns(CheckpointWarning, match="ckpt-00000005.pt"):
         _save(ctx, tmp_path, 3, keep_last=2)  # a run rolled back to an older state writes step 3
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000003.pt"]
-    assert ddpkit.latest_checkpoint(tmp_path).name == "ckpt-00000003.pt"
+    assert latest_checkpoint(tmp_path).name == "ckpt-00000003.pt"
 
 
 def _corrupt_truncate(p):
@@ -152,7 +153,7 @@ def test_damaged_latest_is_detected_and_previous_used(ctx, tmp_path, corrupt, re
     corrupt(latest)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(CheckpointError, match=reason) as info:
-        ddpkit.verify_checkpoint(latest)
+        verify_checkpoint(latest)
     assert "\n" not in str(info.value) and str(latest) in str(info.value)
     model = _parts(seed=5)[0]
     with pytest.warns(CheckpointWarning) as record:
@@ -189,7 +190,7 @@ def test_checkpoint_carrying_pickled_code_is_refused_never_executed(ctx, tmp_pat
     evil = tmp_path / "ckpt" / "ckpt-00000007.pt"
     evil.parent.mkdir()
     _write_with_manifest(evil, {"format": FORMAT, "step": 7, "model": {}, "extra": _Payload(marker)})
-    ddpkit.verify_checkpoint(evil)  # its checksum is fine: integrity is not safety
+    verify_checkpoint(evil)  # its checksum is fine: integrity is not safety
     for source in (evil, evil.parent):
         with pytest.raises(CheckpointError) as info:
             ddpkit.load_checkpoint(ctx, source, model=_parts()[0])
@@ -219,12 +220,12 @@ def test_failed_write_leaves_previous_checkpoint_intact(ctx, tmp_path, monkeypat
     if target == "torch.save":
         monkeypatch.setattr(torch, "save", fail)
     else:
-        monkeypatch.setattr("ddpkit.ckptfile.os.fsync", fail)
+        monkeypatch.setattr("ddpkit.checkpoint.files.os.fsync", fail)
     with pytest.raises(CheckpointError, match="No space left on device.*previous checkpoints are intact"):
         _save(ctx, tmp_path, 2)
     monkeypatch.undo()
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temporary file, no step 2
-    assert ddpkit.latest_checkpoint(tmp_path) == first
+    assert latest_checkpoint(tmp_path) == first
 
 
 def test_missing_state_is_reported_with_the_fix(ctx, tmp_path):
@@ -274,11 +275,11 @@ def test_rng_state_survives_weights_only_round_trip(tmp_path):
 
 
 def test_importing_the_parallel_module_keeps_ddpkit_wrap_the_function():
-    """Importing ddpkit.parallel (as ddpkit.checkpoint does) leaves `ddpkit.wrap` the function."""
+    """Importing ddpkit.parallel.api (as ddpkit.checkpoint.api does) leaves `ddpkit.wrap` the function."""
     import subprocess
     import sys
 
-    code = ("import sys; from ddpkit.parallel import unwrap; import ddpkit; "
+    code = ("import sys; from ddpkit.parallel.strategy import unwrap; import ddpkit; "
             "assert callable(ddpkit.wrap) and ddpkit.wrap.__name__ == 'wrap', ddpkit.wrap; "
             "assert 'torch' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.cluster import (ClusterError, Nodes, detect_cluster, from_kubeflow, from_slurm, parse_hostlist,
+from ddpkit.run.nodes import (ClusterError, Nodes, detect_cluster, from_kubeflow, from_slurm, parse_hostlist,
                             resolve_nodes, slurm_port, tasks_per_node)
-from ddpkit.launcher import LaunchError, build_torchrun_argv, config_from_args
+from ddpkit.run.launcher import LaunchError, build_torchrun_argv, config_from_args
 
 SLURM_STEP = {
     "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NNODES": "3", "SLURM_JOB_NUM_NODES": "3",

@@ -63,10 +63,10 @@ def names_used(text: str) -> set[str]:
 
 
 def test_names_used_finds_dotted_and_imported_names():
-    text = "call `ddpkit.wrap(m, ctx)`; ddpkit.launcher.build_torchrun_argv.\nfrom ddpkit.metrics import MetricsLog, print0\n"
-    assert names_used(text) == {"ddpkit.wrap", "ddpkit.launcher.build_torchrun_argv", "ddpkit.metrics",
-                                "ddpkit.metrics.MetricsLog", "ddpkit.metrics.print0"}
-    assert not _resolves("ddpkit.no_such_name") and not _resolves("ddpkit.launcher.no_such_function")
+    text = "call `ddpkit.wrap(m, ctx)`; ddpkit.run.launcher.build_torchrun_argv.\nfrom ddpkit.metrics.log import MetricsLog, print0\n"
+    assert names_used(text) == {"ddpkit.wrap", "ddpkit.run.launcher.build_torchrun_argv", "ddpkit.metrics.log",
+                                "ddpkit.metrics.log.MetricsLog", "ddpkit.metrics.log.print0"}
+    assert not _resolves("ddpkit.no_such_name") and not _resolves("ddpkit.run.launcher.no_such_function")
 
 
 def test_every_ddpkit_name_the_docs_use_exists():
@@ -80,8 +80,30 @@ def test_every_ddpkit_name_the_docs_use_exists():
                 missing.append(f"{_rel(path)}: {dotted}")
     assert not missing, "names the docs use that ddpkit lacks: " + "; ".join(missing)
     # The docs name most of the public API, and everything public resolves.
-    assert {"read_metrics", "eval_shard"} <= set(ddpkit.__all__) and len(top) > 10
+    assert {"init", "wrap", "loader"} <= set(ddpkit.__all__) and len(top) > 10
     assert [n for n in sorted(top | set(ddpkit.__all__)) if not hasattr(ddpkit, n)] == []
+
+
+def face_table(text: str) -> set[str]:
+    """The names in docs/api.md's face table (between its face:begin/end markers)."""
+    body = text.split("<!-- face:begin -->", 1)[1].split("<!-- face:end -->", 1)[0]
+    rows = body.strip().splitlines()[2:]
+    return {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+
+
+def test_the_api_page_documents_exactly_the_package_face():
+    documented = face_table((ROOT / "docs" / "api.md").read_text())
+    exported = set(ddpkit.__all__)
+    assert documented - exported == set(), f"docs/api.md documents names ddpkit does not export: {documented - exported}"
+    assert exported - documented == set(), f"ddpkit exports names docs/api.md does not document: {exported - documented}"
+    assert len(exported) <= 20, f"the face holds {len(exported)} names (at most 20): {sorted(exported)}"
+
+
+def test_a_name_off_the_face_says_which_module_has_it():
+    with pytest.raises(AttributeError, match=r"from ddpkit.checkpoint.api import latest_checkpoint"):
+        ddpkit.latest_checkpoint  # noqa: B018
+    with pytest.raises(AttributeError, match=r"no attribute 'nonsense'$"):
+        ddpkit.nonsense  # noqa: B018
 
 
 # ---- links --------------------------------------------------------------------------------------

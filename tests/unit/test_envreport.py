@@ -9,8 +9,8 @@ import socket
 import pytest
 import torch
 
-from ddpkit import envreport
-from ddpkit.envreport import DEFAULT_PORT, collect, format_text, main, port_is_free
+from ddpkit.run import envreport
+from ddpkit.run.envreport import DEFAULT_PORT, collect, format_text, main, port_is_free
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_launch_fallback_without_ddpkit_launch(monkeypatch):
     real_import = builtins.__import__
 
     def no_launch(name, *args, **kwargs):
-        if name == "ddpkit.launcher":
+        if name == "ddpkit.run.launcher":
             raise ImportError("simulated")
         return real_import(name, *args, **kwargs)
 
@@ -67,7 +67,7 @@ def test_launch_fallback_without_ddpkit_launch(monkeypatch):
 
 
 def test_launch_command_is_the_one_ddpkit_run_resolves_from_the_cluster(monkeypatch, tmp_path):
-    from ddpkit.launcher import config_from_args
+    from ddpkit.run.launcher import config_from_args
 
     slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
              "SLURM_STEP_NODELIST": "node[01-02]", "SLURM_NTASKS": "2"}

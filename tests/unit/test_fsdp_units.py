@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import ddpkit
-from ddpkit.ckptfile import CheckpointError, file_digest, latest_checkpoint, list_checkpoints, rotate, \
+from ddpkit.checkpoint.api import CheckpointWarning
+from ddpkit.checkpoint.files import CheckpointError, file_digest, latest_checkpoint, list_checkpoints, rotate, \
     sharded_path, verify_checkpoint, write_checkpoint_dir
-from ddpkit.ckptshards import check_metadata
+from ddpkit.checkpoint.sharded import check_metadata
 from ddpkit.env import LaunchEnv
-from ddpkit.fsdp import mixed_precision_policy, shard_units
+from ddpkit.parallel.fsdp import mixed_precision_policy, shard_units
 from ddpkit.runtime import Context
 
 
@@ -116,7 +117,7 @@ def test_sharded_checkpoint_directory_verifies_and_rotates(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-1])
     with pytest.raises(CheckpointError, match="__1_0.distcp is 89 bytes but its manifest records 90"):
         verify_checkpoint(second)
-    with pytest.warns(ddpkit.CheckpointWarning, match="skipped it"):
+    with pytest.warns(CheckpointWarning, match="skipped it"):
         assert latest_checkpoint(tmp_path) == first
     (first / "__0_0.distcp").unlink()
     with pytest.raises(CheckpointError, match="__0_0.distcp is missing"):

@@ -135,7 +135,7 @@ def test_loader_pins_host_batches_only_and_accepts_pin_memory_false(fake_cuda):
 
 
 def test_pin_host_tensors_leaves_device_tensors_alone(fake_cuda):
-    from ddpkit.transfer import pin_host_tensors
+    from ddpkit.device import pin_host_tensors
 
     pinned, _ = fake_cuda
     batch = {"host": torch.zeros(2), "device": torch.zeros(3, device="meta"), "n": 7}
@@ -147,7 +147,7 @@ def test_to_device_moves_custom_batch_objects():
     import collections
     import dataclasses
 
-    from ddpkit.transfer import to_device
+    from ddpkit.device import to_device
 
     @dataclasses.dataclass(frozen=True)
     class Pair:
@@ -243,8 +243,8 @@ def test_cpuinfo_flags_name_native_bf16():
 def test_cpu_ranks_on_a_gpu_machine_reach_the_ranks_as_a_bootstrap_argument(tmp_path, monkeypatch):
     import sys
 
-    from ddpkit.check import _bootstrap
-    from ddpkit.launcher import build_torchrun_argv, config_from_args
+    from ddpkit import bootstrap
+    from ddpkit.run.launcher import build_torchrun_argv, config_from_args
 
     script = tmp_path / "train.py"
     out = tmp_path / "seen.txt"
@@ -252,14 +252,14 @@ def test_cpu_ranks_on_a_gpu_machine_reach_the_ranks_as_a_bootstrap_argument(tmp_
     cfg = config_from_args(["--nproc-per-node", "cpu", str(script), "--lr", "1"], environ={}, num_gpus=8, num_cpus=2)
     assert cfg.nproc_per_node == 2 and cfg.cpu_ranks
     argv = build_torchrun_argv(cfg)
-    i = argv.index("ddpkit.check._bootstrap")
-    assert argv[i - 1:] == ["-m", "ddpkit.check._bootstrap", "--device", "cpu", str(script), "--lr", "1"]
+    i = argv.index("ddpkit.bootstrap")
+    assert argv[i - 1:] == ["-m", "ddpkit.bootstrap", "--device", "cpu", str(script), "--lr", "1"]
     assert not config_from_args(["--nproc-per-node", "2", str(script)], environ={}, num_gpus=8, num_cpus=2).cpu_ranks
     # The rank bootstrap hides the GPUs before the script runs: torch and ddpkit.init then see none.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert _bootstrap.main(["--device", "cpu", str(script)]) == 0
+    assert bootstrap.main(["--device", "cpu", str(script)]) == 0
     assert out.read_text() == ""
 
 

@@ -18,27 +18,24 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-LAYERS: list[tuple[str, set[str]]] = [
-    ("launcher contract and network", {"ddpkit.version", "ddpkit.env", "ddpkit.cluster", "ddpkit.netcheck",
-                                       "ddpkit.torchinternals"}),
-    ("device and backend", {"ddpkit.device"}),
-    ("seeds and generator state", {"ddpkit.rng"}),
-    ("collective tracing and hang forensics (init starts the watchdog)", {"ddpkit.tracer", "ddpkit.watchdog",
-                                                                         "ddpkit.flightrecorder"}),
-    ("process group", {"ddpkit.runtime", "ddpkit.preemption"}),
-    ("all-rank helpers", {"ddpkit.collectives"}),
-    ("model, gradients, data, checkpoints", {
-        "ddpkit.parallel", "ddpkit.comm", "ddpkit.shm", "ddpkit.data",
-        "ddpkit.workerseed", "ddpkit.transfer", "ddpkit.fsdp", "ddpkit.ckptfile", "ddpkit.ckptshards",
-        "ddpkit.checkpoint"}),
-    ("loop helpers", {"ddpkit.precision", "ddpkit.metrics", "ddpkit.trackers", "ddpkit.plot"}),
-    ("launcher", {"ddpkit.launcher", "ddpkit.spawn", "ddpkit.runreport", "ddpkit.rendezvous", "ddpkit.envreport"}),
-    ("tools and faces", {"ddpkit.check.*", "ddpkit.lint.*", "ddpkit.port.*", "ddpkit.selftest", "ddpkit.selfcheck",
-                         "ddpkit.cli", "ddpkit"}),
-]
-"""Lowest first, after DESIGN.md: env -> device -> rng -> runtime -> model, data, checkpoint -> loop
-helpers -> launcher/CLI. A module may import its own layer and the ones below; 'pkg.*' stands for
-package pkg and its modules."""
+ARCHITECTURE = SRC.parent / "docs" / "architecture.md"
+
+
+def read_layers(text: str) -> list[tuple[str, set[str]]]:
+    """The floors table of docs/architecture.md (between its floors:begin/end markers), lowest first:
+    (floor name, module patterns); 'pkg.*' stands for package pkg and its modules."""
+    import re
+
+    body = text.split("<!-- floors:begin -->", 1)[1].split("<!-- floors:end -->", 1)[0]
+    layers = []
+    for row in body.strip().splitlines()[2:]:  # past the header and its rule
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        layers.append((cells[0], set(re.findall(r"`([\w.*]+)`", cells[1]))))
+    return layers
+
+
+LAYERS: list[tuple[str, set[str]]] = read_layers(ARCHITECTURE.read_text())
+"""Lowest first, as docs/architecture.md draws them: a module may import its own layer and the ones below."""
 
 
 @dataclass(frozen=True)
@@ -248,3 +245,58 @@ def test_the_package_face_imports_nothing_heavy_and_nobody_imports_the_face():
     into_face = [f"{e.source}:{e.line} imports {', '.join(e.names)} from the package face"
                  for e in edges if e.target == "ddpkit" and e.source != "ddpkit" and layer_of(e.source) != len(LAYERS) - 1]
     assert into_face == [], "\n".join(into_face) + "\nimport from the module that defines the name (ddpkit.version, ...)"
+
+
+def floors(modules: dict[str, Path], edges: list[Edge]) -> tuple[int, list[str]]:
+    """(the number of floors, the longest import chain): a module with no ddpkit import is floor 1."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for e in edges:
+        if e.target in graph and e.target != e.source:
+            graph[e.source].add(e.target)
+    chain: dict[str, list[str]] = {}
+
+    def longest(m: str) -> list[str]:
+        if m not in chain:
+            chain[m] = [m] + max((longest(t) for t in sorted(graph[m])), key=len, default=[])
+        return chain[m]
+
+    best = max((longest(m) for m in sorted(modules)), key=len)
+    return len(best), best
+
+
+def test_the_import_graph_has_at_most_eight_floors():
+    modules, edges, _ = analyse(SRC)
+    count, chain = floors(modules, edges)
+    print(f"{count} floors: {' -> '.join(chain)}")
+    assert count <= 8, f"{count} floors (docs/architecture.md allows 8): {' -> '.join(chain)}"
+
+
+def test_floors_count_the_longest_chain_of_imports(tmp_path):
+    modules, edges, _ = _edges_in({
+        "ddpkit/__init__.py": "",
+        "ddpkit/a.py": "def f():\n    import ddpkit.b\n",
+        "ddpkit/b.py": "from ddpkit import c\n",
+        "ddpkit/c.py": "X = 1\n",
+    }, tmp_path)
+    assert floors(modules, edges) == (3, ["ddpkit.a", "ddpkit.b", "ddpkit.c"])
+
+
+def test_at_most_24_modules_sit_directly_under_the_package():
+    top = [p.name for p in (SRC / "ddpkit").iterdir()
+           if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())]
+    assert len(top) <= 24, f"{len(top)} modules directly under src/ddpkit (at most 24): {sorted(top)}"
+
+
+def test_lint_and_port_stand_apart_from_the_runtime():
+    modules, edges, _ = analyse(SRC)
+    bad = [f"{e.source}:{e.line} imports {e.target}" for e in edges
+           for pkg in ("ddpkit.lint", "ddpkit.port")
+           if (e.source == pkg or e.source.startswith(pkg + "."))
+           and not (e.target == pkg or e.target.startswith(pkg + ".") or e.target == "ddpkit.version")]
+    assert bad == [], "lint/ and port/ read code and import only their own package:\n" + "\n".join(bad)
+
+
+def test_the_floors_table_is_read_from_the_architecture_page():
+    assert [name for name, _ in LAYERS][:2] == ["launcher contract", "device and seeds"]
+    assert "ddpkit.hang.*" in dict(LAYERS)["hang forensics"]
+    assert layer_of("ddpkit.run.launcher") == len(LAYERS) - 2 and layer_of("ddpkit") == len(LAYERS) - 1

@@ -13,11 +13,11 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ddpkit.cli import main
-from ddpkit.launcher import (
-    DEAD_NODE_S, LaunchError, RunConfig, build_torchrun_argv, config_from_args, default_nproc_per_node, launch,
+from ddpkit.run.launcher import (
+    DEAD_NODE_S, LaunchError, RunConfig, build_torchrun_argv, config_from_args, default_nproc_per_node, run_torchrun,
     threads_per_rank,
 )
-from ddpkit.rendezvous import NodeMismatchError, _check_peers, _Node
+from ddpkit.run.rendezvous import NodeMismatchError, _check_peers, _Node
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_rendezvous_failures_are_one_line_errors(monkeypatch, capsys, script, er
     monkeypatch.setattr(torch.distributed.run, "run", run)
     cfg = RunConfig(target=script, nnodes="2", node_rank=0, rdzv_endpoint="127.0.0.1:29633", rdzv_id="j",
                     rdzv_timeout=5)
-    assert launch(cfg) == 1
+    assert run_torchrun(cfg) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"ddpkit run: error: {needle}"), err
 
@@ -178,7 +178,7 @@ def test_missing_module_is_one_line_error_and_exit_2(capsys, tmp_path, monkeypat
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("raise SystemExit('imported: the check must not import')\n")
     (tmp_path / "mypkg" / "train.py").write_text("")
-    from ddpkit.launcher import check_target
+    from ddpkit.run.launcher import check_target
 
     check_target("mypkg.train", module=True)  # found in the current directory, nothing imported
     check_target("json.tool", module=True)  # or installed

@@ -205,7 +205,7 @@ def test_ddpkit_collective_under_is_main_hangs():
 DDPKIT_PRELUDE = """
     import torch
     import ddpkit
-    import ddpkit.comm
+    import ddpkit.parallel.comm
     with ddpkit.init() as ctx:
         model = ddpkit.wrap(torch.nn.Linear(2, 2), ctx)
         t = torch.ones(1)
@@ -219,7 +219,7 @@ DDPKIT_PRELUDE = """
     ("ddpkit.export_state_dict(ctx, model, 'model.pt')", "ddpkit.export_state_dict"),
     ("ddpkit.save_checkpoint(ctx, 'ckpt', step=0, model=model)", "ddpkit.save_checkpoint"),
     ("ddpkit.load_checkpoint(ctx, 'ckpt', model=model)", "ddpkit.load_checkpoint"),
-    ("ddpkit.comm.register_comm(model, 'bf16')", "ddpkit.comm.register_comm"),
+    ("ddpkit.parallel.comm.register_comm(model, 'bf16')", "ddpkit.parallel.comm.register_comm"),
     ("ddpkit.barrier(ctx)", "ddpkit.barrier"),
     ("ddpkit.all_reduce_sum(ctx, 1.0)", "ddpkit.all_reduce_sum"),
     ("ddpkit.reduce_mean(ctx, 1.0, 1)", "ddpkit.reduce_mean"),

@@ -1,4 +1,4 @@
-"""Unit tests for ddpkit.metrics: JSONL log, progress bar, rank logger, print0."""
+"""Unit tests for ddpkit.metrics.log: JSONL log, progress bar, rank logger, print0."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddpkit.metrics import MetricsLog, ProgressBar, print0, rank_logger, read_metrics
+from ddpkit.metrics.log import MetricsLog, ProgressBar, print0, rank_logger, read_metrics
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def test_progress_bar_rank0_shows_loss_and_rate(capsys):
 
 def test_progress_bar_rate_is_smoothed_from_first_update(monkeypatch):
     clock = iter([100.0, 101.0, 102.0, 104.0])
-    monkeypatch.setattr("ddpkit.metrics.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("ddpkit.metrics.log.time.perf_counter", lambda: next(clock))
     bar = ProgressBar(FakeCtx(rank=1), smoothing=0.5)
     bar.update(samples=10)  # starts the clock: warm-up before it is not counted
     assert bar.samples_per_s is None
@@ -193,7 +193,7 @@ def test_progress_bar_rejects_negative_counts():
 
 def test_import_does_not_load_tqdm_or_matplotlib():
     code = (
-        "import sys, ddpkit.metrics, ddpkit.plot; "
+        "import sys, ddpkit.metrics.log, ddpkit.metrics.plot; "
         "assert 'tqdm' not in sys.modules and 'matplotlib' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ddpkit.netcheck import (LauncherNetwork, NetworkError, launcher_network, lost_peer, loopback_interface,
+from ddpkit.run.netcheck import (LauncherNetwork, NetworkError, launcher_network, lost_peer, loopback_interface,
                              plan_network, probe_endpoint, split_endpoint)
 
 ADDRS = {"lo": ["127.0.0.1", "::1"], "eth0": ["10.0.0.5"], "ib0": ["192.168.7.5"]}

@@ -1,4 +1,4 @@
-"""Unit tests for ddpkit.plot: figures from a synthetic metrics log and the CLI's exit codes."""
+"""Unit tests for ddpkit.metrics.plot: figures from a synthetic metrics log and the CLI's exit codes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddpkit.plot import main, plot_run
+from ddpkit.metrics.plot import main, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import ddpkit
+from ddpkit import precision
+from ddpkit.precision import StepInfo
 from ddpkit.precision import Precision, resolve_dtype
 
 
@@ -60,7 +62,9 @@ def test_bf16_autocast_runs_on_cpu_and_keeps_fp32_master_weights(ctx):
     assert all(p.grad is None for p in model.parameters())  # zero_grad=True by default
 
 
-def test_fp32_autocast_is_a_no_op_and_auto_is_fp32_on_cpu(ctx):
+def test_fp32_autocast_is_a_no_op_and_auto_is_fp32_on_cpu(ctx, monkeypatch):
+    # a CPU without native bf16 (the machine's own flags vary: AMX or AVX512_BF16 make 'auto' bf16)
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
     assert resolve_dtype("auto", torch.device("cpu")) == "fp32"
     prec = Precision(ctx, dtype="auto")
     assert prec.dtype == "fp32" and prec.scaler is None
@@ -191,7 +195,7 @@ def test_bad_settings_name_the_fix(ctx):
 
 def test_lazy_export():
     assert ddpkit.Precision is Precision
-    assert ddpkit.StepInfo(grad_norm=1.0, skipped=False, scale=1.0).as_dict() == {
+    assert StepInfo(grad_norm=1.0, skipped=False, scale=1.0).as_dict() == {
         "grad_norm": 1.0, "skipped": False, "scale": 1.0}
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.launcher import LaunchError
-from ddpkit.selfcheck import CHECKS, bus_bandwidth
-from ddpkit.selftest import format_table, link_type, merge_results, plan_ranks
+from ddpkit.run.launcher import LaunchError
+from ddpkit.selftest.checks import CHECKS, bus_bandwidth
+from ddpkit.selftest.command import format_table, link_type, merge_results, plan_ranks
 
 TOPO = """\
         GPU0    GPU1    CPU Affinity    NUMA Affinity

@@ -17,7 +17,8 @@ from packaging.version import Version
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
-from ddpkit import rendezvous, torchinternals
+from ddpkit.run import rendezvous
+from ddpkit import torchinternals
 from ddpkit.torchinternals import READ_AGAINST, TorchInternalsWarning
 
 DYNAMIC = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
@@ -225,7 +226,7 @@ def test_compiled_module_keeps_the_original_in_orig_mod():
     _require(getattr(compiled, "_orig_mod", None) is net, "OptimizedModule._orig_mod", "no longer holds the module")
     assert torchinternals.compiled_inner(compiled) is net
     assert torchinternals.compiled_inner(net) is None
-    from ddpkit.parallel import unwrap
+    from ddpkit.parallel.strategy import unwrap
 
     assert unwrap(compiled) is net
     assert all(not k.startswith("_orig_mod.") for k in unwrap(compiled).state_dict())

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.launcher import config_from_args
-from ddpkit.launcher import (
+from ddpkit.run.launcher import config_from_args
+from ddpkit.run.launcher import (
     DEFAULT_SIGNALS_TO_HANDLE, PASSTHROUGH_FLAGS, LaunchError, build_torchrun_argv, torchrun_flags,
 )
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.metrics import MetricsLog, read_metrics
-from ddpkit.trackers import TrackerError, check_trackers
+from ddpkit.metrics.log import MetricsLog, read_metrics
+from ddpkit.metrics.trackers import TrackerError, check_trackers
 
 MAIN = types.SimpleNamespace(is_main=True)
 OTHER = types.SimpleNamespace(is_main=False)

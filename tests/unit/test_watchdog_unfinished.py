@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from ddpkit import tracer
-from ddpkit.flightrecorder import enable, recorder_env, summarize_record
-from ddpkit.watchdog import Watchdog, describe
+from ddpkit.hang import tracer
+from ddpkit.hang.flightrecorder import enable, recorder_env, summarize_record
+from ddpkit.hang.watchdog import Watchdog, describe
 
 
 class _LateWork:

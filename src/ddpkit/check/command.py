@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpkit.check.analysis import Finding, Records, analyse, load_records
-from ddpkit.launcher import check_target
+from ddpkit.run.launcher import check_target
 
 __all__ = ["CheckConfig", "CheckResult", "Interrupted", "main", "parse_check_args", "bootstrap_argv", "run_check",
            "describe_run"]
@@ -79,15 +79,15 @@ def parse_check_args(argv: list[str]) -> CheckConfig:
 
 
 def bootstrap_argv(cfg: CheckConfig, workdir: str) -> list[str]:
-    """The torchrun argv that starts ddpkit.check._bootstrap around the script on every rank (pure)."""
-    from ddpkit.launcher import RunConfig, build_torchrun_argv
+    """The torchrun argv that starts ddpkit.bootstrap around the script on every rank (pure)."""
+    from ddpkit.run.launcher import RunConfig, build_torchrun_argv
 
     inner = ["--record", str(Path(workdir) / "records"), f"--max-steps={cfg.max_steps}",
              f"--epoch-steps={cfg.epoch_steps}", "--cpu", f"--hang-timeout={cfg.hang_timeout_s:g}",
              "--report-dir", str(Path(workdir) / "hang")]
     if cfg.module:
         inner.append("-m")
-    run = RunConfig(target="ddpkit.check._bootstrap", module=True, nproc_per_node=cfg.nproc_per_node,
+    run = RunConfig(target="ddpkit.bootstrap", module=True, nproc_per_node=cfg.nproc_per_node,
                     target_args=(*inner, cfg.target, *cfg.target_args))
     return build_torchrun_argv(run)
 
@@ -211,7 +211,7 @@ class CheckResult:
 
 def run_check(cfg: CheckConfig) -> CheckResult:
     """Run the check (raises Interrupted on SIGINT/SIGTERM, after the ranks are stopped)."""
-    from ddpkit.watchdog import collect_reports, summarize
+    from ddpkit.hang.watchdog import collect_reports, summarize
 
     with tempfile.TemporaryDirectory(prefix="ddpkit-check-") as workdir:
         code, output = _run_ranks(cfg, workdir, Path(workdir) / "output.log")

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit import tracer
+from ddpkit.hang import tracer
 from ddpkit.check.devicemap import accelerator_patches, called_from_user, device_class, local_batchnorm_class
 
 __all__ = ["CpuMapping", "TENSOR_COLLECTIVES", "cpu_backend"]

@@ -20,7 +20,7 @@ _DDPKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
 
 def called_from_user(depth: int = 2) -> bool:
     """True when the caller `depth` frames up, past ddpkit's own wrappers, is the user's code (not torch's)."""
-    from ddpkit import tracer
+    from ddpkit.hang import tracer
 
     frame = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_DDPKIT_DIR):

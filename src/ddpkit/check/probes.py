@@ -14,9 +14,9 @@ import sys
 import weakref
 from typing import Any
 
-from ddpkit import tracer
+from ddpkit.hang import tracer
 from ddpkit.check.samples import fingerprint, source
-from ddpkit.fsdp import full_tensor
+from ddpkit.parallel.strategy import full_tensor
 
 __all__ = ["Recorder", "StopCheck"]
 

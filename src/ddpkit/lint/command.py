@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddpkit lint: error: cannot read {e.filename!r} ({e.strerror}); check its permissions",
               file=sys.stderr)
         return 2
+    if not any(sources[0]):
+        print(f"ddpkit lint: error: nothing was linted: no .py file in {' '.join(args.paths)}; pass a training "
+              "script or a directory that holds one", file=sys.stderr)
+        return 2
     if args.fix or args.diff:
         try:
             from ddpkit.lint.fixes import apply_fixes  # libcst is imported only when rewriting

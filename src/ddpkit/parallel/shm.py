@@ -13,7 +13,7 @@ import platform
 import time
 from typing import TYPE_CHECKING
 
-from ddpkit.tracer import traced
+from ddpkit.hang.tracer import traced
 
 if TYPE_CHECKING:
     import torch

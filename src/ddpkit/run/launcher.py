@@ -10,7 +10,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ddpkit.cluster import ClusterError, is_single_node, resolve_nodes
+from ddpkit.run.nodes import (MAX_DEFAULT_CPU_RANKS, ClusterError, cpu_rank_limit, default_nproc_per_node, is_single_node,
+                              resolve_nodes, threads_per_rank,
+                              usable_cpus, visible_gpus, available_memory)
 
 __all__ = [
     "RunConfig",
@@ -29,10 +31,9 @@ __all__ = [
     "DEFAULT_SIGNALS_TO_HANDLE",
     "visible_gpus",
     "usable_cpus",
-    "launch",
+    "run_torchrun",
 ]
 
-MAX_DEFAULT_CPU_RANKS = 4
 DEAD_NODE_S = 15
 """How long torch's c10d rendezvous takes to drop a node that stopped: 3 missed keep-alives 5 s apart."""
 
@@ -85,7 +86,7 @@ class RunConfig:
     connect_timeout: float = 30.0
     """Seconds a non-host node keeps trying to reach --rdzv-endpoint before the run fails (pre-flight)."""
     hang_timeout_s: float | None = None
-    """Start ranks under ddpkit's hang watchdog (ddpkit.check._bootstrap): a rank blocked this long in a
+    """Start ranks under ddpkit's hang watchdog (ddpkit.bootstrap): a rank blocked this long in a
     collective reports where and exits, so the run fails with a summary instead of hanging. None: off."""
     hang_report_dir: str | None = None
     """Where the watchdogs write their per-rank reports; `launch` picks a temporary directory when None."""
@@ -101,19 +102,13 @@ class RunConfig:
         return is_single_node(self.nnodes, self.rdzv_endpoint)
 
 
-def default_nproc_per_node(num_gpus: int | None = None, num_cpus: int | None = None) -> int:
-    """Every visible GPU; on a CPU-only machine up to 4 ranks (one per core)."""
-    if num_gpus is None:
-        num_gpus = visible_gpus()
-    if num_gpus > 0:
-        return num_gpus
-    if num_cpus is None:
-        num_cpus = usable_cpus()
-    return max(1, min(num_cpus, MAX_DEFAULT_CPU_RANKS))
+def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int, environ: Mapping[str, str],
+                           oversubscribe: bool = False, memory_bytes: int | None = None) -> int:
+    """Parse --nproc-per-node ('auto', 'gpu', 'cpu' or a positive int) against what is visible.
 
-
-def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int, environ: Mapping[str, str]) -> int:
-    """Parse --nproc-per-node ('auto', 'gpu', 'cpu' or a positive int) against what is visible."""
+    CPU ranks beyond `cpu_rank_limit` (cores, or memory when `memory_bytes` is given) are refused
+    unless `oversubscribe` (the --oversubscribe flag) says the user means it.
+    """
     if value == "auto":
         return default_nproc_per_node(num_gpus, num_cpus)
     if value == "gpu":
@@ -130,6 +125,11 @@ def resolve_nproc_per_node(value: str, *, num_gpus: int, num_cpus: int, environ:
         ) from None
     if n < 1:
         raise LaunchError(f"--nproc-per-node {n} must be at least 1; pass a positive integer or 'auto'")
+    if num_gpus == 0 and not oversubscribe:
+        limit, why = cpu_rank_limit(num_cpus, memory_bytes)
+        if n > limit:
+            raise LaunchError(f"--nproc-per-node {n} asks for {n} CPU ranks but {why}; pass --nproc-per-node "
+                              f"{min(n, limit)} or auto, or add --oversubscribe to start them anyway")
     if num_gpus > 0 and n > num_gpus:
         visible = environ.get("CUDA_VISIBLE_DEVICES")
         shown = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
@@ -149,6 +149,8 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc-per-node", "--nproc_per_node", default=None,
                    help="ranks on this node: a number, 'auto' (every visible GPU, else up to 4 CPU ranks), "
                         "'gpu' or 'cpu'")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start more CPU ranks than this machine's cores or memory hold (refused otherwise)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart all ranks up to N times after a failure (resume from your last checkpoint)")
     p.add_argument("--nnodes", default=None,
@@ -190,7 +192,7 @@ def run_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: int, num_cpus: int,
-                     available_flags: frozenset[str] | None = None) -> RunConfig:
+                     available_flags: frozenset[str] | None = None, memory_bytes: int | None = None) -> RunConfig:
     """`ddpkit run` argv -> RunConfig, validated against what this machine has (raises LaunchError naming the fix).
 
     Inside SLURM (`srun ddpkit run`) or a Kubeflow PyTorchJob pod, node count, node rank and endpoint
@@ -222,7 +224,8 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
     if args.iface is not None and nodes.rdzv_endpoint is None:
         raise LaunchError(f"--iface {args.iface} applies to multi-node runs; one node always uses loopback, "
                           "drop --iface or pass --nnodes and --rdzv-endpoint")
-    nproc = resolve_nproc_per_node(nodes.nproc_per_node, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ)
+    nproc = resolve_nproc_per_node(nodes.nproc_per_node, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ,
+                                   oversubscribe=args.oversubscribe, memory_bytes=memory_bytes)
     cfg = RunConfig(
         target=args.target, target_args=tuple(args.target_args), module=args.module,
         nproc_per_node=nproc, max_restarts=args.max_restarts, nnodes=nodes.nnodes, node_rank=nodes.node_rank,
@@ -237,17 +240,26 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
 def main(argv: list[str]) -> int:
     """`ddpkit run ARGV`: resolve the settings on this machine, then launch; 2 for a setting that cannot work."""
     try:
-        cfg = config_from_args(argv, environ=os.environ, num_gpus=visible_gpus(), num_cpus=usable_cpus())
+        cfg = config_from_args(argv, environ=os.environ, num_gpus=visible_gpus(), num_cpus=usable_cpus(),
+                               memory_bytes=available_memory())
     except LaunchError as e:
         print(f"ddpkit run: error: {e}", file=sys.stderr)
         return 2
-    return launch(cfg)
+    return run_torchrun(cfg)
 
 
 def check_target(target: str, *, module: bool) -> None:
     """Refuse a script path, or a module, that does not exist before any process starts."""
     if not module and not os.path.isfile(target):
         raise LaunchError(f"script {target!r} does not exist; pass the path of a .py file (or -m MODULE)")
+    if not module:  # a syntax error is a usage error: no rank needs to start to find it
+        try:
+            with open(target, "rb") as f:
+                compile(f.read(), target, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            raise LaunchError(f"{target}:{e.lineno}: {e.msg} (a syntax error); fix that line, then run again") from None
+        except (OSError, ValueError) as e:
+            raise LaunchError(f"script {target!r} cannot be read ({e}); check the file") from None
     if module and not _module_exists(target):
         raise LaunchError(f"module {target!r} is not importable from {os.getcwd()} (nor from the installed packages); "
                           "check its name, or run from the directory that holds its package")
@@ -304,11 +316,6 @@ def check_torchrun_flags(options: tuple[tuple[str, str], ...], *, available: fro
                               f"to a release that has it, or drop {flag}")
 
 
-def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
-    """Intra-op threads per rank so that the ranks together do not oversubscribe the cores."""
-    return max(1, num_cpus // max(1, nproc_per_node))
-
-
 def last_call_timeout(rdzv_timeout: float) -> int:
     """Seconds an elastic (MIN:MAX) rendezvous waits for more nodes once MIN have joined.
 
@@ -325,7 +332,7 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
                         is_host: bool | None = None) -> list[str]:
     """The arguments of `torch.distributed.run` for `cfg` (a pure function).
 
-    `launch` passes ddpkit's own backend (`ddpkit.rendezvous.BACKEND`, c10d whose stores listen on
+    `launch` passes ddpkit's own backend (`ddpkit.run.rendezvous.BACKEND`, c10d whose stores listen on
     `bind_addr` only) and whether this node hosts the rendezvous store, which it learns at run time.
     """
     argv = [f"--nproc-per-node={cfg.nproc_per_node}", f"--max-restarts={cfg.max_restarts}",
@@ -361,7 +368,7 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
     if cfg.hang_timeout_s is not None or cfg.cpu_ranks:
         # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
         # script unchanged as __main__ (no environment variables of our own).
-        argv += ["-m", "ddpkit.check._bootstrap"]
+        argv += ["-m", "ddpkit.bootstrap"]
         if cfg.hang_timeout_s is not None:
             argv.append(f"--hang-timeout={cfg.hang_timeout_s:g}")
             if cfg.hang_report_dir is not None:
@@ -375,16 +382,17 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
     return argv
 
 
-def launch(cfg: RunConfig) -> int:
+def run_torchrun(cfg: RunConfig) -> int:
     """Run torchrun in this process; return the exit code. A failed rank's traceback is printed."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import parse_args, run
 
-    from ddpkit import rendezvous, runreport
+    from ddpkit.run import rendezvous
+    from ddpkit.run import report as runreport
     from ddpkit.preemption import STOP_SIGNALS
-    from ddpkit.netcheck import NetworkError, launcher_network
+    from ddpkit.run.netcheck import NetworkError, launcher_network
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(cfg.nproc_per_node, usable_cpus())))
     try:
@@ -433,18 +441,3 @@ def launch(cfg: RunConfig) -> int:
         print("ddpkit run: interrupted; all ranks were terminated", file=sys.stderr)
         return 130
     return 0
-
-
-def visible_gpus() -> int:
-    """GPUs this process can see (0 without CUDA)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask), which a container or `taskset` can narrow."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1

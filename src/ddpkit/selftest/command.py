@@ -2,7 +2,7 @@
 
     ddpkit test [--nproc-per-node N|auto|cpu] [--format table|json] [--checkpoint-dir DIR]
 
-The ranks run `ddpkit.selfcheck` under `ddpkit run`'s own launcher (torchrun in this process);
+The ranks run `ddpkit.selftest.checks` under `ddpkit run`'s own launcher (torchrun in this process);
 this module picks the ranks, collects their verdicts and prints one table (or one JSON object,
 whose fields docs/gpu.md lists). The exit status is 0 when every check passed on every rank, 1
 when one failed (or a rank died), 2 for bad arguments.
@@ -26,16 +26,18 @@ __all__ = ["main", "merge_results", "format_table", "link_type", "plan_ranks"]
 
 
 def plan_ranks(value: str, *, num_gpus: int, num_cpus: int, device: str = "auto",
-               environ: Mapping[str, str] | None = None) -> tuple[int, str]:
+               environ: Mapping[str, str] | None = None, oversubscribe: bool = False,
+               memory_bytes: int | None = None) -> tuple[int, str]:
     """(ranks, device) for --nproc-per-node: every visible GPU by default; CPU ranks with 'cpu', --device cpu
     or without GPUs (up to 4, one per core, as `ddpkit run`). Raises LaunchError with the fix."""
-    from ddpkit.launcher import default_nproc_per_node, resolve_nproc_per_node
+    from ddpkit.run.launcher import default_nproc_per_node, resolve_nproc_per_node
 
     environ = os.environ if environ is None else environ
     if value == "cpu" or device == "cpu" or num_gpus == 0:
         if value in ("auto", "cpu"):
             return default_nproc_per_node(0, num_cpus), "cpu"
-        return resolve_nproc_per_node(value, num_gpus=0, num_cpus=num_cpus, environ=environ), "cpu"
+        return resolve_nproc_per_node(value, num_gpus=0, num_cpus=num_cpus, environ=environ,
+                                      oversubscribe=oversubscribe, memory_bytes=memory_bytes), "cpu"
     return resolve_nproc_per_node(value, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ), "cuda"
 
 
@@ -68,7 +70,7 @@ def link_type(device: str, num_ranks: int, *, topo: str | None = None) -> str:
 
 def merge_results(per_rank: dict[int, dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
     """One verdict per check: ok only if ok on every rank; the detail of the first rank that failed, else rank 0's."""
-    from ddpkit.selfcheck import CHECKS
+    from ddpkit.selftest.checks import CHECKS
 
     merged = []
     for name in CHECKS:
@@ -118,24 +120,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table", help="output on stdout")
     p.add_argument("--checkpoint-dir", default=None,
                    help="where the checkpoint round trip writes (default: a temporary directory, removed afterwards)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="start more CPU ranks than this machine's cores or memory hold (refused otherwise)")
     p.add_argument("--hang-timeout", type=float, default=2.0,
                    help="seconds within which the injected skipped collective must be reported")
     p.add_argument("--deadline", type=float, default=120.0, help="a rank still running after this many seconds fails")
     return p
 
 
-def _num_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    from ddpkit.launcher import LaunchError, RunConfig, launch
+    from ddpkit.run.launcher import LaunchError, RunConfig, run_torchrun
+    from ddpkit.run.nodes import available_memory, usable_cpus
 
     if not args.hang_timeout > 0 or not args.deadline > 0:
         print(f"ddpkit test: error: --hang-timeout {args.hang_timeout:g} and --deadline {args.deadline:g} must be "
@@ -143,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        nproc, device = plan_ranks(args.nproc_per_node, num_gpus=num_gpus, num_cpus=_num_cpus(), device=args.device)
+        nproc, device = plan_ranks(args.nproc_per_node, num_gpus=num_gpus, num_cpus=usable_cpus(), device=args.device,
+                                   oversubscribe=args.oversubscribe, memory_bytes=available_memory())
     except LaunchError as e:
         print(f"ddpkit test: error: {e}", file=sys.stderr)
         return 2
@@ -153,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                      "--deadline", f"{args.deadline:g}"]
         if args.checkpoint_dir is not None:
             rank_args += ["--checkpoint-dir", args.checkpoint_dir]
-        cfg = RunConfig(target="ddpkit.selfcheck", module=True, target_args=tuple(rank_args), nproc_per_node=nproc)
-        code = launch(cfg)
+        cfg = RunConfig(target="ddpkit.selftest.checks", module=True, target_args=tuple(rank_args), nproc_per_node=nproc)
+        code = run_torchrun(cfg)
         per_rank = {}
         for path in Path(tmp).glob("rank-*.json"):
             result = json.loads(path.read_text())

@@ -1,33 +1,16 @@
-"""`ddpkit run`'s node settings: its flags, else a cluster's environment (SLURM, Kubeflow PyTorchJob), validated."""
+"""`ddpkit run`'s node settings: ranks this node can hold (cores, GPUs, memory), and the node flags, else a cluster's environment (SLURM, Kubeflow PyTorchJob), validated."""
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = [
-    "ClusterError",
-    "ClusterLaunch",
-    "Nodes",
-    "detect_cluster",
-    "is_single_node",
-    "from_kubeflow",
-    "from_slurm",
-    "parse_hostlist",
-    "resolve_nodes",
-    "slurm_port",
-    "tasks_per_node",
-]
+from ddpkit.env import ClusterError, parse_hostlist, slurm_port, tasks_per_node
 
-SLURM_PORT_BASE = 20000
-"""Rendezvous ports derived from SLURM_JOB_ID lie in [SLURM_PORT_BASE, SLURM_PORT_BASE + SLURM_PORT_SPAN):
-below Linux's ephemeral range (32768+), so no outgoing connection already holds the port."""
-SLURM_PORT_SPAN = 10000
-
-
-class ClusterError(ValueError):
-    """A cluster variable is malformed or describes a launch `ddpkit run` cannot do."""
+__all__ = ["MAX_DEFAULT_CPU_RANKS", "default_nproc_per_node", "usable_cpus", "visible_gpus", "available_memory", "cpu_rank_limit", "threads_per_rank",
+           "ClusterLaunch", "Nodes", "detect_cluster", "is_single_node", "from_kubeflow", "from_slurm", "resolve_nodes"]
+"""SLURM's host lists, task counts and port rule are read on the rank side too, so they live in ddpkit.env."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,78 +29,6 @@ class ClusterLaunch:
     """Job id shared by every node (SLURM_JOB_ID); None lets the nodes agree on the endpoint alone."""
     nproc_per_node: str | None = None
     """Ranks per node as the cluster states it (GPUs on the node, PET_NPROC_PER_NODE), or None."""
-
-
-def parse_hostlist(hostlist: str) -> list[str]:
-    """Expand SLURM's compressed host list: 'node[01-03,07],gpu5' -> node01 node02 node03 node07 gpu5.
-
-    Several bracket groups in one name expand as a product ('r[1-2]n[1-2]' -> r1n1 r1n2 r2n1 r2n2);
-    zero padding of a range is kept ('[08-10]' -> 08 09 10).
-    """
-    hosts: list[str] = []
-    for item in _split_top_level(hostlist.strip()):
-        hosts.extend(_expand(item, hostlist))
-    return hosts
-
-
-def _split_top_level(text: str) -> list[str]:
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-        if depth not in (0, 1):
-            raise ClusterError(f"host list {text!r} has unbalanced brackets; expected e.g. 'node[01-03,07],gpu5'")
-    if depth != 0:
-        raise ClusterError(f"host list {text!r} has unbalanced brackets; expected e.g. 'node[01-03,07],gpu5'")
-    items.append(text[start:])
-    return [item.strip() for item in items if item.strip()]
-
-
-def _expand(item: str, whole: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", item)
-    if match is None:
-        return [item]
-    prefix, rest = item[: match.start()], item[match.end():]
-    tails = _expand(rest, whole)
-    out = []
-    for part in match.group(1).split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ClusterError(f"host list {whole!r}: range {part!r} is not N or N-M; expected e.g. 'node[01-03,07]'")
-        if not sep:
-            out.extend(prefix + lo + tail for tail in tails)
-            continue
-        if int(hi) < int(lo):
-            raise ClusterError(f"host list {whole!r}: range {part!r} runs backwards; write it as {hi}-{lo}")
-        width = len(lo) if lo.startswith("0") else 0
-        out.extend(prefix + str(n).zfill(width) + tail for n in range(int(lo), int(hi) + 1) for tail in tails)
-    return out
-
-
-def tasks_per_node(spec: str, node_id: int) -> int:
-    """Tasks on node `node_id` from SLURM's '2(x3),1' form of SLURM_TASKS_PER_NODE."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if match is None:
-            raise ClusterError(f"SLURM_TASKS_PER_NODE={spec!r} is not of the form '2(x3),1'")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    if not 0 <= node_id < len(counts):
-        raise ClusterError(f"SLURM_NODEID={node_id} is outside SLURM_TASKS_PER_NODE={spec!r}")
-    return counts[node_id]
-
-
-def slurm_port(job_id: str) -> int:
-    """The rendezvous port every node of SLURM job `job_id` computes alike (no communication needed)."""
-    digits = re.sub(r"\D", "", job_id)  # array jobs: '1234_7'
-    if not digits:
-        raise ClusterError(f"SLURM_JOB_ID={job_id!r} has no digits to derive a port from; pass --rdzv-endpoint")
-    return SLURM_PORT_BASE + int(digits) % SLURM_PORT_SPAN
 
 
 def _get(environ: Mapping[str, str], *names: str) -> str | None:
@@ -230,7 +141,7 @@ def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: s
                   rdzv_id: str | None, nproc_per_node: str | None, environ: Mapping[str, str]) -> Nodes:
     """Node settings: the explicit flags, else the cluster's environment, validated (raises ClusterError
     naming the flag and the fix). A pure function of its arguments."""
-    from ddpkit.netcheck import NetworkError, split_endpoint
+    from ddpkit.run.netcheck import NetworkError, split_endpoint
 
     found = detect_cluster(environ)
     if found is not None:
@@ -265,3 +176,70 @@ def resolve_nodes(*, nnodes: str | None, node_rank: int | None, rdzv_endpoint: s
     # Every node must name the same rendezvous: derive the id from the endpoint, never a per-node uuid.
     return Nodes(nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                  rdzv_id=rdzv_id or f"ddpkit-{host}-{port}", nproc_per_node=nproc_per_node)
+
+
+MAX_DEFAULT_CPU_RANKS = 4
+"""`--nproc-per-node auto` on a machine without GPUs: one rank per core, at most this many."""
+
+CPU_RANKS_PER_CORE = 2
+"""CPU ranks refused past this many per core (and never below 4 in all): beyond it each rank gets a
+sliver of a core, every collective waits for the slowest, and a typo (--nproc-per-node 99) would
+start a process per number."""
+
+RANK_MEMORY_BYTES = 512 * 2**20
+"""The least memory a CPU rank needs (the torch import and gloo alone take about this much)."""
+
+
+def visible_gpus() -> int:
+    """GPUs this process can see (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask), which a container or `taskset` can narrow."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Memory this machine has available now (bytes), or None where /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cpu_rank_limit(num_cpus: int, memory_bytes: int | None = None) -> tuple[int, str]:
+    """(the most CPU ranks started without --oversubscribe, the reason in words naming the number behind it)."""
+    by_cores = max(4, CPU_RANKS_PER_CORE * max(1, num_cpus))
+    why = f"this machine has {num_cpus} usable core{'s' if num_cpus != 1 else ''} (at most {by_cores} CPU ranks)"
+    if memory_bytes is not None:
+        by_memory = max(1, memory_bytes // RANK_MEMORY_BYTES)
+        if by_memory < by_cores:
+            return by_memory, (f"this machine has {memory_bytes / 2**30:.1f} GiB of memory available "
+                               f"(at most {by_memory} CPU ranks of {RANK_MEMORY_BYTES // 2**20} MiB)")
+    return by_cores, why
+
+
+def threads_per_rank(nproc_per_node: int, num_cpus: int) -> int:
+    """Intra-op threads per rank so that the ranks together do not oversubscribe the cores."""
+    return max(1, num_cpus // max(1, nproc_per_node))
+
+
+def default_nproc_per_node(num_gpus: int | None = None, num_cpus: int | None = None) -> int:
+    """Every visible GPU; on a CPU-only machine up to 4 ranks (one per core)."""
+    if num_gpus is None:
+        num_gpus = visible_gpus()
+    if num_gpus > 0:
+        return num_gpus
+    if num_cpus is None:
+        num_cpus = usable_cpus()
+    return max(1, min(num_cpus, MAX_DEFAULT_CPU_RANKS))

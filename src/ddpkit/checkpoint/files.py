@@ -1,6 +1,6 @@
 """Checkpoint files on disk: atomic writes, sha256 manifests, verification, latest-valid lookup, rotation.
 
-Nothing here is a collective; `ddpkit.checkpoint` decides which rank calls what. A checkpoint is
+Nothing here is a collective; `ddpkit.checkpoint.api` decides which rank calls what. A checkpoint is
 the pair `ckpt-{step:08d}.pt` + `ckpt-{step:08d}.json`, or for a sharded (FSDP) model the
 torch.distributed.checkpoint directory `ckpt-{step:08d}.dcp/` + `ckpt-{step:08d}.json`; it is valid
 when the manifest parses and every file has the size and sha256 the manifest records. The

@@ -28,7 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-from ddpkit import tracer
+from ddpkit.hang import tracer
 
 __all__ = ["Watchdog", "start_watchdog", "running_watchdog", "HANG_EXIT_CODE", "collect_reports", "summarize",
            "describe"]
@@ -157,7 +157,7 @@ class Watchdog:
 
     def report(self, reason: str) -> dict[str, Any]:
         """This rank's report now: the collective in flight, the user's line, the main thread's stack."""
-        from ddpkit.flightrecorder import read_summary
+        from ddpkit.hang.flightrecorder import read_summary
 
         frame = sys._current_frames().get(self._main.ident)
         call = self.current

@@ -20,7 +20,7 @@ def rendezvous_error(e: Exception, *, endpoint: str | None, nnodes: str, rdzv_ti
         RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError,
     )
 
-    from ddpkit.rendezvous import NodeMismatchError
+    from ddpkit.run.rendezvous import NodeMismatchError
 
     where = endpoint or "127.0.0.1 (one node)"
     if isinstance(e, NodeMismatchError):
@@ -31,7 +31,7 @@ def rendezvous_error(e: Exception, *, endpoint: str | None, nnodes: str, rdzv_ti
             "if you pass it)")
     if single_node:
         same = "run it again, and if it fails again report it with the output of `ddpkit env`"
-    seen = str(e).strip().splitlines()[0] if str(e).strip() else ""  # what this node saw, from ddpkit.rendezvous
+    seen = str(e).strip().splitlines()[0] if str(e).strip() else ""  # what this node saw, from ddpkit.run.rendezvous
     if isinstance(e, RendezvousTimeoutError):
         return (f"rendezvous at {where} timed out after --rdzv-timeout {rdzv_timeout:g} s: --nnodes "
                 f"{nnodes} expects {nodes}{' and ' + seen if seen else ''}; {same}, all within --rdzv-timeout "
@@ -52,7 +52,7 @@ def print_hang_reports(report_dir: str | None, *, hang_timeout_s: float | None) 
     """After a failure: the watchdogs' one line per rank, if they declared a hang in `report_dir`."""
     if report_dir is None:
         return
-    from ddpkit.watchdog import collect_reports, summarize
+    from ddpkit.hang.watchdog import collect_reports, summarize
 
     reports = collect_reports(report_dir)
     if reports:
@@ -79,19 +79,26 @@ def print_failures(e, *, multi_node: bool) -> None:
     """One line per failed rank; the rank's own traceback is already on stderr above it. On several
     nodes, also which node's ranks were lost (on one node a peer's closed connection is only the
     echo of the failure above)."""
-    for rank, failure in sorted(e.failures.items()):
+    from ddpkit.run.netcheck import is_follow_on
+
+    # The rank that failed first, with its own error, comes first: a rank that raises tears the
+    # process group down and its peers then fail with a closed connection, sometimes a little sooner.
+    ordered = sorted(e.failures.items(), key=lambda item: (is_follow_on(failure_message(item[1])),
+                                                           getattr(item[1], "timestamp", 0), item[0]))
+    for n, (rank, failure) in enumerate(ordered):
         where = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
+        first = " first" if n == 0 and len(ordered) > 1 else ""
         if failure.exitcode < 0:
-            why = f"was killed by {failure.signal_name()}{_SIGNAL_CAUSES.get(failure.signal_name(), '')}"
+            why = f"was killed{first} by {failure.signal_name()}{_SIGNAL_CAUSES.get(failure.signal_name(), '')}"
         else:
-            why = f"failed with exit code {failure.exitcode}"
+            why = f"failed{first} with exit code {failure.exitcode}"
             message = failure_message(failure)
             if message:
                 why += f": {message.strip().splitlines()[-1]}"
         print(f"ddpkit run: {where} {why}", file=sys.stderr)
     if not multi_node:
         return
-    from ddpkit.netcheck import lost_peer
+    from ddpkit.run.netcheck import lost_peer
 
     messages = filter(None, map(failure_message, e.failures.values()))
     lost = {lost_peer(message) for message in messages} - {None}

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["MIN_UNIT_PARAMS", "MIN_TORCH", "shard", "shard_units", "find_fsdp", "is_sharded", "full_tensor",
-           "no_gradient_sync", "mixed_precision_policy", "local_numel"]
+__all__ = ["MIN_UNIT_PARAMS", "MIN_TORCH", "shard", "shard_units", "no_gradient_sync", "mixed_precision_policy", "refuse_fp16"]
 
 MIN_UNIT_PARAMS = 100_000
 """A block becomes its own sharding unit when it holds at least this many parameters (400 KB in fp32):
@@ -100,6 +99,16 @@ def shard_units(model: torch.nn.Module, shard_modules: tuple[type, ...] | None =
     return list(reversed(chosen))
 
 
+def refuse_fp16(where: str) -> None:
+    """The one refusal of fp16 with FSDP (wrap's precision= and Precision.step both raise it).
+
+    fp16 needs a loss scaler, and the scaler checks gradients for inf/nan per rank: with sharded
+    gradients each rank sees only its shard, so ranks would disagree on skipping a step.
+    """
+    raise ValueError(f"{where}: the fp16 loss scaler checks gradients for inf/nan per rank, and with FSDP's sharded "
+                     "gradients ranks would disagree on skipping a step; use ddpkit.Precision(ctx, 'bf16')")
+
+
 def mixed_precision_policy(precision: Any):
     """FSDP2's MixedPrecisionPolicy for a `ddpkit.Precision` (or its dtype name); None for fp32 or no precision.
 
@@ -112,9 +121,7 @@ def mixed_precision_policy(precision: Any):
         return None
     dtype = precision if isinstance(precision, str) else getattr(precision, "dtype", None)
     if dtype == "fp16":
-        raise ValueError("wrap(strategy='fsdp', precision=fp16): the fp16 loss scaler checks gradients for inf/nan "
-                         "per rank, and with sharded gradients ranks would disagree on skipping; use "
-                         "ddpkit.Precision(ctx, 'bf16')")
+        refuse_fp16("wrap(strategy='fsdp', precision=fp16)")
     if dtype not in ("bf16", "fp32"):
         raise TypeError(f"wrap(precision={precision!r}) must be a ddpkit.Precision, 'bf16', 'fp32' or None")
     if dtype == "fp32":
@@ -161,38 +168,6 @@ def shard(model: torch.nn.Module, ctx: Context, *, shard_modules: tuple[type, ..
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, **extra)
     fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard_after_forward else False, **extra)
     return model
-
-
-def find_fsdp(model: Any):
-    """The root FSDP module inside torch.compile wrappers, or None when `model` is not sharded."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch < 2.6: nothing can be sharded
-        return None
-    from ddpkit.torchinternals import compiled_inner
-
-    while model is not None:
-        if isinstance(model, FSDPModule):
-            return model
-        model = compiled_inner(model)
-    return None
-
-
-def is_sharded(model: Any) -> bool:
-    """Whether `model` (or the module inside its torch.compile wrapper) holds FSDP-sharded parameters."""
-    return find_fsdp(model) is not None
-
-
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor behind a DTensor shard (an all-gather: a collective), or `tensor` itself."""
-    gather = getattr(tensor, "full_tensor", None)
-    return gather() if callable(gather) and type(tensor).__name__ == "DTensor" else tensor
-
-
-def local_numel(tensor: torch.Tensor) -> int:
-    """Elements this rank holds of `tensor` (its shard for a DTensor)."""
-    local = getattr(tensor, "to_local", None)
-    return local().numel() if callable(local) and type(tensor).__name__ == "DTensor" else tensor.numel()
 
 
 @contextlib.contextmanager

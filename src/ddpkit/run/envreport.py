@@ -10,6 +10,8 @@ import socket
 import sys
 from typing import Any
 
+from ddpkit.run.nodes import default_nproc_per_node, usable_cpus
+
 __all__ = ["DEFAULT_PORT", "ENV_VARS", "ENV_PREFIXES", "collect", "format_text", "port_is_free", "main"]
 
 DEFAULT_PORT = 29500
@@ -92,11 +94,11 @@ def _launch(num_gpus: int, num_cpus: int, environ=None) -> dict[str, Any]:
     """What `ddpkit run SCRIPT` would launch here: the cluster's settings (SLURM, Kubeflow) included."""
     backend = "nccl" if num_gpus > 0 else "gloo"
     try:
-        from ddpkit.launcher import LaunchError, resolve_nproc_per_node
+        from ddpkit.run.launcher import LaunchError, resolve_nproc_per_node
     except ImportError:  # torch missing: the report still runs
-        nproc = num_gpus if num_gpus > 0 else max(1, min(4, num_cpus))
+        nproc = default_nproc_per_node(num_gpus, num_cpus)
         return {"nproc_per_node": nproc, "backend": backend, "command": f"ddpkit run --nproc-per-node {nproc} SCRIPT"}
-    from ddpkit.cluster import ClusterError, resolve_nodes
+    from ddpkit.run.nodes import ClusterError, resolve_nodes
 
     environ = os.environ if environ is None else environ
     try:
@@ -127,14 +129,13 @@ def collect() -> dict[str, Any]:
     info.update(_torch_info())
     info["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     info["cpu_count"] = os.cpu_count() or 1
-    info["cpu_affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    info["cpu_affinity"] = usable_cpus()
     info["interfaces"] = _interfaces()
     info["env"] = {k: v for k, v in sorted(os.environ.items())
                    if k in ENV_VARS or k.startswith(ENV_PREFIXES)}
     info["default_port"] = DEFAULT_PORT
     info["default_port_free"] = port_is_free(DEFAULT_PORT)
-    usable_cpus = info["cpu_affinity"] or info["cpu_count"]
-    info["launch"] = _launch(len(info["gpus"]), usable_cpus)
+    info["launch"] = _launch(len(info["gpus"]), info["cpu_affinity"])
     return info
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpkit.metrics import METRICS_FILENAME, MetricsLog, print0, read_metrics
+from ddpkit.metrics.log import METRICS_FILENAME, MetricsLog, print0, read_metrics
 
 __all__ = ["main", "plot_run", "finish_run"]
 
@@ -77,7 +77,7 @@ def _present(records: list[dict[str, Any]], keys: list[str] | tuple[str, ...]) -
 def plot_run(run_dir: str | Path, *, out_dir: str | Path | None = None) -> list[Path]:
     """Write ``loss.png``, ``eval.png`` and ``throughput.png`` for a run; return their paths.
 
-    Reads ``run_dir/metrics.jsonl`` (see :class:`ddpkit.metrics.MetricsLog`). The loss figure
+    Reads ``run_dir/metrics.jsonl`` (see :class:`ddpkit.metrics.log.MetricsLog`). The loss figure
     draws ``loss``/``train_loss`` and any ``eval_loss``/``val_loss``/``test_loss``; the eval
     figure has one panel per other ``eval_*``/``val_*``/``test_*`` metric; the throughput
     figure draws ``samples_per_s`` and ``tokens_per_s``. A figure with no data is skipped, so

@@ -1,6 +1,6 @@
 """The checks `ddpkit test` runs inside every rank: each one a small real job, timed, its verdict written to a file.
 
-    python -m ddpkit.selfcheck --out DIR [--device auto|cpu|cuda] [--checkpoint-dir DIR] [--hang-timeout S]
+    python -m ddpkit.selftest.checks --out DIR [--device auto|cpu|cuda] [--checkpoint-dir DIR] [--hang-timeout S]
 
 `ddpkit test` starts this module on every rank through `ddpkit run`'s launcher; each rank writes
 DIR/rank-N.json (see docs/gpu.md for the fields). A check that raises fails with its one-line
@@ -163,11 +163,12 @@ def _batches(ctx, args) -> str:
     import torch
 
     import ddpkit
+    from ddpkit.device import to_device
 
     data = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(32, 2), torch.arange(32))
     train = ddpkit.loader(data, ctx, batch_size=4)
     x, y = next(iter(train))
-    moved = ddpkit.to_device({"x": torch.ones(2), "pair": (torch.zeros(1), torch.ones(1))}, ctx.device)
+    moved = to_device({"x": torch.ones(2), "pair": (torch.zeros(1), torch.ones(1))}, ctx.device)
     devices = {x.device, y.device, moved["x"].device, *(t.device for t in moved["pair"])}
     if devices != {ctx.device}:
         raise RuntimeError(f"batches landed on {sorted(map(str, devices))}, expected {ctx.device}")
@@ -224,7 +225,7 @@ def _skipped_collective(ctx, args) -> str:
     import torch
     import torch.distributed as dist
 
-    from ddpkit.watchdog import Watchdog
+    from ddpkit.hang.watchdog import Watchdog
 
     group = dist.new_group(list(range(ctx.world_size)))
     t = torch.ones(4, device=ctx.device)
@@ -283,7 +284,7 @@ def _write(out: Path, rank: int, result: dict) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ddpkit.selfcheck")
+    p = argparse.ArgumentParser(prog="python -m ddpkit.selftest.checks")
     p.add_argument("--out", required=True, help="directory for rank-N.json")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--checkpoint-dir", default=None, help="where the checkpoint round trip writes (default OUT/checkpoint)")

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ddpkit.trackers import Sink, check_trackers, numeric, open_sinks
+from ddpkit.metrics.trackers import Sink, check_trackers, numeric, open_sinks
 
 __all__ = ["METRICS_FILENAME", "MetricsLog", "ProgressBar", "print0", "rank_logger", "read_metrics"]
 
@@ -69,7 +69,7 @@ class MetricsLog:
         existing log is renamed to `metrics.<time>.jsonl` first, so runs are never mixed nor lost.
 
         `trackers` also sends every line's numbers to experiment trackers, from rank 0:
-        "tensorboard" (scalars in run_dir/tensorboard), "wandb", "mlflow" (see ddpkit.trackers).
+        "tensorboard" (scalars in run_dir/tensorboard), "wandb", "mlflow" (see ddpkit.metrics.trackers).
         Each line's `step` is the tracker's step (else the line's number).
         """
         names = check_trackers(trackers)  # on every rank: a missing package fails all ranks alike

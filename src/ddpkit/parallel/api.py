@@ -1,4 +1,4 @@
-"""Wrap a model for DDP (or shard it with FSDP2) with checked options; unwrap it; accumulate gradients without extra all-reduces."""
+"""Wrap a model for DDP (or shard it with FSDP2) with checked options; accumulate gradients without extra all-reduces; hash it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["wrap", "unwrap", "find_ddp", "accumulate", "param_sha256", "DDP_DEFAULTS", "STRATEGIES"]
+from ddpkit.parallel.strategy import find_ddp, unwrap
+
+__all__ = ["wrap", "accumulate", "param_sha256", "DDP_DEFAULTS", "STRATEGIES"]
 
 STRATEGIES = ("ddp", "fsdp")
-"""wrap(strategy=...): 'ddp' replicates the model on every rank; 'fsdp' shards it (see ddpkit.fsdp)."""
+"""wrap(strategy=...): 'ddp' replicates the model on every rank; 'fsdp' shards it (see ddpkit.parallel.fsdp)."""
 
 DDP_DEFAULTS: dict[str, Any] = {
     "gradient_as_bucket_view": True,
@@ -93,7 +95,7 @@ def wrap(
             dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
             (traces and runs eagerly: no C++ compiler, no kernel build time).
         comm: how gradients are averaged. None (default): PyTorch's own DDP all-reduce, no comm
-            hook, on every device. Opt-in hooks (see ddpkit.comm): 'fp16' or 'bf16' all-reduce
+            hook, on every device. Opt-in hooks (see ddpkit.parallel.comm): 'fp16' or 'bf16' all-reduce
             16-bit gradients (half the bytes, rounded); 'shm' averages float32 gradients through
             POSIX shared memory instead of gloo's loopback TCP (CPU ranks on one host only,
             bit-identical to None on 2 ranks; ValueError on CUDA or across hosts). An opt-in hook
@@ -104,13 +106,13 @@ def wrap(
             1 both return the module (no process group exists to shard over).
         shard_modules: FSDP only: classes whose instances become sharding units, e.g.
             (TransformerBlock,); default: each child of a ModuleList/Sequential holding at least
-            ddpkit.fsdp.MIN_UNIT_PARAMS parameters. The root is always the last unit.
+            ddpkit.parallel.fsdp.MIN_UNIT_PARAMS parameters. The root is always the last unit.
         reshard_after_forward: FSDP only: True (default, ZeRO-3) frees a unit's gathered
             parameters after its forward and gathers them again for backward; False keeps them
             (ZeRO-2-like: less communication, more memory).
         precision: FSDP only: a ddpkit.Precision (or 'bf16'); bf16 maps onto FSDP2's
-            MixedPrecisionPolicy (bf16 compute and all-gathers, fp32 gradient reduction). DDP
-            ignores it: autocast does the casting there.
+            MixedPrecisionPolicy (bf16 compute and all-gathers, fp32 gradient reduction). Under DDP
+            it is refused (a ValueError): there the Precision object's autocast does the casting.
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers (DDP only).
     """
@@ -126,9 +128,10 @@ def wrap(
         raise TypeError(f"wrap(sync_batchnorm={sync_batchnorm!r}) must be True or False")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
-    fsdp, shard_modules = _check_strategy(strategy, comm, ddp_options, shard_modules, reshard_after_forward)
+    fsdp, shard_modules = _check_strategy(strategy, comm, ddp_options, shard_modules, reshard_after_forward,
+                                           precision)
     options = _check_options(ddp_options)
-    from ddpkit.comm import check_comm, register_comm
+    from ddpkit.parallel.comm import check_comm, register_comm
 
     comm = check_comm(comm, ctx, stacklevel=2)
     model = model.to(ctx.device)
@@ -141,7 +144,7 @@ def wrap(
         elif sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         if fsdp:
-            from ddpkit.fsdp import shard
+            from ddpkit.parallel.fsdp import shard
 
             model = shard(model, ctx, shard_modules=shard_modules, reshard_after_forward=reshard_after_forward,
                           precision=precision)
@@ -150,7 +153,7 @@ def wrap(
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
             register_comm(model, comm, timeout_s=ctx.timeout_s)
     elif fsdp:
-        from ddpkit.fsdp import mixed_precision_policy, shard_units
+        from ddpkit.parallel.fsdp import mixed_precision_policy, shard_units
 
         shard_units(model, shard_modules)  # the same one-line errors at world size 1
         mixed_precision_policy(precision)
@@ -164,7 +167,7 @@ def wrap(
 
 
 def _check_strategy(strategy: Any, comm: Any, ddp_options: dict[str, Any], shard_modules: Any,
-                    reshard_after_forward: Any) -> tuple[bool, tuple[type, ...] | None]:
+                    reshard_after_forward: Any, precision: Any = None) -> tuple[bool, tuple[type, ...] | None]:
     """(whether wrap shards, shard_modules as a tuple); refuses options the chosen strategy does not have."""
     if strategy not in STRATEGIES:
         raise ValueError(f"wrap(strategy={strategy!r}) is not one of {', '.join(map(repr, STRATEGIES))}; pass "
@@ -172,6 +175,9 @@ def _check_strategy(strategy: Any, comm: Any, ddp_options: dict[str, Any], shard
     if not isinstance(reshard_after_forward, bool):
         raise TypeError(f"wrap(reshard_after_forward={reshard_after_forward!r}) must be True or False")
     if strategy == "ddp":
+        if precision is not None:
+            raise ValueError(f"wrap(precision={precision!r}) applies to strategy='fsdp' only: under DDP the casting is "
+                             "autocast's; drop precision= and run the step through ddpkit.Precision(ctx, ...)")
         if shard_modules is not None or reshard_after_forward is not True:
             name = "shard_modules" if shard_modules is not None else "reshard_after_forward"
             raise ValueError(f"wrap({name}=...) applies to strategy='fsdp' only; pass strategy='fsdp' or drop {name}")
@@ -192,29 +198,6 @@ def _check_strategy(strategy: Any, comm: Any, ddp_options: dict[str, Any], shard
     return True, shard_modules
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's own module inside DDP and/or torch.compile wrappers (for saving and evaluation).
-
-    Its state_dict has no `module.` or `_orig_mod.` prefixes. FSDP shards the module in place, so
-    for strategy='fsdp' this is the user's module with DTensor shards as parameters: its
-    state_dict holds this rank's shards; `ddpkit.export_state_dict` writes the full one.
-    """
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"unwrap() needs a torch.nn.Module (what ddpkit.wrap returned), got {type(model).__name__}")
-    from ddpkit.torchinternals import compiled_inner
-
-    while True:
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            inner = model.module
-        else:
-            inner = compiled_inner(model)
-        if inner is None:
-            return model
-        model = inner
-
-
 @contextlib.contextmanager
 def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
     """Run one micro-step's forward and backward; all-reduce gradients only when `sync` is True.
@@ -226,7 +209,8 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
     """
     if not isinstance(sync, bool) and type(sync).__name__ not in ("bool_", "bool"):  # numpy's bool is fine too
         raise TypeError(f"accumulate(model, sync={sync!r}) must be True or False, e.g. sync=loader.step_end")
-    from ddpkit.fsdp import find_fsdp, no_gradient_sync
+    from ddpkit.parallel.fsdp import no_gradient_sync
+    from ddpkit.parallel.strategy import find_fsdp
 
     ddp, fsdp = find_ddp(model), find_fsdp(model)
     if sync or (ddp is None and fsdp is None):
@@ -239,19 +223,6 @@ def accumulate(model: torch.nn.Module, *, sync: bool) -> Iterator[None]:
             yield
 
 
-def find_ddp(model: Any):
-    """The DistributedDataParallel module inside `model` and its torch.compile wrappers (None: not DDP)."""
-    import torch
-
-    from ddpkit.torchinternals import compiled_inner
-
-    while model is not None:
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return model
-        model = compiled_inner(model)
-    return None
-
-
 def param_sha256(model: torch.nn.Module) -> str:
     """SHA-256 of the unwrapped model's state (names, dtypes, shapes, bytes): equal means bit-identical.
 
@@ -262,7 +233,7 @@ def param_sha256(model: torch.nn.Module) -> str:
 
     import torch
 
-    from ddpkit.fsdp import full_tensor
+    from ddpkit.parallel.strategy import full_tensor
 
     h = hashlib.sha256()
     for name, tensor in sorted(unwrap(model).state_dict().items()):

@@ -3,7 +3,7 @@
 `ddpkit.save_checkpoint` comes here when the model is sharded: every rank writes its own shards of
 the model and optimizer state (no rank gathers the full model) into a temporary directory, rank 0
 adds the rest of the training state as `ddpkit.pt`, every rank hashes a share of the files, and
-rank 0 renames the directory into place beside its manifest (ddpkit.ckptfile). Loading goes
+rank 0 renames the directory into place beside its manifest (ddpkit.checkpoint.files). Loading goes
 through `get_state_dict`/`set_state_dict`, which reshard to the loading run's layout: another
 world size, or an unsharded (DDP, one-process) model, loads the same directory.
 """
@@ -15,7 +15,7 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.ckptfile import CheckpointError, file_digest, rotate, write_checkpoint_dir
+from ddpkit.checkpoint.files import CheckpointError, file_digest, rotate, write_checkpoint_dir
 from ddpkit.collectives import all_gather_object, broadcast_object
 
 if TYPE_CHECKING:
@@ -208,8 +208,8 @@ def export_state_dict(ctx: Context, model: torch.nn.Module, path: str | os.PathL
     import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from ddpkit.fsdp import is_sharded
-    from ddpkit.parallel import unwrap
+    from ddpkit.parallel.strategy import is_sharded
+    from ddpkit.parallel.strategy import unwrap
 
     path = Path(path)
     error: BaseException | None = None

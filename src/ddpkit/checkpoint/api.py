@@ -10,7 +10,7 @@ What is saved: the unwrapped model, optimizer, scheduler, grad scaler, step, epo
 position inside the epoch and its data seed, and every rank's RNG states. Resuming on the same
 world size continues bit-identically (same samples in the same order, same random streams).
 A sharded (FSDP) model is saved as a torch.distributed.checkpoint directory instead, each rank
-writing its own shards (ddpkit.ckptshards); either kind loads into either strategy.
+writing its own shards (ddpkit.checkpoint.sharded); either kind loads into either strategy.
 Resuming on another world size with the same global batch continues from the same global sample
 position: rank r < old world size takes old rank r's RNG streams, new ranks get fresh seeds
 (`ddpkit.rng.resumed_rank_seed`), so results match an uninterrupted run up to float reduction order
@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.ckptfile import (
+from ddpkit.checkpoint.files import (
     FORMAT,
     CheckpointError,
     CheckpointWarning,
@@ -128,10 +128,10 @@ def save_checkpoint(
     # identical to an uninterrupted run.
     rng = all_gather_object(ctx, rng_state(ctx.device))
 
-    from ddpkit.fsdp import is_sharded
+    from ddpkit.parallel.strategy import is_sharded
 
     if is_sharded(model):
-        from ddpkit.ckptshards import save_sharded
+        from ddpkit.checkpoint.sharded import save_sharded
 
         payload, manifest = _payload(ctx, step, epoch, None, optimizer, scheduler, scaler, loader, loader_state, rng,
                                      extra)
@@ -160,7 +160,7 @@ def _write(ctx, directory, step, epoch, model, optimizer, scheduler, scaler, loa
            keep_last) -> Path:
     import torch
 
-    from ddpkit.parallel import unwrap
+    from ddpkit.parallel.strategy import unwrap
 
     payload, manifest = _payload(ctx, step, epoch, _compact(unwrap(model).state_dict()), optimizer, scheduler, scaler,
                                  loader, loader_state, rng, extra)
@@ -318,9 +318,9 @@ def _compact(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _apply(ctx, path, model, optimizer, scheduler, scaler, loader, strict) -> dict[str, Any]:
-    from ddpkit import ckptshards
-    from ddpkit.fsdp import is_sharded
-    from ddpkit.parallel import unwrap
+    from ddpkit.checkpoint import sharded as ckptshards
+    from ddpkit.parallel.strategy import is_sharded
+    from ddpkit.parallel.strategy import unwrap
 
     sharded_file = path.is_dir()
     state = ckptshards.read_payload(path) if sharded_file else _load_file(path)

@@ -20,8 +20,6 @@ __all__ = ["RankFailedError", "launch"]
 _AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
-# How gloo and NCCL say that a peer left (the last line of the traceback of a rank that did not fail first).
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
 
 
 class RankFailedError(RuntimeError):
@@ -80,7 +78,8 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int = 1, max_rest
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from ddpkit import netcheck, rendezvous
+    from ddpkit.run import netcheck, rendezvous
+    from ddpkit.run.nodes import threads_per_rank, usable_cpus
 
     rendezvous.register()
     logs = DefaultLogsSpecs(log_dir=None if log_dir is None else str(log_dir), redirects=Std.from_str(redirects),
@@ -93,7 +92,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int = 1, max_rest
     )
     # gloo's sockets on loopback too (they otherwise bind the address the hostname resolves to)
     rank_env = netcheck.socket_env(netcheck.loopback_interface(), os.environ)
-    rank_env.setdefault("OMP_NUM_THREADS", str(max(1, _num_cpus() // nproc_per_node)))
+    rank_env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nproc_per_node, usable_cpus())))
     saved_handlers = {name: signal.getsignal(getattr(signal, name)) for name in _AGENT_SIGNALS}
     saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
     with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as errors:
@@ -146,7 +145,9 @@ def _rank_exception(error: Any, errors: Path) -> BaseException:
     raised = [pickle.loads(path.read_bytes()) for path in errors.glob("rank-*.pkl")]
     # A rank that raises tears its process group down, and its peers then fail in their next
     # collective: those errors come second even when they were caught a little sooner.
-    raised.sort(key=lambda r: (any(words in r[2].splitlines()[-1] for words in _PEER_GONE), r[0]))
+    from ddpkit.run.netcheck import is_follow_on
+
+    raised.sort(key=lambda r: (is_follow_on(r[2]), r[0]))
     if raised:
         _, rank, text, blob = raised[0]
         exc: BaseException | None = None
@@ -190,13 +191,6 @@ def _has_cloudpickle() -> bool:
 
 def _loads(blob: bytes) -> Any:
     return pickle.loads(blob)  # cloudpickle's output is ordinary pickle data
-
-
-def _num_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 if sys.platform == "win32":  # pragma: no cover - torch's elastic agent is POSIX-first

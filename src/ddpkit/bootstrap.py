@@ -1,6 +1,6 @@
 """Rank entry of `ddpkit check` and `ddpkit run --hang-timeout`: install the probes, then run the script.
 
-    python -m ddpkit.check._bootstrap [--hang-timeout S --report-dir D] [--device cpu] [--record D
+    python -m ddpkit.bootstrap [--hang-timeout S --report-dir D] [--device cpu] [--record D
         --max-steps N --epoch-steps N --cpu] [-m] TARGET [ARGS...]
 
 torchrun starts this module on every rank; ddpkit's own settings reach it as these arguments.
@@ -21,7 +21,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ddpkit.check._bootstrap")
+    p = argparse.ArgumentParser(prog="python -m ddpkit.bootstrap")
     p.add_argument("--hang-timeout", type=float, default=None, help="start the hang watchdog (seconds)")
     p.add_argument("--report-dir", default=None, help="where the watchdog writes rank-N.json reports")
     p.add_argument("--record", default=None, help="directory for ddpkit check's rank-N.jsonl records")
@@ -48,7 +48,7 @@ def run_target(target: str, target_args: list[str], *, module: bool) -> None:
 
 
 def _error_site(exc: BaseException) -> str | None:
-    from ddpkit import tracer
+    from ddpkit.hang import tracer
 
     tb, site = exc.__traceback__, None
     while tb is not None:
@@ -81,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
 
     env = read_env()
     if args.hang_timeout is not None:
-        from ddpkit.watchdog import start_watchdog
+        from ddpkit.hang.watchdog import start_watchdog
 
         report_dir = None if args.report_dir is None else str(Path(args.report_dir) / f"attempt-{env.restart_count}")
         if not args.cpu and _has_cuda():
-            from ddpkit.flightrecorder import enable
+            from ddpkit.hang.flightrecorder import enable
 
             # before the script creates its NCCL group, which reads torch's recorder switches
             enable(report_dir)

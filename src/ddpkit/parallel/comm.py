@@ -3,7 +3,7 @@
 None (the default) is PyTorch's own DDP all-reduce, with no communication hook: the gradient path
 every GPU user runs. The others are opt-in DDP communication hooks: "fp16"/"bf16" all-reduce 16-bit
 gradients (half the bytes, rounded); "shm" averages float32 gradients of CPU ranks on one host
-through shared memory (ddpkit.shm). A comm= hook holds DDP's one hook slot; to register a hook of
+through shared memory (ddpkit.parallel.shm). A comm= hook holds DDP's one hook slot; to register a hook of
 your own, wrap with comm=None.
 """
 
@@ -42,7 +42,7 @@ def check_comm(comm: Any, ctx: Context | None = None, *, stacklevel: int = 2) ->
             "or 'shm' (CPU ranks on one host: average through shared memory)"
         )
     if comm == "shm" and ctx is not None and ctx.distributed:
-        from ddpkit.shm import shm_unsupported
+        from ddpkit.parallel.shm import shm_unsupported
 
         reason = shm_unsupported(ctx)
         if reason:
@@ -62,7 +62,7 @@ def register_comm(model: torch.nn.Module, comm: str | None, *, timeout_s: float 
     if comm is None:
         return
     if comm == "shm":
-        from ddpkit.shm import register_shm_exchange
+        from ddpkit.parallel.shm import register_shm_exchange
 
         register_shm_exchange(model, timeout_s=timeout_s)
         return

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
+    "PEER_GONE",
+    "is_follow_on",
     "LauncherNetwork",
     "NetworkError",
     "NetworkPlan",
@@ -162,6 +164,16 @@ def plan_network(host: str, port: int, *, iface: str | None, node_rank: int | No
             raise NetworkError(f"--rdzv-endpoint {host}:{port} is reached from {address}, which no interface "
                                "holds; pass --iface NAME")
     return NetworkPlan(iface=iface, address=address, is_host=is_host, env=socket_env(iface, environ))
+
+
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+"""How gloo and NCCL say that a peer left: the last line of a rank that failed only because another one did."""
+
+
+def is_follow_on(message: str | None) -> bool:
+    """Whether a rank's error (its last line) is the echo of a peer's failure rather than a cause of its own."""
+    lines = (message or "").strip().splitlines()
+    return bool(lines) and any(words in lines[-1] for words in PEER_GONE)
 
 
 _PEER_LOST = re.compile(r"(?:Connection reset by peer|Connection closed by peer|Read error|Write error)"

@@ -1,0 +1,1 @@
+"""`ddpkit test`: the machine self-test (the launcher side in command.py, the per-rank checks in checks.py)."""
