@@ -42,6 +42,6 @@ def test_the_rank_that_failed_first_is_named_first_with_its_own_error(capsys, tm
                 1: _failed(tmp_path, 1, "FileExistsError: [Errno 17] File exists: 'out'", 1001)}
     runreport.print_failures(ChildFailedError("train.py", failures), multi_node=False)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[0] == ("ddpkit run: rank 1 (local rank 1, pid 101) failed first with exit code 1: "
+    assert lines[0] == ("ddpkit run: rank 1 (local rank 1, pid 101; the first to fail) failed with exit code 1: "
                         "FileExistsError: [Errno 17] File exists: 'out'")
     assert lines[1].startswith("ddpkit run: rank 0 (local rank 0, pid 100) failed with exit code 1: RuntimeError")

@@ -86,12 +86,12 @@ def print_failures(e, *, multi_node: bool) -> None:
     ordered = sorted(e.failures.items(), key=lambda item: (is_follow_on(failure_message(item[1])),
                                                            getattr(item[1], "timestamp", 0), item[0]))
     for n, (rank, failure) in enumerate(ordered):
-        where = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
-        first = " first" if n == 0 and len(ordered) > 1 else ""
+        first = "; the first to fail" if n == 0 and len(ordered) > 1 else ""
+        where = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}{first})"
         if failure.exitcode < 0:
-            why = f"was killed{first} by {failure.signal_name()}{_SIGNAL_CAUSES.get(failure.signal_name(), '')}"
+            why = f"was killed by {failure.signal_name()}{_SIGNAL_CAUSES.get(failure.signal_name(), '')}"
         else:
-            why = f"failed{first} with exit code {failure.exitcode}"
+            why = f"failed with exit code {failure.exitcode}"
             message = failure_message(failure)
             if message:
                 why += f": {message.strip().splitlines()[-1]}"
