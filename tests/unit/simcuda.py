@@ -5,12 +5,13 @@ code under test computes as it would on a GPU); results of operations on them ar
 Every step that makes the host wait for the GPU on CUDA is recorded in `SimCuda.syncs`:
 
 - a device value read on the host: `.item()`, `bool(t)`, `float(t)`, `int(t)`, `.tolist()`,
-  `.cpu()`, `.numpy()`, `.to("cpu")`, a copy into a host tensor unless it is pinned and non-blocking;
+  `.cpu()`, `.numpy()`, a copy into a host tensor unless it is pinned and non-blocking (not
+  `.to("cpu")`: torch's own code moves tensors to devices its C++ side named, which say cpu here);
 - a host-to-device copy from pageable memory: `torch.tensor(data, device="cuda")`,
   `.to("cuda")`/`.cuda()`/`copy_` of a host tensor that is not pinned or not non-blocking.
 
 `torch.full(..., device="cuda")`, `fill_` with a Python number, and kernels on device tensors are
-launched without waiting, as on CUDA. `FakeEvent` stands in for `torch.cuda.Event`.
+launched without waiting, as on CUDA. A device tensor's `.device` says `cuda:0`. `FakeEvent` stands in for `torch.cuda.Event`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class SimCuda(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", str(func))
+        if name == "__get__" and args and _on_device(args[0]):
+            attr = getattr(getattr(func, "__self__", None), "__name__", "")
+            if attr == "device":  # code that asks where a device tensor lives is told cuda:0
+                return torch.device("cuda", 0)
+            if attr == "is_cuda":
+                return True
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
         nested = [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
         device_in = any(_on_device(t) for t in tensors + nested)
@@ -76,8 +83,9 @@ class SimCuda(TorchFunctionMode):
                     return _mark(out, "_simcuda")
                 return func(*args, **kwargs)
             if target is not None and torch.device(target).type == "cpu" and _on_device(args[0]):
-                self.syncs.append(("read", name))
-                return args[0].clone()
+                # not counted: torch's own code moves tensors to devices its C++ side named, which
+                # say cpu here (clip_grad_norm_'s `.to(device)`); the tensor stays on the device
+                return _mark(func(*args, **kwargs), "_simcuda")
         if name == "copy_" and len(args) >= 2:
             dst, src = args[0], args[1]
             non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
