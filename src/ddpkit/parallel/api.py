@@ -198,12 +198,19 @@ def _compile_forward(module: torch.nn.Module, options: dict[str, Any]) -> None:
     dynamo, which inlines any forward from it. DDP's forward still runs around it, so dynamo's
     DDPOptimizer splits the graph at DDP's buckets, as for a compiled DDP model.
     """
+    import sys
+
     import torch
 
-    forward = module.forward
+    if type(module).__module__ not in sys.modules:
+        # a class from a file loaded without registering its module: dynamo cannot import it by name to
+        # inline its forward from here, but traces it from torch's call path (user code, so it compiles)
+        module.compile(**options)
+        return
+    forward = type(module).forward  # the class's: the instance attribute set below must not call itself
 
     def compiled_forward(*args: Any, **kwargs: Any) -> Any:
-        return forward(*args, **kwargs)
+        return forward(module, *args, **kwargs)
 
     module.forward = torch.compile(compiled_forward, **options)  # type: ignore[method-assign]
 
