@@ -11,7 +11,8 @@ Every step that makes the host wait for the GPU on CUDA is recorded in `SimCuda.
   `.to("cuda")`/`.cuda()`/`copy_` of a host tensor that is not pinned or not non-blocking.
 
 `torch.full(..., device="cuda")`, `fill_` with a Python number, and kernels on device tensors are
-launched without waiting, as on CUDA. A device tensor's `.device` says `cuda:0`. `FakeEvent` stands in for `torch.cuda.Event`.
+launched without waiting, as on CUDA. A device tensor's `.device` says `cuda:0`. `FakeEvent` stands
+in for `torch.cuda.Event`.
 """
 
 from __future__ import annotations

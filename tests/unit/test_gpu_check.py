@@ -103,12 +103,13 @@ def test_charlm_gets_what_the_budget_leaves(gc):
 
 
 def test_a_torch_outside_the_gate_is_checked_against_the_documented_fallback(gc, monkeypatch):
+    from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
     from ddpkit import torchinternals
 
     monkeypatch.setattr(torchinternals, "torch_version", lambda: Version("2.11.0"))
-    monkeypatch.setattr(torchinternals, "READ_AGAINST", __import__("packaging.specifiers").specifiers.SpecifierSet(">=2.13"))
+    monkeypatch.setattr(torchinternals, "READ_AGAINST", SpecifierSet(">=2.13"))
     gated, why = gc._gated()
     assert not gated and "torch 2.11.0 is outside" in why
     monkeypatch.setattr(torchinternals, "torch_version", lambda: Version("2.13.0"))

@@ -86,15 +86,16 @@ _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16
 
 def oldest_unfinished(records: list[dict[str, Any]], now_ns: int) -> dict[str, Any] | None:
     """The oldest collective in the recorders' `records` that has not finished (neither completed nor
-    retired), as {"op", "shapes", "seq", "process_group", "waiting_s"}; None when all finished.
+    retired; point-to-point sends and receives left out, as in `summarize_record`), as {"op",
+    "shapes", "seq", "process_group", "waiting_s"}; None when all finished.
 
     This sees what Python never issues: DDP's gradient all-reduces (its C++ reducer) and FSDP2's
     all-gathers and reduce-scatters. Age is from the entry's creation time (`time_created_ns`, torch's
     CLOCK_REALTIME) to `now_ns` (time.time_ns()).
     """
     pending = [e for r in records for e in (r.get("entries") or [])
-               if isinstance(e, dict) and e.get("state") != "completed" and not e.get("retired")
-               and isinstance(e.get("time_created_ns"), int)]
+               if isinstance(e, dict) and not e.get("is_p2p") and e.get("state") != "completed"
+               and not e.get("retired") and isinstance(e.get("time_created_ns"), int)]
     if not pending:
         return None
     first = min(pending, key=lambda e: e["time_created_ns"])

@@ -32,8 +32,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 from ddpkit.hang import tracer

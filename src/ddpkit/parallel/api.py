@@ -149,9 +149,12 @@ def wrap(
     from ddpkit.parallel.fsdp import materialize, on_meta
 
     meta = on_meta(model)
-    if init_weights is not None and not (meta and callable(init_weights)):
+    if init_weights is not None and not callable(init_weights):
+        raise TypeError(f"wrap(init_weights={init_weights!r}) must be a function fn(model) that initialises the "
+                        "model's parameters and buffers")
+    if init_weights is not None and not meta:
         raise ValueError(f"wrap(init_weights={init_weights!r}) applies to a model built on the meta device; build it "
-                         "under `with torch.device('meta'):` and pass a function fn(model), or drop init_weights")
+                         "under `with torch.device('meta'):`, or drop init_weights")
     if not meta:
         model = model.to(ctx.device)
     elif not (fsdp and ctx.distributed):  # DDP, or nothing to shard over: the whole model gets memory here
@@ -212,7 +215,7 @@ def _compile_forward(module: torch.nn.Module, options: dict[str, Any]) -> None:
     def compiled_forward(*args: Any, **kwargs: Any) -> Any:
         return forward(module, *args, **kwargs)
 
-    module.forward = torch.compile(compiled_forward, **options)  # type: ignore[method-assign]
+    module.forward = torch.compile(compiled_forward, **options)
 
 
 def _check_strategy(strategy: Any, comm: Any, ddp_options: dict[str, Any], shard_modules: Any,

@@ -208,9 +208,9 @@ def materialize(model: torch.nn.Module, device: torch.device, init_weights: Any 
             own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
             if own and not callable(getattr(module, "reset_parameters", None)):
                 raise ValueError(f"wrap(): the model is on the meta device and {name or 'the root module'} "
-                                 f"({type(module).__name__}) holds parameters or buffers but has no reset_parameters(), "
-                                 "so its memory would stay uninitialised; pass init_weights=fn, where fn(model) "
-                                 "initialises every parameter and buffer")
+                                 f"({type(module).__name__}) holds parameters or buffers but has no "
+                                 "reset_parameters(), so its memory would stay uninitialised; pass init_weights=fn, "
+                                 "where fn(model) initialises every parameter and buffer")
     model.to_empty(device=device)
     with torch.no_grad():
         if init_weights is not None:
