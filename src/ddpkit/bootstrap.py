@@ -65,12 +65,6 @@ def _wait_for_peers(folder: Path, world_size: int, timeout_s: float = 10.0) -> N
         time.sleep(0.05)
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.device == "cpu":
@@ -84,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         from ddpkit.hang.watchdog import start_watchdog
 
         report_dir = None if args.report_dir is None else str(Path(args.report_dir) / f"attempt-{env.restart_count}")
-        if not args.cpu and _has_cuda():
-            from ddpkit.hang.flightrecorder import enable
+        from ddpkit.hang.flightrecorder import enable
 
-            # before the script creates its NCCL group, which reads torch's recorder switches
-            enable(report_dir)
+        # before the script creates its process group, which reads torch's recorder switches; set
+        # on every device without asking CUDA (that would initialise it before the script, which may
+        # still set CUDA_VISIBLE_DEVICES): the recorder sees NCCL's and gloo's collectives alike
+        enable(report_dir)
         start_watchdog(timeout_s=args.hang_timeout, rank=env.rank, world_size=env.world_size, report_dir=report_dir)
     if args.record is None:
         run_target(args.target, args.target_args, module=args.module)

@@ -22,7 +22,9 @@ def plan_device(env: LaunchEnv, *, device: str, num_gpus: int) -> tuple[str, str
 
     CUDA ranks use `cuda:{local_rank}` and nccl; CPU ranks use gloo (nccl has no CPU path). Under
     srun with one task per rank, SLURM may bind GPUs per task (--gpus-per-task, --gpu-bind): each
-    task then sees only its own GPU(s), numbered from 0, and uses cuda:0.
+    task then sees only its own GPU(s), numbered from 0, and uses cuda:0. Without such a binding
+    every task of a node sees the same GPUs, and fewer GPUs than tasks is refused on every task
+    (ranks would share a GPU).
     """
     if device not in _CHOICES:
         raise ValueError(f"device={device!r} is not one of {_CHOICES}; pass device='auto' to use GPUs when visible")
@@ -33,8 +35,15 @@ def plan_device(env: LaunchEnv, *, device: str, num_gpus: int) -> tuple[str, str
             "device='cuda' but no GPU is visible (torch.cuda.is_available() is False); "
             "pass device='auto' or 'cpu' to train on the CPU with gloo"
         )
-    if env.local_rank >= num_gpus and env.launcher == "slurm":
+    if env.launcher == "slurm" and env.gpus_bound_per_task:
         return "cuda:0", "nccl"  # this task's own GPU, bound by SLURM: local rank 3 sees it as device 0
+    if env.launcher == "slurm" and num_gpus < env.local_world_size:
+        # refused on every task alike (not only those beyond the count), so no rank waits for the others
+        raise ValueError(
+            f"SLURM runs {env.local_world_size} tasks on this node and each sees the same {num_gpus} GPU(s) "
+            f"(no GPU bound per task: SLURM_GPUS_PER_TASK and SLURM_GPU_BIND unset), so ranks would share a "
+            f"GPU; run srun with --gpus-per-task=1 (or --ntasks-per-node {num_gpus})"
+        )
     if env.local_rank >= num_gpus:
         raise ValueError(
             f"local rank {env.local_rank} needs GPU {env.local_rank} but only {num_gpus} are visible; "

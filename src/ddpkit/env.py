@@ -121,6 +121,9 @@ class LaunchEnv:
     """How many times torchrun has restarted this worker group (elastic restarts)."""
     launcher: str = "none"
     """Who set the variables: 'torchrun', 'env' (RANK/WORLD_SIZE set by hand), 'slurm' or 'none'."""
+    gpus_bound_per_task: bool = False
+    """SLURM bound GPUs to each task (`--gpus-per-task`, or `--gpu-bind` other than none: srun sets
+    SLURM_GPUS_PER_TASK or SLURM_GPU_BIND): each task sees only its own GPUs, numbered from 0."""
 
     @property
     def distributed(self) -> bool:
@@ -180,6 +183,8 @@ def _slurm_env(environ: Mapping[str, str]) -> LaunchEnv | None:
         master_addr=master_addr,
         master_port=master_port,
         launcher="slurm",
+        gpus_bound_per_task=bool(environ.get("SLURM_GPUS_PER_TASK")) or
+        environ.get("SLURM_GPU_BIND", "none").split(",")[0].split(":")[0] not in ("none", ""),
     )
 
 

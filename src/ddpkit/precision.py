@@ -163,6 +163,7 @@ class Precision:
             if self.dtype == "fp16" else None
         )
         self._skipped: Any = 0  # a device tensor once a step ran: counted without reading it
+        self._warned_unfused = False
 
     @property
     def skipped_steps(self) -> int:
@@ -243,6 +244,7 @@ class Precision:
             from ddpkit.torchinternals import grad_scaler_scale
 
             before = grad_scaler_scale(self.scaler).clone()
+            self._warn_unfused(optimizer)  # GradScaler reads found_inf on the host for unfused optimizers
             self.scaler.step(optimizer)  # skips on inf/nan (on the device with a fused optimizer)
             self.scaler.update()
             scale = grad_scaler_scale(self.scaler).clone()
@@ -254,13 +256,31 @@ class Precision:
             # Same rule without a scaler: an inf/nan step would poison the weights and the
             # optimizer state for good. Skipping is identical on every rank because the norm is.
             skipped = ~torch.isfinite(norm)
-            if not step_unless_on_device(optimizer, skipped) and not bool(skipped):
-                optimizer.step()  # an unfused optimizer cannot skip on the device: one flag read
+            if not step_unless_on_device(optimizer, skipped):
+                # An unfused optimizer cannot skip on the device: one flag read (a sync on CUDA).
+                # Undoing a step on the device instead would keep a copy of every parameter and
+                # all optimizer state; torch's GradScaler reads the same flag for these optimizers.
+                self._warn_unfused(optimizer)
+                if not bool(skipped):
+                    optimizer.step()
             scale = 1.0
         self._skipped = self._skipped + skipped.to(torch.int64)
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
         return StepInfo(grad_norm=norm.detach(), skipped=skipped, scale=scale)
+
+    def _warn_unfused(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once, on CUDA: the optimizer has a fused kernel that would skip on the device, unused."""
+        if self._warned_unfused or self.device_type != "cuda" or not self.ctx.is_main:
+            return
+        self._warned_unfused = True
+        if "fused" in getattr(optimizer, "defaults", {}) and not any(g.get("fused") for g in optimizer.param_groups):
+            import warnings
+
+            name = type(optimizer).__name__
+            warnings.warn(f"Precision.step: {name} is not fused, so skipping a step whose gradients hold inf/nan "
+                          "reads a flag on the host every step (the GPU waits for the host to launch the next "
+                          f"step); pass fused=True to {name} to skip on the device", stacklevel=3)
 
     def state_dict(self) -> dict[str, Any]:
         """Loss-scale state and the skipped-step count, for checkpoints (resume keeps the scale)."""

@@ -88,7 +88,7 @@ class StopFlag:
         by the previous call, whose result has long arrived: the stop lands one step boundary after a
         rank caught the signal, on every rank at the same step, and no step waits for the network (on
         CUDA the result is copied to pinned memory behind an event, so the host never waits for the
-        current step's kernels).
+        current step's kernels; the flag is filled on the device, not copied from the host).
         """
         self._armed = True
         if self.agreed is not None:
@@ -120,7 +120,10 @@ def _start(value: int, device: torch.device) -> tuple[Any, Any, Any]:
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([value], dtype=torch.int32, device=device)
+    # torch.full launches a fill kernel with the value as its argument; torch.tensor([value],
+    # device=cuda) would copy from pageable host memory, which waits for every kernel queued before
+    # it: a host sync at every step end.
+    flag = torch.full((1,), value, dtype=torch.int32, device=device)
     work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
     if device.type != "cuda":
         return work, flag, None

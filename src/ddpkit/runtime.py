@@ -171,10 +171,10 @@ def init(
                 )
             init_method = "env://"
         kwargs: dict[str, Any] = {"device_id": dev} if dev.type == "cuda" else {}
-        if hang_timeout_s is not None and dev.type == "cuda":
+        if hang_timeout_s is not None:
             from ddpkit.hang.flightrecorder import enable
 
-            enable()  # torch reads the recorder's switches when the NCCL group is created
+            enable()  # torch reads the recorder's switches when the group is created (NCCL's and gloo's)
         dist.init_process_group(
             backend,
             init_method=init_method,

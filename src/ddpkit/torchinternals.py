@@ -33,6 +33,7 @@ __all__ = [
     "grad_scaler_scale",
     "step_unless_on_device",
     "compiled_inner",
+    "flight_records",
 ]
 
 READ_AGAINST = SpecifierSet(">=2.13,<2.15")
@@ -276,6 +277,32 @@ def nccl_flight_record(*, only_active: bool = False) -> dict[str, Any] | None:
         return None
     data = pickle.loads(raw)
     return data if isinstance(data, dict) else None
+
+
+def flight_records() -> list[dict[str, Any]]:
+    """Every flight-recorder buffer of this process with its unfinished entries only: NCCL's
+    (`_dump_nccl_trace`) and the one of other backends such as gloo (`_dump_fr_trace`), as torch's
+    dicts with 'entries'; empty without a recorder (TORCH_FR_BUFFER_SIZE unset) or where not usable.
+    """
+    if not _usable("torch._C._distributed_c10d._dump_fr_trace",
+                   "hang reports cannot see collectives issued from C++ (DDP's gradient all-reduces, FSDP's)"):
+        return []
+    import pickle
+
+    import torch
+
+    records = []
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        dump = getattr(getattr(torch._C, "_distributed_c10d", None), name, None)
+        if dump is None:
+            continue
+        try:
+            data = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=True))
+        except RuntimeError:  # no such process group yet, or the recorder is disabled
+            continue
+        if isinstance(data, dict):
+            records.append(data)
+    return records
 
 
 # --- precision: GradScaler's scale and fused optimizers' on-device skip ---

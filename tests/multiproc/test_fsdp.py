@@ -295,3 +295,68 @@ def _initial() -> dict[str, torch.Tensor]:
     with torch.random.fork_rng():
         torch.manual_seed(123)
         return TiedLM().state_dict()
+
+
+class _NoReset(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(DIM))
+
+    def forward(self, h):
+        return h * self.scale
+
+
+def _meta_built(info: RankInfo) -> dict:
+    """A model built on the meta device, sharded by wrap, trained a few steps."""
+    import ddpkit
+    from ddpkit.parallel.strategy import local_numel
+
+    out: dict = {}
+    with info.init(seed=SEED) as ctx:
+        with torch.device("meta"):
+            net = TiedLM()
+        full = sum(p.numel() for p in net.parameters())
+        model = ddpkit.wrap(net, ctx, strategy="fsdp", shard_modules=(Block,))
+        out["meta_left"] = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        out["param_local"], out["param_full"] = sum(local_numel(p) for p in model.parameters()), full
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        data = ddpkit.loader(_dataset(), ctx, batch_size=GLOBAL_BATCH // ctx.world_size, seed=3)
+        losses = []
+        x, y = next(iter(data))
+        for _ in range(8):  # the same batch again and again: the loss must fall
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(ddpkit.reduce_mean(ctx, loss.detach(), 1))
+        out["losses"] = losses
+        out["hash"] = ddpkit.param_sha256(model)
+
+        def init_weights(m):
+            for p in m.parameters():
+                p.fill_(0.5)
+
+        with torch.device("meta"):
+            net = torch.nn.Sequential(torch.nn.Linear(DIM, DIM), _NoReset())
+        try:
+            ddpkit.wrap(net, ctx, strategy="fsdp")
+        except ValueError as e:
+            out["refused"] = str(e)
+        with torch.device("meta"):
+            net = torch.nn.Sequential(torch.nn.Linear(DIM, DIM), _NoReset())
+        model = ddpkit.wrap(net, ctx, strategy="fsdp", init_weights=init_weights)
+        out["custom_init"] = all(bool((p.full_tensor() == 0.5).all()) for p in model.parameters())
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_a_model_built_on_the_meta_device_is_sharded_then_materialised_per_rank():
+    results = run_ranks(_meta_built, 2, timeout=180)
+    for r in results:
+        assert r["meta_left"] == []
+        # each rank holds its shards only: 1/W of the parameters (the 17-row embedding splits 9 + 8)
+        assert abs(r["param_local"] - r["param_full"] / 2) <= DIM, r
+        assert all(torch.isfinite(torch.tensor(r["losses"]))) and r["losses"][-1] < 0.9 * r["losses"][0], r["losses"]
+        assert "_NoReset" in r["refused"] and "init_weights=fn" in r["refused"]
+        assert r["custom_init"]
+    assert results[0]["hash"] == results[1]["hash"] and results[0]["losses"] == results[1]["losses"]

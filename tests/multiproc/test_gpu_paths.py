@@ -99,3 +99,21 @@ def test_a_cpu_tensor_given_to_an_nccl_collective_is_reported_at_its_line(tmp_pa
     assert "ranks 0,1 pass a CPU tensor (float32[1]) to all_reduce" in finding
     assert "No backend type associated with device type cpu" in finding
     assert "1 problem found" in out.stdout  # the tensors moved with .to(device) are not reported
+
+
+@pytest.mark.timeout(180)
+def test_cpu_tensors_given_to_nccl_groups_and_single_tensor_collectives_are_reported(tmp_path):
+    # A collective with group= went unchecked; a group made with new_group has its default's backend
+    # (or the one named), and a gloo group takes CPU tensors.
+    script = "bad_cpu_tensor_group_collectives.py"
+    out = _check(script, tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    for op, line in [("all_reduce", "dist.all_reduce(stats, group=everyone)"),
+                     ("all_gather_into_tensor", "dist.all_gather_into_tensor("),
+                     ("reduce_scatter_tensor", "dist.reduce_scatter_tensor("),
+                     ("all_to_all_single", "dist.all_to_all_single("),
+                     ("broadcast", "dist.broadcast(stats, 0, named)")]:
+        assert f"{_at(script, line)}: [device] ranks 0,1 pass a CPU tensor" in out.stdout, (op, out.stdout)
+    named = _at(script, "named = dist.new_group")
+    assert f"mapped for CPU: new_group backend 'nccl' -> 'gloo' at {named}" in out.stdout, out.stdout
+    assert "5 problems found" in out.stdout, out.stdout  # not the gloo group's, nor the GPU tensor's

@@ -99,3 +99,22 @@ def test_hang_in_an_async_collective_names_the_line_that_issued_it():
     assert summary[0].startswith(f"ddpkit run:   rank 0 waiting at {name}:{at['ASYNC-WAIT']}; oldest unfinished: "
                                  f"all_reduce (float32[4]) issued at {name}:{at['ASYNC-ISSUE']} "), out.stderr
     assert summary[1].startswith(f"ddpkit run:   rank 1 waiting in barrier at {name}:{at['ASYNC-BARRIER']}"), out.stderr
+
+
+CPP = FIXTURE.parent / "hang_cpp_collective.py"
+
+
+@pytest.mark.timeout(90)
+def test_hang_in_a_collective_python_never_issued_is_seen_through_the_flight_recorder():
+    """DDP's gradient all-reduces and FSDP2's collectives are issued from C++: the tracer never sees
+    them. On NCCL the rank blocks later, outside any collective; the flight recorder still has them."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", "--hang-timeout", "4",
+                          CPP.name], capture_output=True, text=True, timeout=60, env=env, cwd=CPP.parent)
+    assert out.returncode != 0
+    summary = [line for line in out.stderr.splitlines() if line.startswith("ddpkit run:   rank")]
+    assert len(summary) == 2, out.stderr
+    wait = next(i for i, line in enumerate(CPP.read_text().splitlines(), 1) if "CPP-WAIT" in line)
+    assert summary[0].startswith(f"ddpkit run:   rank 0 waiting at {CPP.name}:{wait}; oldest unfinished: "
+                                 "all_reduce (float32[4]) issued from C++, not Python (DDP's gradient all-reduce or "
+                                 "FSDP's collectives; seen by the flight recorder) "), out.stderr

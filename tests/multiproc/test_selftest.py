@@ -45,3 +45,50 @@ def test_ddpkit_test_fails_when_a_check_fails(tmp_path):
     assert "  FAIL  " in rows["checkpoint round trip"] and str(blocker) in rows["checkpoint round trip"]
     assert "  ok  " in rows["teardown"] and "  ok  " in rows["all-reduce"]
     assert "FAILED: checkpoint round trip" in out.stdout
+
+
+def _device_collective_order(info) -> list[str]:
+    """The collectives `ddpkit test`'s skipped-collective check issues on device communicators (every
+    group but those it asks to be gloo, which stay on the host on GPUs too), in this rank's order."""
+    import types
+
+    import torch.distributed as dist
+
+    from ddpkit.selftest import checks
+
+    labels: dict[int, str] = {}
+    order: list[str] = []
+    new_group, all_reduce, barrier = dist.new_group, dist.all_reduce, dist.barrier
+
+    def label(group) -> str:
+        return "default" if group is None else labels.get(id(group), "?")
+
+    def made(*args, **kwargs):
+        group = new_group(*args, **kwargs)
+        labels[id(group)] = "host" if kwargs.get("backend") == "gloo" else f"group{len(labels)}"
+        return group
+
+    def logged(op, fn):
+        def call(*args, group=None, **kwargs):
+            if label(group) != "host":
+                order.append(f"{op}@{label(group)}")
+            return fn(*args, group=group, **kwargs)
+        return call
+
+    dist.new_group, dist.all_reduce, dist.barrier = made, logged("all_reduce", all_reduce), logged("barrier", barrier)
+    try:
+        with info.init() as ctx:
+            checks._skipped_collective(ctx, types.SimpleNamespace(hang_timeout=1.0))
+    finally:
+        dist.new_group, dist.all_reduce, dist.barrier = new_group, all_reduce, barrier
+    return order
+
+
+@pytest.mark.timeout(120)
+def test_the_skipped_collective_check_orders_device_communicators_alike_on_every_rank():
+    # NCCL deadlocks when ranks interleave two communicators' collectives in different orders.
+    from harness import run_ranks
+
+    rank0, rank1 = run_ranks(_device_collective_order, 2, timeout=90)
+    assert rank0 == rank1, (rank0, rank1)
+    assert rank0.count("all_reduce@group0") == 2

@@ -139,3 +139,19 @@ def test_dcp_metadata_carrying_code_is_refused_never_run(tmp_path):
         check_metadata(tmp_path)
     (tmp_path / ".metadata").write_bytes(pickle.dumps({"size": torch.Size([2]), "dtype": torch.float32}))
     check_metadata(tmp_path)
+
+
+def test_a_meta_model_at_world_size_1_gets_memory_and_init_weights_needs_one():
+    import ddpkit
+
+    with ddpkit.init(device="cpu") as ctx:
+        with torch.device("meta"):
+            net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        model = ddpkit.wrap(net, ctx, strategy="fsdp")
+        assert not any(p.is_meta for p in model.parameters()) and bool((model[1].weight == 1).all())
+        with torch.device("meta"):
+            net = torch.nn.Linear(4, 4)
+        model = ddpkit.wrap(net, ctx, init_weights=lambda m: torch.nn.init.zeros_(m.weight))
+        assert model.weight.abs().sum().item() == 0 and not model.bias.is_meta
+        with pytest.raises(ValueError, match="init_weights=.* applies to a model built on the meta device"):
+            ddpkit.wrap(torch.nn.Linear(4, 4), ctx, init_weights=lambda m: None)

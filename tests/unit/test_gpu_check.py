@@ -38,7 +38,7 @@ def test_every_cuda_item_is_reported_as_needing_a_gpu_on_cpu(gc, tmp_path, capsy
     assert report["summary"] == {"OK": 0, "BUG": 0, "ERROR": 0, "needs GPU": len(names)}
     assert report["device"].startswith("cpu") and report["date"] and report["torch"]
     text = capsys.readouterr().out
-    assert "needs GPU: 9" in text and "1 hang forensics on NCCL" in text and "charlm throughput / MFU" in text
+    assert "needs GPU: 11" in text and "1 hang forensics on NCCL" in text and "charlm throughput / MFU" in text
 
 
 def test_the_runner_turns_every_outcome_into_a_verdict(gc, tmp_path):
@@ -85,3 +85,32 @@ def test_verdict_table(gc):
     lines = gc.verdict_table(rows).splitlines()
     assert lines[1].split()[-3:] == ["OK", "named", "train.py:3"]
     assert lines[-1] == "OK: 1  BUG: 0  ERROR: 0  needs GPU: 1"
+
+
+def test_the_busy_stream_keeps_its_work_in_few_long_kernels(gc):
+    # CUDA queues about a thousand launches before the host blocks: 4 s of 0.2 ms matmuls (20,000
+    # launches) would leave the host waiting at launch and only ~0.2 s of work queued afterwards.
+    with pytest.raises(ValueError, match="more than the 256 the launch queue takes"):
+        gc.busy_plan(0.0002, 4.0)
+    assert gc.busy_plan(0.1, 4.0) == 40 and gc.busy_plan(5.0, 4.0) == 1
+    assert gc.busy_plan(4.0 / gc.QUEUE_KERNELS, 4.0) <= gc.QUEUE_KERNELS
+
+
+def test_charlm_gets_what_the_budget_leaves(gc):
+    assert gc.charlm_time_limit(30.0, 225.0) == 90.0
+    assert gc.charlm_time_limit(120.0, 225.0) == 60.0
+    assert gc.charlm_time_limit(220.0, 225.0) == 10.0
+
+
+def test_a_torch_outside_the_gate_is_checked_against_the_documented_fallback(gc, monkeypatch):
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from ddpkit import torchinternals
+
+    monkeypatch.setattr(torchinternals, "torch_version", lambda: Version("2.11.0"))
+    monkeypatch.setattr(torchinternals, "READ_AGAINST", SpecifierSet(">=2.13"))
+    gated, why = gc._gated()
+    assert not gated and "torch 2.11.0 is outside" in why
+    monkeypatch.setattr(torchinternals, "torch_version", lambda: Version("2.13.0"))
+    assert gc._gated() == (True, "")

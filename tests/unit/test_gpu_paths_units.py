@@ -308,3 +308,28 @@ def test_host_tensor_findings_name_the_ranks_and_the_line():
     [finding] = analyse(records)
     assert (finding.kind, finding.site) == ("device", "train.py:31")
     assert "ranks 0,1 pass a CPU tensor (float32[1]) to all_reduce" in finding.message
+
+
+def _slurm(local_rank: int, **extra: str):
+    from ddpkit.env import read_env
+
+    return read_env({"SLURM_PROCID": str(local_rank), "SLURM_LOCALID": str(local_rank), "SLURM_NTASKS": "4",
+                     "SLURM_NODEID": "0", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "77",
+                     "SLURM_STEP_NODELIST": "gpu01", "SLURM_STEP_TASKS_PER_NODE": "4", **extra})
+
+
+def test_slurm_tasks_that_all_see_the_same_gpus_never_share_one():
+    from ddpkit.device import plan_device
+
+    # srun --ntasks-per-node 4 with --gres=gpu:2 and no per-task binding: every task sees GPUs 0,1.
+    # Local ranks 2 and 3 used to map to cuda:0, sharing rank 0's GPU; now every task refuses alike.
+    for rank in range(4):
+        with pytest.raises(ValueError, match=r"4 tasks on this node and each sees the same 2 GPU.*--gpus-per-task=1"):
+            plan_device(_slurm(rank, CUDA_VISIBLE_DEVICES="0,1"), device="auto", num_gpus=2)
+    # all four GPUs visible to every task: local rank r takes GPU r
+    assert [plan_device(_slurm(r), device="auto", num_gpus=4)[0] for r in range(4)] == [f"cuda:{r}" for r in range(4)]
+    # bound per task (--gpus-per-task=2, or --gpu-bind=single:1): each task's own GPUs start at 0
+    assert plan_device(_slurm(3, SLURM_GPUS_PER_TASK="2"), device="auto", num_gpus=2) == ("cuda:0", "nccl")
+    assert plan_device(_slurm(1, SLURM_GPU_BIND="single:1"), device="auto", num_gpus=1) == ("cuda:0", "nccl")
+    with pytest.raises(ValueError, match="each sees the same 1 GPU"):
+        plan_device(_slurm(1, SLURM_GPU_BIND="none"), device="auto", num_gpus=1)

@@ -244,3 +244,41 @@ def test_a_nonfinite_step_is_still_skipped_and_counted(ctx, fused):
     torch.nn.functional.mse_loss(model(x), y).backward()
     assert prec.step(opt, model).skipped is False and prec.skipped_steps == 1
     assert opt.state[next(model.parameters())]["step"].item() == 1  # the skipped step did not count
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_step_host_reads_on_cuda_simulated_and_the_unfused_one_is_named(monkeypatch, fused):
+    # torch's default AdamW is foreach: it cannot skip an inf/nan step on the device, so step() reads
+    # one flag on the host per step (a sync on CUDA); a fused optimizer reads nothing.
+    import warnings
+
+    from simcuda import SimCuda
+
+    from ddpkit.env import LaunchEnv
+    from ddpkit.runtime import Context
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    gpu = Context(env=LaunchEnv(rank=0, world_size=1, local_world_size=1, local_rank=0),
+                  device=torch.device("cuda", 0), backend="nccl", seed=0)
+    model = _model()
+    for p in model.parameters():
+        p._simcuda = True
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **({"fused": True} if fused else {"foreach": True}))
+    prec = Precision(gpu, dtype="bf16")
+    x, y = _batch()
+    syncs = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            for p in model.parameters():
+                p.grad._simcuda = True
+            with SimCuda() as sim:
+                prec.step(opt, model, max_grad_norm=1.0)
+            syncs.append(sim.syncs)
+    named = [str(w.message) for w in caught if "not fused" in str(w.message)]
+    if fused:
+        assert syncs == [[], [], []] and named == []
+    else:
+        assert syncs == [[("read", "__bool__")]] * 3
+        assert len(named) == 1 and "pass fused=True to AdamW" in named[0]

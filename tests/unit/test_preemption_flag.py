@@ -72,3 +72,29 @@ def test_a_process_that_never_checks_still_dies_on_sigterm() -> None:
             "import time; time.sleep(30)\nprint('survived')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout
+
+
+def test_the_stop_flag_on_cuda_never_makes_the_host_wait_for_the_current_step(monkeypatch, tmp_path):
+    # ddpkit.loader calls agree() at every step end at world size > 1: building the flag with
+    # torch.tensor([v], device="cuda") copies from pageable memory and waits for the GPU every step.
+    import torch.distributed as dist
+    from simcuda import FakeEvent, SimCuda
+
+    from ddpkit.preemption import StopFlag
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.made.clear()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        flag = StopFlag()
+        with SimCuda() as sim:
+            results = [flag.agree(distributed=True, device=torch.device("cuda", 0)) for _ in range(4)]
+            flag.received = int(signal.SIGUSR1)  # caught between two step ends
+            results += [flag.agree(distributed=True, device=torch.device("cuda", 0)) for _ in range(2)]
+    finally:
+        dist.destroy_process_group()
+    assert sim.syncs == []
+    assert results == [None] * 5 + [int(signal.SIGUSR1)]  # agreed one step boundary later
+    # the host only ever waits for an event recorded at an earlier step end, never the current one
+    assert len(FakeEvent.made) == 5 and all(e.recorded == 1 for e in FakeEvent.made)
+    assert [e.synchronized for e in FakeEvent.made] == [1] * 5

@@ -15,6 +15,7 @@ def test_sigabrt_is_explained_in_the_ranks_line(capsys, tmp_path):
     runreport.print_failures(ChildFailedError("train.py", {1: failure}), multi_node=False)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
+    assert "DDP's gradient all-reduces and FSDP's included" in lines[0]
     assert lines[0].startswith("ddpkit run: rank 1 (local rank 1, pid 4242) was killed by SIGABRT (aborted from C++: "
                                "an NCCL collective timed out")
 

@@ -60,4 +60,26 @@ def test_table_lists_every_check_and_the_verdict():
     text = format_table(report)
     assert all(name in text for name in CHECKS)
     assert "  FAIL    rank 0: teardown on 0" in text and "FAILED: teardown" in text
+    assert text.endswith("ddpkit test: single node: this machine's GPUs (or CPU ranks) only; the network between "
+                         "nodes and multi-node rendezvous are not checked")
     assert "1 MiB" in text and "15.00 GB/s" in text
+
+
+TOPO4 = """\
+\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV4\tNV4\tSYS\tPIX\t0-23\t0\t\tN/A
+GPU1\tNV4\t X \tNV4\tSYS\tPIX\t0-23\t0\t\tN/A
+GPU2\tNV4\tNV4\t X \tNV4\tNODE\t0-23\t0\t\tN/A
+GPU3\tSYS\tSYS\tNV4\t X \tSYS\t24-47\t1\t\tN/A
+NIC0\tPIX\tPIX\tNODE\tSYS\t X \t\t\t\t
+"""
+
+
+def test_link_type_reads_every_pair_of_the_ranks_gpus():
+    # GPU0-GPU1 is NVLink, but the ring also crosses GPU0-GPU3 (SYS): the slowest link sets the speed.
+    assert link_type("cuda", 4, topo=TOPO4) == ("PCIe: PCIe across NUMA nodes (SMP interconnect) (SYS between GPU0 "
+                                                "and GPU3, the slowest of 6 pairs; fastest NV4 between GPU0 and GPU1)")
+    assert link_type("cuda", 3, topo=TOPO4) == "NVLink (NV4 between every pair of the 3 GPUs)"
+    # CUDA_VISIBLE_DEVICES=2,3: the ranks' GPUs are the physical GPU2 and GPU3
+    assert link_type("cuda", 2, topo=TOPO4, visible="2,3") == "NVLink (NV4 between GPU2 and GPU3)"
+    assert link_type("cuda", 2, topo=TOPO4, visible="1,3").startswith("PCIe: PCIe across NUMA nodes")

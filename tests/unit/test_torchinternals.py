@@ -230,3 +230,27 @@ def test_compiled_module_keeps_the_original_in_orig_mod():
 
     assert unwrap(compiled) is net
     assert all(not k.startswith("_orig_mod.") for k in unwrap(compiled).state_dict())
+
+
+def test_the_flight_recorder_keeps_what_the_watchdog_reads():
+    # Its buffer size is read once per process, when the first group is made: a fresh process.
+    import subprocess
+    import sys
+
+    code = ("import os, pickle, time, tempfile\n"
+            "os.environ['TORCH_FR_BUFFER_SIZE'] = '10'\n"
+            "import torch, torch.distributed as dist\n"
+            "from ddpkit import torchinternals\n"
+            "dist.init_process_group('gloo', store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)\n"
+            "dist.group.WORLD.allreduce([torch.ones(3)]).wait()\n"
+            "raw = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False, "
+            "onlyActive=False)\n"
+            "[e] = [e for e in pickle.loads(raw)['entries'] if e['profiling_name'].endswith('all_reduce')]\n"
+            "assert {'state', 'retired', 'time_created_ns', 'input_sizes', 'input_dtypes'} <= set(e), sorted(e)\n"
+            "assert abs(time.time_ns() - e['time_created_ns']) < 60e9, 'time_created_ns is not CLOCK_REALTIME'\n"
+            "assert e['input_sizes'] == [[3]] and e['input_dtypes'] == ['Float']\n"
+            "assert isinstance(torchinternals.flight_records(), list)\n"
+            "dist.destroy_process_group()\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

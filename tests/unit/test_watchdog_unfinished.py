@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ddpkit.hang import tracer
@@ -76,3 +77,115 @@ def test_flight_recorder_switches_keep_the_users_own_settings():
     assert environ["TORCH_FR_BUFFER_SIZE"] == recorder_env()["TORCH_FR_BUFFER_SIZE"]
     assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith("/tmp/reports/")
+
+
+def test_an_expected_wait_stops_the_clock_and_a_plain_one_does_not():
+    # The barrier after rank 0's checkpoint write: the other ranks wait in a collective for minutes.
+    fired = []
+    dog = Watchdog(timeout_s=5, rank=1, world_size=2, on_hang=fired.append)
+    call = tracer.Call(op="broadcast_object_list", shapes=[], site="train.py:40", index=3)
+    dog.enter(call)
+    with dog.expected_wait():
+        dog.last_progress = time.monotonic() - 60
+        dog.poll()
+        assert fired == []
+    dog.last_progress = time.monotonic() - 60
+    dog.poll()
+    assert len(fired) == 1 and fired[0]["blocked_in"] == "broadcast_object_list"
+
+
+def test_save_checkpoint_waits_for_rank_0_as_an_expected_wait(tmp_path, monkeypatch):
+    import torch
+
+    import ddpkit
+    from ddpkit.checkpoint import api
+    from ddpkit.hang import watchdog
+
+    seen = []
+    dog = Watchdog(timeout_s=5, rank=0, world_size=1)
+    monkeypatch.setattr(watchdog, "_active", [dog])
+    real = api.broadcast_object
+    monkeypatch.setattr(api, "broadcast_object", lambda ctx, obj: seen.append(dog._expected_waits) or real(ctx, obj))
+    with ddpkit.init(device="cpu") as ctx:
+        ddpkit.save_checkpoint(ctx, tmp_path, step=1, model=torch.nn.Linear(2, 2))
+    assert seen == [1] and dog._expected_waits == 0
+
+
+def test_oldest_unfinished_recorder_entry_is_a_pending_collective(monkeypatch):
+    # DDP's reducer and FSDP2 issue collectives from C++: only torch's flight recorder sees them.
+    from ddpkit import torchinternals
+    from ddpkit.hang.flightrecorder import oldest_unfinished
+
+    now = time.time_ns()
+    entry = {"profiling_name": "nccl:all_reduce", "collective_seq_id": 812, "state": "started", "retired": False,
+             "time_created_ns": now - 30 * 10**9, "input_sizes": [[1024]], "input_dtypes": ["Float"]}
+    done = dict(entry, collective_seq_id=811, state="completed", time_created_ns=now - 40 * 10**9)
+    records = [{"entries": [done, entry]}]
+    assert oldest_unfinished(records, now)["op"] == "all_reduce"
+    assert oldest_unfinished(records, now)["shapes"] == ["float32[1024]"]
+    assert oldest_unfinished([{"entries": [done]}], now) is None
+    monkeypatch.setattr(torchinternals, "flight_records", lambda: records)
+    dog = Watchdog(timeout_s=5, rank=0, world_size=2)
+    assert dog.blocked() == "unfinished all_reduce"  # outside any Python collective, not in backward
+    line = describe(dog.report("test"))
+    assert "oldest unfinished: all_reduce (float32[1024]) issued from C++, not Python" in line, line
+    assert Watchdog(timeout_s=60, rank=0, world_size=2).blocked() is None  # 30 s old: not yet a hang
+
+
+def test_the_watchdog_thread_queries_cuda_events_on_the_ranks_device(monkeypatch):
+    # A new thread's current device is cuda:0: a CUDA call there makes a context on GPU 0 for every rank.
+    import threading
+
+    import torch
+    from simcuda import FakeEvent
+
+    current = {"main": 3}
+    calls = []
+
+    def device_now():
+        return current.get(threading.current_thread().name, 0)
+
+    def set_device(d):
+        calls.append(("set_device", threading.current_thread().name, d))
+        current[threading.current_thread().name] = d
+
+    class Event(FakeEvent):
+        def query(self):
+            calls.append(("query", threading.current_thread().name, device_now()))
+            return False
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_device", device_now)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    current[threading.main_thread().name] = 3
+    dog = Watchdog(timeout_s=5, rank=3, world_size=4)
+    call = tracer.Call(op="all_reduce", shapes=["float32[4]"], site="train.py:9", index=0, on_cuda=True)
+    dog.enter(call)
+    dog.exit(call)
+    worker = threading.Thread(target=dog.num_unfinished, name="ddpkit-hang-watchdog")
+    worker.start()
+    worker.join()
+    queries = [c for c in calls if c[0] == "query" and c[1] == "ddpkit-hang-watchdog"]
+    assert queries and all(device == 3 for _, _, device in queries), calls
+
+
+def test_hang_timeout_leaves_cuda_untouched_before_the_users_script(tmp_path, monkeypatch):
+    # A script may still set CUDA_VISIBLE_DEVICES itself: CUDA reads it once, when it first initialises.
+    import torch
+
+    from ddpkit import bootstrap
+    from ddpkit.hang.watchdog import running_watchdog
+
+    touched = []
+    for name in ("is_available", "device_count", "init", "current_device"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, _n=name, **k: touched.append(_n) or 0)
+    script = tmp_path / "script.py"
+    script.write_text("import os\nopen(os.path.join(os.path.dirname(__file__), 'ran'), 'w').close()\n")
+    monkeypatch.setattr("sys.argv", [str(script)])
+    try:
+        assert bootstrap.main(["--hang-timeout", "30", "--report-dir", str(tmp_path / "reports"), str(script)]) == 0
+    finally:
+        running_watchdog().stop()
+    assert (tmp_path / "ran").exists() and touched == []
+    assert os.environ.get("TORCH_FR_BUFFER_SIZE")  # the recorder is on for whatever backend the script picks

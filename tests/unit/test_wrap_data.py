@@ -339,3 +339,28 @@ def test_tensor_dataset_batches_are_gathered_exactly_as_the_dataloader_builds_th
         dataloader._BaseDataLoaderIter._next_index = real
     subclass = type("Sub", (torch.utils.data.TensorDataset,), {})(torch.arange(8))
     assert not ddpkit.loader(subclass, _ctx(), batch_size=2)._gather  # its __getitem__ may differ
+
+
+def test_compile_reaches_a_model_whose_module_is_not_importable_by_name():
+    # a class from a file loaded with importlib without registering its module (benchmarks load
+    # examples/charlm.py so): torch.compile's tracer cannot import it by name from ddpkit's frame
+    import types
+
+    import ddpkit
+
+    source = types.ModuleType("not_registered_anywhere")
+    exec("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+         "        self.fc = torch.nn.Linear(3, 2)\n    def forward(self, x):\n        return torch.relu(self.fc(x))\n",
+         source.__dict__)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with ddpkit.init(device="cpu") as ctx:
+        model = ddpkit.wrap(source.Net(), ctx, compile={"backend": backend})
+        assert model(torch.ones(4, 3)).shape == (4, 2) and len(graphs) == 1
+        seq = ddpkit.wrap(torch.nn.Sequential(torch.nn.Linear(3, 2)), ctx, compile={"backend": backend})
+        assert seq(torch.ones(4, 3)).shape == (4, 2) and len(graphs) == 2
+    torch._dynamo.reset()

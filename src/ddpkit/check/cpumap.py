@@ -19,6 +19,7 @@ data only, or moved with .cpu()) and reports each such tensor given to a collect
 
 from __future__ import annotations
 
+import inspect
 import sys
 import weakref
 from collections.abc import Callable
@@ -123,6 +124,8 @@ class CpuMapping:
         """Tensors that would be in host memory on the GPU machine too."""
         self.nccl_only = False
         """The script's default process group is NCCL alone (not 'cpu:gloo,cuda:nccl')."""
+        self.group_nccl_only: dict[int, bool] = {}
+        """id(group) -> whether a group the script made with new_group is NCCL alone on GPUs."""
         self.device_index = 0
         """The device the script made current (torch.cuda.set_device, torch.accelerator.set_device_index)."""
 
@@ -157,6 +160,22 @@ class CpuMapping:
             if kwargs.pop("device_id", None) is not None:
                 mapping.note("init_process_group device_id dropped")
             return init_pg(backend, *args, **kwargs)
+
+        new_group_original = c10d.new_group
+
+        def new_group(*args, **kwargs):
+            bound = inspect.signature(new_group_original).bind_partial(*args, **kwargs)
+            backend = bound.arguments.get("backend")
+            replacement = cpu_backend(backend)
+            if replacement is not None:
+                bound.arguments["backend"] = replacement
+                mapping.note(f"new_group backend {backend!r} -> {replacement!r}")
+            group = new_group_original(*bound.args, **bound.kwargs)
+            # on GPUs the group's backend is the one given, or the default group's when none is
+            mapping.group_nccl_only[id(group)] = (
+                mapping.nccl_only if backend is None else
+                replacement is not None and not any(p.strip().lower().startswith("cpu:") for p in backend.split(",")))
+            return group
 
         def cuda_noop(name):
             def noop(*args, **kwargs):
@@ -257,9 +276,25 @@ class CpuMapping:
                 return out
 
         def checked(name, original):
+            try:
+                signature = inspect.signature(original)
+            except (TypeError, ValueError):
+                signature = None
+
+            def nccl_only(args, kwargs) -> bool:
+                group = kwargs.get("group")
+                if group is None and signature is not None:
+                    try:
+                        group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+                    except TypeError:
+                        group = None
+                if group is None or group is dist.GroupMember.WORLD:
+                    return mapping.nccl_only
+                # a group the script made with new_group, else one made by torch (a DeviceMesh's): default's
+                return mapping.group_nccl_only.get(id(group), mapping.nccl_only)
+
             def collective(*args, **kwargs):
-                if mapping.nccl_only and mapping._host_fn is not None and kwargs.get("group") is None \
-                        and called_from_user():
+                if mapping._host_fn is not None and nccl_only(args, kwargs) and called_from_user():
                     held = [t for t in _tensors(args, kwargs) if t in host]
                     if held:
                         site = tracer.user_site(sys._getframe(1))
@@ -274,6 +309,7 @@ class CpuMapping:
 
         for module in (dist, c10d):
             self._patch(module, "init_process_group", init_process_group)
+            self._patch(module, "new_group", new_group)
             for name in TENSOR_COLLECTIVES:
                 if hasattr(module, name):
                     self._patch(module, name, checked(name, getattr(module, name)))

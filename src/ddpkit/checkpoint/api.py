@@ -19,6 +19,7 @@ and, with randomness in the model (dropout), in distribution only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -150,7 +151,13 @@ def save_checkpoint(
     # The broadcast is the barrier after the write: no rank goes on (or exits, or gets killed by a
     # failing peer) before the checkpoint is durable, and a failed write reaches every rank as an
     # error instead of leaving some rank waiting on a peer that has already given up.
-    ok, message = broadcast_object(ctx, outcome)
+    # Waiting here for rank 0's write is no hang, however large the checkpoint: the hang watchdog's
+    # clock stops meanwhile.
+    from ddpkit.hang.watchdog import running_watchdog
+
+    watchdog = running_watchdog()
+    with watchdog.expected_wait() if watchdog is not None else contextlib.nullcontext():
+        ok, message = broadcast_object(ctx, outcome)
     if not ok:
         raise CheckpointError(message) from error
     return Path(message)

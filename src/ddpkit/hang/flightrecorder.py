@@ -12,7 +12,8 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
-__all__ = ["recorder_env", "enable", "summarize_record", "read_summary", "BUFFER_ENTRIES"]
+__all__ = ["recorder_env", "enable", "summarize_record", "read_summary", "BUFFER_ENTRIES", "oldest_unfinished",
+           "read_oldest_unfinished"]
 
 BUFFER_ENTRIES = 2000
 """Collectives the recorder keeps per process (torch's default buffer size is 0: off)."""
@@ -75,4 +76,44 @@ def read_summary() -> dict[str, Any] | None:
     try:
         return summarize_record(nccl_flight_record())
     except Exception:  # a report must still be written when the recorder cannot be read
+        return None
+
+
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
+"""The recorder's dtype names (c10's) as the tracer writes them (torch's)."""
+
+
+def oldest_unfinished(records: list[dict[str, Any]], now_ns: int) -> dict[str, Any] | None:
+    """The oldest collective in the recorders' `records` that has not finished (neither completed nor
+    retired; point-to-point sends and receives left out, as in `summarize_record`), as {"op",
+    "shapes", "seq", "process_group", "waiting_s"}; None when all finished.
+
+    This sees what Python never issues: DDP's gradient all-reduces (its C++ reducer) and FSDP2's
+    all-gathers and reduce-scatters. Age is from the entry's creation time (`time_created_ns`, torch's
+    CLOCK_REALTIME) to `now_ns` (time.time_ns()).
+    """
+    pending = [e for r in records for e in (r.get("entries") or [])
+               if isinstance(e, dict) and not e.get("is_p2p") and e.get("state") != "completed"
+               and not e.get("retired") and isinstance(e.get("time_created_ns"), int)]
+    if not pending:
+        return None
+    first = min(pending, key=lambda e: e["time_created_ns"])
+    dtypes = [_DTYPES.get(str(d), str(d).lower()) for d in first.get("input_dtypes") or []]
+    shapes = [f"{dtypes[i] if i < len(dtypes) else '?'}{list(size)}"
+              for i, size in enumerate(first.get("input_sizes") or [])]
+    return {"op": _op(first), "shapes": shapes, "seq": first.get("collective_seq_id"),
+            "process_group": first.get("process_group"),
+            "waiting_s": round(max(0, now_ns - first["time_created_ns"]) / 1e9, 1)}
+
+
+def read_oldest_unfinished() -> dict[str, Any] | None:
+    """`oldest_unfinished` of this process's recorders now; None with the recorder off or unreadable."""
+    import time
+
+    from ddpkit.torchinternals import flight_records
+
+    try:
+        return oldest_unfinished(flight_records(), time.time_ns())
+    except Exception:  # a hang report must still be written when the recorder cannot be read
         return None

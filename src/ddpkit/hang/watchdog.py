@@ -7,6 +7,12 @@ it has enqueued the kernel), a CUDA event recorded right after it. A rank can th
 the collective that will never complete - at `work.wait()`, `.item()`, `.cpu()` or a barrier - and
 the report still names that collective's op, shapes and the line that issued it.
 
+Collectives Python never issues - DDP's gradient all-reduces (its C++ reducer), FSDP2's all-gathers
+and reduce-scatters - are seen through torch's flight recorder (on when `ddpkit run --hang-timeout`
+or `ddpkit.init(hang_timeout_s=...)` starts the ranks): its oldest unfinished entry counts as an
+unfinished collective too. On NCCL these return at once and the rank blocks later (`.item()`, the
+optimizer step), where Python sees no collective at all.
+
 When the rank has made no progress for `timeout_s` while blocked - inside a collective, inside
 backward (DDP all-reduces gradients there), or with an unfinished collective at least that old -
 it writes a JSON report (the oldest unfinished collective, where the main thread waits now, its
@@ -18,6 +24,7 @@ timeout. `collect_reports` and `summarize` turn the reports into one line per ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -25,10 +32,12 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 from ddpkit.hang import tracer
+from ddpkit.hang.flightrecorder import read_oldest_unfinished
 
 __all__ = ["Watchdog", "start_watchdog", "running_watchdog", "HANG_EXIT_CODE", "collect_reports", "summarize",
            "describe"]
@@ -66,6 +75,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._hooks: list[Any] = []
+        self._expected_waits = 0
 
     # tracer.Listener
     def enter(self, call: tracer.Call) -> None:
@@ -130,6 +140,21 @@ class Watchdog:
             handle.remove()
         self._hooks.clear()
 
+    @contextlib.contextmanager
+    def expected_wait(self) -> Iterator[None]:
+        """A wait that is not a hang however long it lasts: the clock stops inside and restarts after.
+
+        For a rank that waits on purpose for another's long work, e.g. the barrier after rank 0 writes
+        a checkpoint (a large one takes minutes). A rank that dies meanwhile ends the job through its
+        launcher; another rank that declares a hang still makes this one report.
+        """
+        self._expected_waits += 1
+        try:
+            yield
+        finally:
+            self._expected_waits -= 1
+            self.beat()
+
     def blocked(self) -> str | None:
         """What the main thread waits in: a collective's name, 'backward', 'unfinished <op>', or None."""
         if self.current is not None:
@@ -143,17 +168,29 @@ class Watchdog:
         if oldest is not None and time.monotonic() - oldest.start > self.timeout_s:
             # e.g. waiting at work.wait() or .item() for a collective a peer never joined
             return f"unfinished {oldest.op}"
+        native = read_oldest_unfinished()
+        if native is not None and native["waiting_s"] > self.timeout_s:
+            # issued from C++ (DDP's reducer, FSDP): on NCCL the rank now waits at .item() or the step
+            return f"unfinished {native['op']}"
         return None
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            if self.report_dir is not None and (self.report_dir / _MARKER).exists():
-                self._fire("another rank declared a hang")
-            idle = time.monotonic() - self.last_progress
-            if idle > self.timeout_s and self.blocked() is not None:
-                if self.report_dir is not None:
-                    (self.report_dir / _MARKER).write_text(str(self.rank))
-                self._fire(f"no progress for {idle:.1f} s (hang timeout {self.timeout_s:g} s)")
+            self.poll()
+
+    def poll(self) -> None:
+        """One look, as the watchdog thread takes every `poll_s`: declare a hang if there is one."""
+        if self.report_dir is not None and (self.report_dir / _MARKER).exists():
+            self._fire("another rank declared a hang")
+            return
+        if self._expected_waits:
+            self.beat()  # an expected wait (see expected_wait): the clock does not run
+            return
+        idle = time.monotonic() - self.last_progress
+        if idle > self.timeout_s and self.blocked() is not None:
+            if self.report_dir is not None:
+                (self.report_dir / _MARKER).write_text(str(self.rank))
+            self._fire(f"no progress for {idle:.1f} s (hang timeout {self.timeout_s:g} s)")
 
     def report(self, reason: str) -> dict[str, Any]:
         """This rank's report now: the collective in flight, the user's line, the main thread's stack."""
@@ -161,13 +198,18 @@ class Watchdog:
 
         frame = sys._current_frames().get(self._main.ident)
         call = self.current
-        oldest = self.oldest_unfinished()
+        oldest = _call_json(self.oldest_unfinished())
+        if oldest is None:
+            native = read_oldest_unfinished()
+            if native is not None:
+                oldest = {"op": native["op"], "shapes": native["shapes"], "site": None, "index": -1,
+                          "waiting_s": native["waiting_s"], "from": "flight recorder"}
         user = tracer.user_frame(frame)
         return {
             "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "reason": reason,
             "blocked_in": self.blocked(),
             "collective": _call_json(call),
-            "unfinished": _call_json(oldest),
+            "unfinished": oldest,
             "num_unfinished": self.num_unfinished(),
             "site": tracer.format_site(user.f_code.co_filename, user.f_lineno) if user is not None else None,
             "stack": traceback.format_stack(frame) if frame is not None else [],
@@ -215,8 +257,26 @@ def _completion_handle(call: tracer.Call) -> Any:
             return None
         event = torch.cuda.Event()
         event.record()  # on the current stream, which NCCL's stream is joined to when the call returns
-        return event
+        return _CudaDone(event, torch.cuda.current_device())
     return None
+
+
+class _CudaDone:
+    """A CUDA event with the device it was recorded on. The watchdog thread queries it on that device:
+    a new thread's current device is cuda:0, and a CUDA call there would make every rank create a
+    context (hundreds of MB) on GPU 0."""
+
+    __slots__ = ("event", "device")
+
+    def __init__(self, event: Any, device: int) -> None:
+        self.event, self.device = event, device
+
+    def query(self) -> bool:
+        import torch
+
+        if threading.current_thread() is not threading.main_thread() and torch.cuda.current_device() != self.device:
+            torch.cuda.set_device(self.device)  # this thread is ddpkit's own: nothing else runs on it
+        return bool(self.event.query())
 
 
 def _finished(handle: Any) -> bool:
@@ -276,7 +336,10 @@ def describe(report: dict[str, Any]) -> str:
     else:
         line = f"rank {rank} at {site}, not in a collective"
     oldest = report.get("unfinished")
-    if oldest and not (call and oldest["index"] == call["index"]):
+    if oldest and oldest.get("site") is None:
+        line += (f"; oldest unfinished: {_op(oldest)} issued from C++, not Python (DDP's gradient all-reduce or "
+                 f"FSDP's collectives; seen by the flight recorder) {oldest['waiting_s']:g} s ago")
+    elif oldest and not (call and oldest["index"] == call["index"]):
         line += f"; oldest unfinished: {_op(oldest)} issued at {oldest['site']} {oldest['waiting_s']:g} s ago"
     recorder = report.get("flight_recorder")
     if recorder and recorder.get("line"):

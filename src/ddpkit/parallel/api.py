@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ def wrap(
     shard_modules: tuple[type, ...] | None = None,
     reshard_after_forward: bool = True,
     precision: Any = None,
+    init_weights: Callable[[torch.nn.Module], None] | None = None,
     **ddp_options: Any,
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
@@ -91,9 +92,12 @@ def wrap(
         sync_batchnorm: convert BatchNorm layers to SyncBatchNorm (statistics over the global batch).
             CUDA only (PyTorch's DDP refuses SyncBatchNorm on CPU): on CPU it is skipped with a
             warning, so a GPU script still runs on a CPU box, with per-rank statistics.
-        compile: apply torch.compile after wrapping (the order DDP's optimizer needs): True, or a
-            dict of torch.compile options, e.g. {"mode": "max-autotune"} or {"backend": "aot_eager"}
-            (traces and runs eagerly: no C++ compiler, no kernel build time).
+        compile: torch.compile the model: True, or a dict of torch.compile options, e.g.
+            {"mode": "max-autotune"} or {"backend": "aot_eager"} (traces and runs eagerly: no C++
+            compiler, no kernel build time). Under DDP (and at world size 1) your module's forward
+            is compiled in place inside the wrapper, so every module class compiles (nn.Sequential
+            included) and DDP's bucket boundaries still split the graph; the model returned is
+            the DDP wrapper (or your module). Under FSDP the sharded model is compiled as a whole.
         comm: how gradients are averaged. None (default): PyTorch's own DDP all-reduce, no comm
             hook, on every device. Opt-in hooks (see ddpkit.parallel.comm): 'fp16' or 'bf16' all-reduce
             16-bit gradients (half the bytes, rounded); 'shm' averages float32 gradients through
@@ -113,6 +117,12 @@ def wrap(
         precision: FSDP only: a ddpkit.Precision (or 'bf16'); bf16 maps onto FSDP2's
             MixedPrecisionPolicy (bf16 compute and all-gathers, fp32 gradient reduction). Under DDP
             it is refused (a ValueError): there the Precision object's autocast does the casting.
+        init_weights: for a model built on the meta device (`with torch.device("meta"): model =
+            Model()`): `init_weights(model)` initialises its parameters and buffers once they have
+            memory; default: each submodule's `reset_parameters()`. Under FSDP the model is sharded
+            first and each rank materialises only its shards (1/W of the parameters), so a model
+            larger than one device fits; under DDP every rank materialises the whole model and
+            rank 0's values are broadcast. Refused for a model that is not on the meta device.
         **ddp_options: find_unused_parameters, static_graph, gradient_as_bucket_view,
             bucket_cap_mb, broadcast_buffers (DDP only).
     """
@@ -126,6 +136,8 @@ def wrap(
         raise TypeError(f"wrap(model, ctx) needs the Context ddpkit.init() returned as ctx, got {type(ctx).__name__}")
     if not isinstance(sync_batchnorm, bool):
         raise TypeError(f"wrap(sync_batchnorm={sync_batchnorm!r}) must be True or False")
+    if not (compile is True or compile is False or isinstance(compile, dict)):
+        raise TypeError(f"wrap(compile={compile!r}) must be True, False or a dict of torch.compile options")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError("wrap() got a model that is already DistributedDataParallel; pass the plain module")
     fsdp, shard_modules = _check_strategy(strategy, comm, ddp_options, shard_modules, reshard_after_forward,
@@ -134,7 +146,19 @@ def wrap(
     from ddpkit.parallel.comm import check_comm, register_comm
 
     comm = check_comm(comm, ctx, stacklevel=2)
-    model = model.to(ctx.device)
+    from ddpkit.parallel.fsdp import materialize, on_meta
+
+    meta = on_meta(model)
+    if init_weights is not None and not callable(init_weights):
+        raise TypeError(f"wrap(init_weights={init_weights!r}) must be a function fn(model) that initialises the "
+                        "model's parameters and buffers")
+    if init_weights is not None and not meta:
+        raise ValueError(f"wrap(init_weights={init_weights!r}) applies to a model built on the meta device; build it "
+                         "under `with torch.device('meta'):`, or drop init_weights")
+    if not meta:
+        model = model.to(ctx.device)
+    elif not (fsdp and ctx.distributed):  # DDP, or nothing to shard over: the whole model gets memory here
+        materialize(model, ctx.device, init_weights)
     if ctx.distributed:
         if sync_batchnorm and ctx.device.type == "cpu":
             import warnings
@@ -148,6 +172,8 @@ def wrap(
 
             model = shard(model, ctx, shard_modules=shard_modules, reshard_after_forward=reshard_after_forward,
                           precision=precision)
+            if meta:  # sharded on the meta device: each rank now gets memory for its own shards only
+                materialize(model, ctx.device, init_weights, distributed=True)
         else:
             device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
@@ -157,13 +183,39 @@ def wrap(
 
         shard_units(model, shard_modules)  # the same one-line errors at world size 1
         mixed_precision_policy(precision)
-    if isinstance(compile, dict):
-        model = torch.compile(model, **compile)
-    elif compile is True:
-        model = torch.compile(model)
-    elif compile is not False:
-        raise TypeError(f"wrap(compile={compile!r}) must be True, False or a dict of torch.compile options")
+    if compile is False:
+        return model
+    options = compile if isinstance(compile, dict) else {}
+    if fsdp:
+        return torch.compile(model, **options)
+    _compile_forward(unwrap(model), options)
     return model
+
+
+def _compile_forward(module: torch.nn.Module, options: dict[str, Any]) -> None:
+    """Compile `module`'s forward in place, through a function of this file.
+
+    Compiling the DDP wrapper (or `module.compile()`) leaves dynamo a frame in torch's own files
+    to start from, under DDP's forward, which dynamo never traces into: an nn.Sequential (whose
+    forward is torch's) then compiled nothing at world size > 1. A frame here is user code to
+    dynamo, which inlines any forward from it. DDP's forward still runs around it, so dynamo's
+    DDPOptimizer splits the graph at DDP's buckets, as for a compiled DDP model.
+    """
+    import sys
+
+    import torch
+
+    if type(module).__module__ not in sys.modules:
+        # a class from a file loaded without registering its module: dynamo cannot import it by name to
+        # inline its forward from here, but traces it from torch's call path (user code, so it compiles)
+        module.compile(**options)
+        return
+    forward = type(module).forward  # the class's: the instance attribute set below must not call itself
+
+    def compiled_forward(*args: Any, **kwargs: Any) -> Any:
+        return forward(module, *args, **kwargs)
+
+    module.forward = torch.compile(compiled_forward, **options)
 
 
 def _check_strategy(strategy: Any, comm: Any, ddp_options: dict[str, Any], shard_modules: Any,

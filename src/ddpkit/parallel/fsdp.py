@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
     from ddpkit.runtime import Context
 
-__all__ = ["MIN_UNIT_PARAMS", "MIN_TORCH", "shard", "shard_units", "no_gradient_sync", "mixed_precision_policy", "refuse_fp16"]
+__all__ = ["MIN_UNIT_PARAMS", "MIN_TORCH", "shard", "shard_units", "no_gradient_sync", "mixed_precision_policy",
+           "refuse_fp16", "on_meta", "materialize"]
 
 MIN_UNIT_PARAMS = 100_000
 """A block becomes its own sharding unit when it holds at least this many parameters (400 KB in fp32):
@@ -136,7 +137,8 @@ def shard(model: torch.nn.Module, ctx: Context, *, shard_modules: tuple[type, ..
     """Apply `fully_shard` to `model`'s units, then its root, in place; return it. Collective.
 
     Every rank must call it with the same model structure. Rank 0's parameters and buffers are
-    broadcast first (as DDP does at wrap time), so every rank's shard comes from one model.
+    broadcast first (as DDP does at wrap time), so every rank's shard comes from one model; a model
+    on the meta device is sharded as it is (see `materialize`).
     `reshard_after_forward=True` frees each unit's gathered parameters after its forward and
     gathers them again in backward (ZeRO-3: least memory); False keeps them until backward
     (ZeRO-2-like: one all-gather per step less, the full parameters held between forward and
@@ -156,9 +158,12 @@ def shard(model: torch.nn.Module, ctx: Context, *, shard_modules: tuple[type, ..
     policy = mixed_precision_policy(precision)
     extra = {} if policy is None else {"mp_policy": policy}
     # fully_shard keeps each rank's own values; ranks seeded differently would build one model out
-    # of W different initialisations. Every rank must start from rank 0's, as with DDP.
+    # of W different initialisations. Every rank must start from rank 0's, as with DDP. (A model on
+    # the meta device has no values yet: each rank initialises its own shards after sharding.)
+    seen: set[int] = set()
+    if on_meta(model):
+        seen = {id(t) for t in [*model.parameters(), *model.buffers()]}
     with torch.no_grad():
-        seen: set[int] = set()
         for t in [*model.parameters(), *model.buffers()]:
             if id(t) not in seen:
                 seen.add(id(t))
@@ -178,3 +183,47 @@ def no_gradient_sync(module) -> Iterator[None]:
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+def on_meta(model: torch.nn.Module) -> bool:
+    """True when any parameter or buffer of `model` is on the meta device (built without memory)."""
+    return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
+def materialize(model: torch.nn.Module, device: torch.device, init_weights: Any = None, *,
+                distributed: bool = False) -> None:
+    """Give a meta-device model memory on `device` and initialise it, in place; after `shard` that is
+    each rank's own shards only (1/W of the parameters), never the whole model.
+
+    `init_weights(model)`, when given, initialises everything (under `torch.no_grad()`). Without it,
+    every submodule that holds parameters or buffers of its own must have `reset_parameters()`
+    (torch's layers do), which is called; a module without one is refused, since its memory would
+    stay uninitialised. With `distributed=True` (a collective: all ranks must call it), buffers are
+    then broadcast from rank 0, so replicated state is the same on every rank.
+    """
+    import torch
+
+    if init_weights is None:
+        for name, module in model.named_modules():
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            if own and not callable(getattr(module, "reset_parameters", None)):
+                raise ValueError(f"wrap(): the model is on the meta device and {name or 'the root module'} "
+                                 f"({type(module).__name__}) holds parameters or buffers but has no "
+                                 "reset_parameters(), so its memory would stay uninitialised; pass init_weights=fn, "
+                                 "where fn(model) initialises every parameter and buffer")
+    model.to_empty(device=device)
+    with torch.no_grad():
+        if init_weights is not None:
+            init_weights(model)
+        else:
+            for module in model.modules():
+                if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                    module.reset_parameters()
+        if distributed:
+            import torch.distributed as dist
+
+            from ddpkit.parallel.strategy import is_dtensor
+
+            for b in model.buffers():
+                if not is_dtensor(b):
+                    dist.broadcast(b, src=0)

@@ -70,7 +70,8 @@ def print_hang_reports(report_dir: str | None, *, hang_timeout_s: float | None) 
 
 _SIGNAL_CAUSES = {
     "SIGABRT": (" (aborted from C++: an NCCL collective timed out or failed, and torch's NCCL watchdog ended the "
-                "rank; run with --hang-timeout below init's timeout_s for where each rank waited)"),
+                "rank; run with --hang-timeout below init's timeout_s: its report names where each rank waited "
+                "and the collective it waited for, DDP's gradient all-reduces and FSDP's included)"),
 }
 """What a rank's death by a signal usually means, appended to its one line."""
 

@@ -228,6 +228,11 @@ def _skipped_collective(ctx, args) -> str:
     from ddpkit.hang.watchdog import Watchdog
 
     group = dist.new_group(list(range(ctx.world_size)))
+    # The ranks agree when to join rank 0's all-reduce through a host-only (gloo) group. Meeting in a
+    # collective of another device communicator (the default group's barrier) while rank 0 holds an
+    # unfinished all-reduce on `group` would order the two communicators differently across ranks:
+    # on NCCL each rank's kernels can then wait for the other communicator's forever.
+    host = dist.new_group(list(range(ctx.world_size)), backend="gloo")
     t = torch.ones(4, device=ctx.device)
     dist.all_reduce(t, group=group)  # every rank: NCCL connects a new group on its first collective
     fired: list[dict[str, Any]] = []
@@ -242,12 +247,13 @@ def _skipped_collective(ctx, args) -> str:
     finally:
         dog.stop()
     waited = time.monotonic() - start
-    dist.barrier()
+    dist.barrier(group=host)
     if ctx.rank != 0:
         work = dist.all_reduce(t, group=group, async_op=True)  # the late join lets rank 0's finish
     work.wait()
     _sync(ctx)
     dist.destroy_process_group(group)
+    dist.destroy_process_group(host)
     if ctx.rank != 0:
         return "joined rank 0's all-reduce late, as planned"
     if not fired:

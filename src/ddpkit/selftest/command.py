@@ -1,5 +1,7 @@
 """`ddpkit test`: check this machine for DDP before a long job - every GPU (or N CPU ranks), in under a minute.
 
+Single node only: the ranks run on this machine; links between nodes are not checked.
+
     ddpkit test [--nproc-per-node N|auto|cpu] [--format table|json] [--checkpoint-dir DIR]
 
 The ranks run `ddpkit.selftest.checks` under `ddpkit run`'s own launcher (torchrun in this process);
@@ -41,8 +43,31 @@ def plan_ranks(value: str, *, num_gpus: int, num_cpus: int, device: str = "auto"
     return resolve_nproc_per_node(value, num_gpus=num_gpus, num_cpus=num_cpus, environ=environ), "cuda"
 
 
-def link_type(device: str, num_ranks: int, *, topo: str | None = None) -> str:
-    """The link the ranks' all-reduce crosses, as far as this machine tells (`nvidia-smi topo -m` on GPUs)."""
+_PCIE = {"PIX": "one PCIe switch", "PXB": "several PCIe switches", "PHB": "a PCIe host bridge",
+         "NODE": "PCIe within a NUMA node", "SYS": "PCIe across NUMA nodes (SMP interconnect)"}
+_PCIE_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")  # fastest first
+
+
+def _speed(link: str) -> tuple[int, int]:
+    """Sort key, larger is faster: NVLink by its link count (NV18 > NV4), then the PCIe paths."""
+    if link.startswith("NV") and link[2:].isdigit():
+        return (2, int(link[2:]))
+    if link in _PCIE_ORDER:
+        return (1, -_PCIE_ORDER.index(link))
+    return (0, 0)
+
+
+def _describe_link(link: str) -> str:
+    return f"NVLink ({link}" if link.startswith("NV") else f"PCIe: {_PCIE.get(link, link)} ({link}"
+
+
+def link_type(device: str, num_ranks: int, *, topo: str | None = None, visible: str | None = None) -> str:
+    """The link the ranks' all-reduce crosses, as far as this machine tells (`nvidia-smi topo -m` on GPUs).
+
+    Every pair of the ranks' GPUs is read (`visible`: CUDA_VISIBLE_DEVICES, which picks them by
+    physical index; default the first `num_ranks`): a ring all-reduce runs at its slowest link's
+    speed, so that link is named, with the fastest when they differ.
+    """
     if device == "cpu":
         return "shared memory / loopback (one host)"
     if num_ranks < 2:
@@ -55,17 +80,33 @@ def link_type(device: str, num_ranks: int, *, topo: str | None = None) -> str:
             topo = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.SubprocessError):
             return "unknown (nvidia-smi topo failed)"
-    for line in topo.splitlines():
-        cells = line.split()
-        # the GPU0 row: GPU0 X <link to GPU1> ...
-        if len(cells) > 2 and cells[0] == "GPU0" and cells[1] == "X":
-            link = cells[2]
-            if link.startswith("NV"):
-                return f"NVLink ({link} between GPU0 and GPU1)"
-            names = {"PIX": "one PCIe switch", "PXB": "several PCIe switches", "PHB": "a PCIe host bridge",
-                     "NODE": "PCIe within a NUMA node", "SYS": "PCIe across NUMA nodes (SMP interconnect)"}
-            return f"PCIe: {names.get(link, link)} ({link} between GPU0 and GPU1)"
-    return "unknown (no GPU0 row in nvidia-smi topo -m)"
+    import re
+
+    lines = [line.split() for line in topo.splitlines() if line.strip()]
+    header = next((cells for cells in lines if cells and re.fullmatch(r"GPU\d+", cells[0])
+                   and len(cells) > 1 and re.fullmatch(r"GPU\d+", cells[1])), None)
+    if header is None:
+        return "unknown (no GPU columns in nvidia-smi topo -m)"
+    columns = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+    rows = {cells[0]: cells[1:1 + len(columns)] for cells in lines
+            if re.fullmatch(r"GPU\d+", cells[0]) and len(cells) > len(columns) and cells is not header}
+    ids = [part.strip() for part in (visible or "").split(",") if part.strip()]
+    used = [f"GPU{i}" for i in (ids if ids and all(i.isdigit() for i in ids) else range(num_ranks))][:num_ranks]
+    pairs = {}
+    for n, a in enumerate(used):
+        for b in used[n + 1:]:
+            if a not in rows or b not in columns:
+                return f"unknown (no {a} row in nvidia-smi topo -m)"
+            pairs[(a, b)] = rows[a][columns.index(b)]
+    slowest = min(pairs.items(), key=lambda item: _speed(item[1]))
+    fastest = max(pairs.items(), key=lambda item: _speed(item[1]))
+    (a, b), link = slowest
+    if len(pairs) == 1:
+        return f"{_describe_link(link)} between {a} and {b})"
+    if _speed(link) == _speed(fastest[1]):
+        return f"{_describe_link(link)} between every pair of the {len(used)} GPUs)"
+    return (f"{_describe_link(link)} between {a} and {b}, the slowest of {len(pairs)} pairs; "
+            f"fastest {fastest[1]} between {fastest[0][0]} and {fastest[0][1]})")
 
 
 def merge_results(per_rank: dict[int, dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
@@ -89,6 +130,11 @@ def merge_results(per_rank: dict[int, dict[str, Any]], world_size: int) -> list[
     return merged
 
 
+SCOPE = ("single node: this machine's GPUs (or CPU ranks) only; the network between nodes and "
+         "multi-node rendezvous are not checked")
+"""What `ddpkit test` covers, printed under the table and given as `scope` in the JSON."""
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The terminal table: one line per check, then the bandwidth rows and the verdict."""
     width = max(len(c["name"]) for c in report["checks"])
@@ -106,13 +152,13 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{row['busbw_gbps']:>6.2f} GB/s")
     failed = [c["name"] for c in report["checks"] if not c["ok"]]
     verdict = f"all {len(report['checks'])} checks passed" if not failed else "FAILED: " + ", ".join(failed)
-    lines += ["", f"ddpkit test: {verdict} in {report['seconds']:.1f} s"]
+    lines += ["", f"ddpkit test: {verdict} in {report['seconds']:.1f} s", f"ddpkit test: {SCOPE}"]
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddpkit test", description="Check this machine's GPUs (or CPU ranks), "
-                                "backend and DDP path end to end, in under a minute.")
+                                "backend and DDP path end to end, in under a minute (this node only).")
     p.add_argument("--nproc-per-node", default="auto",
                    help="ranks: a number, 'auto' (every visible GPU; without GPUs up to 4 CPU ranks) or 'cpu'")
     p.add_argument("--device", choices=("auto", "cpu"), default="auto",
@@ -161,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     first = per_rank.get(0, {})
     report = {
         "ok": False, "world_size": nproc, "device": device, "backend": first.get("backend", "?"),
-        "torch": torch.__version__, "link": link_type(device, nproc), "launcher_exit_code": code,
-        "seconds": round(time.monotonic() - start, 2),
+        "torch": torch.__version__,
+        "link": link_type(device, nproc, visible=os.environ.get("CUDA_VISIBLE_DEVICES")), "launcher_exit_code": code,
+        "seconds": round(time.monotonic() - start, 2), "scope": SCOPE,
         "checks": merge_results(per_rank, nproc), "bandwidth": first.get("bandwidth", []),
     }
     report["ok"] = code == 0 and all(c["ok"] for c in report["checks"])
