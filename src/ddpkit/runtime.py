@@ -147,7 +147,7 @@ def init(
     and node from the launcher's variables (without any: one machine, local rank = rank), the
     backend is the group's, and `device='auto'` follows it (cuda with nccl, cpu with gloo).
     `close()` and `abort()` then leave the group to its creator; init_method and the flight
-    recorder (set when a group is created) do not apply. See docs/launching.md.
+    recorder (set when a group is created) do not apply. See docs/multi-node.md.
 
     Args:
         seed: base seed; rank r seeds python/numpy/torch with `rank_seed(seed, r)`.
