@@ -146,8 +146,9 @@ def init(
     launcher variable that disagrees, e.g. RANK, is a one-line ValueError naming both), local rank
     and node from the launcher's variables (without any: one machine, local rank = rank), the
     backend is the group's, and `device='auto'` follows it (cuda with nccl, cpu with gloo).
-    `close()` and `abort()` then leave the group to its creator; init_method and the flight
-    recorder (set when a group is created) do not apply. See docs/multi-node.md.
+    `close()` and `abort()` then leave the group to its creator; init_method is refused (the group
+    exists), and the flight recorder (set when a group is created) does not apply. See
+    docs/multi-node.md.
 
     Args:
         seed: base seed; rank r seeds python/numpy/torch with `rank_seed(seed, r)`.
@@ -170,6 +171,10 @@ def init(
     env = read_env() if env is None else env
     group = _existing_group()
     if group is not None:
+        if init_method is not None:
+            raise ValueError(f"ddpkit.init: init_method={init_method!r} but a default process group already exists "
+                             f"(rank {group[0]} of {group[1]}, {group[2]}); drop init_method to adopt that group, or "
+                             "call ddpkit.init before anything else creates one")
         env = _adopted_env(env, *group[:2])
     if env.launcher == "torchrun":
         exit_with_launcher()

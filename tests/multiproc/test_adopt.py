@@ -80,13 +80,21 @@ def _adopt_without_launcher_variables(info: RankInfo):
         os.environ.pop(name)  # a notebook or custom launcher that passed rank and world size as arguments
     with ddpkit.init() as ctx:
         got = (ctx.rank, ctx.world_size, ctx.local_rank, ctx.env.launcher, float(ddpkit.all_reduce_sum(ctx, 1.0)))
+    try:
+        ddpkit.init(init_method=info.init_method + "-second")  # meant to create a group: one exists
+    except ValueError as e:
+        refused = str(e)
     dist.destroy_process_group()
-    return got
+    return got, refused
 
 
 def test_a_group_without_launcher_variables_gives_rank_and_world_size():
-    assert run_ranks(_adopt_without_launcher_variables, 2, timeout=120) == [(0, 2, 0, "none", 2.0),
-                                                                           (1, 2, 1, "none", 2.0)]
+    outs = run_ranks(_adopt_without_launcher_variables, 2, timeout=120)
+    assert [got for got, _ in outs] == [(0, 2, 0, "none", 2.0), (1, 2, 1, "none", 2.0)]
+    for rank, (_, refused) in enumerate(outs):
+        assert refused.startswith(f"ddpkit.init: init_method='file://") and refused.endswith(
+            f"but a default process group already exists (rank {rank} of 2, gloo); drop init_method to adopt "
+            "that group, or call ddpkit.init before anything else creates one"), refused
 
 
 def _adopt_with_wrong_rank(info: RankInfo):
