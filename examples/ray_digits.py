@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-workers", type=int, default=2, help="Ray Train workers (ranks)")
     p.add_argument("--use-gpu", action="store_true", help="one GPU per worker (nccl); default CPU workers (gloo)")
-    p.add_argument("--address", default=None, help="Ray cluster to join ('auto' for a running one); default: a local one")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join ('auto' for a running one); default: start a local one")
     p.add_argument("--storage-path", default=str(Path("runs/ray").resolve()),
                    help="where Ray keeps checkpoints and results (shared or cloud storage on several nodes)")
     p.add_argument("--name", default="digits", help="the run's name; the same name and storage path resume")

@@ -31,7 +31,8 @@ def _launcher(flags, job, out: Path, log: Path, *, script: list[str] | None = No
         env.pop(name, None)
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "run", *flags, *(script or [SCRIPT, str(out), *job])],
+        argv = script or [SCRIPT, str(out), *job]
+        return subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "run", *flags, *argv],
                                 stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
 
 

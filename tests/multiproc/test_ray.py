@@ -59,7 +59,8 @@ def test_digits_on_ray_train_reaches_the_accuracy_and_a_stopped_run_resumes_exac
     assert resumed["test_accuracy"] == whole["test_accuracy"]
     assert (restarted["resumed_from_step"], restarted["param_sha256"]) == (5 * steps_per_epoch, whole["param_sha256"])
     print(f"Ray Train, 2 workers, {EPOCHS} epochs: test_accuracy {whole['test_accuracy']:.4f}, "
-          f"param_sha256 {whole['param_sha256'][:12]} uninterrupted and resumed from step {resumed['resumed_from_step']}")
+          f"param_sha256 {whole['param_sha256'][:12]} uninterrupted and resumed from step "
+          f"{resumed['resumed_from_step']}")
 
 
 def _wait_for_children(timeout: float) -> None:

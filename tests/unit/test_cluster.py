@@ -150,7 +150,8 @@ def test_kubeflow_trainjob_with_nproc_auto(tmp_path):
     assert (c.source, c.nnodes, c.node_rank, c.nproc_per_node) == ("kubeflow", "2", 1, "auto")
     assert c.rdzv_endpoint == "digits-node-0-0.digits:29400"
     n = _nodes(TRAINJOB)
-    assert (n.nnodes, n.node_rank, n.nproc_per_node, n.rdzv_id) == ("2", 1, "auto", "ddpkit-digits-node-0-0.digits-29400")
+    assert (n.nnodes, n.node_rank, n.nproc_per_node) == ("2", 1, "auto")
+    assert n.rdzv_id == "ddpkit-digits-node-0-0.digits-29400"  # every pod derives the same id
     script = tmp_path / "t.py"
     script.write_text("")
     # auto: every GPU of the pod, else CPU ranks (one per core, up to 4), as `--nproc-per-node auto`
@@ -169,7 +170,8 @@ def test_skypilot_head_address_and_a_port_every_node_derives():
     assert skypilot_port("sky-a_c_1") != skypilot_port("sky-a_c_2")  # two tasks on one cluster
     assert from_skypilot({**SKYPILOT, "MASTER_PORT": "29400"}).rdzv_endpoint == "10.0.0.5:29400"
     assert from_skypilot({**SKYPILOT, "SKYPILOT_NUM_GPUS_PER_NODE": "0"}).nproc_per_node is None  # CPU: auto
-    one = from_skypilot({**SKYPILOT, "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "10.0.0.5"})
+    one = from_skypilot({**SKYPILOT, "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
+                         "SKYPILOT_NODE_IPS": "10.0.0.5"})
     assert one.nnodes == "1" and one.rdzv_endpoint is None
     assert from_skypilot({**SKYPILOT, "LOCAL_RANK": "0"}) is None and from_skypilot(PYTORCHJOB_PET) is None
     assert detect_cluster(SKYPILOT).source == "skypilot"
