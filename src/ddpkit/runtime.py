@@ -350,7 +350,7 @@ def _adopted_env(env: LaunchEnv, rank: int, world_size: int) -> LaunchEnv:
     """The launcher's variables checked against the group it created; without any, one machine."""
     import dataclasses
 
-    if env.launcher == "none":
+    if env.launcher == "none" and env.world_size == 1:  # nothing describes the job but the group
         return dataclasses.replace(env, rank=rank, world_size=world_size, local_rank=rank,
                                    local_world_size=world_size)
     if (env.rank, env.world_size) != (rank, world_size):

@@ -80,6 +80,11 @@ def _adopt_without_launcher_variables(info: RankInfo):
         os.environ.pop(name)  # a notebook or custom launcher that passed rank and world size as arguments
     with ddpkit.init() as ctx:
         got = (ctx.rank, ctx.world_size, ctx.local_rank, ctx.env.launcher, float(ddpkit.all_reduce_sum(ctx, 1.0)))
+    from ddpkit.env import LaunchEnv
+
+    # two machines of one rank each, said with env=: kept as given
+    with ddpkit.init(env=LaunchEnv(rank=info.rank, world_size=2, node_rank=info.rank)) as ctx:
+        got += (ctx.local_rank, ctx.env.node_rank)
     try:
         ddpkit.init(init_method=info.init_method + "-second")  # meant to create a group: one exists
     except ValueError as e:
@@ -90,7 +95,7 @@ def _adopt_without_launcher_variables(info: RankInfo):
 
 def test_a_group_without_launcher_variables_gives_rank_and_world_size():
     outs = run_ranks(_adopt_without_launcher_variables, 2, timeout=120)
-    assert [got for got, _ in outs] == [(0, 2, 0, "none", 2.0), (1, 2, 1, "none", 2.0)]
+    assert [got for got, _ in outs] == [(0, 2, 0, "none", 2.0, 0, 0), (1, 2, 1, "none", 2.0, 0, 1)]
     for rank, (_, refused) in enumerate(outs):
         assert refused.startswith(f"ddpkit.init: init_method='file://") and refused.endswith(
             f"but a default process group already exists (rank {rank} of 2, gloo); drop init_method to adopt "
