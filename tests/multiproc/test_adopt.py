@@ -50,7 +50,7 @@ def _adopt_and_train(info: RankInfo, ckpt_dir: str):
         ddpkit.save_checkpoint(ctx, ckpt_dir, step=steps, model=model, optimizer=opt, loader=train)
         meta = ddpkit.load_checkpoint(ctx, ckpt_dir, model=model, optimizer=opt, loader=train)
         out["steps"], out["loaded_step"] = steps, meta["step"]
-        out["mean_loss"] = ddpkit.reduce_mean(ctx, float(loss) * len(y), len(y))
+        out["mean_loss"] = ddpkit.reduce_mean(ctx, float(loss.detach()) * len(y), len(y))
         out["sha"] = ddpkit.param_sha256(model)
         MetricsLog(os.path.join(ckpt_dir, "run"), ctx).log(step=steps, loss=out["mean_loss"])
     out["after close"] = (dist.is_initialized(), _still_works(dist))
