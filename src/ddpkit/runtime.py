@@ -41,6 +41,9 @@ class Context:
     _stop: StopFlag = field(default_factory=StopFlag, repr=False)
     _watchdog: Any = field(default=None, repr=False)
     """The hang watchdog init started (close and abort stop it); None when there is none or it was already running."""
+    owns_group: bool = True
+    """False when init adopted a process group its launcher created (Ray Train, Lightning, your own
+    `init_process_group`): close and abort then leave that group to its creator."""
 
     @property
     def rank(self) -> int:
@@ -80,13 +83,17 @@ class Context:
         return self._stop.agreed
 
     def close(self) -> None:
-        """Tear down the process group; every rank must call it (it synchronises). Idempotent."""
+        """Tear down the process group; every rank must call it (it synchronises). Idempotent.
+
+        An adopted group (`owns_group` False) is left as it is, for the launcher that created it.
+        """
         if self._closed:
             return
         self._closed = True
         self._stop.uninstall()
         self._stop_watchdog()
-        _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
+        if self.owns_group:
+            _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Leave after an error without waiting for other ranks (they may be dead or stuck).
@@ -101,7 +108,8 @@ class Context:
         if exc is not None:
             _record_error(exc)
         self._stop_watchdog()
-        _abort_group()
+        if self.owns_group:  # an adopted group's creator decides its end (Ray Train restarts its workers)
+            _abort_group()
 
     def _stop_watchdog(self) -> None:
         """Stop the watchdog init started; the last listener out restores torch.distributed's functions."""
@@ -133,6 +141,15 @@ def init(
     Under `ddpkit run` / torchrun every rank calls it; under plain `python script.py` it sets up
     world size 1 (no process group, trivial collectives) and the same code runs unchanged.
 
+    When a default process group already exists (Ray Train's TorchTrainer, Lightning, a custom
+    launcher or a notebook created it), init adopts it: rank and world size are the group's (a
+    launcher variable that disagrees, e.g. RANK, is a one-line ValueError naming both), local rank
+    and node from the launcher's variables (without any: one machine, local rank = rank), the
+    backend is the group's, and `device='auto'` follows it (cuda with nccl, cpu with gloo).
+    `close()` and `abort()` then leave the group to its creator; init_method is refused (the group
+    exists), and the flight recorder (set when a group is created) does not apply. See
+    docs/multi-node.md.
+
     Args:
         seed: base seed; rank r seeds python/numpy/torch with `rank_seed(seed, r)`.
         device: 'auto' (cuda:{local_rank} when GPUs are visible, else cpu), 'cuda' or 'cpu'.
@@ -152,17 +169,22 @@ def init(
     seed = _check_init_args(seed=seed, device=device, timeout_s=timeout_s, init_method=init_method, env=env,
                             hang_timeout_s=hang_timeout_s)
     env = read_env() if env is None else env
+    group = _existing_group()
+    if group is not None:
+        if init_method is not None:
+            raise ValueError(f"ddpkit.init: init_method={init_method!r} but a default process group already exists "
+                             f"(rank {group[0]} of {group[1]}, {group[2]}); drop init_method to adopt that group, or "
+                             "call ddpkit.init before anything else creates one")
+        env = _adopted_env(env, *group[:2])
     if env.launcher == "torchrun":
         exit_with_launcher()
-    dev, backend = select_device(env, device=device)
-    if env.distributed:
+    if group is not None:
+        dev, backend = _adopted_device(env, device=device, backend=group[2])
+    else:
+        dev, backend = select_device(env, device=device)
+    if env.distributed and group is None:
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            raise RuntimeError(
-                "a default process group already exists; call ddpkit.init() once per process and "
-                "do not also call torch.distributed.init_process_group"
-            )
         if init_method is None:
             if env.master_port is None:
                 raise ValueError(
@@ -191,9 +213,10 @@ def init(
         watchdog = start_watchdog(timeout_s=hang_timeout_s, rank=env.rank, world_size=env.world_size)
         watchdog = watchdog if started_here else None
     seed_everything(rank_seed(seed, env.rank))
-    ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s, _watchdog=watchdog)
+    ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s, _watchdog=watchdog,
+                  owns_group=group is None)
     ctx._stop.install()
-    if env.distributed:
+    if env.distributed and group is None:
         _abort_on_uncaught(ctx)
     return ctx
 
@@ -312,3 +335,46 @@ def _record_error(exc: BaseException) -> None:
         ErrorHandler().record_exception(exc)
     except Exception:  # reporting must never mask the user's own exception
         pass
+
+
+def _existing_group() -> tuple[int, int, str] | None:
+    """(rank, world size, backend) of a default process group someone else created, or None."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+
+
+def _adopted_env(env: LaunchEnv, rank: int, world_size: int) -> LaunchEnv:
+    """The launcher's variables checked against the group it created; without any, one machine."""
+    import dataclasses
+
+    if env.launcher == "none" and env.world_size == 1:  # nothing describes the job but the group
+        return dataclasses.replace(env, rank=rank, world_size=world_size, local_rank=rank,
+                                   local_world_size=world_size)
+    if (env.rank, env.world_size) != (rank, world_size):
+        names = ("SLURM_PROCID", "SLURM_NTASKS") if env.launcher == "slurm" else ("RANK", "WORLD_SIZE")
+        raise ValueError(
+            f"ddpkit.init: the existing process group has rank {rank} of world size {world_size} but the "
+            f"environment says {names[0]}={env.rank} {names[1]}={env.world_size}; the launcher that created "
+            f"the group and these variables disagree: unset them, or pass env=ddpkit.env.LaunchEnv(rank={rank}, "
+            f"world_size={world_size}, ...)"
+        )
+    return env
+
+
+def _adopted_device(env: LaunchEnv, *, device: str, backend: str) -> tuple[torch.device, str]:
+    """An adopted group's rank device: 'auto' follows the group's backend; a device the launcher
+    made current (one GPU visible per worker, as Ray Train gives) is kept."""
+    import torch
+
+    cuda_group = "nccl" in backend
+    if device == "auto":
+        device = "cuda" if cuda_group and torch.cuda.is_available() else "cpu"
+    if device == "cpu" and cuda_group and "gloo" not in backend:
+        raise ValueError(f"ddpkit.init: device='cpu' but the existing process group's backend is {backend}, "
+                         "which has no CPU path; pass device='cuda' (or 'auto'), or create the group with gloo")
+    if device == "cuda" and torch.cuda.is_available() and env.local_rank >= torch.cuda.device_count():
+        return torch.device("cuda", torch.cuda.current_device()), backend
+    return select_device(env, device=device)[0], backend

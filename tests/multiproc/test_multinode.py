@@ -4,6 +4,7 @@ rendezvous failures, node ranks, elastic membership."""
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import os
 import signal
@@ -21,13 +22,18 @@ SCRIPT = str(Path(__file__).parent / "scripts" / "multinode_job.py")
 TRAIN = ["train", "16", "6"]  # global batch 16 on 4 ranks (4 each), 6 optimizer steps
 
 
-def _launcher(flags, job, out: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def _launcher(flags, job, out: Path, log: Path, *, script: list[str] | None = None, environ: dict | None = None,
+              cpus: set[int] | None = None) -> subprocess.Popen:
+    """One node's `ddpkit run FLAGS SCRIPT OUT JOB...` (or `ddpkit run FLAGS *script`), with a cluster's
+    variables added to its environment and its ranks held to `cpus`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(environ or {})}
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
         env.pop(name, None)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "run", *flags, SCRIPT, str(out), *job],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
+        argv = script or [SCRIPT, str(out), *job]
+        return subprocess.Popen([sys.executable, "-m", "ddpkit.cli", "run", *flags, *argv],
+                                stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=pin)
 
 
 def _node(rank: int, port: int, job: list[str], out: Path, log: Path) -> subprocess.Popen:
@@ -289,3 +295,72 @@ def test_elastic_survivor_trains_on_alone_after_the_other_node_is_killed(tmp_pat
     assert (alone["world_size"], alone["restart"], alone["steps"]) == (1, 1, 3), alone
     assert alone["launcher_pid"] == nodes[0].pid
     print(f"node 0 finished alone {recovered_after:.1f}s after node 1's launcher was killed (--rdzv-timeout 24)")
+
+
+DIGITS = [str(Path(__file__).resolve().parents[2] / "examples" / "digits.py"), "--run-dir", "", "--epochs", "12",
+          "--device", "cpu"]
+
+
+def _digits_result(log: str) -> dict:
+    return json.loads([line for line in log.splitlines() if line.startswith('{"test_loss"')][-1])
+
+
+def _engine_nodes(environ_of_node, tmp_path: Path) -> tuple[dict, str]:
+    """Two launchers, each given only its node's cluster variables and one core (so that `auto` means one
+    rank): the digits job's result printed by global rank 0, and node 1's log."""
+    cores = sorted(os.sched_getaffinity(0))
+    flags_free = [[], []]  # `ddpkit run digits.py`: nothing on the command line
+    logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
+    nodes = [_launcher(flags_free[r], [], tmp_path, logs[r], script=DIGITS, environ=environ_of_node(r),
+                       cpus={cores[r % len(cores)]}) for r in (0, 1)]
+    try:
+        codes = _wait(nodes, 300)
+    finally:
+        leftovers = _kill_leftovers(_descendants(nodes) | {p.pid for p in nodes})
+    assert codes == [0, 0] and not leftovers, _logs(*logs)
+    return _digits_result(logs[0].read_text()), logs[1].read_text()
+
+
+@pytest.fixture(scope="module")
+def digits_on_one_node(tmp_path_factory) -> dict:
+    """The reference: `ddpkit run --nproc-per-node 2 digits.py` on one node."""
+    log = tmp_path_factory.mktemp("one") / "single.log"
+    proc = _launcher(["--nproc-per-node", "2"], [], log.parent, log, script=DIGITS)
+    try:
+        assert _wait([proc], 300) == [0], _logs(log)
+    finally:
+        _kill_leftovers(_descendants([proc]) | {proc.pid})
+    return _digits_result(log.read_text())
+
+
+@pytest.mark.timeout(600)
+def test_kubeflow_trainjob_variables_alone_make_two_launchers_one_digits_job(tmp_path, digits_on_one_node):
+    port = _free_port()
+    # Trainer v2's torch runtime: one pod per node, `ddpkit run digits.py` its whole command
+    result, _ = _engine_nodes(lambda r: {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": str(r),
+                                         "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}, tmp_path)
+    ref = digits_on_one_node
+    assert (result["world_size"], ref["world_size"]) == (2, 2)
+    assert result["test_accuracy"] >= 0.97, result
+    # one rank on each of two nodes sums the same two gradients as two ranks on one node: bit-identical
+    assert result["param_sha256"] == ref["param_sha256"] and result["test_accuracy"] == ref["test_accuracy"]
+
+
+@pytest.mark.timeout(600)
+def test_skypilot_variables_alone_make_two_launchers_one_digits_job(tmp_path, digits_on_one_node):
+    from ddpkit.run.nodes import skypilot_port
+
+    def port_is_free(port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) != 0
+
+    task_id = next(t for t in (f"sky-2026-12-01-00-00-00-{i:06d}_digits_1" for i in itertools.count())
+                   if port_is_free(skypilot_port(t)))
+    result, log1 = _engine_nodes(lambda r: {
+        "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": str(r), "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1\n",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0", "SKYPILOT_TASK_ID": task_id}, tmp_path)
+    ref = digits_on_one_node
+    assert result["world_size"] == 2 and result["test_accuracy"] >= 0.97, result
+    assert result["param_sha256"] == ref["param_sha256"] and result["test_accuracy"] == ref["test_accuracy"]
+    print(f"digits, 12 epochs, 2 ranks: test_accuracy {ref['test_accuracy']:.4f} under ddpkit run, Kubeflow "
+          f"and SkyPilot variables alike (param_sha256 {ref['param_sha256'][:12]})")

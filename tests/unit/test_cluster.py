@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpkit.run.nodes import (ClusterError, Nodes, detect_cluster, from_kubeflow, from_slurm, parse_hostlist,
-                            resolve_nodes, slurm_port, tasks_per_node)
+from ddpkit.run.nodes import (ClusterError, Nodes, detect_cluster, from_kubeflow, from_skypilot, from_slurm,
+                              parse_hostlist, resolve_nodes, skypilot_port, slurm_port, tasks_per_node)
 from ddpkit.run.launcher import LaunchError, build_torchrun_argv, config_from_args
 
 SLURM_STEP = {
@@ -17,6 +17,15 @@ PYTORCHJOB_PET = {
     "PET_NNODES": "4", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "3", "PET_MASTER_ADDR": "job-master-0",
     "PET_MASTER_PORT": "23456", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
     "WORLD_SIZE": "4", "RANK": "3", "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+}
+
+TRAINJOB = {  # Kubeflow Trainer v2's torch runtime, pod of node 1 of 2
+    "PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "digits-node-0-0.digits", "PET_MASTER_PORT": "29400", "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+}
+SKYPILOT = {
+    "SKYPILOT_NUM_NODES": "3", "SKYPILOT_NODE_RANK": "2", "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.7\n10.0.0.9\n",
+    "SKYPILOT_NUM_GPUS_PER_NODE": "8", "SKYPILOT_TASK_ID": "sky-2026-12-01-16-30-00-000001_digits_1",
 }
 
 
@@ -134,3 +143,48 @@ def test_elastic_range_and_iface_on_one_node(tmp_path):
     script.write_text("")
     with pytest.raises(LaunchError, match="--iface eth0 applies to multi-node runs"):
         config_from_args(["--iface", "eth0", str(script)], num_gpus=0, num_cpus=2, environ={})
+
+
+def test_kubeflow_trainjob_with_nproc_auto(tmp_path):
+    c = from_kubeflow(TRAINJOB)
+    assert (c.source, c.nnodes, c.node_rank, c.nproc_per_node) == ("kubeflow", "2", 1, "auto")
+    assert c.rdzv_endpoint == "digits-node-0-0.digits:29400"
+    n = _nodes(TRAINJOB)
+    assert (n.nnodes, n.node_rank, n.nproc_per_node) == ("2", 1, "auto")
+    assert n.rdzv_id == "ddpkit-digits-node-0-0.digits-29400"  # every pod derives the same id
+    script = tmp_path / "t.py"
+    script.write_text("")
+    # auto: every GPU of the pod, else CPU ranks (one per core, up to 4), as `--nproc-per-node auto`
+    for gpus, cpus, nproc in ((4, 8, 4), (0, 1, 1), (0, 8, 4)):
+        argv = build_torchrun_argv(config_from_args([str(script)], num_gpus=gpus, num_cpus=cpus, environ=TRAINJOB))
+        assert f"--nproc-per-node={nproc}" in argv and "--nnodes=2" in argv and "--node-rank=1" in argv
+        assert "--rdzv-endpoint=digits-node-0-0.digits:29400" in argv
+
+
+def test_skypilot_head_address_and_a_port_every_node_derives():
+    c = from_skypilot(SKYPILOT)
+    port = skypilot_port(SKYPILOT["SKYPILOT_TASK_ID"])
+    assert (c.source, c.nnodes, c.node_rank, c.nproc_per_node) == ("skypilot", "3", 2, "8")
+    assert c.rdzv_endpoint == f"10.0.0.5:{port}" and 20000 <= port < 30000  # the first address is the head
+    assert c.rdzv_id == SKYPILOT["SKYPILOT_TASK_ID"]
+    assert skypilot_port("sky-a_c_1") != skypilot_port("sky-a_c_2")  # two tasks on one cluster
+    assert from_skypilot({**SKYPILOT, "MASTER_PORT": "29400"}).rdzv_endpoint == "10.0.0.5:29400"
+    assert from_skypilot({**SKYPILOT, "SKYPILOT_NUM_GPUS_PER_NODE": "0"}).nproc_per_node is None  # CPU: auto
+    one = from_skypilot({**SKYPILOT, "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
+                         "SKYPILOT_NODE_IPS": "10.0.0.5"})
+    assert one.nnodes == "1" and one.rdzv_endpoint is None
+    assert from_skypilot({**SKYPILOT, "LOCAL_RANK": "0"}) is None and from_skypilot(PYTORCHJOB_PET) is None
+    assert detect_cluster(SKYPILOT).source == "skypilot"
+    n = _nodes(SKYPILOT)
+    assert n == Nodes(nnodes="3", node_rank=2, rdzv_endpoint=f"10.0.0.5:{port}", rdzv_id=SKYPILOT["SKYPILOT_TASK_ID"],
+                      nproc_per_node="8")
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.7"}, "SKYPILOT_NODE_IPS lists 2 address(es) but SKYPILOT_NUM_NODES=3"),
+    ({"SKYPILOT_TASK_ID": ""}, "SKYPILOT_TASK_ID is unset, so the nodes cannot derive a shared port; set MASTER_PORT"),
+    ({"SKYPILOT_NODE_RANK": "two"}, "SKYPILOT_NODE_RANK='two' is not an integer"),
+])
+def test_skypilot_errors_name_the_variable_and_the_fix(change, needle):
+    with pytest.raises(ClusterError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        from_skypilot({**SKYPILOT, **change})

@@ -90,9 +90,10 @@ def test_env_section_picks_launcher_variables(monkeypatch):
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("SKYPILOT_NODE_RANK", "1")
     monkeypatch.setenv("SOME_SECRET_TOKEN", "x")
     env = collect()["env"]
-    assert env["PET_NNODES"] == "2"
+    assert env["PET_NNODES"] == "2" and env["SKYPILOT_NODE_RANK"] == "1"
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["NCCL_DEBUG"] == "INFO"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
     assert "SOME_SECRET_TOKEN" not in env

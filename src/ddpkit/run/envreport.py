@@ -24,6 +24,7 @@ ENV_VARS = (
     "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_PROCID", "SLURM_LOCALID",
     "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_STEP_GPUS", "SLURM_STEP_ID", "SLURM_STEPID",
     "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NUM_NODES", "SLURM_NODELIST",
+    "SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_TASK_ID",
 )
 """Launcher and communication settings shown by name."""
 
@@ -91,7 +92,7 @@ def _interfaces() -> dict[str, list[str]]:
 
 
 def _launch(num_gpus: int, num_cpus: int, environ=None) -> dict[str, Any]:
-    """What `ddpkit run SCRIPT` would launch here: the cluster's settings (SLURM, Kubeflow) included."""
+    """What `ddpkit run SCRIPT` would launch here: the cluster's settings (SLURM, SkyPilot, Kubeflow) included."""
     backend = "nccl" if num_gpus > 0 else "gloo"
     try:
         from ddpkit.run.launcher import LaunchError, resolve_nproc_per_node

@@ -154,7 +154,8 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=0,
                    help="restart all ranks up to N times after a failure (resume from your last checkpoint)")
     p.add_argument("--nnodes", default=None,
-                   help="number of nodes, or MIN:MAX for elastic membership (default 1, or from SLURM/Kubeflow)")
+                   help="number of nodes, or MIN:MAX for elastic membership (default 1, or from "
+                        "SLURM/SkyPilot/Kubeflow)")
     p.add_argument("--node-rank", type=int, default=None,
                    help="this node's rank (multi-node): node 0 holds global ranks 0..nproc-1; without it the "
                         "rendezvous orders the nodes")
@@ -195,9 +196,9 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
                      available_flags: frozenset[str] | None = None, memory_bytes: int | None = None) -> RunConfig:
     """`ddpkit run` argv -> RunConfig, validated against what this machine has (raises LaunchError naming the fix).
 
-    Inside SLURM (`srun ddpkit run`) or a Kubeflow PyTorchJob pod, node count, node rank and endpoint
-    come from `environ` unless given as flags. `available_flags`: the PASSTHROUGH_FLAGS the installed
-    torchrun has (default `torchrun_flags()`, read from its parser). A pure function of its arguments,
+    Inside SLURM (`srun ddpkit run`), a SkyPilot task or a Kubeflow TrainJob/PyTorchJob pod, node count,
+    node rank and endpoint come from `environ` unless given as flags. `available_flags`: the
+    PASSTHROUGH_FLAGS the installed torchrun has (default `torchrun_flags()`, read from its parser). A pure function of its arguments,
     the file system and the installed torch.
     """
     args = run_parser().parse_args(argv)

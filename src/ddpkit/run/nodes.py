@@ -1,15 +1,16 @@
-"""`ddpkit run`'s node settings: ranks this node can hold (cores, GPUs, memory), and the node flags, else a cluster's environment (SLURM, Kubeflow PyTorchJob), validated."""
+"""`ddpkit run`'s node settings: ranks this node can hold (cores, GPUs, memory), and the node flags, else a cluster's environment (SLURM, SkyPilot, Kubeflow TrainJob/PyTorchJob), validated."""
 
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddpkit.env import ClusterError, parse_hostlist, slurm_port, tasks_per_node
+from ddpkit.env import SLURM_PORT_BASE, SLURM_PORT_SPAN, ClusterError, parse_hostlist, slurm_port, tasks_per_node
 
 __all__ = ["MAX_DEFAULT_CPU_RANKS", "default_nproc_per_node", "usable_cpus", "visible_gpus", "available_memory", "cpu_rank_limit", "threads_per_rank",
-           "ClusterLaunch", "Nodes", "detect_cluster", "is_single_node", "from_kubeflow", "from_slurm", "resolve_nodes"]
+           "ClusterLaunch", "Nodes", "detect_cluster", "is_single_node", "from_kubeflow", "from_skypilot", "from_slurm", "resolve_nodes", "skypilot_port"]
 """SLURM's host lists, task counts and port rule are read on the rank side too, so they live in ddpkit.env."""
 
 
@@ -18,7 +19,7 @@ class ClusterLaunch:
     """What a cluster's environment says about this launcher's place in a multi-node job."""
 
     source: str
-    """'slurm' or 'kubeflow': where the values came from (shown in messages)."""
+    """'slurm', 'skypilot' or 'kubeflow': where the values came from (shown in messages)."""
     nnodes: str
     """Node count, or MIN:MAX (Kubeflow's elastic PET_NNODES)."""
     node_rank: int
@@ -82,12 +83,51 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterLaunch | None:
                          rdzv_endpoint=f"{host}:{port}", rdzv_id=job_id, nproc_per_node=nproc)
 
 
-def from_kubeflow(environ: Mapping[str, str]) -> ClusterLaunch | None:
-    """`ddpkit run SCRIPT` as a PyTorchJob pod's command: nodes, node rank and endpoint from Kubeflow.
+def skypilot_port(task_id: str) -> int:
+    """The rendezvous port every node of SkyPilot task `task_id` computes alike (no communication needed),
+    in the range SLURM's ports use: below Linux's ephemeral ports."""
+    return SLURM_PORT_BASE + zlib.crc32(task_id.encode()) % SLURM_PORT_SPAN
 
-    The training operator's torchrun-style policy sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
-    PET_MASTER_ADDR and PET_MASTER_PORT; its plain policy sets WORLD_SIZE (= pods), RANK (= this pod)
-    and MASTER_ADDR/MASTER_PORT. The PET_ values win where both are present.
+
+def from_skypilot(environ: Mapping[str, str]) -> ClusterLaunch | None:
+    """`ddpkit run SCRIPT` as a SkyPilot task's `run:` command: nodes, node rank and endpoint from SkyPilot.
+
+    SkyPilot runs the command once per node with SKYPILOT_NUM_NODES, SKYPILOT_NODE_RANK,
+    SKYPILOT_NODE_IPS (one address a line, the head first) and SKYPILOT_NUM_GPUS_PER_NODE. The endpoint
+    is the head's address at MASTER_PORT when set, else at a port derived from SKYPILOT_TASK_ID
+    (`skypilot_port`), which every node of the task shares.
+    """
+    if _get(environ, "SKYPILOT_NODE_RANK") is None or _get(environ, "TORCHELASTIC_RUN_ID", "LOCAL_RANK") is not None:
+        return None
+    nnodes = _as_int(_get(environ, "SKYPILOT_NUM_NODES") or "1", "SKYPILOT_NUM_NODES")
+    node_rank = _as_int(_get(environ, "SKYPILOT_NODE_RANK") or "0", "SKYPILOT_NODE_RANK")
+    gpus = _get(environ, "SKYPILOT_NUM_GPUS_PER_NODE")
+    nproc = gpus if gpus is not None and gpus.isdigit() and int(gpus) > 0 else None  # '0' on CPU nodes: auto
+    task_id = _get(environ, "SKYPILOT_TASK_ID")
+    if nnodes == 1:
+        return ClusterLaunch(source="skypilot", nnodes="1", node_rank=0, rdzv_endpoint=None, rdzv_id=None,
+                             nproc_per_node=nproc)
+    ips = (_get(environ, "SKYPILOT_NODE_IPS") or "").split()
+    if len(ips) != nnodes:
+        raise ClusterError(f"SKYPILOT_NODE_IPS lists {len(ips)} address(es) but SKYPILOT_NUM_NODES={nnodes}; "
+                           "run `ddpkit run` as the task's run command, where SkyPilot sets both")
+    port = _get(environ, "MASTER_PORT")
+    if port is None and task_id is None:
+        raise ClusterError("SKYPILOT_TASK_ID is unset, so the nodes cannot derive a shared port; set MASTER_PORT "
+                           "in the task's envs (e.g. MASTER_PORT: 29400) or pass --rdzv-endpoint HOST:PORT")
+    return ClusterLaunch(source="skypilot", nnodes=str(nnodes), node_rank=node_rank,
+                         rdzv_endpoint=f"{ips[0]}:{port or skypilot_port(task_id or '')}", rdzv_id=task_id,
+                         nproc_per_node=nproc)
+
+
+def from_kubeflow(environ: Mapping[str, str]) -> ClusterLaunch | None:
+    """`ddpkit run SCRIPT` as the command of a Kubeflow TrainJob (Trainer v2) or PyTorchJob pod: nodes,
+    node rank and endpoint from Kubeflow.
+
+    Trainer v2's torch runtime and the training operator's torchrun-style policy set PET_NNODES,
+    PET_NPROC_PER_NODE (a number or 'auto': every GPU, else CPU ranks as `--nproc-per-node auto`),
+    PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT; the operator's plain policy sets WORLD_SIZE
+    (= pods), RANK (= this pod) and MASTER_ADDR/MASTER_PORT. The PET_ values win where both are present.
     """
     if _get(environ, "TORCHELASTIC_RUN_ID", "LOCAL_RANK") is not None:
         return None  # a rank already started by torchrun, not a launcher
@@ -108,8 +148,8 @@ def from_kubeflow(environ: Mapping[str, str]) -> ClusterLaunch | None:
 
 
 def detect_cluster(environ: Mapping[str, str]) -> ClusterLaunch | None:
-    """The cluster this launcher runs in, SLURM first, then Kubeflow; None on a plain machine."""
-    return from_slurm(environ) or from_kubeflow(environ)
+    """The cluster this launcher runs in, SLURM first, then SkyPilot, then Kubeflow; None on a plain machine."""
+    return from_slurm(environ) or from_skypilot(environ) or from_kubeflow(environ)
 
 
 @dataclass(frozen=True, kw_only=True)
