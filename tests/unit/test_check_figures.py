@@ -31,7 +31,7 @@ def test_timings_rates_dates_and_memory_are_not_figures():
     assert _kinds('{"loss": 0.5, "elapsed": 12.0, "throughput": 512}') == ["figure", "timing", "timing"]
     assert _kinds("2026-12-01 16:24:58 loss 0.5") == ["timing", "figure"]
     assert _kinds("eta 00:12 acc 0.9") == ["timing", "figure"]
-    assert _kinds("at 1764606298 max memory 812 MB") == ["timing", "memory"]
+    assert _kinds("at 1764606298 max memory 812 MB, pid 4242") == ["timing", "process", "process"]
     assert _kinds("acc 97.5%") == ["figure"]
 
 

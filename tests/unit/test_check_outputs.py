@@ -113,6 +113,11 @@ def test_files_opened_for_writing_and_http_requests_are_recorded(probes, tmp_pat
     with open(tmp_path / "out.csv", "a"):  # append site
         pass
 
+    class Opener:
+        opener = open  # a builtin stored in a class is no method: the probe must not become one
+
+    Opener().opener(tmp_path / "in.txt").close()
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass

@@ -6,7 +6,7 @@ again at world size 1, and compares the numbers rank 0 reports at each line (pri
 JSON, TensorBoard, W&B, MLflow: ddpkit.check.outputs). A series that moves by about a factor N is
 reported with its line. Numbers that depend on the world size by design are left out and counted
 in the notes: timings and rates (a unit such as s, ms, it/s, tokens/s, or a key such as time,
-elapsed, eta, throughput), dates, clock times and timestamps, memory sizes, integers equal to
+elapsed, eta, throughput), dates, clock times and timestamps, memory sizes, process ids, integers equal to
 the run's structure (world size, a loader's length, batch size or shard size) and figures equal
 to a learning rate (linear scaling with the world size).
 """
@@ -30,8 +30,8 @@ _TOKEN = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2}(?:[ T_]\d{1,2}[:\-]\d{2}(?:[:\-
 _UNIT = re.compile(r"\s*(?:%|(?P<time>[a-z]*/s(?:ec)?\b|s/\w+|ms\b|us\b|µs\b|ns\b|s\b|secs?\b|seconds?\b|mins?\b|"
                    r"minutes?\b|h\b|hrs?\b|hours?\b|days?\b)|(?P<memory>[kmgt]i?b\b|bytes?\b))", re.IGNORECASE)
 _TIME_WORDS = re.compile(r"time|elapsed|duration|\beta\b|speed|throughput|per[_ ]?s(?:ec|econd)?\b|/s\b|"
-                         r"\bfps\b|\btps\b|timestamp|\bdate\b|wall|clock|latency|\bmem|memory|\bram\b|\bpid\b|"
-                         r"\bseed\b|\bport\b|\bsec\b|_s\b", re.IGNORECASE)
+                         r"\bfps\b|\btps\b|timestamp|\bdate\b|wall|clock|latency|\bsec\b|_s\b", re.IGNORECASE)
+_PROCESS_WORDS = re.compile(r"\bmem|memory|\bram\b|\bpid\b|\bport\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class Number:
     ulp: float
     """Half a unit in the last written digit: how far the written value may be from the computed one."""
     kind: str
-    """'figure' (compared), 'timing' (a duration, rate or date) or 'memory' (not compared)."""
+    """'figure' (compared), 'timing' (a duration, rate or date) or 'process' (a memory size, process id or
+    port), which are not compared."""
 
 
 def _number(token: str) -> tuple[float, bool, float]:
@@ -56,8 +57,8 @@ def _number(token: str) -> tuple[float, bool, float]:
 
 
 def numbers_in(text: str) -> list[Number]:
-    """Every number written in `text`, each with what it is; words glued to digits (resnet50, fc1, top5)
-    and digits inside names (rank-0.pt is a number 0) are skipped."""
+    """Every number written in `text`, each with what it is; digits glued to a word (resnet50, fc1, top5)
+    are no number."""
     out: list[Number] = []
     previous = 0
     for m in _TOKEN.finditer(text):
@@ -68,8 +69,8 @@ def numbers_in(text: str) -> list[Number]:
             continue
         value, is_int, ulp = _number(m.group())
         unit = _UNIT.match(text, m.end())
-        if unit and unit.group("memory"):
-            kind = "memory"
+        if (unit and unit.group("memory")) or _PROCESS_WORDS.search(label):
+            kind = "process"
         elif (unit and unit.group("time")) or _TIME_WORDS.search(label) or (is_int and 1.4e9 < abs(value) < 2.5e12):
             kind = "timing"
         else:
@@ -125,7 +126,7 @@ def _explained(a: Number, b: Number, shape_1: tuple[set[int], list[float]], shap
                ) -> str | None:
     """Why the pair (a at world size 1, b at world size N) depends on the world size by design, if it does."""
     if a.kind != "figure" or b.kind != "figure":
-        return "timings" if "timing" in (a.kind, b.kind) else "memory sizes"
+        return "timings" if "timing" in (a.kind, b.kind) else "memory sizes and process ids"
     if a.is_int and b.is_int and int(a.value) in shape_1[0] and int(b.value) in shape_n[0]:
         return "loop and shard sizes"
 

@@ -73,6 +73,14 @@ def _text(value: Any) -> str:
         return str(value)
 
 
+def _quietly(hook: Callable[[Any], None], module: Any) -> None:
+    """Patch a library; another release of it without the names patched is left unprobed, never broken."""
+    try:
+        hook(module)
+    except Exception:
+        pass
+
+
 class _Unbound:
     """A callable that, like a builtin function, is not a descriptor: stored in a class, it is no method."""
 
@@ -102,13 +110,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         else:
             return None
         loader, hook = spec.loader, self.hooks.pop(name)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
+        if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
+            return spec  # a loader shared by many modules (builtin, frozen) is left alone
         exec_module = loader.exec_module
 
         def exec_and_patch(module: Any) -> None:
             exec_module(module)
-            hook(module)
+            _quietly(hook, module)
         loader.exec_module = exec_and_patch
         return spec
 
@@ -223,7 +231,7 @@ class OutputProbes:
                  "wandb.sdk.wandb_init": self._wandb_init, "mlflow.tracking.fluent": self._mlflow,
                  "torchvision.datasets": self._torchvision}
         for name in [n for n in hooks if n in sys.modules]:
-            hooks.pop(name)(sys.modules[name])
+            _quietly(hooks.pop(name), sys.modules[name])
         self._finder = _AfterImport(hooks)
         sys.meta_path.insert(0, self._finder)
 
