@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,9 +15,10 @@ import pytest
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "check"
 
 
-def _check(script: str, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+def _check(script: str, *args: str, script_args: tuple[str, ...] = (), timeout: float = 150
+           ) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "ddpkit.cli", "check", *args, str(FIXTURES / script)],
+    return subprocess.run([sys.executable, "-m", "ddpkit.cli", "check", *args, str(FIXTURES / script), *script_args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=FIXTURES)
 
 
@@ -79,6 +81,72 @@ def test_the_header_says_where_max_steps_stopped_the_ranks():
     out = _check("good_subset_shards.py", "--max-steps", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "(gloo), stopped after 3 optimizer steps (--max-steps 3)\n" in out.stdout
+
+
+def _findings(out: subprocess.CompletedProcess) -> list[str]:
+    return [line.strip() for line in out.stdout.splitlines() if re.match(r"  \S+:\d+: \[", line)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script, line_text, words", [
+    ("bad_shard_accuracy.py", 'print(f"epoch {epoch} test accuracy', "about 1/2"),
+    ("bad_loss_per_rank_count.py", 'print(f"epoch {epoch} test loss', "about 2x"),
+])
+def test_a_figure_that_depends_on_the_number_of_ranks_is_reported_at_its_line(script, line_text, words):
+    out = _check(script, timeout=280)
+    assert out.returncode == 1, out.stdout + out.stderr
+    [finding] = _findings(out)
+    assert finding.startswith(f"{script}:{_line(script, line_text)}: [reported]") and words in finding
+
+
+@pytest.mark.timeout(300)
+def test_figures_logged_shown_in_tqdm_and_written_as_json_lines_are_reported(tmp_path):
+    script = "bad_reported_channels.py"
+    out = _check(script, script_args=(str(tmp_path),), timeout=280)
+    assert out.returncode == 1, out.stdout + out.stderr
+    sites = [f.split(": [")[0] for f in _findings(out)]
+    assert sites == [f"{script}:{_line(script, text)}" for text in ("bar.set_postfix(", "log.info(", "json.dumps(")]
+    assert all(f"the figure {via} here depends on the number of ranks" in out.stdout
+               for via in ("shown in tqdm", "logged", "written as JSON"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script", ["good_reduced_accuracy.py", "good_rank0_eval.py"])
+def test_figures_global_by_construction_pass_and_the_note_says_what_was_not_compared(script):
+    out = _check(script, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "no problems found" in out.stdout
+    # 3 epochs x (5 steps: loss and step/len(loader), then the accuracy and its time) were compared or set aside
+    assert "note: figures rank 0 reports: " in out.stdout and "compared with a world-size-1 run (" in out.stdout
+    assert "3 timings" in out.stdout and "15 loop and shard sizes" in out.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_file_written_and_a_download_run_by_every_rank_are_reported(tmp_path):
+    import http.server
+    import threading
+
+    (tmp_path / "data.txt").write_text("data\n")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: Quiet(*a, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = "bad_write_every_rank.py"
+    url = f"http://127.0.0.1:{server.server_address[1]}/data.txt"
+    try:
+        out = _check(script, script_args=(str(tmp_path), url), timeout=280)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 1, out.stdout + out.stderr
+    write, download = sorted(_findings(out), key=lambda f: "[download]" in f)
+    assert write.startswith(f"{script}:{_line(script, 'losses.csv')}: [write] {tmp_path / 'losses.csv'} is written "
+                            "by 2 ranks (0, 1)")
+    assert download.startswith(f"{script}:{_line(script, 'urlretrieve(')}: [download] {url} is downloaded by 2 ranks")
+    assert "rank 0 only, then barrier" in out.stdout
 
 
 def _alive(pid: int) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ddpkit.check.analysis import analyse, check_collectives, check_data, check_saves, check_steps, load_records
+from ddpkit.check.analysis import (analyse, check_collectives, check_data, check_downloads, check_saves, check_steps,
+                                   check_writes, load_records)
 
 
 def _step(n, *, before="p", grads="g", after="q", ddp=1, synced=1, site="train.py:30"):
@@ -100,6 +101,29 @@ def test_checkpoint_written_by_two_ranks():
     [f] = check_saves({0: [save], 1: [save]})
     assert f.site == "train.py:50" and "2 ranks" in f.message
     assert check_saves({0: [save], 1: [dict(save, path="/ckpt/model-1.pt")]}) == []
+
+
+def test_a_file_or_tracker_run_written_by_two_ranks_and_a_file_per_rank():
+    csv = {"ev": "write", "path": "/out/losses.csv", "what": "open(mode='w')", "site": "train.py:18"}
+    [f] = check_writes({0: [csv], 1: [dict(csv, site="train.py:19")]})
+    assert (f.kind, f.site) == ("write", "train.py:18") and "/out/losses.csv is written by 2 ranks (0, 1)" in f.message
+    assert "rank 0 only" in f.fix and "barrier" in f.fix
+    assert check_writes({0: [csv], 1: [dict(csv, path="/out/losses-1.csv")]}) == []
+    run = {"ev": "write", "path": "<W&B run of project 'p'>", "what": "wandb.init", "site": "train.py:5"}
+    [f] = check_writes({0: [run], 1: [run]})
+    assert "W&B run of project 'p' is started by 2 ranks" in f.message
+    # a torch.save checkpoint is the save check's finding, not a second one
+    saved = {"ev": "save", "path": "/out/losses.csv", "site": "train.py:18"}
+    assert check_writes({0: [csv, saved], 1: [csv]}) == []
+
+
+def test_a_download_run_by_every_rank_is_reported_once_per_url():
+    get = {"ev": "download", "url": "https://example.com/data.zip", "what": "GET request", "site": "train.py:9"}
+    [f] = check_downloads({0: [get], 1: [get], 2: [get]})
+    assert (f.kind, f.site) == ("download", "train.py:9") and "downloaded by 3 ranks (0, 1, 2)" in f.message
+    assert "rank 0 only, then barrier" in f.fix
+    assert check_downloads({0: [get], 1: []}) == []
+    assert [x.kind for x in analyse({0: [get], 1: [get]})] == ["download"]
 
 
 def test_load_records_skips_a_line_cut_short(tmp_path):

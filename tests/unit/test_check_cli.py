@@ -22,7 +22,8 @@ def test_parse_check_args_defaults_and_passthrough(tmp_path):
     script.write_text("")
     cfg = parse_check_args([str(script), "--lr", "0.1"])
     assert cfg == CheckConfig(target=str(script), target_args=("--lr", "0.1"))
-    assert cfg.nproc_per_node == 2 and cfg.max_steps == 20
+    assert cfg.nproc_per_node == 2 and cfg.max_steps == 20 and cfg.compare
+    assert not parse_check_args(["--no-compare", str(script)]).compare
 
 
 @pytest.mark.parametrize("argv, words", [

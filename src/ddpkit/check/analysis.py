@@ -11,7 +11,7 @@ from typing import Any
 from ddpkit.check.samples import same_data
 
 __all__ = ["Finding", "load_records", "analyse", "check_steps", "check_collectives", "check_data", "check_saves",
-           "check_host_tensors", "check_errors"]
+           "check_writes", "check_downloads", "check_host_tensors", "check_errors"]
 
 Records = dict[int, list[dict[str, Any]]]
 """Per rank, its events in order (see ddpkit.check.probes)."""
@@ -24,8 +24,8 @@ class Finding:
     """One broken invariant, where it shows, and what to change."""
 
     kind: str
-    """Short tag: params, grads, collectives, data-overlap, data-order, data-uneven, eval-padding, save, steps,
-    device, error, hang."""
+    """Short tag: params, grads, collectives, data-overlap, data-order, data-uneven, eval-padding, save, write,
+    download, reported, steps, device, error, hang."""
     site: str
     """'file:line' in the user's script."""
     message: str
@@ -270,6 +270,55 @@ def check_saves(records: Records) -> list[Finding]:
             for path, by_rank in writers.items() if len(by_rank) > 1]
 
 
+def _by_rank(records: Records, kind: str, key: str) -> dict[str, dict[int, dict[str, Any]]]:
+    """event[key] -> rank -> that rank's first such event."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for rank, events in sorted(records.items()):
+        for e in events:
+            if e["ev"] == kind and e.get(key):
+                out.setdefault(e[key], {}).setdefault(rank, e)
+    return out
+
+
+def _ranks(by_rank: dict[int, Any]) -> str:
+    return f"{len(by_rank)} ranks ({', '.join(map(str, sorted(by_rank)))})"
+
+
+def check_writes(records: Records) -> list[Finding]:
+    """A file, log directory or tracker run must be written by one rank only (torch.save: check_saves)."""
+    saved = {e["path"] for events in records.values() for e in events if e["ev"] == "save"}
+    out = []
+    for path, by_rank in _by_rank(records, "write", "path").items():
+        if len(by_rank) < 2 or path in saved:
+            continue
+        first = next(iter(by_rank.values()))
+        if path.startswith("<"):  # a W&B or MLflow run
+            message = f"{path[1:-1]} is started by {_ranks(by_rank)} ({first['what']}): one run per rank"
+            fix = "start the run and log on rank 0 only (if rank == 0: ...), or use ddpkit.MetricsLog"
+        else:
+            message = (f"{path} is written by {_ranks(by_rank)} ({first['what']}): the ranks overwrite or "
+                       "interleave each other's writes, and a rank that reads it back may see a torn file")
+            fix = ("write it on rank 0 only (if rank == 0: ...), then barrier before any rank reads it; or give "
+                   "each rank its own file (a name with the rank in it)")
+        out.append(Finding("write", first["site"], message, fix))
+    return out
+
+
+def check_downloads(records: Records) -> list[Finding]:
+    """A download must run on one rank (then a barrier), not on every rank at once."""
+    out = []
+    for url, by_rank in _by_rank(records, "download", "url").items():
+        if len(by_rank) < 2:
+            continue
+        first = next(iter(by_rank.values()))
+        out.append(Finding("download", first["site"], f"{url} is downloaded by {_ranks(by_rank)} ({first['what']}): "
+                           "every rank fetches and writes the same files at once",
+                           "download on rank 0 only, then barrier, then load on every rank: if rank == 0: "
+                           "fetch (torchvision: Dataset(..., download=True)); dist.barrier(); then "
+                           "Dataset(..., download=False) on every rank"))
+    return out
+
+
 def check_host_tensors(records: Records) -> list[Finding]:
     """Under NCCL a collective's tensors must be on the GPU: a tensor that stays in host memory there fails."""
     by_site: dict[tuple[str, str], dict[int, list[str]]] = {}
@@ -308,6 +357,7 @@ def check_errors(records: Records) -> list[Finding]:
 
 
 def analyse(records: Records) -> list[Finding]:
-    """All findings, causes first: collectives, gradients/parameters, data, saves, host tensors, then errors."""
+    """All findings, causes first: collectives, gradients/parameters, data, saves, other writes, downloads,
+    host tensors, then errors."""
     return (check_collectives(records) + check_steps(records) + check_data(records) + check_saves(records)
-            + check_host_tensors(records) + check_errors(records))
+            + check_writes(records) + check_downloads(records) + check_host_tensors(records) + check_errors(records))

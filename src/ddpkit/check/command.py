@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddpkit.check.analysis import Finding, Records, analyse, load_records
@@ -43,6 +43,8 @@ class CheckConfig:
     """Wall-clock limit of the whole check; ranks still running are killed and reported."""
     hang_timeout_s: float = 60.0
     """A rank blocked in a collective this long without progress is reported as hung."""
+    compare: bool = True
+    """Run the script again at world size 1 and compare the figures rank 0 reports (ddpkit.check.figures)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the check gives up and kills the ranks")
     p.add_argument("--hang-timeout", type=float, default=60.0,
                    help="seconds a rank may wait in a collective without progress before it is reported as hung")
+    p.add_argument("--no-compare", dest="compare", action="store_false",
+                   help="skip the world-size-1 run that the figures the script reports are compared with")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("target", metavar="SCRIPT", help="training script path (or module name with -m)")
     p.add_argument("target_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the script unchanged")
@@ -75,7 +79,7 @@ def parse_check_args(argv: list[str]) -> CheckConfig:
             raise ValueError(f"{flag} {value} must be > 0 seconds")
     return CheckConfig(target=a.target, target_args=tuple(a.target_args), module=a.module,
                        nproc_per_node=a.nproc_per_node, max_steps=a.max_steps, epoch_steps=a.epoch_steps,
-                       timeout_s=a.timeout, hang_timeout_s=a.hang_timeout)
+                       timeout_s=a.timeout, hang_timeout_s=a.hang_timeout, compare=a.compare)
 
 
 def bootstrap_argv(cfg: CheckConfig, workdir: str) -> list[str]:
@@ -140,7 +144,7 @@ def _run_ranks(cfg: CheckConfig, workdir: str, log_path: Path) -> tuple[int | No
 
     Raises Interrupted, after stopping torchrun and the ranks, when SIGINT or SIGTERM arrives.
     """
-    (Path(workdir) / "records").mkdir()
+    (Path(workdir) / "records").mkdir(parents=True)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", *bootstrap_argv(cfg, workdir)]
@@ -200,13 +204,45 @@ class CheckResult:
     findings: list[Finding]
     """Broken invariants, causes first."""
     notes: list[str]
-    """CPU mappings ('what at file:line') and remarks on what was not checked."""
+    """Report lines: CPU mappings ('mapped for CPU: what at file:line') and remarks on what was not checked
+    ('note: ...')."""
     code: int | None
     """torchrun's exit code; None when the ranks were killed at --timeout."""
     output: str
     """The ranks' stdout and stderr."""
     summary: str
     """How the run went (describe_run), for the report's first line."""
+
+
+def _compare_figures(cfg: CheckConfig, records: Records, findings: list[Finding], workdir: str
+                     ) -> tuple[list[Finding], list[str]]:
+    """Run the script at world size 1 and compare what rank 0 reports with `records` (world size N).
+
+    Raises Interrupted like _run_ranks.
+    """
+    from ddpkit.check.figures import compare_figures
+
+    if not cfg.compare:
+        return [], ["figures the script reports were not compared with a world-size-1 run (--no-compare)"]
+    if not any(e["ev"] == "report" for e in records.get(0, [])):
+        return [], []
+    if any(f.kind in ("error", "hang") for f in findings):
+        return [], ["figures the script reports were not compared with a world-size-1 run: the run failed"]
+    folder = Path(workdir) / "reference"
+    code, _ = _run_ranks(replace(cfg, nproc_per_node=1), str(folder), folder / "output.log")
+    reference = load_records(folder / "records")
+    if code != 0 and not _all_ranks_finished(reference, 1):
+        why = "timed out" if code is None else f"failed with exit code {code}"
+        return [], [f"figures the script reports were not compared: its world-size-1 run {why}"]
+    result = compare_figures(reference, records, cfg.nproc_per_node)
+    notes = [f"figures rank 0 reports: {result.compared} compared with a world-size-1 run"
+             + (" (" + ", ".join(f"{n} {why}" for why, n in sorted(result.skipped.items())) + " not compared)"
+                if result.skipped else "")]
+    if result.uncompared_sites:
+        shown = result.uncompared_sites[:5]
+        more = len(result.uncompared_sites) - len(shown)
+        notes.append("not compared: " + "; ".join(shown) + (f"; and {more} more lines" if more > 0 else ""))
+    return result.findings, notes
 
 
 def run_check(cfg: CheckConfig) -> CheckResult:
@@ -217,28 +253,34 @@ def run_check(cfg: CheckConfig) -> CheckResult:
         code, output = _run_ranks(cfg, workdir, Path(workdir) / "output.log")
         records = load_records(Path(workdir) / "records")
         reports = collect_reports(Path(workdir) / "hang")  # no folder: no reports
-    findings = analyse(records)
-    if reports:
-        findings.append(Finding("hang", next((r["site"] for r in reports.values() if r.get("site")), "<unknown>"),
-                                "ranks stopped making progress: " + "; ".join(summarize(reports, cfg.nproc_per_node)),
-                                "make every rank reach the same collectives (see the collective finding, if any)"))
-    elif code is None:
-        findings.append(Finding("hang", "<unknown>", f"the ranks did not finish within --timeout {cfg.timeout_s:g} s "
-                                "and were killed", "raise --timeout if the script is just slow to start"))
-    notes = []
-    if code not in (0, None) and not findings:
-        if _all_ranks_finished(records, cfg.nproc_per_node):
-            # Every rank recorded a clean end before exiting: a non-zero exit after that is torch's
-            # teardown at interpreter exit (gloo sometimes aborts there), not what the check verifies.
-            notes.append(f"every rank finished its checked steps, then the job exited with code {code} "
-                         "during process teardown")
-        else:
-            findings.append(Finding("error", "<unknown>", f"the ranks failed with exit code {code}",
-                                    "see the script's output above"))
-    notes += [f"{e['what']} at {e['site']}" for e in records.get(0, []) if e["ev"] == "map"]
+        findings = analyse(records)
+        if reports:
+            findings.append(Finding("hang", next((r["site"] for r in reports.values() if r.get("site")),
+                                                 "<unknown>"),
+                                    "ranks stopped making progress: "
+                                    + "; ".join(summarize(reports, cfg.nproc_per_node)),
+                                    "make every rank reach the same collectives (see the collective finding, if any)"))
+        elif code is None:
+            findings.append(Finding("hang", "<unknown>", f"the ranks did not finish within --timeout "
+                                    f"{cfg.timeout_s:g} s and were killed",
+                                    "raise --timeout if the script is just slow to start"))
+        notes = []
+        if code not in (0, None) and not findings:
+            if _all_ranks_finished(records, cfg.nproc_per_node):
+                # Every rank recorded a clean end before exiting: a non-zero exit after that is torch's
+                # teardown at interpreter exit (gloo sometimes aborts there), not what the check verifies.
+                notes.append(f"note: every rank finished its checked steps, then the job exited with code {code} "
+                             "during process teardown")
+            else:
+                findings.append(Finding("error", "<unknown>", f"the ranks failed with exit code {code}",
+                                        "see the script's output above"))
+        figures, figure_notes = _compare_figures(cfg, records, findings, workdir)
+    findings += figures
+    notes += [f"mapped for CPU: {e['what']} at {e['site']}" for e in records.get(0, []) if e["ev"] == "map"]
+    notes += [f"note: {n}" for n in figure_notes]
     steps = max((sum(e["ev"] == "step" for e in ev) for ev in records.values()), default=0)
     if steps == 0 and not findings:
-        notes.append("no optimizer step was seen: the parameter and gradient checks did not run")
+        notes.append("note: no optimizer step was seen: the parameter and gradient checks did not run")
     summary = describe_run(records, world_size=cfg.nproc_per_node, max_steps=cfg.max_steps,
                            epoch_steps=cfg.epoch_steps)
     return CheckResult(findings=findings, notes=notes, code=code, output=output, summary=summary)
@@ -263,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     findings, notes, output = result.findings, result.notes, result.output
     print(f"ddpkit check: {cfg.target} on {cfg.nproc_per_node} CPU ranks (gloo), {result.summary}")
     for note in notes:
-        print(f"  mapped for CPU: {note}" if " at " in note else f"  note: {note}")
+        print(f"  {note}")
     if not findings:
         print("ddpkit check: no problems found")
         return 0

@@ -8,12 +8,13 @@ compares the ranks' files afterwards (ddpkit.check.analysis).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import weakref
+from json import dumps  # bound here: the output probes patch json.dumps, which the record must not go through
 from typing import Any
 
+from ddpkit.check.outputs import OutputProbes
 from ddpkit.hang import tracer
 from ddpkit.check.samples import fingerprint, source
 from ddpkit.parallel.strategy import full_tensor
@@ -49,6 +50,14 @@ def _hash_tensors(tensors) -> str:
     return h.hexdigest()[:16]
 
 
+def _number(value: Any) -> float | None:
+    """A learning rate as a float (a tensor lr too), None when it is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
 class Recorder:
     """Installs the probes of one rank and writes its events to `path`."""
 
@@ -64,9 +73,10 @@ class Recorder:
         self._datasets: dict[int, tuple[int, Any]] = {}  # id -> (ordinal, the dataset, kept alive)
         self._restore: list[tuple[Any, str, Any]] = []
         self._hooks: list[Any] = []
+        self._outputs = OutputProbes(self.write)
 
     def write(self, event: str, **fields: Any) -> None:
-        self._file.write(json.dumps({"ev": event, **fields}) + "\n")
+        self._file.write(dumps({"ev": event, **fields}) + "\n")
 
     # tracer.Listener: record at entry, so a rank stuck inside still has the call on record
     def enter(self, call: tracer.Call) -> None:
@@ -147,8 +157,10 @@ class Recorder:
         self._patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
         self._patch(dataloader._BaseDataLoaderIter, "_next_index", next_index)
         self._patch(torch, "save", save)
+        self._outputs.install()
 
     def uninstall(self) -> None:
+        self._outputs.uninstall()
         tracer.uninstall(self)
         for handle in self._hooks:
             handle.remove()
@@ -170,7 +182,8 @@ class Recorder:
         sampler = loader.sampler
         inner = getattr(loader.batch_sampler, "sampler", None)
         dist_sampler = next((s for s in (sampler, inner) if isinstance(s, DistributedSampler)), None)
-        info: dict[str, Any] = {"sampler": type(inner if inner is not None else sampler).__name__}
+        info: dict[str, Any] = {"sampler": type(inner if inner is not None else sampler).__name__,
+                                "batch_size": loader.batch_size}
         try:
             info["dataset_len"] = len(loader.dataset)
         except TypeError:
@@ -197,7 +210,8 @@ class Recorder:
         before, grads = self._pre.pop(id(optimizer), ("", ""))
         self.write("step", n=self.steps, site=tracer.user_site(sys._getframe(1)), optimizer=type(optimizer).__name__,
                    params_before=before, grads=grads, params_after=_hash_tensors(_parameters(optimizer)),
-                   ddp_forwards=self._ddp_forwards, synced_forwards=self._synced_forwards)
+                   ddp_forwards=self._ddp_forwards, synced_forwards=self._synced_forwards,
+                   lrs=[_number(g.get("lr")) for g in optimizer.param_groups])
         self._ddp_forwards = self._synced_forwards = 0
         if self.max_steps and self.steps >= self.max_steps:
             raise StopCheck(self.steps)
