@@ -369,10 +369,15 @@ def _adopted_device(env: LaunchEnv, *, device: str, backend: str) -> tuple[torch
     made current (one GPU visible per worker, as Ray Train gives) is kept."""
     import torch
 
-    cuda_group = "nccl" in backend
+    import torch.distributed as dist
+
+    # the group's backends ("gloo", or "cpu:gloo,cuda:nccl") and the devices each serves, as torch lists them
+    names = [part.rpartition(":")[2] for part in backend.split(",")]
+    serves = [set(dist.Backend.backend_capability.get(name, ())) for name in names]
+    cuda_group = any(devices == {"cuda"} for devices in serves)  # a GPU-only backend: the job runs on GPUs
     if device == "auto":
         device = "cuda" if cuda_group and torch.cuda.is_available() else "cpu"
-    if device == "cpu" and cuda_group and "gloo" not in backend:
+    if device == "cpu" and not any("cpu" in devices for devices in serves):
         raise ValueError(f"ddpkit.init: device='cpu' but the existing process group's backend is {backend}, "
                          "which has no CPU path; pass device='cuda' (or 'auto'), or create the group with gloo")
     if device == "cuda" and torch.cuda.is_available() and env.local_rank >= torch.cuda.device_count():
