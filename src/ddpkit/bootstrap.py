@@ -100,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         request(json_path=args.profile_json)
     if args.record is None:
         run_target(args.target, args.target_args, module=args.module)
+        if args.profile or args.profile_json is not None:
+            from ddpkit.profile import unused_note
+
+            note = unused_note()
+            if note and env.rank == 0:
+                print(note, file=sys.stderr)
         return 0
 
     from ddpkit.check.probes import Recorder, StopCheck

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ddpkit.runtime import Context
 
 __all__ = ["PHASES", "WARMUP_STEPS", "STRAGGLER_EXCESS", "StepProfiler", "request", "profiler_for",
-           "watch_model", "profiled_batches", "summarize", "format_report"]
+           "watch_model", "profiled_batches", "unused_note", "summarize", "format_report"]
 
 PHASES = ("data", "compute", "comm", "optimizer", "other")
 """The phases of a step, in the order they are reported (each `<phase>_ms` in the JSON)."""
@@ -64,6 +64,14 @@ def request(*, json_path: str | None = None) -> None:
     _REQUEST.update(on=True, json_path=json_path)
 
 
+def unused_note() -> str | None:
+    """After the script of `ddpkit run --profile`: a line to print when nothing in it was profiled."""
+    if not _REQUEST or _REQUEST.get("started"):
+        return None
+    return ("ddpkit run --profile: nothing was measured: profiling times the optimizer steps of a loop over "
+            "ddpkit.loader under ddpkit.init(); this script has none")
+
+
 def profiler_for(ctx: Context) -> StepProfiler | None:
     """This rank's StepProfiler when profiling is on (created on first use), else None; cheap when off."""
     prof = getattr(ctx, "profiler", None)
@@ -71,6 +79,7 @@ def profiler_for(ctx: Context) -> StepProfiler | None:
         json_path = ctx.profile_json if ctx.profile_json is not None else _REQUEST.get("json_path")
         prof = ctx.profiler = StepProfiler(ctx, json_path=json_path)
         ctx.at_close(prof.finish)
+        _REQUEST["started"] = True
     return prof
 
 
@@ -97,8 +106,14 @@ class _Step:
     __slots__ = ("start", "waits", "cdone", "bdone", "ostart", "oend", "end", "last_param")
 
     def __init__(self, start: Any) -> None:
-        self.start, self.waits = start, []
-        self.cdone = self.bdone = self.ostart = self.oend = self.end = self.last_param = None
+        self.start: Any = start
+        self.waits: list[tuple[Any, Any]] = []
+        self.cdone: Any = None
+        self.bdone: Any = None
+        self.ostart: Any = None
+        self.oend: Any = None
+        self.end: Any = None
+        self.last_param: int | None = None
 
 
 class StepProfiler:
@@ -170,6 +185,8 @@ class StepProfiler:
         comes last; from then on only that parameter's hook stays (one call per backward)."""
         import functools
 
+        if self.hooks:  # the first model wrapped under this Context is the one watched
+            return
         self.last_param = None
         self.hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, i))
                       for i, p in enumerate(params)]
@@ -215,8 +232,8 @@ class StepProfiler:
 
     def _ms(self, step: _Step, mark: Any) -> float:
         if self.cuda:
-            return step.start.elapsed_time(mark)
-        return (mark - step.start) * 1e3
+            return float(step.start.elapsed_time(mark))
+        return float(mark - step.start) * 1e3
 
     def _phases(self, step: _Step) -> tuple[float, ...]:
         total = self._ms(step, step.end)
@@ -273,10 +290,10 @@ class StepProfiler:
         return report
 
 
-def _median(values: Any) -> float:
+def _median(values: Iterable[float]) -> float:
     ordered = sorted(values)
     n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return float(ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2)
 
 
 def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -297,7 +314,7 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 def _busy(row: dict[str, Any]) -> float:
     # In synchronous DDP every rank's step lasts as long as the slowest rank's: the others wait for it
     # in the gradient all-reduce. A rank's own time is therefore its step less that wait.
-    return row["step_ms"] - row["comm_ms"]
+    return float(row["step_ms"] - row["comm_ms"])
 
 
 def _straggler(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, float]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -43,7 +44,7 @@ class Context:
     """Where rank 0 writes the profile as JSON at close(); None: the printed table only."""
     profiler: Any = field(default=None, repr=False)
     """This rank's ddpkit.profile.StepProfiler, once a loop helper started it; None when not profiling."""
-    _at_close: list = field(default_factory=list, repr=False)
+    _at_close: list[Callable[[], Any]] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
     _stop: StopFlag = field(default_factory=StopFlag, repr=False)
     _watchdog: Any = field(default=None, repr=False)
@@ -99,7 +100,7 @@ class Context:
             self._stop_watchdog()
             _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
 
-    def at_close(self, fn: Any) -> None:
+    def at_close(self, fn: Callable[[], Any]) -> None:
         """Call `fn()` when `close()` begins, while the process group still exists (not on `abort()`).
         A collective there must be registered on every rank, as close() itself is called on every rank."""
         self._at_close.append(fn)

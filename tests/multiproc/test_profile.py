@@ -9,6 +9,9 @@ cores are shared); a rank that waits for it shows at least 0.5 D of exposed comm
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -150,3 +153,18 @@ def test_the_communication_share_grows_with_the_model():
     # 40 times the bytes; measured here (a loaded 2-core machine): about 11 times the ms, the share +0.24
     assert large_ms > 4 * small_ms, (small, large)
     assert large_share > small_share + 0.1, (small, large)
+
+
+@pytest.mark.timeout(200)
+def test_ddpkit_run_profile_reports_the_straggler_of_a_script_that_never_mentions_profiling(tmp_path: Path):
+    out = tmp_path / "profile.json"
+    script = Path(__file__).parent / "scripts" / "profile_job.py"
+    proc = subprocess.run([sys.executable, "-m", "ddpkit.cli", "run", "--nproc-per-node", "2", "--profile-json", str(out),
+                           str(script)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2 and report["steps"] == 20 - WARMUP_STEPS
+    assert report["straggler"] == {"rank": 1, "phase": "data"}, report
+    assert _near(report["ranks"][1]["data_ms"], 30.0), report
+    assert "straggler: rank 1 (data)" in proc.stdout and proc.stdout.count("ddpkit profile:") == 1

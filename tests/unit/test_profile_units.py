@@ -159,3 +159,12 @@ def test_the_bootstrap_profiles_a_script_that_calls_init_without_profile(tmp_pat
     report = json.loads(out.read_text())
     assert report["world_size"] == 1 and report["steps"] == 10 - WARMUP_STEPS and report["straggler"] is None
     assert "ddpkit profile: 1 rank(s)" in proc.stdout
+
+
+def test_the_bootstrap_says_so_when_the_script_has_nothing_to_profile(tmp_path):
+    (tmp_path / "plain.py").write_text("print('trained elsewhere')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "ddpkit.bootstrap", "--profile", str(tmp_path / "plain.py")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "trained elsewhere" in proc.stdout
+    assert "ddpkit run --profile: nothing was measured" in proc.stderr
