@@ -195,8 +195,8 @@ class StepProfiler:
         step = self.current
         if step is None:
             return
-        if self.last_param is None:  # warm-up: learn the order, no event needed
-            step.cdone, step.last_param = 0.0, index
+        if self.last_param is None:  # warm-up: learn the order, no mark needed
+            step.last_param = index
         else:
             step.cdone = self.now()
 
@@ -207,20 +207,20 @@ class StepProfiler:
         step.end = end
         self.pending.append(step)
         self.closed += 1
-        if self.closed == WARMUP_STEPS and self.hooks and step.last_param is not None:
+        if self.closed >= WARMUP_STEPS and self.last_param is None and step.last_param is not None:
             # The gradient accumulated last ends backward's compute: it makes DDP's last bucket ready.
             self.last_param = step.last_param
             for i, handle in enumerate(self.hooks):
                 if i != self.last_param:
                     handle.remove()
-        if len(self.pending) > READ_EVERY:
-            self._read(keep=2)
+        if len(self.pending) >= READ_EVERY:
+            self._read()
 
-    def _read(self, keep: int) -> None:
-        """Turn closed steps into phase times, all but the newest `keep` (their callbacks may still run),
-        on CUDA only those whose events have completed (`query()` does not wait)."""
+    def _read(self) -> None:
+        """Turn closed steps into phase times, in order; on CUDA only those whose events have completed
+        (`query()` does not wait; the rest wait for the next read)."""
         done = 0
-        for step in self.pending[: max(0, len(self.pending) - keep)]:
+        for step in self.pending:
             if self.cuda and not step.end.query():
                 break
             done += 1
@@ -244,7 +244,7 @@ class StepProfiler:
         bdone = self._ms(step, step.bdone) if step.bdone is not None else None
         # Backward's compute ends with the last gradient (DDP's last bucket is then ready); without
         # DDP (world size 1, FSDP) when Precision.backward returns, else at the optimizer or step end.
-        watched = step.cdone is not None and self.last_param is not None and self.seen > WARMUP_STEPS
+        watched = step.cdone is not None
         cdone = (self._ms(step, step.cdone) if watched else bdone if bdone is not None
                  else ostart if ostart is not None else total)
         first_ready = waits[0][1] if waits else 0.0
@@ -262,7 +262,7 @@ class StepProfiler:
             import torch
 
             torch.cuda.synchronize(self.ctx.device)  # once, at the end
-        self._read(keep=0)
+        self._read()
         out: dict[str, Any] = {"rank": self.ctx.rank}
         for name, values in self.times.items():
             out[f"{name}_ms"] = round(_median(values), 3) if values else None
