@@ -435,6 +435,84 @@ def item_step_syncs(tmp: str):
             f"inf step on the device: one flag read per step){'; ' + why if why else ''}", {"syncs": counts})
 
 
+def item_profile(tmp: str):
+    """Profiling on CUDA: no host sync per step (events read in batches), sane phases, overhead <= 1% (26)."""
+    import dataclasses
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    import ddpkit
+    from ddpkit.env import LaunchEnv
+    from ddpkit.profile import PHASES, profiler_for, summarize
+    from ddpkit.runtime import Context
+
+    cuda = torch.cuda.is_available()
+    dev = _cuda() if cuda else torch.device("cpu")
+    if cuda:
+        _nccl_group(tmp)
+    else:  # the same code on CPU, to try the item without a GPU (ITEMS marks it needs_gpu)
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store-profile", rank=0, world_size=1)
+    # A context that says "distributed" so wrap builds DDP (which profiling watches) over a real group of one rank.
+    plain = Context(env=LaunchEnv(world_size=2, local_world_size=2), device=dev, backend="nccl" if cuda else "gloo",
+                    seed=0)
+    contexts = {"plain": plain, "profiled": dataclasses.replace(plain, profile=True, profiler=None, _at_close=[])}
+    width, blocks, batch = (4096, 4, 1024) if cuda else (256, 2, 64)  # 3.3 TFLOP per step on the GPU
+    g = torch.Generator().manual_seed(0)
+    dataset = torch.utils.data.TensorDataset(torch.randn(batch * 2 * 8, width, generator=g))
+
+    def forever(loader):
+        while True:
+            yield from loader
+
+    arms = {}
+    for name, ctx in contexts.items():
+        torch.manual_seed(0)
+        layers = [m for _ in range(blocks) for m in (torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                                     torch.nn.Linear(4 * width, width))]
+        model = ddpkit.wrap(torch.nn.Sequential(*layers), ctx)
+        arms[name] = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=1e-4),
+                      "prec": ddpkit.Precision(ctx, dtype="bf16" if cuda else "fp32"),
+                      "data": forever(ddpkit.loader(dataset, ctx, batch_size=batch))}
+
+    def step(arm):
+        (x,) = next(arm["data"])
+        with arm["prec"].autocast():
+            loss = arm["model"](x).float().square().mean()
+        arm["prec"].backward(loss)
+        arm["prec"].step(arm["opt"], arm["model"])
+
+    for _ in range(24):  # the profiled arm alone first: its figures must describe its own steps
+        step(arms["profiled"])
+    prof = profiler_for(contexts["profiled"])
+    figures = prof.figures()
+    report = summarize([figures])
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for t in range(40):
+        for name in (("plain", "profiled") if t % 2 == 0 else ("profiled", "plain")):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(arms[name])
+            if cuda:
+                torch.cuda.synchronize()
+            if t >= 8:
+                times[name].append(time.perf_counter() - t0)
+    syncs = ({name: _syncs(lambda arm=arm: [step(arm) for _ in range(20)]) for name, arm in arms.items()}
+             if cuda else {})
+    dist.destroy_process_group()
+    row = report["ranks"][0]
+    parts = sum(row[f"{p}_ms"] for p in PHASES)
+    ratio = statistics.median(a / b for a, b in zip(times["profiled"], times["plain"]))
+    sane = row["step_ms"] > 0 and all(row[f"{p}_ms"] >= 0 for p in PHASES) and 0.8 <= parts / row["step_ms"] <= 1.2
+    ok = sane and syncs.get("profiled", 0) <= syncs.get("plain", 0) and ratio <= 1.01
+    shares = ", ".join(f"{p} {row[f'{p}_ms'] / row['step_ms']:.0%}" for p in PHASES)
+    return (("OK" if ok else "BUG"), f"step {row['step_ms']:.2f} ms ({shares}; parts sum to {parts:.2f} ms); host "
+            f"syncs in 20 steps {syncs}; profiled/plain step {ratio:.4f} (median of paired steps)",
+            {"report": report, "syncs": syncs, "ratio": ratio, "steps": figures["steps"]})
+
+
 ITEMS = (
     Item("selftest", "ddpkit test", needs_gpu=False, timeout_s=150),
     Item("nccl_group", "14 NCCL group of world size 1", needs_gpu=True),
@@ -448,6 +526,7 @@ ITEMS = (
     Item("resume_syncs", "6 syncs after a resume", needs_gpu=True),
     Item("bf16_choice", "7 bf16 only where native", needs_gpu=True),
     Item("step_syncs", "12 syncs in Precision.step", needs_gpu=True),
+    Item("profile", "26 step profile on CUDA", needs_gpu=True, timeout_s=120),
     Item("charlm", "charlm throughput / MFU", needs_gpu=True, timeout_s=200),
 )
 

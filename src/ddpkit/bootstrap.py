@@ -1,6 +1,7 @@
-"""Rank entry of `ddpkit check` and `ddpkit run --hang-timeout`: install the probes, then run the script.
+"""Rank entry of `ddpkit check` and `ddpkit run --hang-timeout/--profile`: install the probes, then run the script.
 
-    python -m ddpkit.bootstrap [--hang-timeout S --report-dir D] [--device cpu] [--record D
+    python -m ddpkit.bootstrap [--hang-timeout S --report-dir D] [--device cpu] [--profile
+        [--profile-json PATH]] [--record D
         --max-steps N --epoch-steps N --cpu] [-m] TARGET [ARGS...]
 
 torchrun starts this module on every rank; ddpkit's own settings reach it as these arguments.
@@ -31,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu"), default="auto",
                    help="cpu: hide the GPUs from this rank, so the script trains on the CPU (ddpkit run "
                         "--nproc-per-node cpu)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile each optimizer step of ddpkit's loop helpers; rank 0 reports at ctx.close()")
+    p.add_argument("--profile-json", default=None, help="also write the profile report as JSON here")
     p.add_argument("-m", "--module", action="store_true", help="TARGET is a module name")
     p.add_argument("target")
     p.add_argument("target_args", nargs=argparse.REMAINDER)
@@ -85,8 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         # still set CUDA_VISIBLE_DEVICES): the recorder sees NCCL's and gloo's collectives alike
         enable(report_dir)
         start_watchdog(timeout_s=args.hang_timeout, rank=env.rank, world_size=env.world_size, report_dir=report_dir)
+    if args.profile or args.profile_json is not None:
+        from ddpkit.profile import request
+
+        request(json_path=args.profile_json)
     if args.record is None:
         run_target(args.target, args.target_args, module=args.module)
+        if args.profile or args.profile_json is not None:
+            from ddpkit.profile import unused_note
+
+            note = unused_note()
+            if note and env.rank == 0:
+                print(note, file=sys.stderr)
         return 0
 
     from ddpkit.check.probes import Recorder, StopCheck

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ddpkit.device import HostPinnedCollate, to_device, unwrap_host_batch
+from ddpkit.profile import profiled_batches
 from ddpkit.rng import SeededBatch, SeededFetch, WorkerSeeder
 
 if TYPE_CHECKING:
@@ -177,6 +178,10 @@ class DistributedLoader:
         return self._epoch, self._step
 
     def __iter__(self) -> Iterator[Any]:
+        return profiled_batches(self.ctx, self._batches(), self.accumulation_steps,
+                                num_workers=self._loader.num_workers, pinned=self._pin)
+
+    def _batches(self) -> Iterator[Any]:
         s = self.sampler
         self._epoch, self._step = self._position()
         s.epoch, s.start_step = self._epoch, self._step

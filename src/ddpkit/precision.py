@@ -7,6 +7,8 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ddpkit.profile import profiler_for
+
 if TYPE_CHECKING:
     import torch
 
@@ -194,6 +196,9 @@ class Precision:
             loss.backward()
         else:
             self.scaler.scale(loss).backward()
+        prof = profiler_for(self.ctx)
+        if prof is not None:
+            prof.mark_backward()
 
     def step(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module | None = None, *,
              max_grad_norm: float | None = None, zero_grad: bool = True) -> StepInfo:
@@ -216,6 +221,9 @@ class Precision:
 
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm={max_grad_norm!r} must be a finite number > 0 (e.g. 1.0) or None")
+        prof = profiler_for(self.ctx)
+        if prof is not None:
+            prof.mark_optimizer(started=True)
         params = _parameters(optimizer, model)
         if self.scaler is not None and any(is_dtensor(p) for p in params):
             from ddpkit.parallel.fsdp import refuse_fp16
@@ -267,6 +275,8 @@ class Precision:
         self._skipped = self._skipped + skipped.to(torch.int64)
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
+        if prof is not None:
+            prof.mark_optimizer(started=False)
         return StepInfo(grad_norm=norm.detach(), skipped=skipped, scale=scale)
 
     def _warn_unfused(self, optimizer: torch.optim.Optimizer) -> None:

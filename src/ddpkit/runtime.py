@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -37,6 +38,13 @@ class Context:
     """The job's base seed (the data order uses it as is; generators use rank_seed(seed, rank))."""
     timeout_s: float = 600.0
     """How long a collective may wait for a peer (init's timeout_s)."""
+    profile: bool = False
+    """Measure where each optimizer step's time goes (ddpkit.profile); rank 0 reports at close()."""
+    profile_json: str | None = None
+    """Where rank 0 writes the profile as JSON at close(); None: the printed table only."""
+    profiler: Any = field(default=None, repr=False)
+    """This rank's ddpkit.profile.StepProfiler, once a loop helper started it; None when not profiling."""
+    _at_close: list[Callable[[], Any]] = field(default_factory=list, repr=False)
     _closed: bool = field(default=False, repr=False)
     _stop: StopFlag = field(default_factory=StopFlag, repr=False)
     _watchdog: Any = field(default=None, repr=False)
@@ -90,10 +98,19 @@ class Context:
         if self._closed:
             return
         self._closed = True
-        self._stop.uninstall()
-        self._stop_watchdog()
-        if self.owns_group:
-            _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
+        try:
+            for fn in self._at_close:
+                fn()
+        finally:
+            self._stop.uninstall()
+            self._stop_watchdog()
+            if self.owns_group:
+                _teardown(barrier_key=f"ddpkit/close/{self.env.restart_count}")
+
+    def at_close(self, fn: Callable[[], Any]) -> None:
+        """Call `fn()` when `close()` begins, while the process group still exists (not on `abort()`).
+        A collective there must be registered on every rank, as close() itself is called on every rank."""
+        self._at_close.append(fn)
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Leave after an error without waiting for other ranks (they may be dead or stuck).
@@ -135,6 +152,8 @@ def init(
     init_method: str | None = None,
     env: LaunchEnv | None = None,
     hang_timeout_s: float | None = None,
+    profile: bool = False,
+    profile_json: str | os.PathLike[str] | None = None,
 ) -> Context:
     """Set up this rank: device, process group, per-rank seeds. Use as `with ddpkit.init() as ctx:`.
 
@@ -162,12 +181,17 @@ def init(
             until `close()`; None (the default) leaves torch.distributed untouched. If a watchdog
             already runs in this process (`ddpkit run --hang-timeout`, `ddpkit check`), it takes
             this timeout from now on, with a warning when that changes it.
+        profile: measure, on every rank, where each optimizer step of ddpkit's loop helpers goes
+            (data, compute, exposed communication, optimizer, other); at `close()` rank 0 prints one
+            table, the straggler and suggestions (see ddpkit.profile; `ddpkit run --profile` does the same).
+        profile_json: also write that report as JSON to this path (implies profile=True).
 
     Every argument is checked before anything else happens: a bad value raises a one-line
     TypeError/ValueError, and no process group exists.
     """
     seed = _check_init_args(seed=seed, device=device, timeout_s=timeout_s, init_method=init_method, env=env,
                             hang_timeout_s=hang_timeout_s)
+    profile_json = _check_profile_args(profile, profile_json)
     env = read_env() if env is None else env
     group = _existing_group()
     if group is not None:
@@ -214,7 +238,8 @@ def init(
         watchdog = watchdog if started_here else None
     seed_everything(rank_seed(seed, env.rank))
     ctx = Context(env=env, device=dev, backend=backend, seed=seed, timeout_s=timeout_s, _watchdog=watchdog,
-                  owns_group=group is None)
+                  owns_group=group is None,
+                  profile=profile or profile_json is not None, profile_json=profile_json)
     ctx._stop.install()
     if env.distributed and group is None:
         _abort_on_uncaught(ctx)
@@ -243,6 +268,21 @@ def _check_init_args(*, seed: Any, device: Any, timeout_s: Any, init_method: Any
         raise TypeError(f"ddpkit.init: env={type(env).__name__} must be a ddpkit.LaunchEnv (from ddpkit.read_env()) "
                         "or None to read this process's environment")
     return checked
+
+
+def _check_profile_args(profile: Any, profile_json: Any) -> str | None:
+    """init()'s profile settings checked; the JSON path returned as an absolute str (or None)."""
+    if not isinstance(profile, bool):
+        raise TypeError(f"ddpkit.init: profile={profile!r} must be True or False")
+    if profile_json is None:
+        return None
+    if not isinstance(profile_json, (str, os.PathLike)):
+        raise TypeError(f"ddpkit.init: profile_json={profile_json!r} must be a file path (str) or None")
+    path = os.path.abspath(os.fspath(profile_json))
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ValueError(f"ddpkit.init: profile_json={os.fspath(profile_json)!r} is in a directory that does not "
+                         f"exist ({os.path.dirname(path)}); create it first or pass another path")
+    return path
 
 
 def _abort_on_uncaught(ctx: Context) -> None:

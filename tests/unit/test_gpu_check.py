@@ -38,7 +38,7 @@ def test_every_cuda_item_is_reported_as_needing_a_gpu_on_cpu(gc, tmp_path, capsy
     assert report["summary"] == {"OK": 0, "BUG": 0, "ERROR": 0, "needs GPU": len(names)}
     assert report["device"].startswith("cpu") and report["date"] and report["torch"]
     text = capsys.readouterr().out
-    assert "needs GPU: 11" in text and "1 hang forensics on NCCL" in text and "charlm throughput / MFU" in text
+    assert "needs GPU: 12" in text and "1 hang forensics on NCCL" in text and "charlm throughput / MFU" in text
 
 
 def test_the_runner_turns_every_outcome_into_a_verdict(gc, tmp_path):

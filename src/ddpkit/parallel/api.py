@@ -178,6 +178,9 @@ def wrap(
             device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **options)
             register_comm(model, comm, timeout_s=ctx.timeout_s)
+            from ddpkit.profile import watch_model
+
+            watch_model(ctx, model)  # a no-op unless profiling (ddpkit.profile)
     elif fsdp:
         from ddpkit.parallel.fsdp import mixed_precision_policy, shard_units
 

@@ -26,6 +26,7 @@ __all__ = [
     "threads_per_rank",
     "last_call_timeout",
     "check_target",
+    "check_profile_json",
     "check_torchrun_flags",
     "torchrun_flags",
     "DEFAULT_SIGNALS_TO_HANDLE",
@@ -93,6 +94,11 @@ class RunConfig:
     torchrun_options: tuple[tuple[str, str], ...] = ()
     """torchrun flags passed through unchanged, as (flag, value) pairs from PASSTHROUGH_FLAGS, e.g.
     (("--log-dir", "logs"), ("--tee", "3")); `check_torchrun_flags` has checked the installed torch has them."""
+    profile: bool = False
+    """Start ranks that profile each optimizer step of ddpkit's loop helpers (ddpkit.profile); rank 0
+    prints the table, the straggler and suggestions when the script closes its Context."""
+    profile_json: str | None = None
+    """Where rank 0 also writes that report as JSON (an absolute path); None: the table only."""
     cpu_ranks: bool = False
     """Run the ranks on the CPU even where GPUs are visible (--nproc-per-node cpu): the rank bootstrap
     hides the GPUs from each rank before the script starts, so ddpkit.init and torch both see none."""
@@ -172,6 +178,11 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                    help="a rank blocked this long in a collective reports its stack and call site, and the run "
                         "fails with one line per rank instead of hanging (default: off)")
+    p.add_argument("--profile", action="store_true",
+                   help="measure where each rank's step time goes (data, compute, exposed communication, "
+                        "optimizer, other); rank 0 prints a table, the straggler and suggestions at the end")
+    p.add_argument("--profile-json", default=None, metavar="PATH",
+                   help="also write the profile as JSON to PATH (implies --profile)")
     # torchrun's own flags, handed on unchanged (refused where the installed torch lacks one)
     p.add_argument("--log-dir", default=None,
                    help="torchrun: directory for the ranks' log files (DIR/RUN_ID/attempt_N/LOCAL_RANK/)")
@@ -211,6 +222,7 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
     if args.hang_timeout is not None and not args.hang_timeout > 0:
         raise LaunchError(f"--hang-timeout {args.hang_timeout:g} must be > 0 seconds, e.g. --hang-timeout 300 "
                           "(longer than your slowest step or evaluation)")
+    profile_json = check_profile_json(args.profile_json)
     given = tuple((flag, getattr(args, flag[2:].replace("-", "_"))) for flag in PASSTHROUGH_FLAGS)
     options = tuple((flag, str(value)) for flag, value in given if value is not None)
     available = torchrun_flags() if available_flags is None else available_flags
@@ -233,6 +245,7 @@ def config_from_args(argv: list[str], *, environ: Mapping[str, str], num_gpus: i
         rdzv_endpoint=nodes.rdzv_endpoint, local_addr=args.local_addr, iface=args.iface,
         rdzv_timeout=args.rdzv_timeout, connect_timeout=args.connect_timeout, hang_timeout_s=args.hang_timeout,
         cpu_ranks=nodes.nproc_per_node == "cpu", torchrun_options=options,
+        profile=args.profile or profile_json is not None, profile_json=profile_json,
     )
     # no id decided (one node, no --rdzv-id): the fresh one RunConfig draws for every run
     return cfg if nodes.rdzv_id is None else replace(cfg, rdzv_id=nodes.rdzv_id)
@@ -247,6 +260,17 @@ def main(argv: list[str]) -> int:
         print(f"ddpkit run: error: {e}", file=sys.stderr)
         return 2
     return run_torchrun(cfg)
+
+
+def check_profile_json(path: str | None) -> str | None:
+    """--profile-json PATH as an absolute path, refused when its directory does not exist."""
+    if path is None:
+        return None
+    full = os.path.abspath(path)
+    if not os.path.isdir(os.path.dirname(full)):
+        raise LaunchError(f"--profile-json {path}: directory {os.path.dirname(full)} does not exist; create it "
+                          "or pass a path in an existing directory")
+    return full
 
 
 def check_target(target: str, *, module: bool) -> None:
@@ -366,7 +390,7 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
             argv.append(f"--local-addr={cfg.local_addr}")
     argv.append("--rdzv-conf=" + ",".join(conf))
     argv += [f"{flag}={value}" for flag, value in cfg.torchrun_options]
-    if cfg.hang_timeout_s is not None or cfg.cpu_ranks:
+    if cfg.hang_timeout_s is not None or cfg.cpu_ranks or cfg.profile:
         # ddpkit's settings reach the ranks as arguments of its rank bootstrap, which then runs the
         # script unchanged as __main__ (no environment variables of our own).
         argv += ["-m", "ddpkit.bootstrap"]
@@ -376,6 +400,10 @@ def build_torchrun_argv(cfg: RunConfig, *, rdzv_backend: str = "c10d", bind_addr
                 argv += ["--report-dir", cfg.hang_report_dir]
         if cfg.cpu_ranks:
             argv += ["--device", "cpu"]
+        if cfg.profile:
+            argv.append("--profile")
+            if cfg.profile_json is not None:
+                argv += ["--profile-json", cfg.profile_json]
     if cfg.module:
         argv.append("-m")
     argv.append(cfg.target)
