@@ -36,7 +36,7 @@ def test_digits_on_ray_train_reaches_the_accuracy_and_a_stopped_run_resumes_exac
     monkeypatch.syspath_prepend(str(EXAMPLES))
     import ray_digits
 
-    # One Ray session for the three runs: its start-up is the slow part.
+    # One Ray session for the runs: its start-up is the slow part.
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"working_dir": str(EXAMPLES)})
     try:
@@ -44,8 +44,6 @@ def test_digits_on_ray_train_reaches_the_accuracy_and_a_stopped_run_resumes_exac
         with pytest.raises(Exception, match="simulated failure after epoch 4"):
             _run(ray_digits, tmp_path, "stopped", "--fail-once-after-epoch", "4")
         resumed = _run(ray_digits, tmp_path, "stopped")  # the same command again
-        # a worker failure within one run: Ray restarts the worker group itself
-        restarted = _run(ray_digits, tmp_path, "restarted", "--fail-once-after-epoch", "4", "--max-failures", "1")
     finally:
         ray.shutdown()
         _wait_for_children(60)
@@ -57,7 +55,6 @@ def test_digits_on_ray_train_reaches_the_accuracy_and_a_stopped_run_resumes_exac
     assert (resumed["resumed_from_step"], resumed["step"]) == (5 * steps_per_epoch, whole["step"]), resumed
     assert resumed["param_sha256"] == whole["param_sha256"]
     assert resumed["test_accuracy"] == whole["test_accuracy"]
-    assert (restarted["resumed_from_step"], restarted["param_sha256"]) == (5 * steps_per_epoch, whole["param_sha256"])
     print(f"Ray Train, 2 workers, {EPOCHS} epochs: test_accuracy {whole['test_accuracy']:.4f}, "
           f"param_sha256 {whole['param_sha256'][:12]} uninterrupted and resumed from step "
           f"{resumed['resumed_from_step']}")
