@@ -132,12 +132,23 @@ def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | No
         return module.deep_replace(target, target.with_changes(body=target.body.with_changes(body=wrapped)))
     if isinstance(owner, cst.Module):
         body = list(module.body)
-        return module.with_changes(body=[*body[:keep], _with(body[keep:], seed)])
+        return module.with_changes(body=_flat(body, keep, seed))
     guard = next(s for s in module.body if isinstance(s, cst.If) and module.code_for_node(s.test)
                  == facts.code(owner.test))
     inner = list(guard.body.body)
-    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(
-        body=[*inner[:keep], _with(inner[keep:], seed)])))
+    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(body=_flat(inner, keep, seed))))
+
+
+def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | None) -> list[cst.BaseStatement]:
+    """Top-level code keeps its indentation: `ctx = ddpkit.init()` before the region, `ctx.close()` after it.
+
+    An exception ends the process without close(): the launcher then stops the other ranks."""
+    start = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("ctx"))], _init_call(seed))])
+    if keep < len(body):
+        start = start.with_changes(leading_lines=body[keep].leading_lines)
+        body = [*body[:keep], body[keep].with_changes(leading_lines=[]), *body[keep + 1:]]
+    close = cst.parse_statement("ctx.close()  # every rank leaves the process group together\n")
+    return [*body[:keep], start, *body[keep:], close]
 
 
 def add_import(module: cst.Module) -> cst.Module:

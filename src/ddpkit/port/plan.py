@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
+from ddpkit.port.effects import plan_effects
+from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
@@ -14,7 +16,14 @@ __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
                          "LBFGS", "ASGD", "Rprop", "SparseAdam"})
+_TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
+
+
+def _owner(name: str) -> str:
+    """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
 
 
 def is_optimizer(call: cst.Call) -> bool:
@@ -60,6 +69,19 @@ class Plan:
         self.class_roles: dict[str, dict[str, str]] = {}
         self.spread: dict[int, dict[str, cst.BaseExpression]] = {}
         """DataLoader(..., **kw) calls whose kw is built from dict literals here: the options it holds."""
+        self.flagged: set[int] = set()
+        """Accumulations already given a TODO (a loop is seen from each block around it)."""
+        self.main_first: set[int] = set()
+        """Statements that download: rank 0 runs them first, the others after a barrier."""
+        self.guard: set[int] = set()
+        """Statements that write files or log to a tracker: rank 0 only."""
+        self.barrier_before: set[int] = set()
+        """Statements that read a file rank 0 may have written earlier in the run."""
+        self.exist_ok: set[int] = set()
+        """mkdir/makedirs calls that race between ranks without exist_ok=True."""
+        self.add_kwarg: dict[int, tuple[str, str]] = {}
+        """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
@@ -76,8 +98,13 @@ class Plan:
                       "it (no speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by "
                       "ctx.rank and ctx.world_size")
         self._propagate_roles()
+        self.training_scopes = {k for k in facts.ported if _TRAIN_STEP.search(k.rsplit(".", 1)[-1]) or any(
+            "backward" in facts.code(s) for s in facts.scope_statements(k))}
+        """Scopes that run a training step (they call backward, or their name says so)."""
+        plan_effects(self)
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
+        plan_ranks(self)
         self.seed = self._seed()
 
     # ---- bookkeeping -------------------------------------------------------------------------
@@ -96,7 +123,18 @@ class Plan:
                 for node in walk(child):
                     self._stmt.setdefault(id(node), stmt)
             for inner in self.blocks_of(stmt):
+                for child in inner:
+                    self._parent[id(child)] = stmt
                 self._index(inner)
+
+    def under_branch(self, stmt: cst.CSTNode) -> bool:
+        """Inside an if/try/while of its scope: a condition some ranks may take and others not."""
+        node = self._parent.get(id(stmt))
+        while node is not None:
+            if isinstance(node, (cst.If, cst.Try, cst.While)):
+                return True
+            node = self._parent.get(id(node))
+        return False
 
     @staticmethod
     def blocks_of(stmt: cst.CSTNode) -> list[list[cst.BaseStatement]]:
@@ -122,7 +160,7 @@ class Plan:
         stmt = self._stmt.get(id(node), node)
         line = self.line_of(stmt)
         self.todos.append((line, message))
-        self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: TODO (line {line}) {message}")
+        self.notes.setdefault(id(stmt), []).append(f"# TODO(ddpkit port): {message}")
 
     def note(self, node: cst.CSTNode, text: str) -> None:
         stmt = self._stmt.get(id(node), node)
@@ -165,6 +203,12 @@ class Plan:
                         target = dotted(stmt.body[0].targets[0].target)
                     found.append((key, node, target))
         for key, call, target in found:
+            library = library_loader(self.f, call)
+            if library is not None:
+                self.todo(call, f"a DataLoader of {library}: ddpkit.loader would replace its collate (graphs, "
+                          "variable-size samples); keep it and shard its dataset by rank yourself (e.g. "
+                          "torch.utils.data.Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size)))")
+                continue
             kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
             positional = [a for a in call.args if a.keyword is None and not a.star]
             spread = self._spread_kwargs(key, call)
@@ -190,6 +234,8 @@ class Plan:
             shuffle = kwargs.get("shuffle")
             shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
             name_text = target or dataset_text
+            if not target and not self.f.is_eval_name(dataset_text) and "train" not in dataset_text.lower():
+                name_text = f"{dataset_text} {key}"  # built in a helper: `def get_val_loader():` says which
             if "train" not in name_text.lower() and self.f.is_eval_name(name_text):
                 kind = "eval"
             elif "train" in name_text.lower() or shuffled:
@@ -251,9 +297,16 @@ class Plan:
             for node in self.nodes(key):
                 if not (isinstance(node, cst.Call) and is_optimizer(node)):
                     continue
-                receiver = next((dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
-                                 and isinstance(n.func, cst.Attribute)
-                                 and n.func.attr.value in ("parameters", "named_parameters")), "")
+                receivers = list(dict.fromkeys(dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
+                                               and isinstance(n.func, cst.Attribute)
+                                               and n.func.attr.value in ("parameters", "named_parameters")))
+                receiver = receivers[0] if receivers else ""
+                others = [r for r in receivers[1:] if r and _owner(r) != _owner(receiver)]
+                if model is None and others:
+                    self.todo(node, f"this optimizer also trains {', '.join(others)}, which the port does not wrap: "
+                              f"its gradients would never be averaged across ranks; put {receiver} and "
+                              f"{', '.join(others)} in one nn.Module, build the optimizer from its parameters, and "
+                              "wrap that module")
                 if model is not None:
                     if receiver and (receiver == model or receiver.startswith(model + ".")):
                         continue
@@ -340,7 +393,10 @@ class Plan:
                 return
 
     def loop_role(self, key: str, for_node: cst.For) -> str | None:
-        role = self.role(key, dotted(loader_expr(for_node.iter)))
+        it = loader_expr(for_node.iter)
+        if id(it) in self.loaders:  # `for x, y in DataLoader(test, batch_size=100):`
+            return self.loaders[id(it)]
+        role = self.role(key, dotted(it))
         return role if role in ("train", "eval") else None
 
     # ---- init ---------------------------------------------------------------------------------
