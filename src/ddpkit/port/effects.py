@@ -121,7 +121,8 @@ def plan_effects(plan: Any) -> None:
         return
     first = _first_writes(plan, statements, writes)
     for key, stmt in statements:
-        if not isinstance(stmt, cst.SimpleStatementLine) or id(stmt) in plan.guard or id(stmt) in plan.main_first:
+        if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
+                or id(stmt) in plan.main_first:
             continue
         if not any(_reads(c) for c in _own_calls(stmt)) or plan.line_of(stmt) <= first.get(key, 1 << 30):
             continue
@@ -156,8 +157,8 @@ def _own_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
     if isinstance(stmt, cst.SimpleStatementLine):
         return _calls(stmt)
     if isinstance(stmt, cst.With):
-        return [c for item in stmt.items for c in _calls(item)] + (
-            [c for c in _calls(stmt.body)] if any(_writes(c) for item in stmt.items for c in _calls(item)) else [])
+        header = [c for item in stmt.items for c in _calls(item)]
+        return header + (_calls(stmt.body) if any(_writes(c) for c in header) else [])
     return []
 
 

@@ -145,8 +145,10 @@ def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | N
     An exception ends the process without close(): the launcher then stops the other ranks."""
     start = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("ctx"))], _init_call(seed))])
     if keep < len(body):
-        start = start.with_changes(leading_lines=body[keep].leading_lines)
-        body = [*body[:keep], body[keep].with_changes(leading_lines=[]), *body[keep + 1:]]
+        lines = list(body[keep].leading_lines)
+        blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+        start = start.with_changes(leading_lines=lines[:blank])  # comments stay with the line they describe
+        body = [*body[:keep], body[keep].with_changes(leading_lines=lines[blank:]), *body[keep + 1:]]
     close = cst.parse_statement("ctx.close()  # every rank leaves the process group together\n")
     return [*body[:keep], start, *body[keep:], close]
 

@@ -377,6 +377,8 @@ class Plan:
                         role = self.role(key, value) if value and target else None
                         if role and (target.startswith("self.") or role != "model"):
                             changed |= self._set_role(key, target, role)
+                        if isinstance(node.value, cst.Call):
+                            changed |= self._returned_roles(key, node)
                     if not isinstance(node, cst.Call):
                         continue
                     for callee in self.f.callees(node, key):
@@ -391,6 +393,22 @@ class Plan:
                                 changed |= self._set_role(callee, arg.keyword.value, role)
             if not changed:
                 return
+
+    def _returned_roles(self, key: str, assign: cst.Assign) -> bool:
+        """`val_loader = make_val_loader(ds)`, `train_dl, val_dl = get_loaders()`: the roles the helper returns."""
+        changed = False
+        target = assign.targets[0].target
+        targets = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+        for callee in self.f.callees(assign.value, key):
+            for ret in (n for n in walk(self.f.scopes[callee].node) if isinstance(n, cst.Return) and n.value):
+                values = [e.value for e in ret.value.elements] if isinstance(ret.value, cst.Tuple) else [ret.value]
+                if len(values) != len(targets):
+                    continue
+                for t, v in zip(targets, values):
+                    role = self.loaders.get(id(v)) or self.role(callee, dotted(v))
+                    if role in ("train", "eval") and dotted(t):
+                        changed |= self._set_role(key, dotted(t), role)
+        return changed
 
     def loop_role(self, key: str, for_node: cst.For) -> str | None:
         it = loader_expr(for_node.iter)

@@ -26,7 +26,7 @@ def library_loader(facts: Any, call: cst.Call) -> str | None:
     """`DataLoader` from another library (torch_geometric.loader, dgl, ...): its module, else None."""
     name = dotted(call.func)
     head = name.rsplit(".", 1)[0] if "." in name else ""
-    if head and not head.startswith(("torch", "data", "utils")) and head not in ("tud",):
+    if head and head.split(".")[0] not in ("torch", "data", "utils", "tud"):
         return head
     if head:
         return None
@@ -35,7 +35,7 @@ def library_loader(facts: Any, call: cst.Call) -> str | None:
             module = dotted(stmt.module) if stmt.module is not None else ""
             for alias in stmt.names:
                 bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
-                if bound == name and not module.startswith("torch"):
+                if bound == name and module != "torch" and not module.startswith("torch."):
                     return module or "a relative import"
     return None
 

@@ -41,6 +41,8 @@ def reduce_statement(name: str, kind: str) -> str:
         expr = f"int({total}.item())"
     elif kind == "float":
         expr = f"{total}.item()"
+    elif kind == "tensor":  # started as a tensor: stays one, in its own dtype
+        expr = f"{total}.to({name}.dtype)"
     elif kind == "number":  # `.item()` of an int or a float tensor: the type it had
         expr = f"type({name})({total}.item())"
     else:  # its type is decided at run time (a tensor from `.sum()`, or a number): keep whichever it is

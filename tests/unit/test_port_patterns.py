@@ -1,0 +1,150 @@
+"""`ddpkit port` on the shapes that made it claim success on wrong training: each port is correct or says why not."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ddpkit.port import main, port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def _todo_lines(result) -> dict[int, str]:
+    return {t.line: t.message for t in result.todos}
+
+
+def test_counts_over_an_inline_test_loader_are_reduced_and_keep_their_type():
+    result = _port("digits_plain")
+    code = result.code
+    assert result.exit_code == 0, result.todos
+    ast.parse(code)
+    assert "for xb, yb in ddpkit.eval_loader(test, ctx, batch_size=100):" in code  # inline, still an eval loader
+    # a tensor counter stays a tensor (the script calls .float() on it), reduced after the loop
+    loop = code.index("correct += (ddpkit.unwrap(model)(xb).argmax(1) == yb).sum()")
+    reduced = code.index("correct = ddpkit.all_reduce_sum(ctx, correct).to(correct.dtype)")
+    assert loop < reduced < code.index("correct.float().item() / len(test)")
+    # a loss summed over batches, divided by every rank's batches
+    assert "loss_sum = ddpkit.all_reduce_sum(ctx, loss_sum).item()" in code
+    assert '"train_loss": loss_sum / ddpkit.all_reduce_sum(ctx, len(train_loader)).item()' in code
+
+
+def test_split_device_flag_argument_parsing_and_files_of_a_plain_script():
+    code = _port("digits_plain").code
+    # the split is made after ddpkit.init's per-rank seeds: a fixed generator gives every rank the same split
+    assert "random_split(data, [len(data) - n_test, n_test], generator=torch.Generator().manual_seed(0))" in code
+    assert "args = get_args()\n    with ddpkit.init(" in code  # argument parsing stays outside init
+    assert "args.device" not in code.split("with ddpkit.init")[1]
+    assert "os.makedirs(args.out, exist_ok=True)" in code
+    write = code.index('        if ctx.is_main:\n            with open(os.path.join(args.out, "history.csv"), "w"')
+    barrier = code.index("ddpkit.barrier(ctx)", write)
+    assert barrier < code.index('with open(os.path.join(args.out, "history.csv")) as f:')
+
+
+def test_model_methods_in_the_training_step_and_a_second_module_are_todos():
+    result = _port("model_methods")
+    todos = _todo_lines(result)
+    assert result.exit_code == 3 and set(todos) == {27, 31, 33}, todos
+    assert "also trains head" in todos[27] and "averaged across ranks" in todos[27]
+    for line in (31, 33):
+        assert "not its forward" in todos[line] and "own copy" in todos[line]
+    assert result.code.count("# TODO(ddpkit port): `model.encode(...)` trains through a method") == 1
+    assert "sample = ddpkit.unwrap(model).decode(" in result.code  # no gradients: no DDP synchronisation needed
+
+
+def test_downloads_files_trackers_and_a_load_after_a_rank_zero_save():
+    result = _port("side_effects")
+    code = result.code
+    assert result.exit_code == 0, result.todos
+    first = ("        if not ctx.is_main:  # rank 0 downloads first; the others then read its files\n"
+             "            ddpkit.barrier(ctx)\n"
+             '        train_set = datasets.MNIST("data", train=True, download=True, transform=transforms.ToTensor())\n'
+             "        if ctx.is_main:\n            ddpkit.barrier(ctx)\n")
+    assert first in code
+    assert '            os.makedirs("out", exist_ok=True)' in code
+    assert '        if ctx.is_main:\n            writer = SummaryWriter("out/tb")' in code
+    assert "                if ctx.is_main:\n                    writer.add_scalar(" in code
+    assert '        if ctx.is_main:\n            plt.savefig("out/acc.png")' in code
+    assert '        if ctx.is_main:\n            np.save("out/acc.npy"' in code
+    assert ("        ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"
+            '        ddpkit.unwrap(model).load_state_dict(torch.load("out/best.pt", map_location=ctx.device))') in code
+
+
+def test_per_rank_decisions_peeks_and_collected_predictions_are_todos():
+    result = _port("per_rank_state")
+    todos = _todo_lines(result)
+    assert result.exit_code == 3 and set(todos) == {18, 31, 32, 37, 38}, todos
+    assert todos[18].startswith("next(iter(...)) on the training loader")
+    assert todos[31].startswith("ReduceLROnPlateau") and "early stopping" in todos[32]
+    assert todos[37].startswith("`preds` collects values") and todos[38].startswith("`labels` collects values")
+    # the validation loader built in a helper stays an evaluation loader
+    assert "    return ddpkit.eval_loader(dataset, ctx, batch_size=64)" in result.code
+
+
+def test_a_decision_on_reduced_values_is_not_a_todo():
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef validate(model, val_loader):\n"
+           "    total = 0.0\n    n = 0\n    with torch.no_grad():\n        for x, y in val_loader:\n"
+           "            total += model(x).sum().item()\n            n += 1\n    return total / n\n\n\n"
+           "def main():\n    train_loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n"
+           "    val_loader = DataLoader(val_ds, batch_size=8)\n    model = Net()\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)\n    for epoch in range(9):\n"
+           "        for x, y in train_loader:\n            model(x).sum().backward()\n"
+           "        val_loss = validate(model, val_loader)\n        sched.step(val_loss)\n"
+           "        if val_loss < 0.1:\n            break\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = port_source(src)
+    assert result.todos == []
+    # the batch counter divides a reduced sum: it counts every rank's batches too
+    assert "    n = int(ddpkit.all_reduce_sum(ctx, n).item())" in result.code
+
+
+def test_a_library_dataloader_is_kept_with_a_todo():
+    result = _port("library_loader")
+    todos = _todo_lines(result)
+    assert result.exit_code == 3 and "torch_geometric.loader" in todos[20], todos
+    assert "train_loader = DataLoader(dataset[:150], batch_size=32, shuffle=True)" in result.code
+
+
+def test_device_flags_and_comparisons_follow_ctx_device():
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\n\ndef main():\n"
+           "    p = argparse.ArgumentParser()\n    p.add_argument('--device', default='cpu')\n    args = p.parse_args()\n"
+           "    device = args.device\n    if device == 'cuda':\n        torch.backends.cudnn.benchmark = True\n"
+           "    noise = torch.randn(4, device=args.device)\n"
+           "    loader = DataLoader(ds, batch_size=8, shuffle=True)\n    model = Net().to(device)\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\nif __name__ == '__main__':\n    main()\n")
+    code = port_source(src).code
+    assert "        device = ctx.device\n        if device.type == 'cuda':\n" in code
+    assert "noise = torch.randn(4, device=ctx.device)" in code
+
+
+def test_top_level_argument_parsing_after_constants_stays_before_init():
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\nEPOCHS = 3\n"
+           "parser = argparse.ArgumentParser()\nparser.add_argument('--lr', type=float, default=0.1)\n"
+           "args = parser.parse_args()\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n")
+    code = port_source(src).code
+    assert "args = parser.parse_args()\nctx = ddpkit.init()\n" in code
+    assert code.endswith("ctx.close()  # every rank leaves the process group together\n")
+
+
+def test_porting_a_file_with_todos_again_exits_3_and_lists_them(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES / "per_rank_state.py").read_text())
+    assert main([str(script)]) == 3
+    ported = tmp_path / "train_ddp.py"
+    text = ported.read_text()
+    assert text.count("# TODO(ddpkit port): ") == 5
+    capsys.readouterr()
+    assert main([str(ported), "--in-place"]) == 3
+    out = capsys.readouterr().out
+    assert "nothing to change" not in out and "5 `TODO(ddpkit port)` comment(s) remain" in out
+    assert f"{ported}:" in out and "TODO next(iter(...))" in out
+    assert ported.read_text() == text
+    done = text.replace("# TODO(ddpkit port): ", "# fixed: ")
+    ported.write_text(done)
+    assert main([str(ported)]) == 0 and "nothing to change" in capsys.readouterr().out
