@@ -148,3 +148,18 @@ def test_porting_a_file_with_todos_again_exits_3_and_lists_them(tmp_path, capsys
     done = text.replace("# TODO(ddpkit port): ", "# fixed: ")
     ported.write_text(done)
     assert main([str(ported)]) == 0 and "nothing to change" in capsys.readouterr().out
+
+
+def test_throughput_ema_copies_and_attribute_checks():
+    src = ("import copy\nimport time\nimport torch\nfrom torch.utils.data import DataLoader\n\n\ndef main():\n"
+           "    loader = DataLoader(ds, batch_size=8, shuffle=True)\n    model = Net()\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    ema = copy.deepcopy(model)\n"
+           "    for x, y in loader:\n        t0 = time.time()\n        loss = model(x).sum()\n"
+           "        if hasattr(model, 'aux_loss'):\n            loss = loss + model.aux_loss\n"
+           "        loss.backward()\n        tokens_per_sec = x.numel() / (time.time() - t0)\n"
+           "        print(tokens_per_sec)\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = port_source(src)
+    assert result.todos == []
+    assert "tokens_per_sec = (x.numel() / (time.time() - t0)) * ctx.world_size" in result.code
+    assert "ema = copy.deepcopy(ddpkit.unwrap(model))" in result.code
+    assert "if hasattr(ddpkit.unwrap(model), 'aux_loss'):" in result.code

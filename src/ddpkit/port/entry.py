@@ -112,10 +112,13 @@ class _BlankLines(cst.CSTTransformer):
 
 
 def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None) -> cst.With:
-    leading = body[0].leading_lines if body else ()
+    lines = list(body[0].leading_lines) if body else []
+    blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+    leading = lines[:blank]  # comments stay with the line they describe
     body = [stmt.visit(_BlankLines()) for stmt in body]
     if body:
-        body = [body[0].with_changes(leading_lines=[]), *body[1:]]
+        body = [body[0].with_changes(leading_lines=[line.with_changes(indent=True) for line in lines[blank:]]),
+                *body[1:]]
     return cst.With(items=[cst.WithItem(_init_call(seed), asname=cst.AsName(cst.Name("ctx")))],
                     body=cst.IndentedBlock(body), leading_lines=leading)
 

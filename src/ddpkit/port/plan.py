@@ -79,6 +79,8 @@ class Plan:
         """Statements that read a file rank 0 may have written earlier in the run."""
         self.exist_ok: set[int] = set()
         """mkdir/makedirs calls that race between ranks without exist_ok=True."""
+        self.scale_world: set[int] = set()
+        """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
         self._parent: dict[int, cst.CSTNode] = {}

@@ -180,6 +180,11 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
                 "ctx.device"))]))
+        if name in ("copy.deepcopy", "deepcopy", "hasattr", "getattr", "isinstance") and updated.args \
+                and self.role(original.args[0].value) == "model":
+            self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
+            first = updated.args[0].with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(original.args[0].value)})"))
+            return updated.with_changes(args=[first, *updated.args[1:]])
         if id(original) in self.p.add_kwarg:
             self.changes += 1
             word, value = self.p.add_kwarg[id(original)]
@@ -210,6 +215,13 @@ class Rewriter(cst.CSTTransformer):
         if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
             self.changes += 1
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
+        return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if id(original) in self.p.scale_world and self.in_ctx():
+            self.changes += 1  # this rank's batch only: every rank processed as many samples in that time
+            value = cst.Module([]).code_for_node(updated.value)
+            return updated.with_changes(value=parse_expr(f"({value}) * ctx.world_size"))
         return updated
 
     def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:

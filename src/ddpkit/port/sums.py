@@ -21,6 +21,8 @@ __all__ = ["plan_reductions", "reduce_statement"]
 _COUNTER = re.compile(r"(^|_)(step|steps|iter|iters|iteration|epoch|it|i|batch_idx|n_iter)$")
 _PYTHON_NUMBER = re.compile(r"(\.item\(\)|^\s*(float|int|len)\(.*\)|\.size\(0?\)|\.shape\[0\]|\.numel\(\)|^\s*\d+(\.\d*)?)\s*$")
 _INTISH = re.compile(r"(^\s*(int|len)\(.*\)|\.size\(0?\)|\.shape\[0\]|\.numel\(\)|^\s*\d+)\s*$")
+_THROUGHPUT = re.compile(r"per_s(ec)?$|throughput|(^|_)(tps|ips|sps)$|tok(en)?s?_?(per_?)?s(ec)?$|samples_?(per_?)?s(ec)?$",
+                         re.I)
 _TENSOR_USE = r"\b{}\.(item|float|double|long|cpu|numpy|to|detach|tolist)\("
 
 
@@ -94,6 +96,10 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             kind = "any"
         plan.reduce_after.setdefault(id(stmt), []).append((name, kind))
         plan.reduced.setdefault(key, set()).add(name)
+    for node in inside:  # tokens/s from this rank's batch: every rank processes as many
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and _THROUGHPUT.search(
+                dotted(node.targets[0].target)) and any(dotted(n) in loop_vars for n in walk(node.value)):
+            plan.scale_world.add(id(node))
     assigned_here = {dotted(t.target) for n in walk(stmt) if isinstance(n, cst.Assign) for t in n.targets}
     for node in inside:
         target = _accumulated(node)
