@@ -22,7 +22,8 @@ _NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "save_pretrained", "g
                           "resize_token_embeddings", "gradient_checkpointing_enable", "half", "float", "double",
                           "init_weights", "reset_parameters", "num_parameters", "get_num_params", "get_config",
                           "print_trainable_parameters", "configure_optimizers", "tie_weights", "bfloat16",
-                          "requires_grad", "get_submodule", "get_parameter", "register_buffer"})
+                          "requires_grad", "get_submodule", "get_parameter", "register_buffer", "init_hidden",
+                          "init_state", "reset_state", "zero_state", "initial_state", "reset_hidden"})
 """Methods of a model that compute no training loss: read from ddpkit.unwrap(model) without a word."""
 _TRAIN_DROPPED = frozenset({"dataset", "batch_size", "shuffle", "pin_memory", "generator", "sampler", "batch_sampler"})
 """DataLoader options that ddpkit's loaders choose themselves (pin_memory, order) or that the port sets."""
