@@ -163,3 +163,14 @@ def test_throughput_ema_copies_and_attribute_checks():
     assert "tokens_per_sec = (x.numel() / (time.time() - t0)) * ctx.world_size" in result.code
     assert "ema = copy.deepcopy(ddpkit.unwrap(model))" in result.code
     assert "if hasattr(ddpkit.unwrap(model), 'aux_loss'):" in result.code
+
+
+def test_a_per_rank_batch_of_zero_names_the_port():
+    import pytest
+    import torch
+    from torch.utils.data import TensorDataset
+
+    import ddpkit
+
+    with pytest.raises(ValueError, match=r"batch_size=0 .*`ddpkit port`.*B // ctx.world_size.*at most B ranks"):
+        ddpkit.loader(TensorDataset(torch.zeros(4)), None, batch_size=8 // 16)
