@@ -99,7 +99,21 @@ def _is_setup(stmt: cst.BaseStatement, code: str) -> bool:
         if all(isinstance(s, cst.Expr) and isinstance(s.value, (cst.SimpleString, cst.ConcatenatedString))
                for s in stmt.body):
             return True
+    if isinstance(stmt, cst.SimpleStatementLine) and _argparse_only(stmt):
+        return True
     return _SETUP.search(code) is not None and "DataLoader" not in code
+
+
+_ARGPARSE_CALLS = frozenset({"add_argument", "add_parser", "add_subparsers", "add_argument_group", "set_defaults",
+                             "add_mutually_exclusive_group", "ArgumentParser", "parse_args", "parse_known_args"})
+_STRING = re.compile(r"""[rbuf]*("[^"\n]*"|'[^'\n]*')""", re.I)
+
+
+def _argparse_only(stmt: cst.SimpleStatementLine) -> bool:
+    """Every call in the statement builds or runs an argument parser (help texts may say anything)."""
+    calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
+    return bool(calls) and all(dotted(c.func).rsplit(".", 1)[-1] in _ARGPARSE_CALLS or dotted(c.func) in
+                               ("str", "int", "float", "bool", "list", "tuple", "dict", "range") for c in calls)
 
 
 @dataclass
@@ -202,7 +216,8 @@ class Facts:
         # argument parsing after a few quiet lines (constants, paths): it stays before ddpkit.init too
         last = max((i for i in range(start, len(body)) if self._parses(body[i])
                     or _SETUP.search(self.code(body[i])) and isinstance(body[i], cst.SimpleStatementLine)), default=-1)
-        if last >= start and not any(_BUSY.search(self.code(s)) for s in body[start:last + 1]):
+        if last >= start and not any(_BUSY.search(_STRING.sub("''", self.code(s))) for s in body[start:last + 1]
+                                     if not (isinstance(s, cst.SimpleStatementLine) and _argparse_only(s))):
             start = last + 1
         return body[start:]
 
