@@ -174,3 +174,11 @@ def test_a_per_rank_batch_of_zero_names_the_port():
 
     with pytest.raises(ValueError, match=r"batch_size=0 .*`ddpkit port`.*B // ctx.world_size.*at most B ranks"):
         ddpkit.loader(TensorDataset(torch.zeros(4)), None, batch_size=8 // 16)
+
+
+def test_torch_dataloader_under_a_module_alias_is_not_a_library_loader():
+    src = ("import torch\nimport torch.utils.data as Data\n\n\ndef main():\n"
+           "    loader = Data.DataLoader(ds, batch_size=8, shuffle=True)\n    model = Net()\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = port_source(src)
+    assert result.todos == [] and "ddpkit.loader(ds, ctx, batch_size=8 // ctx.world_size" in result.code

@@ -25,19 +25,25 @@ _SEEDS = re.compile(r"(torch|np|numpy)\.(random\.)?(manual_)?seed\(|random\.seed
 def library_loader(facts: Any, call: cst.Call) -> str | None:
     """`DataLoader` from another library (torch_geometric.loader, dgl, ...): its module, else None."""
     name = dotted(call.func)
-    head = name.rsplit(".", 1)[0] if "." in name else ""
-    if head and head.split(".")[0] not in ("torch", "data", "utils", "tud"):
-        return head
-    if head:
-        return None
+    imported: dict[str, str] = {}  # the name a module or class is bound to -> what it is
     for stmt in walk(facts.module):
-        if isinstance(stmt, cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar):
+        if isinstance(stmt, cst.Import):
+            for alias in stmt.names:
+                full = dotted(alias.name)
+                bound = dotted(alias.asname.name) if alias.asname else full.split(".")[0]
+                imported[bound] = full if alias.asname else full.split(".")[0]
+        elif isinstance(stmt, cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar):
             module = dotted(stmt.module) if stmt.module is not None else ""
             for alias in stmt.names:
                 bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
-                if bound == name and module != "torch" and not module.startswith("torch."):
-                    return module or "a relative import"
-    return None
+                imported[bound] = f"{module}.{dotted(alias.name)}" if module else "a relative import"
+    first, _, rest = name.partition(".")
+    if first not in imported:
+        return None  # a name the script defines itself
+    resolved = f"{imported[first]}.{rest}" if rest else imported[first]
+    if resolved == "torch" or resolved.startswith("torch."):
+        return None
+    return resolved.rsplit(".", 1)[0] if "." in resolved else resolved
 
 
 def plan_ranks(plan: Any) -> None:
