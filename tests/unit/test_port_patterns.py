@@ -182,3 +182,38 @@ def test_torch_dataloader_under_a_module_alias_is_not_a_library_loader():
            "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\nif __name__ == '__main__':\n    main()\n")
     result = port_source(src)
     assert result.todos == [] and "ddpkit.loader(ds, ctx, batch_size=8 // ctx.world_size" in result.code
+
+
+def test_a_forward_that_never_reaches_backward_and_an_input_made_on_the_cpu():
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "test_x = torch.unsqueeze(test_data.data, dim=1).type(torch.FloatTensor)[:2000] / 255.\n"
+           "train_data = MNIST('./mnist', train=True, download=DOWNLOAD_MNIST)\n"
+           "loader = DataLoader(train_data, batch_size=50, shuffle=True)\ncnn = CNN()\n"
+           "opt = torch.optim.Adam(cnn.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    running = 0.0\n"
+           "    for step, (b_x, b_y) in enumerate(loader):\n        loss = loss_func(cnn(b_x)[0], b_y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        running += loss.item()\n"
+           "        if step % 50 == 0:\n            test_output, last_layer = cnn(test_x)\n"
+           "            print(running / (step + 1))\n")
+    result = port_source(src)
+    code = result.code
+    assert "loss = loss_func(cnn(b_x)[0], b_y)" in code  # the training forward stays on the DDP module
+    assert "test_output, last_layer = ddpkit.unwrap(cnn)(test_x)" in code  # no backward: never through DDP
+    assert [t.line for t in result.todos] == [18] and "`test_x` is made on the CPU" in result.todos[0].message
+    assert "if not ctx.is_main:  # rank 0 downloads first" in code  # download=<a variable> may download
+    # a running loss printed inside the loop: the mean over ranks, reduced where it is read
+    assert "ddpkit.print0(ctx, (ddpkit.all_reduce_sum(ctx, running).item() / ctx.world_size) / (step + 1))" in code
+
+
+def test_default_device_parameters_batch_of_one_and_datasets_on_the_device():
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n\n"
+           "def train(n_epoch=3, device='cuda:0'):\n    ds = SoundDataset(ANNOTATIONS, device)\n"
+           "    loader = DataLoader(ds, batch_size=1, shuffle=True)\n    model = Net()\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x, y in loader:\n"
+           "        model(x).sum().backward()\n    print(model.sample(4, device))\n\n\n"
+           "if __name__ == '__main__':\n    train()\n")
+    result = port_source(src)
+    todos = _todo_lines(result)
+    assert "    with ddpkit.init() as ctx:\n        device = ctx.device\n" in result.code
+    assert {6, 7} <= set(todos), todos
+    assert todos[6].startswith("the dataset is given the device") and todos[7].startswith("the batch size is 1")

@@ -61,8 +61,14 @@ def _reads(call: cst.Call) -> bool:
 
 
 def _downloads(call: cst.Call) -> bool:
+    """A download, or a cached preprocessing pass (`dataset.map(fn, num_proc=8)`) rank 0 should run first."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "map" and any(
+            a.keyword is not None and a.keyword.value in ("num_proc", "batched", "load_from_cache_file")
+            for a in call.args):
+        return True
     return bool(DOWNLOADS.search(dotted(call.func))) or any(
-        a.keyword is not None and a.keyword.value == "download" and dotted(a.value) == "True" for a in call.args)
+        a.keyword is not None and a.keyword.value == "download" and dotted(a.value) not in ("False", "None")
+        for a in call.args)  # `download=DOWNLOAD` decided at run time: maybe
 
 
 def plan_effects(plan: Any) -> None:

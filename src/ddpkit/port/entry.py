@@ -130,7 +130,11 @@ def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | No
     if not facts.ctx_global:
         name = facts.entry_key
         new_body = list(_scope_nodes(module)[name].body.body)
-        wrapped = [*new_body[:keep], _with(new_body[keep:], seed)]
+        # `def train(device="cuda:0")`: the parameter's default would send every rank to one device
+        bound = [cst.parse_statement(f"{p.name.value} = ctx.device\n") for p in (
+            *facts.scopes[name].node.params.params, *facts.scopes[name].node.params.kwonly_params)
+            if p.default is not None and "device" in p.name.value.lower()]
+        wrapped = [*new_body[:keep], _with([*bound, *new_body[keep:]] if bound else new_body[keep:], seed)]
         target = _scope_nodes(module)[name]
         return module.deep_replace(target, target.with_changes(body=target.body.with_changes(body=wrapped)))
     if isinstance(owner, cst.Module):

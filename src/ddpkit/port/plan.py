@@ -79,6 +79,8 @@ class Plan:
         """Statements that read a file rank 0 may have written earlier in the run."""
         self.exist_ok: set[int] = set()
         """mkdir/makedirs calls that race between ranks without exist_ok=True."""
+        self.reduce_read: dict[int, str] = {}
+        """Reads of a per-rank sum inside its loop, in a report: 'mean' (of per-step values) or 'count'."""
         self.scale_world: set[int] = set()
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
@@ -103,6 +105,12 @@ class Plan:
         self.training_scopes = {k for k in facts.ported if _TRAIN_STEP.search(k.rsplit(".", 1)[-1]) or any(
             "backward" in facts.code(s) for s in facts.scope_statements(k))}
         """Scopes that run a training step (they call backward, or their name says so)."""
+        self.loop_scopes = {k for k in facts.ported if any(
+            isinstance(n, cst.For) and self.loop_role(k, n) == "train" for n in self.nodes(k))}
+        """Scopes with a loop over a training loader: their training step is that loop's body."""
+        self.unwrap_calls: set[int] = set()
+        """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
+        self._plan_forwards()
         plan_effects(self)
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
@@ -249,6 +257,12 @@ class Plan:
                           "(training) or ddpkit.eval_loader (evaluation)")
                 continue
             self.loaders[id(call)] = kind
+            if kind == "train" and self._literal(key, kwargs.get("batch_size", positional[1].value if len(
+                    positional) > 1 else cst.Integer("1"))) == 1:
+                self.todo(call, "the batch size is 1: 1 // world_size is 0 per rank on more than one rank; "
+                          "keep batch_size=1 per rank (the global batch becomes world_size: scale the learning "
+                          "rate) or raise the batch")
+                continue
             if kind == "train":
                 size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
                     self.f.code(positional[1].value) if len(positional) > 1 else "1"
@@ -256,6 +270,25 @@ class Plan:
                           f"{size} samples per step")
             if target:
                 self._set_role(key, target, kind)
+
+    def _literal(self, key: str, expr: cst.BaseExpression) -> int | None:
+        """The int a batch size expression holds: `32`, `BATCH = 1` at module level, `--batch-size` default."""
+        if isinstance(expr, cst.Integer):
+            return int(expr.value)
+        name = dotted(expr)
+        if isinstance(expr, cst.Name):
+            values = [n.value for n in walk(self.f.module, into_functions=True) if isinstance(n, cst.Assign)
+                      and len(n.targets) == 1 and dotted(n.targets[0].target) == name]
+            return int(values[0].value) if len(values) == 1 and isinstance(values[0], cst.Integer) else None
+        if isinstance(expr, cst.Attribute) and "." in name:
+            dest = name.rsplit(".", 1)[-1]
+            for n in walk(self.f.module, into_functions=True):
+                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and n.args and isinstance(
+                        n.args[0].value, cst.SimpleString) and str(n.args[0].value.evaluated_value).lstrip(
+                        "-").replace("-", "_") == dest:
+                    default = next((a.value for a in n.args if a.keyword and a.keyword.value == "default"), None)
+                    return int(default.value) if isinstance(default, cst.Integer) else None
+        return None
 
     def _spread_kwargs(self, key: str, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
         """`DataLoader(ds, **train_kwargs)` with `train_kwargs = {...}` (and `.update({...})` or
@@ -366,6 +399,61 @@ class Plan:
         value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
         receiver = move_receiver(value) if value is not None else None
         return receiver is not None and dotted(receiver) == name
+
+    def _plan_forwards(self) -> None:
+        """A forward whose output never reaches backward() (a look at the test set inside the training loop, a
+        graph for TensorBoard) leaves DDP waiting for a backward with gradients on, and the next training step
+        fails: it calls ddpkit.unwrap(model). An input the script made on the CPU is a TODO (the model is on
+        ctx.device)."""
+        for key in sorted(self.f.ported):
+            nodes = list(self.nodes(key))
+            backward = [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                        and n.func.attr.value == "backward"]
+            feeds = {dotted(x) for b in backward for x in walk(b.func.value) if isinstance(x, cst.Name)}
+            feeds |= {dotted(x) for b in backward for a in b.args for x in walk(a.value) if isinstance(x, cst.Name)}
+            assigns = [n for n in nodes if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
+            # what may reach backward: every name that shares a statement with one that does (coarse on
+            # purpose: lists, attributes and loops carry values too; a forward is unwrapped only when clear)
+            skip = {"self", "ctx", "torch", "nn", "F", "np", "len", "range", "print", "enumerate", "zip"}
+            skip |= {k for k, v in self.f.scopes[key].roles.items() if v == "model"}
+            statements = [n for n in nodes if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With))]
+            tokens = [{x.value for x in walk(st if isinstance(st, cst.SimpleStatementLine) else st.children[0]
+                                              if not isinstance(st, cst.For) else cst.Module([]))
+                       if isinstance(x, cst.Name)} - skip for st in statements]
+            tokens += [{x.value for x in walk(st.target) if isinstance(x, cst.Name)} |
+                       {x.value for x in walk(st.iter) if isinstance(x, cst.Name)} - skip
+                       for st in statements if isinstance(st, cst.For)]
+            feeds -= skip
+            for _ in range(30):
+                before = len(feeds)
+                for group in tokens:
+                    if group & feeds:
+                        feeds |= group
+                if len(feeds) == before:
+                    break
+            made = {dotted(t.target): a.value for a in assigns if isinstance(a, cst.Assign)
+                    for t in a.targets if isinstance(t.target, cst.Name)}
+            for call in (n for n in nodes if isinstance(n, cst.Call) and self.role(key, dotted(n.func)) == "model"):
+                stmt = self._stmt.get(id(call))
+                for arg in call.args:
+                    value = made.get(dotted(arg.value)) if isinstance(arg.value, cst.Name) else None
+                    text = self.f.code(value) if value is not None else ""
+                    if value is not None and re.search(r"torch\.|Tensor|np\.|numpy|\.data\b", text) and not \
+                            re.search(r"device|cuda|\.to\(", text):
+                        self.todo(call, f"`{dotted(arg.value)}` is made on the CPU and given to the model, which "
+                                  f"ddpkit.wrap put on ctx.device: create it on ctx.device (or .to(ctx.device)) "
+                                  "and bring outputs back with .cpu() before .numpy()")
+                        break
+                if not backward or not isinstance(stmt, cst.SimpleStatementLine):
+                    continue
+                small = stmt.body[0]
+                if isinstance(small, cst.Return):
+                    continue
+                targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+                    [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
+                names = {dotted(x) for t in targets for x in walk(t) if isinstance(x, cst.Name)}
+                if not names & feeds and not any(b for b in backward if self._stmt.get(id(b)) is stmt):
+                    self.unwrap_calls.add(id(call))
 
     # ---- role propagation ----------------------------------------------------------------------
     def _propagate_roles(self) -> None:

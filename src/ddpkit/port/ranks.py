@@ -13,9 +13,9 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, root_name, walk
+from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
 
-__all__ = ["plan_ranks", "library_loader", "ARGS_ROOTS"]
+__all__ = ["plan_ranks", "library_loader", "agreed", "ARGS_ROOTS"]
 
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
 """Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
@@ -71,6 +71,12 @@ def plan_ranks(plan: Any) -> None:
                           "instead (`loader.dataset[i]`)")
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
+            elif "dataset" in name.rsplit(".", 1)[-1].lower() and any(
+                    is_device_expr(a.value) and not isinstance(a.value, cst.SimpleString) or dotted(a.value) ==
+                    "ctx.device" for a in node.args):
+                plan.todo(node, "the dataset is given the device: if it puts samples there itself, ddpkit.loader "
+                          "cannot pin them or send them through worker processes; build it on the CPU "
+                          "(device='cpu') and let the loader move each batch")
         _breaks(plan, key)
 
 
@@ -82,7 +88,7 @@ def _plateau(plan: Any, key: str, call: cst.Call) -> None:
              and dotted(n.func) == f"{target}.step" and n.args]
     for step in steps or [call]:
         value = step.args[0].value if step is not call else None
-        if value is not None and _agreed(plan, key, value):
+        if value is not None and agreed(plan, key, value):
             continue
         plan.todo(step, "ReduceLROnPlateau steps on a metric that may differ between ranks (it is not reduced "
                   "here): ranks would change their learning rates at different epochs; step it with a value "
@@ -101,14 +107,14 @@ def _breaks(plan: Any, key: str) -> None:
         if not any(isinstance(s, cst.SimpleStatementLine) and any(isinstance(x, cst.Break) for x in s.body)
                    for s in body):
             continue
-        if _agreed(plan, key, node.test):
+        if agreed(plan, key, node.test):
             continue
         plan.todo(node, "this loop stops on a value that may differ between ranks (early stopping on a per-rank "
                   "metric): one rank leaves while the others wait in their next collective; decide on a value "
                   "reduced over every rank (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")
 
 
-def _agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
+def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
     """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument."""
     reduced = plan.reduced.get(key, set())
     names = {dotted(n) for n in walk(expr) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
@@ -130,7 +136,7 @@ def _agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
                 continue  # returned by a helper that reduces its sums
             if any(dotted(c.func).startswith("ddpkit.") for c in calls):
                 continue
-            if depth < 3 and _agreed(plan, key, value, depth + 1) and not any(
+            if depth < 3 and agreed(plan, key, value, depth + 1) and not any(
                     plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower() for c in calls):
                 continue
             return False

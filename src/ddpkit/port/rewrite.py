@@ -195,6 +195,9 @@ class Rewriter(cst.CSTTransformer):
             func = parse_expr("os.makedirs") if name == "os.mkdir" else updated.func
             return updated.with_changes(func=func, args=_comma_args([*updated.args, _arg("exist_ok", cst.Name(
                 "True"))]))
+        if id(original) in self.p.unwrap_calls and self.role(updated.func) == "model":
+            self.changes += 1  # its output never reaches backward(): through DDP the next step would fail
+            return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
         if self.role(updated.func) == "model" and any(r == "eval" for _, r in self.batches):
             self.changes += 1  # evaluation shards differ in length: the unwrapped module never synchronises
             return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
@@ -207,9 +210,32 @@ class Rewriter(cst.CSTTransformer):
             return False
         if self.role(func.value) != "model" or self.no_grad or any(r == "eval" for _, r in self.batches):
             return False
-        return self.key in self.p.training_scopes
+        if any(r == "train" for _, r in self.batches):
+            return True
+        # a step function called from the loop (`def training_step(model, batch)`), not code after the loop
+        return self.key in self.p.training_scopes and self.key not in self.p.loop_scopes
+
+    def _reduced_read(self, original: cst.CSTNode) -> cst.BaseExpression | None:
+        """A per-rank running sum read in a report inside its loop: the value over every rank, read there."""
+        kind = self.p.reduce_read.get(id(original))
+        if kind is None or not self.in_ctx():
+            return None
+        self.changes += 1
+        text = cst.Module([]).code_for_node(original)
+        total = f"ddpkit.all_reduce_sum(ctx, {text}).item()"
+        # a sum of per-step values (losses) averaged over ranks keeps the original's scale; counts add up
+        return parse_expr(f"({total} / ctx.world_size)" if kind == "mean" else f"{total}")
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self._reduced_read(original) or updated
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+        return self._reduced_read(original) or updated
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        reduced = self._reduced_read(original)
+        if reduced is not None:
+            return reduced
         if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
             self.changes += 1  # the script's --device setting: each rank's own device now
             return parse_expr("ctx.device")

@@ -14,6 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, root_name, walk
+from ddpkit.port.ranks import agreed
 
 
 __all__ = ["plan_reductions", "reduce_statement"]
@@ -23,6 +24,9 @@ _PYTHON_NUMBER = re.compile(r"(\.item\(\)|^\s*(float|int|len)\(.*\)|\.size\(0?\)
 _INTISH = re.compile(r"(^\s*(int|len)\(.*\)|\.size\(0?\)|\.shape\[0\]|\.numel\(\)|^\s*\d+)\s*$")
 _THROUGHPUT = re.compile(r"per_s(ec)?$|throughput|(^|_)(tps|ips|sps)$|tok(en)?s?_?(per_?)?s(ec)?$|samples_?(per_?)?s(ec)?$",
                          re.I)
+_REPORT = re.compile(r"\bprint\(|print0\(|\.(info|debug|warning|log|write|set_postfix|set_description|add_scalars?)\(|"
+                     r"\blog\(")
+_COUNTS = re.compile(r"\.sum\(|size\(|\blen\(|shape\[0\]|numel\(|num_graphs|\.eq\(")
 _TENSOR_USE = r"\b{}\.(item|float|double|long|cpu|numpy|to|detach|tolist)\("
 
 
@@ -100,6 +104,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and _THROUGHPUT.search(
                 dotted(node.targets[0].target)) and any(dotted(n) in loop_vars for n in walk(node.value)):
             plan.scale_world.add(id(node))
+    _reported_inside(plan, key, loops, inside)
     assigned_here = {dotted(t.target) for n in walk(stmt) if isinstance(n, cst.Assign) for t in n.targets}
     for node in inside:
         target = _accumulated(node)
@@ -120,6 +125,46 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         plan.todo(node, f"`{name}` {what} over this rank's shard of the data only, and is used after the loop: "
                   f"reduce it across ranks before it is reported (start a sum at 0 beside the loop so the port "
                   f"can add ddpkit.all_reduce_sum, or ddpkit.all_gather_object for lists)")
+
+
+def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst.CSTNode]) -> None:
+    """`running += loss.item()` ... `if i % 100 == 99: print(running / 100)`: the printed value is reduced
+    where it is read (a mean of per-step values over ranks, or a sum of counts), or a TODO when ranks may not
+    all reach that line."""
+    sums = [n for n in inside if isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign)
+            and not isinstance(n.value, (cst.Integer, cst.Float))]
+    texts: dict[str, list[str]] = {}
+    for n in sums:
+        texts.setdefault(plan.f.code(n.target), []).append(plan.f.code(n.value))
+    if not texts:
+        return
+    stores = {id(t.target) for n in inside if isinstance(n, cst.Assign) for t in n.targets}
+    stores |= {id(n.target) for n in inside if isinstance(n, cst.AugAssign)}
+    for node in inside:
+        if not isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)) or id(node) in stores \
+                or id(node) in plan.reduce_read:
+            continue
+        text = plan.f.code(node)
+        if text not in texts or id(node) in plan.flagged:
+            continue
+        stmt = plan._stmt.get(id(node))
+        block = plan._parent.get(id(stmt))
+        where = plan.f.code(block if isinstance(block, cst.If) else stmt)
+        if not _REPORT.search(where):
+            continue
+        tests = []
+        parent = plan._parent.get(id(stmt))
+        while parent is not None and not any(parent is loop for loop in loops):
+            if isinstance(parent, (cst.If, cst.While)):
+                tests.append(parent.test)
+            parent = plan._parent.get(id(parent))
+        if not all(agreed(plan, key, t) for t in tests):
+            plan.flagged.add(id(node))
+            plan.todo(node, f"`{text}` sums this rank's shard and is reported here, on a branch some ranks may "
+                      "not take: reduce it (ddpkit.all_reduce_sum) where every rank passes, then report it")
+            continue
+        counts = all(_COUNTS.search(t) for t in texts[text])
+        plan.reduce_read[id(node)] = "count" if counts else "mean"
 
 
 def _accumulated(node: cst.CSTNode) -> tuple[str, str] | None:
