@@ -217,3 +217,18 @@ def test_default_device_parameters_batch_of_one_and_datasets_on_the_device():
     assert "    with ddpkit.init() as ctx:\n        device = ctx.device\n" in result.code
     assert {6, 7} <= set(todos), todos
     assert todos[6].startswith("the dataset is given the device") and todos[7].startswith("the batch size is 1")
+
+
+def test_a_loop_that_draws_with_next_and_logs_a_running_sum_kept_in_a_dict():
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef main():\n"
+           "    loader = DataLoader(ds, batch_size=8, shuffle=True)\n    model = Net()\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    state = {'running_loss': 0}\n"
+           "    batches = iter(loader)\n    for i in range(len(loader)):\n        batch = next(batches)\n"
+           "        loss = model(batch).sum()\n        loss.backward()\n"
+           "        state['running_loss'] += loss.item()\n        if i % 10 == 0:\n"
+           "            info = {'loss': state['running_loss'] / 10}\n            LOGGER.info(info)\n"
+           "            state['running_loss'] = 0\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = port_source(src)
+    assert result.todos == []
+    assert ("info = {'loss': (ddpkit.all_reduce_sum(ctx, state['running_loss']).item() / ctx.world_size) / 10}"
+            in result.code)

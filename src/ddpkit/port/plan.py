@@ -283,9 +283,9 @@ class Plan:
         if isinstance(expr, cst.Attribute) and "." in name:
             dest = name.rsplit(".", 1)[-1]
             for n in walk(self.f.module, into_functions=True):
-                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and n.args and isinstance(
-                        n.args[0].value, cst.SimpleString) and str(n.args[0].value.evaluated_value).lstrip(
-                        "-").replace("-", "_") == dest:
+                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and any(
+                        isinstance(a.value, cst.SimpleString) and a.keyword is None and str(
+                            a.value.evaluated_value).lstrip("-").replace("-", "_") == dest for a in n.args):
                     default = next((a.value for a in n.args if a.keyword and a.keyword.value == "default"), None)
                     return int(default.value) if isinstance(default, cst.Integer) else None
         return None
@@ -505,6 +505,10 @@ class Plan:
         if id(it) in self.loaders:  # `for x, y in DataLoader(test, batch_size=100):`
             return self.loaders[id(it)]
         role = self.role(key, dotted(it))
+        if role not in ("train", "eval"):  # `for step in range(n): batch = next(batches)`, batches = iter(loader)
+            role = next((self.role(key, dotted(n.args[0].value)) for n in walk(for_node.body) if isinstance(
+                n, cst.Call) and dotted(n.func) == "next" and n.args and self.role(
+                key, dotted(n.args[0].value)) in ("train", "eval")), None)
         return role if role in ("train", "eval") else None
 
     # ---- init ---------------------------------------------------------------------------------

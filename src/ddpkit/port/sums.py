@@ -140,6 +140,8 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
         return
     stores = {id(t.target) for n in inside if isinstance(n, cst.Assign) for t in n.targets}
     stores |= {id(n.target) for n in inside if isinstance(n, cst.AugAssign)}
+    stores |= {id(n.attr) for n in inside if isinstance(n, cst.Attribute)}  # names that are not values
+    stores |= {id(n.keyword) for n in inside if isinstance(n, cst.Arg) and n.keyword is not None}
     for node in inside:
         if not isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)) or id(node) in stores \
                 or id(node) in plan.reduce_read:
