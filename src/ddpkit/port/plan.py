@@ -431,14 +431,17 @@ class Plan:
                         feeds |= group
                 if len(feeds) == before:
                     break
-            made = {dotted(t.target): a.value for a in assigns if isinstance(a, cst.Assign)
-                    for t in a.targets if isinstance(t.target, cst.Name)}
+            made: dict[str, list[cst.BaseExpression]] = {}
+            for a in assigns:
+                for t in a.targets if isinstance(a, cst.Assign) else ():
+                    if isinstance(t.target, cst.Name):
+                        made.setdefault(t.target.value, []).append(a.value)
             for call in (n for n in nodes if isinstance(n, cst.Call) and self.role(key, dotted(n.func)) == "model"):
                 stmt = self._stmt.get(id(call))
                 for arg in call.args:
-                    value = made.get(dotted(arg.value)) if isinstance(arg.value, cst.Name) else None
-                    text = self.f.code(value) if value is not None else ""
-                    if value is not None and re.search(r"torch\.|Tensor|np\.|numpy|\.data\b", text) and not \
+                    values = made.get(dotted(arg.value), []) if isinstance(arg.value, cst.Name) else []
+                    text = " ".join(self.f.code(v) for v in values)
+                    if values and re.search(r"torch\.|Tensor|np\.|numpy|\.data\b", text) and not \
                             re.search(r"device|cuda|\.to\(", text):
                         self.todo(call, f"`{dotted(arg.value)}` is made on the CPU and given to the model, which "
                                   f"ddpkit.wrap put on ctx.device: create it on ctx.device (or .to(ctx.device)) "
