@@ -97,6 +97,7 @@ def heldout(out_dir: str | None) -> int:
     entries = json.loads(HELDOUT.read_text())
     judged: Counter[str] = Counter()
     tool: Counter[str] = Counter()
+    first: Counter[str] = Counter()
     for entry in entries:
         path = cached(entry)
         if not path.exists():
@@ -116,6 +117,7 @@ def heldout(out_dir: str | None) -> int:
                 target.with_suffix(".txt").write_text(f"{type(e).__name__}: {e}\n")
         verdict = entry.get("judged", {})
         judged[verdict.get("outcome", "not judged")] += 1
+        first[entry.get("judged_first", {}).get("outcome", "not judged")] += 1
         lint = f"  LINT ERRORS: {errors}" if errors else ""
         print(f"{got:8} {verdict.get('outcome', '-'):12} {entry['repo']}:{entry['path']}  {detail[:120]}{lint}")
         if verdict.get("why"):
@@ -123,6 +125,8 @@ def heldout(out_dir: str | None) -> int:
     total = len(entries)
     print("\ntool: " + ", ".join(f"{k} {v}/{total}" for k, v in sorted(tool.items())))
     print("judged: " + ", ".join(f"{k} {v}/{total}" for k, v in sorted(judged.items())))
+    print("judged on the first pass (code written before reading these scripts): " + ", ".join(
+        f"{k} {v}/{total}" for k, v in sorted(first.items())))
     return 0
 
 
