@@ -8,6 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
+from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
@@ -110,7 +111,7 @@ class Plan:
         """Scopes with a loop over a training loader: their training step is that loop's body."""
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
-        self._plan_forwards()
+        plan_forwards(self)
         plan_effects(self)
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
@@ -399,64 +400,6 @@ class Plan:
         value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
         receiver = move_receiver(value) if value is not None else None
         return receiver is not None and dotted(receiver) == name
-
-    def _plan_forwards(self) -> None:
-        """A forward whose output never reaches backward() (a look at the test set inside the training loop, a
-        graph for TensorBoard) leaves DDP waiting for a backward with gradients on, and the next training step
-        fails: it calls ddpkit.unwrap(model). An input the script made on the CPU is a TODO (the model is on
-        ctx.device)."""
-        for key in sorted(self.f.ported):
-            nodes = list(self.nodes(key))
-            backward = [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                        and n.func.attr.value == "backward"]
-            feeds = {dotted(x) for b in backward for x in walk(b.func.value) if isinstance(x, cst.Name)}
-            feeds |= {dotted(x) for b in backward for a in b.args for x in walk(a.value) if isinstance(x, cst.Name)}
-            assigns = [n for n in nodes if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
-            # what may reach backward: every name that shares a statement with one that does (coarse on
-            # purpose: lists, attributes and loops carry values too; a forward is unwrapped only when clear)
-            skip = {"self", "ctx", "torch", "nn", "F", "np", "len", "range", "print", "enumerate", "zip"}
-            skip |= {k for k, v in self.f.scopes[key].roles.items() if v == "model"}
-            statements = [n for n in nodes if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With))]
-            tokens = [{x.value for x in walk(st if isinstance(st, cst.SimpleStatementLine) else st.children[0]
-                                              if not isinstance(st, cst.For) else cst.Module([]))
-                       if isinstance(x, cst.Name)} - skip for st in statements]
-            tokens += [{x.value for x in walk(st.target) if isinstance(x, cst.Name)} |
-                       {x.value for x in walk(st.iter) if isinstance(x, cst.Name)} - skip
-                       for st in statements if isinstance(st, cst.For)]
-            feeds -= skip
-            for _ in range(30):
-                before = len(feeds)
-                for group in tokens:
-                    if group & feeds:
-                        feeds |= group
-                if len(feeds) == before:
-                    break
-            made: dict[str, list[cst.BaseExpression]] = {}
-            for a in assigns:
-                for t in a.targets if isinstance(a, cst.Assign) else ():
-                    if isinstance(t.target, cst.Name):
-                        made.setdefault(t.target.value, []).append(a.value)
-            for call in (n for n in nodes if isinstance(n, cst.Call) and self.role(key, dotted(n.func)) == "model"):
-                stmt = self._stmt.get(id(call))
-                for arg in call.args:
-                    values = made.get(dotted(arg.value), []) if isinstance(arg.value, cst.Name) else []
-                    text = " ".join(self.f.code(v) for v in values)
-                    if values and re.search(r"torch\.|Tensor|np\.|numpy|\.data\b", text) and not \
-                            re.search(r"device|cuda|\.to\(", text):
-                        self.todo(call, f"`{dotted(arg.value)}` is made on the CPU and given to the model, which "
-                                  f"ddpkit.wrap put on ctx.device: create it on ctx.device (or .to(ctx.device)) "
-                                  "and bring outputs back with .cpu() before .numpy()")
-                        break
-                if not backward or not isinstance(stmt, cst.SimpleStatementLine):
-                    continue
-                small = stmt.body[0]
-                if isinstance(small, cst.Return):
-                    continue
-                targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
-                    [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
-                names = {dotted(x) for t in targets for x in walk(t) if isinstance(x, cst.Name)}
-                if not names & feeds and not any(b for b in backward if self._stmt.get(id(b)) is stmt):
-                    self.unwrap_calls.add(id(call))
 
     # ---- role propagation ----------------------------------------------------------------------
     def _propagate_roles(self) -> None:
