@@ -39,6 +39,8 @@ def test_split_device_flag_argument_parsing_and_files_of_a_plain_script():
     # the split is made after ddpkit.init's per-rank seeds: a fixed generator gives every rank the same split
     assert "random_split(data, [len(data) - n_test, n_test], generator=torch.Generator().manual_seed(0))" in code
     assert "args = get_args()\n    with ddpkit.init(" in code  # argument parsing stays outside init
+    # the script's own seed after init is kept (splits and init agree) and flagged: augmentation is alike per rank
+    assert "# ddpkit port: this seeds every rank alike after ddpkit.init" in code.split("torch.manual_seed(0)")[0]
     assert "args.device" not in code.split("with ddpkit.init")[1]
     assert "os.makedirs(args.out, exist_ok=True)" in code
     write = code.index('        if ctx.is_main:\n            with open(os.path.join(args.out, "history.csv"), "w"')

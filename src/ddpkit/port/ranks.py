@@ -56,6 +56,12 @@ def plan_ranks(plan: Any) -> None:
             if not isinstance(node, cst.Call):
                 continue
             name = dotted(node.func)
+            if _SEEDS.search(f"{name}(") and name.rsplit(".", 1)[-1] in ("manual_seed", "seed", "seed_everything",
+                                                                         "set_seed") and plan.line_of(node) == \
+                    plan.line_of(plan._stmt.get(id(node), node)):
+                plan.note(node, "this seeds every rank alike after ddpkit.init: splits and model init agree, but "
+                          "dropout and augmentation draw the same numbers on every rank; delete it for per-rank "
+                          "streams (ddpkit.init seeds each rank) once random splits have their own generator")
             keywords = {a.keyword.value for a in node.args if a.keyword is not None}
             early = seeded_at is None or plan.line_of(node) < seeded_at
             if name.rsplit(".", 1)[-1] == "random_split" and "generator" not in keywords and early:
