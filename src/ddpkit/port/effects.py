@@ -132,7 +132,7 @@ def plan_effects(plan: Any) -> None:
             continue
         if not any(_reads(c) for c in _own_calls(stmt)) or plan.line_of(stmt) <= first.get(key, 1 << 30):
             continue
-        if plan.under_branch(stmt):
+        if plan.under_branch(stmt, key):
             plan.todo(stmt, "rank 0 writes files and this line reads one back inside a branch: put "
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:

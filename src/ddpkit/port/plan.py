@@ -138,11 +138,14 @@ class Plan:
                     self._parent[id(child)] = stmt
                 self._index(inner)
 
-    def under_branch(self, stmt: cst.CSTNode) -> bool:
-        """Inside an if/try/while of its scope: a condition some ranks may take and others not."""
+    def under_branch(self, stmt: cst.CSTNode, key: str | None = None) -> bool:
+        """Inside an if/try/while of its scope (a condition some ranks may take and others not), or inside a
+        loop over an evaluation shard (shards may differ by a batch)."""
         node = self._parent.get(id(stmt))
         while node is not None:
             if isinstance(node, (cst.If, cst.Try, cst.While)):
+                return True
+            if key is not None and isinstance(node, cst.For) and self.loop_role(key, node) == "eval":
                 return True
             node = self._parent.get(id(node))
         return False

@@ -160,6 +160,8 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
             if isinstance(parent, (cst.If, cst.While)):
                 tests.append(parent.test)
             parent = plan._parent.get(id(parent))
+        if parent is None or plan.loop_role(key, parent) != "train":
+            continue  # evaluation shards differ by a batch: no collective inside their loop (progress stays local)
         if not all(agreed(plan, key, t) for t in tests):
             plan.flagged.add(id(node))
             plan.todo(node, f"`{text}` sums this rank's shard and is reported here, on a branch some ranks may "
