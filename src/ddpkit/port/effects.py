@@ -14,6 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
+from ddpkit.port.ranks import agreed
 
 __all__ = ["plan_effects", "DOWNLOADS"]
 
@@ -88,7 +89,12 @@ def plan_effects(plan: Any) -> None:
             continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
         if any(_downloads(c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
-            plan.main_first.add(id(stmt))
+            if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
+                plan.main_first.add(id(stmt))
+            else:
+                plan.todo(stmt, "a download inside a branch that ranks may decide differently (a file on disk, "
+                          "a per-rank value): download on rank 0 before the branch (`if ctx.is_main:`), then "
+                          "ddpkit.barrier(ctx) where every rank passes")
             continue
         for call in own:
             if dotted(call.func) in _MAKEDIRS or (isinstance(call.func, cst.Attribute) and call.func.attr.value
@@ -156,6 +162,16 @@ def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
                 set(plan.f.callees(c, key)) & writers for c in _calls(stmt)):
             first[key] = min(first.get(key, 1 << 30), plan.line_of(stmt))
     return first
+
+
+def _branch_tests(plan: Any, stmt: cst.CSTNode) -> list[cst.BaseExpression]:
+    tests = []
+    node = plan._parent.get(id(stmt))
+    while node is not None:
+        if isinstance(node, (cst.If, cst.While)):
+            tests.append(node.test)
+        node = plan._parent.get(id(node))
+    return tests
 
 
 def _own_calls(stmt: cst.BaseStatement) -> list[cst.Call]:

@@ -19,6 +19,7 @@ __all__ = ["plan_ranks", "library_loader", "agreed", "ARGS_ROOTS"]
 
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
 """Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
+_DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 _SEEDS = re.compile(r"(torch|np|numpy)\.(random\.)?(manual_)?seed\(|random\.seed\(|seed_everything\(|set_seed\(")
 
 
@@ -123,6 +124,8 @@ def _breaks(plan: Any, key: str) -> None:
 def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
     """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument."""
     reduced = plan.reduced.get(key, set())
+    if any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr)):
+        return False  # files on disk: one rank may see what another has not written yet
     names = {dotted(n) for n in walk(expr) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
     for name in names:
         if name in reduced or name.split(".")[0] in ARGS_ROOTS or name.split(".")[0] in ("math", "torch", "np",
