@@ -2,6 +2,7 @@
 
     python benchmarks/port_eval/score.py fill --repo pytorch/examples --git-dir /path/to/clone/.git
     python benchmarks/port_eval/score.py score            # port each cached script, print the table
+    python benchmarks/port_eval/score.py heldout --out DIR  # the held-out set: tool outcome and judged verdict
 
 manifest.json lists each script by repository, path and commit, with the outcome recorded last time
 (ported / todo / refused / crashed) and why. `score` recomputes the outcomes from the cache, checks that
@@ -20,6 +21,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 MANIFEST = HERE / "manifest.json"
+HELDOUT = HERE / "heldout.json"
+"""Scripts labelled (what a correct port needs) before any tool ran on them; `judged` is each port's verdict."""
 CACHE = HERE / ".cache"
 
 
@@ -89,6 +92,44 @@ def score(update: bool) -> int:
     return 1 if differ and not update else 0
 
 
+def heldout(out_dir: str | None) -> int:
+    """Port every cached held-out script; print the tool's outcome beside the judged one (heldout.json)."""
+    entries = json.loads(HELDOUT.read_text())
+    judged: Counter[str] = Counter()
+    tool: Counter[str] = Counter()
+    first: Counter[str] = Counter()
+    for entry in entries:
+        path = cached(entry)
+        if not path.exists():
+            print(f"{entry['repo']}:{entry['path']}: not cached", file=sys.stderr)
+            return 2
+        source = path.read_text(encoding="utf-8", errors="replace")
+        got, detail, errors = outcome(source, entry["path"])
+        tool[got] += 1
+        if out_dir:
+            from ddpkit.port import port_source
+
+            target = Path(out_dir) / entry["repo"].replace("/", "+") / entry["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.write_text(port_source(source, entry["path"]).code)
+            except Exception as e:  # refused or crashed: the outcome above says which
+                target.with_suffix(".txt").write_text(f"{type(e).__name__}: {e}\n")
+        verdict = entry.get("judged", {})
+        judged[verdict.get("outcome", "not judged")] += 1
+        first[entry.get("judged_first", {}).get("outcome", "not judged")] += 1
+        lint = f"  LINT ERRORS: {errors}" if errors else ""
+        print(f"{got:8} {verdict.get('outcome', '-'):12} {entry['repo']}:{entry['path']}  {detail[:120]}{lint}")
+        if verdict.get("why"):
+            print(f"{'':22}{verdict['why'][:300]}")
+    total = len(entries)
+    print("\ntool: " + ", ".join(f"{k} {v}/{total}" for k, v in sorted(tool.items())))
+    print("judged: " + ", ".join(f"{k} {v}/{total}" for k, v in sorted(judged.items())))
+    print("judged on the first pass (code written before reading these scripts): " + ", ".join(
+        f"{k} {v}/{total}" for k, v in sorted(first.items())))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -97,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--git-dir", required=True, help="the clone's .git directory (or a bare repository)")
     s = sub.add_parser("score", help="port every cached script and print the outcomes")
     s.add_argument("--update", action="store_true", help="write the outcomes into manifest.json")
+    h = sub.add_parser("heldout", help="port every cached held-out script (heldout.json) and print the tool's "
+                                      "outcome beside the judged one")
+    h.add_argument("--out", metavar="DIR", help="also write each ported script under DIR (to judge it)")
     args = p.parse_args(argv)
+    if args.cmd == "heldout":
+        return heldout(args.out)
     return fill(args.repo, args.git_dir) if args.cmd == "fill" else score(args.update)
 
 

@@ -290,7 +290,10 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
         raise TypeError(f"pin_memory={pin_memory!r} must be True or False")
     for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive int")
+            hint = ("; a script from `ddpkit port` passes its original batch divided by the world size "
+                    "(B // ctx.world_size), which is 0 when B < world_size: launch at most B ranks or raise B"
+                    if name == "batch_size" and value == 0 else "")
+            raise ValueError(f"{name}={value!r} must be a positive int{hint}")
     for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be True or False")
@@ -334,6 +337,8 @@ class EvalLoader:
         import torch
 
         self.ctx = ctx
+        self.dataset = dataset
+        """The whole dataset (every rank's shard): `correct / len(loader.dataset)` after a reduction is exact."""
         self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size)
         self._pin = pin_memory and ctx.device.type == "cuda"
         if self._pin:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["PortError", "PortResult", "Todo", "port_source"]
+__all__ = ["PortError", "PortResult", "Todo", "port_source", "open_todos", "TODO_MARK"]
+
+TODO_MARK = "TODO(ddpkit port)"
+"""What marks a step left to the user in a ported script: `# TODO(ddpkit port): <the blocker>`."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,18 @@ class PortResult:
         return 3 if self.todos else 0
 
 
+def open_todos(source: str) -> list[Todo]:
+    """The `# TODO(ddpkit port): ...` comments still in a (ported) script, at the line each one names."""
+    out = []
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith(f"# {TODO_MARK}:"):
+            target = next((j for j in range(i + 1, len(lines)) if not lines[j].strip().startswith("#")), i)
+            out.append(Todo(target + 1, stripped[len(f"# {TODO_MARK}:"):].strip()))
+    return out
+
+
 def port_source(source: str, path: str = "<string>") -> PortResult:
     """Rewrite a plain single-device PyTorch script's text into a ddpkit script (never runs it).
 
@@ -55,6 +70,10 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
                         "syntax error first") from None
     facts = Facts(wrapper.module)
     if facts.ported_already:
+        left = open_todos(source)
+        if left:
+            return PortResult(source, left, False, f"{path} already calls ddpkit.init() but {len(left)} "
+                              f"`{TODO_MARK}` comment(s) remain: fix them by hand, then delete each comment")
         return PortResult(source, [], False, f"{path} already calls ddpkit.init(): nothing to change")
     if facts.distributed_hint:
         raise PortError(f"{path} already uses {facts.distributed_hint}: it is already a multi-process (distributed) "

@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Rewrite a plain single-device PyTorch training script into a ddpkit script "
                     "(ddpkit.init, wrap, loader, reduced metrics, rank-0 printing and saving).",
         epilog="Exit status: 0 fully ported (or already a ddpkit script), 3 ported with TODOs left "
-               "(marked `# ddpkit port: TODO` in the output), 2 bad input.")
+               "(marked `# TODO(ddpkit port): ...` in the output; re-porting such a file exits 3 while they remain), 2 bad input.")
     p.add_argument("script", metavar="SCRIPT", help="the single-device training script (.py)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("-o", "--output", metavar="OUT", help="write the ported script here (default SCRIPT_ddp.py)")
@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddpkit port: error: {e}", file=sys.stderr)
         return 2
     if not result.changed:
+        for todo in result.todos:
+            print(f"{script}:{todo.line}: TODO {todo.message}")
         print(f"ddpkit port: {result.message}")
-        return 0
+        return result.exit_code
     target = script if args.in_place else Path(args.output) if args.output else default_output(script)
     if args.diff:
         sys.stdout.writelines(difflib.unified_diff(source.splitlines(keepends=True), result.code.splitlines(

@@ -112,10 +112,13 @@ class _BlankLines(cst.CSTTransformer):
 
 
 def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None) -> cst.With:
-    leading = body[0].leading_lines if body else ()
+    lines = list(body[0].leading_lines) if body else []
+    blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+    leading = lines[:blank]  # comments stay with the line they describe
     body = [stmt.visit(_BlankLines()) for stmt in body]
     if body:
-        body = [body[0].with_changes(leading_lines=[]), *body[1:]]
+        body = [body[0].with_changes(leading_lines=[line.with_changes(indent=True) for line in lines[blank:]]),
+                *body[1:]]
     return cst.With(items=[cst.WithItem(_init_call(seed), asname=cst.AsName(cst.Name("ctx")))],
                     body=cst.IndentedBlock(body), leading_lines=leading)
 
@@ -127,17 +130,34 @@ def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | No
     if not facts.ctx_global:
         name = facts.entry_key
         new_body = list(_scope_nodes(module)[name].body.body)
-        wrapped = [*new_body[:keep], _with(new_body[keep:], seed)]
+        # `def train(device="cuda:0")`: the parameter's default would send every rank to one device
+        bound = [cst.parse_statement(f"{p.name.value} = ctx.device\n") for p in (
+            *facts.scopes[name].node.params.params, *facts.scopes[name].node.params.kwonly_params)
+            if p.default is not None and "device" in p.name.value.lower()]
+        wrapped = [*new_body[:keep], _with([*bound, *new_body[keep:]] if bound else new_body[keep:], seed)]
         target = _scope_nodes(module)[name]
         return module.deep_replace(target, target.with_changes(body=target.body.with_changes(body=wrapped)))
     if isinstance(owner, cst.Module):
         body = list(module.body)
-        return module.with_changes(body=[*body[:keep], _with(body[keep:], seed)])
+        return module.with_changes(body=_flat(body, keep, seed))
     guard = next(s for s in module.body if isinstance(s, cst.If) and module.code_for_node(s.test)
                  == facts.code(owner.test))
     inner = list(guard.body.body)
-    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(
-        body=[*inner[:keep], _with(inner[keep:], seed)])))
+    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(body=_flat(inner, keep, seed))))
+
+
+def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | None) -> list[cst.BaseStatement]:
+    """Top-level code keeps its indentation: `ctx = ddpkit.init()` before the region, `ctx.close()` after it.
+
+    An exception ends the process without close(): the launcher then stops the other ranks."""
+    start = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("ctx"))], _init_call(seed))])
+    if keep < len(body):
+        lines = list(body[keep].leading_lines)
+        blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+        start = start.with_changes(leading_lines=lines[:blank])  # comments stay with the line they describe
+        body = [*body[:keep], body[keep].with_changes(leading_lines=lines[blank:]), *body[keep + 1:]]
+    close = cst.parse_statement("ctx.close()  # every rank leaves the process group together\n")
+    return [*body[:keep], start, *body[keep:], close]
 
 
 def add_import(module: cst.Module) -> cst.Module:

@@ -15,6 +15,8 @@ ENTRY = "<entry>"
 
 _SETUP = re.compile(r"\b(argparse|parser|parse_args|parse_known_args|add_argument|ArgumentParser)\b")
 _TRAINING = re.compile(r"DataLoader|backward\(|optim\.|\.parameters\(\)")
+_BUSY = re.compile(r"DataLoader|cuda|device|\.to\(|print|save|optim|backward|tqdm|open\(|model|Module|seed|"
+                   r"torch\.|download|\bfor\b|\bwith\b|\bif\b|def |class ")
 _EVAL_NAME = re.compile(r"test|val|eval|holdout")
 _DISTRIBUTED = re.compile(r"\b(torch\.distributed|DistributedDataParallel|init_process_group|DistributedSampler|"
                           r"accelerate|lightning|horovod|deepspeed|mp\.spawn|torch\.multiprocessing|share_memory)\b")
@@ -97,7 +99,21 @@ def _is_setup(stmt: cst.BaseStatement, code: str) -> bool:
         if all(isinstance(s, cst.Expr) and isinstance(s.value, (cst.SimpleString, cst.ConcatenatedString))
                for s in stmt.body):
             return True
+    if isinstance(stmt, cst.SimpleStatementLine) and _argparse_only(stmt):
+        return True
     return _SETUP.search(code) is not None and "DataLoader" not in code
+
+
+_ARGPARSE_CALLS = frozenset({"add_argument", "add_parser", "add_subparsers", "add_argument_group", "set_defaults",
+                             "add_mutually_exclusive_group", "ArgumentParser", "parse_args", "parse_known_args"})
+_STRING = re.compile(r"""[rbuf]*("[^"\n]*"|'[^'\n]*')""", re.I)
+
+
+def _argparse_only(stmt: cst.SimpleStatementLine) -> bool:
+    """Every call in the statement builds or runs an argument parser (help texts may say anything)."""
+    calls = [n for n in walk(stmt) if isinstance(n, cst.Call)]
+    return bool(calls) and all(dotted(c.func).rsplit(".", 1)[-1] in _ARGPARSE_CALLS or dotted(c.func) in
+                               ("str", "int", "float", "bool", "list", "tuple", "dict", "range") for c in calls)
 
 
 @dataclass
@@ -135,6 +151,9 @@ class Facts:
                 for item in statements_of(stmt):
                     if isinstance(item, cst.FunctionDef):
                         self._add_scope(f"{stmt.name.value}.{item.name.value}", item, stmt.name.value)
+        self.parsers = {k for k, scope in self.scopes.items() if scope.cls is None and re.search(
+            r"\.parse_(known_)?args\(", self.code(scope.node)) and not _TRAINING.search(self.code(scope.node))}
+        """The script's own argument-parsing functions (`args = get_args()` stays before ddpkit.init)."""
         self.entry_key, self.entry_owner, self.region = self._find_entry()
         self.ctx_global = self.entry_key == ENTRY
         if self.ctx_global:
@@ -192,9 +211,20 @@ class Facts:
 
     def _region_after_setup(self, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         start = 0
-        while start < len(body) and _is_setup(body[start], self.code(body[start])):
+        while start < len(body) and (_is_setup(body[start], self.code(body[start])) or self._parses(body[start])):
             start += 1
+        # argument parsing after a few quiet lines (constants, paths): it stays before ddpkit.init too
+        last = max((i for i in range(start, len(body)) if self._parses(body[i])
+                    or _SETUP.search(self.code(body[i])) and isinstance(body[i], cst.SimpleStatementLine)), default=-1)
+        if last >= start and not any(_BUSY.search(_STRING.sub("''", self.code(s))) for s in body[start:last + 1]
+                                     if not (isinstance(s, cst.SimpleStatementLine) and _argparse_only(s))):
+            start = last + 1
         return body[start:]
+
+    def _parses(self, stmt: cst.BaseStatement) -> bool:
+        """`args = get_args()`: a call of one of the script's argument-parsing functions."""
+        return isinstance(stmt, cst.SimpleStatementLine) and any(
+            isinstance(n, cst.Call) and dotted(n.func) in self.parsers for n in walk(stmt))
 
     def region_ids(self) -> set[int]:
         return {id(s) for s in self.region}

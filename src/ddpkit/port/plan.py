@@ -7,6 +7,9 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
+from ddpkit.port.effects import plan_effects
+from ddpkit.port.forwards import plan_forwards
+from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
@@ -14,7 +17,14 @@ __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
                          "LBFGS", "ASGD", "Rprop", "SparseAdam"})
+_TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
+
+
+def _owner(name: str) -> str:
+    """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
 
 
 def is_optimizer(call: cst.Call) -> bool:
@@ -60,6 +70,23 @@ class Plan:
         self.class_roles: dict[str, dict[str, str]] = {}
         self.spread: dict[int, dict[str, cst.BaseExpression]] = {}
         """DataLoader(..., **kw) calls whose kw is built from dict literals here: the options it holds."""
+        self.flagged: set[int] = set()
+        """Accumulations already given a TODO (a loop is seen from each block around it)."""
+        self.main_first: set[int] = set()
+        """Statements that download: rank 0 runs them first, the others after a barrier."""
+        self.guard: set[int] = set()
+        """Statements that write files or log to a tracker: rank 0 only."""
+        self.barrier_before: set[int] = set()
+        """Statements that read a file rank 0 may have written earlier in the run."""
+        self.exist_ok: set[int] = set()
+        """mkdir/makedirs calls that race between ranks without exist_ok=True."""
+        self.reduce_read: dict[int, str] = {}
+        """Reads of a per-rank sum inside its loop, in a report: 'mean' (of per-step values) or 'count'."""
+        self.scale_world: set[int] = set()
+        """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
+        self.add_kwarg: dict[int, tuple[str, str]] = {}
+        """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
@@ -76,8 +103,19 @@ class Plan:
                       "it (no speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by "
                       "ctx.rank and ctx.world_size")
         self._propagate_roles()
+        self.training_scopes = {k for k in facts.ported if _TRAIN_STEP.search(k.rsplit(".", 1)[-1]) or any(
+            "backward" in facts.code(s) for s in facts.scope_statements(k))}
+        """Scopes that run a training step (they call backward, or their name says so)."""
+        self.loop_scopes = {k for k in facts.ported if any(
+            isinstance(n, cst.For) and self.loop_role(k, n) == "train" for n in self.nodes(k))}
+        """Scopes with a loop over a training loader: their training step is that loop's body."""
+        self.unwrap_calls: set[int] = set()
+        """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
+        plan_forwards(self)
+        plan_effects(self)
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
+        plan_ranks(self)
         self.seed = self._seed()
 
     # ---- bookkeeping -------------------------------------------------------------------------
@@ -96,7 +134,21 @@ class Plan:
                 for node in walk(child):
                     self._stmt.setdefault(id(node), stmt)
             for inner in self.blocks_of(stmt):
+                for child in inner:
+                    self._parent[id(child)] = stmt
                 self._index(inner)
+
+    def under_branch(self, stmt: cst.CSTNode, key: str | None = None) -> bool:
+        """Inside an if/try/while of its scope (a condition some ranks may take and others not), or inside a
+        loop over an evaluation shard (shards may differ by a batch)."""
+        node = self._parent.get(id(stmt))
+        while node is not None:
+            if isinstance(node, (cst.If, cst.Try, cst.While)):
+                return True
+            if key is not None and isinstance(node, cst.For) and self.loop_role(key, node) == "eval":
+                return True
+            node = self._parent.get(id(node))
+        return False
 
     @staticmethod
     def blocks_of(stmt: cst.CSTNode) -> list[list[cst.BaseStatement]]:
@@ -122,7 +174,7 @@ class Plan:
         stmt = self._stmt.get(id(node), node)
         line = self.line_of(stmt)
         self.todos.append((line, message))
-        self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: TODO (line {line}) {message}")
+        self.notes.setdefault(id(stmt), []).append(f"# TODO(ddpkit port): {message}")
 
     def note(self, node: cst.CSTNode, text: str) -> None:
         stmt = self._stmt.get(id(node), node)
@@ -165,6 +217,12 @@ class Plan:
                         target = dotted(stmt.body[0].targets[0].target)
                     found.append((key, node, target))
         for key, call, target in found:
+            library = library_loader(self.f, call)
+            if library is not None:
+                self.todo(call, f"a DataLoader of {library}: ddpkit.loader would replace its collate (graphs, "
+                          "variable-size samples); keep it and shard its dataset by rank yourself (e.g. "
+                          "torch.utils.data.Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size)))")
+                continue
             kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
             positional = [a for a in call.args if a.keyword is None and not a.star]
             spread = self._spread_kwargs(key, call)
@@ -190,6 +248,8 @@ class Plan:
             shuffle = kwargs.get("shuffle")
             shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
             name_text = target or dataset_text
+            if not target and not self.f.is_eval_name(dataset_text) and "train" not in dataset_text.lower():
+                name_text = f"{dataset_text} {key}"  # built in a helper: `def get_val_loader():` says which
             if "train" not in name_text.lower() and self.f.is_eval_name(name_text):
                 kind = "eval"
             elif "train" in name_text.lower() or shuffled:
@@ -201,6 +261,12 @@ class Plan:
                           "(training) or ddpkit.eval_loader (evaluation)")
                 continue
             self.loaders[id(call)] = kind
+            if kind == "train" and self._literal(key, kwargs.get("batch_size", positional[1].value if len(
+                    positional) > 1 else cst.Integer("1"))) == 1:
+                self.todo(call, "the batch size is 1: 1 // world_size is 0 per rank on more than one rank; "
+                          "keep batch_size=1 per rank (the global batch becomes world_size: scale the learning "
+                          "rate) or raise the batch")
+                continue
             if kind == "train":
                 size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
                     self.f.code(positional[1].value) if len(positional) > 1 else "1"
@@ -208,6 +274,25 @@ class Plan:
                           f"{size} samples per step")
             if target:
                 self._set_role(key, target, kind)
+
+    def _literal(self, key: str, expr: cst.BaseExpression) -> int | None:
+        """The int a batch size expression holds: `32`, `BATCH = 1` at module level, `--batch-size` default."""
+        if isinstance(expr, cst.Integer):
+            return int(expr.value)
+        name = dotted(expr)
+        if isinstance(expr, cst.Name):
+            values = [n.value for n in walk(self.f.module, into_functions=True) if isinstance(n, cst.Assign)
+                      and len(n.targets) == 1 and dotted(n.targets[0].target) == name]
+            return int(values[0].value) if len(values) == 1 and isinstance(values[0], cst.Integer) else None
+        if isinstance(expr, cst.Attribute) and "." in name:
+            dest = name.rsplit(".", 1)[-1]
+            for n in walk(self.f.module, into_functions=True):
+                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and any(
+                        isinstance(a.value, cst.SimpleString) and a.keyword is None and str(
+                            a.value.evaluated_value).lstrip("-").replace("-", "_") == dest for a in n.args):
+                    default = next((a.value for a in n.args if a.keyword and a.keyword.value == "default"), None)
+                    return int(default.value) if isinstance(default, cst.Integer) else None
+        return None
 
     def _spread_kwargs(self, key: str, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
         """`DataLoader(ds, **train_kwargs)` with `train_kwargs = {...}` (and `.update({...})` or
@@ -251,9 +336,16 @@ class Plan:
             for node in self.nodes(key):
                 if not (isinstance(node, cst.Call) and is_optimizer(node)):
                     continue
-                receiver = next((dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
-                                 and isinstance(n.func, cst.Attribute)
-                                 and n.func.attr.value in ("parameters", "named_parameters")), "")
+                receivers = list(dict.fromkeys(dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
+                                               and isinstance(n.func, cst.Attribute)
+                                               and n.func.attr.value in ("parameters", "named_parameters")))
+                receiver = receivers[0] if receivers else ""
+                others = [r for r in receivers[1:] if r and _owner(r) != _owner(receiver)]
+                if model is None and others:
+                    self.todo(node, f"this optimizer also trains {', '.join(others)}, which the port does not wrap: "
+                              f"its gradients would never be averaged across ranks; put {receiver} and "
+                              f"{', '.join(others)} in one nn.Module, build the optimizer from its parameters, and "
+                              "wrap that module")
                 if model is not None:
                     if receiver and (receiver == model or receiver.startswith(model + ".")):
                         continue
@@ -324,6 +416,8 @@ class Plan:
                         role = self.role(key, value) if value and target else None
                         if role and (target.startswith("self.") or role != "model"):
                             changed |= self._set_role(key, target, role)
+                        if isinstance(node.value, cst.Call):
+                            changed |= self._returned_roles(key, node)
                     if not isinstance(node, cst.Call):
                         continue
                     for callee in self.f.callees(node, key):
@@ -339,8 +433,31 @@ class Plan:
             if not changed:
                 return
 
+    def _returned_roles(self, key: str, assign: cst.Assign) -> bool:
+        """`val_loader = make_val_loader(ds)`, `train_dl, val_dl = get_loaders()`: the roles the helper returns."""
+        changed = False
+        target = assign.targets[0].target
+        targets = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+        for callee in self.f.callees(assign.value, key):
+            for ret in (n for n in walk(self.f.scopes[callee].node) if isinstance(n, cst.Return) and n.value):
+                values = [e.value for e in ret.value.elements] if isinstance(ret.value, cst.Tuple) else [ret.value]
+                if len(values) != len(targets):
+                    continue
+                for t, v in zip(targets, values):
+                    role = self.loaders.get(id(v)) or self.role(callee, dotted(v))
+                    if role in ("train", "eval") and dotted(t):
+                        changed |= self._set_role(key, dotted(t), role)
+        return changed
+
     def loop_role(self, key: str, for_node: cst.For) -> str | None:
-        role = self.role(key, dotted(loader_expr(for_node.iter)))
+        it = loader_expr(for_node.iter)
+        if id(it) in self.loaders:  # `for x, y in DataLoader(test, batch_size=100):`
+            return self.loaders[id(it)]
+        role = self.role(key, dotted(it))
+        if role not in ("train", "eval"):  # `for step in range(n): batch = next(batches)`, batches = iter(loader)
+            role = next((self.role(key, dotted(n.args[0].value)) for n in walk(for_node.body) if isinstance(
+                n, cst.Call) and dotted(n.func) == "next" and n.args and self.role(
+                key, dotted(n.args[0].value)) in ("train", "eval")), None)
         return role if role in ("train", "eval") else None
 
     # ---- init ---------------------------------------------------------------------------------

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
+from ddpkit.port.ranks import ARGS_ROOTS
+from ddpkit.port.sums import reduce_statement
 
 __all__ = ["Rewriter", "parse_expr", "strip_moves"]
 
@@ -14,6 +18,13 @@ __all__ = ["Rewriter", "parse_expr", "strip_moves"]
 _DDP_SAFE = frozenset({"parameters", "named_parameters", "train", "eval", "zero_grad", "modules", "named_modules",
                        "children", "named_children", "buffers", "named_buffers", "requires_grad_", "to", "cuda",
                        "training", "forward", "apply", "no_sync", "register_forward_hook"})
+_NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "save_pretrained", "get_input_embeddings",
+                          "resize_token_embeddings", "gradient_checkpointing_enable", "half", "float", "double",
+                          "init_weights", "reset_parameters", "num_parameters", "get_num_params", "get_config",
+                          "print_trainable_parameters", "configure_optimizers", "tie_weights", "bfloat16",
+                          "requires_grad", "get_submodule", "get_parameter", "register_buffer", "init_hidden",
+                          "init_state", "reset_state", "zero_state", "initial_state", "reset_hidden"})
+"""Methods of a model that compute no training loss: read from ddpkit.unwrap(model) without a word."""
 _TRAIN_DROPPED = frozenset({"dataset", "batch_size", "shuffle", "pin_memory", "generator", "sampler", "batch_sampler"})
 """DataLoader options that ddpkit's loaders choose themselves (pin_memory, order) or that the port sets."""
 _TQDM = frozenset({"tqdm", "tqdm.tqdm", "trange", "tqdm.trange", "tqdm.auto.tqdm", "auto.tqdm"})
@@ -77,6 +88,8 @@ class Rewriter(cst.CSTTransformer):
         self.region_depth = 0
         self.batches: list[tuple[set[str], str]] = []
         self.changes = 0
+        self.no_grad = 0
+        """Depth of `with torch.no_grad():` / inference_mode blocks around the node being visited."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
 
     # ---- where we are -------------------------------------------------------------------------
@@ -97,6 +110,8 @@ class Rewriter(cst.CSTTransformer):
         return self.p.role(self.key, name) if name and self.key in self.f.scopes else None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if _no_grad(node):
+            self.no_grad += 1
         if id(node) in self.region:
             self.region_depth += 1
         if id(node) in self._nodes_to_keys:
@@ -120,6 +135,8 @@ class Rewriter(cst.CSTTransformer):
             result = self._finish_statement(original, result)
         if id(original) in self._nodes_to_keys:
             self.keys.pop()
+        if _no_grad(original):
+            self.no_grad -= 1
         if id(original) in self.region:
             self.region_depth -= 1
         return result
@@ -131,6 +148,12 @@ class Rewriter(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if not self.in_ctx():
             return updated
+        if self._bypasses_ddp(original):
+            method = f"{dotted(original.func.value)}.{original.func.attr.value}"
+            self.p.todo(original, f"`{method}(...)` trains through a method of the model, not its forward: DDP "
+                        "averages gradients only for calls of the wrapped model itself, so through "
+                        "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
+                        "forward() (or a wrapper module's forward) and call the model")
         name = dotted(updated.func)
         receiver = move_receiver(updated)
         if receiver is not None:
@@ -158,20 +181,90 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
                 "ctx.device"))]))
-        if name == "len" and len(updated.args) == 1:
-            inner = updated.args[0].value
-            if isinstance(inner, cst.Attribute) and inner.attr.value == "dataset" and self.role(inner.value) == "eval":
-                self.changes += 1
-                return parse_expr(f"int(ddpkit.all_reduce_sum(ctx, len({dotted(inner.value)}.indices)).item())")
+        if name in ("copy.deepcopy", "deepcopy", "hasattr", "getattr", "isinstance") and updated.args \
+                and self.role(original.args[0].value) == "model":
+            self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
+            first = updated.args[0].with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(original.args[0].value)})"))
+            return updated.with_changes(args=[first, *updated.args[1:]])
+        if id(original) in self.p.add_kwarg:
+            self.changes += 1
+            word, value = self.p.add_kwarg[id(original)]
+            return updated.with_changes(args=_comma_args([*updated.args, _arg(word, parse_expr(value))]))
+        if id(original) in self.p.exist_ok:
+            self.changes += 1  # every rank creates it: the second would fail with FileExistsError
+            func = parse_expr("os.makedirs") if name == "os.mkdir" else updated.func
+            return updated.with_changes(func=func, args=_comma_args([*updated.args, _arg("exist_ok", cst.Name(
+                "True"))]))
+        if id(original) in self.p.unwrap_calls and self.role(updated.func) == "model":
+            self.changes += 1  # its output never reaches backward(): through DDP the next step would fail
+            return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
         if self.role(updated.func) == "model" and any(r == "eval" for _, r in self.batches):
             self.changes += 1  # evaluation shards differ in length: the unwrapped module never synchronises
             return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
         return updated
 
+    def _bypasses_ddp(self, original: cst.Call) -> bool:
+        """`model.encode(x)` in a training step: the model's own method, not forward, with gradients on."""
+        func = original.func
+        if not isinstance(func, cst.Attribute) or func.attr.value in _DDP_SAFE or func.attr.value in _NOT_FORWARD:
+            return False
+        if self.role(func.value) != "model" or self.no_grad or any(r == "eval" for _, r in self.batches):
+            return False
+        if any(r == "train" for _, r in self.batches):
+            return True
+        # a step function called from the loop (`def training_step(model, batch)`), not code after the loop
+        return self.key in self.p.training_scopes and self.key not in self.p.loop_scopes
+
+    def _reduced_read(self, original: cst.CSTNode) -> cst.BaseExpression | None:
+        """A per-rank running sum read in a report inside its loop: the value over every rank, read there."""
+        kind = self.p.reduce_read.get(id(original))
+        if kind is None or not self.in_ctx():
+            return None
+        self.changes += 1
+        text = cst.Module([]).code_for_node(original)
+        total = f"ddpkit.all_reduce_sum(ctx, {text}).item()"
+        # a sum of per-step values (losses) averaged over ranks keeps the original's scale; counts add up
+        return parse_expr(f"({total} / ctx.world_size)" if kind == "mean" else f"{total}")
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self._reduced_read(original) or updated
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+        return self._reduced_read(original) or updated
+
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        reduced = self._reduced_read(original)
+        if reduced is not None:
+            return reduced
+        if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
+            self.changes += 1  # the script's --device setting: each rank's own device now
+            return parse_expr("ctx.device")
         if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
             self.changes += 1
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
+        return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if id(original) in self.p.scale_world and self.in_ctx():
+            self.changes += 1  # this rank's batch only: every rank processed as many samples in that time
+            value = cst.Module([]).code_for_node(updated.value)
+            return updated.with_changes(value=parse_expr(f"({value}) * ctx.world_size"))
+        return updated
+
+    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+        """`device == "cuda"`: a torch.device never equals a string with an index; compare its type."""
+        if not self.in_ctx() or len(updated.comparisons) != 1:
+            return updated
+        left, right = updated.left, updated.comparisons[0].comparator
+        if not isinstance(updated.comparisons[0].operator, (cst.Equal, cst.NotEqual)):
+            return updated
+        if isinstance(left, cst.SimpleString) and not isinstance(right, cst.SimpleString):
+            left, right = right, left
+        if isinstance(right, cst.SimpleString) and right.evaluated_value in ("cuda", "cpu", "mps") and \
+                isinstance(left, (cst.Name, cst.Attribute)) and is_device_expr(left):
+            self.changes += 1
+            return updated.with_changes(left=parse_expr(f"{dotted(left)}.type"), comparisons=[
+                updated.comparisons[0].with_changes(comparator=right)])
         return updated
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation):
@@ -189,16 +282,15 @@ class Rewriter(cst.CSTTransformer):
         return updated
 
     def _global_len(self, left: cst.CSTNode, right: cst.CSTNode) -> cst.BaseExpression | None:
-        """A reduced sum divided by a loader's number of batches: count the batches of every rank."""
-        if dotted(left) not in self.p.reduced.get(self.key, set()) or not (
+        """A reduced sum divided by a loader's number of batches: count the batches of every rank.
+
+        One form for training and evaluation loaders alike (a helper may be called with either)."""
+        reduced = self.p.reduced.get(self.key, set())
+        if not any(dotted(n) in reduced for n in _walk_expr(left)) or not (
                 isinstance(right, cst.Call) and dotted(right.func) == "len" and len(right.args) == 1):
             return None
         loader = dotted(right.args[0].value)
-        role = self.role(right.args[0].value)
-        if role == "train":
-            self.changes += 1
-            return parse_expr(f"(len({loader}) * ctx.world_size)")
-        if role == "eval":
+        if self.role(right.args[0].value) in ("train", "eval"):
             self.changes += 1
             return parse_expr(f"ddpkit.all_reduce_sum(ctx, len({loader})).item()")
         return None
@@ -275,15 +367,25 @@ class Rewriter(cst.CSTTransformer):
     def _finish_statement(self, original: cst.BaseStatement, updated):
         notes = self.p.notes.get(id(original), [])
         before = []
+        after = []
+        if id(original) in self.p.guard and not isinstance(updated, cst.FlattenSentinel):
+            self.changes += 1  # one writer: the other ranks would write the same file at the same time
+            updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
+                leading_lines=[])]), leading_lines=updated.leading_lines)
+        if id(original) in self.p.main_first:
+            self.changes += 1
+            before.append(cst.parse_statement("if not ctx.is_main:  # rank 0 downloads first; the others then read "
+                                              "its files\n    ddpkit.barrier(ctx)\n"))
+            after.append(cst.parse_statement("if ctx.is_main:\n    ddpkit.barrier(ctx)\n"))
+        if id(original) in self.p.barrier_before:
+            self.changes += 1
+            before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))
         if id(original) in self.p.wrap_before:
             model = self.p.wrap_before[id(original)]
             before.append(cst.parse_statement(f"{model} = ddpkit.wrap({model}, ctx)\n"))
             self.changes += 1
-        after = []
         for name, kind in self.p.reduce_after.get(id(original), []):
-            expr = f"ddpkit.all_reduce_sum(ctx, {name})"
-            expr = {"int": f"int({expr}.item())", "float": f"{expr}.item()"}.get(kind, expr)
-            after.append(cst.parse_statement(f"{name} = {expr}  # sum over every rank's shard\n"))
+            after.append(cst.parse_statement(reduce_statement(name, kind)))
             self.changes += 1
         if notes:
             lines = [cst.EmptyLine(comment=cst.Comment(n)) for n in notes]
@@ -299,6 +401,24 @@ class Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel([*before, updated, *after])
         return updated
+
+
+def _no_grad(node: cst.CSTNode) -> bool:
+    """`with torch.no_grad():` or a function decorated with it: no gradients, so no DDP synchronisation needed."""
+    if isinstance(node, cst.With):
+        return any(re.search(r"no_grad|inference_mode", cst.Module([]).code_for_node(i.item)) for i in node.items)
+    if isinstance(node, cst.FunctionDef):
+        return any(re.search(r"no_grad|inference_mode", cst.Module([]).code_for_node(d.decorator))
+                   for d in node.decorators)
+    return False
+
+
+def _walk_expr(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
 
 
 def _only_pass(block: cst.BaseSuite) -> bool:

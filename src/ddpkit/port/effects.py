@@ -1,0 +1,210 @@
+"""Side effects every rank would repeat after `ddpkit port`: downloads, files written, run trackers.
+
+Planned before the rewrite: a download runs on rank 0 first (the others wait, then read its files),
+a file write runs on rank 0 only, a file read after a rank-0 write waits at a barrier, a directory is
+created race-free, and a tracker (TensorBoard, W&B, MLflow) lives on rank 0. What cannot be placed
+safely gets a TODO naming the blocker.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import dotted, walk
+from ddpkit.port.ranks import agreed
+
+__all__ = ["plan_effects", "DOWNLOADS"]
+
+DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
+                       r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
+                       r"wget\.download|hub\.load|load_state_dict_from_url|fetch_openml|fetch_\w+)$")
+_WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|savefig|save_image|imwrite|imsave|save_pretrained|"
+                     r"write_text|write_bytes|savetxt|save|savez|savez_compressed|dump|to_pickle)$")
+_READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|loadtxt|read_text|read_bytes|"
+                    r"imread|from_pretrained)$")
+_TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
+             "mlflow.start_run": "an MLflow run", "mlflow.set_experiment": "an MLflow experiment"}
+_MAKEDIRS = frozenset({"os.makedirs", "makedirs", "os.mkdir"})
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    return [n for n in walk(node) if isinstance(n, cst.Call)]
+
+
+def _open_mode(call: cst.Call) -> str:
+    args = [a for a in call.args if a.keyword is None]
+    mode = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "mode"),
+                args[1].value if len(args) > 1 else None)
+    return mode.evaluated_value if isinstance(mode, cst.SimpleString) and isinstance(
+        mode.evaluated_value, str) else "" if mode is None else "?"
+
+
+def _writes(call: cst.Call) -> bool:
+    name = dotted(call.func)
+    if name in ("open", "io.open") or (isinstance(call.func, cst.Attribute) and call.func.attr.value == "open"
+                                       and name != "Image.open"):
+        mode = _open_mode(call)
+        return mode == "?" or any(c in mode for c in "wax+")
+    if name == "torch.save":
+        return False  # handled by the rewriter's own torch.save guard
+    return bool(_WRITES.search(name)) and not name.startswith(("self.", "model.")) and name not in ("json.dumps",)
+
+
+def _reads(call: cst.Call) -> bool:
+    name = dotted(call.func)
+    if name in ("open", "io.open"):
+        mode = _open_mode(call)
+        return mode == "" or "r" in mode
+    return bool(_READS.search(name)) and name not in ("json.loads", "pickle.loads")
+
+
+def _downloads(call: cst.Call) -> bool:
+    """A download, or a cached preprocessing pass (`dataset.map(fn, num_proc=8)`) rank 0 should run first."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "map" and any(
+            a.keyword is not None and a.keyword.value in ("num_proc", "batched", "load_from_cache_file")
+            for a in call.args):
+        return True
+    return bool(DOWNLOADS.search(dotted(call.func))) or any(
+        a.keyword is not None and a.keyword.value == "download" and dotted(a.value) not in ("False", "None")
+        for a in call.args)  # `download=DOWNLOAD` decided at run time: maybe
+
+
+def plan_effects(plan: Any) -> None:
+    """Fill plan.main_first, plan.guard, plan.barrier_before, plan.exist_ok and plan.trackers (ids of nodes)."""
+    f = plan.f
+    statements: list[tuple[str, cst.BaseStatement]] = []
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if isinstance(node, cst.BaseStatement) and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+                statements.append((key, node))
+    writes: list[tuple[str, int]] = [(k, plan.line_of(s)) for k, s in statements if isinstance(
+        s, cst.SimpleStatementLine) and any(isinstance(n, cst.Call) and dotted(n.func) == "torch.save" for n in walk(s))]
+    tracker_names: dict[str, tuple[cst.BaseStatement, str]] = {}
+    for key, stmt in statements:
+        own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
+        if not own:
+            continue
+        calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
+        if any(_downloads(c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
+            if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
+                plan.main_first.add(id(stmt))
+            else:
+                plan.todo(stmt, "a download inside a branch that ranks may decide differently (a file on disk, "
+                          "a per-rank value): download on rank 0 before the branch (`if ctx.is_main:`), then "
+                          "ddpkit.barrier(ctx) where every rank passes")
+            continue
+        for call in own:
+            if dotted(call.func) in _MAKEDIRS or (isinstance(call.func, cst.Attribute) and call.func.attr.value
+                                                  == "mkdir" and not dotted(call.func).startswith("os.")):
+                if not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args):
+                    plan.exist_ok.add(id(call))
+        tracker = next((c for c in own if dotted(c.func) in _TRACKERS or dotted(c.func).endswith(".SummaryWriter")),
+                       None)
+        if tracker is not None:
+            kind = _TRACKERS.get(dotted(tracker.func), "a TensorBoard SummaryWriter")
+            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) \
+                    and dotted(stmt.body[0].targets[0].target):
+                tracker_names[dotted(stmt.body[0].targets[0].target)] = (stmt, kind)
+            elif isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr):
+                tracker_names.setdefault(dotted(tracker.func).split(".")[0], (stmt, kind))
+            else:
+                plan.todo(stmt, f"{kind} is started on every rank (each would log its own copy): start it under "
+                          "`if ctx.is_main:` and guard every use of it the same way")
+            continue
+        if any(_writes(c) for c in own):
+            if calls_model:
+                plan.todo(stmt, "this line writes a file on every rank and calls the model: compute the value on "
+                          "every rank first, then write it under `if ctx.is_main:`")
+            elif isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, cst.Expr) for s in stmt.body):
+                plan.guard.add(id(stmt))
+                writes.append((key, plan.line_of(stmt)))
+            elif isinstance(stmt, cst.With) and not any(isinstance(n, cst.For) or plan.role(key, dotted(
+                    getattr(n, "func", None))) == "model" for n in walk(stmt.body)):
+                plan.guard.add(id(stmt))
+                writes.append((key, plan.line_of(stmt)))
+            else:
+                plan.todo(stmt, "every rank writes this file (the same path, at once): write it on one rank "
+                          "(`if ctx.is_main:`) and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
+    _plan_trackers(plan, tracker_names)
+    if not writes:
+        return
+    first = _first_writes(plan, statements, writes)
+    for key, stmt in statements:
+        if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
+                or id(stmt) in plan.main_first:
+            continue
+        if not any(_reads(c) for c in _own_calls(stmt)) or plan.line_of(stmt) <= first.get(key, 1 << 30):
+            continue
+        if plan.under_branch(stmt, key):
+            plan.todo(stmt, "rank 0 writes files and this line reads one back inside a branch: put "
+                      "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
+        else:
+            plan.barrier_before.add(id(stmt))
+
+
+def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
+                  writes: list[tuple[str, int]]) -> dict[str, int]:
+    """Per scope, the first line that writes a file on rank 0, itself or through a function it calls."""
+    writers = {k for k, _ in writes}
+    while True:
+        more = {k for k in plan.f.ported - writers if plan.f.scopes[k].calls & writers}
+        if not more:
+            break
+        writers |= more
+    first: dict[str, int] = {}
+    for key, line in writes:
+        first[key] = min(first.get(key, line), line)
+    for key, stmt in statements:
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+                set(plan.f.callees(c, key)) & writers for c in _calls(stmt)):
+            first[key] = min(first.get(key, 1 << 30), plan.line_of(stmt))
+    return first
+
+
+def _branch_tests(plan: Any, stmt: cst.CSTNode) -> list[cst.BaseExpression]:
+    tests = []
+    node = plan._parent.get(id(stmt))
+    while node is not None:
+        if isinstance(node, (cst.If, cst.While)):
+            tests.append(node.test)
+        node = plan._parent.get(id(node))
+    return tests
+
+
+def _own_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
+    """The calls of a simple statement, or of a compound statement's header (`with open(...) as f:`)."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return _calls(stmt)
+    if isinstance(stmt, cst.With):
+        header = [c for item in stmt.items for c in _calls(item)]
+        return header + (_calls(stmt.body) if any(_writes(c) for c in header) else [])
+    return []
+
+
+def _plan_trackers(plan: Any, trackers: dict[str, tuple[cst.BaseStatement, str]]) -> None:
+    """A tracker used only as `writer.add_scalar(...)` statements lives on rank 0; any other use is a TODO."""
+    for name, (start, kind) in trackers.items():
+        uses = []
+        fine = True
+        for key in sorted(plan.f.ported):
+            for node in plan.nodes(key):
+                if isinstance(node, cst.SimpleStatementLine) and node is not start:
+                    text = plan.f.code(node)
+                    if not re.search(rf"(?<![\w.]){re.escape(name)}\b", text):
+                        continue
+                    body = node.body[0]
+                    if len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
+                            and dotted(body.value.func).startswith(name + ".") and not any(
+                            plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
+                        uses.append(node)
+                    else:
+                        fine = False
+        if not fine:
+            plan.todo(start, f"{kind} would be started on every rank, and `{name}` is used in ways the port cannot "
+                      f"guard: start it under `if ctx.is_main:` and log through it on rank 0 only")
+            continue
+        plan.guard.add(id(start))
+        plan.guard.update(id(u) for u in uses)

@@ -1,0 +1,71 @@
+"""Forwards of the wrapped model in a ported script: which never reach backward(), which get CPU-made inputs."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import dotted, walk
+
+__all__ = ["plan_forwards"]
+
+
+def plan_forwards(plan: Any) -> None:
+    """A forward whose output never reaches backward() (a look at the test set inside the training loop, a
+    graph for TensorBoard) leaves DDP waiting for a backward with gradients on, and the next training step
+    fails: it calls ddpkit.unwrap(model). An input the script made on the CPU is a TODO (the model is on
+    ctx.device)."""
+    for key in sorted(plan.f.ported):
+        nodes = list(plan.nodes(key))
+        backward = [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                    and n.func.attr.value == "backward"]
+        feeds = {dotted(x) for b in backward for x in walk(b.func.value) if isinstance(x, cst.Name)}
+        feeds |= {dotted(x) for b in backward for a in b.args for x in walk(a.value) if isinstance(x, cst.Name)}
+        assigns = [n for n in nodes if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
+        # what may reach backward: every name that shares a statement with one that does (coarse on
+        # purpose: lists, attributes and loops carry values too; a forward is unwrapped only when clear)
+        skip = {"self", "ctx", "torch", "nn", "F", "np", "len", "range", "print", "enumerate", "zip"}
+        skip |= {k for k, v in plan.f.scopes[key].roles.items() if v == "model"}
+        statements = [n for n in nodes if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With))]
+        tokens = [{x.value for x in walk(st if isinstance(st, cst.SimpleStatementLine) else st.children[0]
+                                          if not isinstance(st, cst.For) else cst.Module([]))
+                   if isinstance(x, cst.Name)} - skip for st in statements]
+        tokens += [{x.value for x in walk(st.target) if isinstance(x, cst.Name)} |
+                   {x.value for x in walk(st.iter) if isinstance(x, cst.Name)} - skip
+                   for st in statements if isinstance(st, cst.For)]
+        feeds -= skip
+        for _ in range(30):
+            before = len(feeds)
+            for group in tokens:
+                if group & feeds:
+                    feeds |= group
+            if len(feeds) == before:
+                break
+        made: dict[str, list[cst.BaseExpression]] = {}
+        for a in assigns:
+            for t in a.targets if isinstance(a, cst.Assign) else ():
+                if isinstance(t.target, cst.Name):
+                    made.setdefault(t.target.value, []).append(a.value)
+        for call in (n for n in nodes if isinstance(n, cst.Call) and plan.role(key, dotted(n.func)) == "model"):
+            stmt = plan._stmt.get(id(call))
+            for arg in call.args:
+                values = made.get(dotted(arg.value), []) if isinstance(arg.value, cst.Name) else []
+                text = " ".join(plan.f.code(v) for v in values)
+                if values and re.search(r"torch\.|Tensor|np\.|numpy|\.data\b", text) and not \
+                        re.search(r"device|cuda|\.to\(", text):
+                    plan.todo(call, f"`{dotted(arg.value)}` is made on the CPU and given to the model, which "
+                              f"ddpkit.wrap put on ctx.device: create it on ctx.device (or .to(ctx.device)) "
+                              "and bring outputs back with .cpu() before .numpy()")
+                    break
+            if not backward or not isinstance(stmt, cst.SimpleStatementLine):
+                continue
+            small = stmt.body[0]
+            if isinstance(small, cst.Return):
+                continue
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+                [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
+            names = {dotted(x) for t in targets for x in walk(t) if isinstance(x, cst.Name)}
+            if not names & feeds and not any(b for b in backward if plan._stmt.get(id(b)) is stmt):
+                plan.unwrap_calls.add(id(call))

@@ -1,0 +1,152 @@
+"""Where ranks must agree after `ddpkit port`: data splits, loaders it must not replace, peeks, per-rank decisions.
+
+ddpkit.init seeds each rank differently (augmentation and dropout differ per rank, as they should), so
+a random split made after it needs its own fixed generator; a decision that steers training (early
+stopping, ReduceLROnPlateau, a break) must read a value every rank shares, or ranks leave their loops
+at different steps and the others wait forever in the next collective.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
+
+__all__ = ["plan_ranks", "library_loader", "agreed", "ARGS_ROOTS"]
+
+ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
+"""Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
+_DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
+_SEEDS = re.compile(r"(torch|np|numpy)\.(random\.)?(manual_)?seed\(|random\.seed\(|seed_everything\(|set_seed\(")
+
+
+def library_loader(facts: Any, call: cst.Call) -> str | None:
+    """`DataLoader` from another library (torch_geometric.loader, dgl, ...): its module, else None."""
+    name = dotted(call.func)
+    imported: dict[str, str] = {}  # the name a module or class is bound to -> what it is
+    for stmt in walk(facts.module):
+        if isinstance(stmt, cst.Import):
+            for alias in stmt.names:
+                full = dotted(alias.name)
+                bound = dotted(alias.asname.name) if alias.asname else full.split(".")[0]
+                imported[bound] = full if alias.asname else full.split(".")[0]
+        elif isinstance(stmt, cst.ImportFrom) and not isinstance(stmt.names, cst.ImportStar):
+            module = dotted(stmt.module) if stmt.module is not None else ""
+            for alias in stmt.names:
+                bound = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
+                imported[bound] = f"{module}.{dotted(alias.name)}" if module else "a relative import"
+    first, _, rest = name.partition(".")
+    if first not in imported:
+        return None  # a name the script defines itself
+    resolved = f"{imported[first]}.{rest}" if rest else imported[first]
+    if resolved == "torch" or resolved.startswith("torch."):
+        return None
+    return resolved.rsplit(".", 1)[0] if "." in resolved else resolved
+
+
+def plan_ranks(plan: Any) -> None:
+    """Random splits get a fixed generator, loader peeks and per-rank decisions get TODOs."""
+    f = plan.f
+    seeded_at = min((plan.line_of(n) for key in f.ported for n in plan.nodes(key)
+                     if isinstance(n, cst.Call) and _SEEDS.search(f.code(n) + "(")), default=None)
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.Call):
+                continue
+            name = dotted(node.func)
+            if _SEEDS.search(f"{name}(") and name.rsplit(".", 1)[-1] in ("manual_seed", "seed", "seed_everything",
+                                                                         "set_seed") and plan.line_of(node) == \
+                    plan.line_of(plan._stmt.get(id(node), node)):
+                plan.note(node, "this seeds every rank alike after ddpkit.init: splits and model init agree, but "
+                          "dropout and augmentation draw the same numbers on every rank; delete it for per-rank "
+                          "streams (ddpkit.init seeds each rank) once random splits have their own generator")
+            keywords = {a.keyword.value for a in node.args if a.keyword is not None}
+            early = seeded_at is None or plan.line_of(node) < seeded_at
+            if name.rsplit(".", 1)[-1] == "random_split" and "generator" not in keywords and early:
+                # each rank is seeded differently by ddpkit.init: one fixed generator gives every rank the same split
+                plan.add_kwarg[id(node)] = ("generator", "torch.Generator().manual_seed(0)")
+            elif name.rsplit(".", 1)[-1] == "train_test_split" and "random_state" not in keywords and early:
+                plan.add_kwarg[id(node)] = ("random_state", "0")
+            elif name == "next" and node.args and isinstance(node.args[0].value, cst.Call) \
+                    and dotted(node.args[0].value.func) == "iter" and node.args[0].value.args \
+                    and plan.role(key, dotted(node.args[0].value.args[0].value)) == "train":
+                plan.todo(node, "next(iter(...)) on the training loader starts an epoch of ddpkit.loader and takes "
+                          "its first step (the position a checkpoint resumes from): take the sample from the dataset "
+                          "instead (`loader.dataset[i]`)")
+            elif name.endswith("ReduceLROnPlateau"):
+                _plateau(plan, key, node)
+            elif "dataset" in name.rsplit(".", 1)[-1].lower() and any(
+                    is_device_expr(a.value) and not isinstance(a.value, cst.SimpleString) or dotted(a.value) ==
+                    "ctx.device" for a in node.args):
+                plan.todo(node, "the dataset is given the device: if it puts samples there itself, ddpkit.loader "
+                          "cannot pin them or send them through worker processes; build it on the CPU "
+                          "(device='cpu') and let the loader move each batch")
+        _breaks(plan, key)
+
+
+def _plateau(plan: Any, key: str, call: cst.Call) -> None:
+    stmt = plan._stmt.get(id(call))
+    target = dotted(stmt.body[0].targets[0].target) if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+        stmt.body[0], cst.Assign) else ""
+    steps = [n for k in plan.f.ported for n in plan.nodes(k) if isinstance(n, cst.Call) and target
+             and dotted(n.func) == f"{target}.step" and n.args]
+    for step in steps or [call]:
+        value = step.args[0].value if step is not call else None
+        if value is not None and agreed(plan, key, value):
+            continue
+        plan.todo(step, "ReduceLROnPlateau steps on a metric that may differ between ranks (it is not reduced "
+                  "here): ranks would change their learning rates at different epochs; step it with a value "
+                  "reduced over every rank (ddpkit.reduce_mean)")
+
+
+def _breaks(plan: Any, key: str) -> None:
+    """`if <per-rank value>: break` in a loop: ranks leave at different steps and their peers hang."""
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.If):
+            continue
+        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
+        if not any(isinstance(s, cst.SimpleStatementLine) and any(isinstance(x, (cst.Break, cst.Return))
+                                                                   for x in s.body) for s in body):
+            continue
+        if not any(isinstance(s, cst.SimpleStatementLine) and any(isinstance(x, cst.Break) for x in s.body)
+                   for s in body):
+            continue
+        if agreed(plan, key, node.test):
+            continue
+        plan.todo(node, "this loop stops on a value that may differ between ranks (early stopping on a per-rank "
+                  "metric): one rank leaves while the others wait in their next collective; decide on a value "
+                  "reduced over every rank (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")
+
+
+def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
+    """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument."""
+    reduced = plan.reduced.get(key, set())
+    if any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr)):
+        return False  # files on disk: one rank may see what another has not written yet
+    names = {dotted(n) for n in walk(expr) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
+    for name in names:
+        if name in reduced or name.split(".")[0] in ARGS_ROOTS or name.split(".")[0] in ("math", "torch", "np",
+                                                                                         "float", "int", "len", "abs"):
+            continue
+        sources = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign)
+                   for t in n.targets if name in {dotted(x) for x in walk(t.target)}]
+        sources += [n.value for n in plan.nodes(key) if isinstance(n, cst.AugAssign) and dotted(n.target) == name]
+        if not sources:
+            continue  # a loop variable, a parameter, a constant from elsewhere
+        for value in sources:
+            if isinstance(value, (cst.Integer, cst.Float, cst.Name)) and (
+                    not isinstance(value, cst.Name) or value.value in ("True", "False", "None")):
+                continue
+            calls = [c for c in walk(value) if isinstance(c, cst.Call)]
+            if any(plan.reduced.get(callee) for c in calls for callee in plan.f.callees(c, key)):
+                continue  # returned by a helper that reduces its sums
+            if any(dotted(c.func).startswith("ddpkit.") for c in calls):
+                continue
+            if depth < 3 and agreed(plan, key, value, depth + 1) and not any(
+                    plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower() for c in calls):
+                continue
+            return False
+    return True
