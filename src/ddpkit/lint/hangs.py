@@ -291,11 +291,25 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
     if not wrapped:
         return
     parents = s.parents
+    # DDP broadcasts rank 0's buffers (BatchNorm statistics) in every forward, gradients or not
+    broadcasts = {k for k, v in s.assignments if isinstance(v, ast.Call) and k in wrapped and not any(
+        kw.arg == "broadcast_buffers" and isinstance(kw.value, ast.Constant) and not kw.value.value
+        for kw in v.keywords)} if s.project.memo("buffers", lambda: _has_buffers(s.project)) else set()
     for call in s.calls:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
         key = func.id if isinstance(func, ast.Name) else "." + func.attr if isinstance(func, ast.Attribute) else ""
         ctx = s.context(call)
-        if key not in wrapped or not ctx.branches or ctx.single or _without_grad(s, call, parents):
+        if key not in wrapped or not ctx.branches or ctx.single:
+            continue
+        if _without_grad(s, call, parents):
+            if key in broadcasts and _selects(s, _branch_test(s, ctx)) in ("zero", "others"):
+                yield Hit(call, "DDP010", "error",
+                          f"the DistributedDataParallel model runs forward only when the rank check on line "
+                          f"{ctx.branches[-1][2]} passes; even under no_grad DDP broadcasts the model's buffers "
+                          "(BatchNorm statistics) from rank 0 in forward, a collective the other ranks never join, "
+                          "so the job hangs",
+                          "evaluate the unwrapped model (model.module) inside the rank check, or run the forward "
+                          "on every rank (or wrap with broadcast_buffers=False)")
             continue
         yield Hit(call, "DDP010", "error",
                   f"the DistributedDataParallel model runs forward with gradients only when the rank check on "
@@ -303,3 +317,19 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "all-reduce in forward, so the ranks fall out of step and the job hangs",
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
+
+
+def _has_buffers(project) -> bool:
+    """Some module of the program holds buffers DDP broadcasts: BatchNorm layers or register_buffer."""
+    return any(isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(
+        r"(Sync)?BatchNorm([123]d)?|register_buffer|InstanceNorm[123]d", terminal(n))
+        for x in project.scripts.values() for n in x.nodes)
+
+
+def _branch_test(s: Script, ctx) -> ast.AST | None:
+    """The test of the innermost rank check around a node (negated for its else branch), else None."""
+    check_id, branch, _ = ctx.branches[-1]
+    node = next((n for n in s.nodes if id(n) == check_id), None)
+    if not isinstance(node, (ast.If, ast.IfExp)):
+        return None
+    return node.test if branch == "body" else ast.UnaryOp(ast.Not(), node.test)

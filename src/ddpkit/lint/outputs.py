@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import NONE, Script, terminal
-from ddpkit.lint.project import LOSS_NAME
+from ddpkit.lint.project import EVAL_TOKENS, LOSS_NAME, eval_samplers, is_eval_name
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "every_rank_prints", "EVAL_TOKENS"]
@@ -15,17 +15,10 @@ __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "every_ran
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
 _LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning"})
-EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
-                         "valdir", "testdir", "validate", "evaluate", "estimate"})
-"""Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
 _PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid"})
 _EXITS = frozenset({"exit", "_exit", "quit"})
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
            "divide, then report on rank 0")
-
-
-def _is_eval_name(name: str) -> bool:
-    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
 
 
 def _names(node: ast.AST) -> Iterator[str]:
@@ -34,32 +27,15 @@ def _names(node: ast.AST) -> Iterator[str]:
             yield terminal(n)
 
 
-def _eval_samplers(s: Script) -> list[ast.Call]:
-    """DistributedSamplers over evaluation data: the dataset or the variable the sampler goes to says val/test."""
-    named = {id(v): k.lstrip(".") for k, v in s.assignments}
-    loader_args = [n for c in s.calls_named("DataLoader") for a in (*c.args, *(k.value for k in c.keywords))
-                   for n in ast.walk(a)]
-    used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args if isinstance(n, (ast.Name, ast.Attribute))}
-    found = []
-    for call in s.calls_named("DistributedSampler"):
-        dataset = argument(call, "dataset", 0)
-        target = named.get(id(call), "")
-        if not (id(call) in used or (target and target in used)):
-            continue  # a sampler no DataLoader uses evaluates nothing
-        if _is_eval_name(target) or (dataset is not None and any(_is_eval_name(n) for n in _names(dataset))):
-            found.append(call)
-    return found
-
-
 def _sharded_eval(s: Script) -> bool:
-    return s.project.memo("sharded eval", lambda: any(_eval_samplers(x) for x in s.project.scripts.values()))
+    return s.project.memo("sharded eval", lambda: any(eval_samplers(x) for x in s.project.scripts.values()))
 
 
 @check
 def padded_evaluation(s: Script) -> Iterator[Hit]:
     if not s.distributed or "torchmetrics" in s.aliases:
         return
-    for call in _eval_samplers(s):
+    for call in eval_samplers(s):
         drop_last = argument(call, "drop_last", 5)
         if isinstance(drop_last, ast.Constant) and drop_last.value is True:
             continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
@@ -83,7 +59,7 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
 
 def _from_evaluation(s: Script, name: str) -> bool:
     """`losses = estimate_loss()`: the value comes from an evaluation helper, not from the training batches."""
-    return any(isinstance(v, ast.Call) and _is_eval_name(terminal(v.func)) for k, v in s.assignments
+    return any(isinstance(v, ast.Call) and is_eval_name(terminal(v.func)) for k, v in s.assignments
                if k.lstrip(".") == name)
 
 
@@ -96,12 +72,12 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if ctx.level == NONE or ctx.single or not _logs(s, call):
             continue
-        if any(_is_eval_name(f) for f in ctx.functions):
+        if any(is_eval_name(f) for f in ctx.functions):
             continue  # an evaluation function: what it reports covers the data it was given
         if _names_a_rank(s, call):
             continue  # "rank 0 loss": the log says whose value it is
         loss = next((n for a in (*call.args, *(k.value for k in call.keywords)) for n in _names(a)
-                     if LOSS_NAME.search(n) and not _is_eval_name(n) and not _from_evaluation(s, n)), None)
+                     if LOSS_NAME.search(n) and not is_eval_name(n) and not _from_evaluation(s, n)), None)
         if loss is not None:
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported from inside a rank check as "
@@ -153,10 +129,6 @@ def _stops(stmt: ast.stmt | None) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _EXITS
 
 
-def _runs(project, function: str) -> bool:
-    return function in project.referenced or function.startswith("__") or function in ("forward", "main")
-
-
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
@@ -172,8 +144,6 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if not (is_print or is_bar) or ctx.level != NONE or ctx.single or not s.per_rank(call):
             continue
-        if ctx.functions and not _runs(project, ctx.functions[-1]):
-            continue  # a function nothing calls (GPT.from_pretrained kept for later use)
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ddpkit.lint.analysis import LOCAL, NONE, Script, terminal
+from ddpkit.lint.project import is_eval_sampler
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -51,7 +53,7 @@ def _is_const(node: ast.AST | None, value: object) -> bool:
 def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     set_epochs = s.project.calls_named("set_epoch")
     for script, call in set_epochs:
-        if script is s and call.args and isinstance(call.args[0], ast.Constant):
+        if script is s and call.args and (isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call)):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
                       "visits the data in the same order",
@@ -59,12 +61,34 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     if set_epochs or not s.project.epoch_loop:
         return
     for call in s.calls_named("DistributedSampler"):
-        if _is_const(argument(call, "shuffle", 3), False):
-            continue
+        if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call):
+            continue  # the order of evaluation data does not matter
         yield Hit(call, "DDP001", "error",
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _loop_invariant(s: Script, call: ast.Call) -> bool:
+    """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes."""
+    value = call.args[0]
+    if not isinstance(value, ast.Name):
+        return False
+    node, parents = call, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(node, ast.For):
+            bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            bound |= {n.id for stmt in ast.walk(node) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                                                             ast.NamedExpr, ast.For))
+                      for t in ([stmt.target] if not isinstance(stmt, ast.Assign) else stmt.targets)
+                      for n in ast.walk(t) if isinstance(n, ast.Name)}
+            return value.id not in bound
+        if isinstance(node, ast.While):
+            return False  # a counter advanced somewhere the loop calls is not visible here
+    return False
 
 
 def shuffle_arguments(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
@@ -83,16 +107,35 @@ def shuffle_arguments(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
 
 def _dict_sources(s: Script, expr: ast.AST) -> Iterator[list[tuple[str, ast.AST]]]:
     """(key, value) pairs of the dict literals or dict(...) calls `expr` names."""
+    yield from _dict_sources_of(s, expr, 0)
+
+
+def _dict_sources_of(s: Script, expr: ast.AST, depth: int) -> Iterator[list[tuple[str, ast.AST]]]:
+    if depth > 4:
+        return
     values = [expr]
     if isinstance(expr, (ast.Name, ast.Attribute)):
         key = expr.id if isinstance(expr, ast.Name) else "." + expr.attr
         values = [v for k, v in s.assignments if k == key]
+        # `train_kwargs.update(cuda_kwargs)` / `.update(shuffle=True)` merge into the dict
+        for call in s.calls_named("update"):
+            if isinstance(call.func, ast.Attribute) and ast.dump(call.func.value) == ast.dump(expr):
+                values.extend(call.args[:1])
+                if call.keywords:
+                    values.append(ast.Call(ast.Name("dict", ast.Load()), [], call.keywords))
     for v in values:
         if isinstance(v, ast.Dict):
             yield [(k.value, item) for k, item in zip(v.keys, v.values)
                    if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            for k, item in zip(v.keys, v.values):
+                if k is None:  # {**base, ...}
+                    yield from _dict_sources_of(s, item, depth + 1)
         elif isinstance(v, ast.Call) and terminal(v.func) == "dict":
             yield [(k.arg, k.value) for k in v.keywords if k.arg]
+            for a in v.args[:1]:
+                yield from _dict_sources_of(s, a, depth + 1)
+        elif isinstance(v, (ast.Name, ast.Attribute)) and v is not expr:
+            yield from _dict_sources_of(s, v, depth + 1)
 
 
 @check
@@ -154,6 +197,43 @@ def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
     return any(s.kind(n) for source in sources for n in ast.walk(source))
 
 
+_EPOCHISH = re.compile(r"^(epoch|ep|e|step|steps|it|iter|iters|iteration|global_step|i_epoch|epoch_idx|n_iter|"
+                       r"update|updates|round|cur_epoch|current_epoch)$")
+
+
+def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
+    """A cache file per sample or per item (`f"{index}.pt"` in a loop over data, or in a Dataset's __getitem__):
+    each rank writes the items of its own shard, not one shared checkpoint."""
+    if path is None:
+        return False
+    names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
+    names |= {m.id for k, v in s.assignments if k in names for m in ast.walk(v) if isinstance(m, ast.Name)}
+    if "__getitem__" in s.context(call).functions:
+        return True
+    node, parents = call, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        if isinstance(node, ast.For):
+            bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            counting = isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "range" and not any(
+                isinstance(n, ast.Call) and terminal(n.func) == "len" for n in ast.walk(node.iter))
+            if bound & names and not counting and not any(_EPOCHISH.match(b.lower()) for b in bound & names):
+                return True
+    return False
+
+
+def _under_lock(s: Script, call: ast.Call) -> bool:
+    """Inside `with FileLock(...):` (or any `with ...lock...`): the writers take turns."""
+    node, parents = call, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.With) and any("lock" in ast.unparse(i.context_expr).lower() for i in node.items):
+            return True
+    return False
+
+
 @check
 def unguarded_save(s: Script) -> Iterator[Hit]:
     if not (s.distributed or s.project.distributed):
@@ -162,7 +242,8 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
         if s.qualname(call.func) != "torch.save" or not s.per_rank(call) or s.context(call).single:
             continue
         target = argument(call, "f", 1)
-        if is_buffer(s, target) or _per_rank_file(s, target):
+        if is_buffer(s, target) or _per_rank_file(s, target) or _per_item_file(s, call, target) \
+                or _under_lock(s, call):
             continue
         level = s.context(call).level
         if level == NONE:
@@ -230,6 +311,8 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
         flag = next((a.value for a in call.args if isinstance(a, ast.Constant)
                      and a.value in ("--local_rank", "--local-rank")), None)
         default = keyword(call, "default")
+        if s.project.spawned:
+            continue  # mp.spawn starts the ranks itself and passes each its rank; nothing passes --local_rank
         if flag and not (default is not None and "LOCAL_RANK" in ast.unparse(default)):  # torchrun-compatible
             yield Hit(call, "DDP007", "warning",
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
@@ -239,7 +322,9 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
 
 @check
 def no_destroy(s: Script) -> Iterator[Hit]:
-    if s.project.calls_named("destroy_process_group"):
+    # the parent of mp.spawn never joined the group: its destroy_process_group frees nothing of the ranks'
+    if any(script.per_rank(c) and script.project.runs(script, c)
+           for script, c in s.project.calls_named("destroy_process_group")):
         return
     for call in s.calls_named("init_process_group"):
         yield Hit(call, "DDP009", "warning",
