@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -18,6 +18,23 @@ COLLECTIVES = frozenset({
     "monitored_barrier",
 })
 """torch.distributed functions that every rank of the group must call, or the job hangs."""
+
+EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
+                         "valdir", "testdir", "validate", "evaluate", "estimate"})
+"""Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
+
+
+def is_eval_name(name: str) -> bool:
+    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
+
+
+def is_eval_sampler(s: Script, call: ast.Call) -> bool:
+    """A DistributedSampler over evaluation data by its names (the variable it goes to, or its dataset)."""
+    named = {id(v): k.lstrip(".") for k, v in s.assignments}
+    dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
+    return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(
+        is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute))))
+
 
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 

@@ -6,11 +6,13 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import NONE, Script, terminal
-from ddpkit.lint.project import EVAL_TOKENS, LOSS_NAME, eval_samplers, is_eval_name
+from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.flow import flows, sharded_names, summaries_of
+from ddpkit.lint.project import LOSS_NAME, eval_samplers
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
-__all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "every_rank_prints", "EVAL_TOKENS"]
+__all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
+           "every_rank_prints", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
@@ -78,12 +80,121 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
             continue  # "rank 0 loss": the log says whose value it is
         loss = next((n for a in (*call.args, *(k.value for k in call.keywords)) for n in _names(a)
                      if LOSS_NAME.search(n) and not is_eval_name(n) and not _from_evaluation(s, n)), None)
+        if loss is not None and _reduced_here(s, call, loss):
+            continue  # this value went through a collective in this function (or was rebuilt from one)
         if loss is not None:
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported from inside a rank check as "
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log")
+
+
+def _scope_flow(s: Script, node: ast.AST):
+    scope = s.context(node).scope
+    return next((f for f in flows(s) if (id(f.node) if f.node is not s.tree else 0) == scope), None)
+
+
+def _reduced_here(s: Script, node: ast.AST, name: str) -> bool:
+    flow = _scope_flow(s, node)
+    return flow is not None and name in flow.reduced
+
+
+_SINKS = _LOG_CALLS | {"set_postfix", "log_metrics", "dumps", "dump"}
+
+
+@check
+def shard_figure_reported(s: Script) -> Iterator[Hit]:
+    """A figure computed from this rank's shard (followed by flow.py) reported without a collective."""
+    project = s.project
+    if not project.distributed or "torchmetrics" in s.aliases or not sharded_names(s):
+        return
+    summaries = summaries_of(s)
+    for flow in flows(s):
+        if not flow.tainted:
+            continue
+        for call in s.calls:
+            if (id(flow.node) if flow.node is not s.tree else 0) != s.context(call).scope:
+                continue
+            if terminal(call.func) not in _SINKS or s.qualname(call.func).startswith(("math.", "numpy.", "torch.")):
+                continue
+            ctx = s.context(call)
+            if ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
+                continue
+            names = [n for a in (*call.args, *(k.value for k in call.keywords))
+                     for n in flow.tainted_names(s, a, summaries)]
+            if project.forward_collects:
+                # a model whose forward all-reduces (Barlow Twins) returns global losses: keep evaluation figures
+                names = [n for n in names if n in flow.evaluation and not LOSS_NAME.search(n)]
+            if not names:
+                continue
+            if ctx.level == NONE:
+                # every rank shows its own figure: a wrong number only where it claims to cover the
+                # evaluation set (training values printed on every rank are DDP008's repeated output)
+                if not any(n in flow.evaluation for n in names) or terminal(call.func) not in ("print", "info") \
+                        or project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
+                    continue
+                where = "by every rank, each showing its own shard's value"
+            else:
+                where = "from inside a rank check, so it is rank 0's shard alone"
+            yield Hit(call, "DDP006", "warning",
+                      f"'{names[0]}' is computed from this rank's batches of a sharded loader and reported {where}; "
+                      "it never goes through a collective on the way", _ADVICE)
+
+
+@check
+def sum_over_rank_count(s: Script) -> Iterator[Hit]:
+    """`all_reduce(total)` then `total / len(loader)`: a sum over all ranks divided by one rank's count."""
+    if not s.project.distributed or not sharded_names(s):
+        return
+    for flow in flows(s):
+        summed = _summed(s, flow)
+        if not summed:
+            continue
+        for node in ast.walk(flow.node):
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv))):
+                continue
+            left = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
+            if not left & summed:
+                continue
+            right = node.right
+            per_rank = (isinstance(right, ast.Call) and terminal(right.func) == "len" and right.args
+                        and any(isinstance(n, (ast.Name, ast.Attribute)) and (
+                            terminal(n) in sharded_names(s) or "." + terminal(n) in sharded_names(s))
+                            for n in [right.args[0]])) or (
+                isinstance(right, ast.Name) and right.id in flow.counts and right.id not in flow.reduced)
+            if per_rank:
+                yield Hit(node, "DDP006", "warning",
+                          f"'{ast.unparse(node.left)}' is summed over all ranks (all_reduce) but divided by "
+                          f"{ast.unparse(right)}, this rank's own count of batches: the figure is world_size "
+                          "times too large",
+                          "divide by the global count: all-reduce the count too (or divide by "
+                          "len(loader) * world_size when every rank has the same number of batches)")
+
+
+def _summed(s: Script, flow) -> set[str]:
+    """Names all-reduced with SUM (the default) in this scope."""
+    out: set[str] = set()
+    for node in ast.walk(flow.node):
+        if isinstance(node, ast.Call) and s.is_dist_collective(node) and terminal(node.func) in ("all_reduce", "reduce"):
+            op = keyword(node, "op") or (node.args[1] if len(node.args) > 1 else None)
+            if op is not None and "SUM" not in ast.unparse(op).upper():
+                continue
+            if node.args and isinstance(node.args[0], ast.Name):
+                out.add(node.args[0].id)
+    return out
+
+
+def _logging_per_rank(project) -> bool:
+    """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check."""
+    for x in project.scripts.values():
+        for call in x.calls:
+            if terminal(call.func) in ("basicConfig", "setLevel", "addHandler", "disable", "addFilter",
+                                       "setup_logger", "setup_logging", "get_logger", "create_logger", "getLogger"):
+                if x.context(call).level or any(x.kind(n) for a in (*call.args, *(k.value for k in call.keywords))
+                                                 for n in ast.walk(a)):
+                    return True
+    return False
 
 
 @check

@@ -6,9 +6,9 @@ import ast
 import os
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, Script, terminal
+from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, terminal
 
-__all__ = ["Project", "LOSS_NAME", "EVAL_TOKENS", "is_eval_name", "eval_samplers", "is_eval_sampler", "programs"]
+__all__ = ["Project", "LOSS_NAME", "eval_samplers", "programs"]
 
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
@@ -16,9 +16,6 @@ _AUGMENT = re.compile(r"^Random[A-Z]|ColorJitter|GaussianBlur|Solariz|RandAugmen
                       r"[Mm]ixup|[Cc]ut[Mm]ix|MultiCrop|multicrop|augment|horizontal_flip|color_distortion|"
                       r"random_crop|gaussian_blur")
 """Identifiers of random data augmentation: the stream a seed shared by every rank makes identical."""
-EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
-                         "valdir", "testdir", "validate", "evaluate", "estimate"})
-"""Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
 _REDUCING = re.compile(r"reduce|gather|sync")
 
@@ -267,10 +264,6 @@ class Project:
         return False
 
 
-def is_eval_name(name: str) -> bool:
-    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
-
-
 def _names(node: ast.AST) -> list[str]:
     return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
 
@@ -304,13 +297,6 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                 found.append(call)
         return found
     return s.project.memo(("eval samplers", s.path), compute)
-
-
-def is_eval_sampler(s: Script, call: ast.Call) -> bool:
-    """A DistributedSampler over evaluation data by its names, used or not (its order does not matter)."""
-    named = {id(v): k.lstrip(".") for k, v in s.assignments}
-    dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
-    return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(is_eval_name(n) for n in _names(dataset)))
 
 
 def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:

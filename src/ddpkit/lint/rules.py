@@ -7,8 +7,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import LOCAL, NONE, Script, terminal
-from ddpkit.lint.project import is_eval_sampler
+from ddpkit.lint.analysis import LOCAL, NONE, Script, is_eval_sampler, terminal
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
