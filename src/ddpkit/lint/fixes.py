@@ -96,8 +96,14 @@ def _plan(script: Script, hits: list[Hit]) -> _Edits:
 def _plan_cuda_device(script: Script, node: ast.AST, edits: _Edits) -> None:
     calls = [node] if isinstance(node, ast.Call) else []
     if isinstance(node, (ast.Name, ast.Attribute)):  # a holder: rewrite what was assigned to it
-        key = node.id if isinstance(node, ast.Name) else "." + node.attr
-        calls = [v for k, v in script.assignments if k == key and isinstance(v, ast.Call)
+        keys, todo = set(), [node.id if isinstance(node, ast.Name) else "." + node.attr]
+        while todo:  # `device = args.device`: follow the alias to the call assigned to `args.device`
+            key = todo.pop()
+            if key not in keys:
+                keys.add(key)
+                todo.extend(v.id if isinstance(v, ast.Name) else "." + v.attr for k, v in script.assignments
+                            if k == key and isinstance(v, (ast.Name, ast.Attribute)))
+        calls = [v for k, v in script.assignments if k in keys and isinstance(v, ast.Call)
                  and script.qualname(v.func) == "torch.cuda.device"]
     for call in calls:
         if len(call.args) == 1 and not call.keywords:

@@ -244,16 +244,25 @@ def _stops(stmt: ast.stmt | None) -> bool:
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
     per_rank_file = s.distributed or s.path in project.imported
-    if not per_rank_file or not project.distributed or project.prints_silenced:
+    if not per_rank_file or not project.distributed:
         return
     after = _next_statements(s)
     statement_of = {id(n.value): n for n in s.nodes if isinstance(n, ast.Expr)}
+    loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and s.qualname(v.func) in
+               ("logging.getLogger", "getLogger")}
+    logging_open = not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
         name = s.qualname(call.func)
-        is_print = name in ("print", "rich.print")
-        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange")
+        is_print = name in ("print", "rich.print") and not project.prints_silenced
+        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
+            and not project.prints_silenced
+        # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
+        # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
+        is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
+            name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
+                                       and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
         ctx = s.context(call)
-        if not (is_print or is_bar) or ctx.level != NONE or ctx.single or not s.per_rank(call):
+        if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not s.per_rank(call):
             continue
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
@@ -263,6 +272,13 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         if is_print and (keyword(call, "file") is not None or _stops(after.get(id(statement_of.get(id(call)))))):
             continue
         if is_bar and keyword(call, "disable") is not None:
+            continue
+        if is_log:
+            yield Hit(call, "DDP008", "warning",
+                      f"{ast.unparse(call.func)}() runs on every rank and nothing sets logging up per rank, so "
+                      "each line appears world_size times",
+                      "log on rank 0 only: logging.basicConfig(level=logging.INFO if rank == 0 else "
+                      "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = "print()" if is_print else "the tqdm progress bar"
         yield Hit(call, "DDP008", "warning",
