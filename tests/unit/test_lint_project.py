@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -184,3 +185,32 @@ def test_each_script_imports_its_own_utils(tmp_path):
         dist.destroy_process_group()
     """))
     assert lint_files(sorted(tmp_path.rglob("*.py"))) == []  # b/train.py's utils is b/utils.py, not a/utils.py
+
+
+PROGRAMS = sorted(p for p in (FIXTURES / "programs").iterdir() if p.is_dir())
+_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
+
+
+@pytest.mark.parametrize("folder", PROGRAMS, ids=lambda p: p.name)
+def test_program_fixture_reports_exactly_its_markers(folder):
+    """Multi-file programs: a helper's own __main__ and unused functions (no rank runs them), a guard at the
+    call site of a `from x import *` helper, a collective in another module's helper called on rank 0."""
+    files = sorted(folder.glob("*.py"))
+    marks = {(f.name, number, rule, severity) for f in files
+             for number, line in enumerate(f.read_text().splitlines(), 1)
+             for rule, severity in _EXPECT.findall(line)}
+    assert {(Path(f.path).name, f.line, f.rule, f.severity) for f in lint_files(files)} == marks
+
+
+def test_code_no_rank_runs_is_linted_when_the_helper_is_linted_alone():
+    """A helper linted on its own (a library: its entry does nothing at import) keeps its findings."""
+    helper = _src("""
+        import torch
+        import torch.distributed as dist
+
+
+        def save(model):
+            torch.save(model.state_dict(), "m.pt")
+            dist.barrier()
+    """)
+    assert [f.rule for f in lint_sources({"helpers.py": helper})] == ["DDP004"]

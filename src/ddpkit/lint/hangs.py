@@ -190,6 +190,13 @@ def collective_in_rank_branch(s: Script) -> Iterator[Hit]:
         if found is None:
             helper = s.local_callee(call)
             found = helpers.get(helper)
+        if found is None and s.project is not None:  # a helper of another file of the program
+            target = s.project.resolve(s, call.func)
+            if target is not None:
+                other = s.project.scripts[target[0]]
+                found = s.project.memo(("helper collectives", target[0]), lambda: _helper_collectives(
+                    other, lambda c: _collective(other, c, _handles(other)))).get(target[1])
+                helper = terminal(call.func) if found is not None else ""
         if found is not None:
             groups[(ctx.scope, found.key)].append((call, ctx.branches[-1], found, helper))
     checks = {id(n): n for n in s.nodes if isinstance(n, (ast.If, ast.IfExp, ast.BoolOp))}

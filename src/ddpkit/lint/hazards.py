@@ -161,6 +161,13 @@ def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
     for k in call.keywords:
         if k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)):
             yield from k.value.elts
+        elif k.arg == "device_ids" and isinstance(k.value, (ast.Name, ast.Attribute)):
+            key = k.value.id if isinstance(k.value, ast.Name) else "." + k.value.attr
+            held = [v for name, v in s.assignments if name == key]
+            if len(held) == 1 and isinstance(held[0], (ast.List, ast.Tuple)):  # `gpus = [rank]` ... device_ids=gpus
+                # reported at the keyword's value, where the wrong GPU is chosen for DDP
+                yield from (ast.copy_location(ast.Name(e.id, ast.Load()), k.value) if isinstance(e, ast.Name)
+                            else e for e in held[0].elts)
     for arg in call.args[:1]:
         if isinstance(arg, ast.JoinedStr) and any(isinstance(v, ast.Constant) and str(v.value).endswith("cuda:")
                                                   for v in arg.values):

@@ -12,6 +12,7 @@ from ddpkit.lint.project import LOSS_NAME, eval_samplers
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
+           "sum_of_averages",
            "every_rank_prints", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
@@ -170,6 +171,72 @@ def sum_over_rank_count(s: Script) -> Iterator[Hit]:
                           "times too large",
                           "divide by the global count: all-reduce the count too (or divide by "
                           "len(loader) * world_size when every rank has the same number of batches)")
+
+
+_WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world")
+
+
+@check
+def sum_of_averages(s: Script) -> Iterator[Hit]:
+    """`acc = correct / total; dist.all_reduce(acc)` then reported: a sum of world_size averages, never divided."""
+    if not s.project.distributed or not sharded_names(s):
+        return
+    for flow in flows(s):
+        summed = _summed(s, flow)
+        if not summed:
+            continue
+        nodes = list(ast.walk(flow.node))
+        for name in summed:
+            values = [v for t, v in _assigned(nodes) if t == name]
+            if not values or not all(_is_average(v) for v in values):
+                continue
+            divided = any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv))
+                and any(isinstance(m, ast.Name) and m.id == name for m in ast.walk(n.left))
+                and _WORLD.search(ast.unparse(n.right).lower())
+                or isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv))
+                and isinstance(n.target, ast.Name) and n.target.id == name
+                or isinstance(n, ast.Call) and terminal(n.func) in ("div_", "mul_", "div")
+                and isinstance(n.func, ast.Attribute) and _key_name(n.func.value) == name
+                for n in nodes)
+            if divided:
+                continue
+            for call in s.calls:
+                if s.context(call).scope != (id(flow.node) if flow.node is not s.tree else 0):
+                    continue
+                if terminal(call.func) in _SINKS and any(
+                        isinstance(m, ast.Name) and m.id == name for a in (*call.args, *(k.value for k in call.keywords))
+                        for m in ast.walk(a)):
+                    yield Hit(call, "DDP006", "warning",
+                              f"'{name}' is this rank's average, all-reduced with SUM and reported without dividing "
+                              "by world_size: the figure is the sum of world_size averages",
+                              "all-reduce the sum and the count, then divide (or divide the summed average by "
+                              "dist.get_world_size() when every rank has the same number of samples)")
+                    break
+
+
+def _assigned(nodes: list[ast.AST]) -> list[tuple[str, ast.AST]]:
+    out = []
+    for n in nodes:
+        if isinstance(n, ast.Assign):
+            out.extend((t.id, n.value) for t in n.targets if isinstance(t, ast.Name))
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value is not None:
+            out.append((n.target.id, n.value))
+    return out
+
+
+def _key_name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _is_average(value: ast.AST) -> bool:
+    """`a / b`, `x.mean()`, `torch.tensor(a / b)`: a value that is already an average of this rank's data."""
+    while isinstance(value, ast.Call) and terminal(value.func) in ("tensor", "as_tensor", "float", "Tensor") \
+            and value.args:
+        value = value.args[0]
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div):
+        return True
+    return isinstance(value, ast.Call) and terminal(value.func) == "mean"
 
 
 def _summed(s: Script, flow) -> set[str]:
