@@ -40,6 +40,8 @@ class ScopeFlow:
     """Tainted names whose shard loop evaluates (under no_grad, or over evaluation data)."""
     returns: tuple[bool, ...] | bool = False
     """Whether what the function returns is a shard figure (a tuple: per returned element)."""
+    nodes: list[ast.AST] = field(default_factory=list)
+    """The scope's own nodes (not those of the functions it defines)."""
 
     def is_tainted(self, s: Script, expr: ast.AST | None, summaries: dict[str, tuple[bool, ...] | bool]) -> bool:
         return bool(self.tainted_names(s, expr, summaries))
@@ -192,7 +194,8 @@ def _names_of(target: ast.AST) -> list[str]:
 
 def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     flow = ScopeFlow(scope)
-    nodes = _own_nodes(scope)
+    nodes = s.project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
+    flow.nodes = nodes
     loaders = {k for k in sharded_names(s) if not k.startswith(".")} | {
         k for k in sharded_names(s) if k.startswith(".")}
     params = _sharded_params(s).get(id(scope), set())
@@ -314,6 +317,8 @@ def flows(s: Script) -> list[ScopeFlow]:
 
     def summaries() -> dict:
         out: dict = {}
+        if not sharded_names(s):
+            return out
         for _ in range(2):
             new: dict = {}
             for x in project.scripts.values():

@@ -152,7 +152,7 @@ def sum_over_rank_count(s: Script) -> Iterator[Hit]:
         summed = _summed(s, flow)
         if not summed:
             continue
-        for node in ast.walk(flow.node):
+        for node in flow.nodes:
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv))):
                 continue
             left = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
@@ -185,7 +185,7 @@ def sum_of_averages(s: Script) -> Iterator[Hit]:
         summed = _summed(s, flow)
         if not summed:
             continue
-        nodes = list(ast.walk(flow.node))
+        nodes = flow.nodes
         for name in summed:
             values = [v for t, v in _assigned(nodes) if t == name]
             if not values or not all(_is_average(v) for v in values):
@@ -242,7 +242,9 @@ def _is_average(value: ast.AST) -> bool:
 def _summed(s: Script, flow) -> set[str]:
     """Names all-reduced with SUM (the default) in this scope."""
     out: set[str] = set()
-    for node in ast.walk(flow.node):
+    if not flow.reduced:
+        return out
+    for node in flow.nodes:
         if isinstance(node, ast.Call) and s.is_dist_collective(node) and terminal(node.func) in ("all_reduce", "reduce"):
             op = keyword(node, "op") or (node.args[1] if len(node.args) > 1 else None)
             if op is not None and "SUM" not in ast.unparse(op).upper():

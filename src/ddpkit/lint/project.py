@@ -276,8 +276,9 @@ def eval_samplers(s: Script) -> list[ast.Call]:
     """
     def compute() -> list[ast.Call]:
         named = {id(v): k.lstrip(".") for k, v in s.assignments}
-        loaded = {terminal(n) for x in s.project.scripts.values() for n in x.nodes
-                  if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)}
+        loaded = s.project.memo("loaded names", lambda: {
+            terminal(n) for x in s.project.scripts.values() for n in x.nodes
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
         loaders = []
         for c in s.calls_named("DataLoader"):
             target = named.get(id(c), "")
