@@ -42,6 +42,8 @@ class ScopeFlow:
     """Whether what the function returns is a shard figure (a tuple: per returned element)."""
     nodes: list[ast.AST] = field(default_factory=list)
     """The scope's own nodes (not those of the functions it defines)."""
+    in_loop: set[int] = field(default_factory=set)
+    """ids of the nodes inside a loop over a sharded loader."""
 
     def is_tainted(self, s: Script, expr: ast.AST | None, summaries: dict[str, tuple[bool, ...] | bool]) -> bool:
         return bool(self.tainted_names(s, expr, summaries))
@@ -142,6 +144,7 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
         known = sharded_names(s)
         defs = {d.name: (x, d) for x in project.scripts.values() for d in x.defs}
         out: dict[str, dict[int, set[str]]] = {}
+        votes: dict[tuple[str, int, str], list[bool]] = {}
         for x in project.scripts.values():
             for call in x.calls:
                 target = defs.get(terminal(call.func))
@@ -153,8 +156,13 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
                     params = params[1:]
                 given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
                 for param, value in given:
-                    if isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known):
-                        out.setdefault(owner.path, {}).setdefault(id(d), set()).add(param)
+                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known)
+                    votes.setdefault((owner.path, id(d), param), []).append(sharded)
+        # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
+        # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
+        for (path, scope, param), said in votes.items():
+            if all(said):
+                out.setdefault(path, {}).setdefault(scope, set()).add(param)
         return out
 
     return project.memo("sharded params", compute).get(s.path, {})
@@ -239,6 +247,7 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
             isinstance(n, ast.Call) and terminal(n.func) in summaries for n in nodes):
         return flow
     in_loop = {id(n) for loop, _ in shard_loops for n in ast.walk(loop)}
+    flow.in_loop = in_loop
     eval_loop = {id(n) for loop, ev in shard_loops if ev for n in ast.walk(loop)}
     for _ in range(6):
         before = (len(flow.tainted), len(flow.reduced), len(flow.counts))

@@ -139,8 +139,15 @@ def _explicit_devices(project) -> str:
     if not ddp or any(keyword(c, "device_ids") is None for c in ddp):
         return ""
     for x in project.scripts.values():
+        parents = x.parents
         for n in x.nodes:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in ("cuda", "cuda:0"):
+                holder = parents.get(id(n))
+                if isinstance(holder, ast.keyword) and holder.arg == "device_type" or isinstance(holder, ast.Call) \
+                        and terminal(holder.func) in ("autocast", "GradScaler", "is_available", "startswith"):
+                    continue  # a device type (autocast("cuda")), not a placement
+                if isinstance(holder, ast.Compare):
+                    continue  # `device == "cuda"`
                 return ""
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "cuda" and not n.args:
                 return ""

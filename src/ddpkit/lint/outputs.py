@@ -18,6 +18,8 @@ __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_fig
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
 _LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning"})
+_WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world|"
+                    r"\bws\b|n_?procs|num_?ranks|n_?ranks|gpu_?count|device_count")
 _PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid"})
 _EXITS = frozenset({"exit", "_exit", "quit"})
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
@@ -129,10 +131,15 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 names = [n for n in names if n in flow.evaluation and not LOSS_NAME.search(n)]
             if not names:
                 continue
+            evaluation = [n for n in names if n in flow.evaluation]
+            if not evaluation and all(LOSS_NAME.search(n) for n in names) and project.reduces(LOSS_NAME):
+                # rank 0's own training loss next to a reduced one: a progress line, not the run's figure
+                continue
             if ctx.level == NONE:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
-                # evaluation set (training values printed on every rank are DDP008's repeated output)
-                if not any(n in flow.evaluation for n in names) or terminal(call.func) not in ("print", "info") \
+                # evaluation set, after the loop (training values and per-batch lines printed on every rank
+                # are DDP008's repeated output)
+                if not evaluation or terminal(call.func) not in ("print", "info") or _in_shard_loop(call, flow) \
                         or project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
                     continue
                 where = "by every rank, each showing its own shard's value"
@@ -141,6 +148,10 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
             yield Hit(call, "DDP006", "warning",
                       f"'{names[0]}' is computed from this rank's batches of a sharded loader and reported {where}; "
                       "it never goes through a collective on the way", _ADVICE)
+
+
+def _in_shard_loop(call: ast.Call, flow) -> bool:
+    return id(call) in flow.in_loop
 
 
 @check
@@ -164,6 +175,10 @@ def sum_over_rank_count(s: Script) -> Iterator[Hit]:
                             terminal(n) in sharded_names(s) or "." + terminal(n) in sharded_names(s))
                             for n in [right.args[0]])) or (
                 isinstance(right, ast.Name) and right.id in flow.counts and right.id not in flow.reduced)
+            parent = s.parents.get(id(node))
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Div, ast.FloorDiv)) \
+                    and parent.left is node and _WORLD.search(ast.unparse(parent.right).lower()):
+                continue  # `total / len(loader) / world_size`: divided by the global count after all
             if per_rank:
                 yield Hit(node, "DDP006", "warning",
                           f"'{ast.unparse(node.left)}' is summed over all ranks (all_reduce) but divided by "
@@ -171,9 +186,6 @@ def sum_over_rank_count(s: Script) -> Iterator[Hit]:
                           "times too large",
                           "divide by the global count: all-reduce the count too (or divide by "
                           "len(loader) * world_size when every rank has the same number of batches)")
-
-
-_WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world")
 
 
 @check

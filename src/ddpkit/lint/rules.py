@@ -224,12 +224,13 @@ def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
 
 
 def _under_lock(s: Script, call: ast.Call) -> bool:
-    """Inside `with FileLock(...):` (or any `with ...lock...`): the writers take turns."""
+    """Inside `with FileLock(...):`: the ranks take turns writing the file."""
     node, parents = call, s.parents
     while id(node) in parents:
         node = parents[id(node)]
-        if isinstance(node, ast.With) and any("lock" in ast.unparse(i.context_expr).lower() for i in node.items):
-            return True
+        if isinstance(node, ast.With) and any(re.search(r"file_?lock|flock|portalocker", ast.unparse(
+                i.context_expr).lower()) for i in node.items):
+            return True  # a lock between processes (a threading.Lock orders one process's threads only)
     return False
 
 
