@@ -23,6 +23,7 @@ _REDUCING = re.compile(r"reduce|gather|sync")
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
+_SIZES = frozenset({"len", "size", "numel", "dim", "nelement"})
 
 
 @dataclass
@@ -58,6 +59,8 @@ class ScopeFlow:
                 callee = terminal(node.func)
                 if callee not in summaries and _reduces(s, node):
                     continue
+                if callee in _SIZES:
+                    continue  # len(x), x.size(0): a batch size (progress), not a figure of the shard
                 if summaries.get(callee) is True or (isinstance(summaries.get(callee), tuple)
                                                      and any(summaries[callee])):
                     found.append(f"{callee}()")
@@ -65,6 +68,8 @@ class ScopeFlow:
                 todo.extend(k.value for k in node.keywords)
                 if isinstance(node.func, ast.Attribute):
                     todo.append(node.func.value)  # `correct.item()`, `meter.avg()`
+                continue
+            if isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
                 continue
             root = _root(node)
             if root is not None:
@@ -218,9 +223,14 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
             loop_eval = evaluating or _under_no_grad(node, parents) or any(
                 is_eval_name(terminal(n)) for n in ast.walk(node.iter) if isinstance(n, (ast.Name, ast.Attribute)))
             shard_loops.append((node, loop_eval))
-            flow.tainted.update(_names_of(node.target))
+            target = node.target
+            if isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "enumerate" \
+                    and isinstance(target, ast.Tuple) and target.elts:
+                flow.counts.update(_names_of(target.elts[0]))  # `for i, batch in enumerate(loader)`: a batch index
+                target = ast.Tuple(target.elts[1:], ast.Store())
+            flow.tainted.update(_names_of(target))
             if loop_eval:
-                flow.evaluation.update(_names_of(node.target))
+                flow.evaluation.update(_names_of(target))
     # a name a loop over other data (or a comprehension) also binds is ambiguous without an order: drop it
     other = {n for node in nodes if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension))
              and not _loop_source(sources, s, node.iter) for n in _names_of(node.target)}

@@ -266,6 +266,17 @@ def _summed(s: Script, flow) -> set[str]:
     return out
 
 
+def _in_handler(s: Script, node: ast.AST) -> bool:
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.ExceptHandler):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+    return False
+
+
 def _logging_per_rank(project) -> bool:
     """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check."""
     for x in project.scripts.values():
@@ -354,6 +365,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if is_bar and keyword(call, "disable") is not None:
             continue
+        if is_log and _in_handler(s, call):
+            continue  # a log line in an `except:` block reports this rank's own failure or fallback
         if is_log:
             yield Hit(call, "DDP008", "warning",
                       f"{ast.unparse(call.func)}() runs on every rank and nothing sets logging up per rank, so "

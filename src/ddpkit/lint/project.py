@@ -114,7 +114,6 @@ class Project:
             for stmt in s.tree.body:
                 if _is_main_block(stmt):
                     if entry:
-                        acts = True
                         roots.append(stmt)
                     else:
                         dead.update(id(n) for n in ast.walk(stmt))
@@ -130,13 +129,15 @@ class Project:
                     roots.extend(stmt.bases + stmt.decorator_list + stmt.keywords)
                 elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     roots.append(stmt)
-                    if entry and isinstance(stmt, (ast.Expr, ast.For, ast.While, ast.With, ast.If, ast.Try)) \
-                            and any(isinstance(n, ast.Call) for n in ast.walk(stmt)):
-                        acts = True  # the script does something when run, beyond defining names
+            acts = acts or (entry and self._acts(s))
             self.dead_blocks[path] = dead
         if not acts:
             self.live_functions = None
             return
+        # an entry file that does nothing when run is a library linted alongside: its functions count
+        for path, s in self.scripts.items():
+            if path in entries and not self._acts(s):
+                roots.extend(s.defs)
         live: set[str] = set()
         todo = roots
         seen: set[int] = set()
@@ -157,6 +158,12 @@ class Project:
                     live.add(name)
                     todo.extend(defs.get(name, ()))
         self.live_functions = live
+
+    @staticmethod
+    def _acts(s: Script) -> bool:
+        """The file does something when run, beyond defining names: a `__main__` block or a top-level call statement."""
+        return any(_is_main_block(stmt) or isinstance(stmt, (ast.Expr, ast.For, ast.While, ast.With, ast.If, ast.Try))
+                   and any(isinstance(n, ast.Call) for n in ast.walk(stmt)) for stmt in s.tree.body)
 
     def runs(self, script: Script, node: ast.AST) -> bool:
         """Whether some rank can run `node`: not in a helper's own `__main__` block nor in a function the
@@ -391,9 +398,11 @@ def _draws(s: Script, node: ast.AST) -> bool:
     name = s.qualname(node.func)
     if not name.startswith(("torch.", "numpy.random.", "np.random.", "random.")) or name.startswith("torch.nn.init"):
         return False
-    # `torch.randn(8, 4)` with constant sizes is a synthetic batch, not randomness of the method
+    # sized by a tensor (`randn_like(x)`, `randint(0, T, (x.shape[0],))`): noise, timesteps or masks drawn for
+    # the data; `torch.randn(8, 4)` or `randint(0, vocab, (batch, seq))` is a synthetic batch
     sized = terminal(node.func).endswith("_like") or any(
-        not isinstance(n, (ast.Constant, ast.Tuple, ast.List, ast.UnaryOp, ast.operator, ast.unaryop, ast.expr_context))
+        isinstance(n, ast.Attribute) and n.attr == "shape" or isinstance(n, ast.Call) and terminal(n.func) in (
+            "size", "len", "numel")
         for a in (*node.args, *(k.value for k in node.keywords if k.arg in ("size", "low", "high", "input")))
         for n in ast.walk(a))
     if any(k.arg == "generator" for k in node.keywords):
