@@ -8,10 +8,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, is_main_flag, terminal
+from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal
 from ddpkit.lint.rules import Hit, check, keyword
 
-__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper"]
+__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
+           "loop_bound_from_some_ranks"]
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",
@@ -443,3 +444,58 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
                   "never all-reduces these gradients, so each rank trains its own copy of the model",
                   "call the wrapped model (its forward) in the training step; to reach another method, make "
                   "forward() dispatch to it (e.g. forward(self, x, mode='encode'))")
+
+
+# ---- loops whose length only some ranks know ------------------------------------------------------
+def _rank_only_names(s: Script) -> dict[str, int]:
+    """Plain names (re)assigned inside the body of a rank check (`if rank == 0: start_epoch = ...`): {name: line}."""
+    found: dict[str, int] = {}
+    for node in s.nodes:
+        if isinstance(node, ast.If) and s.kind(node.test) and distributed_mode(node.test) == 0:
+            for stmt in node.body:
+                for sub in ast.walk(stmt):
+                    if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                        for t in targets:
+                            if isinstance(t, ast.Name):
+                                found.setdefault(t.id, node.lineno)
+    # a value every rank receives afterwards (broadcast, all_reduce, or rebuilt from one) is shared again
+    shared = {n.id for c in s.calls if s.is_dist_collective(c) or re.search(r"broadcast|reduce|gather|sync",
+                                                                            terminal(c.func).lower())
+              for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a) if isinstance(n, ast.Name)}
+    for key, value in s.assignments:
+        if not key.startswith(".") and any(isinstance(n, ast.Name) and n.id in shared for n in ast.walk(value)):
+            shared.add(key)
+    return {name: line for name, line in found.items() if name not in shared and not s.kind(ast.Name(name))}
+
+
+@check
+def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
+    if not (s.distributed or s.project.distributed):
+        return
+    names = _rank_only_names(s)
+    if not names:
+        return
+    wrapped = {k for k, v in s.assignments if isinstance(v, ast.Call) and
+               s.qualname(v.func).endswith("DistributedDataParallel")}
+    for loop in s.nodes:
+        if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and terminal(loop.iter.func) == "range":
+            bound = loop.iter
+        elif isinstance(loop, ast.While):
+            bound = loop.test
+        else:
+            continue
+        used = next((n.id for n in ast.walk(bound) if isinstance(n, ast.Name) and n.id in names), None)
+        if used is None or s.context(loop).level or s.context(loop).single:
+            continue
+        body = [c for c in ast.walk(loop) if isinstance(c, ast.Call)]
+        syncs = next((c for c in body if s.is_dist_collective(c) or terminal(c.func) == "backward" and wrapped
+                      or (isinstance(c.func, ast.Name) and c.func.id in wrapped)), None)
+        if syncs is None:
+            continue
+        yield Hit(loop, "DDP010", "error",
+                  f"the loop's length depends on '{used}', which only the ranks passing the rank check on line "
+                  f"{names[used]} set: the ranks run different numbers of iterations, and those that go on wait in "
+                  f"the next collective (line {syncs.lineno}) for ranks that have stopped",
+                  f"broadcast '{used}' from rank 0 before the loop (dist.broadcast_object_list([{used}], src=0)), "
+                  "or compute it on every rank")
