@@ -132,8 +132,9 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
             if not names:
                 continue
             evaluation = [n for n in names if n in flow.evaluation]
-            if not evaluation and all(LOSS_NAME.search(n) for n in names) and project.reduces(LOSS_NAME):
-                # rank 0's own training loss next to a reduced one: a progress line, not the run's figure
+            if not evaluation and all(LOSS_NAME.search(n) for n in names) and project.reduces(LOSS_NAME) \
+                    and _in_shard_loop(call, flow):
+                # rank 0's own step loss next to a reduced one: a progress line, not the run's figure
                 continue
             if ctx.level == NONE:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
