@@ -267,6 +267,21 @@ def _summed(s: Script, flow) -> set[str]:
     return out
 
 
+def _logger_helpers(project) -> set[str]:
+    """Project functions that return a `logging.getLogger()` logger and never look at the rank."""
+    found = set()
+    for x in project.scripts.values():
+        for d in x.defs:
+            inner = list(ast.walk(d))
+            makes = any(isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger")
+                        for n in inner)
+            returns = any(isinstance(n, ast.Return) and n.value is not None for n in inner)
+            if makes and returns and not any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
+                    and not any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+                found.add(d.name)
+    return found
+
+
 def _in_handler(s: Script, node: ast.AST) -> bool:
     parents = s.parents
     while id(node) in parents:
@@ -341,8 +356,10 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         return
     after = _next_statements(s)
     statement_of = {id(n.value): n for n in s.nodes if isinstance(n, ast.Expr)}
-    loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and s.qualname(v.func) in
-               ("logging.getLogger", "getLogger")}
+    makers = project.memo("logger helpers", lambda: _logger_helpers(project))
+    loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
+        s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
+        or (project.resolve(s, v.func) or ("", ""))[1] in makers)}
     logging_open = not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
         name = s.qualname(call.func)
