@@ -357,6 +357,11 @@ class Script:
         workers.discard("")
         if not workers:
             return None
+        # `mp.spawn(demo_fn, ...)` inside `def run_demo(demo_fn, ...)`: the workers are the functions passed in
+        names = {d.name for d in defs}
+        if workers - names:
+            workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
+                        if isinstance(a, ast.Name) and a.id in names}
         # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
         # rank when torchrun starts the script (the ImageNet example's two modes)
         workers.update(d.name for d in defs if any(

@@ -320,10 +320,20 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
                       "remove the argument and use local_rank = int(os.environ['LOCAL_RANK'])")
 
 
+def _in_spawn_parent(s: Script, call: ast.Call) -> bool:
+    """The call runs in the process that calls mp.spawn (module code, or the function that spawns), not in a rank."""
+    if s.per_rank_functions is None:
+        return False
+    spawning = {s.context(c).functions[-1] if s.context(c).functions else "" for c in s.calls
+                if s.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))}
+    functions = s.context(call).functions
+    return (not functions and "" in spawning) or bool(functions and functions[-1] in spawning)
+
+
 @check
 def no_destroy(s: Script) -> Iterator[Hit]:
     # the parent of mp.spawn never joined the group: its destroy_process_group frees nothing of the ranks'
-    if any(script.per_rank(c) and script.project.runs(script, c)
+    if any(not _in_spawn_parent(script, c) and script.project.runs(script, c)
            for script, c in s.project.calls_named("destroy_process_group")):
         return
     for call in s.calls_named("init_process_group"):
