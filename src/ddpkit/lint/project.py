@@ -75,9 +75,23 @@ class Project:
 
     def _external_levels(self) -> dict[str, dict[str, int]]:
         levels: dict[str, dict[str, int]] = {}
+        methods: dict[str, list[str]] = {}
+        for path, script in self.scripts.items():
+            for d in script.defs:
+                if d.args.args and d.args.args[0].arg == "self":
+                    methods.setdefault(d.name, []).append(path)
         for path, script in self.scripts.items():
             for call in script.calls:
                 target = self.resolve(script, call.func)
+                if target is None and isinstance(call.func, ast.Attribute):
+                    # `trainer.save_checkpoint()` on an object of a class another file defines: followed when
+                    # exactly one file of the program defines a method of that name (not module calls)
+                    owner = call.func.value
+                    while isinstance(owner, ast.Attribute):
+                        owner = owner.value
+                    homes = methods.get(call.func.attr, [])
+                    if len(homes) == 1 and not (isinstance(owner, ast.Name) and owner.id in script.aliases):
+                        target = (homes[0], call.func.attr)
                 if target is None or target[0] == path:
                     continue
                 level = script.context(call).level
