@@ -267,8 +267,8 @@ def load_without_map_location(s: Script) -> Iterator[Hit]:
         if s.qualname(call.func) != "torch.load" or s.context(call).single:
             continue
         source = argument(call, "f", 0)
-        if is_buffer(s, source) or _per_rank_file(s, source):
-            continue
+        if is_buffer(s, source) or _per_rank_file(s, source) or _per_item_file(s, call, source):
+            continue  # a per-sample cache file (in __getitem__, or named by a loop over data) is no checkpoint
         weights_only = keyword(call, "weights_only")
         problems = []
         if argument(call, "map_location", 1) is None:
