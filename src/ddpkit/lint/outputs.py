@@ -271,6 +271,8 @@ def _logger_helpers(project) -> set[str]:
     """Project functions that return a `logging.getLogger()` logger and never look at the rank."""
     found = set()
     for x in project.scripts.values():
+        if not any(terminal(c.func) == "getLogger" for c in x.calls):
+            continue
         for d in x.defs:
             inner = list(ast.walk(d))
             makes = any(isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger")
