@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import textwrap
@@ -214,3 +215,8 @@ def test_code_no_rank_runs_is_linted_when_the_helper_is_linted_alone():
             dist.barrier()
     """)
     assert [f.rule for f in lint_sources({"helpers.py": helper})] == ["DDP004"]
+
+
+def test_mmcv_launcher_none_is_the_single_process_branch():
+    assert distributed_mode(ast.parse('args.launcher == "none"', mode="eval").body) == -1
+    assert distributed_mode(ast.parse('args.launcher != "none"', mode="eval").body) == 1
