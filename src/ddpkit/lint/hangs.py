@@ -394,6 +394,43 @@ _NOT_FORWARD = re.compile(r"^(parameters|named_parameters|state_dict|load_state_
                           r"save.*|load.*|no_sync|step|extra_repr)$")
 
 
+_OPTIMIZERS = re.compile(r"^(SGD|Adam|AdamW|Adagrad|Adadelta|RMSprop|LAMB|Lamb|LARS|Adafactor|Lion|NAdam|RAdam|"
+                         r"Adamax|ASGD|Rprop|SparseAdam|LBFGS|FusedAdam|FusedLAMB|ZeroRedundancyOptimizer)$")
+
+
+def _unwrapped_trainables(s: Script, wrapped: dict[str, str]) -> set[str]:
+    """Names whose `.parameters()` an optimizer gets but that no DDP call wraps (`head` beside `DDP(backbone)`)."""
+    raw = set(wrapped.values())
+    found: set[str] = set()
+    for call in s.calls:
+        if not _OPTIMIZERS.match(terminal(call.func)):
+            continue
+        for n in ast.walk(call):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("parameters", "named_parameters"):
+                owner = n.func.value
+                if isinstance(owner, ast.Attribute) and owner.attr == "module":
+                    continue  # `model.module.parameters()`: the wrapped model's own parameters
+                key = _key(owner)
+                if key and key not in wrapped and key not in raw:
+                    found.add(key)
+    return found
+
+
+def _feeds(call: ast.Call, back: ast.Call, nodes: list[ast.AST]) -> bool:
+    """Whether what `call` returns reaches the value whose backward() runs (through assignments)."""
+    tainted: set[str] = set()
+    for _ in range(4):
+        for n in nodes:
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+                inside = list(ast.walk(n.value))
+                if any(m is call for m in inside) or any(isinstance(m, ast.Name) and m.id in tainted for m in inside):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    tainted.update(m.id for t in targets for m in ast.walk(t) if isinstance(m, ast.Name))
+    used = [m for a in (back.func, *back.args) for m in ast.walk(a)]
+    return any(m is call for m in used) or any(isinstance(m, ast.Name) and m.id in tainted for m in used)
+
+
 @check
 def forward_around_wrapper(s: Script) -> Iterator[Hit]:
     wrapped = _wrapped_models(s)
@@ -415,6 +452,18 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
                       or (terminal(c.func) not in _UNWRAPS
                           and any(_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords))))
                       for c in calls)
+        unwrapped = _unwrapped_trainables(s, wrapped)
+        if through and unwrapped:
+            # a module the optimizer trains, run in the step beside the wrapper but never wrapped itself
+            seen = next((c for c in calls if _key(c.func) in unwrapped and _feeds(c, back, nodes)), None)
+            if seen is not None:
+                yield Hit(seen, "DDP015", "error",
+                          f"{ast.unparse(seen.func)} is trained (its parameters are in an optimizer) and runs in the "
+                          f"training step into backward() (line {back.lineno}), but it was never wrapped in "
+                          "DistributedDataParallel: its gradients are not all-reduced, so its copies drift apart",
+                          f"wrap it too (DistributedDataParallel({ast.unparse(seen.func)}, ...)) or make it part of "
+                          "the wrapped model")
+            continue
         if through:
             continue
         bypasses = {id(c): _bypass(s, c, wrapped) for c in calls}
