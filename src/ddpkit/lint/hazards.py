@@ -241,7 +241,7 @@ def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
     if not s.project.memo("batchnorm", applies):
         return
     first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute))
-                  and re.fullmatch(r"BatchNorm[123]d", terminal(n))), None)
+                  and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)), None)
     if first is not None:
         yield Hit(first, "DDP013", "note",
                   f"{terminal(first)} under DistributedDataParallel normalises with each rank's own "
