@@ -59,7 +59,7 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
     seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
                                             if _is_seed(script, c) and _reached(script, c)])
     if not seeds:
-        inits = project.calls_named("init_process_group")
+        inits = [(x, c) for x, c in project.calls_named("init_process_group") if project.runs(x, c)]
         if inits and inits[0][0] is s:
             yield Hit(inits[0][1], "DDP014", "note",
                       "nothing seeds the random number generators: model initialisation, augmentation and "
