@@ -209,10 +209,7 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     flow = ScopeFlow(scope)
     nodes = s.project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
     flow.nodes = nodes
-    loaders = {k for k in sharded_names(s) if not k.startswith(".")} | {
-        k for k in sharded_names(s) if k.startswith(".")}
-    params = _sharded_params(s).get(id(scope), set())
-    sources = loaders | params
+    sources = sharded_names(s) | _sharded_params(s).get(id(scope), set())
     parents = s.parents
     evaluating = isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
         is_eval_name(scope.name) or any(terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD
@@ -277,12 +274,12 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                     continue
                 tainted = flow.tainted_names(s, value, summaries)
                 counting = isinstance(node, ast.AugAssign) and id(node) in in_loop
-                if counting and not tainted and isinstance(value, ast.Constant):
-                    # `steps += 1`: a count of this rank's batches (the same on every rank when the shards are
-                    # equal), a per-rank count for a division, not a figure
+                if counting and not tainted:
+                    # `steps += 1`, `seen += y.size(0)`, `elapsed += time.time() - t0`: a per-rank count (for a
+                    # division), not a figure of the shard's data
                     flow.counts.update(r for t in targets for r in [_root(t)] if r)
                     continue
-                if tainted or counting:
+                if tainted:
                     for t in targets:
                         root = _root(t)
                         if root:
