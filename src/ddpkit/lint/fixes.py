@@ -83,10 +83,11 @@ def _plan(script: Script, hits: list[Hit]) -> _Edits:
             _plan_launch(script, node, edits)
         elif hit.rule == "DDP001" and isinstance(node, ast.Call) and terminal(node.func) == "DistributedSampler":
             _plan_set_epoch(script, node, edits)
-        elif hit.rule == "DDP001" and isinstance(node, ast.Call):  # set_epoch(0) inside `for epoch in ...`
+        elif hit.rule == "DDP001" and isinstance(node, ast.Call) and "the same epoch every time" in hit.message:
+            # set_epoch(0) / set_epoch(start_epoch) inside `for epoch in ...`: the loop variable instead
             loop = next((n for n in script.nodes if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
                          and any(m is node for m in ast.walk(n))), None)
-            if loop is not None:
+            if loop is not None and loop.target.id != "_":
                 edits.replace[_pos(node.args[0])] = loop.target.id
         elif hit.rule == "DDP009":
             _plan_destroy(script, node, edits)

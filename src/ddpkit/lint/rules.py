@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import LOCAL, NONE, Script, is_eval_sampler, terminal
+from ddpkit.lint.analysis import LOCAL, NONE, Script, distributed_mode, is_eval_sampler, terminal
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -52,11 +52,25 @@ def _is_const(node: ast.AST | None, value: object) -> bool:
 def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     set_epochs = s.project.calls_named("set_epoch")
     for script, call in set_epochs:
-        if script is s and call.args and (isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call)):
+        if script is not s or not call.args:
+            continue
+        if isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
                       "visits the data in the same order",
                       "pass the loop's epoch number: sampler.set_epoch(epoch)")
+        elif _advanced_by_some_ranks(s, call.args[0]):
+            yield Hit(call, "DDP001", "error",
+                      f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
+                      "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
+                      "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
+        elif _distributed_only(s, call) and any(not _distributed_only(x, c) for x, c in
+                                                 s.project.calls_named("DistributedSampler")):
+            yield Hit(call, "DDP001", "warning",
+                      "set_epoch runs only when the run is distributed (inside a mode check), but the "
+                      "DistributedSampler is built on every path: a run where the flag is off visits the data in "
+                      "the same order every epoch",
+                      "call sampler.set_epoch(epoch) unconditionally (it is harmless with one process)")
     if set_epochs or not s.project.epoch_loop:
         return
     for call in s.calls_named("DistributedSampler"):
@@ -66,6 +80,36 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
+    """A plain name that is reassigned (or `+=`-ed) only inside rank checks after its first assignment."""
+    if not isinstance(value, ast.Name):
+        return False
+    writes = [n for n in s.nodes if isinstance(n, (ast.Assign, ast.AugAssign)) and any(
+        isinstance(t, ast.Name) and t.id == value.id
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    guarded = [n for n in writes if s.context(n).level and not s.context(n).single]
+    return bool(guarded) and len(writes) - len(guarded) <= 1 and not any(
+        isinstance(n, ast.For) and value.id in {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
+        for n in s.nodes)
+
+
+def _distributed_only(s: Script, node: ast.AST) -> bool:
+    """Inside the distributed branch of a mode check (`if args.distributed:`)."""
+    parents, child = s.parents, node
+    while id(child) in parents:
+        parent = parents[id(child)]
+        if isinstance(parent, ast.If) and child is not parent.test:
+            sense = distributed_mode(parent.test)
+            if (sense > 0 and child in parent.body) or (sense < 0 and child in parent.orelse):
+                return True
+        if isinstance(parent, ast.IfExp) and child is not parent.test:
+            sense = distributed_mode(parent.test)
+            if (sense > 0 and child is parent.body) or (sense < 0 and child is parent.orelse):
+                return True
+        child = parent
+    return False
 
 
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
