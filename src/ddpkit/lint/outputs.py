@@ -295,6 +295,13 @@ def _in_handler(s: Script, node: ast.AST) -> bool:
     return False
 
 
+def _logging_configured(project) -> bool:
+    """The program itself makes INFO lines visible (basicConfig, a handler, a config): without it logging.info
+    prints nothing (the root level is WARNING), and a setup the program does not show cannot be judged."""
+    return any(terminal(c.func) in ("basicConfig", "addHandler", "dictConfig", "fileConfig")
+               for x in project.scripts.values() for c in x.calls)
+
+
 def _logging_per_rank(project) -> bool:
     """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check."""
     for x in project.scripts.values():
@@ -362,7 +369,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers)}
-    logging_open = not project.memo("logging per rank", lambda: _logging_per_rank(project))
+    logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
+        and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
         name = s.qualname(call.func)
         is_print = name in ("print", "rich.print") and not project.prints_silenced

@@ -401,7 +401,7 @@ def _imported_names(tree: ast.Module) -> set[str]:
     return names
 
 
-_DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm", "normal",
+_DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
                     "bernoulli", "multinomial", "uniform", "choice", "shuffle", "random", "beta", "permutation"})
 
 
@@ -422,7 +422,20 @@ def _draws(s: Script, node: ast.AST) -> bool:
     if any(k.arg == "generator" for k in node.keywords):
         return False  # its own generator, seeded apart
     functions = s.context(node).functions
-    return sized and (_in_loop(s, node) or bool(functions) and functions[-1] in ("forward", "__getitem__", "__call__"))
+    return sized and (_in_training_step(s, node) or bool(functions) and functions[-1] in (
+        "forward", "__getitem__", "__call__"))
+
+
+def _in_training_step(s: Script, node: ast.AST) -> bool:
+    """Inside a loop of the same function that also runs backward() (a training step), not any loop: a
+    `randperm` that picks the same subset on every rank needs the shared seed."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            return any(isinstance(n, ast.Call) and terminal(n.func) == "backward" for n in ast.walk(node))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+    return False
 
 
 def _in_loop(s: Script, node: ast.AST) -> bool:
