@@ -24,6 +24,7 @@ _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "isl
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
 _SIZES = frozenset({"len", "size", "numel", "dim", "nelement"})
+_SPLITS = frozenset({"Subset", "shard", "split_dataset_by_node", "partition", "islice"})
 
 
 @dataclass
@@ -124,11 +125,14 @@ def _makes_shards(s: Script, call: ast.Call, known: set[str]) -> bool:
     if s.qualname(call.func) in ("ddpkit.loader", "ddpkit.eval_loader", "ddpkit.data.loader",
                                  "ddpkit.data.eval_loader"):
         return True
+    if name in _SPLITS and any(s.kind(n) for a in (*call.args, *(k.value for k in call.keywords))
+                               for n in ast.walk(a) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+        return True  # `Subset(data, range(rank, n, world))`, `data.shard(world, rank)`: split by rank by hand
     if name.endswith("DataLoader") or name.endswith("Loader"):
         for k in call.keywords:
-            if k.arg in ("sampler", "batch_sampler") and _mentions_shards(s, k.value, known):
+            if k.arg in ("sampler", "batch_sampler", "dataset") and _mentions_shards(s, k.value, known):
                 return True
-        return any(_mentions_shards(s, a, known) for a in call.args[2:5])
+        return any(_mentions_shards(s, a, known) for a in (*call.args[:1], *call.args[2:5]))
     return False
 
 
