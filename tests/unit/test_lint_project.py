@@ -220,3 +220,34 @@ def test_code_no_rank_runs_is_linted_when_the_helper_is_linted_alone():
 def test_mmcv_launcher_none_is_the_single_process_branch():
     assert distributed_mode(ast.parse('args.launcher == "none"', mode="eval").body) == -1
     assert distributed_mode(ast.parse('args.launcher != "none"', mode="eval").body) == 1
+
+
+def test_methods_a_framework_calls_through_a_project_base_class_are_linted():
+    """`Model(Base)`, `Base(SomeFrameworkModule)`: the framework calls training_step, so its save is every rank's."""
+    code = _src("""
+        import torch
+        import torch.distributed as dist
+        from framework import FrameworkModule
+
+
+        class Base(FrameworkModule):
+            def helper(self):
+                return 1
+
+
+        class Model(Base):
+            def training_step(self, batch):
+                torch.save(self.state_dict(), "step.pt")
+
+
+        if __name__ == "__main__":
+            dist.init_process_group("gloo")
+            torch.manual_seed(0)
+            Model().fit()
+            dist.destroy_process_group()
+    """)
+    assert [(f.rule, f.line) for f in lint_sources({"train.py": code})] == [("DDP004", line_of(code, "torch.save"))]
+
+
+def line_of(code: str, needle: str) -> int:
+    return next(i for i, line in enumerate(code.splitlines(), 1) if needle in line)

@@ -114,6 +114,17 @@ class Project:
         """
         defs: dict[str, list[ast.AST]] = {}
         roots: list[ast.AST] = []
+        # classes a framework calls into by convention: a base that is neither the project's nor a plain
+        # nn.Module/Dataset, directly or through the project's own base classes
+        classes = {n.name: n for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+        self._framework_classes: set[str] = set()
+        for _ in range(4):
+            more = {name for name, c in classes.items() if any(
+                terminal(b) in self._framework_classes or (terminal(b) not in _PLAIN_BASES and terminal(b) not in classes)
+                for b in c.bases)}
+            if more <= self._framework_classes:
+                break
+            self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
         acts = False
@@ -132,8 +143,7 @@ class Project:
                     else:
                         dead.update(id(n) for n in ast.walk(stmt))
                 elif isinstance(stmt, ast.ClassDef):
-                    framework = any(terminal(b) not in _PLAIN_BASES and terminal(b) not in self._class_names
-                                    for b in stmt.bases)
+                    framework = stmt.name in self._framework_classes
                     for item in stmt.body:
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                             if framework or _conventional(item.name):
@@ -216,7 +226,6 @@ class Project:
         self.imported = {path for s in scripts for module in s.aliases.values()
                          for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
         """Files another file of the project imports (their code runs on every rank of an importer)."""
-        self._class_names = {n.name for _, n in nodes if isinstance(n, ast.ClassDef)}
         self.forward_collects = any(
             isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward"
             and any(isinstance(c, ast.Call) and s.is_dist_collective(c) for c in ast.walk(n))
