@@ -382,10 +382,24 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
         if node.attr == "module" and _key(node.value) in wrapped:
             return ast.unparse(func)
         node = node.value
-    raw = {r for r in wrapped.values() if r}
+    raw = {r for r in wrapped.values() if r} - _parameters_around(s, call)
     if _key(func) in raw or (isinstance(func, ast.Attribute) and _key(func.value) in raw):
         return ast.unparse(func)
     return ""
+
+
+def _parameters_around(s: Script, node: ast.AST) -> set[str]:
+    """Parameter names of the functions enclosing `node`: a parameter `model` is whatever the caller passes
+    (often the wrapped model, `train(ddp_model, ...)`), not the raw module of the same name elsewhere."""
+    names: set[str] = set()
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            names.update(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+            names.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
+    return names
 
 
 _NOT_FORWARD = re.compile(r"^(parameters|named_parameters|state_dict|load_state_dict|train|eval|zero_grad|to|cuda|cpu|"
