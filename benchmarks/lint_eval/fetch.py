@@ -5,6 +5,7 @@ Each mirror is a git directory of the repository (as `git clone --mirror` or a s
 the file is read at the pinned commit, so the cache holds exactly the labelled text.
 
     python benchmarks/lint_eval/fetch.py --mirrors DIR   # DIR/<owner>+<name>/repo is the git directory
+    python benchmarks/lint_eval/fetch.py --mirrors DIR --manifest heldout_b.json --cache OTHER
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ def _git_dir(mirrors: Path, repo: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mirrors", type=Path, required=True, help="folder of git mirrors, one per repository")
+    p.add_argument("--manifest", type=Path, action="append", default=[],
+                   help="manifest to copy the files of (repeatable; default: manifest.json here)")
+    p.add_argument("--cache", type=Path, default=CACHE, help="folder to copy into (default: cache/ here)")
     args = p.parse_args(argv)
-    projects = json.loads(MANIFEST.read_text())["projects"]
+    projects = [q for m in args.manifest or [MANIFEST] for q in json.loads(Path(m).read_text())["projects"]]
     missing = 0
     for project in projects:
         for path in project["files"]:
-            target = cached(project["repo"], project["commit"], path)
+            target = cached(project["repo"], project["commit"], path, args.cache)
             if target.exists():
                 continue
             git = _git_dir(args.mirrors, project["repo"])
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(done.stdout)
-    print(f"{sum(len(p['files']) for p in projects) - missing} files in {CACHE}, {missing} missing")
+    print(f"{sum(len(p['files']) for p in projects) - missing} files in {args.cache}, {missing} missing")
     return 1 if missing else 0
 
 

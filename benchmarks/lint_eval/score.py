@@ -4,8 +4,12 @@ Reads only local files: the scripts that fetch.py copied into cache/ at the comm
 Each project (a script and the helpers of its own it imports) is linted as one project, as
 `ddpkit lint DIR` would. A finding is right when a label of the same file and rule covers its line
 (`line`, or `line`..`end` for a statement over several lines); every label is found at most once.
+A finding at a place the labels mark `uncertain` (same file and line span, and rule where one is
+given) is not scored. Projects whose files are not in the cache are skipped and counted.
 
     python benchmarks/lint_eval/score.py [--cache DIR] [--show fp,fn] [--held-out]
+    python benchmarks/lint_eval/score.py --manifest heldout_a.json --manifest heldout_b.json
+    python benchmarks/lint_eval/score.py --heldout-sets     # every heldout_*.json here, one table each
 """
 
 from __future__ import annotations
@@ -29,21 +33,42 @@ def _findings(files: list[Path]) -> list:
     return [f for file in files for f in lint.lint_file(file)]  # the one-file-at-a-time linter
 
 
-def score(projects: list[dict], cache: Path) -> tuple[Counter, Counter, Counter, list[str]]:
-    """(true positives, false positives, false negatives) per rule, and a line per wrong answer."""
+def _end(entry: dict) -> int:
+    """The last line an entry covers: `end` where it is a line number, else `line`."""
+    end = entry.get("end")
+    return end if isinstance(end, int) and end >= entry["line"] else entry["line"]
+
+
+def _covers(entry: dict, path: str, line: int, rule: str, main: str) -> bool:
+    return (entry.get("path", main) == path and entry["line"] <= line <= _end(entry)
+            and entry.get("rule", rule) == rule)
+
+
+def score(projects: list[dict], cache: Path, skipped: list[str] | None = None
+          ) -> tuple[Counter, Counter, Counter, list[str]]:
+    """(true positives, false positives, false negatives) per rule, and a line per wrong answer.
+
+    A project with a file missing from the cache is left out; its repository is appended to `skipped`
+    when a list is given, else the scorer stops with a message naming the file.
+    """
     tp, fp, fn, wrong = Counter(), Counter(), Counter(), []
     for project in projects:
         local = {cached(project["repo"], project["commit"], p, cache): p for p in project["files"]}
         missing = [str(p) for p in local if not p.exists()]
         if missing:
-            raise SystemExit(f"score: {missing[0]} is not in the cache; run fetch.py first")
+            if skipped is None:
+                raise SystemExit(f"score: {missing[0]} is not in the cache; run fetch.py first")
+            skipped.append(project["repo"])
+            continue
         labels = [dict(label, found=False) for label in project["labels"]]
+        uncertain = project.get("uncertain") or []
         main = project["files"][0]
         for f in sorted(_findings(list(local)), key=lambda f: (f.path, f.line, f.rule)):
             path = local.get(Path(f.path), f.path)
+            if any(_covers(u, path, f.line, f.rule, main) for u in uncertain if isinstance(u, dict)):
+                continue
             match = next((label for label in labels if not label["found"] and label["rule"] == f.rule
-                          and label.get("path", main) == path
-                          and label["line"] <= f.line <= label.get("end", label["line"])), None)
+                          and _covers(label, path, f.line, f.rule, main)), None)
             if match is None:
                 fp[f.rule] += 1
                 wrong.append(f"FP {project['repo']}:{path}:{f.line} {f.rule} {f.message[:110]}")
@@ -68,14 +93,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", default="", help="also list wrong answers: fp, fn or fp,fn")
     p.add_argument("--held-out", action="store_true",
                    help="score only the projects labelled after the rules were final (held_out in the manifest)")
+    p.add_argument("--manifest", type=Path, action="append", default=[],
+                   help="a manifest to score (repeatable; default: manifest.json here); several are pooled")
+    p.add_argument("--heldout-sets", action="store_true",
+                   help="score every heldout_*.json here, each on its own, then all of them pooled")
     args = p.parse_args(argv)
-    projects = json.loads(MANIFEST.read_text())["projects"]
+    if args.heldout_sets:
+        sets = sorted(HERE.glob("heldout_*.json"))
+        for one in sets:
+            _table([one], args)
+        return _table(sets, args) if len(sets) > 1 else 0
+    return _table(args.manifest or [MANIFEST], args)
+
+
+def _table(manifests: list[Path], args: argparse.Namespace) -> int:
+    projects = [p for m in manifests for p in json.loads(Path(m).read_text())["projects"]]
     if args.held_out:
         projects = [p for p in projects if p.get("held_out")]
-    tp, fp, fn, wrong = score(projects, args.cache)
+    skipped: list[str] = []
+    tp, fp, fn, wrong = score(projects, args.cache, skipped)
     known = set(lint.RULES)
-    print(f"{len(projects)} projects, {sum(len(p['files']) for p in projects)} files, "
-          f"{sum(len(p['labels']) for p in projects)} labelled mistakes")
+    scored = [p for p in projects if p["repo"] not in skipped]
+    print(f"== {' + '.join(Path(m).name for m in manifests)}: {len(scored)} projects, "
+          f"{sum(len(p['files']) for p in scored)} files, {sum(len(p['labels']) for p in scored)} labelled mistakes"
+          + (f" ({len(skipped)} projects skipped: not in the cache)" if skipped else ""))
     print(f"{'rule':<8} {'labels':>6} {'found':>6} {'wrong':>6} {'precision':>10} {'recall':>7}")
     for rule in sorted(set(tp) | set(fp) | set(fn)):
         has = "" if rule in known else "  (no rule)"

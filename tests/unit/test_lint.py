@@ -77,6 +77,7 @@ def test_findings_point_at_the_call_and_carry_a_fix():
     ("master_process", GLOBAL), ("is_global_zero", GLOBAL), ("get_rank", GLOBAL), ("RANK", GLOBAL),
     ("local_rank", LOCAL), ("LOCAL_RANK", LOCAL), ("get_local_rank", LOCAL), ("is_local_main", LOCAL),
     ("SLURM_LOCALID", LOCAL), ("world_size", NONE), ("ranking", NONE), ("main", NONE), ("frank", NONE),
+    ("master", GLOBAL), ("local_master", LOCAL), ("master_addr", NONE),
 ])
 def test_rank_name_kind(name, kind):
     assert rank_name_kind(name) == kind

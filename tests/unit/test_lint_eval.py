@@ -49,3 +49,20 @@ def test_speed_benchmark_runs_on_a_tiny_project(capsys):
     out = capsys.readouterr().out
     assert re.search(r"project: 3 files, \d+ lines, 0 findings", out)
     assert "lint_files (in process, best of 1):" in out and "(exit 0)" in out
+
+
+def test_scorer_leaves_uncertain_places_unscored_and_skips_uncached_projects(tmp_path, monkeypatch):
+    project = {"repo": "someone/proj", "commit": "b" * 40, "files": ["train.py"],
+               "labels": [{"path": "train.py", "line": 3, "rule": "DDP009", "note": "no destroy", "end": "a note"}],
+               "uncertain": [{"path": "train.py", "line": 5, "note": "unclear"}]}
+    absent = {"repo": "someone/gone", "commit": "c" * 40, "files": ["main.py"], "labels": []}
+    target = fetch.cached(project["repo"], project["commit"], "train.py", tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_text("x = 1\n")
+    found = [Finding(str(target), 3, 1, "DDP009", "warning", "m", "f"),
+             Finding(str(target), 5, 1, "DDP008", "warning", "m", "f")]
+    monkeypatch.setattr(score, "_findings", lambda files: found)
+    skipped: list[str] = []
+    tp, fp, fn, wrong = score.score([project, absent], tmp_path, skipped)
+    assert (sum(tp.values()), sum(fp.values()), sum(fn.values())) == (1, 0, 0)
+    assert skipped == ["someone/gone"]

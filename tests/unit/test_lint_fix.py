@@ -16,6 +16,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint"
 FIXABLE_FIXTURES = sorted(p for p in FIXTURES.glob("bad_*.py") if re.match(r"bad_(ddp00[123579]|ddp011)", p.stem))
 LEFT = {  # findings --fix leaves on purpose: no safe mechanical rewrite
     "bad_ddp002_kwargs": {("DDP002", "loader_kwargs = dict(")},
+    "bad_ddp002_kwargs_update": {("DDP002", "cuda_kwargs = {")},
+    "bad_ddp001_epoch_rank0": {("DDP001", "sampler.set_epoch(epoch)")},
+    "bad_ddp001_set_epoch_distributed_only": {("DDP001", "sampler.set_epoch(epoch)")},
     "bad_ddp005_load": {("DDP005", "extra = torch.load(")},
     "bad_ddp007_launch": {("DDP007", "Run: python -m torch.distributed.launch --nproc"),
                           ("DDP007", "import torch.distributed.launch  #")},
@@ -35,7 +38,8 @@ def test_fix_silences_its_rules_and_is_idempotent(path):
     expected = LEFT.get(path.stem, set())
     assert {(rule, next(line for line in fixed.splitlines() if text in line)) for rule, text in expected} == left
     assert fix_source({str(path): fixed})[str(path)] == fixed
-    if path.stem not in ("bad_ddp002_kwargs",):
+    if path.stem not in ("bad_ddp002_kwargs", "bad_ddp002_kwargs_update", "bad_ddp001_epoch_rank0",
+                         "bad_ddp001_set_epoch_distributed_only"):
         assert fixed != source
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -184,3 +186,68 @@ def test_each_script_imports_its_own_utils(tmp_path):
         dist.destroy_process_group()
     """))
     assert lint_files(sorted(tmp_path.rglob("*.py"))) == []  # b/train.py's utils is b/utils.py, not a/utils.py
+
+
+PROGRAMS = sorted(p for p in (FIXTURES / "programs").iterdir() if p.is_dir())
+_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
+
+
+@pytest.mark.parametrize("folder", PROGRAMS, ids=lambda p: p.name)
+def test_program_fixture_reports_exactly_its_markers(folder):
+    """Multi-file programs: a helper's own __main__ and unused functions (no rank runs them), a guard at the
+    call site of a `from x import *` helper, a collective in another module's helper called on rank 0."""
+    files = sorted(folder.glob("*.py"))
+    marks = {(f.name, number, rule, severity) for f in files
+             for number, line in enumerate(f.read_text().splitlines(), 1)
+             for rule, severity in _EXPECT.findall(line)}
+    assert {(Path(f.path).name, f.line, f.rule, f.severity) for f in lint_files(files)} == marks
+
+
+def test_code_no_rank_runs_is_linted_when_the_helper_is_linted_alone():
+    """A helper linted on its own (a library: its entry does nothing at import) keeps its findings."""
+    helper = _src("""
+        import torch
+        import torch.distributed as dist
+
+
+        def save(model):
+            torch.save(model.state_dict(), "m.pt")
+            dist.barrier()
+    """)
+    assert [f.rule for f in lint_sources({"helpers.py": helper})] == ["DDP004"]
+
+
+def test_mmcv_launcher_none_is_the_single_process_branch():
+    assert distributed_mode(ast.parse('args.launcher == "none"', mode="eval").body) == -1
+    assert distributed_mode(ast.parse('args.launcher != "none"', mode="eval").body) == 1
+
+
+def test_methods_a_framework_calls_through_a_project_base_class_are_linted():
+    """`Model(Base)`, `Base(SomeFrameworkModule)`: the framework calls training_step, so its save is every rank's."""
+    code = _src("""
+        import torch
+        import torch.distributed as dist
+        from framework import FrameworkModule
+
+
+        class Base(FrameworkModule):
+            def helper(self):
+                return 1
+
+
+        class Model(Base):
+            def training_step(self, batch):
+                torch.save(self.state_dict(), "step.pt")
+
+
+        if __name__ == "__main__":
+            dist.init_process_group("gloo")
+            torch.manual_seed(0)
+            Model().fit()
+            dist.destroy_process_group()
+    """)
+    assert [(f.rule, f.line) for f in lint_sources({"train.py": code})] == [("DDP004", line_of(code, "torch.save"))]
+
+
+def line_of(code: str, needle: str) -> int:
+    return next(i for i, line in enumerate(code.splitlines(), 1) if needle in line)

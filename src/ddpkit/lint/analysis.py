@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -18,6 +18,23 @@ COLLECTIVES = frozenset({
     "monitored_barrier",
 })
 """torch.distributed functions that every rank of the group must call, or the job hangs."""
+
+EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
+                         "valdir", "testdir", "validate", "evaluate", "estimate"})
+"""Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
+
+
+def is_eval_name(name: str) -> bool:
+    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
+
+
+def is_eval_sampler(s: Script, call: ast.Call) -> bool:
+    """A DistributedSampler over evaluation data by its names (the variable it goes to, or its dataset)."""
+    named = {id(v): k.lstrip(".") for k, v in s.assignments}
+    dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
+    return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(
+        is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute))))
+
 
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 
@@ -53,6 +70,9 @@ class Script:
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = self._import_aliases()
+        self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
+                             and any(a.name == "*" for a in n.names)]
+        """Modules this file imports with `from m import *`."""
         self._derive_rank_names()
         self.contexts: dict[int, Context] = {}
         self.external_levels = external_levels or {}
@@ -160,6 +180,11 @@ class Script:
         if isinstance(expr, ast.BinOp):
             return max(self.kind(expr.left), self.kind(expr.right))
         if isinstance(expr, ast.IfExp):
+            # `SummaryWriter() if rank == 0 else None`: the value exists on the ranks the test picks, so
+            # testing it later (`if writer is None: continue`) is a rank check
+            if any(isinstance(arm, ast.Constant) and arm.value is None for arm in (expr.body, expr.orelse)) \
+                    and distributed_mode(expr.test) == 0:
+                return max(self.kind(expr.body), self.kind(expr.orelse), self.kind(expr.test))
             return max(self.kind(expr.body), self.kind(expr.orelse))
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
@@ -174,6 +199,8 @@ class Script:
                     pairs.extend(_target_pairs(target, node.value))
             elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
                 pairs.extend(_target_pairs(node.target, node.value))
+            elif isinstance(node, ast.AugAssign):  # `seed += rank`: the new value depends on both
+                pairs.extend(_target_pairs(node.target, ast.BinOp(node.target, node.op, node.value)))
         self.assignments = pairs
         """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
         self.global_rank_names: set[str] = set()
@@ -193,6 +220,18 @@ class Script:
             if derived == self.derived:
                 break
             self.derived = derived
+        # `writer = None` ... `if rank == 0: writer = SummaryWriter()`: a value only some ranks hold
+        nones = {key for key, value in pairs if isinstance(value, ast.Constant) and value.value is None}
+        for node in self.nodes:
+            if isinstance(node, ast.If) and nones:
+                k = self.kind(node.test)
+                if k and distributed_mode(node.test) == 0:
+                    for stmt in node.body:
+                        if isinstance(stmt, ast.Assign):
+                            for target in stmt.targets:
+                                for key, _ in _target_pairs(target, stmt.value):
+                                    if key in nones and not self.derived.get(key):
+                                        self.derived[key] = k
 
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
@@ -223,17 +262,22 @@ class Script:
         self.function_names = names
         refs = [n for n in self.nodes if _references(n, names)]
         self.function_level: dict[str, int] = {}
+        self.function_single: set[str] = set()
+        """Functions called only from single-process branches (`else: train_single(...)` of `if args.distributed:`)."""
         for _ in range(8):
             self.contexts = {}
             self._block(self.tree.body, Context())
             levels: dict[str, int] = dict(self.external_levels)
+            single: dict[str, bool] = {}
             for ref in refs:
                 name = terminal(ref)
                 level = self.context(ref).level
                 levels[name] = min(levels.get(name, GLOBAL), level)
-            if levels == self.function_level:
+                single[name] = single.get(name, True) and self.context(ref).single
+            single_names = {n for n, alone in single.items() if alone}
+            if levels == self.function_level and single_names == self.function_single:
                 break
-            self.function_level = levels
+            self.function_level, self.function_single = levels, single_names
         self.per_rank_functions = self._spawned_functions(defs)
 
     def _block(self, stmts: list[ast.stmt], ctx: Context) -> None:
@@ -264,7 +308,8 @@ class Script:
             decorated = max((rank_name_kind(terminal(d.func if isinstance(d, ast.Call) else d))
                              for d in node.decorator_list), default=NONE)
             level = max(ctx.level, decorated, self.function_level.get(node.name, NONE))
-            self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node)))
+            self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node),
+                                           ctx.single or node.name in self.function_single))
             return
         if isinstance(node, (ast.If, ast.IfExp)):
             self._visit(node.test, ctx)
@@ -312,6 +357,11 @@ class Script:
         workers.discard("")
         if not workers:
             return None
+        # `mp.spawn(demo_fn, ...)` inside `def run_demo(demo_fn, ...)`: the workers are the functions passed in
+        names = {d.name for d in defs}
+        if workers - names:
+            workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
+                        if isinstance(a, ast.Name) and a.id in names}
         # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
         # rank when torchrun starts the script (the ImageNet example's two modes)
         workers.update(d.name for d in defs if any(

@@ -83,10 +83,11 @@ def _plan(script: Script, hits: list[Hit]) -> _Edits:
             _plan_launch(script, node, edits)
         elif hit.rule == "DDP001" and isinstance(node, ast.Call) and terminal(node.func) == "DistributedSampler":
             _plan_set_epoch(script, node, edits)
-        elif hit.rule == "DDP001" and isinstance(node, ast.Call):  # set_epoch(0) inside `for epoch in ...`
+        elif hit.rule == "DDP001" and isinstance(node, ast.Call) and "the same epoch every time" in hit.message:
+            # set_epoch(0) / set_epoch(start_epoch) inside `for epoch in ...`: the loop variable instead
             loop = next((n for n in script.nodes if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
                          and any(m is node for m in ast.walk(n))), None)
-            if loop is not None:
+            if loop is not None and loop.target.id != "_":
                 edits.replace[_pos(node.args[0])] = loop.target.id
         elif hit.rule == "DDP009":
             _plan_destroy(script, node, edits)
@@ -96,8 +97,14 @@ def _plan(script: Script, hits: list[Hit]) -> _Edits:
 def _plan_cuda_device(script: Script, node: ast.AST, edits: _Edits) -> None:
     calls = [node] if isinstance(node, ast.Call) else []
     if isinstance(node, (ast.Name, ast.Attribute)):  # a holder: rewrite what was assigned to it
-        key = node.id if isinstance(node, ast.Name) else "." + node.attr
-        calls = [v for k, v in script.assignments if k == key and isinstance(v, ast.Call)
+        keys, todo = set(), [node.id if isinstance(node, ast.Name) else "." + node.attr]
+        while todo:  # `device = args.device`: follow the alias to the call assigned to `args.device`
+            key = todo.pop()
+            if key not in keys:
+                keys.add(key)
+                todo.extend(v.id if isinstance(v, ast.Name) else "." + v.attr for k, v in script.assignments
+                            if k == key and isinstance(v, (ast.Name, ast.Attribute)))
+        calls = [v for k, v in script.assignments if k in keys and isinstance(v, ast.Call)
                  and script.qualname(v.func) == "torch.cuda.device"]
     for call in calls:
         if len(call.args) == 1 and not call.keywords:

@@ -8,10 +8,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, is_main_flag, terminal
+from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal
 from ddpkit.lint.rules import Hit, check, keyword
 
-__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks"]
+__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
+           "loop_bound_from_some_ranks"]
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",
@@ -190,6 +191,13 @@ def collective_in_rank_branch(s: Script) -> Iterator[Hit]:
         if found is None:
             helper = s.local_callee(call)
             found = helpers.get(helper)
+        if found is None and s.project is not None:  # a helper of another file of the program
+            target = s.project.resolve(s, call.func)
+            if target is not None:
+                other = s.project.scripts[target[0]]
+                found = s.project.memo(("helper collectives", target[0]), lambda: _helper_collectives(
+                    other, lambda c: _collective(other, c, _handles(other)))).get(target[1])
+                helper = terminal(call.func) if found is not None else ""
         if found is not None:
             groups[(ctx.scope, found.key)].append((call, ctx.branches[-1], found, helper))
     checks = {id(n): n for n in s.nodes if isinstance(n, (ast.If, ast.IfExp, ast.BoolOp))}
@@ -291,11 +299,25 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
     if not wrapped:
         return
     parents = s.parents
+    # DDP broadcasts rank 0's buffers (BatchNorm statistics) in every forward, gradients or not
+    broadcasts = {k for k, v in s.assignments if isinstance(v, ast.Call) and k in wrapped and not any(
+        kw.arg == "broadcast_buffers" and isinstance(kw.value, ast.Constant) and not kw.value.value
+        for kw in v.keywords)} if s.project.memo("buffers", lambda: _has_buffers(s.project)) else set()
     for call in s.calls:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
         key = func.id if isinstance(func, ast.Name) else "." + func.attr if isinstance(func, ast.Attribute) else ""
         ctx = s.context(call)
-        if key not in wrapped or not ctx.branches or ctx.single or _without_grad(s, call, parents):
+        if key not in wrapped or not ctx.branches or ctx.single:
+            continue
+        if _without_grad(s, call, parents):
+            if key in broadcasts and _selects(s, _branch_test(s, ctx)) in ("zero", "others"):
+                yield Hit(call, "DDP010", "error",
+                          f"the DistributedDataParallel model runs forward only when the rank check on line "
+                          f"{ctx.branches[-1][2]} passes; even under no_grad DDP broadcasts the model's buffers "
+                          "(BatchNorm statistics) from rank 0 in forward, a collective the other ranks never join, "
+                          "so the job hangs",
+                          "evaluate the unwrapped model (model.module) inside the rank check, or run the forward "
+                          "on every rank (or wrap with broadcast_buffers=False)")
             continue
         yield Hit(call, "DDP010", "error",
                   f"the DistributedDataParallel model runs forward with gradients only when the rank check on "
@@ -303,3 +325,240 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "all-reduce in forward, so the ranks fall out of step and the job hangs",
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
+
+
+def _has_buffers(project) -> bool:
+    """Some module of the program holds buffers DDP broadcasts: BatchNorm layers or register_buffer."""
+    return any(isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(
+        r"(Sync)?BatchNorm([123]d)?|register_buffer|InstanceNorm[123]d", terminal(n))
+        for x in project.scripts.values() for n in x.nodes)
+
+
+def _branch_test(s: Script, ctx) -> ast.AST | None:
+    """The test of the innermost rank check around a node (negated for its else branch), else None."""
+    check_id, branch, _ = ctx.branches[-1]
+    node = next((n for n in s.nodes if id(n) == check_id), None)
+    if not isinstance(node, (ast.If, ast.IfExp)):
+        return None
+    return node.test if branch == "body" else ast.UnaryOp(ast.Not(), node.test)
+
+
+# ---- a training forward that does not go through the wrapper ----------------------------------------
+_UNWRAPS = frozenset({"unwrap", "unwrap_model", "de_parallel", "get_unwrapped_model", "unwrap_ddp", "module_of"})
+_BACKWARDS = frozenset({"backward"})
+
+
+def _wrapped_models(s: Script) -> dict[str, str]:
+    """{name holding a DDP-wrapped model: name of the module it wraps ('' if the same name)}."""
+    out: dict[str, str] = {}
+    for key, value in s.assignments:
+        if isinstance(value, ast.Call) and s.qualname(value.func).endswith("DistributedDataParallel") \
+                or isinstance(value, ast.Call) and s.qualname(value.func) == "ddpkit.wrap":
+            inner = value.args[0] if value.args else None
+            raw = (inner.id if isinstance(inner, ast.Name) else "." + inner.attr
+                   if isinstance(inner, ast.Attribute) else "")
+            out[key] = "" if raw == key else raw
+    return out
+
+
+def _key(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else "." + node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
+    """How `call` runs the model around its wrapper: 'model.module.encode', 'unwrap(model)...', the raw module."""
+    func = call.func
+    chain = []
+    node = func
+    while isinstance(node, ast.Attribute):
+        chain.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Call) and terminal(node.func) in _UNWRAPS and node.args \
+            and _key(node.args[0]) in wrapped:
+        return ast.unparse(func)
+    # model.module.x(...) / model.module(...): `.module` right after a wrapped name
+    node = func
+    while isinstance(node, ast.Attribute):
+        if node.attr == "module" and _key(node.value) in wrapped:
+            return ast.unparse(func)
+        node = node.value
+    raw = {r for r in wrapped.values() if r} - _parameters_around(s, call)
+    if _key(func) in raw or (isinstance(func, ast.Attribute) and _key(func.value) in raw):
+        return ast.unparse(func)
+    return ""
+
+
+def _parameters_around(s: Script, node: ast.AST) -> set[str]:
+    """Parameter names of the functions enclosing `node`: a parameter `model` is whatever the caller passes
+    (often the wrapped model, `train(ddp_model, ...)`), not the raw module of the same name elsewhere."""
+    names: set[str] = set()
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            names.update(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+            names.update(x.arg for x in (a.vararg, a.kwarg) if x is not None)
+    return names
+
+
+_NOT_FORWARD = re.compile(r"^(parameters|named_parameters|state_dict|load_state_dict|train|eval|zero_grad|to|cuda|cpu|"
+                          r"half|float|double|bfloat16|apply|modules|named_modules|children|named_children|buffers|"
+                          r"named_buffers|requires_grad_|register_.*|get_.*|set_.*|update.*|ema.*|reset.*|init.*|"
+                          r"save.*|load.*|no_sync|step|extra_repr)$")
+
+
+_OPTIMIZERS = re.compile(r"^(SGD|Adam|AdamW|Adagrad|Adadelta|RMSprop|LAMB|Lamb|LARS|Adafactor|Lion|NAdam|RAdam|"
+                         r"Adamax|ASGD|Rprop|SparseAdam|LBFGS|FusedAdam|FusedLAMB|ZeroRedundancyOptimizer)$")
+
+
+def _unwrapped_trainables(s: Script, wrapped: dict[str, str]) -> set[str]:
+    """Names whose `.parameters()` an optimizer gets but that no DDP call wraps (`head` beside `DDP(backbone)`)."""
+    raw = set(wrapped.values())
+    found: set[str] = set()
+    for call in s.calls:
+        if not _OPTIMIZERS.match(terminal(call.func)):
+            continue
+        for n in ast.walk(call):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in ("parameters", "named_parameters"):
+                owner = n.func.value
+                if isinstance(owner, ast.Attribute) and owner.attr == "module":
+                    continue  # `model.module.parameters()`: the wrapped model's own parameters
+                key = _key(owner)
+                if key and key not in wrapped and key not in raw:
+                    found.add(key)
+    return found
+
+
+def _feeds(call: ast.Call, back: ast.Call, nodes: list[ast.AST]) -> bool:
+    """Whether what `call` returns reaches the value whose backward() runs (through assignments)."""
+    tainted: set[str] = set()
+    for _ in range(4):
+        for n in nodes:
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+                inside = list(ast.walk(n.value))
+                if any(m is call for m in inside) or any(isinstance(m, ast.Name) and m.id in tainted for m in inside):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    tainted.update(m.id for t in targets for m in ast.walk(t) if isinstance(m, ast.Name))
+    used = [m for a in (back.func, *back.args) for m in ast.walk(a)]
+    return any(m is call for m in used) or any(isinstance(m, ast.Name) and m.id in tainted for m in used)
+
+
+@check
+def forward_around_wrapper(s: Script) -> Iterator[Hit]:
+    wrapped = _wrapped_models(s)
+    if not wrapped:
+        return
+    parents = s.parents
+    for back in s.calls:
+        if terminal(back.func) not in _BACKWARDS or _without_grad(s, back, parents):
+            continue
+        region = back
+        while id(region) in parents and not isinstance(region, (ast.For, ast.While, ast.FunctionDef,
+                                                                   ast.AsyncFunctionDef, ast.Module)):
+            region = parents[id(region)]
+        nodes = list(ast.walk(region))
+        calls = [c for c in nodes if isinstance(c, ast.Call)]
+        # a forward through the wrapper, or the wrapper handed to a function that may run it: DDP is in the step
+        through = any(_key(c.func) in wrapped or (isinstance(c.func, ast.Attribute) and c.func.attr == "forward"
+                                                  and _key(c.func.value) in wrapped)
+                      or (terminal(c.func) not in _UNWRAPS
+                          and any(_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords))))
+                      for c in calls)
+        unwrapped = _unwrapped_trainables(s, wrapped)
+        if through and unwrapped:
+            # a module the optimizer trains, run in the step beside the wrapper but never wrapped itself
+            seen = next((c for c in calls if _key(c.func) in unwrapped and _feeds(c, back, nodes)), None)
+            if seen is not None:
+                yield Hit(seen, "DDP015", "error",
+                          f"{ast.unparse(seen.func)} is trained (its parameters are in an optimizer) and runs in the "
+                          f"training step into backward() (line {back.lineno}), but it was never wrapped in "
+                          "DistributedDataParallel: its gradients are not all-reduced, so its copies drift apart",
+                          f"wrap it too (DistributedDataParallel({ast.unparse(seen.func)}, ...)) or make it part of "
+                          "the wrapped model")
+            continue
+        if through:
+            continue
+        bypasses = {id(c): _bypass(s, c, wrapped) for c in calls}
+        bypasses = {i: b for i, b in bypasses.items() if b and not _NOT_FORWARD.match(b.rsplit(".", 1)[-1])}
+        if not bypasses:
+            continue
+        # follow what the bypassing calls return into the value whose backward() runs
+        tainted: set[str] = set()
+        by_call = {id(c): c for c in calls}
+        for _ in range(4):
+            for n in nodes:
+                if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+                    inside = [m for m in ast.walk(n.value)]
+                    if any(id(m) in bypasses for m in inside) or any(
+                            isinstance(m, ast.Name) and m.id in tainted for m in inside):
+                        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                        tainted.update(m.id for t in targets for m in ast.walk(t) if isinstance(m, ast.Name))
+        used = [m for a in (back.func, *back.args) for m in ast.walk(a)]
+        source = next((by_call[id(m)] for m in used if id(m) in bypasses), None)
+        if source is None and any(isinstance(m, ast.Name) and m.id in tainted for m in used):
+            source = next(by_call[i] for i in bypasses)
+        if source is None:
+            continue
+        yield Hit(source, "DDP015", "error",
+                  f"the training step runs {bypasses[id(source)]}(...), around the DistributedDataParallel wrapper, "
+                  f"and its result reaches backward() (line {back.lineno}) with no forward through the wrapper: DDP "
+                  "never all-reduces these gradients, so each rank trains its own copy of the model",
+                  "call the wrapped model (its forward) in the training step; to reach another method, make "
+                  "forward() dispatch to it (e.g. forward(self, x, mode='encode'))")
+
+
+# ---- loops whose length only some ranks know ------------------------------------------------------
+def _rank_only_names(s: Script) -> dict[str, int]:
+    """Plain names (re)assigned inside the body of a rank check (`if rank == 0: start_epoch = ...`): {name: line}."""
+    found: dict[str, int] = {}
+    for node in s.nodes:
+        if isinstance(node, ast.If) and s.kind(node.test) and distributed_mode(node.test) == 0:
+            for stmt in node.body:
+                for sub in ast.walk(stmt):
+                    if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                        for t in targets:
+                            if isinstance(t, ast.Name):
+                                found.setdefault(t.id, node.lineno)
+    # a value every rank receives afterwards (broadcast, all_reduce, or rebuilt from one) is shared again
+    shared = {n.id for c in s.calls if s.is_dist_collective(c) or re.search(r"broadcast|reduce|gather|sync",
+                                                                            terminal(c.func).lower())
+              for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a) if isinstance(n, ast.Name)}
+    for key, value in s.assignments:
+        if not key.startswith(".") and any(isinstance(n, ast.Name) and n.id in shared for n in ast.walk(value)):
+            shared.add(key)
+    return {name: line for name, line in found.items() if name not in shared and not s.kind(ast.Name(name))}
+
+
+@check
+def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
+    if not (s.distributed or s.project.distributed):
+        return
+    names = _rank_only_names(s)
+    if not names:
+        return
+    wrapped = {k for k, v in s.assignments if isinstance(v, ast.Call) and
+               s.qualname(v.func).endswith("DistributedDataParallel")}
+    for loop in s.nodes:
+        if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and terminal(loop.iter.func) == "range":
+            bound = loop.iter
+        elif isinstance(loop, ast.While):
+            bound = loop.test
+        else:
+            continue
+        used = next((n.id for n in ast.walk(bound) if isinstance(n, ast.Name) and n.id in names), None)
+        if used is None or s.context(loop).level or s.context(loop).single:
+            continue
+        body = [c for c in ast.walk(loop) if isinstance(c, ast.Call)]
+        syncs = next((c for c in body if s.is_dist_collective(c) or terminal(c.func) == "backward" and wrapped
+                      or (isinstance(c.func, ast.Name) and c.func.id in wrapped)), None)
+        if syncs is None:
+            continue
+        yield Hit(loop, "DDP010", "error",
+                  f"the loop's length depends on '{used}', which only the ranks passing the rank check on line "
+                  f"{names[used]} set: the ranks run different numbers of iterations, and those that go on wait in "
+                  f"the next collective (line {syncs.lineno}) for ranks that have stopped",
+                  f"broadcast '{used}' from rank 0 before the loop (dist.broadcast_object_list([{used}], src=0)), "
+                  "or compute it on every rank")

@@ -33,6 +33,12 @@ def cuda_device_as_device(s: Script) -> Iterator[Hit]:
 
     # `device = torch.cuda.device(i)` and `args.device = torch.cuda.device(i)` (attribute targets too)
     holders = {key for key, value in s.assignments if is_cuda_device(value)}
+    for _ in range(4):  # `device = args.device` after `args.device = torch.cuda.device(i)`: aliases hold it too
+        more = {key for key, value in s.assignments if isinstance(value, (ast.Name, ast.Attribute))
+                and (value.id if isinstance(value, ast.Name) else "." + value.attr) in holders}
+        if more <= holders:
+            break
+        holders |= more
     for call in s.calls:
         for expr in _device_positions(call):
             held = isinstance(expr, ast.Name) and expr.id in holders or \
@@ -97,12 +103,21 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
     chosen = _set_device_calls(s) or _pinned(s)
     spawned = s.project.spawned
     fix = _NO_DEVICE.replace("local_rank", "rank") if spawned else _NO_DEVICE
+    explicit = not chosen and s.project.memo("explicit devices", lambda: _explicit_devices(s.project))
     for call in s.calls_named("init_process_group"):
         if keyword(call, "device_id") is not None or chosen:
             continue
         backend = argument(call, "backend", 0)
         values = _strings(s, backend) if backend is not None else set()
         if backend is None and _uses_cuda(s) or any("nccl" in v for v in values):
+            if explicit == "explicit":
+                continue  # every tensor and DDP's device_ids name this rank's GPU: nothing lands on cuda:0
+            if explicit == "pinned":
+                yield Hit(call, "DDP012", "error",
+                          "every placement names this rank's GPU, but torch.cuda.set_device is never called and "
+                          "a DataLoader pins memory: its pinning thread and the NCCL communicators use the "
+                          "current device, cuda:0, on every rank", fix)
+                continue
             yield Hit(call, "DDP012", "error",
                       "init_process_group uses NCCL but torch.cuda.set_device is never called, so the "
                       "current device of every rank stays cuda:0: NCCL communicators, barrier() and every "
@@ -117,6 +132,32 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
                       "(no torch.cuda.set_device): every rank's .cuda() lands on cuda:0", fix)
 
 
+def _explicit_devices(project) -> str:
+    """'explicit' when no code relies on the current CUDA device: every DDP call has device_ids, no bare
+    `.cuda()` and no plain 'cuda'/'cuda:0'; 'pinned' when so but a DataLoader pins memory; else ''."""
+    ddp = [c for x in project.scripts.values() for c in x.calls if x.qualname(c.func).endswith("DistributedDataParallel")]
+    if not ddp or any(keyword(c, "device_ids") is None for c in ddp):
+        return ""
+    for x in project.scripts.values():
+        parents = x.parents
+        for n in x.nodes:
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in ("cuda", "cuda:0"):
+                holder = parents.get(id(n))
+                if isinstance(holder, ast.keyword) and holder.arg == "device_type" or isinstance(holder, ast.Call) \
+                        and terminal(holder.func) in ("autocast", "GradScaler", "is_available", "startswith"):
+                    continue  # a device type (autocast("cuda")), not a placement
+                if isinstance(holder, ast.Compare):
+                    continue  # `device == "cuda"`
+                return ""
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "cuda" and not n.args:
+                return ""
+            if isinstance(n, ast.Call) and terminal(n.func) in ("current_device", "barrier"):
+                return ""  # current_device() is cuda:0 without set_device; NCCL's barrier guesses by rank
+    pinned = any(isinstance(n, ast.keyword) and n.arg == "pin_memory" and not (
+        isinstance(n.value, ast.Constant) and not n.value.value) for x in project.scripts.values() for n in x.nodes)
+    return "pinned" if pinned else "explicit"
+
+
 def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
     """Expressions a call uses as a GPU index: set_device(i), torch.device('cuda', i), device_ids=[i], 'cuda:{i}'."""
     name = terminal(call.func)
@@ -127,6 +168,13 @@ def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
     for k in call.keywords:
         if k.arg == "device_ids" and isinstance(k.value, (ast.List, ast.Tuple)):
             yield from k.value.elts
+        elif k.arg == "device_ids" and isinstance(k.value, (ast.Name, ast.Attribute)):
+            key = k.value.id if isinstance(k.value, ast.Name) else "." + k.value.attr
+            held = [v for name, v in s.assignments if name == key]
+            if len(held) == 1 and isinstance(held[0], (ast.List, ast.Tuple)):  # `gpus = [rank]` ... device_ids=gpus
+                # reported at the keyword's value, where the wrong GPU is chosen for DDP
+                yield from (ast.copy_location(ast.Name(e.id, ast.Load()), k.value) if isinstance(e, ast.Name)
+                            else e for e in held[0].elts)
     for arg in call.args[:1]:
         if isinstance(arg, ast.JoinedStr) and any(isinstance(v, ast.Constant) and str(v.value).endswith("cuda:")
                                                   for v in arg.values):
@@ -193,7 +241,7 @@ def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
     if not s.project.memo("batchnorm", applies):
         return
     first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute))
-                  and re.fullmatch(r"BatchNorm[123]d", terminal(n))), None)
+                  and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)), None)
     if first is not None:
         yield Hit(first, "DDP013", "note",
                   f"{terminal(first)} under DistributedDataParallel normalises with each rank's own "

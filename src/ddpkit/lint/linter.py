@@ -65,6 +65,8 @@ def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> lis
                                       f"cannot parse the file: {e.msg}",
                                       "fix the syntax error (ddpkit lint reads the file with this Python's parser)"))
     scripts = [(path, script) for program in programs(trees) for path, script in Project(program).scripts.items()]
-    return [(path, script, [hit for run_check in CHECKS for hit in run_check(script)]) for path, script in scripts]
+    # code no rank runs (a helper's own __main__, a function nothing calls) is not every rank's code
+    return [(path, script, [hit for run_check in CHECKS for hit in run_check(script)
+                            if script.project.runs(script, hit.node)]) for path, script in scripts]
 
 

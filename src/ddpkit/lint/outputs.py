@@ -6,26 +6,24 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import NONE, Script, terminal
-from ddpkit.lint.project import LOSS_NAME
+from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.flow import flows, sharded_names, summaries_of
+from ddpkit.lint.project import LOSS_NAME, eval_samplers
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
-__all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "every_rank_prints", "EVAL_TOKENS"]
+__all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
+           "sum_of_averages",
+           "every_rank_prints", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
 _LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning"})
-EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
-                         "valdir", "testdir", "validate", "evaluate", "estimate"})
-"""Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
+_WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world|"
+                    r"\bws\b|n_?procs|num_?ranks|n_?ranks|gpu_?count|device_count")
 _PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid"})
 _EXITS = frozenset({"exit", "_exit", "quit"})
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
            "divide, then report on rank 0")
-
-
-def _is_eval_name(name: str) -> bool:
-    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
 
 
 def _names(node: ast.AST) -> Iterator[str]:
@@ -34,32 +32,15 @@ def _names(node: ast.AST) -> Iterator[str]:
             yield terminal(n)
 
 
-def _eval_samplers(s: Script) -> list[ast.Call]:
-    """DistributedSamplers over evaluation data: the dataset or the variable the sampler goes to says val/test."""
-    named = {id(v): k.lstrip(".") for k, v in s.assignments}
-    loader_args = [n for c in s.calls_named("DataLoader") for a in (*c.args, *(k.value for k in c.keywords))
-                   for n in ast.walk(a)]
-    used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args if isinstance(n, (ast.Name, ast.Attribute))}
-    found = []
-    for call in s.calls_named("DistributedSampler"):
-        dataset = argument(call, "dataset", 0)
-        target = named.get(id(call), "")
-        if not (id(call) in used or (target and target in used)):
-            continue  # a sampler no DataLoader uses evaluates nothing
-        if _is_eval_name(target) or (dataset is not None and any(_is_eval_name(n) for n in _names(dataset))):
-            found.append(call)
-    return found
-
-
 def _sharded_eval(s: Script) -> bool:
-    return s.project.memo("sharded eval", lambda: any(_eval_samplers(x) for x in s.project.scripts.values()))
+    return s.project.memo("sharded eval", lambda: any(eval_samplers(x) for x in s.project.scripts.values()))
 
 
 @check
 def padded_evaluation(s: Script) -> Iterator[Hit]:
     if not s.distributed or "torchmetrics" in s.aliases:
         return
-    for call in _eval_samplers(s):
+    for call in eval_samplers(s):
         drop_last = argument(call, "drop_last", 5)
         if isinstance(drop_last, ast.Constant) and drop_last.value is True:
             continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
@@ -83,7 +64,7 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
 
 def _from_evaluation(s: Script, name: str) -> bool:
     """`losses = estimate_loss()`: the value comes from an evaluation helper, not from the training batches."""
-    return any(isinstance(v, ast.Call) and _is_eval_name(terminal(v.func)) for k, v in s.assignments
+    return any(isinstance(v, ast.Call) and is_eval_name(terminal(v.func)) for k, v in s.assignments
                if k.lstrip(".") == name)
 
 
@@ -96,18 +77,241 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if ctx.level == NONE or ctx.single or not _logs(s, call):
             continue
-        if any(_is_eval_name(f) for f in ctx.functions):
+        if any(is_eval_name(f) for f in ctx.functions):
             continue  # an evaluation function: what it reports covers the data it was given
         if _names_a_rank(s, call):
             continue  # "rank 0 loss": the log says whose value it is
         loss = next((n for a in (*call.args, *(k.value for k in call.keywords)) for n in _names(a)
-                     if LOSS_NAME.search(n) and not _is_eval_name(n) and not _from_evaluation(s, n)), None)
+                     if LOSS_NAME.search(n) and not is_eval_name(n) and not _from_evaluation(s, n)), None)
+        if loss is not None and _reduced_here(s, call, loss):
+            continue  # this value went through a collective in this function (or was rebuilt from one)
         if loss is not None:
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported from inside a rank check as "
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log")
+
+
+def _scope_flow(s: Script, node: ast.AST):
+    scope = s.context(node).scope
+    return next((f for f in flows(s) if (id(f.node) if f.node is not s.tree else 0) == scope), None)
+
+
+def _reduced_here(s: Script, node: ast.AST, name: str) -> bool:
+    flow = _scope_flow(s, node)
+    return flow is not None and name in flow.reduced
+
+
+_SINKS = _LOG_CALLS | {"set_postfix", "log_metrics", "dumps", "dump"}
+
+
+@check
+def shard_figure_reported(s: Script) -> Iterator[Hit]:
+    """A figure computed from this rank's shard (followed by flow.py) reported without a collective."""
+    project = s.project
+    if not project.distributed or "torchmetrics" in s.aliases or not sharded_names(s):
+        return
+    summaries = summaries_of(s)
+    for flow in flows(s):
+        if not flow.tainted:
+            continue
+        for call in s.calls:
+            if (id(flow.node) if flow.node is not s.tree else 0) != s.context(call).scope:
+                continue
+            if terminal(call.func) not in _SINKS or s.qualname(call.func).startswith(("math.", "numpy.", "torch.")):
+                continue
+            ctx = s.context(call)
+            if ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
+                continue
+            names = [n for a in (*call.args, *(k.value for k in call.keywords))
+                     for n in flow.tainted_names(s, a, summaries)]
+            if project.forward_collects:
+                # a model whose forward all-reduces (Barlow Twins) returns global losses: keep evaluation figures
+                names = [n for n in names if n in flow.evaluation and not LOSS_NAME.search(n)]
+            if not names:
+                continue
+            evaluation = [n for n in names if n in flow.evaluation]
+            if not evaluation and all(LOSS_NAME.search(n) for n in names) and project.reduces(LOSS_NAME) \
+                    and _in_shard_loop(call, flow):
+                # rank 0's own step loss next to a reduced one: a progress line, not the run's figure
+                continue
+            if ctx.level == NONE:
+                # every rank shows its own figure: a wrong number only where it claims to cover the
+                # evaluation set, after the loop (training values and per-batch lines printed on every rank
+                # are DDP008's repeated output)
+                if not evaluation or terminal(call.func) not in ("print", "info") or _in_shard_loop(call, flow) \
+                        or project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
+                    continue
+                where = "by every rank, each showing its own shard's value"
+            else:
+                where = "from inside a rank check, so it is rank 0's shard alone"
+            yield Hit(call, "DDP006", "warning",
+                      f"'{names[0]}' is computed from this rank's batches of a sharded loader and reported {where}; "
+                      "it never goes through a collective on the way", _ADVICE)
+
+
+def _in_shard_loop(call: ast.Call, flow) -> bool:
+    return id(call) in flow.in_loop
+
+
+@check
+def sum_over_rank_count(s: Script) -> Iterator[Hit]:
+    """`all_reduce(total)` then `total / len(loader)`: a sum over all ranks divided by one rank's count."""
+    if not s.project.distributed or not sharded_names(s):
+        return
+    for flow in flows(s):
+        summed = _summed(s, flow)
+        if not summed:
+            continue
+        for node in flow.nodes:
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv))):
+                continue
+            left = {n.id for n in ast.walk(node.left) if isinstance(n, ast.Name)}
+            if not left & summed:
+                continue
+            right = node.right
+            per_rank = (isinstance(right, ast.Call) and terminal(right.func) == "len" and right.args
+                        and any(isinstance(n, (ast.Name, ast.Attribute)) and (
+                            terminal(n) in sharded_names(s) or "." + terminal(n) in sharded_names(s))
+                            for n in [right.args[0]])) or (
+                isinstance(right, ast.Name) and right.id in flow.counts and right.id not in flow.reduced)
+            parent = s.parents.get(id(node))
+            if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Div, ast.FloorDiv)) \
+                    and parent.left is node and _WORLD.search(ast.unparse(parent.right).lower()):
+                continue  # `total / len(loader) / world_size`: divided by the global count after all
+            if per_rank:
+                yield Hit(node, "DDP006", "warning",
+                          f"'{ast.unparse(node.left)}' is summed over all ranks (all_reduce) but divided by "
+                          f"{ast.unparse(right)}, this rank's own count of batches: the figure is world_size "
+                          "times too large",
+                          "divide by the global count: all-reduce the count too (or divide by "
+                          "len(loader) * world_size when every rank has the same number of batches)")
+
+
+@check
+def sum_of_averages(s: Script) -> Iterator[Hit]:
+    """`acc = correct / total; dist.all_reduce(acc)` then reported: a sum of world_size averages, never divided."""
+    if not s.project.distributed or not sharded_names(s):
+        return
+    for flow in flows(s):
+        summed = _summed(s, flow)
+        if not summed:
+            continue
+        nodes = flow.nodes
+        for name in summed:
+            values = [v for t, v in _assigned(nodes) if t == name]
+            if not values or not all(_is_average(v) for v in values):
+                continue
+            divided = any(
+                isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv))
+                and any(isinstance(m, ast.Name) and m.id == name for m in ast.walk(n.left))
+                and _WORLD.search(ast.unparse(n.right).lower())
+                or isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv))
+                and isinstance(n.target, ast.Name) and n.target.id == name
+                or isinstance(n, ast.Call) and terminal(n.func) in ("div_", "mul_", "div")
+                and isinstance(n.func, ast.Attribute) and _key_name(n.func.value) == name
+                for n in nodes)
+            if divided:
+                continue
+            for call in s.calls:
+                if s.context(call).scope != (id(flow.node) if flow.node is not s.tree else 0):
+                    continue
+                if terminal(call.func) in _SINKS and any(
+                        isinstance(m, ast.Name) and m.id == name for a in (*call.args, *(k.value for k in call.keywords))
+                        for m in ast.walk(a)):
+                    yield Hit(call, "DDP006", "warning",
+                              f"'{name}' is this rank's average, all-reduced with SUM and reported without dividing "
+                              "by world_size: the figure is the sum of world_size averages",
+                              "all-reduce the sum and the count, then divide (or divide the summed average by "
+                              "dist.get_world_size() when every rank has the same number of samples)")
+                    break
+
+
+def _assigned(nodes: list[ast.AST]) -> list[tuple[str, ast.AST]]:
+    out = []
+    for n in nodes:
+        if isinstance(n, ast.Assign):
+            out.extend((t.id, n.value) for t in n.targets if isinstance(t, ast.Name))
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value is not None:
+            out.append((n.target.id, n.value))
+    return out
+
+
+def _key_name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _is_average(value: ast.AST) -> bool:
+    """`a / b`, `x.mean()`, `torch.tensor(a / b)`: a value that is already an average of this rank's data."""
+    while isinstance(value, ast.Call) and terminal(value.func) in ("tensor", "as_tensor", "float", "Tensor") \
+            and value.args:
+        value = value.args[0]
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div):
+        return True
+    return isinstance(value, ast.Call) and terminal(value.func) == "mean"
+
+
+def _summed(s: Script, flow) -> set[str]:
+    """Names all-reduced with SUM (the default) in this scope."""
+    out: set[str] = set()
+    if not flow.reduced:
+        return out
+    for node in flow.nodes:
+        if isinstance(node, ast.Call) and s.is_dist_collective(node) and terminal(node.func) in ("all_reduce", "reduce"):
+            op = keyword(node, "op") or (node.args[1] if len(node.args) > 1 else None)
+            if op is not None and "SUM" not in ast.unparse(op).upper():
+                continue
+            if node.args and isinstance(node.args[0], ast.Name):
+                out.add(node.args[0].id)
+    return out
+
+
+def _logger_helpers(project) -> set[str]:
+    """Project functions that return a `logging.getLogger()` logger and never look at the rank."""
+    found = set()
+    for x in project.scripts.values():
+        if not any(terminal(c.func) == "getLogger" for c in x.calls):
+            continue
+        for d in x.defs:
+            inner = list(ast.walk(d))
+            makes = any(isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger")
+                        for n in inner)
+            returns = any(isinstance(n, ast.Return) and n.value is not None for n in inner)
+            if makes and returns and not any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
+                    and not any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+                found.add(d.name)
+    return found
+
+
+def _in_handler(s: Script, node: ast.AST) -> bool:
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.ExceptHandler):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+    return False
+
+
+def _logging_configured(project) -> bool:
+    """The program itself makes INFO lines visible (basicConfig, a handler, a config): without it logging.info
+    prints nothing (the root level is WARNING), and a setup the program does not show cannot be judged."""
+    return any(terminal(c.func) in ("basicConfig", "addHandler", "dictConfig", "fileConfig")
+               for x in project.scripts.values() for c in x.calls)
+
+
+def _logging_per_rank(project) -> bool:
+    """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check."""
+    for x in project.scripts.values():
+        for call in x.calls:
+            if terminal(call.func) in ("basicConfig", "setLevel", "addHandler", "disable", "addFilter",
+                                       "setup_logger", "setup_logging", "get_logger", "create_logger", "getLogger"):
+                if x.context(call).level or any(x.kind(n) for a in (*call.args, *(k.value for k in call.keywords))
+                                                 for n in ast.walk(a)):
+                    return True
+    return False
 
 
 @check
@@ -153,27 +357,33 @@ def _stops(stmt: ast.stmt | None) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _EXITS
 
 
-def _runs(project, function: str) -> bool:
-    return function in project.referenced or function.startswith("__") or function in ("forward", "main")
-
-
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
     per_rank_file = s.distributed or s.path in project.imported
-    if not per_rank_file or not project.distributed or project.prints_silenced:
+    if not per_rank_file or not project.distributed:
         return
     after = _next_statements(s)
     statement_of = {id(n.value): n for n in s.nodes if isinstance(n, ast.Expr)}
+    makers = project.memo("logger helpers", lambda: _logger_helpers(project))
+    loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
+        s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
+        or (project.resolve(s, v.func) or ("", ""))[1] in makers)}
+    logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
+        and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
         name = s.qualname(call.func)
-        is_print = name in ("print", "rich.print")
-        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange")
+        is_print = name in ("print", "rich.print") and not project.prints_silenced
+        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
+            and not project.prints_silenced
+        # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
+        # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
+        is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
+            name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
+                                       and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
         ctx = s.context(call)
-        if not (is_print or is_bar) or ctx.level != NONE or ctx.single or not s.per_rank(call):
+        if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not s.per_rank(call):
             continue
-        if ctx.functions and not _runs(project, ctx.functions[-1]):
-            continue  # a function nothing calls (GPT.from_pretrained kept for later use)
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
@@ -182,6 +392,15 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         if is_print and (keyword(call, "file") is not None or _stops(after.get(id(statement_of.get(id(call)))))):
             continue
         if is_bar and keyword(call, "disable") is not None:
+            continue
+        if is_log and _in_handler(s, call):
+            continue  # a log line in an `except:` block reports this rank's own failure or fallback
+        if is_log:
+            yield Hit(call, "DDP008", "warning",
+                      f"{ast.unparse(call.func)}() runs on every rank and nothing sets logging up per rank, so "
+                      "each line appears world_size times",
+                      "log on rank 0 only: logging.basicConfig(level=logging.INFO if rank == 0 else "
+                      "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = "print()" if is_print else "the tqdm progress bar"
         yield Hit(call, "DDP008", "warning",

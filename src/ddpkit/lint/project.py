@@ -6,9 +6,9 @@ import ast
 import os
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, Script, terminal
+from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, terminal
 
-__all__ = ["Project", "LOSS_NAME", "programs"]
+__all__ = ["Project", "LOSS_NAME", "eval_samplers", "programs"]
 
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
@@ -48,12 +48,17 @@ class Project:
         for script in self.scripts.values():
             script.project = self
         self._collect_facts()
+        self._liveness()
 
     # ---- imports -----------------------------------------------------------------------------
     def resolve(self, script: Script, func: ast.AST) -> tuple[str, str] | None:
         """(path, function name) of the project function a callee names (`utils.save_on_master`), else None."""
         qualname = script.qualname(func)
-        if "." not in qualname:
+        if "." not in qualname:  # `from utils import *` then `save_model(...)`
+            for module in script.star_modules:
+                path = self.modules.locate(script.path, module)
+                if path is not None and path != script.path and qualname in self.scripts[path].function_names:
+                    return path, qualname
             return None
         module, name = qualname.rsplit(".", 1)
         path = self.modules.locate(script.path, module)
@@ -70,9 +75,23 @@ class Project:
 
     def _external_levels(self) -> dict[str, dict[str, int]]:
         levels: dict[str, dict[str, int]] = {}
+        methods: dict[str, list[str]] = {}
+        for path, script in self.scripts.items():
+            for d in script.defs:
+                if d.args.args and d.args.args[0].arg == "self":
+                    methods.setdefault(d.name, []).append(path)
         for path, script in self.scripts.items():
             for call in script.calls:
                 target = self.resolve(script, call.func)
+                if target is None and isinstance(call.func, ast.Attribute):
+                    # `trainer.save_checkpoint()` on an object of a class another file defines: followed when
+                    # exactly one file of the program defines a method of that name (not module calls)
+                    owner = call.func.value
+                    while isinstance(owner, ast.Attribute):
+                        owner = owner.value
+                    homes = methods.get(call.func.attr, [])
+                    if len(homes) == 1 and not (isinstance(owner, ast.Name) and owner.id in script.aliases):
+                        target = (homes[0], call.func.attr)
                 if target is None or target[0] == path:
                     continue
                 level = script.context(call).level
@@ -81,6 +100,103 @@ class Project:
                 into = levels.setdefault(target[0], {})
                 into[target[1]] = min(into.get(target[1], GLOBAL), level)
         return levels
+
+    # ---- which code runs ---------------------------------------------------------------------
+    def _liveness(self) -> None:
+        """Follow the program from its entry scripts: the functions some rank can run, by name.
+
+        Roots are the module-level code of every file (a helper's own `if __name__ == "__main__":`
+        block only in an entry script, the file Python runs), methods Python or a framework calls by
+        convention (dunders, `forward`, every method of a class whose base is not the project's nor a
+        plain nn.Module/Dataset) and decorated functions (a decorator may register them). A function
+        is live when live code names it (a call, `self.f`, `f` passed along). A program whose entry
+        scripts do nothing at import (a library linted alone) is taken as all live.
+        """
+        defs: dict[str, list[ast.AST]] = {}
+        roots: list[ast.AST] = []
+        # classes a framework calls into by convention: a base that is neither the project's nor a plain
+        # nn.Module/Dataset, directly or through the project's own base classes
+        classes = {n.name: n for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+        self._framework_classes: set[str] = set()
+        for _ in range(4):
+            more = {name for name, c in classes.items() if any(
+                terminal(b) in self._framework_classes or (terminal(b) not in _PLAIN_BASES and terminal(b) not in classes)
+                for b in c.bases)}
+            if more <= self._framework_classes:
+                break
+            self._framework_classes |= more
+        self.dead_blocks: dict[str, set[int]] = {}
+        entries = [p for p in self.paths if p not in self.imported]
+        acts = False
+        for path, s in self.scripts.items():
+            entry = path in entries
+            dead: set[int] = set()
+            for d in s.defs:
+                defs.setdefault(d.name, []).append(d)
+                if any(terminal(x.func if isinstance(x, ast.Call) else x) not in _PLAIN_DECORATORS
+                       for x in d.decorator_list):
+                    roots.append(d)
+            for stmt in s.tree.body:
+                if _is_main_block(stmt):
+                    if entry:
+                        roots.append(stmt)
+                    else:
+                        dead.update(id(n) for n in ast.walk(stmt))
+                elif isinstance(stmt, ast.ClassDef):
+                    framework = stmt.name in self._framework_classes
+                    for item in stmt.body:
+                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            if framework or _conventional(item.name):
+                                roots.append(item)
+                        else:
+                            roots.append(item)
+                    roots.extend(stmt.bases + stmt.decorator_list + stmt.keywords)
+                elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    roots.append(stmt)
+            acts = acts or (entry and self._acts(s))
+            self.dead_blocks[path] = dead
+        if not acts:
+            self.live_functions = None
+            return
+        # an entry file that does nothing when run is a library linted alongside: its functions count
+        for path, s in self.scripts.items():
+            if path in entries and not self._acts(s):
+                roots.extend(s.defs)
+        live: set[str] = set()
+        todo = roots
+        seen: set[int] = set()
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for n in ast.walk(node):
+                name = ""
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                    name = n.id
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                    name = n.attr
+                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
+                    live.add(n.name)
+                if name and name not in live:
+                    live.add(name)
+                    todo.extend(defs.get(name, ()))
+        self.live_functions = live
+
+    @staticmethod
+    def _acts(s: Script) -> bool:
+        """The file does something when run, beyond defining names: a `__main__` block or a top-level call statement."""
+        return any(_is_main_block(stmt) or isinstance(stmt, (ast.Expr, ast.For, ast.While, ast.With, ast.If, ast.Try))
+                   and any(isinstance(n, ast.Call) for n in ast.walk(stmt)) for stmt in s.tree.body)
+
+    def runs(self, script: Script, node: ast.AST) -> bool:
+        """Whether some rank can run `node`: not in a helper's own `__main__` block nor in a function the
+        program never calls (see _liveness). Functions are matched by name, so this errs towards running."""
+        if id(node) in self.dead_blocks.get(script.path, ()):
+            return False
+        if self.live_functions is None:
+            return True
+        return all(f in self.live_functions for f in script.context(node).functions)
 
     # ---- facts -------------------------------------------------------------------------------
     def calls_named(self, *names: str) -> list[tuple[Script, ast.Call]]:
@@ -96,7 +212,9 @@ class Project:
         self.prints_silenced = any(_swaps_print(n) for _, n in nodes)
         """Some file replaces builtins.print (setup_for_distributed(is_master)): print is a no-op off rank 0."""
         self.augments = any(isinstance(n, (ast.Name, ast.Attribute)) and _AUGMENT.search(terminal(n))
-                            for _, n in nodes)
+                            for _, n in nodes) or any(_draws(s, n) for s, n in nodes)
+        """The program draws random numbers per sample or per step (augmentation, noise, timesteps, masks):
+        the stream a seed shared by every rank makes identical on every rank."""
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         self.single_node = self._single_node(nodes)
@@ -106,7 +224,7 @@ class Project:
             and _in_loop(s, n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
         self.imported = {path for s in scripts for module in s.aliases.values()
-                         for path in [self.modules.locate(s.path, module, parent=True)] if path}
+                         for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
         """Files another file of the project imports (their code runs on every rank of an importer)."""
         self.forward_collects = any(
             isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward"
@@ -174,6 +292,42 @@ class Project:
                            for n in ast.walk(arg)):
                         return True
         return False
+
+
+def _names(node: ast.AST) -> list[str]:
+    return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def eval_samplers(s: Script) -> list[ast.Call]:
+    """DistributedSamplers over evaluation data that some DataLoader the program iterates uses.
+
+    Evaluation data: the dataset or the variable the sampler goes to says val/test. A sampler no
+    DataLoader uses, or whose loader is built but never read again, evaluates nothing.
+    """
+    def compute() -> list[ast.Call]:
+        named = {id(v): k.lstrip(".") for k, v in s.assignments}
+        loaded = s.project.memo("loaded names", lambda: {
+            terminal(n) for x in s.project.scripts.values() for n in x.nodes
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
+        loaders = []
+        for c in s.calls_named("DataLoader"):
+            target = named.get(id(c), "")
+            if target and target not in loaded:
+                continue  # `val_loader = DataLoader(...)` that nothing reads
+            loaders.append(c)
+        loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
+        used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
+                                                if isinstance(n, (ast.Name, ast.Attribute))}
+        found = []
+        for call in s.calls_named("DistributedSampler"):
+            dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
+            target = named.get(id(call), "")
+            if not (id(call) in used or (target and target in used)):
+                continue
+            if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _names(dataset))):
+                found.append(call)
+        return found
+    return s.project.memo(("eval samplers", s.path), compute)
 
 
 def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:
@@ -256,6 +410,43 @@ def _imported_names(tree: ast.Module) -> set[str]:
     return names
 
 
+_DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
+                    "bernoulli", "multinomial", "uniform", "choice", "shuffle", "random", "beta", "permutation"})
+
+
+def _draws(s: Script, node: ast.AST) -> bool:
+    """A random draw (torch.randn, np.random.rand, random.random...) inside a loop, forward() or __getitem__."""
+    if not (isinstance(node, ast.Call) and terminal(node.func) in _DRAWS):
+        return False
+    name = s.qualname(node.func)
+    if not name.startswith(("torch.", "numpy.random.", "np.random.", "random.")) or name.startswith("torch.nn.init"):
+        return False
+    # sized by a tensor (`randn_like(x)`, `randint(0, T, (x.shape[0],))`): noise, timesteps or masks drawn for
+    # the data; `torch.randn(8, 4)` or `randint(0, vocab, (batch, seq))` is a synthetic batch
+    sized = terminal(node.func).endswith("_like") or any(
+        isinstance(n, ast.Attribute) and n.attr == "shape" or isinstance(n, ast.Call) and terminal(n.func) in (
+            "size", "len", "numel")
+        for a in (*node.args, *(k.value for k in node.keywords if k.arg in ("size", "low", "high", "input")))
+        for n in ast.walk(a))
+    if any(k.arg == "generator" for k in node.keywords):
+        return False  # its own generator, seeded apart
+    functions = s.context(node).functions
+    return sized and (_in_training_step(s, node) or bool(functions) and functions[-1] in (
+        "forward", "__getitem__", "__call__"))
+
+
+def _in_training_step(s: Script, node: ast.AST) -> bool:
+    """Inside a loop of the same function that also runs backward() (a training step), not any loop: a
+    `randperm` that picks the same subset on every rank needs the shared seed."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            return any(isinstance(n, ast.Call) and terminal(n.func) == "backward" for n in ast.walk(node))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+    return False
+
+
 def _in_loop(s: Script, node: ast.AST) -> bool:
     """Whether a loop of the same function encloses the node."""
     while id(node) in s.parents:
@@ -265,6 +456,26 @@ def _in_loop(s: Script, node: ast.AST) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return False
     return False
+
+
+_PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "no_grad", "inference_mode", "enable_grad",
+                               "wraps", "lru_cache", "cache", "jit", "script", "compile"})
+"""Decorators that do not register a function anywhere: it still runs only when something calls it."""
+_PLAIN_BASES = frozenset({"object", "Module", "Dataset", "IterableDataset", "Sampler", "Enum", "NamedTuple",
+                          "Exception", "ABC", "Generic", "Protocol"})
+"""Bases whose subclasses' methods run only when called by name (besides dunders and forward)."""
+
+
+def _conventional(name: str) -> bool:
+    """Methods Python or torch call by convention: dunders, forward, hooks named on_*/training_step-style."""
+    return (name.startswith("__") and name.endswith("__")) or name in ("forward", "extra_repr", "reset_parameters")
+
+
+def _is_main_block(stmt: ast.stmt) -> bool:
+    """`if __name__ == "__main__":`."""
+    return isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) \
+        and isinstance(stmt.test.left, ast.Name) and stmt.test.left.id == "__name__" \
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in stmt.test.comparators)
 
 
 def _is_master_addr(target: ast.AST) -> bool:

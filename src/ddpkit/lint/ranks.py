@@ -16,7 +16,7 @@ LOCAL_ENV = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RAN
 _RANK_TOKEN = re.compile(r"^(local|global|world|ddp|my|node|proc|process|gpu|dist)?rank(\d+|zero|id)?$")
 _MAIN_NAME = re.compile(
     r"^_?(is|am)_(local_|global_|node_)?(main|master|chief|leader|zero|rank_?0|rank_?zero)"
-    r"(_process|_rank|_worker|_node)?$|^_?(local_)?(main|master)_(process|rank|worker)$"
+    r"(_process|_rank|_worker|_node)?$|^_?(local_)?(main|master)_(process|rank|worker)$|^_?(local_|global_)?master$"
 )
 _GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
 """Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
@@ -52,6 +52,8 @@ def distributed_mode(expr: ast.AST | None) -> int:
     if not (isinstance(expr, ast.Compare) and len(expr.ops) == 1):
         return 0
     left, op, right = expr.left, type(expr.ops[0]), expr.comparators[0]
+    if terminal(left) == "launcher" and isinstance(right, ast.Constant) and right.value == "none":
+        return {ast.Eq: -1, ast.NotEq: 1}.get(op, 0)  # `if args.launcher == "none":` (mmcv-style): one process
     if isinstance(left, ast.Constant) and isinstance(left.value, str) and op in (ast.In, ast.NotIn):
         if left.value in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and "environ" in ast.unparse(right):
             return 1 if op is ast.In else -1

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import LOCAL, NONE, Script, terminal
+from ddpkit.lint.analysis import LOCAL, NONE, Script, distributed_mode, is_eval_sampler, terminal
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -51,20 +52,86 @@ def _is_const(node: ast.AST | None, value: object) -> bool:
 def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     set_epochs = s.project.calls_named("set_epoch")
     for script, call in set_epochs:
-        if script is s and call.args and isinstance(call.args[0], ast.Constant):
+        if script is not s or not call.args:
+            continue
+        if isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
                       "visits the data in the same order",
                       "pass the loop's epoch number: sampler.set_epoch(epoch)")
+        elif _advanced_by_some_ranks(s, call.args[0]):
+            yield Hit(call, "DDP001", "error",
+                      f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
+                      "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
+                      "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
+        elif _distributed_only(s, call) and any(not _distributed_only(x, c) for x, c in
+                                                 s.project.calls_named("DistributedSampler")):
+            yield Hit(call, "DDP001", "warning",
+                      "set_epoch runs only when the run is distributed (inside a mode check), but the "
+                      "DistributedSampler is built on every path: a run where the flag is off visits the data in "
+                      "the same order every epoch",
+                      "call sampler.set_epoch(epoch) unconditionally (it is harmless with one process)")
     if set_epochs or not s.project.epoch_loop:
         return
     for call in s.calls_named("DistributedSampler"):
-        if _is_const(argument(call, "shuffle", 3), False):
-            continue
+        if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call):
+            continue  # the order of evaluation data does not matter
         yield Hit(call, "DDP001", "error",
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
+    """A plain name that is reassigned (or `+=`-ed) only inside rank checks after its first assignment."""
+    if not isinstance(value, ast.Name):
+        return False
+    writes = [n for n in s.nodes if isinstance(n, (ast.Assign, ast.AugAssign)) and any(
+        isinstance(t, ast.Name) and t.id == value.id
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    guarded = [n for n in writes if s.context(n).level and not s.context(n).single]
+    return bool(guarded) and len(writes) - len(guarded) <= 1 and not any(
+        isinstance(n, ast.For) and value.id in {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
+        for n in s.nodes)
+
+
+def _distributed_only(s: Script, node: ast.AST) -> bool:
+    """Inside the distributed branch of a mode check (`if args.distributed:`)."""
+    parents, child = s.parents, node
+    while id(child) in parents:
+        parent = parents[id(child)]
+        if isinstance(parent, ast.If) and child is not parent.test:
+            sense = distributed_mode(parent.test)
+            if (sense > 0 and child in parent.body) or (sense < 0 and child in parent.orelse):
+                return True
+        if isinstance(parent, ast.IfExp) and child is not parent.test:
+            sense = distributed_mode(parent.test)
+            if (sense > 0 and child is parent.body) or (sense < 0 and child is parent.orelse):
+                return True
+        child = parent
+    return False
+
+
+def _loop_invariant(s: Script, call: ast.Call) -> bool:
+    """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes."""
+    value = call.args[0]
+    if not isinstance(value, ast.Name):
+        return False
+    node, parents = call, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(node, ast.For):
+            bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            bound |= {n.id for stmt in ast.walk(node) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign,
+                                                                             ast.NamedExpr, ast.For))
+                      for t in ([stmt.target] if not isinstance(stmt, ast.Assign) else stmt.targets)
+                      for n in ast.walk(t) if isinstance(n, ast.Name)}
+            return value.id not in bound
+        if isinstance(node, ast.While):
+            return False  # a counter advanced somewhere the loop calls is not visible here
+    return False
 
 
 def shuffle_arguments(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
@@ -83,16 +150,35 @@ def shuffle_arguments(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
 
 def _dict_sources(s: Script, expr: ast.AST) -> Iterator[list[tuple[str, ast.AST]]]:
     """(key, value) pairs of the dict literals or dict(...) calls `expr` names."""
+    yield from _dict_sources_of(s, expr, 0)
+
+
+def _dict_sources_of(s: Script, expr: ast.AST, depth: int) -> Iterator[list[tuple[str, ast.AST]]]:
+    if depth > 4:
+        return
     values = [expr]
     if isinstance(expr, (ast.Name, ast.Attribute)):
         key = expr.id if isinstance(expr, ast.Name) else "." + expr.attr
         values = [v for k, v in s.assignments if k == key]
+        # `train_kwargs.update(cuda_kwargs)` / `.update(shuffle=True)` merge into the dict
+        for call in s.calls_named("update"):
+            if isinstance(call.func, ast.Attribute) and ast.dump(call.func.value) == ast.dump(expr):
+                values.extend(call.args[:1])
+                if call.keywords:
+                    values.append(ast.Call(ast.Name("dict", ast.Load()), [], call.keywords))
     for v in values:
         if isinstance(v, ast.Dict):
             yield [(k.value, item) for k, item in zip(v.keys, v.values)
                    if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            for k, item in zip(v.keys, v.values):
+                if k is None:  # {**base, ...}
+                    yield from _dict_sources_of(s, item, depth + 1)
         elif isinstance(v, ast.Call) and terminal(v.func) == "dict":
             yield [(k.arg, k.value) for k in v.keywords if k.arg]
+            for a in v.args[:1]:
+                yield from _dict_sources_of(s, a, depth + 1)
+        elif isinstance(v, (ast.Name, ast.Attribute)) and v is not expr:
+            yield from _dict_sources_of(s, v, depth + 1)
 
 
 @check
@@ -154,6 +240,44 @@ def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
     return any(s.kind(n) for source in sources for n in ast.walk(source))
 
 
+_EPOCHISH = re.compile(r"^(epoch|ep|e|step|steps|it|iter|iters|iteration|global_step|i_epoch|epoch_idx|n_iter|"
+                       r"update|updates|round|cur_epoch|current_epoch)$")
+
+
+def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
+    """A cache file per sample or per item (`f"{index}.pt"` in a loop over data, or in a Dataset's __getitem__):
+    each rank writes the items of its own shard, not one shared checkpoint."""
+    if path is None:
+        return False
+    names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
+    names |= {m.id for k, v in s.assignments if k in names for m in ast.walk(v) if isinstance(m, ast.Name)}
+    if "__getitem__" in s.context(call).functions:
+        return True
+    node, parents = call, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        if isinstance(node, ast.For):
+            bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            counting = isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "range" and not any(
+                isinstance(n, ast.Call) and terminal(n.func) == "len" for n in ast.walk(node.iter))
+            if bound & names and not counting and not any(_EPOCHISH.match(b.lower()) for b in bound & names):
+                return True
+    return False
+
+
+def _under_lock(s: Script, call: ast.Call) -> bool:
+    """Inside `with FileLock(...):`: the ranks take turns writing the file."""
+    node, parents = call, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.With) and any(re.search(r"file_?lock|flock|portalocker", ast.unparse(
+                i.context_expr).lower()) for i in node.items):
+            return True  # a lock between processes (a threading.Lock orders one process's threads only)
+    return False
+
+
 @check
 def unguarded_save(s: Script) -> Iterator[Hit]:
     if not (s.distributed or s.project.distributed):
@@ -162,7 +286,8 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
         if s.qualname(call.func) != "torch.save" or not s.per_rank(call) or s.context(call).single:
             continue
         target = argument(call, "f", 1)
-        if is_buffer(s, target) or _per_rank_file(s, target):
+        if is_buffer(s, target) or _per_rank_file(s, target) or _per_item_file(s, call, target) \
+                or _under_lock(s, call):
             continue
         level = s.context(call).level
         if level == NONE:
@@ -186,8 +311,8 @@ def load_without_map_location(s: Script) -> Iterator[Hit]:
         if s.qualname(call.func) != "torch.load" or s.context(call).single:
             continue
         source = argument(call, "f", 0)
-        if is_buffer(s, source) or _per_rank_file(s, source):
-            continue
+        if is_buffer(s, source) or _per_rank_file(s, source) or _per_item_file(s, call, source):
+            continue  # a per-sample cache file (in __getitem__, or named by a loop over data) is no checkpoint
         weights_only = keyword(call, "weights_only")
         problems = []
         if argument(call, "map_location", 1) is None:
@@ -230,6 +355,8 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
         flag = next((a.value for a in call.args if isinstance(a, ast.Constant)
                      and a.value in ("--local_rank", "--local-rank")), None)
         default = keyword(call, "default")
+        if s.project.spawned:
+            continue  # mp.spawn starts the ranks itself and passes each its rank; nothing passes --local_rank
         if flag and not (default is not None and "LOCAL_RANK" in ast.unparse(default)):  # torchrun-compatible
             yield Hit(call, "DDP007", "warning",
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
@@ -237,9 +364,21 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
                       "remove the argument and use local_rank = int(os.environ['LOCAL_RANK'])")
 
 
+def _in_spawn_parent(s: Script, call: ast.Call) -> bool:
+    """The call runs in the process that calls mp.spawn (module code, or the function that spawns), not in a rank."""
+    if s.per_rank_functions is None:
+        return False
+    spawning = {s.context(c).functions[-1] if s.context(c).functions else "" for c in s.calls
+                if s.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))}
+    functions = s.context(call).functions
+    return (not functions and "" in spawning) or bool(functions and functions[-1] in spawning)
+
+
 @check
 def no_destroy(s: Script) -> Iterator[Hit]:
-    if s.project.calls_named("destroy_process_group"):
+    # the parent of mp.spawn never joined the group: its destroy_process_group frees nothing of the ranks'
+    if any(not _in_spawn_parent(script, c) and script.project.runs(script, c)
+           for script, c in s.project.calls_named("destroy_process_group")):
         return
     for call in s.calls_named("init_process_group"):
         yield Hit(call, "DDP009", "warning",

@@ -26,8 +26,7 @@ def _is_seed(s: Script, call: ast.Call) -> bool:
 
 def _reached(s: Script, call: ast.Call) -> bool:
     """The seed call runs: it is at module level or in a function the project calls."""
-    functions = s.context(call).functions
-    return not functions or functions[-1] in s.project.referenced
+    return s.project.runs(s, call)
 
 
 def _parameter_of(s: Script, call: ast.Call, value: ast.AST) -> tuple[str, int] | None:
@@ -48,8 +47,8 @@ def _differs_per_rank(s: Script, call: ast.Call) -> bool:
     if param is None:
         return False
     callers = s.project.calls_named(param[0])
-    return not callers or any(
-        len(c.args) > param[1] and script.kind(c.args[param[1]]) for script, c in callers)
+    return not callers or any(script.kind(given) for script, c in callers
+                              for given in [argument(c, value.id, param[1])] if given is not None)
 
 
 @check
@@ -60,13 +59,24 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
     seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
                                             if _is_seed(script, c) and _reached(script, c)])
     if not seeds:
-        inits = project.calls_named("init_process_group")
+        inits = [(x, c) for x, c in project.calls_named("init_process_group") if project.runs(x, c)]
         if inits and inits[0][0] is s:
             yield Hit(inits[0][1], "DDP014", "note",
                       "nothing seeds the random number generators: model initialisation, augmentation and "
                       "dropout differ from run to run, so no run can be repeated", _SEED_FIX)
         return
     torch_seeds = [(script, c) for script, c in seeds if script.qualname(c.func) in _TORCH_SEEDS]
+    cuda_only = [(script, c) for script, c in torch_seeds if script.qualname(c.func).startswith("torch.cuda.")]
+    if cuda_only and len(cuda_only) == len(torch_seeds) and not any(
+            script.qualname(c.func) not in _TORCH_SEEDS and terminal(c.func) in ("seed_everything", "set_seed", "init")
+            for script, c in seeds):
+        script, call = cuda_only[0]
+        if script is s:
+            yield Hit(call, "DDP014", "note",
+                      f"only the CUDA generator is seeded ({ast.unparse(call.func)}): the CPU generator, which "
+                      "initialises the model's weights and draws augmentation and dropout on the CPU, stays unseeded",
+                      "seed every generator: torch.manual_seed(seed + rank) (it seeds CUDA too)")
+        return
     in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c)]
     reported: set[int] = set()
     for script, call in torch_seeds:

@@ -1,0 +1,360 @@
+"""Where reported numbers come from: values computed from one rank's shard, followed to where they are shown.
+
+A loop over a sharded loader (a DataLoader with a DistributedSampler, or a function parameter that
+such a loader is passed to) yields this rank's batches. Everything computed from them inside a
+function (assignments, `+=` counters, `meter.update(v)`, the values a project function returns) is a
+figure of one shard until it goes through a collective (`dist.all_reduce(t)`, a helper that reduces,
+`meter.synchronize_between_processes()`); a name reassigned from a reduced value is reduced from then
+on. Names are followed, not objects, so where the flow is not visible (a value reduced in place by a
+helper under another name) the value counts as reduced: precision first.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from ddpkit.lint.analysis import Script, is_eval_name, terminal
+
+__all__ = ["ScopeFlow", "flows", "sharded_names"]
+
+_REDUCING = re.compile(r"reduce|gather|sync")
+_LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
+_COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+_SIZES = frozenset({"len", "size", "numel", "dim", "nelement"})
+_SPLITS = frozenset({"Subset", "shard", "split_dataset_by_node", "partition", "islice"})
+
+
+@dataclass
+class ScopeFlow:
+    """The shard-dependent and reduced names of one function (or of the module's own code)."""
+
+    node: ast.AST
+    tainted: set[str] = field(default_factory=set)
+    """Names holding a figure of this rank's shard (not reduced)."""
+    reduced: set[str] = field(default_factory=set)
+    """Names that went through a collective, or were reassigned from one."""
+    counts: set[str] = field(default_factory=set)
+    """Names holding a per-rank count: `len(loader)` of a sharded loader, `n += 1` in a sharded loop."""
+    evaluation: set[str] = field(default_factory=set)
+    """Tainted names whose shard loop evaluates (under no_grad, or over evaluation data)."""
+    returns: tuple[bool, ...] | bool = False
+    """Whether what the function returns is a shard figure (a tuple: per returned element)."""
+    nodes: list[ast.AST] = field(default_factory=list)
+    """The scope's own nodes (not those of the functions it defines)."""
+    in_loop: set[int] = field(default_factory=set)
+    """ids of the nodes inside a loop over a sharded loader."""
+
+    def is_tainted(self, s: Script, expr: ast.AST | None, summaries: dict[str, tuple[bool, ...] | bool]) -> bool:
+        return bool(self.tainted_names(s, expr, summaries))
+
+    def tainted_names(self, s: Script, expr: ast.AST | None, summaries) -> list[str]:
+        """The shard-dependent names an expression reads (a reducing call's arguments excepted)."""
+        found: list[str] = []
+        todo = [expr] if expr is not None else []
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Call):
+                callee = terminal(node.func)
+                if callee not in summaries and _reduces(s, node):
+                    continue
+                if callee in _SIZES:
+                    continue  # len(x), x.size(0): a batch size (progress), not a figure of the shard
+                if summaries.get(callee) is True or (isinstance(summaries.get(callee), tuple)
+                                                     and any(summaries[callee])):
+                    found.append(f"{callee}()")
+                todo.extend(node.args)
+                todo.extend(k.value for k in node.keywords)
+                if isinstance(node.func, ast.Attribute):
+                    todo.append(node.func.value)  # `correct.item()`, `meter.avg()`
+                continue
+            if isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
+                continue
+            root = _root(node)
+            if root is not None:
+                if root in self.tainted and root not in self.reduced:
+                    found.append(root)
+                if isinstance(node, ast.Subscript):
+                    todo.append(node.slice)
+                continue
+            todo.extend(ast.iter_child_nodes(node))
+        return found
+
+
+def _root(node: ast.AST) -> str | None:
+    """The variable an expression reads through attributes and subscripts (`meter.avg`, `t[0]`), else None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _reduces(s: Script, call: ast.Call) -> bool:
+    """A collective, or a call whose name or project function says it reduces/gathers/syncs across ranks."""
+    name = terminal(call.func)
+    project = s.project
+    return s.is_dist_collective(call) or bool(_REDUCING.search(name.lower())) or (
+        project is not None and name in project.reducing_functions)
+
+
+def sharded_names(s: Script) -> set[str]:
+    """Names (plain, or '.attr') that hold a sharded sampler or loader, over the whole project."""
+    project = s.project
+
+    def compute() -> set[str]:
+        scripts = list(project.scripts.values())
+        names: set[str] = set()
+        for _ in range(3):
+            before = len(names)
+            for x in scripts:
+                for key, value in x.assignments:
+                    if isinstance(value, ast.Call) and _makes_shards(x, value, names):
+                        names.add(key)
+            if len(names) == before:
+                break
+        return names
+
+    return project.memo("sharded names", compute)
+
+
+def _makes_shards(s: Script, call: ast.Call, known: set[str]) -> bool:
+    name = terminal(call.func)
+    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")):
+        return True
+    if s.qualname(call.func) in ("ddpkit.loader", "ddpkit.eval_loader", "ddpkit.data.loader",
+                                 "ddpkit.data.eval_loader"):
+        return True
+    if name in _SPLITS and any(s.kind(n) for a in (*call.args, *(k.value for k in call.keywords))
+                               for n in ast.walk(a) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+        return True  # `Subset(data, range(rank, n, world))`, `data.shard(world, rank)`: split by rank by hand
+    if name.endswith("DataLoader") or name.endswith("Loader"):
+        for k in call.keywords:
+            if k.arg in ("sampler", "batch_sampler", "dataset") and _mentions_shards(s, k.value, known):
+                return True
+        return any(_mentions_shards(s, a, known) for a in (*call.args[:1], *call.args[2:5]))
+    return False
+
+
+def _mentions_shards(s: Script, expr: ast.AST, known: set[str]) -> bool:
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and _makes_shards(s, n, known):
+            return True
+        if isinstance(n, ast.Name) and n.id in known or isinstance(n, ast.Attribute) and "." + n.attr in known:
+            return True
+    return False
+
+
+def _sharded_params(s: Script) -> dict[int, set[str]]:
+    """id(function) -> its parameters that some call in the project passes a sharded loader to."""
+    project = s.project
+
+    def compute() -> dict[int, dict[str, set[str]]]:
+        known = sharded_names(s)
+        defs = {d.name: (x, d) for x in project.scripts.values() for d in x.defs}
+        out: dict[str, dict[int, set[str]]] = {}
+        votes: dict[tuple[str, int, str], list[bool]] = {}
+        for x in project.scripts.values():
+            for call in x.calls:
+                target = defs.get(terminal(call.func))
+                if target is None:
+                    continue
+                owner, d = target
+                params = [a.arg for a in d.args.args]
+                if params[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+                    params = params[1:]
+                given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
+                for param, value in given:
+                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known)
+                    votes.setdefault((owner.path, id(d), param), []).append(sharded)
+        # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
+        # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
+        for (path, scope, param), said in votes.items():
+            if all(said):
+                out.setdefault(path, {}).setdefault(scope, set()).add(param)
+        return out
+
+    return project.memo("sharded params", compute).get(s.path, {})
+
+
+def _loop_source(flow_names: set[str], s: Script, expr: ast.AST) -> bool:
+    """`for b in loader` / `enumerate(loader)` / `tqdm(loader)` over a sharded loader."""
+    if isinstance(expr, ast.Call) and terminal(expr.func) in _LOADER_WRAPPERS:
+        return any(_loop_source(flow_names, s, a) for a in expr.args)
+    if isinstance(expr, ast.Name):
+        return expr.id in flow_names
+    if isinstance(expr, ast.Attribute):
+        return "." + expr.attr in flow_names
+    return False
+
+
+def _scopes(s: Script) -> list[ast.AST]:
+    return [s.tree, *s.defs]
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a function (or module) outside the functions it defines."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _names_of(target: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
+    flow = ScopeFlow(scope)
+    nodes = s.project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
+    flow.nodes = nodes
+    sources = sharded_names(s) | _sharded_params(s).get(id(scope), set())
+    parents = s.parents
+    evaluating = isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+        is_eval_name(scope.name) or any(terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD
+                                        for d in scope.decorator_list))
+    shard_loops: list[tuple[ast.For, bool]] = []
+    for node in nodes:
+        if isinstance(node, (ast.For, ast.AsyncFor)) and _loop_source(sources, s, node.iter):
+            loop_eval = evaluating or _under_no_grad(node, parents) or any(
+                is_eval_name(terminal(n)) for n in ast.walk(node.iter) if isinstance(n, (ast.Name, ast.Attribute)))
+            shard_loops.append((node, loop_eval))
+            target = node.target
+            if isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "enumerate" \
+                    and isinstance(target, ast.Tuple) and target.elts:
+                flow.counts.update(_names_of(target.elts[0]))  # `for i, batch in enumerate(loader)`: a batch index
+                target = ast.Tuple(target.elts[1:], ast.Store())
+            flow.tainted.update(_names_of(target))
+            if loop_eval:
+                flow.evaluation.update(_names_of(target))
+    # a name a loop over other data (or a comprehension) also binds is ambiguous without an order: drop it
+    other = {n for node in nodes if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension))
+             and not _loop_source(sources, s, node.iter) for n in _names_of(node.target)}
+    flow.tainted -= other
+    flow.evaluation -= other
+    # names that went through a collective: passed to it, or the receiver of a reducing method
+    for node in nodes:
+        if isinstance(node, ast.Call) and terminal(node.func) not in summaries and _reduces(s, node):
+            for a in (*node.args, *(k.value for k in node.keywords)):
+                root = _root(a)
+                if root:
+                    flow.reduced.add(root)
+                elif isinstance(a, (ast.List, ast.Tuple)):
+                    flow.reduced.update(r for e in a.elts for r in [_root(e)] if r)
+            if isinstance(node.func, ast.Attribute) and _root(node.func.value):
+                flow.reduced.add(_root(node.func.value))
+    for node in nodes:
+        if isinstance(node, ast.Call) and terminal(node.func) == "len" and node.args \
+                and _loop_source(sources, s, node.args[0]):
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.Assign):
+                flow.counts.update(n for t in parent.targets for n in _names_of(t))
+    if not shard_loops and not flow.counts and not any(
+            isinstance(n, ast.Call) and terminal(n.func) in summaries for n in nodes):
+        return flow
+    in_loop = {id(n) for loop, _ in shard_loops for n in ast.walk(loop)}
+    flow.in_loop = in_loop
+    eval_loop = {id(n) for loop, ev in shard_loops if ev for n in ast.walk(loop)}
+    for _ in range(6):
+        before = (len(flow.tainted), len(flow.reduced), len(flow.counts))
+        for node in nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value
+                summary = summaries.get(terminal(value.func)) if isinstance(value, ast.Call) else None
+                if summary is None and _reassigned_from_reduced(s, flow, value):
+                    for t in targets:
+                        flow.reduced.update(r for r in [_root(t)] if r)
+                    continue
+                if isinstance(summary, tuple) and len(targets) == 1 and isinstance(targets[0], ast.Tuple) \
+                        and len(targets[0].elts) == len(summary):
+                    hit = [_root(e) for e, t in zip(targets[0].elts, summary) if t]
+                    flow.tainted.update(h for h in hit if h)
+                    continue
+                tainted = flow.tainted_names(s, value, summaries)
+                counting = isinstance(node, ast.AugAssign) and id(node) in in_loop
+                if counting and not tainted:
+                    # `steps += 1`, `seen += y.size(0)`, `elapsed += time.time() - t0`: a per-rank count (for a
+                    # division), not a figure of the shard's data
+                    flow.counts.update(r for t in targets for r in [_root(t)] if r)
+                    continue
+                if tainted:
+                    for t in targets:
+                        root = _root(t)
+                        if root:
+                            flow.tainted.add(root)
+                            if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
+                                flow.evaluation.add(root)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _COLLECTING and _root(node.func.value):
+                # `meter.update(value, n)`: the value decides; n is the batch's weight
+                values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
+                tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)]
+                if tainted:
+                    root = _root(node.func.value)
+                    flow.tainted.add(root)
+                    if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
+                        flow.evaluation.add(root)
+        if (len(flow.tainted), len(flow.reduced), len(flow.counts)) == before:
+            break
+    returns = [n.value for n in nodes if isinstance(n, ast.Return) and n.value is not None]
+    if returns:
+        value = returns[-1]
+        if isinstance(value, ast.Tuple):
+            flow.returns = tuple(flow.is_tainted(s, e, summaries) for e in value.elts)
+        else:
+            flow.returns = flow.is_tainted(s, value, summaries)
+    return flow
+
+
+def _reassigned_from_reduced(s: Script, flow: ScopeFlow, value: ast.AST) -> bool:
+    """`counts = across_ranks(counts)`, `correct, total = t.tolist()` after `all_reduce(t)`."""
+    if isinstance(value, ast.Call) and _reduces(s, value):
+        return True
+    roots = {_root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Subscript))}
+    return bool(roots & flow.reduced) and not (roots & (flow.tainted - flow.reduced))
+
+
+def _under_no_grad(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call)
+                                              and terminal(i.context_expr.func) in _NO_GRAD for i in node.items):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+    return False
+
+
+def flows(s: Script) -> list[ScopeFlow]:
+    """The flow of every scope of this file, with what the project's functions return (two rounds)."""
+    project = s.project
+
+    def summaries() -> dict:
+        out: dict = {}
+        if not sharded_names(s):
+            return out
+        for _ in range(2):
+            new: dict = {}
+            for x in project.scripts.values():
+                for d in x.defs:
+                    r = _analyse(x, d, out).returns
+                    if r:
+                        new[d.name] = r
+            if new == out:
+                break
+            out = new
+        return out
+
+    known = project.memo("shard summaries", summaries)
+    return project.memo(("flows", s.path), lambda: [_analyse(s, scope, known) for scope in _scopes(s)])
+
+
+def summaries_of(s: Script) -> dict:
+    flows(s)
+    return s.project.memo("shard summaries", dict)
