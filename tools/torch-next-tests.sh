@@ -16,14 +16,20 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-MULTIPROC=(
-    tests/multiproc/test_multinode.py  # several launchers on one machine: --node-rank order, --nnodes checks, loopback store
-    tests/multiproc/test_hang.py       # run --hang-timeout, the watchdog, runtime's store barrier at close
-    tests/multiproc/test_init_watchdog.py  # the watchdog and close()'s store barrier (default_store)
-    # torchrun's agent SIGTERMs the ranks left once one has exited: a stopped rank must outlive it
-    tests/multiproc/test_preemption.py::test_sigusr1_to_one_rank_under_ddpkit_run_stops_all_with_its_exit_code
-    # a rank killed, torchrun restarts the group: the ranks' store is new in every round (pytorch/pytorch#135712)
+MULTIPROC=(  # one test or two per patch in ddpkit.torchinternals; about 2.5 minutes on 2.15.0 here
+    # bind_shared_store: a one-node job's stores listen on loopback only (pytorch/pytorch#173909)
+    tests/multiproc/test_multinode.py::test_single_node_listens_on_loopback_only
+    # check_each_join: nodes launched with other --nnodes or the same --node-rank fail at once, in one line
+    tests/multiproc/test_multinode.py::test_nodes_launched_differently_all_fail_at_once_with_one_line
+    tests/multiproc/test_multinode.py::test_rendezvous_timeout_is_one_line_naming_endpoint_nodes_timeout_and_fix
+    # handler_with_node: --node-rank 0 holds global rank 0
+    tests/multiproc/test_multinode.py::test_node_rank_0_holds_global_rank_0_whichever_node_starts_first
+    # fresh_store_per_round: a restart after a killed rank gets a new store (pytorch/pytorch#135712)
     tests/multiproc/test_resume.py::test_sigkilled_rank_restarts_and_resumes_bit_identically
+    # default_store: close()'s store barrier
+    tests/multiproc/test_init_watchdog.py
+    # flight_records: the watchdog sees a collective issued from C++
+    tests/multiproc/test_hang.py::test_hang_in_a_collective_python_never_issued_is_seen_through_the_flight_recorder
 )
 
 version=""
