@@ -24,7 +24,7 @@ def test_the_flags_reach_torchruns_parser_unchanged(tmp_path: Path) -> None:
     from torch.distributed.run import parse_args
 
     script = _script(tmp_path)
-    shutdown = "--shutdown-timeout" in torchrun_flags()  # torchrun has it from 2.13 on, 2.11's lacks it
+    shutdown = "--shutdown-timeout" in torchrun_flags()  # torchrun has it from 2.12 on, not in 2.11
     cfg = config_from_args(["--log-dir", str(tmp_path / "logs"), "--tee", "3", "--redirects", "0:3,1:1",
                           "--local-ranks-filter", "0", "--signals-to-handle", "SIGTERM,SIGUSR1",
                           *(["--shutdown-timeout", "45"] if shutdown else []),
