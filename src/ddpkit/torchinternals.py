@@ -287,7 +287,7 @@ def nccl_flight_record(*, only_active: bool = False) -> dict[str, Any] | None:
     """This process's NCCL flight-recorder buffer (torch's dict with 'entries'), or None without one.
 
     None on builds without NCCL, where not usable, or when the recorder is off
-    (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE unset). Reads
+    (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE 0). Reads
     `torch._C._distributed_c10d._dump_nccl_trace`, the function torch's own dump on timeout uses, and
     on torch >= 2.15 first `_dump_fr_trace(backend="nccl2")`, where 2.15's default "nccl" records;
     the first buffer with entries is returned.
@@ -312,7 +312,7 @@ def flight_records() -> list[dict[str, Any]]:
     """Every flight-recorder buffer of this process with its unfinished entries only: NCCL's
     (`_dump_nccl_trace`, and on torch >= 2.15 nccl2's, `_dump_fr_trace(backend="nccl2")`) and the one
     of other backends such as gloo (`_dump_fr_trace`), as torch's dicts with 'entries'; empty without
-    a recorder (TORCH_FR_BUFFER_SIZE unset) or where not usable.
+    a recorder (TORCH_FR_BUFFER_SIZE 0) or where not usable.
     """
     if not _usable("torch._C._distributed_c10d._dump_fr_trace",
                    "hang reports cannot see collectives issued from C++ (DDP's gradient all-reduces, FSDP's)"):
