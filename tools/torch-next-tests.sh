@@ -1,58 +1,69 @@
 #!/usr/bin/env bash
-# Run the tests that touch torch internals against the newest torch this project is checked on.
+# Run the unit tests and the multi-process tests that touch torch internals on another torch release,
+# in a virtual environment of its own (.venv-torch-VERSION, git-ignored). .ci/run runs it on 2.15.0
+# and on the floor release, 2.11.0; docs/releases.md says what ran where.
 #
-#   tools/torch-next-tests.sh                 # make .venv-next if needed, then run the tests below
-#   tools/torch-next-tests.sh --setup-only    # only make the venv
-#   tools/torch-next-tests.sh -- -k rendezvous   # extra pytest arguments after --
-#   .venv-next/bin/python tools/torch_bug_repros.py   # then: does torch alone still need each patch?
+#   tools/torch-next-tests.sh 2.15.0                     # make .venv-torch-2.15.0 if needed, then run the tests
+#   tools/torch-next-tests.sh 2.11.0 --setup-only        # only make the venv
+#   tools/torch-next-tests.sh 2.15.0 -- -k rendezvous    # extra pytest arguments after --
+#   .venv-torch-2.15.0/bin/python tools/torch_bug_repros.py   # then: does torch alone still need each patch?
 #
-# TORCH_NEXT (default 2.14.1) is the release installed; VENV (default .venv-next) where. The CI pin
-# stays in constraints.txt (torch 2.13.0, CPU build); this venv ignores it on purpose. The PyPI
-# wheel of 2.14.1 is the CUDA build: it runs on the CPU, but each rank's `import torch` is slow, so
-# only these files run here, not the whole suite.
+# The CI pin stays in constraints.txt (torch 2.13.0, CPU build); this venv ignores it on purpose, and
+# also the machine's own pip constraints (a global constraints file may cap torch below the release
+# asked for): PIP_CONSTRAINT points at an empty file. torch is named on the same pip line as ddpkit,
+# so installing ddpkit's dev extras never moves it. The PyPI wheels are CUDA builds: they run on the
+# CPU, but each rank's `import torch` is slow, hence a list of multi-process tests, not all of them.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-TORCH_NEXT="${TORCH_NEXT:-2.14.1}"
-VENV="${VENV:-.venv-next}"
-TESTS=(
-    tests/unit/test_torchinternals.py  # every private torch name ddpkit uses, and its version gate
-    tests/unit/test_launch.py          # argv -> RunConfig -> torchrun argv; rendezvous node order and errors
-    tests/unit/test_check_cli.py       # ddpkit check's torchrun argv, run --hang-timeout
-    tests/unit/test_runtime_abort.py   # the error path aborts the process group (distributed_c10d._abort_process_group)
-    tests/unit/test_precision.py       # GradScaler's scale tensor, fused optimizers' on-device skip
-    tests/unit/test_watchdog_unfinished.py  # unfinished async collectives, the NCCL flight recorder's summary
-    tests/multiproc/test_run.py        # ddpkit run end to end on c10d: ranks, failures, Ctrl+C, two jobs at once
-    tests/multiproc/test_multinode.py  # several launchers on one machine: --node-rank order, --nnodes checks
-    tests/multiproc/test_hang.py       # run --hang-timeout, the watchdog, runtime's store barrier at close
-    tests/multiproc/test_check.py      # ddpkit check end to end
-    tests/multiproc/test_comm.py       # gradient communication hooks on real gloo ranks
-    # torchrun's agent SIGTERMs the ranks left once one has exited: a stopped rank must outlive it
-    tests/multiproc/test_preemption.py::test_sigusr1_to_one_rank_under_ddpkit_run_stops_all_with_its_exit_code
-    # a rank killed, torchrun restarts the group: the ranks' store is new in every round (pytorch/pytorch#135712)
+MULTIPROC=(  # one test or two per patch in ddpkit.torchinternals; about 2.5 minutes on 2.15.0 here
+    # bind_shared_store: a one-node job's stores listen on loopback only (pytorch/pytorch#173909)
+    tests/multiproc/test_multinode.py::test_single_node_listens_on_loopback_only
+    # check_each_join: nodes launched with other --nnodes or the same --node-rank fail at once, in one line
+    tests/multiproc/test_multinode.py::test_nodes_launched_differently_all_fail_at_once_with_one_line
+    tests/multiproc/test_multinode.py::test_rendezvous_timeout_is_one_line_naming_endpoint_nodes_timeout_and_fix
+    # handler_with_node: --node-rank 0 holds global rank 0
+    tests/multiproc/test_multinode.py::test_node_rank_0_holds_global_rank_0_whichever_node_starts_first
+    # fresh_store_per_round: a restart after a killed rank gets a new store (pytorch/pytorch#135712)
     tests/multiproc/test_resume.py::test_sigkilled_rank_restarts_and_resumes_bit_identically
+    # default_store: close()'s store barrier
+    tests/multiproc/test_init_watchdog.py
+    # flight_records: the watchdog sees a collective issued from C++
+    tests/multiproc/test_hang.py::test_hang_in_a_collective_python_never_issued_is_seen_through_the_flight_recorder
 )
 
+version=""
 setup_only=0
 pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --setup-only) setup_only=1 ;;
         --) shift; pytest_args=("$@"); break ;;
-        *) echo "torch-next-tests.sh: unknown argument $1; see the top of this script" >&2; exit 2 ;;
+        [0-9]*.[0-9]*) version="$1" ;;
+        *) echo "torch-next-tests.sh: unknown argument $1; usage: tools/torch-next-tests.sh VERSION [--setup-only] [-- PYTEST_ARGS]" >&2
+           exit 2 ;;
     esac
     shift
 done
-
-if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_NEXT')" 2>/dev/null; then
-    echo "== making $VENV with torch $TORCH_NEXT"
-    rm -rf "$VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q "torch==$TORCH_NEXT"
+if [ -z "$version" ]; then
+    echo "torch-next-tests.sh: no torch release given; usage: tools/torch-next-tests.sh VERSION (e.g. 2.15.0)" >&2
+    exit 2
 fi
-# Refreshes the editable install (and the dev tools) without touching torch.
-"$VENV/bin/pip" install -q -e '.[dev]' "torch==$TORCH_NEXT"
-"$VENV/bin/python" -c "import torch; print('== torch', torch.__version__)"
+
+venv=".venv-torch-$version"
+if [ ! -x "$venv/bin/python" ]; then
+    echo "== making $venv"
+    python3 -m venv "$venv"
+fi
+: > "$venv/no-constraints.txt"
+echo "== installing torch $version and ddpkit[dev] in $venv"
+PIP_CONSTRAINT="$PWD/$venv/no-constraints.txt" "$venv/bin/pip" install -q -e '.[dev]' "torch==$version"
+"$venv/bin/python" - "$version" <<'EOF'
+import sys, torch
+got = torch.__version__.split("+")[0]
+print("== torch", torch.__version__)
+sys.exit(0 if got == sys.argv[1] else f"torch-next-tests.sh: asked for torch {sys.argv[1]}, the venv has {got}")
+EOF
 [ "$setup_only" = 1 ] && exit 0
 
-exec "$VENV/bin/python" -m pytest -q "${TESTS[@]}" "${pytest_args[@]}"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit "${MULTIPROC[@]}" "${pytest_args[@]}"

@@ -36,10 +36,15 @@ __all__ = [
     "flight_records",
 ]
 
-READ_AGAINST = SpecifierSet(">=2.13,<2.15")
-"""The torch releases every name in this module was read against; 2.13.0 (the CI pin) and 2.14.1 were
-run. Widen it only after reading each name again in the new release and running
-tools/torch-next-tests.sh there."""
+READ_AGAINST = SpecifierSet(">=2.11,<2.16")
+"""The torch releases every name in this module was read against; 2.11.0, 2.12.1, 2.13.0 (the CI pin),
+2.14.1 and 2.15.0 were run (docs/releases.md). Widen it only after reading each name again in the new
+release and running tools/torch-next-tests.sh there."""
+
+_NCCL2_FROM = Version("2.15")
+"""From torch 2.15 on, "nccl" is ProcessGroupNCCL2 (TORCH_DIST_USE_NCCL2=0 keeps the stock ProcessGroupNCCL,
+also named "nccl-legacy"). It has no flight recorder of its own: c10d's FlightRecorderHook records its
+collectives in the recorder named after the backend, "nccl2", which only `_dump_fr_trace(backend=...)` reads."""
 
 _DYNAMIC = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 
@@ -255,54 +260,70 @@ def abort_process_group() -> bool:
 
 # --- watchdog: the NCCL flight recorder's buffer ---
 
+def _nccl_dumps(c10d: Any) -> list[Callable[..., bytes]]:
+    """The dump functions of this process's NCCL flight recorders, newest engine first: on torch >= 2.15
+    nccl2's (`_dump_fr_trace(backend="nccl2")`), then the stock ProcessGroupNCCL's (`_dump_nccl_trace`)."""
+    dumps = []
+    fr_dump = getattr(c10d, "_dump_fr_trace", None)
+    if fr_dump is not None and torch_version() >= _NCCL2_FROM:
+        dumps.append(lambda **kw: fr_dump(backend="nccl2", **kw))
+    nccl_dump = getattr(c10d, "_dump_nccl_trace", None)
+    if nccl_dump is not None:
+        dumps.append(nccl_dump)
+    return dumps
+
+
+def _read_dump(dump: Callable[..., bytes], only_active: bool) -> dict[str, Any] | None:
+    import pickle
+
+    try:
+        data = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=only_active))
+    except RuntimeError:  # no such process group yet, or the recorder is disabled
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def nccl_flight_record(*, only_active: bool = False) -> dict[str, Any] | None:
     """This process's NCCL flight-recorder buffer (torch's dict with 'entries'), or None without one.
 
     None on builds without NCCL, where not usable, or when the recorder is off
-    (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE unset). Reads
-    `torch._C._distributed_c10d._dump_nccl_trace`, the function torch's own dump on timeout uses.
+    (TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE 0). Reads
+    `torch._C._distributed_c10d._dump_nccl_trace`, the function torch's own dump on timeout uses, and
+    on torch >= 2.15 first `_dump_fr_trace(backend="nccl2")`, where 2.15's default "nccl" records;
+    the first buffer with entries is returned.
     """
     if not _usable("torch._C._distributed_c10d._dump_nccl_trace", "hang reports leave out NCCL's flight recorder"):
         return None
-    import pickle
-
     import torch
 
-    dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_nccl_trace", None)
-    if dump is None:
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    if getattr(c10d, "_dump_nccl_trace", None) is None:
         return None  # a build without NCCL: nothing to fold in, nothing lost
-    try:
-        raw = dump(includeCollectives=True, includeStackTraces=False, onlyActive=only_active)
-    except RuntimeError:  # no NCCL process group yet, or the recorder is disabled
-        return None
-    data = pickle.loads(raw)
-    return data if isinstance(data, dict) else None
+    found = None
+    for dump in _nccl_dumps(c10d):
+        data = _read_dump(dump, only_active)
+        if data is not None and data.get("entries"):
+            return data
+        found = data if found is None else found
+    return found
 
 
 def flight_records() -> list[dict[str, Any]]:
     """Every flight-recorder buffer of this process with its unfinished entries only: NCCL's
-    (`_dump_nccl_trace`) and the one of other backends such as gloo (`_dump_fr_trace`), as torch's
-    dicts with 'entries'; empty without a recorder (TORCH_FR_BUFFER_SIZE unset) or where not usable.
+    (`_dump_nccl_trace`, and on torch >= 2.15 nccl2's, `_dump_fr_trace(backend="nccl2")`) and the one
+    of other backends such as gloo (`_dump_fr_trace`), as torch's dicts with 'entries'; empty without
+    a recorder (TORCH_FR_BUFFER_SIZE 0) or where not usable.
     """
     if not _usable("torch._C._distributed_c10d._dump_fr_trace",
                    "hang reports cannot see collectives issued from C++ (DDP's gradient all-reduces, FSDP's)"):
         return []
-    import pickle
-
     import torch
 
-    records = []
-    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
-        dump = getattr(getattr(torch._C, "_distributed_c10d", None), name, None)
-        if dump is None:
-            continue
-        try:
-            data = pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=True))
-        except RuntimeError:  # no such process group yet, or the recorder is disabled
-            continue
-        if isinstance(data, dict):
-            records.append(data)
-    return records
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    dumps = _nccl_dumps(c10d)
+    if getattr(c10d, "_dump_fr_trace", None) is not None:
+        dumps.append(c10d._dump_fr_trace)  # gloo's, torch's default
+    return [data for data in (_read_dump(dump, True) for dump in dumps) if data is not None]
 
 
 # --- precision: GradScaler's scale and fused optimizers' on-device skip ---

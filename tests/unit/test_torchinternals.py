@@ -195,6 +195,47 @@ def test_nccl_flight_record_is_reachable_where_nccl_is_built():
         assert torchinternals.nccl_flight_record() is None
 
 
+def test_nccl2_records_in_the_hooked_recorder_named_nccl2_from_2_15_on():
+    # torch 2.15's default "nccl" is ProcessGroupNCCL2: it records nothing itself; c10d attaches a
+    # FlightRecorderHook that files its collectives in the recorder named after the backend, read by
+    # _dump_fr_trace(backend=...). Before 2.15 there is no nccl2 and _dump_fr_trace takes no backend.
+    import torch.distributed.distributed_c10d as c10d
+
+    dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_fr_trace", None)
+    _require(callable(dump), "torch._C._distributed_c10d._dump_fr_trace", "is missing")
+    takes_backend = "backend: str" in (dump.__doc__ or "")
+    if torchinternals.torch_version() < torchinternals._NCCL2_FROM:
+        assert not takes_backend and not hasattr(c10d, "ProcessGroupNCCL2")
+        return
+    _require(takes_backend, "_dump_fr_trace(backend=...)", "no longer takes the backend whose recorder to read")
+    self_recording = getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", {"nccl2"})
+    _require(hasattr(c10d, "FlightRecorderHook") and "nccl2" not in self_recording,
+             "distributed_c10d.FlightRecorderHook", "no longer records nccl2's collectives")
+    if dist.is_nccl_available():
+        _require(hasattr(c10d, "ProcessGroupNCCL2"), "distributed_c10d.ProcessGroupNCCL2", "is missing")
+        assert isinstance(torchinternals.nccl_flight_record(), dict)  # the nccl2 recorder, empty here
+
+
+@pytest.mark.parametrize(("release", "expected"), [("2.14.1", "nccl"), ("2.15.0", "nccl2")])
+def test_nccl_flight_record_reads_the_recorder_nccl2_writes_from_2_15_on(monkeypatch, release, expected):
+    import pickle
+
+    c10d = torch._C._distributed_c10d
+    entry = {"profiling_name": "nccl:all_reduce", "collective_seq_id": 1, "state": "scheduled",
+             "time_created_ns": 1, "input_sizes": [[3]], "input_dtypes": ["Float"]}
+    stock = {"entries": [dict(entry, source="nccl")]}
+    hooked = {"nccl2": {"entries": [dict(entry, source="nccl2")]}, "gloo": {"entries": []}}
+    monkeypatch.setattr(c10d, "_dump_nccl_trace", lambda **kw: pickle.dumps(stock), raising=False)
+    monkeypatch.setattr(c10d, "_dump_fr_trace",
+                        lambda backend="gloo", **kw: pickle.dumps(hooked.get(backend, {"entries": []})), raising=False)
+    monkeypatch.setattr(torchinternals, "torch_version", lambda: Version(release))
+    assert torchinternals.nccl_flight_record()["entries"][0]["source"] == expected
+    sources = [e["source"] for r in torchinternals.flight_records() for e in r["entries"]]
+    assert sorted(sources) == sorted({"nccl", expected})  # the watchdog sees nccl2's pending collective too
+    hooked["nccl2"] = {"entries": []}  # TORCH_DIST_USE_NCCL2=0: the stock ProcessGroupNCCL records itself
+    assert torchinternals.nccl_flight_record()["entries"][0]["source"] == "nccl"
+
+
 def test_grad_scaler_scale_is_the_live_scale_tensor():
     scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
     scaler.scale(torch.ones((), requires_grad=True))

@@ -16,7 +16,8 @@ __all__ = ["recorder_env", "enable", "summarize_record", "read_summary", "BUFFER
            "read_oldest_unfinished"]
 
 BUFFER_ENTRIES = 2000
-"""Collectives the recorder keeps per process (torch's default buffer size is 0: off)."""
+"""Collectives the recorder keeps per process; torch's own default is the same (2000 from 2.11 to 2.15, the
+recorder on), set explicitly so hang reports do not depend on a release's default."""
 
 
 def recorder_env(dump_dir: str | None = None) -> dict[str, str]:
