@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-__all__ = ["NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -406,3 +406,19 @@ def _references(node: ast.AST, names: set[str]) -> bool:
         return node.id in names and isinstance(node.ctx, ast.Load)
     return (isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.value, ast.Name)
             and node.value.id in ("self", "cls"))
+
+
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+
+
+def without_grad(s: Script, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    """Whether `node` runs under `torch.no_grad()`/`inference_mode()` (a with block or a decorator)."""
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call) and terminal(
+                i.context_expr.func) in _NO_GRAD for i in node.items):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD for d in node.decorator_list):
+            return True
+    return False
