@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
 from ddpkit.lint.flow import flows, sharded_names, summaries_of
@@ -155,15 +156,20 @@ def _in_shard_loop(call: ast.Call, flow) -> bool:
     return id(call) in flow.in_loop
 
 
-@check
-def sum_over_rank_count(s: Script) -> Iterator[Hit]:
-    """`all_reduce(total)` then `total / len(loader)`: a sum over all ranks divided by one rank's count."""
+def _summed_flows(s: Script) -> Iterator[tuple[Any, set[str]]]:
+    """(flow, the names in it summed over all ranks) for the flows of a distributed program that has any."""
     if not s.project.distributed or not sharded_names(s):
         return
     for flow in flows(s):
         summed = _summed(s, flow)
-        if not summed:
-            continue
+        if summed:
+            yield flow, summed
+
+
+@check
+def sum_over_rank_count(s: Script) -> Iterator[Hit]:
+    """`all_reduce(total)` then `total / len(loader)`: a sum over all ranks divided by one rank's count."""
+    for flow, summed in _summed_flows(s):
         for node in flow.nodes:
             if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv))):
                 continue
@@ -171,10 +177,10 @@ def sum_over_rank_count(s: Script) -> Iterator[Hit]:
             if not left & summed:
                 continue
             right = node.right
-            per_rank = (isinstance(right, ast.Call) and terminal(right.func) == "len" and right.args
-                        and any(isinstance(n, (ast.Name, ast.Attribute)) and (
-                            terminal(n) in sharded_names(s) or "." + terminal(n) in sharded_names(s))
-                            for n in [right.args[0]])) or (
+            counted = right.args[0] if isinstance(right, ast.Call) and terminal(right.func) == "len" \
+                and right.args else None
+            per_rank = (isinstance(counted, (ast.Name, ast.Attribute))
+                        and bool({terminal(counted), "." + terminal(counted)} & set(sharded_names(s)))) or (
                 isinstance(right, ast.Name) and right.id in flow.counts and right.id not in flow.reduced)
             parent = s.parents.get(id(node))
             if isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Div, ast.FloorDiv)) \
@@ -192,12 +198,7 @@ def sum_over_rank_count(s: Script) -> Iterator[Hit]:
 @check
 def sum_of_averages(s: Script) -> Iterator[Hit]:
     """`acc = correct / total; dist.all_reduce(acc)` then reported: a sum of world_size averages, never divided."""
-    if not s.project.distributed or not sharded_names(s):
-        return
-    for flow in flows(s):
-        summed = _summed(s, flow)
-        if not summed:
-            continue
+    for flow, summed in _summed_flows(s):
         nodes = flow.nodes
         for name in summed:
             values = [v for t, v in _assigned(nodes) if t == name]
