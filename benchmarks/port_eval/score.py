@@ -3,6 +3,7 @@
     python benchmarks/port_eval/score.py fill --repo pytorch/examples --git-dir /path/to/clone/.git
     python benchmarks/port_eval/score.py score            # port each cached script, print the table
     python benchmarks/port_eval/score.py heldout --out DIR  # the held-out set: tool outcome and judged verdict
+    python benchmarks/port_eval/score.py heldout --set benchmarks/port_eval/heldout2.json  # another held-out set
 
 manifest.json lists each script by repository, path and commit, with the outcome recorded last time
 (ported / todo / refused / crashed) and why. `score` recomputes the outcomes from the cache, checks that
@@ -92,9 +93,9 @@ def score(update: bool) -> int:
     return 1 if differ and not update else 0
 
 
-def heldout(out_dir: str | None) -> int:
+def heldout(out_dir: str | None, labels: Path = HELDOUT) -> int:
     """Port every cached held-out script; print the tool's outcome beside the judged one (heldout.json)."""
-    entries = json.loads(HELDOUT.read_text())
+    entries = json.loads(labels.read_text())
     judged: Counter[str] = Counter()
     tool: Counter[str] = Counter()
     first: Counter[str] = Counter()
@@ -141,9 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("heldout", help="port every cached held-out script (heldout.json) and print the tool's "
                                       "outcome beside the judged one")
     h.add_argument("--out", metavar="DIR", help="also write each ported script under DIR (to judge it)")
+    h.add_argument("--set", type=Path, default=HELDOUT, metavar="FILE",
+                   help="the labelled set to port (default: heldout.json here)")
     args = p.parse_args(argv)
     if args.cmd == "heldout":
-        return heldout(args.out)
+        return heldout(args.out, args.set)
     return fill(args.repo, args.git_dir) if args.cmd == "fill" else score(args.update)
 
 
