@@ -27,8 +27,8 @@ HELDOUT = HERE / "heldout.json"
 CACHE = HERE / ".cache"
 
 
-def cached(entry: dict) -> Path:
-    return CACHE / entry["repo"].replace("/", "+") / entry["commit"][:12] / entry["path"]
+def cached(entry: dict, cache: Path | None = None) -> Path:
+    return (cache or CACHE) / entry["repo"].replace("/", "+") / entry["commit"][:12] / entry["path"]
 
 
 def fill(repo: str, git_dir: str) -> int:
@@ -93,14 +93,14 @@ def score(update: bool) -> int:
     return 1 if differ and not update else 0
 
 
-def heldout(out_dir: str | None, labels: Path = HELDOUT) -> int:
+def heldout(out_dir: str | None, labels: Path = HELDOUT, cache: Path | None = None) -> int:
     """Port every cached held-out script; print the tool's outcome beside the judged one (heldout.json)."""
     entries = json.loads(labels.read_text())
     judged: Counter[str] = Counter()
     tool: Counter[str] = Counter()
     first: Counter[str] = Counter()
     for entry in entries:
-        path = cached(entry)
+        path = cached(entry, cache)
         if not path.exists():
             print(f"{entry['repo']}:{entry['path']}: not cached", file=sys.stderr)
             return 2
@@ -144,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--out", metavar="DIR", help="also write each ported script under DIR (to judge it)")
     h.add_argument("--set", type=Path, default=HELDOUT, metavar="FILE",
                    help="the labelled set to port (default: heldout.json here)")
+    h.add_argument("--cache", type=Path, default=None, metavar="DIR",
+                   help="where the set's sources are (default: .cache/ here)")
     args = p.parse_args(argv)
     if args.cmd == "heldout":
-        return heldout(args.out, args.set)
+        return heldout(args.out, args.set, args.cache)
     return fill(args.repo, args.git_dir) if args.cmd == "fill" else score(args.update)
 
 
