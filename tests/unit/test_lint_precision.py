@@ -56,3 +56,92 @@ def test_worker_called_with_a_rank_variable_still_makes_the_caller_a_rank():
     # the ImageNet example's two modes: `main_worker(args.gpu, ...)` is what torchrun runs on every rank
     code = SPAWN_WITH_FALLBACK.replace("train(0, cfg)", "train(cfg.gpu, cfg)")
     assert _line(code, "preparing the run") in _lint(code, "DDP008")
+
+
+def test_package_put_on_sys_path_is_followed_from_the_entry_script():
+    # tools/train.py imports lib/core/function.py as `core.function` (lib/ is put on sys.path at run time):
+    # function.py belongs to train.py's program, so its test() that nothing calls is code no rank runs
+    files = {
+        "proj/tools/train.py": """
+            import _init_paths
+            import torch.distributed as dist
+            from core.function import train
+
+            def main():
+                dist.init_process_group("gloo")
+                train()
+                dist.destroy_process_group()
+
+            if __name__ == "__main__":
+                main()
+        """,
+        "proj/lib/core/function.py": """
+            def train():
+                print("training")
+
+            def test():
+                print("testing")
+        """,
+    }
+    assert _lint_files(files, "DDP008") == {("proj/lib/core/function.py", 3)}
+
+
+# ---- messages that explain why a process stops ----------------------------------------------------
+BAD_HEADER = """
+    import sys
+    import torch.distributed as dist
+    import logging
+
+    logging.basicConfig(level=logging.INFO)
+    dist.init_process_group("gloo")
+
+    def check_header(header):
+        if header[0] != 7:
+            print("ERROR: bad magic number in the data file")
+            print("HINT: regenerate the data")
+            sys.exit(1)
+        if header[1] != 1:
+            logging.info("unsupported version")
+            quit()
+        print("header ok")
+
+    check_header([7, 1])
+    dist.destroy_process_group()
+"""
+
+
+def test_a_run_of_messages_before_exit_is_not_repeated_output():
+    # every rank that finds the bad file says why it stops; that is no duplicated progress line
+    assert _lint(BAD_HEADER, "DDP008") == [_line(BAD_HEADER, "header ok")]
+
+
+# ---- which assignment a use sees --------------------------------------------------------------------
+PLATFORMS = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def setup(platform):
+        if platform == "single_node":
+            dist.init_process_group("nccl")
+            gpu = dist.get_rank()
+            torch.cuda.set_device(gpu)
+        elif platform == "mpi":
+            gpu = int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+            torch.cuda.set_device(gpu)
+            dist.init_process_group("nccl")
+        else:
+            gpu = dist.get_rank()
+            gpu = int(os.environ["LOCAL_RANK"])
+            torch.cuda.set_device(gpu)
+        return gpu
+
+    setup("mpi")
+    dist.destroy_process_group()
+"""
+
+
+def test_gpu_index_follows_the_assignment_that_reaches_it():
+    # `gpu` is the global rank in one branch only: the other branches' set_device(gpu) use a local rank
+    lines = [line for line in _lint(PLATFORMS, "DDP012")]
+    assert lines == [_line(PLATFORMS, "torch.cuda.set_device(gpu)")]  # the first branch's is still reported

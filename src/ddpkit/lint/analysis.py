@@ -70,6 +70,7 @@ class Script:
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = self._import_aliases()
+        self._parents: dict[int, ast.AST] | None = None
         self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
                              and any(a.name == "*" for a in n.names)]
         """Modules this file imports with `from m import *`."""
@@ -81,7 +82,6 @@ class Script:
         self.project = None
         """The Project this file belongs to (set by Project, which every lint run builds)."""
         self.path = ""
-        self._parents: dict[int, ast.AST] | None = None
         modules = set(self.aliases.values())
         self.uses_ddpkit = any((m == "ddpkit" or m.startswith("ddpkit.")) and not m.startswith("ddpkit.lint")
                                for m in modules)
@@ -203,6 +203,18 @@ class Script:
                 pairs.extend(_target_pairs(node.target, ast.BinOp(node.target, node.op, node.value)))
         self.assignments = pairs
         """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
+        self._bindings: dict[str, list[tuple[ast.AST, ast.AST | None]]] = {}
+        """Plain name -> (assigning statement, value or None where unknown) for each assignment, in source order."""
+        for node in self.nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = None if isinstance(node, ast.AugAssign) else node.value
+                for target in targets:
+                    known = dict(_target_pairs(target, value)) if value is not None else {}
+                    for name in (n.id for n in ast.walk(target) if isinstance(n, ast.Name)):
+                        self._bindings.setdefault(name, []).append((node, known.get(name)))
+        for found in self._bindings.values():
+            found.sort(key=lambda b: (b[0].lineno, b[0].col_offset))
         self.global_rank_names: set[str] = set()
         """Names holding the global rank itself (`rank = dist.get_rank()`), not a value derived from it."""
         for _ in range(4):
@@ -236,7 +248,7 @@ class Script:
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):
-            return expr.id in self.global_rank_names
+            return expr.id in self.global_rank_names and self._reaches_global(expr)
         if isinstance(expr, ast.Attribute):
             return "." + expr.attr in self.global_rank_names
         if isinstance(expr, ast.Call):
@@ -249,6 +261,34 @@ class Script:
         if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
             return expr.slice.value in GLOBAL_ENV
         return False
+
+    def _reaches_global(self, use: ast.Name) -> bool:
+        """Whether an assignment of the global rank to this name can reach this use: the assignments in the
+        same function before it are read newest first, skipping those in the other branch of an `if` the
+        use is in (`if platform == "a": r = get_rank() elif ...: r = hvd.local_rank()`), and stopping at one
+        that always runs before the use. A name this function never assigns keeps its name-level answer."""
+        parents = self.parents
+        if id(use) not in parents:
+            return True  # a node made up by a check: no position to follow
+        scope = _scope_of(use, parents)
+        where = (use.lineno, use.col_offset)
+        path = _path_up(use, parents)
+        candidates = [(stmt, value) for stmt, value in self._bindings.get(use.id, ())
+                      if (stmt.end_lineno, stmt.end_col_offset) <= where and id(stmt) not in path
+                      and _scope_of(stmt, parents) is scope]
+        if not candidates:
+            return True
+        reached = False
+        for stmt, value in reversed(candidates):
+            relation = _relation(stmt, path, parents)
+            if relation == "exclusive":
+                continue
+            if value is not None and self.is_global_rank(value):
+                return True
+            if relation == "before":
+                return False
+            reached = True
+        return not reached  # only other branches assign it here: the value comes from outside
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
@@ -388,6 +428,49 @@ class Script:
         return any(f in self.per_rank_functions for f in self.context(node).functions)
 
 
+
+
+def _scope_of(node: ast.AST, parents: dict[int, ast.AST]) -> ast.AST | None:
+    """The function (or lambda, or class body) a node runs in; None at module level."""
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return node
+    return None
+
+
+def _field_of(parent: ast.AST, child: ast.AST) -> str:
+    for name, value in ast.iter_fields(parent):
+        if value is child or (isinstance(value, list) and any(v is child for v in value)):
+            return name
+    return ""
+
+
+def _path_up(node: ast.AST, parents: dict[int, ast.AST]) -> dict[int, str]:
+    """id of each ancestor of `node` -> the field of that ancestor the path to `node` goes through."""
+    path: dict[int, str] = {}
+    while id(node) in parents:
+        parent = parents[id(node)]
+        path[id(parent)] = _field_of(parent, node)
+        node = parent
+    return path
+
+
+def _relation(stmt: ast.AST, use_path: dict[int, str], parents: dict[int, ast.AST]) -> str:
+    """How an earlier statement stands to a later use: 'before' (it always runs first: it sits in a block
+    the use is in), 'exclusive' (the other branch of an `if` the use is in) or 'maybe'."""
+    child, node = stmt, stmt
+    while id(node) in parents:
+        parent = parents[id(node)]
+        if id(parent) in use_path:
+            field = _field_of(parent, node)
+            if field == use_path[id(parent)]:
+                return "before" if child is node else "maybe"
+            if isinstance(parent, (ast.If, ast.IfExp)) and {field, use_path[id(parent)]} == {"body", "orelse"}:
+                return "exclusive"
+            return "maybe"
+        node = parent
+    return "maybe"
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:
