@@ -145,3 +145,77 @@ def test_gpu_index_follows_the_assignment_that_reaches_it():
     # `gpu` is the global rank in one branch only: the other branches' set_device(gpu) use a local rank
     lines = [line for line in _lint(PLATFORMS, "DDP012")]
     assert lines == [_line(PLATFORMS, "torch.cuda.set_device(gpu)")]  # the first branch's is still reported
+
+
+# ---- files that are no shared checkpoint ------------------------------------------------------------
+FEATURE_CACHE = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import Dataset
+
+    class Sounds(Dataset):
+        def __init__(self, paths):
+            self.paths = paths
+
+        def __getitem__(self, index):
+            return self.features(self.paths[index])
+
+        def features(self, wav_path):
+            cache = wav_path.replace(".wav", ".mel")
+            mel = torch.randn(80, 100)
+            torch.save(mel, cache)
+            return mel
+
+        def export(self, path):
+            torch.save(self.paths, path)
+
+    dist.init_process_group("gloo")
+    data = Sounds(["a.wav"])
+    data.export("paths.pt")
+    dist.destroy_process_group()
+"""
+
+
+def test_cache_file_written_by_a_helper_of_getitem_is_per_sample():
+    # features() runs once per sample (only __getitem__ calls it): each rank caches its own samples
+    assert _lint(FEATURE_CACHE, "DDP004") == [_line(FEATURE_CACHE, "torch.save(self.paths, path)")]
+
+
+SNAPSHOTS = """
+    import io
+    import torch
+    import torch.distributed as dist
+
+    class State:
+        def __init__(self, model):
+            self.model = model
+
+        def save(self, f):
+            torch.save(self.model.state_dict(), f)
+
+    def share(state, src):
+        with io.BytesIO() as f:
+            torch.save(state.model.state_dict(), f)
+            blob = torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8)
+        dist.broadcast(blob, src=src)
+
+    def main():
+        dist.init_process_group("gloo")
+        state = State(torch.nn.Linear(2, 2))
+        share(state, 0)
+        torch.save(state.model.state_dict(), "last.pt")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_in_memory_file_of_a_with_block_and_a_method_nothing_calls():
+    # `with io.BytesIO() as f` writes no file; State.save is never called (torch.save names no method of ours)
+    assert _lint(SNAPSHOTS, "DDP004") == [_line(SNAPSHOTS, 'torch.save(state.model.state_dict(), "last.pt")')]
+
+
+def test_a_project_method_called_on_an_object_stays_live():
+    code = SNAPSHOTS.replace("share(state, 0)", "state.save('state.pt')")
+    assert _line(code, "torch.save(self.model.state_dict(), f)") in _lint(code, "DDP004")

@@ -165,6 +165,7 @@ class Project:
         live: set[str] = set()
         todo = roots
         seen: set[int] = set()
+        outside = self._outside_attributes()
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -174,7 +175,7 @@ class Project:
                 name = ""
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                     name = n.id
-                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside:
                     name = n.attr
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
@@ -182,6 +183,21 @@ class Project:
                     live.add(name)
                     todo.extend(defs.get(name, ()))
         self.live_functions = live
+
+    def _outside_attributes(self) -> set[int]:
+        """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
+        which name none of the project's functions (a `State.save` method is not kept live by `torch.save`)."""
+        found: set[int] = set()
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.Attribute):
+                    root = n.value
+                    while isinstance(root, ast.Attribute):
+                        root = root.value
+                    if isinstance(root, ast.Name) and root.id in s.aliases \
+                            and self.modules.locate(s.path, s.aliases[root.id], parent=True) is None:
+                        found.add(id(n))
+        return found
 
     @staticmethod
     def _acts(s: Script) -> bool:

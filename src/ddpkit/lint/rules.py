@@ -230,6 +230,15 @@ def is_buffer(s: Script, expr: ast.AST | None) -> bool:
     return False
 
 
+def _written_buffer(s: Script, call: ast.Call, expr: ast.AST | None) -> bool:
+    """`with io.BytesIO() as f: torch.save(obj, f)` in the same function: the bytes go to memory (to be
+    sent), not to a shared file."""
+    return isinstance(expr, ast.Name) and any(
+        isinstance(n, ast.withitem) and isinstance(n.optional_vars, ast.Name) and n.optional_vars.id == expr.id
+        and is_buffer(s, n.context_expr) and s.context(n.context_expr).scope == s.context(call).scope
+        for n in s.nodes)
+
+
 def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
     """A path that names the rank (`f"queue{rank}.pth"`, or a variable built so): each rank has its own file."""
     if path is None:
@@ -251,7 +260,7 @@ def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
         return False
     names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
     names |= {m.id for k, v in s.assignments if k in names for m in ast.walk(v) if isinstance(m, ast.Name)}
-    if "__getitem__" in s.context(call).functions:
+    if any(f in _item_functions(s) for f in s.context(call).functions):
         return True
     node, parents = call, s.parents
     while id(node) in parents:
@@ -265,6 +274,28 @@ def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
             if bound & names and not counting and not any(_EPOCHISH.match(b.lower()) for b in bound & names):
                 return True
     return False
+
+
+def _item_functions(s: Script) -> set[str]:
+    """`__getitem__` and the functions of this file only it calls, directly or through each other
+    (`self.get_mel(path)` that caches one sample's features): they run once per sample."""
+    def compute() -> set[str]:
+        callers: dict[str, set[str]] = {}
+        for node in s.nodes:
+            if isinstance(node, ast.Call) and s.local_callee(node):
+                where = s.context(node).functions
+                callers.setdefault(s.local_callee(node), set()).add(where[-1] if where else "")
+            elif isinstance(node, (ast.Name, ast.Attribute)) and s.local_callee(ast.Call(node, [], [])) \
+                    and getattr(s.parents.get(id(node)), "func", None) is not node:
+                callers.setdefault(terminal(node), set()).add("")  # passed along: called from anywhere
+        found = {"__getitem__"}
+        for _ in range(8):
+            more = {name for name, by in callers.items() if by and by <= found}
+            if more <= found:
+                break
+            found |= more
+        return found
+    return s.project.memo(("item functions", id(s)), compute)
 
 
 def _under_lock(s: Script, call: ast.Call) -> bool:
@@ -286,7 +317,7 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
         if s.qualname(call.func) != "torch.save" or not s.per_rank(call) or s.context(call).single:
             continue
         target = argument(call, "f", 1)
-        if is_buffer(s, target) or _per_rank_file(s, target) or _per_item_file(s, call, target) \
+        if is_buffer(s, target) or _written_buffer(s, call, target) or _per_rank_file(s, target) or _per_item_file(s, call, target) \
                 or _under_lock(s, call):
             continue
         level = s.context(call).level
