@@ -219,3 +219,44 @@ def test_in_memory_file_of_a_with_block_and_a_method_nothing_calls():
 def test_a_project_method_called_on_an_object_stays_live():
     code = SNAPSHOTS.replace("share(state, 0)", "state.save('state.pt')")
     assert _line(code, "torch.save(self.model.state_dict(), f)") in _lint(code, "DDP004")
+
+
+# ---- seeds ----------------------------------------------------------------------------------------------
+SEED_HELPER_ELSEWHERE = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from helpers.general import init_seeds
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    init_seeds(1 + rank)
+    dist.destroy_process_group()
+"""
+
+
+def test_seed_helper_from_a_module_not_linted_is_no_missing_seed():
+    # init_seeds comes from a file not given to the linter: "nothing seeds" would be a guess
+    assert _lint(SEED_HELPER_ELSEWHERE, "DDP014") == []
+    unseeded = SEED_HELPER_ELSEWHERE.replace("init_seeds(1 + rank)", "print(rank)")
+    assert _lint(unseeded, "DDP014") == [_line(unseeded, "dist.init_process_group")]
+
+
+SEED_FROM_SEEDED_GENERATOR = """
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torchvision import transforms
+
+    dist.init_process_group("gloo")
+    augment = transforms.RandomHorizontalFlip()
+    np.random.seed(1000 * 7 + dist.get_rank())
+    torch.manual_seed(np.random.randint(1 << 31))
+    dist.destroy_process_group()
+"""
+
+
+def test_seed_drawn_from_a_generator_seeded_per_rank_differs_per_rank():
+    assert _lint(SEED_FROM_SEEDED_GENERATOR, "DDP014") == []
+    alike = SEED_FROM_SEEDED_GENERATOR.replace("1000 * 7 + dist.get_rank()", "1000 * 7")
+    assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
