@@ -260,3 +260,58 @@ def test_seed_drawn_from_a_generator_seeded_per_rank_differs_per_rank():
     assert _lint(SEED_FROM_SEEDED_GENERATOR, "DDP014") == []
     alike = SEED_FROM_SEEDED_GENERATOR.replace("1000 * 7 + dist.get_rank()", "1000 * 7")
     assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
+
+
+# ---- hangs ------------------------------------------------------------------------------------------------
+def test_rank_check_on_a_local_rank_that_is_only_non_negative_is_a_mode_check():
+    code = """
+        import torch
+        import torch.distributed as dist
+
+        def main(args, resume):
+            distributed = args.local_rank >= 0
+            if distributed:
+                dist.init_process_group("gloo")
+            if resume:
+                if distributed:
+                    dist.barrier()
+            if args.local_rank <= 0:
+                dist.barrier()
+            dist.destroy_process_group()
+
+        main(None, True)
+    """
+    # `local_rank >= 0` holds on every rank of a distributed run; `local_rank <= 0` picks rank 0
+    assert _lint(code, "DDP010") == [_line(code, "if args.local_rank <= 0:") + 1]
+
+
+NONFINITE_SCAN = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10):
+        loss = model(torch.randn(4, 2)).sum()
+        loss.backward()
+        bad = False
+        for p in model.parameters():
+            if not torch.isfinite(p.grad).all():
+                bad = True
+                break
+        if not bad:
+            opt.step()
+    dist.destroy_process_group()
+"""
+
+
+def test_break_out_of_a_scan_over_parameters_is_no_rank_leaving_the_loop():
+    assert _lint(NONFINITE_SCAN, "DDP010") == []
+    # the same check breaking out of the training loop leaves the other ranks waiting in backward()
+    leaves = NONFINITE_SCAN.replace("        bad = False\n        for p in model.parameters():\n"
+                                    "            if not torch.isfinite(p.grad).all():\n"
+                                    "                bad = True\n                break\n",
+                                    "        if not torch.isfinite(loss):\n            break\n")
+    assert _lint(leaves, "DDP010") == [_line(leaves, "break")]

@@ -165,8 +165,8 @@ class Script:
             return NONE
         if isinstance(expr, ast.Compare):
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
-            if all(is_mode_sentinel(c) for c in expr.comparators):
-                return NONE
+            if all(is_mode_sentinel(c) for c in expr.comparators) or distributed_mode(expr):
+                return NONE  # `local_rank >= 0` too: true on every rank of a distributed run
             return max(self.kind(e) for e in (expr.left, *expr.comparators))
         if isinstance(expr, ast.BoolOp):
             if isinstance(expr.op, ast.And):
