@@ -315,3 +315,67 @@ def test_break_out_of_a_scan_over_parameters_is_no_rank_leaving_the_loop():
                                     "                bad = True\n                break\n",
                                     "        if not torch.isfinite(loss):\n            break\n")
     assert _lint(leaves, "DDP010") == [_line(leaves, "break")]
+
+
+# ---- samplers -------------------------------------------------------------------------------------------
+def test_sampler_built_in_a_helper_called_only_when_distributed():
+    files = {
+        "p/train.py": """
+            import torch.distributed as dist
+            from data import make_sampler
+
+            def main(args, dataset):
+                if args.distributed:
+                    dist.init_process_group("gloo")
+                    sampler = make_sampler(dataset)
+                else:
+                    sampler = None
+                for epoch in range(10):
+                    if args.distributed:
+                        sampler.set_epoch(epoch)
+                    for batch in dataset:
+                        pass
+                dist.destroy_process_group()
+
+            if __name__ == "__main__":
+                main(None, [])
+        """,
+        "p/data.py": """
+            from torch.utils.data import DistributedSampler
+
+            def make_sampler(dataset):
+                return DistributedSampler(dataset, shuffle=True)
+        """,
+    }
+    assert _lint_files(files, "DDP001") == set()
+    # built on every path (the helper called outside the mode check): the flag-off run repeats one order
+    everywhere = dict(files, **{"p/train.py": files["p/train.py"].replace(
+        "                else:\n                    sampler = None\n",
+        "                sampler = make_sampler(dataset)\n")})
+    assert _lint_files(everywhere, "DDP001") == {("p/train.py", _line(everywhere["p/train.py"], "set_epoch"))}
+
+
+SAMPLER_WRAPPED = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from mysamplers import IterationBasedBatchSampler
+
+    dist.init_process_group("gloo")
+    data = list(range(100))
+    sampler = DistributedSampler(data)
+    batches = torch.utils.data.BatchSampler(sampler, batch_size=4, drop_last=False)
+    batches = IterationBasedBatchSampler(batches, num_iterations=1000)
+    loader = DataLoader(data, batch_sampler=batches)
+    for epoch in range(3):
+        for batch in loader:
+            pass
+    dist.destroy_process_group()
+"""
+
+
+def test_sampler_handed_to_a_batch_sampler_from_a_file_not_linted():
+    # the wrapper's code is not visible and may call sampler.set_epoch itself (iteration-based training does)
+    assert _lint(SAMPLER_WRAPPED, "DDP001") == []
+    plain = SAMPLER_WRAPPED.replace("    batches = IterationBasedBatchSampler(batches, num_iterations=1000)\n", "")
+    assert _lint(plain, "DDP001") == [_line(plain, "sampler = DistributedSampler(data)")]

@@ -64,7 +64,7 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
                       "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
                       "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
-        elif _distributed_only(s, call) and any(not _distributed_only(x, c) for x, c in
+        elif _distributed_only(s, call) and any(not _built_when_distributed(x, c) for x, c in
                                                  s.project.calls_named("DistributedSampler")):
             yield Hit(call, "DDP001", "warning",
                       "set_epoch runs only when the run is distributed (inside a mode check), but the "
@@ -76,10 +76,40 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     for call in s.calls_named("DistributedSampler"):
         if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call):
             continue  # the order of evaluation data does not matter
+        if _handed_to_unseen_code(s, call):
+            continue  # a batch sampler from a file not linted may call set_epoch itself
         yield Hit(call, "DDP001", "error",
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
+    """The sampler reaches (directly or through torch's BatchSampler) a callable imported from a module the
+    linted files do not include (`samplers.IterationBasedBatchSampler(batch_sampler)`), which may call set_epoch."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    done: set[int] = set()
+    for _ in range(4):
+        more = set()
+        for key, value in s.assignments:
+            if not isinstance(value, ast.Call) or id(value) in done or not any(
+                    isinstance(a, ast.Name) and a.id in holders for a in (*value.args, *(k.value for k in value.keywords))):
+                continue
+            done.add(id(value))
+            if terminal(value.func) == "DataLoader":
+                continue  # what a loader is handed to iterates batches; it does not drive the sampler's epochs
+            root = value.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            name = s.qualname(value.func)
+            if isinstance(root, ast.Name) and root.id in s.aliases and not name.startswith("torch.") \
+                    and s.project.resolve(s, value.func) is None:
+                return True
+            more.add(key)
+        if more <= holders:
+            return False
+        holders |= more
+    return False
 
 
 def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
@@ -110,6 +140,18 @@ def _distributed_only(s: Script, node: ast.AST) -> bool:
                 return True
         child = parent
     return False
+
+
+def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
+    """Inside a mode check's distributed branch, or in a function every call of which is (`samplers =
+    create_sampler(...)` under `if args.distributed:`), through at most three helpers."""
+    if _distributed_only(s, node):
+        return True
+    functions = s.context(node).functions
+    if not functions or depth > 2:
+        return False
+    callers = [(x, c) for x, c in s.project.calls_named(functions[-1]) if x.project.runs(x, c)]
+    return bool(callers) and all(_built_when_distributed(x, c, depth + 1) for x, c in callers)
 
 
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
