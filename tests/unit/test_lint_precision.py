@@ -379,3 +379,84 @@ def test_sampler_handed_to_a_batch_sampler_from_a_file_not_linted():
     assert _lint(SAMPLER_WRAPPED, "DDP001") == []
     plain = SAMPLER_WRAPPED.replace("    batches = IterationBasedBatchSampler(batches, num_iterations=1000)\n", "")
     assert _lint(plain, "DDP001") == [_line(plain, "sampler = DistributedSampler(data)")]
+
+
+def test_code_after_an_assert_of_one_process_is_single_process():
+    code = """
+        import torch.distributed as dist
+
+        def main(args):
+            if args.local_rank != -1:
+                dist.init_process_group("gloo")
+            if not args.evolve:
+                print("training")
+            else:
+                assert args.local_rank == -1, "DDP mode not implemented for --evolve"
+                print("evolving")
+            dist.destroy_process_group()
+
+        main(None)
+    """
+    assert _lint(code, "DDP008") == [_line(code, 'print("training")')]
+
+
+# ---- guards at the call sites that reach the code -------------------------------------------------------
+def test_save_branch_of_a_helper_gets_the_guard_of_the_calls_that_pass_a_model():
+    files = {
+        "q/train.py": """
+            import torch
+            import torch.distributed as dist
+            from ckpt import checkpoint
+
+            def main():
+                dist.init_process_group("gloo")
+                model = torch.nn.Linear(2, 2)
+                state = checkpoint("run")
+                for step in range(10):
+                    if step % 5 == 0 and dist.get_rank() == 0:
+                        checkpoint("run", model=model)
+                dist.destroy_process_group()
+
+            if __name__ == "__main__":
+                main()
+        """,
+        "q/ckpt.py": """
+            import torch
+
+            def checkpoint(name, model=None):
+                if model is not None:
+                    torch.save(model.state_dict(), name + ".pt")
+                else:
+                    return torch.load(name + ".pt", map_location="cpu")
+        """,
+    }
+    # only the rank-0 call passes a model: the save branch runs on rank 0 only
+    assert _lint_files(files, "DDP004") == set()
+    every_rank = dict(files, **{"q/train.py": files["q/train.py"].replace(
+        'state = checkpoint("run")', 'state = checkpoint("run", model)')})
+    assert _lint_files(every_rank, "DDP004") == {("q/ckpt.py", 6)}
+
+
+def test_optional_parameter_guard_within_one_file():
+    code = """
+        import torch
+        import torch.distributed as dist
+
+        def checkpoint(name, model=None):
+            if model is None:
+                return torch.load(name, map_location="cpu")
+            torch.save(model.state_dict(), name)
+
+        def main():
+            dist.init_process_group("gloo")
+            model = torch.nn.Linear(2, 2)
+            checkpoint("a.pt")
+            if dist.get_rank() == 0:
+                checkpoint("a.pt", model)
+            dist.destroy_process_group()
+
+        main()
+    """
+    assert _lint(code, "DDP004") == []
+    unguarded = code.replace('checkpoint("a.pt")\n', 'checkpoint("a.pt", model=model)\n')
+    assert _lint(unguarded, "DDP004") == [_line(unguarded, "torch.save")]

@@ -9,7 +9,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal", "distributed_mode"]
+           "terminal", "distributed_mode", "optional_parameters", "passes"]
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -314,6 +314,11 @@ class Script:
                 level = self.context(ref).level
                 levels[name] = min(levels.get(name, GLOBAL), level)
                 single[name] = single.get(name, True) and self.context(ref).single
+                call = self.parents.get(id(ref))
+                for param in optional_parameters([d for d in defs if d.name == name]):
+                    if not (isinstance(call, ast.Call) and call.func is ref) or passes(call, defs, name, param):
+                        key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
+                        levels[key] = min(levels.get(key, GLOBAL), level)
             single_names = {n for n, alone in single.items() if alone}
             if levels == self.function_level and single_names == self.function_single:
                 break
@@ -330,7 +335,18 @@ class Script:
                 self._visit(stmt, ctx)
                 continue
             self._visit(stmt, ctx)
-            if k and isinstance(stmt.body[-1], _TERMINATORS):
+            if isinstance(stmt, ast.Assert) and distributed_mode(stmt.test) < 0 or isinstance(stmt, ast.If) \
+                    and not stmt.orelse and distributed_mode(stmt.test) > 0 and isinstance(stmt.body[-1], ast.Raise):
+                # `assert local_rank == -1, "no DDP for --evolve"` (or `if distributed: raise ...`): one process
+                # runs the rest of the block
+                ctx = ctx.alone()
+            elif isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS) \
+                    and _presence_test(stmt.test)[1] == "else" and ctx.functions:
+                # `if model is None: return load(...)`: the rest runs for the calls that pass a model
+                passed = self.function_level.get(f"{ctx.functions[-1]}({_presence_test(stmt.test)[0]})", NONE)
+                if passed > ctx.level:
+                    ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+            elif k and isinstance(stmt.body[-1], _TERMINATORS):
                 # `if rank != 0: return` guards everything after it in the same block
                 ctx = ctx.guarded(k, stmt, "after")
             elif barrier:
@@ -356,6 +372,13 @@ class Script:
             k = self.kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
+            given, branch = _presence_test(node.test)
+            passed = self.function_level.get(f"{ctx.functions[-1]}({given})", NONE) if given and ctx.functions else NONE
+            if passed > ctx.level:
+                # `if model is not None: torch.save(...)` in a helper whose calls that pass a model all sit
+                # under a rank check (the others only load): this branch has their guard
+                raised = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+                body_ctx, else_ctx = (raised, else_ctx) if branch == "body" else (body_ctx, raised)
             sense = distributed_mode(node.test)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
@@ -428,6 +451,49 @@ class Script:
         return any(f in self.per_rank_functions for f in self.context(node).functions)
 
 
+
+
+def optional_parameters(defs: list[ast.AST]) -> set[str]:
+    """Parameters that default to None in any of these function definitions."""
+    found: set[str] = set()
+    for d in defs:
+        positional = [*d.args.posonlyargs, *d.args.args]
+        pairs = list(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
+        pairs += [(a, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None]
+        found |= {a.arg for a, v in pairs if isinstance(v, ast.Constant) and v.value is None}
+    return found
+
+
+def passes(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:
+    """Whether `call` gives the parameter `param` of the function `name` a value (other than None)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return True
+    given = next((k.value for k in call.keywords if k.arg == param), None)
+    if given is not None:
+        return not (isinstance(given, ast.Constant) and given.value is None)
+    for d in defs:
+        if d.name != name:
+            continue
+        positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+        if positional[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+            positional = positional[1:]
+        if param in positional and positional.index(param) < len(call.args):
+            value = call.args[positional.index(param)]
+            return not (isinstance(value, ast.Constant) and value.value is None)
+    return False
+
+
+def _presence_test(test: ast.AST) -> tuple[str, str]:
+    """(name, branch that runs when it is given) for `if p:`, `if p is not None:` (body) and `if p is None:` (else)."""
+    if isinstance(test, ast.Name):
+        return test.id, "body"
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        return test.left.id, {ast.IsNot: "body", ast.Is: "else"}.get(type(test.ops[0]), "")
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return next(((name, "body") for v in test.values for name, branch in [_presence_test(v)]
+                     if name and branch == "body"), ("", ""))
+    return "", ""
 
 
 def _scope_of(node: ast.AST, parents: dict[int, ast.AST]) -> ast.AST | None:

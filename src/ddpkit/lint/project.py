@@ -6,7 +6,7 @@ import ast
 import os
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, optional_parameters, passes, terminal
 
 __all__ = ["Project", "LOSS_NAME", "eval_samplers", "programs"]
 
@@ -99,6 +99,11 @@ class Project:
                     level = max(level, script.function_level.get(script.context(call).functions[-1], NONE))
                 into = levels.setdefault(target[0], {})
                 into[target[1]] = min(into.get(target[1], GLOBAL), level)
+                defs = [d for d in self.scripts[target[0]].defs if d.name == target[1]]
+                for param in optional_parameters(defs):
+                    if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
+                        key = f"{target[1]}({param})"
+                        into[key] = min(into.get(key, GLOBAL), level)
         return levels
 
     # ---- which code runs ---------------------------------------------------------------------
