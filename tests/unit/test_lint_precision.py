@@ -460,3 +460,37 @@ def test_optional_parameter_guard_within_one_file():
     assert _lint(code, "DDP004") == []
     unguarded = code.replace('checkpoint("a.pt")\n', 'checkpoint("a.pt", model=model)\n')
     assert _lint(unguarded, "DDP004") == [_line(unguarded, "torch.save")]
+
+
+BLOCKS = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    class Basic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            print("basic block")
+
+    class Bottleneck(nn.Module):
+        def __init__(self):
+            super(Bottleneck, self).__init__()
+            print("bottleneck block")
+
+    def small():
+        return Basic()
+
+    def large():
+        return Bottleneck()
+
+    dist.init_process_group("gloo")
+    model = small()
+    dist.destroy_process_group()
+"""
+
+
+def test_dunder_of_a_class_nothing_live_names_is_dead():
+    # large() is never called, so nothing builds a Bottleneck (its own super() call does not count)
+    assert _lint(BLOCKS, "DDP008") == [_line(BLOCKS, 'print("basic block")')]
+    chosen = BLOCKS.replace("model = small()", "model = globals()['large']()")
+    assert _line(chosen, 'print("bottleneck block")') in _lint(chosen, "DDP008")  # picked by a string

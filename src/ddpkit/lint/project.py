@@ -132,12 +132,19 @@ class Project:
             self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
+        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
             entry = path in entries
             dead: set[int] = set()
+            implicit = {id(item) for stmt in s.tree.body if isinstance(stmt, ast.ClassDef)
+                        and not (stmt.name in self._framework_classes or stmt.decorator_list or dynamic)
+                        for item in stmt.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and _conventional(item.name)}
             for d in s.defs:
-                defs.setdefault(d.name, []).append(d)
+                if id(d) not in implicit:  # `super().__init__()` names the base's __init__, not every class's
+                    defs.setdefault(d.name, []).append(d)
                 if any(terminal(x.func if isinstance(x, ast.Call) else x) not in _PLAIN_DECORATORS
                        for x in d.decorator_list):
                     roots.append(d)
@@ -149,13 +156,19 @@ class Project:
                         dead.update(id(n) for n in ast.walk(stmt))
                 elif isinstance(stmt, ast.ClassDef):
                     framework = stmt.name in self._framework_classes
+                    # a plain class's dunders and forward run once something names the class (outside its
+                    # own body): they are followed from that name, and the class is dead without one
+                    named = not (framework or stmt.decorator_list or dynamic)
+                    if named:
+                        classes_named.append((path, stmt))
                     for item in stmt.body:
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                             if framework or _conventional(item.name):
-                                roots.append(item)
+                                (defs.setdefault(stmt.name, []) if named else roots).append(item)
                         else:
                             roots.append(item)
-                    roots.extend(stmt.bases + stmt.decorator_list + stmt.keywords)
+                    (defs.setdefault(stmt.name, []) if named else roots).extend(stmt.bases + stmt.keywords)
+                    roots.extend(stmt.decorator_list)
                 elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     roots.append(stmt)
             acts = acts or (entry and self._acts(s))
@@ -188,6 +201,9 @@ class Project:
                     live.add(name)
                     todo.extend(defs.get(name, ()))
         self.live_functions = live
+        for path, c in classes_named:
+            if c.name not in live:
+                self.dead_blocks[path].update(id(n) for n in ast.walk(c))
 
     def _outside_attributes(self) -> set[int]:
         """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
@@ -494,6 +510,19 @@ _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "no_grad", "infere
 _PLAIN_BASES = frozenset({"object", "Module", "Dataset", "IterableDataset", "Sampler", "Enum", "NamedTuple",
                           "Exception", "ABC", "Generic", "Protocol"})
 """Bases whose subclasses' methods run only when called by name (besides dunders and forward)."""
+
+
+def _looks_up_by_name(node: ast.AST) -> bool:
+    """`getattr(models, args.arch)`, `models.__dict__[name]`, `globals()[name]`, `eval(...)`: code chosen by a
+    string, so a class nothing names may still run."""
+    if isinstance(node, ast.Call):
+        name = terminal(node.func)
+        builtin = isinstance(node.func, ast.Name) and name in ("eval", "exec", "globals", "vars", "locals",
+                                                                "__import__", "getattr")
+        return (builtin and (name != "getattr" or len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant))) \
+            or name in ("import_module", "instantiate")
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+        and node.value.attr == "__dict__" and not (isinstance(node.value.value, ast.Name) and node.value.value.id == "self")
 
 
 def _conventional(name: str) -> bool:
