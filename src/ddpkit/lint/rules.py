@@ -372,7 +372,8 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
         elif level == LOCAL and not s.project.single_node:
             yield Hit(call, "DDP004", "warning",
                       "torch.save is guarded by a local-rank check only: on a multi-node job local rank 0 "
-                      "of every node writes the file",
+                      "of every node writes the file (this assumes the path is shared between the nodes; a "
+                      "per-node local disk is fine)",
                       "test the global rank instead: `if dist.get_rank() == 0:`")
 
 
