@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal", "distributed_mode", "optional_parameters", "passes"]
+           "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -270,22 +271,22 @@ class Script:
         parents = self.parents
         if id(use) not in parents:
             return True  # a node made up by a check: no position to follow
-        scope = _scope_of(use, parents)
+        scope = scope_of(use, parents)
         where = (use.lineno, use.col_offset)
-        path = _path_up(use, parents)
+        path = path_up(use, parents)
         candidates = [(stmt, value) for stmt, value in self._bindings.get(use.id, ())
                       if (stmt.end_lineno, stmt.end_col_offset) <= where and id(stmt) not in path
-                      and _scope_of(stmt, parents) is scope]
+                      and scope_of(stmt, parents) is scope]
         if not candidates:
             return True
         reached = False
         for stmt, value in reversed(candidates):
-            relation = _relation(stmt, path, parents)
-            if relation == "exclusive":
+            how = relation(stmt, path, parents)
+            if how == "exclusive":
                 continue
             if value is not None and self.is_global_rank(value):
                 return True
-            if relation == "before":
+            if how == "before":
                 return False
             reached = True
         return not reached  # only other branches assign it here: the value comes from outside
@@ -341,9 +342,9 @@ class Script:
                 # runs the rest of the block
                 ctx = ctx.alone()
             elif isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS) \
-                    and _presence_test(stmt.test)[1] == "else" and ctx.functions:
+                    and presence_test(stmt.test)[1] == "else" and ctx.functions:
                 # `if model is None: return load(...)`: the rest runs for the calls that pass a model
-                passed = self.function_level.get(f"{ctx.functions[-1]}({_presence_test(stmt.test)[0]})", NONE)
+                passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
                 if passed > ctx.level:
                     ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
             elif k and isinstance(stmt.body[-1], _TERMINATORS):
@@ -372,7 +373,7 @@ class Script:
             k = self.kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
-            given, branch = _presence_test(node.test)
+            given, branch = presence_test(node.test)
             passed = self.function_level.get(f"{ctx.functions[-1]}({given})", NONE) if given and ctx.functions else NONE
             if passed > ctx.level:
                 # `if model is not None: torch.save(...)` in a helper whose calls that pass a model all sit
@@ -451,92 +452,6 @@ class Script:
         return any(f in self.per_rank_functions for f in self.context(node).functions)
 
 
-
-
-def optional_parameters(defs: list[ast.AST]) -> set[str]:
-    """Parameters that default to None in any of these function definitions."""
-    found: set[str] = set()
-    for d in defs:
-        positional = [*d.args.posonlyargs, *d.args.args]
-        pairs = list(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
-        pairs += [(a, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None]
-        found |= {a.arg for a, v in pairs if isinstance(v, ast.Constant) and v.value is None}
-    return found
-
-
-def passes(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:
-    """Whether `call` gives the parameter `param` of the function `name` a value (other than None)."""
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return True
-    given = next((k.value for k in call.keywords if k.arg == param), None)
-    if given is not None:
-        return not (isinstance(given, ast.Constant) and given.value is None)
-    for d in defs:
-        if d.name != name:
-            continue
-        positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-        if positional[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
-            positional = positional[1:]
-        if param in positional and positional.index(param) < len(call.args):
-            value = call.args[positional.index(param)]
-            return not (isinstance(value, ast.Constant) and value.value is None)
-    return False
-
-
-def _presence_test(test: ast.AST) -> tuple[str, str]:
-    """(name, branch that runs when it is given) for `if p:`, `if p is not None:` (body) and `if p is None:` (else)."""
-    if isinstance(test, ast.Name):
-        return test.id, "body"
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
-            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
-        return test.left.id, {ast.IsNot: "body", ast.Is: "else"}.get(type(test.ops[0]), "")
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return next(((name, "body") for v in test.values for name, branch in [_presence_test(v)]
-                     if name and branch == "body"), ("", ""))
-    return "", ""
-
-
-def _scope_of(node: ast.AST, parents: dict[int, ast.AST]) -> ast.AST | None:
-    """The function (or lambda, or class body) a node runs in; None at module level."""
-    while id(node) in parents:
-        node = parents[id(node)]
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            return node
-    return None
-
-
-def _field_of(parent: ast.AST, child: ast.AST) -> str:
-    for name, value in ast.iter_fields(parent):
-        if value is child or (isinstance(value, list) and any(v is child for v in value)):
-            return name
-    return ""
-
-
-def _path_up(node: ast.AST, parents: dict[int, ast.AST]) -> dict[int, str]:
-    """id of each ancestor of `node` -> the field of that ancestor the path to `node` goes through."""
-    path: dict[int, str] = {}
-    while id(node) in parents:
-        parent = parents[id(node)]
-        path[id(parent)] = _field_of(parent, node)
-        node = parent
-    return path
-
-
-def _relation(stmt: ast.AST, use_path: dict[int, str], parents: dict[int, ast.AST]) -> str:
-    """How an earlier statement stands to a later use: 'before' (it always runs first: it sits in a block
-    the use is in), 'exclusive' (the other branch of an `if` the use is in) or 'maybe'."""
-    child, node = stmt, stmt
-    while id(node) in parents:
-        parent = parents[id(node)]
-        if id(parent) in use_path:
-            field = _field_of(parent, node)
-            if field == use_path[id(parent)]:
-                return "before" if child is node else "maybe"
-            if isinstance(parent, (ast.If, ast.IfExp)) and {field, use_path[id(parent)]} == {"body", "orelse"}:
-                return "exclusive"
-            return "maybe"
-        node = parent
-    return "maybe"
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ast
-import os
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, optional_parameters, passes, terminal
+from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.bindings import optional_parameters, passes
+from ddpkit.lint.imports import Modules
 
-__all__ = ["Project", "LOSS_NAME", "eval_samplers", "programs"]
+__all__ = ["Project", "LOSS_NAME", "eval_samplers"]
 
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
@@ -31,7 +32,7 @@ class Project:
 
     def __init__(self, trees: dict[str, ast.Module]) -> None:
         self.paths = list(trees)
-        self.modules = _Modules(self.paths)
+        self.modules = Modules(self.paths)
         self._memo: dict[object, object] = {}
         self.scripts = {path: _script(path, tree, {}) for path, tree in trees.items()}
         for _ in range(2):  # a helper of a helper in a third file needs a second round
@@ -371,89 +372,6 @@ def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:
     script = Script(tree, levels)
     script.path = path
     return script
-
-
-class _Modules:
-    """Finds the project file an import names, as Python would from the importing file's folder.
-
-    `import utils` in a/b/train.py is a/b/utils.py (or a/b/utils/__init__.py), else a/utils.py and
-    so on up; `from util.misc import f` is util/misc.py found the same way. Two scripts in different
-    folders that each import their own `utils` stay apart.
-    """
-
-    def __init__(self, paths: list[str]) -> None:
-        self.files = {os.path.normpath(p): p for p in paths}
-        self._found: dict[tuple[str, str, bool], str | None] = {}
-
-    def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
-        """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
-        key = (os.path.dirname(os.path.normpath(importer)), dotted, parent)
-        if key not in self._found:
-            names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
-            self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
-                or next((p for name in names if "." in name for p in [self._unique(name)] if p), None)
-        return self._found[key]
-
-    def _unique(self, dotted: str) -> str | None:
-        """`from core.function import train` in tools/train.py, whose folder `lib/` is put on sys.path at run time
-        (`_init_paths`): the one file of the project at that dotted path in some folder (none if several)."""
-        relative = os.path.join(*dotted.split("."))
-        tails = (os.sep + relative + ".py", os.sep + os.path.join(relative, "__init__.py"))
-        found = [p for normal, p in self.files.items() if normal.endswith(tails)]
-        return found[0] if len(found) == 1 else None
-
-    def _search(self, folder: str, dotted: str) -> str | None:
-        relative = os.path.join(*dotted.split("."))
-        while True:
-            for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
-                path = self.files.get(os.path.normpath(os.path.join(folder, candidate)))
-                if path is not None:
-                    return path
-            up = os.path.dirname(folder)
-            if up == folder or not folder:
-                return None
-            folder = up
-
-
-def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
-    """Split files into programs: each entry script (a file no other file imports) with what it imports.
-
-    `ddpkit lint DIR` on a folder of unrelated scripts lints each on its own; a train.py that imports
-    utils.py and model.py is one program with them. A helper two entry scripts share (datautils.py
-    beside a single-GPU and a DDP script) belongs to both programs; files in an import cycle that
-    nothing else imports form one.
-    """
-    modules = _Modules(list(trees))
-    imports = {path: {t for name in _imported_names(tree) for t in [modules.locate(path, name)] if t and t != path}
-               for path, tree in trees.items()}
-    imported = set().union(*imports.values()) if imports else set()
-    out: list[dict[str, ast.Module]] = []
-    seen: set[str] = set()
-    for root in [p for p in trees if p not in imported] + list(trees):
-        if root in seen:
-            continue
-        program, todo = {}, [root]
-        while todo:
-            path = todo.pop()
-            if path not in program:
-                program[path] = trees[path]
-                todo.extend(imports[path])
-        seen.update(program)
-        out.append(program)
-    return out
-
-
-def _imported_names(tree: ast.Module) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if base:
-                names.add(base)
-            names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
-    return names
 
 
 _DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
