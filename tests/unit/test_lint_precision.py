@@ -494,3 +494,32 @@ def test_dunder_of_a_class_nothing_live_names_is_dead():
     assert _lint(BLOCKS, "DDP008") == [_line(BLOCKS, 'print("basic block")')]
     chosen = BLOCKS.replace("model = small()", "model = globals()['large']()")
     assert _line(chosen, 'print("bottleneck block")') in _lint(chosen, "DDP008")  # picked by a string
+
+
+def test_sampler_given_to_a_loader_wrapper_from_a_library_is_still_reported():
+    code = SAMPLER_WRAPPED.replace("from mysamplers import IterationBasedBatchSampler",
+                                   "from timm.data import MultiEpochsDataLoader").replace(
+        "    batches = IterationBasedBatchSampler(batches, num_iterations=1000)\n", "").replace(
+        "loader = DataLoader(data, batch_sampler=batches)", "loader = MultiEpochsDataLoader(data, sampler=sampler)")
+    assert _lint(code, "DDP001") == [_line(code, "sampler = DistributedSampler(data)")]
+
+
+def test_function_reached_through_a_package_whose_init_is_not_linted_stays_live():
+    files = {
+        "r/train.py": """
+            import torch
+            import torch.distributed as dist
+            import mypkg.ckpt
+
+            dist.init_process_group("gloo")
+            mypkg.ckpt.save(torch.nn.Linear(2, 2))
+            dist.destroy_process_group()
+        """,
+        "r/mypkg/ckpt.py": """
+            import torch
+
+            def save(model):
+                torch.save(model.state_dict(), "model.pt")
+        """,
+    }
+    assert _lint_files(files, "DDP004") == {("r/mypkg/ckpt.py", 5)}

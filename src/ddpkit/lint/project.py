@@ -216,9 +216,11 @@ class Project:
                     root = n.value
                     while isinstance(root, ast.Attribute):
                         root = root.value
+                    qualname = s.qualname(n)
                     if isinstance(root, ast.Name) and root.id in s.aliases \
-                            and self.modules.locate(s.path, s.aliases[root.id], parent=True) is None:
-                        found.add(id(n))
+                            and self.modules.locate(s.path, s.aliases[root.id], parent=True) is None \
+                            and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None:
+                        found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted)
         return found
 
     @staticmethod

@@ -85,7 +85,7 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
 
 
 def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
-    """The sampler reaches (directly or through torch's BatchSampler) a callable imported from a module the
+    """The sampler reaches (directly or through torch's BatchSampler) a sampler class imported from a module the
     linted files do not include (`samplers.IterationBasedBatchSampler(batch_sampler)`), which may call set_epoch."""
     holders = {k for k, v in s.assignments if v is sampler}
     done: set[int] = set()
@@ -103,8 +103,8 @@ def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
                 root = root.value
             name = s.qualname(value.func)
             if isinstance(root, ast.Name) and root.id in s.aliases and not name.startswith("torch.") \
-                    and s.project.resolve(s, value.func) is None:
-                return True
+                    and s.project.resolve(s, value.func) is None and "sampler" in terminal(value.func).lower():
+                return True  # a batch sampler drives the epochs; a loader wrapper (timm's) does not
             more.add(key)
         if more <= holders:
             return False
