@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
@@ -70,6 +71,7 @@ class Script:
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = self._import_aliases()
+        self._parents: dict[int, ast.AST] | None = None
         self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
                              and any(a.name == "*" for a in n.names)]
         """Modules this file imports with `from m import *`."""
@@ -81,7 +83,6 @@ class Script:
         self.project = None
         """The Project this file belongs to (set by Project, which every lint run builds)."""
         self.path = ""
-        self._parents: dict[int, ast.AST] | None = None
         modules = set(self.aliases.values())
         self.uses_ddpkit = any((m == "ddpkit" or m.startswith("ddpkit.")) and not m.startswith("ddpkit.lint")
                                for m in modules)
@@ -165,8 +166,8 @@ class Script:
             return NONE
         if isinstance(expr, ast.Compare):
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
-            if all(is_mode_sentinel(c) for c in expr.comparators):
-                return NONE
+            if all(is_mode_sentinel(c) for c in expr.comparators) or distributed_mode(expr):
+                return NONE  # `local_rank >= 0` too: true on every rank of a distributed run
             return max(self.kind(e) for e in (expr.left, *expr.comparators))
         if isinstance(expr, ast.BoolOp):
             if isinstance(expr.op, ast.And):
@@ -203,6 +204,18 @@ class Script:
                 pairs.extend(_target_pairs(node.target, ast.BinOp(node.target, node.op, node.value)))
         self.assignments = pairs
         """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
+        self._bindings: dict[str, list[tuple[ast.AST, ast.AST | None]]] = {}
+        """Plain name -> (assigning statement, value or None where unknown) for each assignment, in source order."""
+        for node in self.nodes:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = None if isinstance(node, ast.AugAssign) else node.value
+                for target in targets:
+                    known = dict(_target_pairs(target, value)) if value is not None else {}
+                    for name in (n.id for n in ast.walk(target) if isinstance(n, ast.Name)):
+                        self._bindings.setdefault(name, []).append((node, known.get(name)))
+        for found in self._bindings.values():
+            found.sort(key=lambda b: (b[0].lineno, b[0].col_offset))
         self.global_rank_names: set[str] = set()
         """Names holding the global rank itself (`rank = dist.get_rank()`), not a value derived from it."""
         for _ in range(4):
@@ -236,7 +249,7 @@ class Script:
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):
-            return expr.id in self.global_rank_names
+            return expr.id in self.global_rank_names and self._reaches_global(expr)
         if isinstance(expr, ast.Attribute):
             return "." + expr.attr in self.global_rank_names
         if isinstance(expr, ast.Call):
@@ -249,6 +262,34 @@ class Script:
         if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant):
             return expr.slice.value in GLOBAL_ENV
         return False
+
+    def _reaches_global(self, use: ast.Name) -> bool:
+        """Whether an assignment of the global rank to this name can reach this use: the assignments in the
+        same function before it are read newest first, skipping those in the other branch of an `if` the
+        use is in (`if platform == "a": r = get_rank() elif ...: r = hvd.local_rank()`), and stopping at one
+        that always runs before the use. A name this function never assigns keeps its name-level answer."""
+        parents = self.parents
+        if id(use) not in parents:
+            return True  # a node made up by a check: no position to follow
+        scope = scope_of(use, parents)
+        where = (use.lineno, use.col_offset)
+        path = path_up(use, parents)
+        candidates = [(stmt, value) for stmt, value in self._bindings.get(use.id, ())
+                      if (stmt.end_lineno, stmt.end_col_offset) <= where and id(stmt) not in path
+                      and scope_of(stmt, parents) is scope]
+        if not candidates:
+            return True
+        reached = False
+        for stmt, value in reversed(candidates):
+            how = relation(stmt, path, parents)
+            if how == "exclusive":
+                continue
+            if value is not None and self.is_global_rank(value):
+                return True
+            if how == "before":
+                return False
+            reached = True
+        return not reached  # only other branches assign it here: the value comes from outside
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
@@ -274,6 +315,11 @@ class Script:
                 level = self.context(ref).level
                 levels[name] = min(levels.get(name, GLOBAL), level)
                 single[name] = single.get(name, True) and self.context(ref).single
+                call = self.parents.get(id(ref))
+                for param in optional_parameters([d for d in defs if d.name == name]):
+                    if not (isinstance(call, ast.Call) and call.func is ref) or passes(call, defs, name, param):
+                        key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
+                        levels[key] = min(levels.get(key, GLOBAL), level)
             single_names = {n for n, alone in single.items() if alone}
             if levels == self.function_level and single_names == self.function_single:
                 break
@@ -290,7 +336,18 @@ class Script:
                 self._visit(stmt, ctx)
                 continue
             self._visit(stmt, ctx)
-            if k and isinstance(stmt.body[-1], _TERMINATORS):
+            if isinstance(stmt, ast.Assert) and distributed_mode(stmt.test) < 0 or isinstance(stmt, ast.If) \
+                    and not stmt.orelse and distributed_mode(stmt.test) > 0 and isinstance(stmt.body[-1], ast.Raise):
+                # `assert local_rank == -1, "no DDP for --evolve"` (or `if distributed: raise ...`): one process
+                # runs the rest of the block
+                ctx = ctx.alone()
+            elif isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS) \
+                    and presence_test(stmt.test)[1] == "else" and ctx.functions:
+                # `if model is None: return load(...)`: the rest runs for the calls that pass a model
+                passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
+                if passed > ctx.level:
+                    ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+            elif k and isinstance(stmt.body[-1], _TERMINATORS):
                 # `if rank != 0: return` guards everything after it in the same block
                 ctx = ctx.guarded(k, stmt, "after")
             elif barrier:
@@ -316,6 +373,13 @@ class Script:
             k = self.kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
+            given, branch = presence_test(node.test)
+            passed = self.function_level.get(f"{ctx.functions[-1]}({given})", NONE) if given and ctx.functions else NONE
+            if passed > ctx.level:
+                # `if model is not None: torch.save(...)` in a helper whose calls that pass a model all sit
+                # under a rank check (the others only load): this branch has their guard
+                raised = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+                body_ctx, else_ctx = (raised, else_ctx) if branch == "body" else (body_ctx, raised)
             sense = distributed_mode(node.test)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
@@ -363,10 +427,11 @@ class Script:
             workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
                         if isinstance(a, ast.Name) and a.id in names}
         # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
-        # rank when torchrun starts the script (the ImageNet example's two modes)
+        # rank when torchrun starts the script (the ImageNet example's two modes); `else: train(0, a, h)`
+        # hands the worker a fixed rank: that path is one process, and the caller stays the parent
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
-            for c in ast.walk(d)))
+            and not (c.args and isinstance(c.args[0], ast.Constant)) for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
         reached, todo = set(), list(workers)
         while todo:

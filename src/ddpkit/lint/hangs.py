@@ -246,6 +246,20 @@ def _stop_in(body: list[ast.stmt]) -> ast.AST | None:
     return None
 
 
+def _loop_waits(s: Script, stop: ast.Break) -> bool:
+    """Whether the loop a `break` leaves makes the ranks wait for each other: a backward (DDP's all-reduce),
+    a collective, or a call of a project function (which may make one) inside it."""
+    node, parents = stop, s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+            return any(terminal(c.func) == "backward" or s.is_dist_collective(c) or s.local_callee(c)
+                       or s.project.resolve(s, c.func) is not None or terminal(c.func) in s.project.reducing_functions
+                       for c in calls)
+    return True
+
+
 @check
 def one_rank_stops(s: Script) -> Iterator[Hit]:
     if not (s.distributed or s.project.distributed):
@@ -270,6 +284,8 @@ def one_rank_stops(s: Script) -> Iterator[Hit]:
             continue
         if stop is None or not value or not in_loop(node) or s.context(node).single:
             continue
+        if isinstance(stop, ast.Break) and not _loop_waits(s, stop):
+            continue  # `for p in model.parameters(): ... break` leaves a scan, not the loop the ranks share
         how = "an assert" if isinstance(stop, ast.Assert) else ast.unparse(stop).split("(")[0]
         yield Hit(stop, "DDP010", "error",
                   f"this rank stops ({how}) when its own '{value}' is not finite, but the other ranks' values "

@@ -11,7 +11,8 @@ import ddpkit.lint.wrapper  # noqa: F401  (registers DDP015 in CHECKS)
 import ddpkit.lint.outputs  # noqa: F401  (registers DDP006 and DDP008 in CHECKS)
 import ddpkit.lint.seeding  # noqa: F401  (registers DDP014 in CHECKS)
 from ddpkit.lint.analysis import Script
-from ddpkit.lint.project import Project, programs
+from ddpkit.lint.imports import programs
+from ddpkit.lint.project import Project
 from ddpkit.lint.report import Finding
 from ddpkit.lint.rules import CHECKS, Hit
 

@@ -358,6 +358,21 @@ def _stops(stmt: ast.stmt | None) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _EXITS
 
 
+_MESSAGES = frozenset({"print", "info", "warning", "warn", "error", "critical", "debug", "exception", "write"})
+
+
+def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
+    """The message opens (or is) a run of messages that ends in `sys.exit`/`raise`: it says why a process stops."""
+    for _ in range(20):
+        stmt = after.get(id(stmt))
+        if _stops(stmt):
+            return True
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and terminal(stmt.value.func) in _MESSAGES):
+            return False
+    return False
+
+
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
@@ -390,7 +405,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
                                                    if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
             continue
-        if is_print and (keyword(call, "file") is not None or _stops(after.get(id(statement_of.get(id(call)))))):
+        if (is_print and keyword(call, "file") is not None) or _before_exit(after, statement_of.get(id(call))):
             continue
         if is_bar and keyword(call, "disable") is not None:
             continue

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ast
-import os
 import re
 
 from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.bindings import optional_parameters, passes
+from ddpkit.lint.imports import Modules
 
-__all__ = ["Project", "LOSS_NAME", "eval_samplers", "programs"]
+__all__ = ["Project", "LOSS_NAME", "eval_samplers"]
 
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
@@ -31,7 +32,7 @@ class Project:
 
     def __init__(self, trees: dict[str, ast.Module]) -> None:
         self.paths = list(trees)
-        self.modules = _Modules(self.paths)
+        self.modules = Modules(self.paths)
         self._memo: dict[object, object] = {}
         self.scripts = {path: _script(path, tree, {}) for path, tree in trees.items()}
         for _ in range(2):  # a helper of a helper in a third file needs a second round
@@ -99,6 +100,11 @@ class Project:
                     level = max(level, script.function_level.get(script.context(call).functions[-1], NONE))
                 into = levels.setdefault(target[0], {})
                 into[target[1]] = min(into.get(target[1], GLOBAL), level)
+                defs = [d for d in self.scripts[target[0]].defs if d.name == target[1]]
+                for param in optional_parameters(defs):
+                    if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
+                        key = f"{target[1]}({param})"
+                        into[key] = min(into.get(key, GLOBAL), level)
         return levels
 
     # ---- which code runs ---------------------------------------------------------------------
@@ -127,12 +133,19 @@ class Project:
             self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
+        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
             entry = path in entries
             dead: set[int] = set()
+            implicit = {id(item) for stmt in s.tree.body if isinstance(stmt, ast.ClassDef)
+                        and not (stmt.name in self._framework_classes or stmt.decorator_list or dynamic)
+                        for item in stmt.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and _conventional(item.name)}
             for d in s.defs:
-                defs.setdefault(d.name, []).append(d)
+                if id(d) not in implicit:  # `super().__init__()` names the base's __init__, not every class's
+                    defs.setdefault(d.name, []).append(d)
                 if any(terminal(x.func if isinstance(x, ast.Call) else x) not in _PLAIN_DECORATORS
                        for x in d.decorator_list):
                     roots.append(d)
@@ -144,13 +157,19 @@ class Project:
                         dead.update(id(n) for n in ast.walk(stmt))
                 elif isinstance(stmt, ast.ClassDef):
                     framework = stmt.name in self._framework_classes
+                    # a plain class's dunders and forward run once something names the class (outside its
+                    # own body): they are followed from that name, and the class is dead without one
+                    named = not (framework or stmt.decorator_list or dynamic)
+                    if named:
+                        classes_named.append((path, stmt))
                     for item in stmt.body:
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                             if framework or _conventional(item.name):
-                                roots.append(item)
+                                (defs.setdefault(stmt.name, []) if named else roots).append(item)
                         else:
                             roots.append(item)
-                    roots.extend(stmt.bases + stmt.decorator_list + stmt.keywords)
+                    (defs.setdefault(stmt.name, []) if named else roots).extend(stmt.bases + stmt.keywords)
+                    roots.extend(stmt.decorator_list)
                 elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     roots.append(stmt)
             acts = acts or (entry and self._acts(s))
@@ -165,6 +184,7 @@ class Project:
         live: set[str] = set()
         todo = roots
         seen: set[int] = set()
+        outside = self._outside_attributes()
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -174,7 +194,7 @@ class Project:
                 name = ""
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                     name = n.id
-                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside:
                     name = n.attr
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
@@ -182,6 +202,26 @@ class Project:
                     live.add(name)
                     todo.extend(defs.get(name, ()))
         self.live_functions = live
+        for path, c in classes_named:
+            if c.name not in live:
+                self.dead_blocks[path].update(id(n) for n in ast.walk(c))
+
+    def _outside_attributes(self) -> set[int]:
+        """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
+        which name none of the project's functions (a `State.save` method is not kept live by `torch.save`)."""
+        found: set[int] = set()
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.Attribute):
+                    root = n.value
+                    while isinstance(root, ast.Attribute):
+                        root = root.value
+                    qualname = s.qualname(n)
+                    if isinstance(root, ast.Name) and root.id in s.aliases \
+                            and self.modules.locate(s.path, s.aliases[root.id], parent=True) is None \
+                            and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None:
+                        found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted)
+        return found
 
     @staticmethod
     def _acts(s: Script) -> bool:
@@ -336,80 +376,6 @@ def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:
     return script
 
 
-class _Modules:
-    """Finds the project file an import names, as Python would from the importing file's folder.
-
-    `import utils` in a/b/train.py is a/b/utils.py (or a/b/utils/__init__.py), else a/utils.py and
-    so on up; `from util.misc import f` is util/misc.py found the same way. Two scripts in different
-    folders that each import their own `utils` stay apart.
-    """
-
-    def __init__(self, paths: list[str]) -> None:
-        self.files = {os.path.normpath(p): p for p in paths}
-        self._found: dict[tuple[str, str, bool], str | None] = {}
-
-    def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
-        """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
-        key = (os.path.dirname(os.path.normpath(importer)), dotted, parent)
-        if key not in self._found:
-            names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
-            self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None)
-        return self._found[key]
-
-    def _search(self, folder: str, dotted: str) -> str | None:
-        relative = os.path.join(*dotted.split("."))
-        while True:
-            for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
-                path = self.files.get(os.path.normpath(os.path.join(folder, candidate)))
-                if path is not None:
-                    return path
-            up = os.path.dirname(folder)
-            if up == folder or not folder:
-                return None
-            folder = up
-
-
-def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
-    """Split files into programs: each entry script (a file no other file imports) with what it imports.
-
-    `ddpkit lint DIR` on a folder of unrelated scripts lints each on its own; a train.py that imports
-    utils.py and model.py is one program with them. A helper two entry scripts share (datautils.py
-    beside a single-GPU and a DDP script) belongs to both programs; files in an import cycle that
-    nothing else imports form one.
-    """
-    modules = _Modules(list(trees))
-    imports = {path: {t for name in _imported_names(tree) for t in [modules.locate(path, name)] if t and t != path}
-               for path, tree in trees.items()}
-    imported = set().union(*imports.values()) if imports else set()
-    out: list[dict[str, ast.Module]] = []
-    seen: set[str] = set()
-    for root in [p for p in trees if p not in imported] + list(trees):
-        if root in seen:
-            continue
-        program, todo = {}, [root]
-        while todo:
-            path = todo.pop()
-            if path not in program:
-                program[path] = trees[path]
-                todo.extend(imports[path])
-        seen.update(program)
-        out.append(program)
-    return out
-
-
-def _imported_names(tree: ast.Module) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if base:
-                names.add(base)
-            names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
-    return names
-
-
 _DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
                     "bernoulli", "multinomial", "uniform", "choice", "shuffle", "random", "beta", "permutation"})
 
@@ -464,6 +430,19 @@ _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "no_grad", "infere
 _PLAIN_BASES = frozenset({"object", "Module", "Dataset", "IterableDataset", "Sampler", "Enum", "NamedTuple",
                           "Exception", "ABC", "Generic", "Protocol"})
 """Bases whose subclasses' methods run only when called by name (besides dunders and forward)."""
+
+
+def _looks_up_by_name(node: ast.AST) -> bool:
+    """`getattr(models, args.arch)`, `models.__dict__[name]`, `globals()[name]`, `eval(...)`: code chosen by a
+    string, so a class nothing names may still run."""
+    if isinstance(node, ast.Call):
+        name = terminal(node.func)
+        builtin = isinstance(node.func, ast.Name) and name in ("eval", "exec", "globals", "vars", "locals",
+                                                                "__import__", "getattr")
+        return (builtin and (name != "getattr" or len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant))) \
+            or name in ("import_module", "instantiate")
+    return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+        and node.value.attr == "__dict__" and not (isinstance(node.value.value, ast.Name) and node.value.value.id == "self")
 
 
 def _conventional(name: str) -> bool:

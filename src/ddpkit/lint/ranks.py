@@ -70,7 +70,9 @@ def distributed_mode(expr: ast.AST | None) -> int:
         if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2)):
             return -1
     if value == -1 and rank_name_kind(terminal(left) or "rank"):
-        return {ast.Eq: -1, ast.NotEq: 1}.get(op, 0)
+        return {ast.Eq: -1, ast.NotEq: 1, ast.Gt: 1, ast.LtE: -1}.get(op, 0)
+    if value == 0 and rank_name_kind(terminal(left) or "rank"):
+        return {ast.GtE: 1, ast.Lt: -1}.get(op, 0)  # `local_rank >= 0`: -1 is the single-process sentinel
     return 0
 
 

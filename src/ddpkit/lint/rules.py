@@ -64,7 +64,7 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
                       "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
                       "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
-        elif _distributed_only(s, call) and any(not _distributed_only(x, c) for x, c in
+        elif _distributed_only(s, call) and any(not _built_when_distributed(x, c) for x, c in
                                                  s.project.calls_named("DistributedSampler")):
             yield Hit(call, "DDP001", "warning",
                       "set_epoch runs only when the run is distributed (inside a mode check), but the "
@@ -76,10 +76,40 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     for call in s.calls_named("DistributedSampler"):
         if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call):
             continue  # the order of evaluation data does not matter
+        if _handed_to_unseen_code(s, call):
+            continue  # a batch sampler from a file not linted may call set_epoch itself
         yield Hit(call, "DDP001", "error",
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
+    """The sampler reaches (directly or through torch's BatchSampler) a sampler class imported from a module the
+    linted files do not include (`samplers.IterationBasedBatchSampler(batch_sampler)`), which may call set_epoch."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    done: set[int] = set()
+    for _ in range(4):
+        more = set()
+        for key, value in s.assignments:
+            if not isinstance(value, ast.Call) or id(value) in done or not any(
+                    isinstance(a, ast.Name) and a.id in holders for a in (*value.args, *(k.value for k in value.keywords))):
+                continue
+            done.add(id(value))
+            if terminal(value.func) == "DataLoader":
+                continue  # what a loader is handed to iterates batches; it does not drive the sampler's epochs
+            root = value.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            name = s.qualname(value.func)
+            if isinstance(root, ast.Name) and root.id in s.aliases and not name.startswith("torch.") \
+                    and s.project.resolve(s, value.func) is None and "sampler" in terminal(value.func).lower():
+                return True  # a batch sampler drives the epochs; a loader wrapper (timm's) does not
+            more.add(key)
+        if more <= holders:
+            return False
+        holders |= more
+    return False
 
 
 def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
@@ -110,6 +140,18 @@ def _distributed_only(s: Script, node: ast.AST) -> bool:
                 return True
         child = parent
     return False
+
+
+def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
+    """Inside a mode check's distributed branch, or in a function every call of which is (`samplers =
+    create_sampler(...)` under `if args.distributed:`), through at most three helpers."""
+    if _distributed_only(s, node):
+        return True
+    functions = s.context(node).functions
+    if not functions or depth > 2:
+        return False
+    callers = [(x, c) for x, c in s.project.calls_named(functions[-1]) if x.project.runs(x, c)]
+    return bool(callers) and all(_built_when_distributed(x, c, depth + 1) for x, c in callers)
 
 
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
@@ -230,6 +272,15 @@ def is_buffer(s: Script, expr: ast.AST | None) -> bool:
     return False
 
 
+def _written_buffer(s: Script, call: ast.Call, expr: ast.AST | None) -> bool:
+    """`with io.BytesIO() as f: torch.save(obj, f)` in the same function: the bytes go to memory (to be
+    sent), not to a shared file."""
+    return isinstance(expr, ast.Name) and any(
+        isinstance(n, ast.withitem) and isinstance(n.optional_vars, ast.Name) and n.optional_vars.id == expr.id
+        and is_buffer(s, n.context_expr) and s.context(n.context_expr).scope == s.context(call).scope
+        for n in s.nodes)
+
+
 def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
     """A path that names the rank (`f"queue{rank}.pth"`, or a variable built so): each rank has its own file."""
     if path is None:
@@ -251,7 +302,7 @@ def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
         return False
     names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
     names |= {m.id for k, v in s.assignments if k in names for m in ast.walk(v) if isinstance(m, ast.Name)}
-    if "__getitem__" in s.context(call).functions:
+    if any(f in _item_functions(s) for f in s.context(call).functions):
         return True
     node, parents = call, s.parents
     while id(node) in parents:
@@ -265,6 +316,28 @@ def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
             if bound & names and not counting and not any(_EPOCHISH.match(b.lower()) for b in bound & names):
                 return True
     return False
+
+
+def _item_functions(s: Script) -> set[str]:
+    """`__getitem__` and the functions of this file only it calls, directly or through each other
+    (`self.get_mel(path)` that caches one sample's features): they run once per sample."""
+    def compute() -> set[str]:
+        callers: dict[str, set[str]] = {}
+        for node in s.nodes:
+            if isinstance(node, ast.Call) and s.local_callee(node):
+                where = s.context(node).functions
+                callers.setdefault(s.local_callee(node), set()).add(where[-1] if where else "")
+            elif isinstance(node, (ast.Name, ast.Attribute)) and s.local_callee(ast.Call(node, [], [])) \
+                    and getattr(s.parents.get(id(node)), "func", None) is not node:
+                callers.setdefault(terminal(node), set()).add("")  # passed along: called from anywhere
+        found = {"__getitem__"}
+        for _ in range(8):
+            more = {name for name, by in callers.items() if by and by <= found}
+            if more <= found:
+                break
+            found |= more
+        return found
+    return s.project.memo(("item functions", id(s)), compute)
 
 
 def _under_lock(s: Script, call: ast.Call) -> bool:
@@ -286,7 +359,7 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
         if s.qualname(call.func) != "torch.save" or not s.per_rank(call) or s.context(call).single:
             continue
         target = argument(call, "f", 1)
-        if is_buffer(s, target) or _per_rank_file(s, target) or _per_item_file(s, call, target) \
+        if is_buffer(s, target) or _written_buffer(s, call, target) or _per_rank_file(s, target) or _per_item_file(s, call, target) \
                 or _under_lock(s, call):
             continue
         level = s.context(call).level
@@ -299,7 +372,8 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
         elif level == LOCAL and not s.project.single_node:
             yield Hit(call, "DDP004", "warning",
                       "torch.save is guarded by a local-rank check only: on a multi-node job local rank 0 "
-                      "of every node writes the file",
+                      "of every node writes the file (this assumes the path is shared between the nodes; a "
+                      "per-node local disk is fine)",
                       "test the global rank instead: `if dist.get_rank() == 0:`")
 
 

@@ -39,9 +39,41 @@ def _parameter_of(s: Script, call: ast.Call, value: ast.AST) -> tuple[str, int] 
     return (d.name, names.index(value.id)) if value.id in names else None
 
 
+_DRAWS = frozenset({"randint", "random", "getrandbits", "randrange", "integers", "initial_seed"})
+_LIBRARIES = (("numpy.", "np."), ("random.",), ("torch.",))
+
+
+def _drawn_per_rank(s: Script, value: ast.AST) -> bool:
+    """`torch.manual_seed(np.random.randint(1 << 31))`: a seed drawn from another generator differs per rank
+    unless that generator is seeded alike on every rank."""
+    if not (isinstance(value, ast.Call) and terminal(value.func) in _DRAWS):
+        return False
+    library = next((prefixes for prefixes in _LIBRARIES if s.qualname(value.func).startswith(prefixes)), None)
+    if library is None:
+        return False
+    sources = [(x, c) for x, c in s.project.calls_named(*_SEEDS) if _is_seed(x, c)
+               and x.qualname(c.func).startswith(library) and value not in ast.walk(c)]
+    return not sources or any(_differs_per_rank(x, c) for x, c in sources)
+
+
+def _seeded_outside(s: Script) -> bool:
+    """A call of a seeding helper the linted files do not define (`init_seeds(2 + rank)` from a module not
+    given): what it seeds is not visible, so "nothing seeds" would be a guess."""
+    project = s.project
+    for x in project.scripts.values():
+        for c in x.calls:
+            plain = isinstance(c.func, ast.Name) or (isinstance(c.func, ast.Attribute) and isinstance(
+                c.func.value, ast.Name) and c.func.value.id in x.aliases)
+            if plain and "seed" in terminal(c.func).lower() and not _is_seed(x, c) \
+                    and project.resolve(x, c.func) is None and terminal(c.func) not in x.function_names \
+                    and project.runs(x, c):
+                return True
+    return False
+
+
 def _differs_per_rank(s: Script, call: ast.Call) -> bool:
     value = argument(call, "seed", 0)
-    if value is None or s.kind(value):
+    if value is None or s.kind(value) or _drawn_per_rank(s, value):
         return True
     param = _parameter_of(s, call, value)
     if param is None:
@@ -59,6 +91,8 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
     seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
                                             if _is_seed(script, c) and _reached(script, c)])
     if not seeds:
+        if project.memo("seeded outside", lambda: _seeded_outside(s)):
+            return
         inits = [(x, c) for x, c in project.calls_named("init_process_group") if project.runs(x, c)]
         if inits and inits[0][0] is s:
             yield Hit(inits[0][1], "DDP014", "note",

@@ -1,0 +1,525 @@
+"""False alarms of `ddpkit lint` on shapes real scripts take, each beside the real mistake it must still report."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_source, lint_sources
+
+
+def _lint(code: str, rule: str) -> list[int]:
+    """Lines of `code` where `rule` fires."""
+    return [f.line for f in lint_source(textwrap.dedent(code), "train.py") if f.rule == rule]
+
+
+def _line(code: str, needle: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if needle in line)
+
+
+def _lint_files(files: dict[str, str], rule: str) -> set[tuple[str, int]]:
+    sources = {path: textwrap.dedent(code) for path, code in files.items()}
+    return {(f.path, f.line) for f in lint_sources(sources) if f.rule == rule}
+
+
+# ---- which process runs the code -----------------------------------------------------------------
+SPAWN_WITH_FALLBACK = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def train(rank, cfg):
+        if cfg.num_gpus > 1:
+            dist.init_process_group("nccl", rank=rank, world_size=cfg.num_gpus)
+        print("starting epoch")
+        dist.destroy_process_group()
+
+    def main(cfg):
+        print("preparing the run")
+        if cfg.num_gpus > 1:
+            mp.spawn(train, nprocs=cfg.num_gpus, args=(cfg,))
+        else:
+            train(0, cfg)
+
+    if __name__ == "__main__":
+        main(None)
+"""
+
+
+def test_spawn_parent_with_single_process_fallback_is_not_a_rank():
+    # `else: train(0, cfg)` runs the worker as one process with a fixed rank: main() stays the parent
+    lines = _lint(SPAWN_WITH_FALLBACK, "DDP008")
+    assert _line(SPAWN_WITH_FALLBACK, "preparing the run") not in lines
+    assert lines == [_line(SPAWN_WITH_FALLBACK, "starting epoch")]  # the worker's own print still counts
+
+
+def test_worker_called_with_a_rank_variable_still_makes_the_caller_a_rank():
+    # the ImageNet example's two modes: `main_worker(args.gpu, ...)` is what torchrun runs on every rank
+    code = SPAWN_WITH_FALLBACK.replace("train(0, cfg)", "train(cfg.gpu, cfg)")
+    assert _line(code, "preparing the run") in _lint(code, "DDP008")
+
+
+def test_package_put_on_sys_path_is_followed_from_the_entry_script():
+    # tools/train.py imports lib/core/function.py as `core.function` (lib/ is put on sys.path at run time):
+    # function.py belongs to train.py's program, so its test() that nothing calls is code no rank runs
+    files = {
+        "proj/tools/train.py": """
+            import _init_paths
+            import torch.distributed as dist
+            from core.function import train
+
+            def main():
+                dist.init_process_group("gloo")
+                train()
+                dist.destroy_process_group()
+
+            if __name__ == "__main__":
+                main()
+        """,
+        "proj/lib/core/function.py": """
+            def train():
+                print("training")
+
+            def test():
+                print("testing")
+        """,
+    }
+    assert _lint_files(files, "DDP008") == {("proj/lib/core/function.py", 3)}
+
+
+# ---- messages that explain why a process stops ----------------------------------------------------
+BAD_HEADER = """
+    import sys
+    import torch.distributed as dist
+    import logging
+
+    logging.basicConfig(level=logging.INFO)
+    dist.init_process_group("gloo")
+
+    def check_header(header):
+        if header[0] != 7:
+            print("ERROR: bad magic number in the data file")
+            print("HINT: regenerate the data")
+            sys.exit(1)
+        if header[1] != 1:
+            logging.info("unsupported version")
+            quit()
+        print("header ok")
+
+    check_header([7, 1])
+    dist.destroy_process_group()
+"""
+
+
+def test_a_run_of_messages_before_exit_is_not_repeated_output():
+    # every rank that finds the bad file says why it stops; that is no duplicated progress line
+    assert _lint(BAD_HEADER, "DDP008") == [_line(BAD_HEADER, "header ok")]
+
+
+# ---- which assignment a use sees --------------------------------------------------------------------
+PLATFORMS = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def setup(platform):
+        if platform == "single_node":
+            dist.init_process_group("nccl")
+            gpu = dist.get_rank()
+            torch.cuda.set_device(gpu)
+        elif platform == "mpi":
+            gpu = int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+            torch.cuda.set_device(gpu)
+            dist.init_process_group("nccl")
+        else:
+            gpu = dist.get_rank()
+            gpu = int(os.environ["LOCAL_RANK"])
+            torch.cuda.set_device(gpu)
+        return gpu
+
+    setup("mpi")
+    dist.destroy_process_group()
+"""
+
+
+def test_gpu_index_follows_the_assignment_that_reaches_it():
+    # `gpu` is the global rank in one branch only: the other branches' set_device(gpu) use a local rank
+    lines = [line for line in _lint(PLATFORMS, "DDP012")]
+    assert lines == [_line(PLATFORMS, "torch.cuda.set_device(gpu)")]  # the first branch's is still reported
+
+
+# ---- files that are no shared checkpoint ------------------------------------------------------------
+FEATURE_CACHE = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import Dataset
+
+    class Sounds(Dataset):
+        def __init__(self, paths):
+            self.paths = paths
+
+        def __getitem__(self, index):
+            return self.features(self.paths[index])
+
+        def features(self, wav_path):
+            cache = wav_path.replace(".wav", ".mel")
+            mel = torch.randn(80, 100)
+            torch.save(mel, cache)
+            return mel
+
+        def export(self, path):
+            torch.save(self.paths, path)
+
+    dist.init_process_group("gloo")
+    data = Sounds(["a.wav"])
+    data.export("paths.pt")
+    dist.destroy_process_group()
+"""
+
+
+def test_cache_file_written_by_a_helper_of_getitem_is_per_sample():
+    # features() runs once per sample (only __getitem__ calls it): each rank caches its own samples
+    assert _lint(FEATURE_CACHE, "DDP004") == [_line(FEATURE_CACHE, "torch.save(self.paths, path)")]
+
+
+SNAPSHOTS = """
+    import io
+    import torch
+    import torch.distributed as dist
+
+    class State:
+        def __init__(self, model):
+            self.model = model
+
+        def save(self, f):
+            torch.save(self.model.state_dict(), f)
+
+    def share(state, src):
+        with io.BytesIO() as f:
+            torch.save(state.model.state_dict(), f)
+            blob = torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8)
+        dist.broadcast(blob, src=src)
+
+    def main():
+        dist.init_process_group("gloo")
+        state = State(torch.nn.Linear(2, 2))
+        share(state, 0)
+        torch.save(state.model.state_dict(), "last.pt")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_in_memory_file_of_a_with_block_and_a_method_nothing_calls():
+    # `with io.BytesIO() as f` writes no file; State.save is never called (torch.save names no method of ours)
+    assert _lint(SNAPSHOTS, "DDP004") == [_line(SNAPSHOTS, 'torch.save(state.model.state_dict(), "last.pt")')]
+
+
+def test_a_project_method_called_on_an_object_stays_live():
+    code = SNAPSHOTS.replace("share(state, 0)", "state.save('state.pt')")
+    assert _line(code, "torch.save(self.model.state_dict(), f)") in _lint(code, "DDP004")
+
+
+# ---- seeds ----------------------------------------------------------------------------------------------
+SEED_HELPER_ELSEWHERE = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from helpers.general import init_seeds
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    init_seeds(1 + rank)
+    dist.destroy_process_group()
+"""
+
+
+def test_seed_helper_from_a_module_not_linted_is_no_missing_seed():
+    # init_seeds comes from a file not given to the linter: "nothing seeds" would be a guess
+    assert _lint(SEED_HELPER_ELSEWHERE, "DDP014") == []
+    unseeded = SEED_HELPER_ELSEWHERE.replace("init_seeds(1 + rank)", "print(rank)")
+    assert _lint(unseeded, "DDP014") == [_line(unseeded, "dist.init_process_group")]
+
+
+SEED_FROM_SEEDED_GENERATOR = """
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torchvision import transforms
+
+    dist.init_process_group("gloo")
+    augment = transforms.RandomHorizontalFlip()
+    np.random.seed(1000 * 7 + dist.get_rank())
+    torch.manual_seed(np.random.randint(1 << 31))
+    dist.destroy_process_group()
+"""
+
+
+def test_seed_drawn_from_a_generator_seeded_per_rank_differs_per_rank():
+    assert _lint(SEED_FROM_SEEDED_GENERATOR, "DDP014") == []
+    alike = SEED_FROM_SEEDED_GENERATOR.replace("1000 * 7 + dist.get_rank()", "1000 * 7")
+    assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
+
+
+# ---- hangs ------------------------------------------------------------------------------------------------
+def test_rank_check_on_a_local_rank_that_is_only_non_negative_is_a_mode_check():
+    code = """
+        import torch
+        import torch.distributed as dist
+
+        def main(args, resume):
+            distributed = args.local_rank >= 0
+            if distributed:
+                dist.init_process_group("gloo")
+            if resume:
+                if distributed:
+                    dist.barrier()
+            if args.local_rank <= 0:
+                dist.barrier()
+            dist.destroy_process_group()
+
+        main(None, True)
+    """
+    # `local_rank >= 0` holds on every rank of a distributed run; `local_rank <= 0` picks rank 0
+    assert _lint(code, "DDP010") == [_line(code, "if args.local_rank <= 0:") + 1]
+
+
+NONFINITE_SCAN = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10):
+        loss = model(torch.randn(4, 2)).sum()
+        loss.backward()
+        bad = False
+        for p in model.parameters():
+            if not torch.isfinite(p.grad).all():
+                bad = True
+                break
+        if not bad:
+            opt.step()
+    dist.destroy_process_group()
+"""
+
+
+def test_break_out_of_a_scan_over_parameters_is_no_rank_leaving_the_loop():
+    assert _lint(NONFINITE_SCAN, "DDP010") == []
+    # the same check breaking out of the training loop leaves the other ranks waiting in backward()
+    leaves = NONFINITE_SCAN.replace("        bad = False\n        for p in model.parameters():\n"
+                                    "            if not torch.isfinite(p.grad).all():\n"
+                                    "                bad = True\n                break\n",
+                                    "        if not torch.isfinite(loss):\n            break\n")
+    assert _lint(leaves, "DDP010") == [_line(leaves, "break")]
+
+
+# ---- samplers -------------------------------------------------------------------------------------------
+def test_sampler_built_in_a_helper_called_only_when_distributed():
+    files = {
+        "p/train.py": """
+            import torch.distributed as dist
+            from data import make_sampler
+
+            def main(args, dataset):
+                if args.distributed:
+                    dist.init_process_group("gloo")
+                    sampler = make_sampler(dataset)
+                else:
+                    sampler = None
+                for epoch in range(10):
+                    if args.distributed:
+                        sampler.set_epoch(epoch)
+                    for batch in dataset:
+                        pass
+                dist.destroy_process_group()
+
+            if __name__ == "__main__":
+                main(None, [])
+        """,
+        "p/data.py": """
+            from torch.utils.data import DistributedSampler
+
+            def make_sampler(dataset):
+                return DistributedSampler(dataset, shuffle=True)
+        """,
+    }
+    assert _lint_files(files, "DDP001") == set()
+    # built on every path (the helper called outside the mode check): the flag-off run repeats one order
+    everywhere = dict(files, **{"p/train.py": files["p/train.py"].replace(
+        "                else:\n                    sampler = None\n",
+        "                sampler = make_sampler(dataset)\n")})
+    assert _lint_files(everywhere, "DDP001") == {("p/train.py", _line(everywhere["p/train.py"], "set_epoch"))}
+
+
+SAMPLER_WRAPPED = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from mysamplers import IterationBasedBatchSampler
+
+    dist.init_process_group("gloo")
+    data = list(range(100))
+    sampler = DistributedSampler(data)
+    batches = torch.utils.data.BatchSampler(sampler, batch_size=4, drop_last=False)
+    batches = IterationBasedBatchSampler(batches, num_iterations=1000)
+    loader = DataLoader(data, batch_sampler=batches)
+    for epoch in range(3):
+        for batch in loader:
+            pass
+    dist.destroy_process_group()
+"""
+
+
+def test_sampler_handed_to_a_batch_sampler_from_a_file_not_linted():
+    # the wrapper's code is not visible and may call sampler.set_epoch itself (iteration-based training does)
+    assert _lint(SAMPLER_WRAPPED, "DDP001") == []
+    plain = SAMPLER_WRAPPED.replace("    batches = IterationBasedBatchSampler(batches, num_iterations=1000)\n", "")
+    assert _lint(plain, "DDP001") == [_line(plain, "sampler = DistributedSampler(data)")]
+
+
+def test_code_after_an_assert_of_one_process_is_single_process():
+    code = """
+        import torch.distributed as dist
+
+        def main(args):
+            if args.local_rank != -1:
+                dist.init_process_group("gloo")
+            if not args.evolve:
+                print("training")
+            else:
+                assert args.local_rank == -1, "DDP mode not implemented for --evolve"
+                print("evolving")
+            dist.destroy_process_group()
+
+        main(None)
+    """
+    assert _lint(code, "DDP008") == [_line(code, 'print("training")')]
+
+
+# ---- guards at the call sites that reach the code -------------------------------------------------------
+def test_save_branch_of_a_helper_gets_the_guard_of_the_calls_that_pass_a_model():
+    files = {
+        "q/train.py": """
+            import torch
+            import torch.distributed as dist
+            from ckpt import checkpoint
+
+            def main():
+                dist.init_process_group("gloo")
+                model = torch.nn.Linear(2, 2)
+                state = checkpoint("run")
+                for step in range(10):
+                    if step % 5 == 0 and dist.get_rank() == 0:
+                        checkpoint("run", model=model)
+                dist.destroy_process_group()
+
+            if __name__ == "__main__":
+                main()
+        """,
+        "q/ckpt.py": """
+            import torch
+
+            def checkpoint(name, model=None):
+                if model is not None:
+                    torch.save(model.state_dict(), name + ".pt")
+                else:
+                    return torch.load(name + ".pt", map_location="cpu")
+        """,
+    }
+    # only the rank-0 call passes a model: the save branch runs on rank 0 only
+    assert _lint_files(files, "DDP004") == set()
+    every_rank = dict(files, **{"q/train.py": files["q/train.py"].replace(
+        'state = checkpoint("run")', 'state = checkpoint("run", model)')})
+    assert _lint_files(every_rank, "DDP004") == {("q/ckpt.py", 6)}
+
+
+def test_optional_parameter_guard_within_one_file():
+    code = """
+        import torch
+        import torch.distributed as dist
+
+        def checkpoint(name, model=None):
+            if model is None:
+                return torch.load(name, map_location="cpu")
+            torch.save(model.state_dict(), name)
+
+        def main():
+            dist.init_process_group("gloo")
+            model = torch.nn.Linear(2, 2)
+            checkpoint("a.pt")
+            if dist.get_rank() == 0:
+                checkpoint("a.pt", model)
+            dist.destroy_process_group()
+
+        main()
+    """
+    assert _lint(code, "DDP004") == []
+    unguarded = code.replace('checkpoint("a.pt")\n', 'checkpoint("a.pt", model=model)\n')
+    assert _lint(unguarded, "DDP004") == [_line(unguarded, "torch.save")]
+
+
+BLOCKS = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    class Basic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            print("basic block")
+
+    class Bottleneck(nn.Module):
+        def __init__(self):
+            super(Bottleneck, self).__init__()
+            print("bottleneck block")
+
+    def small():
+        return Basic()
+
+    def large():
+        return Bottleneck()
+
+    dist.init_process_group("gloo")
+    model = small()
+    dist.destroy_process_group()
+"""
+
+
+def test_dunder_of_a_class_nothing_live_names_is_dead():
+    # large() is never called, so nothing builds a Bottleneck (its own super() call does not count)
+    assert _lint(BLOCKS, "DDP008") == [_line(BLOCKS, 'print("basic block")')]
+    chosen = BLOCKS.replace("model = small()", "model = globals()['large']()")
+    assert _line(chosen, 'print("bottleneck block")') in _lint(chosen, "DDP008")  # picked by a string
+
+
+def test_sampler_given_to_a_loader_wrapper_from_a_library_is_still_reported():
+    code = SAMPLER_WRAPPED.replace("from mysamplers import IterationBasedBatchSampler",
+                                   "from timm.data import MultiEpochsDataLoader").replace(
+        "    batches = IterationBasedBatchSampler(batches, num_iterations=1000)\n", "").replace(
+        "loader = DataLoader(data, batch_sampler=batches)", "loader = MultiEpochsDataLoader(data, sampler=sampler)")
+    assert _lint(code, "DDP001") == [_line(code, "sampler = DistributedSampler(data)")]
+
+
+def test_function_reached_through_a_package_whose_init_is_not_linted_stays_live():
+    files = {
+        "r/train.py": """
+            import torch
+            import torch.distributed as dist
+            import mypkg.ckpt
+
+            dist.init_process_group("gloo")
+            mypkg.ckpt.save(torch.nn.Linear(2, 2))
+            dist.destroy_process_group()
+        """,
+        "r/mypkg/ckpt.py": """
+            import torch
+
+            def save(model):
+                torch.save(model.state_dict(), "model.pt")
+        """,
+    }
+    assert _lint_files(files, "DDP004") == {("r/mypkg/ckpt.py", 5)}
