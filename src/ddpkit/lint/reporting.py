@@ -1,0 +1,376 @@
+"""Where figures are shown: report calls, the project's own report helpers, and the names a shown value is built from.
+
+A report call is `print`, `logging`, a writer's `add_scalar`, `wandb.log`, a progress bar's `set_postfix` or
+`set_description`, ... A project function that hands one of its parameters to a report call (`Logger(msg)`,
+`writer.log_training(loss_g, ...)`, `utils.summarize(scalars=...)`) is a report call too, followed through
+the call graph; when every report inside it sits under a rank check (`if is_main_process(): print(msg)`),
+calling it shows the value on one rank only. What a report shows is followed back through the
+assignments of its function (`log_str = f"... {avg_loss.avg}"`, `scalars.update({"loss": loss_g})`), and a
+name is reduced when some code of the program passes it to a collective (or to a project function whose
+parameter reaches one) or assigns it from one: one reduction elsewhere does not vouch for other figures.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ddpkit.lint.analysis import NONE, Script, terminal
+
+__all__ = ["SHOW_CALLS", "reporters", "shows", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
+           "reduced_names"]
+
+SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
+                        "set_description", "log_metrics"})
+"""Calls that show or record the values they are given."""
+_FILE_WRITES = frozenset({"write"})
+"""Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records
+state next to a checkpoint."""
+_REDUCING = re.compile(r"reduce|gather|synchroni[sz]e|sync_?(tensor|value|metric|loss|dict|across|between|mean|sum)")
+_COLLECTING = frozenset({"update", "append", "extend", "add_", "add"})
+
+
+def _params(d: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    a = d.args
+    return {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if p is not None} - {"self",
+                                                                                                           "cls"}
+
+
+def _arguments(call: ast.Call) -> list[ast.AST]:
+    return [*call.args, *(k.value for k in call.keywords)]
+
+
+_CARRIERS = frozenset({"tensor", "as_tensor", "Tensor", "FloatTensor", "DoubleTensor", "LongTensor", "stack", "cat",
+                       "float", "int", "round", "abs", "list", "tuple", "dict", "format", "join", "mean", "sum"})
+"""Calls whose arguments are the value they make: `torch.tensor([a, b])`, `float(x)`, `"{}".format(x)`."""
+
+
+def _value_names(expr: ast.AST, defined: set[str], passes: dict[str, set[int]] | None = None) -> list[str]:
+    """The variables a value is computed from, in reading order: names and the roots of attributes, not the
+    functions called, and not the arguments of a project function (what it returns is its own value).
+
+    Given `passes` (project function -> positions of the parameters its return value carries), only what may
+    carry the value itself is followed: a method's receiver (`loss.item()`), the arguments of a conversion
+    (`torch.tensor([a, b])`) or of a project function that returns them (`to_python_float(reduced)`), not those
+    of any other call (`criterion(out, y)` is a new value)."""
+    out: dict[str, None] = {}
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Call):
+            name = terminal(node.func)
+            receiver = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+            if name in defined:
+                given = [a for i, a in enumerate(node.args) if passes is not None and i in passes.get(name, ())]
+            elif passes is None or name in ("format", "dict"):
+                given = [*node.args, *(k.value for k in node.keywords)]
+            else:  # `torch.tensor([n], device=device)` carries n alone
+                given = list(node.args) if name in _CARRIERS else []
+            todo.extend(reversed([*receiver, *given]))
+            continue
+        if isinstance(node, ast.Name):
+            out[node.id] = None
+            continue
+        todo.extend(reversed(list(ast.iter_child_nodes(node))))
+    return list(out)
+
+
+def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
+    """The separate values a report shows: the fields of an f-string, of `.format()` and of `%`, a dict's values,
+    also through a variable the scope assigns once (`line = f"..."; print(line)`)."""
+    def split(e: ast.AST) -> list[ast.AST]:
+        return leaves(s, scope, e, depth)
+
+    if isinstance(expr, ast.JoinedStr):
+        return [leaf for v in expr.values if isinstance(v, ast.FormattedValue) for leaf in split(v.value)]
+    if isinstance(expr, ast.Call) and terminal(expr.func) == "format" and isinstance(expr.func, ast.Attribute):
+        return [leaf for a in (*expr.args, *(k.value for k in expr.keywords)) for leaf in split(a)]
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod) and isinstance(expr.left, (ast.Constant,
+                                                                                               ast.BinOp)):
+        return split(expr.right)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add) and any(
+            isinstance(e, ast.JoinedStr) or isinstance(e, ast.Constant) and isinstance(e.value, str)
+            for e in (expr.left, expr.right)):
+        return [*split(expr.left), *split(expr.right)]  # f"..." + f"..."
+    if isinstance(expr, (ast.Tuple, ast.List)):
+        return [leaf for e in expr.elts for leaf in split(e)]
+    if isinstance(expr, ast.Dict):
+        return [leaf for v in expr.values for leaf in split(v)]
+    if isinstance(expr, ast.Starred):
+        return split(expr.value)
+    if isinstance(expr, ast.Name) and depth:
+        once = s.project.memo(("assigned once", id(scope)), lambda: _assigned_once(scope))
+        value = once.get(expr.id)
+        if value is not None and isinstance(value, (ast.JoinedStr, ast.Dict, ast.BinOp, ast.Call)):
+            parts = leaves(s, scope, value, depth - 1)
+            if len(parts) > 1:
+                return parts
+    return [expr]
+
+
+def _assigned_once(scope: ast.AST) -> dict[str, ast.AST]:
+    """Variables the scope binds exactly once, by a plain `name = value`: name -> value."""
+    values: dict[str, list[ast.AST | None]] = {}
+    for node in _own_nodes(scope):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        values.setdefault(n.id, []).append(node.value if t is n else None)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.comprehension,
+                               ast.NamedExpr, ast.withitem)):
+            target = node.optional_vars if isinstance(node, ast.withitem) else node.target
+            for n in ast.walk(target) if target is not None else ():
+                if isinstance(n, ast.Name):
+                    values.setdefault(n.id, []).append(None)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value,
+                                                                                                ast.Name):
+            values.setdefault(node.func.value.id, []).append(None)  # `d.update(...)` changes it
+    return {k: v[0] for k, v in values.items() if len(v) == 1 and v[0] is not None}
+
+
+def _defined(project) -> set[str]:
+    return project.memo("defined functions", lambda: {d.name for x in project.scripts.values() for d in x.defs})
+
+
+def _flows_into(scope: ast.AST, defined: set[str], passes: dict[str, set[int]] | None) -> dict[str, list[str]]:
+    """name -> the names its values in this scope are built from (assignments, `+=`, `x.update(v)`, `x[k] = v`;
+    given `passes`, also `for k, v in d.items()`, and only what carries the value: see _value_names)."""
+    out: dict[str, dict[str, None]] = {}
+    for node in _own_nodes(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            read = _value_names(node.value, defined, passes)
+            for t in targets:
+                for n in [t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts:
+                    root = _root(n)
+                    if root:
+                        out.setdefault(root, {}).update(dict.fromkeys(read))
+        elif passes is not None and isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            read = _value_names(node.iter, defined, passes)
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    out.setdefault(n.id, {}).update(dict.fromkeys(read))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING:
+            root = _root(node.func.value)
+            if root:
+                given = node.args[:1] if passes is not None else _arguments(node)  # `meter.update(value, n)`
+                out.setdefault(root, {}).update(dict.fromkeys(n for a in given for n in _value_names(a, defined, passes)))
+    return {k: list(v) for k, v in out.items()}
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a function (or module) outside the functions and classes it defines."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            out.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def built_from(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> set[str]:
+    """The variables that may carry the values of `exprs`, followed through the assignments and loops of `scope`
+    (the function the expressions are in, or the module); see _value_names."""
+    return set(_follow(s, scope, exprs, _passes(s.project)))
+
+
+def ordered_sources(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> list[str]:
+    """The names a report is built from, followed through the assignments of `scope`, nearest first (breadth
+    first from the expressions, each in reading order)."""
+    return _follow(s, scope, exprs, None)
+
+
+def _follow(s: Script, scope: ast.AST, exprs: list[ast.AST], passes: dict[str, set[int]] | None) -> list[str]:
+    defined = _defined(s.project)
+    flows = s.project.memo(("flows into", id(scope), passes is None),
+                           lambda: _flows_into(scope, defined, passes))
+    todo = [n for e in exprs for n in _value_names(e, defined, passes)]
+    seen: dict[str, None] = {}
+    while todo:
+        name = todo.pop(0)
+        if name not in seen:
+            seen[name] = None
+            todo.extend(flows.get(name, ()))
+    return list(seen)
+
+
+def _passes(project) -> dict[str, set[int]]:
+    """Project functions whose return value carries some of their parameters: name -> their positions
+    (`def to_python_float(t): return t.item()`)."""
+    def compute() -> dict[str, set[int]]:
+        found: dict[str, set[int]] = {}
+        defined = _defined(project)
+        for _ in range(3):
+            before = {k: set(v) for k, v in found.items()}
+            for x in project.scripts.values():
+                for d in x.defs:
+                    params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
+                    if params[:1] in (["self"], ["cls"]):
+                        params = params[1:]
+                    returns = [n.value for n in _own_nodes(d) if isinstance(n, ast.Return) and n.value is not None]
+                    if not returns:
+                        continue
+                    flows = _flows_into(d, defined, before)
+                    todo = [n for r in returns for n in _value_names(r, defined, before)]
+                    seen: set[str] = set()
+                    while todo:
+                        name = todo.pop()
+                        if name not in seen:
+                            seen.add(name)
+                            todo.extend(flows.get(name, ()))
+                    hit = {i for i, p in enumerate(params) if p in seen}
+                    if hit:
+                        found.setdefault(d.name, set()).update(hit)
+            if found == before:
+                break
+        return found
+
+    return project.memo("passes", compute)
+
+
+def scope_of(s: Script, node: ast.AST) -> ast.AST:
+    """The function `node` is in (the module for module code)."""
+    scope = s.context(node).scope
+    return next((d for d in s.defs if id(d) == scope), s.tree) if scope else s.tree
+
+
+def reporters(s: Script) -> dict[str, tuple[bool, frozenset[str]]]:
+    """Project functions that show one of their parameters, by name -> (only a rank check's code shows it, the
+    names of what it shows itself, its own or its helpers')."""
+    project = s.project
+
+    def compute() -> dict[str, tuple[bool, frozenset[str]]]:
+        found: dict[str, tuple[bool, frozenset[str]]] = {}
+        for _ in range(3):
+            before = dict(found)
+            for x in project.scripts.values():
+                for d in x.defs:
+                    params = _params(d)
+                    if not params:
+                        continue
+                    guarded: list[bool] = []
+                    named: set[str] = set()
+                    for call in ast.walk(d):
+                        if not isinstance(call, ast.Call) or not _is_show(x, call, before) or (
+                                terminal(call.func) in _FILE_WRITES
+                                and not x.qualname(call.func).startswith(("sys.stdout.", "sys.stderr."))):
+                            continue
+                        sources = built_from(x, d, _arguments(call))
+                        if not sources & params:
+                            continue
+                        inner = before.get(terminal(call.func))
+                        guarded.append(x.context(call).level != NONE or bool(inner and inner[0]))
+                        named.update(sources, _direct_names(call), inner[1] if inner else ())
+                    if guarded:
+                        old = found.get(d.name, (True, frozenset()))
+                        found[d.name] = (old[0] and all(guarded), old[1] | named)
+            if found == before:
+                break
+        return found
+
+    return project.memo("reporters", compute)
+
+
+def _direct_names(call: ast.Call) -> list[str]:
+    return [terminal(n) for a in _arguments(call) for n in ast.walk(a) if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def _is_show(s: Script, call: ast.Call, helpers: dict) -> bool:
+    name = terminal(call.func)
+    if name in helpers:
+        return True
+    return name in SHOW_CALLS and not s.qualname(call.func).startswith(
+        ("math.", "numpy.", "torch.", "os.", "pickle.", "dill."))
+
+
+def shows(s: Script, call: ast.Call) -> bool:
+    """Whether `call` shows or records its arguments (directly, or through a project report helper)."""
+    return _is_show(s, call, reporters(s))
+
+
+def helper_report(s: Script, call: ast.Call) -> tuple[bool, frozenset[str]] | None:
+    """For a call of a project report helper: (it shows on one rank only, as `Logger(msg)` where Logger prints under
+    `if is_main_process():`; the names of what it shows itself), else None."""
+    return reporters(s).get(terminal(call.func))
+
+
+def _reducers(project) -> dict[str, set[int]]:
+    """Project functions that hand a parameter to a collective: name -> positions of those parameters."""
+    found: dict[str, set[int]] = {}
+    for _ in range(3):
+        before = {k: set(v) for k, v in found.items()}
+        for x in project.scripts.values():
+            for d in x.defs:
+                params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
+                if params[:1] in (["self"], ["cls"]):
+                    params = params[1:]
+                for call in ast.walk(d):
+                    if not isinstance(call, ast.Call) or not _collective(x, call, before):
+                        continue
+                    read = built_from(x, d, _carried(x, call, before))
+                    for i, p in enumerate(params):
+                        if p in read:
+                            found.setdefault(d.name, set()).add(i)
+        if found == before:
+            break
+    return found
+
+
+def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool:
+    name = terminal(call.func)
+    if s.is_dist_collective(call) or name in helpers:
+        return True
+    # `reduce_tensor(x)`, `gather_all(x)` from a library; not a class (`SyncBatchNorm`) nor a converter
+    return name not in _defined(s.project) and name[:1].islower() and bool(_REDUCING.search(name.lower())) \
+        and "batchnorm" not in name.lower()
+
+
+def _carried(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> list[ast.AST]:
+    """What a collective call carries across ranks: its positional arguments (those a project helper hands on),
+    or the receiver of a reducing method (`meter.synchronize_between_processes()`)."""
+    if s.is_dist_collective(call):
+        return list(call.args)
+    name = terminal(call.func)
+    if name in helpers:
+        return [a for i, a in enumerate(call.args) if i in helpers[name]]
+    return [*call.args, *([call.func.value] if isinstance(call.func, ast.Attribute) else [])]
+
+
+def _reduced_values(project, arg: ast.AST) -> set[str]:
+    """The variables a collective's argument carries: `t`, `loss.data`, `torch.tensor([a, b])`, `[x, y]`."""
+    return set(_value_names(arg, _defined(project), _passes(project)))
+
+
+def reduced_names(s: Script) -> set[str]:
+    """Variables some code of the program passes to a collective (or to a project function whose parameter reaches
+    one) or assigns from one, or from a project function that makes a collective."""
+    project = s.project
+
+    def compute() -> set[str]:
+        helpers = _reducers(project)
+        out: set[str] = set()
+        for x in project.scripts.values():
+            for call in x.calls:
+                name = terminal(call.func)
+                parent = x.parents.get(id(call))
+                if isinstance(parent, (ast.Assign, ast.AnnAssign)) and (
+                        _collective(x, call, helpers) or name in project.reducing_functions):
+                    targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                    out.update(r for t in targets for n in ([t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts)
+                               for r in [_root(n)] if r)
+                if not _collective(x, call, helpers):
+                    continue
+                out.update(n for a in _carried(x, call, helpers) for n in _reduced_values(project, a))
+        # imported modules and names (`torch` of `torch.tensor([a, b])`) carry no figure
+        return out - {a for x in project.scripts.values() for a in x.aliases}
+
+    return project.memo("reduced names", compute)
