@@ -87,8 +87,8 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
             continue  # the helper's own report names the loss: judged there
         if ctx.level == NONE and not (helper and helper[0]):
             continue
-        if any(is_eval_name(f) for f in ctx.functions):
-            continue  # an evaluation function: what it reports covers the data it was given
+        if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
+            continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
         if _names_a_rank(s, call):
             continue  # "rank 0 loss": the log says whose value it is
         scope = scope_of(s, call)

@@ -75,11 +75,13 @@ def _value_names(expr: ast.AST, defined: set[str], passes: dict[str, set[int]] |
     return list(out)
 
 
-def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3) -> list[ast.AST]:
+def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3, line: int | None = None) -> list[ast.AST]:
     """The separate values a report shows: the fields of an f-string, of `.format()` and of `%`, a dict's values,
-    also through a variable the scope assigns once (`line = f"..."; print(line)`)."""
+    also through the variable's assignment last before `line` (`line = f"..."; print(line)`)."""
+    line = getattr(expr, "lineno", 0) if line is None else line
+
     def split(e: ast.AST) -> list[ast.AST]:
-        return leaves(s, scope, e, depth)
+        return leaves(s, scope, e, depth, line)
 
     if isinstance(expr, ast.JoinedStr):
         return [leaf for v in expr.values if isinstance(v, ast.FormattedValue) for leaf in split(v.value)]
@@ -99,34 +101,35 @@ def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3) -> list[ast
     if isinstance(expr, ast.Starred):
         return split(expr.value)
     if isinstance(expr, ast.Name) and depth:
-        once = s.project.memo(("assigned once", id(scope)), lambda: _assigned_once(scope))
-        value = once.get(expr.id)
+        bindings = s.project.memo(("bindings", id(scope)), lambda: _bindings(scope))
+        earlier = [(n, v) for n, v in bindings.get(expr.id, ()) if n <= line]
+        value = earlier[-1][1] if earlier else None
         if value is not None and isinstance(value, (ast.JoinedStr, ast.Dict, ast.BinOp, ast.Call)):
-            parts = leaves(s, scope, value, depth - 1)
+            parts = leaves(s, scope, value, depth - 1, line)
             if len(parts) > 1:
                 return parts
     return [expr]
 
 
-def _assigned_once(scope: ast.AST) -> dict[str, ast.AST]:
-    """Variables the scope binds exactly once, by a plain `name = value`: name -> value."""
-    values: dict[str, list[ast.AST | None]] = {}
+def _bindings(scope: ast.AST) -> dict[str, list[tuple[int, ast.AST | None]]]:
+    """name -> (line, value) of each place the scope binds or changes it, in line order; the value of a plain
+    `name = value`, else None (`+=`, a loop, `d.update(...)`)."""
+    out: dict[str, list[tuple[int, ast.AST | None]]] = {}
     for node in _own_nodes(scope):
+        line = getattr(node, "lineno", 0)
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 for n in ast.walk(t):
                     if isinstance(n, ast.Name):
-                        values.setdefault(n.id, []).append(node.value if t is n else None)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.comprehension,
-                               ast.NamedExpr, ast.withitem)):
-            target = node.optional_vars if isinstance(node, ast.withitem) else node.target
-            for n in ast.walk(target) if target is not None else ():
+                        out.setdefault(n.id, []).append((line, node.value if t is n else None))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
+            for n in ast.walk(node.target):
                 if isinstance(n, ast.Name):
-                    values.setdefault(n.id, []).append(None)
+                    out.setdefault(n.id, []).append((line, None))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value,
                                                                                                 ast.Name):
-            values.setdefault(node.func.value.id, []).append(None)  # `d.update(...)` changes it
-    return {k: v[0] for k, v in values.items() if len(v) == 1 and v[0] is not None}
+            out.setdefault(node.func.value.id, []).append((line, None))  # `d.update(...)` changes it
+    return {k: sorted(v, key=lambda p: p[0]) for k, v in out.items()}
 
 
 def _defined(project) -> set[str]:
