@@ -285,8 +285,10 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                     continue
                 if tainted:
                     for t in targets:
-                        root = _root(t)
-                        if root:
+                        # `images, labels = batch`: each name of a tuple target holds part of the batch
+                        for root in ([_root(e) for e in t.elts] if isinstance(t, (ast.Tuple, ast.List)) else [_root(t)]):
+                            if not root:
+                                continue
                             flow.tainted.add(root)
                             if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
                                 flow.evaluation.add(root)

@@ -166,10 +166,16 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)
-                if not evaluation or terminal(call.func) not in ("print", "info") or _in_shard_loop(call, flow) \
-                        or project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
+                if not evaluation or terminal(call.func) not in ("print", "info") or _in_shard_loop(call, flow):
                     continue
-                where = "by every rank, each showing its own shard's value"
+                if project.prints_silenced and s.qualname(call.func) == "print":
+                    # the builtins.print swap shows rank 0's line alone: its shard's figure as the run's
+                    where = "through a print only rank 0 shows (builtins.print is silenced on the others), so it " \
+                        "is rank 0's shard alone"
+                elif project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
+                    continue
+                else:
+                    where = "by every rank, each showing its own shard's value"
             else:
                 where = "from inside a rank check, so it is rank 0's shard alone"
             yield Hit(call, "DDP006", "warning",
