@@ -18,6 +18,9 @@ COLLECTIVES = frozenset({
     "monitored_barrier",
 })
 """torch.distributed functions that every rank of the group must call, or the job hangs."""
+_MPI_COLLECTIVES = frozenset({"bcast", "allreduce", "reduce", "gather", "allgather", "scatter", "barrier", "alltoall",
+                              "reduce_scatter"})
+"""mpi4py communicator methods (lower- and upper-case spellings) that every rank of the communicator must call."""
 
 EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
                          "valdir", "testdir", "validate", "evaluate", "estimate"})
@@ -141,8 +144,11 @@ class Script:
         return [c for c in self.calls if terminal(c.func) in names]
 
     def is_dist_collective(self, call: ast.Call) -> bool:
+        """A torch.distributed collective, or one of mpi4py's (`MPI.COMM_WORLD.bcast(...)`): every rank must call it."""
         name = self.qualname(call.func)
-        return name.startswith("torch.distributed.") and name.rsplit(".", 1)[-1] in COLLECTIVES
+        last = name.rsplit(".", 1)[-1]
+        return name.startswith("torch.distributed.") and last in COLLECTIVES or (
+            name.startswith("mpi4py.") and last.lower() in _MPI_COLLECTIVES)
 
     # ---- rank-dependence --------------------------------------------------------------------
     def kind(self, expr: ast.AST | None) -> int:
