@@ -43,11 +43,14 @@ def padded_evaluation(s: Script) -> Iterator[Hit]:
     if not s.distributed or "torchmetrics" in s.aliases:
         return
     for call in eval_samplers(s):
-        drop_last = argument(call, "drop_last", 5)
+        drop_last = argument(call, "drop_last", 5) if terminal(call.func) == "DistributedSampler" \
+            else keyword(call, "drop_last")
         if isinstance(drop_last, ast.Constant) and drop_last.value is True:
             continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
+        what = "a DistributedSampler" if terminal(call.func) == "DistributedSampler" else \
+            f"{ast.unparse(call.func)}(), a sampler that pads like DistributedSampler"
         yield Hit(call, "DDP006", "warning",
-                  "evaluation data goes through a DistributedSampler, which pads it with repeated samples up to "
+                  f"evaluation data goes through {what}, which pads it with repeated samples up to "
                   "a multiple of world_size: the reduced metric counts those twice unless len(dataset) divides",
                   "evaluate every sample once: DistributedSampler(..., drop_last=True) plus the remainder on one "
                   "rank, or gather predictions with their indices and drop the duplicates (ddpkit.eval_shard)")
