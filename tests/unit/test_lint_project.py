@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.lint import RULES, lint_file, lint_files, lint_source, lint_sources, main
-from ddpkit.lint.analysis import distributed_mode
+from ddpkit.lint.analysis import distributed_mode, is_eval_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint"
 PROJECT = FIXTURES / "project"
@@ -251,3 +251,11 @@ def test_methods_a_framework_calls_through_a_project_base_class_are_linted():
 
 def line_of(code: str, needle: str) -> int:
     return next(i for i, line in enumerate(code.splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize("name, evaluation", [
+    ("val_loader", True), ("validset", True), ("evalloader", True), ("test_data", True), ("devset", True),
+    ("device", False), ("testing", False), ("train_set", False)])
+def test_evaluation_names_with_a_joined_data_word(name, evaluation):
+    """`validset` is the validation set as much as `valid_set`; `device` and `testing` are not evaluation data."""
+    assert is_eval_name(name) == evaluation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
@@ -27,8 +28,12 @@ EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "te
 """Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
 
 
+_EVAL_COMPOUND = re.compile(r"(val|valid|validation|eval|test|dev)(set|sets|data|dataset|ds|loader|sampler|dir)")
+
+
 def is_eval_name(name: str) -> bool:
-    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
+    """`val_loader`, `test_set`, `validset`, `evalloader`: a name part marks evaluation data or code."""
+    return any(t in EVAL_TOKENS or _EVAL_COMPOUND.fullmatch(t) for t in name.lower().split("_"))
 
 
 def is_eval_sampler(s: Script, call: ast.Call) -> bool:
