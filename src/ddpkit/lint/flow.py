@@ -105,23 +105,31 @@ def sharded_names(s: Script) -> set[str]:
     def compute() -> set[str]:
         scripts = list(project.scripts.values())
         names: set[str] = set()
-        for _ in range(3):
-            before = len(names)
+        factories: set[str] = set()
+        for _ in range(4):
+            before = (len(names), len(factories))
             for x in scripts:
                 for key, value in x.assignments:
-                    if isinstance(value, ast.Call) and _makes_shards(x, value, names):
+                    if isinstance(value, ast.Call) and _makes_shards(x, value, names, factories):
                         names.add(key)
-            if len(names) == before:
+                # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards
+                factories.update(d.name for d in x.defs for n in ast.walk(d) if isinstance(n, ast.Return)
+                                 and isinstance(n.value, ast.Call) and _makes_shards(x, n.value, names, factories))
+            if (len(names), len(factories)) == before:
                 break
         return names
 
     return project.memo("sharded names", compute)
 
 
-def _makes_shards(s: Script, call: ast.Call, known: set[str]) -> bool:
+def _makes_shards(s: Script, call: ast.Call, known: set[str], factories: frozenset[str] | set[str] = frozenset()
+                  ) -> bool:
     name = terminal(call.func)
-    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")):
+    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")) \
+            or name in factories:
         return True
+    if "sampler" in name.lower() and any(_mentions_shards(s, a, known, factories) for a in call.args[:1]):
+        return True  # a batch sampler over a sharded sampler: `BatchSampler(train_sampler, 32, True)`
     if s.qualname(call.func) in ("ddpkit.loader", "ddpkit.eval_loader", "ddpkit.data.loader",
                                  "ddpkit.data.eval_loader"):
         return True
@@ -130,15 +138,16 @@ def _makes_shards(s: Script, call: ast.Call, known: set[str]) -> bool:
         return True  # `Subset(data, range(rank, n, world))`, `data.shard(world, rank)`: split by rank by hand
     if name.endswith("DataLoader") or name.endswith("Loader"):
         for k in call.keywords:
-            if k.arg in ("sampler", "batch_sampler", "dataset") and _mentions_shards(s, k.value, known):
+            if k.arg in ("sampler", "batch_sampler", "dataset") and _mentions_shards(s, k.value, known, factories):
                 return True
-        return any(_mentions_shards(s, a, known) for a in (*call.args[:1], *call.args[2:5]))
+        return any(_mentions_shards(s, a, known, factories) for a in (*call.args[:1], *call.args[2:5]))
     return False
 
 
-def _mentions_shards(s: Script, expr: ast.AST, known: set[str]) -> bool:
+def _mentions_shards(s: Script, expr: ast.AST, known: set[str], factories: frozenset[str] | set[str] = frozenset()
+                     ) -> bool:
     for n in ast.walk(expr):
-        if isinstance(n, ast.Call) and _makes_shards(s, n, known):
+        if isinstance(n, ast.Call) and _makes_shards(s, n, known, factories):
             return True
         if isinstance(n, ast.Name) and n.id in known or isinstance(n, ast.Attribute) and "." + n.attr in known:
             return True
@@ -165,7 +174,8 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
                     params = params[1:]
                 given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
                 for param, value in given:
-                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known)
+                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known) or (
+                        isinstance(value, ast.Call) and _makes_shards(x, value, known))  # f(DataLoader(..., sampler))
                     votes.setdefault((owner.path, id(d), param), []).append(sharded)
         # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
         # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)

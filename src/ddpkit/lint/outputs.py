@@ -169,13 +169,17 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)
-                if not evaluation or terminal(call.func) not in ("print", "info") or _in_shard_loop(call, flow):
+                if not evaluation or terminal(call.func) not in ("print", "info"):
                     continue
+                per_rank_logging = project.memo("logging per rank", lambda: _logging_per_rank(project))
                 if project.prints_silenced and s.qualname(call.func) == "print":
                     # the builtins.print swap shows rank 0's line alone: its shard's figure as the run's
                     where = "through a print only rank 0 shows (builtins.print is silenced on the others), so it " \
                         "is rank 0's shard alone"
-                elif project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
+                elif terminal(call.func) == "info" and per_rank_logging:
+                    where = "through logging that only rank 0 shows (logging is set up per rank), so it is " \
+                        "rank 0's shard alone"
+                elif _in_shard_loop(call, flow) or project.prints_silenced or per_rank_logging:
                     continue
                 else:
                     where = "by every rank, each showing its own shard's value"
