@@ -91,11 +91,16 @@ def _root(node: ast.AST) -> str | None:
 
 
 def _reduces(s: Script, call: ast.Call) -> bool:
-    """A collective, or a call whose name or project function says it reduces/gathers/syncs across ranks."""
+    """A collective other than a barrier, a project function that makes one, or a library call whose name says
+    it reduces/gathers/syncs across ranks (a project function named so that only waits, `distributed_sync`,
+    moves no value)."""
     name = terminal(call.func)
     project = s.project
-    return s.is_dist_collective(call) or bool(_REDUCING.search(name.lower())) or (
-        project is not None and name in project.reducing_functions)
+    if s.is_dist_collective(call):
+        return "barrier" not in name.lower()
+    if project is not None and name in project.defined_functions:
+        return name in project.exchanging_functions
+    return bool(_REDUCING.search(name.lower()))
 
 
 def sharded_names(s: Script) -> set[str]:

@@ -219,6 +219,9 @@ class Project:
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         self.single_node = self._single_node(nodes)
         self.reducing_functions, looping = self._function_facts(scripts)
+        self.exchanging_functions, _ = self._function_facts(scripts, barriers=False)
+        """Project functions that make a collective other than a barrier (directly or through each other)."""
+        self.defined_functions = {d.name for s in scripts for d in s.defs}
         self.epoch_loop = any(
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
             and _in_loop(s, n) for s, n in nodes)
@@ -246,8 +249,9 @@ class Project:
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
 
-    def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str]]:
-        """Functions that reduce or gather across ranks (directly or through each other); functions with a loop."""
+    def _function_facts(self, scripts: list[Script], barriers: bool = True) -> tuple[set[str], set[str]]:
+        """Functions that make a collective (directly or through each other; with `barriers`, a barrier counts);
+        functions with a loop."""
         direct: dict[str, set[str]] = {}
         found: set[str] = set()
         looping: set[str] = set()
@@ -257,7 +261,7 @@ class Project:
                 for n in ast.walk(d):
                     if isinstance(n, ast.Call):
                         callees.add(terminal(n.func))
-                        if s.is_dist_collective(n):
+                        if s.is_dist_collective(n) and (barriers or "barrier" not in terminal(n.func).lower()):
                             found.add(d.name)
                     elif isinstance(n, (ast.For, ast.While)):
                         looping.add(d.name)
