@@ -157,7 +157,9 @@ def _flows_into(scope: ast.AST, defined: set[str], passes: dict[str, set[int]] |
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING:
             root = _root(node.func.value)
             if root:
-                given = node.args[:1] if passes is not None else _arguments(node)  # `meter.update(value, n)`
+                # `meter.update(value, n)`, `meters.update(loss=reduced, **parts)`: the values, not the weight
+                given = _arguments(node) if passes is None else [*node.args[:1], *(
+                    k.value for k in node.keywords if k.arg not in ("n", "count", "weight"))]
                 out.setdefault(root, {}).update(dict.fromkeys(n for a in given for n in _value_names(a, defined, passes)))
     return {k: list(v) for k, v in out.items()}
 
