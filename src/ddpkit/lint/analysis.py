@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -19,7 +19,7 @@ COLLECTIVES = frozenset({
     "monitored_barrier",
 })
 """torch.distributed functions that every rank of the group must call, or the job hangs."""
-_MPI_COLLECTIVES = frozenset({"bcast", "allreduce", "reduce", "gather", "allgather", "scatter", "barrier", "alltoall",
+MPI_COLLECTIVES = frozenset({"bcast", "allreduce", "reduce", "gather", "allgather", "scatter", "barrier", "alltoall",
                               "reduce_scatter"})
 """mpi4py communicator methods (lower- and upper-case spellings) that every rank of the communicator must call."""
 
@@ -153,7 +153,7 @@ class Script:
         name = self.qualname(call.func)
         last = name.rsplit(".", 1)[-1]
         return name.startswith("torch.distributed.") and last in COLLECTIVES or (
-            name.startswith("mpi4py.") and last.lower() in _MPI_COLLECTIVES)
+            name.startswith("mpi4py.") and last.lower() in MPI_COLLECTIVES)
 
     # ---- rank-dependence --------------------------------------------------------------------
     def kind(self, expr: ast.AST | None) -> int:

@@ -111,15 +111,16 @@ def sharded_names(s: Script) -> set[str]:
         scripts = list(project.scripts.values())
         names: set[str] = set()
         factories: set[str] = set()
+        returned = [(x, n.value, x.context(n).functions[-1]) for x in scripts for n in x.nodes
+                    if isinstance(n, ast.Return) and isinstance(n.value, ast.Call) and x.context(n).functions]
         for _ in range(4):
             before = (len(names), len(factories))
             for x in scripts:
                 for key, value in x.assignments:
                     if isinstance(value, ast.Call) and _makes_shards(x, value, names, factories):
                         names.add(key)
-                # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards
-                factories.update(d.name for d in x.defs for n in ast.walk(d) if isinstance(n, ast.Return)
-                                 and isinstance(n.value, ast.Call) and _makes_shards(x, n.value, names, factories))
+            # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards
+            factories.update(f for x, value, f in returned if _makes_shards(x, value, names, factories))
             if (len(names), len(factories)) == before:
                 break
         return names

@@ -218,9 +218,9 @@ class Project:
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         self.single_node = self._single_node(nodes)
-        self.reducing_functions, looping = self._function_facts(scripts)
-        self.exchanging_functions, _ = self._function_facts(scripts, barriers=False)
-        """Project functions that make a collective other than a barrier (directly or through each other)."""
+        self.reducing_functions, self.exchanging_functions, looping = self._function_facts(scripts)
+        """Project functions that make a collective (a barrier included), and those that make one other than a
+        barrier (directly or through each other)."""
         self.defined_functions = {d.name for s in scripts for d in s.defs}
         self.epoch_loop = any(
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
@@ -249,11 +249,12 @@ class Project:
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
 
-    def _function_facts(self, scripts: list[Script], barriers: bool = True) -> tuple[set[str], set[str]]:
-        """Functions that make a collective (directly or through each other; with `barriers`, a barrier counts);
-        functions with a loop."""
+    def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str], set[str]]:
+        """Functions that make a collective (directly or through each other); those that make one other than a
+        barrier; functions with a loop."""
         direct: dict[str, set[str]] = {}
         found: set[str] = set()
+        exchanging: set[str] = set()
         looping: set[str] = set()
         for s in scripts:
             for d in s.defs:
@@ -261,18 +262,21 @@ class Project:
                 for n in ast.walk(d):
                     if isinstance(n, ast.Call):
                         callees.add(terminal(n.func))
-                        if s.is_dist_collective(n) and (barriers or "barrier" not in terminal(n.func).lower()):
+                        if s.is_dist_collective(n):
                             found.add(d.name)
+                            if "barrier" not in terminal(n.func).lower():
+                                exchanging.add(d.name)
                     elif isinstance(n, (ast.For, ast.While)):
                         looping.add(d.name)
-        changed = True
-        while changed:
-            changed = False
-            for name, callees in direct.items():
-                if name not in found and callees & found:
-                    found.add(name)
-                    changed = True
-        return found, looping
+        for made in (found, exchanging):
+            changed = True
+            while changed:
+                changed = False
+                for name, callees in direct.items():
+                    if name not in made and callees & made:
+                        made.add(name)
+                        changed = True
+        return found, exchanging, looping
 
     def reduces(self, pattern: re.Pattern[str]) -> bool:
         """Whether some value whose name matches `pattern` is reduced or gathered across ranks anywhere."""
@@ -371,14 +375,15 @@ def _sampler_factories(project, classes: set[str]) -> dict[str, tuple[int, str]]
     name -> (position, name) of that parameter."""
     found: dict[str, tuple[int, str]] = {}
     for x in project.scripts.values():
-        for d in x.defs:
-            params = [a.arg for a in d.args.args]
-            for n in ast.walk(d):
-                value = n.value if isinstance(n, ast.Return) else None
-                if not (isinstance(value, ast.Call) and terminal(value.func) in classes and value.args
-                        and isinstance(value.args[0], ast.Name) and value.args[0].id in params
-                        and not any(k.arg == "drop_last" for k in value.keywords)):
-                    continue
+        defs = {id(d): d for d in x.defs}
+        for value in x.calls:
+            if not (terminal(value.func) in classes and value.args and isinstance(value.args[0], ast.Name)
+                    and isinstance(x.parents.get(id(value)), ast.Return)
+                    and not any(k.arg == "drop_last" for k in value.keywords)):
+                continue
+            d = defs.get(x.context(value).scope)
+            params = [a.arg for a in d.args.args] if d is not None else []
+            if value.args[0].id in params:
                 found[d.name] = (params.index(value.args[0].id), value.args[0].id)
     return found
 

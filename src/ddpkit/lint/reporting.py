@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ddpkit.lint.analysis import NONE, Script, terminal
+from ddpkit.lint.analysis import COLLECTIVES, MPI_COLLECTIVES, NONE, Script, terminal
 
 __all__ = ["SHOW_CALLS", "reporters", "shows", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
            "reduced_names"]
@@ -101,7 +101,7 @@ def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3, line: int |
     if isinstance(expr, ast.Starred):
         return split(expr.value)
     if isinstance(expr, ast.Name) and depth:
-        bindings = s.project.memo(("bindings", id(scope)), lambda: _bindings(scope))
+        bindings = s.project.memo(("bindings", id(scope)), lambda: _bindings(_own(s.project, scope)))
         earlier = [(n, v) for n, v in bindings.get(expr.id, ()) if n <= line]
         value = earlier[-1][1] if earlier else None
         if value is not None and isinstance(value, (ast.JoinedStr, ast.Dict, ast.BinOp, ast.Call)):
@@ -111,11 +111,11 @@ def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3, line: int |
     return [expr]
 
 
-def _bindings(scope: ast.AST) -> dict[str, list[tuple[int, ast.AST | None]]]:
+def _bindings(nodes: list[ast.AST]) -> dict[str, list[tuple[int, ast.AST | None]]]:
     """name -> (line, value) of each place the scope binds or changes it, in line order; the value of a plain
     `name = value`, else None (`+=`, a loop, `d.update(...)`)."""
     out: dict[str, list[tuple[int, ast.AST | None]]] = {}
-    for node in _own_nodes(scope):
+    for node in nodes:
         line = getattr(node, "lineno", 0)
         if isinstance(node, ast.Assign):
             for t in node.targets:
@@ -136,11 +136,12 @@ def _defined(project) -> set[str]:
     return project.memo("defined functions", lambda: {d.name for x in project.scripts.values() for d in x.defs})
 
 
-def _flows_into(scope: ast.AST, defined: set[str], passes: dict[str, set[int]] | None) -> dict[str, list[str]]:
+def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[int]] | None
+                ) -> dict[str, list[str]]:
     """name -> the names its values in this scope are built from (assignments, `+=`, `x.update(v)`, `x[k] = v`;
     given `passes`, also `for k, v in d.items()`, and only what carries the value: see _value_names)."""
     out: dict[str, dict[str, None]] = {}
-    for node in _own_nodes(scope):
+    for node in nodes:
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             read = _value_names(node.value, defined, passes)
@@ -162,6 +163,11 @@ def _flows_into(scope: ast.AST, defined: set[str], passes: dict[str, set[int]] |
                     k.value for k in node.keywords if k.arg not in ("n", "count", "weight"))]
                 out.setdefault(root, {}).update(dict.fromkeys(n for a in given for n in _value_names(a, defined, passes)))
     return {k: list(v) for k, v in out.items()}
+
+
+def _own(project, scope: ast.AST) -> list[ast.AST]:
+    """_own_nodes, once per scope and project (shared with flow.py's)."""
+    return project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
 
 
 def _own_nodes(scope: ast.AST) -> list[ast.AST]:
@@ -197,7 +203,7 @@ def ordered_sources(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> list[str
 def _follow(s: Script, scope: ast.AST, exprs: list[ast.AST], passes: dict[str, set[int]] | None) -> list[str]:
     defined = _defined(s.project)
     flows = s.project.memo(("flows into", id(scope), passes is None),
-                           lambda: _flows_into(scope, defined, passes))
+                           lambda: _flows_into(_own(s.project, scope), defined, passes))
     todo = [n for e in exprs for n in _value_names(e, defined, passes)]
     seen: dict[str, None] = {}
     while todo:
@@ -221,10 +227,10 @@ def _passes(project) -> dict[str, set[int]]:
                     params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
                     if params[:1] in (["self"], ["cls"]):
                         params = params[1:]
-                    returns = [n.value for n in _own_nodes(d) if isinstance(n, ast.Return) and n.value is not None]
+                    returns = [n.value for n in _own(project, d) if isinstance(n, ast.Return) and n.value is not None]
                     if not returns:
                         continue
-                    flows = _flows_into(d, defined, before)
+                    flows = _flows_into(_own(project, d), defined, before)
                     todo = [n for r in returns for n in _value_names(r, defined, before)]
                     seen: set[str] = set()
                     while todo:
@@ -264,8 +270,8 @@ def reporters(s: Script) -> dict[str, tuple[bool, frozenset[str]]]:
                         continue
                     guarded: list[bool] = []
                     named: set[str] = set()
-                    for call in ast.walk(d):
-                        if not isinstance(call, ast.Call) or not _is_show(x, call, before) or (
+                    for call in _calls(project, d):
+                        if not _is_show(x, call, before) or (
                                 terminal(call.func) in _FILE_WRITES
                                 and not x.qualname(call.func).startswith(("sys.stdout.", "sys.stderr."))):
                             continue
@@ -308,6 +314,11 @@ def helper_report(s: Script, call: ast.Call) -> tuple[bool, frozenset[str]] | No
     return reporters(s).get(terminal(call.func))
 
 
+def _calls(project, d: ast.AST) -> list[ast.Call]:
+    """The calls a function makes, those of the functions it defines included."""
+    return project.memo(("calls in", id(d)), lambda: [n for n in ast.walk(d) if isinstance(n, ast.Call)])
+
+
 def _reducers(project) -> dict[str, set[int]]:
     """Project functions that hand a parameter to a collective: name -> positions of those parameters."""
     found: dict[str, set[int]] = {}
@@ -318,8 +329,8 @@ def _reducers(project) -> dict[str, set[int]]:
                 params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
                 if params[:1] in (["self"], ["cls"]):
                     params = params[1:]
-                for call in ast.walk(d):
-                    if not isinstance(call, ast.Call) or not _collective(x, call, before):
+                for call in _calls(project, d):
+                    if not _collective(x, call, before):
                         continue
                     read = built_from(x, d, _carried(x, call, before))
                     for i, p in enumerate(params):
@@ -332,7 +343,9 @@ def _reducers(project) -> dict[str, set[int]]:
 
 def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool:
     name = terminal(call.func)
-    if s.is_dist_collective(call) or name in helpers:
+    if name in helpers:
+        return True
+    if (name in COLLECTIVES or name.lower() in MPI_COLLECTIVES) and s.is_dist_collective(call):
         return True
     # `reduce_tensor(x)`, `gather_all(x)` from a library; not a class (`SyncBatchNorm`) nor a converter
     return name not in _defined(s.project) and name[:1].islower() and bool(_REDUCING.search(name.lower())) \
