@@ -78,8 +78,8 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
     """Rank 0's own loss shown as the run's: a report under a rank check (or through a helper that reports on
     one rank only) of a loss value no code of the program reduces (see reporting.py)."""
     project = s.project
-    if not project.distributed or project.forward_collects or "torchmetrics" in s.aliases:
-        return  # a forward that all-reduces returns global losses; torchmetrics' compute() syncs by itself
+    if not project.distributed or project.forward_collects:
+        return  # a forward that all-reduces returns global losses
     reduced = reduced_names(s)
     for call in s.calls:
         ctx = s.context(call)

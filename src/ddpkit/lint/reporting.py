@@ -370,7 +370,7 @@ def _reduced_values(project, arg: ast.AST) -> set[str]:
 
 def reduced_names(s: Script) -> set[str]:
     """Variables some code of the program passes to a collective (or to a project function whose parameter reaches
-    one) or assigns from one, or from a project function that makes a collective."""
+    one) or assigns from one, or from a project function that makes a collective; torchmetrics objects."""
     project = s.project
 
     def compute() -> set[str]:
@@ -385,6 +385,9 @@ def reduced_names(s: Script) -> set[str]:
                     targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
                     out.update(r for t in targets for n in ([t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts)
                                for r in [_root(n)] if r)
+                if isinstance(parent, ast.Assign) and x.qualname(call.func).startswith("torchmetrics."):
+                    # a torchmetrics object syncs its state across ranks in compute()
+                    out.update(r for t in parent.targets for r in [_root(t)] if r)
                 if not _collective(x, call, helpers):
                     continue
                 out.update(n for a in _carried(x, call, helpers) for n in _reduced_values(project, a))
