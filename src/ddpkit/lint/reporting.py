@@ -21,7 +21,7 @@ __all__ = ["SHOW_CALLS", "reporters", "shows", "helper_report", "built_from", "o
            "reduced_names"]
 
 SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
-                        "set_description", "log_metrics"})
+                        "set_description", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
 """Calls that show or record the values they are given."""
 _FILE_WRITES = frozenset({"write"})
 """Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records
