@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ddpkit.lint.analysis import Script, is_eval_name, terminal
 
-__all__ = ["ScopeFlow", "flows", "sharded_names"]
+__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers"]
 
 _REDUCING = re.compile(r"reduce|gather|sync")
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
@@ -376,3 +376,89 @@ def flows(s: Script) -> list[ScopeFlow]:
 def summaries_of(s: Script) -> dict:
     flows(s)
     return s.project.memo("shard summaries", dict)
+
+
+def _terminals(node: ast.AST) -> list[str]:
+    return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def eval_samplers(s: Script) -> list[ast.Call]:
+    """Padding distributed samplers over evaluation data that some DataLoader the program iterates uses.
+
+    A padding sampler: torch's DistributedSampler, a sampler class of the project whose code pads the
+    indices the same way (`indices += indices[:total_size - len(indices)]`), or a project function that
+    returns one built on its parameter (`make_data_sampler(val_set, False, distributed)`). Evaluation data:
+    the dataset or the variable the sampler goes to says val/test. A sampler no DataLoader uses (directly
+    or through a batch sampler built on it), or whose loader is built but never read again, evaluates nothing.
+    """
+    def compute() -> list[ast.Call]:
+        named = {id(v): k.lstrip(".") for k, v in s.assignments}
+        loaded = s.project.memo("loaded names", lambda: {
+            terminal(n) for x in s.project.scripts.values() for n in x.nodes
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
+        loaders = []
+        for c in s.calls_named("DataLoader"):
+            target = named.get(id(c), "")
+            if target and target not in loaded:
+                continue  # `val_loader = DataLoader(...)` that nothing reads
+            loaders.append(c)
+        loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
+        used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
+                                                if isinstance(n, (ast.Name, ast.Attribute))}
+        for _ in range(2):  # `batches = make_batch_sampler(val_sampler, ...)`, then DataLoader(batch_sampler=batches)
+            used |= {terminal(n) for k, v in s.assignments if k.lstrip(".") in used and isinstance(v, ast.Call)
+                     for a in (*v.args, *(kw.value for kw in v.keywords)) for n in ast.walk(a)
+                     if isinstance(n, (ast.Name, ast.Attribute))}
+        classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
+        factories = s.project.memo("sampler factories", lambda: _sampler_factories(s.project, classes))
+        found = []
+        for call in s.calls:
+            name = terminal(call.func)
+            if name in classes:
+                dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"),
+                                                              None)
+            elif name in factories and isinstance(call.func, (ast.Name, ast.Attribute)):
+                position, param = factories[name]
+                dataset = call.args[position] if position < len(call.args) else next(
+                    (k.value for k in call.keywords if k.arg == param), None)
+            else:
+                continue
+            target = named.get(id(call), "")
+            if not (id(call) in used or (target and target in used)):
+                continue
+            if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _terminals(dataset))):
+                found.append(call)
+        return found
+    return s.project.memo(("eval samplers", s.path), compute)
+
+
+def _padding_samplers(project) -> set[str]:
+    """torch's DistributedSampler and the project's sampler classes that pad their indices the same way."""
+    found = {"DistributedSampler"}
+    for x in project.scripts.values():
+        for c in x.nodes:
+            if isinstance(c, ast.ClassDef) and (c.name.endswith("Sampler") or any(
+                    terminal(b).endswith("Sampler") for b in c.bases)) and any(
+                    isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and isinstance(n.value, ast.Subscript)
+                    and isinstance(n.target, ast.Name) and _terminals(n.value.value) == [n.target.id]
+                    for n in ast.walk(c)):
+                found.add(c.name)
+    return found
+
+
+def _sampler_factories(project, classes: set[str]) -> dict[str, tuple[int, str]]:
+    """Project functions that return a padding sampler built on one of their parameters, with no drop_last:
+    name -> (position, name) of that parameter."""
+    found: dict[str, tuple[int, str]] = {}
+    for x in project.scripts.values():
+        defs = {id(d): d for d in x.defs}
+        for value in x.calls:
+            if not (terminal(value.func) in classes and value.args and isinstance(value.args[0], ast.Name)
+                    and isinstance(x.parents.get(id(value)), ast.Return)
+                    and not any(k.arg == "drop_last" for k in value.keywords)):
+                continue
+            d = defs.get(x.context(value).scope)
+            params = [a.arg for a in d.args.args] if d is not None else []
+            if value.args[0].id in params:
+                found[d.name] = (params.index(value.args[0].id), value.args[0].id)
+    return found

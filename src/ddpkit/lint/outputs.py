@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
-from ddpkit.lint.flow import flows, sharded_names, summaries_of
-from ddpkit.lint.project import LOSS_NAME, eval_samplers
+from ddpkit.lint.flow import eval_samplers, flows, sharded_names, summaries_of
+from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import built_from, helper_report, leaves, ordered_sources, reduced_names, scope_of, shows
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
