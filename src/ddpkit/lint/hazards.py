@@ -62,6 +62,9 @@ def _strings(s: Script, expr: ast.AST, depth: int = 2) -> set[str]:
         d = next((d for d in s.defs if id(d) == scope), None)
         params = [a.arg for a in d.args.args] if d is not None else []
         if depth and expr.id in params:
+            defaults = dict(zip(params[len(params) - len(d.args.defaults):], d.args.defaults))
+            if expr.id in defaults:  # `def setup(backend="nccl")` called as `setup()`
+                sources.append(defaults[expr.id])
             position = params.index(expr.id) - (params[:1] in (["self"], ["cls"]))
             for x in s.project.scripts.values():
                 for call in x.calls:

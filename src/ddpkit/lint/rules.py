@@ -377,7 +377,8 @@ def _in_spawn_parent(s: Script, call: ast.Call) -> bool:
 def _destroys_default(call: ast.Call) -> bool:
     """destroy_process_group() or destroy_process_group(None): the default group (and every other) goes."""
     group = argument(call, "group", 0)
-    return group is None or isinstance(group, ast.Constant) and group.value is None
+    return group is None or isinstance(group, ast.Constant) and group.value is None or (
+        isinstance(group, ast.Attribute) and group.attr == "WORLD")  # dist.group.WORLD
 
 
 @check
