@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -22,6 +22,10 @@ COLLECTIVES = frozenset({
 MPI_COLLECTIVES = frozenset({"bcast", "allreduce", "reduce", "gather", "allgather", "scatter", "barrier", "alltoall",
                               "reduce_scatter"})
 """mpi4py communicator methods (lower- and upper-case spellings) that every rank of the communicator must call."""
+
+REDUCING_NAME = re.compile(r"reduce|gather|synchroni[sz]e|sync_?(tensor|value|metric|loss|dict|across|between|mean|sum)")
+"""A library call named like this moves values across ranks (`reduce_tensor`, `all_gather`, `accelerator.gather`,
+`synchronize_between_processes`); `sync_batchnorm`, `SyncVectorEnv` and `distributed_sync` are not."""
 
 EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
                          "valdir", "testdir", "validate", "evaluate", "estimate"})

@@ -12,14 +12,12 @@ helper under another name) the value counts as reduced: precision first.
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import Script, is_eval_name, terminal
+from ddpkit.lint.analysis import REDUCING_NAME, Script, is_eval_name, terminal
 
 __all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers"]
 
-_REDUCING = re.compile(r"reduce|gather|sync")
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -100,7 +98,7 @@ def _reduces(s: Script, call: ast.Call) -> bool:
         return "barrier" not in name.lower()
     if project is not None and name in project.defined_functions:
         return name in project.exchanging_functions
-    return bool(_REDUCING.search(name.lower()))
+    return bool(REDUCING_NAME.search(name.lower()))
 
 
 def sharded_names(s: Script) -> set[str]:

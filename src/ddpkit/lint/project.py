@@ -6,7 +6,7 @@ import ast
 import os
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, Script, terminal
+from ddpkit.lint.analysis import GLOBAL, NONE, REDUCING_NAME, Script, terminal
 
 __all__ = ["Project", "LOSS_NAME", "programs"]
 
@@ -17,7 +17,6 @@ _AUGMENT = re.compile(r"^Random[A-Z]|ColorJitter|GaussianBlur|Solariz|RandAugmen
                       r"random_crop|gaussian_blur")
 """Identifiers of random data augmentation: the stream a seed shared by every rank makes identical."""
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
-_REDUCING = re.compile(r"reduce|gather|sync")
 
 
 class Project:
@@ -287,7 +286,7 @@ class Project:
             if not isinstance(call, ast.Call):
                 return False
             name = terminal(call.func)
-            return s.is_dist_collective(call) or name in self.reducing_functions or bool(_REDUCING.search(name))
+            return s.is_dist_collective(call) or name in self.reducing_functions or bool(REDUCING_NAME.search(name))
 
         for s in self.scripts.values():
             if any(pattern.search(k) and reducing(s, v) for k, v in s.assignments):

@@ -13,9 +13,8 @@ parameter reaches one) or assigns it from one: one reduction elsewhere does not 
 from __future__ import annotations
 
 import ast
-import re
 
-from ddpkit.lint.analysis import COLLECTIVES, MPI_COLLECTIVES, NONE, Script, terminal
+from ddpkit.lint.analysis import COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, terminal
 
 __all__ = ["SHOW_CALLS", "reporters", "shows", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
            "reduced_names"]
@@ -26,7 +25,6 @@ SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "wr
 _FILE_WRITES = frozenset({"write"})
 """Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records
 state next to a checkpoint."""
-_REDUCING = re.compile(r"reduce|gather|synchroni[sz]e|sync_?(tensor|value|metric|loss|dict|across|between|mean|sum)")
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add"})
 
 
@@ -348,7 +346,7 @@ def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool
     if (name in COLLECTIVES or name.lower() in MPI_COLLECTIVES) and s.is_dist_collective(call):
         return True
     # `reduce_tensor(x)`, `gather_all(x)` from a library; not a class (`SyncBatchNorm`) nor a converter
-    return name not in _defined(s.project) and name[:1].islower() and bool(_REDUCING.search(name.lower())) \
+    return name not in _defined(s.project) and name[:1].islower() and bool(REDUCING_NAME.search(name.lower())) \
         and "batchnorm" not in name.lower()
 
 
