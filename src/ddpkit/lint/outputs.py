@@ -10,7 +10,8 @@ from typing import Any
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
 from ddpkit.lint.flow import eval_samplers, flows, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
-from ddpkit.lint.reporting import built_from, helper_report, leaves, ordered_sources, reduced_names, scope_of, shows
+from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names, scope_of,
+                                   shown_arguments, shows)
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
@@ -86,9 +87,9 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
         if ctx.single or not shows(s, call):
             continue
         helper = helper_report(s, call)
-        if helper is not None and any(LOSS_NAME.search(n) for n in helper[1]):
+        if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
             continue  # the helper's own report names the loss: judged there
-        if ctx.level == NONE and not (helper and helper[0]):
+        if ctx.level == NONE and not (helper and helper.rank_zero):
             continue
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
@@ -98,7 +99,7 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
         called = s.project.memo(("called in", id(scope)), lambda: {
             terminal(c.func) for c in ast.walk(scope) if isinstance(c, ast.Call)})
         loss = None
-        given = [*call.args, *(k.value for k in call.keywords)]
+        given = shown_arguments(call, helper)
         direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced:

@@ -13,10 +13,11 @@ parameter reaches one) or assigns it from one: one reduction elsewhere does not 
 from __future__ import annotations
 
 import ast
+from typing import NamedTuple
 
 from ddpkit.lint.analysis import COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, terminal
 
-__all__ = ["SHOW_CALLS", "reporters", "shows", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
+__all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
            "reduced_names"]
 
 SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
@@ -252,13 +253,25 @@ def scope_of(s: Script, node: ast.AST) -> ast.AST:
     return next((d for d in s.defs if id(d) == scope), s.tree) if scope else s.tree
 
 
-def reporters(s: Script) -> dict[str, tuple[bool, frozenset[str]]]:
-    """Project functions that show one of their parameters, by name -> (only a rank check's code shows it, the
-    names of what it shows itself, its own or its helpers')."""
+class Reporter(NamedTuple):
+    """A project function that shows some of its parameters."""
+
+    rank_zero: bool
+    """Only a rank check's code shows them (`if is_main_process(): print(msg)`): calling it reports on one rank."""
+    names: frozenset[str]
+    """The names of what it shows itself, its own or its helpers'."""
+    shown: frozenset[str]
+    """The parameters whose values it shows."""
+    order: tuple[str, ...]
+    """Its positional parameters (`self` left out), to bind a call's arguments."""
+
+
+def reporters(s: Script) -> dict[str, Reporter]:
+    """Project functions that show one of their parameters, by name."""
     project = s.project
 
-    def compute() -> dict[str, tuple[bool, frozenset[str]]]:
-        found: dict[str, tuple[bool, frozenset[str]]] = {}
+    def compute() -> dict[str, Reporter]:
+        found: dict[str, Reporter] = {}
         for _ in range(3):
             before = dict(found)
             for x in project.scripts.values():
@@ -268,25 +281,41 @@ def reporters(s: Script) -> dict[str, tuple[bool, frozenset[str]]]:
                         continue
                     guarded: list[bool] = []
                     named: set[str] = set()
+                    shown: set[str] = set()
                     for call in _calls(project, d):
                         if not _is_show(x, call, before) or (
                                 terminal(call.func) in _FILE_WRITES
                                 and not x.qualname(call.func).startswith(("sys.stdout.", "sys.stderr."))):
                             continue
-                        sources = built_from(x, d, _arguments(call))
+                        inner = before.get(terminal(call.func))
+                        sources = built_from(x, d, shown_arguments(call, inner))
                         if not sources & params:
                             continue
-                        inner = before.get(terminal(call.func))
-                        guarded.append(x.context(call).level != NONE or bool(inner and inner[0]))
-                        named.update(sources, _direct_names(call), inner[1] if inner else ())
+                        guarded.append(x.context(call).level != NONE or bool(inner and inner.rank_zero))
+                        named.update(sources, _direct_names(call), inner.names if inner else ())
+                        shown.update(sources & params)
                     if guarded:
-                        old = found.get(d.name, (True, frozenset()))
-                        found[d.name] = (old[0] and all(guarded), old[1] | named)
+                        old = found.get(d.name)
+                        order = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+                        found[d.name] = Reporter(
+                            (old is None or old.rank_zero) and all(guarded),
+                            (old.names if old else frozenset()) | named,
+                            (old.shown if old else frozenset()) | shown,
+                            tuple(order[1:] if order[:1] in (["self"], ["cls"]) else order))
             if found == before:
                 break
         return found
 
     return project.memo("reporters", compute)
+
+
+def shown_arguments(call: ast.Call, helper: Reporter | None) -> list[ast.AST]:
+    """The arguments a report call shows: all of a library call's, those a project helper binds to the
+    parameters it shows (`train(model, loader, loss_fn=...)` shows only what `train` prints)."""
+    if helper is None:
+        return _arguments(call)
+    positional = [a for name, a in zip(helper.order, call.args) if name in helper.shown]
+    return [*positional, *(k.value for k in call.keywords if k.arg in helper.shown or k.arg is None)]
 
 
 def _direct_names(call: ast.Call) -> list[str]:
@@ -306,9 +335,8 @@ def shows(s: Script, call: ast.Call) -> bool:
     return _is_show(s, call, reporters(s))
 
 
-def helper_report(s: Script, call: ast.Call) -> tuple[bool, frozenset[str]] | None:
-    """For a call of a project report helper: (it shows on one rank only, as `Logger(msg)` where Logger prints under
-    `if is_main_process():`; the names of what it shows itself), else None."""
+def helper_report(s: Script, call: ast.Call) -> Reporter | None:
+    """The project report helper a call calls, else None."""
     return reporters(s).get(terminal(call.func))
 
 
