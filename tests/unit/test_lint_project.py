@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.lint import RULES, lint_file, lint_files, lint_source, lint_sources, main
-from ddpkit.lint.analysis import distributed_mode
+from ddpkit.lint.analysis import distributed_mode, is_eval_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint"
 PROJECT = FIXTURES / "project"
@@ -251,3 +251,34 @@ def test_methods_a_framework_calls_through_a_project_base_class_are_linted():
 
 def line_of(code: str, needle: str) -> int:
     return next(i for i, line in enumerate(code.splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize("name, evaluation", [
+    ("val_loader", True), ("validset", True), ("evalloader", True), ("test_data", True), ("devset", True),
+    ("device", False), ("testing", False), ("train_set", False)])
+def test_evaluation_names_with_a_joined_data_word(name, evaluation):
+    """`validset` is the validation set as much as `valid_set`; `device` and `testing` are not evaluation data."""
+    assert is_eval_name(name) == evaluation
+
+
+def test_backend_default_of_the_setup_function_is_followed():
+    """`def start(backend="nccl")` called as `start()`: NCCL, and no rank picks its GPU."""
+    code = _src("""
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        def start(backend="nccl"):
+            dist.init_process_group(backend=backend)
+
+
+        start()
+        torch.manual_seed(dist.get_rank())
+        model = DDP(torch.nn.Linear(4, 1).to("cuda", non_blocking=True), device_ids=[0])
+        dist.destroy_process_group(dist.group.WORLD)
+    """)
+    found = [(f.rule, f.line) for f in lint_sources({"train.py": code})]
+    init = next(i for i, line in enumerate(code.splitlines(), 1) if "init_process_group" in line)
+    assert ("DDP012", init) in found
+    assert not any(rule == "DDP009" for rule, _ in found)  # destroying group.WORLD is destroying the default group

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -19,14 +20,25 @@ COLLECTIVES = frozenset({
     "monitored_barrier",
 })
 """torch.distributed functions that every rank of the group must call, or the job hangs."""
+MPI_COLLECTIVES = frozenset({"bcast", "allreduce", "reduce", "gather", "allgather", "scatter", "barrier", "alltoall",
+                              "reduce_scatter"})
+"""mpi4py communicator methods (lower- and upper-case spellings) that every rank of the communicator must call."""
+
+REDUCING_NAME = re.compile(r"reduce|gather|synchroni[sz]e|sync_?(tensor|value|metric|loss|dict|across|between|mean|sum)")
+"""A library call named like this moves values across ranks (`reduce_tensor`, `all_gather`, `accelerator.gather`,
+`synchronize_between_processes`); `sync_batchnorm`, `SyncVectorEnv` and `distributed_sync` are not."""
 
 EVAL_TOKENS = frozenset({"val", "valid", "validation", "eval", "evaluation", "test", "dev", "valset", "testset",
                          "valdir", "testdir", "validate", "evaluate", "estimate"})
 """Name parts that mark evaluation data (`dataset_val`, `val_sampler`, `test_set`)."""
 
 
+_EVAL_COMPOUND = re.compile(r"(val|valid|validation|eval|test|dev)(set|sets|data|dataset|ds|loader|sampler|dir)")
+
+
 def is_eval_name(name: str) -> bool:
-    return any(t in EVAL_TOKENS for t in name.lower().split("_"))
+    """`val_loader`, `test_set`, `validset`, `evalloader`: a name part marks evaluation data or code."""
+    return any(t in EVAL_TOKENS or _EVAL_COMPOUND.fullmatch(t) for t in name.lower().split("_"))
 
 
 def is_eval_sampler(s: Script, call: ast.Call) -> bool:
@@ -142,8 +154,11 @@ class Script:
         return [c for c in self.calls if terminal(c.func) in names]
 
     def is_dist_collective(self, call: ast.Call) -> bool:
+        """A torch.distributed collective, or one of mpi4py's (`MPI.COMM_WORLD.bcast(...)`): every rank must call it."""
         name = self.qualname(call.func)
-        return name.startswith("torch.distributed.") and name.rsplit(".", 1)[-1] in COLLECTIVES
+        last = name.rsplit(".", 1)[-1]
+        return name.startswith("torch.distributed.") and last in COLLECTIVES or (
+            name.startswith("mpi4py.") and last.lower() in MPI_COLLECTIVES)
 
     # ---- rank-dependence --------------------------------------------------------------------
     def kind(self, expr: ast.AST | None) -> int:

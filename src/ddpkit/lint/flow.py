@@ -12,14 +12,12 @@ helper under another name) the value counts as reduced: precision first.
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import Script, is_eval_name, terminal
+from ddpkit.lint.analysis import REDUCING_NAME, Script, is_eval_name, terminal
 
-__all__ = ["ScopeFlow", "flows", "sharded_names"]
+__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers"]
 
-_REDUCING = re.compile(r"reduce|gather|sync")
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -91,11 +89,16 @@ def _root(node: ast.AST) -> str | None:
 
 
 def _reduces(s: Script, call: ast.Call) -> bool:
-    """A collective, or a call whose name or project function says it reduces/gathers/syncs across ranks."""
+    """A collective other than a barrier, a project function that makes one, or a library call whose name says
+    it reduces/gathers/syncs across ranks (a project function named so that only waits, `distributed_sync`,
+    moves no value)."""
     name = terminal(call.func)
     project = s.project
-    return s.is_dist_collective(call) or bool(_REDUCING.search(name.lower())) or (
-        project is not None and name in project.reducing_functions)
+    if s.is_dist_collective(call):
+        return "barrier" not in name.lower()
+    if project is not None and name in project.defined_functions:
+        return name in project.exchanging_functions
+    return bool(REDUCING_NAME.search(name.lower()))
 
 
 def sharded_names(s: Script) -> set[str]:
@@ -105,23 +108,32 @@ def sharded_names(s: Script) -> set[str]:
     def compute() -> set[str]:
         scripts = list(project.scripts.values())
         names: set[str] = set()
-        for _ in range(3):
-            before = len(names)
+        factories: set[str] = set()
+        returned = [(x, n.value, x.context(n).functions[-1]) for x in scripts for n in x.nodes
+                    if isinstance(n, ast.Return) and isinstance(n.value, ast.Call) and x.context(n).functions]
+        for _ in range(4):
+            before = (len(names), len(factories))
             for x in scripts:
                 for key, value in x.assignments:
-                    if isinstance(value, ast.Call) and _makes_shards(x, value, names):
+                    if isinstance(value, ast.Call) and _makes_shards(x, value, names, factories):
                         names.add(key)
-            if len(names) == before:
+            # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards
+            factories.update(f for x, value, f in returned if _makes_shards(x, value, names, factories))
+            if (len(names), len(factories)) == before:
                 break
         return names
 
     return project.memo("sharded names", compute)
 
 
-def _makes_shards(s: Script, call: ast.Call, known: set[str]) -> bool:
+def _makes_shards(s: Script, call: ast.Call, known: set[str], factories: frozenset[str] | set[str] = frozenset()
+                  ) -> bool:
     name = terminal(call.func)
-    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")):
+    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")) \
+            or name in factories:
         return True
+    if "sampler" in name.lower() and any(_mentions_shards(s, a, known, factories) for a in call.args[:1]):
+        return True  # a batch sampler over a sharded sampler: `BatchSampler(train_sampler, 32, True)`
     if s.qualname(call.func) in ("ddpkit.loader", "ddpkit.eval_loader", "ddpkit.data.loader",
                                  "ddpkit.data.eval_loader"):
         return True
@@ -130,15 +142,16 @@ def _makes_shards(s: Script, call: ast.Call, known: set[str]) -> bool:
         return True  # `Subset(data, range(rank, n, world))`, `data.shard(world, rank)`: split by rank by hand
     if name.endswith("DataLoader") or name.endswith("Loader"):
         for k in call.keywords:
-            if k.arg in ("sampler", "batch_sampler", "dataset") and _mentions_shards(s, k.value, known):
+            if k.arg in ("sampler", "batch_sampler", "dataset") and _mentions_shards(s, k.value, known, factories):
                 return True
-        return any(_mentions_shards(s, a, known) for a in (*call.args[:1], *call.args[2:5]))
+        return any(_mentions_shards(s, a, known, factories) for a in (*call.args[:1], *call.args[2:5]))
     return False
 
 
-def _mentions_shards(s: Script, expr: ast.AST, known: set[str]) -> bool:
+def _mentions_shards(s: Script, expr: ast.AST, known: set[str], factories: frozenset[str] | set[str] = frozenset()
+                     ) -> bool:
     for n in ast.walk(expr):
-        if isinstance(n, ast.Call) and _makes_shards(s, n, known):
+        if isinstance(n, ast.Call) and _makes_shards(s, n, known, factories):
             return True
         if isinstance(n, ast.Name) and n.id in known or isinstance(n, ast.Attribute) and "." + n.attr in known:
             return True
@@ -165,7 +178,8 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
                     params = params[1:]
                 given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
                 for param, value in given:
-                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known)
+                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known) or (
+                        isinstance(value, ast.Call) and _makes_shards(x, value, known))  # f(DataLoader(..., sampler))
                     votes.setdefault((owner.path, id(d), param), []).append(sharded)
         # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
         # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
@@ -285,8 +299,10 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                     continue
                 if tainted:
                     for t in targets:
-                        root = _root(t)
-                        if root:
+                        # `images, labels = batch`: each name of a tuple target holds part of the batch
+                        for root in ([_root(e) for e in t.elts] if isinstance(t, (ast.Tuple, ast.List)) else [_root(t)]):
+                            if not root:
+                                continue
                             flow.tainted.add(root)
                             if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
                                 flow.evaluation.add(root)
@@ -358,3 +374,89 @@ def flows(s: Script) -> list[ScopeFlow]:
 def summaries_of(s: Script) -> dict:
     flows(s)
     return s.project.memo("shard summaries", dict)
+
+
+def _terminals(node: ast.AST) -> list[str]:
+    return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def eval_samplers(s: Script) -> list[ast.Call]:
+    """Padding distributed samplers over evaluation data that some DataLoader the program iterates uses.
+
+    A padding sampler: torch's DistributedSampler, a sampler class of the project whose code pads the
+    indices the same way (`indices += indices[:total_size - len(indices)]`), or a project function that
+    returns one built on its parameter (`make_data_sampler(val_set, False, distributed)`). Evaluation data:
+    the dataset or the variable the sampler goes to says val/test. A sampler no DataLoader uses (directly
+    or through a batch sampler built on it), or whose loader is built but never read again, evaluates nothing.
+    """
+    def compute() -> list[ast.Call]:
+        named = {id(v): k.lstrip(".") for k, v in s.assignments}
+        loaded = s.project.memo("loaded names", lambda: {
+            terminal(n) for x in s.project.scripts.values() for n in x.nodes
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
+        loaders = []
+        for c in s.calls_named("DataLoader"):
+            target = named.get(id(c), "")
+            if target and target not in loaded:
+                continue  # `val_loader = DataLoader(...)` that nothing reads
+            loaders.append(c)
+        loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
+        used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
+                                                if isinstance(n, (ast.Name, ast.Attribute))}
+        for _ in range(2):  # `batches = make_batch_sampler(val_sampler, ...)`, then DataLoader(batch_sampler=batches)
+            used |= {terminal(n) for k, v in s.assignments if k.lstrip(".") in used and isinstance(v, ast.Call)
+                     for a in (*v.args, *(kw.value for kw in v.keywords)) for n in ast.walk(a)
+                     if isinstance(n, (ast.Name, ast.Attribute))}
+        classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
+        factories = s.project.memo("sampler factories", lambda: _sampler_factories(s.project, classes))
+        found = []
+        for call in s.calls:
+            name = terminal(call.func)
+            if name in classes:
+                dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"),
+                                                              None)
+            elif name in factories and isinstance(call.func, (ast.Name, ast.Attribute)):
+                position, param = factories[name]
+                dataset = call.args[position] if position < len(call.args) else next(
+                    (k.value for k in call.keywords if k.arg == param), None)
+            else:
+                continue
+            target = named.get(id(call), "")
+            if not (id(call) in used or (target and target in used)):
+                continue
+            if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _terminals(dataset))):
+                found.append(call)
+        return found
+    return s.project.memo(("eval samplers", s.path), compute)
+
+
+def _padding_samplers(project) -> set[str]:
+    """torch's DistributedSampler and the project's sampler classes that pad their indices the same way."""
+    found = {"DistributedSampler"}
+    for x in project.scripts.values():
+        for c in x.nodes:
+            if isinstance(c, ast.ClassDef) and (c.name.endswith("Sampler") or any(
+                    terminal(b).endswith("Sampler") for b in c.bases)) and any(
+                    isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and isinstance(n.value, ast.Subscript)
+                    and isinstance(n.target, ast.Name) and _terminals(n.value.value) == [n.target.id]
+                    for n in ast.walk(c)):
+                found.add(c.name)
+    return found
+
+
+def _sampler_factories(project, classes: set[str]) -> dict[str, tuple[int, str]]:
+    """Project functions that return a padding sampler built on one of their parameters, with no drop_last:
+    name -> (position, name) of that parameter."""
+    found: dict[str, tuple[int, str]] = {}
+    for x in project.scripts.values():
+        defs = {id(d): d for d in x.defs}
+        for value in x.calls:
+            if not (terminal(value.func) in classes and value.args and isinstance(value.args[0], ast.Name)
+                    and isinstance(x.parents.get(id(value)), ast.Return)
+                    and not any(k.arg == "drop_last" for k in value.keywords)):
+                continue
+            d = defs.get(x.context(value).scope)
+            params = [a.arg for a in d.args.args] if d is not None else []
+            if value.args[0].id in params:
+                found[d.name] = (params.index(value.args[0].id), value.args[0].id)
+    return found

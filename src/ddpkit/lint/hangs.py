@@ -84,6 +84,32 @@ def _collective(s: Script, call: ast.Call, handles: dict[str, str]) -> _Collecti
     return _Collective(call, name, short, why)
 
 
+def _statement(s: Script, node: ast.AST) -> ast.AST:
+    """The statement an expression is part of."""
+    parents = s.parents
+    while not isinstance(node, ast.stmt) and id(node) in parents:
+        node = parents[id(node)]
+    return node
+
+
+def _on_both_sides(s: Script, node: ast.Call, ctx, ifs: dict[int, ast.If],
+                   find: Callable[[ast.Call], _Collective | None]) -> bool:
+    """A collective inside rank checks each of whose other side makes the same collective (`if rank == 0:
+    bcast(data) else: data = bcast(None)`): every rank makes it."""
+    mine = find(node)
+    if mine is None:
+        return False
+    for if_id, side, _ in ctx.branches:
+        branch = ifs.get(if_id)
+        if branch is None or side not in ("body", "else"):
+            return False
+        other = branch.orelse if side == "body" else branch.body
+        if not any(isinstance(n, ast.Call) and (c := find(n)) is not None and c.key == mine.key
+                   for stmt in other for n in ast.walk(stmt)):
+            return False
+    return True
+
+
 def _helper_collectives(s: Script, find: Callable[[ast.Call], _Collective | None]) -> dict[str, _Collective]:
     """Functions of this file that make a collective whenever they run: name -> the first one.
 
@@ -92,12 +118,13 @@ def _helper_collectives(s: Script, find: Callable[[ast.Call], _Collective | None
     function-by-name model as the guard levels that let DDP004 follow torch.save into helpers.
     """
     steps: dict[str, list[tuple[int, int, _Collective | str]]] = defaultdict(list)
+    ifs = {id(n): n for n in s.nodes if isinstance(n, ast.If)}
     for d in s.defs:
         for node in ast.walk(d):
             if not isinstance(node, ast.Call):
                 continue
             ctx = s.context(node)
-            if ctx.scope != id(d) or ctx.branches:
+            if ctx.scope != id(d) or ctx.branches and not _on_both_sides(s, node, ctx, ifs, find):
                 continue
             found = find(node)
             if found is not None and keyword(node, "group") is None:
@@ -206,7 +233,8 @@ def collective_in_rank_branch(s: Script) -> Iterator[Hit]:
             continue
         for call, (_, _, line), found, helper in calls:
             if helper:
-                yield Hit(call, "DDP010", "error",
+                # reported at the statement: `self.model.load_state_dict(helper(...))` reads from its first line
+                yield Hit(_statement(s, call), "DDP010", "error",
                           f"{helper}() runs {found.name}() (line {found.call.lineno}), a collective that every "
                           f"rank must call, but {helper}() is called only when the rank check on line {line} "
                           "passes: the other ranks never reach it and the job hangs",

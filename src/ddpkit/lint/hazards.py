@@ -50,14 +50,31 @@ def cuda_device_as_device(s: Script) -> Iterator[Hit]:
                           "use torch.device('cuda', local_rank) (and torch.cuda.set_device(local_rank) once)")
 
 
-def _strings(s: Script, expr: ast.AST) -> set[str]:
-    """String constants an expression may evaluate to, following assignments to a plain name."""
+def _strings(s: Script, expr: ast.AST, depth: int = 2) -> set[str]:
+    """String constants an expression may evaluate to, following assignments to a plain name and, for a
+    parameter of the enclosing function, what the program's calls of that function pass (`setup("nccl")`)."""
     sources = [expr]
+    found: set[str] = set()
     if isinstance(expr, ast.Name):
         sources += [n.value for n in s.nodes if isinstance(n, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]
-    return {n.value for src in sources for n in ast.walk(src)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        scope = s.context(expr).scope
+        d = next((d for d in s.defs if id(d) == scope), None)
+        params = [a.arg for a in d.args.args] if d is not None else []
+        if depth and expr.id in params:
+            defaults = dict(zip(params[len(params) - len(d.args.defaults):], d.args.defaults))
+            if expr.id in defaults:  # `def setup(backend="nccl")` called as `setup()`
+                sources.append(defaults[expr.id])
+            position = params.index(expr.id) - (params[:1] in (["self"], ["cls"]))
+            for x in s.project.scripts.values():
+                for call in x.calls:
+                    if terminal(call.func) != d.name:
+                        continue
+                    given = [k.value for k in call.keywords if k.arg == expr.id] + (
+                        [call.args[position]] if 0 <= position < len(call.args) else [])
+                    found.update(v for g in given for v in _strings(x, g, depth - 1))
+    return found | {n.value for src in sources for n in ast.walk(src)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 def _uses_cuda(s: Script, bare: bool = False) -> bool:
@@ -138,6 +155,9 @@ def _explicit_devices(project) -> str:
     ddp = [c for x in project.scripts.values() for c in x.calls if x.qualname(c.func).endswith("DistributedDataParallel")]
     if not ddp or any(keyword(c, "device_ids") is None for c in ddp):
         return ""
+    if not project.single_node and not project.spawned and any(
+            x.is_global_rank(i) for x in project.scripts.values() for c in x.calls for i in _device_indices(x, c)):
+        return ""  # `cuda:{rank}` with the global rank names another node's GPU index, not this rank's
     for x in project.scripts.values():
         parents = x.parents
         for n in x.nodes:

@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
-from ddpkit.lint.flow import flows, sharded_names, summaries_of
-from ddpkit.lint.project import LOSS_NAME, eval_samplers
+from ddpkit.lint.flow import eval_samplers, flows, sharded_names, summaries_of
+from ddpkit.lint.project import LOSS_NAME
+from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names, scope_of,
+                                   shown_arguments, shows)
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
@@ -42,11 +44,14 @@ def padded_evaluation(s: Script) -> Iterator[Hit]:
     if not s.distributed or "torchmetrics" in s.aliases:
         return
     for call in eval_samplers(s):
-        drop_last = argument(call, "drop_last", 5)
+        drop_last = argument(call, "drop_last", 5) if terminal(call.func) == "DistributedSampler" \
+            else keyword(call, "drop_last")
         if isinstance(drop_last, ast.Constant) and drop_last.value is True:
             continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
+        what = "a DistributedSampler" if terminal(call.func) == "DistributedSampler" else \
+            f"{ast.unparse(call.func)}(), a sampler that pads like DistributedSampler"
         yield Hit(call, "DDP006", "warning",
-                  "evaluation data goes through a DistributedSampler, which pads it with repeated samples up to "
+                  f"evaluation data goes through {what}, which pads it with repeated samples up to "
                   "a multiple of world_size: the reduced metric counts those twice unless len(dataset) divides",
                   "evaluate every sample once: DistributedSampler(..., drop_last=True) plus the remainder on one "
                   "rank, or gather predictions with their indices and drop the duplicates (ddpkit.eval_shard)")
@@ -71,24 +76,48 @@ def _from_evaluation(s: Script, name: str) -> bool:
 
 @check
 def rank_zero_loss(s: Script) -> Iterator[Hit]:
+    """Rank 0's own loss shown as the run's: a report under a rank check (or through a helper that reports on
+    one rank only) of a loss value no code of the program reduces (see reporting.py)."""
     project = s.project
-    if not project.distributed or project.forward_collects or project.reduces(LOSS_NAME):
-        return
+    if not project.distributed or project.forward_collects:
+        return  # a forward that all-reduces returns global losses
+    reduced = reduced_names(s)
     for call in s.calls:
         ctx = s.context(call)
-        if ctx.level == NONE or ctx.single or not _logs(s, call):
+        if ctx.single or not shows(s, call):
             continue
-        if any(is_eval_name(f) for f in ctx.functions):
-            continue  # an evaluation function: what it reports covers the data it was given
+        helper = helper_report(s, call)
+        if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
+            continue  # the helper's own report names the loss: judged there
+        if ctx.level == NONE and not (helper and helper.rank_zero):
+            continue
+        if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
+            continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
         if _names_a_rank(s, call):
             continue  # "rank 0 loss": the log says whose value it is
-        loss = next((n for a in (*call.args, *(k.value for k in call.keywords)) for n in _names(a)
-                     if LOSS_NAME.search(n) and not is_eval_name(n) and not _from_evaluation(s, n)), None)
+        scope = scope_of(s, call)
+        called = s.project.memo(("called in", id(scope)), lambda: {
+            terminal(c.func) for c in ast.walk(scope) if isinstance(c, ast.Call)})
+        loss = None
+        given = shown_arguments(call, helper)
+        direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
+        for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
+            if built_from(s, scope, [leaf]) & reduced:
+                continue  # this value went through a collective (or was rebuilt from one)
+            # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
+            # earlier (`run_name = f"...{args.loss_weight}"`)
+            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
+                         if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
+                         and not _from_evaluation(s, n)), None)
+            if loss is not None:
+                break
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
         if loss is not None:
+            where = "from inside a rank check" if ctx.level != NONE else \
+                f"through {terminal(call.func)}(), which shows it on rank 0 only,"
             yield Hit(call, "DDP006", "warning",
-                      f"'{loss}' is this rank's own loss (its own batches), reported from inside a rank check as "
+                      f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log")
@@ -141,10 +170,20 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)
-                if not evaluation or terminal(call.func) not in ("print", "info") or _in_shard_loop(call, flow) \
-                        or project.prints_silenced or project.memo("logging per rank", lambda: _logging_per_rank(project)):
+                if not evaluation or terminal(call.func) not in ("print", "info"):
                     continue
-                where = "by every rank, each showing its own shard's value"
+                per_rank_logging = project.memo("logging per rank", lambda: _logging_per_rank(project))
+                if project.prints_silenced and s.qualname(call.func) == "print":
+                    # the builtins.print swap shows rank 0's line alone: its shard's figure as the run's
+                    where = "through a print only rank 0 shows (builtins.print is silenced on the others), so it " \
+                        "is rank 0's shard alone"
+                elif terminal(call.func) == "info" and per_rank_logging:
+                    where = "through logging that only rank 0 shows (logging is set up per rank), so it is " \
+                        "rank 0's shard alone"
+                elif _in_shard_loop(call, flow) or project.prints_silenced or per_rank_logging:
+                    continue
+                else:
+                    where = "by every rank, each showing its own shard's value"
             else:
                 where = "from inside a rank check, so it is rank 0's shard alone"
             yield Hit(call, "DDP006", "warning",

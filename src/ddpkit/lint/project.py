@@ -5,11 +5,11 @@ from __future__ import annotations
 import ast
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.analysis import GLOBAL, NONE, REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import optional_parameters, passes
 from ddpkit.lint.imports import Modules
 
-__all__ = ["Project", "LOSS_NAME", "eval_samplers"]
+__all__ = ["Project", "LOSS_NAME"]
 
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
@@ -18,7 +18,6 @@ _AUGMENT = re.compile(r"^Random[A-Z]|ColorJitter|GaussianBlur|Solariz|RandAugmen
                       r"random_crop|gaussian_blur")
 """Identifiers of random data augmentation: the stream a seed shared by every rank makes identical."""
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
-_REDUCING = re.compile(r"reduce|gather|sync")
 
 
 class Project:
@@ -258,7 +257,10 @@ class Project:
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         self.single_node = self._single_node(nodes)
-        self.reducing_functions, looping = self._function_facts(scripts)
+        self.reducing_functions, self.exchanging_functions, looping = self._function_facts(scripts)
+        """Project functions that make a collective (a barrier included), and those that make one other than a
+        barrier (directly or through each other)."""
+        self.defined_functions = {d.name for s in scripts for d in s.defs}
         self.epoch_loop = any(
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
             and _in_loop(s, n) for s, n in nodes)
@@ -286,10 +288,12 @@ class Project:
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
 
-    def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str]]:
-        """Functions that reduce or gather across ranks (directly or through each other); functions with a loop."""
+    def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str], set[str]]:
+        """Functions that make a collective (directly or through each other); those that make one other than a
+        barrier; functions with a loop."""
         direct: dict[str, set[str]] = {}
         found: set[str] = set()
+        exchanging: set[str] = set()
         looping: set[str] = set()
         for s in scripts:
             for d in s.defs:
@@ -299,16 +303,19 @@ class Project:
                         callees.add(terminal(n.func))
                         if s.is_dist_collective(n):
                             found.add(d.name)
+                            if "barrier" not in terminal(n.func).lower():
+                                exchanging.add(d.name)
                     elif isinstance(n, (ast.For, ast.While)):
                         looping.add(d.name)
-        changed = True
-        while changed:
-            changed = False
-            for name, callees in direct.items():
-                if name not in found and callees & found:
-                    found.add(name)
-                    changed = True
-        return found, looping
+        for made in (found, exchanging):
+            changed = True
+            while changed:
+                changed = False
+                for name, callees in direct.items():
+                    if name not in made and callees & made:
+                        made.add(name)
+                        changed = True
+        return found, exchanging, looping
 
     def reduces(self, pattern: re.Pattern[str]) -> bool:
         """Whether some value whose name matches `pattern` is reduced or gathered across ranks anywhere."""
@@ -319,7 +326,7 @@ class Project:
             if not isinstance(call, ast.Call):
                 return False
             name = terminal(call.func)
-            return s.is_dist_collective(call) or name in self.reducing_functions or bool(_REDUCING.search(name))
+            return s.is_dist_collective(call) or name in self.reducing_functions or bool(REDUCING_NAME.search(name))
 
         for s in self.scripts.values():
             if any(pattern.search(k) and reducing(s, v) for k, v in s.assignments):
@@ -332,42 +339,6 @@ class Project:
                            for n in ast.walk(arg)):
                         return True
         return False
-
-
-def _names(node: ast.AST) -> list[str]:
-    return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
-
-
-def eval_samplers(s: Script) -> list[ast.Call]:
-    """DistributedSamplers over evaluation data that some DataLoader the program iterates uses.
-
-    Evaluation data: the dataset or the variable the sampler goes to says val/test. A sampler no
-    DataLoader uses, or whose loader is built but never read again, evaluates nothing.
-    """
-    def compute() -> list[ast.Call]:
-        named = {id(v): k.lstrip(".") for k, v in s.assignments}
-        loaded = s.project.memo("loaded names", lambda: {
-            terminal(n) for x in s.project.scripts.values() for n in x.nodes
-            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
-        loaders = []
-        for c in s.calls_named("DataLoader"):
-            target = named.get(id(c), "")
-            if target and target not in loaded:
-                continue  # `val_loader = DataLoader(...)` that nothing reads
-            loaders.append(c)
-        loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
-        used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
-                                                if isinstance(n, (ast.Name, ast.Attribute))}
-        found = []
-        for call in s.calls_named("DistributedSampler"):
-            dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
-            target = named.get(id(call), "")
-            if not (id(call) in used or (target and target in used)):
-                continue
-            if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _names(dataset))):
-                found.append(call)
-        return found
-    return s.project.memo(("eval samplers", s.path), compute)
 
 
 def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:

@@ -448,10 +448,18 @@ def _in_spawn_parent(s: Script, call: ast.Call) -> bool:
     return (not functions and "" in spawning) or bool(functions and functions[-1] in spawning)
 
 
+def _destroys_default(call: ast.Call) -> bool:
+    """destroy_process_group() or destroy_process_group(None): the default group (and every other) goes."""
+    group = argument(call, "group", 0)
+    return group is None or isinstance(group, ast.Constant) and group.value is None or (
+        isinstance(group, ast.Attribute) and group.attr == "WORLD")  # dist.group.WORLD
+
+
 @check
 def no_destroy(s: Script) -> Iterator[Hit]:
     # the parent of mp.spawn never joined the group: its destroy_process_group frees nothing of the ranks'
-    if any(not _in_spawn_parent(script, c) and script.project.runs(script, c)
+    # destroy_process_group(subgroup) frees only that group; the default one stays
+    if any(not _in_spawn_parent(script, c) and script.project.runs(script, c) and _destroys_default(c)
            for script, c in s.project.calls_named("destroy_process_group")):
         return
     for call in s.calls_named("init_process_group"):

@@ -1,0 +1,423 @@
+"""Where figures are shown: report calls, the project's own report helpers, and the names a shown value is built from.
+
+A report call is `print`, `logging`, a writer's `add_scalar`, `wandb.log`, a progress bar's `set_postfix` or
+`set_description`, ... A project function that hands one of its parameters to a report call (`Logger(msg)`,
+`writer.log_training(loss_g, ...)`, `utils.summarize(scalars=...)`) is a report call too, followed through
+the call graph; when every report inside it sits under a rank check (`if is_main_process(): print(msg)`),
+calling it shows the value on one rank only. What a report shows is followed back through the
+assignments of its function (`log_str = f"... {avg_loss.avg}"`, `scalars.update({"loss": loss_g})`), and a
+name is reduced when some code of the program passes it to a collective (or to a project function whose
+parameter reaches one) or assigns it from one: one reduction elsewhere does not vouch for other figures.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import NamedTuple
+
+from ddpkit.lint.analysis import COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, terminal
+
+__all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
+           "reduced_names"]
+
+SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
+                        "set_description", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
+"""Calls that show or record the values they are given."""
+_FILE_WRITES = frozenset({"write"})
+"""Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records
+state next to a checkpoint."""
+_COLLECTING = frozenset({"update", "append", "extend", "add_", "add"})
+
+
+def _params(d: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    a = d.args
+    return {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if p is not None} - {"self",
+                                                                                                           "cls"}
+
+
+def _arguments(call: ast.Call) -> list[ast.AST]:
+    return [*call.args, *(k.value for k in call.keywords)]
+
+
+_CARRIERS = frozenset({"tensor", "as_tensor", "Tensor", "FloatTensor", "DoubleTensor", "LongTensor", "stack", "cat",
+                       "float", "int", "round", "abs", "list", "tuple", "dict", "format", "join", "mean", "sum"})
+"""Calls whose arguments are the value they make: `torch.tensor([a, b])`, `float(x)`, `"{}".format(x)`."""
+
+
+def _value_names(expr: ast.AST, defined: set[str], passes: dict[str, set[int]] | None = None) -> list[str]:
+    """The variables a value is computed from, in reading order: names and the roots of attributes, not the
+    functions called, and not the arguments of a project function (what it returns is its own value).
+
+    Given `passes` (project function -> positions of the parameters its return value carries), only what may
+    carry the value itself is followed: a method's receiver (`loss.item()`), the arguments of a conversion
+    (`torch.tensor([a, b])`) or of a project function that returns them (`to_python_float(reduced)`), not those
+    of any other call (`criterion(out, y)` is a new value)."""
+    out: dict[str, None] = {}
+    todo = [expr]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Call):
+            name = terminal(node.func)
+            receiver = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+            if name in defined:
+                given = [a for i, a in enumerate(node.args) if passes is not None and i in passes.get(name, ())]
+            elif passes is None or name in ("format", "dict"):
+                given = [*node.args, *(k.value for k in node.keywords)]
+            else:  # `torch.tensor([n], device=device)` carries n alone
+                given = list(node.args) if name in _CARRIERS else []
+            todo.extend(reversed([*receiver, *given]))
+            continue
+        if isinstance(node, ast.Name):
+            out[node.id] = None
+            continue
+        todo.extend(reversed(list(ast.iter_child_nodes(node))))
+    return list(out)
+
+
+def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3, line: int | None = None) -> list[ast.AST]:
+    """The separate values a report shows: the fields of an f-string, of `.format()` and of `%`, a dict's values,
+    also through the variable's assignment last before `line` (`line = f"..."; print(line)`)."""
+    line = getattr(expr, "lineno", 0) if line is None else line
+
+    def split(e: ast.AST) -> list[ast.AST]:
+        return leaves(s, scope, e, depth, line)
+
+    if isinstance(expr, ast.JoinedStr):
+        return [leaf for v in expr.values if isinstance(v, ast.FormattedValue) for leaf in split(v.value)]
+    if isinstance(expr, ast.Call) and terminal(expr.func) == "format" and isinstance(expr.func, ast.Attribute):
+        return [leaf for a in (*expr.args, *(k.value for k in expr.keywords)) for leaf in split(a)]
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod) and isinstance(expr.left, (ast.Constant,
+                                                                                               ast.BinOp)):
+        return split(expr.right)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add) and any(
+            isinstance(e, ast.JoinedStr) or isinstance(e, ast.Constant) and isinstance(e.value, str)
+            for e in (expr.left, expr.right)):
+        return [*split(expr.left), *split(expr.right)]  # f"..." + f"..."
+    if isinstance(expr, (ast.Tuple, ast.List)):
+        return [leaf for e in expr.elts for leaf in split(e)]
+    if isinstance(expr, ast.Dict):
+        return [leaf for v in expr.values for leaf in split(v)]
+    if isinstance(expr, ast.Starred):
+        return split(expr.value)
+    if isinstance(expr, ast.Name) and depth:
+        bindings = s.project.memo(("bindings", id(scope)), lambda: _bindings(_own(s.project, scope)))
+        earlier = [(n, v) for n, v in bindings.get(expr.id, ()) if n <= line]
+        value = earlier[-1][1] if earlier else None
+        if value is not None and isinstance(value, (ast.JoinedStr, ast.Dict, ast.BinOp, ast.Call)):
+            parts = leaves(s, scope, value, depth - 1, line)
+            if len(parts) > 1:
+                return parts
+    return [expr]
+
+
+def _bindings(nodes: list[ast.AST]) -> dict[str, list[tuple[int, ast.AST | None]]]:
+    """name -> (line, value) of each place the scope binds or changes it, in line order; the value of a plain
+    `name = value`, else None (`+=`, a loop, `d.update(...)`)."""
+    out: dict[str, list[tuple[int, ast.AST | None]]] = {}
+    for node in nodes:
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        out.setdefault(n.id, []).append((line, node.value if t is n else None))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    out.setdefault(n.id, []).append((line, None))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value,
+                                                                                                ast.Name):
+            out.setdefault(node.func.value.id, []).append((line, None))  # `d.update(...)` changes it
+    return {k: sorted(v, key=lambda p: p[0]) for k, v in out.items()}
+
+
+def _defined(project) -> set[str]:
+    return project.memo("defined functions", lambda: {d.name for x in project.scripts.values() for d in x.defs})
+
+
+def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[int]] | None
+                ) -> dict[str, list[str]]:
+    """name -> the names its values in this scope are built from (assignments, `+=`, `x.update(v)`, `x[k] = v`;
+    given `passes`, also `for k, v in d.items()`, and only what carries the value: see _value_names)."""
+    out: dict[str, dict[str, None]] = {}
+    for node in nodes:
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            read = _value_names(node.value, defined, passes)
+            for t in targets:
+                for n in [t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts:
+                    root = _root(n)
+                    if root:
+                        out.setdefault(root, {}).update(dict.fromkeys(read))
+        elif passes is not None and isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            read = _value_names(node.iter, defined, passes)
+            for n in ast.walk(node.target):
+                if isinstance(n, ast.Name):
+                    out.setdefault(n.id, {}).update(dict.fromkeys(read))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING:
+            root = _root(node.func.value)
+            if root:
+                # `meter.update(value, n)`, `meters.update(loss=reduced, **parts)`: the values, not the weight
+                given = _arguments(node) if passes is None else [*node.args[:1], *(
+                    k.value for k in node.keywords if k.arg not in ("n", "count", "weight"))]
+                out.setdefault(root, {}).update(dict.fromkeys(n for a in given for n in _value_names(a, defined, passes)))
+    return {k: list(v) for k, v in out.items()}
+
+
+def _own(project, scope: ast.AST) -> list[ast.AST]:
+    """_own_nodes, once per scope and project (shared with flow.py's)."""
+    return project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a function (or module) outside the functions and classes it defines."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            out.append(node)
+            todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def built_from(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> set[str]:
+    """The variables that may carry the values of `exprs`, followed through the assignments and loops of `scope`
+    (the function the expressions are in, or the module); see _value_names."""
+    return set(_follow(s, scope, exprs, _passes(s.project)))
+
+
+def ordered_sources(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> list[str]:
+    """The names a report is built from, followed through the assignments of `scope`, nearest first (breadth
+    first from the expressions, each in reading order)."""
+    return _follow(s, scope, exprs, None)
+
+
+def _follow(s: Script, scope: ast.AST, exprs: list[ast.AST], passes: dict[str, set[int]] | None) -> list[str]:
+    defined = _defined(s.project)
+    flows = s.project.memo(("flows into", id(scope), passes is None),
+                           lambda: _flows_into(_own(s.project, scope), defined, passes))
+    todo = [n for e in exprs for n in _value_names(e, defined, passes)]
+    seen: dict[str, None] = {}
+    while todo:
+        name = todo.pop(0)
+        if name not in seen:
+            seen[name] = None
+            todo.extend(flows.get(name, ()))
+    return list(seen)
+
+
+def _passes(project) -> dict[str, set[int]]:
+    """Project functions whose return value carries some of their parameters: name -> their positions
+    (`def to_python_float(t): return t.item()`)."""
+    def compute() -> dict[str, set[int]]:
+        found: dict[str, set[int]] = {}
+        defined = _defined(project)
+        for _ in range(3):
+            before = {k: set(v) for k, v in found.items()}
+            for x in project.scripts.values():
+                for d in x.defs:
+                    params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
+                    if params[:1] in (["self"], ["cls"]):
+                        params = params[1:]
+                    returns = [n.value for n in _own(project, d) if isinstance(n, ast.Return) and n.value is not None]
+                    if not returns:
+                        continue
+                    flows = _flows_into(_own(project, d), defined, before)
+                    todo = [n for r in returns for n in _value_names(r, defined, before)]
+                    seen: set[str] = set()
+                    while todo:
+                        name = todo.pop()
+                        if name not in seen:
+                            seen.add(name)
+                            todo.extend(flows.get(name, ()))
+                    hit = {i for i, p in enumerate(params) if p in seen}
+                    if hit:
+                        found.setdefault(d.name, set()).update(hit)
+            if found == before:
+                break
+        return found
+
+    return project.memo("passes", compute)
+
+
+def scope_of(s: Script, node: ast.AST) -> ast.AST:
+    """The function `node` is in (the module for module code)."""
+    scope = s.context(node).scope
+    return next((d for d in s.defs if id(d) == scope), s.tree) if scope else s.tree
+
+
+class Reporter(NamedTuple):
+    """A project function that shows some of its parameters."""
+
+    rank_zero: bool
+    """Only a rank check's code shows them (`if is_main_process(): print(msg)`): calling it reports on one rank."""
+    names: frozenset[str]
+    """The names of what it shows itself, its own or its helpers'."""
+    shown: frozenset[str]
+    """The parameters whose values it shows."""
+    order: tuple[str, ...]
+    """Its positional parameters (`self` left out), to bind a call's arguments."""
+
+
+def reporters(s: Script) -> dict[str, Reporter]:
+    """Project functions that show one of their parameters, by name."""
+    project = s.project
+
+    def compute() -> dict[str, Reporter]:
+        found: dict[str, Reporter] = {}
+        for _ in range(3):
+            before = dict(found)
+            for x in project.scripts.values():
+                for d in x.defs:
+                    params = _params(d)
+                    if not params:
+                        continue
+                    guarded: list[bool] = []
+                    named: set[str] = set()
+                    shown: set[str] = set()
+                    for call in _calls(project, d):
+                        if not _is_show(x, call, before) or (
+                                terminal(call.func) in _FILE_WRITES
+                                and not x.qualname(call.func).startswith(("sys.stdout.", "sys.stderr."))):
+                            continue
+                        inner = before.get(terminal(call.func))
+                        sources = built_from(x, d, shown_arguments(call, inner))
+                        if not sources & params:
+                            continue
+                        guarded.append(x.context(call).level != NONE or bool(inner and inner.rank_zero))
+                        named.update(sources, _direct_names(call), inner.names if inner else ())
+                        shown.update(sources & params)
+                    if guarded:
+                        old = found.get(d.name)
+                        order = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+                        found[d.name] = Reporter(
+                            (old is None or old.rank_zero) and all(guarded),
+                            (old.names if old else frozenset()) | named,
+                            (old.shown if old else frozenset()) | shown,
+                            tuple(order[1:] if order[:1] in (["self"], ["cls"]) else order))
+            if found == before:
+                break
+        return found
+
+    return project.memo("reporters", compute)
+
+
+def shown_arguments(call: ast.Call, helper: Reporter | None) -> list[ast.AST]:
+    """The arguments a report call shows: all of a library call's, those a project helper binds to the
+    parameters it shows (`train(model, loader, loss_fn=...)` shows only what `train` prints)."""
+    if helper is None:
+        return _arguments(call)
+    positional = [a for name, a in zip(helper.order, call.args) if name in helper.shown]
+    return [*positional, *(k.value for k in call.keywords if k.arg in helper.shown or k.arg is None)]
+
+
+def _direct_names(call: ast.Call) -> list[str]:
+    return [terminal(n) for a in _arguments(call) for n in ast.walk(a) if isinstance(n, (ast.Name, ast.Attribute))]
+
+
+def _is_show(s: Script, call: ast.Call, helpers: dict) -> bool:
+    name = terminal(call.func)
+    if name in helpers:
+        return True
+    return name in SHOW_CALLS and not s.qualname(call.func).startswith(
+        ("math.", "numpy.", "torch.", "os.", "pickle.", "dill."))
+
+
+def shows(s: Script, call: ast.Call) -> bool:
+    """Whether `call` shows or records its arguments (directly, or through a project report helper)."""
+    return _is_show(s, call, reporters(s))
+
+
+def helper_report(s: Script, call: ast.Call) -> Reporter | None:
+    """The project report helper a call calls, else None."""
+    return reporters(s).get(terminal(call.func))
+
+
+def _calls(project, d: ast.AST) -> list[ast.Call]:
+    """The calls a function makes, those of the functions it defines included."""
+    return project.memo(("calls in", id(d)), lambda: [n for n in ast.walk(d) if isinstance(n, ast.Call)])
+
+
+def _reducers(project) -> dict[str, set[int]]:
+    """Project functions that hand a parameter to a collective: name -> positions of those parameters."""
+    found: dict[str, set[int]] = {}
+    for _ in range(3):
+        before = {k: set(v) for k, v in found.items()}
+        for x in project.scripts.values():
+            for d in x.defs:
+                params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
+                if params[:1] in (["self"], ["cls"]):
+                    params = params[1:]
+                for call in _calls(project, d):
+                    if not _collective(x, call, before):
+                        continue
+                    read = built_from(x, d, _carried(x, call, before))
+                    for i, p in enumerate(params):
+                        if p in read:
+                            found.setdefault(d.name, set()).add(i)
+        if found == before:
+            break
+    return found
+
+
+def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool:
+    name = terminal(call.func)
+    if name in helpers:
+        return True
+    if (name in COLLECTIVES or name.lower() in MPI_COLLECTIVES) and s.is_dist_collective(call):
+        return True
+    # `reduce_tensor(x)`, `gather_all(x)` from a library; not a class (`SyncBatchNorm`) nor a converter
+    return name not in _defined(s.project) and name[:1].islower() and bool(REDUCING_NAME.search(name.lower())) \
+        and "batchnorm" not in name.lower()
+
+
+def _carried(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> list[ast.AST]:
+    """What a collective call carries across ranks: its positional arguments (those a project helper hands on),
+    or the receiver of a reducing method (`meter.synchronize_between_processes()`)."""
+    if s.is_dist_collective(call):
+        return list(call.args)
+    name = terminal(call.func)
+    if name in helpers:
+        return [a for i, a in enumerate(call.args) if i in helpers[name]]
+    return [*call.args, *([call.func.value] if isinstance(call.func, ast.Attribute) else [])]
+
+
+def _reduced_values(project, arg: ast.AST) -> set[str]:
+    """The variables a collective's argument carries: `t`, `loss.data`, `torch.tensor([a, b])`, `[x, y]`."""
+    return set(_value_names(arg, _defined(project), _passes(project)))
+
+
+def reduced_names(s: Script) -> set[str]:
+    """Variables some code of the program passes to a collective (or to a project function whose parameter reaches
+    one) or assigns from one, or from a project function that makes a collective; torchmetrics objects."""
+    project = s.project
+
+    def compute() -> set[str]:
+        helpers = _reducers(project)
+        out: set[str] = set()
+        for x in project.scripts.values():
+            for call in x.calls:
+                name = terminal(call.func)
+                parent = x.parents.get(id(call))
+                if isinstance(parent, (ast.Assign, ast.AnnAssign)) and (
+                        _collective(x, call, helpers) or name in project.reducing_functions):
+                    targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                    out.update(r for t in targets for n in ([t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts)
+                               for r in [_root(n)] if r)
+                if isinstance(parent, ast.Assign) and x.qualname(call.func).startswith("torchmetrics."):
+                    # a torchmetrics object syncs its state across ranks in compute()
+                    out.update(r for t in parent.targets for r in [_root(t)] if r)
+                if not _collective(x, call, helpers):
+                    continue
+                out.update(n for a in _carried(x, call, helpers) for n in _reduced_values(project, a))
+        # imported modules and names (`torch` of `torch.tensor([a, b])`) carry no figure
+        return out - {a for x in project.scripts.values() for a in x.aliases}
+
+    return project.memo("reduced names", compute)
