@@ -83,6 +83,8 @@ def plan_effects(plan: Any) -> None:
     writes: list[tuple[str, int]] = [(k, plan.line_of(s)) for k, s in statements if isinstance(
         s, cst.SimpleStatementLine) and any(isinstance(n, cst.Call) and dotted(n.func) == "torch.save" for n in walk(s))]
     tracker_names: dict[str, tuple[cst.BaseStatement, str]] = {}
+    pyplot = {dotted(a.asname.name) if a.asname else "matplotlib.pyplot" for n in walk(f.module)
+              if isinstance(n, cst.Import) for a in n.names if dotted(a.name) == "matplotlib.pyplot"}
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if not own:
@@ -113,6 +115,11 @@ def plan_effects(plan: Any) -> None:
             else:
                 plan.todo(stmt, f"{kind} is started on every rank (each would log its own copy): start it under "
                           "`if ctx.is_main:` and guard every use of it the same way")
+            continue
+        if pyplot and isinstance(stmt, cst.SimpleStatementLine) and not calls_model and all(
+                isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and dotted(s.value.func).split(".")[0]
+                in pyplot for s in stmt.body):
+            plan.guard.add(id(stmt))  # `plt.show()`, `plt.imshow(...)`: one window, on rank 0
             continue
         if any(_writes(c) for c in own):
             if calls_model:
