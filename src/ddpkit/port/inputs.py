@@ -263,9 +263,12 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
 def plan_device_datasets(plan: Any) -> None:
     """`UrbanSound(..., device)`: its samples come out on ctx.device; the loaders over it must not pin them and
     must not fork workers (CUDA cannot run in a forked worker): then it is ported, else a TODO."""
+    datasets = {name for name, cls in plan.f.classes.items() if any(
+        dotted(b.value).rsplit(".", 1)[-1] in ("Dataset", "IterableDataset") for b in cls.bases)}
     for key in sorted(plan.f.ported):
         for node in plan.nodes(key):
-            if isinstance(node, cst.Call) and "dataset" in dotted(node.func).rsplit(".", 1)[-1].lower() and any(
+            name = dotted(node.func) if isinstance(node, cst.Call) else ""
+            if name and ("dataset" in name.rsplit(".", 1)[-1].lower() or name in datasets) and any(
                     is_device_expr(a.value) and not isinstance(a.value, cst.SimpleString) for a in node.args):
                 _device_dataset(plan, key, node)
 
