@@ -181,6 +181,16 @@ def _fixed_path(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> cst.B
     return None if any(t is None for t in tops) else tops[0]
 
 
+def _branched(plan: Any, stmt_id: int) -> bool:
+    """The statement runs under an if/while/try: the model may not be wrapped on the path that trains."""
+    node = plan._parent.get(stmt_id)
+    while node is not None:
+        if isinstance(node, (cst.If, cst.While, cst.Try)):
+            return True
+        node = plan._parent.get(id(node))
+    return False
+
+
 def _scopes_under(plan: Any, stmts: list[cst.CSTNode], key: str) -> set[str]:
     """The ported scopes the statements call, transitively."""
     seen: set[str] = set()
@@ -206,6 +216,9 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
     found = any(isinstance(n, cst.Call) and dotted(n.func).rsplit(".", 1)[-1] == "DataLoader"
                 for k in f.ported for n in plan.nodes(k))
     loops = [_fixed_path(plan, k, n) for k, n in backward]  # the entry's statements that train
+    wraps = [*plan.wrap_inline, *plan.wrap_before]
+    if any(_branched(plan, w) for w in wraps):  # `if args.use_optimizer: model = ddpkit.wrap(model, ctx)`
+        loops.append(None)
     if found or not backward or any(loop is None for loop in loops) or "model" not in {
             r for s in f.scopes.values() for r in s.roles.values()}:
         plan.todo(start, todo)
