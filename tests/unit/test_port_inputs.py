@@ -65,6 +65,8 @@ def test_a_step_count_that_ranks_may_decide_differently_keeps_the_no_loader_todo
         "a replay buffer": "for episode in range(100):\n    if len(memory) > 2000:\n" + _STEP.replace(
             "    ", "        "),
         "an iterator": "for batch in train_iter:\n" + _STEP,
+        "a growing buffer": "memory = []\nfor episode in range(100):\n    memory.append(episode)\n"
+                            "    for i in range(len(memory) // 8):\n" + _STEP.replace("    ", "        "),
     }
     for what, loop in shapes.items():
         result = port_source(_script(loop))
@@ -79,6 +81,13 @@ def test_unseeded_data_drawn_before_training_and_cpu_batches_of_a_script_without
                            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(10):\n" + _STEP)
     assert [t.line for t in unseeded.todos] == [4] and "each rank would get different data" in \
         unseeded.todos[0].message
+    # a model's own random init is not data: ddpkit.wrap broadcasts rank 0's parameters
+    model_init = port_source("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+                             "    def __init__(self):\n        super().__init__()\n"
+                             "        self.w = nn.Parameter(torch.randn(2, 1))\n\n    def forward(self, x):\n"
+                             "        return x @ self.w\n\n\nx = torch.ones(4, 2, device='cpu')\nmodel = Net()\n"
+                             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(10):\n" + _STEP)
+    assert model_init.todos == [], _messages(model_init)
     cpu = port_source("import torch\nfrom torch import nn\n\ndata = torch.arange(100.)\n\n\ndef get_batch():\n"
                       "    i = torch.randint(90, (8,))\n    return data[i, None], data[i, None]\n\n\n"
                       "model = nn.Linear(1, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"

@@ -35,6 +35,7 @@ _TENSOR_METHODS = frozenset({"type", "float", "long", "double", "half", "int", "
 _TORCH_ONLY = frozenset({"type", "float", "long", "double", "half", "unsqueeze", "permute", "contiguous", "detach"})
 """Tensor methods numpy arrays do not have."""
 _COUNTER_CALLS = frozenset({"len", "int", "min", "max", "size", "abs"})
+_GROWS = frozenset({"append", "extend", "put", "push", "add", "insert", "appendleft"})
 _SEED = re.compile(r"(^|\.)(manual_seed|seed|seed_everything|set_seed)$")
 
 
@@ -99,8 +100,9 @@ def _move_partners(plan: Any, key: str, moved: set[str]) -> None:
 
 
 # ---- no DataLoader ---------------------------------------------------------------------------------------
-def _counter_only(expr: cst.BaseExpression, counters: set[str]) -> bool:
-    """Every rank computes the same value: literals, loop counters, arguments, constants, len()/size()."""
+def _counter_only(expr: cst.BaseExpression, counters: set[str], grown: frozenset[str] = frozenset()) -> bool:
+    """Every rank computes the same value: literals, loop counters, arguments, constants, len()/size() of
+    something no rank grows as it runs (`len(memory)` of a replay buffer that `memory.append`s is per rank)."""
     if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
         return True
     if isinstance(expr, (cst.Name, cst.Attribute)):
@@ -109,20 +111,19 @@ def _counter_only(expr: cst.BaseExpression, counters: set[str]) -> bool:
             "True", "False", "None"))
     if isinstance(expr, cst.Call):
         last = dotted(expr.func).rsplit(".", 1)[-1]
-        if last in _COUNTER_CALLS:
-            return True  # of the data or the arguments: the same on every rank when the data is
-        return False
+        measured = [expr.func.value] if isinstance(expr.func, cst.Attribute) else [a.value for a in expr.args]
+        return last in _COUNTER_CALLS and not any(root_name(m) in grown for m in measured)
     if isinstance(expr, cst.Subscript):  # `x.shape[0]`
         return dotted(expr.value).endswith(".shape")
     if isinstance(expr, cst.BinaryOperation):
-        return _counter_only(expr.left, counters) and _counter_only(expr.right, counters)
+        return _counter_only(expr.left, counters, grown) and _counter_only(expr.right, counters, grown)
     if isinstance(expr, cst.UnaryOperation):
-        return _counter_only(expr.expression, counters)
+        return _counter_only(expr.expression, counters, grown)
     if isinstance(expr, cst.BooleanOperation):
-        return _counter_only(expr.left, counters) and _counter_only(expr.right, counters)
+        return _counter_only(expr.left, counters, grown) and _counter_only(expr.right, counters, grown)
     if isinstance(expr, cst.Comparison):
-        return _counter_only(expr.left, counters) and all(_counter_only(c.comparator, counters)
-                                                          for c in expr.comparisons)
+        return _counter_only(expr.left, counters, grown) and all(_counter_only(c.comparator, counters, grown)
+                                                                 for c in expr.comparisons)
     return False
 
 
@@ -159,15 +160,17 @@ def _fixed_path(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> cst.B
         chain.append(parent)
         parent = plan._parent.get(id(parent))
     counters = _constants(plan.f.module)
+    grown = frozenset(root_name(c.func.value) for c in walk(plan.f.module, into_functions=True) if isinstance(
+        c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value in _GROWS)
     for p in reversed(chain[1:]):  # outermost first: its counters are known inside
         if isinstance(p, cst.For):
             it = loader_expr(p.iter)
             if not (isinstance(it, cst.Call) and dotted(it.func) == "range" and all(
-                    _counter_only(a.value, counters) for a in it.args)):
+                    _counter_only(a.value, counters, grown) for a in it.args)):
                 return None
             counters |= {x.value for x in walk(p.target) if isinstance(x, cst.Name)}
         elif isinstance(p, cst.If):  # no calls: `if buffer.size() > 2000:` is a per-rank decision
-            if any(isinstance(c, cst.Call) for c in walk(p.test)) or not _counter_only(p.test, counters):
+            if any(isinstance(c, cst.Call) for c in walk(p.test)) or not _counter_only(p.test, counters, grown):
                 return None
         elif not isinstance(p, (cst.With, cst.Try)):
             return None
@@ -229,7 +232,10 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
     first = region.index(top[0]) if top else len(region)
     step_scopes = _scopes_under(plan, top, entry)
     before = [s for s in region[:first] if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-    setup_scopes = _scopes_under(plan, before, entry) - step_scopes
+    modules = {name for name, cls in f.classes.items() if any(
+        dotted(b.value).rsplit(".", 1)[-1] == "Module" for b in cls.bases)}
+    # draws in a model's own methods make its initial parameters, which ddpkit.wrap broadcasts from rank 0
+    setup_scopes = {k for k in _scopes_under(plan, before, entry) - step_scopes if f.scopes[k].cls not in modules}
     seeds = [n for k in f.ported for n in plan.nodes(k) if isinstance(n, cst.Call) and _SEED.search(dotted(n.func))
              and dotted(n.func).split(".")[0] in ("torch", "np", "numpy", "random")]
     seeded_at = min((plan.line_of(n) for n in seeds), default=None)
@@ -241,9 +247,9 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
     setup_draws = draws([n for s in before for n in walk(s)] + [n for k in setup_scopes for n in plan.nodes(k)])
     unseeded = [n for n in setup_draws if seeded_at is None or plan.line_of(n) < seeded_at]
     if unseeded:
-        plan.todo(unseeded[0], "data drawn at random before training after ddpkit.init, which seeds every rank "
-                  "differently: each rank would get different data (a different split); seed it alike first "
-                  f"(torch.manual_seed(s) before this line) or pass generator=torch.Generator().manual_seed(s)")
+        plan.todo(unseeded[0], "drawn at random before training, after ddpkit.init seeded every rank differently: "
+                  "if this is data or a split, each rank would get different data; seed every rank alike first "
+                  "(torch.manual_seed(s) before this line) or pass generator=torch.Generator().manual_seed(s)")
         return
     if not re.search(r"device|cuda", f.code(f.module)):
         moved = {x.value for k in f.ported for n in plan.nodes(k) if id(n) in plan.to_device
