@@ -1,4 +1,4 @@
-"""`ddpkit port` on data that does not come from a training DataLoader, tensors made on the CPU, datasets on the device."""
+"""`ddpkit port` on data without a training DataLoader, tensors made on the CPU, datasets on the device."""
 
 from __future__ import annotations
 
@@ -102,3 +102,14 @@ def test_pyplot_calls_run_on_rank_0():
                          + _STEP + "    plt.plot([epoch], [loss.item()]); plt.pause(0.1)\nplt.show()\n")
     assert "if ctx.is_main:\n    plt.ion()\n" in result.code and "if ctx.is_main:\n    plt.show()\n" in result.code
     assert "    if ctx.is_main:\n        plt.plot([epoch], [loss.item()]); plt.pause(0.1)\n" in result.code
+
+
+def test_noise_drawn_in_each_step_is_drawn_on_ctx_device_and_per_rank():
+    result = port_source("import torch\nfrom torch import nn\n\nmodel = nn.Linear(4, 1)\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step in range(10):\n"
+                         "    z = torch.randn(8, 4)\n    loss = model(z).pow(2).mean()\n    opt.zero_grad()\n"
+                         "    loss.backward()\n    opt.step()\n")
+    assert result.todos == [], _messages(result)
+    assert "    z = torch.randn(8, 4, device=ctx.device)\n" in result.code
+    assert "ddpkit.rng" not in result.code  # no seed of the script's: ddpkit.init's streams already differ
+    assert "each rank draws its own random batch per step (line 7)" in result.message

@@ -22,8 +22,8 @@ from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, is_device_expr, loader_
 __all__ = ["plan_no_loader", "move_cpu_input", "plan_device_datasets", "RANDOM_DRAW", "CREATORS"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
-                         r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+|random\.(random|randint|choice|choices|sample|shuffle|uniform|"
-                         r"gauss|randrange))$")
+                         r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
+                         r"|random\.(random|randint|choice|choices|sample|shuffle|uniform|gauss|randrange))$")
 """Calls that draw from a process-wide generator (not `*_like`: those are drawn inside a step alike)."""
 CREATORS = frozenset({"randn", "rand", "randint", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
                        "randperm", "tensor", "as_tensor"})

@@ -420,7 +420,8 @@ class Rewriter(cst.CSTTransformer):
 
 
 def _on_device(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`torch.randn(8, 2)` -> `torch.randn(8, 2, device=ctx.device)`; `from_numpy(a)` -> `from_numpy(a).to(ctx.device)`."""
+    """`torch.randn(8, 2)` -> `torch.randn(8, 2, device=ctx.device)`;
+    `from_numpy(a)` -> `from_numpy(a).to(ctx.device)`."""
     if isinstance(value, cst.Call) and dotted(value.func).startswith("torch.") and dotted(value.func).rsplit(
             ".", 1)[-1] in _CREATORS and not any(a.keyword and a.keyword.value == "device" for a in value.args):
         return value.with_changes(args=_comma_args([*value.args, _arg("device", parse_expr("ctx.device"))]))
