@@ -113,3 +113,12 @@ def test_noise_drawn_in_each_step_is_drawn_on_ctx_device_and_per_rank():
     assert "    z = torch.randn(8, 4, device=ctx.device)\n" in result.code
     assert "ddpkit.rng" not in result.code  # no seed of the script's: ddpkit.init's streams already differ
     assert "each rank draws its own random batch per step (line 7)" in result.message
+
+
+def test_a_training_function_of_a_top_level_script_is_followed_to_the_loop_that_calls_it():
+    head = ("import torch\nfrom torch import nn\n\nx = torch.ones(4, 2, device='cpu')\nmodel = nn.Linear(2, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\ndef train(epoch):\n" + _STEP + "\n\n")
+    fixed = port_source(head + "for epoch in range(5):\n    train(epoch)\n")
+    assert fixed.todos == [] and "not sharded" in fixed.message, _messages(fixed)
+    decided = port_source(head + "epoch = 0\nwhile not done():\n    train(epoch)\n")
+    assert any(m.startswith("no training DataLoader found") for m in _messages(decided))

@@ -218,16 +218,18 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
                 and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward"]
     found = any(isinstance(n, cst.Call) and dotted(n.func).rsplit(".", 1)[-1] == "DataLoader"
                 for k in f.ported for n in plan.nodes(k))
+    wraps = [*plan.wrap_inline, *plan.wrap_before]  # `if args.use_optimizer: model = ddpkit.wrap(model, ctx)`
+    entry = ENTRY if f.ctx_global else f.entry_key
+    region = f.scope_statements(entry)
+    defined = {id(x) for s in region if isinstance(s, (cst.FunctionDef, cst.ClassDef)) for x in walk(s)}
+    backward = [(k, n) for k, n in backward if not (k == entry and id(n) in defined)]  # seen from its own scope
     loops = [_fixed_path(plan, k, n) for k, n in backward]  # the entry's statements that train
-    wraps = [*plan.wrap_inline, *plan.wrap_before]
-    if any(_branched(plan, w) for w in wraps):  # `if args.use_optimizer: model = ddpkit.wrap(model, ctx)`
+    if any(_branched(plan, w) for w in wraps):
         loops.append(None)
-    if found or not backward or any(loop is None for loop in loops) or "model" not in {
+    if found or not backward or not all(any(loop is s for s in region) for loop in loops) or "model" not in {
             r for s in f.scopes.values() for r in s.roles.values()}:
         plan.todo(start, todo)
         return
-    entry = ENTRY if f.ctx_global else f.entry_key
-    region = f.scope_statements(entry)
     top = [s for s in region if any(loop is s for loop in loops)]
     first = region.index(top[0]) if top else len(region)
     step_scopes = _scopes_under(plan, top, entry)
