@@ -1,5 +1,4 @@
-"""Data that reaches the model without a training DataLoader: full-batch tensors, per-step random draws,
-tensors the script makes on the CPU, datasets that put their samples on the device themselves.
+"""Data that reaches the model without a training DataLoader, tensors made on the CPU, datasets on the device.
 
 Without a loader there is nothing to shard, yet DDP stays correct when every rank runs the same number of
 optimizer steps: with the same data each rank computes the same gradient (the average is that gradient: correct,
@@ -29,7 +28,7 @@ CREATORS = frozenset({"randn", "rand", "randint", "zeros", "ones", "empty", "ful
                        "randperm", "tensor", "as_tensor"})
 """torch functions that take device=: a tensor made by them is made on ctx.device instead of moved there."""
 _TENSOR_FUNCS = CREATORS | {"from_numpy", "unsqueeze", "squeeze", "cat", "stack", "FloatTensor", "LongTensor",
-                             "Tensor", "linspace", "normal", "sin", "cos", "exp", "pow", "reshape", "flatten"}
+                             "Tensor", "normal", "sin", "cos", "exp", "pow", "reshape", "flatten"}
 _TENSOR_METHODS = frozenset({"type", "float", "long", "double", "half", "int", "view", "reshape", "unsqueeze",
                              "squeeze", "permute", "contiguous", "clone", "transpose", "flatten", "detach"})
 _TORCH_ONLY = frozenset({"type", "float", "long", "double", "half", "unsqueeze", "permute", "contiguous", "detach"})
