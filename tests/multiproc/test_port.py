@@ -36,6 +36,11 @@ CASES = {
     # the issue's plain script: an inline test loop, a tensor counter, a split made before seeding, a CSV read back;
     # an unreduced count reports about half the original accuracy on 2 ranks
     "digits_plain": (["--epochs", "3", "--out", "{tmp}/runs"], "test_accuracy", 0.04),
+    # no DataLoader: the same full batch on every rank, so the same gradient and the same parameters
+    "fullbatch": ([], "accuracy", 1e-6),
+    # per-step random draws, one per rank after the script's seed: a global batch of 2 x 16
+    "random_batches": (["--steps", "150"], "val_loss", 0.1),
+    "device_dataset": ([], "accuracy", 0.06),
     "charlm": (["--max-steps", "12", "--eval-every", "6", "--d-model", "32", "--layers", "1", "--heads", "2",
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),
@@ -90,6 +95,9 @@ def test_ported_script_passes_check_and_matches_the_original_on_2_ranks(name, tm
     assert check.code == 0 and check.findings == [], check.output[-4000:]
     two_ranks = _last_json(check.output, key)[key]
     assert abs(two_ranks - original) <= max(tolerance, 1e-9), (name, "2 ranks", two_ranks, original)
+    print(f"{name}: original {original:.6f}, world size 1 {alone:.6f}, 2 ranks {two_ranks:.6f}")
+    if name == "random_batches":  # had rank 1 drawn rank 0's batches, 2 ranks would train exactly as 1 does
+        assert abs(two_ranks - alone) > 1e-6, (name, "the ranks drew the same batches", two_ranks, alone)
     if name == "toplevel_script":  # same global order, same global batch: the same parameters
         ours = torch.load(tmp_path / "ported" / "params.pt", weights_only=True)
         theirs = torch.load(tmp_path / "original" / "params.pt", weights_only=True)

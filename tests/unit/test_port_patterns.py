@@ -201,7 +201,9 @@ def test_a_forward_that_never_reaches_backward_and_an_input_made_on_the_cpu():
     code = result.code
     assert "loss = loss_func(cnn(b_x)[0], b_y)" in code  # the training forward stays on the DDP module
     assert "test_output, last_layer = ddpkit.unwrap(cnn)(test_x)" in code  # no backward: never through DDP
-    assert [t.line for t in result.todos] == [18] and "`test_x` is made on the CPU" in result.todos[0].message
+    # a new tensor made on the CPU and given to the model: made on ctx.device where it is assigned
+    assert result.todos == [] and "test_x = (torch.unsqueeze(test_data.data, dim=1).type(torch.FloatTensor)[:2000] " \
+        "/ 255.).to(ctx.device)\n" in code
     assert "if not ctx.is_main:  # rank 0 downloads first" in code  # download=<a variable> may download
     # a running loss printed inside the loop: the mean over ranks, reduced where it is read
     assert "ddpkit.print0(ctx, (ddpkit.all_reduce_sum(ctx, running).item() / ctx.world_size) / (step + 1))" in code
@@ -217,8 +219,10 @@ def test_default_device_parameters_batch_of_one_and_datasets_on_the_device():
     result = port_source(src)
     todos = _todo_lines(result)
     assert "    with ddpkit.init() as ctx:\n        device = ctx.device\n" in result.code
-    assert {6, 7} <= set(todos), todos
-    assert todos[6].startswith("the dataset is given the device") and todos[7].startswith("the batch size is 1")
+    assert 7 in todos and 6 not in todos, todos  # the dataset on ctx.device: its loader does not pin
+    assert todos[7].startswith("the batch size is 1") and "shuffle=True, pin_memory=False)" in result.code
+    workers = port_source(src.replace("batch_size=1,", "batch_size=8, num_workers=2,"))
+    assert _todo_lines(workers)[6].startswith("the dataset is given the device")  # CUDA in forked workers
 
 
 def test_a_loop_that_draws_with_next_and_logs_a_running_sum_kept_in_a_dict():

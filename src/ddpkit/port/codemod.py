@@ -99,4 +99,5 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     module = add_import(module)
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
-    return PortResult(module.code, todos, True, f"{path}: {state}")
+    notes = "".join(f"; note: {n}" for n in plan.summary)
+    return PortResult(module.code, todos, True, f"{path}: {state}{notes}")

@@ -83,6 +83,7 @@ def plan_effects(plan: Any) -> None:
     writes: list[tuple[str, int]] = [(k, plan.line_of(s)) for k, s in statements if isinstance(
         s, cst.SimpleStatementLine) and any(isinstance(n, cst.Call) and dotted(n.func) == "torch.save" for n in walk(s))]
     tracker_names: dict[str, tuple[cst.BaseStatement, str]] = {}
+    pyplot = _pyplot_names(f.module)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if not own:
@@ -114,6 +115,12 @@ def plan_effects(plan: Any) -> None:
                 plan.todo(stmt, f"{kind} is started on every rank (each would log its own copy): start it under "
                           "`if ctx.is_main:` and guard every use of it the same way")
             continue
+        if pyplot and isinstance(stmt, cst.SimpleStatementLine) and not calls_model and not any(
+                _writes(c) for c in own) and all(
+                isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and dotted(s.value.func).split(".")[0]
+                in pyplot for s in stmt.body):
+            plan.guard.add(id(stmt))  # `plt.show()`, `plt.imshow(...)`: one window, on rank 0
+            continue
         if any(_writes(c) for c in own):
             if calls_model:
                 plan.todo(stmt, "this line writes a file on every rank and calls the model: compute the value on "
@@ -143,6 +150,19 @@ def plan_effects(plan: Any) -> None:
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
+
+
+def _pyplot_names(module: cst.Module) -> set[str]:
+    """What `matplotlib.pyplot` is bound to: `import matplotlib.pyplot as plt`, `from matplotlib import pyplot`."""
+    names = set()
+    for n in walk(module):
+        if isinstance(n, cst.Import):
+            names |= {dotted(a.asname.name) if a.asname else "matplotlib" for a in n.names
+                      if dotted(a.name) == "matplotlib.pyplot"}
+        elif isinstance(n, cst.ImportFrom) and n.module is not None and dotted(n.module) == "matplotlib" \
+                and not isinstance(n.names, cst.ImportStar):
+            names |= {dotted(a.asname.name) if a.asname else "pyplot" for a in n.names if dotted(a.name) == "pyplot"}
+    return names
 
 
 def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],

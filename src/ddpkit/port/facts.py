@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "walk", "statements_of", "ENTRY"]
+__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "loader_expr", "walk", "statements_of", "ENTRY",
+           "ARGS_ROOTS"]
 
+ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
+"""Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
 ENTRY = "<entry>"
 """Scope key of the training entry point's code when it is not a function (top level or a __main__ block)."""
 
@@ -54,6 +57,16 @@ def is_device_expr(node: cst.CSTNode) -> bool:
     if isinstance(node, cst.Call):
         return dotted(node.func) in ("torch.device", "device")
     return False
+
+
+_ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
+
+
+def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The loader a `for` iterates: `enumerate(tqdm(loader))` -> `loader`."""
+    while isinstance(expr, cst.Call) and dotted(expr.func) in _ITER_WRAPPERS and expr.args:
+        expr = expr.args[0].value
+    return expr
 
 
 def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:

@@ -8,6 +8,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
+from ddpkit.port.inputs import move_cpu_input
 
 __all__ = ["plan_forwards"]
 
@@ -15,8 +16,8 @@ __all__ = ["plan_forwards"]
 def plan_forwards(plan: Any) -> None:
     """A forward whose output never reaches backward() (a look at the test set inside the training loop, a
     graph for TensorBoard) leaves DDP waiting for a backward with gradients on, and the next training step
-    fails: it calls ddpkit.unwrap(model). An input the script made on the CPU is a TODO (the model is on
-    ctx.device)."""
+    fails: it calls ddpkit.unwrap(model). An input the script made on the CPU is made on ctx.device where it is
+    assigned, or a TODO where it is not plainly a new tensor (the model is on ctx.device)."""
     for key in sorted(plan.f.ported):
         nodes = list(plan.nodes(key))
         backward = [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
@@ -54,7 +55,7 @@ def plan_forwards(plan: Any) -> None:
                 values = made.get(dotted(arg.value), []) if isinstance(arg.value, cst.Name) else []
                 text = " ".join(plan.f.code(v) for v in values)
                 if values and re.search(r"torch\.|Tensor|np\.|numpy|\.data\b", text) and not \
-                        re.search(r"device|cuda|\.to\(", text):
+                        re.search(r"device|cuda|\.to\(", text) and not move_cpu_input(plan, key, dotted(arg.value)):
                     plan.todo(call, f"`{dotted(arg.value)}` is made on the CPU and given to the model, which "
                               f"ddpkit.wrap put on ctx.device: create it on ctx.device (or .to(ctx.device)) "
                               "and bring outputs back with .cpu() before .numpy()")

@@ -6,9 +6,10 @@ import re
 from collections.abc import Callable, Iterator
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
+from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
+from ddpkit.port.inputs import plan_device_datasets, plan_no_loader
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
@@ -18,7 +19,6 @@ _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
                          "LBFGS", "ASGD", "Rprop", "SparseAdam"})
 _TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
-_ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
 
 
 def _owner(name: str) -> str:
@@ -30,13 +30,6 @@ def _owner(name: str) -> str:
 def is_optimizer(call: cst.Call) -> bool:
     name = dotted(call.func)
     return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
-
-
-def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """The loader a `for` iterates: `enumerate(tqdm(loader))` -> `loader`."""
-    while isinstance(expr, cst.Call) and dotted(expr.func) in _ITER_WRAPPERS and expr.args:
-        expr = expr.args[0].value
-    return expr
 
 
 def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
@@ -86,6 +79,14 @@ class Plan:
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.to_device: set[int] = set()
+        """Assignments of a tensor made on the CPU that the model (or its output) meets: made on ctx.device."""
+        self.unpinned: set[int] = set()
+        """Loaders over a dataset that puts samples on the device itself: pin_memory=False."""
+        self.reseed: set[int] = set()
+        """The training loop of a script that seeds every rank alike: each rank's own stream starts before it."""
+        self.summary: list[str] = []
+        """What the port's summary line says besides the TODOs (data not sharded, a larger global batch)."""
         self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
@@ -97,11 +98,8 @@ class Plan:
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
                       "before its optimizer is made")
-        if start is not None and "train" not in self.loaders.values() and not any(
-                "DataLoader" in m or "sampler" in m for _, m in self.todos):
-            self.todo(start, "no training DataLoader found: the data is not sharded, so every rank trains on all of "
-                      "it (no speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by "
-                      "ctx.rank and ctx.world_size")
+        no_loader = start is not None and "train" not in self.loaders.values() and not any(
+            "DataLoader" in m or "sampler" in m for _, m in self.todos)
         self._propagate_roles()
         self.training_scopes = {k for k in facts.ported if _TRAIN_STEP.search(k.rsplit(".", 1)[-1]) or any(
             "backward" in facts.code(s) for s in facts.scope_statements(k))}
@@ -112,10 +110,13 @@ class Plan:
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
+        if no_loader:
+            plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
         plan_effects(self)
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)
+        plan_device_datasets(self)
         self.seed = self._seed()
 
     # ---- bookkeeping -------------------------------------------------------------------------

@@ -13,12 +13,10 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "library_loader", "agreed", "ARGS_ROOTS"]
+__all__ = ["plan_ranks", "library_loader", "agreed"]
 
-ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
-"""Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 _SEEDS = re.compile(r"(torch|np|numpy)\.(random\.)?(manual_)?seed\(|random\.seed\(|seed_everything\(|set_seed\(")
 
@@ -78,12 +76,6 @@ def plan_ranks(plan: Any) -> None:
                           "instead (`loader.dataset[i]`)")
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
-            elif "dataset" in name.rsplit(".", 1)[-1].lower() and any(
-                    is_device_expr(a.value) and not isinstance(a.value, cst.SimpleString) or dotted(a.value) ==
-                    "ctx.device" for a in node.args):
-                plan.todo(node, "the dataset is given the device: if it puts samples there itself, ddpkit.loader "
-                          "cannot pin them or send them through worker processes; build it on the CPU "
-                          "(device='cpu') and let the loader move each batch")
         _breaks(plan, key)
 
 

@@ -6,9 +6,9 @@ import re
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name
+from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name
+from ddpkit.port.inputs import CREATORS as _CREATORS
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
-from ddpkit.port.ranks import ARGS_ROOTS
 from ddpkit.port.sums import reduce_statement
 
 __all__ = ["Rewriter", "parse_expr", "strip_moves"]
@@ -165,6 +165,11 @@ class Rewriter(cst.CSTTransformer):
                 return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
                                             args=[cst.Arg(parse_expr("ctx.device"))])
             return updated
+        if isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "numpy" and not updated.args \
+                and not (isinstance(updated.func.value, cst.Call) and dotted(updated.func.value.func).endswith(".cpu")):
+            self.changes += 1  # the model and its outputs live on ctx.device: numpy() reads host memory only
+            return updated.with_changes(func=updated.func.with_changes(value=cst.Call(cst.Attribute(
+                updated.func.value, cst.Name("cpu")))))
         if name == "print":
             self.changes += 1
             return updated.with_changes(func=parse_expr("ddpkit.print0"),
@@ -175,7 +180,10 @@ class Rewriter(cst.CSTTransformer):
                 "not ctx.is_main"))]))
         if id(original) in self.p.loaders:
             self.changes += 1
-            return self._loader(updated, self.p.loaders[id(original)], self.p.spread.get(id(original), {}))
+            loader = self._loader(updated, self.p.loaders[id(original)], self.p.spread.get(id(original), {}))
+            if id(original) in self.p.unpinned:  # its dataset puts samples on the device: nothing to pin
+                loader = loader.with_changes(args=_comma_args([*loader.args, _arg("pin_memory", cst.Name("False"))]))
+            return loader
         if name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
                 and len([a for a in updated.args if a.keyword is None]) < 2:
             self.changes += 1
@@ -249,6 +257,9 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # this rank's batch only: every rank processed as many samples in that time
             value = cst.Module([]).code_for_node(updated.value)
             return updated.with_changes(value=parse_expr(f"({value}) * ctx.world_size"))
+        if id(original) in self.p.to_device and self.in_ctx():
+            self.changes += 1  # given to the model, which ddpkit.wrap put on ctx.device
+            return updated.with_changes(value=_on_device(updated.value))
         return updated
 
     def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
@@ -380,6 +391,11 @@ class Rewriter(cst.CSTTransformer):
         if id(original) in self.p.barrier_before:
             self.changes += 1
             before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))
+        if id(original) in self.p.reseed:
+            self.changes += 1
+            before.append(cst.parse_statement(
+                "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))  # per-rank draws from here: "
+                "the script's seed above made every rank draw the same batches\n"))
         if id(original) in self.p.wrap_before:
             model = self.p.wrap_before[id(original)]
             before.append(cst.parse_statement(f"{model} = ddpkit.wrap({model}, ctx)\n"))
@@ -401,6 +417,17 @@ class Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel([*before, updated, *after])
         return updated
+
+
+def _on_device(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`torch.randn(8, 2)` -> `torch.randn(8, 2, device=ctx.device)`;
+    `from_numpy(a)` -> `from_numpy(a).to(ctx.device)`."""
+    if isinstance(value, cst.Call) and dotted(value.func).startswith("torch.") and dotted(value.func).rsplit(
+            ".", 1)[-1] in _CREATORS and not any(a.keyword and a.keyword.value == "device" for a in value.args):
+        return value.with_changes(args=_comma_args([*value.args, _arg("device", parse_expr("ctx.device"))]))
+    atom = isinstance(value, (cst.Call, cst.Name, cst.Attribute, cst.Subscript)) and not value.lpar
+    text = cst.Module([]).code_for_node(value)
+    return parse_expr(f"{text}.to(ctx.device)" if atom else f"({text}).to(ctx.device)")
 
 
 def _no_grad(node: cst.CSTNode) -> bool:

@@ -1,0 +1,124 @@
+"""`ddpkit port` on data without a training DataLoader, tensors made on the CPU, datasets on the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def _messages(result) -> list[str]:
+    return [t.message for t in result.todos]
+
+
+def test_full_batch_training_is_ported_with_its_tensors_on_ctx_device_and_says_it_is_not_sharded():
+    result = _port("fullbatch")
+    assert result.todos == [], _messages(result)
+    for name, rows in (("x_train", "features[:300]"), ("y_train", "labels[:300]"), ("x_test", "features[300:]"),
+                       ("y_test", "labels[300:]")):  # y_* meet the model's output: on the same device
+        assert f"{name} = torch.from_numpy({rows}).to(ctx.device)\n" in result.code
+    assert 'ddpkit.print0(ctx, "first predictions", predicted[:4, 0].cpu().numpy())' in result.code
+    assert "not sharded: no speed-up" in result.message and "ported fully" in result.message
+
+
+def test_random_batches_drawn_per_step_are_drawn_per_rank_after_the_scripts_seed():
+    result = _port("random_batches")
+    code = result.code
+    assert result.todos == [], _messages(result)
+    reseed = "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))"
+    # the script's seed keeps the split and the model init alike; the draws differ from the training loop on
+    assert code.index("torch.manual_seed(0)") < code.index("model = ddpkit.wrap(") < code.index(reseed) \
+        < code.index("for step in range(args.steps):")
+    assert "# ddpkit port: each rank draws its own samples here" in code
+    assert "global batch is world_size times the script's" in result.message
+
+
+def test_a_dataset_that_puts_samples_on_the_device_gets_unpinned_loaders_unless_workers_fork():
+    result = _port("device_dataset")
+    assert result.todos == [], _messages(result)
+    assert "shuffle=True, pin_memory=False)" in result.code
+    assert "ddpkit.eval_loader(test_set, ctx, batch_size=64, pin_memory=False)" in result.code
+    path = FIXTURES / "device_dataset.py"
+    workers = port_source(path.read_text().replace("shuffle=True)", "shuffle=True, num_workers=2)"), str(path))
+    assert [t.line for t in workers.todos][:1] == [42] and workers.todos[0].message.startswith(
+        "the dataset is given the device")  # CUDA in forked worker processes
+
+
+_STEP = ("    loss = model(x).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+
+
+def _script(loop: str) -> str:
+    return ("import torch\nfrom torch import nn\n\nx = torch.ones(4, 2, device='cpu')\nmodel = nn.Linear(2, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n" + loop)
+
+
+def test_a_step_count_that_ranks_may_decide_differently_keeps_the_no_loader_todo():
+    shapes = {
+        "an environment loop": "done = False\nwhile not done:\n" + _STEP + "    done = env.step()\n",
+        "a replay buffer": "for episode in range(100):\n    if len(memory) > 2000:\n" + _STEP.replace(
+            "    ", "        "),
+        "an iterator": "for batch in train_iter:\n" + _STEP,
+        "a growing buffer": "memory = []\nfor episode in range(100):\n    memory.append(episode)\n"
+                            "    for i in range(len(memory) // 8):\n" + _STEP.replace("    ", "        "),
+    }
+    for what, loop in shapes.items():
+        result = port_source(_script(loop))
+        assert any(m.startswith("no training DataLoader found") for m in _messages(result)), what
+    fixed = port_source(_script("for epoch in range(100):\n    if epoch % 10 == 0:\n" + _STEP.replace(
+        "    ", "        ")))
+    assert fixed.todos == [] and "not sharded" in fixed.message
+
+
+def test_unseeded_data_drawn_before_training_and_cpu_batches_of_a_script_without_a_device_are_todos():
+    unseeded = port_source("import torch\nfrom torch import nn\n\nx = torch.randn(64, 2)\nmodel = nn.Linear(2, 1)\n"
+                           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(10):\n" + _STEP)
+    assert [t.line for t in unseeded.todos] == [4] and "each rank would get different data" in \
+        unseeded.todos[0].message
+    # a model's own random init is not data: ddpkit.wrap broadcasts rank 0's parameters
+    model_init = port_source("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
+                             "    def __init__(self):\n        super().__init__()\n"
+                             "        self.w = nn.Parameter(torch.randn(2, 1))\n\n    def forward(self, x):\n"
+                             "        return x @ self.w\n\n\nx = torch.ones(4, 2, device='cpu')\nmodel = Net()\n"
+                             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(10):\n" + _STEP)
+    assert model_init.todos == [], _messages(model_init)
+    cpu = port_source("import torch\nfrom torch import nn\n\ndata = torch.arange(100.)\n\n\ndef get_batch():\n"
+                      "    i = torch.randint(90, (8,))\n    return data[i, None], data[i, None]\n\n\n"
+                      "model = nn.Linear(1, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for step in range(10):\n    x, y = get_batch()\n" + _STEP)
+    assert any("`x` is made on the CPU (the script names no device)" in m for m in _messages(cpu)), _messages(cpu)
+
+
+def test_pyplot_calls_run_on_rank_0():
+    result = port_source("import matplotlib.pyplot as plt\nimport torch\nfrom torch import nn\n\n"
+                         "x = torch.ones(4, 2, device='cpu')\nmodel = nn.Linear(2, 1)\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nplt.ion()\nfor epoch in range(3):\n"
+                         + _STEP + "    plt.plot([epoch], [loss.item()]); plt.pause(0.1)\nplt.show()\n")
+    assert "if ctx.is_main:\n    plt.ion()\n" in result.code and "if ctx.is_main:\n    plt.show()\n" in result.code
+    assert "    if ctx.is_main:\n        plt.plot([epoch], [loss.item()]); plt.pause(0.1)\n" in result.code
+
+
+def test_noise_drawn_in_each_step_is_drawn_on_ctx_device_and_per_rank():
+    result = port_source("import torch\nfrom torch import nn\n\nmodel = nn.Linear(4, 1)\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step in range(10):\n"
+                         "    z = torch.randn(8, 4)\n    loss = model(z).pow(2).mean()\n    opt.zero_grad()\n"
+                         "    loss.backward()\n    opt.step()\n")
+    assert result.todos == [], _messages(result)
+    assert "    z = torch.randn(8, 4, device=ctx.device)\n" in result.code
+    assert "ddpkit.rng" not in result.code  # no seed of the script's: ddpkit.init's streams already differ
+    assert "each rank draws its own random batch per step (line 7)" in result.message
+
+
+def test_a_training_function_of_a_top_level_script_is_followed_to_the_loop_that_calls_it():
+    head = ("import torch\nfrom torch import nn\n\nx = torch.ones(4, 2, device='cpu')\nmodel = nn.Linear(2, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n\ndef train(epoch):\n" + _STEP + "\n\n")
+    fixed = port_source(head + "for epoch in range(5):\n    train(epoch)\n")
+    assert fixed.todos == [] and "not sharded" in fixed.message, _messages(fixed)
+    decided = port_source(head + "epoch = 0\nwhile not done():\n    train(epoch)\n")
+    assert any(m.startswith("no training DataLoader found") for m in _messages(decided))
