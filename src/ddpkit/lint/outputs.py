@@ -415,7 +415,7 @@ def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
-    per_rank_file = s.distributed or s.path in project.imported
+    per_rank_file = s.distributed or s.path in project.imported or project.joins(s)
     if not per_rank_file or not project.distributed:
         return
     after = _next_statements(s)

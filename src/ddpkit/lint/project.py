@@ -317,6 +317,25 @@ class Project:
                         changed = True
         return found, exchanging, looping
 
+    def joins(self, script: Script) -> bool:
+        """Whether every rank runs `script` because it starts the process group through a project function
+        (`cfg = setup_gpu(cfg)` whose body, or a function it calls, runs `init_process_group`), though the file
+        names nothing of torch.distributed itself."""
+        return script.path in self.memo("joining files", self._joining)
+
+    def _joining(self) -> set[str]:
+        callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)}
+                   for s in self.scripts.values() for d in s.defs}
+        starters = {d.name for s in self.scripts.values() for d in s.defs
+                    if any(isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
+        changed = True
+        while changed:
+            more = {name for name, called in callees.items() if called & starters} - starters
+            starters |= more
+            changed = bool(more)
+        return {s.path for s in self.scripts.values()
+                if any(terminal(c.func) in starters and self.runs(s, c) for c in s.calls)}
+
     def reduces(self, pattern: re.Pattern[str]) -> bool:
         """Whether some value whose name matches `pattern` is reduced or gathered across ranks anywhere."""
         return self.memo(("reduces", pattern.pattern), lambda: self._reduces(pattern))
