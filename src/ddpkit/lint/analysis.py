@@ -151,7 +151,12 @@ class Script:
         return terminal(node.func) if isinstance(node, ast.Call) else ""
 
     def calls_named(self, *names: str) -> list[ast.Call]:
-        return [c for c in self.calls if terminal(c.func) in names]
+        """Calls of these names, also through a plain alias of the callable (`sampler = DistributedSampler`
+        ... `sampler(data)`)."""
+        aliases = {k for k, v in self.assignments if not k.startswith(".") and isinstance(v, (ast.Name, ast.Attribute))
+                   and terminal(v) in names}
+        return [c for c in self.calls if terminal(c.func) in names
+                or aliases and isinstance(c.func, ast.Name) and c.func.id in aliases]
 
     def is_dist_collective(self, call: ast.Call) -> bool:
         """A torch.distributed collective, or one of mpi4py's (`MPI.COMM_WORLD.bcast(...)`): every rank must call it."""

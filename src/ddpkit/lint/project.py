@@ -241,7 +241,7 @@ class Project:
     # ---- facts -------------------------------------------------------------------------------
     def calls_named(self, *names: str) -> list[tuple[Script, ast.Call]]:
         return self.memo(("calls", names), lambda: [
-            (s, c) for s in self.scripts.values() for c in s.calls if terminal(c.func) in names])
+            (s, c) for s in self.scripts.values() for c in s.calls_named(*names)])
 
     def _collect_facts(self) -> None:
         scripts = list(self.scripts.values())
