@@ -39,7 +39,8 @@ def test_fix_silences_its_rules_and_is_idempotent(path):
     expected = LEFT.get(path.stem, set())
     assert {(rule, next(line for line in fixed.splitlines() if text in line)) for rule, text in expected} == left
     assert fix_source({str(path): fixed})[str(path)] == fixed
-    if path.stem not in ("bad_ddp002_kwargs", "bad_ddp002_kwargs_update", "bad_ddp001_epoch_rank0", "bad_ddp001_sampler_alias",
+    if path.stem not in ("bad_ddp002_kwargs", "bad_ddp002_kwargs_update", "bad_ddp001_epoch_rank0",
+                         "bad_ddp001_sampler_alias",
                          "bad_ddp001_set_epoch_distributed_only"):
         assert fixed != source
 

@@ -266,6 +266,12 @@ class Script:
                                     if key in nones and not self.derived.get(key):
                                         self.derived[key] = k
 
+    def local_values(self, name: str, within: ast.AST) -> list[ast.AST]:
+        """What `name` is assigned in the same function as `within` (module level for module code)."""
+        scope = self.context(within).scope
+        return [value for stmt, value in self._bindings.get(name, ())
+                if value is not None and self.context(stmt).scope == scope]
+
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):
