@@ -133,7 +133,8 @@ class Project:
             self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
-        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        dynamic = any(_looks_up_by_name(n) and not self._outside_lookup(x, n) for x in self.scripts.values()
+                      for n in x.nodes)
         classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
@@ -182,6 +183,8 @@ class Project:
             if path in entries and not self._acts(s):
                 roots.extend(s.defs)
         live: set[str] = set()
+        by_attribute: set[str] = set()
+        """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
         todo = roots
         seen: set[int] = set()
         outside = self._outside_attributes()
@@ -196,12 +199,24 @@ class Project:
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside:
                     name = n.attr
+                    by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
                 if name and name not in live:
                     live.add(name)
                     todo.extend(defs.get(name, ()))
         self.live_functions = live
+        # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
+        # its name live: a method is reached through an attribute, or by a bare name in its class body
+        rooted = {id(r) for r in roots}
+        for path, s in self.scripts.items():
+            for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)) if not dynamic else ():
+                in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           for n in ast.walk(item) if isinstance(n, ast.Name)}
+                for item in c.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(item) not in rooted \
+                            and not _conventional(item.name) and item.name not in by_attribute | in_body:
+                        self.dead_blocks[path].update(id(n) for n in ast.walk(item))
         for path, c in classes_named:
             if c.name not in live:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
@@ -222,6 +237,14 @@ class Project:
                             and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None:
                         found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted)
         return found
+
+    def _outside_lookup(self, s: Script, node: ast.AST) -> bool:
+        """`getattr(wandb, name)`: a lookup by string in a module that is not the project's picks none of its code."""
+        if not (isinstance(node, ast.Call) and terminal(node.func) == "getattr" and node.args):
+            return False
+        owner = node.args[0]
+        return isinstance(owner, ast.Name) and owner.id in s.aliases \
+            and self.modules.locate(s.path, s.aliases[owner.id], parent=True) is None
 
     @staticmethod
     def _acts(s: Script) -> bool:
