@@ -185,6 +185,7 @@ class Project:
         live: set[str] = set()
         by_attribute: set[str] = set()
         """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
+        rooted = {id(r) for r in roots}
         todo = roots
         seen: set[int] = set()
         outside = self._outside_attributes()
@@ -208,7 +209,6 @@ class Project:
         self.live_functions = live
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
         # its name live: a method is reached through an attribute, or by a bare name in its class body
-        rooted = {id(r) for r in roots}
         for path, s in self.scripts.items():
             for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)) if not dynamic else ():
                 in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
