@@ -185,6 +185,9 @@ class Script:
                 return rank_name_kind(key.value)
             return NONE
         if isinstance(expr, ast.Compare):
+            held = self._held_by_some(expr)
+            if held:
+                return held
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
             if all(is_mode_sentinel(c) for c in expr.comparators) or distributed_mode(expr):
                 return NONE  # `local_rank >= 0` too: true on every rank of a distributed run
@@ -210,6 +213,15 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _held_by_some(self, test: ast.Compare) -> int:
+        """`trainer.writer is not None` where only rank-checked calls give the constructor a writer (see
+        Project._constructor_levels): the test picks ranks."""
+        if len(test.ops) != 1 or not isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+                or not (isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None) \
+                or not isinstance(test.left, ast.Attribute):
+            return NONE
+        return getattr(self, "external_levels", {}).get("." + test.left.attr, NONE)
 
     def _derive_rank_names(self) -> None:
         """Set self.derived: names assigned from the rank (`r = dist.get_rank()`, `main = r == 0`), to a fixed point."""

@@ -93,8 +93,8 @@ class Project:
                     homes = methods.get(call.func.attr, [])
                     if len(homes) == 1 and not (isinstance(owner, ast.Name) and owner.id in script.aliases):
                         target = (homes[0], call.func.attr)
-                if target is None or target[0] == path:
-                    continue
+                if target is None or target[0] == path or script.context(call).single:
+                    continue  # (a call in the single-process branch of a mode check is one process's)
                 level = script.context(call).level
                 if script.context(call).functions:
                     level = max(level, script.function_level.get(script.context(call).functions[-1], NONE))
@@ -105,7 +105,53 @@ class Project:
                     if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
                         key = f"{target[1]}({param})"
                         into[key] = min(into.get(key, GLOBAL), level)
+        self._constructor_levels(levels)
         return levels
+
+    def _constructor_levels(self, levels: dict[str, dict[str, int]]) -> None:
+        """Guards of the calls that build a project class (`TensorboardLogger(...)` under `if rank == 0:`).
+
+        Its `__init__` gets their guard. A parameter defaulting to None that only rank-checked calls pass
+        (`Trainer(cfg, writer=w)` under `if rank == 0:`, `Trainer(cfg)` on the others) gets it too, as
+        `__init__(writer)`, and the attribute `__init__` stores it in (`self.writer = writer`) holds a value
+        some ranks only have: `if trainer.writer is not None:` is a rank check wherever it is written
+        (attributes are matched by name, as functions are). Calls in a single-process branch are left out.
+        """
+        homes: dict[str, list[tuple[str, ast.FunctionDef | None]]] = {}
+        for path, script in self.scripts.items():
+            for c in script.nodes:
+                if isinstance(c, ast.ClassDef):
+                    init = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+                    homes.setdefault(c.name, []).append((path, init))
+        built: dict[str, list[tuple[ast.Call, int]]] = {}
+        for script in self.scripts.values():
+            for call in script.calls:
+                name = terminal(call.func)
+                ctx = script.context(call)
+                if len(homes.get(name, ())) == 1 and homes[name][0][1] is not None and not ctx.single:
+                    level = ctx.level
+                    if ctx.functions:
+                        level = max(level, script.function_level.get(ctx.functions[-1], NONE))
+                    built.setdefault(name, []).append((call, level))
+        for name, calls in built.items():
+            path, init = homes[name][0]
+            into = levels.setdefault(path, {})
+            into["__init__"] = min([into.get("__init__", GLOBAL)] + [level for _, level in calls])
+            positional = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
+            for param in optional_parameters([init]):
+                given = [level for call, level in calls if _gives(call, positional, param)]
+                if not given or min(given) == NONE:
+                    continue
+                key = f"__init__({param})"
+                into[key] = min(into.get(key, GLOBAL), min(given))
+                for stmt in init.body:
+                    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id == param:
+                        for target in stmt.targets:
+                            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                    and target.value.id == "self":
+                                for other in self.scripts:
+                                    held = levels.setdefault(other, {})
+                                    held["." + target.attr] = min(held.get("." + target.attr, GLOBAL), min(given))
 
     # ---- which code runs ---------------------------------------------------------------------
     def _liveness(self) -> None:
@@ -382,6 +428,16 @@ class Project:
                            for n in ast.walk(arg)):
                         return True
         return False
+
+
+def _gives(call: ast.Call, positional: list[str], param: str) -> bool:
+    """Whether a call of a class gives `param` of its `__init__` (whose parameters after self are `positional`)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return True
+    value = next((k.value for k in call.keywords if k.arg == param), None)
+    if value is None and param in positional and positional.index(param) < len(call.args):
+        value = call.args[positional.index(param)]
+    return value is not None and not (isinstance(value, ast.Constant) and value.value is None)
 
 
 def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:
