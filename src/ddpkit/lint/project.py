@@ -232,6 +232,9 @@ class Project:
         by_attribute: set[str] = set()
         """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
         rooted = {id(r) for r in roots}
+        # `from train import main as run_training` ... `run_training(cfg)` names `main`
+        renamed = {a.asname: a.name for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ImportFrom)
+                   for a in n.names if a.asname}
         todo = roots
         seen: set[int] = set()
         outside = self._outside_attributes()
@@ -249,9 +252,10 @@ class Project:
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
-                if name and name not in live:
-                    live.add(name)
-                    todo.extend(defs.get(name, ()))
+                for name in (name, renamed.get(name, "")) if name else ():
+                    if name and name not in live:
+                        live.add(name)
+                        todo.extend(defs.get(name, ()))
         self.live_functions = live
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
         # its name live: a method is reached through an attribute, or by a bare name in its class body
