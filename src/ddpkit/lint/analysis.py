@@ -287,7 +287,10 @@ class Script:
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):
-            return expr.id in self.global_rank_names and self._reaches_global(expr)
+            if expr.id in self.global_rank_names:
+                return self._reaches_global(expr)
+            project = getattr(self, "project", None)  # (set once the Project is built)
+            return project is not None and project.global_parameter(self, expr)
         if isinstance(expr, ast.Attribute):
             return "." + expr.attr in self.global_rank_names
         if isinstance(expr, ast.Call):

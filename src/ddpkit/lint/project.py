@@ -391,6 +391,43 @@ class Project:
                         changed = True
         return found, exchanging, looping
 
+    def global_parameter(self, script: Script, use: ast.Name) -> bool:
+        """Whether `use` is a parameter of its function that every call in the program gives the global rank
+        (`Trainer(cfg, local_rank=dist.get_rank())`, `train(args, dist.get_rank())`), its function not
+        assigning it itself. Followed one call deep."""
+        if id(use) not in script.parents:
+            return False
+        scope = script.context(use).scope
+        func = next((d for d in script.defs if id(d) == scope), None)
+        if func is None or any(isinstance(n, ast.Name) and n.id == use.id and isinstance(n.ctx, ast.Store)
+                               for n in ast.walk(func)):
+            return False
+        positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        if use.id not in positional + [a.arg for a in func.args.kwonlyargs]:
+            return False
+        key = ("global parameter", script.path, func.name, use.id)
+        if key in self._memo:
+            return bool(self._memo[key])
+        self._memo[key] = False  # (a cycle of calls gives no rank)
+        owner = next((c for c in script.nodes if isinstance(c, ast.ClassDef) and func in c.body), None)
+        callee = owner.name if owner is not None and func.name == "__init__" else func.name
+        method = positional[:1] in (["self"], ["cls"])
+        given = []
+        for x in self.scripts.values():
+            for call in x.calls:
+                if terminal(call.func) != callee or x is script and call in ast.walk(func):
+                    continue
+                if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+                    return False
+                args = positional[1:] if method else positional
+                value = next((k.value for k in call.keywords if k.arg == use.id), None)
+                if value is None and use.id in args and args.index(use.id) < len(call.args):
+                    value = call.args[args.index(use.id)]
+                given.append((x, value))
+        found = bool(given) and all(value is not None and x.is_global_rank(value) for x, value in given)
+        self._memo[key] = found
+        return found
+
     def joins(self, script: Script) -> bool:
         """Whether every rank runs `script` because it starts the process group through a project function
         (`cfg = setup_gpu(cfg)` whose body, or a function it calls, runs `init_process_group`), though the file
