@@ -399,8 +399,7 @@ class Project:
             return False
         scope = script.context(use).scope
         func = next((d for d in script.defs if id(d) == scope), None)
-        if func is None or any(isinstance(n, ast.Name) and n.id == use.id and isinstance(n.ctx, ast.Store)
-                               for n in ast.walk(func)):
+        if func is None:
             return False
         positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
         if use.id not in positional + [a.arg for a in func.args.kwonlyargs]:
@@ -409,6 +408,8 @@ class Project:
         if key in self._memo:
             return bool(self._memo[key])
         self._memo[key] = False  # (a cycle of calls gives no rank)
+        if any(isinstance(n, ast.Name) and n.id == use.id and isinstance(n.ctx, ast.Store) for n in ast.walk(func)):
+            return False
         owner = next((c for c in script.nodes if isinstance(c, ast.ClassDef) and func in c.body), None)
         callee = owner.name if owner is not None and func.name == "__init__" else func.name
         method = positional[:1] in (["self"], ["cls"])
