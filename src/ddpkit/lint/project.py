@@ -118,11 +118,25 @@ class Project:
         (attributes are matched by name, as functions are). Calls in a single-process branch are left out.
         """
         homes: dict[str, list[tuple[str, ast.FunctionDef | None]]] = {}
+        inits: list[tuple[str, str, ast.FunctionDef]] = []
         for path, script in self.scripts.items():
             for c in script.nodes:
                 if isinstance(c, ast.ClassDef):
                     init = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
                     homes.setdefault(c.name, []).append((path, init))
+                    if init is not None:
+                        inits.append((c.name, path, init))
+        # only a class built by calling it by name: not one another class derives from (its __init__ runs for
+        # the subclass too) or one handed around as a value (`builder=Board`, a registry)
+        for script in self.scripts.values():
+            for c in script.nodes:
+                if isinstance(c, ast.ClassDef):
+                    for base in c.bases:
+                        homes.pop(terminal(base), None)
+            called = {id(call.func) for call in script.calls}
+            for n in script.nodes:
+                if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in called:
+                    homes.pop(terminal(n), None)
         built: dict[str, list[tuple[ast.Call, int]]] = {}
         for script in self.scripts.values():
             for call in script.calls:
@@ -133,25 +147,31 @@ class Project:
                     if ctx.functions:
                         level = max(level, script.function_level.get(ctx.functions[-1], NONE))
                     built.setdefault(name, []).append((call, level))
-        for name, calls in built.items():
-            path, init = homes[name][0]
-            into = levels.setdefault(path, {})
-            into["__init__"] = min([into.get("__init__", GLOBAL)] + [level for _, level in calls])
+        # keys are by name (`__init__`, `__init__(writer)`), so every class of the file with an `__init__`
+        # (with that parameter) must agree: one built on every rank, or not by name, keeps them at NONE
+        found: dict[str, dict[str, int]] = {}
+        for name, path, init in inits:
+            calls = built.get(name, []) if name in homes else []
+            mine = found.setdefault(path, {})
+            mine["__init__"] = min(mine.get("__init__", GLOBAL), min((level for _, level in calls), default=NONE))
             positional = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
             for param in optional_parameters([init]):
-                given = [level for call, level in calls if _gives(call, positional, param)]
-                if not given or min(given) == NONE:
-                    continue
+                given = min((level for call, level in calls if _gives(call, positional, param)), default=NONE)
                 key = f"__init__({param})"
-                into[key] = min(into.get(key, GLOBAL), min(given))
-                for stmt in init.body:
+                mine[key] = min(mine.get(key, GLOBAL), given)
+                for stmt in init.body if given else ():
                     if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id == param:
                         for target in stmt.targets:
                             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
                                     and target.value.id == "self":
                                 for other in self.scripts:
                                     held = levels.setdefault(other, {})
-                                    held["." + target.attr] = min(held.get("." + target.attr, GLOBAL), min(given))
+                                    held["." + target.attr] = min(held.get("." + target.attr, GLOBAL), given)
+        for path, mine in found.items():
+            for key, level in mine.items():
+                if level > NONE:
+                    into = levels.setdefault(path, {})
+                    into[key] = min(into.get(key, GLOBAL), level)
 
     # ---- which code runs ---------------------------------------------------------------------
     def _liveness(self) -> None:
