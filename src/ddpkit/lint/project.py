@@ -14,8 +14,8 @@ __all__ = ["Project", "LOSS_NAME"]
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
 _AUGMENT = re.compile(r"^Random(?!\w*(Sampler|Dataset|Split)$)[A-Z]|ColorJitter|GaussianBlur|Solariz|RandAugment|"
-                      r"AutoAugment|TrivialAugment|[Mm]ixup|[Cc]ut[Mm]ix|MultiCrop|multicrop|augment|horizontal_flip|color_distortion|"
-                      r"random_crop|gaussian_blur")
+                      r"AutoAugment|TrivialAugment|[Mm]ixup|[Cc]ut[Mm]ix|MultiCrop|multicrop|augment|horizontal_flip|"
+                      r"color_distortion|random_crop|gaussian_blur")
 """Identifiers of random data augmentation: the stream a seed shared by every rank makes identical. A
 `RandomSampler` orders the data and a `RandomDataset` makes a synthetic one: neither transforms samples."""
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
