@@ -78,6 +78,8 @@ def test_findings_point_at_the_call_and_carry_a_fix():
     ("local_rank", LOCAL), ("LOCAL_RANK", LOCAL), ("get_local_rank", LOCAL), ("is_local_main", LOCAL),
     ("SLURM_LOCALID", LOCAL), ("world_size", NONE), ("ranking", NONE), ("main", NONE), ("frank", NONE),
     ("master", GLOBAL), ("local_master", LOCAL), ("master_addr", NONE),
+    ("print_rank_0", GLOBAL), ("rank_zero_only", GLOBAL), ("local_rank_id", LOCAL),
+    ("rank_loss_start_epoch", NONE), ("per_rank_splits", NONE), ("rank_in_group", GLOBAL), ("rank_is_zero", GLOBAL),
 ])
 def test_rank_name_kind(name, kind):
     assert rank_name_kind(name) == kind

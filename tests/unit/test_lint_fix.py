@@ -18,6 +18,7 @@ LEFT = {  # findings --fix leaves on purpose: no safe mechanical rewrite
     "bad_ddp002_kwargs": {("DDP002", "loader_kwargs = dict(")},
     "bad_ddp002_kwargs_update": {("DDP002", "cuda_kwargs = {")},
     "bad_ddp001_epoch_rank0": {("DDP001", "sampler.set_epoch(epoch)")},
+    "bad_ddp001_sampler_alias": {("DDP001", "sampler=make(train_set)")},  # the loader may hold no such sampler
     "bad_ddp001_set_epoch_distributed_only": {("DDP001", "sampler.set_epoch(epoch)")},
     "bad_ddp005_load": {("DDP005", "extra = torch.load(")},
     "bad_ddp007_launch": {("DDP007", "Run: python -m torch.distributed.launch --nproc"),
@@ -39,6 +40,7 @@ def test_fix_silences_its_rules_and_is_idempotent(path):
     assert {(rule, next(line for line in fixed.splitlines() if text in line)) for rule, text in expected} == left
     assert fix_source({str(path): fixed})[str(path)] == fixed
     if path.stem not in ("bad_ddp002_kwargs", "bad_ddp002_kwargs_update", "bad_ddp001_epoch_rank0",
+                         "bad_ddp001_sampler_alias",
                          "bad_ddp001_set_epoch_distributed_only"):
         assert fixed != source
 

@@ -282,3 +282,36 @@ def test_backend_default_of_the_setup_function_is_followed():
     init = next(i for i, line in enumerate(code.splitlines(), 1) if "init_process_group" in line)
     assert ("DDP012", init) in found
     assert not any(rule == "DDP009" for rule, _ in found)  # destroying group.WORLD is destroying the default group
+
+
+def test_class_built_under_a_rank_check_runs_its_init_there_unless_a_subclass_or_value_shares_it(tmp_path):
+    """`Board(...)` only under `if rank == 0:` runs Board.__init__ on rank 0; but a subclass built on every rank
+    (or the class handed around as a value) runs the same __init__ everywhere."""
+    (tmp_path / "board.py").write_text(_src("""
+        class Board:
+            def __init__(self, name):
+                print("board", name)
+    """))
+    (tmp_path / "quiet.py").write_text(_src("""
+        class Quiet:
+            def __init__(self, name):
+                print("quiet", name)
+    """))
+    train = _src("""
+        import torch
+        import torch.distributed as dist
+        from board import Board
+        from quiet import Quiet
+
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        if dist.get_rank() == 0:
+            board = Board("run")
+            quiet = Quiet("run")
+        SHARED = None
+        dist.destroy_process_group()
+    """)
+    (tmp_path / "train.py").write_text(train)
+    assert lint_files(sorted(tmp_path.glob("*.py"))) == []
+    (tmp_path / "train.py").write_text(train.replace("SHARED = None", "SHARED = Board"))
+    assert [(Path(f.path).name, f.line) for f in lint_files(sorted(tmp_path.glob("*.py")))] == [("board.py", 4)]

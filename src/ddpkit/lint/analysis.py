@@ -151,7 +151,12 @@ class Script:
         return terminal(node.func) if isinstance(node, ast.Call) else ""
 
     def calls_named(self, *names: str) -> list[ast.Call]:
-        return [c for c in self.calls if terminal(c.func) in names]
+        """Calls of these names, also through a plain alias of the callable (`sampler = DistributedSampler`
+        ... `sampler(data)`)."""
+        aliases = {k for k, v in self.assignments if not k.startswith(".") and isinstance(v, (ast.Name, ast.Attribute))
+                   and terminal(v) in names}
+        return [c for c in self.calls if terminal(c.func) in names
+                or aliases and isinstance(c.func, ast.Name) and c.func.id in aliases]
 
     def is_dist_collective(self, call: ast.Call) -> bool:
         """A torch.distributed collective, or one of mpi4py's (`MPI.COMM_WORLD.bcast(...)`): every rank must call it."""
@@ -180,6 +185,9 @@ class Script:
                 return rank_name_kind(key.value)
             return NONE
         if isinstance(expr, ast.Compare):
+            held = self._held_by_some(expr)
+            if held:
+                return held
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
             if all(is_mode_sentinel(c) for c in expr.comparators) or distributed_mode(expr):
                 return NONE  # `local_rank >= 0` too: true on every rank of a distributed run
@@ -205,6 +213,15 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _held_by_some(self, test: ast.Compare) -> int:
+        """`trainer.writer is not None` where only rank-checked calls give the constructor a writer (see
+        Project._constructor_levels): the test picks ranks."""
+        if len(test.ops) != 1 or not isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+                or not (isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None) \
+                or not isinstance(test.left, ast.Attribute):
+            return NONE
+        return getattr(self, "external_levels", {}).get("." + test.left.attr, NONE)
 
     def _derive_rank_names(self) -> None:
         """Set self.derived: names assigned from the rank (`r = dist.get_rank()`, `main = r == 0`), to a fixed point."""
@@ -261,10 +278,19 @@ class Script:
                                     if key in nones and not self.derived.get(key):
                                         self.derived[key] = k
 
+    def local_values(self, name: str, within: ast.AST) -> list[ast.AST]:
+        """What `name` is assigned in the same function as `within` (module level for module code)."""
+        scope = self.context(within).scope
+        return [value for stmt, value in self._bindings.get(name, ())
+                if value is not None and self.context(stmt).scope == scope]
+
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):
-            return expr.id in self.global_rank_names and self._reaches_global(expr)
+            if expr.id in self.global_rank_names:
+                return self._reaches_global(expr)
+            project = getattr(self, "project", None)  # (set once the Project is built)
+            return project is not None and project.global_parameter(self, expr)
         if isinstance(expr, ast.Attribute):
             return "." + expr.attr in self.global_rank_names
         if isinstance(expr, ast.Call):

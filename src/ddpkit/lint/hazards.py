@@ -90,11 +90,14 @@ def _uses_cuda(s: Script, bare: bool = False) -> bool:
 
 
 def _pins_device(s: Script) -> bool:
-    """CUDA_VISIBLE_DEVICES set per rank, or `with torch.cuda.device(i):`, also pick the device."""
+    """CUDA_VISIBLE_DEVICES set per rank (not to one constant list), or `with torch.cuda.device(i):`, also pick
+    the device."""
     for node in s.nodes:
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) \
                 and isinstance(node.slice, ast.Constant) and node.slice.value == "CUDA_VISIBLE_DEVICES":
-            return True
+            assign = s.parents.get(id(node))
+            if not (isinstance(assign, ast.Assign) and isinstance(assign.value, ast.Constant)):
+                return True  # `= "1,2,3"` shows every rank the same GPUs: each still starts on the first
         if isinstance(node, ast.withitem) and isinstance(node.context_expr, ast.Call) \
                 and s.qualname(node.context_expr.func) == "torch.cuda.device":
             return True

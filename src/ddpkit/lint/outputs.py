@@ -412,10 +412,19 @@ def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
     return False
 
 
+def _text(value: ast.AST) -> bool:
+    """A string built for a message: an f-string, `"...".format(...)`, `"..." % x` or `"..." + x`."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "format":
+        value = value.func.value
+    elif isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mod, ast.Add)):
+        value = value.left
+    return isinstance(value, ast.JoinedStr) or isinstance(value, ast.Constant) and isinstance(value.value, str)
+
+
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
-    per_rank_file = s.distributed or s.path in project.imported
+    per_rank_file = s.distributed or s.path in project.imported or project.joins(s)
     if not per_rank_file or not project.distributed:
         return
     after = _next_statements(s)
@@ -441,6 +450,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
+        mentioned += [m for n in mentioned if isinstance(n, ast.Name) for v in s.local_values(n.id, call)
+                      if _text(v) for m in ast.walk(v)]  # `prefix = f"rank {rank} | "; print(prefix, ...)`
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
                                                    if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
             continue

@@ -5,18 +5,19 @@ from __future__ import annotations
 import ast
 import re
 
-from ddpkit.lint.analysis import GLOBAL, NONE, REDUCING_NAME, Script, terminal
-from ddpkit.lint.bindings import optional_parameters, passes
+from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
+from ddpkit.lint.callsites import external_levels, global_parameter
 from ddpkit.lint.imports import Modules
 
 __all__ = ["Project", "LOSS_NAME"]
 
 LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 """Names that hold a loss value or a loss meter (`loss`, `lossf`, `loss_value`, `losses`)."""
-_AUGMENT = re.compile(r"^Random[A-Z]|ColorJitter|GaussianBlur|Solariz|RandAugment|AutoAugment|TrivialAugment|"
-                      r"[Mm]ixup|[Cc]ut[Mm]ix|MultiCrop|multicrop|augment|horizontal_flip|color_distortion|"
-                      r"random_crop|gaussian_blur")
-"""Identifiers of random data augmentation: the stream a seed shared by every rank makes identical."""
+_AUGMENT = re.compile(r"^Random(?!\w*(Sampler|Dataset|Split)$)[A-Z]|ColorJitter|GaussianBlur|Solariz|RandAugment|"
+                      r"AutoAugment|TrivialAugment|[Mm]ixup|[Cc]ut[Mm]ix|MultiCrop|multicrop|augment|horizontal_flip|"
+                      r"color_distortion|random_crop|gaussian_blur")
+"""Identifiers of random data augmentation: the stream a seed shared by every rank makes identical. A
+`RandomSampler` orders the data and a `RandomDataset` makes a synthetic one: neither transforms samples."""
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
@@ -74,37 +75,7 @@ class Project:
         return self._memo[key]
 
     def _external_levels(self) -> dict[str, dict[str, int]]:
-        levels: dict[str, dict[str, int]] = {}
-        methods: dict[str, list[str]] = {}
-        for path, script in self.scripts.items():
-            for d in script.defs:
-                if d.args.args and d.args.args[0].arg == "self":
-                    methods.setdefault(d.name, []).append(path)
-        for path, script in self.scripts.items():
-            for call in script.calls:
-                target = self.resolve(script, call.func)
-                if target is None and isinstance(call.func, ast.Attribute):
-                    # `trainer.save_checkpoint()` on an object of a class another file defines: followed when
-                    # exactly one file of the program defines a method of that name (not module calls)
-                    owner = call.func.value
-                    while isinstance(owner, ast.Attribute):
-                        owner = owner.value
-                    homes = methods.get(call.func.attr, [])
-                    if len(homes) == 1 and not (isinstance(owner, ast.Name) and owner.id in script.aliases):
-                        target = (homes[0], call.func.attr)
-                if target is None or target[0] == path:
-                    continue
-                level = script.context(call).level
-                if script.context(call).functions:
-                    level = max(level, script.function_level.get(script.context(call).functions[-1], NONE))
-                into = levels.setdefault(target[0], {})
-                into[target[1]] = min(into.get(target[1], GLOBAL), level)
-                defs = [d for d in self.scripts[target[0]].defs if d.name == target[1]]
-                for param in optional_parameters(defs):
-                    if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
-                        key = f"{target[1]}({param})"
-                        into[key] = min(into.get(key, GLOBAL), level)
-        return levels
+        return external_levels(self)
 
     # ---- which code runs ---------------------------------------------------------------------
     def _liveness(self) -> None:
@@ -132,7 +103,8 @@ class Project:
             self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
-        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        dynamic = any(_looks_up_by_name(n) and not self._outside_lookup(x, n) for x in self.scripts.values()
+                      for n in x.nodes)
         classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
@@ -181,6 +153,12 @@ class Project:
             if path in entries and not self._acts(s):
                 roots.extend(s.defs)
         live: set[str] = set()
+        by_attribute: set[str] = set()
+        """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
+        rooted = {id(r) for r in roots}
+        # `from train import main as run_training` ... `run_training(cfg)` names `main`
+        renamed = {a.asname: a.name for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ImportFrom)
+                   for a in n.names if a.asname}
         todo = roots
         seen: set[int] = set()
         outside = self._outside_attributes()
@@ -195,12 +173,24 @@ class Project:
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside:
                     name = n.attr
+                    by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
-                if name and name not in live:
-                    live.add(name)
-                    todo.extend(defs.get(name, ()))
+                for name in (name, renamed.get(name, "")) if name else ():
+                    if name and name not in live:
+                        live.add(name)
+                        todo.extend(defs.get(name, ()))
         self.live_functions = live
+        # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
+        # its name live: a method is reached through an attribute, or by a bare name in its class body
+        for path, s in self.scripts.items():
+            for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)) if not dynamic else ():
+                in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           for n in ast.walk(item) if isinstance(n, ast.Name)}
+                for item in c.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(item) not in rooted \
+                            and not _conventional(item.name) and item.name not in by_attribute | in_body:
+                        self.dead_blocks[path].update(id(n) for n in ast.walk(item))
         for path, c in classes_named:
             if c.name not in live:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
@@ -222,6 +212,14 @@ class Project:
                         found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted)
         return found
 
+    def _outside_lookup(self, s: Script, node: ast.AST) -> bool:
+        """`getattr(wandb, name)`: a lookup by string in a module that is not the project's picks none of its code."""
+        if not (isinstance(node, ast.Call) and terminal(node.func) == "getattr" and node.args):
+            return False
+        owner = node.args[0]
+        return isinstance(owner, ast.Name) and owner.id in s.aliases \
+            and self.modules.locate(s.path, s.aliases[owner.id], parent=True) is None
+
     @staticmethod
     def _acts(s: Script) -> bool:
         """The file does something when run, beyond defining names: a `__main__` block or a top-level call statement."""
@@ -240,7 +238,7 @@ class Project:
     # ---- facts -------------------------------------------------------------------------------
     def calls_named(self, *names: str) -> list[tuple[Script, ast.Call]]:
         return self.memo(("calls", names), lambda: [
-            (s, c) for s in self.scripts.values() for c in s.calls if terminal(c.func) in names])
+            (s, c) for s in self.scripts.values() for c in s.calls_named(*names)])
 
     def _collect_facts(self) -> None:
         scripts = list(self.scripts.values())
@@ -316,6 +314,30 @@ class Project:
                         made.add(name)
                         changed = True
         return found, exchanging, looping
+
+    def global_parameter(self, script: Script, use: ast.Name) -> bool:
+        """Whether `use` is a parameter every call of its function gives the global rank (see
+        ddpkit.lint.callsites.global_parameter)."""
+        return global_parameter(self, script, use)
+
+    def joins(self, script: Script) -> bool:
+        """Whether every rank runs `script` because it starts the process group through a project function
+        (`cfg = setup_gpu(cfg)` whose body, or a function it calls, runs `init_process_group`), though the file
+        names nothing of torch.distributed itself."""
+        return script.path in self.memo("joining files", self._joining)
+
+    def _joining(self) -> set[str]:
+        callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)}
+                   for s in self.scripts.values() for d in s.defs}
+        starters = {d.name for s in self.scripts.values() for d in s.defs
+                    if any(isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
+        changed = True
+        while changed:
+            more = {name for name, called in callees.items() if called & starters} - starters
+            starters |= more
+            changed = bool(more)
+        return {s.path for s in self.scripts.values()
+                if any(terminal(c.func) in starters and self.runs(s, c) for c in s.calls)}
 
     def reduces(self, pattern: re.Pattern[str]) -> bool:
         """Whether some value whose name matches `pattern` is reduced or gathered across ranks anywhere."""

@@ -86,9 +86,26 @@ def rank_name_kind(name: str) -> int:
     if lowered in _GPU_INDEX:
         return LOCAL
     tokens = lowered.split("_")
-    if not (_MAIN_NAME.match(lowered) or any(_RANK_TOKEN.match(t) for t in tokens)):
+    if not (_MAIN_NAME.match(lowered) or _names_the_rank(tokens)):
         return NONE
     return LOCAL if any(t.startswith("local") for t in tokens) else GLOBAL
+
+
+_RANK_QUALIFIERS = frozenset({"", "zero", "id", "ids", "idx", "only"})
+"""Words that may follow the rank in a name of the rank itself (`rank_0`, `rank_zero_only`, `rank_id`)."""
+_RANK_LINKS = frozenset({"in", "of", "on", "within", "is"})
+
+
+def _names_the_rank(tokens: list[str]) -> bool:
+    """A rank token that the name ends on: `global_rank`, `print_rank_0`. Where other words follow it, the rank
+    qualifies something else (`val_av_rank_start_epoch` is an epoch, `per_rank_splits` a list of splits)."""
+    hits = [i for i, t in enumerate(tokens) if _RANK_TOKEN.match(t)]
+    if not hits:
+        return False
+    rest = tokens[hits[-1] + 1:]
+    if rest[:1] and rest[0] in _RANK_LINKS:
+        return True  # `rank_in_group`, `rank_is_zero`: the rank is still what the name holds or tests
+    return all(t.isdigit() or t in _RANK_QUALIFIERS for t in rest)
 
 
 def is_main_flag(name: str) -> bool:

@@ -1,0 +1,163 @@
+"""Guards and values that cross files at call sites: the rank check around the calls of a helper, a class's
+constructor or a parameter, given to the code they reach. `project` is a ddpkit.lint.project.Project and
+`script` one of its ddpkit.lint.analysis.Script objects (not imported here: the project imports this module)."""
+
+from __future__ import annotations
+
+import ast
+
+from ddpkit.lint.bindings import optional_parameters, passes
+from ddpkit.lint.ranks import GLOBAL, NONE, terminal
+
+__all__ = ["external_levels", "global_parameter"]
+
+
+def external_levels(project) -> dict[str, dict[str, int]]:
+    """path -> {function name, `f(param)`, `__init__`, `.attribute`: guard level} from the calls in other files."""
+    levels: dict[str, dict[str, int]] = {}
+    methods: dict[str, list[str]] = {}
+    for path, script in project.scripts.items():
+        for d in script.defs:
+            if d.args.args and d.args.args[0].arg == "self":
+                methods.setdefault(d.name, []).append(path)
+    for path, script in project.scripts.items():
+        for call in script.calls:
+            target = project.resolve(script, call.func)
+            if target is None and isinstance(call.func, ast.Attribute):
+                # `trainer.save_checkpoint()` on an object of a class another file defines: followed when
+                # exactly one file of the program defines a method of that name (not module calls)
+                owner = call.func.value
+                while isinstance(owner, ast.Attribute):
+                    owner = owner.value
+                homes = methods.get(call.func.attr, [])
+                if len(homes) == 1 and not (isinstance(owner, ast.Name) and owner.id in script.aliases):
+                    target = (homes[0], call.func.attr)
+            if target is None or target[0] == path or script.context(call).single:
+                continue  # (a call in the single-process branch of a mode check is one process's)
+            level = script.context(call).level
+            if script.context(call).functions:
+                level = max(level, script.function_level.get(script.context(call).functions[-1], NONE))
+            into = levels.setdefault(target[0], {})
+            into[target[1]] = min(into.get(target[1], GLOBAL), level)
+            defs = [d for d in project.scripts[target[0]].defs if d.name == target[1]]
+            for param in optional_parameters(defs):
+                if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
+                    key = f"{target[1]}({param})"
+                    into[key] = min(into.get(key, GLOBAL), level)
+    _constructor_levels(project, levels)
+    return levels
+
+def _constructor_levels(project, levels: dict[str, dict[str, int]]) -> None:
+    """Guards of the calls that build a project class (`TensorboardLogger(...)` under `if rank == 0:`).
+
+    Its `__init__` gets their guard. A parameter defaulting to None that only rank-checked calls pass
+    (`Trainer(cfg, writer=w)` under `if rank == 0:`, `Trainer(cfg)` on the others) gets it too, as
+    `__init__(writer)`, and the attribute `__init__` stores it in (`project.writer = writer`) holds a value
+    some ranks only have: `if trainer.writer is not None:` is a rank check wherever it is written
+    (attributes are matched by name, as functions are). Calls in a single-process branch are left out.
+    """
+    homes: dict[str, list[tuple[str, ast.FunctionDef | None]]] = {}
+    inits: list[tuple[str, str, ast.FunctionDef]] = []
+    for path, script in project.scripts.items():
+        for c in script.nodes:
+            if isinstance(c, ast.ClassDef):
+                init = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+                homes.setdefault(c.name, []).append((path, init))
+                if init is not None:
+                    inits.append((c.name, path, init))
+    # only a class built by calling it by name: not one another class derives from (its __init__ runs for
+    # the subclass too) or one handed around as a value (`builder=Board`, a registry)
+    for script in project.scripts.values():
+        for c in script.nodes:
+            if isinstance(c, ast.ClassDef):
+                for base in c.bases:
+                    homes.pop(terminal(base), None)
+        called = {id(call.func) for call in script.calls}
+        for n in script.nodes:
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in called:
+                homes.pop(terminal(n), None)
+    built: dict[str, list[tuple[ast.Call, int]]] = {}
+    for script in project.scripts.values():
+        for call in script.calls:
+            name = terminal(call.func)
+            ctx = script.context(call)
+            if len(homes.get(name, ())) == 1 and homes[name][0][1] is not None and not ctx.single:
+                level = ctx.level
+                if ctx.functions:
+                    level = max(level, script.function_level.get(ctx.functions[-1], NONE))
+                built.setdefault(name, []).append((call, level))
+    # keys are by name (`__init__`, `__init__(writer)`), so every class of the file with an `__init__`
+    # (with that parameter) must agree: one built on every rank, or not by name, keeps them at NONE
+    found: dict[str, dict[str, int]] = {}
+    for name, path, init in inits:
+        calls = built.get(name, []) if name in homes else []
+        mine = found.setdefault(path, {})
+        mine["__init__"] = min(mine.get("__init__", GLOBAL), min((level for _, level in calls), default=NONE))
+        positional = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
+        for param in optional_parameters([init]):
+            given = min((level for call, level in calls if _gives(call, positional, param)), default=NONE)
+            key = f"__init__({param})"
+            mine[key] = min(mine.get(key, GLOBAL), given)
+            for stmt in init.body if given else ():
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id == param:
+                    for target in stmt.targets:
+                        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                and target.value.id == "self":
+                            for other in project.scripts:
+                                held = levels.setdefault(other, {})
+                                held["." + target.attr] = min(held.get("." + target.attr, GLOBAL), given)
+    for path, mine in found.items():
+        for key, level in mine.items():
+            if level > NONE:
+                into = levels.setdefault(path, {})
+                into[key] = min(into.get(key, GLOBAL), level)
+
+
+def global_parameter(project, script, use: ast.Name) -> bool:
+    """Whether `use` is a parameter of its function that every call in the program gives the global rank
+    (`Trainer(cfg, local_rank=dist.get_rank())`, `train(args, dist.get_rank())`), its function not
+    assigning it itself. Followed one call deep."""
+    if id(use) not in script.parents:
+        return False
+    scope = script.context(use).scope
+    func = next((d for d in script.defs if id(d) == scope), None)
+    if func is None:
+        return False
+    positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    if use.id not in positional + [a.arg for a in func.args.kwonlyargs]:
+        return False
+    known = project.memo("global parameters", dict)
+    key = (script.path, func.name, use.id)
+    if key in known:
+        return known[key]
+    known[key] = False  # (a cycle of calls gives no rank)
+    if any(isinstance(n, ast.Name) and n.id == use.id and isinstance(n.ctx, ast.Store) for n in ast.walk(func)):
+        return False
+    owner = next((c for c in script.nodes if isinstance(c, ast.ClassDef) and func in c.body), None)
+    callee = owner.name if owner is not None and func.name == "__init__" else func.name
+    method = positional[:1] in (["self"], ["cls"])
+    given = []
+    for x in project.scripts.values():
+        for call in x.calls:
+            if terminal(call.func) != callee or x is script and call in ast.walk(func):
+                continue
+            if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+                return False
+            args = positional[1:] if method else positional
+            value = next((k.value for k in call.keywords if k.arg == use.id), None)
+            if value is None and use.id in args and args.index(use.id) < len(call.args):
+                value = call.args[args.index(use.id)]
+            given.append((x, value))
+    found = bool(given) and all(value is not None and x.is_global_rank(value) for x, value in given)
+    known[key] = found
+    return found
+
+
+def _gives(call: ast.Call, positional: list[str], param: str) -> bool:
+    """Whether a call of a class gives `param` of its `__init__` (whose parameters after self are `positional`)."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return True
+    value = next((k.value for k in call.keywords if k.arg == param), None)
+    if value is None and param in positional and positional.index(param) < len(call.args):
+        value = call.args[positional.index(param)]
+    return value is not None and not (isinstance(value, ast.Constant) and value.value is None)
