@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, is_eval_name, terminal
 
-__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers"]
+__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
 
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
@@ -391,6 +391,9 @@ def eval_samplers(s: Script) -> list[ast.Call]:
     """
     def compute() -> list[ast.Call]:
         named = {id(v): k.lstrip(".") for k, v in s.assignments}
+        # `val_sampler = DistributedSampler(val_set) if distributed else None`: either arm is the value assigned
+        named.update({id(arm): k.lstrip(".") for k, v in s.assignments if isinstance(v, ast.IfExp)
+                      for arm in (v.body, v.orelse)})
         loaded = s.project.memo("loaded names", lambda: {
             terminal(n) for x in s.project.scripts.values() for n in x.nodes
             if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
@@ -409,10 +412,11 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                      if isinstance(n, (ast.Name, ast.Attribute))}
         classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
         factories = s.project.memo("sampler factories", lambda: _sampler_factories(s.project, classes))
+        aliases = _class_aliases(s, classes)
         found = []
         for call in s.calls:
             name = terminal(call.func)
-            if name in classes:
+            if name in classes or isinstance(call.func, ast.Name) and name in aliases:
                 dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"),
                                                               None)
             elif name in factories and isinstance(call.func, (ast.Name, ast.Attribute)):
@@ -428,6 +432,22 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                 found.append(call)
         return found
     return s.project.memo(("eval samplers", s.path), compute)
+
+
+def _class_aliases(s: Script, classes: set[str]) -> dict[str, str]:
+    """`sampler = DistributedSampler` (the class itself, not an instance), later `sampler(val_set)`: alias -> class."""
+    return {k: terminal(v) for k, v in s.assignments if not k.startswith(".")
+            and isinstance(v, (ast.Name, ast.Attribute)) and terminal(v) in classes}
+
+
+def sampler_class(s: Script, call: ast.Call) -> str:
+    """The sampler class an evaluation sampler call (one of eval_samplers) builds: its own name, or the class a
+    local alias holds."""
+    name = terminal(call.func)
+    classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
+    if name in classes or not isinstance(call.func, ast.Name):
+        return name
+    return _class_aliases(s, classes).get(name, name)
 
 
 def _padding_samplers(project) -> set[str]:

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
-from ddpkit.lint.flow import eval_samplers, flows, sharded_names, summaries_of
+from ddpkit.lint.flow import eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
-from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names, scope_of,
-                                   shown_arguments, shows)
+from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
+                                   reducing_helpers, scope_of, shown_arguments, shows)
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
@@ -44,11 +44,11 @@ def padded_evaluation(s: Script) -> Iterator[Hit]:
     if not s.distributed or "torchmetrics" in s.aliases:
         return
     for call in eval_samplers(s):
-        drop_last = argument(call, "drop_last", 5) if terminal(call.func) == "DistributedSampler" \
-            else keyword(call, "drop_last")
+        torch_sampler = sampler_class(s, call) == "DistributedSampler"
+        drop_last = argument(call, "drop_last", 5) if torch_sampler else keyword(call, "drop_last")
         if isinstance(drop_last, ast.Constant) and drop_last.value is True:
             continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
-        what = "a DistributedSampler" if terminal(call.func) == "DistributedSampler" else \
+        what = "a DistributedSampler" if torch_sampler else \
             f"{ast.unparse(call.func)}(), a sampler that pads like DistributedSampler"
         yield Hit(call, "DDP006", "warning",
                   f"evaluation data goes through {what}, which pads it with repeated samples up to "
@@ -143,19 +143,26 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
     if not project.distributed or "torchmetrics" in s.aliases or not sharded_names(s):
         return
     summaries = summaries_of(s)
+    reducers = reducing_helpers(project)
     for flow in flows(s):
         if not flow.tainted:
             continue
         for call in s.calls:
             if (id(flow.node) if flow.node is not s.tree else 0) != s.context(call).scope:
                 continue
-            if terminal(call.func) not in _SINKS or s.qualname(call.func).startswith(("math.", "numpy.", "torch.")):
+            # a project report helper (`def print_rank0(msg): if rank == 0: print(msg)`) reports what it is given
+            helper = helper_report(s, call)
+            if helper is not None and terminal(call.func) in reducers:
+                continue  # the helper reduces what it shows (or may): not followed
+            if helper is None and (terminal(call.func) not in _SINKS
+                                   or s.qualname(call.func).startswith(("math.", "numpy.", "torch."))):
                 continue
             ctx = s.context(call)
             if ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
                 continue
-            names = [n for a in (*call.args, *(k.value for k in call.keywords))
-                     for n in flow.tainted_names(s, a, summaries)]
+            if helper is not None and ctx.level == NONE and not helper.rank_zero:
+                continue  # a helper every rank reports through: DDP008's repeated output, not a figure
+            names = [n for a in shown_arguments(call, helper) for n in flow.tainted_names(s, a, summaries)]
             if project.forward_collects:
                 # a model whose forward all-reduces (Barlow Twins) returns global losses: keep evaluation figures
                 names = [n for n in names if n in flow.evaluation and not LOSS_NAME.search(n)]
@@ -166,7 +173,9 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                     and _in_shard_loop(call, flow):
                 # rank 0's own step loss next to a reduced one: a progress line, not the run's figure
                 continue
-            if ctx.level == NONE:
+            if ctx.level == NONE and helper is not None:
+                where = f"through {terminal(call.func)}(), which shows it on rank 0 only, so it is rank 0's shard alone"
+            elif ctx.level == NONE:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)

@@ -367,6 +367,11 @@ def _reducers(project) -> dict[str, set[int]]:
     return found
 
 
+def reducing_helpers(project) -> dict[str, set[int]]:
+    """Project functions that hand a parameter to a collective: name -> positions of those parameters."""
+    return project.memo("reducing helpers", lambda: _reducers(project))
+
+
 def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool:
     name = terminal(call.func)
     if name in helpers:

@@ -1,0 +1,131 @@
+"""DDP006: figures of one rank's shard followed to where they are reported, each beside a trap that stays silent."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_source, lint_sources
+
+
+def _lint(code: str, rule: str = "DDP006") -> list[int]:
+    """Lines of `code` where `rule` fires."""
+    return [f.line for f in lint_source(textwrap.dedent(code), "train.py") if f.rule == rule]
+
+
+def _line(code: str, needle: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if needle in line)
+
+
+def _lint_files(files: dict[str, str], rule: str = "DDP006") -> set[tuple[str, int]]:
+    sources = {path: textwrap.dedent(code) for path, code in files.items()}
+    return {(f.path, f.line) for f in lint_sources(sources) if f.rule == rule}
+
+
+# ---- a shard's figure handed to the program's own rank-0 report helper ----------------------------------
+RANK0_HELPER = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def say(text):
+        if dist.get_rank() == 0:
+            print(text)
+
+    def score(net, batches):
+        hits = 0
+        for xb, yb in batches:
+            hits += (net(xb).argmax(1) == yb).sum().item()
+        say(f"hit rate {hits / 500:.3f}")
+
+    def main(net, holdout):
+        dist.init_process_group("gloo")
+        chunks = DataLoader(holdout, batch_size=10, sampler=DistributedSampler(holdout, drop_last=True))
+        score(net, chunks)
+        dist.destroy_process_group()
+"""
+
+
+def test_shard_figure_through_a_rank_zero_report_helper():
+    assert _lint(RANK0_HELPER) == [_line(RANK0_HELPER, 'say(f"hit rate')]
+
+
+def test_shard_figure_reduced_before_the_helper_reports_it():
+    code = RANK0_HELPER.replace('        say(f"hit rate', '        t = torch.tensor([hits])\n'
+                                '        dist.all_reduce(t)\n        hits = t.item()\n        say(f"hit rate')
+    assert _lint(code) == []
+
+
+def test_helper_every_rank_runs_is_not_a_rank_zero_report():
+    code = RANK0_HELPER.replace("        if dist.get_rank() == 0:\n            print(text)", "        print(text)")
+    assert _lint(code) == []
+
+
+def test_helper_that_reduces_what_it_shows():
+    code = RANK0_HELPER.replace(
+        "    def say(text):\n        if dist.get_rank() == 0:\n            print(text)",
+        "    def say(value):\n        t = torch.tensor([value])\n        dist.all_reduce(t)\n"
+        "        if dist.get_rank() == 0:\n            print(t.item())").replace(
+        'say(f"hit rate {hits / 500:.3f}")', "say(hits)")
+    assert _lint(code) == []
+
+
+# ---- padding evaluation samplers written as a conditional or through an alias of the class ----------------
+EVAL_CONDITIONAL = """
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def check(net, val_set, spread):
+        picker = DistributedSampler(val_set) if spread else None
+        for xb, yb in DataLoader(val_set, batch_size=8, sampler=picker):
+            net(xb)
+
+    def main(net, val_set):
+        dist.init_process_group("gloo")
+        check(net, val_set, True)
+        dist.destroy_process_group()
+"""
+
+
+def test_padding_sampler_in_a_conditional_expression():
+    assert _lint(EVAL_CONDITIONAL) == [_line(EVAL_CONDITIONAL, "picker = DistributedSampler")]
+
+
+def test_conditional_sampler_that_drops_the_padding():
+    assert _lint(EVAL_CONDITIONAL.replace("DistributedSampler(val_set)",
+                                          "DistributedSampler(val_set, drop_last=True)")) == []
+
+
+EVAL_ALIAS = """
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def loaders(fit_set, val_set):
+        kind = None
+        if dist.is_initialized():
+            kind = DistributedSampler
+        fit = DataLoader(fit_set, batch_size=8, sampler=kind(fit_set) if kind else None)
+        holdout = DataLoader(val_set, batch_size=8,
+                             sampler=kind(val_set) if kind else None)
+        return fit, holdout
+
+    def main(net, fit_set, val_set):
+        dist.init_process_group("gloo")
+        fit, holdout = loaders(fit_set, val_set)
+        for xb, yb in holdout:
+            net(xb)
+        dist.destroy_process_group()
+"""
+
+
+def test_padding_sampler_through_an_alias_of_the_class():
+    assert _lint(EVAL_ALIAS) == [_line(EVAL_ALIAS, "sampler=kind(val_set)")]
+
+
+def test_alias_of_a_sampler_that_does_not_pad():
+    code = EVAL_ALIAS.replace("from torch.utils.data.distributed import DistributedSampler",
+                              "from torch.utils.data import SequentialSampler").replace(
+        "kind = DistributedSampler", "kind = SequentialSampler")
+    assert _lint(code) == []
