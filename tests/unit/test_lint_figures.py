@@ -129,3 +129,38 @@ def test_alias_of_a_sampler_that_does_not_pad():
                               "from torch.utils.data import SequentialSampler").replace(
         "kind = DistributedSampler", "kind = SequentialSampler")
     assert _lint(code) == []
+
+
+# ---- a loss reduced by a helper and converted on the way (`reduce(t).item()`) ----------------------------
+REDUCED_THEN_CONVERTED = """
+    import torch.distributed as dist
+    from torch.utils.tensorboard import SummaryWriter
+
+    def average(t):
+        dist.all_reduce(t)
+        return t / dist.get_world_size()
+
+    def log_step(board, step_loss, step):
+        board.add_scalar("train/loss", step_loss, step)
+
+    def main(net, batches, opt):
+        dist.init_process_group("gloo")
+        board = SummaryWriter() if dist.get_rank() == 0 else None
+        for step, (xb, yb) in enumerate(batches):
+            loss = net(xb, yb)
+            loss.backward()
+            opt.step()
+            step_loss = average(loss.detach()).item()
+            if dist.get_rank() == 0:
+                log_step(board, step_loss, step)
+        dist.destroy_process_group()
+"""
+
+
+def test_loss_reduced_then_converted_is_reduced():
+    assert _lint(REDUCED_THEN_CONVERTED) == []
+
+
+def test_loss_converted_without_reduction_is_rank_zeros_own():
+    code = REDUCED_THEN_CONVERTED.replace("average(loss.detach()).item()", "loss.detach().item()")
+    assert _lint(code) == [_line(code, 'board.add_scalar("train/loss"')]

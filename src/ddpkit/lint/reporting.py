@@ -399,6 +399,21 @@ def _reduced_values(project, arg: ast.AST) -> set[str]:
     return set(_value_names(arg, _defined(project), _passes(project)))
 
 
+def _assigned_from(s: Script, call: ast.Call) -> ast.AST | None:
+    """The statement a call's result is assigned by, through conversions of that result
+    (`reduced = reduce_tensor(loss.data, n).item()`, `.cpu()`, `[0]`), else its parent."""
+    node, parent = call, s.parents.get(id(call))
+    while True:
+        if isinstance(parent, ast.Subscript) and parent.value is node:
+            node, parent = parent, s.parents.get(id(parent))
+            continue
+        above = s.parents.get(id(parent)) if isinstance(parent, ast.Attribute) else None
+        if isinstance(above, ast.Call) and above.func is parent and not above.args and not above.keywords:
+            node, parent = above, s.parents.get(id(above))
+            continue
+        return parent
+
+
 def reduced_names(s: Script) -> set[str]:
     """Variables some code of the program passes to a collective (or to a project function whose parameter reaches
     one) or assigns from one, or from a project function that makes a collective; torchmetrics objects."""
@@ -410,7 +425,7 @@ def reduced_names(s: Script) -> set[str]:
         for x in project.scripts.values():
             for call in x.calls:
                 name = terminal(call.func)
-                parent = x.parents.get(id(call))
+                parent = _assigned_from(x, call)
                 if isinstance(parent, (ast.Assign, ast.AnnAssign)) and (
                         _collective(x, call, helpers) or name in project.reducing_functions):
                     targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
