@@ -164,3 +164,40 @@ def test_loss_reduced_then_converted_is_reduced():
 def test_loss_converted_without_reduction_is_rank_zeros_own():
     code = REDUCED_THEN_CONVERTED.replace("average(loss.detach()).item()", "loss.detach().item()")
     assert _lint(code) == [_line(code, 'board.add_scalar("train/loss"')]
+
+
+# ---- an accumulator of a class not linted, told the run is distributed ------------------------------------
+TOLD_DISTRIBUTED = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+    from scorekit import Tally
+
+    def main():
+        cli = argparse.ArgumentParser()
+        cli.add_argument("--distributed", action="store_true")
+        args = cli.parse_args()
+        dist.init_process_group("gloo")
+        net = torch.nn.Linear(4, 2)
+        val_set = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        val_loader = DataLoader(val_set, batch_size=8, sampler=DistributedSampler(val_set, drop_last=True))
+        tally = Tally(2, args.distributed)
+        with torch.no_grad():
+            for xb, yb in val_loader:
+                tally.update(net(xb), yb)
+        hit_rate = tally.get()
+        if dist.get_rank() == 0:
+            print(f"hit rate {hit_rate:.3f}")
+        dist.destroy_process_group()
+"""
+
+
+def test_accumulator_told_the_run_is_distributed_is_not_followed():
+    assert _lint(TOLD_DISTRIBUTED) == []
+
+
+def test_accumulator_not_told_is_followed():
+    code = TOLD_DISTRIBUTED.replace("Tally(2, args.distributed)", "Tally(2)")
+    assert _lint(code) == [_line(code, 'print(f"hit rate')]

@@ -15,6 +15,7 @@ import ast
 from dataclasses import dataclass, field
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, is_eval_name, terminal
+from ddpkit.lint.ranks import distributed_mode
 
 __all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
 
@@ -307,7 +308,8 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                             if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
                                 flow.evaluation.add(root)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in _COLLECTING and _root(node.func.value):
+                    and node.func.attr in _COLLECTING and _root(node.func.value) \
+                    and not _told_distributed(s, node.func.value):
                 # `meter.update(value, n)`: the value decides; n is the batch's weight
                 values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
                 tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)]
@@ -326,6 +328,27 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         else:
             flow.returns = flow.is_tainted(s, value, summaries)
     return flow
+
+
+def _told_distributed(s: Script, receiver: ast.AST) -> bool:
+    """An accumulator of a class the program does not define, built with the run's distributed flag
+    (`SegMetric(n_classes, args.distributed)`, `Meter(distributed=True)`): it may reduce inside, where the flow
+    cannot be seen, so it is not followed."""
+    if not isinstance(receiver, (ast.Name, ast.Attribute)):
+        return False
+    key = ("." + receiver.attr) if isinstance(receiver, ast.Attribute) else receiver.id
+    project = s.project
+    classes = project.memo("class names", lambda: {
+        c.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)})
+    for x in project.scripts.values():
+        for k, v in x.assignments:
+            if k != key or not isinstance(v, ast.Call) or terminal(v.func) in classes:
+                continue
+            if any(distributed_mode(a) > 0 for a in v.args) or any(
+                    k2.arg and (distributed_mode(ast.Name(k2.arg)) > 0 or "sync" in k2.arg.lower())
+                    and not (isinstance(k2.value, ast.Constant) and not k2.value.value) for k2 in v.keywords):
+                return True
+    return False
 
 
 def _reassigned_from_reduced(s: Script, flow: ScopeFlow, value: ast.AST) -> bool:
