@@ -201,3 +201,41 @@ def test_accumulator_told_the_run_is_distributed_is_not_followed():
 def test_accumulator_not_told_is_followed():
     code = TOLD_DISTRIBUTED.replace("Tally(2, args.distributed)", "Tally(2)")
     assert _lint(code) == [_line(code, 'print(f"hit rate')]
+
+
+# ---- a function the entry script calls under another name (`from worker import run as start`) -------------
+ALIASED_ENTRY = {
+    "launch.py": """
+        from worker import run as start_training
+
+        if __name__ == "__main__":
+            start_training(3)
+    """,
+    "worker.py": """
+        import math
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        def run(epochs):
+            dist.init_process_group("gloo")
+            net = DDP(torch.nn.Linear(4, 1))
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for _ in range(epochs):
+                loss = net(torch.randn(8, 4)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                assert not math.isnan(loss.item()), "diverged"
+            dist.destroy_process_group()
+    """,
+}
+
+
+def test_function_called_through_an_import_alias_runs():
+    assert _lint_files(ALIASED_ENTRY, "DDP010") == {("worker.py", 16)}
+
+
+def test_function_imported_under_an_alias_but_never_called_does_not_run():
+    files = dict(ALIASED_ENTRY, **{"launch.py": ALIASED_ENTRY["launch.py"].replace("start_training(3)", "pass")})
+    assert _lint_files(files, "DDP010") == set()

@@ -184,6 +184,14 @@ class Project:
         todo = roots
         seen: set[int] = set()
         outside = self._outside_attributes()
+        # `from train import main as run_training`: calling the alias runs `main`
+        renamed: dict[str, set[str]] = {}
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.ImportFrom):
+                    for a in n.names:
+                        if a.asname and a.asname != a.name:
+                            renamed.setdefault(a.asname, set()).add(a.name)
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -197,9 +205,10 @@ class Project:
                     name = n.attr
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
-                if name and name not in live:
-                    live.add(name)
-                    todo.extend(defs.get(name, ()))
+                for name in (name, *renamed.get(name, ())) if name else ():
+                    if name not in live:
+                        live.add(name)
+                        todo.extend(defs.get(name, ()))
         self.live_functions = live
         for path, c in classes_named:
             if c.name not in live:
