@@ -239,3 +239,35 @@ def test_function_called_through_an_import_alias_runs():
 def test_function_imported_under_an_alias_but_never_called_does_not_run():
     files = dict(ALIASED_ENTRY, **{"launch.py": ALIASED_ENTRY["launch.py"].replace("start_training(3)", "pass")})
     assert _lint_files(files, "DDP010") == set()
+
+
+# ---- one finding for a run of report statements of rank 0's own losses -----------------------------------
+LOSS_BLOCK = """
+    import torch.distributed as dist
+    from torch.utils.tensorboard import SummaryWriter
+
+    def main(gen, disc, batches, opt):
+        dist.init_process_group("gloo")
+        board = SummaryWriter()
+        for step, (xb, yb) in enumerate(batches):
+            g_loss = gen(xb, yb)
+            d_loss = disc(xb, yb)
+            (g_loss + d_loss).backward()
+            opt.step()
+            if dist.get_rank() == 0:
+                board.add_scalar("lr", opt.param_groups[0]["lr"], step)
+                board.add_scalar("gen", g_loss.item(), step)
+                board.add_scalar("disc", d_loss.item(), step)
+                board.add_scalar("sum", (g_loss + d_loss).item(), step)
+        dist.destroy_process_group()
+"""
+
+
+def test_a_block_of_loss_reports_is_one_finding():
+    assert _lint(LOSS_BLOCK) == [_line(LOSS_BLOCK, 'add_scalar("gen"')]
+
+
+def test_reports_apart_are_findings_apart():
+    code = LOSS_BLOCK.replace('                board.add_scalar("disc"',
+                              '                step_time = step * 2\n                board.add_scalar("disc"')
+    assert _lint(code) == [_line(code, 'add_scalar("gen"'), _line(code, 'add_scalar("disc"')]

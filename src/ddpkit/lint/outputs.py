@@ -74,10 +74,43 @@ def _from_evaluation(s: Script, name: str) -> bool:
                if k.lstrip(".") == name)
 
 
+def _report_statement(s: Script, call: ast.Call) -> ast.stmt | None:
+    """The statement a report call is (`writer.add_scalar(...)` on its own line), else None."""
+    parent = s.parents.get(id(call))
+    return parent if isinstance(parent, ast.Expr) and parent.value is call else None
+
+
+def _one_per_block(s: Script, hits: list[Hit]) -> Iterator[Hit]:
+    """The first finding of each run of report statements in a row (`add_scalar` of one loss after another):
+    one mistake, fixed by one reduction before the block, is reported once."""
+    reported: set[int] = set()
+    for hit in hits:
+        stmt = _report_statement(s, hit.node) if isinstance(hit.node, ast.Call) else None
+        parent = s.parents.get(id(stmt)) if stmt is not None else None
+        block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
+                      if isinstance(b, list) and any(x is stmt for x in b)), None)
+        if block is not None:
+            i = next(j for j, x in enumerate(block) if x is stmt)
+            earlier = []
+            while i > 0 and isinstance(block[i - 1], ast.Expr) and isinstance(block[i - 1].value, ast.Call) \
+                    and shows(s, block[i - 1].value):
+                i -= 1
+                earlier.append(id(block[i]))
+            reported.add(id(stmt))
+            if reported.intersection(earlier):
+                continue
+        yield hit
+
+
 @check
 def rank_zero_loss(s: Script) -> Iterator[Hit]:
     """Rank 0's own loss shown as the run's: a report under a rank check (or through a helper that reports on
-    one rank only) of a loss value no code of the program reduces (see reporting.py)."""
+    one rank only) of a loss value no code of the program reduces (see reporting.py); once per run of report
+    statements."""
+    yield from _one_per_block(s, list(_rank_zero_loss(s)))
+
+
+def _rank_zero_loss(s: Script) -> Iterator[Hit]:
     project = s.project
     if not project.distributed or project.forward_collects:
         return  # a forward that all-reduces returns global losses
