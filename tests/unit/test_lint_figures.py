@@ -271,3 +271,60 @@ def test_reports_apart_are_findings_apart():
     code = LOSS_BLOCK.replace('                board.add_scalar("disc"',
                               '                step_time = step * 2\n                board.add_scalar("disc"')
     assert _lint(code) == [_line(code, 'add_scalar("gen"'), _line(code, 'add_scalar("disc"')]
+
+
+# ---- rank 0's own losses kept on an object, sent to the sink a setting picks ------------------------------
+METER_TRAINER = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.tensorboard import SummaryWriter
+
+    def sync_weights(model):
+        for p in model.parameters():
+            dist.all_reduce(p.data)
+
+    class Runner:
+        def __init__(self, model, opt, batches, sink):
+            self.model, self.opt, self.batches, self.sink = model, opt, batches, sink
+            self.rank = dist.get_rank()
+            self.board = SummaryWriter()
+            self.tallies = {}
+
+        def step(self, xb, yb):
+            parts = self.model(xb, yb)
+            parts["total_loss"].backward()
+            self.opt.step()
+            self.tallies = {k: v.item() for k, v in parts.items()}
+
+        def fit(self):
+            for i, (xb, yb) in enumerate(self.batches):
+                self.step(xb, yb)
+                loss_tallies = dict(self.tallies)
+                if self.rank == 0:
+                    if self.sink == "board":
+                        self.board.add_scalars("train", {name: value for name, value in loss_tallies.items()}, i)
+                    if self.sink == "text":
+                        print({name: value for name, value in loss_tallies.items()})
+            sync_weights(self.model)
+
+    def main(model, opt, batches):
+        dist.init_process_group("gloo")
+        Runner(model, opt, batches, "board").fit()
+        dist.destroy_process_group()
+"""
+
+
+def test_own_losses_on_an_object_reported_once_for_sinks_one_setting_picks():
+    assert _lint(METER_TRAINER) == [_line(METER_TRAINER, 'self.board.add_scalars("train"')]
+
+
+def test_reports_of_one_value_both_of_which_run_are_two():
+    code = METER_TRAINER.replace('if self.sink == "text":', 'if i % 100 == 0:')
+    assert _lint(code) == [_line(code, 'self.board.add_scalars("train"'), _line(code, "print({name: value")]
+
+
+def test_reduced_attribute_vouches_for_itself():
+    code = METER_TRAINER.replace("                loss_tallies = dict(self.tallies)",
+                                 "                dist.all_reduce(self.tallies)\n"
+                                 "                loss_tallies = dict(self.tallies)")
+    assert _lint(code) == []

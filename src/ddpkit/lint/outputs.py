@@ -74,17 +74,86 @@ def _from_evaluation(s: Script, name: str) -> bool:
                if k.lstrip(".") == name)
 
 
+def _object_attributes(s: Script, scope: ast.AST, leaf: ast.AST) -> set[str]:
+    """'.attr' of each `self.attr` a value is built from, in the value itself or in the assignments (and loops)
+    of `scope` that it is followed through (`tallies = dict(self.tallies)`)."""
+    def attributes(node: ast.AST) -> set[str]:
+        return {"." + n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")}
+
+    by_name = s.project.memo(("object attributes", id(scope)), lambda: _attributes_by_name(scope, attributes))
+    return attributes(leaf).union(*(by_name.get(n, set()) for n in built_from(s, scope, [leaf])))
+
+
+def _attributes_by_name(scope: ast.AST, attributes) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found = attributes(node.value)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            targets, found = [node.target], attributes(node.iter)
+        else:
+            continue
+        if found:
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        out.setdefault(n.id, set()).update(found)
+    return out
+
+
+def _branches(s: Script, node: ast.AST) -> list[tuple[ast.If, str]]:
+    """The `if` statements around a node in its function, with the branch ('body' or 'orelse') it is in."""
+    out = []
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            break
+        if isinstance(parent, ast.If) and node is not parent.test:
+            out.append((parent, "body" if any(x is node for x in parent.body) else "orelse"))
+        node = parent
+    return out
+
+
+def _choice(test: ast.AST) -> tuple[str, object] | None:
+    """`cfg.logger == "wandb"` -> ('cfg.logger', 'wandb'): a test that picks one value of a setting."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) \
+            and isinstance(test.comparators[0], ast.Constant):
+        return ast.unparse(test.left), test.comparators[0].value
+    return None
+
+
+def _exclusive(s: Script, a: ast.AST, b: ast.AST) -> bool:
+    """Whether at most one of two nodes runs: the two branches of one `if`, or the bodies of two tests of one
+    setting against different values."""
+    around_a, around_b = _branches(s, a), _branches(s, b)
+    taken = {id(i): branch for i, branch in around_a}
+    if any(id(i) in taken and taken[id(i)] != branch for i, branch in around_b):
+        return True
+    picks_a = [c for i, branch in around_a if branch == "body" and id(i) not in {id(j) for j, _ in around_b}
+               for c in [_choice(i.test)] if c]
+    picks_b = [c for i, branch in around_b if branch == "body" and id(i) not in taken for c in [_choice(i.test)] if c]
+    return any(x[0] == y[0] and x[1] != y[1] for x in picks_a for y in picks_b)
+
+
 def _report_statement(s: Script, call: ast.Call) -> ast.stmt | None:
     """The statement a report call is (`writer.add_scalar(...)` on its own line), else None."""
     parent = s.parents.get(id(call))
     return parent if isinstance(parent, ast.Expr) and parent.value is call else None
 
 
-def _one_per_block(s: Script, hits: list[Hit]) -> Iterator[Hit]:
-    """The first finding of each run of report statements in a row (`add_scalar` of one loss after another):
-    one mistake, fixed by one reduction before the block, is reported once."""
+def _one_per_block(s: Script, found: list[tuple[Hit, str]]) -> Iterator[Hit]:
+    """The first finding of each run of report statements in a row (`add_scalar` of one loss after another),
+    and of each value in branches of which one runs at most (the same loss sent to tensorboard under
+    `if cfg.logger == "tensorboard":`, to wandb under `if cfg.logger == "wandb":`): one mistake, fixed by one
+    reduction before the block, is reported once."""
     reported: set[int] = set()
-    for hit in hits:
+    kept: list[tuple[ast.AST, str]] = []
+    for hit, value in found:
+        if any(v == value and _exclusive(s, node, hit.node) for node, v in kept):
+            continue
+        kept.append((hit.node, value))
         stmt = _report_statement(s, hit.node) if isinstance(hit.node, ast.Call) else None
         parent = s.parents.get(id(stmt)) if stmt is not None else None
         block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
@@ -107,10 +176,10 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
     """Rank 0's own loss shown as the run's: a report under a rank check (or through a helper that reports on
     one rank only) of a loss value no code of the program reduces (see reporting.py); once per run of report
     statements."""
-    yield from _one_per_block(s, list(_rank_zero_loss(s)))
+    yield from _one_per_block(s, sorted(_rank_zero_loss(s), key=lambda f: (f[0].node.lineno, f[0].node.col_offset)))
 
 
-def _rank_zero_loss(s: Script) -> Iterator[Hit]:
+def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
     project = s.project
     if not project.distributed or project.forward_collects:
         return  # a forward that all-reduces returns global losses
@@ -135,7 +204,7 @@ def _rank_zero_loss(s: Script) -> Iterator[Hit]:
         given = shown_arguments(call, helper)
         direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
-            if built_from(s, scope, [leaf]) & reduced:
+            if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
                 continue  # this value went through a collective (or was rebuilt from one)
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
@@ -153,7 +222,7 @@ def _rank_zero_loss(s: Script) -> Iterator[Hit]:
                       f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
-                      "by the count, or name it as rank 0's in the log")
+                      "by the count, or name it as rank 0's in the log"), loss
 
 
 def _scope_flow(s: Script, node: ast.AST):

@@ -414,6 +414,9 @@ def _assigned_from(s: Script, call: ast.Call) -> ast.AST | None:
         return parent
 
 
+_OBJECT = frozenset({"self", "cls"})
+
+
 def reduced_names(s: Script) -> set[str]:
     """Variables some code of the program passes to a collective (or to a project function whose parameter reaches
     one) or assigns from one, or from a project function that makes a collective; torchmetrics objects."""
@@ -436,7 +439,13 @@ def reduced_names(s: Script) -> set[str]:
                     out.update(r for t in parent.targets for r in [_root(t)] if r)
                 if not _collective(x, call, helpers):
                     continue
-                out.update(n for a in _carried(x, call, helpers) for n in _reduced_values(project, a))
+                for a in _carried(x, call, helpers):
+                    names = _reduced_values(project, a)
+                    # `all_reduce(self.loss_sum)` reduces that attribute, not every value the object holds
+                    # (`all_reduce_norm(self.model)` says nothing of `self.meter`)
+                    attributes = {"." + n.attr for n in ast.walk(a) if isinstance(n, ast.Attribute)
+                                  and isinstance(n.value, ast.Name) and n.value.id in _OBJECT}
+                    out.update(attributes | (names - _OBJECT if attributes else names))
         # imported modules and names (`torch` of `torch.tensor([a, b])`) carry no figure
         return out - {a for x in project.scripts.values() for a in x.aliases}
 
