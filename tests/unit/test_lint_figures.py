@@ -328,3 +328,60 @@ def test_reduced_attribute_vouches_for_itself():
                                  "                dist.all_reduce(self.tallies)\n"
                                  "                loss_tallies = dict(self.tallies)")
     assert _lint(code) == []
+
+
+# ---- a value only rank 0 holds (None on the others), tested later, also in the function it is handed to ----
+ONLY_RANK0_BOARD = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.tensorboard import SummaryWriter
+
+
+    def fit(net, batches, opt, board):
+        for step, (xb, yb) in enumerate(batches):
+            loss = net(xb, yb)
+            loss.backward()
+            opt.step()
+            if board is not None:
+                board.add_scalar("loss", loss.item(), step)
+
+
+    def main(net, batches, opt):
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            board = SummaryWriter()
+        else:
+            board = None
+        fit(net, batches, opt, board)
+        dist.destroy_process_group()
+"""
+
+
+def test_value_only_rank_zero_holds_tested_against_none_in_a_callee():
+    assert _lint(ONLY_RANK0_BOARD) == [_line(ONLY_RANK0_BOARD, 'board.add_scalar("loss"')]
+
+
+def test_value_only_rank_zero_holds_skipped_with_continue():
+    code = ONLY_RANK0_BOARD.replace("            if board is not None:\n",
+                                    "            if board is None:\n                continue\n"
+                                    "            if step % 10 == 0:\n")
+    assert _lint(code) == [_line(code, 'board.add_scalar("loss"')]
+
+
+def test_value_every_rank_holds_tested_against_none_is_no_rank_check():
+    code = ONLY_RANK0_BOARD.replace("        if dist.get_rank() == 0:\n            board = SummaryWriter()\n"
+                                    "        else:\n            board = None\n", "        board = SummaryWriter()\n")
+    assert "board = None" not in code and _lint(code) == []
+
+
+def test_rank_tested_against_none_still_asks_whether_the_run_is_distributed():
+    code = """
+        import torch.distributed as dist
+
+        def main():
+            dist.init_process_group("gloo")
+            rank = dist.get_rank() if dist.is_initialized() else None
+            if rank is not None:
+                print("joined")
+    """
+    assert _lint(code, "DDP008") == [_line(code, 'print("joined")')]
