@@ -385,3 +385,55 @@ def test_rank_tested_against_none_still_asks_whether_the_run_is_distributed():
                 print("joined")
     """
     assert _lint(code, "DDP008") == [_line(code, 'print("joined")')]
+
+
+# ---- rank 0's per-step progress line, in a program that reduces the figures it reports as the run's -------
+PROGRESS_LINE = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def share(t):
+        dist.all_reduce(t)
+        return t / dist.get_world_size()
+
+    def fit(net, fit_loader, opt, crit):
+        for i, (xb, yb) in enumerate(fit_loader):
+            out = net(xb)
+            loss = crit(out, yb)
+            acc = (out.argmax(1) == yb).float().mean()
+            loss.backward()
+            opt.step()
+            if dist.get_rank() == 0 and i % 50 == 0:
+                print(f"step {i} loss {loss.item():.3f} acc {acc.item():.3f}")
+
+    def score(net, val_loader, crit):
+        with torch.no_grad():
+            for xb, yb in val_loader:
+                out = net(xb)
+                loss = crit(out, yb)
+                val_loss = share(loss)
+                val_acc = share((out.argmax(1) == yb).float().mean())
+        return val_loss, val_acc
+
+    def main(net, fit_set, val_set, opt, crit):
+        dist.init_process_group("gloo")
+        fit_loader = DataLoader(fit_set, batch_size=8, sampler=DistributedSampler(fit_set))
+        val_loader = DataLoader(val_set, batch_size=8, sampler=DistributedSampler(val_set, drop_last=True))
+        fit(net, fit_loader, opt, crit)
+        val_loss, val_acc = score(net, val_loader, crit)
+        if dist.get_rank() == 0:
+            print(val_loss.item(), val_acc.item())
+        dist.destroy_process_group()
+"""
+
+
+def test_per_step_progress_line_beside_reduced_figures():
+    assert _lint(PROGRESS_LINE) == []
+
+
+def test_per_step_line_in_a_program_that_reduces_no_accuracy():
+    code = PROGRESS_LINE.replace("val_acc = share((out.argmax(1) == yb).float().mean())",
+                                 "val_acc = (out.argmax(1) == yb).float().mean()").replace("val_loss", "held_cost")
+    assert _line(code, 'print(f"step {i}') in _lint(code)

@@ -271,9 +271,11 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
             if not names:
                 continue
             evaluation = [n for n in names if n in flow.evaluation]
-            if not evaluation and all(LOSS_NAME.search(n) for n in names) and project.reduces(LOSS_NAME) \
-                    and _in_shard_loop(call, flow):
-                # rank 0's own step loss next to a reduced one: a progress line, not the run's figure
+            if not evaluation and _in_shard_loop(call, flow) and all(
+                    project.reduces(LOSS_NAME) if LOSS_NAME.search(n) else
+                    bool(_METRIC.search(n)) and project.reduces(_METRIC) for n in names):
+                # rank 0's own step loss (or batch accuracy) in the training loop, where the program reduces a
+                # loss (an accuracy) elsewhere: a progress line, not the run's figure
                 continue
             if ctx.level == NONE and helper is not None:
                 where = f"through {terminal(call.func)}(), which shows it on rank 0 only, so it is rank 0's shard alone"
