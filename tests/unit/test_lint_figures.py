@@ -437,3 +437,55 @@ def test_per_step_line_in_a_program_that_reduces_no_accuracy():
     code = PROGRESS_LINE.replace("val_acc = share((out.argmax(1) == yb).float().mean())",
                                  "val_acc = (out.argmax(1) == yb).float().mean()").replace("val_loss", "held_cost")
     assert _line(code, 'print(f"step {i}') in _lint(code)
+
+
+# ---- DDP010: a rank leaving the shared loop on a figure of its own batch ----------------------------------
+OWN_STOP = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def main(cap):
+        dist.init_process_group("gloo")
+        net = DDP(torch.nn.Linear(4, 2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for rounds in range(10):
+            for _ in range(4):
+                scores = net(torch.randn(8, 4)).log_softmax(-1)
+                drift = (scores.exp() * scores).sum(-1).mean()
+                loss = -scores[:, 0].mean() + 0.1 * drift
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            if drift.item() > cap:
+                break
+        dist.destroy_process_group()
+"""
+
+
+def test_stop_on_a_figure_of_this_ranks_own_batch():
+    assert _lint(OWN_STOP, "DDP010") == [_line(OWN_STOP, "break")]
+
+
+def test_stop_on_a_figure_reduced_first():
+    code = OWN_STOP.replace("                opt.step()\n",
+                            "                opt.step()\n                dist.all_reduce(drift)\n")
+    assert _lint(code, "DDP010") == []
+
+
+def test_stop_on_a_counter_or_a_setting():
+    code = OWN_STOP.replace("if drift.item() > cap:", "if rounds > cap:")
+    assert _lint(code, "DDP010") == []
+
+
+def test_stop_on_a_figure_of_another_forward():
+    code = OWN_STOP.replace("            if drift.item() > cap:",
+                            "            probe = net.module(torch.ones(1, 4)).sum()\n            if probe.item() > cap:")
+    assert _lint(code, "DDP010") == []
+
+
+def test_stop_on_a_count_of_the_batches_seen():
+    code = OWN_STOP.replace("                opt.step()\n", "                opt.step()\n"
+                            "                seen = scores.size(0) + scores.numel()\n").replace(
+        "if drift.item() > cap:", "if seen > cap:")
+    assert _lint(code, "DDP010") == []
