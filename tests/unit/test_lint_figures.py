@@ -489,3 +489,10 @@ def test_stop_on_a_count_of_the_batches_seen():
                             "                seen = scores.size(0) + scores.numel()\n").replace(
         "if drift.item() > cap:", "if seen > cap:")
     assert _lint(code, "DDP010") == []
+
+
+def test_a_line_printed_then_written_to_a_log_file_is_one_finding():
+    code = LOSS_BLOCK.replace('                board.add_scalar("disc", d_loss.item(), step)\n',
+                              '                with open("log.txt", "a") as log:\n'
+                              '                    log.write(f"disc {d_loss.item()}")\n')
+    assert _lint(code) == [_line(code, 'add_scalar("gen"')]

@@ -138,9 +138,20 @@ def _exclusive(s: Script, a: ast.AST, b: ast.AST) -> bool:
 
 
 def _report_statement(s: Script, call: ast.Call) -> ast.stmt | None:
-    """The statement a report call is (`writer.add_scalar(...)` on its own line), else None."""
+    """The statement a report call is (`writer.add_scalar(...)` on its own line, or the `with open(log) as f:`
+    whose body only reports), else None."""
     parent = s.parents.get(id(call))
-    return parent if isinstance(parent, ast.Expr) and parent.value is call else None
+    if not (isinstance(parent, ast.Expr) and parent.value is call):
+        return None
+    above = s.parents.get(id(parent))
+    return above if isinstance(above, ast.With) and _reports_only(s, above) else parent
+
+
+def _reports_only(s: Script, stmt: ast.stmt) -> bool:
+    """A report statement: a call that shows its arguments, or a `with` block of nothing else."""
+    if isinstance(stmt, ast.Expr):
+        return isinstance(stmt.value, ast.Call) and shows(s, stmt.value)
+    return isinstance(stmt, ast.With) and all(_reports_only(s, x) for x in stmt.body)
 
 
 def _one_per_block(s: Script, found: list[tuple[Hit, str]]) -> Iterator[Hit]:
@@ -161,8 +172,7 @@ def _one_per_block(s: Script, found: list[tuple[Hit, str]]) -> Iterator[Hit]:
         if block is not None:
             i = next(j for j, x in enumerate(block) if x is stmt)
             earlier = []
-            while i > 0 and isinstance(block[i - 1], ast.Expr) and isinstance(block[i - 1].value, ast.Call) \
-                    and shows(s, block[i - 1].value):
+            while i > 0 and _reports_only(s, block[i - 1]):
                 i -= 1
                 earlier.append(id(block[i]))
             reported.add(id(stmt))
