@@ -319,7 +319,8 @@ def test_own_losses_on_an_object_reported_once_for_sinks_one_setting_picks():
 
 
 def test_reports_of_one_value_both_of_which_run_are_two():
-    code = METER_TRAINER.replace('if self.sink == "text":', 'if i % 100 == 0:')
+    code = METER_TRAINER.replace('                    if self.sink == "text":',
+                                 '                    seen = i\n                    if seen % 100 == 0:')
     assert _lint(code) == [_line(code, 'self.board.add_scalars("train"'), _line(code, "print({name: value")]
 
 
@@ -496,3 +497,37 @@ def test_a_line_printed_then_written_to_a_log_file_is_one_finding():
                               '                with open("log.txt", "a") as log:\n'
                               '                    log.write(f"disc {d_loss.item()}")\n')
     assert _lint(code) == [_line(code, 'add_scalar("gen"')]
+
+
+# ---- a report of a loop's values: the values of a dict's items, not its keys -------------------------------
+LOOPED_PARTS = """
+    import torch.distributed as dist
+    from torch.utils.tensorboard import SummaryWriter
+
+    def main(net, batches, opt):
+        dist.init_process_group("gloo")
+        board = SummaryWriter()
+        for step, (xb, yb) in enumerate(batches):
+            loss_parts = net(xb, yb)
+            sum(loss_parts.values()).backward()
+            opt.step()
+            if dist.get_rank() == 0:
+                for name, part in loss_parts.items():
+                    board.add_scalar(name, part.item(), step)
+        dist.destroy_process_group()
+"""
+
+
+def test_values_of_a_loss_dict_reported_in_a_loop():
+    assert _lint(LOOPED_PARTS) == [_line(LOOPED_PARTS, "board.add_scalar(name, part.item(), step)")]
+
+
+def test_keys_of_a_loss_dict_reported_in_a_loop():
+    code = LOOPED_PARTS.replace("board.add_scalar(name, part.item(), step)", 'print("term", name)')
+    assert _lint(code) == []
+
+
+def test_values_of_zipped_loss_parts_reported_in_a_loop():
+    code = LOOPED_PARTS.replace("for name, part in loss_parts.items():",
+                                "for name, part in zip(['a', 'b'], list(loss_parts.values())):")
+    assert _lint(code) == [_line(code, "board.add_scalar(name, part.item(), step)")]

@@ -138,20 +138,24 @@ def _exclusive(s: Script, a: ast.AST, b: ast.AST) -> bool:
 
 
 def _report_statement(s: Script, call: ast.Call) -> ast.stmt | None:
-    """The statement a report call is (`writer.add_scalar(...)` on its own line, or the `with open(log) as f:`
-    whose body only reports), else None."""
-    parent = s.parents.get(id(call))
-    if not (isinstance(parent, ast.Expr) and parent.value is call):
+    """The statement a report call is (`writer.add_scalar(...)` on its own line, or the `with open(log) as f:`,
+    `for` or `if` around it that only reports), else None."""
+    stmt = s.parents.get(id(call))
+    if not (isinstance(stmt, ast.Expr) and stmt.value is call):
         return None
-    above = s.parents.get(id(parent))
-    return above if isinstance(above, ast.With) and _reports_only(s, above) else parent
+    while isinstance(s.parents.get(id(stmt)), (ast.With, ast.For, ast.If)) and _reports_only(s, s.parents[id(stmt)]):
+        stmt = s.parents[id(stmt)]
+    return stmt
 
 
 def _reports_only(s: Script, stmt: ast.stmt) -> bool:
-    """A report statement: a call that shows its arguments, or a `with` block of nothing else."""
+    """A report statement: a call that shows its arguments, or a `with`, `for` or `if` of nothing else
+    (`for k, v in parts.items(): writer.add_scalar(k, v, step)`)."""
     if isinstance(stmt, ast.Expr):
         return isinstance(stmt.value, ast.Call) and shows(s, stmt.value)
-    return isinstance(stmt, ast.With) and all(_reports_only(s, x) for x in stmt.body)
+    if isinstance(stmt, (ast.With, ast.For, ast.If)):
+        return all(_reports_only(s, x) for x in (*stmt.body, *getattr(stmt, "orelse", ())))
+    return False
 
 
 def _one_per_block(s: Script, found: list[tuple[Hit, str]]) -> Iterator[Hit]:
@@ -170,6 +174,8 @@ def _one_per_block(s: Script, found: list[tuple[Hit, str]]) -> Iterator[Hit]:
         block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
                       if isinstance(b, list) and any(x is stmt for x in b)), None)
         if block is not None:
+            if id(stmt) in reported:
+                continue  # another report inside the same `for`/`if` of reports
             i = next(j for j, x in enumerate(block) if x is stmt)
             earlier = []
             while i > 0 and _reports_only(s, block[i - 1]):

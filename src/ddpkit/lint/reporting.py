@@ -138,7 +138,8 @@ def _defined(project) -> set[str]:
 def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[int]] | None
                 ) -> dict[str, list[str]]:
     """name -> the names its values in this scope are built from (assignments, `+=`, `x.update(v)`, `x[k] = v`;
-    given `passes`, also `for k, v in d.items()`, and only what carries the value: see _value_names)."""
+    loops: given `passes`, every name of the target from the iterable, else see _loop_bindings; and given
+    `passes` only what carries the value: see _value_names)."""
     out: dict[str, dict[str, None]] = {}
     for node in nodes:
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
@@ -149,11 +150,18 @@ def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[i
                     root = _root(n)
                     if root:
                         out.setdefault(root, {}).update(dict.fromkeys(read))
-        elif passes is not None and isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and passes is not None:
             read = _value_names(node.iter, defined, passes)
             for n in ast.walk(node.target):
                 if isinstance(n, ast.Name):
                     out.setdefault(n.id, {}).update(dict.fromkeys(read))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            # a report's names: `v` of `for k, v in meters.items()` comes from `meters`, `k` from no value
+            for target, source in _loop_bindings(node.target, node.iter):
+                read = _value_names(source, defined, passes)
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        out.setdefault(n.id, {}).update(dict.fromkeys(read))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING:
             root = _root(node.func.value)
             if root:
@@ -162,6 +170,27 @@ def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[i
                     k.value for k in node.keywords if k.arg not in ("n", "count", "weight"))]
                 out.setdefault(root, {}).update(dict.fromkeys(n for a in given for n in _value_names(a, defined, passes)))
     return {k: list(v) for k, v in out.items()}
+
+
+def _loop_bindings(target: ast.AST, source: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(part of a loop target, the expression its values come from): the values of `d.items()` and `d.values()`
+    (not the keys), the items of `enumerate(x)` (not the index), each element of `zip(a, b)` from its own
+    argument, else the target from the whole iterable."""
+    pair = isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and not source.args:
+        if source.func.attr == "items":
+            return [(target.elts[1], source.func.value)] if pair else []
+        if source.func.attr == "values":
+            return [(target, source.func.value)]
+        if source.func.attr == "keys":
+            return []
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Name) and source.args:
+        if source.func.id == "enumerate":
+            return _loop_bindings(target.elts[1], source.args[0]) if pair else []
+        if source.func.id == "zip" and isinstance(target, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(source.args):
+            return [b for t, a in zip(target.elts, source.args) for b in _loop_bindings(t, a)]
+    return [(target, source)]
 
 
 def _own(project, scope: ast.AST) -> list[ast.AST]:
