@@ -148,12 +148,17 @@ def _report_statement(s: Script, call: ast.Call) -> ast.stmt | None:
     return stmt
 
 
+def _rank_check(s: Script, stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.If) and s.kind(stmt.test) != NONE
+
+
 def _reports_only(s: Script, stmt: ast.stmt) -> bool:
     """A report statement: a call that shows its arguments, or a `with`, `for` or `if` of nothing else
     (`for k, v in parts.items(): writer.add_scalar(k, v, step)`)."""
     if isinstance(stmt, ast.Expr):
         return isinstance(stmt.value, ast.Call) and shows(s, stmt.value)
-    if isinstance(stmt, (ast.With, ast.For, ast.If)):
+    if isinstance(stmt, (ast.With, ast.For, ast.If)) and not _rank_check(s, stmt):
+        # (a rank check starts a report block of its own)
         return all(_reports_only(s, x) for x in (*stmt.body, *getattr(stmt, "orelse", ())))
     return False
 
