@@ -531,3 +531,4 @@ def test_values_of_zipped_loss_parts_reported_in_a_loop():
     code = LOOPED_PARTS.replace("for name, part in loss_parts.items():",
                                 "for name, part in zip(['a', 'b'], list(loss_parts.values())):")
     assert _lint(code) == [_line(code, "board.add_scalar(name, part.item(), step)")]
+

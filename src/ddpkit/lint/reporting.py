@@ -428,16 +428,17 @@ def _reduced_values(project, arg: ast.AST) -> set[str]:
     return set(_value_names(arg, _defined(project), _passes(project)))
 
 
+_CONVERSIONS = frozenset({"item", "cpu", "tolist", "float", "double", "detach", "numpy", "clone"})
+
+
 def _assigned_from(s: Script, call: ast.Call) -> ast.AST | None:
-    """The statement a call's result is assigned by, through conversions of that result
-    (`reduced = reduce_tensor(loss.data, n).item()`, `.cpu()`, `[0]`), else its parent."""
+    """The statement a call's result is assigned by, through conversions that keep the whole value
+    (`reduced = reduce_tensor(loss.data, n).item()`, `.cpu()`, `.tolist()`), else its parent."""
     node, parent = call, s.parents.get(id(call))
     while True:
-        if isinstance(parent, ast.Subscript) and parent.value is node:
-            node, parent = parent, s.parents.get(id(parent))
-            continue
         above = s.parents.get(id(parent)) if isinstance(parent, ast.Attribute) else None
-        if isinstance(above, ast.Call) and above.func is parent and not above.args and not above.keywords:
+        if isinstance(above, ast.Call) and above.func is parent and parent.attr in _CONVERSIONS \
+                and not above.args and not above.keywords:
             node, parent = above, s.parents.get(id(above))
             continue
         return parent
