@@ -188,6 +188,14 @@ class Script:
             held = self._held_by_some(expr)
             if held:
                 return held
+            # `writer is not None` where only some ranks hold a writer (`SummaryWriter() if rank == 0 else None`)
+            # asks which rank this is
+            if len(expr.ops) == 1 and isinstance(expr.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) \
+                    and isinstance(expr.comparators[0], ast.Constant) and expr.comparators[0].value is None \
+                    and isinstance(expr.left, (ast.Name, ast.Attribute)):
+                key = expr.left.id if isinstance(expr.left, ast.Name) else "." + expr.left.attr
+                if key in getattr(self, "rank_only", ()):
+                    return self.derived.get(key, NONE)
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
             if all(is_mode_sentinel(c) for c in expr.comparators) or distributed_mode(expr):
                 return NONE  # `local_rank >= 0` too: true on every rank of a distributed run
@@ -265,6 +273,11 @@ class Script:
             if derived == self.derived:
                 break
             self.derived = derived
+        self.rank_only: set[str] = {
+            key for key, value in pairs if isinstance(value, ast.IfExp) and self.derived.get(key)
+            and any(isinstance(arm, ast.Constant) and arm.value is None for arm in (value.body, value.orelse))
+            and not self.kind(value.body) and not self.kind(value.orelse)}
+        """Names of a value only some ranks hold (None on the others): testing it against None is a rank check."""
         # `writer = None` ... `if rank == 0: writer = SummaryWriter()`: a value only some ranks hold
         nones = {key for key, value in pairs if isinstance(value, ast.Constant) and value.value is None}
         for node in self.nodes:
@@ -277,6 +290,7 @@ class Script:
                                 for key, _ in _target_pairs(target, stmt.value):
                                     if key in nones and not self.derived.get(key):
                                         self.derived[key] = k
+                                        self.rank_only.add(key)
 
     def local_values(self, name: str, within: ast.AST) -> list[ast.AST]:
         """What `name` is assigned in the same function as `within` (module level for module code)."""
@@ -383,11 +397,11 @@ class Script:
                 # runs the rest of the block
                 ctx = ctx.alone()
             elif isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS) \
-                    and presence_test(stmt.test)[1] == "else" and ctx.functions:
+                    and presence_test(stmt.test)[1] == "else" and ctx.functions and self.function_level.get(
+                        f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE) > ctx.level:
                 # `if model is None: return load(...)`: the rest runs for the calls that pass a model
                 passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
-                if passed > ctx.level:
-                    ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+                ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
             elif k and isinstance(stmt.body[-1], _TERMINATORS):
                 # `if rank != 0: return` guards everything after it in the same block
                 ctx = ctx.guarded(k, stmt, "after")

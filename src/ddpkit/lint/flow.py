@@ -15,8 +15,9 @@ import ast
 from dataclasses import dataclass, field
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, is_eval_name, terminal
+from ddpkit.lint.ranks import distributed_mode
 
-__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers"]
+__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
 
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
@@ -307,7 +308,8 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                             if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
                                 flow.evaluation.add(root)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in _COLLECTING and _root(node.func.value):
+                    and node.func.attr in _COLLECTING and _root(node.func.value) \
+                    and not _told_distributed(s, node.func.value):
                 # `meter.update(value, n)`: the value decides; n is the batch's weight
                 values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
                 tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)]
@@ -326,6 +328,27 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         else:
             flow.returns = flow.is_tainted(s, value, summaries)
     return flow
+
+
+def _told_distributed(s: Script, receiver: ast.AST) -> bool:
+    """An accumulator of a class the program does not define, built with the run's distributed flag
+    (`SegMetric(n_classes, args.distributed)`, `Meter(distributed=True)`): it may reduce inside, where the flow
+    cannot be seen, so it is not followed."""
+    if not isinstance(receiver, (ast.Name, ast.Attribute)):
+        return False
+    key = ("." + receiver.attr) if isinstance(receiver, ast.Attribute) else receiver.id
+    project = s.project
+    classes = project.memo("class names", lambda: {
+        c.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)})
+    for x in project.scripts.values():
+        for k, v in x.assignments:
+            if k != key or not isinstance(v, ast.Call) or terminal(v.func) in classes:
+                continue
+            if any(distributed_mode(a) > 0 for a in v.args) or any(
+                    k2.arg and (distributed_mode(ast.Name(k2.arg)) > 0 or "sync" in k2.arg.lower())
+                    and not (isinstance(k2.value, ast.Constant) and not k2.value.value) for k2 in v.keywords):
+                return True
+    return False
 
 
 def _reassigned_from_reduced(s: Script, flow: ScopeFlow, value: ast.AST) -> bool:
@@ -391,6 +414,9 @@ def eval_samplers(s: Script) -> list[ast.Call]:
     """
     def compute() -> list[ast.Call]:
         named = {id(v): k.lstrip(".") for k, v in s.assignments}
+        # `val_sampler = DistributedSampler(val_set) if distributed else None`: either arm is the value assigned
+        named.update({id(arm): k.lstrip(".") for k, v in s.assignments if isinstance(v, ast.IfExp)
+                      for arm in (v.body, v.orelse)})
         loaded = s.project.memo("loaded names", lambda: {
             terminal(n) for x in s.project.scripts.values() for n in x.nodes
             if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
@@ -409,10 +435,11 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                      if isinstance(n, (ast.Name, ast.Attribute))}
         classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
         factories = s.project.memo("sampler factories", lambda: _sampler_factories(s.project, classes))
+        aliases = _class_aliases(s, classes)
         found = []
         for call in s.calls:
             name = terminal(call.func)
-            if name in classes:
+            if name in classes or isinstance(call.func, ast.Name) and name in aliases:
                 dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"),
                                                               None)
             elif name in factories and isinstance(call.func, (ast.Name, ast.Attribute)):
@@ -428,6 +455,22 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                 found.append(call)
         return found
     return s.project.memo(("eval samplers", s.path), compute)
+
+
+def _class_aliases(s: Script, classes: set[str]) -> dict[str, str]:
+    """`sampler = DistributedSampler` (the class itself, not an instance), later `sampler(val_set)`: alias -> class."""
+    return {k: terminal(v) for k, v in s.assignments if not k.startswith(".")
+            and isinstance(v, (ast.Name, ast.Attribute)) and terminal(v) in classes}
+
+
+def sampler_class(s: Script, call: ast.Call) -> str:
+    """The sampler class an evaluation sampler call (one of eval_samplers) builds: its own name, or the class a
+    local alias holds."""
+    name = terminal(call.func)
+    classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
+    if name in classes or not isinstance(call.func, ast.Name):
+        return name
+    return _class_aliases(s, classes).get(name, name)
 
 
 def _padding_samplers(project) -> set[str]:

@@ -265,6 +265,75 @@ def _local_value(s: Script, test: ast.AST) -> str:
     return ""
 
 
+def _loop_of(s: Script, node: ast.AST) -> ast.For | ast.While | None:
+    """The innermost loop around a node in its function."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            return node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+    return None
+
+
+_SIZES = frozenset({"len", "size", "numel", "nelement", "dim"})
+
+
+def _data_names(value: ast.AST) -> set[str]:
+    """The names a value is computed from, leaving out those it only measures (`len(x)`, `x.size(0)`, `x.shape`):
+    `seen += x.numel()` counts the batch, it is not a figure of its contents."""
+    out, todo = set(), [value]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Call) and terminal(node.func) in _SIZES or \
+                isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
+            continue
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
+    """The name a stop condition tests, if it is computed in the loop from the same forward as the loss the loop
+    backpropagates (`approx_kl` beside `loss` from one batch's `ratio`): a figure of this rank's own batch.
+    Not when that value (or what it is computed from) goes through a collective, nor for a loop without a
+    backward; counters and settings (`step`, `args.target_kl`) are not computed from the batch."""
+    if loop is None:
+        return ""
+    reads: dict[str, set[str]] = defaultdict(set)
+    backward: set[str] = set()
+    carried: set[str] = set()
+    for n in ast.walk(loop):
+        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+            names = _data_names(n.value)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                for m in ast.walk(t):
+                    if isinstance(m, ast.Name):
+                        reads[m.id] |= names
+        elif isinstance(n, ast.Call):
+            if terminal(n.func) == "backward" and isinstance(n.func, ast.Attribute):
+                backward |= {m.id for m in ast.walk(n.func.value) if isinstance(m, ast.Name)}
+            elif s.is_dist_collective(n) or re.search("reduce|gather|sync", terminal(n.func).lower()):
+                carried |= {m.id for a in n.args for m in ast.walk(a) if isinstance(m, ast.Name)}
+
+    def ancestry(names: set[str]) -> set[str]:
+        seen, todo = set(), [n for n in names if n in reads]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(r for r in reads.get(name, ()) if r in reads)
+        return seen
+
+    from_loss = ancestry(backward)
+    for name in (m.id for m in ast.walk(test) if isinstance(m, ast.Name)):
+        own = ancestry({name})
+        if name in reads and own & from_loss and not own & carried:
+            return name
+    return ""
+
+
 def _stop_in(body: list[ast.stmt]) -> ast.AST | None:
     for stmt in body:
         if isinstance(stmt, (ast.Return, ast.Break, ast.Raise)):
@@ -310,7 +379,22 @@ def one_rank_stops(s: Script) -> Iterator[Hit]:
             stop, value = node, _local_value(s, node.test)
         else:
             continue
-        if stop is None or not value or not in_loop(node) or s.context(node).single:
+        step_value = ""
+        if stop is not None and not value and isinstance(stop, (ast.Break, ast.Return)):
+            # `if approx_kl > args.target_kl: break`: a stop on a figure of this rank's own batch
+            step_value = _step_value(s, node.test, _loop_of(s, node))
+        if stop is None or not (value or step_value) or not in_loop(node) or s.context(node).single:
+            continue
+        if step_value:
+            if isinstance(stop, ast.Break) and not _loop_waits(s, stop):
+                continue
+            yield Hit(stop, "DDP010", "error",
+                      f"this rank stops ({ast.unparse(stop).split('(')[0]}) on its own '{step_value}', computed "
+                      "from its own batch and never reduced: the other ranks' values differ, so they go on to the "
+                      "next collective (DDP's gradient all-reduce) and wait there for this rank until the job "
+                      "times out",
+                      "decide on every rank together: all-reduce the value (or a stop flag) first, then every rank "
+                      "stops or goes on alike")
             continue
         if isinstance(stop, ast.Break) and not _loop_waits(s, stop):
             continue  # `for p in model.parameters(): ... break` leaves a scan, not the loop the ranks share

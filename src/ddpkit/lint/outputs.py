@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
-from ddpkit.lint.flow import eval_samplers, flows, sharded_names, summaries_of
+from ddpkit.lint.flow import eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
-from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names, scope_of,
-                                   shown_arguments, shows)
+from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
+                                   reducing_helpers, scope_of, shown_arguments, shows)
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
@@ -44,11 +44,11 @@ def padded_evaluation(s: Script) -> Iterator[Hit]:
     if not s.distributed or "torchmetrics" in s.aliases:
         return
     for call in eval_samplers(s):
-        drop_last = argument(call, "drop_last", 5) if terminal(call.func) == "DistributedSampler" \
-            else keyword(call, "drop_last")
+        torch_sampler = sampler_class(s, call) == "DistributedSampler"
+        drop_last = argument(call, "drop_last", 5) if torch_sampler else keyword(call, "drop_last")
         if isinstance(drop_last, ast.Constant) and drop_last.value is True:
             continue  # no padding; the remainder is evaluated apart (as torchvision's reference scripts do)
-        what = "a DistributedSampler" if terminal(call.func) == "DistributedSampler" else \
+        what = "a DistributedSampler" if torch_sampler else \
             f"{ast.unparse(call.func)}(), a sampler that pads like DistributedSampler"
         yield Hit(call, "DDP006", "warning",
                   f"evaluation data goes through {what}, which pads it with repeated samples up to "
@@ -74,10 +74,133 @@ def _from_evaluation(s: Script, name: str) -> bool:
                if k.lstrip(".") == name)
 
 
+def _object_attributes(s: Script, scope: ast.AST, leaf: ast.AST) -> set[str]:
+    """'.attr' of each `self.attr` a value is built from, in the value itself or in the assignments (and loops)
+    of `scope` that it is followed through (`tallies = dict(self.tallies)`)."""
+    def attributes(node: ast.AST) -> set[str]:
+        return {"." + n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")}
+
+    by_name = s.project.memo(("object attributes", id(scope)), lambda: _attributes_by_name(scope, attributes))
+    return attributes(leaf).union(*(by_name.get(n, set()) for n in built_from(s, scope, [leaf])))
+
+
+def _attributes_by_name(scope: ast.AST, attributes) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found = attributes(node.value)
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            targets, found = [node.target], attributes(node.iter)
+        else:
+            continue
+        if found:
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        out.setdefault(n.id, set()).update(found)
+    return out
+
+
+def _branches(s: Script, node: ast.AST) -> list[tuple[ast.If, str]]:
+    """The `if` statements around a node in its function, with the branch ('body' or 'orelse') it is in."""
+    out = []
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            break
+        if isinstance(parent, ast.If) and node is not parent.test:
+            out.append((parent, "body" if any(x is node for x in parent.body) else "orelse"))
+        node = parent
+    return out
+
+
+def _choice(test: ast.AST) -> tuple[str, object] | None:
+    """`cfg.logger == "wandb"` -> ('cfg.logger', 'wandb'): a test that picks one value of a setting."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) \
+            and isinstance(test.comparators[0], ast.Constant):
+        return ast.unparse(test.left), test.comparators[0].value
+    return None
+
+
+def _exclusive(s: Script, a: ast.AST, b: ast.AST) -> bool:
+    """Whether at most one of two nodes runs: the two branches of one `if`, or the bodies of two tests of one
+    setting against different values."""
+    around_a, around_b = _branches(s, a), _branches(s, b)
+    taken = {id(i): branch for i, branch in around_a}
+    if any(id(i) in taken and taken[id(i)] != branch for i, branch in around_b):
+        return True
+    picks_a = [c for i, branch in around_a if branch == "body" and id(i) not in {id(j) for j, _ in around_b}
+               for c in [_choice(i.test)] if c]
+    picks_b = [c for i, branch in around_b if branch == "body" and id(i) not in taken for c in [_choice(i.test)] if c]
+    return any(x[0] == y[0] and x[1] != y[1] for x in picks_a for y in picks_b)
+
+
+def _report_statement(s: Script, call: ast.Call) -> ast.stmt | None:
+    """The statement a report call is (`writer.add_scalar(...)` on its own line, or the `with open(log) as f:`,
+    `for` or `if` around it that only reports), else None."""
+    stmt = s.parents.get(id(call))
+    if not (isinstance(stmt, ast.Expr) and stmt.value is call):
+        return None
+    while isinstance(s.parents.get(id(stmt)), (ast.With, ast.For, ast.If)) and _reports_only(s, s.parents[id(stmt)]):
+        stmt = s.parents[id(stmt)]
+    return stmt
+
+
+def _rank_check(s: Script, stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.If) and s.kind(stmt.test) != NONE
+
+
+def _reports_only(s: Script, stmt: ast.stmt) -> bool:
+    """A report statement: a call that shows its arguments, or a `with`, `for` or `if` of nothing else
+    (`for k, v in parts.items(): writer.add_scalar(k, v, step)`)."""
+    if isinstance(stmt, ast.Expr):
+        return isinstance(stmt.value, ast.Call) and shows(s, stmt.value)
+    if isinstance(stmt, (ast.With, ast.For, ast.If)) and not _rank_check(s, stmt):
+        # (a rank check starts a report block of its own)
+        return all(_reports_only(s, x) for x in (*stmt.body, *getattr(stmt, "orelse", ())))
+    return False
+
+
+def _one_per_block(s: Script, found: list[tuple[Hit, str]]) -> Iterator[Hit]:
+    """The first finding of each run of report statements in a row (`add_scalar` of one loss after another),
+    and of each value in branches of which one runs at most (the same loss sent to tensorboard under
+    `if cfg.logger == "tensorboard":`, to wandb under `if cfg.logger == "wandb":`): one mistake, fixed by one
+    reduction before the block, is reported once."""
+    reported: set[int] = set()
+    kept: list[tuple[ast.AST, str]] = []
+    for hit, value in found:
+        if any(v == value and _exclusive(s, node, hit.node) for node, v in kept):
+            continue
+        kept.append((hit.node, value))
+        stmt = _report_statement(s, hit.node) if isinstance(hit.node, ast.Call) else None
+        parent = s.parents.get(id(stmt)) if stmt is not None else None
+        block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
+                      if isinstance(b, list) and any(x is stmt for x in b)), None)
+        if block is not None:
+            if id(stmt) in reported:
+                continue  # another report inside the same `for`/`if` of reports
+            i = next(j for j, x in enumerate(block) if x is stmt)
+            earlier = []
+            while i > 0 and _reports_only(s, block[i - 1]):
+                i -= 1
+                earlier.append(id(block[i]))
+            reported.add(id(stmt))
+            if reported.intersection(earlier):
+                continue
+        yield hit
+
+
 @check
 def rank_zero_loss(s: Script) -> Iterator[Hit]:
     """Rank 0's own loss shown as the run's: a report under a rank check (or through a helper that reports on
-    one rank only) of a loss value no code of the program reduces (see reporting.py)."""
+    one rank only) of a loss value no code of the program reduces (see reporting.py); once per run of report
+    statements."""
+    yield from _one_per_block(s, sorted(_rank_zero_loss(s), key=lambda f: (f[0].node.lineno, f[0].node.col_offset)))
+
+
+def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
     project = s.project
     if not project.distributed or project.forward_collects:
         return  # a forward that all-reduces returns global losses
@@ -102,7 +225,7 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
         given = shown_arguments(call, helper)
         direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
-            if built_from(s, scope, [leaf]) & reduced:
+            if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
                 continue  # this value went through a collective (or was rebuilt from one)
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
@@ -120,7 +243,7 @@ def rank_zero_loss(s: Script) -> Iterator[Hit]:
                       f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
-                      "by the count, or name it as rank 0's in the log")
+                      "by the count, or name it as rank 0's in the log"), loss
 
 
 def _scope_flow(s: Script, node: ast.AST):
@@ -143,30 +266,41 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
     if not project.distributed or "torchmetrics" in s.aliases or not sharded_names(s):
         return
     summaries = summaries_of(s)
+    reducers = reducing_helpers(project)
     for flow in flows(s):
         if not flow.tainted:
             continue
         for call in s.calls:
             if (id(flow.node) if flow.node is not s.tree else 0) != s.context(call).scope:
                 continue
-            if terminal(call.func) not in _SINKS or s.qualname(call.func).startswith(("math.", "numpy.", "torch.")):
+            # a project report helper (`def print_rank0(msg): if rank == 0: print(msg)`) reports what it is given
+            helper = helper_report(s, call)
+            if helper is not None and terminal(call.func) in reducers:
+                continue  # the helper reduces what it shows (or may): not followed
+            if helper is None and (terminal(call.func) not in _SINKS
+                                   or s.qualname(call.func).startswith(("math.", "numpy.", "torch."))):
                 continue
             ctx = s.context(call)
             if ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
                 continue
-            names = [n for a in (*call.args, *(k.value for k in call.keywords))
-                     for n in flow.tainted_names(s, a, summaries)]
+            if helper is not None and ctx.level == NONE and not helper.rank_zero:
+                continue  # a helper every rank reports through: DDP008's repeated output, not a figure
+            names = [n for a in shown_arguments(call, helper) for n in flow.tainted_names(s, a, summaries)]
             if project.forward_collects:
                 # a model whose forward all-reduces (Barlow Twins) returns global losses: keep evaluation figures
                 names = [n for n in names if n in flow.evaluation and not LOSS_NAME.search(n)]
             if not names:
                 continue
             evaluation = [n for n in names if n in flow.evaluation]
-            if not evaluation and all(LOSS_NAME.search(n) for n in names) and project.reduces(LOSS_NAME) \
-                    and _in_shard_loop(call, flow):
-                # rank 0's own step loss next to a reduced one: a progress line, not the run's figure
+            if not evaluation and _in_shard_loop(call, flow) and all(
+                    project.reduces(LOSS_NAME) if LOSS_NAME.search(n) else
+                    bool(_METRIC.search(n)) and project.reduces(_METRIC) for n in names):
+                # rank 0's own step loss (or batch accuracy) in the training loop, where the program reduces a
+                # loss (an accuracy) elsewhere: a progress line, not the run's figure
                 continue
-            if ctx.level == NONE:
+            if ctx.level == NONE and helper is not None:
+                where = f"through {terminal(call.func)}(), which shows it on rank 0 only, so it is rank 0's shard alone"
+            elif ctx.level == NONE:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)

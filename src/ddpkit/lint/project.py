@@ -156,12 +156,17 @@ class Project:
         by_attribute: set[str] = set()
         """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
         rooted = {id(r) for r in roots}
-        # `from train import main as run_training` ... `run_training(cfg)` names `main`
-        renamed = {a.asname: a.name for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ImportFrom)
-                   for a in n.names if a.asname}
         todo = roots
         seen: set[int] = set()
         outside = self._outside_attributes()
+        # `from train import main as run_training`: calling the alias runs `main`
+        renamed: dict[str, set[str]] = {}
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.ImportFrom):
+                    for a in n.names:
+                        if a.asname and a.asname != a.name:
+                            renamed.setdefault(a.asname, set()).add(a.name)
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -176,8 +181,8 @@ class Project:
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
-                for name in (name, renamed.get(name, "")) if name else ():
-                    if name and name not in live:
+                for name in (name, *renamed.get(name, ())) if name else ():
+                    if name not in live:
                         live.add(name)
                         todo.extend(defs.get(name, ()))
         self.live_functions = live

@@ -138,7 +138,8 @@ def _defined(project) -> set[str]:
 def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[int]] | None
                 ) -> dict[str, list[str]]:
     """name -> the names its values in this scope are built from (assignments, `+=`, `x.update(v)`, `x[k] = v`;
-    given `passes`, also `for k, v in d.items()`, and only what carries the value: see _value_names)."""
+    loops: given `passes`, every name of the target from the iterable, else see _loop_bindings; and given
+    `passes` only what carries the value: see _value_names)."""
     out: dict[str, dict[str, None]] = {}
     for node in nodes:
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
@@ -149,11 +150,18 @@ def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[i
                     root = _root(n)
                     if root:
                         out.setdefault(root, {}).update(dict.fromkeys(read))
-        elif passes is not None and isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and passes is not None:
             read = _value_names(node.iter, defined, passes)
             for n in ast.walk(node.target):
                 if isinstance(n, ast.Name):
                     out.setdefault(n.id, {}).update(dict.fromkeys(read))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            # a report's names: `v` of `for k, v in meters.items()` comes from `meters`, `k` from no value
+            for target, source in _loop_bindings(node.target, node.iter):
+                read = _value_names(source, defined, passes)
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        out.setdefault(n.id, {}).update(dict.fromkeys(read))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING:
             root = _root(node.func.value)
             if root:
@@ -162,6 +170,27 @@ def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[i
                     k.value for k in node.keywords if k.arg not in ("n", "count", "weight"))]
                 out.setdefault(root, {}).update(dict.fromkeys(n for a in given for n in _value_names(a, defined, passes)))
     return {k: list(v) for k, v in out.items()}
+
+
+def _loop_bindings(target: ast.AST, source: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(part of a loop target, the expression its values come from): the values of `d.items()` and `d.values()`
+    (not the keys), the items of `enumerate(x)` (not the index), each element of `zip(a, b)` from its own
+    argument, else the target from the whole iterable."""
+    pair = isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and not source.args:
+        if source.func.attr == "items":
+            return [(target.elts[1], source.func.value)] if pair else []
+        if source.func.attr == "values":
+            return [(target, source.func.value)]
+        if source.func.attr == "keys":
+            return []
+    if isinstance(source, ast.Call) and isinstance(source.func, ast.Name) and source.args:
+        if source.func.id == "enumerate":
+            return _loop_bindings(target.elts[1], source.args[0]) if pair else []
+        if source.func.id == "zip" and isinstance(target, (ast.Tuple, ast.List)) \
+                and len(target.elts) == len(source.args):
+            return [b for t, a in zip(target.elts, source.args) for b in _loop_bindings(t, a)]
+    return [(target, source)]
 
 
 def _own(project, scope: ast.AST) -> list[ast.AST]:
@@ -367,6 +396,11 @@ def _reducers(project) -> dict[str, set[int]]:
     return found
 
 
+def reducing_helpers(project) -> dict[str, set[int]]:
+    """Project functions that hand a parameter to a collective: name -> positions of those parameters."""
+    return project.memo("reducing helpers", lambda: _reducers(project))
+
+
 def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool:
     name = terminal(call.func)
     if name in helpers:
@@ -394,6 +428,25 @@ def _reduced_values(project, arg: ast.AST) -> set[str]:
     return set(_value_names(arg, _defined(project), _passes(project)))
 
 
+_CONVERSIONS = frozenset({"item", "cpu", "tolist", "float", "double", "detach", "numpy", "clone"})
+
+
+def _assigned_from(s: Script, call: ast.Call) -> ast.AST | None:
+    """The statement a call's result is assigned by, through conversions that keep the whole value
+    (`reduced = reduce_tensor(loss.data, n).item()`, `.cpu()`, `.tolist()`), else its parent."""
+    node, parent = call, s.parents.get(id(call))
+    while True:
+        above = s.parents.get(id(parent)) if isinstance(parent, ast.Attribute) else None
+        if isinstance(above, ast.Call) and above.func is parent and parent.attr in _CONVERSIONS \
+                and not above.args and not above.keywords:
+            node, parent = above, s.parents.get(id(above))
+            continue
+        return parent
+
+
+_OBJECT = frozenset({"self", "cls"})
+
+
 def reduced_names(s: Script) -> set[str]:
     """Variables some code of the program passes to a collective (or to a project function whose parameter reaches
     one) or assigns from one, or from a project function that makes a collective; torchmetrics objects."""
@@ -405,7 +458,7 @@ def reduced_names(s: Script) -> set[str]:
         for x in project.scripts.values():
             for call in x.calls:
                 name = terminal(call.func)
-                parent = x.parents.get(id(call))
+                parent = _assigned_from(x, call)
                 if isinstance(parent, (ast.Assign, ast.AnnAssign)) and (
                         _collective(x, call, helpers) or name in project.reducing_functions):
                     targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -416,7 +469,13 @@ def reduced_names(s: Script) -> set[str]:
                     out.update(r for t in parent.targets for r in [_root(t)] if r)
                 if not _collective(x, call, helpers):
                     continue
-                out.update(n for a in _carried(x, call, helpers) for n in _reduced_values(project, a))
+                for a in _carried(x, call, helpers):
+                    names = _reduced_values(project, a)
+                    # `all_reduce(self.loss_sum)` reduces that attribute, not every value the object holds
+                    # (`all_reduce_norm(self.model)` says nothing of `self.meter`)
+                    attributes = {"." + n.attr for n in ast.walk(a) if isinstance(n, ast.Attribute)
+                                  and isinstance(n.value, ast.Name) and n.value.id in _OBJECT}
+                    out.update(attributes | (names - _OBJECT if attributes else names))
         # imported modules and names (`torch` of `torch.tensor([a, b])`) carry no figure
         return out - {a for x in project.scripts.values() for a in x.aliases}
 
