@@ -53,6 +53,22 @@ def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
     return None
 
 
+def _is_data_parallel(call: cst.Call) -> bool:
+    return dotted(call.func).rsplit(".", 1)[-1] == "DataParallel"
+
+
+def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The module under its moves and DataParallel: `nn.DataParallel(Net()).to(device)` -> `Net()`."""
+    while True:
+        receiver = move_receiver(expr)
+        if receiver is not None:
+            expr = receiver
+        elif isinstance(expr, cst.Call) and _is_data_parallel(expr) and expr.args and expr.args[0].keyword is None:
+            expr = expr.args[0].value
+        else:
+            return expr
+
+
 class Plan:
     """Decisions keyed by id() of the MetadataWrapper module's nodes."""
 
@@ -64,7 +80,8 @@ class Plan:
         self.notes: dict[int, list[str]] = {}
         self.loaders: dict[int, str] = {}
         self.wrap_inline: dict[int, str] = {}
-        self.wrap_before: dict[int, str] = {}
+        self.wrap_before: dict[int, list[str]] = {}
+        """Optimizer statements before which the modules they train are wrapped (`g = ddpkit.wrap(g, ctx)`)."""
         self.reduce_after: dict[int, list[tuple[str, str]]] = {}
         self.reduced: dict[str, set[str]] = {}
         self.class_roles: dict[str, dict[str, str]] = {}
@@ -86,12 +103,17 @@ class Plan:
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.drop_parallel: set[int] = set()
+        """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
+        self.parallel_names: set[str] = set()
+        """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
             self._index(facts.scope_statements(key))
         self._plan_loaders()
+        self._plan_data_parallel()
         model = self._plan_model()
         start = facts.region[0] if facts.region else None
         if start is not None and model is None:
@@ -109,6 +131,8 @@ class Plan:
         self.loop_scopes = {k for k in facts.ported if any(
             isinstance(n, cst.For) and self.loop_role(k, n) == "train" for n in self.nodes(k))}
         """Scopes with a loop over a training loader: their training step is that loop's body."""
+        if model not in (None, "?"):
+            self._plan_autograd_grad()
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
@@ -331,34 +355,43 @@ class Plan:
 
     # ---- model -------------------------------------------------------------------------------
     def _plan_model(self) -> str | None:
-        model: str | None = None
+        """Wrap every module an optimizer trains (a GAN's generator and discriminator, an encoder and decoder in
+        one optimizer); the first one found is returned ('?' when its module cannot be followed)."""
+        models: list[str] = []
         for key in sorted(self.f.ported, key=lambda k: (k != self.f.entry_key and k != ENTRY, k)):
             for node in self.nodes(key):
                 if not (isinstance(node, cst.Call) and is_optimizer(node)):
                     continue
-                receivers = list(dict.fromkeys(dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
-                                               and isinstance(n.func, cst.Attribute)
-                                               and n.func.attr.value in ("parameters", "named_parameters")))
-                receiver = receivers[0] if receivers else ""
-                others = [r for r in receivers[1:] if r and _owner(r) != _owner(receiver)]
-                if model is None and others:
-                    self.todo(node, f"this optimizer also trains {', '.join(others)}, which the port does not wrap: "
-                              f"its gradients would never be averaged across ranks; put {receiver} and "
-                              f"{', '.join(others)} in one nn.Module, build the optimizer from its parameters, and "
-                              "wrap that module")
-                if model is not None:
-                    if receiver and (receiver == model or receiver.startswith(model + ".")):
+                receivers = self._trained_modules(key, node)
+                if not receivers:
+                    self.todo(node, "cannot find the model this optimizer trains (no `X.parameters()` the codemod "
+                              "can follow): build the model, then model = ddpkit.wrap(model, ctx) before this line")
+                    models.append("?")
+                    continue
+                for receiver in receivers:
+                    if any(receiver == m or receiver.startswith(m + ".") for m in models):
                         continue
-                    self.todo(node, "a second optimizer: a second model or training loop; wrap its model with "
-                              "ddpkit.wrap(model, ctx) before this line and check that every rank runs its loop")
-                    continue
-                if not receiver:
-                    self.todo(node, "cannot find the model this optimizer trains: build the model, then "
-                              "model = ddpkit.wrap(model, ctx) before this line")
-                    model = "?"
-                    continue
-                model = self._wrap_model(key, node, receiver) or "?"
-        return model
+                    models.append(self._wrap_model(key, node, receiver) or receiver)
+        return models[0] if models else None
+
+    def _trained_modules(self, key: str, optimizer: cst.Call) -> list[str]:
+        """The modules whose `.parameters()` an optimizer is built from, one per module: `Adam(g.parameters())`,
+        `list(enc.parameters()) + list(dec.parameters())`, `itertools.chain(...)`, parameter groups, or a name
+        assigned once from such an expression in the same scope (`params = ...; SGD(params)`)."""
+        sources: list[cst.CSTNode] = [optimizer]
+        names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
+        for node in self.nodes(key):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) in names:
+                sources.append(node.value)
+        receivers = [dotted(n.func.value) for s in sources for n in walk(s) if isinstance(n, cst.Call)
+                     and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters")]
+        if "" in receivers:  # `heads[0].parameters()`: a module the codemod cannot name, so cannot wrap
+            return []
+        out: list[str] = []
+        for r in receivers:
+            if r and not any(_owner(r) == _owner(o) for o in out):
+                out.append(r)
+        return out
 
     def _wrap_model(self, key: str, optimizer: cst.Call, receiver: str) -> str | None:
         opt_stmt = self._stmt[id(optimizer)]
@@ -370,30 +403,71 @@ class Plan:
         for node in self.nodes(key):
             if isinstance(node, cst.Assign) and len(node.targets) == 1 and self.line_of(node) < line:
                 name = dotted(node.targets[0].target)
-                receiver_of = move_receiver(node.value)
-                if receiver_of is not None and dotted(receiver_of) == name:
-                    continue  # `model = model.to(device)`: a move, not where the model is built
+                if node.value is not _bare(node.value) and dotted(_bare(node.value)) == name:
+                    continue  # `model = model.to(device)`, `model = nn.DataParallel(model)`: not where it is built
                 if name in candidates and not (name == "self" or name in self.f.scopes[key].params):
                     assign, model = node, name
+        if assign is None and receiver == "self" and self.f.scopes[key].cls:
+            self.todo(optimizer, f"the optimizer is built inside the model ({key}, over self.parameters()) and the "
+                      "model trains itself in its own methods, which DDP cannot see: gradients are averaged only "
+                      "through calls of the wrapped model; build the optimizer outside the class from the "
+                      "parameters of model = ddpkit.wrap(Model(), ctx) and compute the loss through model(...)")
+            return None
+        listed = self._listed_module(optimizer, receiver)
+        if assign is None and listed:
+            self.todo(optimizer, f"this optimizer trains each module of `{listed}` (models kept in a list): "
+                      f"the codemod does not wrap list elements; wrap each one before the optimizers are made "
+                      f"({listed} = [ddpkit.wrap(m, ctx) for m in {listed}]) and read their attributes through "
+                      "ddpkit.unwrap(m)")
+            return None
         if assign is None:
             where = "is passed in" if any(c in self.f.scopes[key].params for c in candidates) else "is not built here"
             self.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
                       "built, before the optimizer is made")
             return None
-        if any(isinstance(n, cst.Call) and dotted(n.func).endswith("DataParallel") for n in walk(assign.value)):
-            self.todo(assign, "nn.DataParallel: remove it; ddpkit.wrap(model, ctx) replaces it")
-            return None
         self._set_role(key, model, "model")
         assign_stmt = self._stmt[id(assign)]
-        block, i = self._block.get(id(assign_stmt), ([], -1))
-        j = block.index(opt_stmt) if opt_stmt in block else -1
-        between = block[i + 1:j] if 0 <= i < j else None
+        # the statement, in the block where the model is built (or a block around it), that holds the optimizer:
+        # `if args.opt == "adam": opt = Adam(...) elif ...: opt = SGD(...)` wraps before the `if`, for every branch
+        built = [assign_stmt]
+        while id(built[-1]) in self._parent:
+            built.append(self._parent[id(built[-1])])
+        anchor: cst.CSTNode | None = opt_stmt
+        while anchor is not None:
+            block, j = self._block.get(id(anchor), ([], -1))
+            if any(b in block[:j] for b in built):
+                break
+            anchor = self._parent.get(id(anchor))
+        if anchor is None:  # built in another function or method: wrap just before the optimizer
+            self.wrap_before.setdefault(id(opt_stmt), []).append(model)
+            return model
+        block, j = self._block[id(anchor)]
+        i = block.index(assign_stmt) if assign_stmt in block[:j] else -1
         pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
-        if between is not None and all(not pattern.search(self.f.code(s)) or self._is_move(s, model) for s in between):
+        if i >= 0 and all(not pattern.search(self.f.code(s)) or self._is_move(s, model) for s in block[i + 1:j]):
             self.wrap_inline[id(assign_stmt)] = model
         else:
-            self.wrap_before[id(opt_stmt)] = model
+            self.wrap_before.setdefault(id(anchor), []).append(model)
         return model
+
+    def _plan_autograd_grad(self) -> None:
+        """`torch.autograd.grad(...)` where ctx exists (a gradient penalty): DDP documents that it does not
+        work with autograd.grad, only with gradients accumulated in .grad, so the port does not vouch for it."""
+        for key in sorted(self.f.ported):
+            for node in self.nodes(key):
+                if isinstance(node, cst.Call) and dotted(node.func).endswith("autograd.grad"):
+                    self.todo(node, "torch.autograd.grad (a gradient penalty?) with a model "
+                              "wrapped in DDP, which supports only gradients accumulated by backward(): check "
+                              "this step on 2 ranks (ddpkit check) or compute it through backward()")
+
+    def _listed_module(self, optimizer: cst.Call, receiver: str) -> str:
+        """`[optim.Adam(net.parameters()) for net in nets]`: 'nets' (the list the receiver comes from), else ''."""
+        stmt = self._stmt.get(id(optimizer))
+        for node in walk(stmt) if stmt is not None else ():
+            if isinstance(node, cst.CompFor) and receiver in {n.value for n in walk(node.target)
+                                                              if isinstance(n, cst.Name)}:
+                return dotted(loader_expr(node.iter)) or self.f.code(node.iter)
+        return ""
 
     @staticmethod
     def _is_move(stmt: cst.BaseStatement, name: str) -> bool:
@@ -401,8 +475,26 @@ class Plan:
             return False
         small = stmt.body[0]
         value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        receiver = move_receiver(value) if value is not None else None
-        return receiver is not None and dotted(receiver) == name
+        if isinstance(small, cst.Assign) and (len(small.targets) != 1 or dotted(small.targets[0].target) != name):
+            return False
+        return value is not None and value is not _bare(value) and dotted(_bare(value)) == name
+
+    def _plan_data_parallel(self) -> None:
+        """`model = nn.DataParallel(model, device_ids=...)`: one process per device now, so the call goes and
+        `model.module` becomes the model itself. A DataParallel without a positional module is a TODO."""
+        for key in sorted(self.f.ported):
+            for node in self.nodes(key):
+                if not (isinstance(node, cst.Call) and _is_data_parallel(node)):
+                    continue
+                if not node.args or node.args[0].keyword is not None or node.args[0].star:
+                    self.todo(node, "nn.DataParallel without the module as its first argument: remove it by hand; "
+                              "ddpkit.wrap(model, ctx) replaces it (one process per device)")
+                    continue
+                self.drop_parallel.add(id(node))
+                stmt = self._stmt.get(id(node))
+                if isinstance(stmt, cst.SimpleStatementLine):
+                    self.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
+                                               for t in s.targets if dotted(t.target))
 
     # ---- role propagation ----------------------------------------------------------------------
     def _propagate_roles(self) -> None:

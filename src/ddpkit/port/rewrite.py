@@ -154,6 +154,9 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        if id(original) in self.p.drop_parallel:
+            self.changes += 1  # one process per device: DDP (ddpkit.wrap) replaces DataParallel
+            return updated.args[0].value
         name = dotted(updated.func)
         receiver = move_receiver(updated)
         if receiver is not None:
@@ -239,6 +242,11 @@ class Rewriter(cst.CSTTransformer):
         if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
             self.changes += 1  # the script's --device setting: each rank's own device now
             return parse_expr("ctx.device")
+        if self.in_ctx() and updated.attr.value == "module" and dotted(updated.value) in self.p.parallel_names:
+            self.changes += 1  # was DataParallel's .module: the model itself, unwrapped if ddpkit.wrap wrapped it
+            if self.role(updated.value) == "model":
+                return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
+            return updated.value
         if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
             self.changes += 1
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
@@ -380,8 +388,7 @@ class Rewriter(cst.CSTTransformer):
         if id(original) in self.p.barrier_before:
             self.changes += 1
             before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))
-        if id(original) in self.p.wrap_before:
-            model = self.p.wrap_before[id(original)]
+        for model in self.p.wrap_before.get(id(original), []):
             before.append(cst.parse_statement(f"{model} = ddpkit.wrap({model}, ctx)\n"))
             self.changes += 1
         for name, kind in self.p.reduce_after.get(id(original), []):

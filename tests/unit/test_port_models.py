@@ -1,0 +1,247 @@
+"""`ddpkit port` on scripts that train several modules, use nn.DataParallel, or keep the optimizer in the model."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from ddpkit.lint import lint_source
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def _port_text(text: str):
+    return port_source(textwrap.dedent(text), "script.py")
+
+
+def test_a_generator_and_a_discriminator_are_each_wrapped_before_their_optimizer():
+    result = _port("gan_pair")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "gan_pair_ddp.py") == []
+    # after apply(init_weights): DDP broadcasts rank 0's parameters when it wraps, so the init must come first
+    assert code.index("discriminator.apply(init_weights)") < code.index("generator = ddpkit.wrap(generator, ctx)") \
+        < code.index("opt_g = torch.optim.SGD(generator.parameters()")
+    assert code.index("discriminator = ddpkit.wrap(discriminator, ctx)") < code.index("opt_d = torch.optim.SGD(")
+    assert "generator.to(device)" not in code and "discriminator.to(device)" not in code
+    # the training forwards go through the wrappers; the saves read the unwrapped modules
+    assert "d_loss = bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)" in code
+    assert '{"g": ddpkit.unwrap(generator).state_dict(), "d": ddpkit.unwrap(discriminator).state_dict()}' in code
+    assert not port_source(code, "gan_pair_ddp.py").changed
+
+
+def test_data_parallel_goes_and_one_optimizer_over_two_modules_wraps_both():
+    result = _port("encoder_decoder")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "encoder_decoder_ddp.py") == []
+    assert "DataParallel" not in code.split("def main", 1)[1]
+    assert "encoder = ddpkit.wrap(encoder, ctx)" in code  # .module is read between its build and the optimizer
+    assert "decoder = ddpkit.wrap(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12)), ctx)" in code
+    assert "decoder = decoder\n" not in code and "decoder = torch.nn" not in code
+    assert 'ddpkit.print0(ctx, "code width", ddpkit.unwrap(encoder).width)' in code
+    assert '{"enc": ddpkit.unwrap(encoder).state_dict(), "dec": ddpkit.unwrap(decoder).state_dict()}' in code
+    assert ".module" not in code
+
+
+def test_parameters_gathered_in_a_list_or_groups_wrap_every_module():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        encoder = nn.Linear(4, 3)
+        decoder = nn.Linear(3, 1)
+        head = nn.Linear(3, 1)
+        params = list(encoder.parameters()) + list(decoder.parameters())
+        opt = torch.optim.Adam(params, lr=1e-3)
+        opt_head = torch.optim.SGD([{"params": head.parameters(), "lr": 0.1}])
+        for x, y in loader:
+            h = encoder(x)
+            loss = nn.functional.mse_loss(decoder(h), y) + nn.functional.mse_loss(head(h.detach()), y)
+            opt.zero_grad()
+            opt_head.zero_grad()
+            loss.backward()
+            opt.step()
+            opt_head.step()
+        torch.save(head.state_dict(), "head.pt")
+    ''')
+    code = result.code
+    assert result.todos == [], result.todos
+    # the same Parameter objects before and after wrapping: `params` still holds the wrapped modules' parameters
+    assert code.index("encoder = ddpkit.wrap(encoder, ctx)\ndecoder = ddpkit.wrap(decoder, ctx)\nopt = ") > 0
+    assert "head = ddpkit.wrap(nn.Linear(3, 1), ctx)" in code
+    assert "torch.save(ddpkit.unwrap(head).state_dict()" in code
+    assert lint_source(code, "script_ddp.py") == []
+
+
+def test_a_module_the_codemod_cannot_name_keeps_the_todo():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        heads = [nn.Linear(1, 1)]
+        opt = torch.optim.Adam(list(model.parameters()) + list(heads[0].parameters()), lr=1e-3)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(heads[0](model(x)), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    ''')
+    assert result.exit_code == 3
+    assert [t.line for t in result.todos] == [9] and "cannot find the model this optimizer trains" in \
+        result.todos[0].message
+
+
+def test_an_optimizer_inside_the_model_and_models_in_a_list_name_their_blocker():
+    inside = _port_text('''
+        import torch
+        from torch import nn, optim
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Agent(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+                self.optimizer = optim.Adam(self.parameters(), lr=1e-3)
+
+            def train_net(self, x):
+                loss = -self.fc(x).log_softmax(-1).mean()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+
+
+        def main():
+            model = Agent()
+            for (x,) in DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True):
+                model.train_net(x)
+
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    assert [t.line for t in inside.todos] == [11]
+    assert "built inside the model (Agent.__init__" in inside.todos[0].message
+    listed = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        nets = [nn.Linear(4, 1) for _ in range(2)]
+        opts = [torch.optim.Adam(net.parameters(), lr=1e-3) for net in nets]
+        for x, y in loader:
+            for net, opt in zip(nets, opts):
+                loss = nn.functional.mse_loss(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    ''')
+    assert [t.line for t in listed.todos] == [8] and "each module of `nets`" in listed.todos[0].message
+
+
+def test_data_parallel_behind_a_device_count_check_and_on_a_frozen_module():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def main():
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+            features = nn.DataParallel(nn.Linear(4, 4).to(device))
+            features.requires_grad_(False)
+            model = nn.Linear(4, 1).to(device)
+            if torch.cuda.device_count() > 1:
+                model = nn.DataParallel(model, device_ids=[0, 1])
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = nn.functional.mse_loss(model(features(x)), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            torch.save(features.module.state_dict(), "features.pt")
+            torch.save(model.module.state_dict(), "model.pt")
+
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    code = result.code
+    assert result.todos == [], result.todos
+    assert "DataParallel" not in code and "device_count" not in code
+    assert "features = nn.Linear(4, 4).to(device)" in code  # not trained: not wrapped, just on this rank's device
+    assert "torch.save(features.state_dict(), \"features.pt\")" in code
+    assert "torch.save(ddpkit.unwrap(model).state_dict(), \"model.pt\")" in code
+    assert code.index("model = ddpkit.wrap(model, ctx)") < code.index("optimizer = torch.optim.SGD(")
+    ast.parse(code)
+
+
+def test_an_optimizer_chosen_by_a_flag_wraps_the_model_once_for_every_branch():
+    result = _port_text('''
+        import argparse
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--opt", default="adam")
+        parser.add_argument("--net", default="small")
+        args = parser.parse_args()
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        if args.net == "small":
+            net = nn.Linear(4, 1)
+        else:
+            net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        if args.opt == "adam":
+            optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+        elif args.opt == "sgd":
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    ''')
+    code = result.code
+    assert result.todos == [], result.todos
+    assert code.count("ddpkit.wrap(") == 1
+    assert 'net = ddpkit.wrap(net, ctx)\nif args.opt == "adam":' in code
+
+
+def test_autograd_grad_beside_a_wrapped_model_is_a_todo():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def penalty(critic, x):
+            x = x.requires_grad_(True)
+            g = torch.autograd.grad(critic(x).sum(), x, create_graph=True)[0]
+            return ((g.norm(dim=1) - 1) ** 2).mean()
+
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True)
+        critic = nn.Linear(4, 1)
+        opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+        for (x,) in loader:
+            loss = critic(x).mean() + penalty(critic, x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    ''')
+    assert [t.line for t in result.todos] == [9] and "torch.autograd.grad" in result.todos[0].message
