@@ -222,8 +222,8 @@ def test_an_optimizer_chosen_by_a_flag_wraps_the_model_once_for_every_branch():
     assert 'net = ddpkit.wrap(net, ctx)\nif args.opt == "adam":' in code
 
 
-def test_autograd_grad_beside_a_wrapped_model_is_a_todo():
-    result = _port_text('''
+def test_autograd_grad_over_parameters_is_a_todo_and_a_gradient_penalty_is_not():
+    source = '''
         import torch
         from torch import nn
         from torch.utils.data import DataLoader, TensorDataset
@@ -243,5 +243,36 @@ def test_autograd_grad_beside_a_wrapped_model_is_a_todo():
             opt.zero_grad()
             loss.backward()
             opt.step()
-    ''')
-    assert [t.line for t in result.todos] == [9] and "torch.autograd.grad" in result.todos[0].message
+    '''
+    assert _port_text(source).todos == []  # the penalty's double backward runs in backward(): averaged by DDP
+    grads = _port_text(source.replace("            loss.backward()\n", "            grads = torch.autograd.grad("
+                                      "loss, critic.parameters())\n"))
+    assert [t.line for t in grads.todos] == [19] and "with respect to the model's parameters" in \
+        grads.todos[0].message
+
+
+def test_the_global_batch_size_used_inside_the_training_loop_is_a_todo():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        batch_size = 16
+        loader = DataLoader(TensorDataset(torch.randn(64, 2, 2)), batch_size=batch_size, shuffle=True)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for (x,) in loader:
+            x = x.reshape(batch_size, -1)
+            loss = nn.functional.mse_loss(model(x), torch.ones(batch_size, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    '''
+    result = _port_text(source)
+    assert [t.line for t in result.todos] == [11] and "`batch_size` is the global batch" in result.todos[0].message
+    # a keyword named batch_size, or an attribute of that name, is not the variable
+    ok = _port_text(source.replace("x = x.reshape(batch_size, -1)", "x = x.reshape(len(x), -1)\n"
+                                   "            meta = dict(batch_size=len(x), lr=loader.batch_size)").replace(
+        "torch.ones(batch_size, 1)", "torch.ones(len(x), 1)"))
+    assert "meta = dict(batch_size=len(x), lr=loader.batch_size)" in ok.code
+    assert ok.todos == [], ok.todos

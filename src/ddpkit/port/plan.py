@@ -103,6 +103,8 @@ class Plan:
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.train_sizes: set[str] = set()
+        """Names that hold a training loader's batch size (`batch_size`, `args.batch_size`): the global batch."""
         self.drop_parallel: set[int] = set()
         """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
         self.parallel_names: set[str] = set()
@@ -133,6 +135,7 @@ class Plan:
         """Scopes with a loop over a training loader: their training step is that loop's body."""
         if model not in (None, "?"):
             self._plan_autograd_grad()
+        self._plan_batch_size_uses()
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
@@ -294,6 +297,8 @@ class Plan:
             if kind == "train":
                 size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
                     self.f.code(positional[1].value) if len(positional) > 1 else "1"
+                if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
+                    self.train_sizes.add(size)
                 self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
                           f"{size} samples per step")
             if target:
@@ -450,15 +455,38 @@ class Plan:
             self.wrap_before.setdefault(id(anchor), []).append(model)
         return model
 
+    def _plan_batch_size_uses(self) -> None:
+        """`images.reshape(batch_size, -1)`, `torch.ones(batch_size, 1)` in a training loop: the loader's batch
+        size is the global batch, and each rank's batch now holds batch_size // world_size samples."""
+        for key in sorted(self.f.ported):
+            for loop in (n for n in self.nodes(key) if isinstance(n, cst.For) and self.loop_role(key, n) == "train"):
+                body = list(walk(loop.body))
+                skip = {id(n.keyword) for n in body if isinstance(n, cst.Arg) and n.keyword is not None}
+                skip |= {id(n.attr) for n in body if isinstance(n, cst.Attribute)}
+                use = next((n for n in body if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in skip
+                            and dotted(n) in self.train_sizes), None)
+                if use is not None:
+                    self.todo(use, f"`{dotted(use)}` is the global batch, but each rank's batch now holds "
+                              f"{dotted(use)} // ctx.world_size samples: in this training loop (first use here) "
+                              "use the batch's own size (e.g. x.size(0))")
+
     def _plan_autograd_grad(self) -> None:
-        """`torch.autograd.grad(...)` where ctx exists (a gradient penalty): DDP documents that it does not
-        work with autograd.grad, only with gradients accumulated in .grad, so the port does not vouch for it."""
+        """`torch.autograd.grad(loss, model.parameters())`: DDP averages only the gradients backward() accumulates
+        into .grad, so these stay this rank's. A gradient with respect to inputs (a gradient penalty, whose
+        double backward then runs in backward()) is averaged like any other loss term."""
         for key in sorted(self.f.ported):
             for node in self.nodes(key):
-                if isinstance(node, cst.Call) and dotted(node.func).endswith("autograd.grad"):
-                    self.todo(node, "torch.autograd.grad (a gradient penalty?) with a model "
-                              "wrapped in DDP, which supports only gradients accumulated by backward(): check "
-                              "this step on 2 ranks (ddpkit check) or compute it through backward()")
+                if not (isinstance(node, cst.Call) and dotted(node.func).endswith("autograd.grad")):
+                    continue
+                inputs = next((a.value for a in node.args if a.keyword and a.keyword.value == "inputs"), None)
+                positional = [a.value for a in node.args if a.keyword is None]
+                inputs = inputs if inputs is not None else positional[1] if len(positional) > 1 else None
+                if inputs is None or any(isinstance(n, cst.Name) and (n.value in ("parameters", "named_parameters")
+                                                                     or self.role(key, n.value) == "model")
+                                         for n in walk(inputs)):
+                    self.todo(node, "torch.autograd.grad with respect to the model's parameters: DDP averages only "
+                              "the gradients backward() accumulates into .grad, so these stay this rank's; "
+                              "all-reduce them (ddpkit.all_reduce_sum(ctx, g) / ctx.world_size) or use backward()")
 
     def _listed_module(self, optimizer: cst.Call, receiver: str) -> str:
         """`[optim.Adam(net.parameters()) for net in nets]`: 'nets' (the list the receiver comes from), else ''."""
