@@ -16,7 +16,8 @@ ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "port"
 PLAIN = ROOT / "examples" / "plain"
 FULL = ["argparse_main", "toplevel_script", "trainer_class", "dict_batches", "amp_scaler", "checkpoint_resume",
-        "tqdm_loops", "running_loss", "epoch_loss_mean", "two_optimizers", "gan_pair", "encoder_decoder"]
+        "tqdm_loops", "running_loss", "epoch_loss_mean", "two_optimizers", "gan_pair", "encoder_decoder",
+        "model_list"]
 TODO = {"custom_sampler": ["custom sampler"]}
 
 

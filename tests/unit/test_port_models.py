@@ -133,7 +133,7 @@ def test_an_optimizer_inside_the_model_and_models_in_a_list_name_their_blocker()
     ''')
     assert [t.line for t in inside.todos] == [11]
     assert "built inside the model (Agent.__init__" in inside.todos[0].message
-    listed = _port_text('''
+    listed = '''
         import torch
         from torch import nn
         from torch.utils.data import DataLoader, TensorDataset
@@ -147,8 +147,25 @@ def test_an_optimizer_inside_the_model_and_models_in_a_list_name_their_blocker()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-    ''')
-    assert [t.line for t in listed.todos] == [8] and "each module of `nets`" in listed.todos[0].message
+        print(nets[0].weight)
+    '''
+    indexed = _port_text(listed)  # an index into the list would read the DDP wrapper's attributes
+    assert [t.line for t in indexed.todos] == [8] and "each module of `nets`" in indexed.todos[0].message \
+        and "used at line 15" in indexed.todos[0].message
+    assert "\nnets = [ddpkit.wrap(" not in indexed.code
+
+
+def test_models_kept_in_a_list_are_each_wrapped_and_their_loop_names_are_models():
+    result = _port("model_list")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "model_list_ddp.py") == []
+    assert "nets = [Net(width).to(device) for width in (4, 16)]\n        nets = [ddpkit.wrap(m, ctx) for m in nets]\n" \
+        "        opts = [torch.optim.SGD(" in code
+    assert "loss = loss_fn(net(xb), yb)" in code  # the training forward goes through each wrapper
+    assert "correct += (ddpkit.unwrap(net)(xb).argmax(1) == yb).sum().item()" in code
+    assert 'f"width {ddpkit.unwrap(net).width}: {correct} of 64"' in code
+    assert '{f"net{ddpkit.unwrap(net).width}": ddpkit.unwrap(net).state_dict() for net in nets}' in code
+    assert not port_source(code, "model_list_ddp.py").changed
 
 
 def test_data_parallel_behind_a_device_count_check_and_on_a_frozen_module():

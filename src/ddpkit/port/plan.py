@@ -6,30 +6,17 @@ import re
 from collections.abc import Callable, Iterator
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, root_name, statements_of, walk
+from ddpkit.port.facts import ENTRY, Facts, dotted, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
+from ddpkit.port.models import is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
-_OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
-_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
-                         "LBFGS", "ASGD", "Rprop", "SparseAdam"})
 _TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 _ITER_WRAPPERS = frozenset({"enumerate", "tqdm", "tqdm.tqdm", "trange", "iter", "tqdm.auto.tqdm"})
-
-
-def _owner(name: str) -> str:
-    """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
-    parts = name.split(".")
-    return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
-
-
-def is_optimizer(call: cst.Call) -> bool:
-    name = dotted(call.func)
-    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
 
 
 def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
@@ -37,36 +24,6 @@ def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and dotted(expr.func) in _ITER_WRAPPERS and expr.args:
         expr = expr.args[0].value
     return expr
-
-
-def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
-    """For `x.to(device)`, `x.to(device, non_blocking=True)` or `x.cuda()`: x; else None."""
-    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
-        return None
-    attr = call.func.attr.value
-    positional = [a for a in call.args if a.keyword is None]
-    extra = [a for a in call.args if a.keyword is not None and a.keyword.value != "non_blocking"]
-    if attr == "cuda" and len(positional) <= 1 and not extra:
-        return call.func.value
-    if attr == "to" and len(positional) == 1 and not extra and is_device_expr(positional[0].value):
-        return call.func.value
-    return None
-
-
-def _is_data_parallel(call: cst.Call) -> bool:
-    return dotted(call.func).rsplit(".", 1)[-1] == "DataParallel"
-
-
-def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """The module under its moves and DataParallel: `nn.DataParallel(Net()).to(device)` -> `Net()`."""
-    while True:
-        receiver = move_receiver(expr)
-        if receiver is not None:
-            expr = receiver
-        elif isinstance(expr, cst.Call) and _is_data_parallel(expr) and expr.args and expr.args[0].keyword is None:
-            expr = expr.args[0].value
-        else:
-            return expr
 
 
 class Plan:
@@ -81,7 +38,7 @@ class Plan:
         self.loaders: dict[int, str] = {}
         self.wrap_inline: dict[int, str] = {}
         self.wrap_before: dict[int, list[str]] = {}
-        """Optimizer statements before which the modules they train are wrapped (`g = ddpkit.wrap(g, ctx)`)."""
+        """Statements before which the modules an optimizer trains are wrapped: `g = ddpkit.wrap(g, ctx)` lines."""
         self.reduce_after: dict[int, list[tuple[str, str]]] = {}
         self.reduced: dict[str, set[str]] = {}
         self.class_roles: dict[str, dict[str, str]] = {}
@@ -115,8 +72,7 @@ class Plan:
         for key in sorted(facts.ported):
             self._index(facts.scope_statements(key))
         self._plan_loaders()
-        self._plan_data_parallel()
-        model = self._plan_model()
+        model = plan_models(self)
         start = facts.region[0] if facts.region else None
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
@@ -134,7 +90,7 @@ class Plan:
             isinstance(n, cst.For) and self.loop_role(k, n) == "train" for n in self.nodes(k))}
         """Scopes with a loop over a training loader: their training step is that loop's body."""
         if model not in (None, "?"):
-            self._plan_autograd_grad()
+            plan_autograd_grad(self)
         self._plan_batch_size_uses()
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
@@ -358,103 +314,6 @@ class Plan:
 
         return out if all(add(n) for n in names) else None
 
-    # ---- model -------------------------------------------------------------------------------
-    def _plan_model(self) -> str | None:
-        """Wrap every module an optimizer trains (a GAN's generator and discriminator, an encoder and decoder in
-        one optimizer); the first one found is returned ('?' when its module cannot be followed)."""
-        models: list[str] = []
-        for key in sorted(self.f.ported, key=lambda k: (k != self.f.entry_key and k != ENTRY, k)):
-            for node in self.nodes(key):
-                if not (isinstance(node, cst.Call) and is_optimizer(node)):
-                    continue
-                receivers = self._trained_modules(key, node)
-                if not receivers:
-                    self.todo(node, "cannot find the model this optimizer trains (no `X.parameters()` the codemod "
-                              "can follow): build the model, then model = ddpkit.wrap(model, ctx) before this line")
-                    models.append("?")
-                    continue
-                for receiver in receivers:
-                    if any(receiver == m or receiver.startswith(m + ".") for m in models):
-                        continue
-                    models.append(self._wrap_model(key, node, receiver) or receiver)
-        return models[0] if models else None
-
-    def _trained_modules(self, key: str, optimizer: cst.Call) -> list[str]:
-        """The modules whose `.parameters()` an optimizer is built from, one per module: `Adam(g.parameters())`,
-        `list(enc.parameters()) + list(dec.parameters())`, `itertools.chain(...)`, parameter groups, or a name
-        assigned once from such an expression in the same scope (`params = ...; SGD(params)`)."""
-        sources: list[cst.CSTNode] = [optimizer]
-        names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
-        for node in self.nodes(key):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) in names:
-                sources.append(node.value)
-        receivers = [dotted(n.func.value) for s in sources for n in walk(s) if isinstance(n, cst.Call)
-                     and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters")]
-        if "" in receivers:  # `heads[0].parameters()`: a module the codemod cannot name, so cannot wrap
-            return []
-        out: list[str] = []
-        for r in receivers:
-            if r and not any(_owner(r) == _owner(o) for o in out):
-                out.append(r)
-        return out
-
-    def _wrap_model(self, key: str, optimizer: cst.Call, receiver: str) -> str | None:
-        opt_stmt = self._stmt[id(optimizer)]
-        line = self.line_of(opt_stmt)
-        candidates = [receiver]
-        while "." in candidates[-1]:
-            candidates.append(candidates[-1].rsplit(".", 1)[0])
-        assign = None
-        for node in self.nodes(key):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1 and self.line_of(node) < line:
-                name = dotted(node.targets[0].target)
-                if node.value is not _bare(node.value) and dotted(_bare(node.value)) == name:
-                    continue  # `model = model.to(device)`, `model = nn.DataParallel(model)`: not where it is built
-                if name in candidates and not (name == "self" or name in self.f.scopes[key].params):
-                    assign, model = node, name
-        if assign is None and receiver == "self" and self.f.scopes[key].cls:
-            self.todo(optimizer, f"the optimizer is built inside the model ({key}, over self.parameters()) and the "
-                      "model trains itself in its own methods, which DDP cannot see: gradients are averaged only "
-                      "through calls of the wrapped model; build the optimizer outside the class from the "
-                      "parameters of model = ddpkit.wrap(Model(), ctx) and compute the loss through model(...)")
-            return None
-        listed = self._listed_module(optimizer, receiver)
-        if assign is None and listed:
-            self.todo(optimizer, f"this optimizer trains each module of `{listed}` (models kept in a list): "
-                      f"the codemod does not wrap list elements; wrap each one before the optimizers are made "
-                      f"({listed} = [ddpkit.wrap(m, ctx) for m in {listed}]) and read their attributes through "
-                      "ddpkit.unwrap(m)")
-            return None
-        if assign is None:
-            where = "is passed in" if any(c in self.f.scopes[key].params for c in candidates) else "is not built here"
-            self.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
-                      "built, before the optimizer is made")
-            return None
-        self._set_role(key, model, "model")
-        assign_stmt = self._stmt[id(assign)]
-        # the statement, in the block where the model is built (or a block around it), that holds the optimizer:
-        # `if args.opt == "adam": opt = Adam(...) elif ...: opt = SGD(...)` wraps before the `if`, for every branch
-        built = [assign_stmt]
-        while id(built[-1]) in self._parent:
-            built.append(self._parent[id(built[-1])])
-        anchor: cst.CSTNode | None = opt_stmt
-        while anchor is not None:
-            block, j = self._block.get(id(anchor), ([], -1))
-            if any(b in block[:j] for b in built):
-                break
-            anchor = self._parent.get(id(anchor))
-        if anchor is None:  # built in another function or method: wrap just before the optimizer
-            self.wrap_before.setdefault(id(opt_stmt), []).append(model)
-            return model
-        block, j = self._block[id(anchor)]
-        i = block.index(assign_stmt) if assign_stmt in block[:j] else -1
-        pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
-        if i >= 0 and all(not pattern.search(self.f.code(s)) or self._is_move(s, model) for s in block[i + 1:j]):
-            self.wrap_inline[id(assign_stmt)] = model
-        else:
-            self.wrap_before.setdefault(id(anchor), []).append(model)
-        return model
-
     def _plan_batch_size_uses(self) -> None:
         """`images.reshape(batch_size, -1)`, `torch.ones(batch_size, 1)` in a training loop: the loader's batch
         size is the global batch, and each rank's batch now holds batch_size // world_size samples."""
@@ -469,60 +328,6 @@ class Plan:
                     self.todo(use, f"`{dotted(use)}` is the global batch, but each rank's batch now holds "
                               f"{dotted(use)} // ctx.world_size samples: in this training loop (first use here) "
                               "use the batch's own size (e.g. x.size(0))")
-
-    def _plan_autograd_grad(self) -> None:
-        """`torch.autograd.grad(loss, model.parameters())`: DDP averages only the gradients backward() accumulates
-        into .grad, so these stay this rank's. A gradient with respect to inputs (a gradient penalty, whose
-        double backward then runs in backward()) is averaged like any other loss term."""
-        for key in sorted(self.f.ported):
-            for node in self.nodes(key):
-                if not (isinstance(node, cst.Call) and dotted(node.func).endswith("autograd.grad")):
-                    continue
-                inputs = next((a.value for a in node.args if a.keyword and a.keyword.value == "inputs"), None)
-                positional = [a.value for a in node.args if a.keyword is None]
-                inputs = inputs if inputs is not None else positional[1] if len(positional) > 1 else None
-                if inputs is None or any(isinstance(n, cst.Name) and (n.value in ("parameters", "named_parameters")
-                                                                     or self.role(key, n.value) == "model")
-                                         for n in walk(inputs)):
-                    self.todo(node, "torch.autograd.grad with respect to the model's parameters: DDP averages only "
-                              "the gradients backward() accumulates into .grad, so these stay this rank's; "
-                              "all-reduce them (ddpkit.all_reduce_sum(ctx, g) / ctx.world_size) or use backward()")
-
-    def _listed_module(self, optimizer: cst.Call, receiver: str) -> str:
-        """`[optim.Adam(net.parameters()) for net in nets]`: 'nets' (the list the receiver comes from), else ''."""
-        stmt = self._stmt.get(id(optimizer))
-        for node in walk(stmt) if stmt is not None else ():
-            if isinstance(node, cst.CompFor) and receiver in {n.value for n in walk(node.target)
-                                                              if isinstance(n, cst.Name)}:
-                return dotted(loader_expr(node.iter)) or self.f.code(node.iter)
-        return ""
-
-    @staticmethod
-    def _is_move(stmt: cst.BaseStatement, name: str) -> bool:
-        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-            return False
-        small = stmt.body[0]
-        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        if isinstance(small, cst.Assign) and (len(small.targets) != 1 or dotted(small.targets[0].target) != name):
-            return False
-        return value is not None and value is not _bare(value) and dotted(_bare(value)) == name
-
-    def _plan_data_parallel(self) -> None:
-        """`model = nn.DataParallel(model, device_ids=...)`: one process per device now, so the call goes and
-        `model.module` becomes the model itself. A DataParallel without a positional module is a TODO."""
-        for key in sorted(self.f.ported):
-            for node in self.nodes(key):
-                if not (isinstance(node, cst.Call) and _is_data_parallel(node)):
-                    continue
-                if not node.args or node.args[0].keyword is not None or node.args[0].star:
-                    self.todo(node, "nn.DataParallel without the module as its first argument: remove it by hand; "
-                              "ddpkit.wrap(model, ctx) replaces it (one process per device)")
-                    continue
-                self.drop_parallel.add(id(node))
-                stmt = self._stmt.get(id(node))
-                if isinstance(stmt, cst.SimpleStatementLine):
-                    self.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
-                                               for t in s.targets if dotted(t.target))
 
     # ---- role propagation ----------------------------------------------------------------------
     def _propagate_roles(self) -> None:

@@ -388,8 +388,8 @@ class Rewriter(cst.CSTTransformer):
         if id(original) in self.p.barrier_before:
             self.changes += 1
             before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))
-        for model in self.p.wrap_before.get(id(original), []):
-            before.append(cst.parse_statement(f"{model} = ddpkit.wrap({model}, ctx)\n"))
+        for line in self.p.wrap_before.get(id(original), []):
+            before.append(cst.parse_statement(f"{line}\n"))
             self.changes += 1
         for name, kind in self.p.reduce_after.get(id(original), []):
             after.append(cst.parse_statement(reduce_statement(name, kind)))

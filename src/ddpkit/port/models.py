@@ -1,0 +1,290 @@
+"""Which modules the optimizers of a ported script train, and where `ddpkit port` wraps each one."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
+
+__all__ = ["plan_models", "plan_autograd_grad", "is_optimizer", "move_receiver"]
+
+_OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
+_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
+                         "LBFGS", "ASGD", "Rprop", "SparseAdam"})
+_ELEMENT_ITERS = frozenset({"zip", "enumerate", "reversed"})
+
+
+def is_optimizer(call: cst.Call) -> bool:
+    name = dotted(call.func)
+    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
+
+
+def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
+    """For `x.to(device)`, `x.to(device, non_blocking=True)` or `x.cuda()`: x; else None."""
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return None
+    attr = call.func.attr.value
+    positional = [a for a in call.args if a.keyword is None]
+    extra = [a for a in call.args if a.keyword is not None and a.keyword.value != "non_blocking"]
+    if attr == "cuda" and len(positional) <= 1 and not extra:
+        return call.func.value
+    if attr == "to" and len(positional) == 1 and not extra and is_device_expr(positional[0].value):
+        return call.func.value
+    return None
+
+
+def _owner(name: str) -> str:
+    """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
+
+
+def _is_data_parallel(call: cst.Call) -> bool:
+    return dotted(call.func).rsplit(".", 1)[-1] == "DataParallel"
+
+
+def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The module under its moves and DataParallel: `nn.DataParallel(Net()).to(device)` -> `Net()`."""
+    while True:
+        receiver = move_receiver(expr)
+        if receiver is not None:
+            expr = receiver
+        elif isinstance(expr, cst.Call) and _is_data_parallel(expr) and expr.args and expr.args[0].keyword is None:
+            expr = expr.args[0].value
+        else:
+            return expr
+
+
+def _is_move(stmt: cst.BaseStatement, name: str) -> bool:
+    """`model.to(device)`, `model = model.cuda()`, `model = nn.DataParallel(model)`: no change to the model."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    if isinstance(small, cst.Assign) and (len(small.targets) != 1 or dotted(small.targets[0].target) != name):
+        return False
+    return value is not None and value is not _bare(value) and dotted(_bare(value)) == name
+
+
+def plan_models(plan: Any) -> str | None:
+    """Wrap every module an optimizer trains (a GAN's generator and discriminator, an encoder and decoder in one
+    optimizer, each model of a list); drop nn.DataParallel. The first module found is returned ('?' when the
+    optimizer's module cannot be followed), None when there is no optimizer."""
+    _plan_data_parallel(plan)
+    models: list[str] = []
+    f = plan.f
+    for key in sorted(f.ported, key=lambda k: (k != f.entry_key and k != ENTRY, k)):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and is_optimizer(node)):
+                continue
+            receivers = _trained_modules(plan, key, node)
+            if not receivers:
+                plan.todo(node, "cannot find the model this optimizer trains (no `X.parameters()` the codemod can "
+                          "follow): build the model, then model = ddpkit.wrap(model, ctx) before this line")
+                models.append("?")
+                continue
+            for receiver in receivers:
+                if any(receiver == m or receiver.startswith(m + ".") for m in models):
+                    continue
+                models.append(_wrap_model(plan, key, node, receiver) or receiver)
+    return models[0] if models else None
+
+
+def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
+    """The modules whose `.parameters()` an optimizer is built from, one per module: `Adam(g.parameters())`,
+    `list(enc.parameters()) + list(dec.parameters())`, `itertools.chain(...)`, parameter groups, or a name
+    assigned from such an expression in the same scope (`params = ...; SGD(params)`)."""
+    sources: list[cst.CSTNode] = [optimizer]
+    names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
+    for node in plan.nodes(key):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) in names:
+            sources.append(node.value)
+    receivers = [dotted(n.func.value) for s in sources for n in walk(s) if isinstance(n, cst.Call)
+                 and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters")]
+    if "" in receivers:  # `heads[0].parameters()`: a module the codemod cannot name, so cannot wrap
+        return []
+    out: list[str] = []
+    for r in receivers:
+        if not any(_owner(r) == _owner(o) for o in out):
+            out.append(r)
+    return out
+
+
+def _anchor(plan: Any, built_stmt: cst.CSTNode, opt_stmt: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement, in the block where the model is built (or a block around it), that holds the optimizer:
+    `if args.opt == "adam": opt = Adam(...) elif ...: opt = SGD(...)` wraps before the `if`, for every branch.
+    None when they are in different functions."""
+    built = [built_stmt]
+    while id(built[-1]) in plan._parent:
+        built.append(plan._parent[id(built[-1])])
+    anchor: cst.CSTNode | None = opt_stmt
+    while anchor is not None:
+        block, j = plan._block.get(id(anchor), ([], -1))
+        if any(b in block[:j] for b in built):
+            return anchor
+        anchor = plan._parent.get(id(anchor))
+    return None
+
+
+def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str | None:
+    opt_stmt = plan._stmt[id(optimizer)]
+    line = plan.line_of(opt_stmt)
+    scope = plan.f.scopes[key]
+    candidates = [receiver]
+    while "." in candidates[-1]:
+        candidates.append(candidates[-1].rsplit(".", 1)[0])
+    assign = None
+    for node in plan.nodes(key):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and plan.line_of(node) < line:
+            name = dotted(node.targets[0].target)
+            if node.value is not _bare(node.value) and dotted(_bare(node.value)) == name:
+                continue  # `model = model.to(device)`, `model = nn.DataParallel(model)`: not where it is built
+            if name in candidates and not (name == "self" or name in scope.params):
+                assign, model = node, name
+    if assign is None and receiver == "self" and scope.cls:
+        plan.todo(optimizer, f"the optimizer is built inside the model ({key}, over self.parameters()) and the "
+                  "model trains itself in its own methods, which DDP cannot see: gradients are averaged only "
+                  "through calls of the wrapped model; build the optimizer outside the class from the "
+                  "parameters of model = ddpkit.wrap(Model(), ctx) and compute the loss through model(...)")
+        return None
+    if assign is None:
+        listed = _listed_module(plan, optimizer, receiver)
+        if listed is not None:
+            return _wrap_list(plan, key, optimizer, *listed)
+        where = "is passed in" if any(c in scope.params for c in candidates) else "is not built here"
+        plan.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
+                  "built, before the optimizer is made")
+        return None
+    plan._set_role(key, model, "model")
+    assign_stmt = plan._stmt[id(assign)]
+    anchor = _anchor(plan, assign_stmt, opt_stmt)
+    if anchor is None:  # built in another function or method: wrap just before the optimizer
+        plan.wrap_before.setdefault(id(opt_stmt), []).append(f"{model} = ddpkit.wrap({model}, ctx)")
+        return model
+    block, j = plan._block[id(anchor)]
+    i = block.index(assign_stmt) if assign_stmt in block[:j] else -1
+    pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
+    if i >= 0 and all(not pattern.search(plan.f.code(s)) or _is_move(s, model) for s in block[i + 1:j]):
+        plan.wrap_inline[id(assign_stmt)] = model
+    else:
+        plan.wrap_before.setdefault(id(anchor), []).append(f"{model} = ddpkit.wrap({model}, ctx)")
+    return model
+
+
+def _listed_module(plan: Any, optimizer: cst.Call, receiver: str) -> tuple[str, cst.CompFor] | None:
+    """`[optim.Adam(net.parameters()) for net in nets]`: ('nets', the comprehension's `for`), else None."""
+    stmt = plan._stmt.get(id(optimizer))
+    for node in walk(stmt) if stmt is not None else ():
+        if isinstance(node, cst.CompFor) and receiver in {n.value for n in walk(node.target)
+                                                          if isinstance(n, cst.Name)}:
+            return plan.f.code(node.iter), node
+    return None
+
+
+def _element_names(target: cst.BaseExpression, iterable: cst.BaseExpression, name: str) -> list[str] | None:
+    """The names a loop over `name` binds to its elements: `for m in nets` -> ['m'], `for m, o in zip(nets, opts)`
+    -> ['m'], `for i, m in enumerate(nets)` -> ['m']; None when it is another use of the list."""
+    if isinstance(iterable, cst.Name) and iterable.value == name:
+        return [target.value] if isinstance(target, cst.Name) else None
+    if not (isinstance(iterable, cst.Call) and dotted(iterable.func) in _ELEMENT_ITERS):
+        return None
+    args = [a.value for a in iterable.args]
+    if dotted(iterable.func) == "reversed" and len(args) == 1:
+        return _element_names(target, args[0], name)
+    positions = [i for i, a in enumerate(args) if isinstance(a, cst.Name) and a.value == name]
+    if dotted(iterable.func) == "enumerate":
+        positions = [1] if positions == [0] else []
+    elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else []
+    if len(positions) != 1 or positions[0] >= len(elements) or not isinstance(elements[positions[0]], cst.Name):
+        return None
+    return [elements[positions[0]].value]
+
+
+def _wrap_list(plan: Any, key: str, optimizer: cst.Call, listed: str, comp: cst.CompFor) -> str | None:
+    """`nets = [Net(a), Net(b)]` (or a comprehension of calls) trained by `[Adam(n.parameters()) for n in nets]`:
+    every element is wrapped before the optimizers, and the names that loops over the list bind to its elements
+    are models. Any other use of the list (an index, an argument, a second binding) keeps a TODO."""
+    def todo(why: str) -> None:
+        plan.todo(optimizer, f"this optimizer trains each module of `{listed}` (models kept in a list), and {why}: "
+                  f"wrap each one before the optimizers are made ({listed} = [ddpkit.wrap(m, ctx) for m in "
+                  f"{listed}]) and read their attributes through ddpkit.unwrap(m)")
+
+    nodes = list(plan.nodes(key))
+    built = [n for n in nodes if isinstance(n, cst.Assign) and any(dotted(t.target) == listed for t in n.targets)]
+    if not isinstance(comp.iter, cst.Name) or len(built) != 1 or len(built[0].targets) != 1 or not (
+            isinstance(built[0].value, cst.List) and all(isinstance(e.value, cst.Call) for e in built[0].value.elements)
+            or isinstance(built[0].value, cst.ListComp) and isinstance(built[0].value.elt, cst.Call)):
+        todo("the codemod cannot see one place that builds them all")
+        return None
+    others = [k for k in plan.f.scopes if k != key and any(
+        isinstance(n, cst.Name) and n.value == listed for n in walk(plan.f.scopes[k].node))]
+    if others:
+        todo(f"`{listed}` is also read in {others[0]}")
+        return None
+    allowed = {id(built[0].targets[0].target)}
+    elements: set[str] = set()
+    for n in nodes:
+        if isinstance(n, (cst.For, cst.CompFor)):
+            names = _element_names(n.target, n.iter, listed)
+            if names is not None:
+                elements.update(names)
+                allowed |= {id(x) for x in walk(n.iter) if isinstance(x, cst.Name) and x.value == listed}
+        elif isinstance(n, cst.Call) and dotted(n.func) == "len" and len(n.args) == 1:
+            allowed.add(id(n.args[0].value))
+    stray = next((n for n in nodes if isinstance(n, cst.Name) and n.value == listed and id(n) not in allowed), None)
+    if stray is not None:
+        todo(f"`{listed}` is used at line {plan.line_of(stray)} in a way the codemod does not follow (an index, "
+             "an argument)")
+        return None
+    bound = [dotted(t.target) for n in nodes if isinstance(n, cst.Assign) for t in n.targets] + [
+        x.value for n in nodes if isinstance(n, (cst.For, cst.CompFor)) and _element_names(n.target, n.iter, listed)
+        is None for x in walk(n.target) if isinstance(x, cst.Name)]
+    if elements & set(bound) or not elements:
+        todo(f"a name that holds one of them also holds something else ({', '.join(sorted(elements & set(bound)))})"
+             if elements else "no loop over the list uses its elements")
+        return None
+    for name in elements:
+        plan._set_role(key, name, "model")
+    anchor = _anchor(plan, plan._stmt[id(built[0])], plan._stmt[id(optimizer)]) or plan._stmt[id(optimizer)]
+    plan.wrap_before.setdefault(id(anchor), []).append(f"{listed} = [ddpkit.wrap(m, ctx) for m in {listed}]")
+    return listed
+
+
+def plan_autograd_grad(plan: Any) -> None:
+    """`torch.autograd.grad(loss, model.parameters())`: DDP averages only the gradients backward() accumulates
+    into .grad, so these stay this rank's. A gradient with respect to inputs (a gradient penalty, whose double
+    backward then runs in backward()) is averaged like any other loss term."""
+    for key in sorted(plan.f.ported):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and dotted(node.func).endswith("autograd.grad")):
+                continue
+            inputs = next((a.value for a in node.args if a.keyword and a.keyword.value == "inputs"), None)
+            positional = [a.value for a in node.args if a.keyword is None]
+            inputs = inputs if inputs is not None else positional[1] if len(positional) > 1 else None
+            if inputs is None or any(isinstance(n, cst.Name) and (n.value in ("parameters", "named_parameters")
+                                                                 or plan.role(key, n.value) == "model")
+                                     for n in walk(inputs)):
+                plan.todo(node, "torch.autograd.grad with respect to the model's parameters: DDP averages only the "
+                          "gradients backward() accumulates into .grad, so these stay this rank's; all-reduce "
+                          "them (ddpkit.all_reduce_sum(ctx, g) / ctx.world_size) or use backward()")
+
+
+def _plan_data_parallel(plan: Any) -> None:
+    """`model = nn.DataParallel(model, device_ids=...)`: one process per device now, so the call goes and
+    `model.module` becomes the model itself. A DataParallel without a positional module is a TODO."""
+    for key in sorted(plan.f.ported):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and _is_data_parallel(node)):
+                continue
+            if not node.args or node.args[0].keyword is not None or node.args[0].star:
+                plan.todo(node, "nn.DataParallel without the module as its first argument: remove it by hand; "
+                          "ddpkit.wrap(model, ctx) replaces it (one process per device)")
+                continue
+            plan.drop_parallel.add(id(node))
+            stmt = plan._stmt.get(id(node))
+            if isinstance(stmt, cst.SimpleStatementLine):
+                plan.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
+                                           for t in s.targets if dotted(t.target))
