@@ -207,7 +207,7 @@ def test_data_parallel_behind_a_device_count_check_and_on_a_frozen_module():
     ast.parse(code)
 
 
-def test_an_optimizer_chosen_by_a_flag_wraps_the_model_once_for_every_branch():
+def test_an_optimizer_chosen_by_a_flag_wraps_the_model_on_every_branch():
     result = _port_text('''
         import argparse
         import torch
@@ -235,8 +235,9 @@ def test_an_optimizer_chosen_by_a_flag_wraps_the_model_once_for_every_branch():
     ''')
     code = result.code
     assert result.todos == [], result.todos
-    assert code.count("ddpkit.wrap(") == 1
-    assert 'net = ddpkit.wrap(net, ctx)\nif args.opt == "adam":' in code
+    assert code.count("ddpkit.wrap(") == 2
+    assert 'if args.opt == "adam":\n    net = ddpkit.wrap(net, ctx)\n    optimizer = torch.optim.Adam(' in code
+    assert 'elif args.opt == "sgd":\n    net = ddpkit.wrap(net, ctx)\n    optimizer = torch.optim.SGD(' in code
 
 
 def test_autograd_grad_over_parameters_is_a_todo_and_a_gradient_penalty_is_not():
@@ -293,3 +294,52 @@ def test_the_global_batch_size_used_inside_the_training_loop_is_a_todo():
         "torch.ones(batch_size, 1)", "torch.ones(len(x), 1)"))
     assert "meta = dict(batch_size=len(x), lr=loader.batch_size)" in ok.code
     assert ok.todos == [], ok.todos
+
+
+def test_an_optimizer_made_only_when_fine_tuning_wraps_only_then_and_a_rebinding_is_a_todo():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def train(encoder, decoder, loader, opts):
+            for x, y in loader:
+                loss = nn.functional.mse_loss(decoder(encoder(x)), y)
+                for opt in opts:
+                    if opt is not None:
+                        opt.zero_grad()
+                loss.backward()
+                for opt in opts:
+                    if opt is not None:
+                        opt.step()
+
+
+        def main(fine_tune=False, checkpoint=None):
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+            if checkpoint is None:
+                decoder = nn.Linear(3, 1)
+                encoder = nn.Linear(4, 3)
+                encoder.requires_grad_(fine_tune)
+                dec_opt = torch.optim.Adam(decoder.parameters(), lr=1e-3)
+                enc_opt = torch.optim.Adam(encoder.parameters(), lr=1e-3) if fine_tune else None
+            else:
+                decoder = checkpoint["decoder"]
+                encoder = checkpoint["encoder"]
+                dec_opt, enc_opt = checkpoint["dec_opt"], None
+            train(encoder, decoder, loader, [dec_opt, enc_opt])
+            encoder = torch.load("best_encoder.pt")
+            print(encoder.weight.sum())
+
+
+        if __name__ == "__main__":
+            main()
+    '''
+    result = _port_text(source)
+    code = result.code
+    # a module with no parameter that trains cannot be wrapped in DDP: only when its optimizer is made
+    assert "encoder = ddpkit.wrap(encoder, ctx) if fine_tune else encoder\n" in code
+    assert "decoder = ddpkit.wrap(nn.Linear(3, 1), ctx)" in code
+    # the resume path binds the models again and trains them unwrapped; the load after training does not train
+    assert sorted((t.line, t.message.split(" is bound")[0]) for t in result.todos) == [
+        (28, "`decoder`"), (29, "`encoder`")], result.todos

@@ -9,7 +9,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
 
-__all__ = ["plan_models", "plan_autograd_grad", "is_optimizer", "move_receiver"]
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -87,9 +87,11 @@ def plan_models(plan: Any) -> str | None:
                 models.append("?")
                 continue
             for receiver in receivers:
-                if any(receiver == m or receiver.startswith(m + ".") for m in models):
-                    continue
-                models.append(_wrap_model(plan, key, node, receiver) or receiver)
+                known = next((m for m in models if receiver == m or receiver.startswith(m + ".")), None)
+                if known is None:
+                    models.append(_wrap_model(plan, key, node, receiver) or receiver)
+                elif (key, known) in plan.wrapped:  # a second optimizer over it: wrapped on this path too?
+                    _place(plan, key, known, None, node)
     return models[0] if models else None
 
 
@@ -113,20 +115,36 @@ def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
     return out
 
 
-def _anchor(plan: Any, built_stmt: cst.CSTNode, opt_stmt: cst.CSTNode) -> cst.CSTNode | None:
-    """The statement, in the block where the model is built (or a block around it), that holds the optimizer:
-    `if args.opt == "adam": opt = Adam(...) elif ...: opt = SGD(...)` wraps before the `if`, for every branch.
-    None when they are in different functions."""
-    built = [built_stmt]
-    while id(built[-1]) in plan._parent:
-        built.append(plan._parent[id(built[-1])])
-    anchor: cst.CSTNode | None = opt_stmt
-    while anchor is not None:
-        block, j = plan._block.get(id(anchor), ([], -1))
-        if any(b in block[:j] for b in built):
-            return anchor
-        anchor = plan._parent.get(id(anchor))
-    return None
+def _chain(plan: Any, stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """A statement and the compound statements around it, innermost first."""
+    out = [stmt]
+    while id(out[-1]) in plan._parent:
+        out.append(plan._parent[id(out[-1])])
+    return out
+
+
+def _follows(plan: Any, first: cst.CSTNode, then: cst.CSTNode, *, same: bool = False) -> bool:
+    """Whoever runs `first` then runs `then` (unless a branch between skips it): a statement around `then`
+    comes after one around `first` in one block (`same`: or `then` is `first`)."""
+    if same and first is then:
+        return True
+    around = _chain(plan, first)
+    for stmt in _chain(plan, then):
+        block, j = plan._block.get(id(stmt), ([], -1))
+        if any(f is b and i < j for f in around for i, b in enumerate(block)):
+            return True
+    return False
+
+
+def _wrap_line(model: str, optimizer: cst.Call, stmt: cst.CSTNode, code: Any) -> str:
+    """`model = ddpkit.wrap(model, ctx)`, or under the optimizer's own condition when it is made only then
+    (`opt = Adam(...) if fine_tune else None`): DDP refuses a module with no parameter that trains."""
+    for node in walk(stmt):
+        if isinstance(node, cst.IfExp) and any(n is optimizer for n in walk(node.body)):
+            return f"{model} = ddpkit.wrap({model}, ctx) if {code(node.test)} else {model}"
+        if isinstance(node, cst.IfExp) and any(n is optimizer for n in walk(node.orelse)):
+            return f"{model} = {model} if {code(node.test)} else ddpkit.wrap({model}, ctx)"
+    return f"{model} = ddpkit.wrap({model}, ctx)"
 
 
 def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str | None:
@@ -159,19 +177,51 @@ def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str 
                   "built, before the optimizer is made")
         return None
     plan._set_role(key, model, "model")
-    assign_stmt = plan._stmt[id(assign)]
-    anchor = _anchor(plan, assign_stmt, opt_stmt)
-    if anchor is None:  # built in another function or method: wrap just before the optimizer
-        plan.wrap_before.setdefault(id(opt_stmt), []).append(f"{model} = ddpkit.wrap({model}, ctx)")
-        return model
-    block, j = plan._block[id(anchor)]
-    i = block.index(assign_stmt) if assign_stmt in block[:j] else -1
-    pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
-    if i >= 0 and all(not pattern.search(plan.f.code(s)) or _is_move(s, model) for s in block[i + 1:j]):
-        plan.wrap_inline[id(assign_stmt)] = model
-    else:
-        plan.wrap_before.setdefault(id(anchor), []).append(f"{model} = ddpkit.wrap({model}, ctx)")
+    _place(plan, key, model, plan._stmt[id(assign)], optimizer)
     return model
+
+
+def _place(plan: Any, key: str, model: str, built: cst.CSTNode | None, optimizer: cst.Call) -> None:
+    """Wrap where the model is built when only moves of it come before its optimizer, else just before the
+    optimizer, once on each path that makes one (`if args.opt == "adam": ... elif ...:` wraps in each branch,
+    a fine-tuning branch only there): DDP refuses a module with no parameter that trains. A model bound again
+    on a path with no wrap after it (`model = checkpoint["model"]`) is a TODO."""
+    opt_stmt = plan._stmt[id(optimizer)]
+    placed = plan.wrapped.setdefault((key, model), [])
+    if any(_follows(plan, where, opt_stmt, same=True) for where in placed):
+        return
+    block, j = plan._block.get(id(opt_stmt), ([], -1))
+    i = next((n for n, b in enumerate(block) if b is built), -1)
+    pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
+    line = _wrap_line(model, optimizer, opt_stmt, plan.f.code)
+    if 0 <= i < j and line == f"{model} = ddpkit.wrap({model}, ctx)" and all(
+            not pattern.search(plan.f.code(s)) or _is_move(s, model) for s in block[i + 1:j]):
+        plan.wrap_inline[id(built)] = model
+        placed.append(built)
+    else:
+        plan.wrap_before.setdefault(id(opt_stmt), []).append(line)
+        placed.append(opt_stmt)
+
+
+def check_rebound(plan: Any) -> None:
+    """A wrapped model bound again where no wrap follows (`model = checkpoint["model"]` on the resume path),
+    before a training loop or a call of a training function, would train unwrapped there: a TODO."""
+    for (key, model), placed in plan.wrapped.items():
+        nodes = list(plan.nodes(key))
+        trains = [plan.line_of(n) for n in nodes if isinstance(n, cst.For) and plan.loop_role(key, n) == "train"
+                  or isinstance(n, cst.Call) and set(plan.f.callees(n, key)) & plan.training_scopes]
+        for node in nodes:
+            if not (isinstance(node, cst.Assign) and any(dotted(t.target) == model for t in node.targets)):
+                continue
+            stmt = plan._stmt[id(node)]
+            if node.value is not _bare(node.value) and dotted(_bare(node.value)) == model or any(
+                    stmt is where and id(where) in plan.wrap_inline for where in placed):
+                continue
+            if not any(_follows(plan, stmt, where) for where in placed) and any(
+                    line > plan.line_of(stmt) for line in trains):
+                plan.todo(node, f"`{model}` is bound again here and no ddpkit.wrap follows on this path, so it "
+                          f"would train unwrapped (its gradients never averaged): add {model} = "
+                          f"ddpkit.wrap({model}, ctx) after it, before it trains")
 
 
 def _listed_module(plan: Any, optimizer: cst.Call, receiver: str) -> tuple[str, cst.CompFor] | None:
@@ -248,8 +298,8 @@ def _wrap_list(plan: Any, key: str, optimizer: cst.Call, listed: str, comp: cst.
         return None
     for name in elements:
         plan._set_role(key, name, "model")
-    anchor = _anchor(plan, plan._stmt[id(built[0])], plan._stmt[id(optimizer)]) or plan._stmt[id(optimizer)]
-    plan.wrap_before.setdefault(id(anchor), []).append(f"{listed} = [ddpkit.wrap(m, ctx) for m in {listed}]")
+    opt_stmt = plan._stmt[id(optimizer)]
+    plan.wrap_before.setdefault(id(opt_stmt), []).append(f"{listed} = [ddpkit.wrap(m, ctx) for m in {listed}]")
     return listed
 
 

@@ -9,7 +9,7 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, Facts, dotted, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
-from ddpkit.port.models import is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
@@ -60,6 +60,8 @@ class Plan:
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.wrapped: dict[tuple[str, str], list[cst.CSTNode]] = {}
+        """(scope, model) -> the statements where it is wrapped (its build, or before an optimizer)."""
         self.train_sizes: set[str] = set()
         """Names that hold a training loader's batch size (`batch_size`, `args.batch_size`): the global batch."""
         self.drop_parallel: set[int] = set()
@@ -91,6 +93,7 @@ class Plan:
         """Scopes with a loop over a training loader: their training step is that loop's body."""
         if model not in (None, "?"):
             plan_autograd_grad(self)
+            check_rebound(self)
         self._plan_batch_size_uses()
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
