@@ -343,3 +343,29 @@ def test_an_optimizer_made_only_when_fine_tuning_wraps_only_then_and_a_rebinding
     # the resume path binds the models again and trains them unwrapped; the load after training does not train
     assert sorted((t.line, t.message.split(" is bound")[0]) for t in result.todos) == [
         (28, "`decoder`"), (29, "`encoder`")], result.todos
+
+
+def test_an_optimizer_made_every_epoch_wraps_once_and_a_second_one_that_may_follow_is_a_todo():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        model.weight.data.zero_()
+        for epoch in range(3):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1 / (epoch + 1))
+            for x, y in loader:
+                loss = nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    '''
+    once = _port_text(source)
+    assert once.todos == [] and once.code.count("ddpkit.wrap(") == 1
+    assert "model = ddpkit.wrap(model, ctx)\nfor epoch in range(3):" in once.code
+    twice = _port_text(source.replace("        for epoch in range(3):", "        if epoch_one := True:\n"
+                                      "            head = torch.optim.SGD(model.parameters(), lr=1.0)\n"
+                                      "        for epoch in range(3):"))
+    assert [t.line for t in twice.todos] == [12] and "may be wrapped already" in twice.todos[0].message

@@ -91,7 +91,7 @@ def plan_models(plan: Any) -> str | None:
                 if known is None:
                     models.append(_wrap_model(plan, key, node, receiver) or receiver)
                 elif (key, known) in plan.wrapped:  # a second optimizer over it: wrapped on this path too?
-                    _place(plan, key, known, None, node)
+                    _place(plan, key, known, plan.built[(key, known)], node)
     return models[0] if models else None
 
 
@@ -123,11 +123,8 @@ def _chain(plan: Any, stmt: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
-def _follows(plan: Any, first: cst.CSTNode, then: cst.CSTNode, *, same: bool = False) -> bool:
-    """Whoever runs `first` then runs `then` (unless a branch between skips it): a statement around `then`
-    comes after one around `first` in one block (`same`: or `then` is `first`)."""
-    if same and first is then:
-        return True
+def _follows(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+    """`then` may run after `first`: a statement around `then` comes after one around `first` in one block."""
     around = _chain(plan, first)
     for stmt in _chain(plan, then):
         block, j = plan._block.get(id(stmt), ([], -1))
@@ -181,26 +178,66 @@ def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str 
     return model
 
 
-def _place(plan: Any, key: str, model: str, built: cst.CSTNode | None, optimizer: cst.Call) -> None:
+def _dominates(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+    """`first` runs before `then` whenever `then` runs: `then`, or a statement around it, comes later in the
+    block that holds `first`."""
+    if first is then:
+        return True
+    block = plan._block.get(id(first), (None, -1))
+    return any(plan._block.get(id(s), (None, -1))[0] is block[0] and plan._block[id(s)][1] > block[1]
+               for s in _chain(plan, then) if block[0] is not None)
+
+
+def _exclusive(plan: Any, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """`a` and `b` sit in different branches of one if/elif/else chain, with no loop around it."""
+    around_a, around_b = _chain(plan, a), _chain(plan, b)
+    for n, common in enumerate(around_a[1:], 1):
+        m = next((k for k, s in enumerate(around_b) if s is common), None)
+        if m is None:
+            continue
+        if not isinstance(common, cst.If) or m == 0 or plan._block[id(around_a[n - 1])][0] is \
+                plan._block[id(around_b[m - 1])][0]:
+            return False
+        return not any(isinstance(s, (cst.For, cst.While)) for s in around_a[n:])
+    return False
+
+
+def _place(plan: Any, key: str, model: str, built: cst.CSTNode, optimizer: cst.Call) -> None:
     """Wrap where the model is built when only moves of it come before its optimizer, else just before the
-    optimizer, once on each path that makes one (`if args.opt == "adam": ... elif ...:` wraps in each branch,
-    a fine-tuning branch only there): DDP refuses a module with no parameter that trains. A model bound again
-    on a path with no wrap after it (`model = checkpoint["model"]`) is a TODO."""
+    optimizer (before the outermost loop around it that does not build the model: once, not every epoch). A
+    second optimizer over the model in another branch of the same if/elif (`args.opt == "adam"` / `"sgd"`) wraps
+    there too, a fine-tuning branch only there: DDP refuses a module with no parameter that trains. A second
+    optimizer that may run after the first wrap on one path is a TODO (a module wrapped twice breaks DDP)."""
     opt_stmt = plan._stmt[id(optimizer)]
     placed = plan.wrapped.setdefault((key, model), [])
-    if any(_follows(plan, where, opt_stmt, same=True) for where in placed):
+    plan.built.setdefault((key, model), built)
+    if any(_dominates(plan, where, opt_stmt) for where in placed):
         return
-    block, j = plan._block.get(id(opt_stmt), ([], -1))
+    around_built = _chain(plan, built)
+    anchor = opt_stmt
+    for stmt in _chain(plan, opt_stmt)[1:]:
+        if any(stmt is b for b in around_built):
+            break
+        if isinstance(stmt, (cst.For, cst.While)):
+            anchor = stmt
+    line = _wrap_line(model, optimizer, opt_stmt, plan.f.code)
+    plain = f"{model} = ddpkit.wrap({model}, ctx)"
+    if placed and not all(_exclusive(plan, where, anchor) for where in placed) or anchor is not opt_stmt \
+            and line != plain:
+        plan.todo(optimizer, f"this optimizer also trains `{model}`, which may be wrapped already on this path "
+                  f"(a module wrapped twice breaks DDP) or only under a condition the codemod cannot place: wrap "
+                  f"{model} once, with {plain}, before the optimizers that train it")
+        return
+    block, j = plan._block.get(id(anchor), ([], -1))
     i = next((n for n, b in enumerate(block) if b is built), -1)
     pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
-    line = _wrap_line(model, optimizer, opt_stmt, plan.f.code)
-    if 0 <= i < j and line == f"{model} = ddpkit.wrap({model}, ctx)" and all(
+    if 0 <= i < j and line == plain and all(
             not pattern.search(plan.f.code(s)) or _is_move(s, model) for s in block[i + 1:j]):
         plan.wrap_inline[id(built)] = model
         placed.append(built)
     else:
-        plan.wrap_before.setdefault(id(opt_stmt), []).append(line)
-        placed.append(opt_stmt)
+        plan.wrap_before.setdefault(id(anchor), []).append(line)
+        placed.append(anchor)
 
 
 def check_rebound(plan: Any) -> None:

@@ -62,6 +62,8 @@ class Plan:
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
         self.wrapped: dict[tuple[str, str], list[cst.CSTNode]] = {}
         """(scope, model) -> the statements where it is wrapped (its build, or before an optimizer)."""
+        self.built: dict[tuple[str, str], cst.CSTNode] = {}
+        """(scope, model) -> the statement that builds it."""
         self.train_sizes: set[str] = set()
         """Names that hold a training loader's batch size (`batch_size`, `args.batch_size`): the global batch."""
         self.drop_parallel: set[int] = set()
