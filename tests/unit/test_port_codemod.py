@@ -17,7 +17,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "port"
 PLAIN = ROOT / "examples" / "plain"
 FULL = ["argparse_main", "toplevel_script", "trainer_class", "dict_batches", "amp_scaler", "checkpoint_resume",
         "tqdm_loops", "running_loss", "epoch_loss_mean", "two_optimizers", "gan_pair", "encoder_decoder",
-        "model_list"]
+        "model_list", "model_passed_in"]
 TODO = {"custom_sampler": ["custom sampler"]}
 
 

@@ -369,3 +369,32 @@ def test_an_optimizer_made_every_epoch_wraps_once_and_a_second_one_that_may_foll
                                       "            head = torch.optim.SGD(model.parameters(), lr=1.0)\n"
                                       "        for epoch in range(3):"))
     assert [t.line for t in twice.todos] == [12] and "may be wrapped already" in twice.todos[0].message
+
+
+def test_a_model_passed_to_the_function_that_makes_its_optimizer_is_wrapped_where_it_is_built():
+    result = _port("model_passed_in")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "model_passed_in_ddp.py") == []
+    # after the checkpoint is loaded, once before the try: the retry in the except handler reuses the wrapper
+    assert code.count("ddpkit.wrap(") == 1
+    assert "    model = ddpkit.wrap(model, ctx)\n    try:\n        train_model(model=model" in code
+    assert code.index("ddpkit.unwrap(model).load_state_dict(") < code.index("model = ddpkit.wrap(model, ctx)")
+    assert '"inputs": ddpkit.unwrap(model).n_inputs' in code  # the parameter is a model in train_model
+    assert "torch.save(ddpkit.unwrap(model).state_dict(), out)" in code
+    tuple_built = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model, head = nn.Linear(4, 3).to(device), nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(list(model.parameters()) + list(head.parameters()), lr=0.1)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(head(model(x)), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    ''')
+    assert tuple_built.todos == [], tuple_built.todos
+    assert "model = ddpkit.wrap(model, ctx)\nhead = ddpkit.wrap(head, ctx)\noptimizer = " in tuple_built.code

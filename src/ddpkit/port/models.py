@@ -91,7 +91,7 @@ def plan_models(plan: Any) -> str | None:
                 if known is None:
                     models.append(_wrap_model(plan, key, node, receiver) or receiver)
                 elif (key, known) in plan.wrapped:  # a second optimizer over it: wrapped on this path too?
-                    _place(plan, key, known, plan.built[(key, known)], node)
+                    _place(plan, key, known, plan.built[(key, known)], plan._stmt[id(node)], node)
     return models[0] if models else None
 
 
@@ -151,14 +151,7 @@ def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str 
     candidates = [receiver]
     while "." in candidates[-1]:
         candidates.append(candidates[-1].rsplit(".", 1)[0])
-    assign = None
-    for node in plan.nodes(key):
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and plan.line_of(node) < line:
-            name = dotted(node.targets[0].target)
-            if node.value is not _bare(node.value) and dotted(_bare(node.value)) == name:
-                continue  # `model = model.to(device)`, `model = nn.DataParallel(model)`: not where it is built
-            if name in candidates and not (name == "self" or name in scope.params):
-                assign, model = node, name
+    assign, model = _build(plan, key, candidates, line)
     if assign is None and receiver == "self" and scope.cls:
         plan.todo(optimizer, f"the optimizer is built inside the model ({key}, over self.parameters()) and the "
                   "model trains itself in its own methods, which DDP cannot see: gradients are averaged only "
@@ -169,13 +162,64 @@ def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str 
         listed = _listed_module(plan, optimizer, receiver)
         if listed is not None:
             return _wrap_list(plan, key, optimizer, *listed)
+        if candidates[-1] in scope.params and _wrap_argument(plan, key, candidates[-1]):
+            return candidates[-1]
         where = "is passed in" if any(c in scope.params for c in candidates) else "is not built here"
         plan.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
                   "built, before the optimizer is made")
         return None
     plan._set_role(key, model, "model")
-    _place(plan, key, model, plan._stmt[id(assign)], optimizer)
+    _place(plan, key, model, plan._stmt[id(assign)], plan._stmt[id(optimizer)], optimizer)
     return model
+
+
+def _build(plan: Any, key: str, candidates: list[str], line: int) -> tuple[cst.Assign | None, str]:
+    """The last assignment before `line` in scope `key` that builds one of `candidates` (not a move, not a
+    parameter): `model = Net()`, `model, data = Net().to(device), data.to(device)`; (None, '') if none."""
+    found: tuple[cst.Assign | None, str] = (None, "")
+    params = plan.f.scopes[key].params
+    for node in plan.nodes(key):
+        if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and plan.line_of(node) < line):
+            continue
+        target, value = node.targets[0].target, node.value
+        pairs = [(target, value)]
+        if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(
+                value.elements):
+            pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+        for t, v in pairs:
+            name = dotted(t)
+            if v is not _bare(v) and dotted(_bare(v)) == name:
+                continue  # `model = model.to(device)`, `model = nn.DataParallel(model)`: not where it is built
+            if name in candidates and not (name == "self" or name in params):
+                found = (node, name)
+    return found
+
+
+def _wrap_argument(plan: Any, key: str, param: str) -> bool:
+    """`def train(model, ...)` with the optimizer inside, called as `train(model=model, ...)` from where the model
+    is built: wrap it there, before the statement that holds the call, and `param` is a model. False (nothing
+    planned) when a call passes anything but a name built in the caller."""
+    params = plan.f.scopes[key].params
+    sites = []
+    for caller in sorted(plan.f.ported):
+        for call in (n for n in plan.nodes(caller) if isinstance(n, cst.Call) and key in plan.f.callees(n, caller)):
+            arg = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            if arg is None and params.index(param) < len(positional):
+                arg = positional[params.index(param)]
+            name = dotted(arg) if isinstance(arg, cst.Name) else ""
+            stmt = plan._stmt.get(id(call))
+            assign = _build(plan, caller, [name], plan.line_of(stmt))[0] if name and stmt is not None else None
+            if assign is None:
+                return False
+            sites.append((caller, name, plan._stmt[id(assign)], stmt))
+    if not sites:
+        return False
+    for caller, name, built, stmt in sites:
+        plan._set_role(caller, name, "model")
+        _place(plan, caller, name, built, stmt, None)
+    plan._set_role(key, param, "model")
+    return True
 
 
 def _dominates(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
@@ -202,36 +246,39 @@ def _exclusive(plan: Any, a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return False
 
 
-def _place(plan: Any, key: str, model: str, built: cst.CSTNode, optimizer: cst.Call) -> None:
+def _place(plan: Any, key: str, model: str, built: cst.CSTNode, opt_stmt: cst.CSTNode,
+           optimizer: cst.Call | None) -> None:
     """Wrap where the model is built when only moves of it come before its optimizer, else just before the
     optimizer (before the outermost loop around it that does not build the model: once, not every epoch). A
     second optimizer over the model in another branch of the same if/elif (`args.opt == "adam"` / `"sgd"`) wraps
     there too, a fine-tuning branch only there: DDP refuses a module with no parameter that trains. A second
     optimizer that may run after the first wrap on one path is a TODO (a module wrapped twice breaks DDP)."""
-    opt_stmt = plan._stmt[id(optimizer)]
     placed = plan.wrapped.setdefault((key, model), [])
     plan.built.setdefault((key, model), built)
-    if any(_dominates(plan, where, opt_stmt) for where in placed):
-        return
     around_built = _chain(plan, built)
     anchor = opt_stmt
     for stmt in _chain(plan, opt_stmt)[1:]:
         if any(stmt is b for b in around_built):
             break
-        if isinstance(stmt, (cst.For, cst.While)):
+        if isinstance(stmt, (cst.For, cst.While)) or optimizer is None:  # a call: wrap in the build's block
             anchor = stmt
-    line = _wrap_line(model, optimizer, opt_stmt, plan.f.code)
+    if any(where is anchor or _dominates(plan, where, opt_stmt) for where in placed):
+        return
+    line = _wrap_line(model, optimizer, opt_stmt, plan.f.code) if optimizer is not None else \
+        f"{model} = ddpkit.wrap({model}, ctx)"
     plain = f"{model} = ddpkit.wrap({model}, ctx)"
     if placed and not all(_exclusive(plan, where, anchor) for where in placed) or anchor is not opt_stmt \
             and line != plain:
-        plan.todo(optimizer, f"this optimizer also trains `{model}`, which may be wrapped already on this path "
-                  f"(a module wrapped twice breaks DDP) or only under a condition the codemod cannot place: wrap "
+        plan.todo(optimizer or opt_stmt, f"this also trains `{model}`, which may be wrapped already on this path (a "
+                  f"module wrapped twice breaks DDP) or only under a condition the codemod cannot place: wrap "
                   f"{model} once, with {plain}, before the optimizers that train it")
         return
     block, j = plan._block.get(id(anchor), ([], -1))
     i = next((n for n, b in enumerate(block) if b is built), -1)
     pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
-    if 0 <= i < j and line == plain and all(
+    whole = isinstance(built, cst.SimpleStatementLine) and isinstance(built.body[0], cst.Assign) and dotted(
+        built.body[0].targets[0].target) == model  # not `model, data = Net(), data.to(device)`
+    if 0 <= i < j and whole and line == plain and all(
             not pattern.search(plan.f.code(s)) or _is_move(s, model) for s in block[i + 1:j]):
         plan.wrap_inline[id(built)] = model
         placed.append(built)
