@@ -363,11 +363,10 @@ class Script:
             workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
                         if isinstance(a, ast.Name) and a.id in names}
         # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
-        # rank when torchrun starts the script (the ImageNet example's two modes); `else: train(0, a, h)`
-        # hands the worker a fixed rank: that path is one process, and the caller stays the parent
+        # rank when torchrun starts the script (the ImageNet example's two modes)
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
-            and not (c.args and isinstance(c.args[0], ast.Constant)) for c in ast.walk(d)))
+            for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
         reached, todo = set(), list(workers)
         while todo:

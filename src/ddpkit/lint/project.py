@@ -353,17 +353,8 @@ class _Modules:
         key = (os.path.dirname(os.path.normpath(importer)), dotted, parent)
         if key not in self._found:
             names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
-            self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
-                or next((p for name in names if "." in name for p in [self._unique(name)] if p), None)
+            self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None)
         return self._found[key]
-
-    def _unique(self, dotted: str) -> str | None:
-        """`from core.function import train` in tools/train.py, whose folder `lib/` is put on sys.path at run time
-        (`_init_paths`): the one file of the project at that dotted path in some folder (none if several)."""
-        relative = os.path.join(*dotted.split("."))
-        tails = (os.sep + relative + ".py", os.sep + os.path.join(relative, "__init__.py"))
-        found = [p for normal, p in self.files.items() if normal.endswith(tails)]
-        return found[0] if len(found) == 1 else None
 
     def _search(self, folder: str, dotted: str) -> str | None:
         relative = os.path.join(*dotted.split("."))
