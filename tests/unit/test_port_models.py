@@ -398,3 +398,25 @@ def test_a_model_passed_to_the_function_that_makes_its_optimizer_is_wrapped_wher
     ''')
     assert tuple_built.todos == [], tuple_built.todos
     assert "model = ddpkit.wrap(model, ctx)\nhead = ddpkit.wrap(head, ctx)\noptimizer = " in tuple_built.code
+
+
+def test_a_model_given_to_a_rank_zero_call_is_the_unwrapped_one():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.tensorboard import SummaryWriter
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        writer = SummaryWriter()
+        writer.add_graph(model, torch.zeros(1, 4))
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    ''')
+    assert result.todos == [], result.todos
+    assert "if ctx.is_main:\n    writer.add_graph(ddpkit.unwrap(model), torch.zeros(1, 4))" in result.code

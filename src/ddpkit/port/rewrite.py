@@ -90,6 +90,8 @@ class Rewriter(cst.CSTTransformer):
         self.changes = 0
         self.no_grad = 0
         """Depth of `with torch.no_grad():` / inference_mode blocks around the node being visited."""
+        self.rank0 = 0
+        """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
 
     # ---- where we are -------------------------------------------------------------------------
@@ -114,6 +116,8 @@ class Rewriter(cst.CSTTransformer):
             self.no_grad += 1
         if id(node) in self.region:
             self.region_depth += 1
+        if id(node) in self.p.guard:
+            self.rank0 += 1
         if id(node) in self._nodes_to_keys:
             self.keys.append(self._nodes_to_keys[id(node)])
         if isinstance(node, cst.For) and self.in_ctx():
@@ -139,6 +143,8 @@ class Rewriter(cst.CSTTransformer):
             self.no_grad -= 1
         if id(original) in self.region:
             self.region_depth -= 1
+        if id(original) in self.p.guard:
+            self.rank0 -= 1
         return result
 
     def _batch_names(self) -> set[str]:
@@ -154,6 +160,11 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        if self.rank0 and any(self.role(a.value) == "model" for a in original.args):
+            self.changes += 1  # rank 0 alone (`writer.add_graph(model, x)`): a forward of the DDP wrapper there
+            updated = updated.with_changes(args=[  # would be a collective the other ranks never join
+                a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(o.value)})")) if self.role(o.value) == "model"
+                else a for a, o in zip(updated.args, original.args)])
         if id(original) in self.p.drop_parallel:
             self.changes += 1  # one process per device: DDP (ddpkit.wrap) replaces DataParallel
             return updated.args[0].value
