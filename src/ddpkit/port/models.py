@@ -182,7 +182,7 @@ def _build(plan: Any, key: str, candidates: list[str], line: int) -> tuple[cst.A
         if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and plan.line_of(node) < line):
             continue
         target, value = node.targets[0].target, node.value
-        pairs = [(target, value)]
+        pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = [(target, value)]
         if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(
                 value.elements):
             pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
@@ -332,9 +332,8 @@ def _element_names(target: cst.BaseExpression, iterable: cst.BaseExpression, nam
     if dotted(iterable.func) == "enumerate":
         positions = [1] if positions == [0] else []
     elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else []
-    if len(positions) != 1 or positions[0] >= len(elements) or not isinstance(elements[positions[0]], cst.Name):
-        return None
-    return [elements[positions[0]].value]
+    element = elements[positions[0]] if len(positions) == 1 and positions[0] < len(elements) else None
+    return [element.value] if isinstance(element, cst.Name) else None
 
 
 def _wrap_list(plan: Any, key: str, optimizer: cst.Call, listed: str, comp: cst.CompFor) -> str | None:
