@@ -16,8 +16,9 @@ ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "port"
 PLAIN = ROOT / "examples" / "plain"
 FULL = ["argparse_main", "toplevel_script", "trainer_class", "dict_batches", "amp_scaler", "checkpoint_resume",
-        "tqdm_loops", "running_loss", "epoch_loss_mean"]
-TODO = {"custom_sampler": ["custom sampler"], "two_optimizers": ["a second optimizer"]}
+        "tqdm_loops", "running_loss", "epoch_loss_mean", "two_optimizers", "gan_pair", "encoder_decoder",
+        "model_list", "model_passed_in"]
+TODO = {"custom_sampler": ["custom sampler"]}
 
 
 def _path(name: str) -> Path:

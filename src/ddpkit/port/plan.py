@@ -6,44 +6,19 @@ import re
 from collections.abc import Callable, Iterator
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, Facts, dotted, is_device_expr, loader_expr, root_name, statements_of, walk
+from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_device_datasets, plan_no_loader
+from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
-_OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
-_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
-                         "LBFGS", "ASGD", "Rprop", "SparseAdam"})
 _TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 
 
-def _owner(name: str) -> str:
-    """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
-    parts = name.split(".")
-    return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
-
-
-def is_optimizer(call: cst.Call) -> bool:
-    name = dotted(call.func)
-    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
-
-
-def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
-    """For `x.to(device)`, `x.to(device, non_blocking=True)` or `x.cuda()`: x; else None."""
-    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
-        return None
-    attr = call.func.attr.value
-    positional = [a for a in call.args if a.keyword is None]
-    extra = [a for a in call.args if a.keyword is not None and a.keyword.value != "non_blocking"]
-    if attr == "cuda" and len(positional) <= 1 and not extra:
-        return call.func.value
-    if attr == "to" and len(positional) == 1 and not extra and is_device_expr(positional[0].value):
-        return call.func.value
-    return None
 
 
 class Plan:
@@ -57,7 +32,8 @@ class Plan:
         self.notes: dict[int, list[str]] = {}
         self.loaders: dict[int, str] = {}
         self.wrap_inline: dict[int, str] = {}
-        self.wrap_before: dict[int, str] = {}
+        self.wrap_before: dict[int, list[str]] = {}
+        """Statements before which the modules an optimizer trains are wrapped: `g = ddpkit.wrap(g, ctx)` lines."""
         self.reduce_after: dict[int, list[tuple[str, str]]] = {}
         self.reduced: dict[str, set[str]] = {}
         self.class_roles: dict[str, dict[str, str]] = {}
@@ -87,13 +63,23 @@ class Plan:
         """The training loop of a script that seeds every rank alike: each rank's own stream starts before it."""
         self.summary: list[str] = []
         """What the port's summary line says besides the TODOs (data not sharded, a larger global batch)."""
+        self.wrapped: dict[tuple[str, str], list[cst.CSTNode]] = {}
+        """(scope, model) -> the statements where it is wrapped (its build, or before an optimizer)."""
+        self.built: dict[tuple[str, str], cst.CSTNode] = {}
+        """(scope, model) -> the statement that builds it."""
+        self.train_sizes: set[str] = set()
+        """Names that hold a training loader's batch size (`batch_size`, `args.batch_size`): the global batch."""
+        self.drop_parallel: set[int] = set()
+        """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
+        self.parallel_names: set[str] = set()
+        """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
             self._index(facts.scope_statements(key))
         self._plan_loaders()
-        model = self._plan_model()
+        model = plan_models(self)
         start = facts.region[0] if facts.region else None
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
@@ -107,6 +93,10 @@ class Plan:
         self.loop_scopes = {k for k in facts.ported if any(
             isinstance(n, cst.For) and self.loop_role(k, n) == "train" for n in self.nodes(k))}
         """Scopes with a loop over a training loader: their training step is that loop's body."""
+        if model not in (None, "?"):
+            plan_autograd_grad(self)
+            check_rebound(self)
+        self._plan_batch_size_uses()
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
@@ -271,6 +261,8 @@ class Plan:
             if kind == "train":
                 size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
                     self.f.code(positional[1].value) if len(positional) > 1 else "1"
+                if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
+                    self.train_sizes.add(size)
                 self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
                           f"{size} samples per step")
             if target:
@@ -330,80 +322,20 @@ class Plan:
 
         return out if all(add(n) for n in names) else None
 
-    # ---- model -------------------------------------------------------------------------------
-    def _plan_model(self) -> str | None:
-        model: str | None = None
-        for key in sorted(self.f.ported, key=lambda k: (k != self.f.entry_key and k != ENTRY, k)):
-            for node in self.nodes(key):
-                if not (isinstance(node, cst.Call) and is_optimizer(node)):
-                    continue
-                receivers = list(dict.fromkeys(dotted(n.func.value) for n in walk(node) if isinstance(n, cst.Call)
-                                               and isinstance(n.func, cst.Attribute)
-                                               and n.func.attr.value in ("parameters", "named_parameters")))
-                receiver = receivers[0] if receivers else ""
-                others = [r for r in receivers[1:] if r and _owner(r) != _owner(receiver)]
-                if model is None and others:
-                    self.todo(node, f"this optimizer also trains {', '.join(others)}, which the port does not wrap: "
-                              f"its gradients would never be averaged across ranks; put {receiver} and "
-                              f"{', '.join(others)} in one nn.Module, build the optimizer from its parameters, and "
-                              "wrap that module")
-                if model is not None:
-                    if receiver and (receiver == model or receiver.startswith(model + ".")):
-                        continue
-                    self.todo(node, "a second optimizer: a second model or training loop; wrap its model with "
-                              "ddpkit.wrap(model, ctx) before this line and check that every rank runs its loop")
-                    continue
-                if not receiver:
-                    self.todo(node, "cannot find the model this optimizer trains: build the model, then "
-                              "model = ddpkit.wrap(model, ctx) before this line")
-                    model = "?"
-                    continue
-                model = self._wrap_model(key, node, receiver) or "?"
-        return model
-
-    def _wrap_model(self, key: str, optimizer: cst.Call, receiver: str) -> str | None:
-        opt_stmt = self._stmt[id(optimizer)]
-        line = self.line_of(opt_stmt)
-        candidates = [receiver]
-        while "." in candidates[-1]:
-            candidates.append(candidates[-1].rsplit(".", 1)[0])
-        assign = None
-        for node in self.nodes(key):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1 and self.line_of(node) < line:
-                name = dotted(node.targets[0].target)
-                receiver_of = move_receiver(node.value)
-                if receiver_of is not None and dotted(receiver_of) == name:
-                    continue  # `model = model.to(device)`: a move, not where the model is built
-                if name in candidates and not (name == "self" or name in self.f.scopes[key].params):
-                    assign, model = node, name
-        if assign is None:
-            where = "is passed in" if any(c in self.f.scopes[key].params for c in candidates) else "is not built here"
-            self.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
-                      "built, before the optimizer is made")
-            return None
-        if any(isinstance(n, cst.Call) and dotted(n.func).endswith("DataParallel") for n in walk(assign.value)):
-            self.todo(assign, "nn.DataParallel: remove it; ddpkit.wrap(model, ctx) replaces it")
-            return None
-        self._set_role(key, model, "model")
-        assign_stmt = self._stmt[id(assign)]
-        block, i = self._block.get(id(assign_stmt), ([], -1))
-        j = block.index(opt_stmt) if opt_stmt in block else -1
-        between = block[i + 1:j] if 0 <= i < j else None
-        pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
-        if between is not None and all(not pattern.search(self.f.code(s)) or self._is_move(s, model) for s in between):
-            self.wrap_inline[id(assign_stmt)] = model
-        else:
-            self.wrap_before[id(opt_stmt)] = model
-        return model
-
-    @staticmethod
-    def _is_move(stmt: cst.BaseStatement, name: str) -> bool:
-        if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-            return False
-        small = stmt.body[0]
-        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        receiver = move_receiver(value) if value is not None else None
-        return receiver is not None and dotted(receiver) == name
+    def _plan_batch_size_uses(self) -> None:
+        """`images.reshape(batch_size, -1)`, `torch.ones(batch_size, 1)` in a training loop: the loader's batch
+        size is the global batch, and each rank's batch now holds batch_size // world_size samples."""
+        for key in sorted(self.f.ported):
+            for loop in (n for n in self.nodes(key) if isinstance(n, cst.For) and self.loop_role(key, n) == "train"):
+                body = list(walk(loop.body))
+                skip = {id(n.keyword) for n in body if isinstance(n, cst.Arg) and n.keyword is not None}
+                skip |= {id(n.attr) for n in body if isinstance(n, cst.Attribute)}
+                use = next((n for n in body if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in skip
+                            and dotted(n) in self.train_sizes), None)
+                if use is not None:
+                    self.todo(use, f"`{dotted(use)}` is the global batch, but each rank's batch now holds "
+                              f"{dotted(use)} // ctx.world_size samples: in this training loop (first use here) "
+                              "use the batch's own size (e.g. x.size(0))")
 
     # ---- role propagation ----------------------------------------------------------------------
     def _propagate_roles(self) -> None:

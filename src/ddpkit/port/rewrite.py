@@ -90,6 +90,8 @@ class Rewriter(cst.CSTTransformer):
         self.changes = 0
         self.no_grad = 0
         """Depth of `with torch.no_grad():` / inference_mode blocks around the node being visited."""
+        self.rank0 = 0
+        """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
 
     # ---- where we are -------------------------------------------------------------------------
@@ -114,6 +116,8 @@ class Rewriter(cst.CSTTransformer):
             self.no_grad += 1
         if id(node) in self.region:
             self.region_depth += 1
+        if id(node) in self.p.guard:
+            self.rank0 += 1
         if id(node) in self._nodes_to_keys:
             self.keys.append(self._nodes_to_keys[id(node)])
         if isinstance(node, cst.For) and self.in_ctx():
@@ -139,6 +143,8 @@ class Rewriter(cst.CSTTransformer):
             self.no_grad -= 1
         if id(original) in self.region:
             self.region_depth -= 1
+        if id(original) in self.p.guard:
+            self.rank0 -= 1
         return result
 
     def _batch_names(self) -> set[str]:
@@ -154,6 +160,14 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        if self.rank0 and any(self.role(a.value) == "model" for a in original.args):
+            self.changes += 1  # rank 0 alone (`writer.add_graph(model, x)`): a forward of the DDP wrapper there
+            updated = updated.with_changes(args=[  # would be a collective the other ranks never join
+                a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(o.value)})")) if self.role(o.value) == "model"
+                else a for a, o in zip(updated.args, original.args)])
+        if id(original) in self.p.drop_parallel:
+            self.changes += 1  # one process per device: DDP (ddpkit.wrap) replaces DataParallel
+            return updated.args[0].value
         name = dotted(updated.func)
         receiver = move_receiver(updated)
         if receiver is not None:
@@ -247,6 +261,11 @@ class Rewriter(cst.CSTTransformer):
         if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
             self.changes += 1  # the script's --device setting: each rank's own device now
             return parse_expr("ctx.device")
+        if self.in_ctx() and updated.attr.value == "module" and dotted(updated.value) in self.p.parallel_names:
+            self.changes += 1  # was DataParallel's .module: the model itself, unwrapped if ddpkit.wrap wrapped it
+            if self.role(updated.value) == "model":
+                return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
+            return updated.value
         if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
             self.changes += 1
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
@@ -396,9 +415,8 @@ class Rewriter(cst.CSTTransformer):
             before.append(cst.parse_statement(
                 "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))  # per-rank draws from here: "
                 "the script's seed above made every rank draw the same batches\n"))
-        if id(original) in self.p.wrap_before:
-            model = self.p.wrap_before[id(original)]
-            before.append(cst.parse_statement(f"{model} = ddpkit.wrap({model}, ctx)\n"))
+        for line in self.p.wrap_before.get(id(original), []):
+            before.append(cst.parse_statement(f"{line}\n"))
             self.changes += 1
         for name, kind in self.p.reduce_after.get(id(original), []):
             after.append(cst.parse_statement(reduce_statement(name, kind)))

@@ -1,0 +1,423 @@
+"""Which modules the optimizers of a ported script train, and where `ddpkit port` wraps each one."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
+
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver"]
+
+_OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
+_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
+                         "LBFGS", "ASGD", "Rprop", "SparseAdam"})
+_ELEMENT_ITERS = frozenset({"zip", "enumerate", "reversed"})
+
+
+def is_optimizer(call: cst.Call) -> bool:
+    name = dotted(call.func)
+    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
+
+
+def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
+    """For `x.to(device)`, `x.to(device, non_blocking=True)` or `x.cuda()`: x; else None."""
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return None
+    attr = call.func.attr.value
+    positional = [a for a in call.args if a.keyword is None]
+    extra = [a for a in call.args if a.keyword is not None and a.keyword.value != "non_blocking"]
+    if attr == "cuda" and len(positional) <= 1 and not extra:
+        return call.func.value
+    if attr == "to" and len(positional) == 1 and not extra and is_device_expr(positional[0].value):
+        return call.func.value
+    return None
+
+
+def _owner(name: str) -> str:
+    """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
+
+
+def _is_data_parallel(call: cst.Call) -> bool:
+    return dotted(call.func).rsplit(".", 1)[-1] == "DataParallel"
+
+
+def _bare(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """The module under its moves and DataParallel: `nn.DataParallel(Net()).to(device)` -> `Net()`."""
+    while True:
+        receiver = move_receiver(expr)
+        if receiver is not None:
+            expr = receiver
+        elif isinstance(expr, cst.Call) and _is_data_parallel(expr) and expr.args and expr.args[0].keyword is None:
+            expr = expr.args[0].value
+        else:
+            return expr
+
+
+def _is_move(stmt: cst.BaseStatement, name: str) -> bool:
+    """`model.to(device)`, `model = model.cuda()`, `model = nn.DataParallel(model)`: no change to the model."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    if isinstance(small, cst.Assign) and (len(small.targets) != 1 or dotted(small.targets[0].target) != name):
+        return False
+    return value is not None and value is not _bare(value) and dotted(_bare(value)) == name
+
+
+def plan_models(plan: Any) -> str | None:
+    """Wrap every module an optimizer trains (a GAN's generator and discriminator, an encoder and decoder in one
+    optimizer, each model of a list); drop nn.DataParallel. The first module found is returned ('?' when the
+    optimizer's module cannot be followed), None when there is no optimizer."""
+    _plan_data_parallel(plan)
+    models: list[str] = []
+    f = plan.f
+    for key in sorted(f.ported, key=lambda k: (k != f.entry_key and k != ENTRY, k)):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and is_optimizer(node)):
+                continue
+            receivers = _trained_modules(plan, key, node)
+            if not receivers:
+                plan.todo(node, "cannot find the model this optimizer trains (no `X.parameters()` the codemod can "
+                          "follow): build the model, then model = ddpkit.wrap(model, ctx) before this line")
+                models.append("?")
+                continue
+            for receiver in receivers:
+                known = next((m for m in models if receiver == m or receiver.startswith(m + ".")), None)
+                if known is None:
+                    models.append(_wrap_model(plan, key, node, receiver) or receiver)
+                elif (key, known) in plan.wrapped:  # a second optimizer over it: wrapped on this path too?
+                    _place(plan, key, known, plan.built[(key, known)], plan._stmt[id(node)], node)
+    return models[0] if models else None
+
+
+def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
+    """The modules whose `.parameters()` an optimizer is built from, one per module: `Adam(g.parameters())`,
+    `list(enc.parameters()) + list(dec.parameters())`, `itertools.chain(...)`, parameter groups, or a name
+    assigned from such an expression in the same scope (`params = ...; SGD(params)`)."""
+    sources: list[cst.CSTNode] = [optimizer]
+    names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
+    for node in plan.nodes(key):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) in names:
+            sources.append(node.value)
+    receivers = [dotted(n.func.value) for s in sources for n in walk(s) if isinstance(n, cst.Call)
+                 and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters")]
+    if "" in receivers:  # `heads[0].parameters()`: a module the codemod cannot name, so cannot wrap
+        return []
+    out: list[str] = []
+    for r in receivers:
+        if not any(_owner(r) == _owner(o) for o in out):
+            out.append(r)
+    return out
+
+
+def _chain(plan: Any, stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """A statement and the compound statements around it, innermost first."""
+    out = [stmt]
+    while id(out[-1]) in plan._parent:
+        out.append(plan._parent[id(out[-1])])
+    return out
+
+
+def _follows(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+    """`then` may run after `first`: a statement around `then` comes after one around `first` in one block."""
+    around = _chain(plan, first)
+    for stmt in _chain(plan, then):
+        block, j = plan._block.get(id(stmt), ([], -1))
+        if any(f is b and i < j for f in around for i, b in enumerate(block)):
+            return True
+    return False
+
+
+def _wrap_line(model: str, optimizer: cst.Call, stmt: cst.CSTNode, code: Any) -> str:
+    """`model = ddpkit.wrap(model, ctx)`, or under the optimizer's own condition when it is made only then
+    (`opt = Adam(...) if fine_tune else None`): DDP refuses a module with no parameter that trains."""
+    for node in walk(stmt):
+        if isinstance(node, cst.IfExp) and any(n is optimizer for n in walk(node.body)):
+            return f"{model} = ddpkit.wrap({model}, ctx) if {code(node.test)} else {model}"
+        if isinstance(node, cst.IfExp) and any(n is optimizer for n in walk(node.orelse)):
+            return f"{model} = {model} if {code(node.test)} else ddpkit.wrap({model}, ctx)"
+    return f"{model} = ddpkit.wrap({model}, ctx)"
+
+
+def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str | None:
+    opt_stmt = plan._stmt[id(optimizer)]
+    line = plan.line_of(opt_stmt)
+    scope = plan.f.scopes[key]
+    candidates = [receiver]
+    while "." in candidates[-1]:
+        candidates.append(candidates[-1].rsplit(".", 1)[0])
+    assign, model = _build(plan, key, candidates, line)
+    if assign is None and receiver == "self" and scope.cls:
+        plan.todo(optimizer, f"the optimizer is built inside the model ({key}, over self.parameters()) and the "
+                  "model trains itself in its own methods, which DDP cannot see: gradients are averaged only "
+                  "through calls of the wrapped model; build the optimizer outside the class from the "
+                  "parameters of model = ddpkit.wrap(Model(), ctx) and compute the loss through model(...)")
+        return None
+    if assign is None:
+        listed = _listed_module(plan, optimizer, receiver)
+        if listed is not None:
+            return _wrap_list(plan, key, optimizer, *listed)
+        if candidates[-1] in scope.params and _wrap_argument(plan, key, candidates[-1]):
+            return candidates[-1]
+        where = "is passed in" if any(c in scope.params for c in candidates) else "is not built here"
+        plan.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
+                  "built, before the optimizer is made")
+        return None
+    plan._set_role(key, model, "model")
+    _place(plan, key, model, plan._stmt[id(assign)], plan._stmt[id(optimizer)], optimizer)
+    return model
+
+
+def _build(plan: Any, key: str, candidates: list[str], line: int) -> tuple[cst.Assign | None, str]:
+    """The last assignment before `line` in scope `key` that builds one of `candidates` (not a move, not a
+    parameter): `model = Net()`, `model, data = Net().to(device), data.to(device)`; (None, '') if none."""
+    found: tuple[cst.Assign | None, str] = (None, "")
+    params = plan.f.scopes[key].params
+    for node in plan.nodes(key):
+        if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and plan.line_of(node) < line):
+            continue
+        target, value = node.targets[0].target, node.value
+        pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = [(target, value)]
+        if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(
+                value.elements):
+            pairs = [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+        for t, v in pairs:
+            name = dotted(t)
+            if v is not _bare(v) and dotted(_bare(v)) == name:
+                continue  # `model = model.to(device)`, `model = nn.DataParallel(model)`: not where it is built
+            if name in candidates and not (name == "self" or name in params):
+                found = (node, name)
+    return found
+
+
+def _wrap_argument(plan: Any, key: str, param: str) -> bool:
+    """`def train(model, ...)` with the optimizer inside, called as `train(model=model, ...)` from where the model
+    is built: wrap it there, before the statement that holds the call, and `param` is a model. False (nothing
+    planned) when a call passes anything but a name built in the caller."""
+    params = plan.f.scopes[key].params
+    sites = []
+    for caller in sorted(plan.f.ported):
+        for call in (n for n in plan.nodes(caller) if isinstance(n, cst.Call) and key in plan.f.callees(n, caller)):
+            arg = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            if arg is None and params.index(param) < len(positional):
+                arg = positional[params.index(param)]
+            name = dotted(arg) if isinstance(arg, cst.Name) else ""
+            stmt = plan._stmt.get(id(call))
+            assign = _build(plan, caller, [name], plan.line_of(stmt))[0] if name and stmt is not None else None
+            if assign is None:
+                return False
+            sites.append((caller, name, plan._stmt[id(assign)], stmt))
+    if not sites:
+        return False
+    for caller, name, built, stmt in sites:
+        plan._set_role(caller, name, "model")
+        _place(plan, caller, name, built, stmt, None)
+    plan._set_role(key, param, "model")
+    return True
+
+
+def _dominates(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+    """`first` runs before `then` whenever `then` runs: `then`, or a statement around it, comes later in the
+    block that holds `first`."""
+    if first is then:
+        return True
+    block = plan._block.get(id(first), (None, -1))
+    return any(plan._block.get(id(s), (None, -1))[0] is block[0] and plan._block[id(s)][1] > block[1]
+               for s in _chain(plan, then) if block[0] is not None)
+
+
+def _exclusive(plan: Any, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """`a` and `b` sit in different branches of one if/elif/else chain, with no loop around it."""
+    around_a, around_b = _chain(plan, a), _chain(plan, b)
+    for n, common in enumerate(around_a[1:], 1):
+        m = next((k for k, s in enumerate(around_b) if s is common), None)
+        if m is None:
+            continue
+        if not isinstance(common, cst.If) or m == 0 or plan._block[id(around_a[n - 1])][0] is \
+                plan._block[id(around_b[m - 1])][0]:
+            return False
+        return not any(isinstance(s, (cst.For, cst.While)) for s in around_a[n:])
+    return False
+
+
+def _place(plan: Any, key: str, model: str, built: cst.CSTNode, opt_stmt: cst.CSTNode,
+           optimizer: cst.Call | None) -> None:
+    """Wrap where the model is built when only moves of it come before its optimizer, else just before the
+    optimizer (before the outermost loop around it that does not build the model: once, not every epoch). A
+    second optimizer over the model in another branch of the same if/elif (`args.opt == "adam"` / `"sgd"`) wraps
+    there too, a fine-tuning branch only there: DDP refuses a module with no parameter that trains. A second
+    optimizer that may run after the first wrap on one path is a TODO (a module wrapped twice breaks DDP)."""
+    placed = plan.wrapped.setdefault((key, model), [])
+    plan.built.setdefault((key, model), built)
+    around_built = _chain(plan, built)
+    anchor = opt_stmt
+    for stmt in _chain(plan, opt_stmt)[1:]:
+        if any(stmt is b for b in around_built):
+            break
+        if isinstance(stmt, (cst.For, cst.While)) or optimizer is None:  # a call: wrap in the build's block
+            anchor = stmt
+    if any(where is anchor or _dominates(plan, where, opt_stmt) for where in placed):
+        return
+    line = _wrap_line(model, optimizer, opt_stmt, plan.f.code) if optimizer is not None else \
+        f"{model} = ddpkit.wrap({model}, ctx)"
+    plain = f"{model} = ddpkit.wrap({model}, ctx)"
+    if placed and not all(_exclusive(plan, where, anchor) for where in placed) or anchor is not opt_stmt \
+            and line != plain:
+        plan.todo(optimizer or opt_stmt, f"this also trains `{model}`, which may be wrapped already on this path (a "
+                  f"module wrapped twice breaks DDP) or only under a condition the codemod cannot place: wrap "
+                  f"{model} once, with {plain}, before the optimizers that train it")
+        return
+    block, j = plan._block.get(id(anchor), ([], -1))
+    i = next((n for n, b in enumerate(block) if b is built), -1)
+    pattern = re.compile(rf"(?<![\w.]){re.escape(model)}\b")
+    whole = isinstance(built, cst.SimpleStatementLine) and isinstance(built.body[0], cst.Assign) and dotted(
+        built.body[0].targets[0].target) == model  # not `model, data = Net(), data.to(device)`
+    if 0 <= i < j and whole and line == plain and all(
+            not pattern.search(plan.f.code(s)) or _is_move(s, model) for s in block[i + 1:j]):
+        plan.wrap_inline[id(built)] = model
+        placed.append(built)
+    else:
+        plan.wrap_before.setdefault(id(anchor), []).append(line)
+        placed.append(anchor)
+
+
+def check_rebound(plan: Any) -> None:
+    """A wrapped model bound again where no wrap follows (`model = checkpoint["model"]` on the resume path),
+    before a training loop or a call of a training function, would train unwrapped there: a TODO."""
+    for (key, model), placed in plan.wrapped.items():
+        nodes = list(plan.nodes(key))
+        trains = [plan.line_of(n) for n in nodes if isinstance(n, cst.For) and plan.loop_role(key, n) == "train"
+                  or isinstance(n, cst.Call) and set(plan.f.callees(n, key)) & plan.training_scopes]
+        for node in nodes:
+            if not (isinstance(node, cst.Assign) and any(dotted(t.target) == model for t in node.targets)):
+                continue
+            stmt = plan._stmt[id(node)]
+            if node.value is not _bare(node.value) and dotted(_bare(node.value)) == model or any(
+                    stmt is where and id(where) in plan.wrap_inline for where in placed):
+                continue
+            if not any(_follows(plan, stmt, where) for where in placed) and any(
+                    line > plan.line_of(stmt) for line in trains):
+                plan.todo(node, f"`{model}` is bound again here and no ddpkit.wrap follows on this path, so it "
+                          f"would train unwrapped (its gradients never averaged): add {model} = "
+                          f"ddpkit.wrap({model}, ctx) after it, before it trains")
+
+
+def _listed_module(plan: Any, optimizer: cst.Call, receiver: str) -> tuple[str, cst.CompFor] | None:
+    """`[optim.Adam(net.parameters()) for net in nets]`: ('nets', the comprehension's `for`), else None."""
+    stmt = plan._stmt.get(id(optimizer))
+    for node in walk(stmt) if stmt is not None else ():
+        if isinstance(node, cst.CompFor) and receiver in {n.value for n in walk(node.target)
+                                                          if isinstance(n, cst.Name)}:
+            return plan.f.code(node.iter), node
+    return None
+
+
+def _element_names(target: cst.BaseExpression, iterable: cst.BaseExpression, name: str) -> list[str] | None:
+    """The names a loop over `name` binds to its elements: `for m in nets` -> ['m'], `for m, o in zip(nets, opts)`
+    -> ['m'], `for i, m in enumerate(nets)` -> ['m']; None when it is another use of the list."""
+    if isinstance(iterable, cst.Name) and iterable.value == name:
+        return [target.value] if isinstance(target, cst.Name) else None
+    if not (isinstance(iterable, cst.Call) and dotted(iterable.func) in _ELEMENT_ITERS):
+        return None
+    args = [a.value for a in iterable.args]
+    if dotted(iterable.func) == "reversed" and len(args) == 1:
+        return _element_names(target, args[0], name)
+    positions = [i for i, a in enumerate(args) if isinstance(a, cst.Name) and a.value == name]
+    if dotted(iterable.func) == "enumerate":
+        positions = [1] if positions == [0] else []
+    elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else []
+    element = elements[positions[0]] if len(positions) == 1 and positions[0] < len(elements) else None
+    return [element.value] if isinstance(element, cst.Name) else None
+
+
+def _wrap_list(plan: Any, key: str, optimizer: cst.Call, listed: str, comp: cst.CompFor) -> str | None:
+    """`nets = [Net(a), Net(b)]` (or a comprehension of calls) trained by `[Adam(n.parameters()) for n in nets]`:
+    every element is wrapped before the optimizers, and the names that loops over the list bind to its elements
+    are models. Any other use of the list (an index, an argument, a second binding) keeps a TODO."""
+    def todo(why: str) -> None:
+        plan.todo(optimizer, f"this optimizer trains each module of `{listed}` (models kept in a list), and {why}: "
+                  f"wrap each one before the optimizers are made ({listed} = [ddpkit.wrap(m, ctx) for m in "
+                  f"{listed}]) and read their attributes through ddpkit.unwrap(m)")
+
+    nodes = list(plan.nodes(key))
+    built = [n for n in nodes if isinstance(n, cst.Assign) and any(dotted(t.target) == listed for t in n.targets)]
+    if not isinstance(comp.iter, cst.Name) or len(built) != 1 or len(built[0].targets) != 1 or not (
+            isinstance(built[0].value, cst.List) and all(isinstance(e.value, cst.Call) for e in built[0].value.elements)
+            or isinstance(built[0].value, cst.ListComp) and isinstance(built[0].value.elt, cst.Call)):
+        todo("the codemod cannot see one place that builds them all")
+        return None
+    others = [k for k in plan.f.scopes if k != key and any(
+        isinstance(n, cst.Name) and n.value == listed for n in walk(plan.f.scopes[k].node))]
+    if others:
+        todo(f"`{listed}` is also read in {others[0]}")
+        return None
+    allowed = {id(built[0].targets[0].target)}
+    elements: set[str] = set()
+    for n in nodes:
+        if isinstance(n, (cst.For, cst.CompFor)):
+            names = _element_names(n.target, n.iter, listed)
+            if names is not None:
+                elements.update(names)
+                allowed |= {id(x) for x in walk(n.iter) if isinstance(x, cst.Name) and x.value == listed}
+        elif isinstance(n, cst.Call) and dotted(n.func) == "len" and len(n.args) == 1:
+            allowed.add(id(n.args[0].value))
+    stray = next((n for n in nodes if isinstance(n, cst.Name) and n.value == listed and id(n) not in allowed), None)
+    if stray is not None:
+        todo(f"`{listed}` is used at line {plan.line_of(stray)} in a way the codemod does not follow (an index, "
+             "an argument)")
+        return None
+    bound = [dotted(t.target) for n in nodes if isinstance(n, cst.Assign) for t in n.targets] + [
+        x.value for n in nodes if isinstance(n, (cst.For, cst.CompFor)) and _element_names(n.target, n.iter, listed)
+        is None for x in walk(n.target) if isinstance(x, cst.Name)]
+    if elements & set(bound) or not elements:
+        todo(f"a name that holds one of them also holds something else ({', '.join(sorted(elements & set(bound)))})"
+             if elements else "no loop over the list uses its elements")
+        return None
+    for name in elements:
+        plan._set_role(key, name, "model")
+    opt_stmt = plan._stmt[id(optimizer)]
+    plan.wrap_before.setdefault(id(opt_stmt), []).append(f"{listed} = [ddpkit.wrap(m, ctx) for m in {listed}]")
+    return listed
+
+
+def plan_autograd_grad(plan: Any) -> None:
+    """`torch.autograd.grad(loss, model.parameters())`: DDP averages only the gradients backward() accumulates
+    into .grad, so these stay this rank's. A gradient with respect to inputs (a gradient penalty, whose double
+    backward then runs in backward()) is averaged like any other loss term."""
+    for key in sorted(plan.f.ported):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and dotted(node.func).endswith("autograd.grad")):
+                continue
+            inputs = next((a.value for a in node.args if a.keyword and a.keyword.value == "inputs"), None)
+            positional = [a.value for a in node.args if a.keyword is None]
+            inputs = inputs if inputs is not None else positional[1] if len(positional) > 1 else None
+            if inputs is None or any(isinstance(n, cst.Name) and (n.value in ("parameters", "named_parameters")
+                                                                 or plan.role(key, n.value) == "model")
+                                     for n in walk(inputs)):
+                plan.todo(node, "torch.autograd.grad with respect to the model's parameters: DDP averages only the "
+                          "gradients backward() accumulates into .grad, so these stay this rank's; all-reduce "
+                          "them (ddpkit.all_reduce_sum(ctx, g) / ctx.world_size) or use backward()")
+
+
+def _plan_data_parallel(plan: Any) -> None:
+    """`model = nn.DataParallel(model, device_ids=...)`: one process per device now, so the call goes and
+    `model.module` becomes the model itself. A DataParallel without a positional module is a TODO."""
+    for key in sorted(plan.f.ported):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and _is_data_parallel(node)):
+                continue
+            if not node.args or node.args[0].keyword is not None or node.args[0].star:
+                plan.todo(node, "nn.DataParallel without the module as its first argument: remove it by hand; "
+                          "ddpkit.wrap(model, ctx) replaces it (one process per device)")
+                continue
+            plan.drop_parallel.add(id(node))
+            stmt = plan._stmt.get(id(node))
+            if isinstance(stmt, cst.SimpleStatementLine):
+                plan.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
+                                           for t in s.targets if dotted(t.target))

@@ -1,0 +1,422 @@
+"""`ddpkit port` on scripts that train several modules, use nn.DataParallel, or keep the optimizer in the model."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from ddpkit.lint import lint_source
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def _port_text(text: str):
+    return port_source(textwrap.dedent(text), "script.py")
+
+
+def test_a_generator_and_a_discriminator_are_each_wrapped_before_their_optimizer():
+    result = _port("gan_pair")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "gan_pair_ddp.py") == []
+    # after apply(init_weights): DDP broadcasts rank 0's parameters when it wraps, so the init must come first
+    assert code.index("discriminator.apply(init_weights)") < code.index("generator = ddpkit.wrap(generator, ctx)") \
+        < code.index("opt_g = torch.optim.SGD(generator.parameters()")
+    assert code.index("discriminator = ddpkit.wrap(discriminator, ctx)") < code.index("opt_d = torch.optim.SGD(")
+    assert "generator.to(device)" not in code and "discriminator.to(device)" not in code
+    # the training forwards go through the wrappers; the saves read the unwrapped modules
+    assert "d_loss = bce(discriminator(real), ones) + bce(discriminator(fake.detach()), zeros)" in code
+    assert '{"g": ddpkit.unwrap(generator).state_dict(), "d": ddpkit.unwrap(discriminator).state_dict()}' in code
+    assert not port_source(code, "gan_pair_ddp.py").changed
+
+
+def test_data_parallel_goes_and_one_optimizer_over_two_modules_wraps_both():
+    result = _port("encoder_decoder")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "encoder_decoder_ddp.py") == []
+    assert "DataParallel" not in code.split("def main", 1)[1]
+    assert "encoder = ddpkit.wrap(encoder, ctx)" in code  # .module is read between its build and the optimizer
+    assert "decoder = ddpkit.wrap(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12)), ctx)" in code
+    assert "decoder = decoder\n" not in code and "decoder = torch.nn" not in code
+    assert 'ddpkit.print0(ctx, "code width", ddpkit.unwrap(encoder).width)' in code
+    assert '{"enc": ddpkit.unwrap(encoder).state_dict(), "dec": ddpkit.unwrap(decoder).state_dict()}' in code
+    assert ".module" not in code
+
+
+def test_parameters_gathered_in_a_list_or_groups_wrap_every_module():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        encoder = nn.Linear(4, 3)
+        decoder = nn.Linear(3, 1)
+        head = nn.Linear(3, 1)
+        params = list(encoder.parameters()) + list(decoder.parameters())
+        opt = torch.optim.Adam(params, lr=1e-3)
+        opt_head = torch.optim.SGD([{"params": head.parameters(), "lr": 0.1}])
+        for x, y in loader:
+            h = encoder(x)
+            loss = nn.functional.mse_loss(decoder(h), y) + nn.functional.mse_loss(head(h.detach()), y)
+            opt.zero_grad()
+            opt_head.zero_grad()
+            loss.backward()
+            opt.step()
+            opt_head.step()
+        torch.save(head.state_dict(), "head.pt")
+    ''')
+    code = result.code
+    assert result.todos == [], result.todos
+    # the same Parameter objects before and after wrapping: `params` still holds the wrapped modules' parameters
+    assert code.index("encoder = ddpkit.wrap(encoder, ctx)\ndecoder = ddpkit.wrap(decoder, ctx)\nopt = ") > 0
+    assert "head = ddpkit.wrap(nn.Linear(3, 1), ctx)" in code
+    assert "torch.save(ddpkit.unwrap(head).state_dict()" in code
+    assert lint_source(code, "script_ddp.py") == []
+
+
+def test_a_module_the_codemod_cannot_name_keeps_the_todo():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        heads = [nn.Linear(1, 1)]
+        opt = torch.optim.Adam(list(model.parameters()) + list(heads[0].parameters()), lr=1e-3)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(heads[0](model(x)), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    ''')
+    assert result.exit_code == 3
+    assert [t.line for t in result.todos] == [9] and "cannot find the model this optimizer trains" in \
+        result.todos[0].message
+
+
+def test_an_optimizer_inside_the_model_and_models_in_a_list_name_their_blocker():
+    inside = _port_text('''
+        import torch
+        from torch import nn, optim
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Agent(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+                self.optimizer = optim.Adam(self.parameters(), lr=1e-3)
+
+            def train_net(self, x):
+                loss = -self.fc(x).log_softmax(-1).mean()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+
+
+        def main():
+            model = Agent()
+            for (x,) in DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True):
+                model.train_net(x)
+
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    assert [t.line for t in inside.todos] == [11]
+    assert "built inside the model (Agent.__init__" in inside.todos[0].message
+    listed = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        nets = [nn.Linear(4, 1) for _ in range(2)]
+        opts = [torch.optim.Adam(net.parameters(), lr=1e-3) for net in nets]
+        for x, y in loader:
+            for net, opt in zip(nets, opts):
+                loss = nn.functional.mse_loss(net(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        print(nets[0].weight)
+    '''
+    indexed = _port_text(listed)  # an index into the list would read the DDP wrapper's attributes
+    assert [t.line for t in indexed.todos] == [8] and "each module of `nets`" in indexed.todos[0].message \
+        and "used at line 15" in indexed.todos[0].message
+    assert "\nnets = [ddpkit.wrap(" not in indexed.code
+
+
+def test_models_kept_in_a_list_are_each_wrapped_and_their_loop_names_are_models():
+    result = _port("model_list")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "model_list_ddp.py") == []
+    assert "nets = [Net(width).to(device) for width in (4, 16)]\n        nets = [ddpkit.wrap(m, ctx) for m in nets]\n" \
+        "        opts = [torch.optim.SGD(" in code
+    assert "loss = loss_fn(net(xb), yb)" in code  # the training forward goes through each wrapper
+    assert "correct += (ddpkit.unwrap(net)(xb).argmax(1) == yb).sum().item()" in code
+    assert 'f"width {ddpkit.unwrap(net).width}: {correct} of 64"' in code
+    assert '{f"net{ddpkit.unwrap(net).width}": ddpkit.unwrap(net).state_dict() for net in nets}' in code
+    assert not port_source(code, "model_list_ddp.py").changed
+
+
+def test_data_parallel_behind_a_device_count_check_and_on_a_frozen_module():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def main():
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+            features = nn.DataParallel(nn.Linear(4, 4).to(device))
+            features.requires_grad_(False)
+            model = nn.Linear(4, 1).to(device)
+            if torch.cuda.device_count() > 1:
+                model = nn.DataParallel(model, device_ids=[0, 1])
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = nn.functional.mse_loss(model(features(x)), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            torch.save(features.module.state_dict(), "features.pt")
+            torch.save(model.module.state_dict(), "model.pt")
+
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    code = result.code
+    assert result.todos == [], result.todos
+    assert "DataParallel" not in code and "device_count" not in code
+    assert "features = nn.Linear(4, 4).to(device)" in code  # not trained: not wrapped, just on this rank's device
+    assert "torch.save(features.state_dict(), \"features.pt\")" in code
+    assert "torch.save(ddpkit.unwrap(model).state_dict(), \"model.pt\")" in code
+    assert code.index("model = ddpkit.wrap(model, ctx)") < code.index("optimizer = torch.optim.SGD(")
+    ast.parse(code)
+
+
+def test_an_optimizer_chosen_by_a_flag_wraps_the_model_on_every_branch():
+    result = _port_text('''
+        import argparse
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--opt", default="adam")
+        parser.add_argument("--net", default="small")
+        args = parser.parse_args()
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        if args.net == "small":
+            net = nn.Linear(4, 1)
+        else:
+            net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        if args.opt == "adam":
+            optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+        elif args.opt == "sgd":
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    ''')
+    code = result.code
+    assert result.todos == [], result.todos
+    assert code.count("ddpkit.wrap(") == 2
+    assert 'if args.opt == "adam":\n    net = ddpkit.wrap(net, ctx)\n    optimizer = torch.optim.Adam(' in code
+    assert 'elif args.opt == "sgd":\n    net = ddpkit.wrap(net, ctx)\n    optimizer = torch.optim.SGD(' in code
+
+
+def test_autograd_grad_over_parameters_is_a_todo_and_a_gradient_penalty_is_not():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def penalty(critic, x):
+            x = x.requires_grad_(True)
+            g = torch.autograd.grad(critic(x).sum(), x, create_graph=True)[0]
+            return ((g.norm(dim=1) - 1) ** 2).mean()
+
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True)
+        critic = nn.Linear(4, 1)
+        opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+        for (x,) in loader:
+            loss = critic(x).mean() + penalty(critic, x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    '''
+    assert _port_text(source).todos == []  # the penalty's double backward runs in backward(): averaged by DDP
+    grads = _port_text(source.replace("            loss.backward()\n", "            grads = torch.autograd.grad("
+                                      "loss, critic.parameters())\n"))
+    assert [t.line for t in grads.todos] == [19] and "with respect to the model's parameters" in \
+        grads.todos[0].message
+
+
+def test_the_global_batch_size_used_inside_the_training_loop_is_a_todo():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        batch_size = 16
+        loader = DataLoader(TensorDataset(torch.randn(64, 2, 2)), batch_size=batch_size, shuffle=True)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for (x,) in loader:
+            x = x.reshape(batch_size, -1)
+            loss = nn.functional.mse_loss(model(x), torch.ones(batch_size, 1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    '''
+    result = _port_text(source)
+    assert [t.line for t in result.todos] == [11] and "`batch_size` is the global batch" in result.todos[0].message
+    # a keyword named batch_size, or an attribute of that name, is not the variable
+    ok = _port_text(source.replace("x = x.reshape(batch_size, -1)", "x = x.reshape(len(x), -1)\n"
+                                   "            meta = dict(batch_size=len(x), lr=loader.batch_size)").replace(
+        "torch.ones(batch_size, 1)", "torch.ones(len(x), 1)"))
+    assert "meta = dict(batch_size=len(x), lr=loader.batch_size)" in ok.code
+    assert ok.todos == [], ok.todos
+
+
+def test_an_optimizer_made_only_when_fine_tuning_wraps_only_then_and_a_rebinding_is_a_todo():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def train(encoder, decoder, loader, opts):
+            for x, y in loader:
+                loss = nn.functional.mse_loss(decoder(encoder(x)), y)
+                for opt in opts:
+                    if opt is not None:
+                        opt.zero_grad()
+                loss.backward()
+                for opt in opts:
+                    if opt is not None:
+                        opt.step()
+
+
+        def main(fine_tune=False, checkpoint=None):
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+            if checkpoint is None:
+                decoder = nn.Linear(3, 1)
+                encoder = nn.Linear(4, 3)
+                encoder.requires_grad_(fine_tune)
+                dec_opt = torch.optim.Adam(decoder.parameters(), lr=1e-3)
+                enc_opt = torch.optim.Adam(encoder.parameters(), lr=1e-3) if fine_tune else None
+            else:
+                decoder = checkpoint["decoder"]
+                encoder = checkpoint["encoder"]
+                dec_opt, enc_opt = checkpoint["dec_opt"], None
+            train(encoder, decoder, loader, [dec_opt, enc_opt])
+            encoder = torch.load("best_encoder.pt")
+            print(encoder.weight.sum())
+
+
+        if __name__ == "__main__":
+            main()
+    '''
+    result = _port_text(source)
+    code = result.code
+    # a module with no parameter that trains cannot be wrapped in DDP: only when its optimizer is made
+    assert "encoder = ddpkit.wrap(encoder, ctx) if fine_tune else encoder\n" in code
+    assert "decoder = ddpkit.wrap(nn.Linear(3, 1), ctx)" in code
+    # the resume path binds the models again and trains them unwrapped; the load after training does not train
+    assert sorted((t.line, t.message.split(" is bound")[0]) for t in result.todos) == [
+        (28, "`decoder`"), (29, "`encoder`")], result.todos
+
+
+def test_an_optimizer_made_every_epoch_wraps_once_and_a_second_one_that_may_follow_is_a_todo():
+    source = '''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        model.weight.data.zero_()
+        for epoch in range(3):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1 / (epoch + 1))
+            for x, y in loader:
+                loss = nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    '''
+    once = _port_text(source)
+    assert once.todos == [] and once.code.count("ddpkit.wrap(") == 1
+    assert "model = ddpkit.wrap(model, ctx)\nfor epoch in range(3):" in once.code
+    twice = _port_text(source.replace("        for epoch in range(3):", "        if epoch_one := True:\n"
+                                      "            head = torch.optim.SGD(model.parameters(), lr=1.0)\n"
+                                      "        for epoch in range(3):"))
+    assert [t.line for t in twice.todos] == [12] and "may be wrapped already" in twice.todos[0].message
+
+
+def test_a_model_passed_to_the_function_that_makes_its_optimizer_is_wrapped_where_it_is_built():
+    result = _port("model_passed_in")
+    code = result.code
+    assert result.todos == [] and lint_source(code, "model_passed_in_ddp.py") == []
+    # after the checkpoint is loaded, once before the try: the retry in the except handler reuses the wrapper
+    assert code.count("ddpkit.wrap(") == 1
+    assert "    model = ddpkit.wrap(model, ctx)\n    try:\n        train_model(model=model" in code
+    assert code.index("ddpkit.unwrap(model).load_state_dict(") < code.index("model = ddpkit.wrap(model, ctx)")
+    assert '"inputs": ddpkit.unwrap(model).n_inputs' in code  # the parameter is a model in train_model
+    assert "torch.save(ddpkit.unwrap(model).state_dict(), out)" in code
+    tuple_built = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model, head = nn.Linear(4, 3).to(device), nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(list(model.parameters()) + list(head.parameters()), lr=0.1)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(head(model(x)), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    ''')
+    assert tuple_built.todos == [], tuple_built.todos
+    assert "model = ddpkit.wrap(model, ctx)\nhead = ddpkit.wrap(head, ctx)\noptimizer = " in tuple_built.code
+
+
+def test_a_model_given_to_a_rank_zero_call_is_the_unwrapped_one():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.tensorboard import SummaryWriter
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        writer = SummaryWriter()
+        writer.add_graph(model, torch.zeros(1, 4))
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    ''')
+    assert result.todos == [], result.todos
+    assert "if ctx.is_main:\n    writer.add_graph(ddpkit.unwrap(model), torch.zeros(1, 4))" in result.code
