@@ -360,6 +360,8 @@ class Script:
         self.function_level: dict[str, int] = {}
         self.function_single: set[str] = set()
         """Functions called only from single-process branches (`else: train_single(...)` of `if args.distributed:`)."""
+        self.decorator_levels: dict[str, int] = {}
+        """Decorators defined in this file -> the rank check under which their wrapper calls the wrapped function."""
         for _ in range(8):
             self.contexts = {}
             self._block(self.tree.body, Context())
@@ -376,9 +378,12 @@ class Script:
                         key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
                         levels[key] = min(levels.get(key, GLOBAL), level)
             single_names = {n for n, alone in single.items() if alone}
-            if levels == self.function_level and single_names == self.function_single:
+            decorators = self._decorator_levels(defs)
+            if levels == self.function_level and single_names == self.function_single \
+                    and decorators == self.decorator_levels:
                 break
             self.function_level, self.function_single = levels, single_names
+            self.decorator_levels = decorators
         self.per_rank_functions = self._spawned_functions(defs)
 
     def _block(self, stmts: list[ast.stmt], ctx: Context) -> None:
@@ -417,8 +422,7 @@ class Script:
             for child in (*node.decorator_list, *node.args.defaults, *node.args.kw_defaults):
                 if child is not None:
                     self._visit(child, ctx)
-            decorated = max((rank_name_kind(terminal(d.func if isinstance(d, ast.Call) else d))
-                             for d in node.decorator_list), default=NONE)
+            decorated = max((self.decorator_guard(d) for d in node.decorator_list), default=NONE)
             level = max(ctx.level, decorated, self.function_level.get(node.name, NONE))
             self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node),
                                            ctx.single or node.name in self.function_single))
@@ -463,6 +467,34 @@ class Script:
                             self._visit(item, ctx)
             elif isinstance(field, ast.AST):
                 self._visit(field, ctx)
+
+    def _decorator_levels(self, defs: list[ast.AST]) -> dict[str, int]:
+        """`def master_only(func): def wrapper(*a): if rank == 0: return func(*a)`: the decorator's own code
+        says whether it is a rank guard (the weakest check around the wrapper's calls of the wrapped function)."""
+        found: dict[str, int] = {}
+        for d in defs:
+            if not d.args.args:
+                continue
+            wrapped = d.args.args[0].arg
+            calls = [c for w in d.body if isinstance(w, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     for c in ast.walk(w) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                     and c.func.id == wrapped]
+            if calls:
+                found[d.name] = min(self.context(c).level for c in calls)
+        return found
+
+    def decorator_guard(self, decorator: ast.AST) -> int:
+        """The rank check a decorator puts around the function it decorates: read from the decorator's code when
+        the project defines it (this file, or another file through `external_levels`), by its name otherwise
+        (`@rank_zero_only` of Lightning)."""
+        name = terminal(decorator.func if isinstance(decorator, ast.Call) else decorator)
+        if isinstance(decorator, ast.Call):
+            return rank_name_kind(name)  # a decorator factory: its code is one call further away
+        if "@" + name in self.external_levels:
+            return self.external_levels["@" + name]
+        if name in self.function_names and isinstance(decorator, ast.Name):
+            return self.decorator_levels.get(name, NONE)
+        return rank_name_kind(name)
 
     def _spawned_functions(self, defs: list[ast.AST]) -> set[str] | None:
         """Functions run by the ranks of an mp.spawn/Process script (None: the whole file is per-rank)."""

@@ -45,7 +45,24 @@ def external_levels(project) -> dict[str, dict[str, int]]:
                     key = f"{target[1]}({param})"
                     into[key] = min(into.get(key, GLOBAL), level)
     _constructor_levels(project, levels)
+    _decorator_levels(project, levels)
     return levels
+
+
+def _decorator_levels(project, levels: dict[str, dict[str, int]]) -> None:
+    """`@master_only` imported from another file of the project: the guard its wrapper puts around the call of
+    the function it wraps (Script.decorator_levels of the defining file), as `@master_only`."""
+    for path, script in project.scripts.items():
+        for d in script.defs:
+            for decorator in d.decorator_list:
+                if not isinstance(decorator, (ast.Name, ast.Attribute)):
+                    continue
+                target = project.resolve(script, decorator)
+                if target is None or target[0] == path:
+                    continue
+                level = project.scripts[target[0]].decorator_levels.get(target[1])
+                if level is not None:
+                    levels.setdefault(path, {})["@" + terminal(decorator)] = level
 
 def _constructor_levels(project, levels: dict[str, dict[str, int]]) -> None:
     """Guards of the calls that build a project class (`TensorboardLogger(...)` under `if rank == 0:`).

@@ -1,0 +1,114 @@
+"""Rank guards and exemptions the linter reads from a program's own code: decorators, loggers, paths."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _lint(files: dict[str, str]) -> set[tuple[str, int, str]]:
+    found = lint_sources({name: textwrap.dedent(code) for name, code in files.items()})
+    return {(f.path, f.line, f.rule) for f in found}
+
+
+def _lines(code: str, text: str) -> list[int]:
+    return [i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if text in line]
+
+
+_DIST_UTIL = """
+    import functools
+    import torch.distributed as dist
+
+
+    def world_info():
+        if dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+
+    def leader_only(func):
+        @functools.wraps(func)
+        def inner(*args, **kwargs):
+            rank, _ = world_info()
+            if rank == 0:
+                return func(*args, **kwargs)
+        return inner
+
+
+    def rank_zero_only(func):  # named like a guard, but its wrapper calls func on every rank
+        @functools.wraps(func)
+        def inner(*args, **kwargs):
+            return func(*args, **kwargs)
+        return inner
+"""
+
+_MAIN = """
+    import torch.distributed as dist
+    from model import Net
+
+
+    def main():
+        dist.init_process_group("gloo")
+        net = Net()
+        net.store("a.pt")
+        net.store_all("b.pt")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_project_decorator_is_a_rank_guard_by_its_code_not_its_name():
+    model = """
+        import torch
+        from dist_util import leader_only, rank_zero_only
+
+
+        class Net:
+            @leader_only
+            def store(self, path):
+                torch.save(self.state, path)
+
+            @rank_zero_only
+            def store_all(self, path):
+                torch.save(self.state, path)
+    """
+    saves = {(p, line) for p, line, rule in _lint({"dist_util.py": _DIST_UTIL, "model.py": model, "train.py": _MAIN})
+             if rule == "DDP004"}
+    assert saves == {("model.py", 13)}
+
+
+def test_a_decorator_defined_in_the_same_file_is_read_too():
+    code = _DIST_UTIL + """
+    import torch
+
+
+    @leader_only
+    def store(state, path):
+        torch.save(state, path)
+
+
+    @rank_zero_only
+    def store_all(state, path):
+        torch.save(state, path)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        store({}, "a.pt")
+        store_all({}, "b.pt")
+        dist.destroy_process_group()
+    """
+    saves = {line for _, line, rule in _lint({"train.py": code}) if rule == "DDP004"}
+    assert saves == {_lines(code, "torch.save(state, path)")[-1]}
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_parses(tmp_path):
+    from ddpkit.lint import lint_file
+
+    path = tmp_path / "train.py"
+    path.write_bytes(b"\xef\xbb\xbfimport torch\nx = torch.zeros(1)\n")
+    assert [f.rule for f in lint_file(path)] == []
