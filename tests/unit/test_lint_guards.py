@@ -112,3 +112,95 @@ def test_a_file_that_starts_with_a_byte_order_mark_parses(tmp_path):
     path = tmp_path / "train.py"
     path.write_bytes(b"\xef\xbb\xbfimport torch\nx = torch.zeros(1)\n")
     assert [f.rule for f in lint_file(path)] == []
+
+
+def test_a_project_logger_that_names_the_rank_is_deliberate_per_rank_output():
+    utils = """
+        import logging
+
+
+        class RankLog:
+            def __init__(self, rank):
+                self.rank = rank
+                logging.basicConfig(level=logging.INFO)
+
+            def info(self, text):
+                logging.info(f"[rank {self.rank}] " + text)
+
+
+        class PlainLog:
+            def __init__(self):
+                logging.basicConfig(level=logging.INFO)
+
+            def info(self, text):
+                logging.info("run: " + text)
+    """
+    train = """
+        import logging
+        import os
+        import torch.distributed as dist
+        from utils import RankLog
+
+
+        def step(logging, n):
+            logging.info(f"step {n}")
+
+
+        def main():
+            dist.init_process_group("gloo")
+            rank = int(os.environ["RANK"])
+            logging = RankLog(rank)
+            logging.info("building the model")
+            step(logging, 1)
+            dist.destroy_process_group()
+
+
+        if __name__ == "__main__":
+            main()
+    """
+    assert not {r for p, _, r in _lint({"utils.py": utils, "train.py": train}) if p == "train.py" and r == "DDP008"}
+    # the trap: the module itself, logging set up for every rank alike, still repeats each line
+    plain = train.replace("from utils import RankLog", "").replace("logging = RankLog(rank)",
+                                                                   "logging.basicConfig(level=logging.INFO)")
+    assert ("train.py", _lines(plain, 'logging.info("building')[0], "DDP008") in _lint({"train.py": plain})
+
+
+def test_a_local_rank_save_to_a_path_that_names_the_machine_is_per_node():
+    utils = """
+        import os
+        import socket
+
+
+        def run_dir(name):
+            return os.path.join("runs", socket.gethostname() + "_" + name)
+
+
+        def plain_dir(name):
+            return os.path.join("runs", name)
+    """
+    train = """
+        import argparse
+        import torch
+        import torch.distributed as dist
+        from utils import run_dir, plain_dir
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            dist.init_process_group("gloo", init_method="env://")
+            if args.local_rank in (-1, 0):
+                out = run_dir("gpt")
+                torch.save({}, out + "/args.bin")
+            if args.local_rank in (-1, 0):
+                other = plain_dir("gpt")
+                torch.save({}, other + "/args.bin")
+            dist.destroy_process_group()
+
+
+        if __name__ == "__main__":
+            main()
+    """
+    saves = {line for p, line, rule in _lint({"utils.py": utils, "train.py": train}) if rule == "DDP004"}
+    assert saves == {_lines(train, "torch.save")[1]}

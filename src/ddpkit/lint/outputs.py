@@ -555,6 +555,36 @@ def _text(value: ast.AST) -> bool:
     return isinstance(value, ast.JoinedStr) or isinstance(value, ast.Constant) and isinstance(value.value, str)
 
 
+def _not_the_logging_module(s: Script, call: ast.Call) -> bool:
+    """`logging.info(...)` where `logging` is a name the program rebinds: a parameter of an enclosing function
+    (whatever its callers pass: unknown, so not reported) or an object of a project class whose `info` names the
+    rank in what it writes (`logging = Logger(save, rank)`, its lines say which rank wrote them)."""
+    receiver = call.func.value
+    if not isinstance(receiver, ast.Name):
+        return False
+    node: ast.AST | None = call
+    while (node := s.parents.get(id(node))) is not None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and receiver.id in {
+                a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}:
+            return True
+    built = {terminal(v.func) for k, v in s.assignments if k == receiver.id and isinstance(v, ast.Call)}
+    return any(_method_names_the_rank(s.project, cls, terminal(call.func)) for cls in built)
+
+
+def _method_names_the_rank(project, cls: str, method: str) -> bool:
+    """A project class `cls` whose `method` puts the rank into the message it writes."""
+    for script in project.scripts.values():
+        for c in script.nodes:
+            if isinstance(c, ast.ClassDef) and c.name == cls:
+                for d in c.body:
+                    if isinstance(d, ast.FunctionDef) and d.name == method and any(
+                            isinstance(n, ast.JoinedStr) and any(script.kind(m) for m in ast.walk(n)
+                                                                 if isinstance(m, (ast.Name, ast.Attribute)))
+                            for n in ast.walk(d)):
+                        return True
+    return False
+
+
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
@@ -579,6 +609,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
             name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
                                        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
+        if is_log and name == "logging.info" and _not_the_logging_module(s, call):
+            continue
         ctx = s.context(call)
         if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not s.per_rank(call):
             continue

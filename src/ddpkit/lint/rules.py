@@ -291,6 +291,36 @@ def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
     return any(s.kind(n) for source in sources for n in ast.walk(source))
 
 
+_HOST_CALLS = frozenset({"gethostname", "getfqdn", "uname", "node"})
+_HOST_ENV = frozenset({"HOSTNAME", "SLURMD_NODENAME", "SLURM_NODEID", "NODE_RANK", "GROUP_RANK"})
+
+
+def _names_the_host(script: Script, node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and terminal(n.func) in _HOST_CALLS
+               and script.qualname(n.func).split(".")[0] in ("socket", "os", "platform", "gethostname", "getfqdn")
+               or isinstance(n, ast.Constant) and n.value in _HOST_ENV for n in ast.walk(node))
+
+
+def _per_node_path(s: Script, path: ast.AST | None) -> bool:
+    """A path that names the machine (`socket.gethostname()` in it, in a variable it is built from, or in the
+    project function that returns it, like `log_dir = make_logdir(name)`): each node writes its own file, so a
+    local-rank check is the right guard."""
+    if path is None:
+        return False
+    names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
+    sources = [path] + [v for k, v in s.assignments if k in names]
+    for source in sources:
+        if _names_the_host(s, source):
+            return True
+        for call in (n for n in ast.walk(source) if isinstance(n, ast.Call)):
+            target = s.project.resolve(s, call.func)
+            home, name = target if target else (s.path, s.local_callee(call))
+            defs = [d for d in s.project.scripts[home].defs if d.name == name] if name else []
+            if any(_names_the_host(s.project.scripts[home], d) for d in defs):
+                return True
+    return False
+
+
 _EPOCHISH = re.compile(r"^(epoch|ep|e|step|steps|it|iter|iters|iteration|global_step|i_epoch|epoch_idx|n_iter|"
                        r"update|updates|round|cur_epoch|current_epoch)$")
 
@@ -369,7 +399,7 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
                       "file at once and can leave it corrupt",
                       "save from one rank: `if dist.get_rank() == 0: torch.save(...)` "
                       "(with ddpkit: `if ctx.is_main:`), then dist.barrier() if other ranks read it")
-        elif level == LOCAL and not s.project.single_node:
+        elif level == LOCAL and not s.project.single_node and not _per_node_path(s, target):
             yield Hit(call, "DDP004", "warning",
                       "torch.save is guarded by a local-rank check only: on a multi-node job local rank 0 "
                       "of every node writes the file (this assumes the path is shared between the nodes; a "
