@@ -204,3 +204,37 @@ def test_a_local_rank_save_to_a_path_that_names_the_machine_is_per_node():
     """
     saves = {line for p, line, rule in _lint({"utils.py": utils, "train.py": train}) if rule == "DDP004"}
     assert saves == {_lines(train, "torch.save")[1]}
+
+
+def test_a_local_variable_named_like_a_function_does_not_run_it():
+    code = """
+        import logging
+        import torch.distributed as dist
+
+
+        def log(*args):
+            print("log:", *args)
+
+
+        def shout(*args):
+            print("shout:", *args)
+
+
+        def setup(name):
+            log = logging.getLogger(name)
+            log.setLevel(logging.WARNING)
+            shout("set up", name)
+            return log
+
+
+        def main():
+            dist.init_process_group("gloo")
+            setup("train")
+            dist.destroy_process_group()
+
+
+        if __name__ == "__main__":
+            main()
+    """
+    prints = {line for _, line, rule in _lint({"train.py": code}) if rule == "DDP008"}
+    assert prints == {_lines(code, 'print("shout:"')[0]}
