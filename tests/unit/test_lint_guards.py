@@ -238,3 +238,33 @@ def test_a_local_variable_named_like_a_function_does_not_run_it():
     """
     prints = {line for _, line, rule in _lint({"train.py": code}) if rule == "DDP008"}
     assert prints == {_lines(code, 'print("shout:"')[0]}
+
+
+_SAMPLING = """
+    import torch
+    import torch.distributed as dist
+    from torch.distributions import Normal
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(4, 8))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in torch.ones(10, 4).split(2):
+            out = model(x)
+            q = Normal(out[:, :4], out[:, 4:].exp())
+            z = q.rsample()
+            loss = z.pow(2).mean()
+            loss.backward()
+            opt.step()
+        dist.destroy_process_group()
+"""
+
+
+def test_a_shared_seed_with_distribution_samples_in_the_training_step_is_reported():
+    assert ("train.py", _lines(_SAMPLING, "manual_seed")[0], "DDP014") in _lint({"train.py": _SAMPLING})
+    # the trap: the mean of the distribution, no draw at all
+    quiet = _SAMPLING.replace("q.rsample()", "q.mean")
+    assert not {r for _, _, r in _lint({"train.py": quiet}) if r == "DDP014"}

@@ -415,7 +415,11 @@ _DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "rand
 
 
 def _draws(s: Script, node: ast.AST) -> bool:
-    """A random draw (torch.randn, np.random.rand, random.random...) inside a loop, forward() or __getitem__."""
+    """A random draw (torch.randn, np.random.rand, random.random, a torch.distributions sample...) inside a
+    loop, forward() or __getitem__."""
+    if _samples_a_distribution(s, node):
+        functions = s.context(node).functions
+        return _in_training_step(s, node) or bool(functions) and functions[-1] in ("forward", "__getitem__", "__call__")
     if not (isinstance(node, ast.Call) and terminal(node.func) in _DRAWS):
         return False
     name = s.qualname(node.func)
@@ -433,6 +437,18 @@ def _draws(s: Script, node: ast.AST) -> bool:
     functions = s.context(node).functions
     return sized and (_in_training_step(s, node) or bool(functions) and functions[-1] in (
         "forward", "__getitem__", "__call__"))
+
+
+def _samples_a_distribution(s: Script, node: ast.AST) -> bool:
+    """`Normal(mu, sigma).rsample()` (or through a name bound to one): a draw shaped like its parameters, the
+    data's tensors."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+            "rsample", "sample", "sample_n")):
+        return False
+    owner = node.func.value
+    built = [owner] if isinstance(owner, ast.Call) else [
+        v for k, v in s.assignments if isinstance(owner, ast.Name) and k == owner.id]
+    return any(isinstance(v, ast.Call) and s.qualname(v.func).startswith("torch.distributions.") for v in built)
 
 
 def _in_training_step(s: Script, node: ast.AST) -> bool:
