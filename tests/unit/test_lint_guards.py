@@ -268,3 +268,34 @@ def test_a_shared_seed_with_distribution_samples_in_the_training_step_is_reporte
     # the trap: the mean of the distribution, no draw at all
     quiet = _SAMPLING.replace("q.rsample()", "q.mean")
     assert not {r for _, _, r in _lint({"train.py": quiet}) if r == "DDP014"}
+
+
+_ONCE = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def train_one_epoch(loader, epoch):
+        for x in loader:
+            pass
+
+
+    def main(first_epoch=0):
+        dist.init_process_group("gloo")
+        data = torch.arange(100.0)
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, sampler=sampler, batch_size=4)
+        sampler.set_epoch(first_epoch)
+        for epoch in range(first_epoch, 10):
+            train_one_epoch(loader, epoch)
+        dist.destroy_process_group()
+"""
+
+
+def test_set_epoch_called_once_before_the_epoch_loop_is_reported():
+    assert ("train.py", _lines(_ONCE, "set_epoch")[0], "DDP001") in _lint({"train.py": _ONCE})
+    # the trap: set_epoch in the function that runs one epoch, called from the loop
+    per_epoch = _ONCE.replace("        sampler.set_epoch(first_epoch)\n", "").replace(
+        "        for x in loader:", "        loader.sampler.set_epoch(epoch)\n        for x in loader:")
+    assert not {r for _, _, r in _lint({"train.py": per_epoch}) if r == "DDP001"}

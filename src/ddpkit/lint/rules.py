@@ -59,6 +59,11 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
                       "visits the data in the same order",
                       "pass the loop's epoch number: sampler.set_epoch(epoch)")
+        elif len(set_epochs) == 1 and _before_the_epoch_loop(s, call):
+            yield Hit(call, "DDP001", "error",
+                      f"set_epoch({ast.unparse(call.args[0])}) is called once, before the epoch loop on line "
+                      f"{_before_the_epoch_loop(s, call)}, so every epoch visits the data in the same order",
+                      "call sampler.set_epoch(epoch) inside the epoch loop, before iterating the DataLoader")
         elif _advanced_by_some_ranks(s, call.args[0]):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
@@ -152,6 +157,30 @@ def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
         return False
     callers = [(x, c) for x, c in s.project.calls_named(functions[-1]) if x.project.runs(x, c)]
     return bool(callers) and all(_built_when_distributed(x, c, depth + 1) for x, c in callers)
+
+
+def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
+    """The line of the epoch loop that follows a set_epoch outside any loop in the same function: a later loop
+    that runs another loop, directly or through a function of the project that loops (0 if none)."""
+    node, parents, function = call, s.parents, None
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.Lambda)):
+            return 0
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node
+            break
+    if function is None:
+        return 0
+    looping = s.project.memo("looping functions", lambda: {
+        d.name for x in s.project.scripts.values() for d in x.defs
+        if any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(d))})
+    for loop in ast.walk(function):
+        if isinstance(loop, (ast.For, ast.While)) and loop.lineno > call.lineno and any(
+                isinstance(n, (ast.For, ast.While)) and n is not loop or isinstance(n, ast.Call)
+                and terminal(n.func) in looping for n in ast.walk(loop)):
+            return loop.lineno
+    return 0
 
 
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
