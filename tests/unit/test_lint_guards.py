@@ -281,8 +281,9 @@ _ONCE = """
             pass
 
 
-    def main(first_epoch=0):
+    def main():
         dist.init_process_group("gloo")
+        first_epoch = torch.load("state.pt", map_location="cpu", weights_only=True)["epoch"]
         data = torch.arange(100.0)
         sampler = DistributedSampler(data)
         loader = DataLoader(data, sampler=sampler, batch_size=4)
@@ -299,3 +300,10 @@ def test_set_epoch_called_once_before_the_epoch_loop_is_reported():
     per_epoch = _ONCE.replace("        sampler.set_epoch(first_epoch)\n", "").replace(
         "        for x in loader:", "        loader.sampler.set_epoch(epoch)\n        for x in loader:")
     assert not {r for _, _, r in _lint({"train.py": per_epoch}) if r == "DDP001"}
+    # nor one in a function its caller gives the epoch, whatever loops follow it there
+    given = _ONCE.replace("        sampler.set_epoch(first_epoch)\n", "").replace(
+        "    def train_one_epoch(loader, epoch):\n",
+        "    def train_one_epoch(loader, epoch):\n        loader.sampler.set_epoch(epoch)\n"
+        "        for step in range(3):\n            train_steps(loader)\n\n\n    def train_steps(loader):\n")
+    assert "set_epoch(epoch)" in given
+    assert not {r for _, _, r in _lint({"train.py": given}) if r == "DDP001"}

@@ -160,8 +160,9 @@ def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
 
 
 def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
-    """The line of the epoch loop that follows a set_epoch outside any loop in the same function: a later loop
-    that runs another loop, directly or through a function of the project that loops (0 if none)."""
+    """The line of the epoch loop that follows a set_epoch outside any loop in the same function: a later
+    `for ... in range(...)` that runs another loop, directly or through a function of the project that loops
+    (0 if none, or if the epoch given is a parameter of the function: its callers may pass each epoch)."""
     node, parents, function = call, s.parents, None
     while id(node) in parents:
         node = parents[id(node)]
@@ -172,11 +173,15 @@ def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
             break
     if function is None:
         return 0
+    params = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)}
+    if isinstance(call.args[0], ast.Name) and call.args[0].id in params:
+        return 0  # `def train_epoch(loader, epoch): loader.sampler.set_epoch(epoch)`: its callers pass the epoch
     looping = s.project.memo("looping functions", lambda: {
         d.name for x in s.project.scripts.values() for d in x.defs
         if any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(d))})
     for loop in ast.walk(function):
-        if isinstance(loop, (ast.For, ast.While)) and loop.lineno > call.lineno and any(
+        if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and terminal(loop.iter.func) == "range" \
+                and loop.lineno > call.lineno and any(
                 isinstance(n, (ast.For, ast.While)) and n is not loop or isinstance(n, ast.Call)
                 and terminal(n.func) in looping for n in ast.walk(loop)):
             return loop.lineno
