@@ -307,3 +307,45 @@ def test_set_epoch_called_once_before_the_epoch_loop_is_reported():
         "        for step in range(3):\n            train_steps(loader)\n\n\n    def train_steps(loader):\n")
     assert "set_epoch(epoch)" in given
     assert not {r for _, _, r in _lint({"train.py": given}) if r == "DDP001"}
+
+
+_FROZEN = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def set_grad(model, flag):
+        for p in model.parameters():
+            p.requires_grad = flag
+
+
+    def train_step(net, opt):
+        set_grad(net, True)
+        loss = net(torch.ones(2, 4)).sum()
+        loss.backward()
+        opt.step()
+        set_grad(net, False)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = int(os.environ["RANK"])
+        net = DDP(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for epoch in range(3):
+            train_step(net, opt)
+            if rank == 0:
+                preview = net(torch.zeros(1, 4))
+        dist.destroy_process_group()
+"""
+
+
+def test_a_rank_zero_forward_of_a_frozen_model_without_buffers_starts_no_collective():
+    assert not {r for _, _, r in _lint({"train.py": _FROZEN}) if r == "DDP010"}
+    # the traps: gradients left on, or a BatchNorm whose buffers DDP broadcasts in forward
+    for changed in (_FROZEN.replace("set_grad(net, False)", "set_grad(net, True)"),
+                    _FROZEN.replace("torch.nn.Linear(4, 4)", "torch.nn.Sequential(torch.nn.Linear(4, 4), "
+                                                             "torch.nn.BatchNorm1d(4))")):
+        assert ("train.py", _lines(changed, "preview = net")[0], "DDP010") in _lint({"train.py": changed})

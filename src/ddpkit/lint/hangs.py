@@ -424,6 +424,8 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if key not in wrapped or not ctx.branches or ctx.single:
             continue
+        if key not in broadcasts and _frozen_before(s, call, key.lstrip(".")):
+            continue  # no parameter needs a gradient and no buffer is broadcast: this forward starts no collective
         if without_grad(s, call, parents):
             if key in broadcasts and _selects(s, _branch_test(s, ctx)) in ("zero", "others"):
                 yield Hit(call, "DDP010", "error",
@@ -440,6 +442,60 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "all-reduce in forward, so the ranks fall out of step and the job hangs",
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
+
+
+def _freezers(project) -> set[str]:
+    """Project functions that set `.requires_grad` of a model's parameters to one of their own parameters
+    (`def requires_grad(model, flag): for p in model.parameters(): p.requires_grad = flag`)."""
+    found = set()
+    for x in project.scripts.values():
+        for d in x.defs:
+            params = {a.arg for a in d.args.args}
+            if any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad"
+                                                     for t in n.targets)
+                   and isinstance(n.value, ast.Name) and n.value.id in params for n in ast.walk(d)):
+                found.add(d.name)
+    return found
+
+
+def _grad_switch(s: Script, stmt: ast.AST, name: str, depth: int = 0) -> bool | None:
+    """The last `requires_grad` setting a statement makes for the model named `name`: `name.requires_grad_(f)`,
+    `requires_grad(name, f)` through a project freezer, or inside a function of this file it calls."""
+    freezers = s.project.memo("freezers", lambda: _freezers(s.project))
+    last = None
+    calls = sorted((n for n in ast.walk(stmt) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+    for c in calls:
+        flag: ast.AST | None = None
+        if isinstance(c.func, ast.Attribute) and c.func.attr == "requires_grad_" and terminal(c.func.value) == name:
+            flag = c.args[0] if c.args else ast.Constant(True)
+        elif terminal(c.func) in freezers and c.args and terminal(c.args[0]) == name:
+            flag = c.args[1] if len(c.args) > 1 else ast.Constant(None)
+        elif depth == 0 and s.local_callee(c):
+            for d in (d for d in s.defs if d.name == s.local_callee(c)):
+                inner = _grad_switch(s, ast.Module(body=d.body, type_ignores=[]), name, 1)
+                last = inner if inner is not None else last
+            continue
+        if flag is not None:
+            last = flag.value if isinstance(flag, ast.Constant) and isinstance(flag.value, bool) else True
+    return last
+
+
+def _frozen_before(s: Script, call: ast.Call, name: str) -> bool:
+    """The statements that run before `call` in its function last turned the model's gradients off."""
+    node, parents = call, s.parents
+    while id(node) in parents:
+        parent = parents[id(node)]
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and node in block:
+                for stmt in reversed(block[:block.index(node)]):
+                    switch = _grad_switch(s, stmt, name)
+                    if switch is not None:
+                        return switch is False
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        node = parent
+    return False
 
 
 def _has_buffers(project) -> bool:
