@@ -8,6 +8,7 @@ import re
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.callsites import external_levels, global_parameter
 from ddpkit.lint.imports import Modules
+from ddpkit.lint.ranks import LOCAL, rank_name_kind
 
 __all__ = ["Project", "LOSS_NAME"]
 
@@ -278,17 +279,26 @@ class Project:
         """A module's forward() makes a collective (Barlow Twins' all_reduce): its loss is already global."""
 
     def _single_node(self, nodes: list[tuple[Script, ast.AST]]) -> bool:
-        """The script pins the rendezvous to this machine (MASTER_ADDR=localhost, tcp://127.0.0.1:...)."""
+        """The script pins the job to this machine: the rendezvous (MASTER_ADDR=localhost, tcp://127.0.0.1:...),
+        or the rank every init_process_group gets, the process index of an mp.spawn worker (`rank=local_rank`)."""
         addresses: list[tuple[str | None, bool]] = []
+        spawned: list[bool] = []
         for s, n in nodes:
             if isinstance(n, ast.Assign) and any(_is_master_addr(t) for t in n.targets):
                 value = n.value.value if isinstance(n.value, ast.Constant) else None
                 addresses.append((value, bool(s.context(n).branches)))
             elif isinstance(n, ast.Call) and terminal(n.func) == "init_process_group":
+                rank = next((k.value for k in n.keywords if k.arg == "rank"), None)
+                functions = s.context(n).functions
+                spawned.append(isinstance(rank, (ast.Name, ast.Attribute)) and rank_name_kind(terminal(rank)) == LOCAL
+                               and s.per_rank_functions is not None and bool(functions)
+                               and functions[-1] in s.per_rank_functions)
                 method = next((k.value for k in n.keywords if k.arg == "init_method"), None)
                 if isinstance(method, ast.Constant) and isinstance(method.value, str):
                     host = re.sub(r"^tcp://|:\d+$", "", method.value)
                     addresses.append((host, False))
+        if spawned and all(spawned):
+            return True  # `rank=local_rank` in an mp.spawn worker: the global rank is the index on this machine
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
 
     def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str], set[str]]:
