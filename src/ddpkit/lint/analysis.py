@@ -402,8 +402,11 @@ class Script:
                 # `if model is None: return load(...)`: the rest runs for the calls that pass a model
                 passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
                 ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
-            elif k and isinstance(stmt.body[-1], _TERMINATORS):
-                # `if rank != 0: return` guards everything after it in the same block
+            elif k and isinstance(stmt.body[-1], _TERMINATORS) and not (
+                    isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And)
+                    and any(not self.kind(v) for v in stmt.test.values)):
+                # `if rank != 0: return` guards everything after it in the same block; `if n_gpus == 1 and
+                # rank != 0: raise` stops only when the other condition holds too: the rest runs on every rank
                 ctx = ctx.guarded(k, stmt, "after")
             elif barrier:
                 # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: rank 0 runs the code in
@@ -465,14 +468,29 @@ class Script:
                 self._visit(field, ctx)
 
     def _spawned_functions(self, defs: list[ast.AST]) -> set[str] | None:
-        """Functions run by the ranks of an mp.spawn/Process script (None: the whole file is per-rank)."""
+        """Functions run by the ranks of an mp.spawn/Process script (None: the whole file is per-rank).
+
+        The worker is the first argument or the `fn=` keyword of mp.spawn/start_processes, or Process's
+        `target=`; a function the spawn hands the worker in its `args` tuple runs in the rank too where the
+        worker calls that parameter (`Process(target=init_processes, args=(rank, size, train, args))` with
+        `fn(rank, gpu, args)` inside); a class a rank builds runs its `__init__` there."""
+        self.spawned_inits: set[int] = set()
+        """ids of the `__init__` of classes a rank builds (`NetworkDeal(...)` in the worker)."""
         workers: set[str] = set()
+        handed: list[tuple[str, list[ast.expr], int]] = []  # (worker, args tuple items, index of its first item)
         for call in self.calls:
             name = self.qualname(call.func)
-            if name.endswith(("multiprocessing.spawn", "start_processes")) and call.args:
-                workers.add(terminal(call.args[0]))
-            elif name.endswith("Process"):
-                workers.update(terminal(k.value) for k in call.keywords if k.arg == "target")
+            keywords = {k.arg: k.value for k in call.keywords}
+            if name.endswith(("multiprocessing.spawn", "start_processes")) and (call.args or "fn" in keywords):
+                worker, offset = terminal(call.args[0] if call.args else keywords["fn"]), 1  # (the rank comes first)
+            elif name.endswith("Process") and "target" in keywords:
+                worker, offset = terminal(keywords["target"]), 0
+            else:
+                continue
+            workers.add(worker)
+            given = keywords.get("args", call.args[1] if offset and len(call.args) > 1 else None)
+            if isinstance(given, (ast.Tuple, ast.List)):
+                handed.append((worker, list(given.elts), offset))
         workers.discard("")
         if not workers:
             return None
@@ -481,19 +499,35 @@ class Script:
         if workers - names:
             workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
                         if isinstance(a, ast.Name) and a.id in names}
+        for worker, items, offset in handed:
+            for d in (d for d in defs if d.name == worker):
+                params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+                called = {c.func.id for c in ast.walk(d) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                for i, item in enumerate(items):
+                    if isinstance(item, ast.Name) and item.id in names and i + offset < len(params) \
+                            and params[i + offset] in called:
+                        workers.add(item.id)
         # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
         # rank when torchrun starts the script (the ImageNet example's two modes); `else: train(0, a, h)`
-        # hands the worker a fixed rank: that path is one process, and the caller stays the parent
+        # (or `subprocess_fn(rank=0, ...)`) hands the worker a fixed rank: that path is one process, and the
+        # caller stays the parent
+        firsts = {d.name: ([a.arg for a in (*d.args.posonlyargs, *d.args.args)] or [""])[0] for d in defs}
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
-            and not (c.args and isinstance(c.args[0], ast.Constant)) for c in ast.walk(d)))
+            and not _fixed_rank(c, firsts.get(terminal(c.func), "")) for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
+        classes = {c.name: c for c in self.nodes if isinstance(c, ast.ClassDef)}
         reached, todo = set(), list(workers)
         while todo:
             name = todo.pop()
             if name not in reached:
                 reached.add(name)
                 todo.extend(callees.get(name, ()))
+                init = next((d for d in classes[name].body if isinstance(d, ast.FunctionDef)
+                             and d.name == "__init__"), None) if name in classes else None
+                if init is not None:
+                    self.spawned_inits.add(id(init))
+                    todo.extend(terminal(c.func) for c in ast.walk(init) if isinstance(c, ast.Call))
         return reached
 
     def local_callee(self, call: ast.Call) -> str:
@@ -504,9 +538,16 @@ class Script:
         """True if every rank runs this node (False for the parent process of an mp.spawn script)."""
         if self.per_rank_functions is None:
             return True
-        return any(f in self.per_rank_functions for f in self.context(node).functions)
+        ctx = self.context(node)
+        return any(f in self.per_rank_functions for f in ctx.functions) or ctx.scope in self.spawned_inits
 
 
+
+
+def _fixed_rank(call: ast.Call, first: str) -> bool:
+    """The call hands its function a constant as the rank, its first parameter (`train(0, ...)`, `fn(rank=0, ...)`)."""
+    given = call.args[0] if call.args else next((k.value for k in call.keywords if first and k.arg == first), None)
+    return isinstance(given, ast.Constant)
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

@@ -60,7 +60,8 @@ def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> lis
     trees: dict[str, ast.Module] = {}
     for path, source in sources.items():
         try:
-            trees[path] = ast.parse(source, filename=path)
+            # a UTF-8 byte-order mark read as text is U+FEFF before the first line: Python skips it when it runs the file
+            trees[path] = ast.parse(source.removeprefix("\ufeff"), filename=path)
         except SyntaxError as e:
             if errors is not None:
                 errors.append(Finding(path, e.lineno or 1, e.offset or 1, "DDP000", "error",

@@ -1,0 +1,158 @@
+"""Which process runs which code: the program model `ddpkit lint` builds from how the ranks are started."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_source, lint_sources
+
+
+def _lint(code: str, rule: str) -> list[int]:
+    """Lines of `code` where `rule` fires."""
+    return [f.line for f in lint_source(textwrap.dedent(code), "train.py") if f.rule == rule]
+
+
+def _line(code: str, needle: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if needle in line)
+
+
+# ---- the worker handed to mp.spawn by keyword, with a one-process path by keyword ------------------
+SPAWN_BY_KEYWORD = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def run_rank(rank, cfg):
+        dist.init_process_group("nccl", rank=rank, world_size=cfg.gpus)
+        print("rank is training")
+        dist.destroy_process_group()
+
+    def launch(cfg):
+        print("writing the run folder")
+        if cfg.gpus == 1:
+            run_rank(rank=0, cfg=cfg)
+        else:
+            mp.spawn(fn=run_rank, args=(cfg,), nprocs=cfg.gpus)
+
+    if __name__ == "__main__":
+        launch(None)
+"""
+
+
+def test_worker_passed_as_fn_keyword_leaves_the_launcher_the_parent():
+    lines = _lint(SPAWN_BY_KEYWORD, "DDP008")
+    assert _line(SPAWN_BY_KEYWORD, "writing the run folder") not in lines
+    assert lines == [_line(SPAWN_BY_KEYWORD, "rank is training")]  # the worker's own print still counts
+
+
+def test_worker_called_with_a_rank_keyword_variable_makes_the_caller_a_rank():
+    code = SPAWN_BY_KEYWORD.replace("run_rank(rank=0, cfg=cfg)", "run_rank(rank=cfg.rank, cfg=cfg)")
+    assert _line(code, "writing the run folder") in _lint(code, "DDP008")
+
+
+# ---- a function handed to the worker through the spawn's args ------------------------------------
+PROCESS_WITH_FN_PARAMETER = """
+    import torch
+    import torch.distributed as dist
+    from torch.multiprocessing import Process
+
+    def fit(rank, opts):
+        torch.manual_seed(opts.seed + rank)
+        print("resumed from the checkpoint")
+        loss = torch.randn(1)
+        if rank == 0:
+            print("loss", loss.item())
+
+    def start(rank, size, body, opts):
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        body(rank, opts)
+
+    if __name__ == "__main__":
+        workers = []
+        for r in range(2):
+            p = Process(target=start, args=(r, 2, fit, None))
+            p.start()
+            workers.append(p)
+        for p in workers:
+            p.join()
+"""
+
+
+def test_function_handed_to_a_process_target_runs_in_the_rank():
+    code = PROCESS_WITH_FN_PARAMETER
+    assert _line(code, "resumed from the checkpoint") in _lint(code, "DDP008")
+    assert _line(code, '"loss"') in _lint(code, "DDP006")
+    assert _lint(code, "DDP014") == []  # seeded in the rank with seed + rank, not in the parent
+
+
+def test_function_passed_but_never_called_by_the_worker_stays_parent_code():
+    code = PROCESS_WITH_FN_PARAMETER.replace("body(rank, opts)", "print(body)")
+    assert _line(code, "resumed from the checkpoint") not in _lint(code, "DDP008")
+
+
+# ---- a class a rank builds -------------------------------------------------------------------------
+SPAWN_BUILDS_A_CLASS = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    class Graph:
+        def __init__(self, path):
+            self.path = path
+            print("graph loaded from", path)
+
+    class Settings:
+        def __init__(self):
+            print("parsing the settings")
+
+    def worker(rank, world):
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        graph = Graph("edges.txt")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        settings = Settings()
+        mp.spawn(worker, args=(2,), nprocs=2)
+"""
+
+
+def test_constructor_of_a_class_a_rank_builds_runs_in_the_rank():
+    lines = _lint(SPAWN_BUILDS_A_CLASS, "DDP008")
+    assert _line(SPAWN_BUILDS_A_CLASS, "graph loaded from") in lines
+    assert _line(SPAWN_BUILDS_A_CLASS, "parsing the settings") not in lines  # built by the parent only
+
+
+# ---- a guard that stops only in one mode -------------------------------------------------------------
+ONE_GPU_ASSERTION = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def train(rank, n_gpus):
+        if n_gpus > 1:
+            dist.init_process_group("nccl")
+        print("epoch done")
+
+    if __name__ == "__main__":
+        rank = int(os.environ["RANK"])
+        n_gpus = torch.cuda.device_count()
+        if n_gpus == 1 and rank != 0:
+            raise RuntimeError("one GPU but rank > 0")
+        train(rank, n_gpus)
+"""
+
+
+def test_rank_check_joined_with_another_condition_does_not_guard_the_rest():
+    assert _line(ONE_GPU_ASSERTION, "epoch done") in _lint(ONE_GPU_ASSERTION, "DDP008")
+
+
+def test_plain_rank_check_that_stops_still_guards_the_rest():
+    code = ONE_GPU_ASSERTION.replace("n_gpus == 1 and rank != 0", "rank != 0")
+    assert _line(code, "epoch done") not in _lint(code, "DDP008")
+
+
+# ---- a byte-order mark -----------------------------------------------------------------------------------
+def test_utf8_byte_order_mark_is_not_a_syntax_error():
+    code = "\ufeff" + textwrap.dedent(ONE_GPU_ASSERTION).lstrip()
+    rules = [f.rule for f in lint_sources({"train.py": code})]
+    assert "DDP000" not in rules and "DDP008" in rules
