@@ -156,3 +156,39 @@ def test_utf8_byte_order_mark_is_not_a_syntax_error():
     code = "\ufeff" + textwrap.dedent(ONE_GPU_ASSERTION).lstrip()
     rules = [f.rule for f in lint_sources({"train.py": code})]
     assert "DDP000" not in rules and "DDP008" in rules
+
+
+# ---- a builtins.print swap silences only the prints after it -----------------------------------------
+PRINT_SWAP = """
+    import builtins
+    import os
+    import torch.distributed as dist
+
+    def quiet_unless(master):
+        original = builtins.print
+        def shown(*args, **kwargs):
+            if master:
+                original(*args, **kwargs)
+        builtins.print = shown
+
+    def setup():
+        dist.init_process_group("nccl")
+        print("waiting at the barrier")
+        dist.barrier()
+        quiet_unless(int(os.environ["RANK"]) == 0)
+        print("group ready")
+
+    def train():
+        setup()
+        print("epoch done")
+
+    if __name__ == "__main__":
+        train()
+"""
+
+
+def test_print_before_the_swap_runs_on_every_rank():
+    lines = _lint(PRINT_SWAP, "DDP008")
+    assert _line(PRINT_SWAP, "waiting at the barrier") in lines
+    assert _line(PRINT_SWAP, "group ready") not in lines  # after the swap: rank 0 alone shows it
+    assert _line(PRINT_SWAP, "epoch done") not in lines

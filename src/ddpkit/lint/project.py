@@ -320,6 +320,22 @@ class Project:
                         changed = True
         return found, exchanging, looping
 
+    def print_silenced(self, script: Script, call: ast.Call) -> bool:
+        """Whether `call` (a print) runs after the program swaps builtins.print: every print does, except one in the
+        function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
+        written above the swap, which runs on every rank before print is replaced."""
+        if not self.prints_silenced:
+            return False
+        swaps = self.memo("print swaps", lambda: {d.name for x in self.scripts.values() for d in x.defs
+                                                  if any(_swaps_print(n) for n in ast.walk(d))})
+        scope = script.context(call).scope
+        func = next((d for d in script.defs if id(d) == scope), None)
+        if func is None or func.name in swaps:
+            return True
+        swap_lines = [n.lineno for n in ast.walk(func) if _swaps_print(n) or isinstance(n, ast.Call)
+                      and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
+        return not swap_lines or call.lineno > min(swap_lines)
+
     def global_parameter(self, script: Script, use: ast.Name) -> bool:
         """Whether `use` is a parameter every call of its function gives the global rank (see
         ddpkit.lint.callsites.global_parameter)."""
