@@ -192,3 +192,76 @@ def test_print_before_the_swap_runs_on_every_rank():
     assert _line(PRINT_SWAP, "waiting at the barrier") in lines
     assert _line(PRINT_SWAP, "group ready") not in lines  # after the swap: rank 0 alone shows it
     assert _line(PRINT_SWAP, "epoch done") not in lines
+
+
+# ---- mp reached through `from helper import *` -----------------------------------------------------------
+STAR_FILES = {
+    "proj/dist_helpers.py": """
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+
+        def join(rank, world):
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+    """,
+    "proj/train.py": """
+        import argparse
+        from dist_helpers import *
+
+        def worker(rank, world):
+            join(rank, world)
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--local_rank", type=int, default=0)
+            opts = parser.parse_args()
+            mp.spawn(worker, args=(2,), nprocs=2)
+    """,
+}
+
+
+def _lint_files(files: dict[str, str], rule: str) -> set[tuple[str, int]]:
+    sources = {path: textwrap.dedent(code) for path, code in files.items()}
+    return {(f.path, f.line) for f in lint_sources(sources) if f.rule == rule}
+
+
+def test_spawn_through_a_star_import_is_seen():
+    # DDP007 leaves mp.spawn scripts alone: their ranks never read --local_rank
+    assert _lint_files(STAR_FILES, "DDP007") == set()
+
+
+def test_star_import_brings_only_the_names_in_all():
+    files = dict(STAR_FILES)
+    files["proj/dist_helpers.py"] = '__all__ = ["join"]\n' + textwrap.dedent(files["proj/dist_helpers.py"])
+    files["proj/train.py"] = files["proj/train.py"].replace("from dist_helpers import *",
+                                                             "from dist_helpers import *\n        import mp")
+    assert _lint_files(files, "DDP007") != set()  # this `mp` is some other module: no spawn seen
+
+
+# ---- the spawn index used as the rank: one node ------------------------------------------------------------
+SPAWN_INDEX_RANK = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def connect(local_rank, nprocs):
+        dist.init_process_group("nccl", rank=local_rank, world_size=nprocs)
+
+    def worker(local_rank, nprocs):
+        connect(local_rank, nprocs)
+        model = torch.nn.Linear(2, 2)
+        if local_rank == 0:
+            torch.save(model.state_dict(), "model.pt")
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2,), nprocs=2)
+"""
+
+
+def test_spawn_index_given_as_the_rank_makes_one_node():
+    assert _lint(SPAWN_INDEX_RANK, "DDP004") == []
+
+
+def test_rank_computed_from_the_spawn_index_may_span_nodes():
+    code = SPAWN_INDEX_RANK.replace("    connect(local_rank, nprocs)", "    connect(node * nprocs + local_rank, nprocs)") \
+        .replace("def worker(local_rank, nprocs):", "def worker(local_rank, nprocs, node=1):")
+    assert _lint(code, "DDP004") == [_line(code, "torch.save")]

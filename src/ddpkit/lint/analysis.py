@@ -78,11 +78,13 @@ class Context:
 class Script:
     """One parsed script plus the facts the rules share; build it once per file."""
 
-    def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None) -> None:
+    def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None,
+                 star_aliases: dict[str, str] | None = None) -> None:
         self.tree = tree
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
-        self.aliases = self._import_aliases()
+        self.aliases = {**(star_aliases or {}), **self._import_aliases()}
+        """Import aliases: the file's own, over the modules a `from helper import *` of a project file brings."""
         self._parents: dict[int, ast.AST] | None = None
         self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
                              and any(a.name == "*" for a in n.names)]
