@@ -265,3 +265,55 @@ def test_rank_computed_from_the_spawn_index_may_span_nodes():
     code = SPAWN_INDEX_RANK.replace("    connect(local_rank, nprocs)", "    connect(node * nprocs + local_rank, nprocs)") \
         .replace("def worker(local_rank, nprocs):", "def worker(local_rank, nprocs, node=1):")
     assert _lint(code, "DDP004") == [_line(code, "torch.save")]
+
+
+# ---- a program reached only through code that is not linted ----------------------------------------------
+FACTORY_FILES = {
+    "proj/train.py": """
+        import torch.distributed as dist
+        from models.select import build
+
+        def main():
+            dist.init_process_group("nccl")
+            model = build("plain")
+            if dist.get_rank() == 0:
+                model.save("last.pt")
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """,
+    "proj/models/plain.py": """
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        class Plain:
+            def __init__(self, net, device):
+                self.net = self.wrap(net, device)
+
+            def wrap(self, net, device):
+                print("wrapping the network")
+                return DistributedDataParallel(net.to(device), device_ids=[device])
+
+            def save(self, path):
+                torch.save(self.net.state_dict(), path)
+    """,
+}
+
+
+def test_caller_guard_unseen_through_an_unlinted_factory_is_not_guessed():
+    # models/select.py (the factory that imports plain.py) is not linted: train.py's rank check around
+    # model.save() cannot be connected to Plain.save, so its torch.save is not called unguarded
+    assert _lint_files(FACTORY_FILES, "DDP004") == set()
+
+
+def test_code_every_rank_must_run_is_still_reported_in_an_unlinted_factory_program():
+    # a function that wraps the model in DDP runs on every rank, whoever calls it
+    lines = _lint_files(FACTORY_FILES, "DDP008")
+    assert ("proj/models/plain.py", _line(FACTORY_FILES["proj/models/plain.py"], "wrapping the network")) in lines
+
+
+def test_a_library_file_linted_on_its_own_is_still_checked():
+    files = {"proj/models/plain.py": FACTORY_FILES["proj/models/plain.py"]}
+    assert _lint_files(files, "DDP004") == {
+        ("proj/models/plain.py", _line(FACTORY_FILES["proj/models/plain.py"], "torch.save"))}

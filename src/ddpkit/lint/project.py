@@ -49,6 +49,8 @@ class Project:
                 break
         for script in self.scripts.values():
             script.project = self
+        self.acts = any(self._acts(s) for s in self.scripts.values())
+        """Some file of the program does something when run (a `__main__` block, a top-level call)."""
         self._collect_facts()
         self._liveness()
 
