@@ -317,3 +317,33 @@ def test_a_library_file_linted_on_its_own_is_still_checked():
     files = {"proj/models/plain.py": FACTORY_FILES["proj/models/plain.py"]}
     assert _lint_files(files, "DDP004") == {
         ("proj/models/plain.py", _line(FACTORY_FILES["proj/models/plain.py"], "torch.save"))}
+
+
+# ---- a branch that makes the run one process -------------------------------------------------------------
+FALLBACK_BRANCH = """
+    import os
+    import torch.distributed as dist
+
+    def main(cfg):
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        if cfg.group == "":
+            print("no group given: training on one process")
+            world_size = 1
+        if world_size > 1:
+            dist.init_process_group("nccl")
+        print("epoch done")
+
+    if __name__ == "__main__":
+        main(None)
+"""
+
+
+def test_branch_that_sets_one_process_is_that_process_alone():
+    lines = _lint(FALLBACK_BRANCH, "DDP008")
+    assert _line(FALLBACK_BRANCH, "no group given") not in lines
+    assert _line(FALLBACK_BRANCH, "epoch done") in lines
+
+
+def test_one_gpu_per_process_is_not_a_one_process_run():
+    code = FALLBACK_BRANCH.replace("world_size = 1\n", "n_gpu = 1\n")
+    assert _line(code, "no group given") in _lint(code, "DDP008")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
-                               is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
+                               is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
@@ -443,6 +443,12 @@ class Script:
             sense = distributed_mode(node.test)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
+            if isinstance(node, ast.If) and "__name__" not in {n.id for n in ast.walk(node.test)
+                                                               if isinstance(n, ast.Name)}:
+                # `print("no launcher: one process"); world_size = 1`: a branch that makes the run one process
+                # is that process's alone (not the `__main__` block, which every run goes through)
+                body_ctx, else_ctx = (c.alone() if _turns_single(stmts) else c
+                                      for c, stmts in ((body_ctx, node.body), (else_ctx, node.orelse)))
             if isinstance(node, ast.If):
                 self._block(node.body, body_ctx)
                 self._block(node.orelse, else_ctx)
@@ -544,6 +550,10 @@ class Script:
         return any(f in self.per_rank_functions for f in ctx.functions) or ctx.scope in self.spawned_inits
 
 
+
+
+def _turns_single(stmts: list[ast.stmt]) -> bool:
+    return any(isinstance(s, ast.Assign) and any(single_setting(t, s.value) for t in s.targets) for s in stmts)
 
 
 def _fixed_rank(call: ast.Call, first: str) -> bool:
