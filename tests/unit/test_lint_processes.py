@@ -347,3 +347,10 @@ def test_branch_that_sets_one_process_is_that_process_alone():
 def test_one_gpu_per_process_is_not_a_one_process_run():
     code = FALLBACK_BRANCH.replace("world_size = 1\n", "n_gpu = 1\n")
     assert _line(code, "no group given") in _lint(code, "DDP008")
+
+
+def test_a_count_the_program_gives_as_world_size_sets_one_process_too():
+    code = FALLBACK_BRANCH.replace("world_size = 1\n", "n_gpu = 1\n") \
+        .replace('dist.init_process_group("nccl")', 'dist.init_process_group("nccl", world_size=n_gpu)')
+    lines = _lint(code, "DDP008")
+    assert _line(code, "no group given") not in lines and _line(code, "epoch done") in lines

@@ -79,8 +79,10 @@ class Script:
     """One parsed script plus the facts the rules share; build it once per file."""
 
     def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None,
-                 star_aliases: dict[str, str] | None = None) -> None:
+                 star_aliases: dict[str, str] | None = None, world_names: frozenset[str] = frozenset()) -> None:
         self.tree = tree
+        self.world_names = world_names
+        """Names the program gives init_process_group as world_size (lower case): `num_gpus = 1` makes one process."""
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.aliases = {**(star_aliases or {}), **self._import_aliases()}
@@ -447,7 +449,7 @@ class Script:
                                                                if isinstance(n, ast.Name)}:
                 # `print("no launcher: one process"); world_size = 1`: a branch that makes the run one process
                 # is that process's alone (not the `__main__` block, which every run goes through)
-                body_ctx, else_ctx = (c.alone() if _turns_single(stmts) else c
+                body_ctx, else_ctx = (c.alone() if _turns_single(stmts, self.world_names) else c
                                       for c, stmts in ((body_ctx, node.body), (else_ctx, node.orelse)))
             if isinstance(node, ast.If):
                 self._block(node.body, body_ctx)
@@ -552,8 +554,8 @@ class Script:
 
 
 
-def _turns_single(stmts: list[ast.stmt]) -> bool:
-    return any(isinstance(s, ast.Assign) and any(single_setting(t, s.value) for t in s.targets) for s in stmts)
+def _turns_single(stmts: list[ast.stmt], counts: frozenset[str]) -> bool:
+    return any(isinstance(s, ast.Assign) and any(single_setting(t, s.value, counts) for t in s.targets) for s in stmts)
 
 
 def _fixed_rank(call: ast.Call, first: str) -> bool:

@@ -35,7 +35,13 @@ class Project:
         self.modules = Modules(self.paths)
         self._memo: dict[object, object] = {}
         self._star = {path: self._star_aliases(path, trees) for path in trees}
-        self.scripts = {path: _script(path, tree, {}, self._star[path]) for path, tree in trees.items()}
+        self._world_names = frozenset(
+            terminal(k.value).lower() for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and terminal(n.func) == "init_process_group" for k in n.keywords
+            if k.arg == "world_size" and isinstance(k.value, (ast.Name, ast.Attribute)))
+        """Names given to init_process_group as world_size anywhere in the program."""
+        self.scripts = {path: _script(path, tree, {}, self._star[path], self._world_names)
+                        for path, tree in trees.items()}
         for _ in range(2):  # a helper of a helper in a third file needs a second round
             levels = self._external_levels()
             if not levels:
@@ -43,7 +49,8 @@ class Project:
             changed = False
             for path, tree in trees.items():
                 if levels.get(path, {}) != self.scripts[path].external_levels:
-                    self.scripts[path] = _script(path, tree, levels.get(path, {}), self._star[path])
+                    self.scripts[path] = _script(path, tree, levels.get(path, {}), self._star[path],
+                                                 self._world_names)
                     changed = True
             if not changed:
                 break
@@ -448,8 +455,9 @@ class Project:
         return False
 
 
-def _script(path: str, tree: ast.Module, levels: dict[str, int], star: dict[str, str]) -> Script:
-    script = Script(tree, levels, star)
+def _script(path: str, tree: ast.Module, levels: dict[str, int], star: dict[str, str],
+            world_names: frozenset[str]) -> Script:
+    script = Script(tree, levels, star, world_names)
     script.path = path
     return script
 
