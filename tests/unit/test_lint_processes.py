@@ -354,3 +354,32 @@ def test_a_count_the_program_gives_as_world_size_sets_one_process_too():
         .replace('dist.init_process_group("nccl")', 'dist.init_process_group("nccl", world_size=n_gpu)')
     lines = _lint(code, "DDP008")
     assert _line(code, "no group given") not in lines and _line(code, "epoch done") in lines
+
+
+# ---- the worker handed to the spawning function as a parameter ---------------------------------------------
+LAUNCH_PARAMETER = """
+    import atexit
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def report():
+        print("run finished")
+
+    def worker(rank, world):
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        print("rank training")
+        dist.destroy_process_group()
+
+    def launch(fn, world):
+        mp.spawn(fn, args=(world,), nprocs=world)
+
+    if __name__ == "__main__":
+        atexit.register(report)
+        launch(worker, 2)
+"""
+
+
+def test_worker_passed_through_the_launcher_parameter_is_the_only_worker():
+    lines = _lint(LAUNCH_PARAMETER, "DDP008")
+    assert _line(LAUNCH_PARAMETER, "rank training") in lines
+    assert _line(LAUNCH_PARAMETER, "run finished") not in lines  # a parent callback, not a worker

@@ -488,6 +488,7 @@ class Script:
         """ids of the `__init__` of classes a rank builds (`NetworkDeal(...)` in the worker)."""
         workers: set[str] = set()
         handed: list[tuple[str, list[ast.expr], int]] = []  # (worker, args tuple items, index of its first item)
+        spawns: list[tuple[str, ast.Call]] = []
         for call in self.calls:
             name = self.qualname(call.func)
             keywords = {k.arg: k.value for k in call.keywords}
@@ -498,6 +499,7 @@ class Script:
             else:
                 continue
             workers.add(worker)
+            spawns.append((worker, call))
             given = keywords.get("args", call.args[1] if offset and len(call.args) > 1 else None)
             if isinstance(given, (ast.Tuple, ast.List)):
                 handed.append((worker, list(given.elts), offset))
@@ -506,9 +508,14 @@ class Script:
             return None
         # `mp.spawn(demo_fn, ...)` inside `def run_demo(demo_fn, ...)`: the workers are the functions passed in
         names = {d.name for d in defs}
-        if workers - names:
-            workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
-                        if isinstance(a, ast.Name) and a.id in names}
+        for worker, call in spawns:
+            if worker in names:
+                continue
+            passed = self._passed_for(defs, worker, call, names)
+            if passed is None:  # (not a parameter, or a call passes something else: any function handed along)
+                workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
+                            if isinstance(a, ast.Name) and a.id in names}
+            workers |= passed or set()
         for worker, items, offset in handed:
             for d in (d for d in defs if d.name == worker):
                 params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
@@ -539,6 +546,29 @@ class Script:
                     self.spawned_inits.add(id(init))
                     todo.extend(terminal(c.func) for c in ast.walk(init) if isinstance(c, ast.Call))
         return reached
+
+    def _passed_for(self, defs: list[ast.AST], param: str, call: ast.Call, names: set[str]) -> set[str] | None:
+        """The functions the calls of the function around `call` give its parameter `param` (`run_demo(demo_basic,
+        2)` for `def run_demo(demo_fn, world_size): mp.spawn(demo_fn, ...)`); None where that is not known."""
+        around = [d for d in defs if any(n is call for n in ast.walk(d))]
+        if not around:
+            return None
+        func = max(around, key=lambda d: d.lineno)
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        if param not in params and param not in [a.arg for a in func.args.kwonlyargs]:
+            return None
+        found: set[str] = set()
+        for c in self.calls:
+            if terminal(c.func) != func.name:
+                continue
+            value = next((k.value for k in c.keywords if k.arg == param), None)
+            if value is None and param in params:
+                index = params.index(param) - (1 if params[:1] in (["self"], ["cls"]) else 0)
+                value = c.args[index] if 0 <= index < len(c.args) else None
+            if not (isinstance(value, ast.Name) and value.id in names):
+                return None
+            found.add(value.id)
+        return found or None
 
     def local_callee(self, call: ast.Call) -> str:
         """The name of the function defined in this file that `call` calls (`f(...)`, `self.f(...)`), else ''."""
