@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
-                               is_main_flag, is_mode_sentinel, rank_name_kind, terminal)
+                               is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
@@ -78,11 +78,15 @@ class Context:
 class Script:
     """One parsed script plus the facts the rules share; build it once per file."""
 
-    def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None) -> None:
+    def __init__(self, tree: ast.Module, external_levels: dict[str, int] | None = None,
+                 star_aliases: dict[str, str] | None = None, world_names: frozenset[str] = frozenset()) -> None:
         self.tree = tree
+        self.world_names = world_names
+        """Names the program gives init_process_group as world_size (lower case): `num_gpus = 1` makes one process."""
         self.nodes = list(ast.walk(tree))
         self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
-        self.aliases = self._import_aliases()
+        self.aliases = {**(star_aliases or {}), **self._import_aliases()}
+        """Import aliases: the file's own, over the modules a `from helper import *` of a project file brings."""
         self._parents: dict[int, ast.AST] | None = None
         self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
                              and any(a.name == "*" for a in n.names)]
@@ -407,8 +411,11 @@ class Script:
                 # `if model is None: return load(...)`: the rest runs for the calls that pass a model
                 passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
                 ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
-            elif k and isinstance(stmt.body[-1], _TERMINATORS):
-                # `if rank != 0: return` guards everything after it in the same block
+            elif k and isinstance(stmt.body[-1], _TERMINATORS) and not (
+                    isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And)
+                    and any(not self.kind(v) for v in stmt.test.values)):
+                # `if rank != 0: return` guards everything after it in the same block; `if n_gpus == 1 and
+                # rank != 0: raise` stops only when the other condition holds too: the rest runs on every rank
                 ctx = ctx.guarded(k, stmt, "after")
             elif barrier:
                 # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: rank 0 runs the code in
@@ -442,6 +449,12 @@ class Script:
             sense = distributed_mode(node.test)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
+            if isinstance(node, ast.If) and "__name__" not in {n.id for n in ast.walk(node.test)
+                                                               if isinstance(n, ast.Name)}:
+                # `print("no launcher: one process"); world_size = 1`: a branch that makes the run one process
+                # is that process's alone (not the `__main__` block, which every run goes through)
+                body_ctx, else_ctx = (c.alone() if _turns_single(stmts, self.world_names) else c
+                                      for c, stmts in ((body_ctx, node.body), (else_ctx, node.orelse)))
             if isinstance(node, ast.If):
                 self._block(node.body, body_ctx)
                 self._block(node.orelse, else_ctx)
@@ -497,36 +510,97 @@ class Script:
         return rank_name_kind(name)
 
     def _spawned_functions(self, defs: list[ast.AST]) -> set[str] | None:
-        """Functions run by the ranks of an mp.spawn/Process script (None: the whole file is per-rank)."""
+        """Functions run by the ranks of an mp.spawn/Process script (None: the whole file is per-rank).
+
+        The worker is the first argument or the `fn=` keyword of mp.spawn/start_processes, or Process's
+        `target=`; a function the spawn hands the worker in its `args` tuple runs in the rank too where the
+        worker calls that parameter (`Process(target=init_processes, args=(rank, size, train, args))` with
+        `fn(rank, gpu, args)` inside); a class a rank builds runs its `__init__` there."""
+        self.spawned_inits: set[int] = set()
+        """ids of the `__init__` of classes a rank builds (`NetworkDeal(...)` in the worker)."""
         workers: set[str] = set()
+        handed: list[tuple[str, list[ast.expr], int]] = []  # (worker, args tuple items, index of its first item)
+        spawns: list[tuple[str, ast.Call]] = []
         for call in self.calls:
             name = self.qualname(call.func)
-            if name.endswith(("multiprocessing.spawn", "start_processes")) and call.args:
-                workers.add(terminal(call.args[0]))
-            elif name.endswith("Process"):
-                workers.update(terminal(k.value) for k in call.keywords if k.arg == "target")
+            keywords = {k.arg: k.value for k in call.keywords}
+            if name.endswith(("multiprocessing.spawn", "start_processes")) and (call.args or "fn" in keywords):
+                worker, offset = terminal(call.args[0] if call.args else keywords["fn"]), 1  # (the rank comes first)
+            elif name.endswith("Process") and "target" in keywords:
+                worker, offset = terminal(keywords["target"]), 0
+            else:
+                continue
+            workers.add(worker)
+            spawns.append((worker, call))
+            given = keywords.get("args", call.args[1] if offset and len(call.args) > 1 else None)
+            if isinstance(given, (ast.Tuple, ast.List)):
+                handed.append((worker, list(given.elts), offset))
         workers.discard("")
         if not workers:
             return None
         # `mp.spawn(demo_fn, ...)` inside `def run_demo(demo_fn, ...)`: the workers are the functions passed in
         names = {d.name for d in defs}
-        if workers - names:
-            workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
-                        if isinstance(a, ast.Name) and a.id in names}
+        for worker, call in spawns:
+            if worker in names:
+                continue
+            passed = self._passed_for(defs, worker, call, names)
+            if passed is None:  # (not a parameter, or a call passes something else: any function handed along)
+                workers |= {a.id for c in self.calls for a in (*c.args, *(k.value for k in c.keywords))
+                            if isinstance(a, ast.Name) and a.id in names}
+            workers |= passed or set()
+        for worker, items, offset in handed:
+            for d in (d for d in defs if d.name == worker):
+                params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+                called = {c.func.id for c in ast.walk(d) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+                for i, item in enumerate(items):
+                    if isinstance(item, ast.Name) and item.id in names and i + offset < len(params) \
+                            and params[i + offset] in called:
+                        workers.add(item.id)
         # `else: main_worker(args.gpu, ...)`: a function that also calls the worker directly runs on every
         # rank when torchrun starts the script (the ImageNet example's two modes); `else: train(0, a, h)`
-        # hands the worker a fixed rank: that path is one process, and the caller stays the parent
+        # (or `subprocess_fn(rank=0, ...)`) hands the worker a fixed rank: that path is one process, and the
+        # caller stays the parent
+        firsts = {d.name: ([a.arg for a in (*d.args.posonlyargs, *d.args.args)] or [""])[0] for d in defs}
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
-            and not (c.args and isinstance(c.args[0], ast.Constant)) for c in ast.walk(d)))
+            and not _fixed_rank(c, firsts.get(terminal(c.func), "")) for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
+        classes = {c.name: c for c in self.nodes if isinstance(c, ast.ClassDef)}
         reached, todo = set(), list(workers)
         while todo:
             name = todo.pop()
             if name not in reached:
                 reached.add(name)
                 todo.extend(callees.get(name, ()))
+                init = next((d for d in classes[name].body if isinstance(d, ast.FunctionDef)
+                             and d.name == "__init__"), None) if name in classes else None
+                if init is not None:
+                    self.spawned_inits.add(id(init))
+                    todo.extend(terminal(c.func) for c in ast.walk(init) if isinstance(c, ast.Call))
         return reached
+
+    def _passed_for(self, defs: list[ast.AST], param: str, call: ast.Call, names: set[str]) -> set[str] | None:
+        """The functions the calls of the function around `call` give its parameter `param` (`run_demo(demo_basic,
+        2)` for `def run_demo(demo_fn, world_size): mp.spawn(demo_fn, ...)`); None where that is not known."""
+        around = [d for d in defs if any(n is call for n in ast.walk(d))]
+        if not around:
+            return None
+        func = max(around, key=lambda d: d.lineno)
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        if param not in params and param not in [a.arg for a in func.args.kwonlyargs]:
+            return None
+        found: set[str] = set()
+        for c in self.calls:
+            if terminal(c.func) != func.name:
+                continue
+            value = next((k.value for k in c.keywords if k.arg == param), None)
+            if value is None and param in params:
+                index = params.index(param) - (1 if params[:1] in (["self"], ["cls"]) else 0)
+                value = c.args[index] if 0 <= index < len(c.args) else None
+            if not (isinstance(value, ast.Name) and value.id in names):
+                return None
+            found.add(value.id)
+        return found or None
 
     def local_callee(self, call: ast.Call) -> str:
         """The name of the function defined in this file that `call` calls (`f(...)`, `self.f(...)`), else ''."""
@@ -536,9 +610,20 @@ class Script:
         """True if every rank runs this node (False for the parent process of an mp.spawn script)."""
         if self.per_rank_functions is None:
             return True
-        return any(f in self.per_rank_functions for f in self.context(node).functions)
+        ctx = self.context(node)
+        return any(f in self.per_rank_functions for f in ctx.functions) or ctx.scope in self.spawned_inits
 
 
+
+
+def _turns_single(stmts: list[ast.stmt], counts: frozenset[str]) -> bool:
+    return any(isinstance(s, ast.Assign) and any(single_setting(t, s.value, counts) for t in s.targets) for s in stmts)
+
+
+def _fixed_rank(call: ast.Call, first: str) -> bool:
+    """The call hands its function a constant as the rank, its first parameter (`train(0, ...)`, `fn(rank=0, ...)`)."""
+    given = call.args[0] if call.args else next((k.value for k in call.keywords if first and k.arg == first), None)
+    return isinstance(given, ast.Constant)
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

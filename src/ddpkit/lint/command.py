@@ -20,7 +20,7 @@ def lint_source(source: str, path: str = "<string>") -> list[Finding]:
 
 
 def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8-sig", errors="replace")  # a byte-order mark is valid Python
+    return path.read_text(encoding="utf-8-sig", errors="replace")  # (a byte-order mark is not code)
 
 
 def lint_file(path: str | Path) -> list[Finding]:

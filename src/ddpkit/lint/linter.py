@@ -60,15 +60,41 @@ def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> lis
     trees: dict[str, ast.Module] = {}
     for path, source in sources.items():
         try:
-            trees[path] = ast.parse(source, filename=path)
+            # a UTF-8 byte-order mark read as text is U+FEFF before the first line: Python skips it when it runs the file
+            trees[path] = ast.parse(source.removeprefix("\ufeff"), filename=path)
         except SyntaxError as e:
             if errors is not None:
                 errors.append(Finding(path, e.lineno or 1, e.offset or 1, "DDP000", "error",
                                       f"cannot parse the file: {e.msg}",
                                       "fix the syntax error (ddpkit lint reads the file with this Python's parser)"))
-    scripts = [(path, script) for program in programs(trees) for path, script in Project(program).scripts.items()]
+    projects = [Project(program) for program in programs(trees)]
+    # a program that does nothing when run, linted beside one that does, is reached through code not linted (a
+    # factory, a package __init__): who calls it, and under which rank check, is unknown, so the findings that
+    # rest on the callers (a rank guard, a seed, set_epoch or destroy elsewhere) are left out
+    entry = any(p.acts for p in projects)
+    scripts = [(path, script) for p in projects for path, script in p.scripts.items()]
     # code no rank runs (a helper's own __main__, a function nothing calls) is not every rank's code
     return [(path, script, [hit for run_check in CHECKS for hit in run_check(script)
-                            if script.project.runs(script, hit.node)]) for path, script in scripts]
+                            if script.project.runs(script, hit.node)
+                            and not (entry and not script.project.acts and hit.rule in _CALLER_RULES
+                                     and not _rank_code(script, hit.node))])
+            for path, script in scripts]
+
+
+def _rank_code(script: Script, node: ast.AST) -> bool:
+    """Code known to run in the ranks whoever calls it: under its own rank check, or in a function that makes a
+    collective or wraps a model in DDP (every rank must run those, so no caller can guard them by rank)."""
+    ctx = script.context(node)
+    if ctx.level or not ctx.functions:
+        return bool(ctx.level)
+    name = ctx.functions[-1]
+    wrapping = script.project.memo("wrapping functions", lambda: {
+        d.name for s in script.project.scripts.values() for d in s.defs
+        if any(isinstance(c, ast.Call) and s.qualname(c.func).endswith("DistributedDataParallel") for c in ast.walk(d))})
+    return name in script.project.reducing_functions or name in wrapping
+
+
+_CALLER_RULES = frozenset({"DDP001", "DDP004", "DDP006", "DDP008", "DDP009", "DDP010", "DDP012", "DDP014"})
+"""Rules whose finding depends on code that calls the file or runs beside it."""
 
 

@@ -307,14 +307,14 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 if not evaluation or terminal(call.func) not in ("print", "info"):
                     continue
                 per_rank_logging = project.memo("logging per rank", lambda: _logging_per_rank(project))
-                if project.prints_silenced and s.qualname(call.func) == "print":
+                if project.print_silenced(s, call) and s.qualname(call.func) == "print":
                     # the builtins.print swap shows rank 0's line alone: its shard's figure as the run's
                     where = "through a print only rank 0 shows (builtins.print is silenced on the others), so it " \
                         "is rank 0's shard alone"
                 elif terminal(call.func) == "info" and per_rank_logging:
                     where = "through logging that only rank 0 shows (logging is set up per rank), so it is " \
                         "rank 0's shard alone"
-                elif _in_shard_loop(call, flow) or project.prints_silenced or per_rank_logging:
+                elif _in_shard_loop(call, flow) or project.print_silenced(s, call) or per_rank_logging:
                     continue
                 else:
                     where = "by every rank, each showing its own shard's value"
@@ -501,7 +501,7 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if not _logs(s, call) or ctx.single or not s.per_rank(call):
             continue
-        if ctx.level == NONE and (project.prints_silenced or terminal(call.func) != "print"):
+        if ctx.level == NONE and (project.print_silenced(s, call) or terminal(call.func) != "print"):
             continue
         metric = next((n for a in (*call.args, *call.keywords) for n in _names(a) if _METRIC.search(n.lower())),
                       None)
@@ -601,9 +601,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
         name = s.qualname(call.func)
-        is_print = name in ("print", "rich.print") and not project.prints_silenced
+        is_print = name in ("print", "rich.print") and not project.print_silenced(s, call)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and not project.prints_silenced
+            and not project.print_silenced(s, call)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (

@@ -8,7 +8,6 @@ import re
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.callsites import external_levels, global_parameter
 from ddpkit.lint.imports import Modules
-from ddpkit.lint.ranks import LOCAL, rank_name_kind
 
 __all__ = ["Project", "LOSS_NAME"]
 
@@ -35,7 +34,14 @@ class Project:
         self.paths = list(trees)
         self.modules = Modules(self.paths)
         self._memo: dict[object, object] = {}
-        self.scripts = {path: _script(path, tree, {}) for path, tree in trees.items()}
+        self._star = {path: self._star_aliases(path, trees) for path in trees}
+        self._world_names = frozenset(
+            terminal(k.value).lower() for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and terminal(n.func) == "init_process_group" for k in n.keywords
+            if k.arg == "world_size" and isinstance(k.value, (ast.Name, ast.Attribute)))
+        """Names given to init_process_group as world_size anywhere in the program."""
+        self.scripts = {path: _script(path, tree, {}, self._star[path], self._world_names)
+                        for path, tree in trees.items()}
         for _ in range(2):  # a helper of a helper in a third file needs a second round
             levels = self._external_levels()
             if not levels:
@@ -43,16 +49,46 @@ class Project:
             changed = False
             for path, tree in trees.items():
                 if levels.get(path, {}) != self.scripts[path].external_levels:
-                    self.scripts[path] = _script(path, tree, levels.get(path, {}))
+                    self.scripts[path] = _script(path, tree, levels.get(path, {}), self._star[path],
+                                                 self._world_names)
                     changed = True
             if not changed:
                 break
         for script in self.scripts.values():
             script.project = self
+        self.acts = any(self._acts(s) for s in self.scripts.values())
+        """Some file of the program does something when run (a `__main__` block, a top-level call)."""
         self._collect_facts()
         self._liveness()
 
     # ---- imports -----------------------------------------------------------------------------
+    def _star_aliases(self, path: str, trees: dict[str, ast.Module]) -> dict[str, str]:
+        """Modules a file reaches through `from ddp_utils import *` of a project file that imports them at its top
+        (`import torch.multiprocessing as mp` there makes `mp.spawn` in the importer torch's), within `__all__`
+        where the file declares one. One level deep."""
+        found: dict[str, str] = {}
+        for node in trees[path].body:
+            if not (isinstance(node, ast.ImportFrom) and node.module and any(a.name == "*" for a in node.names)):
+                continue
+            source = self.modules.locate(path, node.module)
+            if source is None or source == path:
+                continue
+            body = trees[source].body
+            public = next((set(ast.literal_eval(b.value)) for b in body if isinstance(b, ast.Assign)
+                           and any(isinstance(t, ast.Name) and t.id == "__all__" for t in b.targets)
+                           and isinstance(b.value, (ast.List, ast.Tuple))
+                           and all(isinstance(e, ast.Constant) for e in b.value.elts)), None)
+            for stmt in body:
+                if isinstance(stmt, ast.Import):
+                    pairs = [(a.asname or a.name.split(".")[0], a.name if a.asname else a.name.split(".")[0])
+                             for a in stmt.names]
+                elif isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
+                    pairs = [(a.asname or a.name, f"{stmt.module}.{a.name}") for a in stmt.names if a.name != "*"]
+                else:
+                    continue
+                found.update((k, v) for k, v in pairs if not k.startswith("_") and (public is None or k in public))
+        return found
+
     def resolve(self, script: Script, func: ast.AST) -> tuple[str, str] | None:
         """(path, function name) of the project function a callee names (`utils.save_on_master`), else None."""
         qualname = script.qualname(func)
@@ -260,7 +296,7 @@ class Project:
         the stream a seed shared by every rank makes identical on every rank."""
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        self.single_node = self._single_node(nodes)
+        self.single_node = self._single_node(nodes) or self._ranked_by_spawn_index(scripts)
         self.reducing_functions, self.exchanging_functions, looping = self._function_facts(scripts)
         """Project functions that make a collective (a barrier included), and those that make one other than a
         barrier (directly or through each other)."""
@@ -279,27 +315,52 @@ class Project:
         """A module's forward() makes a collective (Barlow Twins' all_reduce): its loss is already global."""
 
     def _single_node(self, nodes: list[tuple[Script, ast.AST]]) -> bool:
-        """The script pins the job to this machine: the rendezvous (MASTER_ADDR=localhost, tcp://127.0.0.1:...),
-        or the rank every init_process_group gets, the process index of an mp.spawn worker (`rank=local_rank`)."""
+        """The script pins the rendezvous to this machine (MASTER_ADDR=localhost, tcp://127.0.0.1:...)."""
         addresses: list[tuple[str | None, bool]] = []
-        spawned: list[bool] = []
         for s, n in nodes:
             if isinstance(n, ast.Assign) and any(_is_master_addr(t) for t in n.targets):
                 value = n.value.value if isinstance(n.value, ast.Constant) else None
                 addresses.append((value, bool(s.context(n).branches)))
             elif isinstance(n, ast.Call) and terminal(n.func) == "init_process_group":
-                rank = next((k.value for k in n.keywords if k.arg == "rank"), None)
-                functions = s.context(n).functions
-                spawned.append(isinstance(rank, (ast.Name, ast.Attribute)) and rank_name_kind(terminal(rank)) == LOCAL
-                               and s.per_rank_functions is not None and bool(functions)
-                               and functions[-1] in s.per_rank_functions)
                 method = next((k.value for k in n.keywords if k.arg == "init_method"), None)
                 if isinstance(method, ast.Constant) and isinstance(method.value, str):
                     host = re.sub(r"^tcp://|:\d+$", "", method.value)
                     addresses.append((host, False))
-        if spawned and all(spawned):
-            return True  # `rank=local_rank` in an mp.spawn worker: the global rank is the index on this machine
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
+
+    def _ranked_by_spawn_index(self, scripts: list[Script]) -> bool:
+        """The process group takes as its rank the index mp.spawn gives each worker (`def worker(local_rank, ...)`
+        ... `init_process_group(..., rank=local_rank)`, directly or through a helper's parameter): the global rank
+        is then the index on this machine, so the job is one node (a second node's ranks would repeat them)."""
+        workers = {terminal(c.args[0] if c.args else next(k.value for k in c.keywords if k.arg == "fn"))
+                   for s in scripts for c in s.calls if s.qualname(c.func).endswith(("multiprocessing.spawn",
+                                                                                      "start_processes"))
+                   and (c.args or any(k.arg == "fn" for k in c.keywords))}
+        return bool(workers) and any(
+            isinstance(rank, ast.Name) and self._spawn_index(s, call, rank.id, workers, 2)
+            for s in scripts for call in s.calls if s.call_name(call) == "init_process_group"
+            for rank in [next((k.value for k in call.keywords if k.arg == "rank"), None)])
+
+    def _spawn_index(self, s: Script, node: ast.AST, name: str, workers: set[str], depth: int) -> bool:
+        """Whether `name` at `node` is the spawn index: the first parameter of a worker, or a parameter every call
+        of its function gives the spawn index (`depth` calls up), never reassigned."""
+        func = next((d for d in s.defs if id(d) == s.context(node).scope), None)
+        if func is None:
+            return False
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        if name not in params or any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+                                     for n in ast.walk(func)):
+            return False
+        if func.name in workers and params[0] == name:
+            return True
+        if depth == 0 or params[:1] in (["self"], ["cls"]):
+            return False
+        given = [(x, c, next((k.value for k in c.keywords if k.arg == name),
+                             c.args[params.index(name)] if params.index(name) < len(c.args) else None))
+                 for x in self.scripts.values() for c in x.calls if terminal(c.func) == func.name
+                 and not isinstance(c.func, ast.Attribute)]
+        return bool(given) and all(isinstance(v, ast.Name) and self._spawn_index(x, c, v.id, workers, depth - 1)
+                                   for x, c, v in given)
 
     def _function_facts(self, scripts: list[Script]) -> tuple[set[str], set[str], set[str]]:
         """Functions that make a collective (directly or through each other); those that make one other than a
@@ -329,6 +390,22 @@ class Project:
                         made.add(name)
                         changed = True
         return found, exchanging, looping
+
+    def print_silenced(self, script: Script, call: ast.Call) -> bool:
+        """Whether `call` (a print) runs after the program swaps builtins.print: every print does, except one in the
+        function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
+        written above the swap, which runs on every rank before print is replaced."""
+        if not self.prints_silenced:
+            return False
+        swaps = self.memo("print swaps", lambda: {d.name for x in self.scripts.values() for d in x.defs
+                                                  if any(_swaps_print(n) for n in ast.walk(d))})
+        scope = script.context(call).scope
+        func = next((d for d in script.defs if id(d) == scope), None)
+        if func is None or func.name in swaps:
+            return True
+        swap_lines = [n.lineno for n in ast.walk(func) if _swaps_print(n) or isinstance(n, ast.Call)
+                      and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
+        return not swap_lines or call.lineno > min(swap_lines)
 
     def global_parameter(self, script: Script, use: ast.Name) -> bool:
         """Whether `use` is a parameter every call of its function gives the global rank (see
@@ -414,8 +491,9 @@ def _scoped_walk(node: ast.AST):
             todo.append((child, inner))
 
 
-def _script(path: str, tree: ast.Module, levels: dict[str, int]) -> Script:
-    script = Script(tree, levels)
+def _script(path: str, tree: ast.Module, levels: dict[str, int], star: dict[str, str],
+            world_names: frozenset[str]) -> Script:
+    script = Script(tree, levels, star, world_names)
     script.path = path
     return script
 

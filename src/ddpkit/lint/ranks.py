@@ -6,7 +6,7 @@ import ast
 import re
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
-           "distributed_mode", "rank_name_kind", "is_main_flag", "is_mode_sentinel", "terminal"]
+           "distributed_mode", "single_setting", "rank_name_kind", "is_main_flag", "is_mode_sentinel", "terminal"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -74,6 +74,22 @@ def distributed_mode(expr: ast.AST | None) -> int:
     if value == 0 and rank_name_kind(terminal(left) or "rank"):
         return {ast.GtE: 1, ast.Lt: -1}.get(op, 0)  # `local_rank >= 0`: -1 is the single-process sentinel
     return 0
+
+
+_COUNT_NAME = re.compile(r"^(n_?|num_?)(procs|processes|replicas)$|world_size$")
+"""Names that count the processes of a run (`nprocs`, `world_size`; not `n_gpu`, often the GPUs of one process)."""
+
+
+def single_setting(target: ast.AST, value: ast.AST, counts: frozenset[str] = frozenset()) -> bool:
+    """`world_size = 1`, `args.distributed = False`: an assignment that makes the run one process (the branch it
+    sits in is a single-process fallback). `counts`: other names the program gives init_process_group as its
+    world_size (`num_gpus` in `init_process_group(..., world_size=num_gpus)`)."""
+    if not isinstance(value, ast.Constant) or not isinstance(target, (ast.Name, ast.Attribute)):
+        return False
+    name = terminal(target).lower()
+    if value.value is False:
+        return _MODE_NAME.match(name) is not None
+    return value.value == 1 and type(value.value) is int and (_COUNT_NAME.search(name) is not None or name in counts)
 
 
 def rank_name_kind(name: str) -> int:
