@@ -231,6 +231,7 @@ SEED_HELPER_ELSEWHERE = """
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     init_seeds(1 + rank)
+    model = torch.nn.Linear(4, 2)
     dist.destroy_process_group()
 """
 
@@ -523,3 +524,80 @@ def test_function_reached_through_a_package_whose_init_is_not_linted_stays_live(
         """,
     }
     assert _lint_files(files, "DDP004") == {("r/mypkg/ckpt.py", 5)}
+
+
+# ---- nothing random, nothing to seed -------------------------------------------------------------
+JOIN_AND_PRINT = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def main():
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()}")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_program_that_draws_nothing_random_has_no_missing_seed_note():
+    # it joins the group and prints: no model, no data, no draw, so there is nothing to seed
+    assert _lint(JOIN_AND_PRINT, "DDP014") == []
+    # the same program once it builds a model (weights drawn at random) is unseeded
+    modelled = JOIN_AND_PRINT.replace("        print(f\"rank", "        model = torch.nn.Linear(8, 2)\n        print(f\"rank")
+    assert _lint(modelled, "DDP014") == [_line(modelled, "dist.init_process_group")]
+
+
+# ---- a base-class method every subclass overrides ------------------------------------------------
+OVERRIDDEN_BASE = {
+    "framework.py": """
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def train(self, epochs):
+                for epoch in range(epochs):
+                    print("epoch", epoch)
+    """,
+    "ddp_framework.py": """
+        import os
+        import torch.distributed as dist
+        from framework import Trainer
+
+        class DistributedTrainer(Trainer):
+            def train(self, epochs):
+                rank = dist.get_rank()
+                for epoch in range(epochs):
+                    if rank == 0:
+                        print("epoch", epoch)
+    """,
+    "main.py": """
+        import torch
+        import torch.distributed as dist
+        from ddp_framework import DistributedTrainer
+
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        DistributedTrainer(torch.nn.Linear(2, 2)).train(3)
+        dist.destroy_process_group()
+    """,
+}
+
+
+def test_a_base_method_every_subclass_overrides_does_not_run():
+    # only DistributedTrainer is built: `.train(3)` runs its override, never Trainer.train's unguarded print
+    assert _lint_files(OVERRIDDEN_BASE, "DDP008") == set()
+    # built directly, the base's train runs and prints on every rank
+    built = dict(OVERRIDDEN_BASE, **{"main.py": OVERRIDDEN_BASE["main.py"].replace(
+        "DistributedTrainer(torch.nn.Linear(2, 2)).train(3)",
+        "DistributedTrainer(torch.nn.Linear(2, 2)).train(3)\n        Trainer(torch.nn.Linear(2, 2)).train(1)").replace(
+        "from ddp_framework import DistributedTrainer", "from ddp_framework import DistributedTrainer\n        from framework import Trainer")})
+    assert _lint_files(built, "DDP008") == {("framework.py", 8)}
+    # called through super(), the base's train runs as well
+    chained = dict(OVERRIDDEN_BASE, **{"ddp_framework.py": OVERRIDDEN_BASE["ddp_framework.py"].replace(
+        "rank = dist.get_rank()", "rank = dist.get_rank()\n                super().train(epochs)")})
+    assert _lint_files(chained, "DDP008") == {("framework.py", 8)}

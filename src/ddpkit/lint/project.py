@@ -236,6 +236,47 @@ class Project:
         for path, c in classes_named:
             if c.name not in live:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
+        if not dynamic:
+            self._overridden_methods()
+
+    def _overridden_methods(self) -> None:
+        """A base class's method every subclass overrides, on a base nothing builds itself, never runs: a call
+        `obj.train()` reaches the subclass's method (the object is a subclass), and nothing calls the base's
+        through `super().train()` or `Base.train(...)`."""
+        classes: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+        for path, s in self.scripts.items():
+            for n in s.nodes:
+                if isinstance(n, ast.ClassDef):
+                    classes.setdefault(n.name, []).append((path, n))
+        built: set[str] = set()
+        named: set[str] = set()
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.Call):
+                    built.add(terminal(n.func))
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                    owner = n.value
+                    if isinstance(owner, ast.Call) and terminal(owner.func) == "super":
+                        named.add(n.attr)
+                    elif isinstance(owner, ast.Name) and owner.id in classes:
+                        named.add(n.attr)
+        for name, found in classes.items():
+            if len(found) != 1 or name in built:
+                continue
+            path, base = found[0]
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("cls", "type")
+                   for n in ast.walk(base)):
+                continue  # a factory classmethod may build the base itself
+            subclasses = [c for others in classes.values() for _, c in others
+                          if any(terminal(b) == name for b in c.bases)]
+            if not subclasses:
+                continue
+            for item in base.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not item.name.startswith("__") \
+                        and item.name not in named and all(
+                            any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == item.name
+                                for d in c.body) for c in subclasses):
+                    self.dead_blocks[path].update(id(n) for n in ast.walk(item))
 
     def _outside_attributes(self) -> set[int]:
         """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
