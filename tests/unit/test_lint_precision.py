@@ -601,3 +601,33 @@ def test_a_base_method_every_subclass_overrides_does_not_run():
     chained = dict(OVERRIDDEN_BASE, **{"ddp_framework.py": OVERRIDDEN_BASE["ddp_framework.py"].replace(
         "rank = dist.get_rank()", "rank = dist.get_rank()\n                super().train(epochs)")})
     assert _lint_files(chained, "DDP008") == {("framework.py", 8)}
+
+
+# ---- a module-level name and a function's own name of the same spelling -------------------------
+MODULE_LOCAL_RANK = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+
+    def setup():
+        dist.init_process_group("nccl")
+        local_rank = dist.get_rank()
+        return local_rank
+
+    def main():
+        setup()
+        torch.manual_seed(0)
+        torch.cuda.set_device(local_rank)
+
+    main()
+"""
+
+
+def test_a_function_reads_the_module_name_not_another_functions_local():
+    # main() never binds local_rank: it reads the module's LOCAL_RANK, not setup()'s own get_rank()
+    assert _lint(MODULE_LOCAL_RANK, "DDP012") == []
+    # the module-level name itself from the global rank is the mistake
+    wrong = MODULE_LOCAL_RANK.replace('int(os.environ["LOCAL_RANK"])', 'int(os.environ["RANK"])')
+    assert _lint(wrong, "DDP012") == [_line(wrong, "set_device")]

@@ -6,7 +6,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
+from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
 
@@ -337,6 +337,14 @@ class Script:
                       if (stmt.end_lineno, stmt.end_col_offset) <= where and id(stmt) not in path
                       and scope_of(stmt, parents) is scope]
         if not candidates:
+            if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope_of(scope, parents) is None \
+                    and use.id not in local_names(scope) and not any(
+                        isinstance(n, ast.Global) and use.id in n.names for n in self.nodes):
+                # a module function reading a name it never binds reads the module's: `local_rank` from
+                # LOCAL_RANK at the top, not another function's own `local_rank = get_rank()`
+                held = [value for stmt, value in self._bindings.get(use.id, ()) if scope_of(stmt, parents) is None]
+                if held and all(value is not None for value in held):
+                    return any(self.is_global_rank(value) for value in held)
             return True
         reached = False
         for stmt, value in reversed(candidates):

@@ -6,6 +6,7 @@ import ast
 import re
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
+from ddpkit.lint.bindings import local_names
 from ddpkit.lint.callsites import external_levels, global_parameter
 from ddpkit.lint.imports import Modules
 
@@ -499,36 +500,15 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _local_names(scope: ast.AST) -> set[str]:
-    """The parameters of a function and the names its own body assigns (not nested functions' names, not names
-    declared global): a read of one of these reads the local variable, never a module-level function."""
-    args = scope.args
-    found = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
-    declared: set[str] = set()
-    todo = list(scope.body) if isinstance(scope.body, list) else [scope.body]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, (ast.Global, ast.Nonlocal)):
-            declared.update(n.names)
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            found.add(n.id)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.add(n.name)
-            continue
-        if not isinstance(n, (*_SCOPES, ast.ClassDef)):
-            todo.extend(ast.iter_child_nodes(n))
-    return found - declared
-
-
 def _scoped_walk(node: ast.AST):
     """ast.walk, each node with the names that local variables hide from the module at that point
     (`log = logging.getLogger()` in a function does not name the module's `def log`)."""
-    todo = [(node, frozenset(_local_names(node)) if isinstance(node, _SCOPES) else frozenset())]
+    todo = [(node, frozenset(local_names(node)) if isinstance(node, _SCOPES) else frozenset())]
     while todo:
         n, shadowed = todo.pop()
         yield n, shadowed
         for child in ast.iter_child_nodes(n):
-            inner = shadowed | _local_names(child) if isinstance(child, _SCOPES) else shadowed
+            inner = shadowed | local_names(child) if isinstance(child, _SCOPES) else shadowed
             todo.append((child, inner))
 
 
