@@ -631,3 +631,47 @@ def test_a_function_reads_the_module_name_not_another_functions_local():
     # the module-level name itself from the global rank is the mistake
     wrong = MODULE_LOCAL_RANK.replace('int(os.environ["LOCAL_RANK"])', 'int(os.environ["RANK"])')
     assert _lint(wrong, "DDP012") == [_line(wrong, "set_device")]
+
+
+# ---- mp.spawn through the project's own launch helper ---------------------------------------------
+LAUNCH_HELPER = {
+    "launcher/__init__.py": """
+        from .spawning import launch
+    """,
+    "launcher/spawning.py": """
+        import torch.multiprocessing as mp
+
+        def _worker(rank, fn, world_size):
+            fn(rank, world_size)
+
+        def launch(fn, world_size):
+            mp.spawn(_worker, args=(fn, world_size), nprocs=world_size)
+    """,
+    "train.py": """
+        import sys
+        import torch
+        import torch.distributed as dist
+        import launcher
+
+        def work(rank, world_size):
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            torch.manual_seed(rank)
+            print("step done")
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            world_size = int(sys.argv[1])
+            print("starting", world_size, "ranks")
+            launcher.launch(work, world_size)
+    """,
+}
+
+
+def test_the_main_block_that_spawns_through_a_helper_is_the_parent():
+    # launcher.launch (re-exported by the package) calls mp.spawn on a wrapper that runs `work`: the
+    # `__main__` block is the parent process, so its print runs once; the worker's print runs on every rank
+    assert _lint_files(LAUNCH_HELPER, "DDP008") == {("train.py", 10)}
+    # the same block calling the worker itself (no spawn) is every rank's code under torchrun
+    direct = dict(LAUNCH_HELPER, **{"train.py": LAUNCH_HELPER["train.py"].replace(
+        "launcher.launch(work, world_size)", "work(int(sys.argv[2]), world_size)")})
+    assert _lint_files(direct, "DDP008") == {("train.py", 10), ("train.py", 15)}

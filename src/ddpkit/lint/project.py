@@ -59,6 +59,7 @@ class Project:
             script.project = self
         self.acts = any(self._acts(s) for s in self.scripts.values())
         """Some file of the program does something when run (a `__main__` block, a top-level call)."""
+        self._spawned_through_helpers()
         self._collect_facts()
         self._liveness()
 
@@ -101,7 +102,14 @@ class Project:
             return None
         module, name = qualname.rsplit(".", 1)
         path = self.modules.locate(script.path, module)
-        if path is None or name not in self.scripts[path].function_names:
+        if path is not None and name not in self.scripts[path].function_names:
+            # a package's `__init__.py` re-exporting it (`from .launch import launch`): the file it comes from
+            alias = self.scripts[path].aliases.get(name, "")
+            again = self.modules.locate(path, alias.rsplit(".", 1)[0]) if "." in alias else None
+            if again is None or again == path or alias.rsplit(".", 1)[1] not in self.scripts[again].function_names:
+                return None
+            return again, alias.rsplit(".", 1)[1]
+        if path is None:
             return None
         return path, name
 
@@ -278,6 +286,32 @@ class Project:
                             any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == item.name
                                 for d in c.body) for c in subclasses):
                     self.dead_blocks[path].update(id(n) for n in ast.walk(item))
+
+    def _spawned_through_helpers(self) -> None:
+        """`pp.run(worker, world_size)` at module level, where run() in another file calls mp.spawn on the function
+        it is given: the file is an mp.spawn script too. The functions handed to the helper, and what they call
+        here, run in the ranks; the module code around the call is the parent's (under spawn the ranks import
+        the file as `__mp_main__`, so its `__main__` block never runs in them)."""
+        spawners = {(path, d.name) for path, x in self.scripts.items() if x.per_rank_functions is not None
+                    for d in x.defs if d.name not in x.per_rank_functions and any(
+                        isinstance(c, ast.Call) and x.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))
+                        for c in ast.walk(d))}
+        for s in self.scripts.values():
+            if s.per_rank_functions is not None or not spawners:
+                continue
+            handed = {a.id for c in s.calls if not s.context(c).functions and self.resolve(s, c.func) in spawners
+                      for a in (*c.args, *(k.value for k in c.keywords))
+                      if isinstance(a, ast.Name) and a.id in s.function_names}
+            if not handed:
+                continue
+            named = {d.name: {n.id for n in ast.walk(d) if isinstance(n, ast.Name)} for d in s.defs}
+            reached, todo = set(), list(handed)
+            while todo:
+                name = todo.pop()
+                if name not in reached:
+                    reached.add(name)
+                    todo.extend(named.get(name, set()) & s.function_names)
+            s.per_rank_functions = reached
 
     def _outside_attributes(self) -> set[int]:
         """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
