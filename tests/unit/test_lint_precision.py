@@ -675,3 +675,34 @@ def test_the_main_block_that_spawns_through_a_helper_is_the_parent():
     direct = dict(LAUNCH_HELPER, **{"train.py": LAUNCH_HELPER["train.py"].replace(
         "launcher.launch(work, world_size)", "work(int(sys.argv[2]), world_size)")})
     assert _lint_files(direct, "DDP008") == {("train.py", 10), ("train.py", 15)}
+
+
+# ---- placements in code nothing runs ----------------------------------------------------------------
+DEAD_PLACEMENT = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Runner:
+        def __init__(self, model):
+            self.gpu = int(os.environ["LOCAL_RANK"])
+            self.model = DDP(model.to(self.gpu), device_ids=[self.gpu])
+
+        def fit(self, x):
+            return self.model(x.to(self.gpu))
+
+        def predict(self, x):
+            return self.model(x.to("cuda"))
+
+    dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    Runner(torch.nn.Linear(4, 2)).fit(torch.ones(1, 4))
+"""
+
+
+def test_a_placement_in_a_method_nothing_calls_needs_no_current_device():
+    # every live placement names the local rank; predict() with its plain "cuda" is never called
+    assert _lint(DEAD_PLACEMENT, "DDP012") == []
+    called = DEAD_PLACEMENT.replace(".fit(torch.ones(1, 4))", ".predict(torch.ones(1, 4))")
+    assert _lint(called, "DDP012") == [_line(called, "dist.init_process_group")]
