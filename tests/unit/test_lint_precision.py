@@ -706,3 +706,45 @@ def test_a_placement_in_a_method_nothing_calls_needs_no_current_device():
     assert _lint(DEAD_PLACEMENT, "DDP012") == []
     called = DEAD_PLACEMENT.replace(".fit(torch.ones(1, 4))", ".predict(torch.ones(1, 4))")
     assert _lint(called, "DDP012") == [_line(called, "dist.init_process_group")]
+
+
+# ---- a loss unpacked from the evaluation's results -------------------------------------------------
+EVAL_TUPLE = """
+    import torch
+    import torch.distributed as dist
+
+    def validate(model, loader):
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for x, y in loader:
+                total += torch.nn.functional.mse_loss(model(x), y).item()
+                count += 1
+        return total / count, count
+
+    def main(model, train_loader, val_loader, optimizer):
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        rank = dist.get_rank()
+        for epoch in range(3):
+            for x, y in train_loader:
+                train_loss = torch.nn.functional.mse_loss(model(x), y)
+                train_loss.backward()
+                optimizer.step()
+            if rank == 0:
+                total_loss, seen = validate(model, val_loader)
+                print(f"epoch {epoch} loss {total_loss:.3f} over {seen}")
+"""
+
+
+def test_a_loss_unpacked_from_the_evaluation_is_not_the_training_loss():
+    # rank 0 validates the whole validation set itself: total_loss is its figure, not its shard's training loss
+    assert _lint(EVAL_TUPLE, "DDP006") == []
+    # the training loss printed the same way is rank 0's own
+    trained = EVAL_TUPLE.replace('print(f"epoch {epoch} loss {total_loss:.3f} over {seen}")',
+                                 'print(f"epoch {epoch} loss {train_loss.item():.3f} over {seen}")')
+    assert _lint(trained, "DDP006") == [_line(trained, 'print(f"epoch')]
+    # every rank evaluating its own loader, rank 0 printing its figure: that is rank 0's shard
+    everywhere = EVAL_TUPLE.replace("""            if rank == 0:
+                total_loss, seen = validate(model, val_loader)""", """            total_loss, seen = validate(model, train_loader)
+            if rank == 0:""")
+    assert _lint(everywhere, "DDP006") == [_line(everywhere, 'print(f"epoch')]
