@@ -748,3 +748,41 @@ def test_a_loss_unpacked_from_the_evaluation_is_not_the_training_loss():
                 total_loss, seen = validate(model, val_loader)""", """            total_loss, seen = validate(model, train_loader)
             if rank == 0:""")
     assert _lint(everywhere, "DDP006") == [_line(everywhere, 'print(f"epoch')]
+
+
+# ---- an evaluation sampler found by how its loader is used ----------------------------------------
+LOADER_METHODS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    class Data:
+        def __init__(self, items):
+            self.items = items
+
+        def batches_a(self, size):
+            return DataLoader(self.items, batch_size=size, sampler=DistributedSampler(self.items))
+
+        def batches_b(self, size):
+            return DataLoader(self.items, batch_size=size, sampler=DistributedSampler(self.items))
+
+    def run(model, optimizer, data):
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        for epoch in range(3):
+            for x, y in data.batches_a(8):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+            with torch.no_grad():
+                for x, y in data.batches_b(8):
+                    model(x)
+"""
+
+
+def test_a_sampler_whose_loader_only_evaluates_needs_no_set_epoch():
+    # batches_b's loader is only looped over without backward(): its order does not matter
+    assert _lint(LOADER_METHODS, "DDP001") == [_line(LOADER_METHODS, "def batches_a") + 1]
+    # once it also trains, it needs set_epoch too
+    trains = LOADER_METHODS.replace("                    model(x)", "                    model(x).sum().backward()")
+    assert _lint(trains, "DDP001") == [_line(trains, "def batches_a") + 1, _line(trains, "def batches_b") + 1]

@@ -46,7 +46,26 @@ def is_eval_sampler(s: Script, call: ast.Call) -> bool:
     named = {id(v): k.lstrip(".") for k, v in s.assignments}
     dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
     return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(
-        is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute))))
+        is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute)))) \
+        or _only_evaluated(s, call)
+
+
+def _only_evaluated(s: Script, call: ast.Call) -> bool:
+    """The sampler is built in a loader helper (`def validation_dataloader(self, ...)`) whose every call the
+    program loops over without a backward(): its batches are only evaluated."""
+    functions = s.context(call).functions
+    project = getattr(s, "project", None)
+    if not functions or project is None:
+        return False
+    sites = project.calls_named(functions[-1])
+    if not sites:
+        return False
+    for x, site in sites:
+        loop = x.parents.get(id(site))
+        if not (isinstance(loop, (ast.For, ast.AsyncFor)) and loop.iter is site) or any(
+                isinstance(n, ast.Call) and terminal(n.func) == "backward" for b in loop.body for n in ast.walk(b)):
+            return False
+    return True
 
 
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
