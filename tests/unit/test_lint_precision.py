@@ -786,3 +786,57 @@ def test_a_sampler_whose_loader_only_evaluates_needs_no_set_epoch():
     # once it also trains, it needs set_epoch too
     trains = LOADER_METHODS.replace("                    model(x)", "                    model(x).sum().backward()")
     assert _lint(trains, "DDP001") == [_line(trains, "def batches_a") + 1, _line(trains, "def batches_b") + 1]
+
+
+# ---- what a reducing helper does not reduce -----------------------------------------------------------
+HELPER_GATHERS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def accuracy(model, loader, device):
+        model.eval()
+        hits = torch.zeros(2, device=device)
+        with torch.no_grad():
+            for x, y in loader:
+                hits += torch.tensor([(model(x.to(device)).argmax(1) == y.to(device)).sum(), len(y)], device=device)
+        dist.all_reduce(hits)
+        return (hits[0] / hits[1]).item()
+
+    def fit(model, data, test_loader, optimizer, device):
+        rank = dist.get_rank()
+        sampler = DistributedSampler(data)
+        train_loader = DataLoader(data, batch_size=8, sampler=sampler)
+        for epoch in range(3):
+            total_loss = 0.0
+            sampler.set_epoch(epoch)
+            for step, batch in enumerate(train_loader):
+                inputs, labels = batch
+                output = model(**inputs, labels=labels)
+                loss = output[0]
+                loss.backward()
+                optimizer.step()
+                total_loss += loss.item()
+            acc = accuracy(model, test_loader, device)
+            if rank == 0:
+                print(f"epoch {epoch} loss {total_loss:.3f} acc {acc:.3f}")
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        fit(torch.nn.Linear(4, 2), [], [], None, "cpu")
+"""
+
+
+def test_a_helper_that_reduces_a_metric_does_not_reduce_the_model_nor_the_loss():
+    # accuracy() all-reduces its own hits; the model, loader and device it is handed are not reduced, nor is
+    # the training loss computed with that model
+    assert _lint(HELPER_GATHERS, "DDP006") == [_line(HELPER_GATHERS, 'print(f"epoch')]
+    # a plain `train` function that reduces: `model.train()` is the module's method, not that function
+    renamed = HELPER_GATHERS.replace("def fit(", "def train(").replace("    fit(torch", "    train(torch").replace(
+        "        for epoch in range(3):", "        for epoch in range(3):\n            model.train()")
+    assert _lint(renamed, "DDP006") == [_line(renamed, 'print(f"epoch')]
+    # the loss reduced before the print is the run's
+    reduced = HELPER_GATHERS.replace("            acc = accuracy(", "            total_loss = torch.tensor(total_loss)\n"
+                                     "            dist.all_reduce(total_loss)\n            acc = accuracy(")
+    assert _lint(reduced, "DDP006") == []
