@@ -638,6 +638,9 @@ class Script:
         if self.per_rank_functions is None:
             return True
         ctx = self.context(node)
+        parent = getattr(self, "parent_nodes", None)
+        if parent is not None and not ctx.functions and id(node) not in parent:
+            return True  # module code outside the `__main__` block: each rank imports the file again
         return any(f in self.per_rank_functions for f in ctx.functions) or ctx.scope in self.spawned_inits
 
 

@@ -290,8 +290,8 @@ class Project:
     def _spawned_through_helpers(self) -> None:
         """`pp.run(worker, world_size)` at module level, where run() in another file calls mp.spawn on the function
         it is given: the file is an mp.spawn script too. The functions handed to the helper, and what they call
-        here, run in the ranks; the module code around the call is the parent's (under spawn the ranks import
-        the file as `__mp_main__`, so its `__main__` block never runs in them)."""
+        here, run in the ranks, and so does module code outside the `__main__` block (each rank imports the
+        file again, as `__mp_main__`); the `__main__` block is the parent's alone."""
         spawners = {(path, d.name) for path, x in self.scripts.items() if x.per_rank_functions is not None
                     for d in x.defs if d.name not in x.per_rank_functions and any(
                         isinstance(c, ast.Call) and x.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))
@@ -312,6 +312,7 @@ class Project:
                     reached.add(name)
                     todo.extend(named.get(name, set()) & s.function_names)
             s.per_rank_functions = reached
+            s.parent_nodes = {id(n) for stmt in s.tree.body if _is_main_block(stmt) for n in ast.walk(stmt)}
 
     def _outside_attributes(self) -> set[int]:
         """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
