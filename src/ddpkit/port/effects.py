@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
-from ddpkit.port.ranks import agreed
+from ddpkit.port.ranks import agreed, library_loader
 
 __all__ = ["plan_effects", "DOWNLOADS"]
 
@@ -28,6 +28,12 @@ _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|lo
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
              "mlflow.start_run": "an MLflow run", "mlflow.set_experiment": "an MLflow experiment"}
 _MAKEDIRS = frozenset({"os.makedirs", "makedirs", "os.mkdir"})
+_FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.copytree", "shutil.move",
+                       "shutil.rmtree", "copyfile", "copy2", "copytree", "rmtree", "os.remove", "os.unlink",
+                       "os.rename", "os.replace", "os.rmdir", "os.removedirs"})
+"""Calls that change files on disk: every rank would copy, move or delete the same file at once."""
+_LOGGER_CLASS = re.compile(r"[A-Z]\w*(Logger|Writer|Recorder)$")
+_LOG_MODULES = re.compile(r"(^|[._])(tensorboard\w*|\w*logger|visdom|wandb|mlflow|neptune|comet_ml|aim)($|\.)")
 
 
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
@@ -50,6 +56,8 @@ def _writes(call: cst.Call) -> bool:
         return mode == "?" or any(c in mode for c in "wax+")
     if name == "torch.save":
         return False  # handled by the rewriter's own torch.save guard
+    if name in _FILE_OPS:
+        return True
     return bool(_WRITES.search(name)) and not name.startswith(("self.", "model.")) and name not in ("json.dumps",)
 
 
@@ -102,10 +110,9 @@ def plan_effects(plan: Any) -> None:
                                                   == "mkdir" and not dotted(call.func).startswith("os.")):
                 if not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args):
                     plan.exist_ok.add(id(call))
-        tracker = next((c for c in own if dotted(c.func) in _TRACKERS or dotted(c.func).endswith(".SummaryWriter")),
-                       None)
+        tracker = next((c for c in _header_calls(stmt) if _tracker_kind(c)), None)
         if tracker is not None:
-            kind = _TRACKERS.get(dotted(tracker.func), "a TensorBoard SummaryWriter")
+            kind = _tracker_kind(tracker)
             if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) \
                     and dotted(stmt.body[0].targets[0].target):
                 tracker_names[dotted(stmt.body[0].targets[0].target)] = (stmt, kind)
@@ -114,6 +121,9 @@ def plan_effects(plan: Any) -> None:
             else:
                 plan.todo(stmt, f"{kind} is started on every rank (each would log its own copy): start it under "
                           "`if ctx.is_main:` and guard every use of it the same way")
+            continue
+        if _logs_through_library(plan, stmt, own) and not calls_model:
+            plan.guard.add(id(stmt))  # `log_value("loss", v)` of a logging library: one log, from rank 0
             continue
         if pyplot and isinstance(stmt, cst.SimpleStatementLine) and not calls_model and not any(
                 _writes(c) for c in own) and all(
@@ -228,3 +238,42 @@ def _plan_trackers(plan: Any, trackers: dict[str, tuple[cst.BaseStatement, str]]
             continue
         plan.guard.add(id(start))
         plan.guard.update(id(u) for u in uses)
+
+
+def _tracker_kind(call: cst.Call) -> str:
+    """What a call starts that would log on every rank: a tracker of a known library, a Visdom client, or a
+    logger object (`CSVLogger(...)`, `Logger(...)`); '' for anything else."""
+    name = dotted(call.func)
+    if name in _TRACKERS:
+        return _TRACKERS[name]
+    if name.endswith(".SummaryWriter"):
+        return "a TensorBoard SummaryWriter"
+    last = name.rsplit(".", 1)[-1]
+    if name.startswith("csv."):
+        return ""  # a csv writer over a file: the file's open() is the side effect, placed with the other writes
+    if last == "Visdom":
+        return "a Visdom client"
+    if _LOGGER_CLASS.match(last):
+        return f"a `{last}` (a logger that writes on every rank)"
+    return ""
+
+
+def _logs_through_library(plan: Any, stmt: cst.BaseStatement, own: list[cst.Call]) -> bool:
+    """`configure(...)`, `log_value(...)` statements of a logging library (tensorboard_logger, visdom, ...)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or not all(
+            isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in stmt.body):
+        return False
+    tops = [s.value for s in stmt.body]
+    if not all(any(c is t for c in own) for t in tops):
+        return False  # the script's own function: its body is ported (and judged) where it is defined
+    modules = [library_loader(plan.f, t) for t in tops]
+    return all(m is not None and _LOG_MODULES.search(m) and m != "logging" for m in modules)
+
+
+def _header_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
+    """The calls of a simple statement, or of a `with` header: where a tracker or logger is started."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return _calls(stmt)
+    if isinstance(stmt, cst.With):
+        return [c for item in stmt.items for c in _calls(item)]
+    return []
