@@ -316,3 +316,39 @@ def test_a_run_time_typed_sum_keeps_a_numpy_scalar_a_numpy_scalar():
         assert scope["total"] == expected and type(scope["total"]) is type(value)
         if isinstance(value, torch.Tensor):
             assert scope["total"].dtype == torch.int32
+
+
+def test_a_sum_read_inside_the_with_around_its_loop_and_library_log_lines():
+    source = (
+        "import logging\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom tqdm import tqdm\n"
+        "from tensorboard_logger import configure, log_value\n\n\n"
+        "def main(board):\n"
+        "    if board: configure('runs/x')\n"
+        "    logging.getLogger().addHandler(logging.FileHandler('train.log'))\n"
+        "    data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))\n"
+        "    loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = torch.nn.Linear(3, 1)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n"
+        "        seen = 0\n"
+        "        with tqdm(total=len(loader)) as bar:\n"
+        "            for x, y in loader:\n"
+        "                opt.zero_grad()\n"
+        "                torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "                opt.step()\n"
+        "                seen += x.size(0)\n"
+        "            log_value('seen', seen, epoch)\n"
+        "        tqdm.write(f'epoch {epoch}')\n\n\n"
+        "if __name__ == '__main__':\n    main(True)\n")
+    result = port_source(source, "with_loop.py")
+    code = result.code
+    ast.parse(code)
+    # the sum is read inside the `with`: it is reduced right after its loop, not after the `with`
+    reduced = code.index("seen = int(ddpkit.all_reduce_sum(ctx, seen).item())")
+    assert code.index("seen += x.size(0)") < reduced < code.index("log_value('seen', seen, epoch)")
+    assert "if ctx.is_main:\n                    log_value('seen', seen, epoch)" in code
+    assert "if ctx.is_main:\n                tqdm.write(" in code
+    assert "if ctx.is_main:\n            if board: configure('runs/x')" in code
+    # a log file every rank appends to: named, not claimed
+    assert [t.line for t in result.todos] == [10] and "FileHandler" in result.todos[0].message
+    assert result.exit_code == 3

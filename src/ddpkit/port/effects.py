@@ -94,6 +94,9 @@ def plan_effects(plan: Any) -> None:
     pyplot = _pyplot_names(f.module)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
+        if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
+            plan.guard.add(id(stmt))  # `if args.tensorboard: configure(...)`: one log, from rank 0
+            continue
         if not own:
             continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
@@ -122,7 +125,13 @@ def plan_effects(plan: Any) -> None:
                 plan.todo(stmt, f"{kind} is started on every rank (each would log its own copy): start it under "
                           "`if ctx.is_main:` and guard every use of it the same way")
             continue
-        if _logs_through_library(plan, stmt, own) and not calls_model:
+        handler = next((c for c in own if _log_file(c)), None)
+        if handler is not None:
+            plan.todo(stmt, f"not checked: `{dotted(handler.func)}(...)` makes every rank's log lines go to the same "
+                      "file at once: add the file handler on rank 0 only (`if ctx.is_main:`), or name a file per "
+                      "rank (ctx.rank)")
+            continue
+        if _logs_through_library(plan, key, stmt) and not calls_model:
             plan.guard.add(id(stmt))  # `log_value("loss", v)` of a logging library: one log, from rank 0
             continue
         if pyplot and isinstance(stmt, cst.SimpleStatementLine) and not calls_model and not any(
@@ -258,16 +267,33 @@ def _tracker_kind(call: cst.Call) -> str:
     return ""
 
 
-def _logs_through_library(plan: Any, stmt: cst.BaseStatement, own: list[cst.Call]) -> bool:
-    """`configure(...)`, `log_value(...)` statements of a logging library (tensorboard_logger, visdom, ...)."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or not all(
-            isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in stmt.body):
+def _logs_through_library(plan: Any, key: str, stmt: cst.BaseStatement) -> bool:
+    """`configure(...)`, `log_value(...)` statements of a logging library (tensorboard_logger, visdom, ...), and
+    `tqdm.write(...)`; also a one-line `if args.tensorboard: configure(...)` of them."""
+    body = stmt.body
+    if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.SimpleStatementSuite) and stmt.orelse is None \
+            and not any(isinstance(n, cst.Call) for n in walk(stmt.test)):
+        body = stmt.body.body
+    elif not isinstance(stmt, cst.SimpleStatementLine):
         return False
-    tops = [s.value for s in stmt.body]
-    if not all(any(c is t for c in own) for t in tops):
+    if not all(isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in body):
+        return False
+    tops = [s.value for s in body]
+    if any(plan.f.callees(t, key) or plan.role(key, dotted(t.func).split(".")[0]) == "model" for t in tops):
         return False  # the script's own function: its body is ported (and judged) where it is defined
+    if all(dotted(t.func).endswith("tqdm.write") for t in tops):
+        return True  # a progress line: printed once, like print0
     modules = [library_loader(plan.f, t) for t in tops]
     return all(m is not None and _LOG_MODULES.search(m) and m != "logging" for m in modules)
+
+
+def _log_file(call: cst.Call) -> bool:
+    """`logging.FileHandler(path)`, `RotatingFileHandler(...)`, `logging.basicConfig(filename=...)`."""
+    name = dotted(call.func)
+    if name.rsplit(".", 1)[-1] in ("FileHandler", "RotatingFileHandler", "TimedRotatingFileHandler"):
+        return True
+    return name == "logging.basicConfig" and any(a.keyword is not None and a.keyword.value == "filename"
+                                                 for a in call.args)
 
 
 def _header_calls(stmt: cst.BaseStatement) -> list[cst.Call]:

@@ -278,8 +278,8 @@ def _holds_loader(plan: Any, key: str, expr: cst.BaseExpression) -> bool:
     if plan.role(key, dotted(expr)) in ("train", "eval"):
         return True
     root = root_name(expr)
-    if not root or isinstance(expr, cst.Call):
-        return False
+    if not root or not isinstance(expr, cst.Subscript):
+        return False  # `loader.batch_size` is not the loader
     for node in plan.nodes(key):
         if isinstance(node, cst.Assign) and any(root_name(t.target) == root and not isinstance(t.target, cst.Tuple)
                                                 for t in node.targets):
@@ -476,7 +476,8 @@ def _guarded_collectives(plan: Any, key: str) -> None:
 
 
 _NOT_HELPERS = frozenset({"enumerate", "len", "iter", "next", "zip", "list", "tuple", "tqdm", "tqdm.tqdm", "trange",
-                          "print", "sorted", "range", "isinstance", "getattr", "setattr", "hasattr", "id", "type"})
+                          "print", "sorted", "range", "isinstance", "getattr", "setattr", "hasattr", "id", "type",
+                          "dict", "set", "str", "int", "float", "bool", "repr", "format", "map", "filter"})
 
 
 def _foreign_helpers(plan: Any, key: str) -> None:
