@@ -352,3 +352,15 @@ def test_a_sum_read_inside_the_with_around_its_loop_and_library_log_lines():
     # a log file every rank appends to: named, not claimed
     assert [t.line for t in result.todos] == [10] and "FileHandler" in result.todos[0].message
     assert result.exit_code == 3
+
+
+def test_a_running_sum_logged_on_rank_0_is_named_not_reduced_where_only_rank_0_would_reduce_it():
+    result = _port("tracker_running_sum")
+    code = result.code
+    ast.parse(code)
+    # a collective inside `if ctx.is_main:` would wait forever for the other ranks
+    guarded = code.split("if ctx.is_main:\n            writer.add_scalar(")[1].split("\n")[0]
+    assert "all_reduce_sum" not in guarded
+    assert "ddpkit.all_reduce_sum(ctx" not in code
+    assert result.exit_code == 3 and [t.line for t in result.todos] == [19]
+    assert result.todos[0].message.startswith("not checked: this rank-0 line reports `running`")
