@@ -270,15 +270,16 @@ def _tracker_kind(call: cst.Call) -> str:
 def _logs_through_library(plan: Any, key: str, stmt: cst.BaseStatement) -> bool:
     """`configure(...)`, `log_value(...)` statements of a logging library (tensorboard_logger, visdom, ...), and
     `tqdm.write(...)`; also a one-line `if args.tensorboard: configure(...)` of them."""
-    body = stmt.body
     if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.SimpleStatementSuite) and stmt.orelse is None \
             and not any(isinstance(n, cst.Call) for n in walk(stmt.test)):
         body = stmt.body.body
-    elif not isinstance(stmt, cst.SimpleStatementLine):
+    elif isinstance(stmt, cst.SimpleStatementLine):
+        body = stmt.body
+    else:
         return False
-    if not all(isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) for s in body):
+    tops = [s.value for s in body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)]
+    if len(tops) != len(body):
         return False
-    tops = [s.value for s in body]
     if any(plan.f.callees(t, key) or plan.role(key, dotted(t.func).split(".")[0]) == "model" for t in tops):
         return False  # the script's own function: its body is ported (and judged) where it is defined
     if all(dotted(t.func).endswith("tqdm.write") for t in tops):

@@ -89,7 +89,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         kind = tracked.pop(name)
         handled.add(name)
         plan.flagged.update(id(n) for n in summed if dotted(n.target) == name)
-        place = stmt
+        place: cst.CSTNode | None = stmt
         if name not in assigned_inside and not _read_after(plan, key, name, end):
             place = _inner_place(plan, stmt, loops, name)  # `with tqdm(...) as bar: for ...` then read in the with
             if place is None or not _read_after(plan, key, name, plan.end_of(place)):
@@ -405,7 +405,7 @@ def _audit_loop(plan: Any, key: str, loop: cst.For, meter_classes: dict[str, str
         plan.todo(use, f"not checked: `{name}` used here sums this rank's shard only (line {plan.line_of(node)}) "
                   "and is not reduced: start it at 0 beside the loop so the port reduces it, or reduce it "
                   "(ddpkit.all_reduce_sum) before it is reported")
-    keyed = {}
+    keyed: dict[str, cst.AugAssign] = {}
     for n in inside:  # `correct_pred[classname] += 1`: per-class counts of this rank's shard
         if isinstance(n, cst.AugAssign) and isinstance(n.target, cst.Subscript) and root_name(n.target) \
                 and root_name(n.target) not in assigned | _NOT_METERS:
@@ -438,7 +438,7 @@ def _audit_loop(plan: Any, key: str, loop: cst.For, meter_classes: dict[str, str
 def _reduce_meter(plan: Any, key: str, loop: cst.For, name: str, meter_classes: dict[str, str]) -> bool:
     """`m = AverageMeter()` beside the loop, of a class in this file: its sum and count are reduced after the
     loop and its average recomputed from them, the way the class computes it."""
-    made = None
+    made: cst.Assign | None = None
     for node in _own_nodes(plan, key):
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) == name \
                 and isinstance(node.value, cst.Call) and dotted(node.value.func) in meter_classes:
@@ -452,7 +452,8 @@ def _reduce_meter(plan: Any, key: str, loop: cst.For, name: str, meter_classes: 
     outer: cst.CSTNode | None = loop
     while outer is not None and not (id(outer) in plan._block and plan._block[id(outer)][0] is block):
         outer = plan._parent.get(id(outer))
-    if outer is None or plan._block[id(outer)][1] <= index:
+    if outer is None or made is None or not isinstance(made.value, cst.Call) \
+            or plan._block[id(outer)][1] <= index:
         return False
     avg = meter_classes[dotted(made.value.func)].replace("self.", f"{name}.")
     plan.reduce_after.setdefault(id(outer), []).extend(
