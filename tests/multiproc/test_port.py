@@ -32,6 +32,8 @@ CASES = {
     "tqdm_loops": ([], "accuracy", 0.06),
     "running_loss": ([], "accuracy", 0.06),
     "epoch_loss_mean": ([], "accuracy", 0.06),
+    # an averaging meter over a sharded evaluation: unreduced, it reports rank 0's half of the test set
+    "meter_eval": (["{tmp}/out"], "accuracy", 0.06),
     # two trained modules each: every one must be wrapped, or its copies drift apart and the parameters differ
     "gan_pair": (["{tmp}/params.pt"], "d_real", 1e-4),
     "encoder_decoder": (["--out", "{tmp}/params.pt"], "test_mse", 1e-4),
@@ -107,6 +109,8 @@ def test_ported_script_passes_check_and_matches_the_original_on_2_ranks(name, tm
     print(f"{name}: original {original:.6f}, world size 1 {alone:.6f}, 2 ranks {two_ranks:.6f}")
     if name == "random_batches":  # had rank 1 drawn rank 0's batches, 2 ranks would train exactly as 1 does
         assert abs(two_ranks - alone) > 1e-6, (name, "the ranks drew the same batches", two_ranks, alone)
+    if name == "meter_eval":  # the meter counts every rank's test samples, not rank 0's half
+        assert _last_json(check.output, key)["seen"] == 120, check.output[-2000:]
     if name in SAME_ORDER:  # same global order, same global batch: the same parameters
         ours = torch.load(tmp_path / "ported" / "params.pt", weights_only=True)
         theirs = torch.load(tmp_path / "original" / "params.pt", weights_only=True)

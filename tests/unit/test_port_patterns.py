@@ -266,3 +266,101 @@ def test_a_download_behind_a_check_of_the_disk_is_a_todo():
     # rank 1 may find the file rank 0 has just written and skip the branch: a barrier there would hang
     assert set(todos) == {9} and todos[9].startswith("a download inside a branch"), todos
     assert "    if not ctx.is_main:  # rank 0 downloads first" in result.code  # the constant-flag branch is fine
+
+
+def test_an_averaging_meter_of_this_file_is_reduced_and_file_side_effects_run_on_rank_0():
+    result = _port("meter_eval")
+    code = result.code
+    assert result.exit_code == 0, result.todos
+    ast.parse(code)
+    # the meter's sum and count are summed over ranks after the loop, its average recomputed the class's way
+    loop = code.index("hits.update(acc, xb.size(0))")
+    total = code.index("hits.sum = ddpkit.all_reduce_sum(ctx, hits.sum)")
+    count = code.index("hits.count = ddpkit.all_reduce_sum(ctx, hits.count)")
+    avg = code.index("hits.avg = hits.sum / hits.count")
+    assert loop < total < count < avg < code.index("return hits.avg, hits.count")
+    # copies, removals and the script's own logger object: one rank
+    assert "if ctx.is_main:\n                    shutil.copyfile(" in code
+    assert "if ctx.is_main:\n            os.remove(" in code
+    assert "if ctx.is_main:\n            logger = LineLogger(" in code
+    assert "if ctx.is_main:\n                logger.log(" in code
+
+
+def test_figures_of_one_rank_the_port_cannot_follow_are_named_not_claimed():
+    result = _port("shard_figures")
+    assert result.exit_code == 3
+    messages = [t.message for t in result.todos]
+    assert all(m.startswith("not checked: ") for m in messages), messages
+    todos = _todo_lines(result)
+    # a loss sum over ranks divided by this rank's own last batch index
+    assert any("`loss_total / batch_no`" in t.message and t.line == 35 for t in result.todos)
+    # an accuracy computed inside the loop from this rank's counts, then printed after it
+    assert any("`train_acc`" in t.message and t.line == 35 for t in result.todos)
+    assert "`per_class`" in todos[43]  # per-class counts in a dict
+    assert "`score_loader(...)`" in todos[44] and "`test_loader`" in todos[44]  # a helper from another file
+    assert len(result.todos) == 4
+
+
+def test_a_run_time_typed_sum_keeps_a_numpy_scalar_a_numpy_scalar():
+    import types
+
+    import numpy as np
+    import torch
+
+    from ddpkit.port.sums import reduce_statement
+
+    fake = types.SimpleNamespace(all_reduce_sum=lambda ctx, value: torch.as_tensor(value) * 2)
+    for value, expected in ((np.int64(5), np.int64(10)), (torch.tensor(3, dtype=torch.int32), 6), (2.5, 5.0)):
+        scope = {"ddpkit": fake, "ctx": None, "total": value}
+        exec(reduce_statement("total", "any"), scope)  # noqa: S102 - the generated line, as the port writes it
+        assert scope["total"] == expected and type(scope["total"]) is type(value)
+        if isinstance(value, torch.Tensor):
+            assert scope["total"].dtype == torch.int32
+
+
+def test_a_sum_read_inside_the_with_around_its_loop_and_library_log_lines():
+    source = (
+        "import logging\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom tqdm import tqdm\n"
+        "from tensorboard_logger import configure, log_value\n\n\n"
+        "def main(board):\n"
+        "    if board: configure('runs/x')\n"
+        "    logging.getLogger().addHandler(logging.FileHandler('train.log'))\n"
+        "    data = TensorDataset(torch.randn(64, 3), torch.randn(64, 1))\n"
+        "    loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = torch.nn.Linear(3, 1)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n"
+        "        seen = 0\n"
+        "        with tqdm(total=len(loader)) as bar:\n"
+        "            for x, y in loader:\n"
+        "                opt.zero_grad()\n"
+        "                torch.nn.functional.mse_loss(model(x), y).backward()\n"
+        "                opt.step()\n"
+        "                seen += x.size(0)\n"
+        "            log_value('seen', seen, epoch)\n"
+        "        tqdm.write(f'epoch {epoch}')\n\n\n"
+        "if __name__ == '__main__':\n    main(True)\n")
+    result = port_source(source, "with_loop.py")
+    code = result.code
+    ast.parse(code)
+    # the sum is read inside the `with`: it is reduced right after its loop, not after the `with`
+    reduced = code.index("seen = int(ddpkit.all_reduce_sum(ctx, seen).item())")
+    assert code.index("seen += x.size(0)") < reduced < code.index("log_value('seen', seen, epoch)")
+    assert "if ctx.is_main:\n                    log_value('seen', seen, epoch)" in code
+    assert "if ctx.is_main:\n                tqdm.write(" in code
+    assert "if ctx.is_main:\n            if board: configure('runs/x')" in code
+    # a log file every rank appends to: named, not claimed
+    assert [t.line for t in result.todos] == [10] and "FileHandler" in result.todos[0].message
+    assert result.exit_code == 3
+
+
+def test_a_running_sum_logged_on_rank_0_is_named_not_reduced_where_only_rank_0_would_reduce_it():
+    result = _port("tracker_running_sum")
+    code = result.code
+    ast.parse(code)
+    # a collective inside `if ctx.is_main:` would wait forever for the other ranks
+    guarded = code.split("if ctx.is_main:\n            writer.add_scalar(")[1].split("\n")[0]
+    assert "all_reduce_sum" not in guarded
+    assert "ddpkit.all_reduce_sum(ctx" not in code
+    assert result.exit_code == 3 and [t.line for t in result.todos] == [19]
+    assert result.todos[0].message.startswith("not checked: this rank-0 line reports `running`")

@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
-from ddpkit.port.ranks import agreed
+from ddpkit.port.ranks import agreed, library_loader
 
 __all__ = ["plan_effects", "DOWNLOADS"]
 
@@ -28,6 +28,12 @@ _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|lo
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
              "mlflow.start_run": "an MLflow run", "mlflow.set_experiment": "an MLflow experiment"}
 _MAKEDIRS = frozenset({"os.makedirs", "makedirs", "os.mkdir"})
+_FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.copytree", "shutil.move",
+                       "shutil.rmtree", "copyfile", "copy2", "copytree", "rmtree", "os.remove", "os.unlink",
+                       "os.rename", "os.replace", "os.rmdir", "os.removedirs"})
+"""Calls that change files on disk: every rank would copy, move or delete the same file at once."""
+_LOGGER_CLASS = re.compile(r"[A-Z]\w*(Logger|Writer|Recorder)$")
+_LOG_MODULES = re.compile(r"(^|[._])(tensorboard\w*|\w*logger|visdom|wandb|mlflow|neptune|comet_ml|aim)($|\.)")
 
 
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
@@ -50,6 +56,8 @@ def _writes(call: cst.Call) -> bool:
         return mode == "?" or any(c in mode for c in "wax+")
     if name == "torch.save":
         return False  # handled by the rewriter's own torch.save guard
+    if name in _FILE_OPS:
+        return True
     return bool(_WRITES.search(name)) and not name.startswith(("self.", "model.")) and name not in ("json.dumps",)
 
 
@@ -86,6 +94,9 @@ def plan_effects(plan: Any) -> None:
     pyplot = _pyplot_names(f.module)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
+        if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
+            plan.guard.add(id(stmt))  # `if args.tensorboard: configure(...)`: one log, from rank 0
+            continue
         if not own:
             continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
@@ -102,10 +113,9 @@ def plan_effects(plan: Any) -> None:
                                                   == "mkdir" and not dotted(call.func).startswith("os.")):
                 if not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args):
                     plan.exist_ok.add(id(call))
-        tracker = next((c for c in own if dotted(c.func) in _TRACKERS or dotted(c.func).endswith(".SummaryWriter")),
-                       None)
+        tracker = next((c for c in _header_calls(stmt) if _tracker_kind(c)), None)
         if tracker is not None:
-            kind = _TRACKERS.get(dotted(tracker.func), "a TensorBoard SummaryWriter")
+            kind = _tracker_kind(tracker)
             if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) \
                     and dotted(stmt.body[0].targets[0].target):
                 tracker_names[dotted(stmt.body[0].targets[0].target)] = (stmt, kind)
@@ -114,6 +124,15 @@ def plan_effects(plan: Any) -> None:
             else:
                 plan.todo(stmt, f"{kind} is started on every rank (each would log its own copy): start it under "
                           "`if ctx.is_main:` and guard every use of it the same way")
+            continue
+        handler = next((c for c in own if _log_file(c)), None)
+        if handler is not None:
+            plan.todo(stmt, f"not checked: `{dotted(handler.func)}(...)` makes every rank's log lines go to the same "
+                      "file at once: add the file handler on rank 0 only (`if ctx.is_main:`), or name a file per "
+                      "rank (ctx.rank)")
+            continue
+        if _logs_through_library(plan, key, stmt) and not calls_model:
+            plan.guard.add(id(stmt))  # `log_value("loss", v)` of a logging library: one log, from rank 0
             continue
         if pyplot and isinstance(stmt, cst.SimpleStatementLine) and not calls_model and not any(
                 _writes(c) for c in own) and all(
@@ -228,3 +247,60 @@ def _plan_trackers(plan: Any, trackers: dict[str, tuple[cst.BaseStatement, str]]
             continue
         plan.guard.add(id(start))
         plan.guard.update(id(u) for u in uses)
+
+
+def _tracker_kind(call: cst.Call) -> str:
+    """What a call starts that would log on every rank: a tracker of a known library, a Visdom client, or a
+    logger object (`CSVLogger(...)`, `Logger(...)`); '' for anything else."""
+    name = dotted(call.func)
+    if name in _TRACKERS:
+        return _TRACKERS[name]
+    if name.endswith(".SummaryWriter"):
+        return "a TensorBoard SummaryWriter"
+    last = name.rsplit(".", 1)[-1]
+    if name.startswith("csv."):
+        return ""  # a csv writer over a file: the file's open() is the side effect, placed with the other writes
+    if last == "Visdom":
+        return "a Visdom client"
+    if _LOGGER_CLASS.match(last):
+        return f"a `{last}` (a logger that writes on every rank)"
+    return ""
+
+
+def _logs_through_library(plan: Any, key: str, stmt: cst.BaseStatement) -> bool:
+    """`configure(...)`, `log_value(...)` statements of a logging library (tensorboard_logger, visdom, ...), and
+    `tqdm.write(...)`; also a one-line `if args.tensorboard: configure(...)` of them."""
+    if isinstance(stmt, cst.If) and isinstance(stmt.body, cst.SimpleStatementSuite) and stmt.orelse is None \
+            and not any(isinstance(n, cst.Call) for n in walk(stmt.test)):
+        body = stmt.body.body
+    elif isinstance(stmt, cst.SimpleStatementLine):
+        body = stmt.body
+    else:
+        return False
+    tops = [s.value for s in body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)]
+    if len(tops) != len(body):
+        return False
+    if any(plan.f.callees(t, key) or plan.role(key, dotted(t.func).split(".")[0]) == "model" for t in tops):
+        return False  # the script's own function: its body is ported (and judged) where it is defined
+    if all(dotted(t.func).endswith("tqdm.write") for t in tops):
+        return True  # a progress line: printed once, like print0
+    modules = [library_loader(plan.f, t) for t in tops]
+    return all(m is not None and _LOG_MODULES.search(m) and m != "logging" for m in modules)
+
+
+def _log_file(call: cst.Call) -> bool:
+    """`logging.FileHandler(path)`, `RotatingFileHandler(...)`, `logging.basicConfig(filename=...)`."""
+    name = dotted(call.func)
+    if name.rsplit(".", 1)[-1] in ("FileHandler", "RotatingFileHandler", "TimedRotatingFileHandler"):
+        return True
+    return name == "logging.basicConfig" and any(a.keyword is not None and a.keyword.value == "filename"
+                                                 for a in call.args)
+
+
+def _header_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
+    """The calls of a simple statement, or of a `with` header: where a tracker or logger is started."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return _calls(stmt)
+    if isinstance(stmt, cst.With):
+        return [c for item in stmt.items for c in _calls(item)]
+    return []

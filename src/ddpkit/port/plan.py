@@ -12,7 +12,7 @@ from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_device_datasets, plan_no_loader
 from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.ranks import library_loader, plan_ranks
-from ddpkit.port.sums import plan_reductions
+from ddpkit.port.sums import plan_reductions, plan_shard_figures
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
@@ -107,6 +107,7 @@ class Plan:
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)
         plan_device_datasets(self)
+        plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
         self.seed = self._seed()
 
     # ---- bookkeeping -------------------------------------------------------------------------

@@ -13,11 +13,11 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 from ddpkit.port.ranks import agreed
 
 
-__all__ = ["plan_reductions", "reduce_statement"]
+__all__ = ["plan_reductions", "reduce_statement", "plan_shard_figures"]
 
 _COUNTER = re.compile(r"(^|_)(step|steps|iter|iters|iteration|epoch|it|i|batch_idx|n_iter)$")
 _PYTHON_NUMBER = re.compile(r"(\.item\(\)|^\s*(float|int|len)\(.*\)|\.size\(0?\)|\.shape\[0\]|\.numel\(\)|^\s*\d+(\.\d*)?)\s*$")
@@ -51,8 +51,11 @@ def reduce_statement(name: str, kind: str) -> str:
         expr = f"{total}.to({name}.dtype)"
     elif kind == "number":  # `.item()` of an int or a float tensor: the type it had
         expr = f"type({name})({total}.item())"
+    elif kind.startswith("="):  # recomputed from reduced parts: `meter.avg = meter.sum / meter.count`
+        return f"{name} = {kind[1:]}  # from the sums over every rank\n"
     else:  # its type is decided at run time (a tensor from `.sum()`, or a number): keep whichever it is
-        expr = (f"{total}.to({name}.dtype) if hasattr({name}, \"dtype\") else type({name})({total}.item())")
+        # a torch tensor keeps its dtype; a numpy scalar (which has a dtype torch cannot take) keeps its type
+        expr = (f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else type({name})({total}.item())")
     return f"{name} = {expr}  # sum over every rank's shard\n"
 
 
@@ -86,7 +89,12 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         kind = tracked.pop(name)
         handled.add(name)
         plan.flagged.update(id(n) for n in summed if dotted(n.target) == name)
-        if name in assigned_inside or not _read_after(plan, key, name, end):
+        place: cst.CSTNode | None = stmt
+        if name not in assigned_inside and not _read_after(plan, key, name, end):
+            place = _inner_place(plan, stmt, loops, name)  # `with tqdm(...) as bar: for ...` then read in the with
+            if place is None or not _read_after(plan, key, name, plan.end_of(place)):
+                continue
+        if name in assigned_inside:
             continue  # a running value reset inside the loop, or nothing uses the sum
         texts = [plan.f.code(n.value) for n in summed if dotted(n.target) == name]
         constant = all(isinstance(n.value, (cst.Integer, cst.Float)) for n in summed if dotted(n.target) == name)
@@ -98,7 +106,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             kind = "float" if kind == "float" else "int" if all(_INTISH.search(t) for t in texts) else "number"
         elif kind != "tensor":
             kind = "any"
-        plan.reduce_after.setdefault(id(stmt), []).append((name, kind))
+        plan.reduce_after.setdefault(id(place), []).append((name, kind))
         plan.reduced.setdefault(key, set()).add(name)
     for node in inside:  # tokens/s from this rank's batch: every rank processes as many
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and _THROUGHPUT.search(
@@ -125,6 +133,21 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         plan.todo(node, f"`{name}` {what} over this rank's shard of the data only, and is used after the loop: "
                   f"reduce it across ranks before it is reported (start a sum at 0 beside the loop so the port "
                   f"can add ddpkit.all_reduce_sum, or ddpkit.all_gather_object for lists)")
+
+
+def _inner_place(plan: Any, stmt: cst.CSTNode, loops: list[cst.For], name: str) -> cst.CSTNode | None:
+    """The one loop inside `stmt` that sums `name`, when only `with` blocks lie between them: every rank that
+    runs `stmt` finishes that loop, so its sum can be reduced right after it (where the code reads it)."""
+    owners = [loop for loop in loops if any(isinstance(n, cst.AugAssign) and dotted(n.target) == name
+                                            for n in walk(loop.body))]
+    if len(owners) != 1 or owners[0] is stmt:
+        return None
+    node = plan._parent.get(id(owners[0]))
+    while node is not None and node is not stmt:
+        if not isinstance(node, cst.With):
+            return None
+        node = plan._parent.get(id(node))
+    return owners[0] if node is stmt and isinstance(stmt, cst.With) else None
 
 
 def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst.CSTNode]) -> None:
@@ -214,3 +237,266 @@ def _zero_names(small: cst.BaseSmallStatement) -> dict[str, str]:
     elif isinstance(small, cst.AnnAssign) and small.value is not None and _zero(small.value):
         out[dotted(small.target)] = _zero(small.value)
     return out
+
+
+_METER_CALLS = frozenset({"update", "add", "add_batch", "accumulate", "record", "push"})
+_NOT_METERS = frozenset({"ctx", "ddpkit", "self", "os", "sys", "torch", "np", "math"})
+
+
+def plan_shard_figures(plan: Any) -> None:
+    """The claim audit, run after every other rule: a figure a loop over a ported loader builds from this rank's
+    batches and the code uses after that loop (printed, logged, returned, compared) is reduced across ranks, or
+    named in a TODO, so that "ported fully" never stands on one rank's shard.
+
+    Followed soundly and reduced: an averaging meter (`m.update(v, n)` of a class in this file keeping
+    `self.sum`, `self.count` and `self.avg = self.sum / self.count`) made beside the loop. Named: other meters,
+    values computed inside the loop from its running sums (`acc = correct / total`), sums the port did not
+    reduce, and reduced sums divided by this rank's own batch index or step count."""
+    meter_classes = _meter_classes(plan.f.module)
+    for key in sorted(plan.f.ported):
+        loops = [n for n in _own_nodes(plan, key) if isinstance(n, cst.For) and _shard_loop(plan, key, n)]
+        for loop in loops:
+            _audit_loop(plan, key, loop, meter_classes)
+        _guarded_collectives(plan, key)
+        _foreign_helpers(plan, key)
+
+
+def _own_nodes(plan: Any, key: str) -> list[cst.CSTNode]:
+    """The nodes of a scope's own code, not of the functions and classes it defines."""
+    return [n for stmt in plan.f.scope_statements(key) if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
+            for n in walk(stmt)]
+
+
+def _shard_loop(plan: Any, key: str, loop: cst.For) -> bool:
+    """A loop over a loader the port shards: a known role, or a container the port's loaders were put in
+    (`loaders = {"train": ddpkit.loader(...), ...}; for x, y in loaders[phase]:`)."""
+    return bool(plan.loop_role(key, loop)) or _holds_loader(plan, key, _strip_iter(loop.iter))
+
+
+def _holds_loader(plan: Any, key: str, expr: cst.BaseExpression) -> bool:
+    """`loader`, `loaders["train"]`: a loader the port shards, or a container built from such loaders."""
+    if plan.role(key, dotted(expr)) in ("train", "eval"):
+        return True
+    root = root_name(expr)
+    if not root or not isinstance(expr, cst.Subscript):
+        return False  # `loader.batch_size` is not the loader
+    for node in plan.nodes(key):
+        if isinstance(node, cst.Assign) and any(root_name(t.target) == root and not isinstance(t.target, cst.Tuple)
+                                                for t in node.targets):
+            if any(isinstance(c, cst.Call) and id(c) in plan.loaders for c in walk(node.value)):
+                return True
+    return False
+
+
+def _strip_iter(expr: cst.BaseExpression) -> cst.BaseExpression:
+    while isinstance(expr, cst.Call) and dotted(expr.func) in ("enumerate", "tqdm", "tqdm.tqdm", "iter", "trange",
+                                                                  "tqdm.auto.tqdm", "zip") and expr.args:
+        expr = expr.args[0].value
+    return expr
+
+
+def _meter_classes(module: cst.Module) -> dict[str, str]:
+    """Classes of this file whose `update` adds to `self.sum` and `self.count` and sets `self.avg` from them:
+    class name -> the avg expression, written for `self`."""
+    out = {}
+    for cls in (n for n in walk(module, into_functions=True) if isinstance(n, cst.ClassDef)):
+        update = next((n for n in walk(cls.body) if isinstance(n, cst.FunctionDef) and n.name.value == "update"),
+                      None)
+        if update is None:
+            continue
+        added = {dotted(n.target) for n in walk(update.body) if isinstance(n, cst.AugAssign)
+                 and isinstance(n.operator, cst.AddAssign)}
+        avg = [n.value for n in walk(update.body) if isinstance(n, cst.Assign) and len(n.targets) == 1
+               and dotted(n.targets[0].target) == "self.avg"]
+        if {"self.sum", "self.count"} <= added and len(avg) == 1 and {
+                dotted(n) for n in walk(avg[0]) if isinstance(n, cst.Attribute)} <= {"self.sum", "self.count"}:
+            out[cls.name.value] = cst.Module([]).code_for_node(avg[0])
+    return out
+
+
+def _audit_loop(plan: Any, key: str, loop: cst.For, meter_classes: dict[str, str]) -> None:
+    end = plan.end_of(loop)
+    own = _own_nodes(plan, key)
+    inside = list(walk(loop.body))
+    loop_vars = {dotted(n) for n in walk(loop.target) if isinstance(n, cst.Name)}
+    assigned = set(loop_vars)
+    for n in inside:
+        if isinstance(n, cst.Assign):
+            assigned |= {dotted(x) for t in n.targets for x in walk(t.target) if isinstance(x, (cst.Name,
+                                                                                               cst.Attribute))}
+        elif isinstance(n, cst.For):
+            assigned |= {dotted(x) for x in walk(n.target) if isinstance(x, cst.Name)}
+    reduced = plan.reduced.get(key, set())
+    todo_lines = {line for line, _ in plan.todos}
+    sums: dict[str, cst.CSTNode] = {}
+    counts: dict[str, cst.CSTNode] = {}
+    for n in inside:
+        if isinstance(n, cst.AugAssign) and dotted(n.target) and not isinstance(n.operator, cst.DivideAssign):
+            name = dotted(n.target)
+            if isinstance(n.value, (cst.Integer, cst.Float)) or _COUNTER.search(name):
+                counts.setdefault(name, n)
+            else:
+                sums.setdefault(name, n)
+    meters: dict[str, cst.CSTNode] = {}
+    for n in inside:
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _METER_CALLS \
+                and n.args:
+            owner = dotted(n.func.value)
+            if not owner or owner in assigned or owner.split(".")[0] in _NOT_METERS | ARGS_ROOTS \
+                    or plan.role(key, owner) is not None:
+                continue
+            if any(dotted(x) in assigned for a in n.args for x in walk(a.value) if isinstance(x, (cst.Name,
+                                                                                                cst.Attribute))):
+                meters.setdefault(owner, n)
+    derived: dict[str, cst.CSTNode] = {}
+    for n in inside:
+        if isinstance(n, cst.Assign) and len(n.targets) == 1 and dotted(n.targets[0].target):
+            used = {dotted(x) for x in walk(n.value) if isinstance(x, (cst.Name, cst.Attribute))}
+            if any(u in sums or u in meters or u.rsplit(".", 1)[0] in meters for u in used):
+                derived.setdefault(dotted(n.targets[0].target), n)
+    after = sorted((n for n in own if isinstance(n, (cst.Name, cst.Attribute))
+                    and plan.line_of(n) > end), key=plan.line_of)
+    stores = {id(t.target) for n in own if isinstance(n, cst.Assign) for t in n.targets}
+    stores |= {id(x) for n in own if isinstance(n, cst.Assign) for t in n.targets
+               if isinstance(t.target, (cst.Tuple, cst.List)) for x in walk(t.target)}
+    calls_as_statements = {id(s.value.func) for n in own if isinstance(n, cst.SimpleStatementLine)
+                           for s in n.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)}
+
+    def first_use(name: str) -> cst.CSTNode | None:
+        """The first read of `name` (or of an attribute of it) after the loop, unless it is first assigned anew."""
+        for node in after:
+            text = dotted(node)
+            if text != name and not (text.startswith(name + ".") and isinstance(node, cst.Attribute)):
+                continue
+            if id(node) in stores and text == name:
+                return None
+            if id(node) in stores or id(node) in calls_as_statements:
+                continue  # `meter.reset()`, `pbar.close()`: not a figure
+            if isinstance(plan._parent.get(id(node)), cst.Attribute):
+                continue
+            return node
+        return None
+
+    for name, node in meters.items():
+        use = first_use(name)
+        if use is None or id(node) in plan.flagged:
+            continue
+        plan.flagged.add(id(node))
+        if _reduce_meter(plan, key, loop, name, meter_classes):
+            continue
+        plan.todo(use, f"not checked: `{plan.f.code(use)}` (line {plan.line_of(use)}) comes from `{name}`, "
+                  f"updated with this rank's batches only (line {plan.line_of(node)}): reduce its sum and count "
+                  "across ranks (ddpkit.all_reduce_sum) before it is reported, returned or compared")
+    for name, node in derived.items():
+        use = first_use(name)
+        if use is None or id(node) in plan.flagged or name in reduced:
+            continue
+        plan.flagged.add(id(node))
+        plan.todo(use, f"not checked: `{name}` used here is computed inside the loop (line {plan.line_of(node)}) "
+                  "from this rank's running sums: compute it after the loop from sums reduced across ranks "
+                  "(ddpkit.all_reduce_sum)")
+    for name, node in sums.items():
+        if name in reduced or plan.line_of(node) in todo_lines:
+            continue
+        use = first_use(name)
+        if use is None:
+            continue
+        plan.flagged.add(id(node))
+        plan.todo(use, f"not checked: `{name}` used here sums this rank's shard only (line {plan.line_of(node)}) "
+                  "and is not reduced: start it at 0 beside the loop so the port reduces it, or reduce it "
+                  "(ddpkit.all_reduce_sum) before it is reported")
+    keyed: dict[str, cst.AugAssign] = {}
+    for n in inside:  # `correct_pred[classname] += 1`: per-class counts of this rank's shard
+        if isinstance(n, cst.AugAssign) and isinstance(n.target, cst.Subscript) and root_name(n.target) \
+                and root_name(n.target) not in assigned | _NOT_METERS:
+            keyed.setdefault(root_name(n.target), n)
+    for name, node in keyed.items():
+        if name in reduced or plan.line_of(node) in todo_lines or id(node) in plan.flagged and any(
+                f"`{name}[...]`" in m for _, m in plan.todos):
+            continue
+        use = first_use(name)
+        if use is None:
+            continue
+        plan.flagged.add(id(node))
+        plan.todo(use, f"not checked: `{name}` used here counts this rank's shard only (its entries are added to "
+                  f"at line {plan.line_of(node)}): reduce every entry across ranks (ddpkit.all_reduce_sum) "
+                  "before it is reported")
+    own_counts = (loop_vars | set(counts)) - reduced
+    for n in own:
+        if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide)) \
+                and plan.line_of(n) > end and id(n) not in plan.flagged:
+            left = {dotted(x) for x in walk(n.left) if isinstance(x, (cst.Name, cst.Attribute))}
+            right = {dotted(x) for x in walk(n.right) if isinstance(x, (cst.Name, cst.Attribute))}
+            if left & reduced & (set(sums) | set(counts)) and right & own_counts:
+                count = sorted(right & own_counts)[0]
+                plan.flagged.add(id(n))
+                plan.todo(n, f"not checked: `{plan.f.code(n)}` divides a sum over every rank by `{count}`, this "
+                          "rank's own count of batches or steps: divide by the count over every rank "
+                          f"(ddpkit.all_reduce_sum(ctx, {count}))")
+
+
+def _reduce_meter(plan: Any, key: str, loop: cst.For, name: str, meter_classes: dict[str, str]) -> bool:
+    """`m = AverageMeter()` beside the loop, of a class in this file: its sum and count are reduced after the
+    loop and its average recomputed from them, the way the class computes it."""
+    made: cst.Assign | None = None
+    for node in _own_nodes(plan, key):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) == name \
+                and isinstance(node.value, cst.Call) and dotted(node.value.func) in meter_classes:
+            if made is not None:
+                return False  # made in two places: the pass cannot tell which one the loop updates
+            made = node
+    stmt = plan._stmt.get(id(made)) if made is not None else None
+    if stmt is None or id(stmt) not in plan._block:
+        return False
+    block, index = plan._block[id(stmt)]
+    outer: cst.CSTNode | None = loop
+    while outer is not None and not (id(outer) in plan._block and plan._block[id(outer)][0] is block):
+        outer = plan._parent.get(id(outer))
+    if outer is None or made is None or not isinstance(made.value, cst.Call) \
+            or plan._block[id(outer)][1] <= index:
+        return False
+    avg = meter_classes[dotted(made.value.func)].replace("self.", f"{name}.")
+    plan.reduce_after.setdefault(id(outer), []).extend(
+        [(f"{name}.sum", "any"), (f"{name}.count", "any"), (f"{name}.avg", f"={avg}")])
+    plan.reduced.setdefault(key, set()).update({name, f"{name}.sum", f"{name}.count", f"{name}.avg"})
+    return True
+
+
+def _guarded_collectives(plan: Any, key: str) -> None:
+    """A report the port puts on rank 0 (`if ctx.is_main:`) must not hold a read it reduces across ranks:
+    the other ranks would never join that collective."""
+    for node in _own_nodes(plan, key):
+        if id(node) in plan.guard:
+            inner = [n for n in walk(node) if id(n) in plan.reduce_read]
+            if inner:  # the line stays on rank 0 (its tracker may live there only); its figure is named
+                for n in inner:
+                    plan.reduce_read.pop(id(n), None)
+                plan.todo(node, f"not checked: this rank-0 line reports `{plan.f.code(inner[0])}`, this rank's "
+                          "running sum: reduce it (ddpkit.all_reduce_sum) on every rank before the line, then "
+                          "report it on rank 0")
+
+
+_NOT_HELPERS = frozenset({"enumerate", "len", "iter", "next", "zip", "list", "tuple", "tqdm", "tqdm.tqdm", "trange",
+                          "print", "sorted", "range", "isinstance", "getattr", "setattr", "hasattr", "id", "type",
+                          "dict", "set", "str", "int", "float", "bool", "repr", "format", "map", "filter"})
+
+
+def _foreign_helpers(plan: Any, key: str) -> None:
+    """`hr, ndcg = evaluate.metrics(model, test_loader)`: a function this file does not define runs over a
+    loader the port shards, and what it returns is used: a figure of this rank's shard the port cannot follow."""
+    for node in _own_nodes(plan, key):
+        if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
+            continue
+        call = node.value
+        name = dotted(call.func)
+        if not name or name in _NOT_HELPERS or name.startswith(("ddpkit.", "torch.", "ctx.")) \
+                or plan.f.callees(call, key) or plan.role(key, name.split(".")[0]) == "model" \
+                or plan.role(key, name) == "model":
+            continue
+        loaders = [plan.f.code(a.value) for a in call.args if _holds_loader(plan, key, a.value)]
+        if not loaders:
+            continue
+        targets = ", ".join(plan.f.code(t.target) for t in node.targets)
+        plan.todo(node, f"not checked: `{targets}` comes from `{name}(...)`, defined outside this file, which runs "
+                  f"over this rank's shard of `{loaders[0]}`: reduce what it returns across ranks (sums and counts, "
+                  "ddpkit.all_reduce_sum) before it is reported, or port that function too")
