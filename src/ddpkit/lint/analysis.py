@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
-                               is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
+                               is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "own_returns", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -91,10 +91,14 @@ class Script:
         self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
                              and any(a.name == "*" for a in n.names)]
         """Modules this file imports with `from m import *`."""
+        self.external_levels = external_levels or {}
+        """Guard levels of this file's functions at their call sites in other files of the project; `?callee`
+        keys give the answer of a rank helper another file defines (see rank_helpers)."""
+        self.rank_helpers: dict[str, int] = {}
+        """Functions of this file that answer a rank question (`def is_primary(): return get_rank() == 0`, or a
+        call of such a helper): name -> how their answer depends on the rank, read from their returns."""
         self._derive_rank_names()
         self.contexts: dict[int, Context] = {}
-        self.external_levels = external_levels or {}
-        """Guard levels of this file's functions at their call sites in other files of the project."""
         self._analyse_functions()
         self.project = None
         """The Project this file belongs to (set by Project, which every lint run builds)."""
@@ -182,7 +186,10 @@ class Script:
                 return self.kind(expr.args[0])
             if name in ("get", "getenv") and expr.args and isinstance(expr.args[0], ast.Constant):
                 return rank_name_kind(str(expr.args[0].value))
-            return rank_name_kind(name)
+            helper, named = self._helper_kind(expr.func), rank_name_kind(name)
+            # the body answers for a helper the name does not describe; where both do, the weaker
+            # (`is_local_master()` over a `__local_rank` the file also derives from the global rank)
+            return named if helper is None else min(helper, named) if named else helper
         if isinstance(expr, ast.Subscript):
             key = expr.slice
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
@@ -226,6 +233,72 @@ class Script:
             return self.kind(expr.value)
         return NONE
 
+    def test_kind(self, test: ast.AST) -> int:
+        """kind() of a condition, where `if cfg.mode.gpu:` asks whether the run uses GPUs: the truth of an attribute
+        named like a GPU index that nothing in the file assigns (a config switch) does not pick ranks."""
+        bare = test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test
+        if isinstance(bare, ast.Attribute) and is_gpu_index(bare.attr) \
+                and not any(key == "." + bare.attr for key, _ in self.assignments):
+            return NONE
+        return self.kind(test)
+
+    def _helper_kind(self, func: ast.AST) -> int | None:
+        """What calling a project rank helper answers (None: the callee is no helper the program defines)."""
+        if isinstance(func, ast.Name) and func.id in self.rank_helpers:
+            return self.rank_helpers[func.id]
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls") \
+                and func.attr in self.rank_helpers:
+            return self.rank_helpers[func.attr]
+        return self.external_levels.get("?" + self.qualname(func))
+
+    def _spawn_index_names(self) -> dict[str, int]:
+        """The first parameter of an mp.spawn worker is the process index mp.spawn gives it, the local rank under
+        whatever name (`def train(device_id, args)`): that name, where nothing else in the file binds it (no
+        assignment, loop, `with ... as`, comprehension, or parameter of another function)."""
+        defs = {n.name: n for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        found: dict[str, int] = {}
+        for call in self.calls:
+            if not self.qualname(call.func).endswith(("multiprocessing.spawn", "start_processes")) or not call.args \
+                    or not isinstance(call.args[0], ast.Name) or call.args[0].id not in defs:
+                continue
+            worker = defs[call.args[0].id]
+            params = [*worker.args.posonlyargs, *worker.args.args]
+            if params and not rank_name_kind(params[0].arg):
+                found[params[0].arg] = LOCAL
+        if not found:
+            return found
+        bound: set[str] = set(self._bindings)
+        for node in self.nodes:
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+                bound |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                bound |= {n.id for n in ast.walk(node.optional_vars) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.arguments):
+                owner = self.parents.get(id(node))
+                if not (isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef)) and found.keys() & {
+                        a.arg for a in (*node.posonlyargs, *node.args)[:1]} and any(
+                        self.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes")) and c.args
+                        and isinstance(c.args[0], ast.Name) and c.args[0].id == owner.name for c in self.calls)):
+                    bound |= {a.arg for a in (*node.posonlyargs, *node.args, *node.kwonlyargs)}
+        return {k: v for k, v in found.items() if k not in bound}
+
+    def _find_rank_helpers(self) -> dict[str, int]:
+        """Functions every one of whose non-constant returns depends on the rank (`return get_rank() == 0`,
+        `return is_main_process()`); `return False` on a path without a process group does not count against.
+        A name defined twice counts only where every definition is such a helper."""
+        found: dict[str, int] = {}
+        refused: set[str] = set()
+        for d in self.nodes:
+            if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            asked = [r.value for r in own_returns(d) if r.value is not None and not isinstance(r.value, ast.Constant)]
+            kinds = [self.kind(v) for v in asked]
+            if not kinds or not all(kinds) or not all(isinstance(v, _ANSWERS) for v in asked):
+                refused.add(d.name)
+                continue
+            found[d.name] = min(found.get(d.name, GLOBAL), min(kinds))
+        return {k: v for k, v in found.items() if k not in refused}
+
     def _held_by_some(self, test: ast.Compare) -> int:
         """`trainer.writer is not None` where only rank-checked calls give the constructor a writer (see
         Project._constructor_levels): the test picks ranks."""
@@ -268,15 +341,17 @@ class Script:
                 break
             self.global_rank_names |= found
         self.derived = {}
+        seeds = self._spawn_index_names()
         for _ in range(8):
-            derived: dict[str, int] = {}
+            derived: dict[str, int] = dict(seeds)
             for key, value in pairs:
                 k = self.kind(value)
                 if k:
                     derived[key] = max(derived.get(key, NONE), k)
-            if derived == self.derived:
+            helpers = self._find_rank_helpers()
+            if derived == self.derived and helpers == self.rank_helpers:
                 break
-            self.derived = derived
+            self.derived, self.rank_helpers = derived, helpers
         self.rank_only: set[str] = {
             key for key, value in pairs if isinstance(value, ast.IfExp) and self.derived.get(key)
             and any(isinstance(arm, ast.Constant) and arm.value is None for arm in (value.body, value.orelse))
@@ -393,7 +468,7 @@ class Script:
     def _block(self, stmts: list[ast.stmt], ctx: Context) -> None:
         before_first: Context | None = None
         for stmt in stmts:
-            k = self.kind(stmt.test) if isinstance(stmt, ast.If) and not stmt.orelse else NONE
+            k = self.test_kind(stmt.test) if isinstance(stmt, ast.If) and not stmt.orelse else NONE
             barrier = k and any(terminal(n.func) == "barrier" for n in ast.walk(stmt) if isinstance(n, ast.Call))
             if barrier and before_first is not None:
                 ctx, before_first = before_first, None
@@ -411,6 +486,12 @@ class Script:
                 # `if model is None: return load(...)`: the rest runs for the calls that pass a model
                 passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
                 ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+            elif isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS) \
+                    and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or) \
+                    and max(self.kind(v) for v in stmt.test.values):
+                # `if rank != 0 or epoch % freq: return`: the rest runs only where every arm is false, so a rank
+                # arm guards it whatever the other arms say
+                ctx = ctx.guarded(max(self.kind(v) for v in stmt.test.values), stmt, "after")
             elif k and isinstance(stmt.body[-1], _TERMINATORS) and not (
                     isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And)
                     and any(not self.kind(v) for v in stmt.test.values)):
@@ -436,7 +517,7 @@ class Script:
             return
         if isinstance(node, (ast.If, ast.IfExp)):
             self._visit(node.test, ctx)
-            k = self.kind(node.test)
+            k = self.test_kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
             given, branch = presence_test(node.test)
@@ -659,3 +740,20 @@ def without_grad(s: Script, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
                 terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD for d in node.decorator_list):
             return True
     return False
+
+
+_ANSWERS = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Call, ast.Name, ast.Attribute)
+"""What a rank helper returns: a test or the rank itself, not arithmetic on it (`return self.rank * x`)."""
+
+
+def own_returns(d: ast.AST) -> list[ast.Return]:
+    """The return statements of a function itself, not of the functions or lambdas nested in it."""
+    found: list[ast.Return] = []
+    todo = list(ast.iter_child_nodes(d))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return):
+            found.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return found

@@ -8,7 +8,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal, without_grad
+from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, own_returns, terminal, without_grad
+from ddpkit.lint.callsites import through_reexport
 from ddpkit.lint.rules import Hit, check, keyword
 
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
@@ -150,12 +151,14 @@ def _is_zero(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value in (0, "0")
 
 
-def _selects(s: Script, test: ast.AST) -> str:
+def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
     """Which ranks a rank check lets through: 'zero' (rank 0 only), 'others' (all but rank 0), or '' (unknown)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand), "")
+        return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand, depth), "")
     if isinstance(test, (ast.Name, ast.Attribute)):
         return "zero" if is_main_flag(terminal(test)) else ""
+    if isinstance(test, ast.Call) and depth < 4:
+        return _helper_selects(s, test.func, depth + 1)
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return ""
     left, op, right = test.left, type(test.ops[0]), test.comparators[0]
@@ -168,6 +171,23 @@ def _selects(s: Script, test: ast.AST) -> str:
     if isinstance(right, ast.Constant) and right.value == 1 and not isinstance(right.value, bool):
         return "others" if op is ast.GtE else "zero" if op is ast.Lt else ""
     return ""
+
+
+def _helper_selects(s: Script, func: ast.AST, depth: int) -> str:
+    """Which ranks a project rank helper (Script.rank_helpers) answers true for, read from its returns: the same
+    answer on every non-constant return (`is_primary()` -> `get_rank() == 0` is 'zero'), '' otherwise."""
+    home, name = s, terminal(func)
+    local = isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+        and func.value.id in ("self", "cls")
+    if not (local and name in s.rank_helpers):
+        target = through_reexport(s.project, s, func) if s.project is not None else None
+        if target is None or name not in s.project.scripts[target[0]].rank_helpers:
+            return ""
+        home = s.project.scripts[target[0]]
+    answers = {_selects(home, r.value, depth) for d in home.nodes
+               if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name
+               for r in own_returns(d) if r.value is not None and not isinstance(r.value, ast.Constant)}
+    return answers.pop() if len(answers) == 1 else ""
 
 
 def _branch_selects(s: Script, node: ast.AST | None, branch: str) -> str:

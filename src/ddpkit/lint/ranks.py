@@ -6,7 +6,7 @@ import ast
 import re
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
-           "distributed_mode", "single_setting", "rank_name_kind", "is_main_flag", "is_mode_sentinel", "terminal"]
+           "distributed_mode", "single_setting", "rank_name_kind", "is_main_flag", "is_gpu_index", "is_mode_sentinel", "terminal"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -122,6 +122,11 @@ def _names_the_rank(tokens: list[str]) -> bool:
     if rest[:1] and rest[0] in _RANK_LINKS:
         return True  # `rank_in_group`, `rank_is_zero`: the rank is still what the name holds or tests
     return all(t.isdigit() or t in _RANK_QUALIFIERS for t in rest)
+
+
+def is_gpu_index(name: str) -> bool:
+    """A name that holds the rank only by the habit of naming the local rank after its GPU (`gpu`, `gpu_id`)."""
+    return name.lower() in _GPU_INDEX
 
 
 def is_main_flag(name: str) -> bool:

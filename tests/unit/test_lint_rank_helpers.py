@@ -1,0 +1,215 @@
+"""Rank checks the linter reads from what a program's own code does: helpers, spawn indices, early returns."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _lint(files: dict[str, str]) -> set[tuple[str, int, str]]:
+    found = lint_sources({name: textwrap.dedent(code) for name, code in files.items()})
+    return {(f.path, f.line, f.rule) for f in found}
+
+
+def _line(code: str, text: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if text in line)
+
+
+_TOOLS_INIT = """
+    from .comm import can_log, outdir_ready
+"""
+
+_TOOLS_COMM = """
+    import os
+    import torch.distributed as dist
+
+
+    def _leader():
+        if not dist.is_initialized():
+            return False
+        return dist.get_rank() == 0
+
+
+    def can_log():
+        return _leader()
+
+
+    def outdir_ready(path):
+        return os.path.isdir(path)
+"""
+
+_TRAIN = """
+    import torch
+    import torch.distributed as dist
+    import tools
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(2, 2)
+        if tools.can_log():
+            print("step done")
+            torch.save(model.state_dict(), "model.pt")
+        if tools.outdir_ready("out"):
+            print("out is there")
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_project_helper_two_calls_deep_is_read_as_the_rank_check_its_body_makes():
+    found = _lint({"tools/__init__.py": _TOOLS_INIT, "tools/comm.py": _TOOLS_COMM, "train.py": _TRAIN})
+    assert ("train.py", _line(_TRAIN, 'print("step done")'), "DDP008") not in found
+    assert not any(rule == "DDP004" for _, _, rule in found)
+    # trap: a helper whose answer does not depend on the rank guards nothing
+    assert ("train.py", _line(_TRAIN, 'print("out is there")'), "DDP008") in found
+
+
+_FORWARD = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def first_process():
+        return dist.get_rank() == 0
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
+        for step in range(10):
+            model(torch.randn(4, 2)).sum().backward()
+            if first_process():
+                with torch.no_grad():
+                    model(torch.randn(4, 2))
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_no_grad_ddp_forward_under_a_project_rank_helper_is_reported():
+    found = _lint({"train.py": _FORWARD})
+    assert ("train.py", _line(_FORWARD, "with torch.no_grad():") + 1, "DDP010") in found
+
+
+_EARLY_RETURN = """
+    import torch
+    import torch.distributed as dist
+
+
+    def checkpoint(model, epoch, rank):
+        if rank != 0 or epoch % 5 != 0:
+            return
+        torch.save(model.state_dict(), "ckpt.pt")
+
+
+    def snapshot(model, epoch):
+        if epoch % 5 != 0:
+            return
+        torch.save(model.state_dict(), "snap.pt")
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = torch.nn.Linear(2, 2)
+        for epoch in range(10):
+            checkpoint(model, epoch, rank)
+            snapshot(model, epoch)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_an_early_return_on_rank_or_another_condition_guards_the_rest():
+    found = _lint({"train.py": _EARLY_RETURN})
+    assert ("train.py", _line(_EARLY_RETURN, '"ckpt.pt"'), "DDP004") not in found
+    assert ("train.py", _line(_EARLY_RETURN, '"snap.pt"'), "DDP004") in found  # trap: no rank arm
+
+
+_SPAWN = """
+    import os
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+
+    def work(device_id, world):
+        dist.init_process_group("gloo", rank=device_id, world_size=world)
+        if device_id == 0:
+            print("worker up")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        os.environ["MASTER_ADDR"] = "localhost"
+        os.environ["MASTER_PORT"] = "29512"
+        mp.spawn(work, args=(2,), nprocs=2)
+"""
+
+_SPAWN_REUSED = _SPAWN.replace('    if __name__ == "__main__":', '''    def report(rows):
+        for device_id in rows:
+            print(device_id)
+
+
+    if __name__ == "__main__":''')
+
+
+def test_the_spawn_index_is_the_rank_under_any_name():
+    found = _lint({"train.py": _SPAWN})
+    assert ("train.py", _line(_SPAWN, 'print("worker up")'), "DDP008") not in found
+    # trap: where the file binds the same name to something else, the name says nothing about ranks
+    found = _lint({"train.py": _SPAWN_REUSED})
+    assert ("train.py", _line(_SPAWN_REUSED, 'print("worker up")'), "DDP008") in found
+
+
+_MODE_SWITCH = """
+    import torch
+    import torch.distributed as dist
+
+
+    class Evaluator:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def run(self, total):
+            if self.cfg.mode.gpu:
+                dist.all_reduce(total)
+            return total
+
+
+    def main(cfg):
+        dist.init_process_group("nccl")
+        return Evaluator(cfg).run(torch.ones(1))
+"""
+
+_GPU_RANK = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+
+    def main(args):
+        args.gpu = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("nccl")
+        total = torch.ones(1)
+        if args.gpu:
+            dist.all_reduce(total)
+        return total
+"""
+
+
+def test_a_gpu_switch_in_a_config_is_no_rank_check():
+    found = _lint({"evaluate.py": _MODE_SWITCH})
+    assert not any(rule == "DDP010" for _, _, rule in found)
+    # trap: an attribute the program sets from the local rank still picks ranks
+    found = _lint({"train.py": _GPU_RANK})
+    assert ("train.py", _line(_GPU_RANK, "dist.all_reduce(total)"), "DDP010") in found
