@@ -213,3 +213,43 @@ def test_a_gpu_switch_in_a_config_is_no_rank_check():
     # trap: an attribute the program sets from the local rank still picks ranks
     found = _lint({"train.py": _GPU_RANK})
     assert ("train.py", _line(_GPU_RANK, "dist.all_reduce(total)"), "DDP010") in found
+
+
+_EARLY_STOP = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = DDP(torch.nn.Linear(2, 2))
+        stale = 0
+        for epoch in range(100):
+            model(torch.randn(4, 2)).sum().backward()
+            score = torch.rand(1)
+            dist.all_reduce(score)
+            if rank == 0:
+                stale = stale + 1 if score.item() < 0.5 else 0
+                if stale >= 3:
+                    break
+            if score.item() > 10:
+                break
+            if rank == 0:
+                for name in ("a", "b"):
+                    if name == "a":
+                        break
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_break_on_rank_zero_alone_leaves_a_loop_the_other_ranks_stay_in():
+    found = {line for path, line, rule in _lint({"train.py": _EARLY_STOP}) if rule == "DDP010"}
+    stops = [i for i, line in enumerate(textwrap.dedent(_EARLY_STOP).splitlines(), 1) if line.strip() == "break"]
+    assert stops[0] in found
+    # traps: a break every rank takes, and one that leaves a loop only rank 0 runs
+    assert stops[1] not in found and stops[2] not in found

@@ -587,3 +587,32 @@ def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
                   f"the next collective (line {syncs.lineno}) for ranks that have stopped",
                   f"broadcast '{used}' from rank 0 before the loop (dist.broadcast_object_list([{used}], src=0)), "
                   "or compute it on every rank")
+
+
+@check
+def break_on_some_ranks(s: Script) -> Iterator[Hit]:
+    """`if rank == 0: ... break` inside a loop that backpropagates or makes collectives: only the ranks the check
+    picks leave it; the others go on to the loop's next collective and wait there alone."""
+    if not (s.distributed or s.project.distributed):
+        return
+    parents = s.parents
+    checks = {id(n): n for n in s.nodes if isinstance(n, ast.If)}
+    for stop in s.nodes:
+        if not isinstance(stop, ast.Break) or s.context(stop).single:
+            continue
+        loop = _loop_of(s, stop)
+        if loop is None or not _loop_waits(s, stop):
+            continue
+        inside = s.context(stop).branches[len(s.context(loop).branches):]
+        picked = [(checks[check], branch) for check, branch, _ in inside if check in checks]
+        if s.context(stop).level <= s.context(loop).level or not picked or any(
+                _branch_selects(s, check, branch) not in ("zero", "others") or _stop_in(
+                    check.orelse if branch == "body" else check.body) is not None for check, branch in picked):
+            continue
+        check = picked[0][0]
+        yield Hit(stop, "DDP010", "error",
+                  f"this break leaves the loop only on the ranks the check at line {check.lineno} "
+                  f"(`{ast.unparse(check.test)}`) lets through; the other ranks go on to the loop's next "
+                  "collective (DDP's gradient all-reduce) and wait there for them until the job times out",
+                  "decide on every rank together: let rank 0 set a stop flag, broadcast it "
+                  "(dist.broadcast(flag, src=0)), then every rank breaks when the flag is set")
