@@ -253,3 +253,36 @@ def test_a_break_on_rank_zero_alone_leaves_a_loop_the_other_ranks_stay_in():
     assert stops[0] in found
     # traps: a break every rank takes, and one that leaves a loop only rank 0 runs
     assert stops[1] not in found and stops[2] not in found
+
+
+_EVAL_HELPER = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def evaluate(net, batch):
+        with torch.no_grad():
+            return net(batch).sum()
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
+        for epoch in range(3):
+            model(torch.randn(4, 2)).sum().backward()
+            if rank == 0:
+                print(evaluate(model, torch.randn(4, 2)))
+                print(evaluate(model.module, torch.randn(4, 2)))
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_rank_zero_call_of_a_helper_doing_the_no_grad_ddp_forward_is_reported_at_the_call():
+    found = {line for path, line, rule in _lint({"train.py": _EVAL_HELPER}) if rule == "DDP010"}
+    assert _line(_EVAL_HELPER, "evaluate(model, torch") in found
+    assert _line(_EVAL_HELPER, "evaluate(model.module") not in found  # trap: the unwrapped model

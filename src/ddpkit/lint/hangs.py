@@ -462,6 +462,35 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "all-reduce in forward, so the ranks fall out of step and the job hangs",
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
+    yield from _forward_in_helper(s, broadcasts)
+
+
+def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
+    """`if rank == 0: test(model, loader)` where test() runs the DDP model it is handed under no_grad: the
+    buffer broadcast of that forward happens on the ranks the check picks alone (reported at the call)."""
+    defs = {d.name: d for d in s.defs}
+    for call in s.calls:
+        ctx = s.context(call)
+        d = defs.get(call.func.id) if isinstance(call.func, ast.Name) else None
+        if d is None or not ctx.branches or ctx.single or _selects(s, _branch_test(s, ctx)) not in ("zero", "others"):
+            continue
+        params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+        given = {params[i]: a for i, a in enumerate(call.args) if i < len(params)}
+        given.update((k.arg, k.value) for k in call.keywords if k.arg)
+        handed = {p for p, a in given.items() if isinstance(a, ast.Name) and a.id in broadcasts}
+        inner = next((c for c in ast.walk(d) if isinstance(c, ast.Call) and (
+            isinstance(c.func, ast.Name) and c.func.id in handed or isinstance(c.func, ast.Attribute)
+            and c.func.attr == "forward" and isinstance(c.func.value, ast.Name) and c.func.value.id in handed)
+            and without_grad(s, c, s.parents) and not s.context(c).branches), None)
+        if inner is None:
+            continue
+        yield Hit(call, "DDP010", "error",
+                  f"{d.name}() runs the DistributedDataParallel model forward (line {inner.lineno}) under no_grad, "
+                  f"and it is called only when the rank check on line {ctx.branches[-1][2]} passes; DDP broadcasts "
+                  "the model's buffers (BatchNorm statistics) from rank 0 in every forward, a collective the other "
+                  "ranks never join, so the job hangs",
+                  f"hand {d.name}() the unwrapped model (model.module), or call it on every rank (or wrap with "
+                  "broadcast_buffers=False)")
 
 
 def _freezers(project) -> set[str]:
