@@ -286,3 +286,45 @@ def test_a_rank_zero_call_of_a_helper_doing_the_no_grad_ddp_forward_is_reported_
     found = {line for path, line, rule in _lint({"train.py": _EVAL_HELPER}) if rule == "DDP010"}
     assert _line(_EVAL_HELPER, "evaluate(model, torch") in found
     assert _line(_EVAL_HELPER, "evaluate(model.module") not in found  # trap: the unwrapped model
+
+
+_STEP = """
+    def fit_one(net, batch):
+        net(batch).sum().backward()
+
+
+    def log_one(batch):
+        batch.sum().backward()
+"""
+
+_RESUME = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import steps
+
+
+    def main(resume):
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = DDP(torch.nn.Linear(2, 2))
+        start = 0
+        first = 0
+        if rank == 0 and resume:
+            start = torch.load(resume)["epoch"]
+            first = start
+        for epoch in range(start, 10):
+            steps.fit_one(model, torch.randn(4, 2))
+        for epoch in range(first, 10):
+            steps.log_one(torch.randn(4, 2, requires_grad=True))
+
+
+    if __name__ == "__main__":
+        main(None)
+"""
+
+
+def test_a_loop_bound_set_on_some_ranks_around_a_helper_doing_the_ddp_step_is_reported():
+    found = {line for path, line, rule in _lint({"steps.py": _STEP, "train.py": _RESUME}) if rule == "DDP010"}
+    assert _line(_RESUME, "for epoch in range(start") in found
+    assert _line(_RESUME, "for epoch in range(first") not in found  # trap: the helper is not handed the DDP model
