@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
-                               is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
+                               find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
+                               single_setting, spawn_index_names, terminal)
 
-__all__ = ["without_grad", "own_returns", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
 
 COLLECTIVES = frozenset({
@@ -251,54 +252,6 @@ class Script:
             return self.rank_helpers[func.attr]
         return self.external_levels.get("?" + self.qualname(func))
 
-    def _spawn_index_names(self) -> dict[str, int]:
-        """The first parameter of an mp.spawn worker is the process index mp.spawn gives it, the local rank under
-        whatever name (`def train(device_id, args)`): that name, where nothing else in the file binds it (no
-        assignment, loop, `with ... as`, comprehension, or parameter of another function)."""
-        defs = {n.name: n for n in self.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        found: dict[str, int] = {}
-        for call in self.calls:
-            if not self.qualname(call.func).endswith(("multiprocessing.spawn", "start_processes")) or not call.args \
-                    or not isinstance(call.args[0], ast.Name) or call.args[0].id not in defs:
-                continue
-            worker = defs[call.args[0].id]
-            params = [*worker.args.posonlyargs, *worker.args.args]
-            if params and not rank_name_kind(params[0].arg):
-                found[params[0].arg] = LOCAL
-        if not found:
-            return found
-        bound: set[str] = set(self._bindings)
-        for node in self.nodes:
-            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-                bound |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-                bound |= {n.id for n in ast.walk(node.optional_vars) if isinstance(n, ast.Name)}
-            elif isinstance(node, ast.arguments):
-                owner = self.parents.get(id(node))
-                if not (isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef)) and found.keys() & {
-                        a.arg for a in (*node.posonlyargs, *node.args)[:1]} and any(
-                        self.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes")) and c.args
-                        and isinstance(c.args[0], ast.Name) and c.args[0].id == owner.name for c in self.calls)):
-                    bound |= {a.arg for a in (*node.posonlyargs, *node.args, *node.kwonlyargs)}
-        return {k: v for k, v in found.items() if k not in bound}
-
-    def _find_rank_helpers(self) -> dict[str, int]:
-        """Functions every one of whose non-constant returns depends on the rank (`return get_rank() == 0`,
-        `return is_main_process()`); `return False` on a path without a process group does not count against.
-        A name defined twice counts only where every definition is such a helper."""
-        found: dict[str, int] = {}
-        refused: set[str] = set()
-        for d in self.nodes:
-            if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            asked = [r.value for r in own_returns(d) if r.value is not None and not isinstance(r.value, ast.Constant)]
-            kinds = [self.kind(v) for v in asked]
-            if not kinds or not all(kinds) or not all(isinstance(v, _ANSWERS) for v in asked):
-                refused.add(d.name)
-                continue
-            found[d.name] = min(found.get(d.name, GLOBAL), min(kinds))
-        return {k: v for k, v in found.items() if k not in refused}
-
     def _held_by_some(self, test: ast.Compare) -> int:
         """`trainer.writer is not None` where only rank-checked calls give the constructor a writer (see
         Project._constructor_levels): the test picks ranks."""
@@ -341,14 +294,14 @@ class Script:
                 break
             self.global_rank_names |= found
         self.derived = {}
-        seeds = self._spawn_index_names()
+        seeds = spawn_index_names(self)
         for _ in range(8):
             derived: dict[str, int] = dict(seeds)
             for key, value in pairs:
                 k = self.kind(value)
                 if k:
                     derived[key] = max(derived.get(key, NONE), k)
-            helpers = self._find_rank_helpers()
+            helpers = find_rank_helpers(self)
             if derived == self.derived and helpers == self.rank_helpers:
                 break
             self.derived, self.rank_helpers = derived, helpers
@@ -741,19 +694,3 @@ def without_grad(s: Script, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
             return True
     return False
 
-
-_ANSWERS = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Call, ast.Name, ast.Attribute)
-"""What a rank helper returns: a test or the rank itself, not arithmetic on it (`return self.rank * x`)."""
-
-
-def own_returns(d: ast.AST) -> list[ast.Return]:
-    """The return statements of a function itself, not of the functions or lambdas nested in it."""
-    found: list[ast.Return] = []
-    todo = list(ast.iter_child_nodes(d))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Return):
-            found.append(node)
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            todo.extend(ast.iter_child_nodes(node))
-    return found

@@ -8,8 +8,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, own_returns, terminal, without_grad
+from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal, without_grad
 from ddpkit.lint.callsites import through_reexport
+from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
 
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
