@@ -328,3 +328,70 @@ def test_a_loop_bound_set_on_some_ranks_around_a_helper_doing_the_ddp_step_is_re
     found = {line for path, line, rule in _lint({"steps.py": _STEP, "train.py": _RESUME}) if rule == "DDP010"}
     assert _line(_RESUME, "for epoch in range(start") in found
     assert _line(_RESUME, "for epoch in range(first") not in found  # trap: the helper is not handed the DDP model
+
+
+_METHOD = """
+    import torch
+    import torch.distributed as dist
+
+
+    class Snapshot:
+        def __init__(self, model):
+            self.model = model
+
+        def write(self, path):
+            torch.save(self.model.state_dict(), path)
+
+        def dump(self, path):
+            torch.save(self.model.state_dict(), path)
+
+
+    def keep(snap, path):
+        snap.write(path)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        snap = Snapshot(torch.nn.Linear(2, 2))
+        if dist.get_rank() == 0:
+            keep(snap, "keep.pt")
+        snap.dump("dump.pt")
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_rank_check_at_the_call_site_is_carried_into_a_method_call():
+    found = {line for path, line, rule in _lint({"train.py": _METHOD}) if rule == "DDP004"}
+    saves = [i for i, line in enumerate(textwrap.dedent(_METHOD).splitlines(), 1) if "torch.save(" in line]
+    assert saves[0] not in found
+    assert saves[1] in found  # trap: the method every rank calls
+
+
+_ENV_SPAWN = """
+    import os
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+
+    def worker(device_id, node, gpus):
+        dist.init_process_group("nccl", init_method="env://", rank=node * gpus + device_id, world_size=gpus)
+        if device_id == 0:
+            torch.save({}, "ckpt.pt")
+
+
+    if __name__ == "__main__":
+        os.environ["MASTER_ADDR"] = ADDRESS
+        os.environ["MASTER_PORT"] = "29513"
+        mp.spawn(worker, args=(0, 2), nprocs=2)
+"""
+
+
+def test_an_env_init_method_leaves_the_address_to_master_addr():
+    local = _ENV_SPAWN.replace("ADDRESS", '"localhost"')
+    assert not any(rule == "DDP004" for _, _, rule in _lint({"train.py": local}))
+    remote = _ENV_SPAWN.replace("ADDRESS", '"10.0.0.7"')  # trap: another machine may join
+    assert ("train.py", _line(remote, "torch.save"), "DDP004") in _lint({"train.py": remote})

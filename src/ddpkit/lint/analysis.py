@@ -389,6 +389,14 @@ class Script:
         self.defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = defs
         self.function_names = names
         refs = [n for n in self.nodes if _references(n, names)]
+        # `state.save(f)` on an object of a class this file defines once, whose method nothing else here names:
+        # those calls are its call sites (precision: they only add a guard to a method that had no call site)
+        methods = [d.name for d in defs if d.args.args and d.args.args[0].arg == "self"]
+        lone = {m for m in methods if methods.count(m) == 1 and [d.name for d in defs].count(m) == 1} \
+            - {terminal(r) for r in refs}
+        refs += [c.func for c in self.calls if isinstance(c.func, ast.Attribute) and c.func.attr in lone
+                 and isinstance(c.func.value, ast.Name) and c.func.value.id not in self.aliases
+                 and c.func.value.id not in ("self", "cls")]
         self.function_level: dict[str, int] = {}
         self.function_single: set[str] = set()
         """Functions called only from single-process branches (`else: train_single(...)` of `if args.distributed:`)."""
