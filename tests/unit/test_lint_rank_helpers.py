@@ -395,3 +395,40 @@ def test_an_env_init_method_leaves_the_address_to_master_addr():
     assert not any(rule == "DDP004" for _, _, rule in _lint({"train.py": local}))
     remote = _ENV_SPAWN.replace("ADDRESS", '"10.0.0.7"')  # trap: another machine may join
     assert ("train.py", _line(remote, "torch.save"), "DDP004") in _lint({"train.py": remote})
+
+
+_MODULE_RANK = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+
+
+    def setup():
+        dist.init_process_group("nccl")
+        local_rank = dist.get_rank()
+        return local_rank
+
+
+    def main():
+        setup()
+        torch.cuda.set_device(local_rank)
+
+
+    def other():
+        local_rank = dist.get_rank()
+        torch.cuda.set_device(local_rank)
+
+
+    if __name__ == "__main__":
+        main()
+        other()
+"""
+
+
+def test_a_name_a_function_never_assigns_reads_the_modules_value():
+    found = {line for path, line, rule in _lint({"train.py": _MODULE_RANK}) if rule == "DDP012"}
+    sets = [i for i, line in enumerate(textwrap.dedent(_MODULE_RANK).splitlines(), 1) if "set_device(" in line]
+    assert sets[0] not in found
+    assert sets[1] in found  # trap: the function's own local_rank is the global rank

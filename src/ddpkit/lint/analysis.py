@@ -365,7 +365,7 @@ class Script:
                       if (stmt.end_lineno, stmt.end_col_offset) <= where and id(stmt) not in path
                       and scope_of(stmt, parents) is scope]
         if not candidates:
-            return True
+            return self._module_value_global(use, scope)
         reached = False
         for stmt, value in reversed(candidates):
             how = relation(stmt, path, parents)
@@ -377,6 +377,22 @@ class Script:
                 return False
             reached = True
         return not reached  # only other branches assign it here: the value comes from outside
+
+    def _module_value_global(self, use: ast.Name, scope: ast.AST) -> bool:
+        """A name the function around `use` never assigns: where it is no parameter and not declared global
+        there, its value is the module's (`local_rank = int(os.environ['LOCAL_RANK'])` at the top, beside a
+        function-local `local_rank = dist.get_rank()` elsewhere); without a module-level value, the name's."""
+        enclosing = scope_of(scope, self.parents) if scope is not None else None
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and (
+                enclosing is None or isinstance(enclosing, ast.ClassDef)):  # (not a closure over a function)
+            if use.id in {a.arg for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)} \
+                    or any(isinstance(n, (ast.Global, ast.Nonlocal)) and use.id in n.names for n in ast.walk(scope)):
+                return True
+            outer = [(stmt, value) for stmt, value in self._bindings.get(use.id, ())
+                     if scope_of(stmt, self.parents) is None]
+            if outer and all(value is not None for _, value in outer):
+                return any(self.is_global_rank(value) for _, value in outer)
+        return True
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
