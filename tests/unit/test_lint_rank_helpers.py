@@ -432,3 +432,39 @@ def test_a_name_a_function_never_assigns_reads_the_modules_value():
     sets = [i for i, line in enumerate(textwrap.dedent(_MODULE_RANK).splitlines(), 1) if "set_device(" in line]
     assert sets[0] not in found
     assert sets[1] in found  # trap: the function's own local_rank is the global rank
+
+
+_BOTH_SIDES = """
+    import torch.distributed as dist
+
+
+    def run(rank, writer=None):
+        print("epoch starts")
+        if writer is not None:
+            print("writing")
+
+
+    def report(rank):
+        print("report")
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        if rank == 0:
+            run(rank, writer=object())
+            report(rank)
+        else:
+            run(rank)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_calls_on_both_sides_of_a_rank_check_run_the_function_on_every_rank():
+    found = {line for path, line, rule in _lint({"train.py": _BOTH_SIDES}) if rule == "DDP008"}
+    assert _line(_BOTH_SIDES, '"epoch starts"') in found
+    # traps: the branch only the rank-0 call's writer opens, and a function only rank 0 calls
+    assert _line(_BOTH_SIDES, '"writing"') not in found and _line(_BOTH_SIDES, '"report"') not in found

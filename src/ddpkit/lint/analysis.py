@@ -421,18 +421,26 @@ class Script:
         for _ in range(8):
             self.contexts = {}
             self._block(self.tree.body, Context())
+            ifs = {id(n): self.context(n) for n in self.nodes if isinstance(n, ast.If)}
             levels: dict[str, int] = dict(self.external_levels)
             single: dict[str, bool] = {}
+            sides: dict[str, set[tuple[int, str]]] = {}
             for ref in refs:
                 name = terminal(ref)
                 level = self.context(ref).level
                 levels[name] = min(levels.get(name, GLOBAL), level)
+                if self.context(ref).branches:
+                    sides.setdefault(name, set()).add(self.context(ref).branches[-1][:2])
                 single[name] = single.get(name, True) and self.context(ref).single
                 call = self.parents.get(id(ref))
                 for param in optional_parameters([d for d in defs if d.name == name]):
                     if not (isinstance(call, ast.Call) and call.func is ref) or passes(call, defs, name, param):
                         key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
                         levels[key] = min(levels.get(key, GLOBAL), level)
+            for name, seen in sides.items():
+                # `if rank == 0: run(writer) else: run(None)`: the two calls together run it on every rank
+                for check in {c for c, side in seen if side == "body" and (c, "else") in seen}:
+                    levels[name] = min(levels[name], ifs[check].level)
             single_names = {n for n, alone in single.items() if alone}
             decorators = self._decorator_levels(defs)
             if levels == self.function_level and single_names == self.function_single \
