@@ -231,6 +231,7 @@ SEED_HELPER_ELSEWHERE = """
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     init_seeds(1 + rank)
+    model = torch.nn.Linear(4, 2)
     dist.destroy_process_group()
 """
 
@@ -523,3 +524,322 @@ def test_function_reached_through_a_package_whose_init_is_not_linted_stays_live(
         """,
     }
     assert _lint_files(files, "DDP004") == {("r/mypkg/ckpt.py", 5)}
+
+
+# ---- nothing random, nothing to seed -------------------------------------------------------------
+JOIN_AND_PRINT = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def main():
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()}")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_program_that_draws_nothing_random_has_no_missing_seed_note():
+    # it joins the group and prints: no model, no data, no draw, so there is nothing to seed
+    assert _lint(JOIN_AND_PRINT, "DDP014") == []
+    # the same program once it builds a model (weights drawn at random) is unseeded
+    modelled = JOIN_AND_PRINT.replace("        print(f\"rank", "        model = torch.nn.Linear(8, 2)\n        print(f\"rank")
+    assert _lint(modelled, "DDP014") == [_line(modelled, "dist.init_process_group")]
+
+
+# ---- a base-class method every subclass overrides ------------------------------------------------
+OVERRIDDEN_BASE = {
+    "framework.py": """
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def train(self, epochs):
+                for epoch in range(epochs):
+                    print("epoch", epoch)
+    """,
+    "ddp_framework.py": """
+        import os
+        import torch.distributed as dist
+        from framework import Trainer
+
+        class DistributedTrainer(Trainer):
+            def train(self, epochs):
+                rank = dist.get_rank()
+                for epoch in range(epochs):
+                    if rank == 0:
+                        print("epoch", epoch)
+    """,
+    "main.py": """
+        import torch
+        import torch.distributed as dist
+        from ddp_framework import DistributedTrainer
+
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        DistributedTrainer(torch.nn.Linear(2, 2)).train(3)
+        dist.destroy_process_group()
+    """,
+}
+
+
+def test_a_base_method_every_subclass_overrides_does_not_run():
+    # only DistributedTrainer is built: `.train(3)` runs its override, never Trainer.train's unguarded print
+    assert _lint_files(OVERRIDDEN_BASE, "DDP008") == set()
+    # built directly, the base's train runs and prints on every rank
+    built = dict(OVERRIDDEN_BASE, **{"main.py": OVERRIDDEN_BASE["main.py"].replace(
+        "DistributedTrainer(torch.nn.Linear(2, 2)).train(3)",
+        "DistributedTrainer(torch.nn.Linear(2, 2)).train(3)\n        Trainer(torch.nn.Linear(2, 2)).train(1)").replace(
+        "from ddp_framework import DistributedTrainer", "from ddp_framework import DistributedTrainer\n        from framework import Trainer")})
+    assert _lint_files(built, "DDP008") == {("framework.py", 8)}
+    # called through super(), the base's train runs as well
+    chained = dict(OVERRIDDEN_BASE, **{"ddp_framework.py": OVERRIDDEN_BASE["ddp_framework.py"].replace(
+        "rank = dist.get_rank()", "rank = dist.get_rank()\n                super().train(epochs)")})
+    assert _lint_files(chained, "DDP008") == {("framework.py", 8)}
+
+
+# ---- a module-level name and a function's own name of the same spelling -------------------------
+MODULE_LOCAL_RANK = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+
+    def setup():
+        dist.init_process_group("nccl")
+        local_rank = dist.get_rank()
+        return local_rank
+
+    def main():
+        setup()
+        torch.manual_seed(0)
+        torch.cuda.set_device(local_rank)
+
+    main()
+"""
+
+
+def test_a_function_reads_the_module_name_not_another_functions_local():
+    # main() never binds local_rank: it reads the module's LOCAL_RANK, not setup()'s own get_rank()
+    assert _lint(MODULE_LOCAL_RANK, "DDP012") == []
+    # the module-level name itself from the global rank is the mistake
+    wrong = MODULE_LOCAL_RANK.replace('int(os.environ["LOCAL_RANK"])', 'int(os.environ["RANK"])')
+    assert _lint(wrong, "DDP012") == [_line(wrong, "set_device")]
+
+
+# ---- mp.spawn through the project's own launch helper ---------------------------------------------
+LAUNCH_HELPER = {
+    "launcher/__init__.py": """
+        from .spawning import launch
+    """,
+    "launcher/spawning.py": """
+        import torch.multiprocessing as mp
+
+        def _worker(rank, fn, world_size):
+            fn(rank, world_size)
+
+        def launch(fn, world_size):
+            mp.spawn(_worker, args=(fn, world_size), nprocs=world_size)
+    """,
+    "train.py": """
+        import sys
+        import torch
+        import torch.distributed as dist
+        import launcher
+
+        print("importing")
+
+        def work(rank, world_size):
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            torch.manual_seed(rank)
+            print("step done")
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            world_size = int(sys.argv[1])
+            print("starting", world_size, "ranks")
+            launcher.launch(work, world_size)
+    """,
+}
+
+
+def test_the_main_block_that_spawns_through_a_helper_is_the_parent():
+    # launcher.launch (re-exported by the package) calls mp.spawn on a wrapper that runs `work`: the
+    # `__main__` block is the parent process, so its print runs once; the worker's print runs on every rank
+    # (the module-level print outside it runs again in each rank, which imports the file as __mp_main__)
+    assert _lint_files(LAUNCH_HELPER, "DDP008") == {("train.py", 7), ("train.py", 12)}
+    # the same block calling the worker itself (no spawn) is every rank's code under torchrun
+    direct = dict(LAUNCH_HELPER, **{"train.py": LAUNCH_HELPER["train.py"].replace(
+        "launcher.launch(work, world_size)", "work(int(sys.argv[2]), world_size)")})
+    assert _lint_files(direct, "DDP008") == {("train.py", 7), ("train.py", 12), ("train.py", 17)}
+
+
+# ---- placements in code nothing runs ----------------------------------------------------------------
+DEAD_PLACEMENT = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Runner:
+        def __init__(self, model):
+            self.gpu = int(os.environ["LOCAL_RANK"])
+            self.model = DDP(model.to(self.gpu), device_ids=[self.gpu])
+
+        def fit(self, x):
+            return self.model(x.to(self.gpu))
+
+        def predict(self, x):
+            return self.model(x.to("cuda"))
+
+    dist.init_process_group("nccl")
+    torch.manual_seed(0)
+    Runner(torch.nn.Linear(4, 2)).fit(torch.ones(1, 4))
+"""
+
+
+def test_a_placement_in_a_method_nothing_calls_needs_no_current_device():
+    # every live placement names the local rank; predict() with its plain "cuda" is never called
+    assert _lint(DEAD_PLACEMENT, "DDP012") == []
+    called = DEAD_PLACEMENT.replace(".fit(torch.ones(1, 4))", ".predict(torch.ones(1, 4))")
+    assert _lint(called, "DDP012") == [_line(called, "dist.init_process_group")]
+
+
+# ---- a loss unpacked from the evaluation's results -------------------------------------------------
+EVAL_TUPLE = """
+    import torch
+    import torch.distributed as dist
+
+    def validate(model, loader):
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for x, y in loader:
+                total += torch.nn.functional.mse_loss(model(x), y).item()
+                count += 1
+        return total / count, count
+
+    def main(model, train_loader, val_loader, optimizer):
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        rank = dist.get_rank()
+        for epoch in range(3):
+            for x, y in train_loader:
+                train_loss = torch.nn.functional.mse_loss(model(x), y)
+                train_loss.backward()
+                optimizer.step()
+            if rank == 0:
+                total_loss, seen = validate(model, val_loader)
+                print(f"epoch {epoch} loss {total_loss:.3f} over {seen}")
+"""
+
+
+def test_a_loss_unpacked_from_the_evaluation_is_not_the_training_loss():
+    # rank 0 validates the whole validation set itself: total_loss is its figure, not its shard's training loss
+    assert _lint(EVAL_TUPLE, "DDP006") == []
+    # the training loss printed the same way is rank 0's own
+    trained = EVAL_TUPLE.replace('print(f"epoch {epoch} loss {total_loss:.3f} over {seen}")',
+                                 'print(f"epoch {epoch} loss {train_loss.item():.3f} over {seen}")')
+    assert _lint(trained, "DDP006") == [_line(trained, 'print(f"epoch')]
+    # every rank evaluating its own loader, rank 0 printing its figure: that is rank 0's shard
+    everywhere = EVAL_TUPLE.replace("""            if rank == 0:
+                total_loss, seen = validate(model, val_loader)""", """            total_loss, seen = validate(model, train_loader)
+            if rank == 0:""")
+    assert _lint(everywhere, "DDP006") == [_line(everywhere, 'print(f"epoch')]
+
+
+# ---- an evaluation sampler found by how its loader is used ----------------------------------------
+LOADER_METHODS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    class Data:
+        def __init__(self, items):
+            self.items = items
+
+        def batches_a(self, size):
+            return DataLoader(self.items, batch_size=size, sampler=DistributedSampler(self.items))
+
+        def batches_b(self, size):
+            return DataLoader(self.items, batch_size=size, sampler=DistributedSampler(self.items))
+
+    def run(model, optimizer, data):
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        for epoch in range(3):
+            for x, y in data.batches_a(8):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+            with torch.no_grad():
+                for x, y in data.batches_b(8):
+                    model(x)
+"""
+
+
+def test_a_sampler_whose_loader_only_evaluates_needs_no_set_epoch():
+    # batches_b's loader is only looped over without backward(): its order does not matter
+    assert _lint(LOADER_METHODS, "DDP001") == [_line(LOADER_METHODS, "def batches_a") + 1]
+    # once it also trains, it needs set_epoch too
+    trains = LOADER_METHODS.replace("                    model(x)", "                    model(x).sum().backward()")
+    assert _lint(trains, "DDP001") == [_line(trains, "def batches_a") + 1, _line(trains, "def batches_b") + 1]
+
+
+# ---- what a reducing helper does not reduce -----------------------------------------------------------
+HELPER_GATHERS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def accuracy(model, loader, device):
+        model.eval()
+        hits = torch.zeros(2, device=device)
+        with torch.no_grad():
+            for x, y in loader:
+                hits += torch.tensor([(model(x.to(device)).argmax(1) == y.to(device)).sum(), len(y)], device=device)
+        dist.all_reduce(hits)
+        return (hits[0] / hits[1]).item()
+
+    def fit(model, data, test_loader, optimizer, device):
+        rank = dist.get_rank()
+        sampler = DistributedSampler(data)
+        train_loader = DataLoader(data, batch_size=8, sampler=sampler)
+        for epoch in range(3):
+            total_loss = 0.0
+            sampler.set_epoch(epoch)
+            for step, batch in enumerate(train_loader):
+                inputs, labels = batch
+                output = model(**inputs, labels=labels)
+                loss = output[0]
+                loss.backward()
+                optimizer.step()
+                total_loss += loss.item()
+            acc = accuracy(model, test_loader, device)
+            if rank == 0:
+                print(f"epoch {epoch} loss {total_loss:.3f} acc {acc:.3f}")
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        fit(torch.nn.Linear(4, 2), [], [], None, "cpu")
+"""
+
+
+def test_a_helper_that_reduces_a_metric_does_not_reduce_the_model_nor_the_loss():
+    # accuracy() all-reduces its own hits; the model, loader and device it is handed are not reduced, nor is
+    # the training loss computed with that model
+    assert _lint(HELPER_GATHERS, "DDP006") == [_line(HELPER_GATHERS, 'print(f"epoch')]
+    # a plain `train` function that reduces: `model.train()` is the module's method, not that function
+    renamed = HELPER_GATHERS.replace("def fit(", "def train(").replace("    fit(torch", "    train(torch").replace(
+        "        for epoch in range(3):", "        for epoch in range(3):\n            model.train()")
+    assert _lint(renamed, "DDP006") == [_line(renamed, 'print(f"epoch')]
+    # the loss reduced before the print is the run's
+    reduced = HELPER_GATHERS.replace("            acc = accuracy(", "            total_loss = torch.tensor(total_loss)\n"
+                                     "            dist.all_reduce(total_loss)\n            acc = accuracy(")
+    assert _lint(reduced, "DDP006") == []

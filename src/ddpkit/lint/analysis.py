@@ -6,7 +6,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ddpkit.lint.bindings import optional_parameters, passes, path_up, presence_test, relation, scope_of
+from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                single_setting, spawn_index_names, terminal)
@@ -47,7 +47,26 @@ def is_eval_sampler(s: Script, call: ast.Call) -> bool:
     named = {id(v): k.lstrip(".") for k, v in s.assignments}
     dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
     return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(
-        is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute))))
+        is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute)))) \
+        or _only_evaluated(s, call)
+
+
+def _only_evaluated(s: Script, call: ast.Call) -> bool:
+    """The sampler is built in a loader helper (`def validation_dataloader(self, ...)`) whose every call the
+    program loops over without a backward(): its batches are only evaluated."""
+    functions = s.context(call).functions
+    project = getattr(s, "project", None)
+    if not functions or project is None:
+        return False
+    sites = project.calls_named(functions[-1])
+    if not sites:
+        return False
+    for x, site in sites:
+        loop = x.parents.get(id(site))
+        if not (isinstance(loop, (ast.For, ast.AsyncFor)) and loop.iter is site) or any(
+                isinstance(n, ast.Call) and terminal(n.func) == "backward" for b in loop.body for n in ast.walk(b)):
+            return False
+    return True
 
 
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
@@ -365,7 +384,15 @@ class Script:
                       if (stmt.end_lineno, stmt.end_col_offset) <= where and id(stmt) not in path
                       and scope_of(stmt, parents) is scope]
         if not candidates:
-            return self._module_value_global(use, scope)
+            if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope_of(scope, parents) is None \
+                    and use.id not in local_names(scope) and not any(
+                        isinstance(n, ast.Global) and use.id in n.names for n in self.nodes):
+                # a module function reading a name it never binds reads the module's: `local_rank` from
+                # LOCAL_RANK at the top, not another function's own `local_rank = get_rank()`
+                held = [value for stmt, value in self._bindings.get(use.id, ()) if scope_of(stmt, parents) is None]
+                if held and all(value is not None for value in held):
+                    return any(self.is_global_rank(value) for value in held)
+            return True
         reached = False
         for stmt, value in reversed(candidates):
             how = relation(stmt, path, parents)
@@ -377,22 +404,6 @@ class Script:
                 return False
             reached = True
         return not reached  # only other branches assign it here: the value comes from outside
-
-    def _module_value_global(self, use: ast.Name, scope: ast.AST) -> bool:
-        """A name the function around `use` never assigns: where it is no parameter and not declared global
-        there, its value is the module's (`local_rank = int(os.environ['LOCAL_RANK'])` at the top, beside a
-        function-local `local_rank = dist.get_rank()` elsewhere); without a module-level value, the name's."""
-        enclosing = scope_of(scope, self.parents) if scope is not None else None
-        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and (
-                enclosing is None or isinstance(enclosing, ast.ClassDef)):  # (not a closure over a function)
-            if use.id in {a.arg for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs)} \
-                    or any(isinstance(n, (ast.Global, ast.Nonlocal)) and use.id in n.names for n in ast.walk(scope)):
-                return True
-            outer = [(stmt, value) for stmt, value in self._bindings.get(use.id, ())
-                     if scope_of(stmt, self.parents) is None]
-            if outer and all(value is not None for _, value in outer):
-                return any(self.is_global_rank(value) for _, value in outer)
-        return True
 
     # ---- contexts --------------------------------------------------------------------------
     def context(self, node: ast.AST) -> Context:
@@ -677,6 +688,9 @@ class Script:
         if self.per_rank_functions is None:
             return True
         ctx = self.context(node)
+        parent = getattr(self, "parent_nodes", None)
+        if parent is not None and not ctx.functions and id(node) not in parent:
+            return True  # module code outside the `__main__` block: each rank imports the file again
         return any(f in self.per_rank_functions for f in ctx.functions) or ctx.scope in self.spawned_inits
 
 

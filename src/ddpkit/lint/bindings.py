@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-__all__ = ["optional_parameters", "passes", "presence_test", "scope_of", "path_up", "relation"]
+__all__ = ["local_names", "optional_parameters", "passes", "presence_test", "scope_of", "path_up", "relation"]
 
 
 def optional_parameters(defs: list[ast.AST]) -> set[str]:
@@ -91,3 +91,24 @@ def relation(stmt: ast.AST, use_path: dict[int, str], parents: dict[int, ast.AST
             return "maybe"
         node = parent
     return "maybe"
+
+
+def local_names(scope: ast.AST) -> set[str]:
+    """The parameters of a function and the names its own body assigns (not nested functions' names, not names
+    declared global): a read of one of these reads the local variable, never a module-level function."""
+    args = scope.args
+    found = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
+    declared: set[str] = set()
+    todo = list(scope.body) if isinstance(scope.body, list) else [scope.body]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.Global, ast.Nonlocal)):
+            declared.update(n.names)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            found.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(n.name)
+            continue
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(n))
+    return found - declared

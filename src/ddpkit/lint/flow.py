@@ -97,9 +97,21 @@ def _reduces(s: Script, call: ast.Call) -> bool:
     project = s.project
     if s.is_dist_collective(call):
         return "barrier" not in name.lower()
-    if project is not None and name in project.defined_functions:
+    if project is not None and name in project.defined_functions and not _method_of_other(s, call):
         return name in project.exchanging_functions
     return bool(REDUCING_NAME.search(name.lower()))
+
+
+def _method_of_other(s: Script, call: ast.Call) -> bool:
+    """`model.train()` where the project's `train` is a plain function, no method: the call is the object's own
+    method (nn.Module.train), not the project function of that name."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or isinstance(func.value, ast.Name) and func.value.id in s.aliases:
+        return False
+    methods = s.project.memo("method names", lambda: {
+        item.name for x in s.project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+        for item in c.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))})
+    return func.attr not in methods
 
 
 def sharded_names(s: Script) -> set[str]:
@@ -252,12 +264,15 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
              and not _loop_source(sources, s, node.iter) for n in _names_of(node.target)}
     flow.tainted -= other
     flow.evaluation -= other
-    # names that went through a collective: passed to it, or the receiver of a reducing method
+    # names that went through a collective: passed to it, or the receiver of a reducing method; a model, a
+    # device or a loader handed to a helper that reduces (`acc = test(model, loader, device)`) is not reduced
+    # itself, nor is what the training loop computes with it
+    tools = {r for n in nodes for r in [_tool_root(n, parents)] if r}
     for node in nodes:
         if isinstance(node, ast.Call) and terminal(node.func) not in summaries and _reduces(s, node):
             for a in (*node.args, *(k.value for k in node.keywords)):
                 root = _root(a)
-                if root:
+                if root and not (isinstance(a, ast.Name) and root in tools):
                     flow.reduced.add(root)
                 elif isinstance(a, (ast.List, ast.Tuple)):
                     flow.reduced.update(r for e in a.elts for r in [_root(e)] if r)
@@ -349,6 +364,19 @@ def _told_distributed(s: Script, receiver: ast.AST) -> bool:
                     and not (isinstance(k2.value, ast.Constant) and not k2.value.value) for k2 in v.keywords):
                 return True
     return False
+
+
+def _tool_root(node: ast.AST, parents: dict[int, ast.AST]) -> str:
+    """The name a node uses as a tool rather than a value: called (`model(x)`), looped over (`for b in loader`)
+    or a placement (`x.to(device)`)."""
+    parent = parents.get(id(node))
+    if isinstance(node, ast.Name) and isinstance(parent, ast.Call) and (
+            parent.func is node or isinstance(parent.func, ast.Attribute) and parent.func.attr in ("to", "cuda")
+            and any(a is node for a in parent.args)):
+        return node.id
+    if isinstance(node, ast.Name) and isinstance(parent, (ast.For, ast.AsyncFor)) and parent.iter is node:
+        return node.id
+    return ""
 
 
 def _reassigned_from_reduced(s: Script, flow: ScopeFlow, value: ast.AST) -> bool:

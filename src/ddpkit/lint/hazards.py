@@ -164,6 +164,8 @@ def _explicit_devices(project) -> str:
     for x in project.scripts.values():
         parents = x.parents
         for n in x.nodes:
+            if isinstance(n, (ast.Constant, ast.Call)) and not project.runs(x, n):
+                continue  # a method nothing calls places nothing
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in ("cuda", "cuda:0"):
                 holder = parents.get(id(n))
                 if isinstance(holder, ast.keyword) and holder.arg == "device_type" or isinstance(holder, ast.Call) \

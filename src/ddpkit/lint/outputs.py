@@ -69,9 +69,15 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
 
 
 def _from_evaluation(s: Script, name: str) -> bool:
-    """`losses = estimate_loss()`: the value comes from an evaluation helper, not from the training batches."""
+    """`losses = estimate_loss()`: the value comes from an evaluation helper, not from the training batches; so
+    does `maps, total_loss = validate(...)` that rank 0 runs alone (under a rank check, the evaluation is its
+    own run over the set it is given; on every rank, each unpacks its own shard's figures)."""
     return any(isinstance(v, ast.Call) and is_eval_name(terminal(v.func)) for k, v in s.assignments
-               if k.lstrip(".") == name)
+               if k.lstrip(".") == name) or name in s.project.memo(("unpacked from evaluation", id(s)), lambda: {
+                   n.id for a in s.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                   and is_eval_name(terminal(a.value.func)) and s.context(a.value).level != NONE
+                   for t in a.targets if isinstance(t, (ast.Tuple, ast.List))
+                   for n in ast.walk(t) if isinstance(n, ast.Name)})
 
 
 def _object_attributes(s: Script, scope: ast.AST, leaf: ast.AST) -> set[str]:

@@ -6,6 +6,7 @@ import ast
 import re
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
+from ddpkit.lint.bindings import local_names
 from ddpkit.lint.callsites import external_levels, global_parameter
 from ddpkit.lint.imports import Modules
 
@@ -58,6 +59,7 @@ class Project:
             script.project = self
         self.acts = any(self._acts(s) for s in self.scripts.values())
         """Some file of the program does something when run (a `__main__` block, a top-level call)."""
+        self._spawned_through_helpers()
         self._collect_facts()
         self._liveness()
 
@@ -100,7 +102,14 @@ class Project:
             return None
         module, name = qualname.rsplit(".", 1)
         path = self.modules.locate(script.path, module)
-        if path is None or name not in self.scripts[path].function_names:
+        if path is not None and name not in self.scripts[path].function_names:
+            # a package's `__init__.py` re-exporting it (`from .launch import launch`): the file it comes from
+            alias = self.scripts[path].aliases.get(name, "")
+            again = self.modules.locate(path, alias.rsplit(".", 1)[0]) if "." in alias else None
+            if again is None or again == path or alias.rsplit(".", 1)[1] not in self.scripts[again].function_names:
+                return None
+            return again, alias.rsplit(".", 1)[1]
+        if path is None:
             return None
         return path, name
 
@@ -236,6 +245,74 @@ class Project:
         for path, c in classes_named:
             if c.name not in live:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
+        if not dynamic:
+            self._overridden_methods()
+
+    def _overridden_methods(self) -> None:
+        """A base class's method every subclass overrides, on a base nothing builds itself, never runs: a call
+        `obj.train()` reaches the subclass's method (the object is a subclass), and nothing calls the base's
+        through `super().train()` or `Base.train(...)`."""
+        classes: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+        for path, s in self.scripts.items():
+            for n in s.nodes:
+                if isinstance(n, ast.ClassDef):
+                    classes.setdefault(n.name, []).append((path, n))
+        built: set[str] = set()
+        named: set[str] = set()
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.Call):
+                    built.add(terminal(n.func))
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                    owner = n.value
+                    if isinstance(owner, ast.Call) and terminal(owner.func) == "super":
+                        named.add(n.attr)
+                    elif isinstance(owner, ast.Name) and owner.id in classes:
+                        named.add(n.attr)
+        for name, found in classes.items():
+            if len(found) != 1 or name in built:
+                continue
+            path, base = found[0]
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("cls", "type")
+                   for n in ast.walk(base)):
+                continue  # a factory classmethod may build the base itself
+            subclasses = [c for others in classes.values() for _, c in others
+                          if any(terminal(b) == name for b in c.bases)]
+            if not subclasses:
+                continue
+            for item in base.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not item.name.startswith("__") \
+                        and item.name not in named and all(
+                            any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == item.name
+                                for d in c.body) for c in subclasses):
+                    self.dead_blocks[path].update(id(n) for n in ast.walk(item))
+
+    def _spawned_through_helpers(self) -> None:
+        """`pp.run(worker, world_size)` at module level, where run() in another file calls mp.spawn on the function
+        it is given: the file is an mp.spawn script too. The functions handed to the helper, and what they call
+        here, run in the ranks, and so does module code outside the `__main__` block (each rank imports the
+        file again, as `__mp_main__`); the `__main__` block is the parent's alone."""
+        spawners = {(path, d.name) for path, x in self.scripts.items() if x.per_rank_functions is not None
+                    for d in x.defs if d.name not in x.per_rank_functions and any(
+                        isinstance(c, ast.Call) and x.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))
+                        for c in ast.walk(d))}
+        for s in self.scripts.values():
+            if s.per_rank_functions is not None or not spawners:
+                continue
+            handed = {a.id for c in s.calls if not s.context(c).functions and self.resolve(s, c.func) in spawners
+                      for a in (*c.args, *(k.value for k in c.keywords))
+                      if isinstance(a, ast.Name) and a.id in s.function_names}
+            if not handed:
+                continue
+            named = {d.name: {n.id for n in ast.walk(d) if isinstance(n, ast.Name)} for d in s.defs}
+            reached, todo = set(), list(handed)
+            while todo:
+                name = todo.pop()
+                if name not in reached:
+                    reached.add(name)
+                    todo.extend(named.get(name, set()) & s.function_names)
+            s.per_rank_functions = reached
+            s.parent_nodes = {id(n) for stmt in s.tree.body if _is_main_block(stmt) for n in ast.walk(stmt)}
 
     def _outside_attributes(self) -> set[int]:
         """ids of `torch.save`, `np.load`, `os.path.join`: attributes of a module that is not the project's,
@@ -459,36 +536,15 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _local_names(scope: ast.AST) -> set[str]:
-    """The parameters of a function and the names its own body assigns (not nested functions' names, not names
-    declared global): a read of one of these reads the local variable, never a module-level function."""
-    args = scope.args
-    found = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
-    declared: set[str] = set()
-    todo = list(scope.body) if isinstance(scope.body, list) else [scope.body]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, (ast.Global, ast.Nonlocal)):
-            declared.update(n.names)
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            found.add(n.id)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.add(n.name)
-            continue
-        if not isinstance(n, (*_SCOPES, ast.ClassDef)):
-            todo.extend(ast.iter_child_nodes(n))
-    return found - declared
-
-
 def _scoped_walk(node: ast.AST):
     """ast.walk, each node with the names that local variables hide from the module at that point
     (`log = logging.getLogger()` in a function does not name the module's `def log`)."""
-    todo = [(node, frozenset(_local_names(node)) if isinstance(node, _SCOPES) else frozenset())]
+    todo = [(node, frozenset(local_names(node)) if isinstance(node, _SCOPES) else frozenset())]
     while todo:
         n, shadowed = todo.pop()
         yield n, shadowed
         for child in ast.iter_child_nodes(n):
-            inner = shadowed | _local_names(child) if isinstance(child, _SCOPES) else shadowed
+            inner = shadowed | local_names(child) if isinstance(child, _SCOPES) else shadowed
             todo.append((child, inner))
 
 

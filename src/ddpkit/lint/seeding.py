@@ -71,6 +71,27 @@ def _seeded_outside(s: Script) -> bool:
     return False
 
 
+_RANDOM_USERS = frozenset({"DistributedDataParallel", "DDP", "DataLoader", "FullyShardedDataParallel", "FSDP",
+                           "randperm", "rand", "randn", "randint", "dropout", "shuffle", "choice", "sample"})
+
+
+def _uses_randomness(project) -> bool:
+    """Something in the program draws from a generator: a model is built or wrapped (weight initialisation,
+    dropout), data is loaded (shuffling, augmentation) or numbers are drawn. A program that only joins the
+    process group and prints has nothing to seed."""
+    if project.augments:
+        return True
+    for x in project.scripts.values():
+        if any(isinstance(n, ast.ClassDef) and n.bases for n in x.nodes):
+            return True
+        for c in x.calls:
+            name = x.qualname(c.func)
+            if terminal(c.func) in _RANDOM_USERS or name.startswith(("torch.nn.", "torchvision.", "timm.")) \
+                    or "random" in name:
+                return True
+    return False
+
+
 def _differs_per_rank(s: Script, call: ast.Call) -> bool:
     value = argument(call, "seed", 0)
     if value is None or s.kind(value) or _drawn_per_rank(s, value):
@@ -91,7 +112,8 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
     seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
                                             if _is_seed(script, c) and _reached(script, c)])
     if not seeds:
-        if project.memo("seeded outside", lambda: _seeded_outside(s)):
+        if project.memo("seeded outside", lambda: _seeded_outside(s)) \
+                or not project.memo("uses randomness", lambda: _uses_randomness(project)):
             return
         inits = [(x, c) for x, c in project.calls_named("init_process_group") if project.runs(x, c)]
         if inits and inits[0][0] is s:
