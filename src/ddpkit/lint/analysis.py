@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
-                               is_main_flag, is_mode_sentinel, rank_name_kind, single_setting, terminal)
+                               find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
+                               single_setting, spawn_index_names, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
@@ -110,10 +111,14 @@ class Script:
         self.star_modules = [n.module for n in self.nodes if isinstance(n, ast.ImportFrom) and n.module
                              and any(a.name == "*" for a in n.names)]
         """Modules this file imports with `from m import *`."""
+        self.external_levels = external_levels or {}
+        """Guard levels of this file's functions at their call sites in other files of the project; `?callee`
+        keys give the answer of a rank helper another file defines (see rank_helpers)."""
+        self.rank_helpers: dict[str, int] = {}
+        """Functions of this file that answer a rank question (`def is_primary(): return get_rank() == 0`, or a
+        call of such a helper): name -> how their answer depends on the rank, read from their returns."""
         self._derive_rank_names()
         self.contexts: dict[int, Context] = {}
-        self.external_levels = external_levels or {}
-        """Guard levels of this file's functions at their call sites in other files of the project."""
         self._analyse_functions()
         self.project = None
         """The Project this file belongs to (set by Project, which every lint run builds)."""
@@ -201,7 +206,10 @@ class Script:
                 return self.kind(expr.args[0])
             if name in ("get", "getenv") and expr.args and isinstance(expr.args[0], ast.Constant):
                 return rank_name_kind(str(expr.args[0].value))
-            return rank_name_kind(name)
+            helper, named = self._helper_kind(expr.func), rank_name_kind(name)
+            # the body answers for a helper the name does not describe; where both do, the weaker
+            # (`is_local_master()` over a `__local_rank` the file also derives from the global rank)
+            return named if helper is None else min(helper, named) if named else helper
         if isinstance(expr, ast.Subscript):
             key = expr.slice
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
@@ -245,6 +253,24 @@ class Script:
             return self.kind(expr.value)
         return NONE
 
+    def test_kind(self, test: ast.AST) -> int:
+        """kind() of a condition, where `if cfg.mode.gpu:` asks whether the run uses GPUs: the truth of an attribute
+        named like a GPU index that nothing in the file assigns (a config switch) does not pick ranks."""
+        bare = test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test
+        if isinstance(bare, ast.Attribute) and is_gpu_index(bare.attr) \
+                and not any(key == "." + bare.attr for key, _ in self.assignments):
+            return NONE
+        return self.kind(test)
+
+    def _helper_kind(self, func: ast.AST) -> int | None:
+        """What calling a project rank helper answers (None: the callee is no helper the program defines)."""
+        if isinstance(func, ast.Name) and func.id in self.rank_helpers:
+            return self.rank_helpers[func.id]
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls") \
+                and func.attr in self.rank_helpers:
+            return self.rank_helpers[func.attr]
+        return self.external_levels.get("?" + self.qualname(func))
+
     def _held_by_some(self, test: ast.Compare) -> int:
         """`trainer.writer is not None` where only rank-checked calls give the constructor a writer (see
         Project._constructor_levels): the test picks ranks."""
@@ -287,15 +313,17 @@ class Script:
                 break
             self.global_rank_names |= found
         self.derived = {}
+        seeds = spawn_index_names(self)
         for _ in range(8):
-            derived: dict[str, int] = {}
+            derived: dict[str, int] = dict(seeds)
             for key, value in pairs:
                 k = self.kind(value)
                 if k:
                     derived[key] = max(derived.get(key, NONE), k)
-            if derived == self.derived:
+            helpers = find_rank_helpers(self)
+            if derived == self.derived and helpers == self.rank_helpers:
                 break
-            self.derived = derived
+            self.derived, self.rank_helpers = derived, helpers
         self.rank_only: set[str] = {
             key for key, value in pairs if isinstance(value, ast.IfExp) and self.derived.get(key)
             and any(isinstance(arm, ast.Constant) and arm.value is None for arm in (value.body, value.orelse))
@@ -388,6 +416,14 @@ class Script:
         self.defs: list[ast.FunctionDef | ast.AsyncFunctionDef] = defs
         self.function_names = names
         refs = [n for n in self.nodes if _references(n, names)]
+        # `state.save(f)` on an object of a class this file defines once, whose method nothing else here names:
+        # those calls are its call sites (precision: they only add a guard to a method that had no call site)
+        methods = [d.name for d in defs if d.args.args and d.args.args[0].arg == "self"]
+        lone = {m for m in methods if methods.count(m) == 1 and [d.name for d in defs].count(m) == 1} \
+            - {terminal(r) for r in refs}
+        refs += [c.func for c in self.calls if isinstance(c.func, ast.Attribute) and c.func.attr in lone
+                 and isinstance(c.func.value, ast.Name) and c.func.value.id not in self.aliases
+                 and c.func.value.id not in ("self", "cls")]
         self.function_level: dict[str, int] = {}
         self.function_single: set[str] = set()
         """Functions called only from single-process branches (`else: train_single(...)` of `if args.distributed:`)."""
@@ -396,18 +432,26 @@ class Script:
         for _ in range(8):
             self.contexts = {}
             self._block(self.tree.body, Context())
+            ifs = {id(n): self.context(n) for n in self.nodes if isinstance(n, ast.If)}
             levels: dict[str, int] = dict(self.external_levels)
             single: dict[str, bool] = {}
+            sides: dict[str, set[tuple[int, str]]] = {}
             for ref in refs:
                 name = terminal(ref)
                 level = self.context(ref).level
                 levels[name] = min(levels.get(name, GLOBAL), level)
+                if self.context(ref).branches:
+                    sides.setdefault(name, set()).add(self.context(ref).branches[-1][:2])
                 single[name] = single.get(name, True) and self.context(ref).single
                 call = self.parents.get(id(ref))
                 for param in optional_parameters([d for d in defs if d.name == name]):
                     if not (isinstance(call, ast.Call) and call.func is ref) or passes(call, defs, name, param):
                         key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
                         levels[key] = min(levels.get(key, GLOBAL), level)
+            for name, seen in sides.items():
+                # `if rank == 0: run(writer) else: run(None)`: the two calls together run it on every rank
+                for check in {c for c, side in seen if side == "body" and (c, "else") in seen}:
+                    levels[name] = min(levels[name], ifs[check].level)
             single_names = {n for n, alone in single.items() if alone}
             decorators = self._decorator_levels(defs)
             if levels == self.function_level and single_names == self.function_single \
@@ -420,7 +464,7 @@ class Script:
     def _block(self, stmts: list[ast.stmt], ctx: Context) -> None:
         before_first: Context | None = None
         for stmt in stmts:
-            k = self.kind(stmt.test) if isinstance(stmt, ast.If) and not stmt.orelse else NONE
+            k = self.test_kind(stmt.test) if isinstance(stmt, ast.If) and not stmt.orelse else NONE
             barrier = k and any(terminal(n.func) == "barrier" for n in ast.walk(stmt) if isinstance(n, ast.Call))
             if barrier and before_first is not None:
                 ctx, before_first = before_first, None
@@ -438,6 +482,12 @@ class Script:
                 # `if model is None: return load(...)`: the rest runs for the calls that pass a model
                 passed = self.function_level.get(f"{ctx.functions[-1]}({presence_test(stmt.test)[0]})", NONE)
                 ctx = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+            elif isinstance(stmt, ast.If) and not stmt.orelse and isinstance(stmt.body[-1], _TERMINATORS) \
+                    and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or) \
+                    and max(self.kind(v) for v in stmt.test.values):
+                # `if rank != 0 or epoch % freq: return`: the rest runs only where every arm is false, so a rank
+                # arm guards it whatever the other arms say
+                ctx = ctx.guarded(max(self.kind(v) for v in stmt.test.values), stmt, "after")
             elif k and isinstance(stmt.body[-1], _TERMINATORS) and not (
                     isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And)
                     and any(not self.kind(v) for v in stmt.test.values)):
@@ -463,7 +513,7 @@ class Script:
             return
         if isinstance(node, (ast.If, ast.IfExp)):
             self._visit(node.test, ctx)
-            k = self.kind(node.test)
+            k = self.test_kind(node.test)
             body_ctx = ctx.guarded(k, node, "body") if k else ctx
             else_ctx = ctx.guarded(k, node, "else") if k else ctx
             given, branch = presence_test(node.test)
@@ -689,3 +739,4 @@ def without_grad(s: Script, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
                 terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD for d in node.decorator_list):
             return True
     return False
+

@@ -9,7 +9,7 @@ import ast
 from ddpkit.lint.bindings import optional_parameters, passes
 from ddpkit.lint.ranks import GLOBAL, NONE, terminal
 
-__all__ = ["external_levels", "global_parameter"]
+__all__ = ["external_levels", "global_parameter", "through_reexport"]
 
 
 def external_levels(project) -> dict[str, dict[str, int]]:
@@ -46,7 +46,42 @@ def external_levels(project) -> dict[str, dict[str, int]]:
                     into[key] = min(into.get(key, GLOBAL), level)
     _constructor_levels(project, levels)
     _decorator_levels(project, levels)
+    _helper_answers(project, levels)
     return levels
+
+
+def _helper_answers(project, levels: dict[str, dict[str, int]]) -> None:
+    """`dist.is_primary()` where another file of the project defines is_primary as a rank helper
+    (Script.rank_helpers), also through a package `__init__` that re-exports it: `?dist.is_primary`."""
+    for path, script in project.scripts.items():
+        for call in script.calls:
+            target = through_reexport(project, script, call.func)
+            if target is None or target[0] == path:
+                continue
+            answer = project.scripts[target[0]].rank_helpers.get(target[1])
+            if answer:
+                levels.setdefault(path, {})["?" + script.qualname(call.func)] = answer
+
+
+def through_reexport(project, script, func: ast.AST) -> tuple[str, str] | None:
+    """project.resolve, and one step further where the module found only imports the name from another file."""
+    target = project.resolve(script, func)
+    if target is not None:
+        return target
+    qualname = script.qualname(func)
+    if "." not in qualname:
+        return None
+    module, name = qualname.rsplit(".", 1)
+    path = project.modules.locate(script.path, module)
+    if path is None:
+        return None
+    for node in project.scripts[path].tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and any((a.asname or a.name) == name == a.name
+                                                                    for a in node.names):
+            source = project.modules.locate(path, node.module)  # `from .distributed import is_primary` too
+            if source is not None and source != path and name in project.scripts[source].function_names:
+                return source, name
+    return None
 
 
 def _decorator_levels(project, levels: dict[str, dict[str, int]]) -> None:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal, without_grad
+from ddpkit.lint.callsites import through_reexport
+from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
 
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
@@ -150,12 +152,14 @@ def _is_zero(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value in (0, "0")
 
 
-def _selects(s: Script, test: ast.AST) -> str:
+def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
     """Which ranks a rank check lets through: 'zero' (rank 0 only), 'others' (all but rank 0), or '' (unknown)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand), "")
+        return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand, depth), "")
     if isinstance(test, (ast.Name, ast.Attribute)):
         return "zero" if is_main_flag(terminal(test)) else ""
+    if isinstance(test, ast.Call) and depth < 4:
+        return _helper_selects(s, test.func, depth + 1)
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return ""
     left, op, right = test.left, type(test.ops[0]), test.comparators[0]
@@ -168,6 +172,23 @@ def _selects(s: Script, test: ast.AST) -> str:
     if isinstance(right, ast.Constant) and right.value == 1 and not isinstance(right.value, bool):
         return "others" if op is ast.GtE else "zero" if op is ast.Lt else ""
     return ""
+
+
+def _helper_selects(s: Script, func: ast.AST, depth: int) -> str:
+    """Which ranks a project rank helper (Script.rank_helpers) answers true for, read from its returns: the same
+    answer on every non-constant return (`is_primary()` -> `get_rank() == 0` is 'zero'), '' otherwise."""
+    home, name = s, terminal(func)
+    local = isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+        and func.value.id in ("self", "cls")
+    if not (local and name in s.rank_helpers):
+        target = through_reexport(s.project, s, func) if s.project is not None else None
+        if target is None or name not in s.project.scripts[target[0]].rank_helpers:
+            return ""
+        home = s.project.scripts[target[0]]
+    answers = {_selects(home, r.value, depth) for d in home.nodes
+               if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name
+               for r in own_returns(d) if r.value is not None and not isinstance(r.value, ast.Constant)}
+    return answers.pop() if len(answers) == 1 else ""
 
 
 def _branch_selects(s: Script, node: ast.AST | None, branch: str) -> str:
@@ -442,6 +463,35 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "all-reduce in forward, so the ranks fall out of step and the job hangs",
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
+    yield from _forward_in_helper(s, broadcasts)
+
+
+def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
+    """`if rank == 0: test(model, loader)` where test() runs the DDP model it is handed under no_grad: the
+    buffer broadcast of that forward happens on the ranks the check picks alone (reported at the call)."""
+    defs = {d.name: d for d in s.defs}
+    for call in s.calls:
+        ctx = s.context(call)
+        d = defs.get(call.func.id) if isinstance(call.func, ast.Name) else None
+        if d is None or not ctx.branches or ctx.single or _selects(s, _branch_test(s, ctx)) not in ("zero", "others"):
+            continue
+        params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+        given = {params[i]: a for i, a in enumerate(call.args) if i < len(params)}
+        given.update((k.arg, k.value) for k in call.keywords if k.arg)
+        handed = {p for p, a in given.items() if isinstance(a, ast.Name) and a.id in broadcasts}
+        inner = next((c for c in ast.walk(d) if isinstance(c, ast.Call) and (
+            isinstance(c.func, ast.Name) and c.func.id in handed or isinstance(c.func, ast.Attribute)
+            and c.func.attr == "forward" and isinstance(c.func.value, ast.Name) and c.func.value.id in handed)
+            and without_grad(s, c, s.parents) and not s.context(c).branches), None)
+        if inner is None:
+            continue
+        yield Hit(call, "DDP010", "error",
+                  f"{d.name}() runs the DistributedDataParallel model forward (line {inner.lineno}) under no_grad, "
+                  f"and it is called only when the rank check on line {ctx.branches[-1][2]} passes; DDP broadcasts "
+                  "the model's buffers (BatchNorm statistics) from rank 0 in every forward, a collective the other "
+                  "ranks never join, so the job hangs",
+                  f"hand {d.name}() the unwrapped model (model.module), or call it on every rank (or wrap with "
+                  "broadcast_buffers=False)")
 
 
 def _freezers(project) -> set[str]:
@@ -558,7 +608,8 @@ def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
             continue
         body = [c for c in ast.walk(loop) if isinstance(c, ast.Call)]
         syncs = next((c for c in body if s.is_dist_collective(c) or terminal(c.func) == "backward" and wrapped
-                      or (isinstance(c.func, ast.Name) and c.func.id in wrapped)), None)
+                      or (isinstance(c.func, ast.Name) and c.func.id in wrapped) or _syncs_in_callee(s, c, wrapped)),
+                     None)
         if syncs is None:
             continue
         yield Hit(loop, "DDP010", "error",
@@ -567,3 +618,47 @@ def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
                   f"the next collective (line {syncs.lineno}) for ranks that have stopped",
                   f"broadcast '{used}' from rank 0 before the loop (dist.broadcast_object_list([{used}], src=0)), "
                   "or compute it on every rank")
+
+
+def _syncs_in_callee(s: Script, call: ast.Call, wrapped: set[str]) -> bool:
+    """A call of a project function (this file's or another's) that makes a collective, or that is handed the
+    DDP model and runs a backward (`train(cfg, loader, model, ...)` doing `loss.backward()`)."""
+    if isinstance(call.func, ast.Name) and call.func.id in s.function_names:
+        home, name = s, call.func.id
+    else:
+        target = s.project.resolve(s, call.func)
+        if target is None:
+            return False
+        home, name = s.project.scripts[target[0]], target[1]
+    handed = any(isinstance(a, ast.Name) and a.id in wrapped for a in (*call.args, *(k.value for k in call.keywords)))
+    inner = [c for d in home.defs if d.name == name for c in ast.walk(d) if isinstance(c, ast.Call)]
+    return any(home.is_dist_collective(c) or handed and terminal(c.func) == "backward" for c in inner)
+
+
+@check
+def break_on_some_ranks(s: Script) -> Iterator[Hit]:
+    """`if rank == 0: ... break` inside a loop that backpropagates or makes collectives: only the ranks the check
+    picks leave it; the others go on to the loop's next collective and wait there alone."""
+    if not (s.distributed or s.project.distributed):
+        return
+    parents = s.parents
+    checks = {id(n): n for n in s.nodes if isinstance(n, ast.If)}
+    for stop in s.nodes:
+        if not isinstance(stop, ast.Break) or s.context(stop).single:
+            continue
+        loop = _loop_of(s, stop)
+        if loop is None or not _loop_waits(s, stop):
+            continue
+        inside = s.context(stop).branches[len(s.context(loop).branches):]
+        picked = [(checks[check], branch) for check, branch, _ in inside if check in checks]
+        if s.context(stop).level <= s.context(loop).level or not picked or any(
+                _branch_selects(s, check, branch) not in ("zero", "others") or _stop_in(
+                    check.orelse if branch == "body" else check.body) is not None for check, branch in picked):
+            continue
+        check = picked[0][0]
+        yield Hit(stop, "DDP010", "error",
+                  f"this break leaves the loop only on the ranks the check at line {check.lineno} "
+                  f"(`{ast.unparse(check.test)}`) lets through; the other ranks go on to the loop's next "
+                  "collective (DDP's gradient all-reduce) and wait there for them until the job times out",
+                  "decide on every rank together: let rank 0 set a stop flag, broadcast it "
+                  "(dist.broadcast(flag, src=0)), then every rank breaks when the flag is set")

@@ -400,7 +400,8 @@ class Project:
                 addresses.append((value, bool(s.context(n).branches)))
             elif isinstance(n, ast.Call) and terminal(n.func) == "init_process_group":
                 method = next((k.value for k in n.keywords if k.arg == "init_method"), None)
-                if isinstance(method, ast.Constant) and isinstance(method.value, str):
+                if isinstance(method, ast.Constant) and isinstance(method.value, str) \
+                        and not method.value.startswith("env://"):  # env://: the MASTER_ADDR set elsewhere
                     host = re.sub(r"^tcp://|:\d+$", "", method.value)
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)

@@ -1,4 +1,4 @@
-"""What names and expressions say about ranks: which rank a name holds, and whether a run is distributed."""
+"""What names, expressions and helpers say about ranks: which rank a name holds, and whether a run is distributed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import ast
 import re
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
-           "distributed_mode", "single_setting", "rank_name_kind", "is_main_flag", "is_mode_sentinel", "terminal"]
+           "distributed_mode", "single_setting", "rank_name_kind", "is_main_flag", "is_gpu_index", "is_mode_sentinel", "terminal",
+           "own_returns", "find_rank_helpers", "spawn_index_names"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -124,6 +125,11 @@ def _names_the_rank(tokens: list[str]) -> bool:
     return all(t.isdigit() or t in _RANK_QUALIFIERS for t in rest)
 
 
+def is_gpu_index(name: str) -> bool:
+    """A name that holds the rank only by the habit of naming the local rank after its GPU (`gpu`, `gpu_id`)."""
+    return name.lower() in _GPU_INDEX
+
+
 def is_main_flag(name: str) -> bool:
     """True for names of a flag that is true on rank 0 only (is_main, master_process), not a rank number."""
     return _MAIN_NAME.match(name.lower()) is not None
@@ -142,3 +148,71 @@ def is_mode_sentinel(node: ast.AST) -> bool:
         return node.value is None or node.value == -1
     return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
         isinstance(node.operand, ast.Constant) and node.operand.value == 1
+
+
+def spawn_index_names(script) -> dict[str, int]:
+    """The first parameter of an mp.spawn worker of `script` (a ddpkit.lint.analysis.Script) is the process index
+    mp.spawn gives it, the local rank under whatever name (`def train(device_id, args)`): that name, where
+    nothing else in the file binds it (no assignment, loop, `with ... as`, comprehension, or parameter of
+    another function)."""
+    defs = {n.name: n for n in script.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    found: dict[str, int] = {}
+    for call in script.calls:
+        if not script.qualname(call.func).endswith(("multiprocessing.spawn", "start_processes")) or not call.args \
+                or not isinstance(call.args[0], ast.Name) or call.args[0].id not in defs:
+            continue
+        worker = defs[call.args[0].id]
+        params = [*worker.args.posonlyargs, *worker.args.args]
+        if params and not rank_name_kind(params[0].arg):
+            found[params[0].arg] = LOCAL
+    if not found:
+        return found
+    bound: set[str] = set(script._bindings)
+    for node in script.nodes:
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            bound |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            bound |= {n.id for n in ast.walk(node.optional_vars) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.arguments):
+            owner = script.parents.get(id(node))
+            if not (isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef)) and found.keys() & {
+                    a.arg for a in (*node.posonlyargs, *node.args)[:1]} and any(
+                    script.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes")) and c.args
+                    and isinstance(c.args[0], ast.Name) and c.args[0].id == owner.name for c in script.calls)):
+                bound |= {a.arg for a in (*node.posonlyargs, *node.args, *node.kwonlyargs)}
+    return {k: v for k, v in found.items() if k not in bound}
+
+
+def find_rank_helpers(script) -> dict[str, int]:
+    """Functions of `script` every one of whose non-constant returns depends on the rank (`return get_rank() == 0`,
+    `return is_main_process()`); `return False` on a path without a process group does not count against.
+    A name defined twice counts only where every definition is such a helper."""
+    found: dict[str, int] = {}
+    refused: set[str] = set()
+    for d in script.nodes:
+        if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        asked = [r.value for r in own_returns(d) if r.value is not None and not isinstance(r.value, ast.Constant)]
+        kinds = [script.kind(v) for v in asked]
+        if not kinds or not all(kinds) or not all(isinstance(v, _ANSWERS) for v in asked):
+            refused.add(d.name)
+            continue
+        found[d.name] = min(found.get(d.name, GLOBAL), min(kinds))
+    return {k: v for k, v in found.items() if k not in refused}
+
+
+_ANSWERS = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Call, ast.Name, ast.Attribute)
+"""What a rank helper returns: a test or the rank itself, not arithmetic on it (`return self.rank * x`)."""
+
+
+def own_returns(d: ast.AST) -> list[ast.Return]:
+    """The return statements of a function itself, not of the functions or lambdas nested in it."""
+    found: list[ast.Return] = []
+    todo = list(ast.iter_child_nodes(d))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return):
+            found.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
