@@ -405,7 +405,18 @@ class Plan:
             for node in walk(stmt):
                 if isinstance(node, cst.Call) and dotted(node.func) == "torch.manual_seed" and node.args:
                     value = node.args[0].value
-                    if isinstance(value, cst.Integer) or root_name(value) in bound and dotted(value):
+                    if isinstance(value, cst.Integer):
+                        return value
+                    # a setting read before ddpkit.init runs: only where the script seeds unconditionally (under
+                    # an `if args.seed is not None:` it may be None) and has not set it again in between
+                    plain = isinstance(stmt, cst.SimpleStatementLine)
+                    if plain and root_name(value) in bound and dotted(value) and dotted(value) not in set().union(*(
+                            _assigned(s) for s in self.f.region[:self.f.region.index(stmt)])):
                         return value
                     return None
         return None
+
+
+def _assigned(stmt: cst.CSTNode) -> set[str]:
+    """Names and attributes a statement binds (`args.seed = ...`, `seed = ...`)."""
+    return {dotted(n.target) for n in walk(stmt) if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))}

@@ -6,7 +6,7 @@ import re
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name
+from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name, walk
 from ddpkit.port.inputs import CREATORS as _CREATORS
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
 from ddpkit.port.sums import reduce_statement
@@ -93,6 +93,8 @@ class Rewriter(cst.CSTTransformer):
         self.rank0 = 0
         """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
+        self.imports = _imported_names(facts.module)
+        """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
 
     # ---- where we are -------------------------------------------------------------------------
     @property
@@ -208,7 +210,7 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
             first = updated.args[0].with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(original.args[0].value)})"))
             return updated.with_changes(args=[first, *updated.args[1:]])
-        if id(original) in self.p.add_kwarg:
+        if id(original) in self.p.add_kwarg and self._library_call(name, self.p.add_kwarg[id(original)][0]):
             self.changes += 1
             word, value = self.p.add_kwarg[id(original)]
             return updated.with_changes(args=_comma_args([*updated.args, _arg(word, parse_expr(value))]))
@@ -224,6 +226,26 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # evaluation shards differ in length: the unwrapped module never synchronises
             return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
         return updated
+
+    def _library_call(self, name: str, keyword: str) -> bool:
+        """`random_split` gets generator= only where it is torch's, `train_test_split` random_state= only
+        sklearn's: the script's own function of that name may take no such keyword."""
+        root, _, rest = name.partition(".")
+        if root not in self.imports:
+            return False
+        full = f"{self.imports[root]}.{rest}" if rest else self.imports[root]
+        return full.startswith("sklearn." if keyword == "random_state" else "torch.")
+
+    def _saves(self, call: cst.Call) -> bool:
+        """torch.save, or a save helper of another module (`utils.save_checkpoint(model, ...)`) given the model:
+        it gets the model itself (keys without `module.`), and rank 0 alone writes."""
+        name = dotted(call.func)
+        if name == "torch.save":
+            return True
+        if not name or self.f.callees(call, self.key) or not re.search(r"save|checkpoint", name.rsplit(
+                ".", 1)[-1], re.IGNORECASE) or root_name(call.func) in ("ddpkit", "np", "numpy", "plt", "self"):
+            return False
+        return any(self.role(a.value) == "model" for a in call.args)
 
     def _bypasses_ddp(self, original: cst.Call) -> bool:
         """`model.encode(x)` in a training step: the model's own method, not forward, with gradients on."""
@@ -272,6 +294,10 @@ class Rewriter(cst.CSTTransformer):
         return updated
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        # `args.device = torch.device(...)`: the script's own device setting is bound to ctx.device (code the
+        # port does not touch reads it), never turned into `ctx.device = ...`
+        updated = updated.with_changes(targets=[o if _args_device(o.target) else u
+                                                for o, u in zip(original.targets, updated.targets)])
         if id(original) in self.p.scale_world and self.in_ctx():
             self.changes += 1  # this rank's batch only: every rank processed as many samples in that time
             value = cst.Module([]).code_for_node(updated.value)
@@ -364,13 +390,18 @@ class Rewriter(cst.CSTTransformer):
         return updated
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        if len(original.body) == 1 and _pins_devices(original.body[0]):
+            self.changes += 1  # the launcher gives each rank its device: one visible GPU would leave the others none
+            return cst.RemoveFromParent()
         if not self.in_ctx():
             return updated
         kept = [s for s, o in zip(updated.body, original.body) if not _is_identity(s, o)]
         if not kept:
             self.changes += 1
             return cst.RemoveFromParent()
-        updated = updated.with_changes(body=[*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+        if len(kept) < len(updated.body):  # a statement dropped: the line's last one ends it (no `;` left hanging)
+            updated = updated.with_changes(body=[*kept[:-1], kept[-1].with_changes(
+                semicolon=original.body[-1].semicolon)])
         first = updated.body[0]
         if isinstance(first, cst.Assign) and len(first.targets) == 1 and _chooses_device(first):
             updated = updated.with_changes(body=[first.with_changes(value=parse_expr("ctx.device")), *updated.body[1:]])
@@ -382,11 +413,10 @@ class Rewriter(cst.CSTTransformer):
             updated = updated.with_changes(body=[assign.with_changes(value=wrapped), *updated.body[1:]])
             self.changes += 1
         saves = [s for s in updated.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
-                 and dotted(s.value.func) == "torch.save"]
+                 and self._saves(s.value)]
         if saves and len(updated.body) == 1:
             call = saves[0].value
-            args = [a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(a.value)})"))
-                    if self.role(a.value) == "model" else a for a in call.args]
+            args = [a.with_changes(value=a.value.visit(_Unwrap(self))) for a in call.args]
             line = updated.with_changes(body=[saves[0].with_changes(value=call.with_changes(args=args))],
                                         leading_lines=[])
             self.changes += 1
@@ -435,6 +465,63 @@ class Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel([*before, updated, *after])
         return updated
+
+
+class _Unwrap(cst.CSTTransformer):
+    """The model where it is saved (`{"model": model}` too): ddpkit.unwrap(model), never the DDP wrapper."""
+
+    def __init__(self, rewriter: Rewriter) -> None:
+        super().__init__()
+        self.r = rewriter
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return False  # `model.state_dict()` is already read from the unwrapped model
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:  # only containers: a comprehension binds its own names
+        if isinstance(node, (cst.ListComp, cst.DictComp, cst.SetComp, cst.GeneratorExp, cst.Lambda)):
+            return False
+        return super().on_visit(node)
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return parse_expr(f"ddpkit.unwrap({original.value})") if self.r.role(original) == "model" else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return parse_expr(f"ddpkit.unwrap({dotted(original)})") if self.r.role(original) == "model" else updated
+
+
+def _imported_names(module: cst.Module) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted(alias.name)
+                local = alias.asname.name.value if alias.asname else full.split(".")[0]
+                found[local] = full if alias.asname else local
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) and node.module:
+            for alias in node.names:
+                local = alias.asname.name.value if alias.asname else dotted(alias.name)
+                found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
+    return found
+
+
+def _pins_devices(small: cst.BaseSmallStatement) -> bool:
+    """`os.environ["CUDA_VISIBLE_DEVICES"] = "0"`, `os.environ.setdefault("CUDA_VISIBLE_DEVICES", ...)`."""
+    code = cst.Module([]).code_for_node
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        return isinstance(target, cst.Subscript) and dotted(target.value) == "os.environ" and \
+            "CUDA_VISIBLE_DEVICES" in code(target)
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and \
+            dotted(small.value.func) == "os.environ.setdefault" and small.value.args:
+        return "CUDA_VISIBLE_DEVICES" in code(small.value.args[0].value)
+    return False
+
+
+def _args_device(target: cst.BaseExpression) -> bool:
+    return isinstance(target, cst.Attribute) and target.attr.value == "device" and dotted(target.value) in ARGS_ROOTS
 
 
 def _on_device(value: cst.BaseExpression) -> cst.BaseExpression:

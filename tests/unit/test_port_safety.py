@@ -1,0 +1,92 @@
+"""`ddpkit port` never breaks what it touches: each rewrite keeps the script running where the original ran."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import runpy
+import sys
+from pathlib import Path
+
+from ddpkit.port import main, port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port_text(text: str):
+    return port_source(text, "script.py")
+
+
+def _run(path: Path, args: list[str], monkeypatch) -> dict:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(path), run_name="__main__")
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_the_ported_safety_fixture_runs_at_world_size_1(tmp_path, monkeypatch):
+    source = FIXTURES / "rewrite_safety.py"
+    result = port_source(source.read_text(), str(source))
+    code = result.code
+    # a seed only set under `if args.seed is not None:` may be None: ddpkit.init keeps its own default
+    assert "with ddpkit.init() as ctx:" in code
+    # the script's own split function takes no generator
+    assert "random_split(TensorDataset(x, y), [192, 64])\n" in code
+    # the script's device variable is bound, not turned into `ctx.device = ctx.device`
+    assert "args.device = ctx.device" in code and "ctx.device = ctx.device" not in code
+    assert "CUDA_VISIBLE_DEVICES" not in code  # every rank would see one GPU
+    assert 'torch.save({"model": ddpkit.unwrap(net), "steps": steps}, args.out)' in code
+    assert "steps = 0;" in code  # an untouched line keeps its bytes
+    ported = tmp_path / "ported.py"
+    ported.write_text(code)
+    out = tmp_path / "ckpt.pt"
+    assert _run(ported, ["--out", str(out)], monkeypatch)["mse"] < 1e-3
+    import torch
+
+    saved = torch.load(out, weights_only=False)
+    assert type(saved["model"]).__name__ == "Linear"  # the model itself, not the DDP wrapper
+
+
+def test_a_seed_set_again_before_the_manual_seed_is_not_read_before_init():
+    code = _port_text(
+        "import argparse\nimport random\nimport torch\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--seed', type=int, default=1)\nargs = p.parse_args()\n"
+        "args.seed = random.randint(0, 100)\ntorch.manual_seed(args.seed)\n"
+        "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n").code
+    assert "ctx = ddpkit.init()\n" in code
+
+
+def test_a_save_helper_of_another_module_gets_the_model_on_rank_0():
+    code = _port_text(
+        "import torch\nimport utils\nfrom torch.utils.data import DataLoader\n\n"
+        "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "loader = DataLoader(utils.data(), batch_size=8)\n"
+        "for x, y in loader:\n    opt.zero_grad()\n    torch.nn.functional.mse_loss(net(x), y).backward()\n"
+        "    opt.step()\n"
+        "utils.save_model(model=net, target_dir='out', model_name='net.pt')\n").code
+    assert "if ctx.is_main:\n    utils.save_model(model=ddpkit.unwrap(net), target_dir='out'" in code
+
+
+def test_torch_random_split_still_gets_its_generator():
+    code = _port_text(
+        "import torch\nfrom torch.utils import data\n\n"
+        "ds = data.TensorDataset(torch.randn(10, 2), torch.randn(10, 1))\na, b = data.random_split(ds, [8, 2])\n"
+        "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n").code
+    assert "data.random_split(ds, [8, 2], generator=torch.Generator().manual_seed(0))" in code
+
+
+def test_crlf_bom_and_semicolons_outside_the_changes_keep_their_bytes(tmp_path):
+    source = (FIXTURES / "rewrite_safety.py").read_text()
+    script = tmp_path / "crlf.py"
+    script.write_bytes(("\ufeff" + source).replace("\n", "\r\n").encode("utf-8"))
+    out = tmp_path / "crlf_ddp.py"
+    assert main([str(script), "-o", str(out)]) == 0
+    data = out.read_bytes()
+    assert data.startswith("\ufeff".encode("utf-8"))
+    assert data.count(b"\n") == data.count(b"\r\n")  # no line of LF alone
+    ast.parse(data.decode("utf-8-sig"))
