@@ -90,3 +90,23 @@ def test_crlf_bom_and_semicolons_outside_the_changes_keep_their_bytes(tmp_path):
     assert data.startswith("\ufeff".encode("utf-8"))
     assert data.count(b"\n") == data.count(b"\r\n")  # no line of LF alone
     ast.parse(data.decode("utf-8-sig"))
+
+
+def test_a_module_level_model_wrapped_inside_a_function_is_declared_global(tmp_path, monkeypatch):
+    source = FIXTURES / "global_model.py"
+    code = port_source(source.read_text(), str(source)).code
+    assert '    """Train the module-level model."""\n    global model  # ddpkit port:' in code
+    ported = tmp_path / "ported.py"
+    ported.write_text(code)
+    assert _run(ported, [], monkeypatch)["mse"] < 1e-3  # no UnboundLocalError on the function's first read
+
+
+def test_a_module_named_like_the_model_is_read_as_the_module_where_the_model_is_built():
+    code = _port_text(
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom nets import defs as model\n\n"
+        "loader = DataLoader(torch.randn(8, 3), batch_size=4)\nmodel = model.Reg(3)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in loader:\n    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n"
+        "print(model.lin.weight)\n").code
+    assert "model = ddpkit.wrap(model.Reg(3), ctx)" in code
+    assert "ddpkit.print0(ctx, ddpkit.unwrap(model).lin.weight)" in code  # after the build: the model

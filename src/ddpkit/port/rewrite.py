@@ -94,6 +94,10 @@ class Rewriter(cst.CSTTransformer):
         """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
         self.imports = _imported_names(facts.module)
+        self.rebinding_stack: list[set[str]] = []
+        """Per Assign being visited: its targets that name an imported module (read in its value as the module)."""
+        self.globals_needed: dict[str, set[str]] = {}
+        """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
         """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
 
     # ---- where we are -------------------------------------------------------------------------
@@ -122,6 +126,8 @@ class Rewriter(cst.CSTTransformer):
             self.rank0 += 1
         if id(node) in self._nodes_to_keys:
             self.keys.append(self._nodes_to_keys[id(node)])
+        if isinstance(node, cst.Assign):  # its value reads the names' earlier binding: an imported module
+            self.rebinding_stack.append({dotted(t.target) for t in node.targets} & set(self.imports))
         if isinstance(node, cst.For) and self.in_ctx():
             role = self.p.loop_role(self.key, node)
             if role:
@@ -141,6 +147,8 @@ class Rewriter(cst.CSTTransformer):
             result = self._finish_statement(original, result)
         if id(original) in self._nodes_to_keys:
             self.keys.pop()
+        if isinstance(original, cst.Assign):
+            self.rebinding_stack.pop()
         if _no_grad(original):
             self.no_grad -= 1
         if id(original) in self.region:
@@ -148,6 +156,10 @@ class Rewriter(cst.CSTTransformer):
         if id(original) in self.p.guard:
             self.rank0 -= 1
         return result
+
+    @property
+    def rebinding(self) -> set[str]:
+        return set().union(*self.rebinding_stack) if self.rebinding_stack else set()
 
     def _batch_names(self) -> set[str]:
         return set().union(*(names for names, _ in self.batches)) if self.batches else set()
@@ -288,7 +300,8 @@ class Rewriter(cst.CSTTransformer):
             if self.role(updated.value) == "model":
                 return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
             return updated.value
-        if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
+        if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model" and \
+                dotted(updated.value) not in self.rebinding:  # `model = model.Net()`: the imported module `model`
             self.changes += 1
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
         return updated
@@ -424,6 +437,30 @@ class Rewriter(cst.CSTTransformer):
                           leading_lines=updated.leading_lines)
         return updated
 
+    def _declare_global(self, stmt: cst.BaseStatement) -> None:
+        """`model = ddpkit.wrap(model, ctx)` in a function that only reads a module-level `model`: assigning it
+        there would make it local (UnboundLocalError on its first read), so the function declares it global."""
+        scope = self.f.scopes.get(self.key)
+        if scope is None or not isinstance(scope.node, cst.FunctionDef) or not isinstance(stmt, cst.SimpleStatementLine):
+            return
+        targets = [t.target.value for s in stmt.body if isinstance(s, cst.Assign) for t in s.targets
+                   if isinstance(t.target, cst.Name)]
+        bound = _local_names(scope.node)
+        self.globals_needed.setdefault(self.key, set()).update(t for t in targets if t not in bound)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        names = self.globals_needed.pop(self.key, set()) if self._nodes_to_keys.get(id(original)) == self.key else ()
+        if not names or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        first = body[0] if body else None
+        doc = isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr) and isinstance(
+            first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        line = cst.parse_statement(f"global {', '.join(sorted(names))}  # ddpkit port: wrapped here, built outside\n")
+        at = 1 if doc else 0
+        self.changes += 1
+        return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], line, *body[at:]]))
+
     def _finish_statement(self, original: cst.BaseStatement, updated):
         notes = self.p.notes.get(id(original), [])
         before = []
@@ -448,6 +485,7 @@ class Rewriter(cst.CSTTransformer):
         for line in self.p.wrap_before.get(id(original), []):
             before.append(cst.parse_statement(f"{line}\n"))
             self.changes += 1
+            self._declare_global(before[-1])
         for name, kind in self.p.reduce_after.get(id(original), []):
             after.append(cst.parse_statement(reduce_statement(name, kind)))
             self.changes += 1
@@ -518,6 +556,21 @@ def _pins_devices(small: cst.BaseSmallStatement) -> bool:
             dotted(small.value.func) == "os.environ.setdefault" and small.value.args:
         return "CUDA_VISIBLE_DEVICES" in code(small.value.args[0].value)
     return False
+
+
+def _local_names(func: cst.FunctionDef) -> set[str]:
+    """Names a function binds itself (parameters, assignments, loop and with targets) or declares global."""
+    names = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    names.update(p.name.value for p in (func.params.star_arg, func.params.star_kwarg) if isinstance(p, cst.Param))
+    declared: set[str] = set()
+    for node in walk(func.body):
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)):
+            names.update(n.value for n in _names(node.target))
+        elif isinstance(node, cst.AsName):
+            names.update(n.value for n in _names(node.name))
+        elif isinstance(node, cst.Global):
+            declared.update(n.name.value for n in node.names)
+    return names | declared
 
 
 def _args_device(target: cst.BaseExpression) -> bool:
