@@ -110,3 +110,22 @@ def test_a_module_named_like_the_model_is_read_as_the_module_where_the_model_is_
         "print(model.lin.weight)\n").code
     assert "model = ddpkit.wrap(model.Reg(3), ctx)" in code
     assert "ddpkit.print0(ctx, ddpkit.unwrap(model).lin.weight)" in code  # after the build: the model
+
+
+def test_a_model_moved_to_the_gpu_only_under_a_setting_keeps_that_setting(tmp_path, monkeypatch):
+    source = FIXTURES / "device_flag.py"
+    code = port_source(source.read_text(), str(source)).code
+    # without --cuda the original trains on the CPU, where its inputs stay: ddpkit.init's device follows the flag
+    assert 'ctx = ddpkit.init(device="auto" if args.cuda else "cpu")' in code
+    ported = tmp_path / "ported.py"
+    ported.write_text(code)
+    assert _run(ported, [], monkeypatch)["mse"] < 1e-2
+
+
+def test_an_availability_check_alone_leaves_the_device_to_init():
+    code = _port_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n\n"
+        "loader = DataLoader(torch.randn(8, 3), batch_size=4)\nnet = torch.nn.Linear(3, 1)\n"
+        "if torch.cuda.is_available():\n    net.cuda()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in loader:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n").code
+    assert "ctx = ddpkit.init()\n" in code

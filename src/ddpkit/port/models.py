@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
 
 __all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver"]
 
@@ -421,3 +421,45 @@ def _plan_data_parallel(plan: Any) -> None:
             if isinstance(stmt, cst.SimpleStatementLine):
                 plan.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
                                            for t in s.targets if dotted(t.target))
+
+
+def plan_device_flag(plan: Any) -> str | None:
+    """`if args.cuda: model.cuda()`: the script runs on the CPU unless a setting says otherwise, and its inputs
+    follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
+    same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
+    ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
+    bound = plan.bound_before_init()
+    assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
+                if isinstance(n, cst.AssignTarget)}
+    found: set[str] = set()
+    for key in sorted(plan.f.ported):
+        for stmt in _moves_of(plan, key):
+            parent = plan._parent.get(id(stmt))
+            if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
+                continue
+            test = parent.test
+            code = plan.f.code(test)
+            attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
+            roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
+            chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
+            if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
+                continue
+            if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
+                return None
+            found.add(code)
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
+    """Statements that only move a model to the GPU: `model.cuda()`, `model = model.to(device)`."""
+    out = []
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+            continue
+        small = node.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        receiver = move_receiver(value) if value is not None else None
+        if receiver is not None and plan.role(key, dotted(receiver)) == "model" and (
+                isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
+            out.append(node)
+    return out

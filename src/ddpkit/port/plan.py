@@ -10,7 +10,8 @@ from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, stat
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_device_datasets, plan_no_loader
-from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
+                                plan_models)
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
@@ -108,6 +109,8 @@ class Plan:
         plan_ranks(self)
         plan_device_datasets(self)
         self.seed = self._seed()
+        self.device_flag = plan_device_flag(self)
+        """`args.cuda` where the script moves its model to the GPU only `if args.cuda:`: ddpkit.init's device follows it."""
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:
@@ -394,13 +397,18 @@ class Plan:
         return role if role in ("train", "eval") else None
 
     # ---- init ---------------------------------------------------------------------------------
-    def _seed(self) -> cst.BaseExpression | None:
+    def bound_before_init(self) -> set[str]:
+        """Names the entry point binds before ddpkit.init() runs (its parameters, the parsed arguments)."""
         bound = set(self.f.scopes[self.f.entry_key].params) if not self.f.ctx_global else set()
         entry_node = self.f.entry_owner if self.f.ctx_global else self.f.scopes[self.f.entry_key].node
         for stmt in statements_of(entry_node):
             if stmt in self.f.region:
                 break
             bound.update(dotted(n.target) for n in walk(stmt) if isinstance(n, cst.AssignTarget))
+        return bound
+
+    def _seed(self) -> cst.BaseExpression | None:
+        bound = self.bound_before_init()
         for stmt in self.f.region:
             for node in walk(stmt):
                 if isinstance(node, cst.Call) and dotted(node.func) == "torch.manual_seed" and node.args:
