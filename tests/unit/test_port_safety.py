@@ -129,3 +129,11 @@ def test_an_availability_check_alone_leaves_the_device_to_init():
         "if torch.cuda.is_available():\n    net.cuda()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
         "for x in loader:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n").code
     assert "ctx = ddpkit.init()\n" in code
+
+
+def test_a_state_sized_by_the_global_batch_outside_the_loop_rule_is_a_todo():
+    source = FIXTURES / "batch_sized_state.py"
+    result = port_source(source.read_text(), str(source))
+    assert result.exit_code == 3
+    messages = [t.message for t in result.todos]
+    assert any(m.startswith("`net.init_hidden(8)` is sized by the batch size 8") for m in messages), messages

@@ -9,7 +9,7 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
-from ddpkit.port.inputs import plan_device_datasets, plan_no_loader
+from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
                                 plan_models)
 from ddpkit.port.ranks import library_loader, plan_ranks
@@ -98,6 +98,7 @@ class Plan:
             plan_autograd_grad(self)
             check_rebound(self)
         self._plan_batch_size_uses()
+        plan_batch_dependents(self)
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
