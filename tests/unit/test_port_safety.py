@@ -137,3 +137,18 @@ def test_a_state_sized_by_the_global_batch_outside_the_loop_rule_is_a_todo():
     assert result.exit_code == 3
     messages = [t.message for t in result.todos]
     assert any(m.startswith("`net.init_hidden(8)` is sized by the batch size 8") for m in messages), messages
+
+
+def test_the_scripts_own_gpu_choice_goes_and_an_explicit_cpu_move_stays():
+    code = _port_text(
+        "import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--gpu', type=int, default=0)\nargs = p.parse_args()\n"
+        "torch.cuda.set_device(args.gpu)\n"
+        "loader = DataLoader(torch.randn(8, 3), batch_size=4)\nnet = torch.nn.Linear(3, 1).cuda()\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "with torch.cuda.device(args.gpu):\n"
+        "    for x in loader:\n        opt.zero_grad()\n        net(x.cuda()).sum().backward()\n        opt.step()\n"
+        "net.to('cpu')\nwith torch.no_grad():\n    print(net(torch.zeros(1, 3)))\n").code
+    assert "set_device" not in code  # ddpkit.init chose this rank's GPU
+    assert "with torch.cuda.device(ctx.device):" in code
+    assert "\nnet.to('cpu')\n" in code  # the CPU sampling below keeps its CPU model

@@ -36,6 +36,16 @@ def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
     return None
 
 
+def moves_to_cpu(call: cst.CSTNode) -> bool:
+    """`model.to("cpu")`, `x.to(torch.device("cpu"))`: an explicit move to the CPU (to sample or export there)."""
+    if move_receiver(call) is None or call.func.attr.value != "to":
+        return False
+    arg = next(a.value for a in call.args if a.keyword is None)
+    if isinstance(arg, cst.Call) and dotted(arg.func) == "torch.device" and arg.args:
+        arg = arg.args[0].value
+    return isinstance(arg, cst.SimpleString) and arg.evaluated_value == "cpu"
+
+
 def _owner(name: str) -> str:
     """The module a parameter source belongs to: `model.fc` -> 'model', `self.encoder.rnn` -> 'self.encoder'."""
     parts = name.split(".")
@@ -458,7 +468,7 @@ def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
             continue
         small = node.body[0]
         value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        receiver = move_receiver(value) if value is not None else None
+        receiver = move_receiver(value) if value is not None and not moves_to_cpu(value) else None
         if receiver is not None and plan.role(key, dotted(receiver)) == "model" and (
                 isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
             out.append(node)

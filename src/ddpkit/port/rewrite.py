@@ -8,6 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name, walk
 from ddpkit.port.inputs import CREATORS as _CREATORS
+from ddpkit.port.models import moves_to_cpu
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
 from ddpkit.port.sums import reduce_statement
 
@@ -185,6 +186,8 @@ class Rewriter(cst.CSTTransformer):
         name = dotted(updated.func)
         receiver = move_receiver(updated)
         if receiver is not None:
+            if self.role(receiver) == "model" and moves_to_cpu(updated):
+                return updated  # `model.to("cpu")` to sample on the CPU: the script's inputs there stay there
             if self.role(receiver) == "model" or root_name(receiver) in self._batch_names():
                 self.changes += 1
                 return receiver
@@ -198,6 +201,9 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # the model and its outputs live on ctx.device: numpy() reads host memory only
             return updated.with_changes(func=updated.func.with_changes(value=cst.Call(cst.Attribute(
                 updated.func.value, cst.Name("cpu")))))
+        if name == "torch.cuda.device" and len(updated.args) == 1 and dotted(updated.args[0].value) != "ctx.device":
+            self.changes += 1  # `with torch.cuda.device(args.gpu):` would put every rank on one GPU
+            return updated.with_changes(args=[updated.args[0].with_changes(value=parse_expr("ctx.device"))])
         if name == "print":
             self.changes += 1
             return updated.with_changes(func=parse_expr("ddpkit.print0"),
@@ -408,6 +414,10 @@ class Rewriter(cst.CSTTransformer):
             return cst.RemoveFromParent()
         if not self.in_ctx():
             return updated
+        if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and isinstance(
+                original.body[0].value, cst.Call) and dotted(original.body[0].value.func) == "torch.cuda.set_device":
+            self.changes += 1  # ddpkit.init selected this rank's GPU: the script's own choice would pin every rank
+            return cst.RemoveFromParent()
         kept = [s for s, o in zip(updated.body, original.body) if not _is_identity(s, o)]
         if not kept:
             self.changes += 1
