@@ -152,3 +152,17 @@ def test_the_scripts_own_gpu_choice_goes_and_an_explicit_cpu_move_stays():
     assert "set_device" not in code  # ddpkit.init chose this rank's GPU
     assert "with torch.cuda.device(ctx.device):" in code
     assert "\nnet.to('cpu')\n" in code  # the CPU sampling below keeps its CPU model
+
+
+def test_a_sum_read_in_a_rank_0_write_is_computed_by_every_rank_before_it():
+    source = FIXTURES / "rank0_report.py"
+    result = port_source(source.read_text(), str(source))
+    code = result.code
+    assert result.exit_code == 0, result.todos
+    hoisted = code.index("total_all_ranks = ddpkit.all_reduce_sum(ctx, total).item()")
+    guard = code.index("if ctx.is_main:", hoisted)
+    assert hoisted < guard < code.index("(total_all_ranks / ctx.world_size) / (i + 1)")
+    guards = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.If) and ast.unparse(n.test) == "ctx.is_main"]
+    assert len(guards) == 2
+    for guard_node in guards:  # no collective left where rank 0 alone runs
+        assert "ddpkit.all_reduce" not in ast.unparse(guard_node), ast.unparse(guard_node)

@@ -98,6 +98,8 @@ class Rewriter(cst.CSTTransformer):
         self.rebinding_stack: list[set[str]] = []
         """Per Assign being visited: its targets that name an imported module (read in its value as the module)."""
         self.globals_needed: dict[str, set[str]] = {}
+        self.used_names: set[str] = set()
+        """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
         """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
         """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
 
@@ -447,6 +449,72 @@ class Rewriter(cst.CSTTransformer):
                           leading_lines=updated.leading_lines)
         return updated
 
+    def _hoist_collectives(self, original: cst.BaseStatement, guarded: cst.If):
+        """`if ctx.is_main: writer.add_scalar(..., ddpkit.all_reduce_sum(ctx, x).item())`: a collective only rank 0
+        joins would wait forever. Every rank computes it just before the guard; rank 0 then reports the result."""
+        found: list[cst.BaseExpression] = []
+        bound: set[str] = set()
+
+        class Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> bool:
+                if _is_collective(node):
+                    found.append(node)
+                    return False
+                return True
+
+            def visit_AsName(self, node: cst.AsName) -> None:
+                bound.update(n.value for n in _names(node.name))
+
+            def visit_CompFor(self, node: cst.CompFor) -> None:
+                bound.update(n.value for n in _names(node.target))
+
+            def visit_For(self, node: cst.For) -> None:
+                bound.update(n.value for n in _names(node.target))
+
+        guarded.body.visit(Find())
+        if not found:
+            return [], guarded
+        reads = {n.value for call in found for n in walk(call) if isinstance(n, cst.Name)}
+        if reads & bound:
+            self.p.todo(original, "this report runs on rank 0 only but needs a value summed over every rank (a "
+                        "collective every rank must join): compute that value on every rank before the report")
+            return [], guarded
+        code = cst.Module([]).code_for_node
+        names: dict[str, str] = {}
+        statements = []
+        for call in found:
+            text = code(call)
+            if text in names:
+                continue
+            names[text] = self._fresh_name(call)
+            statements.append(cst.parse_statement(f"{names[text]} = {text}  # every rank joins the sum; rank 0 "
+                                                  "reports it\n"))
+
+        class Replace(cst.CSTTransformer):
+            def leave_Call(self, orig: cst.Call, upd: cst.Call) -> cst.BaseExpression:
+                return cst.Name(names[code(orig)]) if _is_collective(orig) and code(orig) in names else upd
+
+        self.changes += 1
+        return statements, guarded.with_changes(body=guarded.body.visit(Replace()))
+
+    def _fresh_name(self, call: cst.Call) -> str:
+        while isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call):
+            call = call.func.value  # `ddpkit.all_reduce_sum(ctx, x).item()`: named after x
+        arg = call.args[1].value if len(call.args) > 1 else None
+        if isinstance(arg, cst.Name):
+            base = f"{arg.value}_all_ranks"
+        elif isinstance(arg, cst.Call) and dotted(arg.func) == "len" and arg.args and isinstance(
+                arg.args[0].value, cst.Name):
+            base = f"{arg.args[0].value.value}_batches_all_ranks"
+        else:
+            base = "summed_all_ranks"
+        name, n = base, 1
+        while name in self.used_names or re.search(rf"\b{name}\b", self.f.code(self.f.module)):
+            n += 1
+            name = f"{base}_{n}"
+        self.used_names.add(name)
+        return name
+
     def _declare_global(self, stmt: cst.BaseStatement) -> None:
         """`model = ddpkit.wrap(model, ctx)` in a function that only reads a module-level `model`: assigning it
         there would make it local (UnboundLocalError on its first read), so the function declares it global."""
@@ -479,6 +547,9 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # one writer: the other ranks would write the same file at the same time
             updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
                 leading_lines=[])]), leading_lines=updated.leading_lines)
+        if _made_main_guard(original, updated):
+            hoisted, updated = self._hoist_collectives(original, updated)
+            before.extend(hoisted)
         if id(original) in self.p.main_first:
             self.changes += 1
             before.append(cst.parse_statement("if not ctx.is_main:  # rank 0 downloads first; the others then read "
@@ -553,6 +624,23 @@ def _imported_names(module: cst.Module) -> dict[str, str]:
                 local = alias.asname.name.value if alias.asname else dotted(alias.name)
                 found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
     return found
+
+
+def _is_collective(node: cst.Call) -> bool:
+    """`ddpkit.all_reduce_sum(ctx, x)` and what is read from it (`.item()`): a call every rank must make."""
+    inner = node
+    while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and isinstance(inner.func.value,
+                                                                                             cst.Call):
+        inner = inner.func.value
+    return isinstance(inner, cst.Call) and re.fullmatch(r"ddpkit\.(all_reduce\w*|all_gather\w*|broadcast\w*|barrier)",
+                                                         dotted(inner.func)) is not None
+
+
+def _made_main_guard(original: cst.CSTNode, updated: cst.CSTNode) -> bool:
+    """The port put this statement under `if ctx.is_main:` (the script had no such guard)."""
+    code = cst.Module([]).code_for_node
+    return isinstance(updated, cst.If) and code(updated.test) == "ctx.is_main" and not (
+        isinstance(original, cst.If) and code(original.test) == "ctx.is_main")
 
 
 def _pins_devices(small: cst.BaseSmallStatement) -> bool:
