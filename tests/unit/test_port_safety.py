@@ -166,3 +166,11 @@ def test_a_sum_read_in_a_rank_0_write_is_computed_by_every_rank_before_it():
     assert len(guards) == 2
     for guard_node in guards:  # no collective left where rank 0 alone runs
         assert "ddpkit.all_reduce" not in ast.unparse(guard_node), ast.unparse(guard_node)
+
+
+def test_a_module_forward_never_reads_is_wrapped_with_find_unused_parameters():
+    source = FIXTURES / "ema_inside.py"
+    result = port_source(source.read_text(), str(source))
+    assert result.exit_code == 0, result.todos  # update_average is @torch.no_grad(): it trains nothing
+    assert "model = ddpkit.wrap(Averaged(), ctx, find_unused_parameters=True)" in result.code
+    assert "Averaged.forward never reads self.avg" in result.code

@@ -473,3 +473,66 @@ def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
                 isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
             out.append(node)
     return out
+
+
+def plan_unused_parameters(plan: Any) -> None:
+    """A model class of this file that holds a module its forward never reads (an EMA copy, a head used only to
+    evaluate): DDP waits for that module's gradients, which never come, and fails at the second step. Such a
+    model is wrapped with find_unused_parameters=True (slower; correct)."""
+    plan.unused_inline = set()
+    for (key, model), built in list(plan.built.items()):
+        value = _assigned_value(built, model)
+        cls = dotted(value.func) if isinstance(value, cst.Call) else ""
+        unread = _unread_modules(plan.f, cls) if cls in plan.f.classes else []
+        if not unread:
+            continue
+        plan.note(built, f"{cls}.forward never reads self.{unread[0]}: its parameters get no gradient, so DDP runs "
+                  "with find_unused_parameters=True (slower); drop the module from the optimizer's parameters or "
+                  "keep it outside the model to train faster")
+        if id(built) in plan.wrap_inline:
+            plan.unused_inline.add(id(built))
+        plain = f"ddpkit.wrap({model}, ctx)"
+        for anchor, lines in plan.wrap_before.items():
+            plan.wrap_before[anchor] = [line.replace(plain, f"ddpkit.wrap({model}, ctx, find_unused_parameters=True)")
+                                        if line.startswith(f"{model} = ") else line for line in lines]
+
+
+def _assigned_value(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) and dotted(
+            stmt.body[0].targets[0].target) == name:
+        return _bare(stmt.body[0].value)
+    return None
+
+
+def _unread_modules(facts: Any, cls: str) -> list[str]:
+    """Attributes `self.x = <module>` set in the class's __init__ that forward (and the methods it calls) never
+    read; [] when the class has no forward of its own or reads attributes by name (getattr)."""
+    methods = {k.split(".", 1)[1]: s.node for k, s in facts.scopes.items() if s.cls == cls}
+    if "forward" not in methods or "__init__" not in methods:
+        return []
+    modules = []
+    for node in walk(methods["__init__"].body):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
+            target = dotted(node.targets[0].target)
+            func = dotted(node.value.func)
+            if target.startswith("self.") and target.count(".") == 1 and (
+                    func.startswith(("nn.", "torch.nn.")) and func.rsplit(".", 1)[-1][:1].isupper()
+                    or func.rsplit(".", 1)[-1] == "deepcopy" or func in facts.classes):
+                modules.append(target[5:])
+    if not modules:
+        return []
+    read: set[str] = set()
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        code = facts.code(methods[name])
+        if re.search(r"\bgetattr\(|\bself\.(children|modules|named_children|named_modules)\(", code):
+            return []
+        for node in walk(methods[name]):
+            if isinstance(node, cst.Attribute) and dotted(node.value) == "self":
+                read.add(node.attr.value)
+                todo.append(node.attr.value)
+    return [m for m in modules if m not in read]

@@ -11,7 +11,7 @@ from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
-                                plan_models)
+                                plan_models, plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions
 
@@ -81,6 +81,7 @@ class Plan:
             self._index(facts.scope_statements(key))
         self._plan_loaders()
         model = plan_models(self)
+        plan_unused_parameters(self)
         start = facts.region[0] if facts.region else None
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "

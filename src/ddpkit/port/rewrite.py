@@ -274,6 +274,9 @@ class Rewriter(cst.CSTTransformer):
             return False
         if self.role(func.value) != "model" or self.no_grad or any(r == "eval" for _, r in self.batches):
             return False
+        methods = [s.node for k, s in self.f.scopes.items() if s.cls and k == f"{s.cls}.{func.attr.value}"]
+        if methods and all(_no_grad(m) for m in methods):
+            return False  # `@torch.no_grad() def update_average(self)`: computes no gradient, trains nothing
         if any(r == "train" for _, r in self.batches):
             return True
         # a step function called from the loop (`def training_step(model, batch)`), not code after the loop
@@ -433,8 +436,9 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
         if id(original) in self.p.wrap_inline and isinstance(updated.body[0], cst.Assign):
             assign = updated.body[0]
+            unused = [_arg("find_unused_parameters", cst.Name("True"))] if id(original) in self.p.unused_inline else []
             wrapped = cst.Call(parse_expr("ddpkit.wrap"), args=_comma_args(
-                [cst.Arg(strip_moves(assign.value)), cst.Arg(cst.Name("ctx"))]))
+                [cst.Arg(strip_moves(assign.value)), cst.Arg(cst.Name("ctx")), *unused]))
             updated = updated.with_changes(body=[assign.with_changes(value=wrapped), *updated.body[1:]])
             self.changes += 1
         saves = [s for s in updated.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
