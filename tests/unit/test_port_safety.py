@@ -151,7 +151,8 @@ def test_the_scripts_own_gpu_choice_goes_and_an_explicit_cpu_move_stays():
         "net.to('cpu')\nwith torch.no_grad():\n    print(net(torch.zeros(1, 3)))\n").code
     assert "set_device" not in code  # ddpkit.init chose this rank's GPU
     assert "with torch.cuda.device(ctx.device):" in code
-    assert "\nnet.to('cpu')\n" in code  # the CPU sampling below keeps its CPU model
+    # the CPU sampling below keeps its CPU model, and calls it directly (DDP would move the inputs to its GPU)
+    assert "\nnet = ddpkit.unwrap(net).to('cpu')\n" in code
 
 
 def test_a_sum_read_in_a_rank_0_write_is_computed_by_every_rank_before_it():
@@ -174,3 +175,25 @@ def test_a_module_forward_never_reads_is_wrapped_with_find_unused_parameters():
     assert result.exit_code == 0, result.todos  # update_average is @torch.no_grad(): it trains nothing
     assert "model = ddpkit.wrap(Averaged(), ctx, find_unused_parameters=True)" in result.code
     assert "Averaged.forward never reads self.avg" in result.code
+
+
+def test_a_batch_size_read_in_an_evaluation_loop_is_no_todo():
+    code = _port_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n\nB = 8\n"
+        "train = DataLoader(torch.randn(32, 3), batch_size=B, shuffle=True)\n"
+        "test_loader = DataLoader(torch.randn(16, 3), batch_size=B)\n"
+        "net = torch.nn.Linear(3, 3)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in train:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n"
+        "with torch.no_grad():\n    for x in test_loader:\n        print(net(x).view(B, 3, 1).shape)\n")
+    assert code.exit_code == 0, code.todos  # ddpkit.eval_loader keeps batch_size=B per rank
+
+
+def test_a_load_helper_of_another_module_loads_into_the_model_on_every_rank():
+    code = _port_text(
+        "import torch\nimport utils\nfrom torch.utils.data import DataLoader\n\n"
+        "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "utils.load_checkpoint(torch.load('ckpt.pt'), net)\n"
+        "loader = DataLoader(utils.data(), batch_size=8)\n"
+        "for x, y in loader:\n    opt.zero_grad()\n    torch.nn.functional.mse_loss(net(x), y).backward()\n"
+        "    opt.step()\n").code
+    assert "\nutils.load_checkpoint(torch.load('ckpt.pt', map_location=ctx.device), ddpkit.unwrap(net))\n" in code

@@ -369,7 +369,7 @@ def plan_batch_dependents(plan: Any) -> None:
                         break
                 if use:
                     break
-            if use is None:
+            if use is None or _in_eval_loop(plan, key, node):  # an evaluation loader keeps its batch size
                 continue
             plan.todo(node, f"`{plan.f.code(node)}` is sized by the batch size {use}, the global batch, but each "
                       f"rank's batch now holds {use} // ctx.world_size samples: size it from the batch itself "
@@ -384,3 +384,12 @@ def _batch_arg(call: cst.Call) -> cst.BaseExpression | None:
             return arg.value
     positional = [a for a in call.args if a.keyword is None and not a.star]
     return positional[1].value if len(positional) > 1 else None
+
+
+def _in_eval_loop(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    stmt = plan._stmt.get(id(node))
+    while stmt is not None:
+        if isinstance(stmt, cst.For) and plan.loop_role(key, stmt) == "eval":
+            return True
+        stmt = plan._parent.get(id(stmt))
+    return False

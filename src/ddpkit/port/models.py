@@ -38,6 +38,9 @@ def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
 
 def moves_to_cpu(call: cst.CSTNode) -> bool:
     """`model.to("cpu")`, `x.to(torch.device("cpu"))`: an explicit move to the CPU (to sample or export there)."""
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cpu" and \
+            not call.args:
+        return True
     if move_receiver(call) is None or call.func.attr.value != "to":
         return False
     arg = next(a.value for a in call.args if a.keyword is None)

@@ -186,10 +186,14 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # one process per device: DDP (ddpkit.wrap) replaces DataParallel
             return updated.args[0].value
         name = dotted(updated.func)
+        if moves_to_cpu(updated) and self.role(updated.func.value) == "model" and dotted(updated.func.value):
+            # `model.to("cpu")` to sample on the CPU: DDP would move the inputs back to its GPU, so from here the
+            # script uses the model itself (see leave_SimpleStatementLine: `model = ddpkit.unwrap(model).to("cpu")`)
+            self.changes += 1
+            return updated.with_changes(func=updated.func.with_changes(value=parse_expr(
+                f"ddpkit.unwrap({dotted(updated.func.value)})")))
         receiver = move_receiver(updated)
         if receiver is not None:
-            if self.role(receiver) == "model" and moves_to_cpu(updated):
-                return updated  # `model.to("cpu")` to sample on the CPU: the script's inputs there stay there
             if self.role(receiver) == "model" or root_name(receiver) in self._batch_names():
                 self.changes += 1
                 return receiver
@@ -203,6 +207,11 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # the model and its outputs live on ctx.device: numpy() reads host memory only
             return updated.with_changes(func=updated.func.with_changes(value=cst.Call(cst.Attribute(
                 updated.func.value, cst.Name("cpu")))))
+        if _external_helper(self, original, _LOADS):
+            self.changes += 1  # `load_checkpoint(ckpt, model)` of another module: load_state_dict on the model itself
+            return updated.with_changes(args=[a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(o.value)})"))
+                                              if self.role(o.value) == "model" and dotted(o.value) else a
+                                              for a, o in zip(updated.args, original.args)])
         if name == "torch.cuda.device" and len(updated.args) == 1 and dotted(updated.args[0].value) != "ctx.device":
             self.changes += 1  # `with torch.cuda.device(args.gpu):` would put every rank on one GPU
             return updated.with_changes(args=[updated.args[0].with_changes(value=parse_expr("ctx.device"))])
@@ -262,10 +271,7 @@ class Rewriter(cst.CSTTransformer):
         name = dotted(call.func)
         if name == "torch.save":
             return True
-        if not name or self.f.callees(call, self.key) or not re.search(r"save|checkpoint", name.rsplit(
-                ".", 1)[-1], re.IGNORECASE) or root_name(call.func) in ("ddpkit", "np", "numpy", "plt", "self"):
-            return False
-        return any(self.role(a.value) == "model" for a in call.args)
+        return _external_helper(self, call, _SAVES)
 
     def _bypasses_ddp(self, original: cst.Call) -> bool:
         """`model.encode(x)` in a training step: the model's own method, not forward, with gradients on."""
@@ -419,6 +425,11 @@ class Rewriter(cst.CSTTransformer):
             return cst.RemoveFromParent()
         if not self.in_ctx():
             return updated
+        if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and moves_to_cpu(
+                original.body[0].value) and self.role(original.body[0].value.func.value) == "model" and isinstance(
+                original.body[0].value.func.value, cst.Name):
+            model = original.body[0].value.func.value.value  # `model.cpu()` -> `model = ddpkit.unwrap(model).cpu()`
+            return updated.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(model))], updated.body[0].value)])
         if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and isinstance(
                 original.body[0].value, cst.Call) and dotted(original.body[0].value.func) == "torch.cuda.set_device":
             self.changes += 1  # ddpkit.init selected this rank's GPU: the script's own choice would pin every rank
@@ -628,6 +639,22 @@ def _imported_names(module: cst.Module) -> dict[str, str]:
                 local = alias.asname.name.value if alias.asname else dotted(alias.name)
                 found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
     return found
+
+
+_SAVES = re.compile(r"save|checkpoint", re.IGNORECASE)
+_LOADS = re.compile(r"load|restore|resume", re.IGNORECASE)
+
+
+def _external_helper(rewriter: Rewriter, call: cst.Call, pattern: re.Pattern) -> bool:
+    """A function of another module, named like `pattern`, given the model (`utils.save_model(model=model)`)."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1]
+    if not name or rewriter.f.callees(call, rewriter.key) or not pattern.search(last) or root_name(call.func) in (
+            "ddpkit", "np", "numpy", "plt", "self", "torch") or (pattern is _SAVES and _LOADS.search(last)):
+        return False
+    if isinstance(call.func, cst.Attribute) and rewriter.role(call.func.value) == "model":
+        return False  # the model's own method: read from ddpkit.unwrap(model) already
+    return any(rewriter.role(a.value) == "model" for a in call.args)
 
 
 def _is_collective(node: cst.Call) -> bool:
