@@ -197,3 +197,13 @@ def test_a_load_helper_of_another_module_loads_into_the_model_on_every_rank():
         "for x, y in loader:\n    opt.zero_grad()\n    torch.nn.functional.mse_loss(net(x), y).backward()\n"
         "    opt.step()\n").code
     assert "\nutils.load_checkpoint(torch.load('ckpt.pt', map_location=ctx.device), ddpkit.unwrap(net))\n" in code
+
+
+def test_a_sample_drawn_without_gradients_may_use_the_batch_size():
+    code = _port_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n\nbatch_size = 8\n"
+        "train = DataLoader(torch.randn(32, 3), batch_size=batch_size, shuffle=True)\n"
+        "net = torch.nn.Linear(3, 3)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in train:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n"
+        "with torch.no_grad():\n    z = torch.randn(batch_size, 3)\n    print(net(z).shape)\n")
+    assert not any("sized by the batch size" in t.message for t in code.todos), code.todos

@@ -387,9 +387,20 @@ def _batch_arg(call: cst.Call) -> cst.BaseExpression | None:
 
 
 def _in_eval_loop(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """Inside a loop over an evaluation loader, or where no gradient is taken (`with torch.no_grad():`, a
+    function decorated so): a sample drawn there (`torch.randn(batch_size, z_dim)` to decode) meets no batch."""
+    scope = plan.f.scopes[key].node
+    if isinstance(scope, cst.FunctionDef) and any(_NO_GRAD.search(plan.f.code(d.decorator))
+                                                  for d in scope.decorators):
+        return True
     stmt = plan._stmt.get(id(node))
     while stmt is not None:
         if isinstance(stmt, cst.For) and plan.loop_role(key, stmt) == "eval":
             return True
+        if isinstance(stmt, cst.With) and any(_NO_GRAD.search(plan.f.code(i.item)) for i in stmt.items):
+            return True
         stmt = plan._parent.get(id(stmt))
     return False
+
+
+_NO_GRAD = re.compile(r"no_grad|inference_mode")
