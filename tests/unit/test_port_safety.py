@@ -207,3 +207,24 @@ def test_a_sample_drawn_without_gradients_may_use_the_batch_size():
         "for x in train:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n"
         "with torch.no_grad():\n    z = torch.randn(batch_size, 3)\n    print(net(z).shape)\n")
     assert not any("sized by the batch size" in t.message for t in code.todos), code.todos
+
+
+def test_a_gpu_switch_computed_from_settings_after_parsing_is_read_by_init():
+    code = _port_text(
+        "import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--no-cuda', action='store_true')\nargs = p.parse_args()\n"
+        "args.cuda = not args.no_cuda and torch.cuda.is_available()\n"
+        "loader = DataLoader(torch.randn(8, 3), batch_size=4)\nnet = torch.nn.Linear(3, 1)\n"
+        "if args.cuda:\n    net.cuda()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in loader:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n").code
+    assert 'ddpkit.init(device="auto" if (not args.no_cuda and torch.cuda.is_available()) else "cpu")' in code
+
+
+def test_a_save_helper_called_with_a_checkpoint_dict_runs_on_rank_0():
+    code = _port_text(
+        "import torch\nfrom utils import save_checkpoint, loaders\n\n"
+        "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x, y in loaders()[0]:\n    opt.zero_grad()\n    torch.nn.functional.mse_loss(net(x), y).backward()\n"
+        "    opt.step()\n"
+        "checkpoint = {'state_dict': net.state_dict()}\nsave_checkpoint(checkpoint)\n").code
+    assert "if ctx.is_main:\n    save_checkpoint(checkpoint)\n" in code

@@ -457,10 +457,37 @@ def plan_device_flag(plan: Any) -> str | None:
             chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
             if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
                 continue
+            if (chains | roots) & assigned and dotted(test):  # `args.cuda = not args.no_cuda and ...` first
+                test = _set_once(plan, dotted(test), bound)
+                if test is None:
+                    return None
+                code = f"({plan.f.code(test)})" if not isinstance(test, (cst.Name, cst.Attribute)) else \
+                    plan.f.code(test)
+                found.add(code)
+                continue
             if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
                 return None
             found.add(code)
     return next(iter(found)) if len(found) == 1 else None
+
+
+def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | None:
+    """The value of `args.cuda = not args.no_cuda and torch.cuda.is_available()`, the one assignment of the flag
+    in the training code, made by a statement of the entry point's own block from settings parsed before
+    ddpkit.init: ddpkit.init can read that expression itself."""
+    values = [n for stmt in plan.f.region for n in walk(stmt, into_functions=True)
+              if isinstance(n, cst.Assign) and any(dotted(t.target) == flag for t in n.targets)]
+    if len(values) != 1 or len(values[0].targets) != 1:
+        return None
+    value = values[0].value
+    top = any(isinstance(stmt, cst.SimpleStatementLine) and any(s is values[0] for s in stmt.body)
+              for stmt in plan.f.region)
+    attrs = {id(n.attr) for n in walk(value) if isinstance(n, cst.Attribute)}
+    roots = {n.value for n in walk(value) if isinstance(n, cst.Name) and id(n) not in attrs}
+    if not top or not roots - {"torch", "True", "False", "None"} <= bound or any(
+            isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
+        return None
+    return value
 
 
 def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:

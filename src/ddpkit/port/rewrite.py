@@ -271,7 +271,7 @@ class Rewriter(cst.CSTTransformer):
         name = dotted(call.func)
         if name == "torch.save":
             return True
-        return _external_helper(self, call, _SAVES)
+        return _external_helper(self, call, _SAVES, needs_model=False)
 
     def _bypasses_ddp(self, original: cst.Call) -> bool:
         """`model.encode(x)` in a training step: the model's own method, not forward, with gradients on."""
@@ -645,16 +645,18 @@ _SAVES = re.compile(r"save|checkpoint", re.IGNORECASE)
 _LOADS = re.compile(r"load|restore|resume", re.IGNORECASE)
 
 
-def _external_helper(rewriter: Rewriter, call: cst.Call, pattern: re.Pattern) -> bool:
-    """A function of another module, named like `pattern`, given the model (`utils.save_model(model=model)`)."""
+def _external_helper(rewriter: Rewriter, call: cst.Call, pattern: re.Pattern, needs_model: bool = True) -> bool:
+    """A function of another module, named like `pattern`, given the model (`utils.save_model(model=model)`);
+    a save helper called as a statement needs no model (`save_checkpoint({"state_dict": ...}, path)`)."""
     name = dotted(call.func)
     last = name.rsplit(".", 1)[-1]
     if not name or rewriter.f.callees(call, rewriter.key) or not pattern.search(last) or root_name(call.func) in (
-            "ddpkit", "np", "numpy", "plt", "self", "torch") or (pattern is _SAVES and _LOADS.search(last)):
+            "ddpkit", "np", "numpy", "plt", "self", "torch") or (pattern is _SAVES and _LOADS.search(last)) or \
+            last == "checkpoint":  # torch.utils.checkpoint.checkpoint: activation checkpointing, not a file
         return False
     if isinstance(call.func, cst.Attribute) and rewriter.role(call.func.value) == "model":
         return False  # the model's own method: read from ddpkit.unwrap(model) already
-    return any(rewriter.role(a.value) == "model" for a in call.args)
+    return not needs_model or any(rewriter.role(a.value) == "model" for a in call.args)
 
 
 def _is_collective(node: cst.Call) -> bool:
