@@ -228,3 +228,14 @@ def test_a_save_helper_called_with_a_checkpoint_dict_runs_on_rank_0():
         "    opt.step()\n"
         "checkpoint = {'state_dict': net.state_dict()}\nsave_checkpoint(checkpoint)\n").code
     assert "if ctx.is_main:\n    save_checkpoint(checkpoint)\n" in code
+
+
+def test_torch_imported_under_another_name_still_loads_onto_the_rank_device():
+    code = _port_text(
+        "import torch as t\nfrom torch.utils.data import DataLoader\n\n"
+        "net = t.nn.Linear(2, 1)\nnet.load_state_dict(t.load('net.pt'))\n"
+        "opt = t.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x in DataLoader(t.randn(8, 2), batch_size=4):\n    opt.zero_grad()\n    net(x).sum().backward()\n"
+        "    opt.step()\nt.save(net.state_dict(), 'net.pt')\n").code
+    assert "t.load('net.pt', map_location=ctx.device)" in code
+    assert "if ctx.is_main:\n    t.save(ddpkit.unwrap(net).state_dict(), 'net.pt')" in code

@@ -229,7 +229,7 @@ class Rewriter(cst.CSTTransformer):
             if id(original) in self.p.unpinned:  # its dataset puts samples on the device: nothing to pin
                 loader = loader.with_changes(args=_comma_args([*loader.args, _arg("pin_memory", cst.Name("False"))]))
             return loader
-        if name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
+        if self._torch_name(name) == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
                 and len([a for a in updated.args if a.keyword is None]) < 2:
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
@@ -256,6 +256,11 @@ class Rewriter(cst.CSTTransformer):
             return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
         return updated
 
+    def _torch_name(self, name: str) -> str:
+        """`t.load` after `import torch as t`: `torch.load`."""
+        root, _, rest = name.partition(".")
+        return f"torch.{rest}" if rest and root != "torch" and self.imports.get(root) == "torch" else name
+
     def _library_call(self, name: str, keyword: str) -> bool:
         """`random_split` gets generator= only where it is torch's, `train_test_split` random_state= only
         sklearn's: the script's own function of that name may take no such keyword."""
@@ -269,7 +274,7 @@ class Rewriter(cst.CSTTransformer):
         """torch.save, or a save helper of another module (`utils.save_checkpoint(model, ...)`) given the model:
         it gets the model itself (keys without `module.`), and rank 0 alone writes."""
         name = dotted(call.func)
-        if name == "torch.save":
+        if self._torch_name(name) == "torch.save":
             return True
         return _external_helper(self, call, _SAVES, needs_model=False)
 
@@ -460,6 +465,8 @@ class Rewriter(cst.CSTTransformer):
             line = updated.with_changes(body=[saves[0].with_changes(value=call.with_changes(args=args))],
                                         leading_lines=[])
             self.changes += 1
+            if id(original) in self.p.guard:  # the file-write rule puts it under `if ctx.is_main:` already
+                return line.with_changes(leading_lines=updated.leading_lines)
             return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
                           leading_lines=updated.leading_lines)
         return updated
