@@ -112,7 +112,7 @@ class Plan:
         plan_device_datasets(self)
         self.seed = self._seed()
         self.device_flag = plan_device_flag(self)
-        """`args.cuda` where the script moves its model to the GPU only `if args.cuda:`: ddpkit.init's device follows it."""
+        """`args.cuda` where the script moves its model to the GPU only `if args.cuda:` (ddpkit.init's device)."""
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:

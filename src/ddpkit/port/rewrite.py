@@ -229,7 +229,8 @@ class Rewriter(cst.CSTTransformer):
             if id(original) in self.p.unpinned:  # its dataset puts samples on the device: nothing to pin
                 loader = loader.with_changes(args=_comma_args([*loader.args, _arg("pin_memory", cst.Name("False"))]))
             return loader
-        if self._torch_name(name) == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
+        if self._torch_name(name) == "torch.load" and not any(
+                a.keyword and a.keyword.value == "map_location" for a in updated.args) \
                 and len([a for a in updated.args if a.keyword is None]) < 2:
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
@@ -541,7 +542,8 @@ class Rewriter(cst.CSTTransformer):
         """`model = ddpkit.wrap(model, ctx)` in a function that only reads a module-level `model`: assigning it
         there would make it local (UnboundLocalError on its first read), so the function declares it global."""
         scope = self.f.scopes.get(self.key)
-        if scope is None or not isinstance(scope.node, cst.FunctionDef) or not isinstance(stmt, cst.SimpleStatementLine):
+        if scope is None or not isinstance(scope.node, cst.FunctionDef) or not isinstance(
+                stmt, cst.SimpleStatementLine):
             return
         targets = [t.target.value for s in stmt.body if isinstance(s, cst.Assign) for t in s.targets
                    if isinstance(t.target, cst.Name)]
