@@ -104,7 +104,7 @@ def heldout(out_dir: str | None, labels: Path = HELDOUT, cache: Path | None = No
         if not path.exists():
             print(f"{entry['repo']}:{entry['path']}: not cached", file=sys.stderr)
             return 2
-        source = path.read_text(encoding="utf-8", errors="replace")
+        source = path.read_bytes().decode("utf-8", errors="replace")  # line endings as the CLI reads them
         got, detail, errors = outcome(source, entry["path"])
         tool[got] += 1
         if out_dir:
@@ -113,7 +113,7 @@ def heldout(out_dir: str | None, labels: Path = HELDOUT, cache: Path | None = No
             target = Path(out_dir) / entry["repo"].replace("/", "+") / entry["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                target.write_text(port_source(source, entry["path"]).code)
+                target.write_text(port_source(source, entry["path"]).code, newline="")
             except Exception as e:  # refused or crashed: the outcome above says which
                 target.with_suffix(".txt").write_text(f"{type(e).__name__}: {e}\n")
         verdict = entry.get("judged", {})

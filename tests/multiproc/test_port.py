@@ -48,6 +48,10 @@ CASES = {
     # per-step random draws, one per rank after the script's seed: a global batch of 2 x 16
     "random_batches": (["--steps", "150"], "val_loss", 0.1),
     "device_dataset": ([], "accuracy", 0.06),
+    # a loss summed over ranks inside rank 0's log write: every rank joins the sum before the write, or 2 ranks hang
+    "rank0_report": (["{tmp}/log.txt"], "loss", 1e-5),
+    # a module the optimizer trains but forward never reads: without find_unused_parameters DDP fails at step 2
+    "ema_inside": ([], "mse", 1e-4),
     "charlm": (["--max-steps", "12", "--eval-every", "6", "--d-model", "32", "--layers", "1", "--heads", "2",
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),

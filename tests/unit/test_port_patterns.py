@@ -354,13 +354,13 @@ def test_a_sum_read_inside_the_with_around_its_loop_and_library_log_lines():
     assert result.exit_code == 3
 
 
-def test_a_running_sum_logged_on_rank_0_is_named_not_reduced_where_only_rank_0_would_reduce_it():
+def test_a_running_sum_logged_on_rank_0_is_summed_by_every_rank_before_the_rank_0_line():
     result = _port("tracker_running_sum")
     code = result.code
     ast.parse(code)
-    # a collective inside `if ctx.is_main:` would wait forever for the other ranks
-    guarded = code.split("if ctx.is_main:\n            writer.add_scalar(")[1].split("\n")[0]
-    assert "all_reduce_sum" not in guarded
-    assert "ddpkit.all_reduce_sum(ctx" not in code
-    assert result.exit_code == 3 and [t.line for t in result.todos] == [19]
-    assert result.todos[0].message.startswith("not checked: this rank-0 line reports `running`")
+    # a collective inside `if ctx.is_main:` would wait forever for the other ranks: every rank sums first
+    before, guarded = code.split("if ctx.is_main:\n            writer.add_scalar(")
+    assert "all_reduce_sum" not in guarded.split("\n")[0]
+    assert "running_all_ranks = ddpkit.all_reduce_sum(ctx, running)" in before.rsplit("\n", 2)[-2]
+    assert "(running_all_ranks / ctx.world_size) / 4" in guarded.split("\n")[0]
+    assert result.exit_code == 0, result.todos

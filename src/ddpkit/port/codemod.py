@@ -63,6 +63,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from ddpkit.port.plan import Plan
     from ddpkit.port.rewrite import Rewriter
 
+    bom = "\ufeff" if source.startswith("\ufeff") else ""  # the parser drops it: written back in front
+    source = source[len(bom):]
     try:
         wrapper = MetadataWrapper(cst.parse_module(source))
     except cst.ParserSyntaxError as e:
@@ -72,9 +74,9 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     if facts.ported_already:
         left = open_todos(source)
         if left:
-            return PortResult(source, left, False, f"{path} already calls ddpkit.init() but {len(left)} "
+            return PortResult(bom + source, left, False, f"{path} already calls ddpkit.init() but {len(left)} "
                               f"`{TODO_MARK}` comment(s) remain: fix them by hand, then delete each comment")
-        return PortResult(source, [], False, f"{path} already calls ddpkit.init(): nothing to change")
+        return PortResult(bom + source, [], False, f"{path} already calls ddpkit.init(): nothing to change")
     if facts.distributed_hint:
         raise PortError(f"{path} already uses {facts.distributed_hint}: it is already a multi-process (distributed) "
                         f"script, not a single-device one; check it with `ddpkit lint {path}` instead")
@@ -95,9 +97,9 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
-    module = open_context(module, facts, plan.seed)
+    module = open_context(module, facts, plan.seed, plan.device_flag)
     module = add_import(module)
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
-    return PortResult(module.code, todos, True, f"{path}: {state}{notes}")
+    return PortResult(bom + module.code, todos, True, f"{path}: {state}{notes}")

@@ -38,7 +38,7 @@ def _write_atomically(path: Path, text: str) -> None:
     """Write next to the target and rename, so a failure never leaves half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:  # the script's own line endings
             f.write(text)
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o777)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
               "the .py training script", file=sys.stderr)
         return 2
     try:
-        source = script.read_text(encoding="utf-8")
+        source = script.read_bytes().decode("utf-8")  # CRLF line endings and a BOM kept as they are
     except (OSError, UnicodeDecodeError) as e:
         print(f"ddpkit port: error: cannot read {args.script!r} ({e}); pass a readable UTF-8 .py file",
               file=sys.stderr)

@@ -96,9 +96,15 @@ def thread_ctx(module: cst.Module, facts: Facts) -> cst.Module:
     return module.visit(threader)
 
 
-def _init_call(seed: cst.BaseExpression | None) -> cst.Call:
-    args = [] if seed is None else [cst.Arg(seed, keyword=cst.Name("seed"), equal=cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))]
+def _init_call(seed: cst.BaseExpression | None, device: str | None = None) -> cst.Call:
+    """`ddpkit.init(seed=..., device="auto" if args.cuda else "cpu")`: the script's seed and its GPU switch."""
+    equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    args = [] if seed is None else [cst.Arg(seed, keyword=cst.Name("seed"), equal=equal)]
+    if device is not None:
+        if args:
+            args[0] = args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(cst.parse_expression(f'"auto" if {device} else "cpu"'), keyword=cst.Name("device"),
+                            equal=equal))
     return cst.Call(cst.parse_expression("ddpkit.init"), args=args)
 
 
@@ -111,7 +117,7 @@ class _BlankLines(cst.CSTTransformer):
         return updated
 
 
-def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None) -> cst.With:
+def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device: str | None = None) -> cst.With:
     lines = list(body[0].leading_lines) if body else []
     blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
     leading = lines[:blank]  # comments stay with the line they describe
@@ -119,11 +125,12 @@ def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None) -> cst
     if body:
         body = [body[0].with_changes(leading_lines=[line.with_changes(indent=True) for line in lines[blank:]]),
                 *body[1:]]
-    return cst.With(items=[cst.WithItem(_init_call(seed), asname=cst.AsName(cst.Name("ctx")))],
+    return cst.With(items=[cst.WithItem(_init_call(seed, device), asname=cst.AsName(cst.Name("ctx")))],
                     body=cst.IndentedBlock(body), leading_lines=leading)
 
 
-def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | None) -> cst.Module:
+def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | None,
+                 device: str | None = None) -> cst.Module:
     """Put the entry point's region (everything after argument parsing) in `with ddpkit.init() as ctx:`."""
     owner = facts.entry_owner
     keep = len(statements_of(owner)) - len(facts.region)
@@ -134,23 +141,25 @@ def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | No
         bound = [cst.parse_statement(f"{p.name.value} = ctx.device\n") for p in (
             *facts.scopes[name].node.params.params, *facts.scopes[name].node.params.kwonly_params)
             if p.default is not None and "device" in p.name.value.lower()]
-        wrapped = [*new_body[:keep], _with([*bound, *new_body[keep:]] if bound else new_body[keep:], seed)]
+        wrapped = [*new_body[:keep], _with([*bound, *new_body[keep:]] if bound else new_body[keep:], seed, device)]
         target = _scope_nodes(module)[name]
         return module.deep_replace(target, target.with_changes(body=target.body.with_changes(body=wrapped)))
     if isinstance(owner, cst.Module):
         body = list(module.body)
-        return module.with_changes(body=_flat(body, keep, seed))
+        return module.with_changes(body=_flat(body, keep, seed, device))
     guard = next(s for s in module.body if isinstance(s, cst.If) and module.code_for_node(s.test)
                  == facts.code(owner.test))
     inner = list(guard.body.body)
-    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(body=_flat(inner, keep, seed))))
+    return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(
+        body=_flat(inner, keep, seed, device))))
 
 
-def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | None) -> list[cst.BaseStatement]:
+def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | None,
+          device: str | None = None) -> list[cst.BaseStatement]:
     """Top-level code keeps its indentation: `ctx = ddpkit.init()` before the region, `ctx.close()` after it.
 
     An exception ends the process without close(): the launcher then stops the other ranks."""
-    start = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("ctx"))], _init_call(seed))])
+    start = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("ctx"))], _init_call(seed, device))])
     if keep < len(body):
         lines = list(body[keep].leading_lines)
         blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))

@@ -18,7 +18,8 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, is_device_expr, loader_expr, root_name, walk
 
-__all__ = ["plan_no_loader", "move_cpu_input", "plan_device_datasets", "RANDOM_DRAW", "CREATORS"]
+__all__ = ["plan_no_loader", "move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "RANDOM_DRAW",
+           "CREATORS"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -318,3 +319,88 @@ def _device_dataset(plan: Any, key: str, call: cst.Call) -> None:
         plan.unpinned.add(id(n))
     plan.note(call, "this dataset puts its samples on ctx.device itself: its loader does not pin them "
               "(pin_memory=False) and keeps num_workers=0 (CUDA cannot run in forked workers)")
+
+
+_SHAPED = frozenset({"view", "reshape", "expand", "repeat", "eye", "zeros", "ones", "randn", "rand", "randint", "empty",
+                     "full", "arange", "range", "split", "chunk", "narrow", "new_zeros", "new_ones", "new_full"})
+"""Calls whose arguments are sizes: a batch size among them sizes a tensor to the script's (global) batch."""
+_STATE = re.compile(r"hidden|state|noise|memory", re.IGNORECASE)
+"""`init_hidden(64)`, `make_noise(batch_size)`: a per-batch state or draw sized by its argument."""
+
+
+def plan_batch_dependents(plan: Any) -> None:
+    """A training loader's batch is divided by world_size; a size built from the script's batch size anywhere in
+    the code the port runs (`torch.eye(2 * batch_size)`, `out.view(batch_size, -1)`, `model.init_hidden(64)`,
+    `range(batch_size)`) still has the global one: a shape mismatch on two ranks. A TODO names the first one in
+    each function (unless the training-loop rule named it already)."""
+    names = set(plan.train_sizes)
+    literals: set[int] = set()
+    for key in sorted(plan.f.ported):
+        for node in plan.nodes(key):
+            if isinstance(node, cst.Call) and plan.loaders.get(id(node)) == "train":
+                size = _batch_arg(node)
+                value = plan._literal(key, size) if size is not None else None
+                if value is not None and value > 1:
+                    literals.add(value)
+    if not names and not literals:
+        return
+    named = {m.split("`")[1] for _, m in plan.todos if "is the global batch" in m}
+    for key in sorted(plan.f.ported):
+        params = set(plan.f.scopes[key].params)
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.Call) or id(node) in plan.loaders:
+                continue
+            func = dotted(node.func)
+            last = func.rsplit(".", 1)[-1]
+            state = bool(_STATE.search(last))
+            if last not in _SHAPED and not state:
+                continue
+            use = None
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value not in ("size", "batch_size", "bsz", "n"):
+                    continue
+                for part in walk(arg.value):
+                    text = dotted(part) if isinstance(part, (cst.Name, cst.Attribute)) else ""
+                    if text and text in names and text not in named and root_name(part) not in params:
+                        use = text
+                    elif state and isinstance(part, cst.Integer) and int(part.evaluated_value) in literals:
+                        use = part.value
+                    if use:
+                        break
+                if use:
+                    break
+            if use is None or _in_eval_loop(plan, key, node):  # an evaluation loader keeps its batch size
+                continue
+            plan.todo(node, f"`{plan.f.code(node)}` is sized by the batch size {use}, the global batch, but each "
+                      f"rank's batch now holds {use} // ctx.world_size samples: size it from the batch itself "
+                      "(e.g. x.size(0)), or keep the global batch per rank")
+            named.add(use)
+            break  # one TODO per function: the rest follow from it
+
+
+def _batch_arg(call: cst.Call) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "batch_size":
+            return arg.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[1].value if len(positional) > 1 else None
+
+
+def _in_eval_loop(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """Inside a loop over an evaluation loader, or where no gradient is taken (`with torch.no_grad():`, a
+    function decorated so): a sample drawn there (`torch.randn(batch_size, z_dim)` to decode) meets no batch."""
+    scope = plan.f.scopes[key].node
+    if isinstance(scope, cst.FunctionDef) and any(_NO_GRAD.search(plan.f.code(d.decorator))
+                                                  for d in scope.decorators):
+        return True
+    stmt = plan._stmt.get(id(node))
+    while stmt is not None:
+        if isinstance(stmt, cst.For) and plan.loop_role(key, stmt) == "eval":
+            return True
+        if isinstance(stmt, cst.With) and any(_NO_GRAD.search(plan.f.code(i.item)) for i in stmt.items):
+            return True
+        stmt = plan._parent.get(id(stmt))
+    return False
+
+
+_NO_GRAD = re.compile(r"no_grad|inference_mode")

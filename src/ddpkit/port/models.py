@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
 
 __all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver"]
 
@@ -34,6 +34,19 @@ def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
     if attr == "to" and len(positional) == 1 and not extra and is_device_expr(positional[0].value):
         return call.func.value
     return None
+
+
+def moves_to_cpu(call: cst.CSTNode) -> bool:
+    """`model.to("cpu")`, `x.to(torch.device("cpu"))`: an explicit move to the CPU (to sample or export there)."""
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cpu" and \
+            not call.args:
+        return True
+    if move_receiver(call) is None or call.func.attr.value != "to":
+        return False
+    arg = next(a.value for a in call.args if a.keyword is None)
+    if isinstance(arg, cst.Call) and dotted(arg.func) == "torch.device" and arg.args:
+        arg = arg.args[0].value
+    return isinstance(arg, cst.SimpleString) and arg.evaluated_value == "cpu"
 
 
 def _owner(name: str) -> str:
@@ -421,3 +434,135 @@ def _plan_data_parallel(plan: Any) -> None:
             if isinstance(stmt, cst.SimpleStatementLine):
                 plan.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
                                            for t in s.targets if dotted(t.target))
+
+
+def plan_device_flag(plan: Any) -> str | None:
+    """`if args.cuda: model.cuda()`: the script runs on the CPU unless a setting says otherwise, and its inputs
+    follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
+    same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
+    ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
+    bound = plan.bound_before_init()
+    assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
+                if isinstance(n, cst.AssignTarget)}
+    found: set[str] = set()
+    for key in sorted(plan.f.ported):
+        for stmt in _moves_of(plan, key):
+            parent = plan._parent.get(id(stmt))
+            if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
+                continue
+            test = parent.test
+            code = plan.f.code(test)
+            attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
+            roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
+            chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
+            if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
+                continue
+            if (chains | roots) & assigned and dotted(test):  # `args.cuda = not args.no_cuda and ...` first
+                test = _set_once(plan, dotted(test), bound)
+                if test is None:
+                    return None
+                code = f"({plan.f.code(test)})" if not isinstance(test, (cst.Name, cst.Attribute)) else \
+                    plan.f.code(test)
+                found.add(code)
+                continue
+            if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
+                return None
+            found.add(code)
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | None:
+    """The value of `args.cuda = not args.no_cuda and torch.cuda.is_available()`, the one assignment of the flag
+    in the training code, made by a statement of the entry point's own block from settings parsed before
+    ddpkit.init: ddpkit.init can read that expression itself."""
+    values = [n for stmt in plan.f.region for n in walk(stmt, into_functions=True)
+              if isinstance(n, cst.Assign) and any(dotted(t.target) == flag for t in n.targets)]
+    if len(values) != 1 or len(values[0].targets) != 1:
+        return None
+    value = values[0].value
+    top = any(isinstance(stmt, cst.SimpleStatementLine) and any(s is values[0] for s in stmt.body)
+              for stmt in plan.f.region)
+    attrs = {id(n.attr) for n in walk(value) if isinstance(n, cst.Attribute)}
+    roots = {n.value for n in walk(value) if isinstance(n, cst.Name) and id(n) not in attrs}
+    if not top or not roots - {"torch", "True", "False", "None"} <= bound or any(
+            isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
+        return None
+    return value
+
+
+def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
+    """Statements that only move a model to the GPU: `model.cuda()`, `model = model.to(device)`."""
+    out = []
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+            continue
+        small = node.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        receiver = move_receiver(value) if value is not None and not moves_to_cpu(value) else None
+        if receiver is not None and plan.role(key, dotted(receiver)) == "model" and (
+                isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
+            out.append(node)
+    return out
+
+
+def plan_unused_parameters(plan: Any) -> None:
+    """A model class of this file that holds a module its forward never reads (an EMA copy, a head used only to
+    evaluate): DDP waits for that module's gradients, which never come, and fails at the second step. Such a
+    model is wrapped with find_unused_parameters=True (slower; correct)."""
+    plan.unused_inline = set()
+    for (key, model), built in list(plan.built.items()):
+        value = _assigned_value(built, model)
+        cls = dotted(value.func) if isinstance(value, cst.Call) else ""
+        unread = _unread_modules(plan.f, cls) if cls in plan.f.classes else []
+        if not unread:
+            continue
+        plan.note(built, f"{cls}.forward never reads self.{unread[0]}: its parameters get no gradient, so DDP runs "
+                  "with find_unused_parameters=True (slower); drop the module from the optimizer's parameters or "
+                  "keep it outside the model to train faster")
+        if id(built) in plan.wrap_inline:
+            plan.unused_inline.add(id(built))
+        plain = f"ddpkit.wrap({model}, ctx)"
+        for anchor, lines in plan.wrap_before.items():
+            plan.wrap_before[anchor] = [line.replace(plain, f"ddpkit.wrap({model}, ctx, find_unused_parameters=True)")
+                                        if line.startswith(f"{model} = ") else line for line in lines]
+
+
+def _assigned_value(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) and dotted(
+            stmt.body[0].targets[0].target) == name:
+        return _bare(stmt.body[0].value)
+    return None
+
+
+def _unread_modules(facts: Any, cls: str) -> list[str]:
+    """Attributes `self.x = <module>` set in the class's __init__ that forward (and the methods it calls) never
+    read; [] when the class has no forward of its own or reads attributes by name (getattr)."""
+    methods = {k.split(".", 1)[1]: s.node for k, s in facts.scopes.items() if s.cls == cls}
+    if "forward" not in methods or "__init__" not in methods:
+        return []
+    modules = []
+    for node in walk(methods["__init__"].body):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
+            target = dotted(node.targets[0].target)
+            func = dotted(node.value.func)
+            if target.startswith("self.") and target.count(".") == 1 and (
+                    func.startswith(("nn.", "torch.nn.")) and func.rsplit(".", 1)[-1][:1].isupper()
+                    or func.rsplit(".", 1)[-1] == "deepcopy" or func in facts.classes):
+                modules.append(target[5:])
+    if not modules:
+        return []
+    read: set[str] = set()
+    todo, seen = ["forward"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in methods:
+            continue
+        seen.add(name)
+        code = facts.code(methods[name])
+        if re.search(r"\bgetattr\(|\bself\.(children|modules|named_children|named_modules)\(", code):
+            return []
+        for node in walk(methods[name]):
+            if isinstance(node, cst.Attribute) and dotted(node.value) == "self":
+                read.add(node.attr.value)
+                todo.append(node.attr.value)
+    return [m for m in modules if m not in read]

@@ -9,8 +9,9 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
-from ddpkit.port.inputs import plan_device_datasets, plan_no_loader
-from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
+from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
+                                plan_models, plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
 
@@ -80,6 +81,7 @@ class Plan:
             self._index(facts.scope_statements(key))
         self._plan_loaders()
         model = plan_models(self)
+        plan_unused_parameters(self)
         start = facts.region[0] if facts.region else None
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
@@ -97,6 +99,7 @@ class Plan:
             plan_autograd_grad(self)
             check_rebound(self)
         self._plan_batch_size_uses()
+        plan_batch_dependents(self)
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
@@ -109,6 +112,8 @@ class Plan:
         plan_device_datasets(self)
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
         self.seed = self._seed()
+        self.device_flag = plan_device_flag(self)
+        """`args.cuda` where the script moves its model to the GPU only `if args.cuda:` (ddpkit.init's device)."""
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:
@@ -395,18 +400,34 @@ class Plan:
         return role if role in ("train", "eval") else None
 
     # ---- init ---------------------------------------------------------------------------------
-    def _seed(self) -> cst.BaseExpression | None:
+    def bound_before_init(self) -> set[str]:
+        """Names the entry point binds before ddpkit.init() runs (its parameters, the parsed arguments)."""
         bound = set(self.f.scopes[self.f.entry_key].params) if not self.f.ctx_global else set()
         entry_node = self.f.entry_owner if self.f.ctx_global else self.f.scopes[self.f.entry_key].node
         for stmt in statements_of(entry_node):
             if stmt in self.f.region:
                 break
             bound.update(dotted(n.target) for n in walk(stmt) if isinstance(n, cst.AssignTarget))
+        return bound
+
+    def _seed(self) -> cst.BaseExpression | None:
+        bound = self.bound_before_init()
         for stmt in self.f.region:
             for node in walk(stmt):
                 if isinstance(node, cst.Call) and dotted(node.func) == "torch.manual_seed" and node.args:
                     value = node.args[0].value
-                    if isinstance(value, cst.Integer) or root_name(value) in bound and dotted(value):
+                    if isinstance(value, cst.Integer):
+                        return value
+                    # a setting read before ddpkit.init runs: only where the script seeds unconditionally (under
+                    # an `if args.seed is not None:` it may be None) and has not set it again in between
+                    plain = isinstance(stmt, cst.SimpleStatementLine)
+                    if plain and root_name(value) in bound and dotted(value) and dotted(value) not in set().union(*(
+                            _assigned(s) for s in self.f.region[:self.f.region.index(stmt)])):
                         return value
                     return None
         return None
+
+
+def _assigned(stmt: cst.CSTNode) -> set[str]:
+    """Names and attributes a statement binds (`args.seed = ...`, `seed = ...`)."""
+    return {dotted(n.target) for n in walk(stmt) if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))}

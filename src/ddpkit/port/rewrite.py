@@ -6,8 +6,9 @@ import re
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name
+from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name, walk
 from ddpkit.port.inputs import CREATORS as _CREATORS
+from ddpkit.port.models import moves_to_cpu
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
 from ddpkit.port.sums import reduce_statement
 
@@ -93,6 +94,14 @@ class Rewriter(cst.CSTTransformer):
         self.rank0 = 0
         """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
+        self.imports = _imported_names(facts.module)
+        self.rebinding_stack: list[set[str]] = []
+        """Per Assign being visited: its targets that name an imported module (read in its value as the module)."""
+        self.globals_needed: dict[str, set[str]] = {}
+        self.used_names: set[str] = set()
+        """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
+        """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
+        """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
 
     # ---- where we are -------------------------------------------------------------------------
     @property
@@ -120,6 +129,8 @@ class Rewriter(cst.CSTTransformer):
             self.rank0 += 1
         if id(node) in self._nodes_to_keys:
             self.keys.append(self._nodes_to_keys[id(node)])
+        if isinstance(node, cst.Assign):  # its value reads the names' earlier binding: an imported module
+            self.rebinding_stack.append({dotted(t.target) for t in node.targets} & set(self.imports))
         if isinstance(node, cst.For) and self.in_ctx():
             role = self.p.loop_role(self.key, node)
             if role:
@@ -139,6 +150,8 @@ class Rewriter(cst.CSTTransformer):
             result = self._finish_statement(original, result)
         if id(original) in self._nodes_to_keys:
             self.keys.pop()
+        if isinstance(original, cst.Assign):
+            self.rebinding_stack.pop()
         if _no_grad(original):
             self.no_grad -= 1
         if id(original) in self.region:
@@ -146,6 +159,10 @@ class Rewriter(cst.CSTTransformer):
         if id(original) in self.p.guard:
             self.rank0 -= 1
         return result
+
+    @property
+    def rebinding(self) -> set[str]:
+        return set().union(*self.rebinding_stack) if self.rebinding_stack else set()
 
     def _batch_names(self) -> set[str]:
         return set().union(*(names for names, _ in self.batches)) if self.batches else set()
@@ -169,6 +186,12 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # one process per device: DDP (ddpkit.wrap) replaces DataParallel
             return updated.args[0].value
         name = dotted(updated.func)
+        if moves_to_cpu(updated) and self.role(updated.func.value) == "model" and dotted(updated.func.value):
+            # `model.to("cpu")` to sample on the CPU: DDP would move the inputs back to its GPU, so from here the
+            # script uses the model itself (see leave_SimpleStatementLine: `model = ddpkit.unwrap(model).to("cpu")`)
+            self.changes += 1
+            return updated.with_changes(func=updated.func.with_changes(value=parse_expr(
+                f"ddpkit.unwrap({dotted(updated.func.value)})")))
         receiver = move_receiver(updated)
         if receiver is not None:
             if self.role(receiver) == "model" or root_name(receiver) in self._batch_names():
@@ -184,6 +207,14 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # the model and its outputs live on ctx.device: numpy() reads host memory only
             return updated.with_changes(func=updated.func.with_changes(value=cst.Call(cst.Attribute(
                 updated.func.value, cst.Name("cpu")))))
+        if _external_helper(self, original, _LOADS):
+            self.changes += 1  # `load_checkpoint(ckpt, model)` of another module: load_state_dict on the model itself
+            return updated.with_changes(args=[a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(o.value)})"))
+                                              if self.role(o.value) == "model" and dotted(o.value) else a
+                                              for a, o in zip(updated.args, original.args)])
+        if name == "torch.cuda.device" and len(updated.args) == 1 and dotted(updated.args[0].value) != "ctx.device":
+            self.changes += 1  # `with torch.cuda.device(args.gpu):` would put every rank on one GPU
+            return updated.with_changes(args=[updated.args[0].with_changes(value=parse_expr("ctx.device"))])
         if name == "print":
             self.changes += 1
             return updated.with_changes(func=parse_expr("ddpkit.print0"),
@@ -198,7 +229,8 @@ class Rewriter(cst.CSTTransformer):
             if id(original) in self.p.unpinned:  # its dataset puts samples on the device: nothing to pin
                 loader = loader.with_changes(args=_comma_args([*loader.args, _arg("pin_memory", cst.Name("False"))]))
             return loader
-        if name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location" for a in updated.args) \
+        if self._torch_name(name) == "torch.load" and not any(
+                a.keyword and a.keyword.value == "map_location" for a in updated.args) \
                 and len([a for a in updated.args if a.keyword is None]) < 2:
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
@@ -208,7 +240,7 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
             first = updated.args[0].with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(original.args[0].value)})"))
             return updated.with_changes(args=[first, *updated.args[1:]])
-        if id(original) in self.p.add_kwarg:
+        if id(original) in self.p.add_kwarg and self._library_call(name, self.p.add_kwarg[id(original)][0]):
             self.changes += 1
             word, value = self.p.add_kwarg[id(original)]
             return updated.with_changes(args=_comma_args([*updated.args, _arg(word, parse_expr(value))]))
@@ -225,6 +257,28 @@ class Rewriter(cst.CSTTransformer):
             return updated.with_changes(func=parse_expr(f"ddpkit.unwrap({name})"))
         return updated
 
+    def _torch_name(self, name: str) -> str:
+        """`t.load` after `import torch as t`: `torch.load`."""
+        root, _, rest = name.partition(".")
+        return f"torch.{rest}" if rest and root != "torch" and self.imports.get(root) == "torch" else name
+
+    def _library_call(self, name: str, keyword: str) -> bool:
+        """`random_split` gets generator= only where it is torch's, `train_test_split` random_state= only
+        sklearn's: the script's own function of that name may take no such keyword."""
+        root, _, rest = name.partition(".")
+        if root not in self.imports:
+            return False
+        full = f"{self.imports[root]}.{rest}" if rest else self.imports[root]
+        return full.startswith("sklearn." if keyword == "random_state" else "torch.")
+
+    def _saves(self, call: cst.Call) -> bool:
+        """torch.save, or a save helper of another module (`utils.save_checkpoint(model, ...)`) given the model:
+        it gets the model itself (keys without `module.`), and rank 0 alone writes."""
+        name = dotted(call.func)
+        if self._torch_name(name) == "torch.save":
+            return True
+        return _external_helper(self, call, _SAVES, needs_model=False)
+
     def _bypasses_ddp(self, original: cst.Call) -> bool:
         """`model.encode(x)` in a training step: the model's own method, not forward, with gradients on."""
         func = original.func
@@ -232,6 +286,9 @@ class Rewriter(cst.CSTTransformer):
             return False
         if self.role(func.value) != "model" or self.no_grad or any(r == "eval" for _, r in self.batches):
             return False
+        methods = [s.node for k, s in self.f.scopes.items() if s.cls and k == f"{s.cls}.{func.attr.value}"]
+        if methods and all(_no_grad(m) for m in methods):
+            return False  # `@torch.no_grad() def update_average(self)`: computes no gradient, trains nothing
         if any(r == "train" for _, r in self.batches):
             return True
         # a step function called from the loop (`def training_step(model, batch)`), not code after the loop
@@ -266,12 +323,17 @@ class Rewriter(cst.CSTTransformer):
             if self.role(updated.value) == "model":
                 return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
             return updated.value
-        if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model":
+        if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model" and \
+                dotted(updated.value) not in self.rebinding:  # `model = model.Net()`: the imported module `model`
             self.changes += 1
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
         return updated
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        # `args.device = torch.device(...)`: the script's own device setting is bound to ctx.device (code the
+        # port does not touch reads it), never turned into `ctx.device = ...`
+        updated = updated.with_changes(targets=[o if _args_device(o.target) else u
+                                                for o, u in zip(original.targets, updated.targets)])
         if id(original) in self.p.scale_world and self.in_ctx():
             self.changes += 1  # this rank's batch only: every rank processed as many samples in that time
             value = cst.Module([]).code_for_node(updated.value)
@@ -364,35 +426,142 @@ class Rewriter(cst.CSTTransformer):
         return updated
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        if len(original.body) == 1 and _pins_devices(original.body[0]):
+            self.changes += 1  # the launcher gives each rank its device: one visible GPU would leave the others none
+            return cst.RemoveFromParent()
         if not self.in_ctx():
             return updated
+        if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and moves_to_cpu(
+                original.body[0].value) and self.role(original.body[0].value.func.value) == "model" and isinstance(
+                original.body[0].value.func.value, cst.Name):
+            model = original.body[0].value.func.value.value  # `model.cpu()` -> `model = ddpkit.unwrap(model).cpu()`
+            return updated.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(model))], updated.body[0].value)])
+        if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and isinstance(
+                original.body[0].value, cst.Call) and dotted(original.body[0].value.func) == "torch.cuda.set_device":
+            self.changes += 1  # ddpkit.init selected this rank's GPU: the script's own choice would pin every rank
+            return cst.RemoveFromParent()
         kept = [s for s, o in zip(updated.body, original.body) if not _is_identity(s, o)]
         if not kept:
             self.changes += 1
             return cst.RemoveFromParent()
-        updated = updated.with_changes(body=[*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+        if len(kept) < len(updated.body):  # a statement dropped: the line's last one ends it (no `;` left hanging)
+            updated = updated.with_changes(body=[*kept[:-1], kept[-1].with_changes(
+                semicolon=original.body[-1].semicolon)])
         first = updated.body[0]
         if isinstance(first, cst.Assign) and len(first.targets) == 1 and _chooses_device(first):
             updated = updated.with_changes(body=[first.with_changes(value=parse_expr("ctx.device")), *updated.body[1:]])
             self.changes += 1
         if id(original) in self.p.wrap_inline and isinstance(updated.body[0], cst.Assign):
             assign = updated.body[0]
+            unused = [_arg("find_unused_parameters", cst.Name("True"))] if id(original) in self.p.unused_inline else []
             wrapped = cst.Call(parse_expr("ddpkit.wrap"), args=_comma_args(
-                [cst.Arg(strip_moves(assign.value)), cst.Arg(cst.Name("ctx"))]))
+                [cst.Arg(strip_moves(assign.value)), cst.Arg(cst.Name("ctx")), *unused]))
             updated = updated.with_changes(body=[assign.with_changes(value=wrapped), *updated.body[1:]])
             self.changes += 1
         saves = [s for s in updated.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
-                 and dotted(s.value.func) == "torch.save"]
+                 and self._saves(s.value)]
         if saves and len(updated.body) == 1:
             call = saves[0].value
-            args = [a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(a.value)})"))
-                    if self.role(a.value) == "model" else a for a in call.args]
+            args = [a.with_changes(value=a.value.visit(_Unwrap(self))) for a in call.args]
             line = updated.with_changes(body=[saves[0].with_changes(value=call.with_changes(args=args))],
                                         leading_lines=[])
             self.changes += 1
+            if id(original) in self.p.guard:  # the file-write rule puts it under `if ctx.is_main:` already
+                return line.with_changes(leading_lines=updated.leading_lines)
             return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
                           leading_lines=updated.leading_lines)
         return updated
+
+    def _hoist_collectives(self, original: cst.BaseStatement, guarded: cst.If):
+        """`if ctx.is_main: writer.add_scalar(..., ddpkit.all_reduce_sum(ctx, x).item())`: a collective only rank 0
+        joins would wait forever. Every rank computes it just before the guard; rank 0 then reports the result."""
+        found: list[cst.BaseExpression] = []
+        bound: set[str] = set()
+
+        class Find(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> bool:
+                if _is_collective(node):
+                    found.append(node)
+                    return False
+                return True
+
+            def visit_AsName(self, node: cst.AsName) -> None:
+                bound.update(n.value for n in _names(node.name))
+
+            def visit_CompFor(self, node: cst.CompFor) -> None:
+                bound.update(n.value for n in _names(node.target))
+
+            def visit_For(self, node: cst.For) -> None:
+                bound.update(n.value for n in _names(node.target))
+
+        guarded.body.visit(Find())
+        if not found:
+            return [], guarded
+        reads = {n.value for call in found for n in walk(call) if isinstance(n, cst.Name)}
+        if reads & bound:
+            self.p.todo(original, "this report runs on rank 0 only but needs a value summed over every rank (a "
+                        "collective every rank must join): compute that value on every rank before the report")
+            return [], guarded
+        code = cst.Module([]).code_for_node
+        names: dict[str, str] = {}
+        statements = []
+        for call in found:
+            text = code(call)
+            if text in names:
+                continue
+            names[text] = self._fresh_name(call)
+            statements.append(cst.parse_statement(f"{names[text]} = {text}  # every rank joins the sum; rank 0 "
+                                                  "reports it\n"))
+
+        class Replace(cst.CSTTransformer):
+            def leave_Call(self, orig: cst.Call, upd: cst.Call) -> cst.BaseExpression:
+                return cst.Name(names[code(orig)]) if _is_collective(orig) and code(orig) in names else upd
+
+        self.changes += 1
+        return statements, guarded.with_changes(body=guarded.body.visit(Replace()))
+
+    def _fresh_name(self, call: cst.Call) -> str:
+        while isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call):
+            call = call.func.value  # `ddpkit.all_reduce_sum(ctx, x).item()`: named after x
+        arg = call.args[1].value if len(call.args) > 1 else None
+        if isinstance(arg, cst.Name):
+            base = f"{arg.value}_all_ranks"
+        elif isinstance(arg, cst.Call) and dotted(arg.func) == "len" and arg.args and isinstance(
+                arg.args[0].value, cst.Name):
+            base = f"{arg.args[0].value.value}_batches_all_ranks"
+        else:
+            base = "summed_all_ranks"
+        name, n = base, 1
+        while name in self.used_names or re.search(rf"\b{name}\b", self.f.code(self.f.module)):
+            n += 1
+            name = f"{base}_{n}"
+        self.used_names.add(name)
+        return name
+
+    def _declare_global(self, stmt: cst.BaseStatement) -> None:
+        """`model = ddpkit.wrap(model, ctx)` in a function that only reads a module-level `model`: assigning it
+        there would make it local (UnboundLocalError on its first read), so the function declares it global."""
+        scope = self.f.scopes.get(self.key)
+        if scope is None or not isinstance(scope.node, cst.FunctionDef) or not isinstance(
+                stmt, cst.SimpleStatementLine):
+            return
+        targets = [t.target.value for s in stmt.body if isinstance(s, cst.Assign) for t in s.targets
+                   if isinstance(t.target, cst.Name)]
+        bound = _local_names(scope.node)
+        self.globals_needed.setdefault(self.key, set()).update(t for t in targets if t not in bound)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        names = self.globals_needed.pop(self.key, set()) if self._nodes_to_keys.get(id(original)) == self.key else ()
+        if not names or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        body = list(updated.body.body)
+        first = body[0] if body else None
+        doc = isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr) and isinstance(
+            first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        line = cst.parse_statement(f"global {', '.join(sorted(names))}  # ddpkit port: wrapped here, built outside\n")
+        at = 1 if doc else 0
+        self.changes += 1
+        return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], line, *body[at:]]))
 
     def _finish_statement(self, original: cst.BaseStatement, updated):
         notes = self.p.notes.get(id(original), [])
@@ -402,6 +571,9 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # one writer: the other ranks would write the same file at the same time
             updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
                 leading_lines=[])]), leading_lines=updated.leading_lines)
+        if _made_main_guard(original, updated):
+            hoisted, updated = self._hoist_collectives(original, updated)
+            before.extend(hoisted)
         if id(original) in self.p.main_first:
             self.changes += 1
             before.append(cst.parse_statement("if not ctx.is_main:  # rank 0 downloads first; the others then read "
@@ -418,6 +590,7 @@ class Rewriter(cst.CSTTransformer):
         for line in self.p.wrap_before.get(id(original), []):
             before.append(cst.parse_statement(f"{line}\n"))
             self.changes += 1
+            self._declare_global(before[-1])
         for name, kind in self.p.reduce_after.get(id(original), []):
             after.append(cst.parse_statement(reduce_statement(name, kind)))
             self.changes += 1
@@ -435,6 +608,113 @@ class Rewriter(cst.CSTTransformer):
         if before or after:
             return cst.FlattenSentinel([*before, updated, *after])
         return updated
+
+
+class _Unwrap(cst.CSTTransformer):
+    """The model where it is saved (`{"model": model}` too): ddpkit.unwrap(model), never the DDP wrapper."""
+
+    def __init__(self, rewriter: Rewriter) -> None:
+        super().__init__()
+        self.r = rewriter
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return False  # `model.state_dict()` is already read from the unwrapped model
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:  # only containers: a comprehension binds its own names
+        if isinstance(node, (cst.ListComp, cst.DictComp, cst.SetComp, cst.GeneratorExp, cst.Lambda)):
+            return False
+        return super().on_visit(node)
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return parse_expr(f"ddpkit.unwrap({original.value})") if self.r.role(original) == "model" else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return parse_expr(f"ddpkit.unwrap({dotted(original)})") if self.r.role(original) == "model" else updated
+
+
+def _imported_names(module: cst.Module) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted(alias.name)
+                local = alias.asname.name.value if alias.asname else full.split(".")[0]
+                found[local] = full if alias.asname else local
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) and node.module:
+            for alias in node.names:
+                local = alias.asname.name.value if alias.asname else dotted(alias.name)
+                found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
+    return found
+
+
+_SAVES = re.compile(r"save|checkpoint", re.IGNORECASE)
+_LOADS = re.compile(r"load|restore|resume", re.IGNORECASE)
+
+
+def _external_helper(rewriter: Rewriter, call: cst.Call, pattern: re.Pattern, needs_model: bool = True) -> bool:
+    """A function of another module, named like `pattern`, given the model (`utils.save_model(model=model)`);
+    a save helper called as a statement needs no model (`save_checkpoint({"state_dict": ...}, path)`)."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1]
+    if not name or rewriter.f.callees(call, rewriter.key) or not pattern.search(last) or root_name(call.func) in (
+            "ddpkit", "np", "numpy", "plt", "self", "torch") or (pattern is _SAVES and _LOADS.search(last)) or \
+            last == "checkpoint":  # torch.utils.checkpoint.checkpoint: activation checkpointing, not a file
+        return False
+    if isinstance(call.func, cst.Attribute) and rewriter.role(call.func.value) == "model":
+        return False  # the model's own method: read from ddpkit.unwrap(model) already
+    return not needs_model or any(rewriter.role(a.value) == "model" for a in call.args)
+
+
+def _is_collective(node: cst.Call) -> bool:
+    """`ddpkit.all_reduce_sum(ctx, x)` and what is read from it (`.item()`): a call every rank must make."""
+    inner = node
+    while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and isinstance(inner.func.value,
+                                                                                             cst.Call):
+        inner = inner.func.value
+    return isinstance(inner, cst.Call) and re.fullmatch(r"ddpkit\.(all_reduce\w*|all_gather\w*|broadcast\w*|barrier)",
+                                                         dotted(inner.func)) is not None
+
+
+def _made_main_guard(original: cst.CSTNode, updated: cst.CSTNode) -> bool:
+    """The port put this statement under `if ctx.is_main:` (the script had no such guard)."""
+    code = cst.Module([]).code_for_node
+    return isinstance(updated, cst.If) and code(updated.test) == "ctx.is_main" and not (
+        isinstance(original, cst.If) and code(original.test) == "ctx.is_main")
+
+
+def _pins_devices(small: cst.BaseSmallStatement) -> bool:
+    """`os.environ["CUDA_VISIBLE_DEVICES"] = "0"`, `os.environ.setdefault("CUDA_VISIBLE_DEVICES", ...)`."""
+    code = cst.Module([]).code_for_node
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        return isinstance(target, cst.Subscript) and dotted(target.value) == "os.environ" and \
+            "CUDA_VISIBLE_DEVICES" in code(target)
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and \
+            dotted(small.value.func) == "os.environ.setdefault" and small.value.args:
+        return "CUDA_VISIBLE_DEVICES" in code(small.value.args[0].value)
+    return False
+
+
+def _local_names(func: cst.FunctionDef) -> set[str]:
+    """Names a function binds itself (parameters, assignments, loop and with targets) or declares global."""
+    names = {p.name.value for p in (*func.params.params, *func.params.kwonly_params, *func.params.posonly_params)}
+    names.update(p.name.value for p in (func.params.star_arg, func.params.star_kwarg) if isinstance(p, cst.Param))
+    declared: set[str] = set()
+    for node in walk(func.body):
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)):
+            names.update(n.value for n in _names(node.target))
+        elif isinstance(node, cst.AsName):
+            names.update(n.value for n in _names(node.name))
+        elif isinstance(node, cst.Global):
+            declared.update(n.name.value for n in node.names)
+    return names | declared
+
+
+def _args_device(target: cst.BaseExpression) -> bool:
+    return isinstance(target, cst.Attribute) and target.attr.value == "device" and dotted(target.value) in ARGS_ROOTS
 
 
 def _on_device(value: cst.BaseExpression) -> cst.BaseExpression:

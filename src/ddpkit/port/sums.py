@@ -257,7 +257,6 @@ def plan_shard_figures(plan: Any) -> None:
         loops = [n for n in _own_nodes(plan, key) if isinstance(n, cst.For) and _shard_loop(plan, key, n)]
         for loop in loops:
             _audit_loop(plan, key, loop, meter_classes)
-        _guarded_collectives(plan, key)
         _foreign_helpers(plan, key)
 
 
@@ -460,20 +459,6 @@ def _reduce_meter(plan: Any, key: str, loop: cst.For, name: str, meter_classes: 
         [(f"{name}.sum", "any"), (f"{name}.count", "any"), (f"{name}.avg", f"={avg}")])
     plan.reduced.setdefault(key, set()).update({name, f"{name}.sum", f"{name}.count", f"{name}.avg"})
     return True
-
-
-def _guarded_collectives(plan: Any, key: str) -> None:
-    """A report the port puts on rank 0 (`if ctx.is_main:`) must not hold a read it reduces across ranks:
-    the other ranks would never join that collective."""
-    for node in _own_nodes(plan, key):
-        if id(node) in plan.guard:
-            inner = [n for n in walk(node) if id(n) in plan.reduce_read]
-            if inner:  # the line stays on rank 0 (its tracker may live there only); its figure is named
-                for n in inner:
-                    plan.reduce_read.pop(id(n), None)
-                plan.todo(node, f"not checked: this rank-0 line reports `{plan.f.code(inner[0])}`, this rank's "
-                          "running sum: reduce it (ddpkit.all_reduce_sum) on every rank before the line, then "
-                          "report it on rank 0")
 
 
 _NOT_HELPERS = frozenset({"enumerate", "len", "iter", "next", "zip", "list", "tuple", "tqdm", "tqdm.tqdm", "trange",
