@@ -364,3 +364,47 @@ def test_a_running_sum_logged_on_rank_0_is_summed_by_every_rank_before_the_rank_
     assert "running_all_ranks = ddpkit.all_reduce_sum(ctx, running)" in before.rsplit("\n", 2)[-2]
     assert "(running_all_ranks / ctx.world_size) / 4" in guarded.split("\n")[0]
     assert result.exit_code == 0, result.todos
+
+
+def test_a_per_rank_count_bound_to_a_name_is_followed_or_named():
+    result = _port("count_by_name")
+    code = result.code
+    ast.parse(code)
+    # `train_steps = len(train_loader)`, bound once: the mean divides by every rank's batches
+    assert "running_loss / ddpkit.all_reduce_sum(ctx, train_steps).item()" in code
+    assert "train_steps = len(train_loader)" in code
+    # `steps = i + 1` of the loop's counter: not followed, so not claimed
+    assert result.exit_code == 3
+    todos = _todo_lines(result)
+    assert len(todos) == 1
+    message = next(iter(todos.values()))
+    assert message.startswith("not checked: `total_loss / steps`")
+    lines = [s.strip() for s in code.splitlines()]
+    assert lines[lines.index("return total_loss / steps") - 1].startswith("# TODO(ddpkit port): not checked:")
+
+
+def test_a_checkpoint_dict_built_in_a_variable_saves_the_unwrapped_model():
+    result = _port("checkpoint_in_variable")
+    code = result.code
+    assert result.exit_code == 0, result.todos
+    ast.parse(code)
+    assert 'state = {"epoch": epoch, "model": ddpkit.unwrap(model), "optimizer": optimizer.state_dict()}' in code
+    assert 'final = {"weights": ddpkit.unwrap(model).state_dict(), "epochs": 2}' in code
+    assert '"model": model' not in code
+
+
+def test_a_module_level_count_name_is_followed_and_a_rebound_one_is_named():
+    src = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+           "x = torch.randn(64, 8)\ny = (x.sum(1) > 0).long()\n"
+           "loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)\n"
+           "model = nn.Linear(8, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nn = len(loader)\n"
+           "for epoch in range(2):\n    total = 0.0\n    for a, b in loader:\n"
+           "        loss = nn.functional.cross_entropy(model(a), b)\n        opt.zero_grad()\n"
+           "        loss.backward()\n        opt.step()\n        total += loss.item()\n    print(total / n)\n")
+    once = port_source(src, "once.py")
+    assert once.exit_code == 0, once.todos
+    assert "total / ddpkit.all_reduce_sum(ctx, n).item()" in once.code
+    rebound = port_source(src + "    n = len(loader) - 1\n", "rebound.py")
+    assert rebound.exit_code == 3
+    assert [t.message.split("`")[1] for t in rebound.todos] == ["total / n"]
+    assert "all_reduce_sum(ctx, n)" not in rebound.code.replace("# TODO", "#").split("print0")[1].split("\n")[0]

@@ -361,30 +361,65 @@ class Rewriter(cst.CSTTransformer):
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation):
         if self.in_ctx() and isinstance(updated.operator, cst.Divide):
-            right = self._global_len(updated.left, updated.right)
+            right = self._global_len(updated.left, updated.right, original)
             if right is not None:
                 return updated.with_changes(right=right)
         return updated
 
     def leave_AugAssign(self, original: cst.AugAssign, updated: cst.AugAssign):
         if self.in_ctx() and isinstance(updated.operator, cst.DivideAssign):
-            right = self._global_len(updated.target, updated.value)
+            right = self._global_len(updated.target, updated.value, original)
             if right is not None:
                 return updated.with_changes(value=right)
         return updated
 
-    def _global_len(self, left: cst.CSTNode, right: cst.CSTNode) -> cst.BaseExpression | None:
+    def _global_len(self, left: cst.CSTNode, right: cst.CSTNode, original: cst.CSTNode) -> cst.BaseExpression | None:
         """A reduced sum divided by a loader's number of batches: count the batches of every rank.
 
-        One form for training and evaluation loaders alike (a helper may be called with either)."""
+        One form for training and evaluation loaders alike (a helper may be called with either). A plain name
+        bound once in this scope to `len(loader)` is followed; one bound to a per-rank count the port cannot
+        follow (rebound, or from a loop's counter) is named in a TODO."""
         reduced = self.p.reduced.get(self.key, set())
-        if not any(dotted(n) in reduced for n in _walk_expr(left)) or not (
-                isinstance(right, cst.Call) and dotted(right.func) == "len" and len(right.args) == 1):
+        if not any(dotted(n) in reduced for n in _walk_expr(left)):
+            return None
+        if isinstance(right, cst.Name):
+            return self._named_len(right.value, original)
+        if not (isinstance(right, cst.Call) and dotted(right.func) == "len" and len(right.args) == 1):
             return None
         loader = dotted(right.args[0].value)
         if self.role(right.args[0].value) in ("train", "eval"):
             self.changes += 1
             return parse_expr(f"ddpkit.all_reduce_sum(ctx, len({loader})).item()")
+        return None
+
+    def _named_len(self, name: str, original: cst.CSTNode) -> cst.BaseExpression | None:
+        """`steps = len(loader)` bound once in this scope (never rebound) and later divided into a reduced sum:
+        divide by the batches of every rank. Bound more than once, or to a shard loop's counter: a TODO."""
+        bound = [n for n in self.p.nodes(self.key)
+                 if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For, cst.With, cst.NamedExpr))
+                 and any(isinstance(x, cst.Name) and x.value == name for x in _targets_of(n))]
+        if name in self.p.reduced.get(self.key, set()):
+            return None  # a sum the port reduces already (`total += y.size(0)`)
+        counters = {n.target.elements[0].value.value for n in self.p.nodes(self.key)  # `for i, b in enumerate(...)`
+                    if isinstance(n, cst.For) and self.p.loop_role(self.key, n) and isinstance(n.iter, cst.Call)
+                    and dotted(n.iter.func) == "enumerate" and isinstance(n.target, cst.Tuple)
+                    and isinstance(n.target.elements[0].value, cst.Name)}
+        values = [n.value for n in bound if isinstance(n, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+                  and n.value is not None]
+        per_rank = any((isinstance(x, cst.Call) and dotted(x.func) == "len" and len(x.args) == 1
+                        and self.role(x.args[0].value) in ("train", "eval"))
+                       or (isinstance(x, cst.Name) and x.value in counters) for v in values for x in walk(v))
+        if not per_rank:
+            return None
+        only = bound[0] if len(bound) == 1 and isinstance(bound[0], cst.Assign) and len(bound[0].targets) == 1 \
+            and isinstance(bound[0].targets[0].target, cst.Name) else None
+        if only is not None and isinstance(only.value, cst.Call) and dotted(only.value.func) == "len" \
+                and len(only.value.args) == 1 and self.role(only.value.args[0].value) in ("train", "eval"):
+            self.changes += 1
+            return parse_expr(f"ddpkit.all_reduce_sum(ctx, {name}).item()")
+        self.p.todo(original, f"not checked: `{self.p.f.code(original)}` divides a sum over every rank by `{name}`, "
+                    "a count of this rank's own batches or steps the port cannot follow (rebound, or from a loop's "
+                    f"counter): divide by the count over every rank (ddpkit.all_reduce_sum(ctx, {name}))")
         return None
 
     def _loader(self, call: cst.Call, kind: str, spread: dict[str, cst.BaseExpression]) -> cst.Call:
@@ -458,6 +493,12 @@ class Rewriter(cst.CSTTransformer):
                 [cst.Arg(strip_moves(assign.value)), cst.Arg(cst.Name("ctx")), *unused]))
             updated = updated.with_changes(body=[assign.with_changes(value=wrapped), *updated.body[1:]])
             self.changes += 1
+        if len(updated.body) == 1 and isinstance(updated.body[0], cst.Assign) and self._saved_dict(updated.body[0]):
+            assign = updated.body[0]  # `state = {"model": model}` ... `torch.save(state, path)`: never the wrapper
+            unwrapped = assign.value.visit(_Unwrap(self))
+            if not unwrapped.deep_equals(assign.value):
+                self.changes += 1
+                updated = updated.with_changes(body=[assign.with_changes(value=unwrapped)])
         saves = [s for s in updated.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)
                  and self._saves(s.value)]
         if saves and len(updated.body) == 1:
@@ -471,6 +512,17 @@ class Rewriter(cst.CSTTransformer):
             return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
                           leading_lines=updated.leading_lines)
         return updated
+
+    def _saved_dict(self, assign: cst.Assign) -> bool:
+        """`state = {...}` (a dict literal bound to a plain name) whose name is later given, as it is, to a save
+        call of this scope (`torch.save(state, path)`, `save_checkpoint(state, ...)`)."""
+        if not isinstance(assign.value, cst.Dict) or len(assign.targets) != 1 \
+                or not isinstance(assign.targets[0].target, cst.Name):
+            return False
+        name = assign.targets[0].target.value
+        return any(isinstance(n, cst.Call) and self._saves(n) and any(
+            isinstance(a.value, cst.Name) and a.value.value == name for a in n.args)
+            for n in self.p.nodes(self.key))
 
     def _hoist_collectives(self, original: cst.BaseStatement, guarded: cst.If):
         """`if ctx.is_main: writer.add_scalar(..., ddpkit.all_reduce_sum(ctx, x).item())`: a collective only rank 0
@@ -633,6 +685,19 @@ class _Unwrap(cst.CSTTransformer):
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
         return parse_expr(f"ddpkit.unwrap({dotted(original)})") if self.r.role(original) == "model" else updated
+
+
+def _targets_of(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes a binding statement stores to."""
+    if isinstance(node, cst.Assign):
+        return [x for t in node.targets for x in walk(t.target)]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+        return list(walk(node.target))
+    if isinstance(node, cst.NamedExpr):
+        return list(walk(node.target))
+    if isinstance(node, cst.With):
+        return [x for item in node.items if item.asname is not None for x in walk(item.asname.name)]
+    return []
 
 
 def _imported_names(module: cst.Module) -> dict[str, str]:
