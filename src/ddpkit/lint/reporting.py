@@ -193,6 +193,12 @@ def _loop_bindings(target: ast.AST, source: ast.AST) -> list[tuple[ast.AST, ast.
     return [(target, source)]
 
 
+def _call_positions(d: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The parameters a call fills by position: a method's `self`/`cls` is not one of them."""
+    params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
+    return params[1:] if params[:1] in (["self"], ["cls"]) else params
+
+
 def _own(project, scope: ast.AST) -> list[ast.AST]:
     """_own_nodes, once per scope and project (shared with flow.py's)."""
     return project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
@@ -252,9 +258,7 @@ def _passes(project) -> dict[str, set[int]]:
             before = {k: set(v) for k, v in found.items()}
             for x in project.scripts.values():
                 for d in x.defs:
-                    params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
-                    if params[:1] in (["self"], ["cls"]):
-                        params = params[1:]
+                    params = _call_positions(d)
                     returns = [n.value for n in _own(project, d) if isinstance(n, ast.Return) and n.value is not None]
                     if not returns:
                         continue
@@ -325,12 +329,11 @@ def reporters(s: Script) -> dict[str, Reporter]:
                         shown.update(sources & params)
                     if guarded:
                         old = found.get(d.name)
-                        order = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
                         found[d.name] = Reporter(
                             (old is None or old.rank_zero) and all(guarded),
                             (old.names if old else frozenset()) | named,
                             (old.shown if old else frozenset()) | shown,
-                            tuple(order[1:] if order[:1] in (["self"], ["cls"]) else order))
+                            tuple(_call_positions(d)))
             if found == before:
                 break
         return found
@@ -381,9 +384,7 @@ def _reducers(project) -> dict[str, set[int]]:
         before = {k: set(v) for k, v in found.items()}
         for x in project.scripts.values():
             for d in x.defs:
-                params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
-                if params[:1] in (["self"], ["cls"]):
-                    params = params[1:]
+                params = _call_positions(d)
                 for call in _calls(project, d):
                     if not _collective(x, call, before):
                         continue
