@@ -6,7 +6,13 @@
 #   tools/torch-next-tests.sh 2.15.0                     # make .venv-torch-2.15.0 if needed, then run the tests
 #   tools/torch-next-tests.sh 2.11.0 --setup-only        # only make the venv
 #   tools/torch-next-tests.sh 2.15.0 -- -k rendezvous    # extra pytest arguments after --
+#   tools/torch-next-tests.sh 2.11.0 --discard           # remove the venv afterwards (CI: one CUDA build on disk at a time)
 #   .venv-torch-2.15.0/bin/python tools/torch_bug_repros.py   # then: does torch alone still need each patch?
+#
+# A CUDA build takes about NEED_GB of disk while it installs (the wheels, unpacked, and the venv; pip's
+# cache is off, PIP_NO_CACHE_DIR=1). With less free space where the venv or pip's temporary files go,
+# the script says so in one line and exits 3 without touching anything; .ci/run reports that run as
+# "not run (disk)" by name in its summary.
 #
 # The CI pin stays in constraints.txt (torch 2.13.0, CPU build); this venv ignores it on purpose, and
 # also the machine's own pip constraints (a global constraints file may cap torch below the release
@@ -14,6 +20,7 @@
 # so installing ddpkit's dev extras never moves it. The PyPI wheels are CUDA builds: they run on the
 # CPU, but each rank's `import torch` is slow, hence a list of multi-process tests, not all of them.
 set -euo pipefail
+NEED_GB=11  # measured: 9.2 GiB at the peak for 2.15.0 (+cu132), 2026-12-01
 
 cd "$(dirname "$0")/.."
 MULTIPROC=(  # one test or two per patch in ddpkit.torchinternals; about 2.5 minutes on 2.15.0 here
@@ -34,13 +41,15 @@ MULTIPROC=(  # one test or two per patch in ddpkit.torchinternals; about 2.5 min
 
 version=""
 setup_only=0
+discard=0
 pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --setup-only) setup_only=1 ;;
+        --discard) discard=1 ;;
         --) shift; pytest_args=("$@"); break ;;
         [0-9]*.[0-9]*) version="$1" ;;
-        *) echo "torch-next-tests.sh: unknown argument $1; usage: tools/torch-next-tests.sh VERSION [--setup-only] [-- PYTEST_ARGS]" >&2
+        *) echo "torch-next-tests.sh: unknown argument $1; usage: tools/torch-next-tests.sh VERSION [--setup-only] [--discard] [-- PYTEST_ARGS]" >&2
            exit 2 ;;
     esac
     shift
@@ -52,12 +61,21 @@ fi
 
 venv=".venv-torch-$version"
 if [ ! -x "$venv/bin/python" ]; then
+    # free space (GB) where the venv goes and where pip unpacks the wheels
+    for place in "$PWD" "${TMPDIR:-/tmp}"; do
+        free_gb=$(( $(df -Pk "$place" | awk 'NR==2 {print $4}') / 1048576 ))
+        if [ "$free_gb" -lt "$NEED_GB" ]; then
+            echo "torch-next-tests.sh: not run: installing torch $version (a CUDA build) needs about $NEED_GB GB free, $place has $free_gb GB; free some disk (old .venv-torch-* folders, pip's cache) and run it again" >&2
+            exit 3
+        fi
+    done
     echo "== making $venv"
     python3 -m venv "$venv"
 fi
+[ "$discard" = 1 ] && trap 'rm -rf "$venv"' EXIT
 : > "$venv/no-constraints.txt"
 echo "== installing torch $version and ddpkit[dev] in $venv"
-PIP_CONSTRAINT="$PWD/$venv/no-constraints.txt" "$venv/bin/pip" install -q -e '.[dev]' "torch==$version"
+PIP_NO_CACHE_DIR=1 PIP_CONSTRAINT="$PWD/$venv/no-constraints.txt" "$venv/bin/pip" install -q -e '.[dev]' "torch==$version"
 "$venv/bin/python" - "$version" <<'EOF'
 import sys, torch
 got = torch.__version__.split("+")[0]
@@ -66,4 +84,4 @@ sys.exit(0 if got == sys.argv[1] else f"torch-next-tests.sh: asked for torch {sy
 EOF
 [ "$setup_only" = 1 ] && exit 0
 
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit "${MULTIPROC[@]}" "${pytest_args[@]}"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit "${MULTIPROC[@]}" "${pytest_args[@]}"

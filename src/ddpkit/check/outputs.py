@@ -160,7 +160,8 @@ class OutputProbes:
             return
         path = os.fspath(path)
         path = path if path.startswith("<") else os.path.abspath(path)  # "<W&B run ...>": a tracker run
-        if path.startswith(("/dev/", "/proc/")) or path in self._written or _importing(frame):
+        device = path.startswith(("/dev/", "/proc/")) and not path.startswith("/dev/shm/")  # /dev/shm holds files
+        if device or path in self._written or _importing(frame):
             return
         site = script_site(frame)
         if site is not None:
