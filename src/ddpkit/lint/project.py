@@ -365,8 +365,14 @@ class Project:
         self.distributed = any(s.distributed for s in scripts)
         self.spawned = any(s.per_rank_functions is not None for s in scripts)
         """The ranks are started by mp.spawn/Process from the script itself, not by torchrun."""
-        self.prints_silenced = any(_swaps_print(n) for _, n in nodes)
-        """Some file replaces builtins.print (setup_for_distributed(is_master)): print is a no-op off rank 0."""
+        self.silenced_streams = {n.targets[0].attr for s, n in nodes if _silences_stream(s, n)}
+        """'stdout'/'stderr' where ranks singled out by a rank check point sys.stdout at os.devnull (or the like)."""
+        self.silencers = {id(n) for s, n in nodes if _swaps_print(n) or _silences_stream(s, n) and
+                          n.targets[0].attr == "stdout"}
+        """The statements that make print a no-op off rank 0: a builtins.print swap (setup_for_distributed(is_master))
+        or `if rank != 0: sys.stdout = open(os.devnull, "w")`."""
+        self.prints_silenced = bool(self.silencers)
+        """Some file silences print off rank 0 (see silencers)."""
         self.augments = any(isinstance(n, (ast.Name, ast.Attribute)) and _AUGMENT.search(terminal(n))
                             for _, n in nodes) or any(_draws(s, n) for s, n in nodes)
         """The program draws random numbers per sample or per step (augmentation, noise, timesteps, masks):
@@ -469,19 +475,27 @@ class Project:
                         changed = True
         return found, exchanging, looping
 
-    def print_silenced(self, script: Script, call: ast.Call) -> bool:
+    def print_silenced(self, script: Script, call: ast.Call, stdout: bool = True) -> bool:
         """Whether `call` (a print) runs after the program swaps builtins.print: every print does, except one in the
         function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
-        written above the swap, which runs on every rank before print is replaced."""
-        if not self.prints_silenced:
+        written above the swap, which runs on every rank before print is replaced. `stdout=False`: count only the
+        swaps of print, not a silenced sys.stdout (a tqdm bar writes to sys.stderr)."""
+        silencers = self.silencers if stdout else self.memo("print swap nodes", lambda: {
+            id(n) for x in self.scripts.values() for n in x.nodes if _swaps_print(n)})
+        if not silencers:
             return False
-        swaps = self.memo("print swaps", lambda: {d.name for x in self.scripts.values() for d in x.defs
-                                                  if any(_swaps_print(n) for n in ast.walk(d))})
+        swaps = self.memo(("print swaps", stdout), lambda: {d.name for x in self.scripts.values() for d in x.defs
+                                                            if any(id(n) in silencers for n in ast.walk(d))})
         scope = script.context(call).scope
         func = next((d for d in script.defs if id(d) == scope), None)
-        if func is None or func.name in swaps:
+        replacers = self.memo("print replacers", lambda: {d.name for x in self.scripts.values() for d in x.defs
+                                                          if any(_swaps_print(n) for n in ast.walk(d))})
+        if func is None:  # module code: after a silencer written at module level of this file, if it has one
+            here = [n.lineno for n in script.nodes if id(n) in silencers and script.context(n).scope == scope]
+            return not here or call.lineno > min(here)
+        if func.name in replacers:
             return True
-        swap_lines = [n.lineno for n in ast.walk(func) if _swaps_print(n) or isinstance(n, ast.Call)
+        swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or isinstance(n, ast.Call)
                       and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
         return not swap_lines or call.lineno > min(swap_lines)
 
@@ -655,6 +669,19 @@ def _is_main_block(stmt: ast.stmt) -> bool:
 def _is_master_addr(target: ast.AST) -> bool:
     return isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
         and target.slice.value == "MASTER_ADDR"
+
+
+_DISCARD = re.compile(r"devnull|null|dummy|discard|quiet|silent", re.IGNORECASE)
+
+
+def _silences_stream(s: Script, node: ast.AST) -> bool:
+    """`sys.stdout = open(os.devnull, "w")` (or sys.stderr, or None) on the ranks a rank check singles out."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+            and node.targets[0].attr in ("stdout", "stderr") and s.qualname(node.targets[0].value) == "sys"):
+        return False
+    value = node.value
+    discards = isinstance(value, ast.Constant) and value.value is None or _DISCARD.search(ast.unparse(value))
+    return bool(discards) and s.context(node).level > 0
 
 
 def _swaps_print(node: ast.AST) -> bool:

@@ -1,0 +1,135 @@
+"""Rank-0 guards that also admit a single-process run, and output silenced on ranks other than 0."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _lint(files: dict[str, str]) -> set[tuple[str, int, str]]:
+    found = lint_sources({name: textwrap.dedent(code) for name, code in files.items()})
+    return {(f.path, f.line, f.rule) for f in found}
+
+
+def _line(code: str, text: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if text in line)
+
+
+_DIST = """
+    import torch.distributed as dist
+
+    NUM_GPUS = 2
+
+
+    def is_main_proc():
+        return NUM_GPUS == 1 or dist.get_rank() % NUM_GPUS == 0
+"""
+
+_TRAIN = """
+    import torch
+    import torch.distributed as dist
+    import distributed as du
+
+
+    def save(model, path):
+        if not du.is_main_proc():
+            return
+        torch.save(model.state_dict(), path)  # save via helper
+
+
+    def save_if_first(model, path):
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        torch.save(model.state_dict(), path)  # save after early return
+
+
+    def save_every_rank(model, path):
+        if du.NUM_GPUS == 1 and dist.get_rank() != 0:
+            return
+        torch.save(model.state_dict(), path)  # save on every rank
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 2)
+        save(model, "a.pt")
+        save_if_first(model, "b.pt")
+        save_every_rank(model, "c.pt")
+        if du.is_main_proc():
+            print("from the helper")
+        if du.NUM_GPUS == 1 or dist.get_rank() == 0:
+            print("inline")
+        is_master = not dist.is_initialized() or dist.get_rank() == 0
+        if is_master:
+            print("through a flag")
+        if du.NUM_GPUS == 1 or du.NUM_GPUS > 4:
+            print("no rank arm")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_single_process_arm_beside_a_rank_arm_guards_rank_0():
+    found = _lint({"distributed.py": _DIST, "train.py": _TRAIN})
+    for text in ("save via helper", "save after early return"):
+        assert ("train.py", _line(_TRAIN, text), "DDP004") not in found, text
+    for text in ('print("from the helper")', 'print("inline")', 'print("through a flag")'):
+        assert ("train.py", _line(_TRAIN, text), "DDP008") not in found, text
+
+
+def test_a_count_test_without_a_rank_arm_guards_nothing():
+    found = _lint({"distributed.py": _DIST, "train.py": _TRAIN})
+    assert ("train.py", _line(_TRAIN, "save on every rank"), "DDP004") in found
+    assert ("train.py", _line(_TRAIN, 'print("no rank arm")'), "DDP008") in found
+
+
+_SILENCED = """
+    import logging
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        torch.manual_seed(0)
+        print("before the redirect")
+        if rank != 0:
+            sys.stdout = open(os.devnull, "w")
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+        logging.info("configured")
+        print("after the redirect")
+        for _ in tqdm(range(3)):
+            pass
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_stdout_sent_to_devnull_off_rank_0_silences_print_and_logging_after_it():
+    found = _lint({"train.py": _SILENCED})
+    assert ("train.py", _line(_SILENCED, 'print("after the redirect")'), "DDP008") not in found
+    assert ("train.py", _line(_SILENCED, 'logging.info("configured")'), "DDP008") not in found
+    # before the redirect every rank prints; tqdm writes to sys.stderr, which nothing silences
+    assert ("train.py", _line(_SILENCED, 'print("before the redirect")'), "DDP008") in found
+    assert ("train.py", _line(_SILENCED, "tqdm(range(3))"), "DDP008") in found
+
+
+def test_stdout_redirected_on_every_rank_silences_nothing():
+    code = _SILENCED.replace("if rank != 0:\n            sys.stdout", "if True:\n            sys.stdout")
+    assert code != _SILENCED
+    found = _lint({"train.py": code})
+    assert ("train.py", _line(code, 'print("after the redirect")'), "DDP008") in found
+    assert ("train.py", _line(code, 'logging.info("configured")'), "DDP008") in found
