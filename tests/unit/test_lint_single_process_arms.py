@@ -1,4 +1,4 @@
-"""Rank-0 guards that also admit a single-process run, and output silenced on ranks other than 0."""
+"""Rank-0 guards that also admit a single-process run, output silenced off rank 0, data named by a dict key."""
 
 from __future__ import annotations
 
@@ -133,3 +133,35 @@ def test_stdout_redirected_on_every_rank_silences_nothing():
     found = _lint({"train.py": code})
     assert ("train.py", _line(code, 'print("after the redirect")'), "DDP008") in found
     assert ("train.py", _line(code, 'logging.info("configured")'), "DDP008") in found
+
+
+_KEYED = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def main(dataset):
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        sampler = {"train": None, "dev": None}
+        sampler["train"] = DistributedSampler(dataset["train"], shuffle=True)
+        sampler["dev"] = DistributedSampler(dataset["dev"], shuffle=False)
+        samplers = {"test": DistributedSampler(dataset["test"])}
+        loader = {
+            "train": DataLoader(dataset["train"], sampler=sampler["train"]),
+            "dev": DataLoader(dataset["dev"], sampler=sampler["dev"]),
+            "test": DataLoader(dataset["test"], sampler=samplers["test"]),
+        }
+        for name in ("train", "dev", "test"):
+            for batch in loader[name]:
+                print(batch)
+        dist.destroy_process_group()
+"""
+
+
+def test_a_dict_key_names_evaluation_data_like_a_variable():
+    found = _lint({"train.py": _KEYED})
+    assert ("train.py", _line(_KEYED, 'sampler["dev"] = Distributed'), "DDP006") in found
+    assert ("train.py", _line(_KEYED, '"test": DistributedSampler'), "DDP006") in found
+    assert ("train.py", _line(_KEYED, 'sampler["train"] = Distributed'), "DDP006") not in found
