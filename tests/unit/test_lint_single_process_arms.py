@@ -1,4 +1,5 @@
-"""Rank-0 guards that also admit a single-process run, output silenced off rank 0, data named by a dict key."""
+"""Which rank runs what: rank-0 guards with single-process arms, output silenced off rank 0, data named by dict
+keys and loader attributes, module functions reached only through modules."""
 
 from __future__ import annotations
 
@@ -165,3 +166,64 @@ def test_a_dict_key_names_evaluation_data_like_a_variable():
     assert ("train.py", _line(_KEYED, 'sampler["dev"] = Distributed'), "DDP006") in found
     assert ("train.py", _line(_KEYED, '"test": DistributedSampler'), "DDP006") in found
     assert ("train.py", _line(_KEYED, 'sampler["train"] = Distributed'), "DDP006") not in found
+
+
+_QUEUES = """
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+    import utils
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def main(args, train_data, valid_data):
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        train_queue = DataLoader(train_data, sampler=DistributedSampler(train_data))
+        valid_queue = DataLoader(valid_data, sampler=DistributedSampler(valid_data))
+        model = torch.nn.Linear(2, 2)
+        for epoch in range(args.epochs):
+            train_queue.sampler.set_epoch(epoch)
+            valid_queue.sampler.set_epoch(0)  # evaluation order
+            train_queue.sampler.set_epoch(0)  # training order
+            for x in train_queue:
+                model(x).sum().backward()
+            utils.store(model, args.save)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--save", default="out")
+        parser.add_argument("--epochs", type=int, default=2)
+        main(parser.parse_args(), None, None)
+"""
+
+_UTILS = """
+    import torch
+    import torch.distributed as dist
+
+
+    def store(model, path):
+        if dist.get_rank() == 0:
+            torch.save(model.state_dict(), path)
+
+
+    def save(model, path):  # never called: `args.save` is a string of the parsed arguments
+        torch.save(model.state_dict(), path)
+"""
+
+
+def test_set_epoch_on_a_loader_named_for_evaluation_is_not_a_fixed_training_order():
+    found = _lint({"train.py": _QUEUES, "utils.py": _UTILS})
+    assert ("train.py", _line(_QUEUES, "# evaluation order"), "DDP001") not in found
+    assert ("train.py", _line(_QUEUES, "# training order"), "DDP001") in found
+
+
+def test_an_attribute_of_a_value_does_not_reach_a_module_function_of_that_name():
+    found = _lint({"train.py": _QUEUES, "utils.py": _UTILS})
+    assert ("utils.py", _line(_UTILS, "def save") + 1, "DDP004") not in found
+    called = _QUEUES.replace("utils.store(model, args.save)", "utils.save(model, args.save)")
+    found = _lint({"train.py": called, "utils.py": _UTILS})
+    assert ("utils.py", _line(_UTILS, "def save") + 1, "DDP004") in found

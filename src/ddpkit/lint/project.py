@@ -213,6 +213,14 @@ class Project:
                     for a in n.names:
                         if a.asname and a.asname != a.name:
                             renamed.setdefault(a.asname, set()).add(a.name)
+        # a function defined at module level (and as no method) is reached through an attribute only on a
+        # module (`utils.save(...)`), not on a value (`args.save`, a string of the parsed arguments)
+        methods = {d.name for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                   for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        module_level = {d.name for x in self.scripts.values() for d in x.tree.body
+                        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))} - methods
+        qualified = {id(n) for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)
+                     and n.attr in module_level and _module_rooted(x, n)}
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -222,7 +230,8 @@ class Project:
                 name = ""
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
                     name = n.id
-                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside:
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
+                        and not (n.attr in module_level and id(n) not in qualified):
                     name = n.attr
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
@@ -672,6 +681,15 @@ def _is_master_addr(target: ast.AST) -> bool:
 
 
 _DISCARD = re.compile(r"devnull|null|dummy|discard|quiet|silent", re.IGNORECASE)
+
+
+def _module_rooted(s: Script, node: ast.Attribute) -> bool:
+    """`utils.save` / `pkg.utils.save`: an attribute chain whose root is an imported name (a module, or a class or
+    object imported from one), not a local value."""
+    root = node.value
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return isinstance(root, ast.Name) and root.id in s.aliases
 
 
 def _silences_stream(s: Script, node: ast.AST) -> bool:

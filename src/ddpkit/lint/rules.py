@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import LOCAL, NONE, Script, distributed_mode, is_eval_sampler, terminal
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, is_eval_name, is_eval_sampler,
+                                  terminal)
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -54,6 +55,9 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     for script, call in set_epochs:
         if script is not s or not call.args:
             continue
+        if isinstance(call.func, ast.Attribute) and any(
+                is_eval_name(terminal(n)) for n in ast.walk(call.func.value) if isinstance(n, (ast.Name, ast.Attribute))):
+            continue  # `valid_queue.sampler.set_epoch(0)`: the order of evaluation data does not matter
         if isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
