@@ -227,3 +227,42 @@ def test_an_attribute_of_a_value_does_not_reach_a_module_function_of_that_name()
     called = _QUEUES.replace("utils.store(model, args.save)", "utils.save(model, args.save)")
     found = _lint({"train.py": called, "utils.py": _UTILS})
     assert ("utils.py", _line(_UTILS, "def save") + 1, "DDP004") in found
+
+
+_PARENT = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import helpers
+
+
+    def worker(rank, world_size):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        torch.manual_seed(rank)
+        helpers.announce("worker")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        helpers.prepare("out")
+        mp.spawn(worker, args=(2,), nprocs=2)
+"""
+
+_HELPERS = """
+    import os
+
+
+    def prepare(path):
+        os.makedirs(path, exist_ok=True)
+        print("experiment dir", path)  # parent only
+
+
+    def announce(what):
+        print("started", what)  # every rank
+"""
+
+
+def test_a_helper_only_the_parent_of_spawn_calls_runs_once():
+    found = _lint({"train.py": _PARENT, "helpers.py": _HELPERS})
+    assert ("helpers.py", _line(_HELPERS, "# parent only"), "DDP008") not in found
+    assert ("helpers.py", _line(_HELPERS, "# every rank"), "DDP008") in found

@@ -690,7 +690,8 @@ class Script:
     def per_rank(self, node: ast.AST) -> bool:
         """True if every rank runs this node (False for the parent process of an mp.spawn script)."""
         if self.per_rank_functions is None:
-            return True
+            project = getattr(self, "project", None)  # (set once the Project is built)
+            return project is None or not project.parent_only(self, node)
         ctx = self.context(node)
         parent = getattr(self, "parent_nodes", None)
         if parent is not None and not ctx.functions and id(node) not in parent:

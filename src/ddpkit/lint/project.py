@@ -508,6 +508,26 @@ class Project:
                       and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
         return not swap_lines or call.lineno > min(swap_lines)
 
+    def parent_only(self, script: Script, node: ast.AST) -> bool:
+        """Whether `node` sits in a module-level function of a file that starts no ranks itself, every call of which
+        is in the parent of an mp.spawn/Process script (`utils.create_exp_dir(args.save)` in the `__main__`
+        block before the workers start): only the parent runs it."""
+        functions = script.context(node).functions
+        if not functions or not self.spawned:
+            return False
+        name = functions[0]
+        if not any(d.name == name for d in script.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            return False
+
+        def compute() -> bool:
+            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)]
+            named = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                        and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
+                        for x in self.scripts.values() for n in x.nodes)  # passed along: runs where it is called
+            return bool(calls) and not named and all(
+                x.per_rank_functions is not None and not x.per_rank(c) for x, c in calls)
+        return self.memo(("parent only", script.path, name), compute)
+
     def global_parameter(self, script: Script, use: ast.Name) -> bool:
         """Whether `use` is a parameter every call of its function gives the global rank (see
         ddpkit.lint.callsites.global_parameter)."""
