@@ -266,3 +266,46 @@ def test_a_helper_only_the_parent_of_spawn_calls_runs_once():
     found = _lint({"train.py": _PARENT, "helpers.py": _HELPERS})
     assert ("helpers.py", _line(_HELPERS, "# parent only"), "DDP008") not in found
     assert ("helpers.py", _line(_HELPERS, "# every rank"), "DDP008") in found
+
+
+_MEMBER = """
+    import torch
+    import torch.distributed as dist
+    from backbones import ResNet  # not linted
+
+
+    class Head(torch.nn.Module):
+        def __init__(self, path):
+            super().__init__()
+            self.base = ResNet()
+            self.base.load_param(path)  # the backbone's own method
+
+        def load_param(self, path):
+            print("loading", path)  # never called
+
+        def describe(self):
+            print("head")  # called from main
+
+        def forward(self, x):
+            return self.base(x)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = Head("w.pt")
+        model.describe()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_call_on_a_member_does_not_run_the_class_own_method_of_that_name():
+    found = _lint({"train.py": _MEMBER})
+    assert ("train.py", _line(_MEMBER, "# never called"), "DDP008") not in found
+    assert ("train.py", _line(_MEMBER, "# called from main"), "DDP008") in found
+    called = _MEMBER.replace("model.describe()", "model.describe()\n        model.load_param('x.pt')")
+    assert ("train.py", _line(called, "# never called"), "DDP008") in _lint({"train.py": called})

@@ -221,6 +221,11 @@ class Project:
                         if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))} - methods
         qualified = {id(n) for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)
                      and n.attr in module_level and _module_rooted(x, n)}
+        # `self.base.load_param(...)` in a class that defines load_param itself hands the call to a member (a
+        # backbone), not to the class's own method, which is `self.load_param`
+        siblings = {id(d): names for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                    for names in [{d.name for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}]
+                    for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -231,7 +236,8 @@ class Project:
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
-                        and not (n.attr in module_level and id(n) not in qualified):
+                        and not (n.attr in module_level and id(n) not in qualified) \
+                        and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)):
                     name = n.attr
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
@@ -701,6 +707,12 @@ def _is_master_addr(target: ast.AST) -> bool:
 
 
 _DISCARD = re.compile(r"devnull|null|dummy|discard|quiet|silent", re.IGNORECASE)
+
+
+def _on_a_member(node: ast.Attribute) -> bool:
+    """`self.base.load_param`: an attribute of an attribute of self."""
+    return isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name) \
+        and node.value.value.id == "self"
 
 
 def _module_rooted(s: Script, node: ast.Attribute) -> bool:
