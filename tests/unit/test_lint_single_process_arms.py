@@ -309,3 +309,34 @@ def test_a_call_on_a_member_does_not_run_the_class_own_method_of_that_name():
     assert ("train.py", _line(_MEMBER, "# called from main"), "DDP008") in found
     called = _MEMBER.replace("model.describe()", "model.describe()\n        model.load_param('x.pt')")
     assert ("train.py", _line(called, "# never called"), "DDP008") in _lint({"train.py": called})
+
+
+_ONLY_DDP = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def main(args, data):
+        if args.distributed:
+            dist.init_process_group("gloo")
+        else:
+            raise NotImplementedError("only DDP")
+        torch.manual_seed(0)
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, sampler=sampler)
+        model = torch.nn.Linear(2, 2)
+        for epoch in range(3):
+            if args.distributed:
+                sampler.set_epoch(epoch)  # under the flag
+            for x in loader:
+                model(x).sum().backward()
+        dist.destroy_process_group()
+"""
+
+
+def test_a_run_without_the_flag_that_raises_never_builds_the_sampler():
+    found = _lint({"train.py": _ONLY_DDP})
+    assert ("train.py", _line(_ONLY_DDP, "# under the flag"), "DDP001") not in found
+    falls_through = _ONLY_DDP.replace('raise NotImplementedError("only DDP")', 'print("one process")')
+    assert ("train.py", _line(falls_through, "# under the flag"), "DDP001") in _lint({"train.py": falls_through})

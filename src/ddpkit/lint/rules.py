@@ -147,8 +147,23 @@ def _distributed_only(s: Script, node: ast.AST) -> bool:
             sense = distributed_mode(parent.test)
             if (sense > 0 and child is parent.body) or (sense < 0 and child is parent.orelse):
                 return True
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and child in block and any(
+                    _single_process_raises(stmt) for stmt in block[:block.index(child)]):
+                return True
         child = parent
     return False
+
+
+def _single_process_raises(stmt: ast.stmt) -> bool:
+    """`if args.distributed: ... else: raise NotImplementedError(...)` (or `if not distributed: raise`): a run
+    without the flag stops here, so what follows runs only distributed."""
+    if not isinstance(stmt, ast.If):
+        return False
+    sense = distributed_mode(stmt.test)
+    single = stmt.orelse if sense > 0 else stmt.body if sense < 0 else []
+    return bool(single) and isinstance(single[-1], ast.Raise)
 
 
 def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
