@@ -55,8 +55,8 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     for script, call in set_epochs:
         if script is not s or not call.args:
             continue
-        if isinstance(call.func, ast.Attribute) and any(
-                is_eval_name(terminal(n)) for n in ast.walk(call.func.value) if isinstance(n, (ast.Name, ast.Attribute))):
+        if isinstance(call.func, ast.Attribute) and any(is_eval_name(terminal(n)) for n in ast.walk(call.func.value)
+                                                        if isinstance(n, (ast.Name, ast.Attribute))):
             continue  # `valid_queue.sampler.set_epoch(0)`: the order of evaluation data does not matter
         if isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call):
             yield Hit(call, "DDP001", "error",
