@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
-from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode,
+from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode, run_sense,
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                single_setting, spawn_index_names, terminal)
 
@@ -236,7 +236,9 @@ class Script:
                 return max(self.kind(v) for v in expr.values)
             # `not distributed or rank == 0` is rank 0 of a distributed run, but in
             # `not args.multiprocessing_distributed or rank == 0` the left arm passes on every rank
-            kinds = [self.kind(v) for v in expr.values if distributed_mode(v) >= 0]
+            # (`cfg.NUM_GPUS == 1 or get_rank() % cfg.NUM_GPUS == 0` too: a one-process arm beside a rank arm)
+            ranked = any(self.kind(v) for v in expr.values)
+            kinds = [self.kind(v) for v in expr.values if (run_sense(v) if ranked else distributed_mode(v)) >= 0]
             return min(kinds, default=NONE)
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand)
@@ -490,9 +492,11 @@ class Script:
                 ctx = ctx.guarded(max(self.kind(v) for v in stmt.test.values), stmt, "after")
             elif k and isinstance(stmt.body[-1], _TERMINATORS) and not (
                     isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And)
-                    and any(not self.kind(v) for v in stmt.test.values)):
+                    and any(not self.kind(v) and run_sense(v) <= 0 for v in stmt.test.values)):
                 # `if rank != 0: return` guards everything after it in the same block; `if n_gpus == 1 and
-                # rank != 0: raise` stops only when the other condition holds too: the rest runs on every rank
+                # rank != 0: raise` stops only when the other condition holds too: the rest runs on every rank.
+                # An arm true in every multi-process run (`dist.is_initialized() and get_rank() != 0`) stops
+                # every rank but 0 there.
                 ctx = ctx.guarded(k, stmt, "after")
             elif barrier:
                 # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: rank 0 runs the code in
@@ -686,7 +690,8 @@ class Script:
     def per_rank(self, node: ast.AST) -> bool:
         """True if every rank runs this node (False for the parent process of an mp.spawn script)."""
         if self.per_rank_functions is None:
-            return True
+            project = getattr(self, "project", None)  # (set once the Project is built)
+            return project is None or not project.parent_only(self, node)
         ctx = self.context(node)
         parent = getattr(self, "parent_nodes", None)
         if parent is not None and not ctx.functions and id(node) not in parent:

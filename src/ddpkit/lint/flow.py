@@ -428,7 +428,32 @@ def summaries_of(s: Script) -> dict:
 
 
 def _terminals(node: ast.AST) -> list[str]:
-    return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
+    return [terminal(n) for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))] + [
+        _item_name(n) for n in ast.walk(node) if _item_name(n)]
+
+
+def _item_name(node: ast.AST) -> str:
+    """`sampler["dev"]` -> 'sampler_dev': the key of a dict item names the data as a variable would."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+            and terminal(node.value):
+        return f"{terminal(node.value)}_{node.slice.value}"
+    return ""
+
+
+def _keyed_items(s: Script) -> dict[int, str]:
+    """Values stored under a string key, by their item name: `sampler["dev"] = DistributedSampler(...)` and
+    `samplers = {"dev": DistributedSampler(...)}` (see _item_name)."""
+    found: dict[int, str] = {}
+    for node in s.nodes:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        if _item_name(target):
+            found[id(value)] = _item_name(target)
+        elif isinstance(value, ast.Dict) and terminal(target):
+            found.update({id(v): f"{terminal(target)}_{k.value}" for k, v in zip(value.keys, value.values)
+                          if isinstance(k, ast.Constant) and isinstance(k.value, str)})
+    return found
 
 
 def eval_samplers(s: Script) -> list[ast.Call]:
@@ -445,6 +470,7 @@ def eval_samplers(s: Script) -> list[ast.Call]:
         # `val_sampler = DistributedSampler(val_set) if distributed else None`: either arm is the value assigned
         named.update({id(arm): k.lstrip(".") for k, v in s.assignments if isinstance(v, ast.IfExp)
                       for arm in (v.body, v.orelse)})
+        keyed = _keyed_items(s)
         loaded = s.project.memo("loaded names", lambda: {
             terminal(n) for x in s.project.scripts.values() for n in x.nodes
             if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)})
@@ -456,7 +482,8 @@ def eval_samplers(s: Script) -> list[ast.Call]:
             loaders.append(c)
         loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
         used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
-                                                if isinstance(n, (ast.Name, ast.Attribute))}
+                                                if isinstance(n, (ast.Name, ast.Attribute))} | {
+            _item_name(n) for n in loader_args if _item_name(n)}
         for _ in range(2):  # `batches = make_batch_sampler(val_sampler, ...)`, then DataLoader(batch_sampler=batches)
             used |= {terminal(n) for k, v in s.assignments if k.lstrip(".") in used and isinstance(v, ast.Call)
                      for a in (*v.args, *(kw.value for kw in v.keywords)) for n in ast.walk(a)
@@ -476,7 +503,7 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                     (k.value for k in call.keywords if k.arg == param), None)
             else:
                 continue
-            target = named.get(id(call), "")
+            target = named.get(id(call), "") or keyed.get(id(call), "")
             if not (id(call) in used or (target and target in used)):
                 continue
             if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _terminals(dataset))):

@@ -483,9 +483,18 @@ def _logging_configured(project) -> bool:
 
 
 def _logging_per_rank(project) -> bool:
-    """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check."""
+    """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check, or
+    a handler writing to a stream that ranks other than 0 silence (`if rank != 0: sys.stdout = open(os.devnull,
+    "w")` before `basicConfig(stream=sys.stdout)`; basicConfig's default stream is sys.stderr)."""
     for x in project.scripts.values():
         for call in x.calls:
+            if project.silenced_streams and terminal(call.func) in ("basicConfig", "StreamHandler"):
+                stream = keyword(call, "stream") or (call.args[0] if call.args and terminal(call.func)
+                                                     == "StreamHandler" else None)
+                named = terminal(stream) if stream is not None and x.qualname(stream).startswith("sys.") else \
+                    "stderr" if stream is None else ""
+                if named in project.silenced_streams:
+                    return True
             if terminal(call.func) in ("basicConfig", "setLevel", "addHandler", "disable", "addFilter",
                                        "setup_logger", "setup_logging", "get_logger", "create_logger", "getLogger"):
                 if x.context(call).level or any(x.kind(n) for a in (*call.args, *(k.value for k in call.keywords))
@@ -609,7 +618,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         name = s.qualname(call.func)
         is_print = name in ("print", "rich.print") and not project.print_silenced(s, call)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and not project.print_silenced(s, call)
+            and not project.print_silenced(s, call, stdout=False)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (

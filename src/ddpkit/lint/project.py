@@ -213,6 +213,19 @@ class Project:
                     for a in n.names:
                         if a.asname and a.asname != a.name:
                             renamed.setdefault(a.asname, set()).add(a.name)
+        # a function defined at module level (and as no method) is reached through an attribute only on a
+        # module (`utils.save(...)`), not on a value (`args.save`, a string of the parsed arguments)
+        methods = {d.name for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                   for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        module_level = {d.name for x in self.scripts.values() for d in x.tree.body
+                        if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))} - methods
+        qualified = {id(n) for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)
+                     and n.attr in module_level and _module_rooted(x, n)}
+        # `self.base.load_param(...)` in a class that defines load_param itself hands the call to a member (a
+        # backbone), not to the class's own method, which is `self.load_param`
+        siblings = {id(d): names for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                    for names in [{d.name for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}]
+                    for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -222,7 +235,9 @@ class Project:
                 name = ""
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
                     name = n.id
-                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside:
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
+                        and not (n.attr in module_level and id(n) not in qualified) \
+                        and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)):
                     name = n.attr
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
@@ -365,8 +380,14 @@ class Project:
         self.distributed = any(s.distributed for s in scripts)
         self.spawned = any(s.per_rank_functions is not None for s in scripts)
         """The ranks are started by mp.spawn/Process from the script itself, not by torchrun."""
-        self.prints_silenced = any(_swaps_print(n) for _, n in nodes)
-        """Some file replaces builtins.print (setup_for_distributed(is_master)): print is a no-op off rank 0."""
+        self.silenced_streams = {n.targets[0].attr for s, n in nodes if _silences_stream(s, n)}
+        """'stdout'/'stderr' where ranks singled out by a rank check point sys.stdout at os.devnull (or the like)."""
+        self.silencers = {id(n) for s, n in nodes if _swaps_print(n) or _silences_stream(s, n) and
+                          n.targets[0].attr == "stdout"}
+        """The statements that make print a no-op off rank 0: a builtins.print swap (setup_for_distributed(is_master))
+        or `if rank != 0: sys.stdout = open(os.devnull, "w")`."""
+        self.prints_silenced = bool(self.silencers)
+        """Some file silences print off rank 0 (see silencers)."""
         self.augments = any(isinstance(n, (ast.Name, ast.Attribute)) and _AUGMENT.search(terminal(n))
                             for _, n in nodes) or any(_draws(s, n) for s, n in nodes)
         """The program draws random numbers per sample or per step (augmentation, noise, timesteps, masks):
@@ -469,21 +490,49 @@ class Project:
                         changed = True
         return found, exchanging, looping
 
-    def print_silenced(self, script: Script, call: ast.Call) -> bool:
+    def print_silenced(self, script: Script, call: ast.Call, stdout: bool = True) -> bool:
         """Whether `call` (a print) runs after the program swaps builtins.print: every print does, except one in the
         function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
-        written above the swap, which runs on every rank before print is replaced."""
-        if not self.prints_silenced:
+        written above the swap, which runs on every rank before print is replaced. `stdout=False`: count only the
+        swaps of print, not a silenced sys.stdout (a tqdm bar writes to sys.stderr)."""
+        silencers = self.silencers if stdout else self.memo("print swap nodes", lambda: {
+            id(n) for x in self.scripts.values() for n in x.nodes if _swaps_print(n)})
+        if not silencers:
             return False
-        swaps = self.memo("print swaps", lambda: {d.name for x in self.scripts.values() for d in x.defs
-                                                  if any(_swaps_print(n) for n in ast.walk(d))})
+        swaps = self.memo(("print swaps", stdout), lambda: {d.name for x in self.scripts.values() for d in x.defs
+                                                            if any(id(n) in silencers for n in ast.walk(d))})
         scope = script.context(call).scope
         func = next((d for d in script.defs if id(d) == scope), None)
-        if func is None or func.name in swaps:
+        replacers = self.memo("print replacers", lambda: {d.name for x in self.scripts.values() for d in x.defs
+                                                          if any(_swaps_print(n) for n in ast.walk(d))})
+        if func is None:  # module code: after a silencer written at module level of this file, if it has one
+            here = [n.lineno for n in script.nodes if id(n) in silencers and script.context(n).scope == scope]
+            return not here or call.lineno > min(here)
+        if func.name in replacers:
             return True
-        swap_lines = [n.lineno for n in ast.walk(func) if _swaps_print(n) or isinstance(n, ast.Call)
+        swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or isinstance(n, ast.Call)
                       and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
         return not swap_lines or call.lineno > min(swap_lines)
+
+    def parent_only(self, script: Script, node: ast.AST) -> bool:
+        """Whether `node` sits in a module-level function of a file that starts no ranks itself, every call of which
+        is in the parent of an mp.spawn/Process script (`utils.create_exp_dir(args.save)` in the `__main__`
+        block before the workers start): only the parent runs it."""
+        functions = script.context(node).functions
+        if not functions or not self.spawned:
+            return False
+        name = functions[0]
+        if not any(d.name == name for d in script.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            return False
+
+        def compute() -> bool:
+            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)]
+            named = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                        and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
+                        for x in self.scripts.values() for n in x.nodes)  # passed along: runs where it is called
+            return bool(calls) and not named and all(
+                x.per_rank_functions is not None and not x.per_rank(c) for x, c in calls)
+        return self.memo(("parent only", script.path, name), compute)
 
     def global_parameter(self, script: Script, use: ast.Name) -> bool:
         """Whether `use` is a parameter every call of its function gives the global rank (see
@@ -655,6 +704,34 @@ def _is_main_block(stmt: ast.stmt) -> bool:
 def _is_master_addr(target: ast.AST) -> bool:
     return isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
         and target.slice.value == "MASTER_ADDR"
+
+
+_DISCARD = re.compile(r"devnull|null|dummy|discard|quiet|silent", re.IGNORECASE)
+
+
+def _on_a_member(node: ast.Attribute) -> bool:
+    """`self.base.load_param`: an attribute of an attribute of self."""
+    return isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name) \
+        and node.value.value.id == "self"
+
+
+def _module_rooted(s: Script, node: ast.Attribute) -> bool:
+    """`utils.save` / `pkg.utils.save`: an attribute chain whose root is an imported name (a module, or a class or
+    object imported from one), not a local value."""
+    root = node.value
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return isinstance(root, ast.Name) and root.id in s.aliases
+
+
+def _silences_stream(s: Script, node: ast.AST) -> bool:
+    """`sys.stdout = open(os.devnull, "w")` (or sys.stderr, or None) on the ranks a rank check singles out."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+            and node.targets[0].attr in ("stdout", "stderr") and s.qualname(node.targets[0].value) == "sys"):
+        return False
+    value = node.value
+    discards = isinstance(value, ast.Constant) and value.value is None or _DISCARD.search(ast.unparse(value))
+    return bool(discards) and s.context(node).level > 0
 
 
 def _swaps_print(node: ast.AST) -> bool:

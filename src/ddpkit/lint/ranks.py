@@ -6,7 +6,7 @@ import ast
 import re
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
-           "distributed_mode", "single_setting", "rank_name_kind", "is_main_flag", "is_gpu_index", "is_mode_sentinel", "terminal",
+           "distributed_mode", "run_sense", "single_setting", "rank_name_kind", "is_main_flag", "is_gpu_index", "is_mode_sentinel", "terminal",
            "own_returns", "find_rank_helpers", "spawn_index_names"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
@@ -75,6 +75,28 @@ def distributed_mode(expr: ast.AST | None) -> int:
     if value == 0 and rank_name_kind(terminal(left) or "rank"):
         return {ast.GtE: 1, ast.Lt: -1}.get(op, 0)  # `local_rank >= 0`: -1 is the single-process sentinel
     return 0
+
+
+_GPU_COUNT = re.compile(r"^(n_?|num_?)(gpus?|devices)$|^ngpus?$|^gpu_count$|^num_gpus_per_node$")
+"""Counts of GPUs (`cfg.NUM_GPUS`, `n_gpu`): one process per GPU makes `num_gpus == 1` a single-process run, but in
+a DataParallel script it is the GPUs of one process, so only run_sense reads it, beside a rank test."""
+
+
+def run_sense(expr: ast.AST | None) -> int:
+    """distributed_mode, and where that says nothing a GPU count tested against one (`cfg.NUM_GPUS == 1` is -1,
+    `n_gpu > 1` is +1). For the arms of a condition that also tests the rank: `NUM_GPUS == 1 or get_rank() == 0`
+    passes on rank 0 only in any multi-process run, whatever the count means in a single process."""
+    sense = distributed_mode(expr)
+    if sense or not (isinstance(expr, ast.Compare) and len(expr.ops) == 1):
+        return sense
+    right = expr.comparators[0]
+    if not (isinstance(right, ast.Constant) and type(right.value) is int) \
+            or not _GPU_COUNT.match(terminal(expr.left).lower()):
+        return 0
+    op, value = type(expr.ops[0]), right.value
+    if (op, value) in ((ast.Gt, 1), (ast.GtE, 2), (ast.NotEq, 1)):
+        return 1
+    return -1 if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2)) else 0
 
 
 _COUNT_NAME = re.compile(r"^(n_?|num_?)(procs|processes|replicas)$|world_size$")

@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import LOCAL, NONE, Script, distributed_mode, is_eval_sampler, terminal
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, is_eval_name, is_eval_sampler,
+                                  terminal)
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -54,6 +55,9 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     for script, call in set_epochs:
         if script is not s or not call.args:
             continue
+        if isinstance(call.func, ast.Attribute) and any(is_eval_name(terminal(n)) for n in ast.walk(call.func.value)
+                                                        if isinstance(n, (ast.Name, ast.Attribute))):
+            continue  # `valid_queue.sampler.set_epoch(0)`: the order of evaluation data does not matter
         if isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
@@ -143,8 +147,23 @@ def _distributed_only(s: Script, node: ast.AST) -> bool:
             sense = distributed_mode(parent.test)
             if (sense > 0 and child is parent.body) or (sense < 0 and child is parent.orelse):
                 return True
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and child in block and any(
+                    _single_process_raises(stmt) for stmt in block[:block.index(child)]):
+                return True
         child = parent
     return False
+
+
+def _single_process_raises(stmt: ast.stmt) -> bool:
+    """`if args.distributed: ... else: raise NotImplementedError(...)` (or `if not distributed: raise`): a run
+    without the flag stops here, so what follows runs only distributed."""
+    if not isinstance(stmt, ast.If):
+        return False
+    sense = distributed_mode(stmt.test)
+    single = stmt.orelse if sense > 0 else stmt.body if sense < 0 else []
+    return bool(single) and isinstance(single[-1], ast.Raise)
 
 
 def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
