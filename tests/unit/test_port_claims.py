@@ -1,0 +1,106 @@
+"""The claim gate of `ddpkit port`: its own output's lint findings and the script's own modules become TODOs."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from ddpkit.lint.report import Finding
+from ddpkit.port import port_source
+from ddpkit.port.command import main
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def test_a_lint_error_in_the_ported_output_is_a_todo_above_its_line_not_a_full_port():
+    path = FIXTURES / "shared_epoch.py"
+    result = port_source(path.read_text(), str(path))
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    [todo] = [t for t in result.todos if t.message.startswith("lint DDP015:")]
+    lines = result.code.splitlines()
+    assert todo.in_output and lines[todo.line - 1].strip() == "guess = ddpkit.unwrap(net)(features)"
+    assert lines[todo.line - 2] == "        # TODO(ddpkit port): " + todo.message  # indented as the line it names
+    # the lint message's own line reference names the line of the written output
+    assert "reaches backward() (line " in todo.message
+    named = int(todo.message.split("reaches backward() (line ")[1].split(")")[0])
+    assert lines[named - 1].strip() == "error.backward()"
+    ast.parse(result.code)
+
+
+def test_the_terminal_line_of_a_gate_todo_names_the_written_output(tmp_path, capsys):
+    script = tmp_path / "shared_epoch.py"
+    script.write_text((FIXTURES / "shared_epoch.py").read_text())
+    out = tmp_path / "ported.py"
+    assert main([str(script), "-o", str(out)]) == 3
+    printed = [line for line in capsys.readouterr().out.splitlines() if "lint DDP015" in line]
+    assert len(printed) == 1 and printed[0].startswith(f"{out}:")
+    line = int(printed[0].split(":")[1])
+    assert out.read_text().splitlines()[line - 1].strip() == "guess = ddpkit.unwrap(net)(features)"
+
+
+def test_code_in_the_scripts_own_modules_is_read_and_what_breaks_there_is_a_todo_at_the_hand_over():
+    path = FIXTURES / "own_modules" / "train.py"
+    before = {p.name: p.read_text() for p in path.parent.glob("*.py")}
+    result = port_source(path.read_text(), str(path))
+    assert result.exit_code == 3
+    by_call = {result.code.splitlines()[t.line - 1].strip(): t.message for t in result.todos if t.in_output}
+    fit = by_call["steps.fit_epoch(net, feed, sgd, opts)"]
+    assert fit.startswith("not checked: `fit_epoch` in steps.py")
+    assert "steps.py:12 reads the global batch size `settings.batch_size`" in fit
+    assert "steps.py:13 `torch.save(...)` writes" in fit and "steps.py:13 `model.state_dict()`" in fit
+    hits = by_call["total += steps.count_hits(net, xb, yb)"]
+    assert "steps.py:18 `torch.LongTensor(...)` makes a CPU tensor" in hits
+    # the model's own module does nothing that changes under DDP: no TODO where it is built
+    assert not any("layers.py" in t.message or "TinyNet" in t.message for t in result.todos)
+    assert {p.name: p.read_text() for p in path.parent.glob("*.py")} == before  # read, never rewritten
+
+
+def test_a_module_with_nothing_that_breaks_under_ddp_leaves_a_full_port(tmp_path):
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""\
+        import torch.nn.functional as F
+
+
+        def step(model, inputs, labels, optimizer):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from helpers import step
+
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for inputs, labels in loader:
+                step(model, inputs, labels, optimizer)
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert result.todos == [] and result.exit_code == 0, result.todos
+    # the same hand-over to a helper that saves what it was given is not a full port
+    (tmp_path / "helpers.py").write_text((tmp_path / "helpers.py").read_text() + "    torch.save(model, 'm.pt')\n")
+    result = port_source(script.read_text(), str(script))
+    assert [t.message.split(" (read")[0] for t in result.todos] == ["not checked: `step` in helpers.py"]
+
+
+def test_the_gate_inserts_above_a_statement_keeping_indentation_and_line_endings():
+    from ddpkit.port.claims import gate
+
+    code = "def f(x):\r\n    y = g(\r\n        x)\r\n    return y\r\n"
+
+    def lint(sources):
+        [path] = sources
+        return [Finding(path, 3, 9, "DDP010", "error", "a hang at line 4", "fix"),
+                Finding(path, 4, 5, "DDP008", "warning", "print on every rank", "fix")]  # not a gate rule
+
+    out, todos = gate(code, "s.py", "TODO(ddpkit port)", None, lint)
+    assert out == "def f(x):\r\n    # TODO(ddpkit port): lint DDP010: a hang at line 5\r\n    y = g(\r\n        x)\r\n" \
+                  "    return y\r\n"
+    assert todos == [(3, "lint DDP010: a hang at line 5")]
