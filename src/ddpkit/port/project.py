@@ -48,9 +48,16 @@ def _names(target: ast.AST) -> list[str]:
     return []
 
 
-def _handed(tree: ast.Module) -> dict[str, str]:
-    """Names in the ported script bound to what changed under DDP: 'model', 'loader', 'batch' or 'config'."""
+def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
+    """Names in the ported script bound to what changed under DDP: 'model', 'loader', 'batch' or 'config'.
+
+    `classes` gets the constructor each wrapped model was built by (`model = ddpkit.wrap(Net(...), ctx)`: Net)."""
     kinds: dict[str, str] = {}
+    built_by: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name) and _dotted(node.value.func):
+            built_by.setdefault(node.targets[0].id, []).append(_dotted(node.value.func))
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func = _dotted(node.value.func)
@@ -65,6 +72,13 @@ def _handed(tree: ast.Module) -> dict[str, str]:
                     for arg in node.value.args[:1]:
                         if isinstance(arg, ast.Name):
                             kinds.setdefault(arg.id, kind)
+                            built = next((b for b in built_by.get(arg.id, [])), "")
+                        else:
+                            built = _dotted(arg.func) if isinstance(arg, ast.Call) else ""
+                        for target in node.targets:
+                            for name in _names(target):
+                                if built:
+                                    classes.setdefault(name, built)
     for node in ast.walk(tree):
         if isinstance(node, (ast.For, ast.comprehension)):
             source = node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
@@ -152,10 +166,42 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
     return got
 
 
-def _hazards(defn: ast.AST, received: dict[str, str]) -> list[tuple[int, str]]:
-    """(line, what to check) in the code that receives the objects."""
+def _rank_guarded(tree: ast.Module) -> set[int]:
+    """id() of the calls the ported script makes on one rank only (under `if ctx.is_main:` or a rank test)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(
+                isinstance(n, (ast.Name, ast.Attribute)) and _dotted(n).rsplit(".", 1)[-1] in ("is_main", "rank")
+                for n in ast.walk(node.test)):
+            out.update(id(c) for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call))
+    return out
+
+
+_WRAPPER_ATTRS = {"train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+                  "named_children", "modules", "named_modules", "state_dict", "load_state_dict", "zero_grad", "to",
+                  "cuda", "cpu", "float", "half", "double", "bfloat16", "apply", "forward", "module", "training",
+                  "requires_grad_", "no_sync", "register_forward_hook", "register_forward_pre_hook",
+                  "register_full_backward_hook", "register_buffer", "register_parameter", "add_module", "device",
+                  "__class__", "__call__", "extra_repr", "type", "share_memory", "get_submodule"}
+"""Attributes a DistributedDataParallel wrapper has: any other attribute of the user's model is missing on it."""
+
+
+def _legacy_aliases(module: ast.Module) -> set[str]:
+    """Module-level names bound to a legacy constructor (`LT = torch.LongTensor`)."""
+    return {t.id for n in module.body if isinstance(n, ast.Assign) and _dotted(n.value).startswith("torch.")
+            and _dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
+
+
+def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset()
+             ) -> list[tuple[int, str]]:
+    """(line, what to check) in the code that receives the objects; `one_rank`: the call runs on rank 0 only."""
     kinds = set(received.values())
     out: list[tuple[int, str]] = []
+    for node in ast.walk(defn):
+        if isinstance(node, ast.Attribute) and node.attr not in _WRAPPER_ATTRS and not node.attr.startswith("__") \
+                and received.get(_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
+            out.append((node.lineno, f"`{ast.unparse(node)}` is no attribute of the DDP wrapper it now gets "
+                                     "(AttributeError): hand it ddpkit.unwrap(model), or reach it through forward"))
 
     def name_of(node: ast.AST) -> str:
         d = _dotted(node)
@@ -172,10 +218,14 @@ def _hazards(defn: ast.AST, received: dict[str, str]) -> list[tuple[int, str]]:
             continue
         func = _dotted(node.func)
         last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
-        if kinds & {"batch", "model", "loader"} and func.startswith("torch.") and last in _LEGACY:
+        if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases):
             out.append((node.lineno, f"`{func}(...)` makes a CPU tensor while the inputs now arrive on the rank's "
                                      "device (ctx.device)"))
-        elif last == "cuda" and isinstance(node.func, ast.Attribute) or func in ("torch.device", "torch.cuda.set_device"):
+        elif (last == "cuda" and isinstance(node.func, ast.Attribute) and (node.args or node.keywords)) or \
+                func == "torch.cuda.set_device" or (last in ("device", "to") and any(
+                    isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("cuda:")
+                    for a in node.args)):
+            # `.cuda()` and "cuda" name the current device, which ddpkit.init sets to the rank's: an index does not
             out.append((node.lineno, f"`{ast.unparse(node)[:60]}` chooses a device of its own, not the rank's "
                                      "(ctx.device)"))
         elif last == "state_dict" and isinstance(node.func, ast.Attribute) and received.get(
@@ -185,13 +235,15 @@ def _hazards(defn: ast.AST, received: dict[str, str]) -> list[tuple[int, str]]:
         elif func in ("copy.deepcopy", "deepcopy") and "model" in kinds:
             out.append((node.lineno, "`deepcopy` of a module of the model (an EMA copy?): DDP sees its parameters "
                                      "as unused, and the copy of the wrapper holds `module.` keys"))
+        elif one_rank or any(kw.arg == "exist_ok" for kw in node.keywords):
+            continue  # what rank 0 alone writes, and a mkdir that lets another rank's come first, are fine
         elif last in _WRITES or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
                 for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
             out.append((node.lineno, f"`{(func or last)}(...)` writes or downloads on every rank (rank 0 only: "
                                      "`if ctx.is_main:`)"))
-        elif last in _DRAWS and (func.startswith(("random.", "np.random.", "numpy.random.", "torch.")) or
-                                 last == "random_split"):
+        elif kinds & {"config", "loader"} and last in _DRAWS and not any(kw.arg == "generator" for kw in node.keywords) \
+                and (func.startswith(("random.", "np.random.", "numpy.random.", "torch.")) or last == "random_split"):
             out.append((node.lineno, f"`{func}(...)` draws on each rank's own random stream: data chosen by it "
                                      "differs between ranks"))
         elif any(kw.arg == "download" and isinstance(kw.value, ast.Constant) and kw.value.value for kw in node.keywords):
@@ -202,14 +254,22 @@ def _hazards(defn: ast.AST, received: dict[str, str]) -> list[tuple[int, str]]:
 def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
     that does something which breaks under DDP. Silent where that code does none of these things."""
-    kinds = _handed(tree)
+    classes: dict[str, str] = {}
+    kinds = _handed(tree, classes)
     imported = _local_imports(tree, modules, folder)
+    forwarded: set[str] = set()
     parsed: dict[str, ast.Module | None] = {}
+    guarded = _rank_guarded(tree)
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = _dotted(node.func)
+        received: dict[str, str] = {}
+        if isinstance(node.func, ast.Name) and kinds.get(func) == "model" and func in classes and \
+                any(_kind_of(a, kinds) == "batch" for a in node.args) and classes[func] not in forwarded:
+            forwarded.add(classes[func])  # the model's own forward gets the batches on the rank's device
+            func, received = classes[func], {"forward": "batch"}
         head, _, rest = func.partition(".")
         if head not in imported or (imported[head][1] is None) == (not rest) or "." in rest:
             continue
@@ -224,10 +284,10 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         defn = _definition(module, name) if module is not None else None
         if defn is None:
             continue
-        received = _received(node, defn, kinds)
+        received = received or _received(node, defn, kinds)
         if not received:
             continue
-        hazards = sorted(set(_hazards(defn, received)))
+        hazards = sorted(set(_hazards(defn, received, id(node) in guarded, _legacy_aliases(module))))
         if hazards:
             handed = ", ".join(sorted(set(received.values()) - {"unwrapped"}) or ["the unwrapped model"])
             where = os.path.basename(path)
