@@ -104,3 +104,53 @@ def test_the_gate_inserts_above_a_statement_keeping_indentation_and_line_endings
     assert out == "def f(x):\r\n    # TODO(ddpkit port): lint DDP010: a hang at line 5\r\n    y = g(\r\n        x)\r\n" \
                   "    return y\r\n"
     assert todos == [(3, "lint DDP010: a hang at line 5")]
+
+
+def test_the_wrapped_models_own_forward_and_its_methods_called_on_the_wrapper_in_a_module_are_read(tmp_path):
+    (tmp_path / "nets.py").write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+
+        IDX = torch.LongTensor
+
+
+        class Embedder(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.table = nn.Embedding(n, 4)
+                self.head = nn.Linear(4, 2)
+
+            def forward(self, ids):
+                return self.head(self.table(IDX(ids)))
+
+            def warm_state(self, size):
+                return torch.zeros(size, 4)
+
+
+        def sample(net, size):
+            return net.warm_state(size)
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+        from nets import Embedder, sample
+
+        data = TensorDataset(torch.randint(0, 9, (64,)), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = Embedder(9)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for ids, labels in loader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(ids), labels).backward()
+                optimizer.step()
+            state = sample(model, 3)
+    """))
+    result = port_source(script.read_text(), str(script))
+    lines = result.code.splitlines()
+    by_call = {lines[t.line - 1].strip(): t.message for t in result.todos if t.in_output}
+    forward = by_call["F.cross_entropy(model(ids), labels).backward()"]
+    assert forward.startswith("not checked: `Embedder` in nets.py") and "nets.py:14 `IDX(...)` makes a CPU tensor" in forward
+    assert "nets.py:21 `net.warm_state` is no attribute of the DDP wrapper" in by_call["state = sample(model, 3)"]
