@@ -154,3 +154,49 @@ def test_the_wrapped_models_own_forward_and_its_methods_called_on_the_wrapper_in
     forward = by_call["F.cross_entropy(model(ids), labels).backward()"]
     assert forward.startswith("not checked: `Embedder` in nets.py") and "nets.py:14 `IDX(...)` makes a CPU tensor" in forward
     assert "nets.py:21 `net.warm_state` is no attribute of the DDP wrapper" in by_call["state = sample(model, 3)"]
+
+
+def test_the_linter_reads_a_wrap_in_one_arm_of_a_conditional_as_a_wrap():
+    from ddpkit.lint import lint_source
+
+    code = textwrap.dedent("""\
+        import torch
+        import ddpkit
+
+        def main(tune):
+            with ddpkit.init() as ctx:
+                enc, dec = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)
+                enc.requires_grad_(tune)
+                dec = ddpkit.wrap(dec, ctx)
+                enc = ddpkit.wrap(enc, ctx) if tune else enc
+                opt = torch.optim.SGD(list(dec.parameters()) + list(enc.parameters()), lr=0.1)
+                for x in ddpkit.loader(torch.randn(8, 4), ctx, batch_size=2):
+                    dec(enc(x)).sum().backward()
+                    opt.step()
+    """)
+    assert [f.rule for f in lint_source(code, "t.py") if f.rule == "DDP015"] == []
+
+
+def test_a_per_step_figure_rank_zero_logs_inside_the_training_loop_is_no_gate_todo(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.tensorboard import SummaryWriter
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+        writer = SummaryWriter("runs")
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for step, (x, y) in enumerate(loader):
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                writer.add_scalar("loss", loss.item(), epoch * 8 + step)
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert "if ctx.is_main:" in result.code  # rank 0 logs its own step's loss: the linter's DDP006, not wrong
+    assert result.todos == [], result.todos

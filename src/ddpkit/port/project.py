@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
-__all__ = ["project_hazards"]
+__all__ = ["project_hazards", "step_loops"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -87,6 +87,15 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
                 for name in _names(node.target):
                     kinds.setdefault(name, "batch")
     return kinds
+
+
+def step_loops(tree: ast.Module) -> list[tuple[int, int]]:
+    """(first, last line) of each loop over a ported loader: a figure reported inside one is a per-step value."""
+    kinds = _handed(tree, {})
+    return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.For) and kinds.get(_root(
+                node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
+                    "enumerate", "tqdm", "tqdm.tqdm") and node.iter.args else node.iter)) == "loader"]
 
 
 def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
