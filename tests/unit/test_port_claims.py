@@ -200,3 +200,24 @@ def test_a_per_step_figure_rank_zero_logs_inside_the_training_loop_is_no_gate_to
     result = port_source(script.read_text(), str(script))
     assert "if ctx.is_main:" in result.code  # rank 0 logs its own step's loss: the linter's DDP006, not wrong
     assert result.todos == [], result.todos
+
+
+def test_a_star_import_of_the_scripts_own_module_is_read_too(tmp_path):
+    (tmp_path / "sampling.py").write_text("def sample(net):\n    return net.init_state(1)\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from sampling import *
+
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8, shuffle=True)
+        for x in data:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        print(sample(model))
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert [t.message.split(" (read")[0] for t in result.todos] == ["not checked: `sample` in sampling.py"]
+    assert "sampling.py:2 `net.init_state` is no attribute of the DDP wrapper" in result.todos[0].message

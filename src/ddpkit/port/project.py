@@ -133,6 +133,16 @@ def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str) -> di
                 if found:
                     out[a.asname or a.name] = (found, None)
         elif isinstance(node, ast.ImportFrom) and node.level <= 1 and node.module:
+            star = file_of(node.module) if any(a.name == "*" for a in node.names) else None
+            if star:  # `from generate import *`: every function and class the module defines
+                try:
+                    defined = ast.parse(modules[star].removeprefix("\ufeff")).body
+                except SyntaxError:
+                    defined = []
+                for d in defined:
+                    if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        out.setdefault(d.name, (star, d.name))
+                continue
             for a in node.names:
                 sub = file_of(f"{node.module}.{a.name}")
                 found = sub or file_of(node.module)
