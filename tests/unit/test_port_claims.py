@@ -221,3 +221,55 @@ def test_a_star_import_of_the_scripts_own_module_is_read_too(tmp_path):
     result = port_source(script.read_text(), str(script))
     assert [t.message.split(" (read")[0] for t in result.todos] == ["not checked: `sample` in sampling.py"]
     assert "sampling.py:2 `net.init_state` is no attribute of the DDP wrapper" in result.todos[0].message
+
+
+def test_kwargs_kept_on_self_an_imported_legacy_alias_and_a_progress_bar_over_the_loader_are_followed(tmp_path):
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+        from torch import LongTensor as LT
+
+
+        class Scorer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.table = nn.Embedding(9, 2)
+
+            def forward(self, ids):
+                return self.table(LT(ids))
+
+
+        class Runner:
+            def __init__(self, **kwargs):
+                self.opts = kwargs["opts"]
+
+            def chunk(self):
+                return self.opts.batch_size * 2
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import argparse
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+        from tqdm import tqdm
+        from parts import Scorer, Runner
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=8)
+        opts = parser.parse_args()
+        runner = Runner(opts=opts)
+        data = DataLoader(TensorDataset(torch.randint(0, 9, (64,)), torch.randint(0, 2, (64,))), batch_size=8,
+                          shuffle=True)
+        model = Scorer()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        bar = tqdm(data)
+        for ids, labels in bar:
+            optimizer.zero_grad()
+            F.cross_entropy(model(ids), labels).backward()
+            optimizer.step()
+    """))
+    result = port_source(script.read_text(), str(script))
+    messages = sorted(t.message for t in result.todos if t.in_output)
+    assert len(messages) == 2, messages
+    assert "parts.py:11 `LT(...)` makes a CPU tensor" in messages[1]
+    assert "parts.py:19 reads the global batch size `self.opts.batch_size`" in messages[0]

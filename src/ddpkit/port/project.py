@@ -79,6 +79,12 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
                             for name in _names(target):
                                 if built:
                                     classes.setdefault(name, built)
+    for node in ast.walk(tree):  # `pbar = tqdm(loader)`: the same batches
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args and _dotted(
+                node.value.func) in ("tqdm", "tqdm.tqdm", "enumerate") and kinds.get(_root(node.value.args[0])) == "loader":
+            for target in node.targets:
+                for name in _names(target):
+                    kinds.setdefault(name, "loader")
     for node in ast.walk(tree):
         if isinstance(node, (ast.For, ast.comprehension)):
             source = node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
@@ -164,6 +170,11 @@ def _parameters(defn: ast.AST) -> list[str]:
     return [a.arg for a in args.posonlyargs + args.args]
 
 
+def _kwargs_of(defn: ast.ClassDef) -> set[str]:
+    init = next((n for n in defn.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    return {init.args.kwarg.arg} if init is not None and init.args.kwarg is not None else set()
+
+
 def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str, str]:
     """Parameter name in the definition -> the kind of object the call hands it."""
     params = _parameters(defn)
@@ -178,10 +189,17 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
             got[kw.arg] = kind
     if isinstance(defn, ast.ClassDef):  # self.x = x in __init__: the object lives on as self.x
         for node in ast.walk(defn):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in got:
+            value = node.value if isinstance(node, ast.Assign) else None
+            if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):  # self.x = kwargs["x"]
+                value = ast.Name(str(value.slice.value)) if _dotted(value.value) in _kwargs_of(defn) else None
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "get" \
+                    and _dotted(value.func.value) in _kwargs_of(defn) and value.args and \
+                    isinstance(value.args[0], ast.Constant):
+                value = ast.Name(str(value.args[0].value))
+            if isinstance(value, ast.Name) and value.id in got:
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and _dotted(t.value) == "self":
-                        got[f"self.{t.attr}"] = got[node.value.id]
+                        got[f"self.{t.attr}"] = got[value.id]
     return got
 
 
@@ -207,8 +225,10 @@ _WRAPPER_ATTRS = {"train", "eval", "parameters", "named_parameters", "buffers", 
 
 def _legacy_aliases(module: ast.Module) -> set[str]:
     """Module-level names bound to a legacy constructor (`LT = torch.LongTensor`)."""
-    return {t.id for n in module.body if isinstance(n, ast.Assign) and _dotted(n.value).startswith("torch.")
-            and _dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
+    imported = {a.asname or a.name for n in module.body if isinstance(n, ast.ImportFrom) and n.module == "torch"
+                for a in n.names if a.name in _LEGACY}  # `from torch import LongTensor as LT`
+    return imported | {t.id for n in module.body if isinstance(n, ast.Assign) and _dotted(n.value).startswith("torch.")
+                       and _dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
 
 
 def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset()
