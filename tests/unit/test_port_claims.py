@@ -273,3 +273,32 @@ def test_kwargs_kept_on_self_an_imported_legacy_alias_and_a_progress_bar_over_th
     assert len(messages) == 2, messages
     assert "parts.py:11 `LT(...)` makes a CPU tensor" in messages[1]
     assert "parts.py:19 reads the global batch size `self.opts.batch_size`" in messages[0]
+
+
+def test_a_helper_of_the_project_that_writes_on_every_rank_is_a_todo_even_when_handed_nothing_that_changed(tmp_path):
+    (tmp_path / "logs.py").write_text(textwrap.dedent("""\
+        from torch.utils.tensorboard import SummaryWriter
+
+
+        class Board:
+            def __init__(self, folder):
+                self.writer = SummaryWriter(folder)
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from logs import Board
+
+        board = Board("runs")
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8, shuffle=True)
+        for x in data:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert [t.message for t in result.todos] == [
+        "not checked: `Board` in logs.py (read, not ported) runs on every rank, and there logs.py:6 "
+        "`SummaryWriter(...)` writes or downloads on every rank (rank 0 only: `if ctx.is_main:`); check each under DDP"]

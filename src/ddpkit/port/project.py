@@ -17,7 +17,8 @@ __all__ = ["project_hazards", "step_loops"]
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
 _WRITES = {"save", "savefig", "imwrite", "save_image", "to_csv", "dump", "makedirs", "mkdir", "urlretrieve",
-           "SummaryWriter", "savetxt", "savez", "write_text", "write_bytes", "copyfile", "rmtree"}
+           "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "write_text", "write_bytes",
+           "copyfile", "rmtree"}
 _DRAWS = {"shuffle", "permutation", "randperm", "sample", "choice", "random_split"}
 _CONFIG_LOADS = {"parse_args", "parse_known_args", "json.load", "yaml.load", "yaml.safe_load", "yaml.full_load",
                  "OmegaConf.load", "toml.load"}
@@ -324,10 +325,17 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         if defn is None:
             continue
         received = received or _received(node, defn, kinds)
-        if not received:
-            continue
-        hazards = sorted(set(_hazards(defn, received, id(node) in guarded, _legacy_aliases(module))))
-        if hazards:
+        if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked
+            hazards = [] if id(node) in guarded else sorted(
+                {h for h in _hazards(defn, {}, False) if "writes or downloads" in h[1]})
+        else:
+            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, _legacy_aliases(module))))
+        if hazards and not received:
+            where = os.path.basename(path)
+            found = "; ".join(f"{where}:{line} {what}" for line, what in hazards[:4])
+            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) runs on every rank, and "
+                                     f"there {found}; check each under DDP"))
+        elif hazards:
             handed = ", ".join(sorted(set(received.values()) - {"unwrapped"}) or ["the unwrapped model"])
             where = os.path.basename(path)
             found = "; ".join(f"{where}:{line} {what}" for line, what in hazards[:4])
