@@ -78,7 +78,8 @@ def score(update: bool) -> int:
         if not path.exists():
             print(f"{entry['repo']}:{entry['path']}: not cached (run `fill`)", file=sys.stderr)
             return 2
-        got, detail, errors = outcome(path.read_text(encoding="utf-8", errors="replace"), entry["path"])
+        # the cached file's own path: the port reads the modules of the script's project beside it
+        got, detail, errors = outcome(path.read_text(encoding="utf-8", errors="replace"), str(path))
         counts[got] += 1
         mark = "" if got == entry.get("outcome") else f"  (manifest: {entry.get('outcome')})"
         differ += bool(mark)
@@ -105,7 +106,7 @@ def heldout(out_dir: str | None, labels: Path = HELDOUT, cache: Path | None = No
             print(f"{entry['repo']}:{entry['path']}: not cached", file=sys.stderr)
             return 2
         source = path.read_bytes().decode("utf-8", errors="replace")  # line endings as the CLI reads them
-        got, detail, errors = outcome(source, entry["path"])
+        got, detail, errors = outcome(source, str(path))
         tool[got] += 1
         if out_dir:
             from ddpkit.port import port_source
@@ -113,7 +114,7 @@ def heldout(out_dir: str | None, labels: Path = HELDOUT, cache: Path | None = No
             target = Path(out_dir) / entry["repo"].replace("/", "+") / entry["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                target.write_text(port_source(source, entry["path"]).code, newline="")
+                target.write_text(port_source(source, str(path)).code, newline="")
             except Exception as e:  # refused or crashed: the outcome above says which
                 target.with_suffix(".txt").write_text(f"{type(e).__name__}: {e}\n")
         verdict = entry.get("judged", {})

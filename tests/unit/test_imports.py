@@ -292,8 +292,10 @@ def test_lint_and_port_stand_apart_from_the_runtime():
     bad = [f"{e.source}:{e.line} imports {e.target}" for e in edges
            for pkg in ("ddpkit.lint", "ddpkit.port")
            if (e.source == pkg or e.source.startswith(pkg + "."))
-           and not (e.target == pkg or e.target.startswith(pkg + ".") or e.target == "ddpkit.version")]
-    assert bad == [], "lint/ and port/ read code and import only their own package:\n" + "\n".join(bad)
+           and not (e.target == pkg or e.target.startswith(pkg + ".") or e.target == "ddpkit.version"
+                    or pkg == "ddpkit.port" and e.target.startswith("ddpkit.lint"))]
+    # port lints its own output (the claim gate), so it may import lint; lint never imports port
+    assert bad == [], "lint/ and port/ read code and import only their own package (port: and lint):\n" + "\n".join(bad)
 
 
 def test_the_floors_table_is_read_from_the_architecture_page():

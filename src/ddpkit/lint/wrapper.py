@@ -21,6 +21,8 @@ def _wrapped_models(s: Script) -> dict[str, str]:
     """{name holding a DDP-wrapped model: name of the module it wraps ('' if the same name)}."""
     out: dict[str, str] = {}
     for key, value in s.assignments:
+        if isinstance(value, ast.IfExp):  # `ddpkit.wrap(m, ctx) if fine_tune else m`: wrapped where it trains
+            value = next((arm for arm in (value.body, value.orelse) if isinstance(arm, ast.Call)), value)
         if isinstance(value, ast.Call) and s.qualname(value.func).endswith("DistributedDataParallel") \
                 or isinstance(value, ast.Call) and s.qualname(value.func) == "ddpkit.wrap":
             inner = value.args[0] if value.args else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 __all__ = ["PortError", "PortResult", "Todo", "port_source", "open_todos", "TODO_MARK"]
@@ -16,6 +17,8 @@ class Todo:
 
     line: int
     message: str
+    in_output: bool = False
+    """True where `line` is a line of the ported output (the claim gate's TODOs), not of the input."""
 
 
 class PortError(ValueError):
@@ -52,12 +55,17 @@ def open_todos(source: str) -> list[Todo]:
 def port_source(source: str, path: str = "<string>") -> PortResult:
     """Rewrite a plain single-device PyTorch script's text into a ddpkit script (never runs it).
 
+    Where `path` is a file, the modules of the script's own project that it imports are read (never rewritten) from
+    its folder; the ported text is linted with them, and what neither the rewrite nor they let it check is a TODO.
+
     Raises PortError for a file that does not parse or already uses torch.distributed (lint it instead).
     A script that already calls ddpkit.init() comes back unchanged, with a message saying so.
     """
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
 
+    from ddpkit.lint.linter import lint_sources
+    from ddpkit.port.claims import gate
     from ddpkit.port.entry import add_import, open_context, thread_ctx
     from ddpkit.port.facts import Facts
     from ddpkit.port.plan import Plan
@@ -100,6 +108,11 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     module = open_context(module, facts, plan.seed, plan.device_flag)
     module = add_import(module)
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
+    # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
+    # becomes a TODO, so "ported fully" is never said of code nobody checked
+    folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
+    code, gated = gate(module.code, path, TODO_MARK, folder, lint_sources)
+    todos += [Todo(line, message, True) for line, message in gated]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
-    return PortResult(bom + module.code, todos, True, f"{path}: {state}{notes}")
+    return PortResult(bom + code, todos, True, f"{path}: {state}{notes}")

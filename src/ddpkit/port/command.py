@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddpkit port: wrote {target}", file=sys.stderr if args.diff else sys.stdout)
     out = sys.stderr if args.diff else sys.stdout
     for todo in result.todos:
-        print(f"{script}:{todo.line}: TODO {todo.message}", file=out)
+        print(f"{target if todo.in_output else script}:{todo.line}: TODO {todo.message}", file=out)
     print(f"ddpkit port: {result.message}" + ("; then run `ddpkit lint` and `ddpkit check` on it"
                                                if not result.todos else ""), file=out)
     return result.exit_code

@@ -1,0 +1,154 @@
+"""The claim gate: what the port did not check in its own output becomes a TODO before it says "ported fully".
+
+Two checks run on the ported text, after the rewrite:
+
+- `ddpkit lint` on the output (with the script's own modules beside it): each finding of a rule that means wrong
+  training, wrong figures or a hang becomes `# TODO(ddpkit port): lint DDPxxx: ...` above the reported line.
+- The script's own modules (see ddpkit.port.project): code the training path hands the model, a loader, its
+  batches or the parsed settings to is read, never rewritten; what breaks there under DDP becomes a `not checked:`
+  TODO at the line that hands the object over.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ddpkit.port.project import project_hazards, step_loops
+
+__all__ = ["GATE_RULES", "gate"]
+
+GATE_RULES = {
+    "DDP001": "error", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP006": "warning",
+    "DDP010": "error", "DDP011": "error", "DDP012": "error", "DDP015": "error",
+}
+"""Lint rules whose finding means wrong training, wrong figures or a hang, with the least severity that does.
+
+Left out: output on every rank (DDP008), torch.load's map_location (DDP005), destroy (DDP009), the launcher (DDP007),
+BatchNorm (DDP013, a note), and seeds (DDP014: the port keeps a script's own same-seed call on purpose, with a note,
+where random splits and model init must agree between ranks; same dropout on every rank is not wrong training).
+"""
+
+Lint = Callable[[dict[str, str]], list[Any]]
+"""{path: text} -> findings (with path, line, rule, severity, message), as ddpkit.lint.linter.lint_sources."""
+
+_LINE = re.compile(r"\bline (\d+)\b")
+_SEVERITY = {"error": 0, "warning": 1, "note": 2}
+
+
+def _imported_files(tree: ast.Module, folder: str) -> dict[str, str]:
+    """{path: text} of the .py files of the script's own project that it imports directly (beside it, or a package
+    beside it), as Python resolves them from the script's folder."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1:
+            base = node.module or ""
+            if base:
+                names.add(base)
+            names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
+    out: dict[str, str] = {}
+    for name in sorted(names):
+        relative = os.path.join(folder, *name.split("."))
+        for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
+            if os.path.isfile(candidate) and candidate not in out:
+                try:
+                    with open(candidate, encoding="utf-8", errors="replace") as f:
+                        out[candidate] = f.read()
+                except OSError:
+                    pass
+    return out
+
+
+def _lint_findings(code: str, path: str, modules: dict[str, str], lint: Lint) -> list[tuple[int, str]]:
+    found = lint({path: code, **{p: t for p, t in modules.items() if p != path}})
+    return [(f.line, f"lint {f.rule}: {f.message}") for f in found
+            if f.path == path and f.rule in GATE_RULES and _SEVERITY[f.severity] <= _SEVERITY[GATE_RULES[f.rule]]]
+
+
+def _insert(code: str, todos: list[tuple[int, str]], mark: str) -> tuple[str, list[tuple[int, str]]]:
+    """The code with `# <mark>: message` above each statement line, indented as the line; the lines they now name."""
+    lines = code.splitlines(keepends=True)
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    by_line: dict[int, list[str]] = {}
+    for line, message in todos:
+        if 0 < line <= len(lines) and message not in by_line.get(line, []):
+            by_line.setdefault(line, []).append(message)
+    moved: dict[int, int] = {}
+    shift = 0
+    for number in range(1, len(lines) + 1):
+        shift += len(by_line.get(number, []))
+        moved[number] = number + shift
+
+    def renumber(message: str) -> str:  # a lint message's "line N" names a line of the output before insertion
+        return _LINE.sub(lambda m: f"line {moved.get(int(m.group(1)), int(m.group(1)))}", message)
+
+    out: list[str] = []
+    placed: list[tuple[int, str]] = []
+    for number, text in enumerate(lines, start=1):
+        indent = text[:len(text) - len(text.lstrip())]
+        for message in by_line.get(number, []):
+            out.append(f"{indent}# {mark}: {renumber(message)}{newline}")
+            placed.append((moved[number], renumber(message)))
+        out.append(text)
+    return "".join(out), placed
+
+
+def _statement_lines(tree: ast.Module) -> dict[int, int]:
+    """Each line inside a simple statement -> the statement's first line (a TODO goes above the statement)."""
+    first: dict[int, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                                 ast.If, ast.For, ast.While, ast.With, ast.Try)):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                first.setdefault(line, node.lineno)
+    return first
+
+
+def _covered(tree: ast.Module, code: str) -> set[int]:
+    """Lines inside a statement that already has a port TODO above it (or above a statement around it)."""
+    lines = code.splitlines()
+
+    def has_todo(node: ast.AST) -> bool:
+        above = node.lineno - 2
+        while above >= 0 and lines[above].strip().startswith("#"):
+            if "TODO(ddpkit port):" in lines[above]:
+                return True
+            above -= 1
+        return False
+
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and has_todo(node):
+            out.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return out
+
+
+def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tuple[str, list[tuple[int, str]]]:
+    """(the ported code with the gate's TODOs inserted, [(line of the output, message)]).
+
+    `lint` is ddpkit.lint.linter.lint_sources (passed in by the caller, which keeps the import chain short).
+    `folder` is the script's own folder (None when the script is not a file: its modules cannot be read).
+    """
+    try:
+        tree = ast.parse(code.removeprefix("\ufeff"))
+    except SyntaxError:
+        return code, []
+    modules = _imported_files(tree, folder) if folder is not None else {}
+    loops = step_loops(tree)
+    covered = _covered(tree, code)
+    # a figure reported inside a loop over a ported loader is a per-step value: this rank's by the port's contract
+    # (figures after the loop are reduced); a line under a TODO the rewrite already wrote is not said twice
+    todos = [(line, message) for line, message in _lint_findings(code, path, modules, lint)
+             if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
+    todos += project_hazards(tree, folder, modules) if folder is not None else []
+    if not todos:
+        return code, []
+    starts = _statement_lines(tree)
+    todos = [(starts.get(line, line), message) for line, message in todos]
+    return _insert(code, sorted(todos), mark)

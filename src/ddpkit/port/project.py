@@ -1,0 +1,345 @@
+"""The script's own modules, read (never rewritten): what breaks under DDP in code the training path hands over to.
+
+The port rewrites one file. Where the ported script hands the model, a ported loader or its batches, or the parsed
+args/config to a function or class of a module beside it (`from utils import train_one_epoch`, `import simclr`),
+that code runs on every rank with inputs that changed meaning: the batch size read from the config is now the
+global one, batches arrive on the rank's device, the model is a DDP wrapper, and every rank writes, downloads and
+draws. Those places are found with ast only, in the modules the script imports directly.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+__all__ = ["project_hazards", "step_loops"]
+
+_LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
+           "ShortTensor", "CharTensor", "Tensor"}
+_WRITES = {"save", "savefig", "imwrite", "save_image", "to_csv", "dump", "makedirs", "mkdir", "urlretrieve",
+           "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "write_text", "write_bytes",
+           "copyfile", "rmtree"}
+_DRAWS = {"shuffle", "permutation", "randperm", "sample", "choice", "random_split"}
+_CONFIG_LOADS = {"parse_args", "parse_known_args", "json.load", "yaml.load", "yaml.safe_load", "yaml.full_load",
+                 "OmegaConf.load", "toml.load"}
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else ""
+    return ""
+
+
+def _root(node: ast.AST) -> str:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _names(target: ast.AST) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _names(e)]
+    if isinstance(target, ast.Starred):
+        return _names(target.value)
+    return []
+
+
+def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
+    """Names in the ported script bound to what changed under DDP: 'model', 'loader', 'batch' or 'config'.
+
+    `classes` gets the constructor each wrapped model was built by (`model = ddpkit.wrap(Net(...), ctx)`: Net)."""
+    kinds: dict[str, str] = {}
+    built_by: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name) and _dotted(node.value.func):
+            built_by.setdefault(node.targets[0].id, []).append(_dotted(node.value.func))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = _dotted(node.value.func)
+            last = func.rsplit(".", 1)[-1]
+            kind = ("model" if func == "ddpkit.wrap" else "loader" if func in ("ddpkit.loader", "ddpkit.eval_loader")
+                    else "config" if last in _CONFIG_LOADS or func in _CONFIG_LOADS else "")
+            if kind:
+                for target in node.targets:
+                    for name in _names(target):
+                        kinds.setdefault(name, kind)
+                if kind == "model":
+                    for arg in node.value.args[:1]:
+                        if isinstance(arg, ast.Name):
+                            kinds.setdefault(arg.id, kind)
+                            built = next((b for b in built_by.get(arg.id, [])), "")
+                        else:
+                            built = _dotted(arg.func) if isinstance(arg, ast.Call) else ""
+                        for target in node.targets:
+                            for name in _names(target):
+                                if built:
+                                    classes.setdefault(name, built)
+    for node in ast.walk(tree):  # `pbar = tqdm(loader)`: the same batches
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args and _dotted(
+                node.value.func) in ("tqdm", "tqdm.tqdm", "enumerate") and kinds.get(_root(node.value.args[0])) == "loader":
+            for target in node.targets:
+                for name in _names(target):
+                    kinds.setdefault(name, "loader")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)):
+            source = node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
+                "enumerate", "tqdm", "tqdm.tqdm", "zip") and node.iter.args else node.iter
+            if kinds.get(_root(source)) == "loader":
+                for name in _names(node.target):
+                    kinds.setdefault(name, "batch")
+    return kinds
+
+
+def step_loops(tree: ast.Module) -> list[tuple[int, int]]:
+    """(first, last line) of each loop over a ported loader: a figure reported inside one is a per-step value."""
+    kinds = _handed(tree, {})
+    return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.For) and kinds.get(_root(
+                node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
+                    "enumerate", "tqdm", "tqdm.tqdm") and node.iter.args else node.iter)) == "loader"]
+
+
+def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
+    if isinstance(arg, ast.Starred):
+        arg = arg.value
+    if isinstance(arg, ast.Name):
+        return kinds.get(arg.id, "")
+    if isinstance(arg, ast.Call):
+        func = _dotted(arg.func)
+        if func == "ddpkit.unwrap" and arg.args:
+            return "unwrapped" if _kind_of(arg.args[0], kinds) == "model" else ""
+        if func == "vars" and arg.args:
+            return _kind_of(arg.args[0], kinds)
+        if isinstance(arg.func, ast.Attribute) and arg.func.attr in ("to", "cuda", "float", "long"):
+            return "batch" if _kind_of(arg.func.value, kinds) == "batch" else ""
+    if isinstance(arg, ast.Subscript):
+        return "batch" if _kind_of(arg.value, kinds) == "batch" else ""
+    if isinstance(arg, ast.Attribute) and arg.attr == "module":
+        return "model" if _kind_of(arg.value, kinds) == "model" else ""
+    return ""
+
+
+def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str) -> dict[str, tuple[str, str | None]]:
+    """Name used in the script -> (module file, the name defined there; None for a whole module)."""
+    out: dict[str, tuple[str, str | None]] = {}
+
+    def file_of(dotted: str) -> str | None:
+        relative = os.path.join(folder, *dotted.split("."))
+        return next((c for c in (relative + ".py", os.path.join(relative, "__init__.py")) if c in modules), None)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                found = file_of(a.name)
+                if found:
+                    out[a.asname or a.name] = (found, None)
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1 and node.module:
+            star = file_of(node.module) if any(a.name == "*" for a in node.names) else None
+            if star:  # `from generate import *`: every function and class the module defines
+                try:
+                    defined = ast.parse(modules[star].removeprefix("\ufeff")).body
+                except SyntaxError:
+                    defined = []
+                for d in defined:
+                    if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        out.setdefault(d.name, (star, d.name))
+                continue
+            for a in node.names:
+                sub = file_of(f"{node.module}.{a.name}")
+                found = sub or file_of(node.module)
+                if found:
+                    out[a.asname or a.name] = (found, None if sub else a.name)
+    return out
+
+
+def _definition(tree: ast.Module, name: str) -> ast.AST | None:
+    return next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and n.name == name), None)
+
+
+def _parameters(defn: ast.AST) -> list[str]:
+    if isinstance(defn, ast.ClassDef):
+        init = next((n for n in defn.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        return [a.arg for a in init.args.args[1:]] if init else []
+    args = defn.args
+    return [a.arg for a in args.posonlyargs + args.args]
+
+
+def _kwargs_of(defn: ast.ClassDef) -> set[str]:
+    init = next((n for n in defn.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    return {init.args.kwarg.arg} if init is not None and init.args.kwarg is not None else set()
+
+
+def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str, str]:
+    """Parameter name in the definition -> the kind of object the call hands it."""
+    params = _parameters(defn)
+    got: dict[str, str] = {}
+    for i, arg in enumerate(call.args):
+        kind = _kind_of(arg, kinds)
+        if kind and i < len(params):
+            got[params[i]] = kind
+    for kw in call.keywords:
+        kind = _kind_of(kw.value, kinds)
+        if kind and kw.arg:
+            got[kw.arg] = kind
+    if isinstance(defn, ast.ClassDef):  # self.x = x in __init__: the object lives on as self.x
+        for node in ast.walk(defn):
+            value = node.value if isinstance(node, ast.Assign) else None
+            if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):  # self.x = kwargs["x"]
+                value = ast.Name(str(value.slice.value)) if _dotted(value.value) in _kwargs_of(defn) else None
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "get" \
+                    and _dotted(value.func.value) in _kwargs_of(defn) and value.args and \
+                    isinstance(value.args[0], ast.Constant):
+                value = ast.Name(str(value.args[0].value))
+            if isinstance(value, ast.Name) and value.id in got:
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and _dotted(t.value) == "self":
+                        got[f"self.{t.attr}"] = got[value.id]
+    return got
+
+
+def _rank_guarded(tree: ast.Module) -> set[int]:
+    """id() of the calls the ported script makes on one rank only (under `if ctx.is_main:` or a rank test)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(
+                isinstance(n, (ast.Name, ast.Attribute)) and _dotted(n).rsplit(".", 1)[-1] in ("is_main", "rank")
+                for n in ast.walk(node.test)):
+            out.update(id(c) for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call))
+    return out
+
+
+_WRAPPER_ATTRS = {"train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+                  "named_children", "modules", "named_modules", "state_dict", "load_state_dict", "zero_grad", "to",
+                  "cuda", "cpu", "float", "half", "double", "bfloat16", "apply", "forward", "module", "training",
+                  "requires_grad_", "no_sync", "register_forward_hook", "register_forward_pre_hook",
+                  "register_full_backward_hook", "register_buffer", "register_parameter", "add_module", "device",
+                  "__class__", "__call__", "extra_repr", "type", "share_memory", "get_submodule"}
+"""Attributes a DistributedDataParallel wrapper has: any other attribute of the user's model is missing on it."""
+
+
+def _legacy_aliases(module: ast.Module) -> set[str]:
+    """Module-level names bound to a legacy constructor (`LT = torch.LongTensor`)."""
+    imported = {a.asname or a.name for n in module.body if isinstance(n, ast.ImportFrom) and n.module == "torch"
+                for a in n.names if a.name in _LEGACY}  # `from torch import LongTensor as LT`
+    return imported | {t.id for n in module.body if isinstance(n, ast.Assign) and _dotted(n.value).startswith("torch.")
+                       and _dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
+
+
+def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset()
+             ) -> list[tuple[int, str]]:
+    """(line, what to check) in the code that receives the objects; `one_rank`: the call runs on rank 0 only."""
+    kinds = set(received.values())
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(defn):
+        if isinstance(node, ast.Attribute) and node.attr not in _WRAPPER_ATTRS and not node.attr.startswith("__") \
+                and received.get(_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
+            out.append((node.lineno, f"`{ast.unparse(node)}` is no attribute of the DDP wrapper it now gets "
+                                     "(AttributeError): hand it ddpkit.unwrap(model), or reach it through forward"))
+
+    def name_of(node: ast.AST) -> str:
+        d = _dotted(node)
+        return next((p for p in received if d == p or d.startswith(p + ".")), "")
+
+    for node in ast.walk(defn):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and received.get(name_of(node.value)) == "config":
+            key = node.attr if isinstance(node, ast.Attribute) else (
+                node.slice.value if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) else "")
+            if "batch" in key.lower() and "norm" not in key.lower():
+                out.append((node.lineno, f"reads the global batch size `{ast.unparse(node)}`: each rank's batch is "
+                                         "now that divided by the world size (ctx.world_size)"))
+        if not isinstance(node, ast.Call):
+            continue
+        func = _dotted(node.func)
+        last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
+        if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases):
+            out.append((node.lineno, f"`{func}(...)` makes a CPU tensor while the inputs now arrive on the rank's "
+                                     "device (ctx.device)"))
+        elif (last == "cuda" and isinstance(node.func, ast.Attribute) and (node.args or node.keywords)) or \
+                func == "torch.cuda.set_device" or (last in ("device", "to") and any(
+                    isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("cuda:")
+                    for a in node.args)):
+            # `.cuda()` and "cuda" name the current device, which ddpkit.init sets to the rank's: an index does not
+            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` chooses a device of its own, not the rank's "
+                                     "(ctx.device)"))
+        elif last == "state_dict" and isinstance(node.func, ast.Attribute) and received.get(
+                name_of(node.func.value)) == "model":
+            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` of the wrapped model: its keys start with "
+                                     "`module.` (hand it ddpkit.unwrap(model))"))
+        elif func in ("copy.deepcopy", "deepcopy") and "model" in kinds:
+            out.append((node.lineno, "`deepcopy` of a module of the model (an EMA copy?): DDP sees its parameters "
+                                     "as unused, and the copy of the wrapper holds `module.` keys"))
+        elif one_rank or any(kw.arg == "exist_ok" for kw in node.keywords):
+            continue  # what rank 0 alone writes, and a mkdir that lets another rank's come first, are fine
+        elif last in _WRITES or func == "open" and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
+                for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
+            out.append((node.lineno, f"`{(func or last)}(...)` writes or downloads on every rank (rank 0 only: "
+                                     "`if ctx.is_main:`)"))
+        elif kinds & {"config", "loader"} and last in _DRAWS and not any(kw.arg == "generator" for kw in node.keywords) \
+                and (func.startswith(("random.", "np.random.", "numpy.random.", "torch.")) or last == "random_split"):
+            out.append((node.lineno, f"`{func}(...)` draws on each rank's own random stream: data chosen by it "
+                                     "differs between ranks"))
+        elif any(kw.arg == "download" and isinstance(kw.value, ast.Constant) and kw.value.value for kw in node.keywords):
+            out.append((node.lineno, f"`{func or last}(..., download=True)` downloads on every rank at once"))
+    return out
+
+
+def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
+    that does something which breaks under DDP. Silent where that code does none of these things."""
+    classes: dict[str, str] = {}
+    kinds = _handed(tree, classes)
+    imported = _local_imports(tree, modules, folder)
+    forwarded: set[str] = set()
+    parsed: dict[str, ast.Module | None] = {}
+    guarded = _rank_guarded(tree)
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = _dotted(node.func)
+        received: dict[str, str] = {}
+        if isinstance(node.func, ast.Name) and kinds.get(func) == "model" and func in classes and \
+                any(_kind_of(a, kinds) == "batch" for a in node.args) and classes[func] not in forwarded:
+            forwarded.add(classes[func])  # the model's own forward gets the batches on the rank's device
+            func, received = classes[func], {"forward": "batch"}
+        head, _, rest = func.partition(".")
+        if head not in imported or (imported[head][1] is None) == (not rest) or "." in rest:
+            continue
+        path, defined = imported[head]
+        name = defined or rest
+        if path not in parsed:
+            try:
+                parsed[path] = ast.parse(modules[path].removeprefix("\ufeff"))
+            except SyntaxError:
+                parsed[path] = None
+        module = parsed[path]
+        defn = _definition(module, name) if module is not None else None
+        if defn is None:
+            continue
+        received = received or _received(node, defn, kinds)
+        if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked
+            hazards = [] if id(node) in guarded else sorted(
+                {h for h in _hazards(defn, {}, False) if "writes or downloads" in h[1]})
+        else:
+            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, _legacy_aliases(module))))
+        if hazards and not received:
+            where = os.path.basename(path)
+            found = "; ".join(f"{where}:{line} {what}" for line, what in hazards[:4])
+            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) runs on every rank, and "
+                                     f"there {found}; check each under DDP"))
+        elif hazards:
+            handed = ", ".join(sorted(set(received.values()) - {"unwrapped"}) or ["the unwrapped model"])
+            where = os.path.basename(path)
+            found = "; ".join(f"{where}:{line} {what}" for line, what in hazards[:4])
+            more = f" (and {len(hazards) - 4} more)" if len(hazards) > 4 else ""
+            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) gets the {handed}, and "
+                                     f"there {found}{more}; check each under DDP"))
+    return out

@@ -1,0 +1,304 @@
+"""The claim gate of `ddpkit port`: its own output's lint findings and the script's own modules become TODOs."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from ddpkit.lint.report import Finding
+from ddpkit.port import port_source
+from ddpkit.port.command import main
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def test_a_lint_error_in_the_ported_output_is_a_todo_above_its_line_not_a_full_port():
+    path = FIXTURES / "shared_epoch.py"
+    result = port_source(path.read_text(), str(path))
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    [todo] = [t for t in result.todos if t.message.startswith("lint DDP015:")]
+    lines = result.code.splitlines()
+    assert todo.in_output and lines[todo.line - 1].strip() == "guess = ddpkit.unwrap(net)(features)"
+    assert lines[todo.line - 2] == "        # TODO(ddpkit port): " + todo.message  # indented as the line it names
+    # the lint message's own line reference names the line of the written output
+    assert "reaches backward() (line " in todo.message
+    named = int(todo.message.split("reaches backward() (line ")[1].split(")")[0])
+    assert lines[named - 1].strip() == "error.backward()"
+    ast.parse(result.code)
+
+
+def test_the_terminal_line_of_a_gate_todo_names_the_written_output(tmp_path, capsys):
+    script = tmp_path / "shared_epoch.py"
+    script.write_text((FIXTURES / "shared_epoch.py").read_text())
+    out = tmp_path / "ported.py"
+    assert main([str(script), "-o", str(out)]) == 3
+    printed = [line for line in capsys.readouterr().out.splitlines() if "lint DDP015" in line]
+    assert len(printed) == 1 and printed[0].startswith(f"{out}:")
+    line = int(printed[0].split(":")[1])
+    assert out.read_text().splitlines()[line - 1].strip() == "guess = ddpkit.unwrap(net)(features)"
+
+
+def test_code_in_the_scripts_own_modules_is_read_and_what_breaks_there_is_a_todo_at_the_hand_over():
+    path = FIXTURES / "own_modules" / "train.py"
+    before = {p.name: p.read_text() for p in path.parent.glob("*.py")}
+    result = port_source(path.read_text(), str(path))
+    assert result.exit_code == 3
+    by_call = {result.code.splitlines()[t.line - 1].strip(): t.message for t in result.todos if t.in_output}
+    fit = by_call["steps.fit_epoch(net, feed, sgd, opts)"]
+    assert fit.startswith("not checked: `fit_epoch` in steps.py")
+    assert "steps.py:12 reads the global batch size `settings.batch_size`" in fit
+    assert "steps.py:13 `torch.save(...)` writes" in fit and "steps.py:13 `model.state_dict()`" in fit
+    hits = by_call["total += steps.count_hits(net, xb, yb)"]
+    assert "steps.py:18 `torch.LongTensor(...)` makes a CPU tensor" in hits
+    # the model's own module does nothing that changes under DDP: no TODO where it is built
+    assert not any("layers.py" in t.message or "TinyNet" in t.message for t in result.todos)
+    assert {p.name: p.read_text() for p in path.parent.glob("*.py")} == before  # read, never rewritten
+
+
+def test_a_module_with_nothing_that_breaks_under_ddp_leaves_a_full_port(tmp_path):
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""\
+        import torch.nn.functional as F
+
+
+        def step(model, inputs, labels, optimizer):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from helpers import step
+
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for inputs, labels in loader:
+                step(model, inputs, labels, optimizer)
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert result.todos == [] and result.exit_code == 0, result.todos
+    # the same hand-over to a helper that saves what it was given is not a full port
+    (tmp_path / "helpers.py").write_text((tmp_path / "helpers.py").read_text() + "    torch.save(model, 'm.pt')\n")
+    result = port_source(script.read_text(), str(script))
+    assert [t.message.split(" (read")[0] for t in result.todos] == ["not checked: `step` in helpers.py"]
+
+
+def test_the_gate_inserts_above_a_statement_keeping_indentation_and_line_endings():
+    from ddpkit.port.claims import gate
+
+    code = "def f(x):\r\n    y = g(\r\n        x)\r\n    return y\r\n"
+
+    def lint(sources):
+        [path] = sources
+        return [Finding(path, 3, 9, "DDP010", "error", "a hang at line 4", "fix"),
+                Finding(path, 4, 5, "DDP008", "warning", "print on every rank", "fix")]  # not a gate rule
+
+    out, todos = gate(code, "s.py", "TODO(ddpkit port)", None, lint)
+    assert out == "def f(x):\r\n    # TODO(ddpkit port): lint DDP010: a hang at line 5\r\n    y = g(\r\n        x)\r\n" \
+                  "    return y\r\n"
+    assert todos == [(3, "lint DDP010: a hang at line 5")]
+
+
+def test_the_wrapped_models_own_forward_and_its_methods_called_on_the_wrapper_in_a_module_are_read(tmp_path):
+    (tmp_path / "nets.py").write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+
+        IDX = torch.LongTensor
+
+
+        class Embedder(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.table = nn.Embedding(n, 4)
+                self.head = nn.Linear(4, 2)
+
+            def forward(self, ids):
+                return self.head(self.table(IDX(ids)))
+
+            def warm_state(self, size):
+                return torch.zeros(size, 4)
+
+
+        def sample(net, size):
+            return net.warm_state(size)
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+        from nets import Embedder, sample
+
+        data = TensorDataset(torch.randint(0, 9, (64,)), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = Embedder(9)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for ids, labels in loader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(ids), labels).backward()
+                optimizer.step()
+            state = sample(model, 3)
+    """))
+    result = port_source(script.read_text(), str(script))
+    lines = result.code.splitlines()
+    by_call = {lines[t.line - 1].strip(): t.message for t in result.todos if t.in_output}
+    forward = by_call["F.cross_entropy(model(ids), labels).backward()"]
+    assert forward.startswith("not checked: `Embedder` in nets.py") and "nets.py:14 `IDX(...)` makes a CPU tensor" in forward
+    assert "nets.py:21 `net.warm_state` is no attribute of the DDP wrapper" in by_call["state = sample(model, 3)"]
+
+
+def test_the_linter_reads_a_wrap_in_one_arm_of_a_conditional_as_a_wrap():
+    from ddpkit.lint import lint_source
+
+    code = textwrap.dedent("""\
+        import torch
+        import ddpkit
+
+        def main(tune):
+            with ddpkit.init() as ctx:
+                enc, dec = torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)
+                enc.requires_grad_(tune)
+                dec = ddpkit.wrap(dec, ctx)
+                enc = ddpkit.wrap(enc, ctx) if tune else enc
+                opt = torch.optim.SGD(list(dec.parameters()) + list(enc.parameters()), lr=0.1)
+                for x in ddpkit.loader(torch.randn(8, 4), ctx, batch_size=2):
+                    dec(enc(x)).sum().backward()
+                    opt.step()
+    """)
+    assert [f.rule for f in lint_source(code, "t.py") if f.rule == "DDP015"] == []
+
+
+def test_a_per_step_figure_rank_zero_logs_inside_the_training_loop_is_no_gate_todo(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.tensorboard import SummaryWriter
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+        writer = SummaryWriter("runs")
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for step, (x, y) in enumerate(loader):
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                writer.add_scalar("loss", loss.item(), epoch * 8 + step)
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert "if ctx.is_main:" in result.code  # rank 0 logs its own step's loss: the linter's DDP006, not wrong
+    assert result.todos == [], result.todos
+
+
+def test_a_star_import_of_the_scripts_own_module_is_read_too(tmp_path):
+    (tmp_path / "sampling.py").write_text("def sample(net):\n    return net.init_state(1)\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from sampling import *
+
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8, shuffle=True)
+        for x in data:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+        print(sample(model))
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert [t.message.split(" (read")[0] for t in result.todos] == ["not checked: `sample` in sampling.py"]
+    assert "sampling.py:2 `net.init_state` is no attribute of the DDP wrapper" in result.todos[0].message
+
+
+def test_kwargs_kept_on_self_an_imported_legacy_alias_and_a_progress_bar_over_the_loader_are_followed(tmp_path):
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+        from torch import LongTensor as LT
+
+
+        class Scorer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.table = nn.Embedding(9, 2)
+
+            def forward(self, ids):
+                return self.table(LT(ids))
+
+
+        class Runner:
+            def __init__(self, **kwargs):
+                self.opts = kwargs["opts"]
+
+            def chunk(self):
+                return self.opts.batch_size * 2
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import argparse
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+        from tqdm import tqdm
+        from parts import Scorer, Runner
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=8)
+        opts = parser.parse_args()
+        runner = Runner(opts=opts)
+        data = DataLoader(TensorDataset(torch.randint(0, 9, (64,)), torch.randint(0, 2, (64,))), batch_size=8,
+                          shuffle=True)
+        model = Scorer()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        bar = tqdm(data)
+        for ids, labels in bar:
+            optimizer.zero_grad()
+            F.cross_entropy(model(ids), labels).backward()
+            optimizer.step()
+    """))
+    result = port_source(script.read_text(), str(script))
+    messages = sorted(t.message for t in result.todos if t.in_output)
+    assert len(messages) == 2, messages
+    assert "parts.py:11 `LT(...)` makes a CPU tensor" in messages[1]
+    assert "parts.py:19 reads the global batch size `self.opts.batch_size`" in messages[0]
+
+
+def test_a_helper_of_the_project_that_writes_on_every_rank_is_a_todo_even_when_handed_nothing_that_changed(tmp_path):
+    (tmp_path / "logs.py").write_text(textwrap.dedent("""\
+        from torch.utils.tensorboard import SummaryWriter
+
+
+        class Board:
+            def __init__(self, folder):
+                self.writer = SummaryWriter(folder)
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from logs import Board
+
+        board = Board("runs")
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8, shuffle=True)
+        for x in data:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+    """))
+    result = port_source(script.read_text(), str(script))
+    assert [t.message for t in result.todos] == [
+        "not checked: `Board` in logs.py (read, not ported) runs on every rank, and there logs.py:6 "
+        "`SummaryWriter(...)` writes or downloads on every rank (rank 0 only: `if ctx.is_main:`); check each under DDP"]
