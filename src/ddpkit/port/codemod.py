@@ -98,7 +98,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
     module = open_context(module, facts, plan.seed, plan.device_flag)
-    module = add_import(module)
+    module = add_import(module, rng=facts.seeded_before_init())
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)

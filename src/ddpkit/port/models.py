@@ -437,8 +437,8 @@ def _plan_data_parallel(plan: Any) -> None:
 
 
 def plan_device_flag(plan: Any) -> str | None:
-    """`if args.cuda: model.cuda()`: the script runs on the CPU unless a setting says otherwise, and its inputs
-    follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
+    """`if args.cuda: model.cuda()` or `if args.cuda: x = x.cuda()`: the script runs on the CPU unless a setting
+    says otherwise, and its model or its inputs follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
     same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
     ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
     bound = plan.bound_before_init()
@@ -446,7 +446,7 @@ def plan_device_flag(plan: Any) -> str | None:
                 if isinstance(n, cst.AssignTarget)}
     found: set[str] = set()
     for key in sorted(plan.f.ported):
-        for stmt in _moves_of(plan, key):
+        for stmt in [*_moves_of(plan, key), *_input_moves_of(plan, key)]:
             parent = plan._parent.get(id(stmt))
             if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
                 continue
@@ -488,6 +488,23 @@ def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | Non
             isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
         return None
     return value
+
+
+def _input_moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
+    """Statements that move a tensor to the GPU by the script's own switch: `if args.cuda: x = x.cuda()`,
+    `images = images.to("cuda")`. Where the switch decides where the inputs go, it decides ddpkit's device too:
+    with the model on the GPU and the inputs left on the CPU the original's CPU run would crash."""
+    out = []
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.SimpleStatementLine):
+            continue
+        for call in (n for n in walk(node) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)):
+            to_gpu = call.func.attr.value == "cuda" or call.func.attr.value == "to" and any(
+                isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args)
+            if to_gpu and plan.role(key, dotted(call.func.value)) != "model":
+                out.append(node)
+                break
+    return out
 
 
 def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
