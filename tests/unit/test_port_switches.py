@@ -74,3 +74,13 @@ def test_an_imported_seed_helper_counts_as_seeding_and_unseeded_draws_stay_todos
     # a helper whose name says nothing about seeds and that also builds data is not a seed helper
     plain = seeded.replace("from helpers import setup_seed\n", "").replace("setup_seed(3)\n", "")
     assert "rng_before_init" not in port_source(plain).code
+
+
+def test_a_gpu_switch_handed_to_another_module_is_a_todo():
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\nfrom mydata import Frames\n\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--use-gpu', action='store_true')\nargs = p.parse_args()\n"
+           "ds = Frames('x.npy', args.use_gpu)\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
+           "    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n")
+    result = port_source(src)
+    assert any("GPU switch `args.use_gpu` is read in another module" in t.message for t in result.todos), result.todos

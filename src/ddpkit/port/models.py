@@ -9,7 +9,8 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
 
-__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver"]
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "option_dest",
+           "plan_device_flag", "plan_foreign_switch"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -469,6 +470,46 @@ def plan_device_flag(plan: Any) -> str | None:
                 return None
             found.add(code)
     return next(iter(found)) if len(found) == 1 else None
+
+
+_SWITCH = re.compile(r"(no_|use_|with_)?(cuda|gpu)")
+
+
+def plan_foreign_switch(plan: Any) -> None:
+    """A GPU switch of the script (`--cuda`, `--no-cuda`, `use_gpu = ...`) that the port could not follow and
+    that is handed to another module (`Data(path, args.cuda)`): that module may keep its tensors on the CPU
+    when the switch is off, while ddpkit.init puts the model on the GPU of a GPU host. A TODO at the call."""
+    f = plan.f
+    switches = {option_dest(n) for n in walk(f.module, into_functions=True) if isinstance(n, cst.Call)
+                and dotted(n.func).endswith("add_argument")}
+    switches = {d for d in switches if _SWITCH.fullmatch(d)}
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.Call) or f.callees(node, key):
+                continue
+            name = dotted(node.func)
+            if not name or name.split(".")[0] not in f.imported:
+                continue
+            given = [dotted(a.value) for a in node.args if dotted(a.value)]
+            hit = next((g for g in given if g.rsplit(".", 1)[-1] in switches or "." not in g and _SWITCH.fullmatch(
+                g)), None)
+            if hit is not None:
+                plan.todo(node, f"the script's GPU switch `{hit}` is read in another module here ({name}): the "
+                          "port cannot see where that module puts its tensors, while ddpkit.init puts the model on "
+                          "ctx.device (a GPU on a GPU host); if the switch decides it, pass "
+                          f"device=\"auto\" if {hit} else \"cpu\" to ddpkit.init")
+                return
+
+
+def option_dest(call: cst.Call) -> str:
+    """The attribute `add_argument("--no-cuda", ...)` sets ('no_cuda'), or its `dest=`."""
+    dest = next((a.value for a in call.args if a.keyword and a.keyword.value == "dest"), None)
+    if isinstance(dest, cst.SimpleString):
+        return str(dest.evaluated_value)
+    names = [str(a.value.evaluated_value) for a in call.args if a.keyword is None
+             and isinstance(a.value, cst.SimpleString)]
+    chosen = next((n for n in names if n.startswith("--")), names[0] if names else "")
+    return chosen.lstrip("-").replace("-", "_")
 
 
 def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | None:

@@ -11,6 +11,7 @@ from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
+                                option_dest, plan_foreign_switch,
                                 plan_models, plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
@@ -113,7 +114,10 @@ class Plan:
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
         self.seed = self._seed()
         self.device_flag = plan_device_flag(self)
-        """`args.cuda` where the script moves its model to the GPU only `if args.cuda:` (ddpkit.init's device)."""
+        """`args.cuda` where the script moves its model or its inputs to the GPU only `if args.cuda:`
+        (ddpkit.init's device)."""
+        if self.device_flag is None:
+            plan_foreign_switch(self)
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:
@@ -298,7 +302,7 @@ class Plan:
         if isinstance(expr, cst.Attribute) and "." in name:
             dest = name.rsplit(".", 1)[-1]
             for n in walk(self.f.module, into_functions=True):
-                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and _dest(n) == dest:
+                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and option_dest(n) == dest:
                     default = next((a.value for a in n.args if a.keyword and a.keyword.value == "default"), None)
                     return self._literal(key, default, depth + 1) if default is not None else None
         return None
@@ -447,14 +451,3 @@ def _assigned(stmt: cst.CSTNode) -> set[str]:
     """Names and attributes a statement binds (`args.seed = ...`, `seed = ...`)."""
     return {dotted(n.target) for n in walk(stmt) if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))}
 
-
-def _dest(call: cst.Call) -> str:
-    """The attribute an `add_argument(...)` call sets: its `dest=`, else its first long option (`--batch-size` ->
-    'batch_size'), else its first option or positional name."""
-    dest = next((a.value for a in call.args if a.keyword and a.keyword.value == "dest"), None)
-    if isinstance(dest, cst.SimpleString):
-        return str(dest.evaluated_value)
-    names = [str(a.value.evaluated_value) for a in call.args if a.keyword is None and isinstance(
-        a.value, cst.SimpleString)]
-    chosen = next((n for n in names if n.startswith("--")), names[0] if names else "")
-    return chosen.lstrip("-").replace("-", "_")
