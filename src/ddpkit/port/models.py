@@ -7,10 +7,9 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
 
-__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "option_dest",
-           "plan_device_flag", "plan_foreign_switch"]
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "moves_to_cpu"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -435,132 +434,6 @@ def _plan_data_parallel(plan: Any) -> None:
             if isinstance(stmt, cst.SimpleStatementLine):
                 plan.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
                                            for t in s.targets if dotted(t.target))
-
-
-def plan_device_flag(plan: Any) -> str | None:
-    """`if args.cuda: model.cuda()` or `if args.cuda: x = x.cuda()`: the script runs on the CPU unless a setting
-    says otherwise, and its model or its inputs follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
-    same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
-    ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
-    bound = plan.bound_before_init()
-    assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
-                if isinstance(n, cst.AssignTarget)}
-    found: set[str] = set()
-    for key in sorted(plan.f.ported):
-        for stmt in [*_moves_of(plan, key), *_input_moves_of(plan, key)]:
-            parent = plan._parent.get(id(stmt))
-            if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
-                continue
-            test = parent.test
-            code = plan.f.code(test)
-            attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
-            roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
-            chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
-            if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
-                continue
-            if (chains | roots) & assigned and dotted(test):  # `args.cuda = not args.no_cuda and ...` first
-                test = _set_once(plan, dotted(test), bound)
-                if test is None:
-                    return None
-                code = f"({plan.f.code(test)})" if not isinstance(test, (cst.Name, cst.Attribute)) else \
-                    plan.f.code(test)
-                found.add(code)
-                continue
-            if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
-                return None
-            found.add(code)
-    return next(iter(found)) if len(found) == 1 else None
-
-
-_SWITCH = re.compile(r"(no_|use_|with_)?(cuda|gpu)")
-
-
-def plan_foreign_switch(plan: Any) -> None:
-    """A GPU switch of the script (`--cuda`, `--no-cuda`, `use_gpu = ...`) that the port could not follow and
-    that is handed to another module (`Data(path, args.cuda)`): that module may keep its tensors on the CPU
-    when the switch is off, while ddpkit.init puts the model on the GPU of a GPU host. A TODO at the call."""
-    f = plan.f
-    switches = {option_dest(n) for n in walk(f.module, into_functions=True) if isinstance(n, cst.Call)
-                and dotted(n.func).endswith("add_argument")}
-    switches = {d for d in switches if _SWITCH.fullmatch(d)}
-    for key in sorted(f.ported):
-        for node in plan.nodes(key):
-            if not isinstance(node, cst.Call) or f.callees(node, key):
-                continue
-            name = dotted(node.func)
-            if not name or name.split(".")[0] not in f.imported:
-                continue
-            given = [dotted(a.value) for a in node.args if dotted(a.value)]
-            hit = next((g for g in given if g.rsplit(".", 1)[-1] in switches or "." not in g and _SWITCH.fullmatch(
-                g)), None)
-            if hit is not None:
-                plan.todo(node, f"the script's GPU switch `{hit}` is read in another module here ({name}): the "
-                          "port cannot see where that module puts its tensors, while ddpkit.init puts the model on "
-                          "ctx.device (a GPU on a GPU host); if the switch decides it, pass "
-                          f"device=\"auto\" if {hit} else \"cpu\" to ddpkit.init")
-                return
-
-
-def option_dest(call: cst.Call) -> str:
-    """The attribute `add_argument("--no-cuda", ...)` sets ('no_cuda'), or its `dest=`."""
-    dest = next((a.value for a in call.args if a.keyword and a.keyword.value == "dest"), None)
-    if isinstance(dest, cst.SimpleString):
-        return str(dest.evaluated_value)
-    names = [str(a.value.evaluated_value) for a in call.args if a.keyword is None
-             and isinstance(a.value, cst.SimpleString)]
-    chosen = next((n for n in names if n.startswith("--")), names[0] if names else "")
-    return chosen.lstrip("-").replace("-", "_")
-
-
-def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | None:
-    """The value of `args.cuda = not args.no_cuda and torch.cuda.is_available()`, the one assignment of the flag
-    in the training code, made by a statement of the entry point's own block from settings parsed before
-    ddpkit.init: ddpkit.init can read that expression itself."""
-    values = [n for stmt in plan.f.region for n in walk(stmt, into_functions=True)
-              if isinstance(n, cst.Assign) and any(dotted(t.target) == flag for t in n.targets)]
-    if len(values) != 1 or len(values[0].targets) != 1:
-        return None
-    value = values[0].value
-    top = any(isinstance(stmt, cst.SimpleStatementLine) and any(s is values[0] for s in stmt.body)
-              for stmt in plan.f.region)
-    attrs = {id(n.attr) for n in walk(value) if isinstance(n, cst.Attribute)}
-    roots = {n.value for n in walk(value) if isinstance(n, cst.Name) and id(n) not in attrs}
-    if not top or not roots - {"torch", "True", "False", "None"} <= bound or any(
-            isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
-        return None
-    return value
-
-
-def _input_moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
-    """Statements that move a tensor to the GPU by the script's own switch: `if args.cuda: x = x.cuda()`,
-    `images = images.to("cuda")`. Where the switch decides where the inputs go, it decides ddpkit's device too:
-    with the model on the GPU and the inputs left on the CPU the original's CPU run would crash."""
-    out = []
-    for node in plan.nodes(key):
-        if not isinstance(node, cst.SimpleStatementLine):
-            continue
-        for call in (n for n in walk(node) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)):
-            to_gpu = call.func.attr.value == "cuda" or call.func.attr.value == "to" and any(
-                isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args)
-            if to_gpu and plan.role(key, dotted(call.func.value)) != "model":
-                out.append(node)
-                break
-    return out
-
-
-def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
-    """Statements that only move a model to the GPU: `model.cuda()`, `model = model.to(device)`."""
-    out = []
-    for node in plan.nodes(key):
-        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
-            continue
-        small = node.body[0]
-        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        receiver = move_receiver(value) if value is not None and not moves_to_cpu(value) else None
-        if receiver is not None and plan.role(key, dotted(receiver)) == "model" and (
-                isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
-            out.append(node)
-    return out
 
 
 def plan_unused_parameters(plan: Any) -> None:

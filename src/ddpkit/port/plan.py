@@ -10,10 +10,10 @@ from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, stat
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
-from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
-                                option_dest, plan_foreign_switch,
-                                plan_models, plan_unused_parameters)
+from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
+                                plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_ranks
+from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
