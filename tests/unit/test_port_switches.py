@@ -84,3 +84,13 @@ def test_a_gpu_switch_handed_to_another_module_is_a_todo():
            "    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n")
     result = port_source(src)
     assert any("GPU switch `args.use_gpu` is read in another module" in t.message for t in result.todos), result.todos
+
+
+def test_a_branch_on_another_setting_that_moves_a_built_module_is_not_a_gpu_switch():
+    src = ("import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--net', default='a')\nargs = p.parse_args()\n"
+           "loader = DataLoader(ds, batch_size=8, shuffle=True)\nif args.net == 'a':\n"
+           "    gen = nn.DataParallel(NetA()).cuda()\nelse:\n    gen = nn.DataParallel(NetB()).cuda()\n"
+           "opt = torch.optim.SGD(gen.parameters(), lr=0.1)\nfor x, y in loader:\n"
+           "    x = x.cuda()\n    ((gen(x) - y) ** 2).mean().backward()\n    opt.step()\n")
+    assert "ctx = ddpkit.init()\n" in port_source(src).code

@@ -12,22 +12,29 @@ from ddpkit.port.models import move_receiver, moves_to_cpu
 
 __all__ = ["plan_device_flag", "plan_foreign_switch", "option_dest"]
 
+_SWITCH = re.compile(r"(no_|use_|with_)?(cuda|gpus?)")
+"""The name of a boolean GPU switch: `cuda`, `no_cuda`, `use_gpu`, `gpu`."""
+
 
 def plan_device_flag(plan: Any) -> str | None:
     """`if args.cuda: model.cuda()` or `if args.cuda: x = x.cuda()`: the script runs on the CPU unless a setting
-    says otherwise, and its model or its inputs follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
-    same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
+    says otherwise, and its model or its inputs follow that setting (inputs: only under a switch named so,
+    `cuda`, `gpu`, `use_cuda`, ...). The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device
+    follows the same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
     ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
     bound = plan.bound_before_init()
     assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
                 if isinstance(n, cst.AssignTarget)}
     found: set[str] = set()
     for key in sorted(plan.f.ported):
-        for stmt in [*_moves_of(plan, key), *_input_moves_of(plan, key)]:
+        inputs = _input_moves_of(plan, key)
+        for stmt in [*_moves_of(plan, key), *inputs]:
             parent = plan._parent.get(id(stmt))
             if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
                 continue
             test = parent.test
+            if any(s is stmt for s in inputs) and not _SWITCH.fullmatch(dotted(test).rsplit(".", 1)[-1]):
+                continue  # inputs moved under `if args.network == "unet":` say nothing about a GPU switch
             code = plan.f.code(test)
             attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
             roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
@@ -46,9 +53,6 @@ def plan_device_flag(plan: Any) -> str | None:
                 return None
             found.add(code)
     return next(iter(found)) if len(found) == 1 else None
-
-
-_SWITCH = re.compile(r"(no_|use_|with_)?(cuda|gpu)")
 
 
 def plan_foreign_switch(plan: Any) -> None:
@@ -118,7 +122,9 @@ def _input_moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
         for call in (n for n in walk(node) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)):
             to_gpu = call.func.attr.value == "cuda" or call.func.attr.value == "to" and any(
                 isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args)
-            if to_gpu and plan.role(key, dotted(call.func.value)) != "model":
+            # a tensor the script already holds (`x.cuda()`, `batch[0].cuda()`), not a module it builds here
+            held = isinstance(call.func.value, (cst.Name, cst.Attribute, cst.Subscript))
+            if to_gpu and held and plan.role(key, dotted(call.func.value)) != "model":
                 out.append(node)
                 break
     return out
