@@ -128,14 +128,11 @@ def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device
     blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
     leading = lines[:blank]  # comments stay with the line they describe
     body = [stmt.visit(_BlankLines()) for stmt in body]
-    if keep_rng:
-        body = [cst.parse_statement(_RESTORE), *body[:1], *body[1:]]
-        if len(body) > 1:
-            body[0], body[1] = body[0].with_changes(leading_lines=body[1].leading_lines), body[1].with_changes(
-                leading_lines=[])
     if body:
         body = [body[0].with_changes(leading_lines=[line.with_changes(indent=True) for line in lines[blank:]]),
                 *body[1:]]
+    if keep_rng:  # first in the block: nothing may draw between ddpkit.init and the restore
+        body = [cst.parse_statement(_RESTORE), *body]
     return cst.With(items=[cst.WithItem(_init_call(seed, device), asname=cst.AsName(cst.Name("ctx")))],
                     body=cst.IndentedBlock(body), leading_lines=leading)
 
