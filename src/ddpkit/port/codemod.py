@@ -106,7 +106,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
     module = open_context(module, facts, plan.seed, plan.device_flag)
-    module = add_import(module)
+    module = add_import(module, rng=facts.seeded_before_init())
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
     # becomes a TODO, so "ported fully" is never said of code nobody checked

@@ -117,7 +117,13 @@ class _BlankLines(cst.CSTTransformer):
         return updated
 
 
-def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device: str | None = None) -> cst.With:
+_CAPTURE = "rng_before_init = ddpkit.rng.rng_state()  # the script seeded itself above: keep its streams\n"
+_RESTORE = ("ddpkit.rng.set_rng_state(rng_before_init)  # every rank draws what the original drew until training "
+            "(ddpkit.init seeded each rank differently)\n")
+
+
+def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device: str | None = None,
+          keep_rng: bool = False) -> cst.With:
     lines = list(body[0].leading_lines) if body else []
     blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
     leading = lines[:blank]  # comments stay with the line they describe
@@ -125,13 +131,19 @@ def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device
     if body:
         body = [body[0].with_changes(leading_lines=[line.with_changes(indent=True) for line in lines[blank:]]),
                 *body[1:]]
+    if keep_rng:  # first in the block: nothing may draw between ddpkit.init and the restore
+        body = [cst.parse_statement(_RESTORE), *body]
     return cst.With(items=[cst.WithItem(_init_call(seed, device), asname=cst.AsName(cst.Name("ctx")))],
                     body=cst.IndentedBlock(body), leading_lines=leading)
 
 
 def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | None,
                  device: str | None = None) -> cst.Module:
-    """Put the entry point's region (everything after argument parsing) in `with ddpkit.init() as ctx:`."""
+    """Put the entry point's region (everything after argument parsing) in `with ddpkit.init() as ctx:`.
+
+    A script that seeds itself before that point (`set_seed(1)` at module level) keeps its generators: their
+    state is captured before ddpkit.init and restored after it, so every rank draws alike until training."""
+    keep_rng = facts.seeded_before_init()
     owner = facts.entry_owner
     keep = len(statements_of(owner)) - len(facts.region)
     if not facts.ctx_global:
@@ -141,21 +153,22 @@ def open_context(module: cst.Module, facts: Facts, seed: cst.BaseExpression | No
         bound = [cst.parse_statement(f"{p.name.value} = ctx.device\n") for p in (
             *facts.scopes[name].node.params.params, *facts.scopes[name].node.params.kwonly_params)
             if p.default is not None and "device" in p.name.value.lower()]
-        wrapped = [*new_body[:keep], _with([*bound, *new_body[keep:]] if bound else new_body[keep:], seed, device)]
+        wrapped = [*new_body[:keep], *([cst.parse_statement(_CAPTURE)] if keep_rng else []),
+                   _with([*bound, *new_body[keep:]] if bound else new_body[keep:], seed, device, keep_rng)]
         target = _scope_nodes(module)[name]
         return module.deep_replace(target, target.with_changes(body=target.body.with_changes(body=wrapped)))
     if isinstance(owner, cst.Module):
         body = list(module.body)
-        return module.with_changes(body=_flat(body, keep, seed, device))
+        return module.with_changes(body=_flat(body, keep, seed, device, keep_rng))
     guard = next(s for s in module.body if isinstance(s, cst.If) and module.code_for_node(s.test)
                  == facts.code(owner.test))
     inner = list(guard.body.body)
     return module.deep_replace(guard, guard.with_changes(body=guard.body.with_changes(
-        body=_flat(inner, keep, seed, device))))
+        body=_flat(inner, keep, seed, device, keep_rng))))
 
 
 def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | None,
-          device: str | None = None) -> list[cst.BaseStatement]:
+          device: str | None = None, keep_rng: bool = False) -> list[cst.BaseStatement]:
     """Top-level code keeps its indentation: `ctx = ddpkit.init()` before the region, `ctx.close()` after it.
 
     An exception ends the process without close(): the launcher then stops the other ranks."""
@@ -166,11 +179,16 @@ def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | N
         start = start.with_changes(leading_lines=lines[:blank])  # comments stay with the line they describe
         body = [*body[:keep], body[keep].with_changes(leading_lines=lines[blank:]), *body[keep + 1:]]
     close = cst.parse_statement("ctx.close()  # every rank leaves the process group together\n")
+    if keep_rng:
+        capture = cst.parse_statement(_CAPTURE).with_changes(leading_lines=start.leading_lines)
+        return [*body[:keep], capture, start.with_changes(leading_lines=[]), cst.parse_statement(_RESTORE),
+                *body[keep:], close]
     return [*body[:keep], start, *body[keep:], close]
 
 
-def add_import(module: cst.Module) -> cst.Module:
-    """`import ddpkit` after the script's leading imports."""
+def add_import(module: cst.Module, rng: bool = False) -> cst.Module:
+    """`import ddpkit` after the script's leading imports (and `import ddpkit.rng` when the port reads the
+    generators before ddpkit.init, which is what imports that module otherwise)."""
     body = list(module.body)
     last = -1
     for i, stmt in enumerate(body):
@@ -182,4 +200,6 @@ def add_import(module: cst.Module) -> cst.Module:
         else:
             break
     body.insert(last + 1, cst.parse_statement("import ddpkit\n"))
+    if rng:
+        body.insert(last + 2, cst.parse_statement("import ddpkit.rng\n"))
     return module.with_changes(body=body)

@@ -119,6 +119,19 @@ def _is_setup(stmt: cst.BaseStatement, code: str) -> bool:
 
 _ARGPARSE_CALLS = frozenset({"add_argument", "add_parser", "add_subparsers", "add_argument_group", "set_defaults",
                              "add_mutually_exclusive_group", "ArgumentParser", "parse_args", "parse_known_args"})
+_SEED_CALLS = frozenset({"torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "random.seed",
+                         "np.random.seed", "numpy.random.seed"})
+_SEED_NAME = re.compile(r"(set_?|setup_?|init_?|fix_?|make_?)?(random_?|global_?)?seeds?(_all|_everything|_torch)?|"
+                        r"seed_?(everything|all|torch)", re.I)
+"""A helper's name that says it seeds (`set_seed`, `seed_everything`, `setup_seed`, `init_seeds`, `fix_seed`)."""
+_SEED_SIDE = ("torch.backends", "os.environ", "torch.use_deterministic", "print", "str", "int", "np.random.seed",
+              "torch.cuda")
+"""Calls a seed helper may make beside the seeds themselves (cudnn flags, PYTHONHASHSEED, a print)."""
+_QUIET_CALLS = frozenset({"str", "int", "float", "bool", "list", "tuple", "dict", "set", "range", "len", "sorted",
+                          "os.path.join", "os.path.dirname", "os.path.abspath", "os.path.realpath", "os.path.basename",
+                          "os.path.expanduser", "os.getcwd", "sys.path.append", "sys.path.insert", "Path",
+                          "pathlib.Path", "warnings.filterwarnings", "warnings.simplefilter"})
+"""Calls that only compute a path or a constant: such a line may stay before ddpkit.init on every rank."""
 _STRING = re.compile(r"""[rbuf]*("[^"\n]*"|'[^'\n]*')""", re.I)
 
 
@@ -230,9 +243,69 @@ class Facts:
         last = max((i for i in range(start, len(body)) if self._parses(body[i])
                     or _SETUP.search(self.code(body[i])) and isinstance(body[i], cst.SimpleStatementLine)), default=-1)
         if last >= start and not any(_BUSY.search(_STRING.sub("''", self.code(s))) for s in body[start:last + 1]
-                                     if not (isinstance(s, cst.SimpleStatementLine) and _argparse_only(s))):
+                                     if not (isinstance(s, cst.SimpleStatementLine) and _argparse_only(s))
+                                     and not self._quiet(s)):
             start = last + 1
         return body[start:]
+
+    def _quiet(self, stmt: cst.BaseStatement) -> bool:
+        """A line that may run before ddpkit.init on every rank: `global opt, model`, `model_options = [...]`, imports,
+        `sys.path.append("..")`, `BASE = os.path.dirname(__file__)`: it binds names or paths, calls nothing of
+        torch and names no device (the names it binds may say `model`: only what it runs counts)."""
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return False
+        if not all(isinstance(s, (cst.Global, cst.Nonlocal, cst.Pass, cst.Assign, cst.AnnAssign, cst.Expr, cst.Import,
+                                  cst.ImportFrom))
+                   for s in stmt.body):
+            return False
+        calls = [dotted(n.func) for n in walk(stmt) if isinstance(n, cst.Call)]
+        if any(isinstance(s, cst.Expr) and not isinstance(s.value, cst.Call) for s in stmt.body):
+            return False
+        values = [s.value for s in stmt.body if isinstance(s, (cst.Assign, cst.AnnAssign, cst.Expr)) and s.value]
+        # an import of the script's own module may be named `model`: importing it runs nothing of the port's
+        text = " ".join(_STRING.sub("''", self.code(v)) for v in values)
+        return all(c in _QUIET_CALLS or c.rsplit(".", 1)[-1] in _ARGPARSE_CALLS for c in calls) and \
+            not re.search(r"cuda|device|seed|torch|DataLoader|\.to\(", text)
+
+    def is_seed_call(self, call: cst.Call) -> bool:
+        """A call that seeds the global generators: `torch.manual_seed(s)`, `random.seed(s)`, `np.random.seed(s)`,
+        a function of this file whose body calls one of them (`def set_seed(s): random.seed(s); ...`), or a
+        seed-like name the script imports (`from utils import setup_seed`, `seed_everything(args.seed)`)."""
+        name = dotted(call.func)
+        if name in _SEED_CALLS:
+            return True
+        if name in self.scopes and self.scopes[name].cls is None:
+            # the entry point (`main()` seeds, then trains) is not a seed helper: its region runs after init
+            calls = [dotted(n.func) for n in walk(self.scopes[name].node.body) if isinstance(n, cst.Call)]
+            return name != getattr(self, "entry_key", None) and any(c in _SEED_CALLS for c in calls) and (
+                _SEED_NAME.fullmatch(name) is not None or all(c in _SEED_CALLS or c.startswith(_SEED_SIDE)
+                                                             for c in calls))
+        return bool(name) and name.split(".")[0] in self.imported and \
+            _SEED_NAME.fullmatch(name.rsplit(".", 1)[-1]) is not None
+
+    @property
+    def imported(self) -> set[str]:
+        """Names the script's imports bind at module level (`utils`, `set_seed` of `from utils import set_seed`)."""
+        names: set[str] = set()
+        for stmt in self.module.body:
+            for small in (stmt.body if isinstance(stmt, cst.SimpleStatementLine) else []):
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    names.update((a.asname.name.value if a.asname else dotted(a.name).split(".")[0])
+                                 for a in small.names if isinstance(a.asname.name if a.asname else a.name,
+                                                                    (cst.Name, cst.Attribute)))
+        return names
+
+    def seeded_before_init(self) -> bool:
+        """The script seeds its generators before ddpkit.init runs (module level, or before the region)."""
+        ids = self.region_ids()
+        guards = [s for s in self.module.body if _is_main_guard(s)]
+        before = [s for s in self.module.body if not _is_main_guard(s)]
+        before += [s for g in guards for s in statements_of(g)]
+        if not self.ctx_global:
+            before += statements_of(self.scopes[self.entry_key].node)
+        before = [s for s in before if id(s) not in ids]
+        return any(isinstance(n, cst.Call) and self.is_seed_call(n) for s in before
+                   if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) for n in walk(s))
 
     def _parses(self, stmt: cst.BaseStatement) -> bool:
         """`args = get_args()`: a call of one of the script's argument-parsing functions."""

@@ -36,7 +36,6 @@ _TORCH_ONLY = frozenset({"type", "float", "long", "double", "half", "unsqueeze",
 """Tensor methods numpy arrays do not have."""
 _COUNTER_CALLS = frozenset({"len", "int", "min", "max", "size", "abs"})
 _GROWS = frozenset({"append", "extend", "put", "push", "add", "insert", "appendleft"})
-_SEED = re.compile(r"(^|\.)(manual_seed|seed|seed_everything|set_seed)$")
 
 
 def _tensor_made(expr: cst.BaseExpression) -> bool:
@@ -238,9 +237,9 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
         dotted(b.value).rsplit(".", 1)[-1] == "Module" for b in cls.bases)}
     # draws in a model's own methods make its initial parameters, which ddpkit.wrap broadcasts from rank 0
     setup_scopes = {k for k in _scopes_under(plan, before, entry) - step_scopes if f.scopes[k].cls not in modules}
-    seeds = [n for k in f.ported for n in plan.nodes(k) if isinstance(n, cst.Call) and _SEED.search(dotted(n.func))
-             and dotted(n.func).split(".")[0] in ("torch", "np", "numpy", "random")]
-    seeded_at = min((plan.line_of(n) for n in seeds), default=None)
+    seeds = [n for k in f.ported for n in plan.nodes(k) if isinstance(n, cst.Call) and f.is_seed_call(n)]
+    # a script seeded before ddpkit.init keeps its streams (the port restores them right after init)
+    seeded_at = 0 if f.seeded_before_init() else min((plan.line_of(n) for n in seeds), default=None)
 
     def draws(nodes):
         return [n for n in nodes if isinstance(n, cst.Call) and RANDOM_DRAW.search(dotted(n.func))

@@ -7,9 +7,9 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
 
-__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver"]
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "moves_to_cpu"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -434,75 +434,6 @@ def _plan_data_parallel(plan: Any) -> None:
             if isinstance(stmt, cst.SimpleStatementLine):
                 plan.parallel_names.update(dotted(t.target) for s in stmt.body if isinstance(s, cst.Assign)
                                            for t in s.targets if dotted(t.target))
-
-
-def plan_device_flag(plan: Any) -> str | None:
-    """`if args.cuda: model.cuda()`: the script runs on the CPU unless a setting says otherwise, and its inputs
-    follow that setting. The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device follows the
-    same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
-    ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
-    bound = plan.bound_before_init()
-    assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
-                if isinstance(n, cst.AssignTarget)}
-    found: set[str] = set()
-    for key in sorted(plan.f.ported):
-        for stmt in _moves_of(plan, key):
-            parent = plan._parent.get(id(stmt))
-            if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
-                continue
-            test = parent.test
-            code = plan.f.code(test)
-            attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
-            roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
-            chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
-            if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
-                continue
-            if (chains | roots) & assigned and dotted(test):  # `args.cuda = not args.no_cuda and ...` first
-                test = _set_once(plan, dotted(test), bound)
-                if test is None:
-                    return None
-                code = f"({plan.f.code(test)})" if not isinstance(test, (cst.Name, cst.Attribute)) else \
-                    plan.f.code(test)
-                found.add(code)
-                continue
-            if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
-                return None
-            found.add(code)
-    return next(iter(found)) if len(found) == 1 else None
-
-
-def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | None:
-    """The value of `args.cuda = not args.no_cuda and torch.cuda.is_available()`, the one assignment of the flag
-    in the training code, made by a statement of the entry point's own block from settings parsed before
-    ddpkit.init: ddpkit.init can read that expression itself."""
-    values = [n for stmt in plan.f.region for n in walk(stmt, into_functions=True)
-              if isinstance(n, cst.Assign) and any(dotted(t.target) == flag for t in n.targets)]
-    if len(values) != 1 or len(values[0].targets) != 1:
-        return None
-    value = values[0].value
-    top = any(isinstance(stmt, cst.SimpleStatementLine) and any(s is values[0] for s in stmt.body)
-              for stmt in plan.f.region)
-    attrs = {id(n.attr) for n in walk(value) if isinstance(n, cst.Attribute)}
-    roots = {n.value for n in walk(value) if isinstance(n, cst.Name) and id(n) not in attrs}
-    if not top or not roots - {"torch", "True", "False", "None"} <= bound or any(
-            isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
-        return None
-    return value
-
-
-def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
-    """Statements that only move a model to the GPU: `model.cuda()`, `model = model.to(device)`."""
-    out = []
-    for node in plan.nodes(key):
-        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
-            continue
-        small = node.body[0]
-        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        receiver = move_receiver(value) if value is not None and not moves_to_cpu(value) else None
-        if receiver is not None and plan.role(key, dotted(receiver)) == "model" and (
-                isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
-            out.append(node)
-    return out
 
 
 def plan_unused_parameters(plan: Any) -> None:

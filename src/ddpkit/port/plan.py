@@ -10,9 +10,10 @@ from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, stat
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
-from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_device_flag,
-                                plan_models, plan_unused_parameters)
+from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
+                                plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_ranks
+from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
@@ -113,7 +114,10 @@ class Plan:
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
         self.seed = self._seed()
         self.device_flag = plan_device_flag(self)
-        """`args.cuda` where the script moves its model to the GPU only `if args.cuda:` (ddpkit.init's device)."""
+        """`args.cuda` where the script moves its model or its inputs to the GPU only `if args.cuda:`
+        (ddpkit.init's device)."""
+        if self.device_flag is None:
+            plan_foreign_switch(self)
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:
@@ -274,24 +278,39 @@ class Plan:
             if target:
                 self._set_role(key, target, kind)
 
-    def _literal(self, key: str, expr: cst.BaseExpression) -> int | None:
-        """The int a batch size expression holds: `32`, `BATCH = 1` at module level, `--batch-size` default."""
+    def _literal(self, key: str, expr: cst.BaseExpression, depth: int = 0) -> int | None:
+        """The int a batch size expression holds: `32`, `BATCH = 1` at module level, a name bound once to
+        `args.batch_size` or `config["batch_size"]`, the default of the argparse option that sets that
+        attribute (`--batch_size`, `-b/--batch-size`, `dest="bs"`), or a key of a dict literal."""
         if isinstance(expr, cst.Integer):
             return int(expr.value)
+        if isinstance(expr, cst.SimpleString) and str(expr.evaluated_value).strip().isdigit():
+            return int(str(expr.evaluated_value))  # `type=int, default="1"`: argparse converts the string
+        if depth > 3:
+            return None
         name = dotted(expr)
         if isinstance(expr, cst.Name):
-            values = [n.value for n in walk(self.f.module, into_functions=True) if isinstance(n, cst.Assign)
-                      and len(n.targets) == 1 and dotted(n.targets[0].target) == name]
-            return int(values[0].value) if len(values) == 1 and isinstance(values[0], cst.Integer) else None
+            values = self._values_of(name)
+            return self._literal(key, values[0], depth + 1) if len(values) == 1 else None
+        if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Name) and len(expr.slice) == 1 and \
+                isinstance(expr.slice[0].slice, cst.Index) and isinstance(expr.slice[0].slice.value, cst.SimpleString):
+            field = str(expr.slice[0].slice.value.evaluated_value)
+            dicts = [v for v in self._values_of(expr.value.value) if isinstance(v, cst.Dict)]
+            found = [e.value for d in dicts for e in d.elements if isinstance(e, cst.DictElement) and isinstance(
+                e.key, cst.SimpleString) and e.key.evaluated_value == field]
+            return self._literal(key, found[0], depth + 1) if len(dicts) == 1 and len(found) == 1 else None
         if isinstance(expr, cst.Attribute) and "." in name:
             dest = name.rsplit(".", 1)[-1]
             for n in walk(self.f.module, into_functions=True):
-                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and any(
-                        isinstance(a.value, cst.SimpleString) and a.keyword is None and str(
-                            a.value.evaluated_value).lstrip("-").replace("-", "_") == dest for a in n.args):
+                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and option_dest(n) == dest:
                     default = next((a.value for a in n.args if a.keyword and a.keyword.value == "default"), None)
-                    return int(default.value) if isinstance(default, cst.Integer) else None
+                    return self._literal(key, default, depth + 1) if default is not None else None
         return None
+
+    def _values_of(self, name: str) -> list[cst.BaseExpression]:
+        """Every value the script assigns to a plain name, anywhere in the file."""
+        return [n.value for n in walk(self.f.module, into_functions=True) if isinstance(n, cst.Assign)
+                and len(n.targets) == 1 and dotted(n.targets[0].target) == name]
 
     def _spread_kwargs(self, key: str, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
         """`DataLoader(ds, **train_kwargs)` with `train_kwargs = {...}` (and `.update({...})` or
@@ -431,3 +450,4 @@ class Plan:
 def _assigned(stmt: cst.CSTNode) -> set[str]:
     """Names and attributes a statement binds (`args.seed = ...`, `seed = ...`)."""
     return {dotted(n.target) for n in walk(stmt) if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))}
+

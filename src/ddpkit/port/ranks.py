@@ -18,7 +18,6 @@ from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 __all__ = ["plan_ranks", "library_loader", "agreed"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
-_SEEDS = re.compile(r"(torch|np|numpy)\.(random\.)?(manual_)?seed\(|random\.seed\(|seed_everything\(|set_seed\(")
 
 
 def library_loader(facts: Any, call: cst.Call) -> str | None:
@@ -48,15 +47,15 @@ def library_loader(facts: Any, call: cst.Call) -> str | None:
 def plan_ranks(plan: Any) -> None:
     """Random splits get a fixed generator, loader peeks and per-rank decisions get TODOs."""
     f = plan.f
-    seeded_at = min((plan.line_of(n) for key in f.ported for n in plan.nodes(key)
-                     if isinstance(n, cst.Call) and _SEEDS.search(f.code(n) + "(")), default=None)
+    seeded_at = 0 if f.seeded_before_init() else min((plan.line_of(n) for key in f.ported for n in plan.nodes(key)
+                                                       if isinstance(n, cst.Call) and f.is_seed_call(n)), default=None)
     for key in sorted(f.ported):
         for node in plan.nodes(key):
             if not isinstance(node, cst.Call):
                 continue
             name = dotted(node.func)
-            if _SEEDS.search(f"{name}(") and name.rsplit(".", 1)[-1] in ("manual_seed", "seed", "seed_everything",
-                                                                         "set_seed") and plan.line_of(node) == \
+            if f.is_seed_call(node) and name not in ("torch.cuda.manual_seed", "torch.cuda.manual_seed_all") and \
+                    plan.line_of(node) == \
                     plan.line_of(plan._stmt.get(id(node), node)):
                 plan.note(node, "this seeds every rank alike after ddpkit.init: splits and model init agree, but "
                           "dropout and augmentation draw the same numbers on every rank; delete it for per-rank "

@@ -1,0 +1,145 @@
+"""The script's own GPU switch (`--cuda`, `--no-cuda`, `use_gpu`): where ddpkit.init's device follows it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import dotted, statements_of, walk
+from ddpkit.port.models import move_receiver, moves_to_cpu
+
+__all__ = ["plan_device_flag", "plan_foreign_switch", "option_dest"]
+
+_SWITCH = re.compile(r"(no_|use_|with_)?(cuda|gpus?)")
+"""The name of a boolean GPU switch: `cuda`, `no_cuda`, `use_gpu`, `gpu`."""
+
+
+def plan_device_flag(plan: Any) -> str | None:
+    """`if args.cuda: model.cuda()` or `if args.cuda: x = x.cuda()`: the script runs on the CPU unless a setting
+    says otherwise, and its model or its inputs follow that setting (inputs: only under a switch named so,
+    `cuda`, `gpu`, `use_cuda`, ...). The model's move is dropped (ddpkit.wrap places it), so ddpkit.init's device
+    follows the same condition: `device="auto" if args.cuda else "cpu"`. Only a condition read from names bound before
+    ddpkit.init and not set again in the training code; None when there is none (or two that differ)."""
+    bound = plan.bound_before_init()
+    assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
+                if isinstance(n, cst.AssignTarget)}
+    found: set[str] = set()
+    for key in sorted(plan.f.ported):
+        inputs = _input_moves_of(plan, key)
+        for stmt in [*_moves_of(plan, key), *inputs]:
+            parent = plan._parent.get(id(stmt))
+            if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
+                continue
+            test = parent.test
+            if any(s is stmt for s in inputs) and not _SWITCH.fullmatch(dotted(test).rsplit(".", 1)[-1]):
+                continue  # inputs moved under `if args.network == "unet":` say nothing about a GPU switch
+            code = plan.f.code(test)
+            attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
+            roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
+            chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
+            if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
+                continue
+            if (chains | roots) & assigned and dotted(test):  # `args.cuda = not args.no_cuda and ...` first
+                test = _set_once(plan, dotted(test), bound)
+                if test is None:
+                    return None
+                code = f"({plan.f.code(test)})" if not isinstance(test, (cst.Name, cst.Attribute)) else \
+                    plan.f.code(test)
+                found.add(code)
+                continue
+            if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
+                return None
+            found.add(code)
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def plan_foreign_switch(plan: Any) -> None:
+    """A GPU switch of the script (`--cuda`, `--no-cuda`, `use_gpu = ...`) that the port could not follow and
+    that is handed to another module (`Data(path, args.cuda)`): that module may keep its tensors on the CPU
+    when the switch is off, while ddpkit.init puts the model on the GPU of a GPU host. A TODO at the call."""
+    f = plan.f
+    switches = {option_dest(n) for n in walk(f.module, into_functions=True) if isinstance(n, cst.Call)
+                and dotted(n.func).endswith("add_argument")}
+    switches = {d for d in switches if _SWITCH.fullmatch(d)}
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.Call) or f.callees(node, key):
+                continue
+            name = dotted(node.func)
+            if not name or name.split(".")[0] not in f.imported:
+                continue
+            given = [dotted(a.value) for a in node.args if dotted(a.value)]
+            hit = next((g for g in given if g.rsplit(".", 1)[-1] in switches or "." not in g and _SWITCH.fullmatch(
+                g)), None)
+            if hit is not None:
+                plan.todo(node, f"the script's GPU switch `{hit}` is read in another module here ({name}): the "
+                          "port cannot see where that module puts its tensors, while ddpkit.init puts the model on "
+                          "ctx.device (a GPU on a GPU host); if the switch decides it, pass "
+                          f"device=\"auto\" if {hit} else \"cpu\" to ddpkit.init")
+                return
+
+
+def option_dest(call: cst.Call) -> str:
+    """The attribute `add_argument("--no-cuda", ...)` sets ('no_cuda'), or its `dest=`."""
+    dest = next((a.value for a in call.args if a.keyword and a.keyword.value == "dest"), None)
+    if isinstance(dest, cst.SimpleString):
+        return str(dest.evaluated_value)
+    names = [str(a.value.evaluated_value) for a in call.args if a.keyword is None
+             and isinstance(a.value, cst.SimpleString)]
+    chosen = next((n for n in names if n.startswith("--")), names[0] if names else "")
+    return chosen.lstrip("-").replace("-", "_")
+
+
+def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | None:
+    """The value of `args.cuda = not args.no_cuda and torch.cuda.is_available()`, the one assignment of the flag
+    in the training code, made by a statement of the entry point's own block from settings parsed before
+    ddpkit.init: ddpkit.init can read that expression itself."""
+    values = [n for stmt in plan.f.region for n in walk(stmt, into_functions=True)
+              if isinstance(n, cst.Assign) and any(dotted(t.target) == flag for t in n.targets)]
+    if len(values) != 1 or len(values[0].targets) != 1:
+        return None
+    value = values[0].value
+    top = any(isinstance(stmt, cst.SimpleStatementLine) and any(s is values[0] for s in stmt.body)
+              for stmt in plan.f.region)
+    attrs = {id(n.attr) for n in walk(value) if isinstance(n, cst.Attribute)}
+    roots = {n.value for n in walk(value) if isinstance(n, cst.Name) and id(n) not in attrs}
+    if not top or not roots - {"torch", "True", "False", "None"} <= bound or any(
+            isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
+        return None
+    return value
+
+
+def _input_moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
+    """Statements that move a tensor to the GPU by the script's own switch: `if args.cuda: x = x.cuda()`,
+    `images = images.to("cuda")`. Where the switch decides where the inputs go, it decides ddpkit's device too:
+    with the model on the GPU and the inputs left on the CPU the original's CPU run would crash."""
+    out = []
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.SimpleStatementLine):
+            continue
+        for call in (n for n in walk(node) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)):
+            to_gpu = call.func.attr.value == "cuda" or call.func.attr.value == "to" and any(
+                isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args)
+            # a tensor the script already holds (`x.cuda()`, `batch[0].cuda()`), not a module it builds here
+            held = isinstance(call.func.value, (cst.Name, cst.Attribute, cst.Subscript))
+            if to_gpu and held and plan.role(key, dotted(call.func.value)) != "model":
+                out.append(node)
+                break
+    return out
+
+
+def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
+    """Statements that only move a model to the GPU: `model.cuda()`, `model = model.to(device)`."""
+    out = []
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+            continue
+        small = node.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        receiver = move_receiver(value) if value is not None and not moves_to_cpu(value) else None
+        if receiver is not None and plan.role(key, dotted(receiver)) == "model" and (
+                isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
+            out.append(node)
+    return out

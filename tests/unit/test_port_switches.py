@@ -1,0 +1,96 @@
+"""`ddpkit port` follows the script's own switches: its GPU flag, its argument parsing, its batch size, its seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def test_a_gpu_switch_that_moves_only_the_inputs_decides_ddpkits_device():
+    code = _port("gpu_switch_inputs").code
+    # without --no-cuda the batches go to the GPU; with it they stay on the CPU: the model must follow
+    assert 'with ddpkit.init(device="auto" if (not args.no_cuda and torch.cuda.is_available()) else "cpu") as ctx:' \
+        in code
+
+
+def test_parsing_after_global_declarations_and_quiet_lines_stays_before_init():
+    result = _port("parse_after_global")
+    lines = result.code.splitlines()
+    parse = lines.index("    opt = parser.parse_args()")
+    init = next(i for i, line in enumerate(lines) if "ddpkit.init(" in line)
+    assert parse < init, "argument parsing must run before ddpkit.init (--help needs no process group)"
+    # the switch that moves model and inputs is read where ddpkit.init can see it
+    assert lines[init] == '    with ddpkit.init(device="auto" if opt.cuda else "cpu") as ctx:'
+    assert not result.todos
+
+
+def test_a_batch_of_one_through_a_name_bound_from_an_option_with_its_own_dest_is_a_todo():
+    result = _port("batch_from_args")
+    assert [t.message for t in result.todos if t.message.startswith("the batch size is 1")], result.todos
+    assert result.exit_code == 3 and "ported fully" not in result.message
+
+
+def test_a_batch_of_one_in_a_config_dict_and_a_string_default_are_todos():
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\nconfig = {'lr': 0.1, 'batch_size': 1}\n"
+           "loader = DataLoader(ds, batch_size=config['batch_size'], shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=config['lr'])\n")
+    assert any(t.message.startswith("the batch size is 1") for t in port_source(src).todos)
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\np = argparse.ArgumentParser()\n"
+           "p.add_argument('--bs', type=int, default='1')\nargs = p.parse_args()\n"
+           "loader = DataLoader(ds, batch_size=args.bs, shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    assert any(t.message.startswith("the batch size is 1") for t in port_source(src).todos)
+
+
+def test_a_script_seeded_by_its_own_helper_before_init_keeps_its_streams():
+    result = _port("own_seed_helper")
+    code = result.code
+    capture = code.index("rng_before_init = ddpkit.rng.rng_state()")
+    init = code.index("ctx = ddpkit.init()")
+    restore = code.index("ddpkit.rng.set_rng_state(rng_before_init)")
+    dataset = code.index("ShuffledFiles(64), ctx")
+    assert capture < init < restore < dataset
+    assert "import ddpkit.rng\n" in code
+    port_source(code)  # the output parses as a ddpkit script
+
+
+def test_an_imported_seed_helper_counts_as_seeding_and_unseeded_draws_stay_todos():
+    seeded = ("import random\nimport torch\nfrom torch.utils.data import DataLoader\nfrom helpers import setup_seed\n\n"
+              "setup_seed(3)\n\n\ndef main():\n    items = list(range(100))\n    random.shuffle(items)\n"
+              "    loader = DataLoader(items, batch_size=8, shuffle=True)\n    model = Net()\n"
+              "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x in loader:\n"
+              "        model(x).sum().backward()\n        opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    code = port_source(seeded).code
+    assert "    rng_before_init = ddpkit.rng.rng_state()" in code
+    assert "    with ddpkit.init() as ctx:\n        ddpkit.rng.set_rng_state(rng_before_init)" in code
+    # a helper whose name says nothing about seeds and that also builds data is not a seed helper
+    plain = seeded.replace("from helpers import setup_seed\n", "").replace("setup_seed(3)\n", "")
+    assert "rng_before_init" not in port_source(plain).code
+
+
+def test_a_gpu_switch_handed_to_another_module_is_a_todo():
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\nfrom mydata import Frames\n\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--use-gpu', action='store_true')\nargs = p.parse_args()\n"
+           "ds = Frames('x.npy', args.use_gpu)\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
+           "    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n")
+    result = port_source(src)
+    assert any("GPU switch `args.use_gpu` is read in another module" in t.message for t in result.todos), result.todos
+
+
+def test_a_branch_on_another_setting_that_moves_a_built_module_is_not_a_gpu_switch():
+    src = ("import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--net', default='a')\nargs = p.parse_args()\n"
+           "loader = DataLoader(ds, batch_size=8, shuffle=True)\nif args.net == 'a':\n"
+           "    gen = nn.DataParallel(NetA()).cuda()\nelse:\n    gen = nn.DataParallel(NetB()).cuda()\n"
+           "opt = torch.optim.SGD(gen.parameters(), lr=0.1)\nfor x, y in loader:\n"
+           "    x = x.cuda()\n    ((gen(x) - y) ** 2).mean().backward()\n    opt.step()\n")
+    assert "ctx = ddpkit.init()\n" in port_source(src).code
