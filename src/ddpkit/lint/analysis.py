@@ -199,7 +199,9 @@ class Script:
         if isinstance(expr, ast.Name):
             return self.derived.get(expr.id) or rank_name_kind(expr.id)
         if isinstance(expr, ast.Attribute):
-            return self.derived.get("." + expr.attr) or rank_name_kind(expr.attr)
+            # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
+            return self.derived.get("." + expr.attr) or self.external_levels.get("=." + expr.attr, NONE) \
+                or rank_name_kind(expr.attr)
         if isinstance(expr, ast.Call):
             name = terminal(expr.func)
             if name in ("int", "bool", "str") and expr.args:
@@ -250,6 +252,9 @@ class Script:
             if any(isinstance(arm, ast.Constant) and arm.value is None for arm in (expr.body, expr.orelse)) \
                     and distributed_mode(expr.test) == 0:
                 return max(self.kind(expr.body), self.kind(expr.orelse), self.kind(expr.test))
+            if all(isinstance(arm, ast.Constant) and isinstance(arm.value, bool) for arm in (expr.body, expr.orelse)) \
+                    and expr.body.value != expr.orelse.value:
+                return self.kind(expr.test)  # `True if rank == 0 else False`: the test itself, as a flag
             return max(self.kind(expr.body), self.kind(expr.orelse))
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)

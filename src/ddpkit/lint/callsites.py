@@ -47,7 +47,34 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _constructor_levels(project, levels)
     _decorator_levels(project, levels)
     _helper_answers(project, levels)
+    _flag_levels(project, levels)
     return levels
+
+
+def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
+    """`args.print_progress = RANK == 0` (or `self.is_main = ...`) in one file of the program: an attribute whose
+    value is a rank test is a rank check wherever the program reads it, as `=.print_progress` (attributes are
+    matched by name, as functions are). Only tests count, not the rank itself (`args.rank = get_rank()`)."""
+    found: dict[str, int] = {}
+    for script in project.scripts.values():
+        for key, value in script.assignments:
+            if key.startswith(".") and _is_flag(value):
+                level = script.kind(value)
+                if level:
+                    found["=" + key] = max(found.get("=" + key, NONE), level)
+    for path in project.scripts if found else ():
+        into = levels.setdefault(path, {})
+        for key, level in found.items():
+            into[key] = max(into.get(key, NONE), level)
+
+
+def _is_flag(value: ast.AST) -> bool:
+    """A value that is true or false by a test (`rank == 0`, `not local_rank`, `True if r == 0 else False`)."""
+    if isinstance(value, ast.UnaryOp):
+        return isinstance(value.op, ast.Not)
+    if isinstance(value, ast.IfExp):
+        return all(isinstance(arm, ast.Constant) and isinstance(arm.value, bool) for arm in (value.body, value.orelse))
+    return isinstance(value, (ast.Compare, ast.BoolOp))
 
 
 def _helper_answers(project, levels: dict[str, dict[str, int]]) -> None:
