@@ -486,6 +486,8 @@ def _logging_per_rank(project) -> bool:
     """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check, or
     a handler writing to a stream that ranks other than 0 silence (`if rank != 0: sys.stdout = open(os.devnull,
     "w")` before `basicConfig(stream=sys.stdout)`; basicConfig's default stream is sys.stderr)."""
+    if project.launcher_streams:
+        return True  # a launcher sends the other ranks' console away: their log lines do not repeat on it
     for x in project.scripts.values():
         for call in x.calls:
             if project.silenced_streams and terminal(call.func) in ("basicConfig", "StreamHandler"):
