@@ -342,3 +342,45 @@ def test_a_rank_zero_forward_of_a_frozen_model_without_buffers_starts_no_collect
                                                              "torch.nn.BatchNorm1d(4))")):
         assert ("train.py", _lines(changed, "preview = net")[0], "DDP010") in _lint({"train.py": changed})
 
+
+
+_FLAG_PARAMETER = """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def report(step, verbose):
+        if verbose:
+            print("step", step)
+        print("done", step)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = DDP(nn.Linear(4, 1))
+        for step in range(3):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            report(step, verbose=dist.get_rank() == 0)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_parameter_every_call_gives_a_rank_test_is_a_rank_check():
+    """`report(step, verbose=rank == 0)` at every call: `if verbose:` in report runs on rank 0 only; the print
+    outside it still runs on every rank."""
+    found = _lint({"train.py": _FLAG_PARAMETER})
+    assert found == {("train.py", _lines(_FLAG_PARAMETER, 'print("done"')[0], "DDP008")}
+
+
+def test_a_parameter_one_call_gives_a_constant_is_no_rank_check():
+    code = _FLAG_PARAMETER.replace("        dist.destroy_process_group()",
+                                   "        report(-1, verbose=True)\n        dist.destroy_process_group()")
+    found = _lint({"train.py": code})
+    assert ("train.py", _lines(code, 'print("step"')[0], "DDP008") in found
