@@ -65,8 +65,8 @@ def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     for path, script in project.scripts.items():
         for d in script.defs:
             found = calls.get(d.name, [])
-            if not found or any(any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords)
-                                for _, c in found):
+            if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
+                                or any(k.arg is None for k in c.keywords) for _, c in found):
                 continue
             positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
             if positional[:1] in (["self"], ["cls"]):

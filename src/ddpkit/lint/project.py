@@ -764,13 +764,14 @@ def _launcher_discards(s: Script) -> set[str]:
         spread = {k.value.id for k in call.keywords if k.arg is None and isinstance(k.value, ast.Name)}
         scope = s.context(call).scope
         for n in s.nodes:
-            if spread and isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript) \
-                    and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id in spread \
-                    and isinstance(n.targets[0].slice, ast.Constant) and n.targets[0].slice.value in ("stdout", "stderr") \
-                    and s.context(n).scope == scope:
-                given.append((n.targets[0].slice.value, n.value, n))
+            target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else None
+            if spread and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                    and target.value.id in spread and isinstance(target.slice, ast.Constant) \
+                    and target.slice.value in ("stdout", "stderr") and s.context(n).scope == scope:
+                given.append((target.slice.value, n.value, n))
         for stream, value, where in given:
-            away = s.qualname(value).endswith("DEVNULL") or isinstance(value, ast.Call) and terminal(value.func) == "open"
+            away = s.qualname(value).endswith("DEVNULL") \
+                or isinstance(value, ast.Call) and terminal(value.func) == "open"
             if away and (s.context(where).level or any(s.kind(m) for m in ast.walk(value))):
                 found.add(stream)
     return found
