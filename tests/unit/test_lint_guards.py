@@ -384,3 +384,45 @@ def test_a_parameter_one_call_gives_a_constant_is_no_rank_check():
                                    "        report(-1, verbose=True)\n        dist.destroy_process_group()")
     found = _lint({"train.py": code})
     assert ("train.py", _lines(code, 'print("step"')[0], "DDP008") in found
+
+
+_RANK_ZERO_LOG = """
+    import torch
+    import torch.distributed as dist
+    import wandb
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=8, sampler=sampler)
+        model = DDP(nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if dist.get_rank() == 0:
+                    wandb.log({"Rank-0 Batch Wise/train_loss": loss.item()})
+                    wandb.log({"train_loss": loss.item()})
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_figure_labelled_as_rank_zeros_own_is_not_reported_as_the_runs():
+    """`wandb.log({"Rank-0 Batch Wise/train_loss": ...})` says whose loss it is; the same loss under a plain key
+    is still DDP006."""
+    found = _lint({"train.py": _RANK_ZERO_LOG})
+    assert found == {("train.py", _lines(_RANK_ZERO_LOG, '{"train_loss"')[0], "DDP006")}

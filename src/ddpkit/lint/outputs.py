@@ -61,11 +61,15 @@ def _logs(s: Script, call: ast.Call) -> bool:
     return terminal(call.func) in _LOG_CALLS and not s.qualname(call.func).startswith(("math.", "numpy.", "torch."))
 
 
+_RANK_ZERO_TEXT = re.compile(r"\brank[ _-]?(0|zero)\b", re.IGNORECASE)
+"""Text that says the figure is rank 0's own ("Rank-0 Batch Wise/train_loss"), not the run's."""
+
+
 def _names_a_rank(s: Script, call: ast.Call) -> bool:
     parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
     return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
-        isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"rank ?0|rank\b", n.value)
-        for n in parts)
+        isinstance(n, ast.Constant) and isinstance(n.value, str)
+        and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
 
 
 def _from_evaluation(s: Script, name: str) -> bool:
