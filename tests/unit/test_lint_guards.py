@@ -426,3 +426,39 @@ def test_a_figure_labelled_as_rank_zeros_own_is_not_reported_as_the_runs():
     is still DDP006."""
     found = _lint({"train.py": _RANK_ZERO_LOG})
     assert found == {("train.py", _lines(_RANK_ZERO_LOG, '{"train_loss"')[0], "DDP006")}
+
+
+_CONFIG_DICT = """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main(config):
+        if config["distributed"]:
+            dist.init_process_group("gloo")
+            config["chatty"] = dist.get_rank() == 0
+        else:
+            config["chatty"] = True
+        torch.manual_seed(0)
+        model = DDP(nn.Linear(4, 1))
+        if (not config["distributed"]) or dist.get_rank() == 0:
+            print("built")
+        if config["chatty"]:
+            print("chatty")
+        print("everyone")
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main({"distributed": True})
+"""
+
+
+def test_a_config_dict_mode_check_and_rank_flag_are_read():
+    """`not config["distributed"] or rank == 0` is a rank-0 guard with a single-process arm, and
+    `config["chatty"] = rank == 0` a rank-0 flag; the print outside both is still reported."""
+    found = _lint({"train.py": _CONFIG_DICT})
+    assert found == {("train.py", _lines(_CONFIG_DICT, 'print("everyone")')[0], "DDP008")}

@@ -215,7 +215,8 @@ class Script:
         if isinstance(expr, ast.Subscript):
             key = expr.slice
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                return rank_name_kind(key.value)
+                # `cfg["chatty"] = rank == 0` somewhere in the program: see callsites._flag_levels
+                return rank_name_kind(key.value) or self.external_levels.get(f"=[{key.value}]", NONE)
             return NONE
         if isinstance(expr, ast.Compare):
             held = self._held_by_some(expr)

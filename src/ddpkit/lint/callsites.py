@@ -105,13 +105,17 @@ def _flag_level(x, value: ast.AST) -> int:
 
 
 def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
-    """`args.print_progress = RANK == 0` (or `self.is_main = ...`) in one file of the program: an attribute whose
-    value is a rank test is a rank check wherever the program reads it, as `=.print_progress` (attributes are
-    matched by name, as functions are). Only tests count, not the rank itself (`args.rank = get_rank()`)."""
+    """`args.print_progress = RANK == 0` (or `self.is_main = ...`, `cfg["chatty"] = ...`) in one file of the
+    program: an attribute (a dict item) whose value is a rank test is a rank check wherever the program reads
+    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). Only tests count, not the rank itself (`args.rank = get_rank()`)."""
     found: dict[str, int] = {}
     for script in project.scripts.values():
-        for key, value in script.assignments:
-            if key.startswith(".") and _is_flag(value):
+        pairs = [(key, value) for key, value in script.assignments if key.startswith(".")]
+        pairs += [(f"[{n.targets[0].slice.value}]", n.value) for n in script.nodes  # `cfg["chatty"] = rank == 0`
+                  if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
+                  and isinstance(n.targets[0].slice, ast.Constant) and isinstance(n.targets[0].slice.value, str)]
+        for key, value in pairs:
+            if _is_flag(value):
                 level = script.kind(value)
                 if level:
                     found["=" + key] = max(found.get("=" + key, NONE), level)
