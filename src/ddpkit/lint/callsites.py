@@ -107,7 +107,8 @@ def _flag_level(x, value: ast.AST) -> int:
 def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
     """`args.print_progress = RANK == 0` (or `self.is_main = ...`, `cfg["chatty"] = ...`) in one file of the
     program: an attribute (a dict item) whose value is a rank test is a rank check wherever the program reads
-    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). Only tests count, not the rank itself (`args.rank = get_rank()`)."""
+    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). Only tests count, not the rank
+    itself (`args.rank = get_rank()`)."""
     found: dict[str, int] = {}
     for script in project.scripts.values():
         pairs = [(key, value) for key, value in script.assignments if key.startswith(".")]
