@@ -342,3 +342,123 @@ def test_a_rank_zero_forward_of_a_frozen_model_without_buffers_starts_no_collect
                                                              "torch.nn.BatchNorm1d(4))")):
         assert ("train.py", _lines(changed, "preview = net")[0], "DDP010") in _lint({"train.py": changed})
 
+
+
+_FLAG_PARAMETER = """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def report(step, verbose):
+        if verbose:
+            print("step", step)
+        print("done", step)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        model = DDP(nn.Linear(4, 1))
+        for step in range(3):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            report(step, verbose=dist.get_rank() == 0)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_parameter_every_call_gives_a_rank_test_is_a_rank_check():
+    """`report(step, verbose=rank == 0)` at every call: `if verbose:` in report runs on rank 0 only; the print
+    outside it still runs on every rank."""
+    found = _lint({"train.py": _FLAG_PARAMETER})
+    assert found == {("train.py", _lines(_FLAG_PARAMETER, 'print("done"')[0], "DDP008")}
+
+
+def test_a_parameter_one_call_gives_a_constant_is_no_rank_check():
+    code = _FLAG_PARAMETER.replace("        dist.destroy_process_group()",
+                                   "        report(-1, verbose=True)\n        dist.destroy_process_group()")
+    found = _lint({"train.py": code})
+    assert ("train.py", _lines(code, 'print("step"')[0], "DDP008") in found
+
+
+_RANK_ZERO_LOG = """
+    import torch
+    import torch.distributed as dist
+    import wandb
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=8, sampler=sampler)
+        model = DDP(nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if dist.get_rank() == 0:
+                    wandb.log({"Rank-0 Batch Wise/train_loss": loss.item()})
+                    wandb.log({"train_loss": loss.item()})
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_figure_labelled_as_rank_zeros_own_is_not_reported_as_the_runs():
+    """`wandb.log({"Rank-0 Batch Wise/train_loss": ...})` says whose loss it is; the same loss under a plain key
+    is still DDP006."""
+    found = _lint({"train.py": _RANK_ZERO_LOG})
+    assert found == {("train.py", _lines(_RANK_ZERO_LOG, '{"train_loss"')[0], "DDP006")}
+
+
+_CONFIG_DICT = """
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main(config):
+        if config["distributed"]:
+            dist.init_process_group("gloo")
+            config["chatty"] = dist.get_rank() == 0
+        else:
+            config["chatty"] = True
+        torch.manual_seed(0)
+        model = DDP(nn.Linear(4, 1))
+        if (not config["distributed"]) or dist.get_rank() == 0:
+            print("built")
+        if config["chatty"]:
+            print("chatty")
+        print("everyone")
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main({"distributed": True})
+"""
+
+
+def test_a_config_dict_mode_check_and_rank_flag_are_read():
+    """`not config["distributed"] or rank == 0` is a rank-0 guard with a single-process arm, and
+    `config["chatty"] = rank == 0` a rank-0 flag; the print outside both is still reported."""
+    found = _lint({"train.py": _CONFIG_DICT})
+    assert found == {("train.py", _lines(_CONFIG_DICT, 'print("everyone")')[0], "DDP008")}

@@ -197,9 +197,11 @@ class Script:
     def kind(self, expr: ast.AST | None) -> int:
         """How an expression depends on the rank: NONE, LOCAL or GLOBAL (see rank_name_kind)."""
         if isinstance(expr, ast.Name):
-            return self.derived.get(expr.id) or rank_name_kind(expr.id)
+            return self.derived.get(expr.id) or rank_name_kind(expr.id) or self._parameter_flag(expr)
         if isinstance(expr, ast.Attribute):
-            return self.derived.get("." + expr.attr) or rank_name_kind(expr.attr)
+            # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
+            return self.derived.get("." + expr.attr) or self.external_levels.get("=." + expr.attr, NONE) \
+                or rank_name_kind(expr.attr)
         if isinstance(expr, ast.Call):
             name = terminal(expr.func)
             if name in ("int", "bool", "str") and expr.args:
@@ -213,7 +215,8 @@ class Script:
         if isinstance(expr, ast.Subscript):
             key = expr.slice
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                return rank_name_kind(key.value)
+                # `cfg["chatty"] = rank == 0` somewhere in the program: see callsites._flag_levels
+                return rank_name_kind(key.value) or self.external_levels.get(f"=[{key.value}]", NONE)
             return NONE
         if isinstance(expr, ast.Compare):
             held = self._held_by_some(expr)
@@ -227,6 +230,8 @@ class Script:
                 key = expr.left.id if isinstance(expr.left, ast.Name) else "." + expr.left.attr
                 if key in getattr(self, "rank_only", ()):
                     return self.derived.get(key, NONE)
+                if isinstance(expr.left, ast.Name) and self._parameter_flag(expr.left):
+                    return self._parameter_flag(expr.left)  # `add_summary(self.writer, ...)`: `writer is not None`
             # `rank == -1` / `rank is None` ask "are we distributed at all?", not "which rank am I?"
             if all(is_mode_sentinel(c) for c in expr.comparators) or distributed_mode(expr):
                 return NONE  # `local_rank >= 0` too: true on every rank of a distributed run
@@ -250,9 +255,23 @@ class Script:
             if any(isinstance(arm, ast.Constant) and arm.value is None for arm in (expr.body, expr.orelse)) \
                     and distributed_mode(expr.test) == 0:
                 return max(self.kind(expr.body), self.kind(expr.orelse), self.kind(expr.test))
+            if all(isinstance(arm, ast.Constant) and isinstance(arm.value, bool) for arm in (expr.body, expr.orelse)) \
+                    and expr.body.value != expr.orelse.value:
+                return self.kind(expr.test)  # `True if rank == 0 else False`: the test itself, as a flag
             return max(self.kind(expr.body), self.kind(expr.orelse))
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
+        return NONE
+
+    def _parameter_flag(self, use: ast.Name) -> int:
+        """The rank check a parameter is where every call gives it one (see callsites._flag_parameters)."""
+        if not any(key.startswith("=") and key.endswith(")") for key in self.external_levels):
+            return NONE
+        node = use
+        while id(node) in self.parents:
+            node = self.parents[id(node)]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return self.external_levels.get(f"={node.name}({use.id})", NONE)
         return NONE
 
     def test_kind(self, test: ast.AST) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from ddpkit.lint.bindings import optional_parameters, passes
-from ddpkit.lint.ranks import GLOBAL, NONE, terminal
+from ddpkit.lint.ranks import GLOBAL, NONE, is_main_flag, terminal
 
 __all__ = ["external_levels", "global_parameter", "through_reexport"]
 
@@ -47,7 +47,92 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _constructor_levels(project, levels)
     _decorator_levels(project, levels)
     _helper_answers(project, levels)
+    _flag_levels(project, levels)
+    _flag_parameters(project, levels)
     return levels
+
+
+def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
+    """`def fit(model, verbose):` where every call in the program gives `verbose` a rank test (`verbose=rank == 0`,
+    `is_main`, `args.chatty` set from one) or a value only some ranks hold (`self.writer`, None off rank 0): the
+    parameter is that rank check in its function, as `=fit(verbose)` (Script.kind). Functions are matched by
+    name, as elsewhere; a call that spreads `*args`/`**kwargs`, or a function that assigns the parameter, gives
+    nothing."""
+    calls: dict[str, list[tuple[object, ast.Call]]] = {}
+    for x in project.scripts.values():
+        for call in x.calls:
+            calls.setdefault(terminal(call.func), []).append((x, call))
+    for path, script in project.scripts.items():
+        for d in script.defs:
+            found = calls.get(d.name, [])
+            if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
+                                or any(k.arg is None for k in c.keywords) for _, c in found):
+                continue
+            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+            if positional[:1] in (["self"], ["cls"]):
+                positional = positional[1:]
+            stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for param in positional + [a.arg for a in d.args.kwonlyargs]:
+                if param in stored:
+                    continue
+                given = []
+                for x, c in found:
+                    value = next((k.value for k in c.keywords if k.arg == param), None)
+                    if value is None and param in positional and positional.index(param) < len(c.args):
+                        value = c.args[positional.index(param)]
+                    given.append(_flag_level(x, value) if value is not None else NONE)
+                if given and min(given):
+                    levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)
+
+
+def _flag_level(x, value: ast.AST) -> int:
+    """How a value handed to a parameter picks ranks when tested: a rank test or main-process flag, or a value only
+    some ranks hold (Script.rank_only); NONE for anything else (the rank itself, a seed made from it)."""
+    if _is_flag(value) or isinstance(value, (ast.Name, ast.Attribute)) and is_main_flag(terminal(value)):
+        return x.kind(value)
+    if isinstance(value, ast.Name):
+        key = value.id
+    elif isinstance(value, ast.Attribute):
+        key = "." + value.attr
+        if x.external_levels.get("=" + key):
+            return x.external_levels["=" + key]
+    else:
+        return NONE
+    values = [v for k, v in x.assignments if k == key]
+    if key in x.rank_only:
+        return x.derived.get(key, NONE)
+    return min((x.kind(v) for v in values), default=NONE) if values and all(_is_flag(v) for v in values) else NONE
+
+
+def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
+    """`args.print_progress = RANK == 0` (or `self.is_main = ...`, `cfg["chatty"] = ...`) in one file of the
+    program: an attribute (a dict item) whose value is a rank test is a rank check wherever the program reads
+    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). Only tests count, not the rank
+    itself (`args.rank = get_rank()`)."""
+    found: dict[str, int] = {}
+    for script in project.scripts.values():
+        pairs = [(key, value) for key, value in script.assignments if key.startswith(".")]
+        pairs += [(f"[{n.targets[0].slice.value}]", n.value) for n in script.nodes  # `cfg["chatty"] = rank == 0`
+                  if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
+                  and isinstance(n.targets[0].slice, ast.Constant) and isinstance(n.targets[0].slice.value, str)]
+        for key, value in pairs:
+            if _is_flag(value):
+                level = script.kind(value)
+                if level:
+                    found["=" + key] = max(found.get("=" + key, NONE), level)
+    for path in project.scripts if found else ():
+        into = levels.setdefault(path, {})
+        for key, level in found.items():
+            into[key] = max(into.get(key, NONE), level)
+
+
+def _is_flag(value: ast.AST) -> bool:
+    """A value that is true or false by a test (`rank == 0`, `not local_rank`, `True if r == 0 else False`)."""
+    if isinstance(value, ast.UnaryOp):
+        return isinstance(value.op, ast.Not)
+    if isinstance(value, ast.IfExp):
+        return all(isinstance(arm, ast.Constant) and isinstance(arm.value, bool) for arm in (value.body, value.orelse))
+    return isinstance(value, (ast.Compare, ast.BoolOp))
 
 
 def _helper_answers(project, levels: dict[str, dict[str, int]]) -> None:

@@ -157,7 +157,13 @@ def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand, depth), "")
     if isinstance(test, (ast.Name, ast.Attribute)):
-        return "zero" if is_main_flag(terminal(test)) else ""
+        if is_main_flag(terminal(test)):
+            return "zero"
+        return _flag_selects(s, test, depth + 1) if depth < 4 else ""
+    if isinstance(test, ast.IfExp) and all(isinstance(a, ast.Constant) and isinstance(a.value, bool)
+                                           for a in (test.body, test.orelse)) and test.body.value != test.orelse.value:
+        picked = _selects(s, test.test, depth)
+        return picked if test.body.value else {"zero": "others", "others": "zero"}.get(picked, "")
     if isinstance(test, ast.Call) and depth < 4:
         return _helper_selects(s, test.func, depth + 1)
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
@@ -172,6 +178,18 @@ def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
     if isinstance(right, ast.Constant) and right.value == 1 and not isinstance(right.value, bool):
         return "others" if op is ast.GtE else "zero" if op is ast.Lt else ""
     return ""
+
+
+def _flag_selects(s: Script, flag: ast.AST, depth: int) -> str:
+    """Which ranks a flag set from a rank test lets through (`opts.chatty = rank == 0`, read as `if opts.chatty:`):
+    the answer of every rank test assigned to it in the program (an attribute by name, as Script.kind reads it;
+    a plain name in its own file), where they agree; constants assigned elsewhere (a single-process True) do
+    not count."""
+    key = "." + flag.attr if isinstance(flag, ast.Attribute) else flag.id
+    homes = s.project.scripts.values() if isinstance(flag, ast.Attribute) and s.project is not None else [s]
+    answers = {_selects(h, value, depth) for h in homes for k, value in h.assignments
+               if k == key and not isinstance(value, ast.Constant)}
+    return answers.pop() if len(answers) == 1 else ""
 
 
 def _helper_selects(s: Script, func: ast.AST, depth: int) -> str:

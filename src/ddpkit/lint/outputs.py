@@ -61,11 +61,15 @@ def _logs(s: Script, call: ast.Call) -> bool:
     return terminal(call.func) in _LOG_CALLS and not s.qualname(call.func).startswith(("math.", "numpy.", "torch."))
 
 
+_RANK_ZERO_TEXT = re.compile(r"\brank[ _-]?(0|zero)\b", re.IGNORECASE)
+"""Text that says the figure is rank 0's own ("Rank-0 Batch Wise/train_loss"), not the run's."""
+
+
 def _names_a_rank(s: Script, call: ast.Call) -> bool:
     parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
     return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
-        isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(r"rank ?0|rank\b", n.value)
-        for n in parts)
+        isinstance(n, ast.Constant) and isinstance(n.value, str)
+        and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
 
 
 def _from_evaluation(s: Script, name: str) -> bool:
@@ -486,6 +490,8 @@ def _logging_per_rank(project) -> bool:
     """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check, or
     a handler writing to a stream that ranks other than 0 silence (`if rank != 0: sys.stdout = open(os.devnull,
     "w")` before `basicConfig(stream=sys.stdout)`; basicConfig's default stream is sys.stderr)."""
+    if project.launcher_streams:
+        return True  # a launcher sends the other ranks' console away: their log lines do not repeat on it
     for x in project.scripts.values():
         for call in x.calls:
             if project.silenced_streams and terminal(call.func) in ("basicConfig", "StreamHandler"):

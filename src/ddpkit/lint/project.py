@@ -386,6 +386,11 @@ class Project:
                           n.targets[0].attr == "stdout"}
         """The statements that make print a no-op off rank 0: a builtins.print swap (setup_for_distributed(is_master))
         or `if rank != 0: sys.stdout = open(os.devnull, "w")`."""
+        self.launcher_streams = {stream for s in scripts for stream in _launcher_discards(s)}
+        """'stdout'/'stderr' that a launcher in the program points elsewhere for the ranks a rank check singles out
+        (`if rank > 0: kwargs["stdout"] = subprocess.DEVNULL` before `subprocess.Popen([sys.executable, *argv],
+        **kwargs)`), or at a file of each rank's own: the ranks' output on it does not repeat on one console."""
+        self.silenced_streams |= self.launcher_streams
         self.prints_silenced = bool(self.silencers)
         """Some file silences print off rank 0 (see silencers)."""
         self.augments = any(isinstance(n, (ast.Name, ast.Attribute)) and _AUGMENT.search(terminal(n))
@@ -495,6 +500,8 @@ class Project:
         function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
         written above the swap, which runs on every rank before print is replaced. `stdout=False`: count only the
         swaps of print, not a silenced sys.stdout (a tqdm bar writes to sys.stderr)."""
+        if ("stdout" if stdout else "stderr") in self.launcher_streams:
+            return True  # a launcher sends the other ranks' console away (see launcher_streams)
         silencers = self.silencers if stdout else self.memo("print swap nodes", lambda: {
             id(n) for x in self.scripts.values() for n in x.nodes if _swaps_print(n)})
         if not silencers:
@@ -732,6 +739,42 @@ def _silences_stream(s: Script, node: ast.AST) -> bool:
     value = node.value
     discards = isinstance(value, ast.Constant) and value.value is None or _DISCARD.search(ast.unparse(value))
     return bool(discards) and s.context(node).level > 0
+
+
+def _launches_program(s: Script, node: ast.AST) -> bool:
+    """`subprocess.Popen([sys.executable] + argv, ...)` in a function that reads sys.argv or sys.executable: a
+    launcher starting this program again, once per rank."""
+    if not (isinstance(node, ast.Call) and s.qualname(node.func) == "subprocess.Popen"):
+        return False
+    scope = s.context(node).scope
+    home = next((d for d in s.defs if id(d) == scope), s.tree)
+    return any(isinstance(n, ast.Attribute) and s.qualname(n) in ("sys.executable", "sys.argv") for n in ast.walk(home))
+
+
+def _launcher_discards(s: Script) -> set[str]:
+    """The streams a launcher of the program (_launches_program) sends away from the console for some ranks: a
+    `stdout=`/`stderr=` of DEVNULL or an open file, given under a rank check or naming the rank (a file per
+    rank), directly or through a dict of keyword arguments it passes (`kwargs["stdout"] = subprocess.DEVNULL`).
+    PIPE is not counted: the launcher reads the ranks' output and may print all of it."""
+    found: set[str] = set()
+    for call in s.calls:
+        if not _launches_program(s, call):
+            continue
+        given = [(k.arg, k.value, call) for k in call.keywords if k.arg in ("stdout", "stderr")]
+        spread = {k.value.id for k in call.keywords if k.arg is None and isinstance(k.value, ast.Name)}
+        scope = s.context(call).scope
+        for n in s.nodes:
+            target = n.targets[0] if isinstance(n, ast.Assign) and len(n.targets) == 1 else None
+            if spread and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                    and target.value.id in spread and isinstance(target.slice, ast.Constant) \
+                    and target.slice.value in ("stdout", "stderr") and s.context(n).scope == scope:
+                given.append((target.slice.value, n.value, n))
+        for stream, value, where in given:
+            away = s.qualname(value).endswith("DEVNULL") \
+                or isinstance(value, ast.Call) and terminal(value.func) == "open"
+            if away and (s.context(where).level or any(s.kind(m) for m in ast.walk(value))):
+                found.add(stream)
+    return found
 
 
 def _swaps_print(node: ast.AST) -> bool:

@@ -39,6 +39,8 @@ def distributed_mode(expr: ast.AST | None) -> int:
     """
     if isinstance(expr, (ast.Name, ast.Attribute)):
         return 1 if _MODE_NAME.match(terminal(expr).lower()) else 0
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, str):
+        return 1 if _MODE_NAME.match(expr.slice.value.lower()) else 0  # `config["distributed"]`
     if isinstance(expr, ast.Call):
         return 1 if terminal(expr.func) in _MODE_CALLS else 0
     if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
