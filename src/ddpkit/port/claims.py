@@ -7,6 +7,9 @@ Two checks run on the ported text, after the rewrite:
 - The script's own modules (see ddpkit.port.project): code the training path hands the model, a loader, its
   batches or the parsed settings to is read, never rewritten; what breaks there under DDP becomes a `not checked:`
   TODO at the line that hands the object over.
+- Three checks of the output itself: a call that may run a function the port gave a required `ctx` but passes none
+  (a TypeError at any world size), an `nn.DataParallel(...)` the rewrite left in (a crash on rank 1), and a loss
+  that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective).
 """
 
 from __future__ import annotations
@@ -98,6 +101,117 @@ def _insert(code: str, todos: list[tuple[int, str]], mark: str) -> tuple[str, li
     return "".join(out), placed
 
 
+_MODULE_METHODS = frozenset({
+    "train", "eval", "forward", "to", "cuda", "cpu", "half", "float", "double", "step", "zero_grad", "state_dict",
+    "load_state_dict", "parameters", "named_parameters", "modules", "children", "apply", "update", "save", "load",
+    "item", "backward", "append", "extend", "close", "write", "log", "add_scalar", "add_scalars", "run", "fit",
+})
+"""Method names that also belong to torch's modules, optimizers, tensors, lists and writers: a call of one on an
+object the port cannot type is not taken for a call of the script's own method of that name."""
+
+
+def _calls_without_ctx(tree: ast.Module) -> list[tuple[int, str]]:
+    """A call that may run a function the port gave a required `ctx` parameter but passes no `ctx=`: it would
+    raise TypeError at run time (at any world size). The rewrite threads `ctx=ctx` through the calls it can
+    resolve; this is what it could not (a method called on an object whose class it did not follow)."""
+    needs: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _requires_ctx(item):
+                    needs.setdefault(item.name, f"{node.name}.{item.name}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _requires_ctx(node):
+            needs.setdefault(node.name, node.name)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or any(k.arg in ("ctx", None) for k in node.keywords):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name not in needs or (isinstance(func, ast.Attribute) and (
+                name in _MODULE_METHODS or name.startswith("__")  # `super().__init__()`: the parent's, not ours
+                or isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name)
+                and func.value.func.id == "super")):
+            continue
+        out.append((node.lineno, f"not checked: `{ast.unparse(func)}(...)` may call `{needs[name]}`, which now takes "
+                                 "`ctx` (the port gave it one), but it passes none: add `ctx=ctx` to this call, or "
+                                 "it raises TypeError"))
+    return out
+
+
+def _data_parallel(tree: ast.Module) -> list[tuple[int, str]]:
+    """`nn.DataParallel(model)` left in the output (where the port wrapped no model, or could not follow it): under
+    ddpkit each rank already owns one GPU (ddpkit.init sets it current), and DataParallel on rank 1 refuses a model
+    that is not on cuda:0, so a 2-GPU run fails at the first step."""
+    return [(node.lineno, f"not checked: `{ast.unparse(node.func)}(...)` is left in: each rank already owns one GPU "
+                          "(ddpkit.init made it current), and DataParallel on a rank other than 0 refuses a model "
+                          "off cuda:0; drop it and wrap the model with ddpkit.wrap(model, ctx) instead")
+            for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and (node.func.id if isinstance(node.func, ast.Name) else
+                 node.func.attr if isinstance(node.func, ast.Attribute) else None) == "DataParallel"]
+
+
+def _transposed(node: ast.AST) -> bool:
+    """`z.t()`, `z.T`, `z.transpose(0, 1)`: a 2-D matrix turned so that a product pairs every sample with every other."""
+    if isinstance(node, ast.Attribute) and node.attr == "T":
+        return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr == "t" and not node.args:
+            return True
+        if node.func.attr == "transpose" and [ast.unparse(a) for a in node.args] in (["0", "1"], ["1", "0"]):
+            return True
+    return False
+
+
+def _pairs_samples(node: ast.AST) -> bool:
+    """`a @ b.t()`, `torch.mm(a, b.T)`, `torch.matmul(a, b.t())`, `F.cosine_similarity(a.unsqueeze(1), b.unsqueeze(0))`:
+    a batch-by-batch matrix, as contrastive losses (NT-Xent, InfoNCE, triplet mining) build from in-batch negatives."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return _transposed(node.right)
+    if isinstance(node, ast.Call):
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(
+            node.func, ast.Name) else ""
+        if name in ("mm", "matmul") and len(node.args) == 2:
+            return _transposed(node.args[1])
+        if name == "cosine_similarity" and len(node.args) >= 2:
+            return all(isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == "unsqueeze"
+                       for a in node.args[:2])
+    return False
+
+
+def _batch_coupled(tree: ast.Module, loops: list[tuple[int, int]]) -> list[tuple[int, str]]:
+    """A loss that pairs every sample of the batch with every other (in-batch negatives), computed in a loop over a
+    ported loader or in a function of this file called there (not in a model's own methods: attention is
+    `q @ k.transpose(-2, -1)` over tokens, not samples). Each rank now sees B // N samples: the negatives, and so
+    the objective, change unless the embeddings are gathered across ranks with their gradients."""
+    if not loops:
+        return []
+    coupled = {node.name: next(n for n in ast.walk(node) if _pairs_samples(n))
+               for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and any(_pairs_samples(n) for n in ast.walk(node))}
+    out = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if not any(a <= line <= b for a, b in loops):
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in coupled:
+            where = f"`{node.func.id}` (line {coupled[node.func.id].lineno}: `{ast.unparse(coupled[node.func.id])}`)"
+        elif _pairs_samples(node):
+            where = f"`{ast.unparse(node)}`"
+        else:
+            continue
+        out.append((line, f"not checked: {where} pairs every sample of the batch with every other (in-batch "
+                          "negatives, a similarity matrix): each rank now sees batch_size // world_size samples, so "
+                          "the objective changes; gather the embeddings across ranks with their gradients before it, "
+                          "or keep the per-rank batch and accept fewer negatives"))
+    return out
+
+
+def _requires_ctx(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    args = node.args
+    return any(a.arg == "ctx" and d is None for a, d in zip(args.kwonlyargs, args.kw_defaults))
+
+
 def _statement_lines(tree: ast.Module) -> dict[int, int]:
     """Each line inside a simple statement -> the statement's first line (a TODO goes above the statement)."""
     first: dict[int, int] = {}
@@ -147,6 +261,9 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos = [(line, message) for line, message in _lint_findings(code, path, modules, lint)
              if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
     todos += project_hazards(tree, folder, modules) if folder is not None else []
+    todos += _calls_without_ctx(tree)
+    todos += _data_parallel(tree)
+    todos += _batch_coupled(tree, loops)
     if not todos:
         return code, []
     starts = _statement_lines(tree)

@@ -325,7 +325,7 @@ class Facts:
 
     def callees(self, call: cst.Call, caller: str) -> list[str]:
         """The module's own functions or methods a call may run: `f()`, `C()` (its __init__), `self.m()`,
-        `obj.m()` where `obj = C(...)` in the caller."""
+        `obj.m()` where `obj = C(...)` in the caller (also `ddpkit.unwrap(obj).m()`, as the port writes it)."""
         name = dotted(call.func)
         if name in self.scopes and self.scopes[name].cls is None:
             return [name]
@@ -334,7 +334,10 @@ class Facts:
         if not isinstance(call.func, cst.Attribute) or call.func.attr.value.startswith("__"):
             return []
         scope = self.scopes.get(caller)
-        receiver = dotted(call.func.value)
+        value = call.func.value
+        if isinstance(value, cst.Call) and dotted(value.func) == "ddpkit.unwrap" and value.args:
+            value = value.args[0].value  # `ddpkit.unwrap(model).sample(...)`: a method of model's class
+        receiver = dotted(value)
         cls = scope.cls if scope is not None and receiver == "self" else \
             scope.instances.get(receiver) if scope is not None else None
         key = f"{cls}.{call.func.attr.value}"
