@@ -46,8 +46,11 @@ def _child(fn: Callable, info: RankInfo, args: tuple, out: str, environ: dict[st
         result = ("ok", fn(info, *args))
     except BaseException:  # report every failure to the parent, which asserts on it
         result = ("error", traceback.format_exc())
-    with open(out, "wb") as f:
+    # written whole, then renamed: a rank's own watchdog may end the process (os._exit) at any moment,
+    # and a half-written pickle must read as "no result", never as a file the parent cannot load
+    with open(out + ".tmp", "wb") as f:
         pickle.dump(result, f)
+    os.replace(out + ".tmp", out)
     # Exit without interpreter teardown of torch's threads: the test asserts on the pickle.
     os._exit(0)
 

@@ -51,8 +51,12 @@ def test_digits_on_ray_train_reaches_the_accuracy_and_a_stopped_run_resumes_exac
     assert (whole["world_size"], whole["epoch"], whole["resumed_from_step"]) == (2, EPOCHS - 1, None)
     assert whole["test_accuracy"] >= 0.97, whole
     steps_per_epoch = whole["step"] // EPOCHS
-    # started again: from the checkpoint of epoch 4 (the fifth), to the same last step and bits
-    assert (resumed["resumed_from_step"], resumed["step"]) == (5 * steps_per_epoch, whole["step"]), resumed
+    # started again from the newest checkpoint Ray had committed when it saw the failure: epoch 4's (the
+    # fifth), or epoch 3's when the worker's raise reached Ray's controller before the last report did
+    # (report returns once the checkpoint is uploaded; the controller registers it afterwards; seen on a
+    # loaded 2-core machine); either way to the same last step and the same bits
+    assert resumed["resumed_from_step"] in (4 * steps_per_epoch, 5 * steps_per_epoch), resumed
+    assert resumed["step"] == whole["step"], resumed
     assert resumed["param_sha256"] == whole["param_sha256"]
     assert resumed["test_accuracy"] == whole["test_accuracy"]
     print(f"Ray Train, 2 workers, {EPOCHS} epochs: test_accuracy {whole['test_accuracy']:.4f}, "
