@@ -125,7 +125,18 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
     return ""
 
 
-def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str) -> dict[str, tuple[str, str | None]]:
+def _parsed(modules: dict[str, str], path: str, cache: dict[str, ast.Module | None]) -> ast.Module | None:
+    """The module at `path`, parsed once per port (None where it does not parse)."""
+    if path not in cache:
+        try:
+            cache[path] = ast.parse(modules[path].removeprefix("\ufeff"))
+        except SyntaxError:
+            cache[path] = None
+    return cache[path]
+
+
+def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
+                   parsed: dict[str, ast.Module | None]) -> dict[str, tuple[str, str | None]]:
     """Name used in the script -> (module file, the name defined there; None for a whole module)."""
     out: dict[str, tuple[str, str | None]] = {}
 
@@ -142,11 +153,8 @@ def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str) -> di
         elif isinstance(node, ast.ImportFrom) and node.level <= 1 and node.module:
             star = file_of(node.module) if any(a.name == "*" for a in node.names) else None
             if star:  # `from generate import *`: every function and class the module defines
-                try:
-                    defined = ast.parse(modules[star].removeprefix("\ufeff")).body
-                except SyntaxError:
-                    defined = []
-                for d in defined:
+                module = _parsed(modules, star, parsed)
+                for d in module.body if module is not None else []:
                     if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                         out.setdefault(d.name, (star, d.name))
                 continue
@@ -296,9 +304,10 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     that does something which breaks under DDP. Silent where that code does none of these things."""
     classes: dict[str, str] = {}
     kinds = _handed(tree, classes)
-    imported = _local_imports(tree, modules, folder)
-    forwarded: set[str] = set()
     parsed: dict[str, ast.Module | None] = {}
+    aliases: dict[str, set[str]] = {}
+    imported = _local_imports(tree, modules, folder, parsed)
+    forwarded: set[str] = set()
     guarded = _rank_guarded(tree)
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -315,12 +324,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             continue
         path, defined = imported[head]
         name = defined or rest
-        if path not in parsed:
-            try:
-                parsed[path] = ast.parse(modules[path].removeprefix("\ufeff"))
-            except SyntaxError:
-                parsed[path] = None
-        module = parsed[path]
+        module = _parsed(modules, path, parsed)
         defn = _definition(module, name) if module is not None else None
         if defn is None:
             continue
@@ -328,18 +332,17 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked
             hazards = [] if id(node) in guarded else sorted(
                 {h for h in _hazards(defn, {}, False) if "writes or downloads" in h[1]})
+            what = "runs on every rank"
         else:
-            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, _legacy_aliases(module))))
-        if hazards and not received:
-            where = os.path.basename(path)
-            found = "; ".join(f"{where}:{line} {what}" for line, what in hazards[:4])
-            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) runs on every rank, and "
-                                     f"there {found}; check each under DDP"))
-        elif hazards:
+            if path not in aliases:
+                aliases[path] = _legacy_aliases(module)
+            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path])))
             handed = ", ".join(sorted(set(received.values()) - {"unwrapped"}) or ["the unwrapped model"])
+            what = f"gets the {handed}"
+        if hazards:
             where = os.path.basename(path)
-            found = "; ".join(f"{where}:{line} {what}" for line, what in hazards[:4])
-            more = f" (and {len(hazards) - 4} more)" if len(hazards) > 4 else ""
-            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) gets the {handed}, and "
+            found = "; ".join(f"{where}:{line} {h}" for line, h in hazards[:4])
+            more = f" (and {len(hazards) - 4} more)" if received and len(hazards) > 4 else ""
+            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
     return out

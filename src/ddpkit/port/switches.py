@@ -36,8 +36,7 @@ def plan_device_flag(plan: Any) -> str | None:
             if any(s is stmt for s in inputs) and not _SWITCH.fullmatch(dotted(test).rsplit(".", 1)[-1]):
                 continue  # inputs moved under `if args.network == "unet":` say nothing about a GPU switch
             code = plan.f.code(test)
-            attrs = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
-            roots = {n.value for n in walk(test) if isinstance(n, cst.Name) and id(n) not in attrs}
+            roots = _free_names(test)
             chains = {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute) and dotted(n)}
             if not roots - {"torch"}:  # `if torch.cuda.is_available():` is what device="auto" does
                 continue
@@ -103,12 +102,18 @@ def _set_once(plan: Any, flag: str, bound: set[str]) -> cst.BaseExpression | Non
     value = values[0].value
     top = any(isinstance(stmt, cst.SimpleStatementLine) and any(s is values[0] for s in stmt.body)
               for stmt in plan.f.region)
-    attrs = {id(n.attr) for n in walk(value) if isinstance(n, cst.Attribute)}
-    roots = {n.value for n in walk(value) if isinstance(n, cst.Name) and id(n) not in attrs}
+    roots = _free_names(value)
     if not top or not roots - {"torch", "True", "False", "None"} <= bound or any(
             isinstance(n, cst.Call) and dotted(n.func) not in ("torch.cuda.is_available", "bool") for n in walk(value)):
         return None
     return value
+
+
+def _free_names(expr: cst.BaseExpression) -> set[str]:
+    """The names an expression reads (`args` and `torch` in `args.cuda and torch.cuda.is_available()`), not the
+    attribute names after a dot."""
+    attrs = {id(n.attr) for n in walk(expr) if isinstance(n, cst.Attribute)}
+    return {n.value for n in walk(expr) if isinstance(n, cst.Name) and id(n) not in attrs}
 
 
 def _input_moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
