@@ -239,8 +239,47 @@ SEED_HELPER_ELSEWHERE = """
 def test_seed_helper_from_a_module_not_linted_is_no_missing_seed():
     # init_seeds comes from a file not given to the linter: "nothing seeds" would be a guess
     assert _lint(SEED_HELPER_ELSEWHERE, "DDP014") == []
-    unseeded = SEED_HELPER_ELSEWHERE.replace("init_seeds(1 + rank)", "print(rank)")
-    assert _lint(unseeded, "DDP014") == [_line(unseeded, "dist.init_process_group")]
+
+
+def test_no_seed_at_all_is_not_a_finding():
+    # repeatability, not a difference between the ranks: unseeded generators already differ per rank and DDP
+    # broadcasts rank 0's initial weights; what seeds the program may also lie outside the files linted
+    unseeded = SEED_HELPER_ELSEWHERE.replace("init_seeds(1 + rank)", "augment = RandomCrop(32)").replace(
+        "from helpers.general import init_seeds", "from torchvision.transforms import RandomCrop")
+    assert _lint(unseeded, "DDP014") == []
+    # the same seed on every rank, with the augmentation, is still reported
+    alike = unseeded.replace("augment = RandomCrop(32)", "augment = RandomCrop(32)\n    torch.manual_seed(0)")
+    assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
+
+
+SEED_HASHED_WITH_RANK = """
+    import torch
+    import torch.distributed as dist
+    from torchvision import transforms
+
+    def set_random_seed(*args):
+        seed = hash(args) % (1 << 31)
+        torch.manual_seed(seed)
+
+    def training_loop(seed=0):
+        dist.init_process_group("gloo")
+        set_random_seed(seed, dist.get_rank())
+        augment = transforms.RandomHorizontalFlip()
+        dist.destroy_process_group()
+
+    training_loop()
+"""
+
+
+def test_a_seed_built_from_a_helpers_extra_arguments_follows_the_rank_given_there():
+    # `*args` collects dist.get_rank(), and the seed is built from args inside the helper: it differs per rank
+    assert _lint(SEED_HASHED_WITH_RANK, "DDP014") == []
+    alike = SEED_HASHED_WITH_RANK.replace("set_random_seed(seed, dist.get_rank())", "set_random_seed(seed, 7)")
+    assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
+    # followed through a local assignment from a named parameter too
+    named = SEED_HASHED_WITH_RANK.replace("def set_random_seed(*args):", "def set_random_seed(base, offset):") \
+        .replace("hash(args)", "(base * 1000 + offset)")
+    assert _lint(named, "DDP014") == []
 
 
 SEED_FROM_SEEDED_GENERATOR = """
@@ -547,9 +586,9 @@ JOIN_AND_PRINT = """
 def test_a_program_that_draws_nothing_random_has_no_missing_seed_note():
     # it joins the group and prints: no model, no data, no draw, so there is nothing to seed
     assert _lint(JOIN_AND_PRINT, "DDP014") == []
-    # the same program once it builds a model (weights drawn at random) is unseeded
+    # nor once it builds a model: no seed at all is not reported (see test_no_seed_at_all_is_not_a_finding)
     modelled = JOIN_AND_PRINT.replace("        print(f\"rank", "        model = torch.nn.Linear(8, 2)\n        print(f\"rank")
-    assert _lint(modelled, "DDP014") == [_line(modelled, "dist.init_process_group")]
+    assert _lint(modelled, "DDP014") == []
 
 
 # ---- a base-class method every subclass overrides ------------------------------------------------

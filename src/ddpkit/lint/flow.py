@@ -480,14 +480,10 @@ def eval_samplers(s: Script) -> list[ast.Call]:
             if target and target not in loaded:
                 continue  # `val_loader = DataLoader(...)` that nothing reads
             loaders.append(c)
-        loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
-        used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
-                                                if isinstance(n, (ast.Name, ast.Attribute))} | {
-            _item_name(n) for n in loader_args if _item_name(n)}
-        for _ in range(2):  # `batches = make_batch_sampler(val_sampler, ...)`, then DataLoader(batch_sampler=batches)
-            used |= {terminal(n) for k, v in s.assignments if k.lstrip(".") in used and isinstance(v, ast.Call)
-                     for a in (*v.args, *(kw.value for kw in v.keywords)) for n in ast.walk(a)
-                     if isinstance(n, (ast.Name, ast.Attribute))}
+        used = _loader_inputs(s, loaders)
+        # a sampler that goes into a loader named for evaluation (`test_loader = DataLoader(ds2, **test_kwargs)`)
+        evaluated = _loader_inputs(s, [c for c in loaders if is_eval_name(named.get(id(c), ""))])
+        held_out = _held_out_datasets(s)
         classes = s.project.memo("padding samplers", lambda: _padding_samplers(s.project))
         factories = s.project.memo("sampler factories", lambda: _sampler_factories(s.project, classes))
         aliases = _class_aliases(s, classes)
@@ -506,10 +502,35 @@ def eval_samplers(s: Script) -> list[ast.Call]:
             target = named.get(id(call), "") or keyed.get(id(call), "")
             if not (id(call) in used or (target and target in used)):
                 continue
-            if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _terminals(dataset))):
+            if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _terminals(dataset))) \
+                    or id(call) in evaluated or (target and target in evaluated) \
+                    or isinstance(dataset, ast.Name) and dataset.id in held_out:
                 found.append(call)
         return found
     return s.project.memo(("eval samplers", s.path), compute)
+
+
+def _loader_inputs(s: Script, loaders: list[ast.Call]) -> set:
+    """What the given DataLoader calls are built from: node ids and names, followed through the assignments of
+    a batch sampler built on a sampler (`batches = make_batch_sampler(val_sampler, ...)`, then
+    `DataLoader(batch_sampler=batches)`) and of a keyword dict (`test_kwargs = {"sampler": sampler2}`, then
+    `DataLoader(dataset2, **test_kwargs)`)."""
+    loader_args = [n for c in loaders for a in (*c.args, *(k.value for k in c.keywords)) for n in ast.walk(a)]
+    used = {id(n) for n in loader_args} | {terminal(n) for n in loader_args
+                                            if isinstance(n, (ast.Name, ast.Attribute))} | {
+        _item_name(n) for n in loader_args if _item_name(n)}
+    for _ in range(2):
+        used |= {terminal(n) for k, v in s.assignments if k.lstrip(".") in used and isinstance(v, (ast.Call, ast.Dict))
+                 for a in (v.values if isinstance(v, ast.Dict) else (*v.args, *(kw.value for kw in v.keywords)))
+                 if a is not None for n in ast.walk(a) if isinstance(n, (ast.Name, ast.Attribute))}
+    return used
+
+
+def _held_out_datasets(s: Script) -> set[str]:
+    """Variables holding a dataset built with `train=False` (`datasets.MNIST(root, train=False, ...)`)."""
+    return {k for k, v in s.assignments if not k.startswith(".") and isinstance(v, ast.Call)
+            and any(kw.arg == "train" and isinstance(kw.value, ast.Constant) and kw.value.value is False
+                    for kw in v.keywords)}
 
 
 def _class_aliases(s: Script, classes: set[str]) -> dict[str, str]:
