@@ -882,3 +882,30 @@ def test_a_helper_that_reduces_a_metric_does_not_reduce_the_model_nor_the_loss()
     reduced = HELPER_GATHERS.replace("            acc = accuracy(", "            total_loss = torch.tensor(total_loss)\n"
                                      "            dist.all_reduce(total_loss)\n            acc = accuracy(")
     assert _lint(reduced, "DDP006") == []
+
+
+# ---- a sampler stored under a key nothing picks -------------------------------------------------------
+KEYED_SAMPLERS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist.init_process_group("gloo")
+    sets = {"train": list(range(64))}
+    sets["extra"] = sets["train"]
+    samplers = {"train": DistributedSampler(sets["train"]), "extra": DistributedSampler(sets["extra"])}
+    loaders = {k: DataLoader(sets[k], sampler=samplers[k]) for k in samplers}
+    for epoch in range(3):
+        for x in loaders["train"]:
+            pass
+    dist.destroy_process_group()
+"""
+
+
+def test_a_sampler_under_a_key_nothing_picks_is_not_reported():
+    # only the "train" loader is iterated: the "extra" sampler's loader never runs
+    code = KEYED_SAMPLERS.replace('"extra": DistributedSampler', '\n        "extra": DistributedSampler')
+    assert _lint(code, "DDP001") == [_line(code, 'samplers = {"train"')]
+    # the trap: once the program names the key where it picks loaders, both count
+    picked = code.replace('for x in loaders["train"]:', 'for x in loaders["train"] + loaders["extra"]:')
+    assert sorted(_lint(picked, "DDP001")) == [_line(picked, 'samplers = {"train"'), _line(picked, '"extra": Dist')]
