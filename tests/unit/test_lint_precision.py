@@ -909,3 +909,48 @@ def test_a_sampler_under_a_key_nothing_picks_is_not_reported():
     # the trap: once the program names the key where it picks loaders, both count
     picked = code.replace('for x in loaders["train"]:', 'for x in loaders["train"] + loaders["extra"]:')
     assert sorted(_lint(picked, "DDP001")) == [_line(picked, 'samplers = {"train"'), _line(picked, '"extra": Dist')]
+
+
+# ---- a bare name is its own module's function ---------------------------------------------------------
+TWO_MAINS = {
+    "tools/val.py": """
+        import torch
+
+        def evaluate(model):
+            print("evaluating")
+            return 0.0
+
+        def main():
+            model = torch.nn.Linear(4, 2)
+            print("standalone evaluation", evaluate(model))
+
+        if __name__ == "__main__":
+            main()
+    """,
+    "tools/train.py": """
+        import torch
+        import torch.distributed as dist
+        from val import evaluate
+
+        def main():
+            dist.init_process_group("gloo")
+            model = torch.nn.Linear(4, 2)
+            evaluate(model)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """,
+}
+
+
+def test_a_bare_call_runs_its_own_modules_function_not_an_imported_modules_namesake():
+    # train.py's `main()` is train.py's main: val.py's main runs only from val.py's own __main__ block,
+    # which is dead when train.py imports val.py; evaluate, which train.py calls, still runs on every rank
+    found = _lint_files(TWO_MAINS, "DDP008")
+    assert found == {("tools/val.py", 5)}
+    # the trap: once train.py calls val.main through the module, it runs
+    called = dict(TWO_MAINS, **{"tools/train.py": TWO_MAINS["tools/train.py"].replace(
+        "from val import evaluate", "import val\n        from val import evaluate").replace(
+        "evaluate(model)\n", "evaluate(model)\n            val.main()\n")})
+    assert _lint_files(called, "DDP008") == {("tools/val.py", 5), ("tools/val.py", 10)}

@@ -226,14 +226,37 @@ class Project:
         siblings = {id(d): names for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
                     for names in [{d.name for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}]
                     for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        # a bare name in a module that defines that name at module level is that module's own function
+        # (`main()` in train.py runs train.py's main, not the main of an imported val.py)
+        owner: dict[int, str] = {}
+        own_defs: dict[str, dict[str, list[ast.AST]]] = {}
+        for path, s in self.scripts.items():
+            owner.update((id(n), path) for n in (*s.tree.body, *s.defs))
+            for d in s.tree.body:
+                if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    own_defs.setdefault(path, {}).setdefault(d.name, []).append(d)
+        reached: set[int] = set()
+        """Module-level functions reached through their own module's bare name."""
+        scoped: set[str] = set()
+        """Their names: live, though they do not make other modules' functions of the name live."""
+        expanded: set[str] = set()
+        """Names whose every function has been queued."""
         while todo:
             node = todo.pop()
             if id(node) in seen:
                 continue
             seen.add(id(node))
+            mine = own_defs.get(owner.get(id(node), ""), {})
             for n, shadowed in _scoped_walk(node):
                 name = ""
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
+                    if n.id in mine:
+                        for d in mine[n.id]:
+                            if id(d) not in reached:
+                                reached.add(id(d))
+                                todo.append(d)
+                        scoped.add(n.id)
+                        continue
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
                         and not (n.attr in module_level and id(n) not in qualified) \
@@ -242,11 +265,23 @@ class Project:
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
+                    if id(n) not in reached:
+                        expanded.add(n.name)
                 for name in (name, *renamed.get(name, ())) if name else ():
-                    if name not in live:
+                    if name not in expanded:
+                        # (a name live only as some module's own function still reaches its namesakes here)
+                        expanded.add(name)
                         live.add(name)
                         todo.extend(defs.get(name, ()))
+        live |= scoped
         self.live_functions = live
+        # a module-level function whose name is live only through other modules' own functions of that name
+        # (each reached by its module's bare name) never runs: nothing names it
+        for path, s in self.scripts.items():
+            for name, found in own_defs.get(path, {}).items():
+                for d in found:
+                    if id(d) not in seen and id(d) not in rooted and name in live:
+                        self.dead_blocks[path].update(id(n) for n in ast.walk(d))
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
         # its name live: a method is reached through an attribute, or by a bare name in its class body
         for path, s in self.scripts.items():
