@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from ddpkit.lint import lint_source, lint_sources
 
@@ -597,3 +598,17 @@ def test_every_rank_metric_line_naming_its_rank_through_format_is_no_figure():
     unnamed = code.replace('"Valid_local_rank: {} Valid_acc: {:.2f}".format(local_rank, valid_acc)',
                            '"Valid_acc: {:.2f}".format(valid_acc)')
     assert _lint(unnamed) == [_line(unnamed, 'print("Valid_acc')]
+
+
+# ---- a reduction nothing runs, and one value shown twice under one rank check -----------------------------
+def _fixture(name: str) -> str:
+    return (Path(__file__).resolve().parents[1] / "fixtures" / "lint" / name).read_text()
+
+
+def test_a_reduction_helper_nothing_calls_reduces_nothing():
+    code = _fixture("bad_ddp006_uncalled_reduce_helper.py")
+    assert _lint(code) == [_line(code, "writer.add_scalar(key")]
+    # the trap: once the helper is called, the losses rank 0 shows are the run's
+    called = code.replace("    # losses = reduce_loss_dict(", "    losses = reduce_loss_dict(")
+    assert _lint(called) == []
+

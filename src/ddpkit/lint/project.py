@@ -612,11 +612,11 @@ class Project:
             return s.is_dist_collective(call) or name in self.reducing_functions or bool(REDUCING_NAME.search(name))
 
         for s in self.scripts.values():
-            if any(pattern.search(k) and reducing(s, v) for k, v in s.assignments):
+            if any(pattern.search(k) and reducing(s, v) and self.runs(s, v) for k, v in s.assignments):
                 return True  # `loss = ddpkit.reduce_mean(ctx, ...)`
             for call in s.calls:
-                if not reducing(s, call):
-                    continue
+                if not reducing(s, call) or not self.runs(s, call):
+                    continue  # (a reduction in code no rank runs reduces nothing)
                 for arg in (*call.args, *(k.value for k in call.keywords)):
                     if any(isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(terminal(n))
                            for n in ast.walk(arg)):

@@ -1,4 +1,4 @@
-"""The DDP014 check: how the random number generators of the ranks are seeded (all alike, in the parent only, CUDA only)."""
+"""The DDP014 check: how the ranks' random number generators are seeded (alike, in the parent only, CUDA only)."""
 
 from __future__ import annotations
 
