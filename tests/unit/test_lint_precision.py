@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from ddpkit.lint import lint_source, lint_sources
 
@@ -954,3 +955,22 @@ def test_a_bare_call_runs_its_own_modules_function_not_an_imported_modules_names
         "from val import evaluate", "import val\n        from val import evaluate").replace(
         "evaluate(model)\n", "evaluate(model)\n            val.main()\n")})
     assert _lint_files(called, "DDP008") == {("tools/val.py", 5), ("tools/val.py", 10)}
+
+
+# ---- branches no call turns on ----------------------------------------------------------------------------
+def _switched_fixture() -> str:
+    return (Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "good_switched_off_branch.py").read_text()
+
+
+def test_a_branch_on_a_parameter_every_call_gives_false_never_runs():
+    code = _switched_fixture()
+    assert _lint(code, "DDP008") == []
+    # the trap: once the construction passes True (or one call turns verbose on), the branches run
+    resumed = code.replace('Trainer(torch.nn.Linear(4, 1), False, "snapshot.pt")',
+                           'Trainer(torch.nn.Linear(4, 1), True, "snapshot.pt")')
+    assert _lint(resumed, "DDP008") == [_line(resumed, 'print("resuming")'), _line(resumed, 'print("loaded"')]
+    chatty = code.replace("size = describe(trainer.model)", "size = describe(trainer.model, verbose=True)")
+    assert _lint(chatty, "DDP008") == [_line(chatty, "print(model)")]
+    # nor when the function is also handed on as a value (a launcher may call it with other arguments)
+    handed = code.replace("size = describe(trainer.model)", "size = describe(trainer.model)\nhook = describe")
+    assert _lint(handed, "DDP008") == [_line(handed, "print(model)")]
