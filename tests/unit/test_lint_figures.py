@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from ddpkit.lint import lint_source, lint_sources
 
@@ -531,4 +532,83 @@ def test_values_of_zipped_loss_parts_reported_in_a_loop():
     code = LOOPED_PARTS.replace("for name, part in loss_parts.items():",
                                 "for name, part in zip(['a', 'b'], list(loss_parts.values())):")
     assert _lint(code) == [_line(code, "board.add_scalar(name, part.item(), step)")]
+
+
+
+# ---- a padding sampler over held-out data, however it reaches its loader ---------------------------------
+HELD_OUT_THROUGH_KWARGS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from torchvision import datasets
+
+    dist.init_process_group("gloo")
+    first = datasets.MNIST("data", train=True)
+    second = datasets.MNIST("data", train=False)
+    sampler1 = DistributedSampler(first)
+    sampler2 = DistributedSampler(second, shuffle=False)
+    kwargs2 = {"batch_size": 64, "sampler": sampler2}
+    loader1 = DataLoader(first, sampler=sampler1)
+    loader2 = DataLoader(second, **kwargs2)
+    for x, y in loader1:
+        pass
+    for x, y in loader2:
+        pass
+    dist.destroy_process_group()
+"""
+
+
+def test_padding_sampler_of_a_held_out_dataset_through_a_keyword_dict():
+    # `train=False` marks the data held out, and the sampler reaches the loader through `**kwargs2`
+    assert _lint(HELD_OUT_THROUGH_KWARGS) == [_line(HELD_OUT_THROUGH_KWARGS, "sampler2 = DistributedSampler")]
+    # the same through a loader named for evaluation, the dataset's own name saying nothing
+    named = HELD_OUT_THROUGH_KWARGS.replace('train=False', 'train=True').replace("loader2", "test_loader")
+    assert _lint(named) == [_line(named, "sampler2 = DistributedSampler")]
+    # the trap: the training set's sampler, and a held-out sampler that drops the remainder
+    dropped = HELD_OUT_THROUGH_KWARGS.replace("shuffle=False)", "shuffle=False, drop_last=True)")
+    assert _lint(dropped) == []
+
+
+def test_a_syncing_metric_object_does_not_clear_padding():
+    # torchmetrics syncs its state across ranks, padded duplicates included
+    code = HELD_OUT_THROUGH_KWARGS.replace("from torchvision import datasets",
+                                           "import torchmetrics\n    from torchvision import datasets")
+    assert _lint(code) == [_line(code, "sampler2 = DistributedSampler")]
+
+
+# ---- a per-rank line that names its rank ------------------------------------------------------------------
+def test_every_rank_metric_line_naming_its_rank_through_format_is_no_figure():
+    code = """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("gloo")
+        valid_set = torch.utils.data.TensorDataset(torch.randn(100, 4))
+        valid_loader = DataLoader(valid_set, sampler=DistributedSampler(valid_set, drop_last=True))
+        valid_acc = 0.0
+        for (x,) in valid_loader:
+            valid_acc += x.sum().item()
+        print("Valid_local_rank: {} Valid_acc: {:.2f}".format(local_rank, valid_acc))
+        dist.destroy_process_group()
+    """
+    assert _lint(code) == []
+    unnamed = code.replace('"Valid_local_rank: {} Valid_acc: {:.2f}".format(local_rank, valid_acc)',
+                           '"Valid_acc: {:.2f}".format(valid_acc)')
+    assert _lint(unnamed) == [_line(unnamed, 'print("Valid_acc')]
+
+
+# ---- a reduction nothing runs, and one value shown twice under one rank check -----------------------------
+def _fixture(name: str) -> str:
+    return (Path(__file__).resolve().parents[1] / "fixtures" / "lint" / name).read_text()
+
+
+def test_a_reduction_helper_nothing_calls_reduces_nothing():
+    code = _fixture("bad_ddp006_uncalled_reduce_helper.py")
+    assert _lint(code) == [_line(code, "writer.add_scalar(key")]
+    # the trap: once the helper is called, the losses rank 0 shows are the run's
+    called = code.replace("    # losses = reduce_loss_dict(", "    losses = reduce_loss_dict(")
+    assert _lint(called) == []
 

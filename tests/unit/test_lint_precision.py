@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from ddpkit.lint import lint_source, lint_sources
 
@@ -239,8 +240,47 @@ SEED_HELPER_ELSEWHERE = """
 def test_seed_helper_from_a_module_not_linted_is_no_missing_seed():
     # init_seeds comes from a file not given to the linter: "nothing seeds" would be a guess
     assert _lint(SEED_HELPER_ELSEWHERE, "DDP014") == []
-    unseeded = SEED_HELPER_ELSEWHERE.replace("init_seeds(1 + rank)", "print(rank)")
-    assert _lint(unseeded, "DDP014") == [_line(unseeded, "dist.init_process_group")]
+
+
+def test_no_seed_at_all_is_not_a_finding():
+    # repeatability, not a difference between the ranks: unseeded generators already differ per rank and DDP
+    # broadcasts rank 0's initial weights; what seeds the program may also lie outside the files linted
+    unseeded = SEED_HELPER_ELSEWHERE.replace("init_seeds(1 + rank)", "augment = RandomCrop(32)").replace(
+        "from helpers.general import init_seeds", "from torchvision.transforms import RandomCrop")
+    assert _lint(unseeded, "DDP014") == []
+    # the same seed on every rank, with the augmentation, is still reported
+    alike = unseeded.replace("augment = RandomCrop(32)", "augment = RandomCrop(32)\n    torch.manual_seed(0)")
+    assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
+
+
+SEED_HASHED_WITH_RANK = """
+    import torch
+    import torch.distributed as dist
+    from torchvision import transforms
+
+    def set_random_seed(*args):
+        seed = hash(args) % (1 << 31)
+        torch.manual_seed(seed)
+
+    def training_loop(seed=0):
+        dist.init_process_group("gloo")
+        set_random_seed(seed, dist.get_rank())
+        augment = transforms.RandomHorizontalFlip()
+        dist.destroy_process_group()
+
+    training_loop()
+"""
+
+
+def test_a_seed_built_from_a_helpers_extra_arguments_follows_the_rank_given_there():
+    # `*args` collects dist.get_rank(), and the seed is built from args inside the helper: it differs per rank
+    assert _lint(SEED_HASHED_WITH_RANK, "DDP014") == []
+    alike = SEED_HASHED_WITH_RANK.replace("set_random_seed(seed, dist.get_rank())", "set_random_seed(seed, 7)")
+    assert _lint(alike, "DDP014") == [_line(alike, "torch.manual_seed")]
+    # followed through a local assignment from a named parameter too
+    named = SEED_HASHED_WITH_RANK.replace("def set_random_seed(*args):", "def set_random_seed(base, offset):") \
+        .replace("hash(args)", "(base * 1000 + offset)")
+    assert _lint(named, "DDP014") == []
 
 
 SEED_FROM_SEEDED_GENERATOR = """
@@ -547,9 +587,9 @@ JOIN_AND_PRINT = """
 def test_a_program_that_draws_nothing_random_has_no_missing_seed_note():
     # it joins the group and prints: no model, no data, no draw, so there is nothing to seed
     assert _lint(JOIN_AND_PRINT, "DDP014") == []
-    # the same program once it builds a model (weights drawn at random) is unseeded
+    # nor once it builds a model: no seed at all is not reported (see test_no_seed_at_all_is_not_a_finding)
     modelled = JOIN_AND_PRINT.replace("        print(f\"rank", "        model = torch.nn.Linear(8, 2)\n        print(f\"rank")
-    assert _lint(modelled, "DDP014") == [_line(modelled, "dist.init_process_group")]
+    assert _lint(modelled, "DDP014") == []
 
 
 # ---- a base-class method every subclass overrides ------------------------------------------------
@@ -843,3 +883,94 @@ def test_a_helper_that_reduces_a_metric_does_not_reduce_the_model_nor_the_loss()
     reduced = HELPER_GATHERS.replace("            acc = accuracy(", "            total_loss = torch.tensor(total_loss)\n"
                                      "            dist.all_reduce(total_loss)\n            acc = accuracy(")
     assert _lint(reduced, "DDP006") == []
+
+
+# ---- a sampler stored under a key nothing picks -------------------------------------------------------
+KEYED_SAMPLERS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist.init_process_group("gloo")
+    sets = {"train": list(range(64))}
+    sets["extra"] = sets["train"]
+    samplers = {"train": DistributedSampler(sets["train"]), "extra": DistributedSampler(sets["extra"])}
+    loaders = {k: DataLoader(sets[k], sampler=samplers[k]) for k in samplers}
+    for epoch in range(3):
+        for x in loaders["train"]:
+            pass
+    dist.destroy_process_group()
+"""
+
+
+def test_a_sampler_under_a_key_nothing_picks_is_not_reported():
+    # only the "train" loader is iterated: the "extra" sampler's loader never runs
+    code = KEYED_SAMPLERS.replace('"extra": DistributedSampler', '\n        "extra": DistributedSampler')
+    assert _lint(code, "DDP001") == [_line(code, 'samplers = {"train"')]
+    # the trap: once the program names the key where it picks loaders, both count
+    picked = code.replace('for x in loaders["train"]:', 'for x in loaders["train"] + loaders["extra"]:')
+    assert sorted(_lint(picked, "DDP001")) == [_line(picked, 'samplers = {"train"'), _line(picked, '"extra": Dist')]
+
+
+# ---- a bare name is its own module's function ---------------------------------------------------------
+TWO_MAINS = {
+    "tools/val.py": """
+        import torch
+
+        def evaluate(model):
+            print("evaluating")
+            return 0.0
+
+        def main():
+            model = torch.nn.Linear(4, 2)
+            print("standalone evaluation", evaluate(model))
+
+        if __name__ == "__main__":
+            main()
+    """,
+    "tools/train.py": """
+        import torch
+        import torch.distributed as dist
+        from val import evaluate
+
+        def main():
+            dist.init_process_group("gloo")
+            model = torch.nn.Linear(4, 2)
+            evaluate(model)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """,
+}
+
+
+def test_a_bare_call_runs_its_own_modules_function_not_an_imported_modules_namesake():
+    # train.py's `main()` is train.py's main: val.py's main runs only from val.py's own __main__ block,
+    # which is dead when train.py imports val.py; evaluate, which train.py calls, still runs on every rank
+    found = _lint_files(TWO_MAINS, "DDP008")
+    assert found == {("tools/val.py", 5)}
+    # the trap: once train.py calls val.main through the module, it runs
+    called = dict(TWO_MAINS, **{"tools/train.py": TWO_MAINS["tools/train.py"].replace(
+        "from val import evaluate", "import val\n        from val import evaluate").replace(
+        "evaluate(model)\n", "evaluate(model)\n            val.main()\n")})
+    assert _lint_files(called, "DDP008") == {("tools/val.py", 5), ("tools/val.py", 10)}
+
+
+# ---- branches no call turns on ----------------------------------------------------------------------------
+def _switched_fixture() -> str:
+    return (Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "good_switched_off_branch.py").read_text()
+
+
+def test_a_branch_on_a_parameter_every_call_gives_false_never_runs():
+    code = _switched_fixture()
+    assert _lint(code, "DDP008") == []
+    # the trap: once the construction passes True (or one call turns verbose on), the branches run
+    resumed = code.replace('Trainer(torch.nn.Linear(4, 1), False, "snapshot.pt")',
+                           'Trainer(torch.nn.Linear(4, 1), True, "snapshot.pt")')
+    assert _lint(resumed, "DDP008") == [_line(resumed, 'print("resuming")'), _line(resumed, 'print("loaded"')]
+    chatty = code.replace("size = describe(trainer.model)", "size = describe(trainer.model, verbose=True)")
+    assert _lint(chatty, "DDP008") == [_line(chatty, "print(model)")]
+    # nor when the function is also handed on as a value (a launcher may call it with other arguments)
+    handed = code.replace("size = describe(trainer.model)", "size = describe(trainer.model)\nhook = describe")
+    assert _lint(handed, "DDP008") == [_line(handed, "print(model)")]

@@ -41,8 +41,8 @@ def _sharded_eval(s: Script) -> bool:
 
 @check
 def padded_evaluation(s: Script) -> Iterator[Hit]:
-    if not s.distributed or "torchmetrics" in s.aliases:
-        return
+    if not s.distributed:
+        return  # (a torchmetrics metric syncs its state across ranks, padded duplicates included)
     for call in eval_samplers(s):
         torch_sampler = sampler_class(s, call) == "DistributedSampler"
         drop_last = argument(call, "drop_last", 5) if torch_sampler else keyword(call, "drop_last")
@@ -520,8 +520,8 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
         return
     for call in s.calls:
         ctx = s.context(call)
-        if not _logs(s, call) or ctx.single or not s.per_rank(call):
-            continue
+        if not _logs(s, call) or ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
+            continue  # ("Valid_local_rank: {} acc {}".format(args.local_rank, acc): the line says whose it is)
         if ctx.level == NONE and (project.print_silenced(s, call) or terminal(call.func) != "print"):
             continue
         metric = next((n for a in (*call.args, *call.keywords) for n in _names(a) if _METRIC.search(n.lower())),

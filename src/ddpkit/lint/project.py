@@ -226,14 +226,38 @@ class Project:
         siblings = {id(d): names for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
                     for names in [{d.name for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}]
                     for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        # a bare name in a module that defines that name at module level is that module's own function
+        # (`main()` in train.py runs train.py's main, not the main of an imported val.py)
+        owner: dict[int, str] = {}
+        own_defs: dict[str, dict[str, list[ast.AST]]] = {}
+        for path, s in self.scripts.items():
+            owner.update((id(n), path) for n in (*s.tree.body, *s.defs))
+            for d in s.tree.body:
+                if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    own_defs.setdefault(path, {}).setdefault(d.name, []).append(d)
+        off = self._switched_off()
+        reached: set[int] = set()
+        """Module-level functions reached through their own module's bare name."""
+        scoped: set[str] = set()
+        """Their names: live, though they do not make other modules' functions of the name live."""
+        expanded: set[str] = set()
+        """Names whose every function has been queued."""
         while todo:
             node = todo.pop()
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            for n, shadowed in _scoped_walk(node):
+            mine = own_defs.get(owner.get(id(node), ""), {})
+            for n, shadowed in _scoped_walk(node, off):
                 name = ""
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
+                    if n.id in mine:
+                        for d in mine[n.id]:
+                            if id(d) not in reached:
+                                reached.add(id(d))
+                                todo.append(d)
+                        scoped.add(n.id)
+                        continue
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
                         and not (n.attr in module_level and id(n) not in qualified) \
@@ -242,11 +266,25 @@ class Project:
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
+                    if id(n) not in reached:
+                        expanded.add(n.name)
                 for name in (name, *renamed.get(name, ())) if name else ():
-                    if name not in live:
+                    if name not in expanded:
+                        # (a name live only as some module's own function still reaches its namesakes here)
+                        expanded.add(name)
                         live.add(name)
                         todo.extend(defs.get(name, ()))
+        live |= scoped
         self.live_functions = live
+        for path, s in self.scripts.items():
+            self.dead_blocks[path].update(n for n in off.get(path, ()))
+        # a module-level function whose name is live only through other modules' own functions of that name
+        # (each reached by its module's bare name) never runs: nothing names it
+        for path, s in self.scripts.items():
+            for name, found in own_defs.get(path, {}).items():
+                for d in found:
+                    if id(d) not in seen and id(d) not in rooted and name in live:
+                        self.dead_blocks[path].update(id(n) for n in ast.walk(d))
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
         # its name live: a method is reached through an attribute, or by a bare name in its class body
         for path, s in self.scripts.items():
@@ -262,6 +300,80 @@ class Project:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
         if not dynamic:
             self._overridden_methods()
+
+    def _switched_off(self) -> dict[str, set[int]]:
+        """path -> ids of the nodes of branches no call turns on: `if p:` (or `if p and ...:`) on a parameter every
+        call of its function in the program gives False or None (by position, by keyword or by its default), and
+        `if self.p:` in the methods of a class whose `__init__` stores such a parameter as `self.p` (assigned
+        nowhere else). `MyTrainer(model, data, opt, True, False, rank)` with `fault_tolerant` fifth: what runs
+        only `if fault_tolerant:` never runs. A function called with `*args`/`**kwargs`, defined twice, or that
+        reassigns the parameter gives nothing; nor does one nothing calls by name, or one also used as a value."""
+        return self.memo("switched off", self._compute_switched_off)
+
+    def _compute_switched_off(self) -> dict[str, set[int]]:
+        defs: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
+        for path, s in self.scripts.items():
+            for stmt in s.tree.body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    defs.setdefault(stmt.name, []).append((path, stmt, None))
+                elif isinstance(stmt, ast.ClassDef):
+                    for item in stmt.body:
+                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__init__":
+                            defs.setdefault(stmt.name, []).append((path, item, stmt))
+        calls: dict[str, list[ast.Call]] = {}
+        for s in self.scripts.values():
+            for c in s.calls:
+                calls.setdefault(terminal(c.func), []).append(c)
+        # a function or class also used as a value (`mp.spawn(worker, args=(..., True))`, a base class,
+        # `partial(f, flag=True)`) may be called with other values where no call names it
+        values = {terminal(n) for s in self.scripts.values() for n in s.nodes
+                  if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
+                  and not (isinstance(s.parents.get(id(n)), ast.Call) and s.parents[id(n)].func is n)}
+        assigned_attrs: dict[str, int] = {}
+        for s in self.scripts.values():
+            for n in s.nodes:
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                    assigned_attrs[n.attr] = assigned_attrs.get(n.attr, 0) + 1
+        out: dict[str, set[int]] = {}
+        for name, found in defs.items():
+            if len(found) != 1 or not calls.get(name) or name in values:
+                continue
+            path, d, cls = found[0]
+            made = calls[name]
+            if any(isinstance(a, ast.Starred) for c in made for a in c.args) or any(
+                    k.arg is None for c in made for k in c.keywords):
+                continue
+            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+            if cls is not None:
+                positional = positional[1:]  # self
+            defaults = dict(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
+            defaults.update((a.arg, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None)
+            rebound = {t.id for n in ast.walk(d) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+            for param in [*positional, *(a.arg for a in d.args.kwonlyargs)]:
+                if param in rebound:
+                    continue
+                given = []
+                for c in made:
+                    value = next((k.value for k in c.keywords if k.arg == param), None)
+                    if value is None and param in positional and positional.index(param) < len(c.args):
+                        value = c.args[positional.index(param)]
+                    given.append(value if value is not None else defaults.get(param))
+                if not all(isinstance(v, ast.Constant) and (v.value is False or v.value is None) for v in given):
+                    continue
+                dead = out.setdefault(path, set())
+                _switch_off(d, lambda t: isinstance(t, ast.Name) and t.id == param, dead)
+                if cls is None:
+                    continue
+                for n in ast.walk(d):
+                    if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id == param:
+                        for t in n.targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                                    and t.value.id == "self" and assigned_attrs.get(t.attr) == 1:
+                                _switch_off(cls, lambda x, a=t.attr: isinstance(x, ast.Attribute)
+                                            and isinstance(x.value, ast.Name) and x.value.id == "self"
+                                            and x.attr == a, dead)
+        return out
 
     def _overridden_methods(self) -> None:
         """A base class's method every subclass overrides, on a base nothing builds itself, never runs: a call
@@ -577,11 +689,11 @@ class Project:
             return s.is_dist_collective(call) or name in self.reducing_functions or bool(REDUCING_NAME.search(name))
 
         for s in self.scripts.values():
-            if any(pattern.search(k) and reducing(s, v) for k, v in s.assignments):
+            if any(pattern.search(k) and reducing(s, v) and self.runs(s, v) for k, v in s.assignments):
                 return True  # `loss = ddpkit.reduce_mean(ctx, ...)`
             for call in s.calls:
-                if not reducing(s, call):
-                    continue
+                if not reducing(s, call) or not self.runs(s, call):
+                    continue  # (a reduction in code no rank runs reduces nothing)
                 for arg in (*call.args, *(k.value for k in call.keywords)):
                     if any(isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(terminal(n))
                            for n in ast.walk(arg)):
@@ -592,12 +704,27 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _scoped_walk(node: ast.AST):
+def _switch_off(scope: ast.AST, is_flag, dead: set[int]) -> None:
+    """Add the nodes of each `if <flag>:` / `if <flag> and ...:` body in scope (not its else) to dead."""
+    for n in ast.walk(scope):
+        if not isinstance(n, ast.If):
+            continue
+        test = n.test
+        parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+        if any(is_flag(p) for p in parts):
+            dead.update(id(m) for stmt in n.body for m in ast.walk(stmt))
+
+
+def _scoped_walk(node: ast.AST, off: dict[str, set[int]] | None = None):
     """ast.walk, each node with the names that local variables hide from the module at that point
-    (`log = logging.getLogger()` in a function does not name the module's `def log`)."""
+    (`log = logging.getLogger()` in a function does not name the module's `def log`); statements in `off`
+    (path -> node ids: branches no call turns on) are not entered."""
+    skip = set().union(*off.values()) if off else set()
     todo = [(node, frozenset(local_names(node)) if isinstance(node, _SCOPES) else frozenset())]
     while todo:
         n, shadowed = todo.pop()
+        if id(n) in skip:
+            continue
         yield n, shadowed
         for child in ast.iter_child_nodes(n):
             inner = shadowed | local_names(child) if isinstance(child, _SCOPES) else shadowed

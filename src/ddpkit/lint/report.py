@@ -37,7 +37,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("DDP011", "error", "torch.cuda.device(...) used as a device"),
     Rule("DDP012", "error", "every rank on cuda:0 or the wrong GPU (no set_device, global rank as GPU index)"),
     Rule("DDP013", "note", "BatchNorm in a DDP model without SyncBatchNorm"),
-    Rule("DDP014", "warning", "random generators not seeded (note), or the same seed on every rank"),
+    Rule("DDP014", "warning", "the same seed on every rank, or (note) seeded in the spawn parent only or CUDA only"),
     Rule("DDP015", "error", "a training step runs a model around its DDP wrapper, or trains a module never wrapped"),
 )}
 

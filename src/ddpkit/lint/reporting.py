@@ -458,6 +458,8 @@ def reduced_names(s: Script) -> set[str]:
         out: set[str] = set()
         for x in project.scripts.values():
             for call in x.calls:
+                if not project.runs(x, call):
+                    continue  # a reduction helper nothing calls reduces nothing (`reduce_loss_dict` left unused)
                 name = terminal(call.func)
                 parent = _assigned_from(x, call)
                 if isinstance(parent, (ast.Assign, ast.AnnAssign)) and (

@@ -87,10 +87,36 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
             continue  # the order of evaluation data does not matter
         if _handed_to_unseen_code(s, call):
             continue  # a batch sampler from a file not linted may call set_epoch itself
+        if _under_an_unread_key(s, call):
+            continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
         yield Hit(call, "DDP001", "error",
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _under_an_unread_key(s: Script, value: ast.AST) -> bool:
+    """The value is stored under a string key (`{"extra": DistributedSampler(...)}`, `samplers["extra"] = ...`)
+    that the program names nowhere else: no `loaders["extra"]`, no `"extra"` in a list of phases or a comparison.
+    What is built from it under that key (a loader per key) is never picked, so never iterated. Keys written
+    (`datasets["extra"] = ...`), other dict literals' keys and the value's own arguments do not count as reads."""
+    parent = s.parents.get(id(value))
+    key = None
+    if isinstance(parent, ast.Dict):
+        key = next((k for k, v in zip(parent.keys, parent.values) if v is value), None)
+    elif isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Subscript):
+        key = parent.targets[0].slice
+    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+        return False
+    def reads(x: Script) -> bool:
+        written = {id(n.slice) for n in x.nodes if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store)}
+        keys = {id(k) for n in x.nodes if isinstance(n, ast.Dict) for k in n.keys if k is not None}
+        # what is stored under the same key may read that key of another dict (`"extra": f(datasets["extra"])`)
+        own = {id(m) for n in x.nodes if isinstance(n, ast.Dict) for k, v in zip(n.keys, n.values)
+               if isinstance(k, ast.Constant) and k.value == key.value for m in ast.walk(v)}
+        return any(isinstance(n, ast.Constant) and n.value == key.value and id(n) not in written | keys | own
+                   for n in x.nodes)
+    return not any(reads(x) for x in s.project.scripts.values())
 
 
 def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:

@@ -1,4 +1,4 @@
-"""The DDP014 check: how the random number generators of the ranks are seeded (not at all, or all alike)."""
+"""The DDP014 check: how the ranks' random number generators are seeded (alike, in the parent only, CUDA only)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,61 @@ def _reached(s: Script, call: ast.Call) -> bool:
     return s.project.runs(s, call)
 
 
-def _parameter_of(s: Script, call: ast.Call, value: ast.AST) -> tuple[str, int] | None:
-    """(function, position) when `value` is a parameter of the function the call is in."""
-    if not isinstance(value, ast.Name) or not s.context(call).functions:
+def _enclosing(s: Script, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    if not s.context(call).functions:
         return None
     scope = s.context(call).scope
-    d = next((d for d in s.defs if id(d) == scope), None)
-    names = [a.arg for a in d.args.args] if d is not None else []
-    return (d.name, names.index(value.id)) if value.id in names else None
+    return next((d for d in s.defs if id(d) == scope), None)
+
+
+def _built_from(d: ast.AST, value: ast.AST) -> tuple[set[str], list[ast.AST]]:
+    """The names a seed value is built from inside its function, followed through the function's own
+    assignments (`seed = hash(args) % (1 << 31)`), with the expressions assigned on the way."""
+    def plain(expr: ast.AST) -> set[str]:
+        # `args.seed` is a setting of an object, not the object: the object being a parameter says nothing
+        bases = {id(n.value) for n in ast.walk(expr) if isinstance(n, ast.Attribute)}
+        return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and id(n) not in bases}
+
+    names = plain(value)
+    exprs: list[ast.AST] = [value]
+    assigned = [(t.id, n.value) for n in ast.walk(d) if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)] + [(n.target.id, n.value) for n in ast.walk(d)
+                                               if isinstance(n, (ast.AugAssign, ast.AnnAssign))
+                                               and isinstance(n.target, ast.Name) and n.value is not None]
+    for _ in range(3):
+        more = [(k, v) for k, v in assigned if k in names and not any(v is e for e in exprs)]
+        if not more:
+            break
+        for _, v in more:
+            exprs.append(v)
+            names |= plain(v)
+    return names, exprs
+
+
+def _mentions_rank(s: Script, expr: ast.AST) -> bool:
+    return any(s.kind(n) for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))
+
+
+def _given_per_rank(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, names: set[str]) -> bool | None:
+    """Whether some caller of `d` passes a rank-dependent value for a parameter the seed is built from: by
+    position or keyword, or among the extra positional arguments `*args` collects (`set_random_seed(seed,
+    dist.get_rank())`). None when the seed depends on no parameter."""
+    positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+    params = [n for n in positional + [a.arg for a in d.args.kwonlyargs] if n in names]
+    rest = d.args.vararg.arg if d.args.vararg is not None and d.args.vararg.arg in names else None
+    if not params and rest is None:
+        return None
+    callers = s.project.calls_named(d.name)
+    if not callers:
+        return True
+    for script, c in callers:
+        for name in params:
+            given = argument(c, name, positional.index(name) if name in positional else len(c.args))
+            if given is not None and _mentions_rank(script, given):
+                return True
+        if rest is not None and any(_mentions_rank(script, a) for a in c.args[len(positional):]):
+            return True
+    return False
 
 
 _DRAWS = frozenset({"randint", "random", "getrandbits", "randrange", "integers", "initial_seed"})
@@ -56,52 +103,17 @@ def _drawn_per_rank(s: Script, value: ast.AST) -> bool:
     return not sources or any(_differs_per_rank(x, c) for x, c in sources)
 
 
-def _seeded_outside(s: Script) -> bool:
-    """A call of a seeding helper the linted files do not define (`init_seeds(2 + rank)` from a module not
-    given): what it seeds is not visible, so "nothing seeds" would be a guess."""
-    project = s.project
-    for x in project.scripts.values():
-        for c in x.calls:
-            plain = isinstance(c.func, ast.Name) or (isinstance(c.func, ast.Attribute) and isinstance(
-                c.func.value, ast.Name) and c.func.value.id in x.aliases)
-            if plain and "seed" in terminal(c.func).lower() and not _is_seed(x, c) \
-                    and project.resolve(x, c.func) is None and terminal(c.func) not in x.function_names \
-                    and project.runs(x, c):
-                return True
-    return False
-
-
-_RANDOM_USERS = frozenset({"DistributedDataParallel", "DDP", "DataLoader", "FullyShardedDataParallel", "FSDP",
-                           "randperm", "rand", "randn", "randint", "dropout", "shuffle", "choice", "sample"})
-
-
-def _uses_randomness(project) -> bool:
-    """Something in the program draws from a generator: a model is built or wrapped (weight initialisation,
-    dropout), data is loaded (shuffling, augmentation) or numbers are drawn. A program that only joins the
-    process group and prints has nothing to seed."""
-    if project.augments:
-        return True
-    for x in project.scripts.values():
-        if any(isinstance(n, ast.ClassDef) and n.bases for n in x.nodes):
-            return True
-        for c in x.calls:
-            name = x.qualname(c.func)
-            if terminal(c.func) in _RANDOM_USERS or name.startswith(("torch.nn.", "torchvision.", "timm.")) \
-                    or "random" in name:
-                return True
-    return False
-
-
 def _differs_per_rank(s: Script, call: ast.Call) -> bool:
     value = argument(call, "seed", 0)
     if value is None or s.kind(value) or _drawn_per_rank(s, value):
         return True
-    param = _parameter_of(s, call, value)
-    if param is None:
+    d = _enclosing(s, call)
+    if d is None:
         return False
-    callers = s.project.calls_named(param[0])
-    return not callers or any(script.kind(given) for script, c in callers
-                              for given in [argument(c, value.id, param[1])] if given is not None)
+    names, exprs = _built_from(d, value)
+    if any(_mentions_rank(s, e) or _drawn_per_rank(s, e) for e in exprs):
+        return True  # `seed = base + rank` (or drawn from a generator seeded per rank) in the helper itself
+    return bool(_given_per_rank(s, d, names))
 
 
 @check
@@ -112,14 +124,9 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
     seeds = project.memo("seeds", lambda: [(script, c) for script, c in project.calls_named(*_SEEDS, "init")
                                             if _is_seed(script, c) and _reached(script, c)])
     if not seeds:
-        if project.memo("seeded outside", lambda: _seeded_outside(s)) \
-                or not project.memo("uses randomness", lambda: _uses_randomness(project)):
-            return
-        inits = [(x, c) for x, c in project.calls_named("init_process_group") if project.runs(x, c)]
-        if inits and inits[0][0] is s:
-            yield Hit(inits[0][1], "DDP014", "note",
-                      "nothing seeds the random number generators: model initialisation, augmentation and "
-                      "dropout differ from run to run, so no run can be repeated", _SEED_FIX)
+        # no seed at all is a matter of repeating a run, not a difference between the ranks (unseeded generators
+        # already differ per rank, and DDP broadcasts rank 0's initial weights), and the randomness that matters
+        # may be seeded where the linter cannot see (a framework, a library's trainer, a file not linted): silent
         return
     torch_seeds = [(script, c) for script, c in seeds if script.qualname(c.func) in _TORCH_SEEDS]
     cuda_only = [(script, c) for script, c in torch_seeds if script.qualname(c.func).startswith("torch.cuda.")]
