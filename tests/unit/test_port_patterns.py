@@ -408,3 +408,17 @@ def test_a_module_level_count_name_is_followed_and_a_rebound_one_is_named():
     assert rebound.exit_code == 3
     assert [t.message.split("`")[1] for t in rebound.todos] == ["total / n"]
     assert "all_reduce_sum(ctx, n)" not in rebound.code.replace("# TODO", "#").split("print0")[1].split("\n")[0]
+
+
+def test_a_reduced_loss_read_through_item_stays_a_tensor_until_item():
+    # `loss.item()` in a report: the reduced value is read with the script's own `.item()`, once
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.Adam(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    for i, (x, y) in enumerate(loader):\n        loss = loss_fn(net(x), y)\n"
+           "        loss += 0.001 * penalty(net)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "        print('[%d: %d] train loss: %f' % (epoch, i, loss.item()))\n")
+    code = port_source(src).code
+    assert ".item()).item()" not in code and ".item() / ctx.world_size).item()" not in code
+    assert "(ddpkit.all_reduce_sum(ctx, loss) / ctx.world_size).item()" in code
