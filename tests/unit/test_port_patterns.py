@@ -422,3 +422,19 @@ def test_a_reduced_loss_read_through_item_stays_a_tensor_until_item():
     code = port_source(src).code
     assert ".item()).item()" not in code and ".item() / ctx.world_size).item()" not in code
     assert "(ddpkit.all_reduce_sum(ctx, loss) / ctx.world_size).item()" in code
+
+
+def test_lists_and_text_grown_in_a_training_loop_are_never_summed_over_ranks():
+    # all_reduce_sum takes numbers: a label list or a report string read in a report inside the loop is not one
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.Adam(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    y_true = []\n"
+           "    for i, (x, y) in enumerate(loader):\n        out = net(x)\n        loss = loss_fn(out, y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "        y_true += y.cpu().numpy().tolist()\n"
+           "        if i % 100 == 0:\n"
+           "            line = 'seen: '\n            line += f'{len(y_true)} |'\n"
+           "            print(line, y_true[-1])\n")
+    code = port_source(src).code
+    assert "all_reduce_sum(ctx, y_true)" not in code and "all_reduce_sum(ctx, line)" not in code
