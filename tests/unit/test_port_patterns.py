@@ -438,3 +438,19 @@ def test_lists_and_text_grown_in_a_training_loop_are_never_summed_over_ranks():
            "            print(line, y_true[-1])\n")
     code = port_source(src).code
     assert "all_reduce_sum(ctx, y_true)" not in code and "all_reduce_sum(ctx, line)" not in code
+
+
+def test_a_mkdir_helper_of_the_scripts_own_module_runs_on_rank_0_first_and_keeps_its_signature():
+    # `utils.mkdir(path)` is the script's own function, not os/pathlib: no exist_ok keyword it may not take
+    src = ("import os\nimport torch\nimport utils\nfrom torch.utils.data import DataLoader\n\n"
+           "utils.mkdir('checkpoints')\nos.makedirs('logs')\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.Adam(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    for x, y in loader:\n        loss = loss_fn(net(x), y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n")
+    result = port_source(src)
+    code = result.code
+    assert "utils.mkdir('checkpoints')\n" in code and "exist_ok" not in code.split("utils.mkdir")[1].split("\n")[0]
+    assert "if not ctx.is_main:  # rank 0 creates first; the others then read its files\n    ddpkit.barrier(ctx)\n" \
+        "utils.mkdir('checkpoints')\nif ctx.is_main:\n    ddpkit.barrier(ctx)\n" in code
+    assert "os.makedirs('logs', exist_ok=True)" in code

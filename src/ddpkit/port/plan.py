@@ -45,6 +45,8 @@ class Plan:
         """Accumulations already given a TODO (a loop is seen from each block around it)."""
         self.main_first: set[int] = set()
         """Statements that download: rank 0 runs them first, the others after a barrier."""
+        self.first_note: dict[int, str] = {}
+        """Of main_first statements that do not download: what rank 0 does first ("creates")."""
         self.guard: set[int] = set()
         """Statements that write files or log to a tracker: rank 0 only."""
         self.barrier_before: set[int] = set()

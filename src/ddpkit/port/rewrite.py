@@ -636,7 +636,8 @@ class Rewriter(cst.CSTTransformer):
             before.extend(hoisted)
         if id(original) in self.p.main_first:
             self.changes += 1
-            before.append(cst.parse_statement("if not ctx.is_main:  # rank 0 downloads first; the others then read "
+            what = self.p.first_note.get(id(original), "downloads")
+            before.append(cst.parse_statement(f"if not ctx.is_main:  # rank 0 {what} first; the others then read "
                                               "its files\n    ddpkit.barrier(ctx)\n"))
             after.append(cst.parse_statement("if ctx.is_main:\n    ddpkit.barrier(ctx)\n"))
         if id(original) in self.p.barrier_before:
