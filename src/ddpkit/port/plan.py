@@ -424,6 +424,12 @@ class Plan:
     def bound_before_init(self) -> set[str]:
         """Names the entry point binds before ddpkit.init() runs (its parameters, the parsed arguments)."""
         bound = set(self.f.scopes[self.f.entry_key].params) if not self.f.ctx_global else set()
+        if not self.f.ctx_global:  # `args = parser.parse_args()` at module level, then `main()` is called
+            for stmt in self.f.module.body:
+                if any(isinstance(n, cst.Call) and dotted(n.func) == self.f.entry_key for n in walk(stmt)):
+                    break
+                if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                    bound.update(dotted(n.target) for n in walk(stmt) if isinstance(n, cst.AssignTarget))
         entry_node = self.f.entry_owner if self.f.ctx_global else self.f.scopes[self.f.entry_key].node
         for stmt in statements_of(entry_node):
             if stmt in self.f.region:
