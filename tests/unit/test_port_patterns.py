@@ -408,3 +408,49 @@ def test_a_module_level_count_name_is_followed_and_a_rebound_one_is_named():
     assert rebound.exit_code == 3
     assert [t.message.split("`")[1] for t in rebound.todos] == ["total / n"]
     assert "all_reduce_sum(ctx, n)" not in rebound.code.replace("# TODO", "#").split("print0")[1].split("\n")[0]
+
+
+def test_a_reduced_loss_read_through_item_stays_a_tensor_until_item():
+    # `loss.item()` in a report: the reduced value is read with the script's own `.item()`, once
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.Adam(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    for i, (x, y) in enumerate(loader):\n        loss = loss_fn(net(x), y)\n"
+           "        loss += 0.001 * penalty(net)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "        print('[%d: %d] train loss: %f' % (epoch, i, loss.item()))\n")
+    code = port_source(src).code
+    assert ".item()).item()" not in code and ".item() / ctx.world_size).item()" not in code
+    assert "(ddpkit.all_reduce_sum(ctx, loss) / ctx.world_size).item()" in code
+
+
+def test_lists_and_text_grown_in_a_training_loop_are_never_summed_over_ranks():
+    # all_reduce_sum takes numbers: a label list or a report string read in a report inside the loop is not one
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.Adam(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    y_true = []\n"
+           "    for i, (x, y) in enumerate(loader):\n        out = net(x)\n        loss = loss_fn(out, y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "        y_true += y.cpu().numpy().tolist()\n"
+           "        if i % 100 == 0:\n"
+           "            line = 'seen: '\n            line += f'{len(y_true)} |'\n"
+           "            print(line, y_true[-1])\n")
+    code = port_source(src).code
+    assert "all_reduce_sum(ctx, y_true)" not in code and "all_reduce_sum(ctx, line)" not in code
+
+
+def test_a_mkdir_helper_of_the_scripts_own_module_runs_on_rank_0_first_and_keeps_its_signature():
+    # `utils.mkdir(path)` is the script's own function, not os/pathlib: no exist_ok keyword it may not take
+    src = ("import os\nimport torch\nimport utils\nfrom torch.utils.data import DataLoader\n\n"
+           "utils.mkdir('checkpoints')\nos.makedirs('logs')\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.Adam(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    for x, y in loader:\n        loss = loss_fn(net(x), y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n")
+    result = port_source(src)
+    code = result.code
+    assert "utils.mkdir('checkpoints')\n" in code and "exist_ok" not in code.split("utils.mkdir")[1].split("\n")[0]
+    assert "if not ctx.is_main:  # rank 0 creates first; the others then read its files\n    ddpkit.barrier(ctx)\n" \
+        "utils.mkdir('checkpoints')\nif ctx.is_main:\n    ddpkit.barrier(ctx)\n" in code
+    assert "os.makedirs('logs', exist_ok=True)" in code

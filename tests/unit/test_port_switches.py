@@ -94,3 +94,9 @@ def test_a_branch_on_another_setting_that_moves_a_built_module_is_not_a_gpu_swit
            "opt = torch.optim.SGD(gen.parameters(), lr=0.1)\nfor x, y in loader:\n"
            "    x = x.cuda()\n    ((gen(x) - y) ** 2).mean().backward()\n    opt.step()\n")
     assert "ctx = ddpkit.init()\n" in port_source(src).code
+
+
+def test_a_switch_refined_at_module_level_before_main_is_called_decides_ddpkits_device():
+    # `args.cuda = args.cuda and torch.cuda.is_available()` runs before main(): main's ddpkit.init can read it
+    code = _port("gpu_switch_module_level").code
+    assert '    with ddpkit.init(device="auto" if args.cuda else "cpu") as ctx:' in code

@@ -109,8 +109,20 @@ def plan_effects(plan: Any) -> None:
                           "ddpkit.barrier(ctx) where every rank passes")
             continue
         for call in own:
-            if dotted(call.func) in _MAKEDIRS or (isinstance(call.func, cst.Attribute) and call.func.attr.value
-                                                  == "mkdir" and not dotted(call.func).startswith("os.")):
+            receiver = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else ""
+            if receiver and receiver.split(".")[0] in f.imported - {"os", "pathlib", "shutil"} \
+                    and call.func.attr.value in ("mkdir", "makedirs", "mkdirs"):
+                # `utils.mkdir(path)`: a helper of the script's own module (no exist_ok), often check-then-create
+                if isinstance(stmt, cst.SimpleStatementLine) and all(
+                        agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
+                    plan.main_first.add(id(stmt))
+                    plan.first_note[id(stmt)] = "creates"
+                else:
+                    plan.todo(stmt, f"`{dotted(call.func)}(...)` runs on every rank and may race (check, then "
+                              "create): call it on rank 0 (`if ctx.is_main:`), then ddpkit.barrier(ctx) where every "
+                              "rank passes")
+            elif dotted(call.func) in _MAKEDIRS or (isinstance(call.func, cst.Attribute) and call.func.attr.value
+                                                    == "mkdir" and not dotted(call.func).startswith("os.")):
                 if not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args):
                     plan.exist_ok.add(id(call))
         tracker = next((c for c in _header_calls(stmt) if _tracker_kind(c)), None)

@@ -45,6 +45,8 @@ class Plan:
         """Accumulations already given a TODO (a loop is seen from each block around it)."""
         self.main_first: set[int] = set()
         """Statements that download: rank 0 runs them first, the others after a barrier."""
+        self.first_note: dict[int, str] = {}
+        """Of main_first statements that do not download: what rank 0 does first ("creates")."""
         self.guard: set[int] = set()
         """Statements that write files or log to a tracker: rank 0 only."""
         self.barrier_before: set[int] = set()
@@ -422,6 +424,12 @@ class Plan:
     def bound_before_init(self) -> set[str]:
         """Names the entry point binds before ddpkit.init() runs (its parameters, the parsed arguments)."""
         bound = set(self.f.scopes[self.f.entry_key].params) if not self.f.ctx_global else set()
+        if not self.f.ctx_global:  # `args = parser.parse_args()` at module level, then `main()` is called
+            for stmt in self.f.module.body:
+                if any(isinstance(n, cst.Call) and dotted(n.func) == self.f.entry_key for n in walk(stmt)):
+                    break
+                if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                    bound.update(dotted(n.target) for n in walk(stmt) if isinstance(n, cst.AssignTarget))
         entry_node = self.f.entry_owner if self.f.ctx_global else self.f.scopes[self.f.entry_key].node
         for stmt in statements_of(entry_node):
             if stmt in self.f.region:

@@ -89,6 +89,8 @@ class Rewriter(cst.CSTTransformer):
         self.region_depth = 0
         self.batches: list[tuple[set[str], str]] = []
         self.changes = 0
+        self.receivers: set[int] = set()
+        """Expressions whose attribute is read (`loss` in `loss.item()`): a reduced value there stays a tensor."""
         self.no_grad = 0
         """Depth of `with torch.no_grad():` / inference_mode blocks around the node being visited."""
         self.rank0 = 0
@@ -301,9 +303,15 @@ class Rewriter(cst.CSTTransformer):
             return None
         self.changes += 1
         text = cst.Module([]).code_for_node(original)
-        total = f"ddpkit.all_reduce_sum(ctx, {text}).item()"
+        # `loss.item()`, `total.cpu()`: the script reads a tensor there, so the reduced value stays one
+        tensor = id(original) in self.receivers
+        total = f"ddpkit.all_reduce_sum(ctx, {text})" + ("" if tensor else ".item()")
         # a sum of per-step values (losses) averaged over ranks keeps the original's scale; counts add up
         return parse_expr(f"({total} / ctx.world_size)" if kind == "mean" else f"{total}")
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        self.receivers.add(id(node.value))
+        return True
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         return self._reduced_read(original) or updated
@@ -628,7 +636,8 @@ class Rewriter(cst.CSTTransformer):
             before.extend(hoisted)
         if id(original) in self.p.main_first:
             self.changes += 1
-            before.append(cst.parse_statement("if not ctx.is_main:  # rank 0 downloads first; the others then read "
+            what = self.p.first_note.get(id(original), "downloads")
+            before.append(cst.parse_statement(f"if not ctx.is_main:  # rank 0 {what} first; the others then read "
                                               "its files\n    ddpkit.barrier(ctx)\n"))
             after.append(cst.parse_statement("if ctx.is_main:\n    ddpkit.barrier(ctx)\n"))
         if id(original) in self.p.barrier_before:

@@ -159,6 +159,8 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
     texts: dict[str, list[str]] = {}
     for n in sums:
         texts.setdefault(plan.f.code(n.target), []).append(plan.f.code(n.value))
+    for text in [t for t in texts if _not_a_number(plan, key, t, sums)]:
+        del texts[text]  # `y_true += labels.tolist()`, `line += f"..."`: a list or text, no sum to reduce
     if not texts:
         return
     stores = {id(t.target) for n in inside if isinstance(n, cst.Assign) for t in n.targets}
@@ -192,6 +194,25 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
             continue
         counts = all(_COUNTS.search(t) for t in texts[text])
         plan.reduce_read[id(node)] = "count" if counts else "mean"
+
+
+_SEQUENCES = (cst.List, cst.ListComp, cst.Tuple, cst.Dict, cst.DictComp, cst.Set, cst.SetComp,
+              cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)
+
+
+def _not_a_number(plan: Any, key: str, text: str, sums: list[cst.AugAssign]) -> bool:
+    """`text` holds a list, a dict or a string: made so in its scope (`y = []`, `s = "F1: "`) or grown by one
+    (`y += x.tolist()`, `s += f"..."`). all_reduce_sum takes numbers and tensors only."""
+    grown = [n.value for n in sums if plan.f.code(n.target) == text]
+    made = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign)
+            and any(plan.f.code(t.target) == text for t in n.targets)]
+    for value in grown + made:
+        if isinstance(value, _SEQUENCES):
+            return True
+        func = plan.f.code(value.func) if isinstance(value, cst.Call) else ""
+        if func in ("list", "str", "tuple", "dict", "sorted") or func.endswith((".tolist", ".split", ".format")):
+            return True
+    return False
 
 
 def _accumulated(node: cst.CSTNode) -> tuple[str, str] | None:
