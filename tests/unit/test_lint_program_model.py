@@ -156,3 +156,12 @@ def test_a_rank_returned_in_a_tuple_names_the_rank_in_the_line_that_prints_it():
     named = next(i for i, text in enumerate(lines, 1) if 'print(f"[{who}]' in text)
     assert (named, "DDP008") not in found
     assert (named + 1, "DDP008") in found
+
+
+def test_a_launcher_two_scripts_fit_is_a_guess_that_drops_output_findings_and_names_no_launcher():
+    worker = textwrap.dedent(_WORKER)
+    found = lint_sources({"launch.py": textwrap.dedent(_LAUNCHER), "work.py": worker, "work2.py": worker})
+    assert not any(f.rule == "DDP008" for f in found)
+    metric = [f for f in found if f.rule == "DDP006"]
+    assert {f.path for f in metric} == {"work.py", "work2.py"}
+    assert not any("launch.py" in f.message for f in found)

@@ -21,29 +21,30 @@ def link_launchers(projects: list[Project]) -> None:
     programs it starts: the script it names (a constant `train.py`), or, where the script is named at run time
     (`args.script`, `sys.argv[1]`), each entry script of the project that parses every option the launcher passes
     and starts the process group. Their ranks' output on those streams reaches no console but rank 0's
-    (`launcher_streams`); `launched_by` says which launcher, for the messages."""
+    (`launcher_streams`); `launched_by` says which launcher, for the messages, where only one script fits (with
+    several, each is a guess: their output findings are dropped and no message claims the link)."""
     starts = [(p, path, found) for p in projects for path, s in p.scripts.items() for found in _starts_ranks(s)]
     if not starts:
         return
+    linked: dict[int, list[Project]] = {}
     for project in projects:
         entries = [path for path in project.paths if path not in project.imported]
         if not entries or not any(terminal(c.func) == "init_process_group" for s in project.scripts.values()
                                   for c in s.calls):
             continue
-        parsed = project.memo("parsed options", lambda: {
-            m.group(1).replace("-", "_") for s in project.scripts.values() for c in s.calls
-            if terminal(c.func) == "add_argument" for a in c.args
-            if isinstance(a, ast.Constant) and isinstance(a.value, str) for m in [_OPTION.match(a.value)] if m})
-        for launcher, path, (line, options, names, streams) in starts:
-            if launcher is project:
-                continue
-            if names:
-                linked = any(os.path.basename(e) in names for e in entries)
-            else:
-                linked = len(options) >= 2 and options <= parsed
-            if linked:
-                project.launcher_streams |= streams
-                project.silenced_streams |= streams
+        parsed = {m.group(1).replace("-", "_") for s in project.scripts.values() for c in s.calls
+                  if terminal(c.func) == "add_argument" for a in c.args
+                  if isinstance(a, ast.Constant) and isinstance(a.value, str) for m in [_OPTION.match(a.value)] if m}
+        for i, (launcher, _, (_, options, names, _)) in enumerate(starts):
+            if launcher is not project and (any(os.path.basename(e) in names for e in entries) if names
+                                            else len(options) >= 2 and options <= parsed):
+                linked.setdefault(i, []).append(project)
+    for i, found in linked.items():
+        _, path, (line, _, _, streams) = starts[i]
+        for project in found:
+            project.launcher_streams |= streams
+            project.silenced_streams |= streams
+            if len(found) == 1:  # several scripts fit: which one it starts is a guess, so no message names it
                 project.launched_by = (path, line)
 
 
