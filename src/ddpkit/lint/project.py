@@ -262,6 +262,8 @@ class Project:
                         live.add(name)
                         todo.extend(defs.get(name, ()))
         self.live_functions = live
+        if not dynamic:
+            self._shadowed_functions(live, rooted)
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
         # its name live: a method is reached through an attribute, or by a bare name in its class body
         for path, s in self.scripts.items():
@@ -277,6 +279,32 @@ class Project:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
         if not dynamic:
             self._overridden_methods()
+
+    def _shadowed_functions(self, live: set[str], rooted: set[int]) -> None:
+        """A module-level function whose name is live only through bare calls in files that define a function of
+        that name themselves (train.py's `main()` runs train.py's `main`, not val.py's) never runs: nothing in its
+        own file's running code names it, and nothing imports it or reaches it as an attribute."""
+        imported = {a.name for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ImportFrom)
+                    for a in n.names}
+        attributes = {n.attr for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)}
+        own = {path: {d.name for d in x.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+               for path, x in self.scripts.items()}
+        loads: dict[str, list[tuple[str, ast.Name]]] = {}
+        for path, x in self.scripts.items():
+            for n in x.nodes:
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                    loads.setdefault(n.id, []).append((path, n))
+        for path, x in self.scripts.items():
+            for d in x.tree.body:
+                if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) or d.name not in live \
+                        or id(d) in rooted or d.name in imported or d.name in attributes \
+                        or sum(name == d.name for name in own[path]) > 1:
+                    continue
+                inside = {id(n) for n in ast.walk(d)}
+                dead = self.dead_blocks[path]
+                if not any(id(n) not in inside and id(n) not in dead if where == path else d.name not in own[where]
+                           for where, n in loads.get(d.name, ())):
+                    self.dead_blocks[path].update(id(n) for n in ast.walk(d))
 
     def _overridden_methods(self) -> None:
         """A base class's method every subclass overrides, on a base nothing builds itself, never runs: a call
