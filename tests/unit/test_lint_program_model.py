@@ -165,3 +165,47 @@ def test_a_launcher_two_scripts_fit_is_a_guess_that_drops_output_findings_and_na
     metric = [f for f in found if f.rule == "DDP006"]
     assert {f.path for f in metric} == {"work.py", "work2.py"}
     assert not any("launch.py" in f.message for f in found)
+
+
+_ONE_PROCESS_ARMS = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def build(model, gpus):
+        if gpus > 1:
+            print("one process drives", gpus, "GPUs")
+            model = nn.DataParallel(model)
+        return model
+
+
+    def main():
+        rank = int(os.environ.get("RANK", -1))
+        world_size = int(os.environ.get("WORLD_SIZE", 0))
+        if rank == -1 or world_size <= 0:
+            print("no launcher: run me with torchrun")
+            return
+        dist.init_process_group("gloo")
+        torch.manual_seed(rank)
+        model = DDP(build(nn.Linear(2, 2), 1))
+        model(torch.randn(4, 2)).sum().backward()
+        print("done")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_an_arm_that_wraps_in_data_parallel_and_a_world_size_of_zero_are_one_process():
+    code = textwrap.dedent(_ONE_PROCESS_ARMS)
+    lines = code.splitlines()
+    found = {(f.line, f.rule) for f in lint_sources({"train.py": code})}
+    for text in ('print("one process drives"', 'print("no launcher'):
+        assert (next(i for i, t in enumerate(lines, 1) if text in t), "DDP008") not in found
+    assert (next(i for i, t in enumerate(lines, 1) if 'print("done")' in t), "DDP008") in found

@@ -285,7 +285,7 @@ class Script:
         test, sign = node.test, 1
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, sign = test.operand, -1
-        if not isinstance(test, (ast.Name, ast.Attribute)):
+        if not isinstance(test, (ast.Name, ast.Attribute, ast.Compare)):
             return 0
         flags = getattr(self, "_mode_flags", None)
         if flags is None:
@@ -296,27 +296,35 @@ class Script:
         starters = {d.name for d in self.defs if any(
             isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
 
-        def starts(stmts: list[ast.stmt]) -> bool:  # not inside a nested `if` (`elif args.distributed:` decides)
+        def calls(stmts: list[ast.stmt]):  # not inside a nested `if` (`elif args.distributed:` decides there)
             todo = list(stmts)
             while todo:
                 n = todo.pop()
-                if isinstance(n, ast.Call) and (terminal(n.func) == "init_process_group" or terminal(n.func) in starters
-                                                and (isinstance(n.func, ast.Name) or isinstance(n.func.value, ast.Name)
-                                                     and n.func.value.id == "self")):
-                    return True
+                if isinstance(n, ast.Call):
+                    yield n
                 if not isinstance(n, ast.If):
                     todo.extend(ast.iter_child_nodes(n))
-            return False
+
+        def starts(stmts: list[ast.stmt]) -> bool:
+            return any(terminal(c.func) == "init_process_group" or terminal(c.func) in starters
+                       and (isinstance(c.func, ast.Name) or isinstance(c.func.value, ast.Name)
+                            and c.func.value.id == "self") for c in calls(stmts))
         found: dict[str, int] = {}
         for n in self.nodes:
-            if isinstance(n, ast.If) and n.orelse:
-                test, sign = n.test, 1
-                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-                    test, sign = test.operand, -1
-                if isinstance(test, (ast.Name, ast.Attribute)):
-                    body, other = starts(n.body), starts(n.orelse)
-                    if body != other:
-                        found[ast.unparse(test)] = sign if body else -sign
+            if not isinstance(n, ast.If):
+                continue
+            test, sign = n.test, 1
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, sign = test.operand, -1
+            if isinstance(test, (ast.Name, ast.Attribute)) and n.orelse:
+                body, other = starts(n.body), starts(n.orelse)
+                if body != other:
+                    found[ast.unparse(test)] = sign if body else -sign
+            # `if n_gpu > 1: model = nn.DataParallel(model)`: one process drives the GPUs where the test holds
+            wraps = {terminal(c.func) for c in calls(n.body)}
+            if isinstance(test, (ast.Name, ast.Attribute, ast.Compare)) and "DataParallel" in wraps \
+                    and "DistributedDataParallel" not in wraps and not starts(n.body):
+                found.setdefault(ast.unparse(test), -sign)
         return found
 
     def test_kind(self, test: ast.AST) -> int:
