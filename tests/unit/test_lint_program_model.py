@@ -209,3 +209,37 @@ def test_an_arm_that_wraps_in_data_parallel_and_a_world_size_of_zero_are_one_pro
     for text in ('print("one process drives"', 'print("no launcher'):
         assert (next(i for i, t in enumerate(lines, 1) if text in t), "DDP008") not in found
     assert (next(i for i, t in enumerate(lines, 1) if 'print("done")' in t), "DDP008") in found
+
+
+def test_a_module_a_run_time_pattern_may_pick_that_is_also_a_script_keeps_its_main_block():
+    """`importlib.import_module(f"jobs.{name}")` may pick jobs/solo.py, which is also run as a script of its own:
+    its `__main__` block still runs (and is linted) as an entry script's."""
+    run = textwrap.dedent("""
+        import importlib
+        import sys
+
+        import torch.distributed as dist
+
+        if __name__ == "__main__":
+            dist.init_process_group("gloo")
+            importlib.import_module(f"jobs.{sys.argv[1]}").go()
+            dist.destroy_process_group()
+    """)
+    solo = textwrap.dedent("""
+        import torch
+        import torch.distributed as dist
+
+
+        def go():
+            torch.manual_seed(dist.get_rank())
+
+
+        if __name__ == "__main__":
+            dist.init_process_group("gloo")
+            go()
+            torch.save({"step": 1}, "state.pt")
+            dist.destroy_process_group()
+    """)
+    found = lint_sources({"run.py": run, "jobs/__init__.py": "", "jobs/solo.py": solo})
+    line = solo.splitlines().index('    torch.save({"step": 1}, "state.pt")') + 1
+    assert [(f.path, f.line, f.rule) for f in found if f.rule == "DDP004"] == [("jobs/solo.py", line, "DDP004")]

@@ -6,7 +6,7 @@ import ast
 import os
 import re
 
-__all__ = ["Modules", "programs", "runtime_imports"]
+__all__ = ["Modules", "programs", "runtime_imports", "imported_at_run_time"]
 
 
 class Modules:
@@ -78,16 +78,18 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
     nothing else imports form one.
     """
     modules = Modules(list(trees))
-    imports = {}
+    imports, imported = {}, set()
     for path, tree in trees.items():
         nodes = list(ast.walk(tree))
-        imports[path] = {t for name in _imported_names(nodes) for t in [modules.locate(path, name)]
-                         if t and t != path} | set(runtime_imports(modules, path, nodes))
-    imported = set().union(*imports.values()) if imports else set()
+        static = {t for name in _imported_names(nodes) for t in [modules.locate(path, name)] if t and t != path}
+        later = runtime_imports(modules, path, nodes)
+        imports[path] = static | set(later)
+        imported |= static | imported_at_run_time(later, trees)
     out: list[dict[str, ast.Module]] = []
     seen: set[str] = set()
-    for root in [p for p in trees if p not in imported] + list(trees):
-        if root in seen:
+    entries = [p for p in trees if p not in imported]
+    for i, root in enumerate(entries + [p for p in trees if p not in entries]):
+        if root in seen and i >= len(entries):  # (an entry a run-time import may reach is its own program too)
             continue
         program, todo = {}, [root]
         while todo:
@@ -152,6 +154,14 @@ def runtime_imports(modules: Modules, path: str, nodes: list[ast.AST]) -> dict[s
                 if target != path:
                     found.setdefault(target, node)
     return found
+
+
+def imported_at_run_time(found: dict[str, ast.Call], trees: dict[str, ast.Module]) -> set[str]:
+    """The files of runtime_imports that stop being entry scripts: all that a constant name imports, and those a
+    pattern may pick that have no `if __name__ == "__main__":` block (one that has is also run as a script)."""
+    return {t for t, call in found.items() if isinstance(call.args[0], ast.Constant) or not any(
+        isinstance(stmt, ast.If) and any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(stmt.test))
+        for stmt in trees[t].body)}
 
 
 def _import_call(node: ast.Call) -> bool:

@@ -8,7 +8,7 @@ import re
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names
 from ddpkit.lint.callsites import external_levels, global_parameter
-from ddpkit.lint.imports import Modules, runtime_imports
+from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
 
 __all__ = ["Project", "LOSS_NAME"]
 
@@ -456,7 +456,9 @@ class Project:
         static = {s.path: {path for module in s.aliases.values()
                            for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
                   for s in scripts}
-        self.imported = set().union(*static.values(), *self.runtime_imports.values())
+        trees = {path: x.tree for path, x in self.scripts.items()}
+        self.imported = set().union(*static.values(), *(imported_at_run_time(found, trees)
+                                                        for found in self.runtime_imports.values()))
         """Files another file of the project imports (their code runs on every rank of an importer), at its top or
         at run time (`importlib.import_module(f"app.{name}.train")`)."""
         self.reached_at_run_time = _reached_at_run_time(static, self.runtime_imports, self.imported)
