@@ -278,8 +278,9 @@ class Script:
         """+1 for `if self.flag_ddp:` where some `if self.flag_ddp: ... else: ...` of this file starts the process
         group in that arm and not in the other (init_process_group, directly or through a function of this file
         that calls it): the flag says the run is distributed, so the other arm of every test of it is one
-        process's (the `elif flag_dp:` DataParallel arm, the single-GPU `else:`); -1 for `if not flag:`. Read from
-        what the arm does, not from the flag's name."""
+        process's (the `elif flag_dp:` DataParallel arm, the single-GPU `else:`); -1 for `if not flag:`, and for a
+        test whose arm wraps the model in nn.DataParallel and not DDP (`if n_gpu > 1:`). Read from what the arm
+        does, not from the flag's name."""
         if not isinstance(node, ast.If):
             return 0
         test, sign = node.test, 1
@@ -293,6 +294,8 @@ class Script:
         return sign * flags.get(ast.unparse(test), 0)
 
     def _group_flags(self) -> dict[str, int]:
+        """{test as written: +1 where its truth means a distributed run, -1 where it means one process} (see
+        _starts_group_arm)."""
         starters = {d.name for d in self.defs if any(
             isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
 
