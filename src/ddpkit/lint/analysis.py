@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode, run_sense,
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
-                               single_setting, spawn_index_names, terminal)
+                               own_returns, single_setting, spawn_index_names, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode"]
@@ -274,6 +274,62 @@ class Script:
                 return self.external_levels.get(f"={node.name}({use.id})", NONE)
         return NONE
 
+    def _starts_group_arm(self, node: ast.AST) -> int:
+        """+1 for `if self.flag_ddp:` where some `if self.flag_ddp: ... else: ...` of this file starts the process
+        group in that arm and not in the other (init_process_group, directly or through a function of this file
+        that calls it): the flag says the run is distributed, so the other arm of every test of it is one
+        process's (the `elif flag_dp:` DataParallel arm, the single-GPU `else:`); -1 for `if not flag:`, and for a
+        test whose arm wraps the model in nn.DataParallel and not DDP (`if n_gpu > 1:`). Read from what the arm
+        does, not from the flag's name."""
+        if not isinstance(node, ast.If):
+            return 0
+        test, sign = node.test, 1
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, sign = test.operand, -1
+        if not isinstance(test, (ast.Name, ast.Attribute, ast.Compare)):
+            return 0
+        flags = getattr(self, "_mode_flags", None)
+        if flags is None:
+            flags = self._mode_flags = self._group_flags()
+        return sign * flags.get(ast.unparse(test), 0)
+
+    def _group_flags(self) -> dict[str, int]:
+        """{test as written: +1 where its truth means a distributed run, -1 where it means one process} (see
+        _starts_group_arm)."""
+        starters = {d.name for d in self.defs if any(
+            isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
+
+        def calls(stmts: list[ast.stmt]):  # not inside a nested `if` (`elif args.distributed:` decides there)
+            todo = list(stmts)
+            while todo:
+                n = todo.pop()
+                if isinstance(n, ast.Call):
+                    yield n
+                if not isinstance(n, ast.If):
+                    todo.extend(ast.iter_child_nodes(n))
+
+        def starts(stmts: list[ast.stmt]) -> bool:
+            return any(terminal(c.func) == "init_process_group" or terminal(c.func) in starters
+                       and (isinstance(c.func, ast.Name) or isinstance(c.func.value, ast.Name)
+                            and c.func.value.id == "self") for c in calls(stmts))
+        found: dict[str, int] = {}
+        for n in self.nodes:
+            if not isinstance(n, ast.If):
+                continue
+            test, sign = n.test, 1
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, sign = test.operand, -1
+            if isinstance(test, (ast.Name, ast.Attribute)) and n.orelse:
+                body, other = starts(n.body), starts(n.orelse)
+                if body != other:
+                    found[ast.unparse(test)] = sign if body else -sign
+            # `if n_gpu > 1: model = nn.DataParallel(model)`: one process drives the GPUs where the test holds
+            wraps = {terminal(c.func) for c in calls(n.body)}
+            if isinstance(test, (ast.Name, ast.Attribute, ast.Compare)) and "DataParallel" in wraps \
+                    and "DistributedDataParallel" not in wraps and not starts(n.body):
+                found.setdefault(ast.unparse(test), -sign)
+        return found
+
     def test_kind(self, test: ast.AST) -> int:
         """kind() of a condition, where `if cfg.mode.gpu:` asks whether the run uses GPUs: the truth of an attribute
         named like a GPU index that nothing in the file assigns (a config switch) does not pick ranks."""
@@ -312,6 +368,18 @@ class Script:
                 pairs.extend(_target_pairs(node.target, node.value))
             elif isinstance(node, ast.AugAssign):  # `seed += rank`: the new value depends on both
                 pairs.extend(_target_pairs(node.target, ast.BinOp(node.target, node.op, node.value)))
+        # `rk, tt = main()` where main() ends `return dist.get_rank(), total_time` (or `return 0, total_time` when
+        # not distributed): each name holds what that position of the function's returns holds
+        own = {d.name: d for d in self.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for node in self.nodes:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) \
+                    and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) \
+                    and node.value.func.id in own:
+                width = len(node.targets[0].elts)
+                returns = [r.value for r in own_returns(own[node.value.func.id])]
+                if returns and all(isinstance(r, ast.Tuple) and len(r.elts) == width for r in returns):
+                    for r in returns:
+                        pairs.extend(_target_pairs(node.targets[0], r))
         self.assignments = pairs
         """(name, value) of every assignment: 'x' for `x = v`, '.x' for `self.x = v`, tuples unpacked."""
         self._bindings: dict[str, list[tuple[ast.AST, ast.AST | None]]] = {}
@@ -363,6 +431,26 @@ class Script:
                                     if key in nones and not self.derived.get(key):
                                         self.derived[key] = k
                                         self.rank_only.add(key)
+        # `flag = True` ... `if dist.get_rank() != 0: flag = False`: a flag the rank decides (get_ddp_save_flag's
+        # `return flag`), read like `flag = rank == 0`
+        flags: dict[str, set[bool]] = {}
+        for key, value in pairs:
+            if isinstance(value, ast.Constant) and isinstance(value.value, bool):
+                flags.setdefault(key, set()).add(value.value)
+        flagged = False
+        for node in self.nodes if flags else ():
+            if isinstance(node, ast.If):
+                k = self.kind(node.test)
+                if k and distributed_mode(node.test) == 0:
+                    for stmt in (*node.body, *node.orelse):
+                        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
+                            for target in stmt.targets:
+                                key = target.id if isinstance(target, ast.Name) else None
+                                if len(flags.get(key, ())) == 2 and not self.derived.get(key):
+                                    self.derived[key] = k
+                                    flagged = True
+        if flagged:
+            self.rank_helpers = find_rank_helpers(self)
 
     def local_values(self, name: str, within: ast.AST) -> list[ast.AST]:
         """What `name` is assigned in the same function as `within` (module level for module code)."""
@@ -460,7 +548,8 @@ class Script:
             for ref in refs:
                 name = terminal(ref)
                 level = self.context(ref).level
-                levels[name] = min(levels.get(name, GLOBAL), level)
+                if not self.context(ref).single:  # (a call in a single-process branch is one process's)
+                    levels[name] = min(levels.get(name, GLOBAL), level)
                 if self.context(ref).branches:
                     sides.setdefault(name, set()).add(self.context(ref).branches[-1][:2])
                 single[name] = single.get(name, True) and self.context(ref).single
@@ -546,7 +635,7 @@ class Script:
                 # under a rank check (the others only load): this branch has their guard
                 raised = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
                 body_ctx, else_ctx = (raised, else_ctx) if branch == "body" else (body_ctx, raised)
-            sense = distributed_mode(node.test)
+            sense = distributed_mode(node.test) or (self._starts_group_arm(node) if not k else 0)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
             if isinstance(node, ast.If) and "__name__" not in {n.id for n in ast.walk(node.test)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
-__all__ = ["Modules", "programs"]
+__all__ = ["Modules", "programs", "runtime_imports", "imported_at_run_time"]
 
 
 class Modules:
@@ -28,6 +29,24 @@ class Modules:
             self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
                 or next((p for name in names if "." in name for p in [self._unique(name)] if p), None)
         return self._found[key]
+
+    def matching(self, importer: str, pattern: re.Pattern[str]) -> list[str]:
+        """Project files whose dotted module name matches `pattern`, seen from `importer`'s folder and each folder
+        above it (as `locate` searches), the nearest folder with a match winning."""
+        folder = os.path.dirname(os.path.normpath(importer))
+        while True:
+            found = []
+            for normal, p in self.files.items():
+                relative = os.path.relpath(normal, folder) if folder else normal
+                if relative.startswith(os.pardir) or not relative.endswith(".py"):
+                    continue
+                dotted = relative[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                if pattern.match(dotted):
+                    found.append(p)
+            up = os.path.dirname(folder)
+            if found or up == folder or not folder:
+                return found
+            folder = up
 
     def _unique(self, dotted: str) -> str | None:
         """`from core.function import train` in tools/train.py, whose folder `lib/` is put on sys.path at run time
@@ -59,13 +78,18 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
     nothing else imports form one.
     """
     modules = Modules(list(trees))
-    imports = {path: {t for name in _imported_names(tree) for t in [modules.locate(path, name)] if t and t != path}
-               for path, tree in trees.items()}
-    imported = set().union(*imports.values()) if imports else set()
+    imports, imported = {}, set()
+    for path, tree in trees.items():
+        nodes = list(ast.walk(tree))
+        static = {t for name in _imported_names(nodes) for t in [modules.locate(path, name)] if t and t != path}
+        later = runtime_imports(modules, path, nodes)
+        imports[path] = static | set(later)
+        imported |= static | imported_at_run_time(later, trees)
     out: list[dict[str, ast.Module]] = []
     seen: set[str] = set()
-    for root in [p for p in trees if p not in imported] + list(trees):
-        if root in seen:
+    entries = [p for p in trees if p not in imported]
+    for i, root in enumerate(entries + [p for p in trees if p not in entries]):
+        if root in seen and i >= len(entries):  # (an entry a run-time import may reach is its own program too)
             continue
         program, todo = {}, [root]
         while todo:
@@ -78,9 +102,9 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
     return out
 
 
-def _imported_names(tree: ast.Module) -> set[str]:
+def _imported_names(nodes: list[ast.AST]) -> set[str]:
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -89,3 +113,89 @@ def _imported_names(tree: ast.Module) -> set[str]:
                 names.add(base)
             names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
     return names
+
+
+def runtime_imports(modules: Modules, path: str, nodes: list[ast.AST]) -> dict[str, ast.Call]:
+    """Project files `path` imports at run time: {file: the call}; `nodes` are the file's (`list(ast.walk(tree))`).
+
+    `importlib.import_module(name)` or `__import__(name)` where the name is a constant (`"lib.train.train_script"`)
+    or is built at run time around a constant package part (`f"app.{app}.train"`, `"models." + name`,
+    `"lib.train.%s" % name`, `"lib.train.{}".format(name)`, or a variable assigned one of these): every module of
+    the project the pattern can name is a candidate. A name with no constant package part
+    (`import_module(args.module)`) names none."""
+    found: dict[str, ast.Call] = {}
+    calls = [n for n in nodes if isinstance(n, ast.Call) and n.args and _import_call(n)]
+    assigned: dict[str, list[ast.AST]] = {}
+    for node in nodes if any(isinstance(c.args[0], ast.Name) for c in calls) else ():
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            assigned.setdefault(node.targets[0].id, []).append(node.value)
+    for node in calls:
+        values = [node.args[0]]
+        if isinstance(node.args[0], ast.Name):
+            values = assigned.get(node.args[0].id, [])[:4]
+        for value in values:
+            parts = _pattern(value)
+            if parts is None or not parts or not isinstance(parts[0], str):
+                continue
+            package = next((p for p in node.args[1:2] if isinstance(p, ast.Constant) and isinstance(p.value, str)),
+                           next((k.value for k in node.keywords if k.arg == "package"
+                                 and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)), None))
+            if parts[0].startswith(".") and isinstance(package, ast.Constant):
+                parts = [package.value + parts[0], *parts[1:]]
+            if all(isinstance(p, str) for p in parts):  # a constant name: the one file Python would import
+                target = modules.locate(path, "".join(parts))
+                if target and target != path:
+                    found.setdefault(target, node)
+                continue
+            if "." not in parts[0] or parts[0].startswith("."):
+                continue  # no constant package part to look under
+            pattern = re.compile("".join(re.escape(p) if isinstance(p, str) else r"[\w.]+" for p in parts) + "$")
+            for target in modules.matching(path, pattern):
+                if target != path:
+                    found.setdefault(target, node)
+    return found
+
+
+def imported_at_run_time(found: dict[str, ast.Call], trees: dict[str, ast.Module]) -> set[str]:
+    """The files of runtime_imports that stop being entry scripts: all that a constant name imports, and those a
+    pattern may pick that have no `if __name__ == "__main__":` block (one that has is also run as a script)."""
+    return {t for t, call in found.items() if isinstance(call.args[0], ast.Constant) or not any(
+        isinstance(stmt, ast.If) and any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(stmt.test))
+        for stmt in trees[t].body)}
+
+
+def _import_call(node: ast.Call) -> bool:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id in ("__import__", "import_module")
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
+
+
+def _pattern(node: ast.AST) -> list | None:
+    """A module name as constant strings and None for each part known only at run time; None where not a string."""
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else None
+    if isinstance(node, ast.JoinedStr):
+        return [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _pattern(node.left), _pattern(node.right)
+        if left is None and right is None:
+            return None
+        return (left or [None]) + (right or [None])
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+            and isinstance(node.left.value, str):
+        return _split(node.left.value, r"%[-#0 +]*\d*(?:\.\d+)?[sdr]")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
+            and isinstance(node.func.value, ast.Constant) and isinstance(node.func.value.value, str):
+        return _split(node.func.value.value, r"\{[^{}]*\}")
+    return [None] if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) else None
+
+
+def _split(text: str, hole: str) -> list:
+    out: list = []
+    for i, piece in enumerate(re.split(hole, text)):
+        if i:
+            out.append(None)
+        if piece:
+            out.append(piece)
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 
 import ddpkit.lint.hangs  # noqa: F401  (registers DDP010 in CHECKS)
@@ -12,6 +13,7 @@ import ddpkit.lint.outputs  # noqa: F401  (registers DDP006 and DDP008 in CHECKS
 import ddpkit.lint.seeding  # noqa: F401  (registers DDP014 in CHECKS)
 from ddpkit.lint.analysis import Script
 from ddpkit.lint.imports import programs
+from ddpkit.lint.launchers import link_launchers
 from ddpkit.lint.project import Project
 from ddpkit.lint.report import Finding
 from ddpkit.lint.rules import CHECKS, Hit
@@ -42,17 +44,30 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
     for path, script, hits in analyse(sources, findings):
         lines = sources[path].splitlines()
         seen: dict[tuple[int, str], Finding] = {}
+        note = _runtime_note(script, path)
+        launcher = script.project.launched_by
         for hit in hits:
             line = getattr(hit.node, "lineno", 1)
             text = lines[line - 1] if 0 < line <= len(lines) else ""
             if (line, hit.rule) not in seen and not _suppressed(text, hit.rule):
                 seen[(line, hit.rule)] = Finding(path, line, getattr(hit.node, "col_offset", 0) + 1, hit.rule,
-                                                 hit.severity, hit.message, hit.fix)
+                                                 hit.severity, hit.message + note + (
+                    f" (the ranks are started by {os.path.basename(launcher[0])}:{launcher[1]}, which shows only rank "
+                    f"0's console)" if launcher and hit.rule in ("DDP006", "DDP008") else ""), hit.fix)
         for (line, rule), f in seen.items():
             if not (rule == "DDP008" and (line, "DDP006") in seen) and (path, line, rule) not in reported:
                 reported.add((path, line, rule))
                 findings.append(f)
     return sorted(findings, key=Finding.sort_key)
+
+
+def _runtime_note(script: Script, path: str) -> str:
+    """Where a file runs only because the program imports it at run time, the finding says so (why it is linted as
+    part of the program)."""
+    via = script.project.reached_at_run_time.get(path)
+    if via is None:
+        return ""
+    return f" (this file runs in the program through a run-time import at {os.path.basename(via[0])}:{via[1]})"
 
 
 def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> list[tuple[str, Script, list[Hit]]]:
@@ -68,6 +83,7 @@ def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> lis
                                       f"cannot parse the file: {e.msg}",
                                       "fix the syntax error (ddpkit lint reads the file with this Python's parser)"))
     projects = [Project(program) for program in programs(trees)]
+    link_launchers(projects)
     # a program that does nothing when run, linted beside one that does, is reached through code not linted (a
     # factory, a package __init__): who calls it, and under which rank check, is unknown, so the findings that
     # rest on the callers (a rank guard, a seed, set_epoch or destroy elsewhere) are left out

@@ -8,7 +8,7 @@ import re
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names
 from ddpkit.lint.callsites import external_levels, global_parameter
-from ddpkit.lint.imports import Modules
+from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
 
 __all__ = ["Project", "LOSS_NAME"]
 
@@ -57,6 +57,9 @@ class Project:
                 break
         for script in self.scripts.values():
             script.project = self
+        self.runtime_imports = {path: runtime_imports(self.modules, path, s.nodes)
+                                for path, s in self.scripts.items()}
+        """{importer: {file: call}}: project files a file imports at run time (see imports.runtime_imports)."""
         self.acts = any(self._acts(s) for s in self.scripts.values())
         """Some file of the program does something when run (a `__main__` block, a top-level call)."""
         self._spawned_through_helpers()
@@ -221,6 +224,18 @@ class Project:
                         if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))} - methods
         qualified = {id(n) for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)
                      and n.attr in module_level and _module_rooted(x, n)}
+        # `importlib.import_module(name).main(cfg)`, `getattr(module, "run")(settings)`: a function of a module the
+        # file imports at run time, named on the module object the import returns
+        for path, targets in self.runtime_imports.items():
+            top = {d.name for t in targets for d in self.scripts[t].tree.body
+                   if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for n in self.scripts[path].nodes if top else ():
+                if isinstance(n, ast.Attribute) and n.attr in top:
+                    qualified.add(id(n))
+                elif isinstance(n, ast.Call) and terminal(n.func) == "getattr" and len(n.args) >= 2 \
+                        and isinstance(n.args[1], ast.Constant) and n.args[1].value in top:
+                    roots.extend(d for t in targets for d in self.scripts[t].tree.body if isinstance(
+                        d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == n.args[1].value)
         # `self.base.load_param(...)` in a class that defines load_param itself hands the call to a member (a
         # backbone), not to the class's own method, which is `self.load_param`
         siblings = {id(d): names for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
@@ -285,6 +300,8 @@ class Project:
                 for d in found:
                     if id(d) not in seen and id(d) not in rooted and name in live:
                         self.dead_blocks[path].update(id(n) for n in ast.walk(d))
+        if not dynamic:
+            self._shadowed_functions(live, rooted)
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
         # its name live: a method is reached through an attribute, or by a bare name in its class body
         for path, s in self.scripts.items():
@@ -374,6 +391,32 @@ class Project:
                                             and isinstance(x.value, ast.Name) and x.value.id == "self"
                                             and x.attr == a, dead)
         return out
+
+    def _shadowed_functions(self, live: set[str], rooted: set[int]) -> None:
+        """A module-level function whose name is live only through bare calls in files that define a function of
+        that name themselves (train.py's `main()` runs train.py's `main`, not val.py's) never runs: nothing in its
+        own file's running code names it, and nothing imports it or reaches it as an attribute."""
+        imported = {a.name for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ImportFrom)
+                    for a in n.names}
+        attributes = {n.attr for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)}
+        own = {path: {d.name for d in x.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+               for path, x in self.scripts.items()}
+        loads: dict[str, list[tuple[str, ast.Name]]] = {}
+        for path, x in self.scripts.items():
+            for n in x.nodes:
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                    loads.setdefault(n.id, []).append((path, n))
+        for path, x in self.scripts.items():
+            for d in x.tree.body:
+                if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) or d.name not in live \
+                        or id(d) in rooted or d.name in imported or d.name in attributes \
+                        or sum(name == d.name for name in own[path]) > 1:
+                    continue
+                inside = {id(n) for n in ast.walk(d)}
+                dead = self.dead_blocks[path]
+                if not any(id(n) not in inside and id(n) not in dead if where == path else d.name not in own[where]
+                           for where, n in loads.get(d.name, ())):
+                    self.dead_blocks[path].update(id(n) for n in ast.walk(d))
 
     def _overridden_methods(self) -> None:
         """A base class's method every subclass overrides, on a base nothing builds itself, never runs: a call
@@ -499,6 +542,8 @@ class Project:
         """The statements that make print a no-op off rank 0: a builtins.print swap (setup_for_distributed(is_master))
         or `if rank != 0: sys.stdout = open(os.devnull, "w")`."""
         self.launcher_streams = {stream for s in scripts for stream in _launcher_discards(s)}
+        self.launched_by: tuple[str, int] | None = None
+        """(file, line) of a launcher of the project that starts this program's ranks (see link_launchers)."""
         """'stdout'/'stderr' that a launcher in the program points elsewhere for the ranks a rank check singles out
         (`if rank > 0: kwargs["stdout"] = subprocess.DEVNULL` before `subprocess.Popen([sys.executable, *argv],
         **kwargs)`), or at a file of each rank's own: the ranks' output on it does not repeat on one console."""
@@ -520,9 +565,16 @@ class Project:
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
             and _in_loop(s, n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
-        self.imported = {path for s in scripts for module in s.aliases.values()
-                         for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
-        """Files another file of the project imports (their code runs on every rank of an importer)."""
+        static = {s.path: {path for module in s.aliases.values()
+                           for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
+                  for s in scripts}
+        trees = {path: x.tree for path, x in self.scripts.items()}
+        self.imported = set().union(*static.values(), *(imported_at_run_time(found, trees)
+                                                        for found in self.runtime_imports.values()))
+        """Files another file of the project imports (their code runs on every rank of an importer), at its top or
+        at run time (`importlib.import_module(f"app.{name}.train")`)."""
+        self.reached_at_run_time = _reached_at_run_time(static, self.runtime_imports, self.imported)
+        """{file: (importer, line)}: files the program reaches only through a run-time import, and where."""
         self.forward_collects = any(
             isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward"
             and any(isinstance(c, ast.Call) and s.is_dist_collective(c) for c in ast.walk(n))
@@ -713,6 +765,31 @@ def _switch_off(scope: ast.AST, is_flag, dead: set[int]) -> None:
         parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
         if any(is_flag(p) for p in parts):
             dead.update(id(m) for stmt in n.body for m in ast.walk(stmt))
+
+
+def _reached_at_run_time(static: dict[str, set[str]], runtime: dict[str, dict[str, ast.Call]],
+                         imported: set[str]) -> dict[str, tuple[str, int]]:
+    entries = [p for p in static if p not in imported]
+    reach, todo = set(entries), list(entries)
+    while todo:
+        for t in static.get(todo.pop(), ()):
+            if t not in reach:
+                reach.add(t)
+                todo.append(t)
+    found: dict[str, tuple[str, int]] = {}
+    todo = [p for p in static if p in reach or p in found]
+    while todo:
+        path = todo.pop()
+        via = found.get(path)
+        for t, call in runtime.get(path, {}).items():
+            if t not in reach and t not in found:
+                found[t] = via or (path, call.lineno)
+                todo.append(t)
+        for t in static.get(path, ()):
+            if t not in reach and t not in found and via:
+                found[t] = via
+                todo.append(t)
+    return found
 
 
 def _scoped_walk(node: ast.AST, off: dict[str, set[int]] | None = None):

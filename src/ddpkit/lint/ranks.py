@@ -70,8 +70,8 @@ def distributed_mode(expr: ast.AST | None) -> int:
     if "world_size" in name or name in ("num_processes", "nprocs", "num_replicas"):
         if (op, value) in ((ast.Gt, 1), (ast.GtE, 2), (ast.NotEq, 1)):
             return 1
-        if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2)):
-            return -1
+        if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2), (ast.LtE, 0), (ast.Lt, 1), (ast.Eq, 0)):
+            return -1  # (`WORLD_SIZE <= 0`: no launcher set it)
     if value == -1 and rank_name_kind(terminal(left) or "rank"):
         return {ast.Eq: -1, ast.NotEq: 1, ast.Gt: 1, ast.LtE: -1}.get(op, 0)
     if value == 0 and rank_name_kind(terminal(left) or "rank"):
