@@ -122,3 +122,16 @@ def test_a_training_function_of_a_top_level_script_is_followed_to_the_loop_that_
     assert fixed.todos == [] and "not sharded" in fixed.message, _messages(fixed)
     decided = port_source(head + "epoch = 0\nwhile not done():\n    train(epoch)\n")
     assert any(m.startswith("no training DataLoader found") for m in _messages(decided))
+
+
+def test_loader_internals_read_the_dataset_size_or_are_named():
+    result = _port("loader_internals")
+    code = result.code
+    # DataLoader's default samplers hold every sample: the reduced sums are divided by the global count
+    assert "train_loss = train_loss / len(train_loader.dataset)\n" in code
+    assert "valid_loss = valid_loss / len(valid_loader.dataset)\n" in code
+    assert ".sampler" not in code.split("ddpkit.init", 1)[1]
+    # ddpkit.eval_loader has no batch_size attribute: named, not left to fail at run time
+    assert [(t.line, t.message.split(":")[0]) for t in result.todos] == [
+        (30, "`valid_loader.batch_size` reads an attribute of torch's DataLoader, but `valid_loader` is now "
+             "ddpkit.eval_loader, which has no such attribute")]

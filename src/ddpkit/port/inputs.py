@@ -18,8 +18,8 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, is_device_expr, loader_expr, root_name, walk
 
-__all__ = ["plan_no_loader", "move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "RANDOM_DRAW",
-           "CREATORS"]
+__all__ = ["plan_no_loader", "move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "plan_loader_reads",
+           "RANDOM_DRAW", "CREATORS"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -403,3 +403,38 @@ def _in_eval_loop(plan: Any, key: str, node: cst.CSTNode) -> bool:
 
 
 _NO_GRAD = re.compile(r"no_grad|inference_mode")
+
+
+# ---- reads of torch DataLoader internals on a ported loader ----------------------------------------------
+_LOADER_INTERNALS = frozenset({"sampler", "batch_sampler", "batch_size", "num_workers", "collate_fn", "drop_last",
+                               "pin_memory", "generator", "worker_init_fn", "prefetch_factor", "persistent_workers",
+                               "timeout", "multiprocessing_context"})
+"""Attributes of torch's DataLoader that ddpkit's loaders lack or hold with another meaning (`dataset` is kept)."""
+
+
+def plan_loader_reads(plan: Any) -> None:
+    """`len(loader.sampler)` on a loader the port made ddpkit's meant the dataset's size (DataLoader's default
+    samplers hold every sample): it reads `len(loader.dataset)`, the global count, on every rank. ddpkit.loader's
+    `sampler` is its per-rank batch sampler and ddpkit.eval_loader has none, so any other read of a DataLoader
+    attribute (`loader.batch_size`, `loader.batch_sampler`, `loader.sampler.indices`) is a TODO naming it."""
+    for key in sorted(plan.f.ported):
+        nodes = list(plan.nodes(key))
+        measured = {id(n.args[0].value) for n in nodes if isinstance(n, cst.Call) and dotted(n.func) == "len"
+                    and len(n.args) == 1}
+        for node in nodes:
+            if not (isinstance(node, cst.Attribute) and node.attr.value in _LOADER_INTERNALS and dotted(node.value)):
+                continue
+            loader = dotted(node.value)
+            kind = plan.role(key, loader)
+            if kind not in ("train", "eval"):
+                continue
+            if node.attr.value == "sampler" and id(node) in measured:
+                plan.replace[id(node)] = f"{loader}.dataset"
+                continue
+            made = "ddpkit.loader" if kind == "train" else "ddpkit.eval_loader"
+            has = "holds its per-rank batch sampler there" if node.attr.value == "sampler" and kind == "train" \
+                else "has no such attribute"
+            plan.todo(node, f"`{loader}.{node.attr.value}` reads an attribute of torch's DataLoader, but `{loader}` "
+                      f"is now {made}, which {has}: "
+                      f"read `len({loader}.dataset)` for the number of samples, `len({loader})` for this rank's "
+                      "batches")

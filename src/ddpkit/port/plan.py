@@ -9,7 +9,7 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
-from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
+from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_loader_reads, plan_no_loader
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
                                 plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_ranks
@@ -73,6 +73,8 @@ class Plan:
         """Names that hold a training loader's batch size (`batch_size`, `args.batch_size`): the global batch."""
         self.drop_parallel: set[int] = set()
         """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
+        self.replace: dict[int, str] = {}
+        """Expressions read as another (`len(loader.sampler)` -> `len(loader.dataset)` on a ported loader)."""
         self.parallel_names: set[str] = set()
         """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
@@ -111,6 +113,7 @@ class Plan:
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)
         plan_device_datasets(self)
+        plan_loader_reads(self)
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
         self.seed = self._seed()
         self.device_flag = plan_device_flag(self)
