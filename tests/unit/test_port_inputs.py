@@ -135,3 +135,14 @@ def test_loader_internals_read_the_dataset_size_or_are_named():
     assert [(t.line, t.message.split(":")[0]) for t in result.todos] == [
         (30, "`valid_loader.batch_size` reads an attribute of torch's DataLoader, but `valid_loader` is now "
              "ddpkit.eval_loader, which has no such attribute")]
+
+
+def test_a_step_in_a_closure_over_a_generator_names_the_iterable_where_it_is_made_and_its_cpu_input():
+    result = _port("closure_batches")
+    lines = {t.line: t.message for t in result.todos}
+    assert "ported fully" not in result.message
+    # the TODO sits at the loop and names the iterable back to the call that makes it
+    assert lines[18].startswith("no training DataLoader found: the training loop at line 18 iterates `batches` "
+                                "(`batches` is a parameter of `run_epoch`, given `train_batches` made at line 35 by "
+                                "`token_batches(tokens, budget=64)`)")
+    assert lines[20].startswith("`batch.float()` is made on the CPU")  # and the model is on ctx.device

@@ -158,6 +158,8 @@ def _fixed_path(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> cst.B
     while parent is not None:
         chain.append(parent)
         parent = plan._parent.get(id(parent))
+    if not any(chain[-1] is s for s in plan.f.scope_statements(key)):
+        return None  # inside a function defined in the scope (a closure): who calls it, and how often, is not read
     counters = _constants(plan.f.module)
     grown = frozenset(root_name(c.func.value) for c in walk(plan.f.module, into_functions=True) if isinstance(
         c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value in _GROWS)
@@ -181,6 +183,85 @@ def _fixed_path(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> cst.B
         return None
     tops = [_fixed_path(plan, k, c, depth + 1) for k, c in sites]
     return None if any(t is None for t in tops) else tops[0]
+
+
+def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]) -> bool:
+    """In a script that names no device, the first input of a training forward (`model(x)`, `model.forward(x)`)
+    not made on ctx.device by the port gets a TODO: ddpkit.wrap put the model there. True when one did."""
+    f = plan.f
+    if re.search(r"device|cuda", f.code(f.module)):
+        return False
+    moved = {x.value for k in f.ported for n in plan.nodes(k) if id(n) in plan.to_device
+             for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
+    for k, stmts in blocks:
+        for call in (n for s in stmts for n in walk(s) if isinstance(n, cst.Call)):
+            func = call.func.value if isinstance(call.func, cst.Attribute) and call.func.attr.value == "forward" \
+                else call.func
+            if plan.role(k, dotted(func)) != "model":
+                continue
+            inputs = [a.value for a in call.args if root_name(a.value) not in moved]
+            if inputs:
+                plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
+                          "the model, which ddpkit.wrap put on ctx.device: make it on ctx.device (.to(ctx.device))")
+                return True
+    return False
+
+
+def _batch_source(plan: Any, key: str, backward: cst.CSTNode) -> tuple[cst.CSTNode, str] | None:
+    """The loop around `backward` that draws the batches, and where what it iterates is made: (the loop, the
+    words naming it); None when every loop around it counts with range()."""
+    scope = plan.f.scopes[key].node
+    parents: dict[int, cst.CSTNode] = {}
+    for n in walk(scope, into_functions=True):
+        for c in n.children:
+            parents[id(c)] = n
+    node = backward
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, cst.While):
+            return node, f"the training loop at line {plan.line_of(node)} is a `while` loop that draws its own batches"
+        if not isinstance(node, cst.For):
+            continue
+        it = loader_expr(node.iter)
+        if isinstance(it, cst.Call) and dotted(it.func) == "range":
+            continue
+        words = f"the training loop at line {plan.line_of(node)} iterates `{plan.f.code(it)}`"
+        name, owner = root_name(it), parents.get(id(node), scope)
+        while owner is not scope and not isinstance(owner, cst.FunctionDef):
+            owner = parents.get(id(owner), scope)
+        params = {p.name.value for p in owner.params.params} if isinstance(owner, cst.FunctionDef) else set()
+        made = [a for a in walk(owner, into_functions=owner is not scope) if isinstance(a, cst.Assign) and any(
+            name in {x.value for x in walk(t.target) if isinstance(x, cst.Name)} for t in a.targets)] if name else []
+        if name in params:
+            given = _argument_made(plan, owner, name)
+            words += f" (`{name}` is a parameter of `{owner.name.value}`" + (
+                f", given `{given[0]}` made at line {given[1]} by `{given[2]}`)" if given else ")")
+        elif made:
+            words += f" (made at line {plan.line_of(made[0])} by `{_short(plan.f.code(made[0].value))}`)"
+        return node, words
+    return None
+
+
+def _argument_made(plan: Any, function: cst.FunctionDef, param: str) -> tuple[str, int, str] | None:
+    """Where the first call of `function` that passes `param` a plain name made that name: (name, line, value)."""
+    names = [p.name.value for p in function.params.params]
+    for call in (n for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Call)
+                 and dotted(n.func).rsplit(".", 1)[-1] == function.name.value):
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        given = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+        if given is None and names.index(param) < len(positional):
+            given = positional[names.index(param)].value
+        arg = root_name(given) if given is not None else ""
+        made = [a for a in walk(plan.f.module, into_functions=True) if arg and isinstance(a, cst.Assign) and any(
+            arg in {x.value for x in walk(t.target) if isinstance(x, cst.Name)} for t in a.targets)]
+        if made:
+            return arg, plan.line_of(made[0]), _short(plan.f.code(made[0].value))
+    return None
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _branched(plan: Any, stmt_id: int) -> bool:
@@ -227,7 +308,14 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
         loops.append(None)
     if found or not backward or not all(any(loop is s for s in region) for loop in loops) or "model" not in {
             r for s in f.scopes.values() for r in s.roles.values()}:
-        plan.todo(start, todo)
+        source = next((s for s in (_batch_source(plan, k, n) for k, n in backward) if s), None)
+        if source is None:
+            plan.todo(start, todo)
+        else:
+            plan.todo(source[0], f"no training DataLoader found: {source[1]}, not a loader the port made "
+                      "ddpkit.loader, so every rank trains on all of the data; shard it by ctx.rank and "
+                      "ctx.world_size, or build it with ddpkit.loader(dataset, ctx, batch_size=...)")
+        _cpu_input_todo(plan, [(k, f.scope_statements(k)) for k in sorted({k for k, _ in backward})])
         return
     top = [s for s in region if any(loop is s for loop in loops)]
     first = region.index(top[0]) if top else len(region)
@@ -252,17 +340,8 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
                   "if this is data or a split, each rank would get different data; seed every rank alike first "
                   "(torch.manual_seed(s) before this line) or pass generator=torch.Generator().manual_seed(s)")
         return
-    if not re.search(r"device|cuda", f.code(f.module)):
-        moved = {x.value for k in f.ported for n in plan.nodes(k) if id(n) in plan.to_device
-                 for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
-        for k, call in ((k, n) for k in [entry, *sorted(step_scopes)] for s in (top if k == entry else
-                        f.scope_statements(k)) for n in walk(s) if isinstance(n, cst.Call)
-                        and plan.role(k, dotted(n.func)) == "model"):
-            inputs = [a.value for a in call.args if root_name(a.value) not in moved]
-            if inputs:
-                plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
-                          "the model, which ddpkit.wrap put on ctx.device: make it on ctx.device (.to(ctx.device))")
-                return
+    if _cpu_input_todo(plan, [(k, top if k == entry else f.scope_statements(k)) for k in [entry, *sorted(step_scopes)]]):
+        return
     step_draws = draws([n for s in top for n in walk(s)] + [n for k in step_scopes for n in plan.nodes(k)])
     if not step_draws:
         plan.summary.append("no DataLoader: every rank trains on all of the data and computes the same gradient "
