@@ -146,3 +146,12 @@ def test_a_step_in_a_closure_over_a_generator_names_the_iterable_where_it_is_mad
                                 "(`batches` is a parameter of `run_epoch`, given `train_batches` made at line 35 by "
                                 "`token_batches(tokens, budget=64)`)")
     assert lines[20].startswith("`batch.float()` is made on the CPU")  # and the model is on ctx.device
+
+
+def test_a_path_built_from_a_per_rank_value_that_rank_0_writes_and_every_rank_reads_is_named():
+    result = _port("per_rank_path")
+    assert "ported fully" not in result.message
+    # time.time() differs per rank whatever the seed: the name flows through best_path into the save and the load
+    assert [(t.line, t.message.split(",")[0]) for t in result.todos] == [
+        (10, "`run_name` is built from `time.time()`")]
+    assert "line 24 read on every rank" in result.todos[0].message

@@ -12,7 +12,7 @@ from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_loader_reads, plan_no_loader
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
                                 plan_unused_parameters)
-from ddpkit.port.ranks import library_loader, plan_ranks
+from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
 
@@ -112,6 +112,7 @@ class Plan:
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)
+        plan_rank_values(self)  # after plan_effects: it reads which lines rank 0 alone runs
         plan_device_datasets(self)
         plan_loader_reads(self)
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
