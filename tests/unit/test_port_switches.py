@@ -94,3 +94,13 @@ def test_a_branch_on_another_setting_that_moves_a_built_module_is_not_a_gpu_swit
            "opt = torch.optim.SGD(gen.parameters(), lr=0.1)\nfor x, y in loader:\n"
            "    x = x.cuda()\n    ((gen(x) - y) ** 2).mean().backward()\n    opt.step()\n")
     assert "ctx = ddpkit.init()\n" in port_source(src).code
+
+
+def test_a_batch_size_parameter_is_followed_to_its_callers_and_the_option_default_behind_an_add_argument_alias():
+    result = _port("batch_param")
+    assert "ported fully" not in result.message
+    assert [(t.line, t.message.split(":")[0]) for t in result.todos] == [(10, "the batch size is 1")]
+    path = FIXTURES / "batch_param.py"  # a default of 8 through the same path: ported, 8 // world_size per rank
+    eight = port_source(path.read_text().replace('"--batch-size", type=int, default=1', '"--batch-size", type=int, '
+                                                 'default=8'), str(path))
+    assert eight.todos == [] and "batch_size=batch_size // ctx.world_size" in eight.code
