@@ -148,7 +148,8 @@ _PER_RANK = re.compile(r"^(uuid\.uuid[14]|uuid[14]|time\.time|time\.time_ns|time
                        r"mkdtemp|secrets\.\w+)$")
 """Calls whose value differs between ranks whatever the seed: a time, a process id, a fresh uuid."""
 _SAVES = re.compile(r"(^|\.)(save|save_checkpoint|savez|to_csv|to_json|to_pickle|savefig|save_image)$")
-_READS = re.compile(r"(^|\.)(load|open|read_csv|read_json|read_pickle|exists|isfile|listdir|load_state_dict)$")
+_READS = re.compile(r"(^|\.)(load|open|read_csv|read_json|read_pickle|imread|load_state_dict)$")
+"""Calls that read a file's content (an existence check only decides, and reads nothing a peer wrote)."""
 
 
 def plan_rank_values(plan: Any) -> None:
@@ -186,7 +187,9 @@ def plan_rank_values(plan: Any) -> None:
     written = {x.value for n in writes for x in walk(n) if isinstance(x, cst.Name) and x.value in tainted}
     for key in sorted(f.ported):
         for node in plan.nodes(key):
-            if not (isinstance(node, cst.Call) and _READS.search(dotted(node.func)) and node.args):
+            if not (isinstance(node, cst.Call) and _READS.search(dotted(node.func)) and node.args) or any(
+                    isinstance(x, cst.SimpleString) and re.search(r"[wax]", str(x.evaluated_value))
+                    for a in node.args[1:] for x in walk(a.value)):  # `open(path, "w")` writes
                 continue
             name = next((x.value for a in node.args for x in walk(a.value) if isinstance(x, cst.Name)
                          and x.value in written), None)
@@ -196,7 +199,7 @@ def plan_rank_values(plan: Any) -> None:
             plan.todo(assign, f"`{origin}` is built from `{dotted(call.func)}()`, which differs on every rank even "
                       f"after seeding: rank 0 writes to `{name}` and the line {plan.line_of(node)} read on every "
                       f"rank opens each rank's own, which nobody wrote; make it alike on every rank (`{origin} = "
-                      f"ddpkit.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
+                      f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
             written.discard(name)
 
 
