@@ -155,3 +155,40 @@ def test_a_path_built_from_a_per_rank_value_that_rank_0_writes_and_every_rank_re
     assert [(t.line, t.message.split(",")[0]) for t in result.todos] == [
         (10, "`run_name` is built from `time.time()`")]
     assert "line 24 read on every rank" in result.todos[0].message
+
+
+def test_a_cpu_target_that_meets_the_models_output_in_a_helper_step_is_named_with_the_input():
+    source = '''import torch
+from torch import nn
+
+
+def step(model, crit, opt, x_part, y_part):
+    out = model.forward(x_part)
+    loss = crit(out, y_part)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def main():
+    xs = torch.from_numpy(__import__("numpy").ones((40, 3), dtype="float32"))
+    ys = torch.zeros(40, 1)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    crit = nn.MSELoss()
+    n = len(xs) // 8
+    for epoch in range(2):
+        for k in range(n):
+            step(model, crit, opt, xs[k * 8:(k + 1) * 8], ys[k * 8:(k + 1) * 8])
+
+
+if __name__ == "__main__":
+    main()
+'''
+    result = port_source(source, "sliced.py")
+    assert "ported fully" not in result.message
+    moved = [t for t in result.todos if "is made on the CPU" in t.message]
+    # `model.forward(x)` is a forward of the wrapped model, and `y_part` meets its output in the loss
+    assert [(t.line, t.message.split(":")[0]) for t in moved] == [(6, (
+        "`x_part` is made on the CPU (the script names no device) and given to the model, which ddpkit.wrap put on "
+        "ctx.device; so is `y_part`, which meets the model's output (the loss's target)"))]

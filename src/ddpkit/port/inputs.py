@@ -201,10 +201,26 @@ def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]
                 continue
             inputs = [a.value for a in call.args if root_name(a.value) not in moved]
             if inputs:
+                partners = _loss_partners(plan, stmts, call, moved)
+                also = f"; so is `{partners[0]}`, which meets the model's output (the loss's target)" if partners else ""
                 plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
-                          "the model, which ddpkit.wrap put on ctx.device: make it on ctx.device (.to(ctx.device))")
+                          f"the model, which ddpkit.wrap put on ctx.device{also}: make {'them' if also else 'it'} on ctx.device "
+                          "(.to(ctx.device))")
                 return True
     return False
+
+
+def _loss_partners(plan: Any, stmts: list[cst.BaseStatement], forward: cst.Call, moved: set[str]) -> list[str]:
+    """Plain names given with the forward's output to one call after it (`loss.forward(fx, y)`, `crit(out, y)`):
+    on the CPU where the output is on ctx.device."""
+    stmt = plan._stmt.get(id(forward))
+    outputs = {x.value for t in (stmt.body[0].targets if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+        stmt.body[0], cst.Assign) else []) for x in walk(t.target) if isinstance(x, cst.Name)}
+    for call in (n for s in stmts for n in walk(s) if isinstance(n, cst.Call) and n is not forward):
+        names = [a.value.value for a in call.args if isinstance(a.value, cst.Name)]
+        if outputs & set(names):
+            return [n for n in names if n not in outputs and n not in moved]
+    return []
 
 
 def _batch_source(plan: Any, key: str, backward: cst.CSTNode) -> tuple[cst.CSTNode, str] | None:
