@@ -248,6 +248,9 @@ def _batch_source(plan: Any, key: str, backward: cst.CSTNode) -> tuple[cst.CSTNo
         params = {p.name.value for p in owner.params.params} if isinstance(owner, cst.FunctionDef) else set()
         made = [a for a in walk(owner, into_functions=owner is not scope) if isinstance(a, cst.Assign) and any(
             name in {x.value for x in walk(t.target) if isinstance(x, cst.Name)} for t in a.targets)] if name else []
+        if made and isinstance(made[0].value, cst.Call) and any(isinstance(c, cst.Call) and dotted(c.func) == "range"
+                                                                for a in made[0].value.args for c in [a.value]):
+            continue  # `pbar = tqdm(range(n))`: a counted loop
         if name in params:
             given = _argument_made(plan, owner, name)
             words += f" (`{name}` is a parameter of `{owner.name.value}`" + (
