@@ -192,3 +192,7 @@ if __name__ == "__main__":
     assert [(t.line, t.message.split(":")[0]) for t in moved] == [(6, (
         "`x_part` is made on the CPU (the script names no device) and given to the model, which ddpkit.wrap put on "
         "ctx.device; so is `y_part`, which meets the model's output (the loss's target)"))]
+    # the loop whose count the port cannot follow is the TODO's place, and its header is named
+    loops = [t for t in result.todos if t.message.startswith("no training DataLoader found")]
+    assert [(t.line, t.message.split(" counts")[0]) for t in loops] == [
+        (21, "no training DataLoader found: the training loop at line 21 (`for k in range(n)`)")]

@@ -283,6 +283,30 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _uncounted(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> tuple[cst.CSTNode, str] | None:
+    """The outermost `for ... in range(...)` around `node`, in its scope or around a call that reaches it, whose
+    count reads something other than counters, arguments and constants: (it, its header); None when there is none."""
+    stmt = plan._stmt.get(id(node), node)
+    chain = []
+    parent = plan._parent.get(id(stmt))
+    while parent is not None:
+        chain.append(parent)
+        parent = plan._parent.get(id(parent))
+    counters = _constants(plan.f.module)
+    for p in reversed(chain):
+        if isinstance(p, cst.For):
+            it = loader_expr(p.iter)
+            if isinstance(it, cst.Call) and dotted(it.func) == "range" and not all(
+                    _counter_only(a.value, counters) for a in it.args):
+                return p, f"for {plan.f.code(p.target)} in {_short(plan.f.code(p.iter))}"
+            counters |= {x.value for x in walk(p.target) if isinstance(x, cst.Name)}
+    if depth > 4 or key in (ENTRY, plan.f.entry_key):
+        return None
+    sites = [(k, c) for k in sorted(plan.f.ported) if k != key for c in plan.nodes(k)
+             if isinstance(c, cst.Call) and key in plan.f.callees(c, k)]
+    return next((u for u in (_uncounted(plan, k, c, depth + 1) for k, c in sites) if u), None)
+
+
 def _branched(plan: Any, stmt_id: int) -> bool:
     """The statement runs under an if/while/try: the model may not be wrapped on the path that trains."""
     node = plan._parent.get(stmt_id)
@@ -328,7 +352,14 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
     if found or not backward or not all(any(loop is s for s in region) for loop in loops) or "model" not in {
             r for s in f.scopes.values() for r in s.roles.values()}:
         source = next((s for s in (_batch_source(plan, k, n) for k, n in backward) if s), None)
-        if source is None:
+        counted = None if found or source else next((c for c in (_uncounted(plan, k, n) for k, n in backward) if c),
+                                                    None)
+        if counted is not None:
+            plan.todo(counted[0], f"no training DataLoader found: the training loop at line {plan.line_of(counted[0])} "
+                      f"(`{counted[1]}`) counts with a value the port cannot follow to one every rank shares, and "
+                      "every rank trains on all of the data (not sharded); feed it through ddpkit.loader(dataset, "
+                      "ctx, batch_size=...) or slice it by ctx.rank and ctx.world_size")
+        elif source is None:
             plan.todo(start, todo)
         else:
             plan.todo(source[0], f"no training DataLoader found: {source[1]}, not a loader the port made "
