@@ -9,7 +9,8 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
-from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_loader_reads, plan_no_loader
+from ddpkit.port.feeds import plan_loader_reads, plan_no_loader
+from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
                                 plan_unused_parameters)
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
