@@ -455,3 +455,14 @@ def test_a_loss_over_in_batch_negatives_is_a_todo_and_attention_in_the_model_is_
     assert result.code.splitlines()[todo.line - 1].strip() == "loss = contrastive(model(x))"
     assert "`contrastive`" in todo.message and "`z @ z.t()`" in todo.message
     assert not any("transpose" in t.message for t in result.todos)
+
+
+def test_an_own_module_that_makes_gpu_tensors_at_import_before_init_is_named_at_its_import():
+    path = FIXTURES / "import_device" / "train.py"
+    result = port_source(path.read_text(), str(path))
+    # consts.py puts `scale` on the current GPU when imported, before ddpkit.init: cuda:0 on every rank;
+    # plain_helpers.py only names a device at import (a device without index is the current one when used)
+    assert [(t.line, t.message) for t in result.todos] == [(7, (  # a line of the output (after `import ddpkit`)
+        "not checked: importing consts.py runs consts.py:5 `scale = torch.tensor([2.0, 0.5, 1.0, 1.5]).to(device)` "
+        "before ddpkit.init makes each rank's GPU current, so that tensor is on cuda:0 on every rank; make it inside "
+        "a function called after ddpkit.init, or import the module after it"))]

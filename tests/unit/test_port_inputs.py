@@ -122,3 +122,77 @@ def test_a_training_function_of_a_top_level_script_is_followed_to_the_loop_that_
     assert fixed.todos == [] and "not sharded" in fixed.message, _messages(fixed)
     decided = port_source(head + "epoch = 0\nwhile not done():\n    train(epoch)\n")
     assert any(m.startswith("no training DataLoader found") for m in _messages(decided))
+
+
+def test_loader_internals_read_the_dataset_size_or_are_named():
+    result = _port("loader_internals")
+    code = result.code
+    # DataLoader's default samplers hold every sample: the reduced sums are divided by the global count
+    assert "train_loss = train_loss / len(train_loader.dataset)\n" in code
+    assert "valid_loss = valid_loss / len(valid_loader.dataset)\n" in code
+    assert ".sampler" not in code.split("ddpkit.init", 1)[1]
+    # ddpkit.eval_loader has no batch_size attribute: named, not left to fail at run time
+    assert [(t.line, t.message.split(":")[0]) for t in result.todos] == [
+        (30, "`valid_loader.batch_size` reads an attribute of torch's DataLoader, but `valid_loader` is now "
+             "ddpkit.eval_loader, which has no such attribute")]
+
+
+def test_a_step_in_a_closure_over_a_generator_names_the_iterable_where_it_is_made_and_its_cpu_input():
+    result = _port("closure_batches")
+    lines = {t.line: t.message for t in result.todos}
+    assert "ported fully" not in result.message
+    # the TODO sits at the loop and names the iterable back to the call that makes it
+    assert lines[18].startswith("no training DataLoader found: the training loop at line 18 iterates `batches` "
+                                "(`batches` is a parameter of `run_epoch`, given `train_batches` made at line 35 by "
+                                "`token_batches(tokens, budget=64)`)")
+    assert lines[20].startswith("`batch.float()` is made on the CPU")  # and the model is on ctx.device
+
+
+def test_a_path_built_from_a_per_rank_value_that_rank_0_writes_and_every_rank_reads_is_named():
+    result = _port("per_rank_path")
+    assert "ported fully" not in result.message
+    # time.time() differs per rank whatever the seed: the name flows through best_path into the save and the load
+    assert [(t.line, t.message.split(",")[0]) for t in result.todos] == [
+        (10, "`run_name` is built from `time.time()`")]
+    assert "line 24 read on every rank" in result.todos[0].message
+
+
+def test_a_cpu_target_that_meets_the_models_output_in_a_helper_step_is_named_with_the_input():
+    source = '''import torch
+from torch import nn
+
+
+def step(model, crit, opt, x_part, y_part):
+    out = model.forward(x_part)
+    loss = crit(out, y_part)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def main():
+    xs = torch.from_numpy(__import__("numpy").ones((40, 3), dtype="float32"))
+    ys = torch.zeros(40, 1)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    crit = nn.MSELoss()
+    n = len(xs) // 8
+    for epoch in range(2):
+        for k in range(n):
+            step(model, crit, opt, xs[k * 8:(k + 1) * 8], ys[k * 8:(k + 1) * 8])
+
+
+if __name__ == "__main__":
+    main()
+'''
+    result = port_source(source, "sliced.py")
+    assert "ported fully" not in result.message
+    moved = [t for t in result.todos if "is made on the CPU" in t.message]
+    # `model.forward(x)` is a forward of the wrapped model, and `y_part` meets its output in the loss
+    assert [(t.line, t.message.split(":")[0]) for t in moved] == [(6, (
+        "`x_part` is made on the CPU (the script names no device) and given to the model, which ddpkit.wrap put on "
+        "ctx.device; so is `y_part`, which meets the model's output (the loss's target)"))]
+    # the loop whose count the port cannot follow is the TODO's place, and its header is named
+    loops = [t for t in result.todos if t.message.startswith("no training DataLoader found")]
+    assert [(t.line, t.message.split(" counts")[0]) for t in loops] == [
+        (21, "no training DataLoader found: the training loop at line 21 (`for k in range(n)`)")]

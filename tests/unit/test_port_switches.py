@@ -100,3 +100,12 @@ def test_a_switch_refined_at_module_level_before_main_is_called_decides_ddpkits_
     # `args.cuda = args.cuda and torch.cuda.is_available()` runs before main(): main's ddpkit.init can read it
     code = _port("gpu_switch_module_level").code
     assert '    with ddpkit.init(device="auto" if args.cuda else "cpu") as ctx:' in code
+
+def test_a_batch_size_parameter_is_followed_to_its_callers_and_the_option_default_behind_an_add_argument_alias():
+    result = _port("batch_param")
+    assert "ported fully" not in result.message
+    assert [(t.line, t.message.split(":")[0]) for t in result.todos] == [(10, "the batch size is 1")]
+    path = FIXTURES / "batch_param.py"  # a default of 8 through the same path: ported, 8 // world_size per rank
+    eight = port_source(path.read_text().replace('"--batch-size", type=int, default=1', '"--batch-size", type=int, '
+                                                 'default=8'), str(path))
+    assert eight.todos == [] and "batch_size=batch_size // ctx.world_size" in eight.code

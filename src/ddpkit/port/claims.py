@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import project_hazards, step_loops
+from ddpkit.port.project import import_device_work, project_hazards, step_loops
 
 __all__ = ["GATE_RULES", "gate"]
 
@@ -261,6 +261,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos = [(line, message) for line, message in _lint_findings(code, path, modules, lint)
              if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
     todos += project_hazards(tree, folder, modules) if folder is not None else []
+    todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += _calls_without_ctx(tree)
     todos += _data_parallel(tree)
     todos += _batch_coupled(tree, loops)

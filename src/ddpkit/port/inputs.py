@@ -1,13 +1,5 @@
-"""Data that reaches the model without a training DataLoader, tensors made on the CPU, datasets on the device.
-
-Without a loader there is nothing to shard, yet DDP stays correct when every rank runs the same number of
-optimizer steps: with the same data each rank computes the same gradient (the average is that gradient: correct,
-no speed-up); with per-step random draws each rank draws its own samples from its own stream (ddpkit.init seeds
-ranks differently), which is data parallelism with a global batch of world_size times the script's. What must
-stay alike (the data, a split) is drawn before training, so it must be seeded before it is drawn. The step count
-is fixed when every loop and branch around backward() reads only counters, arguments and constants; a `while`,
-an environment or a replay buffer decides per rank, and those stay TODOs.
-"""
+"""Tensors made on the CPU that reach the wrapped model, datasets that put samples on the device, and sizes built
+from the training batch size (each rank's batch is `B // world_size`)."""
 
 from __future__ import annotations
 
@@ -16,10 +8,9 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, is_device_expr, loader_expr, root_name, walk
+from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
 
-__all__ = ["plan_no_loader", "move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "RANDOM_DRAW",
-           "CREATORS"]
+__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "RANDOM_DRAW", "CREATORS"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -34,8 +25,6 @@ _TENSOR_METHODS = frozenset({"type", "float", "long", "double", "half", "int", "
                              "squeeze", "permute", "contiguous", "clone", "transpose", "flatten", "detach"})
 _TORCH_ONLY = frozenset({"type", "float", "long", "double", "half", "unsqueeze", "permute", "contiguous", "detach"})
 """Tensor methods numpy arrays do not have."""
-_COUNTER_CALLS = frozenset({"len", "int", "min", "max", "size", "abs"})
-_GROWS = frozenset({"append", "extend", "put", "push", "add", "insert", "appendleft"})
 
 
 def _tensor_made(expr: cst.BaseExpression) -> bool:
@@ -96,187 +85,6 @@ def _move_partners(plan: Any, key: str, moved: set[str]) -> None:
                                for a in assigns):
                 for a in assigns:
                     plan.to_device.add(id(a))
-
-
-# ---- no DataLoader ---------------------------------------------------------------------------------------
-def _counter_only(expr: cst.BaseExpression, counters: set[str], grown: frozenset[str] = frozenset()) -> bool:
-    """Every rank computes the same value: literals, loop counters, arguments, constants, len()/size() of
-    something no rank grows as it runs (`len(memory)` of a replay buffer that `memory.append`s is per rank)."""
-    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
-        return True
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        root = dotted(expr).split(".")[0]
-        return bool(root) and (root in counters or root in ARGS_ROOTS or root.isupper() or root in (
-            "True", "False", "None"))
-    if isinstance(expr, cst.Call):
-        last = dotted(expr.func).rsplit(".", 1)[-1]
-        measured = [expr.func.value] if isinstance(expr.func, cst.Attribute) else [a.value for a in expr.args]
-        return last in _COUNTER_CALLS and not any(root_name(m) in grown for m in measured)
-    if isinstance(expr, cst.Subscript):  # `x.shape[0]`
-        return dotted(expr.value).endswith(".shape")
-    if isinstance(expr, cst.BinaryOperation):
-        return _counter_only(expr.left, counters, grown) and _counter_only(expr.right, counters, grown)
-    if isinstance(expr, cst.UnaryOperation):
-        return _counter_only(expr.expression, counters, grown)
-    if isinstance(expr, cst.BooleanOperation):
-        return _counter_only(expr.left, counters, grown) and _counter_only(expr.right, counters, grown)
-    if isinstance(expr, cst.Comparison):
-        return _counter_only(expr.left, counters, grown) and all(_counter_only(c.comparator, counters, grown)
-                                                                 for c in expr.comparisons)
-    return False
-
-
-def _constants(module: cst.Module) -> set[str]:
-    """Module-level names only ever bound to literals (`max_iters = 5000`, `lr = 3e-4`): alike on every rank."""
-    values: dict[str, list[cst.BaseExpression]] = {}
-    for node in walk(module, into_functions=True):
-        if isinstance(node, cst.Assign):
-            for t in node.targets:
-                for name in (x for x in walk(t.target) if isinstance(x, cst.Name)):
-                    values.setdefault(name.value, []).append(node.value if isinstance(t.target, cst.Name) else None)
-        elif isinstance(node, (cst.AugAssign, cst.For)):
-            for name in (x for x in walk(node.target) if isinstance(x, cst.Name)):
-                values.setdefault(name.value, []).append(None)
-    return {k for k, v in values.items() if all(_literal(e) for e in v)}
-
-
-def _literal(expr: cst.BaseExpression | None) -> bool:
-    if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
-        return True
-    if isinstance(expr, cst.BinaryOperation):
-        return _literal(expr.left) and _literal(expr.right)
-    return isinstance(expr, cst.UnaryOperation) and _literal(expr.expression)
-
-
-def _fixed_path(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> cst.BaseStatement | None:
-    """The entry point's statement that runs `node` the same number of times on every rank (loops over
-    range() of counters and arguments, branches on them, through the calls that reach `node`'s scope);
-    None when a `while`, a per-rank branch or an unknown caller decides."""
-    stmt = plan._stmt.get(id(node), node)
-    chain = [stmt]
-    parent = plan._parent.get(id(stmt))
-    while parent is not None:
-        chain.append(parent)
-        parent = plan._parent.get(id(parent))
-    counters = _constants(plan.f.module)
-    grown = frozenset(root_name(c.func.value) for c in walk(plan.f.module, into_functions=True) if isinstance(
-        c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value in _GROWS)
-    for p in reversed(chain[1:]):  # outermost first: its counters are known inside
-        if isinstance(p, cst.For):
-            it = loader_expr(p.iter)
-            if not (isinstance(it, cst.Call) and dotted(it.func) == "range" and all(
-                    _counter_only(a.value, counters, grown) for a in it.args)):
-                return None
-            counters |= {x.value for x in walk(p.target) if isinstance(x, cst.Name)}
-        elif isinstance(p, cst.If):  # no calls: `if buffer.size() > 2000:` is a per-rank decision
-            if any(isinstance(c, cst.Call) for c in walk(p.test)) or not _counter_only(p.test, counters, grown):
-                return None
-        elif not isinstance(p, (cst.With, cst.Try)):
-            return None
-    if key in (ENTRY, plan.f.entry_key):
-        return chain[-1]
-    sites = [(k, c) for k in sorted(plan.f.ported) if k != key for c in plan.nodes(k)
-             if isinstance(c, cst.Call) and key in plan.f.callees(c, k)]
-    if not sites or depth > 4:
-        return None
-    tops = [_fixed_path(plan, k, c, depth + 1) for k, c in sites]
-    return None if any(t is None for t in tops) else tops[0]
-
-
-def _branched(plan: Any, stmt_id: int) -> bool:
-    """The statement runs under an if/while/try: the model may not be wrapped on the path that trains."""
-    node = plan._parent.get(stmt_id)
-    while node is not None:
-        if isinstance(node, (cst.If, cst.While, cst.Try)):
-            return True
-        node = plan._parent.get(id(node))
-    return False
-
-
-def _scopes_under(plan: Any, stmts: list[cst.CSTNode], key: str) -> set[str]:
-    """The ported scopes the statements call, transitively."""
-    seen: set[str] = set()
-    todo = [k for s in stmts for n in walk(s) if isinstance(n, cst.Call) for k in plan.f.callees(n, key)]
-    while todo:
-        k = todo.pop()
-        if k in seen or k not in plan.f.ported:
-            continue
-        seen.add(k)
-        todo.extend(plan.f.scopes[k].calls)
-    return seen
-
-
-def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
-    """No DataLoader trains: port the script when every rank runs the same steps (a note in the summary),
-    else the TODO that says the data is not sharded."""
-    todo = ("no training DataLoader found: the data is not sharded, so every rank trains on all of it (no "
-            "speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by ctx.rank and "
-            "ctx.world_size")
-    f = plan.f
-    backward = [(k, n) for k in sorted(f.ported) for n in plan.nodes(k) if isinstance(n, cst.Call)
-                and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward"]
-    found = any(isinstance(n, cst.Call) and dotted(n.func).rsplit(".", 1)[-1] == "DataLoader"
-                for k in f.ported for n in plan.nodes(k))
-    wraps = [*plan.wrap_inline, *plan.wrap_before]  # `if args.use_optimizer: model = ddpkit.wrap(model, ctx)`
-    entry = ENTRY if f.ctx_global else f.entry_key
-    region = f.scope_statements(entry)
-    defined = {id(x) for s in region if isinstance(s, (cst.FunctionDef, cst.ClassDef)) for x in walk(s)}
-    backward = [(k, n) for k, n in backward if not (k == entry and id(n) in defined)]  # seen from its own scope
-    loops = [_fixed_path(plan, k, n) for k, n in backward]  # the entry's statements that train
-    if any(_branched(plan, w) for w in wraps):
-        loops.append(None)
-    if found or not backward or not all(any(loop is s for s in region) for loop in loops) or "model" not in {
-            r for s in f.scopes.values() for r in s.roles.values()}:
-        plan.todo(start, todo)
-        return
-    top = [s for s in region if any(loop is s for loop in loops)]
-    first = region.index(top[0]) if top else len(region)
-    step_scopes = _scopes_under(plan, top, entry)
-    before = [s for s in region[:first] if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-    modules = {name for name, cls in f.classes.items() if any(
-        dotted(b.value).rsplit(".", 1)[-1] == "Module" for b in cls.bases)}
-    # draws in a model's own methods make its initial parameters, which ddpkit.wrap broadcasts from rank 0
-    setup_scopes = {k for k in _scopes_under(plan, before, entry) - step_scopes if f.scopes[k].cls not in modules}
-    seeds = [n for k in f.ported for n in plan.nodes(k) if isinstance(n, cst.Call) and f.is_seed_call(n)]
-    # a script seeded before ddpkit.init keeps its streams (the port restores them right after init)
-    seeded_at = 0 if f.seeded_before_init() else min((plan.line_of(n) for n in seeds), default=None)
-
-    def draws(nodes):
-        return [n for n in nodes if isinstance(n, cst.Call) and RANDOM_DRAW.search(dotted(n.func))
-                and not any(a.keyword and a.keyword.value == "generator" for a in n.args)]
-
-    setup_draws = draws([n for s in before for n in walk(s)] + [n for k in setup_scopes for n in plan.nodes(k)])
-    unseeded = [n for n in setup_draws if seeded_at is None or plan.line_of(n) < seeded_at]
-    if unseeded:
-        plan.todo(unseeded[0], "drawn at random before training, after ddpkit.init seeded every rank differently: "
-                  "if this is data or a split, each rank would get different data; seed every rank alike first "
-                  "(torch.manual_seed(s) before this line) or pass generator=torch.Generator().manual_seed(s)")
-        return
-    if not re.search(r"device|cuda", f.code(f.module)):
-        moved = {x.value for k in f.ported for n in plan.nodes(k) if id(n) in plan.to_device
-                 for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
-        for k, call in ((k, n) for k in [entry, *sorted(step_scopes)] for s in (top if k == entry else
-                        f.scope_statements(k)) for n in walk(s) if isinstance(n, cst.Call)
-                        and plan.role(k, dotted(n.func)) == "model"):
-            inputs = [a.value for a in call.args if root_name(a.value) not in moved]
-            if inputs:
-                plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
-                          "the model, which ddpkit.wrap put on ctx.device: make it on ctx.device (.to(ctx.device))")
-                return
-    step_draws = draws([n for s in top for n in walk(s)] + [n for k in step_scopes for n in plan.nodes(k)])
-    if not step_draws:
-        plan.summary.append("no DataLoader: every rank trains on all of the data and computes the same gradient "
-                            "(correct, but the data is not sharded: no speed-up)")
-        return
-    where = plan.line_of(step_draws[0])
-    if seeded_at is not None and seeded_at < plan.line_of(top[0]):
-        # the script's seed keeps the data and the model init alike; from here on each rank draws its own batches
-        plan.reseed.add(id(top[0]))
-    plan.note(step_draws[0], "each rank draws its own samples here (per-rank random streams): the global batch is "
-              "world_size times the batch drawn here; divide it by ctx.world_size to keep the original's")
-    plan.summary.append(f"no DataLoader: each rank draws its own random batch per step (line {where}), so the "
-                        "global batch is world_size times the script's (scale the learning rate, or divide the "
-                        "batch by ctx.world_size)")
 
 
 # ---- datasets given the device -------------------------------------------------------------------------

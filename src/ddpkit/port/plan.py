@@ -9,10 +9,11 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
-from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
+from ddpkit.port.feeds import plan_loader_reads, plan_no_loader
+from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets
 from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
                                 plan_unused_parameters)
-from ddpkit.port.ranks import library_loader, plan_ranks
+from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
 
@@ -21,6 +22,26 @@ __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 _TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 
 
+
+
+def _closure_values(outer: cst.CSTNode, function: cst.FunctionDef, param: str) -> list[cst.BaseExpression]:
+    """The values a function defined inside `outer` gets for `param` from the calls there (its default where a
+    call leaves it out)."""
+    params = list(function.params.params)
+    names = [p.name.value for p in params]
+    default = next((p.default for p in [*params, *function.params.kwonly_params] if p.name.value == param), None)
+    out: list[cst.BaseExpression] = []
+    for call in (n for n in walk(outer, into_functions=True) if isinstance(n, cst.Call)
+                 and dotted(n.func) == function.name.value):
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        given = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+        if given is None and param in names and names.index(param) < len(positional):
+            given = positional[names.index(param)].value
+        if given is None and default is not None and not any(a.star for a in call.args):
+            given = default
+        if given is not None:
+            out.append(given)
+    return out
 
 
 class Plan:
@@ -75,6 +96,8 @@ class Plan:
         """Names that hold a training loader's batch size (`batch_size`, `args.batch_size`): the global batch."""
         self.drop_parallel: set[int] = set()
         """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
+        self.replace: dict[int, str] = {}
+        """Expressions read as another (`len(loader.sampler)` -> `len(loader.dataset)` on a ported loader)."""
         self.parallel_names: set[str] = set()
         """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
@@ -112,7 +135,9 @@ class Plan:
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)
+        plan_rank_values(self)  # after plan_effects: it reads which lines rank 0 alone runs
         plan_device_datasets(self)
+        plan_loader_reads(self)
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
         self.seed = self._seed()
         self.device_flag = plan_device_flag(self)
@@ -291,6 +316,17 @@ class Plan:
         if depth > 3:
             return None
         name = dotted(expr)
+        scope = self.f.scopes.get(key)
+        if isinstance(expr, cst.Name) and scope is not None and isinstance(scope.node, cst.FunctionDef) and \
+                name in scope.params:  # `def make_loader(ds, batch_size=1)`: its default and every call's argument
+            found = [self._literal(caller, value, depth + 1) for caller, value in self._param_values(key, name)]
+            return min((v for v in found if v is not None), default=None)
+        inner = next((d for d in walk(scope.node, into_functions=True) if isinstance(d, cst.FunctionDef) and d is not
+                      scope.node and name in [p.name.value for p in (*d.params.params, *d.params.kwonly_params)]
+                      and any(n is expr for n in walk(d))), None) if isinstance(expr, cst.Name) and scope else None
+        if inner is not None:  # a helper defined inside the function (`def make_loader(..., batch_size=1):`)
+            found = [self._literal(key, value, depth + 1) for value in _closure_values(scope.node, inner, name)]
+            return min((v for v in found if v is not None), default=None)
         if isinstance(expr, cst.Name):
             values = self._values_of(name)
             return self._literal(key, values[0], depth + 1) if len(values) == 1 else None
@@ -303,11 +339,36 @@ class Plan:
             return self._literal(key, found[0], depth + 1) if len(dicts) == 1 and len(found) == 1 else None
         if isinstance(expr, cst.Attribute) and "." in name:
             dest = name.rsplit(".", 1)[-1]
+            adders = {dotted(t.target) for n in walk(self.f.module, into_functions=True) if isinstance(n, cst.Assign)
+                      and dotted(n.value).endswith(".add_argument") for t in n.targets}  # `arg = parser.add_argument`
             for n in walk(self.f.module, into_functions=True):
-                if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and option_dest(n) == dest:
+                if isinstance(n, cst.Call) and (dotted(n.func).endswith("add_argument") or dotted(n.func) in adders) \
+                        and option_dest(n) == dest:
                     default = next((a.value for a in n.args if a.keyword and a.keyword.value == "default"), None)
                     return self._literal(key, default, depth + 1) if default is not None else None
         return None
+
+    def _param_values(self, key: str, param: str) -> list[tuple[str, cst.BaseExpression]]:
+        """(scope, value) for each value a function's parameter gets: each call's argument, and its default where a
+        call leaves it out."""
+        node = self.f.scopes[key].node
+        params = [*node.params.posonly_params, *node.params.params]
+        names = [p.name.value for p in params]
+        default = next((p.default for p in [*params, *node.params.kwonly_params]
+                        if p.name.value == param and p.default is not None), None)
+        out: list[tuple[str, cst.BaseExpression]] = []
+        for caller in sorted(self.f.scopes):
+            for call in (n for n in self.nodes(caller) if isinstance(n, cst.Call) and key in self.f.callees(n, caller)):
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                shift = 1 if names[:1] == ["self"] and isinstance(call.func, cst.Attribute) else 0
+                given = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+                if given is None and param in names and 0 <= names.index(param) - shift < len(positional):
+                    given = positional[names.index(param) - shift].value
+                if given is None and default is not None and not any(a.star for a in call.args):
+                    out.append((key, default))
+                elif given is not None:
+                    out.append((caller, given))
+        return out
 
     def _values_of(self, name: str) -> list[cst.BaseExpression]:
         """Every value the script assigns to a plain name, anywhere in the file."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
-__all__ = ["project_hazards", "step_loops"]
+__all__ = ["project_hazards", "import_device_work", "step_loops"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -345,4 +345,74 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             more = f" (and {len(hazards) - 4} more)" if received and len(hazards) > 4 else ""
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
+    return out
+
+
+def _device_names(module: ast.Module) -> set[str]:
+    """Module-level names bound to a CUDA device: `device = torch.device("cuda" if ... else "cpu")`, `dev = "cuda"`."""
+    return {n for s in module.body if isinstance(s, ast.Assign) and any(
+        isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("cuda")
+        for c in ast.walk(s.value)) for t in s.targets for n in _names(t)}
+
+
+def _module_level(module: ast.Module) -> list[ast.stmt]:
+    """The statements a module runs when it is imported (into if/try/with blocks, not into functions or classes)."""
+    out, todo = [], list(module.body)
+    while todo:
+        stmt = todo.pop(0)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and _dotted(stmt.test.left) == "__name__":
+            continue  # `if __name__ == "__main__":` never runs on import
+        if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For)):
+            todo[:0] = [s for block in ("body", "orelse", "finalbody") for s in getattr(stmt, block, [])] + [
+                s for h in getattr(stmt, "handlers", []) for s in h.body]
+            continue
+        out.append(stmt)
+    return out
+
+
+def _cuda_at_import(module: ast.Module) -> tuple[int, str] | None:
+    """The first statement a module runs at import that puts a tensor or the current device on a GPU."""
+    devices = _device_names(module)
+
+    def on_gpu(expr: ast.AST) -> bool:
+        return (isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value.startswith("cuda")) \
+            or _dotted(expr) in devices
+    for stmt in _module_level(module):
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Call):
+                continue
+            func = _dotted(node.func)
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if method == "cuda" or func == "torch.cuda.set_device" or method == "to" and any(
+                    on_gpu(a) for a in node.args) or any(k.arg == "device" and on_gpu(k.value) for k in node.keywords):
+                return stmt.lineno, ast.unparse(stmt)
+    return None
+
+
+def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of an import of the script's own module, `not checked:` message) where that module, when imported at
+    the top of the script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU: on every
+    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later."""
+    init = min((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and _dotted(n.func) == "ddpkit.init"),
+               default=None)
+    parsed: dict[str, ast.Module | None] = {}
+    out: list[tuple[int, str]] = []
+    for stmt in tree.body:
+        if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or init is None or stmt.lineno > init:
+            continue
+        seen: set[str] = set()
+        for path, _ in _local_imports(ast.Module(body=[stmt], type_ignores=[]), modules, folder, parsed).values():
+            module = _parsed(modules, path, parsed)
+            found = _cuda_at_import(module) if module is not None and path not in seen else None
+            seen.add(path)
+            if found:
+                where = os.path.basename(path)
+                text = " ".join(found[1].split())
+                text = text if len(text) <= 70 else text[:67] + "..."
+                out.append((stmt.lineno, f"not checked: importing {where} runs {where}:{found[0]} `{text}` before "
+                                         "ddpkit.init makes each rank's GPU current, so that tensor is on cuda:0 on "
+                                         "every rank; make it inside a function called after ddpkit.init, or import "
+                                         "the module after it"))
     return out

@@ -15,7 +15,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "library_loader", "agreed"]
+__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
@@ -141,3 +141,72 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
                 continue
             return False
     return True
+
+
+_PER_RANK = re.compile(r"^(uuid\.uuid[14]|uuid[14]|time\.time|time\.time_ns|time\.perf_counter|(datetime\.)?datetime\."
+                       r"(now|today|utcnow)|date\.today|os\.getpid|getpid|socket\.gethostname|tempfile\.mkdtemp|"
+                       r"mkdtemp|secrets\.\w+)$")
+"""Calls whose value differs between ranks whatever the seed: a time, a process id, a fresh uuid."""
+_SAVES = re.compile(r"(^|\.)(save|save_checkpoint|savez|to_csv|to_json|to_pickle|savefig|save_image)$")
+_READS = re.compile(r"(^|\.)(load|open|read_csv|read_json|read_pickle|imread|load_state_dict)$")
+"""Calls that read a file's content (an existence check only decides, and reads nothing a peer wrote)."""
+
+
+def plan_rank_values(plan: Any) -> None:
+    """A name built from a per-rank value (`ckpt = 'runs/' + uuid.uuid4().hex + '.pt'`, `time.time()`) that
+    a line only rank 0 runs writes to and a line every rank runs reads from: each rank holds another name, so
+    the others read a file nobody wrote. A TODO at the assignment names the value."""
+    f = plan.f
+    assigns = [n for n in walk(f.module, into_functions=True) if isinstance(n, cst.Assign)]
+
+    def per_rank_call(expr: cst.CSTNode) -> cst.Call | None:
+        return next((c for c in walk(expr) if isinstance(c, cst.Call) and _PER_RANK.match(dotted(c.func))), None)
+
+    tainted: dict[str, tuple[cst.Assign, cst.Call, str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for a in assigns:
+            source = per_rank_call(a.value)
+            reads = {x.value for x in walk(a.value) if isinstance(x, cst.Name)}
+            origin = next((tainted[r] for r in reads if r in tainted), None)
+            if source is not None:
+                names = [x.value for t in a.targets for x in walk(t.target) if isinstance(x, cst.Name)]
+                origin = (a, source, names[0]) if names else None
+            if origin is None:
+                continue
+            for t in a.targets:
+                for x in (x for x in walk(t.target) if isinstance(x, cst.Name) and x.value not in tainted):
+                    tainted[x.value] = origin
+                    changed = True
+    if not tainted:
+        return
+    # rank 0 alone writes: lines under the file-write rule, and saves (torch.save is put under `if ctx.is_main:`)
+    writes = [n for key in f.ported for s in f.scope_statements(key) for n in walk(s) if id(n) in plan.guard or (
+        isinstance(n, cst.Call) and _SAVES.search(dotted(n.func)))]
+    written = {x.value for n in writes for x in walk(n) if isinstance(x, cst.Name) and x.value in tainted}
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and _READS.search(dotted(node.func)) and node.args) or any(
+                    isinstance(x, cst.SimpleString) and re.search(r"[wax]", str(x.evaluated_value))
+                    for a in node.args[1:] for x in walk(a.value)):  # `open(path, "w")` writes
+                continue
+            name = next((x.value for a in node.args for x in walk(a.value) if isinstance(x, cst.Name)
+                         and x.value in written), None)
+            if name is None or _under_guard(plan, node):
+                continue
+            assign, call, origin = tainted[name]
+            plan.todo(assign, f"`{origin}` is built from `{dotted(call.func)}()`, which differs on every rank even "
+                      f"after seeding: rank 0 writes to `{name}` and the line {plan.line_of(node)} read on every "
+                      f"rank opens each rank's own, which nobody wrote; make it alike on every rank (`{origin} = "
+                      f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
+            written.discard(name)
+
+
+def _under_guard(plan: Any, node: cst.CSTNode) -> bool:
+    stmt = plan._stmt.get(id(node))
+    while stmt is not None:
+        if id(stmt) in plan.guard:
+            return True
+        stmt = plan._parent.get(id(stmt))
+    return False

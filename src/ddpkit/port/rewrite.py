@@ -320,6 +320,9 @@ class Rewriter(cst.CSTTransformer):
         return self._reduced_read(original) or updated
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if id(original) in self.p.replace:
+            self.changes += 1  # `len(loader.sampler)` of a ported loader: the dataset's size, as with the DataLoader
+            return parse_expr(self.p.replace[id(original)])
         reduced = self._reduced_read(original)
         if reduced is not None:
             return reduced
