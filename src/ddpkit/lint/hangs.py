@@ -327,6 +327,9 @@ def _data_names(value: ast.AST) -> set[str]:
         if isinstance(node, ast.Call) and terminal(node.func) in _SIZES or \
                 isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
             continue
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            out.add(f"self.{node.attr}")  # an attribute of the object is its own value, not all of `self`
+            continue
         if isinstance(node, ast.Name):
             out.add(node.id)
         todo.extend(ast.iter_child_nodes(node))
@@ -347,14 +350,13 @@ def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
         if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
             names = _data_names(n.value)
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
-                for m in ast.walk(t):
-                    if isinstance(m, ast.Name):
-                        reads[m.id] |= names
+                for m in _data_names(t):
+                    reads[m] |= names
         elif isinstance(n, ast.Call):
             if terminal(n.func) == "backward" and isinstance(n.func, ast.Attribute):
-                backward |= {m.id for m in ast.walk(n.func.value) if isinstance(m, ast.Name)}
+                backward |= _data_names(n.func.value)
             elif s.is_dist_collective(n) or re.search("reduce|gather|sync", terminal(n.func).lower()):
-                carried |= {m.id for a in n.args for m in ast.walk(a) if isinstance(m, ast.Name)}
+                carried |= {m for a in n.args for m in _data_names(a)}
 
     def ancestry(names: set[str]) -> set[str]:
         seen, todo = set(), [n for n in names if n in reads]
@@ -366,7 +368,9 @@ def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
         return seen
 
     from_loss = ancestry(backward)
-    for name in (m.id for m in ast.walk(test) if isinstance(m, ast.Name)):
+    tested = {f"self.{m.attr}" for m in ast.walk(test) if isinstance(m, ast.Attribute)
+              and isinstance(m.value, ast.Name) and m.value.id == "self"}
+    for name in sorted(tested | {m.id for m in ast.walk(test) if isinstance(m, ast.Name) and m.id != "self"}):
         own = ancestry({name})
         if name in reads and own & from_loss and not own & carried:
             return name
