@@ -465,7 +465,7 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
         key = func.id if isinstance(func, ast.Name) else "." + func.attr if isinstance(func, ast.Attribute) else ""
         ctx = s.context(call)
-        if key not in wrapped or not ctx.branches or ctx.single:
+        if key not in wrapped or not ctx.branches or ctx.single or _before_the_wrap(s, call, key):
             continue
         if key not in broadcasts and _frozen_before(s, call, key.lstrip(".")):
             continue  # no parameter needs a gradient and no buffer is broadcast: this forward starts no collective
@@ -486,6 +486,26 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
     yield from _forward_in_helper(s, broadcasts)
+
+
+def _before_the_wrap(s: Script, call: ast.Call, key: str) -> bool:
+    """`model(x)` in straight-line code of a function that wraps `model = DDP(model)` only further down: the
+    forward runs the plain module, which starts no collective (not inside a loop, which may come back to it
+    after the wrap)."""
+    if key.startswith("."):
+        return False
+    wraps = [v for v in s.local_values(key, call)
+             if isinstance(v, ast.Call) and s.qualname(v.func).endswith("DistributedDataParallel")]
+    if not wraps or any(v.lineno <= call.lineno for v in wraps):
+        return False
+    node = call
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            break
+    return True
 
 
 def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
