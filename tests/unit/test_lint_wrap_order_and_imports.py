@@ -70,3 +70,11 @@ def test_spawn_imported_bare_from_its_module_is_mp_spawn():
     found = {(f.path, f.line, f.rule) for f in lint_sources({"p/train.py": _TRAIN, "p/utils.py": _UTILS})}
     line = next(i for i, t in enumerate(_TRAIN.splitlines(), 1) if "starting the workers" in t)
     assert ("p/train.py", line, "DDP008") not in found
+
+
+def test_a_print_after_a_try_whose_finally_exits_is_never_reached():
+    path = FIXTURES / "good_ddp008_after_an_exiting_finally.py"
+    assert "DDP008" not in _rules(path)
+    # without the exit in the finally the print runs on every rank
+    code = path.read_text().replace("        sys.exit(code)\n", "        pass\n")
+    assert "DDP008" in {f.rule for f in lint_sources({"train.py": code})}

@@ -567,6 +567,23 @@ def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
     return False
 
 
+def _after_a_stop(s: Script, node: ast.AST) -> bool:
+    """The node follows, in a block of its function, a statement that always stops the process: `sys.exit()`,
+    `raise`, or a `try:` whose `finally:` block ends in one."""
+    child = node
+    while (parent := s.parents.get(id(child))) is not None:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and child in block and any(
+                    _stops(stmt) or isinstance(stmt, ast.Try) and stmt.finalbody and _stops(stmt.finalbody[-1])
+                    for stmt in block[:block.index(child)]):
+                return True
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        child = parent
+    return False
+
+
 def _text(value: ast.AST) -> bool:
     """A string built for a message: an f-string, `"...".format(...)`, `"..." % x` or `"..." + x`."""
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "format":
@@ -644,6 +661,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if (is_print and keyword(call, "file") is not None) or _before_exit(after, statement_of.get(id(call))):
             continue
+        if _after_a_stop(s, call):
+            continue  # no process gets here: an exit (or a `finally:` that exits) comes first
         if is_bar and keyword(call, "disable") is not None:
             continue
         if is_log and _in_handler(s, call):
