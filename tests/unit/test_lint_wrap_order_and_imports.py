@@ -78,3 +78,12 @@ def test_a_print_after_a_try_whose_finally_exits_is_never_reached():
     # without the exit in the finally the print runs on every rank
     code = path.read_text().replace("        sys.exit(code)\n", "        pass\n")
     assert "DDP008" in {f.rule for f in lint_sources({"train.py": code})}
+
+
+def test_a_line_headed_by_the_device_its_tensor_was_moved_to_is_the_processs_own():
+    path = FIXTURES / "good_ddp008_prints_the_tensors_device.py"
+    assert "DDP008" not in _rules(path)
+    # a device name that is a setting (the same string on every rank) is no such header
+    code = path.read_text().replace('    x = batch.to(f"cuda:{local_rank}")\n',
+                                    '    x = batch.to(f"cuda:{local_rank}")\n    x = batch\n')
+    assert "DDP008" in {f.rule for f in lint_sources({"train.py": code})}
