@@ -19,7 +19,6 @@ LEFT = {  # findings --fix leaves on purpose: no safe mechanical rewrite
     "bad_ddp002_kwargs_update": {("DDP002", "cuda_kwargs = {")},
     "bad_ddp001_epoch_rank0": {("DDP001", "sampler.set_epoch(epoch)")},
     "bad_ddp001_sampler_alias": {("DDP001", "sampler=make(train_set)")},  # the loader may hold no such sampler
-    "bad_ddp001_set_epoch_distributed_only": {("DDP001", "sampler.set_epoch(epoch)")},
     # the sampler's loader is picked from a dict by key: no loop over a loader built on it by name
     "bad_ddp001_unread_loader_key": {("DDP001", 'samplers = {"train": DistributedSampler')},
     "bad_ddp005_load": {("DDP005", "extra = torch.load(")},
@@ -43,7 +42,7 @@ def test_fix_silences_its_rules_and_is_idempotent(path):
     assert fix_source({str(path): fixed})[str(path)] == fixed
     if path.stem not in ("bad_ddp002_kwargs", "bad_ddp002_kwargs_update", "bad_ddp001_epoch_rank0",
                          "bad_ddp001_sampler_alias",
-                         "bad_ddp001_set_epoch_distributed_only", "bad_ddp001_unread_loader_key"):
+                         "bad_ddp001_unread_loader_key"):
         assert fixed != source
 
 

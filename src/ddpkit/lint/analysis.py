@@ -172,7 +172,9 @@ class Script:
         if not isinstance(node, ast.Name):
             return ""
         parts.append(self.aliases.get(node.id, node.id))
-        return ".".join(reversed(parts))
+        name = ".".join(reversed(parts))
+        # `from torch.multiprocessing.spawn import spawn`: the function is torch.multiprocessing.spawn itself
+        return name[:-len(".spawn")] if name.endswith("multiprocessing.spawn.spawn") else name
 
     def call_name(self, node: ast.AST) -> str:
         """The terminal name of a call's callee ('' for anything that is not a call)."""

@@ -327,6 +327,9 @@ def _data_names(value: ast.AST) -> set[str]:
         if isinstance(node, ast.Call) and terminal(node.func) in _SIZES or \
                 isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
             continue
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            out.add(f"self.{node.attr}")  # an attribute of the object is its own value, not all of `self`
+            continue
         if isinstance(node, ast.Name):
             out.add(node.id)
         todo.extend(ast.iter_child_nodes(node))
@@ -347,14 +350,13 @@ def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
         if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
             names = _data_names(n.value)
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
-                for m in ast.walk(t):
-                    if isinstance(m, ast.Name):
-                        reads[m.id] |= names
+                for m in _data_names(t):
+                    reads[m] |= names
         elif isinstance(n, ast.Call):
             if terminal(n.func) == "backward" and isinstance(n.func, ast.Attribute):
-                backward |= {m.id for m in ast.walk(n.func.value) if isinstance(m, ast.Name)}
+                backward |= _data_names(n.func.value)
             elif s.is_dist_collective(n) or re.search("reduce|gather|sync", terminal(n.func).lower()):
-                carried |= {m.id for a in n.args for m in ast.walk(a) if isinstance(m, ast.Name)}
+                carried |= {m for a in n.args for m in _data_names(a)}
 
     def ancestry(names: set[str]) -> set[str]:
         seen, todo = set(), [n for n in names if n in reads]
@@ -366,7 +368,9 @@ def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
         return seen
 
     from_loss = ancestry(backward)
-    for name in (m.id for m in ast.walk(test) if isinstance(m, ast.Name)):
+    tested = {f"self.{m.attr}" for m in ast.walk(test) if isinstance(m, ast.Attribute)
+              and isinstance(m.value, ast.Name) and m.value.id == "self"}
+    for name in sorted(tested | {m.id for m in ast.walk(test) if isinstance(m, ast.Name) and m.id != "self"}):
         own = ancestry({name})
         if name in reads and own & from_loss and not own & carried:
             return name
@@ -461,7 +465,7 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
         key = func.id if isinstance(func, ast.Name) else "." + func.attr if isinstance(func, ast.Attribute) else ""
         ctx = s.context(call)
-        if key not in wrapped or not ctx.branches or ctx.single:
+        if key not in wrapped or not ctx.branches or ctx.single or _before_the_wrap(s, call, key):
             continue
         if key not in broadcasts and _frozen_before(s, call, key.lstrip(".")):
             continue  # no parameter needs a gradient and no buffer is broadcast: this forward starts no collective
@@ -482,6 +486,26 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
     yield from _forward_in_helper(s, broadcasts)
+
+
+def _before_the_wrap(s: Script, call: ast.Call, key: str) -> bool:
+    """`model(x)` in straight-line code of a function that wraps `model = DDP(model)` only further down: the
+    forward runs the plain module, which starts no collective (not inside a loop, which may come back to it
+    after the wrap)."""
+    if key.startswith("."):
+        return False
+    wraps = [v for v in s.local_values(key, call)
+             if isinstance(v, ast.Call) and s.qualname(v.func).endswith("DistributedDataParallel")]
+    if not wraps or any(v.lineno <= call.lineno for v in wraps):
+        return False
+    node = call
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            break
+    return True
 
 
 def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:

@@ -255,17 +255,24 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
                       "call torch.cuda.set_device(local_rank) first and pass device_ids=[local_rank]")
 
 
+# torch's SyncBatchNorm and its converter, and apex's (`apex.parallel.convert_syncbn_model`, `apex.parallel.SyncBatchNorm`)
+_SYNC_BATCHNORM = frozenset({"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"})
+
+
 @check
 def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
     def applies() -> bool:
         scripts = list(s.project.scripts.values())
         return any(script.uses_ddp for script in scripts) and not any(
-            isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in ("SyncBatchNorm", "convert_sync_batchnorm")
+            isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in _SYNC_BATCHNORM
             for script in scripts for n in script.nodes)
 
     if not s.project.memo("batchnorm", applies):
         return
-    first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute))
+    # a class named in a type test (`isinstance(layer, nn.BatchNorm2d)`) builds no layer
+    tested = {id(m) for c in s.calls if terminal(c.func) in ("isinstance", "issubclass") and len(c.args) > 1
+              for m in ast.walk(c.args[1])}
+    first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in tested
                   and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)), None)
     if first is not None:
         yield Hit(first, "DDP013", "note",

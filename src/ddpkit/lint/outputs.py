@@ -567,6 +567,32 @@ def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
     return False
 
 
+def _placed_tensor_device(s: Script, node: ast.AST, call: ast.Call) -> bool:
+    """`x.device` of a tensor this function moved to a device (`x = x.to(...)`, `.cuda(...)`): it names the
+    rank's GPU (`cuda:3`), so a line that shows it is the process's own."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "device" and isinstance(node.value, ast.Name)):
+        return False
+    values = s.local_values(node.value.id, call)
+    return bool(values) and all(isinstance(v, ast.Call) and terminal(v.func) in ("to", "cuda") for v in values)
+
+
+def _after_a_stop(s: Script, node: ast.AST) -> bool:
+    """The node follows, in a block of its function, a statement that always stops the process: `sys.exit()`,
+    `raise`, or a `try:` whose `finally:` block ends in one."""
+    child = node
+    while (parent := s.parents.get(id(child))) is not None:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and child in block and any(
+                    _stops(stmt) or isinstance(stmt, ast.Try) and stmt.finalbody and _stops(stmt.finalbody[-1])
+                    for stmt in block[:block.index(child)]):
+                return True
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        child = parent
+    return False
+
+
 def _text(value: ast.AST) -> bool:
     """A string built for a message: an f-string, `"...".format(...)`, `"..." % x` or `"..." + x`."""
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "format":
@@ -640,10 +666,13 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         mentioned += [m for n in mentioned if isinstance(n, ast.Name) for v in s.local_values(n.id, call)
                       if _text(v) for m in ast.walk(v)]  # `prefix = f"rank {rank} | "; print(prefix, ...)`
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
-                                                   if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+                                                   if isinstance(n, (ast.Name, ast.Attribute, ast.Call))) \
+                or any(_placed_tensor_device(s, n, call) for n in mentioned):
             continue
         if (is_print and keyword(call, "file") is not None) or _before_exit(after, statement_of.get(id(call))):
             continue
+        if _after_a_stop(s, call):
+            continue  # no process gets here: an exit (or a `finally:` that exits) comes first
         if is_bar and keyword(call, "disable") is not None:
             continue
         if is_log and _in_handler(s, call):

@@ -73,13 +73,7 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
                       "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
                       "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
-        elif _distributed_only(s, call) and any(not _built_when_distributed(x, c) for x, c in
-                                                 s.project.calls_named("DistributedSampler")):
-            yield Hit(call, "DDP001", "warning",
-                      "set_epoch runs only when the run is distributed (inside a mode check), but the "
-                      "DistributedSampler is built on every path: a run where the flag is off visits the data in "
-                      "the same order every epoch",
-                      "call sampler.set_epoch(epoch) unconditionally (it is harmless with one process)")
+    yield from _samplers_beside_a_guarded_set_epoch(s, set_epochs)
     if set_epochs or not s.project.epoch_loop:
         return
     for call in s.calls_named("DistributedSampler"):
@@ -93,6 +87,32 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                   "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
                   "called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+
+
+def _line_of(script: Script, node: ast.AST, here: Script) -> str:
+    return f"line {node.lineno}" if script is here else f"{script.path}:{node.lineno}"
+
+
+def _samplers_beside_a_guarded_set_epoch(s: Script, set_epochs: list[tuple[Script, ast.Call]]) -> Iterator[Hit]:
+    """Every set_epoch of the program runs only when the run is distributed (inside a mode check) while a
+    training DistributedSampler of this file is built on every path: a run with the flag off shuffles every
+    epoch alike. The mistake is the sampler built where set_epoch is not called, so it is reported there (not at
+    the set_epoch, which is right where it runs); samplers over evaluation data and shuffle=False ones are not."""
+    live = [(x, c) for x, c in set_epochs if c.args and not (isinstance(c.func, ast.Attribute) and any(
+        is_eval_name(terminal(n)) for n in ast.walk(c.func.value) if isinstance(n, (ast.Name, ast.Attribute))))]
+    if not live or not all(_distributed_only(x, c) for x, c in live):
+        return
+    script, guarded = live[0]
+    where = _line_of(script, guarded, s)
+    for call in s.calls_named("DistributedSampler"):
+        if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call) \
+                or _built_when_distributed(s, call):
+            continue
+        yield Hit(call, "DDP001", "warning",
+                  f"this DistributedSampler is built on every path, but set_epoch ({where}) runs only when the run "
+                  "is distributed (inside a mode check): a run where the flag is off visits the data in the same "
+                  "order every epoch",
+                  "call sampler.set_epoch(epoch) unconditionally (it is harmless with one process)")
 
 
 def _under_an_unread_key(s: Script, value: ast.AST) -> bool:
