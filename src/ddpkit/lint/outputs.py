@@ -452,20 +452,65 @@ def _summed(s: Script, flow) -> set[str]:
 
 
 def _logger_helpers(project) -> set[str]:
-    """Project functions that return a `logging.getLogger()` logger and never look at the rank."""
+    """Project functions and classes that make a logger and never look at the rank: a function that returns a
+    `logging.getLogger()` logger, or the `logging` module itself after setting it up (`logging.basicConfig(...);
+    return logging`), and a class that keeps a `logging.getLogger()` logger and whose `info` method hands its
+    message to it (`self.logger.info(txt)`): what such a logger's `info` writes appears on every rank."""
     found = set()
     for x in project.scripts.values():
-        if not any(terminal(c.func) == "getLogger" for c in x.calls):
+        if not any(terminal(c.func) in ("getLogger", "basicConfig") for c in x.calls):
             continue
         for d in x.defs:
             inner = list(ast.walk(d))
+            if any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
+                    or any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+                continue
             makes = any(isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger")
                         for n in inner)
             returns = any(isinstance(n, ast.Return) and n.value is not None for n in inner)
-            if makes and returns and not any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
-                    and not any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+            module = x.aliases.get("logging", "") == "logging"
+            gives_module = module and any(isinstance(n, ast.Call) and x.qualname(n.func) == "logging.basicConfig"
+                                          for n in inner) and any(
+                isinstance(n, ast.Return) and isinstance(n.value, ast.Name) and n.value.id == "logging" for n in inner)
+            if makes and returns or gives_module:
                 found.add(d.name)
     return found
+
+
+def _logger_classes(project) -> dict[str, set[int]]:
+    """Project classes that wrap a logger for every rank (see _forwards_to_a_logger), with the forwarding calls in
+    their `info`: the line is reported where the program calls `info`, not inside the class."""
+    found: dict[str, set[int]] = {}
+    for x in project.scripts.values():
+        if any(terminal(c.func) == "getLogger" for c in x.calls):
+            for c in x.nodes:
+                if isinstance(c, ast.ClassDef):
+                    forwards = _forwards_to_a_logger(x, c)
+                    if forwards:
+                        found.setdefault(c.name, set()).update(forwards)
+    return found
+
+
+def _forwards_to_a_logger(x: Script, cls: ast.ClassDef) -> set[int]:
+    """The calls by which a class that stores `self.<a> = logging.getLogger(...)` and never looks at the rank passes
+    the message of its `info(self, msg)` to `self.<a>.info(...)`; empty for any other class."""
+    inner = list(ast.walk(cls))
+    if any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) or any(
+            a.arg != "self" and x.kind(ast.Name(a.arg)) for d in inner if isinstance(d, ast.FunctionDef)
+            for a in d.args.args):
+        return set()
+    held = {t.attr for n in inner if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and x.qualname(n.value.func) in ("logging.getLogger", "getLogger")
+            for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    info = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "info"), None)
+    if not held or info is None or len(info.args.args) < 2:
+        return set()
+    message = info.args.args[1].arg
+    return {id(n) for n in ast.walk(info)
+            if isinstance(n, ast.Call) and terminal(n.func) == "info" and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Attribute) and n.func.value.attr in held
+            and isinstance(n.func.value.value, ast.Name) and n.func.value.value.id == "self"
+            and any(isinstance(m, ast.Name) and m.id == message for a in n.args for m in ast.walk(a))}
 
 
 def _in_handler(s: Script, node: ast.AST) -> bool:
@@ -615,9 +660,12 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     after = _next_statements(s)
     statement_of = {id(n.value): n for n in s.nodes if isinstance(n, ast.Expr)}
     makers = project.memo("logger helpers", lambda: _logger_helpers(project))
+    classes = project.memo("logger classes", lambda: _logger_classes(project))
+    forwarding = set().union(*classes.values())
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
-        or (project.resolve(s, v.func) or ("", ""))[1] in makers)}
+        or (project.resolve(s, v.func) or ("", ""))[1] in makers
+        or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))}
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
@@ -630,7 +678,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
             name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
                                        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
-        if is_log and name == "logging.info" and _not_the_logging_module(s, call):
+        if is_log and name == "logging.info" and _not_the_logging_module(s, call) or id(call) in forwarding:
             continue
         ctx = s.context(call)
         if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not s.per_rank(call):

@@ -1,0 +1,57 @@
+"""Mistakes the linter used to miss: lines written through a project's own logger, and figures that reach a report
+through the program's own reporting helpers."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+from ddpkit.lint import lint_files, lint_sources
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "programs"
+_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
+
+
+def _check(name: str) -> None:
+    root = FIXTURES / name
+    files = sorted(root.rglob("*.py"))
+    marks = {(f.relative_to(root).as_posix(), number, rule, severity) for f in files
+             for number, line in enumerate(f.read_text().splitlines(), 1) for rule, severity in _EXPECT.findall(line)}
+    found = {(Path(f.path).relative_to(root).as_posix(), f.line, f.rule, f.severity) for f in lint_files(files)}
+    assert marks and found == marks
+
+
+def test_a_project_logger_class_or_a_helper_returning_logging_repeats_on_every_rank():
+    """`ConsoleLog(name).info(...)` (a class that keeps a console logger) and `plain_logging().info(...)` (a helper
+    that sets up logging and returns the module): reported where the program logs, not inside the class."""
+    _check("logger_wrappers")
+
+
+_RANKED_LOGGER = """
+    import logging
+    import sys
+
+    import torch.distributed as dist
+
+
+    class ConsoleLog:
+        def __init__(self, name, rank):
+            self.inner = logging.getLogger(name)
+            self.inner.addHandler(logging.StreamHandler(sys.stdout))
+            self.inner.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+        def info(self, text):
+            self.inner.info(text)
+
+
+    dist.init_process_group("gloo")
+    console = ConsoleLog("train", dist.get_rank())
+    console.info("starting")
+    dist.destroy_process_group()
+"""
+
+
+def test_a_logger_class_that_looks_at_the_rank_is_not_reported():
+    assert [f for f in lint_sources({"train.py": textwrap.dedent(_RANKED_LOGGER)}) if f.rule == "DDP008"] == []
+
