@@ -55,3 +55,14 @@ _RANKED_LOGGER = """
 def test_a_logger_class_that_looks_at_the_rank_is_not_reported():
     assert [f for f in lint_sources({"train.py": textwrap.dedent(_RANKED_LOGGER)}) if f.rule == "DDP008"] == []
 
+
+
+def test_a_library_network_with_batchnorm_has_buffers_ddp_broadcasts_in_a_rank0_forward():
+    """`DDP(torchvision.models.shufflenet_v2_x1_0())` evaluated by a helper under no_grad on rank 0 alone: the
+    buffer broadcast of that forward is a collective the other ranks never join (DDP010)."""
+    _check("library_buffers")
+
+
+def test_a_library_network_without_batchnorm_has_no_buffers_to_broadcast():
+    source = (FIXTURES / "library_buffers" / "train.py").read_text().replace("shufflenet_v2_x1_0", "vit_b_16")
+    assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP010"] == []

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal, without_grad
+from ddpkit.lint.analysis import Script, batchnorm_constructor, distributed_mode, is_main_flag, terminal, without_grad
 from ddpkit.lint.callsites import through_reexport
 from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
@@ -567,9 +567,11 @@ def _frozen_before(s: Script, call: ast.Call, name: str) -> bool:
 
 
 def _has_buffers(project) -> bool:
-    """Some module of the program holds buffers DDP broadcasts: BatchNorm layers or register_buffer."""
+    """Some module of the program holds buffers DDP broadcasts: BatchNorm layers or register_buffer, or a library
+    network of a BatchNorm architecture (`torchvision.models.resnet18()`)."""
     return any(isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(
         r"(Sync)?BatchNorm([123]d)?|register_buffer|InstanceNorm[123]d", terminal(n))
+        or isinstance(n, ast.Call) and batchnorm_constructor(x, n) is not None
         for x in project.scripts.values() for n in x.nodes)
 
 
