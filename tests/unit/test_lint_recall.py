@@ -66,3 +66,9 @@ def test_a_library_network_with_batchnorm_has_buffers_ddp_broadcasts_in_a_rank0_
 def test_a_library_network_without_batchnorm_has_no_buffers_to_broadcast():
     source = (FIXTURES / "library_buffers" / "train.py").read_text().replace("shufflenet_v2_x1_0", "vit_b_16")
     assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP010"] == []
+
+
+def test_a_print_swap_does_not_silence_a_tqdm_bar():
+    """`builtins.print = gated` on ranks other than 0 keeps their prints off the console, but a tqdm bar writes to
+    sys.stderr itself: the bar over the training batches is still drawn by every rank (DDP008)."""
+    _check("print_swap_bar")
