@@ -72,3 +72,10 @@ def test_a_print_swap_does_not_silence_a_tqdm_bar():
     """`builtins.print = gated` on ranks other than 0 keeps their prints off the console, but a tqdm bar writes to
     sys.stderr itself: the bar over the training batches is still drawn by every rank (DDP008)."""
     _check("print_swap_bar")
+
+
+def test_a_rank_check_narrowed_by_and_and_a_helper_reading_the_module_ddp_model():
+    """`if step % 10 == 0 and is_first:` lets rank 0 through alone: a `break` under it leaves the backpropagating loop
+    on rank 0 only, and `held_out_loss()`, which runs the module's DDP model (with buffers) under no_grad without
+    being handed it, makes a buffer broadcast there that the other ranks never join (DDP010)."""
+    _check("narrowed_rank_checks")

@@ -156,6 +156,11 @@ def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
     """Which ranks a rank check lets through: 'zero' (rank 0 only), 'others' (all but rank 0), or '' (unknown)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand, depth), "")
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        # `step % k == 0 and master_process`: the other operands only narrow it, so it passes on no rank the rank
+        # test would not let through
+        picks = {_selects(s, v, depth) for v in test.values} - {""}
+        return picks.pop() if len(picks) == 1 else ""
     if isinstance(test, (ast.Name, ast.Attribute)):
         if is_main_flag(terminal(test)):
             return "zero"
@@ -497,6 +502,8 @@ def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
         given = {params[i]: a for i, a in enumerate(call.args) if i < len(params)}
         given.update((k.arg, k.value) for k in call.keywords if k.arg)
         handed = {p for p, a in given.items() if isinstance(a, ast.Name) and a.id in broadcasts}
+        # the module-level DDP model the helper reads itself (`def estimate_loss(): ... model(X, Y)`)
+        handed |= _globals_read(d, broadcasts, params) if d in s.tree.body else set()
         inner = next((c for c in ast.walk(d) if isinstance(c, ast.Call) and (
             isinstance(c.func, ast.Name) and c.func.id in handed or isinstance(c.func, ast.Attribute)
             and c.func.attr == "forward" and isinstance(c.func.value, ast.Name) and c.func.value.id in handed)
@@ -510,6 +517,14 @@ def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
                   "ranks never join, so the job hangs",
                   f"hand {d.name}() the unwrapped model (model.module), or call it on every rank (or wrap with "
                   "broadcast_buffers=False)")
+
+
+def _globals_read(d: ast.AST, broadcasts: set[str], params: list[str]) -> set[str]:
+    """The module-level names of `broadcasts` that a module-level function reads without binding them itself."""
+    bound = set(params) | {a.arg for a in (*d.args.kwonlyargs, d.args.vararg, d.args.kwarg) if a is not None} | {
+        n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    return {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and n.id in broadcasts and n.id not in bound}
 
 
 def _freezers(project) -> set[str]:
