@@ -79,3 +79,18 @@ def test_a_rank_check_narrowed_by_and_and_a_helper_reading_the_module_ddp_model(
     on rank 0 only, and `held_out_loss()`, which runs the module's DDP model (with buffers) under no_grad without
     being handed it, makes a buffer broadcast there that the other ranks never join (DDP010)."""
     _check("narrowed_rank_checks")
+
+
+def test_every_rank_writing_its_shard_figure_to_its_own_summary_writer():
+    """`bar = tqdm(enumerate(loader))` over a sharded loader, then `board.add_scalar("train/loss", running)` where
+    every rank made `board = SummaryWriter(...)`: each rank records its own shard's loss as the run's (DDP006)."""
+    _check("every_rank_writer")
+
+
+def test_a_reduced_epoch_figure_written_on_every_rank_is_not_reported():
+    source = (FIXTURES / "every_rank_writer" / "train.py").read_text().replace(
+        "        running /= i + 1\n",
+        "        total = torch.tensor([running, i + 1.0])\n        dist.all_reduce(total)\n"
+        "        running = (total[0] / total[1]).item()\n")
+    assert "all_reduce" in source
+    assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP006"] == []

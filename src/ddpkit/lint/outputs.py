@@ -314,6 +314,14 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)
+                if _every_rank_writer(s, call) and not _in_shard_loop(call, flow):
+                    # `writer = SummaryWriter(logdir)` on every rank: each rank records its own shard's epoch figure
+                    # into the run's log as if it were the run's
+                    yield Hit(call, "DDP006", "warning",
+                              f"'{names[0]}' is computed from this rank's batches of a sharded loader and every rank "
+                              f"writes it to its own {ast.unparse(call.func.value)} (made without a rank check) as "
+                              "the run's figure; it never goes through a collective on the way", _ADVICE)
+                    continue
                 if not evaluation or terminal(call.func) not in ("print", "info"):
                     continue
                 per_rank_logging = project.memo("logging per rank", lambda: _logging_per_rank(project))
@@ -333,6 +341,20 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
             yield Hit(call, "DDP006", "warning",
                       f"'{names[0]}' is computed from this rank's batches of a sharded loader and reported {where}; "
                       "it never goes through a collective on the way", _ADVICE)
+
+
+def _every_rank_writer(s: Script, call: ast.Call) -> bool:
+    """`writer.add_scalar(...)` where `writer` is a tensorboard SummaryWriter this file makes on every rank (no rank
+    check around it, no rank in its arguments) and only there."""
+    if terminal(call.func) not in ("add_scalar", "add_scalars") or not isinstance(call.func, ast.Attribute) \
+            or not isinstance(call.func.value, (ast.Name, ast.Attribute)):
+        return False
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    made = [v for k, v in s.assignments if k == key]
+    return bool(made) and all(
+        isinstance(v, ast.Call) and terminal(v.func) == "SummaryWriter" and not s.context(v).level
+        and not s.context(v).single and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
+        for v in made)
 
 
 def _in_shard_loop(call: ast.Call, flow) -> bool:
