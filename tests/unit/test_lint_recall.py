@@ -94,3 +94,38 @@ def test_a_reduced_epoch_figure_written_on_every_rank_is_not_reported():
         "        running = (total[0] / total[1]).item()\n")
     assert "all_reduce" in source
     assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP006"] == []
+
+
+_TWO_LINES = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    model = DDP(torch.nn.Linear(4, 1))
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        hits = 0
+        seen = 0
+        for x, y in loader:
+            out = model(x)
+            (out - y).pow(2).mean().backward()
+            hits += int(((out > 0) == (y > 0)).sum())
+            seen += len(y)
+        if dist.get_rank() == 0:
+            print("accuracy", hits / seen)
+            print("correct", hits)
+    dist.destroy_process_group()
+"""
+
+
+def test_one_shard_figure_finding_per_run_of_report_lines():
+    """Two prints in a row of the same unreduced shard figures are one mistake, fixed by one reduction: one finding."""
+    found = [f.line for f in lint_sources({"train.py": textwrap.dedent(_TWO_LINES)}) if f.rule == "DDP006"]
+    assert found == [24]

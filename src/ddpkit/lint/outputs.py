@@ -271,7 +271,22 @@ _SINKS = _LOG_CALLS | {"set_postfix", "log_metrics", "dumps", "dump"}
 
 @check
 def shard_figure_reported(s: Script) -> Iterator[Hit]:
-    """A figure computed from this rank's shard (followed by flow.py) reported without a collective."""
+    """A figure computed from this rank's shard (followed by flow.py) reported without a collective; once per run of
+    report statements (`writer.add_scalar("train/loss", ...)` then `writer.add_scalar("test/loss", ...)`)."""
+    previous = {id(second): first for first, second in _next_statements(s).items()}
+    statement = {id(n.value): id(n) for n in s.nodes if isinstance(n, ast.Expr)}
+    reported: set[int] = set()
+    for hit in _shard_figures(s):
+        stmt = statement.get(id(hit.node))
+        if stmt is not None:
+            if previous.get(stmt) in reported:
+                reported.add(stmt)
+                continue  # the report right before it in the same block is reported already: one mistake
+            reported.add(stmt)
+        yield hit
+
+
+def _shard_figures(s: Script) -> Iterator[Hit]:
     project = s.project
     if not project.distributed or "torchmetrics" in s.aliases or not sharded_names(s):
         return
