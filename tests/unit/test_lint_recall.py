@@ -129,3 +129,9 @@ def test_one_shard_figure_finding_per_run_of_report_lines():
     """Two prints in a row of the same unreduced shard figures are one mistake, fixed by one reduction: one finding."""
     found = [f.line for f in lint_sources({"train.py": textwrap.dedent(_TWO_LINES)}) if f.rule == "DDP006"]
     assert found == [24]
+
+
+def test_meters_handed_to_a_display_object_are_what_its_display_shows():
+    """`board = Board(n, [loss_meter])` stores the meters on `self` and `board.show(i)` prints them: under a rank
+    check, with no reduction anywhere, that is rank 0's own loss shown as the run's (DDP006)."""
+    _check("display_object")

@@ -232,7 +232,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         called = s.project.memo(("called in", id(scope)), lambda: {
             terminal(c.func) for c in ast.walk(scope) if isinstance(c, ast.Call)})
         loss = None
-        given = shown_arguments(call, helper)
+        given = shown_arguments(call, helper) + _held_by_display(s, call)
         direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
@@ -254,6 +254,36 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
+    """`progress = ProgressMeter(n, [losses, top1]); progress.display(i)`: the constructor's arguments that a project
+    class stores on `self` (`self.meters = meters`) and whose method `display` prints (`str(m) for m in self.meters`)
+    are shown by that call too."""
+    if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)):
+        return []
+    built = [v for v in s.local_values(call.func.value.id, call) if isinstance(v, ast.Call)]
+    if len(built) != 1:
+        return []
+    found = [c for x in s.project.scripts.values() for c in x.nodes
+             if isinstance(c, ast.ClassDef) and c.name == terminal(built[0].func)]
+    if len(found) != 1:
+        return []
+    cls = found[0]
+    init = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+    method = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == call.func.attr), None)
+    if init is None or method is None:
+        return []
+    params = [a.arg for a in init.args.args[1:]]
+    stored = {t.attr: n.value.id for n in ast.walk(init) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)
+              and n.value.id in params for t in n.targets
+              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    shown = {n.attr for c in ast.walk(method) if isinstance(c, ast.Call) and terminal(c.func) in ("print", "info", "write")
+             for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+             and n.value.id == "self" and n.attr in stored}
+    given = {p: a for p, a in zip(params, built[0].args)}
+    given.update((k.arg, k.value) for k in built[0].keywords if k.arg in params)
+    return [given[stored[attr]] for attr in sorted(shown) if stored[attr] in given]
 
 
 def _scope_flow(s: Script, node: ast.AST):
