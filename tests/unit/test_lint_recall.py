@@ -135,3 +135,11 @@ def test_meters_handed_to_a_display_object_are_what_its_display_shows():
     """`board = Board(n, [loss_meter])` stores the meters on `self` and `board.show(i)` prints them: under a rank
     check, with no reduction anywhere, that is rank 0's own loss shown as the run's (DDP006)."""
     _check("display_object")
+
+
+def test_memory_pinned_through_merged_loader_kwargs_counts_as_pinning():
+    """`gpu_args = {"pin_memory": True}; loader_args.update(gpu_args); DataLoader(data, **loader_args)` pins memory:
+    with NCCL and no set_device, the pinning thread works on cuda:0 on every rank (DDP012)."""
+    _check("pinning_kwargs")
+    source = (FIXTURES / "pinning_kwargs" / "train.py").read_text().replace('"pin_memory": True', '"pin_memory": False')
+    assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP012"] == []
