@@ -143,3 +143,13 @@ def test_memory_pinned_through_merged_loader_kwargs_counts_as_pinning():
     _check("pinning_kwargs")
     source = (FIXTURES / "pinning_kwargs" / "train.py").read_text().replace('"pin_memory": True', '"pin_memory": False')
     assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP012"] == []
+
+
+def test_a_distributed_sampler_subclass_seeded_by_epoch_needs_set_epoch():
+    """`class GroupedSampler(DistributedSampler)` seeds its shuffle with `self.epoch`: never calling set_epoch
+    repeats one order every epoch (DDP001); with `shuffle=False` the order is fixed on purpose."""
+    _check("epoch_seeded_sampler")
+    root = FIXTURES / "epoch_seeded_sampler"
+    sources = {p.name: p.read_text() for p in root.glob("*.py")}
+    sources["train.py"] = sources["train.py"].replace("shuffle=True", "shuffle=False")
+    assert [f for f in lint_sources(sources) if f.rule == "DDP001"] == []
