@@ -275,11 +275,13 @@ def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
     if init is None or method is None:
         return []
     params = [a.arg for a in init.args.args[1:]]
-    stored = {t.attr: n.value.id for n in ast.walk(init) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)
-              and n.value.id in params for t in n.targets
-              if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
-    shown = {n.attr for c in ast.walk(method) if isinstance(c, ast.Call) and terminal(c.func) in ("print", "info", "write")
-             for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    stored = {t.attr: n.value.id for n in ast.walk(init)
+              if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in params
+              for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+              and t.value.id == "self"}
+    if not any(isinstance(c, ast.Call) and terminal(c.func) in ("print", "info", "write") for c in ast.walk(method)):
+        return []
+    shown = {n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
              and n.value.id == "self" and n.attr in stored}
     given = {p: a for p, a in zip(params, built[0].args)}
     given.update((k.arg, k.value) for k in built[0].keywords if k.arg in params)
@@ -398,7 +400,8 @@ def _every_rank_writer(s: Script, call: ast.Call) -> bool:
     made = [v for k, v in s.assignments if k == key]
     return bool(made) and all(
         isinstance(v, ast.Call) and terminal(v.func) == "SummaryWriter" and not s.context(v).level
-        and not s.context(v).single and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
+        and not s.context(v).single
+        and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
         for v in made)
 
 
@@ -568,7 +571,8 @@ def _forwards_to_a_logger(x: Script, cls: ast.ClassDef) -> set[int]:
         return set()
     held = {t.attr for n in inner if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
             and x.qualname(n.value.func) in ("logging.getLogger", "getLogger")
-            for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+            for t in n.targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
     info = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "info"), None)
     if not held or info is None or len(info.args.args) < 2:
         return set()
