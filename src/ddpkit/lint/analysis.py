@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                own_returns, single_setting, spawn_index_names, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal", "distributed_mode"]
+           "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor"]
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -855,3 +855,19 @@ def without_grad(s: Script, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
             return True
     return False
 
+
+BATCHNORM_ARCHITECTURES = re.compile(r"(resnet|resnext|wide_resnet|densenet|vgg\d+_bn|mobilenet_v[23]|efficientnet|"
+                                 r"inception_v3|googlenet|shufflenet|mnasnet|regnet)\w*")
+"""torchvision (and timm) architectures built with BatchNorm layers by default."""
+
+
+def batchnorm_constructor(s: Script, call: ast.Call) -> str | None:
+    """`models.resnet18()`, `timm.create_model("resnet18")`: a library constructor of a BatchNorm architecture (its
+    name, for a message), else None."""
+    qualname = s.qualname(call.func)
+    if qualname.startswith("torchvision.models.") and BATCHNORM_ARCHITECTURES.fullmatch(terminal(call.func)):
+        return f"torchvision's {terminal(call.func)}()"
+    if qualname == "timm.create_model" and call.args and isinstance(call.args[0], ast.Constant) \
+            and isinstance(call.args[0].value, str) and BATCHNORM_ARCHITECTURES.fullmatch(call.args[0].value):
+        return f"timm.create_model({call.args[0].value!r})"
+    return None

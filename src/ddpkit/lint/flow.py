@@ -216,6 +216,15 @@ def _loop_source(flow_names: set[str], s: Script, expr: ast.AST) -> bool:
     return False
 
 
+def _enumerates(call: ast.Call) -> bool:
+    """`enumerate(loader)`, also inside a wrapper (`tqdm(enumerate(loader))`): the loop's first target is an index."""
+    while isinstance(call, ast.Call) and terminal(call.func) in _LOADER_WRAPPERS:
+        if terminal(call.func) == "enumerate":
+            return True
+        call = call.args[0] if call.args else None
+    return False
+
+
 def _scopes(s: Script) -> list[ast.AST]:
     return [s.tree, *s.defs]
 
@@ -242,6 +251,19 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     nodes = s.project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
     flow.nodes = nodes
     sources = sharded_names(s) | _sharded_params(s).get(id(scope), set())
+    # `pbar = tqdm(enumerate(train_loader))` then `for i, (x, y) in pbar:`: the wrapped loader, under a local name
+    # (only a name every assignment of the scope gives a wrapped sharded loader: `pbar` over the training and
+    # then an unsharded test loader is not followed)
+    bound: dict[str, list[ast.AST]] = {}
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    bound.setdefault(t.id, []).append(node.value)
+    wrapped = {name: all(_enumerates(v) for v in values) for name, values in bound.items()
+               if name not in sources and all(isinstance(v, ast.Call) and terminal(v.func) in _LOADER_WRAPPERS
+                                              and _loop_source(sources, s, v) for v in values)}
+    sources = sources | set(wrapped)
     parents = s.parents
     evaluating = isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
         is_eval_name(scope.name) or any(terminal(d.func if isinstance(d, ast.Call) else d) in _NO_GRAD
@@ -253,7 +275,8 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                 is_eval_name(terminal(n)) for n in ast.walk(node.iter) if isinstance(n, (ast.Name, ast.Attribute)))
             shard_loops.append((node, loop_eval))
             target = node.target
-            if isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "enumerate" \
+            if (isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "enumerate"
+                    or isinstance(node.iter, ast.Name) and wrapped.get(node.iter.id)) \
                     and isinstance(target, ast.Tuple) and target.elts:
                 flow.counts.update(_names_of(target.elts[0]))  # `for i, batch in enumerate(loader)`: a batch index
                 target = ast.Tuple(target.elts[1:], ast.Store())

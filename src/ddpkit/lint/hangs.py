@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, distributed_mode, is_main_flag, terminal, without_grad
+from ddpkit.lint.analysis import Script, batchnorm_constructor, distributed_mode, is_main_flag, terminal, without_grad
 from ddpkit.lint.callsites import through_reexport
 from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
@@ -156,6 +156,11 @@ def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
     """Which ranks a rank check lets through: 'zero' (rank 0 only), 'others' (all but rank 0), or '' (unknown)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return {"zero": "others", "others": "zero"}.get(_selects(s, test.operand, depth), "")
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        # `step % k == 0 and master_process`: the other operands only narrow it, so it passes on no rank the rank
+        # test would not let through
+        picks = {_selects(s, v, depth) for v in test.values} - {""}
+        return picks.pop() if len(picks) == 1 else ""
     if isinstance(test, (ast.Name, ast.Attribute)):
         if is_main_flag(terminal(test)):
             return "zero"
@@ -521,6 +526,8 @@ def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
         given = {params[i]: a for i, a in enumerate(call.args) if i < len(params)}
         given.update((k.arg, k.value) for k in call.keywords if k.arg)
         handed = {p for p, a in given.items() if isinstance(a, ast.Name) and a.id in broadcasts}
+        # the module-level DDP model the helper reads itself (`def estimate_loss(): ... model(X, Y)`)
+        handed |= _globals_read(d, broadcasts, params) if d in s.tree.body else set()
         inner = next((c for c in ast.walk(d) if isinstance(c, ast.Call) and (
             isinstance(c.func, ast.Name) and c.func.id in handed or isinstance(c.func, ast.Attribute)
             and c.func.attr == "forward" and isinstance(c.func.value, ast.Name) and c.func.value.id in handed)
@@ -534,6 +541,14 @@ def _forward_in_helper(s: Script, broadcasts: set[str]) -> Iterator[Hit]:
                   "ranks never join, so the job hangs",
                   f"hand {d.name}() the unwrapped model (model.module), or call it on every rank (or wrap with "
                   "broadcast_buffers=False)")
+
+
+def _globals_read(d: ast.AST, broadcasts: set[str], params: list[str]) -> set[str]:
+    """The module-level names of `broadcasts` that a module-level function reads without binding them itself."""
+    bound = set(params) | {a.arg for a in (*d.args.kwonlyargs, d.args.vararg, d.args.kwarg) if a is not None} | {
+        n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    return {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            and n.id in broadcasts and n.id not in bound}
 
 
 def _freezers(project) -> set[str]:
@@ -591,9 +606,11 @@ def _frozen_before(s: Script, call: ast.Call, name: str) -> bool:
 
 
 def _has_buffers(project) -> bool:
-    """Some module of the program holds buffers DDP broadcasts: BatchNorm layers or register_buffer."""
+    """Some module of the program holds buffers DDP broadcasts: BatchNorm layers or register_buffer, or a library
+    network of a BatchNorm architecture (`torchvision.models.resnet18()`)."""
     return any(isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(
         r"(Sync)?BatchNorm([123]d)?|register_buffer|InstanceNorm[123]d", terminal(n))
+        or isinstance(n, ast.Call) and batchnorm_constructor(x, n) is not None
         for x in project.scripts.values() for n in x.nodes)
 
 

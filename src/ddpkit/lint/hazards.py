@@ -180,7 +180,21 @@ def _explicit_devices(project) -> str:
                 return ""  # current_device() is cuda:0 without set_device; NCCL's barrier guesses by rank
     pinned = any(isinstance(n, ast.keyword) and n.arg == "pin_memory" and not (
         isinstance(n.value, ast.Constant) and not n.value.value) for x in project.scripts.values() for n in x.nodes)
-    return "pinned" if pinned else "explicit"
+    return "pinned" if pinned or any(_pinning_kwargs(x) for x in project.scripts.values()) else "explicit"
+
+
+def _pinning_kwargs(x: Script) -> bool:
+    """A dict with a true `"pin_memory"` that reaches a DataLoader's `**kwargs`, itself or merged into the dict that
+    does (`cuda_kwargs = {"pin_memory": True}; train_kwargs.update(cuda_kwargs); DataLoader(ds, **train_kwargs)`)."""
+    unpacked = {k.value.id for c in x.calls if terminal(c.func) == "DataLoader" for k in c.keywords
+                if k.arg is None and isinstance(k.value, ast.Name)}
+    merged = {c.args[0].id for c in x.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "update"
+              and isinstance(c.func.value, ast.Name) and c.func.value.id in unpacked
+              and c.args and isinstance(c.args[0], ast.Name)}
+    return any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict) and any(
+        isinstance(t, ast.Name) and t.id in unpacked | merged for t in n.targets) and any(
+        isinstance(k, ast.Constant) and k.value == "pin_memory" and not (isinstance(v, ast.Constant) and not v.value)
+        for k, v in zip(n.value.keys, n.value.values)) for n in x.nodes)
 
 
 def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:

@@ -232,7 +232,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         called = s.project.memo(("called in", id(scope)), lambda: {
             terminal(c.func) for c in ast.walk(scope) if isinstance(c, ast.Call)})
         loss = None
-        given = shown_arguments(call, helper)
+        given = shown_arguments(call, helper) + _held_by_display(s, call)
         direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
@@ -256,6 +256,38 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                       "by the count, or name it as rank 0's in the log"), loss
 
 
+def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
+    """`progress = ProgressMeter(n, [losses, top1]); progress.display(i)`: the constructor's arguments that a project
+    class stores on `self` (`self.meters = meters`) and whose method `display` prints (`str(m) for m in self.meters`)
+    are shown by that call too."""
+    if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)):
+        return []
+    built = [v for v in s.local_values(call.func.value.id, call) if isinstance(v, ast.Call)]
+    if len(built) != 1:
+        return []
+    found = [c for x in s.project.scripts.values() for c in x.nodes
+             if isinstance(c, ast.ClassDef) and c.name == terminal(built[0].func)]
+    if len(found) != 1:
+        return []
+    cls = found[0]
+    init = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+    method = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == call.func.attr), None)
+    if init is None or method is None:
+        return []
+    params = [a.arg for a in init.args.args[1:]]
+    stored = {t.attr: n.value.id for n in ast.walk(init)
+              if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in params
+              for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+              and t.value.id == "self"}
+    if not any(isinstance(c, ast.Call) and terminal(c.func) in ("print", "info", "write") for c in ast.walk(method)):
+        return []
+    shown = {n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+             and n.value.id == "self" and n.attr in stored}
+    given = {p: a for p, a in zip(params, built[0].args)}
+    given.update((k.arg, k.value) for k in built[0].keywords if k.arg in params)
+    return [given[stored[attr]] for attr in sorted(shown) if stored[attr] in given]
+
+
 def _scope_flow(s: Script, node: ast.AST):
     scope = s.context(node).scope
     return next((f for f in flows(s) if (id(f.node) if f.node is not s.tree else 0) == scope), None)
@@ -271,7 +303,22 @@ _SINKS = _LOG_CALLS | {"set_postfix", "log_metrics", "dumps", "dump"}
 
 @check
 def shard_figure_reported(s: Script) -> Iterator[Hit]:
-    """A figure computed from this rank's shard (followed by flow.py) reported without a collective."""
+    """A figure computed from this rank's shard (followed by flow.py) reported without a collective; once per run of
+    report statements (`writer.add_scalar("train/loss", ...)` then `writer.add_scalar("test/loss", ...)`)."""
+    previous = {id(second): first for first, second in _next_statements(s).items()}
+    statement = {id(n.value): id(n) for n in s.nodes if isinstance(n, ast.Expr)}
+    reported: set[int] = set()
+    for hit in _shard_figures(s):
+        stmt = statement.get(id(hit.node))
+        if stmt is not None:
+            if previous.get(stmt) in reported:
+                reported.add(stmt)
+                continue  # the report right before it in the same block is reported already: one mistake
+            reported.add(stmt)
+        yield hit
+
+
+def _shard_figures(s: Script) -> Iterator[Hit]:
     project = s.project
     if not project.distributed or "torchmetrics" in s.aliases or not sharded_names(s):
         return
@@ -314,6 +361,14 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
                 # every rank shows its own figure: a wrong number only where it claims to cover the
                 # evaluation set, after the loop (training values and per-batch lines printed on every rank
                 # are DDP008's repeated output)
+                if _every_rank_writer(s, call) and not _in_shard_loop(call, flow):
+                    # `writer = SummaryWriter(logdir)` on every rank: each rank records its own shard's epoch figure
+                    # into the run's log as if it were the run's
+                    yield Hit(call, "DDP006", "warning",
+                              f"'{names[0]}' is computed from this rank's batches of a sharded loader and every rank "
+                              f"writes it to its own {ast.unparse(call.func.value)} (made without a rank check) as "
+                              "the run's figure; it never goes through a collective on the way", _ADVICE)
+                    continue
                 if not evaluation or terminal(call.func) not in ("print", "info"):
                     continue
                 per_rank_logging = project.memo("logging per rank", lambda: _logging_per_rank(project))
@@ -333,6 +388,21 @@ def shard_figure_reported(s: Script) -> Iterator[Hit]:
             yield Hit(call, "DDP006", "warning",
                       f"'{names[0]}' is computed from this rank's batches of a sharded loader and reported {where}; "
                       "it never goes through a collective on the way", _ADVICE)
+
+
+def _every_rank_writer(s: Script, call: ast.Call) -> bool:
+    """`writer.add_scalar(...)` where `writer` is a tensorboard SummaryWriter this file makes on every rank (no rank
+    check around it, no rank in its arguments) and only there."""
+    if terminal(call.func) not in ("add_scalar", "add_scalars") or not isinstance(call.func, ast.Attribute) \
+            or not isinstance(call.func.value, (ast.Name, ast.Attribute)):
+        return False
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    made = [v for k, v in s.assignments if k == key]
+    return bool(made) and all(
+        isinstance(v, ast.Call) and terminal(v.func) == "SummaryWriter" and not s.context(v).level
+        and not s.context(v).single
+        and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
+        for v in made)
 
 
 def _in_shard_loop(call: ast.Call, flow) -> bool:
@@ -452,20 +522,66 @@ def _summed(s: Script, flow) -> set[str]:
 
 
 def _logger_helpers(project) -> set[str]:
-    """Project functions that return a `logging.getLogger()` logger and never look at the rank."""
+    """Project functions and classes that make a logger and never look at the rank: a function that returns a
+    `logging.getLogger()` logger, or the `logging` module itself after setting it up (`logging.basicConfig(...);
+    return logging`), and a class that keeps a `logging.getLogger()` logger and whose `info` method hands its
+    message to it (`self.logger.info(txt)`): what such a logger's `info` writes appears on every rank."""
     found = set()
     for x in project.scripts.values():
-        if not any(terminal(c.func) == "getLogger" for c in x.calls):
+        if not any(terminal(c.func) in ("getLogger", "basicConfig") for c in x.calls):
             continue
         for d in x.defs:
             inner = list(ast.walk(d))
+            if any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
+                    or any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+                continue
             makes = any(isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger")
                         for n in inner)
             returns = any(isinstance(n, ast.Return) and n.value is not None for n in inner)
-            if makes and returns and not any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
-                    and not any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+            module = x.aliases.get("logging", "") == "logging"
+            gives_module = module and any(isinstance(n, ast.Call) and x.qualname(n.func) == "logging.basicConfig"
+                                          for n in inner) and any(
+                isinstance(n, ast.Return) and isinstance(n.value, ast.Name) and n.value.id == "logging" for n in inner)
+            if makes and returns or gives_module:
                 found.add(d.name)
     return found
+
+
+def _logger_classes(project) -> dict[str, set[int]]:
+    """Project classes that wrap a logger for every rank (see _forwards_to_a_logger), with the forwarding calls in
+    their `info`: the line is reported where the program calls `info`, not inside the class."""
+    found: dict[str, set[int]] = {}
+    for x in project.scripts.values():
+        if any(terminal(c.func) == "getLogger" for c in x.calls):
+            for c in x.nodes:
+                if isinstance(c, ast.ClassDef):
+                    forwards = _forwards_to_a_logger(x, c)
+                    if forwards:
+                        found.setdefault(c.name, set()).update(forwards)
+    return found
+
+
+def _forwards_to_a_logger(x: Script, cls: ast.ClassDef) -> set[int]:
+    """The calls by which a class that stores `self.<a> = logging.getLogger(...)` and never looks at the rank passes
+    the message of its `info(self, msg)` to `self.<a>.info(...)`; empty for any other class."""
+    inner = list(ast.walk(cls))
+    if any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) or any(
+            a.arg != "self" and x.kind(ast.Name(a.arg)) for d in inner if isinstance(d, ast.FunctionDef)
+            for a in d.args.args):
+        return set()
+    held = {t.attr for n in inner if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and x.qualname(n.value.func) in ("logging.getLogger", "getLogger")
+            for t in n.targets
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    info = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "info"), None)
+    if not held or info is None or len(info.args.args) < 2:
+        return set()
+    message = info.args.args[1].arg
+    return {id(n) for n in ast.walk(info)
+            if isinstance(n, ast.Call) and terminal(n.func) == "info" and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Attribute) and n.func.value.attr in held
+            and isinstance(n.func.value.value, ast.Name) and n.func.value.value.id == "self"
+            and any(isinstance(m, ast.Name) and m.id == message for a in n.args for m in ast.walk(a))}
 
 
 def _in_handler(s: Script, node: ast.AST) -> bool:
@@ -641,22 +757,26 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     after = _next_statements(s)
     statement_of = {id(n.value): n for n in s.nodes if isinstance(n, ast.Expr)}
     makers = project.memo("logger helpers", lambda: _logger_helpers(project))
+    classes = project.memo("logger classes", lambda: _logger_classes(project))
+    forwarding = set().union(*classes.values())
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
-        or (project.resolve(s, v.func) or ("", ""))[1] in makers)}
+        or (project.resolve(s, v.func) or ("", ""))[1] in makers
+        or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))}
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     for call in s.calls:
         name = s.qualname(call.func)
         is_print = name in ("print", "rich.print") and not project.print_silenced(s, call)
+        # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and not project.print_silenced(s, call, stdout=False)
+            and "stderr" not in project.launcher_streams
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
             name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
                                        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
-        if is_log and name == "logging.info" and _not_the_logging_module(s, call):
+        if is_log and name == "logging.info" and _not_the_logging_module(s, call) or id(call) in forwarding:
             continue
         ctx = s.context(call)
         if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not s.per_rank(call):

@@ -76,16 +76,20 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     yield from _samplers_beside_a_guarded_set_epoch(s, set_epochs)
     if set_epochs or not s.project.epoch_loop:
         return
-    for call in s.calls_named("DistributedSampler"):
-        if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call):
+    subclasses = s.project.memo("epoch-seeded samplers", lambda: _epoch_seeded_samplers(s.project))
+    for call in [*s.calls_named("DistributedSampler"), *(c for c in s.calls if terminal(c.func) in subclasses)]:
+        torch_sampler = terminal(call.func) == "DistributedSampler"
+        if _is_const(argument(call, "shuffle", 3) if torch_sampler else keyword(call, "shuffle"), False) \
+                or is_eval_sampler(s, call):
             continue  # the order of evaluation data does not matter
         if _handed_to_unseen_code(s, call):
             continue  # a batch sampler from a file not linted may call set_epoch itself
         if _under_an_unread_key(s, call):
             continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
+        what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
+            f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
         yield Hit(call, "DDP001", "error",
-                  "DistributedSampler shuffles (shuffle defaults to True) but sampler.set_epoch() is never "
-                  "called, so every epoch visits the data in the same order",
+                  f"{what} but sampler.set_epoch() is never called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
 
 
@@ -113,6 +117,14 @@ def _samplers_beside_a_guarded_set_epoch(s: Script, set_epochs: list[tuple[Scrip
                   "is distributed (inside a mode check): a run where the flag is off visits the data in the same "
                   "order every epoch",
                   "call sampler.set_epoch(epoch) unconditionally (it is harmless with one process)")
+
+
+def _epoch_seeded_samplers(project) -> set[str]:
+    """Project subclasses of DistributedSampler whose code reads `self.epoch` (the seed set_epoch sets)."""
+    return {c.name for x in project.scripts.values() for c in x.nodes
+            if isinstance(c, ast.ClassDef) and any(terminal(b) == "DistributedSampler" for b in c.bases)
+            and any(isinstance(n, ast.Attribute) and n.attr == "epoch" and isinstance(n.value, ast.Name)
+                    and n.value.id == "self" and isinstance(n.ctx, ast.Load) for n in ast.walk(c))}
 
 
 def _under_an_unread_key(s: Script, value: ast.AST) -> bool:
