@@ -10,8 +10,8 @@ from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, stat
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets, plan_no_loader
-from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
-                                plan_unused_parameters)
+from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.ranks import library_loader, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
@@ -99,6 +99,7 @@ class Plan:
         if model not in (None, "?"):
             plan_autograd_grad(self)
             check_rebound(self)
+            plan_parameter_changes(self)
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
         self.unwrap_calls: set[int] = set()
