@@ -327,7 +327,8 @@ def _place(plan: Any, key: str, model: str, built: cst.CSTNode, opt_stmt: cst.CS
         return
     anchor = _hoisted(plan, built, anchor)
     if _wraps_again(plan, key, model, built, anchor, optimizer or opt_stmt):
-        del plan.wrapped[(key, model)]  # left to the TODO: no `bound again` findings on top of it
+        if not placed:
+            del plan.wrapped[(key, model)]  # left to the TODO: no `bound again` findings on top of it
         return
     line = _wrap_line(model, optimizer, opt_stmt, plan.f.code) if optimizer is not None else \
         f"{model} = ddpkit.wrap({model}, ctx)"
@@ -386,14 +387,11 @@ def _runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int 
 
 
 def _fresh(plan: Any, built: cst.CSTNode, model: str) -> bool:
-    """The statement builds a new module from a class (`model = Net(cfg)`), not from another module (a pruned
-    copy, `self.model = model`)."""
+    """The statement builds a new module (`model = Net(cfg)`, `model = build(args)`), not one from the model it
+    had (a pruned copy `narrower(model, k)`, `self.model = model`, `model.prune()`)."""
     value = assigned_value(built, model)
-    if not isinstance(value, cst.Call):
-        return False
-    name = dotted(value.func).rsplit(".", 1)[-1]
-    return name[:1].isupper() and not any(isinstance(n, cst.Name) and n.value == model.split(".")[-1]
-                                          for a in value.args for n in walk(a.value))
+    last = model.split(".")[-1]
+    return isinstance(value, cst.Call) and not any(isinstance(n, cst.Name) and n.value == last for n in walk(value))
 
 
 def _hoisted(plan: Any, built: cst.CSTNode, anchor: cst.CSTNode) -> cst.CSTNode:
