@@ -67,6 +67,40 @@ def _imported_files(tree: ast.Module, folder: str) -> dict[str, str]:
     return out
 
 
+def _reached_files(modules: dict[str, str], folder: str, depth: int = 2) -> dict[str, str]:
+    """`modules` and the project files they import in turn (`from pkg.training import Trainer` in a package's
+    `__init__.py`, `from .io import save`), `depth` levels on: a model handed to the project's code is followed there."""
+    out = dict(modules)
+    for _ in range(depth):
+        for path, text in list(out.items()):
+            try:
+                tree = ast.parse(text.removeprefix("\ufeff"))
+            except SyntaxError:
+                continue
+            names: list[tuple[str, str]] = []
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names += [(folder, a.name) for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names += [(folder, node.module), (os.path.dirname(path), node.module)]
+                elif isinstance(node, ast.ImportFrom):
+                    base = os.path.dirname(path)
+                    for _ in range(node.level - 1):
+                        base = os.path.dirname(base)
+                    names += [(base, node.module)] if node.module else []
+                    names += [(base, f"{node.module}.{a.name}" if node.module else a.name) for a in node.names]
+            for base, name in names:
+                relative = os.path.join(base, *name.split("."))
+                for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
+                    if candidate not in out and os.path.isfile(candidate):
+                        try:
+                            with open(candidate, encoding="utf-8", errors="replace") as f:
+                                out[candidate] = f.read()
+                        except OSError:
+                            pass
+    return out
+
+
 def _lint_findings(code: str, path: str, modules: dict[str, str], lint: Lint) -> list[tuple[int, str]]:
     found = lint({path: code, **{p: t for p, t in modules.items() if p != path}})
     return [(f.line, f"lint {f.rule}: {f.message}") for f in found
@@ -260,7 +294,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     # (figures after the loop are reduced); a line under a TODO the rewrite already wrote is not said twice
     todos = [(line, message) for line, message in _lint_findings(code, path, modules, lint)
              if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
-    todos += project_hazards(tree, folder, modules) if folder is not None else []
+    todos += project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += _calls_without_ctx(tree)
     todos += _data_parallel(tree)

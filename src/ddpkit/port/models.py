@@ -7,9 +7,10 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, is_device_expr, walk
+from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
 
-__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "moves_to_cpu"]
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "moves_to_cpu",
+           "follows", "assigned_value"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -88,12 +89,23 @@ def plan_models(plan: Any) -> str | None:
     optimizer's module cannot be followed), None when there is no optimizer."""
     _plan_data_parallel(plan)
     models: list[str] = []
+    outside: set[tuple[str, str]] = set()
     f = plan.f
     for key in sorted(f.ported, key=lambda k: (k != f.entry_key and k != ENTRY, k)):
         for node in plan.nodes(key):
             if not (isinstance(node, cst.Call) and is_optimizer(node)):
                 continue
             receivers = _trained_modules(plan, key, node)
+            for name in _added_parameters(plan, key, node, receivers):
+                if (key, name) not in outside:  # one TODO per module, at its first optimizer
+                    outside.add((key, name))
+                    line = plan.line_of(plan._stmt.get(id(node), node))
+                    plan.todo(node, f"the optimizer at line {line} also trains `{name}`, which is not inside a "
+                              "wrapped model (added to its parameters apart from the model, or a bare "
+                              "nn.Parameter): nothing averages its gradients, so each rank's copy drifts apart; move "
+                              f"it into the model that is wrapped, wrap it too where it runs a forward "
+                              f"({_owner(name)} = ddpkit.wrap({_owner(name)}, ctx)), or all-reduce its gradients "
+                              "before optimizer.step()")
             if not receivers:
                 plan.todo(node, "cannot find the model this optimizer trains (no `X.parameters()` the codemod can "
                           "follow): build the model, then model = ddpkit.wrap(model, ctx) before this line")
@@ -128,6 +140,42 @@ def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
     return out
 
 
+def _parameter_names(plan: Any, key: str, optimizer: cst.Call) -> tuple[list[str], str]:
+    """The names an optimizer's parameters come through (`params`, `param_groups`) and the optimizer's own name."""
+    names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
+    stmt = plan._stmt.get(id(optimizer))
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
+    target = dotted(small.targets[0].target) if isinstance(small, cst.Assign) and len(small.targets) == 1 else ""
+    return names, target
+
+
+def _added_parameters(plan: Any, key: str, optimizer: cst.Call, receivers: list[str]) -> list[str]:
+    """Parameters that reach the optimizer outside the modules the port wraps: a module added to its parameter
+    list later (`param_groups.append({"params": criterion.parameters()})`, `params += ...`, `opt.add_param_group`),
+    or a bare `nn.Parameter` (learnable class centres, a loss's proxies). Nothing averages their gradients, so they
+    drift apart on each rank: their names, for a TODO at the optimizer's line."""
+    names, target = _parameter_names(plan, key, optimizer)
+    sources: list[cst.CSTNode] = [optimizer]
+    added: list[cst.CSTNode] = []
+    for node in plan.nodes(key):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) in names:
+            sources.append(node.value)
+        elif isinstance(node, cst.AugAssign) and dotted(node.target) in names:
+            added.append(node.value)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and (
+                node.func.attr.value in ("append", "extend", "insert") and dotted(node.func.value) in names
+                or node.func.attr.value == "add_param_group" and target and dotted(node.func.value) == target):
+            added.extend(a.value for a in node.args)
+    found = [dotted(n.func.value) for s in added for n in walk(s) if isinstance(n, cst.Call) and isinstance(
+        n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters")]
+    outside = [r for r in dict.fromkeys(found) if r and not any(_owner(r) == _owner(o) for o in receivers)]
+    bare = {dotted(t.target) for n in plan.nodes(key) if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call)
+            and dotted(n.value.func).rsplit(".", 1)[-1] == "Parameter" for t in n.targets if dotted(t.target)}
+    outside += [name for name in dict.fromkeys(dotted(n) for s in sources + added for n in walk(s)
+                                               if isinstance(n, (cst.Name, cst.Attribute))) if name in bare]
+    return outside
+
+
 def _chain(plan: Any, stmt: cst.CSTNode) -> list[cst.CSTNode]:
     """A statement and the compound statements around it, innermost first."""
     out = [stmt]
@@ -136,7 +184,7 @@ def _chain(plan: Any, stmt: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
-def _follows(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
+def follows(plan: Any, first: cst.CSTNode, then: cst.CSTNode) -> bool:
     """`then` may run after `first`: a statement around `then` comes after one around `first` in one block."""
     around = _chain(plan, first)
     for stmt in _chain(plan, then):
@@ -277,6 +325,11 @@ def _place(plan: Any, key: str, model: str, built: cst.CSTNode, opt_stmt: cst.CS
             anchor = stmt
     if any(where is anchor or _dominates(plan, where, opt_stmt) for where in placed):
         return
+    anchor = _hoisted(plan, built, anchor)
+    if _wraps_again(plan, key, model, built, anchor, optimizer or opt_stmt):
+        if not placed:
+            del plan.wrapped[(key, model)]  # left to the TODO: no `bound again` findings on top of it
+        return
     line = _wrap_line(model, optimizer, opt_stmt, plan.f.code) if optimizer is not None else \
         f"{model} = ddpkit.wrap({model}, ctx)"
     plain = f"{model} = ddpkit.wrap({model}, ctx)"
@@ -300,6 +353,96 @@ def _place(plan: Any, key: str, model: str, built: cst.CSTNode, opt_stmt: cst.CS
         placed.append(anchor)
 
 
+def _holder(plan: Any, stmt: cst.CSTNode) -> str | None:
+    """The function of the script whose body holds `stmt` (the entry point's nodes include the bodies of the
+    functions a top-level script defines); None for the entry point's own code."""
+    top = _chain(plan, stmt)[-1]
+    for key, scope in plan.f.scopes.items():
+        if key not in (ENTRY, plan.f.entry_key) and isinstance(scope.node, cst.FunctionDef) and any(
+                top is s for s in statements_of(scope.node)):
+            return key
+    return None
+
+
+def _runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int | None:
+    """A line of a call that may run function `key` a second time: one of several call sites, a call inside a
+    loop, or the only call inside a function that itself runs again; None when it runs at most once."""
+    sites = []
+    for caller in sorted(plan.f.ported):
+        for node in plan.nodes(caller):
+            if isinstance(node, cst.Call) and key in plan.f.callees(node, caller) and id(node) in plan._stmt:
+                stmt = plan._stmt[id(node)]
+                if _holder(plan, stmt) in (None, caller) or caller == ENTRY:
+                    sites.append(stmt)
+    unique = list({id(s): s for s in sites}.values())
+    if len(unique) > 1:
+        return plan.line_of(unique[1])
+    for stmt in unique:
+        if any(isinstance(s, (cst.For, cst.While)) for s in _chain(plan, stmt)[1:]):
+            return plan.line_of(stmt)
+        outer = _holder(plan, stmt)
+        if outer is not None and outer != key and outer not in seen:
+            return _runs_again(plan, outer, seen | {key})
+    return None
+
+
+def _fresh(plan: Any, built: cst.CSTNode, model: str) -> bool:
+    """The statement builds a new module (`model = Net(cfg)`, `model = build(args)`), not one from the model it
+    had (a pruned copy `narrower(model, k)`, `self.model = model`, `model.prune()`)."""
+    value = assigned_value(built, model)
+    last = model.split(".")[-1]
+    return isinstance(value, cst.Call) and not any(isinstance(n, cst.Name) and n.value == last for n in walk(value))
+
+
+def _hoisted(plan: Any, built: cst.CSTNode, anchor: cst.CSTNode) -> cst.CSTNode:
+    """A model built in the entry point's code and trained by a function that runs again (`for epoch in ...:
+    train(epoch)`, the optimizer made in train()): the statement of the build's block that first runs the function,
+    so it is wrapped once there; else `anchor`."""
+    holder = _holder(plan, anchor)
+    if holder is None or _holder(plan, built) is not None or _runs_again(plan, holder) is None:
+        return anchor
+    entry = ENTRY if plan.f.ctx_global else plan.f.entry_key
+    sites = [plan._stmt[id(n)] for n in plan.nodes(entry)
+             if isinstance(n, cst.Call) and holder in plan.f.callees(n, entry) and id(n) in plan._stmt
+             and _holder(plan, plan._stmt[id(n)]) is None]
+    if not sites or any(_holder(plan, plan._stmt[id(n)]) is not None for k in plan.f.ported for n in plan.nodes(k)
+                        if isinstance(n, cst.Call) and holder in plan.f.callees(n, k) and id(n) in plan._stmt):
+        return anchor
+    first = min(sites, key=plan.line_of)
+    around = _chain(plan, built)
+    for stmt in _chain(plan, first):
+        block, j = plan._block.get(id(stmt), ([], -1))
+        if any(a is b and i < j for a in around for i, b in enumerate(block)) and \
+                all(plan.line_of(s) >= plan.line_of(stmt) for s in sites):
+            return stmt
+    return anchor
+
+
+def _wraps_again(plan: Any, key: str, model: str, built: cst.CSTNode, anchor: cst.CSTNode,
+                 node: cst.CSTNode) -> bool:
+    """The wrap must run once per module, after its last change and before its first training forward. Where the
+    codemod would place it in a function that runs again (every epoch, with the model built outside it) or in a
+    loop that builds the model from another one each pass (pruning), it writes a TODO instead: True."""
+    plain = f"{model} = ddpkit.wrap({model}, ctx)"
+    holder = _holder(plan, anchor)
+    if holder is not None and holder != _holder(plan, built):
+        again = _runs_again(plan, holder)
+        if again is not None:
+            plan.todo(node, f"`{model}` is built outside {holder}(), which runs again (the call at line {again}): "
+                      f"a wrap here would wrap the DDP wrapper again at the second call (ddpkit.wrap refuses it); "
+                      f"wrap it once with {plain} after it is built (line {plan.line_of(built)}) and before "
+                      f"{holder}() first runs")
+            return True
+    loop = next((s for s in _chain(plan, anchor)[1:] if isinstance(s, (cst.For, cst.While))), None)
+    if loop is not None and not _fresh(plan, built, model):
+        plan.todo(node, f"`{model}` is built again from another module in the loop at line {plan.line_of(loop)} "
+                  f"(line {plan.line_of(built)}), so a wrap here would run every pass on a model whose shape may "
+                  f"differ between ranks (DDP checks the shapes are equal): make every rank build the same model, "
+                  f"then wrap it once with {plain} before it trains")
+        return True
+    return False
+
+
 def check_rebound(plan: Any) -> None:
     """A wrapped model bound again where no wrap follows (`model = checkpoint["model"]` on the resume path),
     before a training loop or a call of a training function, would train unwrapped there: a TODO."""
@@ -314,7 +457,12 @@ def check_rebound(plan: Any) -> None:
             if node.value is not _bare(node.value) and dotted(_bare(node.value)) == model or any(
                     stmt is where and id(where) in plan.wrap_inline for where in placed):
                 continue
-            if not any(_follows(plan, stmt, where) for where in placed) and any(
+            holder = _holder(plan, stmt)
+            if holder is not None and all(_holder(plan, where) is None for where in placed) and not any(
+                    isinstance(n, cst.Global) and any(g.name.value == model for g in n.names)
+                    for n in walk(plan.f.scopes[holder].node)):
+                continue  # a local of another function (`net = Net()` in a build helper that returns it)
+            if not any(follows(plan, stmt, where) for where in placed) and any(
                     line > plan.line_of(stmt) for line in trains):
                 plan.todo(node, f"`{model}` is bound again here and no ddpkit.wrap follows on this path, so it "
                           f"would train unwrapped (its gradients never averaged): add {model} = "
@@ -436,64 +584,8 @@ def _plan_data_parallel(plan: Any) -> None:
                                            for t in s.targets if dotted(t.target))
 
 
-def plan_unused_parameters(plan: Any) -> None:
-    """A model class of this file that holds a module its forward never reads (an EMA copy, a head used only to
-    evaluate): DDP waits for that module's gradients, which never come, and fails at the second step. Such a
-    model is wrapped with find_unused_parameters=True (slower; correct)."""
-    plan.unused_inline = set()
-    for (key, model), built in list(plan.built.items()):
-        value = _assigned_value(built, model)
-        cls = dotted(value.func) if isinstance(value, cst.Call) else ""
-        unread = _unread_modules(plan.f, cls) if cls in plan.f.classes else []
-        if not unread:
-            continue
-        plan.note(built, f"{cls}.forward never reads self.{unread[0]}: its parameters get no gradient, so DDP runs "
-                  "with find_unused_parameters=True (slower); drop the module from the optimizer's parameters or "
-                  "keep it outside the model to train faster")
-        if id(built) in plan.wrap_inline:
-            plan.unused_inline.add(id(built))
-        plain = f"ddpkit.wrap({model}, ctx)"
-        for anchor, lines in plan.wrap_before.items():
-            plan.wrap_before[anchor] = [line.replace(plain, f"ddpkit.wrap({model}, ctx, find_unused_parameters=True)")
-                                        if line.startswith(f"{model} = ") else line for line in lines]
-
-
-def _assigned_value(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+def assigned_value(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) and dotted(
             stmt.body[0].targets[0].target) == name:
         return _bare(stmt.body[0].value)
     return None
-
-
-def _unread_modules(facts: Any, cls: str) -> list[str]:
-    """Attributes `self.x = <module>` set in the class's __init__ that forward (and the methods it calls) never
-    read; [] when the class has no forward of its own or reads attributes by name (getattr)."""
-    methods = {k.split(".", 1)[1]: s.node for k, s in facts.scopes.items() if s.cls == cls}
-    if "forward" not in methods or "__init__" not in methods:
-        return []
-    modules = []
-    for node in walk(methods["__init__"].body):
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
-            target = dotted(node.targets[0].target)
-            func = dotted(node.value.func)
-            if target.startswith("self.") and target.count(".") == 1 and (
-                    func.startswith(("nn.", "torch.nn.")) and func.rsplit(".", 1)[-1][:1].isupper()
-                    or func.rsplit(".", 1)[-1] == "deepcopy" or func in facts.classes):
-                modules.append(target[5:])
-    if not modules:
-        return []
-    read: set[str] = set()
-    todo, seen = ["forward"], set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in methods:
-            continue
-        seen.add(name)
-        code = facts.code(methods[name])
-        if re.search(r"\bgetattr\(|\bself\.(children|modules|named_children|named_modules)\(", code):
-            return []
-        for node in walk(methods[name]):
-            if isinstance(node, cst.Attribute) and dotted(node.value) == "self":
-                read.add(node.attr.value)
-                todo.append(node.attr.value)
-    return [m for m in modules if m not in read]

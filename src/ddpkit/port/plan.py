@@ -11,8 +11,8 @@ from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader
 from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets
-from ddpkit.port.models import (check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models,
-                                plan_unused_parameters)
+from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
@@ -124,6 +124,7 @@ class Plan:
         if model not in (None, "?"):
             plan_autograd_grad(self)
             check_rebound(self)
+            plan_parameter_changes(self)
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
         self.unwrap_calls: set[int] = set()

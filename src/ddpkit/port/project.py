@@ -12,10 +12,14 @@ from __future__ import annotations
 import ast
 import os
 
+from ddpkit.port.weights import Follow, strict_loads, unused_in_wrapped
+
 __all__ = ["project_hazards", "import_device_work", "step_loops"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
+_MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train"}
+"""Methods of a module that return the module itself."""
 _WRITES = {"save", "savefig", "imwrite", "save_image", "to_csv", "dump", "makedirs", "mkdir", "urlretrieve",
            "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "write_text", "write_bytes",
            "copyfile", "rmtree"}
@@ -122,6 +126,8 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
         return "batch" if _kind_of(arg.value, kinds) == "batch" else ""
     if isinstance(arg, ast.Attribute) and arg.attr == "module":
         return "model" if _kind_of(arg.value, kinds) == "model" else ""
+    if isinstance(arg, ast.Attribute) and _dotted(arg) in kinds:  # `trainer.model`: an object that stores it
+        return kinds[_dotted(arg)]
     return ""
 
 
@@ -135,14 +141,19 @@ def _parsed(modules: dict[str, str], path: str, cache: dict[str, ast.Module | No
     return cache[path]
 
 
+def _file_of(modules: dict[str, str], folder: str, dotted: str) -> str | None:
+    """The file of module `dotted` in the project (`pkg.sub` -> folder/pkg/sub.py or folder/pkg/sub/__init__.py)."""
+    relative = os.path.join(folder, *dotted.split("."))
+    return next((c for c in (relative + ".py", os.path.join(relative, "__init__.py")) if c in modules), None)
+
+
 def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
                    parsed: dict[str, ast.Module | None]) -> dict[str, tuple[str, str | None]]:
     """Name used in the script -> (module file, the name defined there; None for a whole module)."""
     out: dict[str, tuple[str, str | None]] = {}
 
     def file_of(dotted: str) -> str | None:
-        relative = os.path.join(folder, *dotted.split("."))
-        return next((c for c in (relative + ".py", os.path.join(relative, "__init__.py")) if c in modules), None)
+        return _file_of(modules, folder, dotted)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -164,6 +175,31 @@ def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
                 if found:
                     out[a.asname or a.name] = (found, None if sub else a.name)
     return out
+
+
+def _resolve(modules: dict[str, str], folder: str, path: str, name: str, parsed: dict[str, ast.Module | None],
+             depth: int = 0) -> tuple[str, ast.AST] | None:
+    """(file, definition) of `name` as module `path` sees it: defined there, or imported there from another module
+    of the project (`from pkg.training import Trainer` in a package's `__init__.py`, `from .io import save`)."""
+    module = _parsed(modules, path, parsed) if path in modules else None
+    if module is None:
+        return None
+    defn = _definition(module, name)
+    if defn is not None:
+        return path, defn
+    for node in module.body if depth < 3 else []:
+        if not isinstance(node, ast.ImportFrom) or not any((a.asname or a.name) == name for a in node.names):
+            continue
+        source = next(a.name for a in node.names if (a.asname or a.name) == name)
+        if node.level:
+            base = os.path.dirname(path)
+            for _ in range(node.level - 1):
+                base = os.path.dirname(base)
+            found = _file_of(modules, base, node.module) if node.module else None
+        else:
+            found = _file_of(modules, folder, node.module) or _file_of(modules, os.path.dirname(path), node.module)
+        return _resolve(modules, folder, found, source, parsed, depth + 1) if found else None
+    return None
 
 
 def _definition(tree: ast.Module, name: str) -> ast.AST | None:
@@ -205,6 +241,8 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
                     and _dotted(value.func.value) in _kwargs_of(defn) and value.args and \
                     isinstance(value.args[0], ast.Constant):
                 value = ast.Name(str(value.args[0].value))
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES:
+                value = value.func.value  # `self.model = model.to(self.device)`: the same object
             if isinstance(value, ast.Name) and value.id in got:
                 for t in node.targets:
                     if isinstance(t, ast.Attribute) and _dotted(t.value) == "self":
@@ -240,11 +278,34 @@ def _legacy_aliases(module: ast.Module) -> set[str]:
                        and _dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
 
 
-def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset()
-             ) -> list[tuple[int, str]]:
-    """(line, what to check) in the code that receives the objects; `one_rank`: the call runs on rank 0 only."""
-    kinds = set(received.values())
+def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: Follow | None,
+               depth: int) -> list[tuple[int, str]]:
+    """Calls in the receiving code that hand the model on to another function of the project (`save_model(
+    self.model, path)` in a Trainer's method): what that function does with it, at the line of the call."""
     out: list[tuple[int, str]] = []
+    for node in ast.walk(defn) if follow is not None and depth < 2 else ():
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or not any(
+                _kind_of(a, received) == "model" for a in [*node.args, *(k.value for k in node.keywords)]):
+            continue
+        found = follow(node.func.id)
+        if found is None or found[1] is defn:
+            continue
+        path, callee = found
+        got = {k: v for k, v in _received(node, callee, received).items() if v == "model"}
+        inner = sorted(set(_hazards(callee, got, one_rank, frozenset(), lambda n, p=path: follow(n, p), depth + 1)))
+        if inner:
+            where = os.path.basename(path)
+            out.append((node.lineno, f"`{ast.unparse(node)[:50]}` hands the model to `{node.func.id}`: "
+                                     + "; ".join(f"{where}:{line} {h}" for line, h in inner[:3])))
+    return out
+
+
+def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset(),
+             follow: Follow | None = None, depth: int = 0) -> list[tuple[int, str]]:
+    """(line, what to check) in the code that receives the objects; `one_rank`: the call runs on rank 0 only.
+    `follow` resolves the names it calls, so a model handed on to another function of the project is followed."""
+    kinds = set(received.values())
+    out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
     for node in ast.walk(defn):
         if isinstance(node, ast.Attribute) and node.attr not in _WRAPPER_ATTRS and not node.attr.startswith("__") \
                 and received.get(_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
@@ -310,6 +371,27 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     forwarded: set[str] = set()
     guarded = _rank_guarded(tree)
     out: list[tuple[int, str]] = []
+
+    def definition(func: str) -> tuple[str, str, ast.AST] | None:
+        """(file, name, definition) of a call of the project's own code (`Trainer`, `utils.save`), else None."""
+        head, _, rest = func.partition(".")
+        if head not in imported or (imported[head][1] is None) == (not rest) or "." in rest:
+            return None
+        path, defined = imported[head]
+        found = _resolve(modules, folder, path, defined or rest, parsed)
+        return (found[0], defined or rest, found[1]) if found is not None else None
+
+    def follower(path: str) -> Follow:
+        return lambda name, where=path: _resolve(modules, folder, where, name, parsed)
+
+    for node in ast.walk(tree):  # `trainer = Trainer(model, ...)` keeps it as self.model: `trainer.model` is it
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
+                isinstance(node.value, ast.Call):
+            found = definition(_dotted(node.value.func))
+            if found is not None and isinstance(found[2], ast.ClassDef):
+                for key, kind in _received(node.value, found[2], kinds).items():
+                    if key.startswith("self."):
+                        kinds.setdefault(f"{node.targets[0].id}.{key[5:]}", kind)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -319,15 +401,11 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 any(_kind_of(a, kinds) == "batch" for a in node.args) and classes[func] not in forwarded:
             forwarded.add(classes[func])  # the model's own forward gets the batches on the rank's device
             func, received = classes[func], {"forward": "batch"}
-        head, _, rest = func.partition(".")
-        if head not in imported or (imported[head][1] is None) == (not rest) or "." in rest:
+        found = definition(func)
+        if found is None:
             continue
-        path, defined = imported[head]
-        name = defined or rest
+        path, name, defn = found
         module = _parsed(modules, path, parsed)
-        defn = _definition(module, name) if module is not None else None
-        if defn is None:
-            continue
         received = received or _received(node, defn, kinds)
         if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked
             hazards = [] if id(node) in guarded else sorted(
@@ -336,7 +414,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         else:
             if path not in aliases:
                 aliases[path] = _legacy_aliases(module)
-            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path])))
+            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path))))
             handed = ", ".join(sorted(set(received.values()) - {"unwrapped"}) or ["the unwrapped model"])
             what = f"gets the {handed}"
         if hazards:
@@ -345,6 +423,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             more = f" (and {len(hazards) - 4} more)" if received and len(hazards) > 4 else ""
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
+    out += unused_in_wrapped(tree, classes, definition)
+    if any("`module.`" in message for _, message in out):
+        out += strict_loads(tree, definition, follower)
     return out
 
 

@@ -1,0 +1,193 @@
+"""`ddpkit port` and what happens to the model after ddpkit.wrap: wrapped once, its parameters fixed, every trained
+parameter inside a wrapper, and its weight files read back with the keys they were written with."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def _port_text(text: str):
+    return port_source(textwrap.dedent(text), "script.py")
+
+
+def test_a_model_trained_by_a_function_that_runs_every_epoch_is_wrapped_once_before_the_loop():
+    result = _port("wrap_per_epoch")
+    code = result.code
+    assert result.todos == [], result.todos  # nor a "bound again" TODO on build()'s own local `net`
+    # not inside train(): its second call would wrap the DDP wrapper again
+    assert code.count("ddpkit.wrap(") == 1 and "global net" not in code
+    assert code.index("net = ddpkit.wrap(net, ctx)\nfor epoch in range(3):") > code.index("def train(epoch):")
+
+
+def test_a_wrap_that_would_run_again_in_a_function_is_a_todo_where_it_cannot_be_placed_once():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        net = nn.Linear(4, 1)
+
+
+        def train(epoch):
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1 / (epoch + 1))
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(net(x), y).backward()
+                optimizer.step()
+
+
+        def run():
+            for epoch in range(3):
+                train(epoch)
+
+
+        run()
+    ''')
+    assert not any(line.strip().startswith("net = ddpkit.wrap") for line in result.code.splitlines())
+    [todo] = [t for t in result.todos if "runs again" in t.message]
+    assert todo.line == 11 and "the call at line 20" in todo.message and "built (line 7)" in todo.message
+
+
+def test_a_model_rebuilt_from_the_trained_one_in_a_loop_is_a_todo_and_a_fresh_model_per_pass_is_wrapped():
+    result = _port("prune_loop")
+    assert not any(line.strip().startswith("model = ddpkit.wrap") for line in result.code.splitlines())
+    [todo] = result.todos
+    assert todo.line == 28 and "built again from another module in the loop at line 26 (line 27)" in todo.message
+    fresh = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        for lr in (0.1, 0.01):
+            model = nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+    ''')
+    assert fresh.todos == [] and "    model = ddpkit.wrap(nn.Linear(4, 1), ctx)\n" in fresh.code
+
+
+def test_requires_grad_changed_after_the_wrap_is_a_todo_and_a_freeze_before_it_is_not():
+    result = _port("warmup_freeze")
+    assert [t.line for t in result.todos] == [28, 30]
+    assert all("requires_grad on parameters of the wrapped `model` after ddpkit.wrap" in t.message
+               for t in result.todos)
+    before = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        for p in model[0].parameters():
+            p.requires_grad = False
+        optimizer = torch.optim.SGD(model[1].parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    ''')
+    assert not any("requires_grad" in t.message for t in before.todos), before.todos
+
+
+def test_parameters_added_to_the_optimizer_apart_from_the_wrapped_model_are_named():
+    result = _port("loss_proxies")
+    [todo] = result.todos
+    assert todo.line == 33 and "also trains `criterion`, which is not inside a wrapped model" in todo.message
+    bare = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 2)
+        centers = nn.Parameter(torch.zeros(1, 2))
+        optimizer = torch.optim.SGD(list(model.parameters()) + [centers], lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            ((model(x) - centers) ** 2).mean().backward()
+            optimizer.step()
+    ''')
+    assert [t.line for t in bare.todos] == [9] and "trains `centers`" in bare.todos[0].message
+
+
+def test_a_parameter_the_forward_reads_only_under_a_flag_wraps_with_find_unused_parameters():
+    result = _port("flagged_parameter")
+    assert result.todos == [], result.todos
+    assert "model = ddpkit.wrap(Net(learn_scale=False), ctx, find_unused_parameters=True)" in result.code
+
+
+def test_a_model_kept_by_a_project_class_and_saved_by_its_helper_is_named_with_the_strict_false_load():
+    path = FIXTURES / "trainer_pkg" / "train.py"
+    result = port_source(path.read_text(), str(path))
+    lines = result.code.splitlines()
+    by_call = {lines[t.line - 1].strip(): t.message for t in result.todos if t.in_output}
+    fitter = by_call["fitter = Fitter(model, optimizer)"]
+    assert fitter.startswith("not checked: `Fitter` in fit.py")  # through the package's __init__.py
+    assert "fit.py:21 `save_weights(self.model, path)` hands the model to `save_weights`: store.py:8 " \
+           "`model.state_dict()` of the wrapped model" in fitter
+    load = by_call['best = load_weights("weights.pt")']
+    assert "loads a checkpoint with strict=False (store.py:13)" in load
+
+
+def test_a_project_class_whose_forward_may_leave_a_parameter_unused_is_named_at_the_wrap(tmp_path):
+    (tmp_path / "nets.py").write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+
+        class Blocks(nn.Module):
+            def __init__(self, learn_eps, pool):
+                super().__init__()
+                self.learn_eps, self.pool = learn_eps, pool
+                self.eps = nn.Parameter(torch.zeros(1))
+                self.lin = nn.Linear(4, 1)
+
+            def mixed(self, x):
+                return self.lin(x) * (1 + self.eps)
+
+            def plain(self, x):
+                return self.lin(x)
+
+            def forward(self, x):
+                if self.learn_eps:
+                    return self.mixed(x)
+                elif self.pool:
+                    return self.plain(x.relu())
+                else:
+                    return self.plain(x)
+    '''))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from nets import Blocks
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = Blocks(False, True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    '''))
+    result = port_source(script.read_text(), str(script))
+    [todo] = result.todos
+    # self.lin is read in every branch: only self.eps may go without a gradient
+    assert "its forward reads self.eps (nets.py:9) only under a condition" in todo.message
+    assert "self.lin" not in todo.message
