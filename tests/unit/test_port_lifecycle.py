@@ -191,3 +191,14 @@ def test_a_project_class_whose_forward_may_leave_a_parameter_unused_is_named_at_
     # self.lin is read in every branch: only self.eps may go without a gradient
     assert "its forward reads self.eps (nets.py:9) only under a condition" in todo.message
     assert "self.lin" not in todo.message
+
+
+def test_weights_drawn_again_after_the_wrap_are_a_todo_and_other_applies_are_not():
+    path = FIXTURES / "reinit_after_wrap.py"
+    result = port_source(path.read_text(), str(path))
+    lines = path.read_text().splitlines()
+    flagged = sorted({lines[t.line - 1].strip() for t in result.todos if "draws the weights" in t.message})
+    # inside the runs loop, after the wrap placed before it: reset_parameters and an init function that draws
+    assert flagged == ["model.apply(init_weights)", "model.reset_parameters()"], result.todos
+    assert len([t for t in result.todos if "draws the weights" in t.message]) == 2  # not the apply before the wrap
+    assert result.exit_code == 3

@@ -106,6 +106,34 @@ def _unread_modules(facts: Any, cls: str) -> list[tuple[str, bool]]:
         _PARAMETERED.search(func) or func in facts.classes)]
 
 
+_INITS = ("nn.init.", "torch.nn.init.", "init.")
+_IN_PLACE_DRAWS = frozenset({"normal_", "uniform_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                             "kaiming_normal_", "orthogonal_", "trunc_normal_", "reset_parameters"})
+
+
+def _within(plan: Any, outer: cst.CSTNode, stmt: cst.CSTNode) -> bool:
+    """`stmt` lies inside the compound statement `outer` (a loop the wrap was placed before)."""
+    node = plan._parent.get(id(stmt))
+    while node is not None:
+        if node is outer:
+            return True
+        node = plan._parent.get(id(node))
+    return False
+
+
+def _draws_weights(plan: Any, call: cst.Call) -> bool:
+    """`model.reset_parameters()`, `model.apply(init_fn)` with an init_fn of the script that draws (nn.init, an
+    in-place `normal_`), `nn.init.normal_(p)`: new random weights."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "reset_parameters" and not call.args:
+        return True
+    if isinstance(func, cst.Attribute) and func.attr.value == "apply" and len(call.args) == 1:
+        defs = [s.node for k, s in plan.f.scopes.items() if k.rsplit(".", 1)[-1] == dotted(call.args[0].value)]
+        return any(isinstance(n, cst.Call) and (dotted(n.func).startswith(_INITS) or isinstance(
+            n.func, cst.Attribute) and n.func.attr.value in _IN_PLACE_DRAWS) for d in defs for n in walk(d))
+    return bool(call.args) and dotted(func).startswith(_INITS) and dotted(func).endswith("_")
+
+
 _PARAMETER_SOURCES = frozenset({"parameters", "named_parameters", "children", "named_children", "modules",
                                 "named_modules"})
 
@@ -156,12 +184,24 @@ def plan_parameter_changes(plan: Any) -> None:
                 owner = elements.get(root) or (root if root in wrapped and plan.role(key, root) == "model" else "")
                 what = "sets requires_grad on parameters" if node.func.attr.value == "requires_grad_" else \
                     "adds a parameter or module"
+            elif isinstance(node, cst.Call) and _draws_weights(plan, node):
+                root = root_name(node.func.value) if isinstance(node.func, cst.Attribute) and \
+                    node.func.attr.value in ("reset_parameters", "apply") else root_name(node.args[0].value)
+                owner = elements.get(root) or (root if root in wrapped and plan.role(key, root) == "model" else "")
+                what = "draws the weights again"
             if not owner or id(node) not in plan._stmt:
                 continue
             stmt = plan._stmt[id(node)]
             placed = plan.wrapped.get((key, owner))
-            if placed is not None and not any(follows(plan, where, stmt) for where in placed):
+            if placed is not None and not any(follows(plan, where, stmt) or _within(plan, where, stmt)
+                                              for where in placed):
                 continue  # before the wrap in this scope: DDP registers what it sees then
+            if what == "draws the weights again":
+                plan.todo(node, f"this line draws the weights of the wrapped `{owner}` again after ddpkit.wrap, and DDP "
+                          "copies rank 0's weights only when it wraps: unless every rank has drawn the same random "
+                          "numbers up to here (ddpkit.init seeds the ranks apart), the replicas train from different "
+                          "weights; seed every rank alike right before this line, or draw them before the wrap")
+                continue
             plan.todo(node, f"this line {what} of the wrapped `{owner}` after ddpkit.wrap: DDP fixed the parameters it "
                       "averages when it wrapped, so a parameter frozen now gets no gradient (DDP fails at the next "
                       "step) and one unfrozen or added now is never averaged (ranks drift apart); make the change "
