@@ -975,3 +975,37 @@ def test_a_branch_on_a_parameter_every_call_gives_false_never_runs():
     # nor when the function is also handed on as a value (a launcher may call it with other arguments)
     handed = code.replace("size = describe(trainer.model)", "size = describe(trainer.model)\nhook = describe")
     assert _lint(handed, "DDP008") == [_line(handed, "print(model)")]
+
+
+# ---- a seed drawn from the generator it then seeds --------------------------------------------------
+SEED_DRAWN_FROM_ITS_OWN_GENERATOR = """
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torchvision.transforms as T
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    params = {"seed": None}
+
+
+    def init():
+        seed = params["seed"]
+        if params["seed"] is None:
+            seed = np.random.randint(1, 10000)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        init()
+        augment = T.RandomHorizontalFlip()
+        model = DDP(torch.nn.Linear(4, 2))
+"""
+
+
+def test_a_seed_drawn_from_the_generator_it_seeds_is_read_without_endless_recursion():
+    # `seed = np.random.randint(...)` then `np.random.seed(seed)`: the linter used to follow the draw to the seed
+    # call, whose value is the draw, and so on until RecursionError (and `ddpkit port`, which lints its output,
+    # crashed with it). The draw comes before any seed: each rank draws its own, so no same-seed warning.
+    assert _lint(SEED_DRAWN_FROM_ITS_OWN_GENERATOR, "DDP014") == []

@@ -90,28 +90,30 @@ _DRAWS = frozenset({"randint", "random", "getrandbits", "randrange", "integers",
 _LIBRARIES = (("numpy.", "np."), ("random.",), ("torch.",))
 
 
-def _drawn_per_rank(s: Script, value: ast.AST) -> bool:
+def _drawn_per_rank(s: Script, value: ast.AST, seen: frozenset[int] = frozenset()) -> bool:
     """`torch.manual_seed(np.random.randint(1 << 31))`: a seed drawn from another generator differs per rank
-    unless that generator is seeded alike on every rank."""
+    unless that generator is seeded alike on every rank. `seen`: the seed calls already followed; a seed drawn from
+    the generator it then seeds (`s = random.randint(...); random.seed(s)`) is drawn before any seed, per rank."""
     if not (isinstance(value, ast.Call) and terminal(value.func) in _DRAWS):
         return False
     library = next((prefixes for prefixes in _LIBRARIES if s.qualname(value.func).startswith(prefixes)), None)
     if library is None:
         return False
     sources = [(x, c) for x, c in s.project.calls_named(*_SEEDS) if _is_seed(x, c)
-               and x.qualname(c.func).startswith(library) and value not in ast.walk(c)]
-    return not sources or any(_differs_per_rank(x, c) for x, c in sources)
+               and x.qualname(c.func).startswith(library) and value not in ast.walk(c) and id(c) not in seen]
+    return not sources or any(_differs_per_rank(x, c, seen) for x, c in sources)
 
 
-def _differs_per_rank(s: Script, call: ast.Call) -> bool:
+def _differs_per_rank(s: Script, call: ast.Call, seen: frozenset[int] = frozenset()) -> bool:
+    seen = seen | {id(call)}
     value = argument(call, "seed", 0)
-    if value is None or s.kind(value) or _drawn_per_rank(s, value):
+    if value is None or s.kind(value) or _drawn_per_rank(s, value, seen):
         return True
     d = _enclosing(s, call)
     if d is None:
         return False
     names, exprs = _built_from(d, value)
-    if any(_mentions_rank(s, e) or _drawn_per_rank(s, e) for e in exprs):
+    if any(_mentions_rank(s, e) or _drawn_per_rank(s, e, seen) for e in exprs):
         return True  # `seed = base + rank` (or drawn from a generator seeded per rank) in the helper itself
     return bool(_given_per_rank(s, d, names))
 
