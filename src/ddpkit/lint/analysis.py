@@ -199,7 +199,8 @@ class Script:
     def kind(self, expr: ast.AST | None) -> int:
         """How an expression depends on the rank: NONE, LOCAL or GLOBAL (see rank_name_kind)."""
         if isinstance(expr, ast.Name):
-            return self.derived.get(expr.id) or rank_name_kind(expr.id) or self._parameter_flag(expr)
+            return self.derived.get(expr.id) or rank_name_kind(expr.id) or self._parameter_flag(expr) \
+                or self._parameter_flag(expr, "~")
         if isinstance(expr, ast.Attribute):
             # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
             return self.derived.get("." + expr.attr) or self.external_levels.get("=." + expr.attr, NONE) \
@@ -265,15 +266,16 @@ class Script:
             return self.kind(expr.value)
         return NONE
 
-    def _parameter_flag(self, use: ast.Name) -> int:
-        """The rank check a parameter is where every call gives it one (see callsites._flag_parameters)."""
-        if not any(key.startswith("=") and key.endswith(")") for key in self.external_levels):
+    def _parameter_flag(self, use: ast.Name, mark: str = "=") -> int:
+        """The rank check a parameter is where every call gives it one (see callsites._flag_parameters); with
+        `mark` "~", the rank a parameter holds where every call gives it the rank (callsites._rank_parameters)."""
+        if not any(key.startswith(mark) and key.endswith(")") for key in self.external_levels):
             return NONE
         node = use
         while id(node) in self.parents:
             node = self.parents[id(node)]
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return self.external_levels.get(f"={node.name}({use.id})", NONE)
+                return self.external_levels.get(f"{mark}{node.name}({use.id})", NONE)
         return NONE
 
     def _starts_group_arm(self, node: ast.AST) -> int:

@@ -49,7 +49,49 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _helper_answers(project, levels)
     _flag_levels(project, levels)
     _flag_parameters(project, levels)
+    _rank_parameters(project, levels)
     return levels
+
+
+def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
+    """`def train(args, model, device, loader):` where every call in the program gives `device` the rank itself
+    (`train(args, model, rank, loader)`, a name that holds it): the parameter holds the rank in its function, as
+    `~train(device)`, so `if device == 0:` is a rank check there (Script.kind). A module-level function is called
+    by its name or through an imported module (`model.train()` is another function); a call that spreads
+    `*args`/`**kwargs`, gives a rank test (see _flag_parameters) or anything but the rank, or a function that
+    assigns the parameter, gives nothing."""
+    methods = {d.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+               for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    calls: dict[str, list[tuple[object, ast.Call]]] = {}
+    for x in project.scripts.values():
+        for call in x.calls:
+            calls.setdefault(terminal(call.func), []).append((x, call))
+    for path, script in project.scripts.items():
+        for d in script.defs:
+            found = calls.get(d.name, [])
+            if d.name not in methods:
+                found = [(x, c) for x, c in found if not isinstance(c.func, ast.Attribute)
+                         or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
+            if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
+                                or any(k.arg is None for k in c.keywords) for _, c in found):
+                continue
+            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+            if positional[:1] in (["self"], ["cls"]):
+                positional = positional[1:]
+            stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for param in positional + [a.arg for a in d.args.kwonlyargs]:
+                if param in stored:
+                    continue
+                given = []
+                for x, c in found:
+                    value = next((k.value for k in c.keywords if k.arg == param), None)
+                    if value is None and param in positional and positional.index(param) < len(c.args):
+                        value = c.args[positional.index(param)]
+                    rank = isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value) \
+                        and not is_main_flag(terminal(value))
+                    given.append(x.kind(value) if rank else NONE)
+                if given and min(given):
+                    levels.setdefault(path, {})[f"~{d.name}({param})"] = min(given)
 
 
 def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:

@@ -1,0 +1,56 @@
+"""What a value handed along says about ranks and epochs: a parameter every call gives the rank, a set_epoch in a
+loop over loaders, a loader only code outside the program iterates, a sampler its function's callers drop."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_source
+
+
+def _lint(code: str, rule: str) -> list[int]:
+    """Lines of `code` where `rule` fires."""
+    return [f.line for f in lint_source(textwrap.dedent(code), "train.py") if f.rule == rule]
+
+
+def _line(code: str, needle: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if needle in line)
+
+
+# ---- a parameter every call gives the rank -------------------------------------------------------
+RANK_AS_PARAMETER = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def fit(net, gpu_slot, batches):
+        net.train()
+        for step, batch in enumerate(batches):
+            out = net(batch.cuda(gpu_slot)).sum()
+            if gpu_slot == 0:
+                print("step", step, "of", len(batches))
+        print("pass finished")
+
+    def worker(rank, world):
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        torch.cuda.set_device(rank)
+        net = torch.nn.Linear(4, 4).cuda(rank)
+        fit(net, rank, [torch.zeros(2, 4)] * 3)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, nprocs=2, args=(2,))
+"""
+
+
+def test_a_parameter_every_call_gives_the_rank_is_the_rank():
+    lines = _lint(RANK_AS_PARAMETER, "DDP008")
+    assert _line(RANK_AS_PARAMETER, '"step", step') not in lines  # `gpu_slot == 0` is rank 0
+    assert _line(RANK_AS_PARAMETER, '"pass finished"') in lines  # beside it, the unguarded print stays
+
+
+def test_a_parameter_some_call_gives_a_constant_is_no_rank():
+    code = RANK_AS_PARAMETER.replace('    if __name__ == "__main__":',
+                                     '    def smoke():\n        fit(torch.nn.Linear(4, 4), 1, [])\n\n'
+                                     '    if __name__ == "__main__":\n        smoke()')
+    assert _line(code, '"step", step') in _lint(code, "DDP008")
