@@ -54,3 +54,38 @@ def test_a_parameter_some_call_gives_a_constant_is_no_rank():
                                      '    def smoke():\n        fit(torch.nn.Linear(4, 4), 1, [])\n\n'
                                      '    if __name__ == "__main__":\n        smoke()')
     assert _line(code, '"step", step') in _lint(code, "DDP008")
+
+
+# ---- set_epoch in a loop over loaders ------------------------------------------------------------
+LOOP_OVER_LOADERS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    class Runner:
+        def __init__(self, sets):
+            self.loaders = [DataLoader(s, sampler=DistributedSampler(s), batch_size=8) for s in sets]
+
+        def one_epoch(self, epoch):
+            for loader in self.loaders:
+                loader.sampler.set_epoch(epoch)
+            for batches in zip(*self.loaders):
+                pass
+
+        def fit(self, epochs, start):
+            for epoch in range(epochs):
+                for loader in self.loaders:
+                    loader.sampler.set_epoch(start)
+                self.one_epoch(epoch)
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        Runner([list(range(10))]).fit(3, 0)
+        dist.destroy_process_group()
+"""
+
+
+def test_set_epoch_in_a_loop_over_loaders_takes_the_epoch_of_the_loop_around_it():
+    lines = _lint(LOOP_OVER_LOADERS, "DDP001")
+    assert _line(LOOP_OVER_LOADERS, "set_epoch(epoch)") not in lines  # the function's epoch parameter
+    assert _line(LOOP_OVER_LOADERS, "set_epoch(start)") in lines  # the same value every epoch of the outer loop

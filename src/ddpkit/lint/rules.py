@@ -266,7 +266,9 @@ def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
 
 
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
-    """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes."""
+    """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes. A
+    loop whose target is the sampler's holder (`for loader in self.loaders:`) is a loop over samplers, not the
+    epoch loop: the one around it (or the function's callers) decides."""
     value = call.args[0]
     if not isinstance(value, ast.Name):
         return False
@@ -277,6 +279,9 @@ def _loop_invariant(s: Script, call: ast.Call) -> bool:
             return False
         if isinstance(node, ast.For):
             bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            if isinstance(call.func, ast.Attribute) and any(isinstance(n, ast.Name) and n.id in bound
+                                                            for n in ast.walk(call.func.value)):
+                continue  # `for loader in loaders: loader.sampler.set_epoch(epoch)` walks samplers, not epochs
             bound |= {n.id for stmt in ast.walk(node) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                              ast.NamedExpr, ast.For))
                       for t in ([stmt.target] if not isinstance(stmt, ast.Assign) else stmt.targets)
