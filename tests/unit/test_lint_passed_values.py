@@ -89,3 +89,36 @@ def test_set_epoch_in_a_loop_over_loaders_takes_the_epoch_of_the_loop_around_it(
     lines = _lint(LOOP_OVER_LOADERS, "DDP001")
     assert _line(LOOP_OVER_LOADERS, "set_epoch(epoch)") not in lines  # the function's epoch parameter
     assert _line(LOOP_OVER_LOADERS, "set_epoch(start)") in lines  # the same value every epoch of the outer loop
+
+
+# ---- a loader only code outside the program iterates ---------------------------------------------
+DRIVEN_OUTSIDE = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from trainkit.data import endless
+
+    def run(data, steps):
+        sampler = DistributedSampler(data, shuffle=True)
+        loader = DataLoader(data, sampler=sampler, batch_size=8)
+        print(len(loader))
+        batches = endless(loader)
+        for step in range(steps):
+            batch = next(batches)
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        for epoch in range(3):
+            run(list(range(100)), 10)
+        dist.destroy_process_group()
+"""
+
+
+def test_a_loader_only_code_outside_the_program_iterates_may_get_set_epoch_there():
+    assert _lint(DRIVEN_OUTSIDE, "DDP001") == []
+
+
+def test_a_loader_the_program_iterates_through_an_outside_wrapper_still_needs_set_epoch():
+    for code in (DRIVEN_OUTSIDE.replace("batch = next(batches)", "for batch in batches:\n                pass"),
+                 DRIVEN_OUTSIDE.replace("from trainkit.data import endless", "from itertools import cycle as endless")):
+        assert _lint(code, "DDP001") == [_line(code, "DistributedSampler(data")]
