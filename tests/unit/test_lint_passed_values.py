@@ -114,8 +114,11 @@ DRIVEN_OUTSIDE = """
 """
 
 
-def test_a_loader_only_code_outside_the_program_iterates_may_get_set_epoch_there():
-    assert _lint(DRIVEN_OUTSIDE, "DDP001") == []
+def test_a_loader_only_code_outside_the_program_iterates_is_reported_as_resting_on_that_code():
+    found = [f for f in lint_source(textwrap.dedent(DRIVEN_OUTSIDE), "train.py") if f.rule == "DDP001"]
+    assert [f.line for f in found] == [_line(DRIVEN_OUTSIDE, "DistributedSampler(data")]
+    assert "only by endless() from a module not linted" in found[0].message
+    assert found[0].severity == "warning"
 
 
 def test_a_loader_the_program_iterates_through_an_outside_wrapper_still_needs_set_epoch():

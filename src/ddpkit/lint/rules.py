@@ -83,12 +83,21 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
         if _is_const(argument(call, "shuffle", 3) if torch_sampler else keyword(call, "shuffle"), False) \
                 or is_eval_sampler(s, call):
             continue  # the order of evaluation data does not matter
-        if _handed_to_unseen_code(s, call) or _driven_by_unseen_code(s, call):
-            continue  # a batch sampler (or an iterator over the loader) from a file not linted may call set_epoch
+        if _handed_to_unseen_code(s, call):
+            continue  # a batch sampler from a file not linted may call set_epoch itself
         if _under_an_unread_key(s, call):
             continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
         what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
             f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
+        driver = _driven_by_unseen_code(s, call)
+        if driver:  # the finding rests on code not linted: it says so
+            yield Hit(call, "DDP001", "warning",
+                      f"{what} and nothing linted calls sampler.set_epoch(); its loader is iterated only by "
+                      f"{driver}() from a module not linted: unless that calls set_epoch, every epoch visits the data "
+                      "in the same order",
+                      "call sampler.set_epoch(epoch) where each pass over the data starts (or check that "
+                      f"{driver}() does)")
+            continue
         yield Hit(call, "DDP001", "error",
                   f"{what} but sampler.set_epoch() is never called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
@@ -180,12 +189,12 @@ def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
     return False
 
 
-def _driven_by_unseen_code(s: Script, sampler: ast.Call) -> bool:
-    """The only loader of the sampler is handed to a function from a module the linted files do not include (not
+def _driven_by_unseen_code(s: Script, sampler: ast.Call) -> str:
+    """The name of the function that drives the sampler's epochs out of sight, else '': the only loader of the sampler is handed to a function from a module the linted files do not include (not
     torch, not the standard library: `batches = make_iter_dataloader(loader)` then `next(batches)`) and the program
     iterates neither the loader nor what that function returns: the passes over the data, and where each epoch
-    starts, are in code not linted, which may call set_epoch. A loader the program iterates itself (`for x in
-    loader`, `for x in tqdm(loader)`, through a function of the program) stays reported."""
+    starts, are in code not linted, which may call set_epoch (the finding says so). A loader the program iterates
+    itself (`for x in loader`, `for x in tqdm(loader)`, through a function of the program) does not count."""
     holders = {k for k, v in s.assignments if v is sampler}
     parent = s.parents.get(id(sampler))
     if isinstance(parent, ast.keyword):
@@ -195,16 +204,16 @@ def _driven_by_unseen_code(s: Script, sampler: ast.Call) -> bool:
                                        for a in (*v.args, *(k.value for k in v.keywords))))}
     loaders = {k for k in loaders if not k.startswith(".")}
     if len(loaders) != 1:
-        return False
+        return ""
     name = next(iter(loaders))
     iterated = {n.id for node in s.nodes if isinstance(node, (ast.For, ast.comprehension))
                 for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
     uses = [n for n in s.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
-    unseen = 0
+    unseen = ""
     for use in uses:
         call = s.parents.get(id(use))
         if not isinstance(call, ast.Call) or use not in call.args:
-            return False
+            return ""
         if isinstance(call.func, ast.Name) and call.func.id == "len" and call.func.id not in s.aliases:
             continue
         qualname = s.qualname(call.func)
@@ -212,13 +221,13 @@ def _driven_by_unseen_code(s: Script, sampler: ast.Call) -> bool:
         if "." not in qualname or root in ("torch", *sys.stdlib_module_names) \
                 or s.project.resolve(s, call.func) is not None or s.project.modules.locate(
                     s.path, qualname.rsplit(".", 1)[0]) is not None:
-            return False
+            return ""
         around = s.parents.get(id(call))
         if isinstance(around, (ast.For, ast.comprehension)) or isinstance(around, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id in iterated for t in around.targets):
-            return False
-        unseen += 1
-    return unseen > 0 and name not in iterated
+            return ""
+        unseen = terminal(call.func)
+    return unseen if name not in iterated else ""
 
 
 def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
