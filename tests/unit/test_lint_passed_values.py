@@ -125,3 +125,39 @@ def test_a_loader_the_program_iterates_through_an_outside_wrapper_still_needs_se
     for code in (DRIVEN_OUTSIDE.replace("batch = next(batches)", "for batch in batches:\n                pass"),
                  DRIVEN_OUTSIDE.replace("from trainkit.data import endless", "from itertools import cycle as endless")):
         assert _lint(code, "DDP001") == [_line(code, "DistributedSampler(data")]
+
+
+# ---- a sampler its function's callers drop -------------------------------------------------------
+DROPPED_SAMPLER = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def build(size):
+        data = list(range(size))
+        sampler = DistributedSampler(data, shuffle=True)
+        return data, sampler
+
+    def train():
+        data, _ = build(100)
+        loader = DataLoader(data, batch_size=8)
+        for epoch in range(3):
+            for batch in loader:
+                pass
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        train()
+        dist.destroy_process_group()
+"""
+
+
+def test_a_sampler_every_caller_drops_builds_no_loader():
+    assert _lint(DROPPED_SAMPLER, "DDP001") == []
+
+
+def test_a_sampler_a_caller_keeps_still_needs_set_epoch():
+    code = DROPPED_SAMPLER.replace("data, _ = build(100)\n        loader = DataLoader(data, batch_size=8)",
+                                   "data, sampler = build(100)\n"
+                                   "        loader = DataLoader(data, sampler=sampler, batch_size=8)")
+    assert _lint(code, "DDP001") == [_line(code, "DistributedSampler(data")]
