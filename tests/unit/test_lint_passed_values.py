@@ -161,3 +161,26 @@ def test_a_sampler_a_caller_keeps_still_needs_set_epoch():
                                    "data, sampler = build(100)\n"
                                    "        loader = DataLoader(data, sampler=sampler, batch_size=8)")
     assert _lint(code, "DDP001") == [_line(code, "DistributedSampler(data")]
+
+
+# ---- the device a checkpoint was saved from ------------------------------------------------------
+EXPLICIT_DEVICES = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if __name__ == "__main__":
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group(backend="nccl")
+        model = torch.nn.Linear(4, 4).to(torch.device(f"cuda:{local_rank}"))
+        model = DDP(model, device_ids=[local_rank])
+        model.load_state_dict(torch.load("ckpt.pt", map_location={"cuda:0": f"cuda:{local_rank}"}))
+        dist.destroy_process_group()
+"""
+
+
+def test_a_map_location_key_is_the_device_saved_from_not_a_placement():
+    assert _lint(EXPLICIT_DEVICES, "DDP012") == []
+    code = EXPLICIT_DEVICES.replace('map_location={"cuda:0": f"cuda:{local_rank}"}', 'map_location="cuda:0"')
+    assert _lint(code, "DDP012") == [_line(code, "init_process_group")]
