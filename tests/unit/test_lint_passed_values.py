@@ -184,3 +184,53 @@ def test_a_map_location_key_is_the_device_saved_from_not_a_placement():
     assert _lint(EXPLICIT_DEVICES, "DDP012") == []
     code = EXPLICIT_DEVICES.replace('map_location={"cuda:0": f"cuda:{local_rank}"}', 'map_location="cuda:0"')
     assert _lint(code, "DDP012") == [_line(code, "init_process_group")]
+
+
+# ---- a figure every rank computes over the whole data --------------------------------------------
+WHOLE_DATA = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from speechdata import Clips
+
+    class Mean:
+        def __init__(self):
+            self.total, self.count = 0.0, 0
+
+        def update(self, x):
+            self.total, self.count = self.total + x, self.count + 1
+
+    def main():
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        net = torch.nn.Linear(4, 4).cuda()
+        train_set, check_set = Clips("train"), Clips("dev")
+        train_loader = DataLoader(train_set, sampler=DistributedSampler(train_set), batch_size=8)
+        check_loader = DataLoader(check_set, batch_size=1)
+        train_loss, check_loss = Mean(), Mean()
+        for x in train_loader:
+            loss = net(x).sum()
+            train_loss.update(loss.item())
+        for x in check_loader:
+            loss = net(x).sum()
+            check_loss.update(loss.item())
+        if rank == 0:
+            print(f"dev loss {check_loss.total / check_loss.count}")
+            print(f"train loss {train_loss.total / train_loss.count}")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_loss_every_rank_computes_over_the_whole_data_is_the_runs():
+    lines = _lint(WHOLE_DATA, "DDP006")
+    assert _line(WHOLE_DATA, '"dev loss') not in lines  # an unsharded loader over a dataset that needs a sampler
+    assert _line(WHOLE_DATA, '"train loss') in lines  # its own shard
+
+
+def test_a_dataset_class_not_linted_and_never_under_a_sampler_may_shard_itself():
+    code = WHOLE_DATA.replace('Clips("dev")', 'Shards("dev")')
+    code = code.replace("from speechdata import Clips", "from speechdata import Clips, Shards")
+    assert _line(code, '"dev loss') in _lint(code, "DDP006")
