@@ -234,3 +234,29 @@ def test_a_dataset_class_not_linted_and_never_under_a_sampler_may_shard_itself()
     code = WHOLE_DATA.replace('Clips("dev")', 'Shards("dev")')
     code = code.replace("from speechdata import Clips", "from speechdata import Clips, Shards")
     assert _line(code, '"dev loss') in _lint(code, "DDP006")
+
+
+# ---- a setting named like a loss -----------------------------------------------------------------
+LOSS_SETTING = """
+    import torch
+    import torch.distributed as dist
+    from trainparts import Criterion, fit
+
+    def main():
+        dist.init_process_group("nccl")
+        loss_terms = ["labels", "boxes"]
+        criterion = Criterion(terms=loss_terms)
+        stats = fit(criterion)
+        if dist.get_rank() == 0:
+            print({**stats, "terms": len(loss_terms)})
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_constant_list_named_like_a_loss_is_a_setting_not_a_figure():
+    assert _lint(LOSS_SETTING, "DDP006") == []
+    code = LOSS_SETTING.replace('loss_terms = ["labels", "boxes"]', 'loss_terms = fit(None)')
+    assert _lint(code, "DDP006") == [_line(code, "print(")]

@@ -241,7 +241,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             # earlier (`run_name = f"...{args.loss_weight}"`)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
-                         and not _from_evaluation(s, n)), None)
+                         and not _from_evaluation(s, n) and not _constant_literal(s, n)), None)
             if loss is not None:
                 break
         if loss is not None and _reduced_here(s, call, loss):
@@ -325,6 +325,15 @@ def _also_under_a_sampler(s: Script, maker: str) -> bool:
     made = {k for k, v in s.assignments if isinstance(v, ast.Call) and terminal(v.func) == maker}
     return any(isinstance(a, ast.Name) and a.id in made for c in s.calls_named("DistributedSampler")
                for a in [argument(c, "dataset", 0)])
+
+
+def _constant_literal(s: Script, name: str) -> bool:
+    """Every value the file gives `name` is a literal of constants (`loss_names = ["labels", "boxes"]`, `loss_weight =
+    0.5`): a setting handed to the code that computes the figure, not a figure itself."""
+    values = [v for k, v in s.assignments if k == name]
+    return bool(values) and all(isinstance(v, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict)) and all(
+        isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
+        for n in ast.walk(v)) for v in values)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
