@@ -260,3 +260,45 @@ def test_a_constant_list_named_like_a_loss_is_a_setting_not_a_figure():
     assert _lint(LOSS_SETTING, "DDP006") == []
     code = LOSS_SETTING.replace('loss_terms = ["labels", "boxes"]', 'loss_terms = fit(None)')
     assert _lint(code, "DDP006") == [_line(code, "print(")]
+
+
+# ---- an autograd Function that all-gathers -------------------------------------------------------
+GATHERING_FUNCTION = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    class Collect(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, piece, world):
+            out = [torch.empty_like(piece) for _ in range(world)]
+            dist.all_gather(out, piece)
+            return torch.cat(out)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None
+
+    collect = Collect.apply
+
+    def evaluate(net, data, world):
+        loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False), batch_size=4)
+        embeddings = []
+        for x in loader:
+            gathered = collect(net(x), world)
+            embeddings.append(gathered)
+        if dist.get_rank() == 0:
+            recall = torch.cat(embeddings).norm(dim=1).mean()
+            print("recall", recall)
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        evaluate(torch.nn.Linear(4, 4), torch.zeros(8, 4), dist.get_world_size())
+        dist.destroy_process_group()
+"""
+
+
+def test_an_autograd_function_whose_forward_all_gathers_is_a_reduction():
+    assert _line(GATHERING_FUNCTION, 'print("recall"') not in _lint(GATHERING_FUNCTION, "DDP006")
+    code = GATHERING_FUNCTION.replace("dist.all_gather(out, piece)", "out = [piece] * world")
+    assert _line(code, 'print("recall"') in _lint(code, "DDP006")

@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                own_returns, single_setting, spawn_index_names, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor"]
+           "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -872,4 +872,30 @@ def batchnorm_constructor(s: Script, call: ast.Call) -> str | None:
     if qualname == "timm.create_model" and call.args and isinstance(call.args[0], ast.Constant) \
             and isinstance(call.args[0].value, str) and BATCHNORM_ARCHITECTURES.fullmatch(call.args[0].value):
         return f"timm.create_model({call.args[0].value!r})"
+    return None
+
+
+def function_apply(s: Script, call: ast.Call) -> list[int] | None:
+    """`AllGather.apply(t, args)` (or `gather = AllGather.apply; gather(t, args)`) of a project autograd Function whose
+    `forward(ctx, tensor, args)` hands a parameter to a torch.distributed collective: the positions of the call's
+    arguments that reach it; None for any other call."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        values = [v for k, v in s.assignments if k == func.id]
+        func = values[0] if len(values) == 1 else None
+    if not (isinstance(func, ast.Attribute) and func.attr == "apply" and isinstance(func.value, ast.Name)):
+        return None
+    for x in s.project.scripts.values():
+        for c in x.nodes:
+            if not (isinstance(c, ast.ClassDef) and c.name == func.value.id
+                    and any(terminal(b) == "Function" for b in c.bases)):
+                continue
+            forward = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "forward"), None)
+            if forward is None:
+                return None
+            params = [p.arg for p in (*forward.args.posonlyargs, *forward.args.args)][1:]  # (after ctx)
+            carried = [a for n in ast.walk(forward) if isinstance(n, ast.Call) and x.is_dist_collective(n)
+                       and terminal(n.func) in COLLECTIVES for a in n.args]
+            read = {n.id for a in carried for n in ast.walk(a) if isinstance(n, ast.Name)}
+            return [i for i, p in enumerate(params) if p in read] or None
     return None

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, terminal
 from ddpkit.lint.flow import eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
@@ -712,8 +712,8 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
         return
     if project.reduces(_METRIC) or any(
             s.local_callee(c) in project.reducing_functions or terminal(c.func) in project.reducing_functions
-            for c in s.calls):
-        return
+            or function_apply(s, c) is not None for c in s.calls):
+        return  # (`gather = AllGather.apply; gather(embeddings)`: an autograd Function that all-gathers)
     for call in s.calls:
         ctx = s.context(call)
         if not _logs(s, call) or ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
