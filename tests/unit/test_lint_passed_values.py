@@ -331,3 +331,42 @@ def test_a_steps_own_loss_in_a_progress_line_is_not_the_runs_figure_where_a_loss
     assert _lint(PROGRESS_LINE, "DDP006") == []
     code = PROGRESS_LINE.replace("dist.all_reduce(loss_sum)", "dist.barrier()")
     assert _lint(code, "DDP006") == [_line(code, 'print(f"step')]
+
+
+# ---- a mode flag whose arm starts the process group, read in another file -----------------------
+MODE_FLAG_FILES = {
+    "train.py": """
+        import torch
+        import torch.distributed as dist
+        from saver import keep
+
+        def main(cfg):
+            if cfg.RUN.SPREAD:
+                dist.init_process_group("nccl")
+            net = torch.nn.Linear(4, 4)
+            keep(cfg, net)
+
+        if __name__ == "__main__":
+            main(load_config())
+    """,
+    "saver.py": """
+        import torch
+        import torch.distributed as dist
+
+        def keep(cfg, net):
+            if cfg.RUN.SPREAD:
+                if dist.get_rank() == 0:
+                    torch.save(net.state_dict(), "net.pt")
+            else:
+                torch.save(net.state_dict(), "net.pt")
+            torch.save(net.state_dict(), "last.pt")
+    """,
+}
+
+
+def test_the_other_arm_of_a_flag_whose_arm_starts_the_group_elsewhere_is_one_process():
+    from ddpkit.lint import lint_sources
+    sources = {path: textwrap.dedent(code) for path, code in MODE_FLAG_FILES.items()}
+    lines = {f.line for f in lint_sources(sources) if f.rule == "DDP004" and f.path == "saver.py"}
+    saver = sources["saver.py"].splitlines()
+    assert lines == {next(i for i, t in enumerate(saver, 1) if '"last.pt"' in t)}

@@ -283,8 +283,10 @@ class Script:
         group in that arm and not in the other (init_process_group, directly or through a function of this file
         that calls it): the flag says the run is distributed, so the other arm of every test of it is one
         process's (the `elif flag_dp:` DataParallel arm, the single-GPU `else:`); -1 for `if not flag:`, and for a
-        test whose arm wraps the model in nn.DataParallel and not DDP (`if n_gpu > 1:`). Read from what the arm
-        does, not from the flag's name."""
+        test whose arm wraps the model in nn.DataParallel and not DDP (`if n_gpu > 1:`). An `if` with no `else`
+        whose arm starts the group counts too, and an attribute test another file of the program reads so
+        (`if cfg.MODEL.DIST_TRAIN:`, written the same) is read so here. Read from what the arm does, not from the
+        flag's name."""
         if not isinstance(node, ast.If):
             return 0
         test, sign = node.test, 1
@@ -295,7 +297,11 @@ class Script:
         flags = getattr(self, "_mode_flags", None)
         if flags is None:
             flags = self._mode_flags = self._group_flags()
-        return sign * flags.get(ast.unparse(test), 0)
+        written = ast.unparse(test)
+        if written not in flags and isinstance(test, ast.Attribute):
+            # `if cfg.MODEL.DIST_TRAIN:` in processor.py, where train.py starts the group under the same test
+            return sign * self.external_levels.get("!" + written, 0)
+        return sign * flags.get(written, 0)
 
     def _group_flags(self) -> dict[str, int]:
         """{test as written: +1 where its truth means a distributed run, -1 where it means one process} (see
@@ -327,6 +333,8 @@ class Script:
                 body, other = starts(n.body), starts(n.orelse)
                 if body != other:
                     found[ast.unparse(test)] = sign if body else -sign
+            elif isinstance(test, (ast.Name, ast.Attribute)) and starts(n.body):
+                found.setdefault(ast.unparse(test), sign)  # `if cfg.DIST_TRAIN: init_process_group(...)`, no else
             # `if n_gpu > 1: model = nn.DataParallel(model)`: one process drives the GPUs where the test holds
             wraps = {terminal(c.func) for c in calls(n.body)}
             if isinstance(test, (ast.Name, ast.Attribute, ast.Compare)) and "DataParallel" in wraps \

@@ -50,7 +50,23 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _flag_levels(project, levels)
     _flag_parameters(project, levels)
     _rank_parameters(project, levels)
+    _mode_attributes(project, levels)
     return levels
+
+
+def _mode_attributes(project, levels: dict[str, dict[str, int]]) -> None:
+    """`if cfg.MODEL.DIST_TRAIN: dist.init_process_group(...)` in one file: the attribute test, written the same,
+    means a distributed run in every other file of the program too, as `!cfg.MODEL.DIST_TRAIN` (Script.
+    _starts_group_arm); a test files read both ways, or a plain name, gives nothing."""
+    found: dict[str, set[int]] = {}
+    for script in project.scripts.values():
+        for written, sign in script._group_flags().items():
+            if "." in written and "(" not in written and "[" not in written:
+                found.setdefault(written, set()).add(sign)
+    for written, signs in found.items():
+        if signs == {1}:
+            for path in project.scripts:
+                levels.setdefault(path, {})["!" + written] = 1
 
 
 def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
