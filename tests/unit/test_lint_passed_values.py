@@ -304,35 +304,6 @@ def test_an_autograd_function_whose_forward_all_gathers_is_a_reduction():
     assert _line(code, 'print("recall"') in _lint(code, "DDP006")
 
 
-# ---- a step's own loss in a progress line ---------------------------------------------------------
-PROGRESS_LINE = """
-    import torch
-    import torch.distributed as dist
-
-    def fit(net, opt, loader, rank):
-        for step, (x, y) in enumerate(loader):
-            opt.zero_grad()
-            loss = (net(x) - y).pow(2).mean()
-            loss.backward()
-            opt.step()
-            if rank == 0 and step % 10 == 0:
-                print(f"step {step} loss {loss.item():.4f}")
-
-    def check(net, loader):
-        loss_sum = torch.zeros(1)
-        for x, y in loader:
-            loss_sum += (net(x) - y).pow(2).sum()
-        dist.all_reduce(loss_sum)
-        return loss_sum.item()
-"""
-
-
-def test_a_steps_own_loss_in_a_progress_line_is_not_the_runs_figure_where_a_loss_is_reduced():
-    assert _lint(PROGRESS_LINE, "DDP006") == []
-    code = PROGRESS_LINE.replace("dist.all_reduce(loss_sum)", "dist.barrier()")
-    assert _lint(code, "DDP006") == [_line(code, 'print(f"step')]
-
-
 # ---- a mode flag whose arm starts the process group, read in another file -----------------------
 MODE_FLAG_FILES = {
     "train.py": """

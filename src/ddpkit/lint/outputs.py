@@ -234,7 +234,6 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         loss = None
         given = shown_arguments(call, helper) + _held_by_display(s, call)
         direct = {id(leaf) for a in given for leaf in leaves(s, scope, a, 0)}
-        step = False
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
                 continue  # this value went through a collective (or was rebuilt from one)
@@ -244,16 +243,11 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
                          and not _from_evaluation(s, n) and not _constant_literal(s, n)), None)
             if loss is not None:
-                step = id(leaf) in direct and loss in _names(leaf) and _step_of_sharded_loop(s, call, loss)
                 break
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
-        if step and project.reduces(LOSS_NAME):
-            # `print(f"... Loss: {loss.item()}")` under `rank == 0` inside the loop over a sharded loader, where the
-            # program reduces a loss elsewhere (the test loss): a progress line of this step, not the run's figure
-            continue
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
@@ -331,26 +325,6 @@ def _also_under_a_sampler(s: Script, maker: str) -> bool:
     made = {k for k, v in s.assignments if isinstance(v, ast.Call) and terminal(v.func) == maker}
     return any(isinstance(a, ast.Name) and a.id in made for c in s.calls_named("DistributedSampler")
                for a in [argument(c, "dataset", 0)])
-
-
-def _step_of_sharded_loop(s: Script, call: ast.Call, loss: str) -> bool:
-    """The report runs inside the training step loop (`for ... in loader` over a sharded loader, or a loop whose body
-    calls backward()), and `loss` is assigned in that loop's body (this step's own loss, not a running total kept
-    across steps)."""
-    sharded = sharded_names(s)
-    node = call
-    while id(node) in s.parents:
-        node = s.parents[id(node)]
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return False
-        if isinstance(node, ast.For) and (any(isinstance(n, ast.Name) and n.id in sharded for n in ast.walk(node.iter))
-                                          or any(isinstance(n, ast.Call) and terminal(n.func) == "backward"
-                                                 for n in ast.walk(node))):
-            return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == loss for t in n.targets)
-                       for n in ast.walk(node)) and not any(
-                isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id == loss
-                for n in ast.walk(node))
-    return False
 
 
 def _constant_literal(s: Script, name: str) -> bool:
