@@ -260,6 +260,8 @@ def test_a_constant_list_named_like_a_loss_is_a_setting_not_a_figure():
     assert _lint(LOSS_SETTING, "DDP006") == []
     code = LOSS_SETTING.replace('loss_terms = ["labels", "boxes"]', 'loss_terms = fit(None)')
     assert _lint(code, "DDP006") == [_line(code, "print(")]
+    code = LOSS_SETTING.replace('loss_terms = ["labels", "boxes"]', 'loss_terms = {}\n        loss_terms["a"] = fit(None)')
+    assert _lint(code, "DDP006") == [_line(code, "print(")]  # an empty literal filled later is a figure
 
 
 # ---- an autograd Function that all-gathers -------------------------------------------------------

@@ -329,11 +329,19 @@ def _also_under_a_sampler(s: Script, maker: str) -> bool:
 
 def _constant_literal(s: Script, name: str) -> bool:
     """Every value the file gives `name` is a literal of constants (`loss_names = ["labels", "boxes"]`, `loss_weight =
-    0.5`): a setting handed to the code that computes the figure, not a figure itself."""
+    0.5`) and nothing fills it later (`losses = {}` then `losses[k] = ...` is a figure): a setting handed to the code
+    that computes the figure, not a figure itself."""
     values = [v for k, v in s.assignments if k == name]
-    return bool(values) and all(isinstance(v, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict)) and all(
-        isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
-        for n in ast.walk(v)) for v in values)
+    filled = any(isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) or isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend", "update", "insert")
+                 for n in s.nodes for m in [n.value if isinstance(n, ast.Subscript) else getattr(n.func, "value", None)
+                                            if isinstance(n, ast.Call) else None]
+                 if isinstance(m, ast.Name) and m.id == name)
+    return bool(values) and not filled and all(
+        isinstance(v, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict))
+        and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
+            isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
+            for n in ast.walk(v)) for v in values)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
