@@ -343,3 +343,55 @@ def test_the_other_arm_of_a_flag_whose_arm_starts_the_group_elsewhere_is_one_pro
     lines = {f.line for f in lint_sources(sources) if f.rule == "DDP004" and f.path == "saver.py"}
     saver = sources["saver.py"].splitlines()
     assert lines == {next(i for i, t in enumerate(saver, 1) if '"last.pt"' in t)}
+
+
+# ---- the methods of an object only some ranks build ----------------------------------------------
+OBJECT_ON_ONE_RANK = {
+    "train.py": """
+        import torch.distributed as dist
+        from hub import Hub
+        from worker import Worker
+
+        def main():
+            dist.init_process_group("gloo")
+            rank, world = dist.get_rank(), dist.get_world_size()
+            if rank == world - 1:
+                agent = Hub(world)
+                agent.run(10)
+            else:
+                agent = Worker(rank)
+                agent.run(10)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """,
+    "hub.py": """
+        from tqdm import tqdm
+
+        class Hub:
+            def __init__(self, world):
+                self.world = world
+
+            def run(self, rounds):
+                for step in tqdm(range(rounds)):
+                    pass
+    """,
+    "worker.py": """
+        class Worker:
+            def __init__(self, rank):
+                self.rank = rank
+
+            def run(self, rounds):
+                for step in range(rounds):
+                    pass
+    """,
+}
+
+
+def test_the_methods_of_an_object_built_under_a_rank_check_run_there_alone():
+    from ddpkit.lint import lint_sources
+    sources = {path: textwrap.dedent(code) for path, code in OBJECT_ON_ONE_RANK.items()}
+    assert [f for f in lint_sources(sources) if f.rule == "DDP008"] == []
+    sources["train.py"] = sources["train.py"].replace("    if rank == world - 1:\n", "    if world > 1:\n")
+    assert [(f.path, f.line) for f in lint_sources(sources) if f.rule == "DDP008"] == [("hub.py", 9)]

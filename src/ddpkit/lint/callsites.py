@@ -288,6 +288,15 @@ def _constructor_levels(project, levels: dict[str, dict[str, int]]) -> None:
         calls = built.get(name, []) if name in homes else []
         mine = found.setdefault(path, {})
         mine["__init__"] = min(mine.get("__init__", GLOBAL), min((level for _, level in calls), default=NONE))
+        # an object exists only where it is built: the methods of a class every construction of which sits under a
+        # rank check (`agent = Server(args); agent.train()` under `if rank == last:`) run there alone (a method
+        # name another function of the file shares is left alone)
+        owner = next(c for c in project.scripts[path].nodes if isinstance(c, ast.ClassDef) and init in c.body)
+        names = [d.name for d in project.scripts[path].defs]
+        for method in (d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name != "__init__"):
+            if names.count(method.name) == 1:
+                mine[method.name] = min(mine.get(method.name, GLOBAL),
+                                        min((level for _, level in calls), default=NONE))
         positional = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
         for param in optional_parameters([init]):
             given = min((level for call, level in calls if _gives(call, positional, param)), default=NONE)
