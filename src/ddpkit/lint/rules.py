@@ -220,11 +220,12 @@ def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
 
 
 def _driven_by_unseen_code(s: Script, sampler: ast.Call) -> str:
-    """The name of the function that drives the sampler's epochs out of sight, else '': the only loader of the sampler is handed to a function from a module the linted files do not include (not
-    torch, not the standard library: `batches = make_iter_dataloader(loader)` then `next(batches)`) and the program
-    iterates neither the loader nor what that function returns: the passes over the data, and where each epoch
-    starts, are in code not linted, which may call set_epoch (the finding says so). A loader the program iterates
-    itself (`for x in loader`, `for x in tqdm(loader)`, through a function of the program) does not count."""
+    """The name of the function that drives the sampler's epochs out of sight, else '': the only loader of the
+    sampler is handed to a function from a module the linted files do not include (not torch, not the standard
+    library: `batches = make_iter_dataloader(loader)` then `next(batches)`) and the program iterates neither the
+    loader nor what that function returns: the passes over the data, and where each epoch starts, are in code not
+    linted, which may call set_epoch (the finding says so). A loader the program iterates itself (`for x in
+    loader`, `for x in tqdm(loader)`, through a function of the program) does not count."""
     holders = {k for k, v in s.assignments if v is sampler}
     parent = s.parents.get(id(sampler))
     if isinstance(parent, ast.keyword):
