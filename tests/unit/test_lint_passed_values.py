@@ -395,3 +395,41 @@ def test_the_methods_of_an_object_built_under_a_rank_check_run_there_alone():
     assert [f for f in lint_sources(sources) if f.rule == "DDP008"] == []
     sources["train.py"] = sources["train.py"].replace("    if rank == world - 1:\n", "    if world > 1:\n")
     assert [(f.path, f.line) for f in lint_sources(sources) if f.rule == "DDP008"] == [("hub.py", 9)]
+
+
+# ---- a launcher of another file called in a function ---------------------------------------------
+LAUNCHED_IN_A_FUNCTION = {
+    "train.py": """
+        import torch.distributed as dist
+        from runner import launch
+
+        def worker(rank, world):
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            print("worker up")
+            dist.destroy_process_group()
+
+        def main():
+            print("launching")
+            launch(worker, 2)
+
+        if __name__ == "__main__":
+            main()
+    """,
+    "runner.py": """
+        import torch.multiprocessing as mp
+
+        def launch(fn, world):
+            if world > 1:
+                mp.spawn(fn, nprocs=world, args=(world,))
+            else:
+                fn(0, 1)
+    """,
+}
+
+
+def test_the_function_that_calls_a_spawning_launcher_of_another_file_is_the_parent():
+    from ddpkit.lint import lint_sources
+    sources = {path: textwrap.dedent(code) for path, code in LAUNCHED_IN_A_FUNCTION.items()}
+    lines = {f.line for f in lint_sources(sources) if f.rule == "DDP008" and f.path == "train.py"}
+    train = sources["train.py"].splitlines()
+    assert lines == {next(i for i, t in enumerate(train, 1) if '"worker up"' in t)}
