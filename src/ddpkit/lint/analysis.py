@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                own_returns, single_setting, spawn_index_names, terminal)
 
 __all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
-           "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor"]
+           "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -199,7 +199,8 @@ class Script:
     def kind(self, expr: ast.AST | None) -> int:
         """How an expression depends on the rank: NONE, LOCAL or GLOBAL (see rank_name_kind)."""
         if isinstance(expr, ast.Name):
-            return self.derived.get(expr.id) or rank_name_kind(expr.id) or self._parameter_flag(expr)
+            return self.derived.get(expr.id) or rank_name_kind(expr.id) or self._parameter_flag(expr) \
+                or self._parameter_flag(expr, "~")
         if isinstance(expr, ast.Attribute):
             # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
             return self.derived.get("." + expr.attr) or self.external_levels.get("=." + expr.attr, NONE) \
@@ -265,15 +266,16 @@ class Script:
             return self.kind(expr.value)
         return NONE
 
-    def _parameter_flag(self, use: ast.Name) -> int:
-        """The rank check a parameter is where every call gives it one (see callsites._flag_parameters)."""
-        if not any(key.startswith("=") and key.endswith(")") for key in self.external_levels):
+    def _parameter_flag(self, use: ast.Name, mark: str = "=") -> int:
+        """The rank check a parameter is where every call gives it one (see callsites._flag_parameters); with
+        `mark` "~", the rank a parameter holds where every call gives it the rank (callsites._rank_parameters)."""
+        if not any(key.startswith(mark) and key.endswith(")") for key in self.external_levels):
             return NONE
         node = use
         while id(node) in self.parents:
             node = self.parents[id(node)]
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return self.external_levels.get(f"={node.name}({use.id})", NONE)
+                return self.external_levels.get(f"{mark}{node.name}({use.id})", NONE)
         return NONE
 
     def _starts_group_arm(self, node: ast.AST) -> int:
@@ -281,8 +283,10 @@ class Script:
         group in that arm and not in the other (init_process_group, directly or through a function of this file
         that calls it): the flag says the run is distributed, so the other arm of every test of it is one
         process's (the `elif flag_dp:` DataParallel arm, the single-GPU `else:`); -1 for `if not flag:`, and for a
-        test whose arm wraps the model in nn.DataParallel and not DDP (`if n_gpu > 1:`). Read from what the arm
-        does, not from the flag's name."""
+        test whose arm wraps the model in nn.DataParallel and not DDP (`if n_gpu > 1:`). An `if` with no `else`
+        whose arm starts the group counts too, and an attribute test another file of the program reads so
+        (`if cfg.MODEL.DIST_TRAIN:`, written the same) is read so here. Read from what the arm does, not from the
+        flag's name."""
         if not isinstance(node, ast.If):
             return 0
         test, sign = node.test, 1
@@ -293,7 +297,11 @@ class Script:
         flags = getattr(self, "_mode_flags", None)
         if flags is None:
             flags = self._mode_flags = self._group_flags()
-        return sign * flags.get(ast.unparse(test), 0)
+        written = ast.unparse(test)
+        if written not in flags and isinstance(test, ast.Attribute):
+            # `if cfg.MODEL.DIST_TRAIN:` in processor.py, where train.py starts the group under the same test
+            return sign * self.external_levels.get("!" + written, 0)
+        return sign * flags.get(written, 0)
 
     def _group_flags(self) -> dict[str, int]:
         """{test as written: +1 where its truth means a distributed run, -1 where it means one process} (see
@@ -325,6 +333,8 @@ class Script:
                 body, other = starts(n.body), starts(n.orelse)
                 if body != other:
                     found[ast.unparse(test)] = sign if body else -sign
+            elif isinstance(test, (ast.Name, ast.Attribute)) and starts(n.body):
+                found.setdefault(ast.unparse(test), sign)  # `if cfg.DIST_TRAIN: init_process_group(...)`, no else
             # `if n_gpu > 1: model = nn.DataParallel(model)`: one process drives the GPUs where the test holds
             wraps = {terminal(c.func) for c in calls(n.body)}
             if isinstance(test, (ast.Name, ast.Attribute, ast.Compare)) and "DataParallel" in wraps \
@@ -870,4 +880,30 @@ def batchnorm_constructor(s: Script, call: ast.Call) -> str | None:
     if qualname == "timm.create_model" and call.args and isinstance(call.args[0], ast.Constant) \
             and isinstance(call.args[0].value, str) and BATCHNORM_ARCHITECTURES.fullmatch(call.args[0].value):
         return f"timm.create_model({call.args[0].value!r})"
+    return None
+
+
+def function_apply(s: Script, call: ast.Call) -> list[int] | None:
+    """`AllGather.apply(t, args)` (or `gather = AllGather.apply; gather(t, args)`) of a project autograd Function whose
+    `forward(ctx, tensor, args)` hands a parameter to a torch.distributed collective: the positions of the call's
+    arguments that reach it; None for any other call."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        values = [v for k, v in s.assignments if k == func.id]
+        func = values[0] if len(values) == 1 else None
+    if not (isinstance(func, ast.Attribute) and func.attr == "apply" and isinstance(func.value, ast.Name)):
+        return None
+    for x in s.project.scripts.values():
+        for c in x.nodes:
+            if not (isinstance(c, ast.ClassDef) and c.name == func.value.id
+                    and any(terminal(b) == "Function" for b in c.bases)):
+                continue
+            forward = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "forward"), None)
+            if forward is None:
+                return None
+            params = [p.arg for p in (*forward.args.posonlyargs, *forward.args.args)][1:]  # (after ctx)
+            carried = [a for n in ast.walk(forward) if isinstance(n, ast.Call) and x.is_dist_collective(n)
+                       and terminal(n.func) in COLLECTIVES for a in n.args]
+            read = {n.id for a in carried for n in ast.walk(a) if isinstance(n, ast.Name)}
+            return [i for i, p in enumerate(params) if p in read] or None
     return None

@@ -49,7 +49,65 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _helper_answers(project, levels)
     _flag_levels(project, levels)
     _flag_parameters(project, levels)
+    _rank_parameters(project, levels)
+    _mode_attributes(project, levels)
     return levels
+
+
+def _mode_attributes(project, levels: dict[str, dict[str, int]]) -> None:
+    """`if cfg.MODEL.DIST_TRAIN: dist.init_process_group(...)` in one file: the attribute test, written the same,
+    means a distributed run in every other file of the program too, as `!cfg.MODEL.DIST_TRAIN` (Script.
+    _starts_group_arm); a test files read both ways, or a plain name, gives nothing."""
+    found: dict[str, set[int]] = {}
+    for script in project.scripts.values():
+        for written, sign in script._group_flags().items():
+            if "." in written and "(" not in written and "[" not in written:
+                found.setdefault(written, set()).add(sign)
+    for written, signs in found.items():
+        if signs == {1}:
+            for path in project.scripts:
+                levels.setdefault(path, {})["!" + written] = 1
+
+
+def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
+    """`def train(args, model, device, loader):` where every call in the program gives `device` the rank itself
+    (`train(args, model, rank, loader)`, a name that holds it): the parameter holds the rank in its function, as
+    `~train(device)`, so `if device == 0:` is a rank check there (Script.kind). A module-level function is called
+    by its name or through an imported module (`model.train()` is another function); a call that spreads
+    `*args`/`**kwargs`, gives a rank test (see _flag_parameters) or anything but the rank, or a function that
+    assigns the parameter, gives nothing."""
+    methods = {d.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+               for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    calls: dict[str, list[tuple[object, ast.Call]]] = {}
+    for x in project.scripts.values():
+        for call in x.calls:
+            calls.setdefault(terminal(call.func), []).append((x, call))
+    for path, script in project.scripts.items():
+        for d in script.defs:
+            found = calls.get(d.name, [])
+            if d.name not in methods:
+                found = [(x, c) for x, c in found if not isinstance(c.func, ast.Attribute)
+                         or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
+            if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
+                                or any(k.arg is None for k in c.keywords) for _, c in found):
+                continue
+            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+            if positional[:1] in (["self"], ["cls"]):
+                positional = positional[1:]
+            stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for param in positional + [a.arg for a in d.args.kwonlyargs]:
+                if param in stored:
+                    continue
+                given = []
+                for x, c in found:
+                    value = next((k.value for k in c.keywords if k.arg == param), None)
+                    if value is None and param in positional and positional.index(param) < len(c.args):
+                        value = c.args[positional.index(param)]
+                    rank = isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value) \
+                        and not is_main_flag(terminal(value))
+                    given.append(x.kind(value) if rank else NONE)
+                if given and min(given):
+                    levels.setdefault(path, {})[f"~{d.name}({param})"] = min(given)
 
 
 def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
@@ -230,6 +288,15 @@ def _constructor_levels(project, levels: dict[str, dict[str, int]]) -> None:
         calls = built.get(name, []) if name in homes else []
         mine = found.setdefault(path, {})
         mine["__init__"] = min(mine.get("__init__", GLOBAL), min((level for _, level in calls), default=NONE))
+        # an object exists only where it is built: the methods of a class every construction of which sits under a
+        # rank check (`agent = Server(args); agent.train()` under `if rank == last:`) run there alone (a method
+        # name another function of the file shares is left alone)
+        owner = next(c for c in project.scripts[path].nodes if isinstance(c, ast.ClassDef) and init in c.body)
+        names = [d.name for d in project.scripts[path].defs]
+        for method in (d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name != "__init__"):
+            if names.count(method.name) == 1:
+                mine[method.name] = min(mine.get(method.name, GLOBAL),
+                                        min((level for _, level in calls), default=NONE))
         positional = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
         for param in optional_parameters([init]):
             given = min((level for call, level in calls if _gives(call, positional, param)), default=NONE)

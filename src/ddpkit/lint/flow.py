@@ -15,7 +15,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import REDUCING_NAME, Script, is_eval_name, terminal
+from ddpkit.lint.analysis import REDUCING_NAME, Script, function_apply, is_eval_name, terminal
 from ddpkit.lint.ranks import distributed_mode
 
 __all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
@@ -98,6 +98,8 @@ def _reduces(s: Script, call: ast.Call) -> bool:
     project = s.project
     if s.is_dist_collective(call):
         return "barrier" not in name.lower()
+    if project is not None and function_apply(s, call) is not None:
+        return True  # `gather = AllGather.apply; gather(t)`: an autograd Function whose forward all-gathers
     if project is not None and name in project.defined_functions and not _method_of_other(s, call):
         return name in project.exchanging_functions
     return bool(REDUCING_NAME.search(name.lower()))

@@ -173,6 +173,8 @@ def _explicit_devices(project) -> str:
                     continue  # a device type (autocast("cuda")), not a placement
                 if isinstance(holder, ast.Compare):
                     continue  # `device == "cuda"`
+                if isinstance(holder, ast.Dict) and any(k is n for k in holder.keys):
+                    continue  # `map_location={"cuda:0": f"cuda:{rank}"}`: the device saved from, not a placement
                 return ""
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "cuda" and not n.args:
                 return ""

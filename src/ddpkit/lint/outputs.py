@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, is_eval_name, terminal
+from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, terminal
 from ddpkit.lint.flow import eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
@@ -241,11 +241,13 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             # earlier (`run_name = f"...{args.loss_weight}"`)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
-                         and not _from_evaluation(s, n)), None)
+                         and not _from_evaluation(s, n) and not _constant_literal(s, n)), None)
             if loss is not None:
                 break
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
+        if loss is not None and _from_whole_data(s, scope, call, given):
+            continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
@@ -254,6 +256,92 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _from_whole_data(s: Script, scope: ast.AST, call: ast.Call, given: list[ast.AST]) -> bool:
+    """The report sits in a loop over a loader every rank iterates whole, or what it shows (`val_loss.value`) is
+    fed only there (`val_loss.update(loss.item())`, `total += loss.item()` inside `for x, y in val_loader:`): a
+    DataLoader with no sampler over a dataset built without the rank, so every rank sees all of the data and
+    rank 0's figure is the run's (hubert-style validation on every rank)."""
+    if _in_whole_data_loop(s, call):
+        return True
+    roots = {n.id for a in given for n in ast.walk(a) if isinstance(n, ast.Name) and LOSS_NAME.search(n.id)}
+    feeds = [n for n in ast.walk(scope) if isinstance(n, ast.Call) and n.args and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Name) and n.func.value.id in roots
+             or isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id in roots]
+    return bool(roots) and bool(feeds) and all(_in_whole_data_loop(s, n) for n in feeds)
+
+
+def _in_whole_data_loop(s: Script, node: ast.AST) -> bool:
+    """Whether `node` runs inside `for ... in loader` (through enumerate/tqdm too) over an unsharded loader."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(node, ast.For) and any(isinstance(n, ast.Name) and _whole_data_loader(s, n.id)
+                                             for n in ast.walk(node.iter)):
+            return True
+    return False
+
+
+def _whole_data_loader(s: Script, name: str) -> bool:
+    """Every value the program gives `name` is `DataLoader(dataset, ...)` with no sampler, batch sampler or
+    `**kwargs`, nothing in it tells the rank, and its dataset is built without the rank by a class that does not
+    ask for it (a project class whose code names no rank)."""
+    if name in sharded_names(s):
+        return False
+    values = [v for k, v in s.assignments if k == name]
+    if not values:
+        return False
+    for value in values:
+        if not (isinstance(value, ast.Call) and terminal(value.func) == "DataLoader") or any(
+                k.arg in (None, "sampler", "batch_sampler") for k in value.keywords) or len(value.args) > 2:
+            return False
+        if any(s.kind(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+            return False
+        data = argument(value, "dataset", 0)
+        if not isinstance(data, ast.Name):
+            return False
+        built = [v for k, v in s.assignments if k == data.id]
+        if not built or not all(isinstance(b, ast.Call) for b in built):
+            return False
+        for b in built:
+            if any(s.kind(n) for n in ast.walk(b) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+                return False
+            classes = [(x, c) for x in s.project.scripts.values() for c in x.nodes
+                       if isinstance(c, ast.ClassDef) and c.name == terminal(b.func)]
+            if any(x.kind(n) or isinstance(n, ast.Call) and terminal(n.func) in ("get_world_size", "split_by_node")
+                   for x, c in classes for n in ast.walk(c) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
+                return False
+            if not classes and s.qualname(b.func).split(".")[0] not in ("torchvision", "torch") \
+                    and not _also_under_a_sampler(s, terminal(b.func)):
+                return False  # a dataset class from code not linted may shard by rank itself
+    return True
+
+
+def _also_under_a_sampler(s: Script, maker: str) -> bool:
+    """Whether the file hands a dataset `maker(...)` builds to a DistributedSampler too (`DistributedSampler(train_set)`
+    with `train_set = AcousticUnits(...)`): a dataset class that needs a sampler to shard does not shard itself."""
+    made = {k for k, v in s.assignments if isinstance(v, ast.Call) and terminal(v.func) == maker}
+    return any(isinstance(a, ast.Name) and a.id in made for c in s.calls_named("DistributedSampler")
+               for a in [argument(c, "dataset", 0)])
+
+
+def _constant_literal(s: Script, name: str) -> bool:
+    """Every value the file gives `name` is a literal of constants (`loss_names = ["labels", "boxes"]`, `loss_weight =
+    0.5`) and nothing fills it later (`losses = {}` then `losses[k] = ...` is a figure): a setting handed to the code
+    that computes the figure, not a figure itself."""
+    values = [v for k, v in s.assignments if k == name]
+    filled = any(isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) or isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend", "update", "insert")
+                 for n in s.nodes for m in [n.value if isinstance(n, ast.Subscript) else getattr(n.func, "value", None)
+                                            if isinstance(n, ast.Call) else None]
+                 if isinstance(m, ast.Name) and m.id == name)
+    return bool(values) and not filled and all(
+        isinstance(v, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict))
+        and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
+            isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
+            for n in ast.walk(v)) for v in values)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
@@ -632,8 +720,8 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
         return
     if project.reduces(_METRIC) or any(
             s.local_callee(c) in project.reducing_functions or terminal(c.func) in project.reducing_functions
-            for c in s.calls):
-        return
+            or function_apply(s, c) is not None for c in s.calls):
+        return  # (`gather = AllGather.apply; gather(embeddings)`: an autograd Function that all-gathers)
     for call in s.calls:
         ctx = s.context(call)
         if not _logs(s, call) or ctx.single or not s.per_rank(call) or _names_a_rank(s, call):

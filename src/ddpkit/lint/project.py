@@ -458,8 +458,9 @@ class Project:
                     self.dead_blocks[path].update(id(n) for n in ast.walk(item))
 
     def _spawned_through_helpers(self) -> None:
-        """`pp.run(worker, world_size)` at module level, where run() in another file calls mp.spawn on the function
-        it is given: the file is an mp.spawn script too. The functions handed to the helper, and what they call
+        """`pp.run(worker, world_size)` at module level or in a function (`def main(): launch(main_worker, ...)`),
+        where run() in another file calls mp.spawn on the function it is given: the file is an mp.spawn script too,
+        and the function that calls the helper is the parent's. The functions handed to the helper, and what they call
         here, run in the ranks, and so does module code outside the `__main__` block (each rank imports the
         file again, as `__mp_main__`); the `__main__` block is the parent's alone."""
         spawners = {(path, d.name) for path, x in self.scripts.items() if x.per_rank_functions is not None
@@ -469,8 +470,8 @@ class Project:
         for s in self.scripts.values():
             if s.per_rank_functions is not None or not spawners:
                 continue
-            handed = {a.id for c in s.calls if not s.context(c).functions and self.resolve(s, c.func) in spawners
-                      for a in (*c.args, *(k.value for k in c.keywords))
+            calls = [c for c in s.calls if self.resolve(s, c.func) in spawners]
+            handed = {a.id for c in calls for a in (*c.args, *(k.value for k in c.keywords))
                       if isinstance(a, ast.Name) and a.id in s.function_names}
             if not handed:
                 continue
@@ -481,6 +482,8 @@ class Project:
                 if name not in reached:
                     reached.add(name)
                     todo.extend(named.get(name, set()) & s.function_names)
+            if any(f in reached for c in calls for f in s.context(c).functions):
+                continue  # (a rank that starts ranks of its own: not a parent this reading knows)
             s.per_rank_functions = reached
             s.parent_nodes = {id(n) for stmt in s.tree.body if _is_main_block(stmt) for n in ast.walk(stmt)}
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 from typing import NamedTuple
 
-from ddpkit.lint.analysis import COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, terminal
+from ddpkit.lint.analysis import (COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, function_apply,
+                                  terminal)
 
 __all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
            "reduced_names"]
@@ -406,6 +407,8 @@ def _collective(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> bool
     name = terminal(call.func)
     if name in helpers:
         return True
+    if function_apply(s, call) is not None:
+        return True
     if (name in COLLECTIVES or name.lower() in MPI_COLLECTIVES) and s.is_dist_collective(call):
         return True
     # `reduce_tensor(x)`, `gather_all(x)` from a library; not a class (`SyncBatchNorm`) nor a converter
@@ -421,6 +424,9 @@ def _carried(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> list[as
     name = terminal(call.func)
     if name in helpers:
         return [a for i, a in enumerate(call.args) if i in helpers[name]]
+    applied = function_apply(s, call)
+    if applied is not None:
+        return [a for i, a in enumerate(call.args) if i in applied]
     return [*call.args, *([call.func.value] if isinstance(call.func, ast.Attribute) else [])]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -84,10 +85,19 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
             continue  # the order of evaluation data does not matter
         if _handed_to_unseen_code(s, call):
             continue  # a batch sampler from a file not linted may call set_epoch itself
-        if _under_an_unread_key(s, call):
+        if _under_an_unread_key(s, call) or _dropped_by_every_caller(s, call):
             continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
         what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
             f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
+        driver = _driven_by_unseen_code(s, call)
+        if driver:  # the finding rests on code not linted: it says so
+            yield Hit(call, "DDP001", "warning",
+                      f"{what} and nothing linted calls sampler.set_epoch(); its loader is iterated only by "
+                      f"{driver}() from a module not linted: unless that calls set_epoch, every epoch visits the data "
+                      "in the same order",
+                      "call sampler.set_epoch(epoch) where each pass over the data starts (or check that "
+                      f"{driver}() does)")
+            continue
         yield Hit(call, "DDP001", "error",
                   f"{what} but sampler.set_epoch() is never called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
@@ -110,7 +120,7 @@ def _samplers_beside_a_guarded_set_epoch(s: Script, set_epochs: list[tuple[Scrip
     where = _line_of(script, guarded, s)
     for call in s.calls_named("DistributedSampler"):
         if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call) \
-                or _built_when_distributed(s, call):
+                or _built_when_distributed(s, call) or _dropped_by_every_caller(s, call):
             continue
         yield Hit(call, "DDP001", "warning",
                   f"this DistributedSampler is built on every path, but set_epoch ({where}) runs only when the run "
@@ -125,6 +135,36 @@ def _epoch_seeded_samplers(project) -> set[str]:
             if isinstance(c, ast.ClassDef) and any(terminal(b) == "DistributedSampler" for b in c.bases)
             and any(isinstance(n, ast.Attribute) and n.attr == "epoch" and isinstance(n.value, ast.Name)
                     and n.value.id == "self" and isinstance(n.ctx, ast.Load) for n in ast.walk(c))}
+
+
+def _dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
+    """The sampler is returned in a tuple (`return dataset, sampler, collate`) by a function every call of which,
+    in every file of the program, unpacks that item into a name nothing reads (`dataset, _, _ = build(...)`): no
+    loader is built from it, so its order never matters."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    func = next((d for d in s.defs if any(n is sampler for n in ast.walk(d))), None)
+    if func is None or not holders:
+        return False
+    spots = {i for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
+             for i, e in enumerate(n.value.elts) if isinstance(e, ast.Name) and e.id in holders}
+    if len(spots) != 1:
+        return False
+    spot = next(iter(spots))
+    calls = [(x, c) for x, c in s.project.calls_named(func.name) if not isinstance(c.func, ast.Attribute)
+             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
+    if not calls or len(calls) != len(s.project.calls_named(func.name)):
+        return False
+    for x, c in calls:
+        stmt = x.parents.get(id(c))
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
+                and len(stmt.targets[0].elts) > spot and isinstance(stmt.targets[0].elts[spot], ast.Name)):
+            return False
+        name = stmt.targets[0].elts[spot].id
+        scope = x.context(stmt).scope
+        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               and x.context(n).scope == scope for n in x.nodes):
+            return False
+    return True
 
 
 def _under_an_unread_key(s: Script, value: ast.AST) -> bool:
@@ -177,6 +217,48 @@ def _handed_to_unseen_code(s: Script, sampler: ast.Call) -> bool:
             return False
         holders |= more
     return False
+
+
+def _driven_by_unseen_code(s: Script, sampler: ast.Call) -> str:
+    """The name of the function that drives the sampler's epochs out of sight, else '': the only loader of the
+    sampler is handed to a function from a module the linted files do not include (not torch, not the standard
+    library: `batches = make_iter_dataloader(loader)` then `next(batches)`) and the program iterates neither the
+    loader nor what that function returns: the passes over the data, and where each epoch starts, are in code not
+    linted, which may call set_epoch (the finding says so). A loader the program iterates itself (`for x in
+    loader`, `for x in tqdm(loader)`, through a function of the program) does not count."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    parent = s.parents.get(id(sampler))
+    if isinstance(parent, ast.keyword):
+        parent = s.parents.get(id(parent))
+    loaders = {k for k, v in s.assignments if isinstance(v, ast.Call) and terminal(v.func) == "DataLoader"
+               and (v is parent or any(isinstance(a, ast.Name) and a.id in holders
+                                       for a in (*v.args, *(k.value for k in v.keywords))))}
+    loaders = {k for k in loaders if not k.startswith(".")}
+    if len(loaders) != 1:
+        return ""
+    name = next(iter(loaders))
+    iterated = {n.id for node in s.nodes if isinstance(node, (ast.For, ast.comprehension))
+                for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
+    uses = [n for n in s.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+    unseen = ""
+    for use in uses:
+        call = s.parents.get(id(use))
+        if not isinstance(call, ast.Call) or use not in call.args:
+            return ""
+        if isinstance(call.func, ast.Name) and call.func.id == "len" and call.func.id not in s.aliases:
+            continue
+        qualname = s.qualname(call.func)
+        root = qualname.split(".")[0]
+        if "." not in qualname or root in ("torch", *sys.stdlib_module_names) \
+                or s.project.resolve(s, call.func) is not None or s.project.modules.locate(
+                    s.path, qualname.rsplit(".", 1)[0]) is not None:
+            return ""
+        around = s.parents.get(id(call))
+        if isinstance(around, (ast.For, ast.comprehension)) or isinstance(around, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id in iterated for t in around.targets):
+            return ""
+        unseen = terminal(call.func)
+    return unseen if name not in iterated else ""
 
 
 def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
@@ -266,7 +348,9 @@ def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
 
 
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
-    """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes."""
+    """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes. A
+    loop whose target is the sampler's holder (`for loader in self.loaders:`) is a loop over samplers, not the
+    epoch loop: the one around it (or the function's callers) decides."""
     value = call.args[0]
     if not isinstance(value, ast.Name):
         return False
@@ -277,6 +361,9 @@ def _loop_invariant(s: Script, call: ast.Call) -> bool:
             return False
         if isinstance(node, ast.For):
             bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            if isinstance(call.func, ast.Attribute) and any(isinstance(n, ast.Name) and n.id in bound
+                                                            for n in ast.walk(call.func.value)):
+                continue  # `for loader in loaders: loader.sampler.set_epoch(epoch)` walks samplers, not epochs
             bound |= {n.id for stmt in ast.walk(node) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                              ast.NamedExpr, ast.For))
                       for t in ([stmt.target] if not isinstance(stmt, ast.Assign) else stmt.targets)
