@@ -42,3 +42,21 @@ def test_a_function_called_on_rank_0_and_then_on_the_other_ranks_runs_on_every_r
     """`if rank == 0: load_corpus()` then `if rank != 0: load_corpus()` (another file, or the same one): its print
     repeats on every rank; write_index, called on rank 0 alone, stays guarded."""
     _check("both_sides")
+
+
+def test_a_function_nested_in_another_runs_where_the_enclosing_one_calls_it():
+    """`def encode(item):` inside `tokenize_all`, called there: its bar runs on every rank (a nested function's
+    name is a local variable of the enclosing one, and used to leave it for code no rank runs)."""
+    _check("nested_helper")
+
+
+def test_a_logger_made_by_a_method_of_a_project_object_logs_on_every_rank():
+    """`self.log = cfg.get_logger("runner")`, a method that returns `logging.getLogger(name)` without looking
+    at the rank, after a dictConfig the same on every rank: its `info` repeats on every rank."""
+    _check("config_logger")
+
+
+def test_a_sampler_in_the_non_training_branch_of_a_split_test_is_an_evaluation_sampler():
+    """`if split == "train": ... else: DistributedSampler(dataset, shuffle=shuffle)`: the else branch serves
+    evaluation data, so its padding is reported (DDP006) and no set_epoch is asked of it (DDP001)."""
+    _check("split_loader")

@@ -11,7 +11,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor"]
 
 COLLECTIVES = frozenset({
@@ -48,13 +48,13 @@ def is_eval_sampler(s: Script, call: ast.Call) -> bool:
     dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
     return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(
         is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute)))) \
-        or _only_evaluated(s, call) or _off_the_training_branch(s, call)
+        or _only_evaluated(s, call) or off_the_training_branch(s, call)
 
 
 _TRAIN_WORDS = frozenset({"train", "training"})
 
 
-def _off_the_training_branch(s: Script, node: ast.AST) -> bool:
+def off_the_training_branch(s: Script, node: ast.AST) -> bool:
     """The node sits where a split test says the data is not for training: the `else:` of `if mode == "train":`
     (or of `if is_train:`), the body of `if split != "train":`."""
     child = node

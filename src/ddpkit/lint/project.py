@@ -268,8 +268,14 @@ class Project:
                 continue
             seen.add(id(node))
             mine = own_defs.get(owner.get(id(node), ""), {})
+            # a function nested in this one (`def encode(obj):` inside `get_dataset`) runs where its enclosing code
+            # names it: its body is walked with this one's, its name is a local variable of the enclosing function
+            nested = {d.name for d in ast.walk(node) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and d is not node} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
             for n, shadowed in _scoped_walk(node, off):
                 name = ""
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in shadowed and n.id in nested:
+                    live.add(n.id)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
                     if n.id in mine:
                         for d in mine[n.id]:
