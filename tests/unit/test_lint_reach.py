@@ -60,10 +60,3 @@ def test_a_sampler_in_the_non_training_branch_of_a_split_test_is_an_evaluation_s
     """`if split == "train": ... else: DistributedSampler(dataset, shuffle=shuffle)`: the else branch serves
     evaluation data, so its padding is reported (DDP006) and no set_epoch is asked of it (DDP001)."""
     _check("split_loader")
-
-
-def test_a_sampler_factory_is_reported_where_a_call_asks_it_to_shuffle():
-    """`build_sampler(train_set, shuffle=True)` of `def build_sampler(dataset, shuffle): return
-    DistributedSampler(dataset, shuffle=shuffle)` with no set_epoch: reported at that call (the training loader's),
-    not at the helper's sampler, and not at the call that gives shuffle False."""
-    _check("sampler_factory")

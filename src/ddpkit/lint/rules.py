@@ -88,50 +88,9 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
             continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
         what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
             f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
-        sites = _shuffling_calls(s, call, argument(call, "shuffle", 3) if torch_sampler else keyword(call, "shuffle"))
-        if sites is not None:
-            # `def make_sampler(ds, shuffle): return DistributedSampler(ds, shuffle=shuffle)`: the calls that ask
-            # it to shuffle are the mistake (none: every call gives shuffle=False)
-            for site in sites:
-                yield Hit(site, "DDP001", "error",
-                          f"{terminal(site.func)}() builds a shuffling DistributedSampler (line {call.lineno}) but "
-                          "sampler.set_epoch() is never called, so every epoch visits the data in the same order",
-                          "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
-            continue
         yield Hit(call, "DDP001", "error",
                   f"{what} but sampler.set_epoch() is never called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
-
-
-def _shuffling_calls(s: Script, call: ast.Call, shuffle: ast.AST | None) -> list[ast.Call] | None:
-    """Where `shuffle=` of the sampler is a parameter of the function that builds it (not reassigned there), the
-    calls of that function in this file that give it a value other than False (or leave a default that is not
-    False); None where the sampler's shuffle is not such a parameter or nothing in the file calls the function."""
-    if not (isinstance(shuffle, ast.Name) and s.context(call).functions):
-        return None
-    scope = s.parents.get(id(call))
-    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        scope = s.parents.get(id(scope))
-    if scope is None:
-        return None
-    positional = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
-    if shuffle.id not in positional or any(isinstance(n, ast.Name) and n.id == shuffle.id
-                                           and isinstance(n.ctx, ast.Store) for n in ast.walk(scope)):
-        return None
-    defaults = dict(zip(positional[len(positional) - len(scope.args.defaults):], scope.args.defaults))
-    index = positional.index(shuffle.id) - (1 if positional[:1] in (["self"], ["cls"]) else 0)
-    calls = [c for c in s.calls if isinstance(c.func, (ast.Name, ast.Attribute)) and terminal(c.func) == scope.name]
-    if not calls or any(isinstance(a, ast.Starred) for c in calls for a in c.args) \
-            or any(k.arg is None for c in calls for k in c.keywords):
-        return None
-    found = []
-    for c in calls:
-        value = next((k.value for k in c.keywords if k.arg == shuffle.id), None)
-        if value is None:
-            value = c.args[index] if 0 <= index < len(c.args) else defaults.get(shuffle.id)
-        if not _is_const(value, False):
-            found.append(c)
-    return found
 
 
 def _line_of(script: Script, node: ast.AST, here: Script) -> str:
