@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode, run_sense,
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
-                               own_returns, single_setting, spawn_index_names, terminal)
+                               own_returns, rank_side, single_setting, spawn_index_names, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
@@ -48,7 +48,32 @@ def is_eval_sampler(s: Script, call: ast.Call) -> bool:
     dataset = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataset"), None)
     return is_eval_name(named.get(id(call), "")) or (dataset is not None and any(
         is_eval_name(terminal(n)) for n in ast.walk(dataset) if isinstance(n, (ast.Name, ast.Attribute)))) \
-        or _only_evaluated(s, call)
+        or _only_evaluated(s, call) or off_the_training_branch(s, call)
+
+
+_TRAIN_WORDS = frozenset({"train", "training"})
+
+
+def off_the_training_branch(s: Script, node: ast.AST) -> bool:
+    """The node sits where a split test says the data is not for training: the `else:` of `if mode == "train":`
+    (or of `if is_train:`), the body of `if split != "train":`."""
+    child = node
+    while (parent := s.parents.get(id(child))) is not None:
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(parent, ast.If) and child is not parent.test:
+            test, branch = parent.test, "body" if any(child is b for b in parent.body) else "else"
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
+                    and test.comparators[0].value in _TRAIN_WORDS:
+                training = {ast.Eq: "body", ast.NotEq: "else"}.get(type(test.ops[0]))
+            elif isinstance(test, (ast.Name, ast.Attribute)) and terminal(test).lower() in ("is_train", "is_training"):
+                training = "body"
+            else:
+                training = None
+            if training is not None:
+                return branch != training
+        child = parent
+    return False
 
 
 def _only_evaluated(s: Script, call: ast.Call) -> bool:
@@ -554,6 +579,7 @@ class Script:
             self.contexts = {}
             self._block(self.tree.body, Context())
             ifs = {id(n): self.context(n) for n in self.nodes if isinstance(n, ast.If)}
+            rank_ifs = {id(n): n for n in self.nodes if isinstance(n, ast.If)}
             levels: dict[str, int] = dict(self.external_levels)
             single: dict[str, bool] = {}
             sides: dict[str, set[tuple[int, str]]] = {}
@@ -574,6 +600,12 @@ class Script:
                 # `if rank == 0: run(writer) else: run(None)`: the two calls together run it on every rank
                 for check in {c for c, side in seen if side == "body" and (c, "else") in seen}:
                     levels[name] = min(levels[name], ifs[check].level)
+                # so do `if rank == 0: build()` and, further on, `if rank != 0: build()`
+                tests = {(c, b): rank_side(rank_ifs[c].test, b) for c, b in seen if c in rank_ifs}
+                for (c, b), side in tests.items():
+                    for (other, b2), side2 in tests.items():
+                        if side is not None and side2 == (side[0], not side[1]):
+                            levels[name] = min(levels[name], max(ifs[c].level, ifs[other].level))
             single_names = {n for n, alone in single.items() if alone}
             decorators = self._decorator_levels(defs)
             if levels == self.function_level and single_names == self.function_single \
@@ -773,11 +805,11 @@ class Script:
             if name not in reached:
                 reached.add(name)
                 todo.extend(callees.get(name, ()))
-                init = next((d for d in classes[name].body if isinstance(d, ast.FunctionDef)
-                             and d.name == "__init__"), None) if name in classes else None
-                if init is not None:
-                    self.spawned_inits.add(id(init))
-                    todo.extend(terminal(c.func) for c in ast.walk(init) if isinstance(c, ast.Call))
+                # the rank runs the class's `__init__`, and its `forward` (`__call__`) where it calls the model
+                for method in (d for d in classes[name].body if isinstance(d, ast.FunctionDef)
+                               and d.name in ("__init__", "forward", "__call__")) if name in classes else ():
+                    self.spawned_inits.add(id(method))
+                    todo.extend(terminal(c.func) for c in ast.walk(method) if isinstance(c, ast.Call))
         return reached
 
     def _passed_for(self, defs: list[ast.AST], param: str, call: ast.Call, names: set[str]) -> set[str] | None:

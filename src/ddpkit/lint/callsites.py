@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from ddpkit.lint.bindings import optional_parameters, passes
-from ddpkit.lint.ranks import GLOBAL, NONE, is_main_flag, terminal
+from ddpkit.lint.ranks import GLOBAL, NONE, is_main_flag, rank_side, terminal
 
 __all__ = ["external_levels", "global_parameter", "through_reexport"]
 
@@ -20,7 +20,10 @@ def external_levels(project) -> dict[str, dict[str, int]]:
         for d in script.defs:
             if d.args.args and d.args.args[0].arg == "self":
                 methods.setdefault(d.name, []).append(path)
+    sides: dict[tuple[str, str], dict[tuple[str, bool], int]] = {}
+    """(file, function) -> {(rank expression, rank 0's side): the level around that rank check}"""
     for path, script in project.scripts.items():
+        ifs = {id(n): n for n in script.nodes if isinstance(n, ast.If)}
         for call in script.calls:
             target = project.resolve(script, call.func)
             if target is None and isinstance(call.func, ast.Attribute):
@@ -39,6 +42,15 @@ def external_levels(project) -> dict[str, dict[str, int]]:
                 level = max(level, script.function_level.get(script.context(call).functions[-1], NONE))
             into = levels.setdefault(target[0], {})
             into[target[1]] = min(into.get(target[1], GLOBAL), level)
+            branches = script.context(call).branches
+            side = rank_side(ifs[branches[-1][0]].test, branches[-1][1]) \
+                if branches and branches[-1][0] in ifs else None
+            if side is not None:
+                found = sides.setdefault(target, {})
+                found[side] = min(found.get(side, GLOBAL), script.context(ifs[branches[-1][0]]).level)
+                if (side[0], not side[1]) in found:
+                    # `if rank == 0: build()` ... `if rank != 0: build()`: the two calls run it on every rank
+                    into[target[1]] = min(into[target[1]], max(found[side], found[(side[0], not side[1])]))
             defs = [d for d in project.scripts[target[0]].defs if d.name == target[1]]
             for param in optional_parameters(defs):
                 if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`

@@ -15,7 +15,8 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import REDUCING_NAME, Script, function_apply, is_eval_name, terminal
+from ddpkit.lint.analysis import (REDUCING_NAME, Script, function_apply, is_eval_name, off_the_training_branch,
+                                  terminal)
 from ddpkit.lint.ranks import distributed_mode
 
 __all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
@@ -534,7 +535,7 @@ def eval_samplers(s: Script) -> list[ast.Call]:
                 continue
             if is_eval_name(target) or (dataset is not None and any(is_eval_name(n) for n in _terminals(dataset))) \
                     or id(call) in evaluated or (target and target in evaluated) \
-                    or isinstance(dataset, ast.Name) and dataset.id in held_out:
+                    or isinstance(dataset, ast.Name) and dataset.id in held_out or off_the_training_branch(s, call):
                 found.append(call)
         return found
     return s.project.memo(("eval samplers", s.path), compute)

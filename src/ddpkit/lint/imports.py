@@ -17,9 +17,11 @@ class Modules:
     folders that each import their own `utils` stay apart.
     """
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], trees: dict[str, ast.Module] | None = None) -> None:
         self.files = {os.path.normpath(p): p for p in paths}
         self._found: dict[tuple[str, str, bool], str | None] = {}
+        self._defined = {os.path.normpath(p): _top_level_names(tree) for p, tree in (trees or {}).items()}
+        """{file: the names its module code defines}, for a package whose `__init__.py` is not linted."""
 
     def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
         """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
@@ -27,8 +29,28 @@ class Modules:
         if key not in self._found:
             names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
             self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
-                or next((p for name in names if "." in name for p in [self._unique(name)] if p), None)
+                or next((p for name in names if "." in name for p in [self._unique(name)] if p), None) \
+                or (self._package_member(key[0], dotted) if "." in dotted else None)
         return self._found[key]
+
+    def _package_member(self, folder: str, dotted: str) -> str | None:
+        """`from datasets import build_loader` where the folder `datasets/` holds linted modules but its
+        `__init__.py` (which re-exports the name) is not linted: the one module of that folder whose module code
+        defines `build_loader`, found from `folder` upwards as `_search` finds modules; None if none or several."""
+        package, name = dotted.rsplit(".", 1)
+        relative = os.path.join(*package.split("."))
+        while True:
+            inside = os.path.normpath(os.path.join(folder, relative))
+            members = [n for n in self.files if os.path.dirname(n) == inside and n.endswith(".py")]
+            if members:
+                if os.path.join(inside, "__init__.py") in self.files:
+                    return None  # the package's own __init__ is linted: it says what the package holds
+                found = [self.files[n] for n in members if name in self._defined.get(n, ())]
+                return found[0] if len(found) == 1 else None
+            up = os.path.dirname(folder)
+            if up == folder or not folder:
+                return None
+            folder = up
 
     def matching(self, importer: str, pattern: re.Pattern[str]) -> list[str]:
         """Project files whose dotted module name matches `pattern`, seen from `importer`'s folder and each folder
@@ -77,7 +99,7 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
     beside a single-GPU and a DDP script) belongs to both programs; files in an import cycle that
     nothing else imports form one.
     """
-    modules = Modules(list(trees))
+    modules = Modules(list(trees), trees)
     imports, imported = {}, set()
     for path, tree in trees.items():
         nodes = list(ast.walk(tree))
@@ -100,6 +122,17 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
         seen.update(program)
         out.append(program)
     return out
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """Functions, classes and variables a module's own code defines (`def build_loader`, `class Net`, `X = ...`)."""
+    names: set[str] = set()
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(stmt.name)
+        elif isinstance(stmt, ast.Assign):
+            names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+    return names
 
 
 def _imported_names(nodes: list[ast.AST]) -> set[str]:

@@ -635,6 +635,19 @@ def _logger_helpers(project) -> set[str]:
     return found
 
 
+def _maker_method(s: Script, func: ast.AST, makers: set[str]) -> bool:
+    """`config.get_logger("trainer")`: a method of a project object (not a module's function) that makes a logger
+    without looking at the rank, the one function of that name in the program."""
+    if not (isinstance(func, ast.Attribute) and func.attr in makers):
+        return False
+    owner = func.value
+    while isinstance(owner, ast.Attribute):
+        owner = owner.value
+    if isinstance(owner, ast.Name) and owner.id in s.aliases:
+        return False
+    return sum(d.name == func.attr for x in s.project.scripts.values() for d in x.defs) == 1
+
+
 def _logger_classes(project) -> dict[str, set[int]]:
     """Project classes that wrap a logger for every rank (see _forwards_to_a_logger), with the forwarding calls in
     their `info`: the line is reported where the program calls `info`, not inside the class."""
@@ -849,7 +862,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     forwarding = set().union(*classes.values())
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
-        or (project.resolve(s, v.func) or ("", ""))[1] in makers
+        or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))}
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))

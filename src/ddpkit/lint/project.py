@@ -33,7 +33,7 @@ class Project:
 
     def __init__(self, trees: dict[str, ast.Module]) -> None:
         self.paths = list(trees)
-        self.modules = Modules(self.paths)
+        self.modules = Modules(self.paths, trees)
         self._memo: dict[object, object] = {}
         self._star = {path: self._star_aliases(path, trees) for path in trees}
         self._world_names = frozenset(
@@ -105,6 +105,11 @@ class Project:
             return None
         module, name = qualname.rsplit(".", 1)
         path = self.modules.locate(script.path, module)
+        if path is None:
+            # `from datasets import build_loader` of a package whose `__init__.py` is not linted: the one module of
+            # the folder that defines the name
+            member = self.modules.locate(script.path, qualname)
+            return (member, name) if member is not None and name in self.scripts[member].function_names else None
         if path is not None and name not in self.scripts[path].function_names:
             # a package's `__init__.py` re-exporting it (`from .launch import launch`): the file it comes from
             alias = self.scripts[path].aliases.get(name, "")
@@ -263,8 +268,14 @@ class Project:
                 continue
             seen.add(id(node))
             mine = own_defs.get(owner.get(id(node), ""), {})
+            # a function nested in this one (`def encode(obj):` inside `get_dataset`) runs where its enclosing code
+            # names it: its body is walked with this one's, its name is a local variable of the enclosing function
+            nested = {d.name for d in ast.walk(node) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and d is not node} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
             for n, shadowed in _scoped_walk(node, off):
                 name = ""
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in shadowed and n.id in nested:
+                    live.add(n.id)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
                     if n.id in mine:
                         for d in mine[n.id]:
@@ -281,7 +292,10 @@ class Project:
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
-                    if id(n) not in reached:
+                    if id(n) not in reached and id(n) not in rooted:
+                        # (a root, `@abstractmethod def _train_epoch` of a base class, is walked because of its
+                        # decorator, not because code names it: a later call still reaches its namesakes, the
+                        # subclass's `_train_epoch`)
                         expanded.add(n.name)
                 for name in (name, *renamed.get(name, ())) if name else ():
                     if name not in expanded:

@@ -7,7 +7,7 @@ import re
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
            "distributed_mode", "run_sense", "single_setting", "rank_name_kind", "is_main_flag", "is_gpu_index", "is_mode_sentinel", "terminal",
-           "own_returns", "find_rank_helpers", "spawn_index_names"]
+           "own_returns", "find_rank_helpers", "spawn_index_names", "rank_side"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -22,7 +22,7 @@ _MAIN_NAME = re.compile(
 _GPU_INDEX = frozenset({"gpu", "gpu_id", "gpu_idx", "local_gpu"})
 """Older scripts (mp.spawn examples) name the local rank after the GPU it drives."""
 _MODE_NAME = re.compile(r"^_?(is_|use_|using_|run_)?(ddp|distributed|dist|multi_?gpu|ddp_run|data_parallel)"
-                        r"(_mode|_run)?$")
+                        r"(_mode|_run|_train|_training)?$")
 """Flags that say "this run is distributed at all" (`args.distributed`, `ddp`), not which rank this is."""
 _MODE_CALLS = frozenset({"is_initialized", "is_dist_avail_and_initialized", "is_distributed"})
 GLOBAL_CALLS = frozenset({"get_rank", "get_global_rank"})
@@ -157,6 +157,25 @@ def is_gpu_index(name: str) -> bool:
 def is_main_flag(name: str) -> bool:
     """True for names of a flag that is true on rank 0 only (is_main, master_process), not a rank number."""
     return _MAIN_NAME.match(name.lower()) is not None
+
+
+def rank_side(test: ast.AST, branch: str) -> tuple[str, bool] | None:
+    """(the rank expression, True for rank 0's side) of one branch of a plain rank test: `rank == 0` and
+    `is_main` hold on rank 0, `rank != 0`, `rank > 0` and `not is_main` on the others, the `else:` branch flips
+    it; None for any other test (`rank == 1`, `rank == 0 and step % 10 == 0`). Two calls of one function, one on
+    each side of the same expression, run it on every rank (`if rank == 0: build()`, then `if rank != 0: build()`).
+    """
+    flip = branch != "body"
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, flip = test.operand, not flip
+    if isinstance(test, (ast.Name, ast.Attribute)) and is_main_flag(terminal(test)):
+        return ast.unparse(test), not flip
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == 0 and type(test.comparators[0].value) is int
+            and isinstance(test.left, (ast.Name, ast.Attribute, ast.Call))):
+        return None
+    zero = {ast.Eq: True, ast.NotEq: False, ast.Gt: False}.get(type(test.ops[0]))
+    return None if zero is None else (ast.unparse(test.left), zero != flip)
 
 
 def terminal(node: ast.AST) -> str:
