@@ -10,8 +10,8 @@ import libcst as cst
 
 from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
 
-__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions", "passed_as", "RANDOM_DRAW",
-           "CREATORS"]
+__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions", "passed_as",
+           "RANDOM_DRAW", "CREATORS"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -249,7 +249,8 @@ def passed_as(plan: Any, key: str, name: str) -> set[str]:
     root, _, rest = name.partition(".")
     if root not in plan.f.scopes[key].params or key == plan.f.entry_key:
         return set()
-    return {f"{dotted(g)}.{rest}" if rest else dotted(g) for g in _given(plan, key, root) if g is not None and dotted(g)}
+    return {f"{dotted(g)}.{rest}" if rest else dotted(g) for g in _given(plan, key, root)
+            if g is not None and dotted(g)}
 
 
 def _batch_arg(call: cst.Call) -> cst.BaseExpression | None:

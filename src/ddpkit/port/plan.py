@@ -401,7 +401,7 @@ class Plan:
                             and isinstance(target.slice[0].slice, cst.Index):
                         index = target.slice[0].slice.value
                         stored.setdefault(dotted(target.value), []).append(
-                            (index.evaluated_value if isinstance(index, cst.SimpleString) else None, node))
+                            (str(index.evaluated_value) if isinstance(index, cst.SimpleString) else None, node))
             elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
                     and node.func.attr.value in ("pop", "setdefault", "clear", "popitem"):
                 stored.setdefault(dotted(node.func.value), []).append((None, node))
