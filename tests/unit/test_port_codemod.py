@@ -18,7 +18,10 @@ PLAIN = ROOT / "examples" / "plain"
 FULL = ["argparse_main", "toplevel_script", "trainer_class", "dict_batches", "amp_scaler", "checkpoint_resume",
         "tqdm_loops", "running_loss", "epoch_loss_mean", "two_optimizers", "gan_pair", "encoder_decoder",
         "model_list", "model_passed_in"]
-TODO = {"custom_sampler": ["custom sampler"]}
+# the port's first line after ddpkit.init in a script that seeds nothing before it
+ALIKE = ("ddpkit.rng.seed_everything(ctx.seed)  # one seed on every rank until training: data shuffled or split "
+         "before it agrees\n")
+TODO = {"custom_sampler": ["custom sampler `sampler=sampler`"]}
 
 
 def _path(name: str) -> Path:
@@ -45,7 +48,7 @@ def test_each_style_ports_fully_lints_clean_and_is_idempotent(name):
 
 def test_the_plain_digits_script_becomes_the_ddpkit_idioms():
     code = _port("digits").code
-    assert "    with ddpkit.init(seed=args.seed) as ctx:\n        device = ctx.device\n" in code
+    assert "    with ddpkit.init(seed=args.seed) as ctx:\n        " + ALIKE + "        device = ctx.device\n" in code
     assert "args = parse_args(argv)\n    with ddpkit.init" in code  # argument parsing stays before init
     assert "train_loader = ddpkit.loader(train_set, ctx, batch_size=args.batch_size // ctx.world_size, " \
            "shuffle=True, drop_last=True)" in code
@@ -79,7 +82,7 @@ def test_comments_and_layout_outside_the_edits_are_kept():
 def test_a_top_level_script_keeps_its_indentation_and_sums_are_reduced():
     source = _path("toplevel_script").read_text()
     code = _port("toplevel_script").code
-    assert "\nctx = ddpkit.init(seed=0)\ndevice = ctx.device\n" in code
+    assert "\nctx = ddpkit.init(seed=0)\n" + ALIKE + "device = ctx.device\n" in code
     assert code.endswith("ctx.close()  # every rank leaves the process group together\n")
     assert "\nmodel = ddpkit.wrap(nn.Sequential(" in code and "model.to(device)" not in code
     assert "total = int(ddpkit.all_reduce_sum(ctx, total).item())" in code
@@ -105,7 +108,7 @@ def test_a_trainer_class_gets_ctx_through_its_methods():
 def test_dict_batches_tqdm_and_positional_loader_arguments():
     code = _port("dict_batches").code
     assert "batch = {k: v for k, v in batch.items()}" not in code
-    assert "    ctx = ddpkit.init()\n    ddpkit.print0(ctx, json.dumps(" in code
+    assert "    ctx = ddpkit.init()\n    " + ALIKE + "    ddpkit.print0(ctx, json.dumps(" in code
     tq = _port("tqdm_loops").code
     assert 'pbar = tqdm(train_data, desc=f"epoch {epoch}", disable=not ctx.is_main)' in tq
     # the whole dataset's size after the reduction: the same text works for a training loader too
@@ -134,7 +137,7 @@ def test_training_objects_built_at_module_level_put_the_whole_script_under_init(
            "    for x, y in train_loader:\n        x = x.to(device)\n        print(model(x).sum())\n\n\n"
            "if __name__ == '__main__':\n    for epoch in range(3):\n        train(epoch)\n")
     code = port_source(src).code
-    assert "args = parser.parse_args()\nctx = ddpkit.init()\ndevice = ctx.device\n" in code
+    assert "args = parser.parse_args()\nctx = ddpkit.init()\n" + ALIKE + "device = ctx.device\n" in code
     assert "\nmodel = ddpkit.wrap(Net(), ctx)\n" in code
     assert "\ndef train(epoch):\n    for x, y in train_loader:\n        ddpkit.print0(ctx, " in code
     assert "x.to(device)" not in code  # the module-level loader's batches, inside a function

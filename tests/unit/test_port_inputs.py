@@ -76,11 +76,12 @@ def test_a_step_count_that_ranks_may_decide_differently_keeps_the_no_loader_todo
     assert fixed.todos == [] and "not sharded" in fixed.message
 
 
-def test_unseeded_data_drawn_before_training_and_cpu_batches_of_a_script_without_a_device_are_todos():
+def test_unseeded_data_drawn_before_training_is_alike_and_cpu_batches_of_a_script_without_a_device_are_todos():
     unseeded = port_source("import torch\nfrom torch import nn\n\nx = torch.randn(64, 2)\nmodel = nn.Linear(2, 1)\n"
                            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(10):\n" + _STEP)
-    assert [t.line for t in unseeded.todos] == [4] and "each rank would get different data" in \
-        unseeded.todos[0].message
+    # every rank draws alike from ddpkit.init until training: the same data on every rank
+    assert unseeded.todos == [], _messages(unseeded)
+    assert unseeded.code.index("ddpkit.rng.seed_everything(ctx.seed)") < unseeded.code.index("x = torch.randn(64, 2")
     # a model's own random init is not data: ddpkit.wrap broadcasts rank 0's parameters
     model_init = port_source("import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n"
                              "    def __init__(self):\n        super().__init__()\n"
@@ -111,7 +112,9 @@ def test_noise_drawn_in_each_step_is_drawn_on_ctx_device_and_per_rank():
                          "    loss.backward()\n    opt.step()\n")
     assert result.todos == [], _messages(result)
     assert "    z = torch.randn(8, 4, device=ctx.device)\n" in result.code
-    assert "ddpkit.rng" not in result.code  # no seed of the script's: ddpkit.init's streams already differ
+    # every rank drew alike since ddpkit.init: each draws its own noise from the loop on
+    assert result.code.index("ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))") < \
+        result.code.index("for step in range(10)")
     assert "each rank draws its own random batch per step (line 7)" in result.message
 
 

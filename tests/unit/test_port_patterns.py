@@ -218,7 +218,8 @@ def test_default_device_parameters_batch_of_one_and_datasets_on_the_device():
            "if __name__ == '__main__':\n    train()\n")
     result = port_source(src)
     todos = _todo_lines(result)
-    assert "    with ddpkit.init() as ctx:\n        device = ctx.device\n" in result.code
+    assert ("    with ddpkit.init() as ctx:\n        ddpkit.rng.seed_everything(ctx.seed)  # one seed on every rank "
+            "until training: data shuffled or split before it agrees\n        device = ctx.device\n") in result.code
     assert 7 in todos and 6 not in todos, todos  # the dataset on ctx.device: its loader does not pin
     assert todos[7].startswith("the batch size is 1") and "shuffle=True, pin_memory=False)" in result.code
     workers = port_source(src.replace("batch_size=1,", "batch_size=8, num_workers=2,"))

@@ -122,6 +122,19 @@ _RESTORE = ("ddpkit.rng.set_rng_state(rng_before_init)  # every rank draws what 
             "(ddpkit.init seeded each rank differently)\n")
 
 
+_ALIKE = ("ddpkit.rng.seed_everything(ctx.seed)  # one seed on every rank until training: data shuffled or split "
+          "before it agrees\n")
+
+
+def _first(keep_rng: bool) -> cst.BaseStatement:
+    """The statement right after ddpkit.init: the script's own streams restored, or one seed for every rank.
+
+    Either way nothing drawn before training (a shuffle in the script's own modules, `df.sample(frac=1)`) differs
+    between ranks; ddpkit.loader then seeds each batch per rank, and a step that draws its own batches gets a
+    per-rank reseed before its loop."""
+    return cst.parse_statement(_RESTORE if keep_rng else _ALIKE)
+
+
 def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device: str | None = None,
           keep_rng: bool = False) -> cst.With:
     lines = list(body[0].leading_lines) if body else []
@@ -131,8 +144,7 @@ def _with(body: list[cst.BaseStatement], seed: cst.BaseExpression | None, device
     if body:
         body = [body[0].with_changes(leading_lines=[line.with_changes(indent=True) for line in lines[blank:]]),
                 *body[1:]]
-    if keep_rng:  # first in the block: nothing may draw between ddpkit.init and the restore
-        body = [cst.parse_statement(_RESTORE), *body]
+    body = [_first(keep_rng), *body]  # first in the block: nothing may draw between ddpkit.init and it
     return cst.With(items=[cst.WithItem(_init_call(seed, device), asname=cst.AsName(cst.Name("ctx")))],
                     body=cst.IndentedBlock(body), leading_lines=leading)
 
@@ -183,7 +195,7 @@ def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | N
         capture = cst.parse_statement(_CAPTURE).with_changes(leading_lines=start.leading_lines)
         return [*body[:keep], capture, start.with_changes(leading_lines=[]), cst.parse_statement(_RESTORE),
                 *body[keep:], close]
-    return [*body[:keep], start, *body[keep:], close]
+    return [*body[:keep], start, _first(False), *body[keep:], close]
 
 
 def add_import(module: cst.Module, rng: bool = False) -> cst.Module:

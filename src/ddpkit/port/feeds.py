@@ -299,28 +299,14 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
         _cpu_input_todo(plan, [(k, f.scope_statements(k)) for k in sorted({k for k, _ in backward})])
         return
     top = [s for s in region if any(loop is s for loop in loops)]
-    first = region.index(top[0]) if top else len(region)
     step_scopes = _scopes_under(plan, top, entry)
-    before = [s for s in region[:first] if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-    modules = {name for name, cls in f.classes.items() if any(
-        dotted(b.value).rsplit(".", 1)[-1] == "Module" for b in cls.bases)}
-    # draws in a model's own methods make its initial parameters, which ddpkit.wrap broadcasts from rank 0
-    setup_scopes = {k for k in _scopes_under(plan, before, entry) - step_scopes if f.scopes[k].cls not in modules}
-    seeds = [n for k in f.ported for n in plan.nodes(k) if isinstance(n, cst.Call) and f.is_seed_call(n)]
-    # a script seeded before ddpkit.init keeps its streams (the port restores them right after init)
-    seeded_at = 0 if f.seeded_before_init() else min((plan.line_of(n) for n in seeds), default=None)
+    # every rank draws alike from ddpkit.init on (the script's streams restored, or one seed for all): data drawn
+    # before the training loop is the same on every rank, and the reseed below makes the loop's draws per rank
 
     def draws(nodes):
         return [n for n in nodes if isinstance(n, cst.Call) and RANDOM_DRAW.search(dotted(n.func))
                 and not any(a.keyword and a.keyword.value == "generator" for a in n.args)]
 
-    setup_draws = draws([n for s in before for n in walk(s)] + [n for k in setup_scopes for n in plan.nodes(k)])
-    unseeded = [n for n in setup_draws if seeded_at is None or plan.line_of(n) < seeded_at]
-    if unseeded:
-        plan.todo(unseeded[0], "drawn at random before training, after ddpkit.init seeded every rank differently: "
-                  "if this is data or a split, each rank would get different data; seed every rank alike first "
-                  "(torch.manual_seed(s) before this line) or pass generator=torch.Generator().manual_seed(s)")
-        return
     if _cpu_input_todo(plan, [(k, top if k == entry else f.scope_statements(k)) for k in [entry, *sorted(step_scopes)]]):
         return
     step_draws = draws([n for s in top for n in walk(s)] + [n for k in step_scopes for n in plan.nodes(k)])
@@ -329,9 +315,7 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
                             "(correct, but the data is not sharded: no speed-up)")
         return
     where = plan.line_of(step_draws[0])
-    if seeded_at is not None and seeded_at < plan.line_of(top[0]):
-        # the script's seed keeps the data and the model init alike; from here on each rank draws its own batches
-        plan.reseed.add(id(top[0]))
+    plan.reseed.add(id(top[0]))  # from here on each rank draws its own batches
     plan.note(step_draws[0], "each rank draws its own samples here (per-rank random streams): the global batch is "
               "world_size times the batch drawn here; divide it by ctx.world_size to keep the original's")
     plan.summary.append(f"no DataLoader: each rank draws its own random batch per step (line {where}), so the "

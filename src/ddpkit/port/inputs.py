@@ -10,7 +10,8 @@ import libcst as cst
 
 from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
 
-__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "RANDOM_DRAW", "CREATORS"]
+__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions", "passed_as",
+           "RANDOM_DRAW", "CREATORS"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -183,6 +184,73 @@ def plan_batch_dependents(plan: Any) -> None:
                       "(e.g. x.size(0)), or keep the global batch per rank")
             named.add(use)
             break  # one TODO per function: the rest follow from it
+
+
+def plan_batch_divisions(plan: Any) -> None:
+    """A figure divided by the training batch size on the training path (`corrects / args.batch_size` in a helper
+    the loop calls, `num_batch = len(dataset) / opt.batchSize` beside the loop): each rank's batch now holds
+    B // world_size samples and each rank runs 1/world_size of the steps, so the figure is off by world_size.
+    A TODO names the first one in each function; uses inside the training loop itself have their own rule."""
+    names = set(plan.train_sizes)
+    if not names:
+        return
+    loops = {key: [n for n in plan.nodes(key) if isinstance(n, cst.For) and plan.loop_role(key, n) == "train"]
+             for key in sorted(plan.f.ported)}
+    inside = {id(n) for key in loops for loop in loops[key] for n in walk(loop.body)}
+    path = {key for key, found in loops.items() if found}  # functions that hold a training loop
+    frontier = [c for key in sorted(path) for loop in loops[key] for c in walk(loop.body) if isinstance(c, cst.Call)]
+    reached = {k for c in frontier for key in path for k in plan.f.callees(c, key) if k in plan.f.ported}
+    for _ in range(2):  # the script's functions those call, two levels on
+        reached |= {k for key in sorted(reached) for c in plan.nodes(key) if isinstance(c, cst.Call)
+                    for k in plan.f.callees(c, key) if k in plan.f.ported}
+    # and the functions that call a training function (`for epoch in ...: train(...)` after `n = len(ds) / B`)
+    path |= {k for k in sorted(plan.f.ported) for c in plan.nodes(k) if isinstance(c, cst.Call)
+             and any(callee in path for callee in plan.f.callees(c, k))}
+    for key in sorted(path | reached):
+        params = set(plan.f.scopes[key].params)
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (
+                    cst.Divide, cst.FloorDivide)) or (id(node) in inside and key in path):
+                continue
+            use = next((dotted(n) for n in walk(node.right) if isinstance(n, (cst.Name, cst.Attribute))
+                        and dotted(n) in names and (root_name(n) not in params or _passed_alike(plan, key, n))),
+                       None)
+            if use is None or _in_eval_loop(plan, key, node):
+                continue
+            where = "on the training path" if key in path else "in a function the training loop calls"
+            plan.todo(node, f"`{plan.f.code(node)}` divides by {use}, the global batch, {where}: each rank's batch "
+                      f"now holds {use} // ctx.world_size samples and each rank runs 1/world_size of the steps, so "
+                      "this figure is off by world_size; divide by the batch's own size (e.g. y.size(0)) or count "
+                      "steps with len(loader)")
+            break  # one TODO per function: the rest follow from it
+
+
+def _given(plan: Any, key: str, param: str) -> list[cst.BaseExpression | None]:
+    """What each call of the script's function `key` passes for its parameter `param` (None: the default)."""
+    index = plan.f.scopes[key].params.index(param)
+    given: list[cst.BaseExpression | None] = []
+    for caller in sorted(plan.f.ported):
+        for call in (n for n in plan.nodes(caller) if isinstance(n, cst.Call) and key in plan.f.callees(n, caller)):
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            given.append(next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param),
+                              positional[index].value if index < len(positional) else None))
+    return given
+
+
+def _passed_alike(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """`def train(args): ... / args.batch_size` called as `train(args)`: the parameter is the caller's `args`."""
+    given = _given(plan, key, root_name(node))
+    return bool(given) and all(g is not None and dotted(g) == root_name(node) for g in given)
+
+
+def passed_as(plan: Any, key: str, name: str) -> set[str]:
+    """`def make_loader(ds, batch_size): DataLoader(ds, batch_size=batch_size)` called as
+    `make_loader(ds, args.batch_size)`: the callers' names for a parameter-rooted batch size."""
+    root, _, rest = name.partition(".")
+    if root not in plan.f.scopes[key].params or key == plan.f.entry_key:
+        return set()
+    return {f"{dotted(g)}.{rest}" if rest else dotted(g) for g in _given(plan, key, root)
+            if g is not None and dotted(g)}
 
 
 def _batch_arg(call: cst.Call) -> cst.BaseExpression | None:

@@ -10,7 +10,7 @@ from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, stat
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader
-from ddpkit.port.inputs import plan_batch_dependents, plan_device_datasets
+from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
@@ -61,6 +61,7 @@ class Plan:
         self.reduced: dict[str, set[str]] = {}
         self.class_roles: dict[str, dict[str, str]] = {}
         self.spread: dict[int, dict[str, cst.BaseExpression]] = {}
+        self.sampler_at: dict[int, cst.CSTNode] = {}  # a DataLoader's sampler set into its options by key
         """DataLoader(..., **kw) calls whose kw is built from dict literals here: the options it holds."""
         self.flagged: set[int] = set()
         """Accumulations already given a TODO (a loop is seen from each block around it)."""
@@ -127,6 +128,7 @@ class Plan:
             plan_parameter_changes(self)
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
+        plan_batch_divisions(self)
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
@@ -266,8 +268,14 @@ class Plan:
             if len(positional) > 2 and "shuffle" not in kwargs:  # DataLoader(dataset, batch_size, shuffle, ...)
                 kwargs["shuffle"] = positional[2].value
             if "sampler" in kwargs or "batch_sampler" in kwargs or len(positional) > 3:
-                self.todo(call, "custom sampler: ddpkit.loader shards and orders the data itself; drop the "
-                          "sampler (or shard it by rank yourself) and use ddpkit.loader(dataset, ctx, batch_size=...)")
+                which = "batch_sampler" if "batch_sampler" in kwargs else "sampler" if "sampler" in kwargs else ""
+                given = f" `{which}={self.f.code(kwargs[which])}`" if which else ""
+                where = self.sampler_at.get(id(call))
+                given += f" (set into the options at line {self.line_of(where)})" if where is not None else ""
+                self.todo(call, f"custom sampler{given}: ddpkit.loader shards and orders the data itself and has "
+                          "no sampler option, so replacing this DataLoader would drop the sampling (weights, "
+                          "subsets) even on one rank; keep it and shard the sampler's indices by ctx.rank yourself, "
+                          "or drop the sampler and use ddpkit.loader(dataset, ctx, batch_size=...)")
                 continue
             if not positional and "dataset" not in kwargs:
                 self.todo(call, "DataLoader without a dataset argument the codemod can read: use "
@@ -301,6 +309,7 @@ class Plan:
                     self.f.code(positional[1].value) if len(positional) > 1 else "1"
                 if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
                     self.train_sizes.add(size)
+                    self.train_sizes |= passed_as(self, key, size)
                 self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
                           f"{size} samples per step")
             if target:
@@ -384,7 +393,18 @@ class Plan:
             return None
         literals: dict[str, list[cst.Dict]] = {}
         updates: dict[str, list[cst.BaseExpression]] = {}
+        stored: dict[str, list[tuple[str | None, cst.CSTNode]]] = {}  # `opts["sampler"] = s`, `del opts[k]`
         for node in self.nodes(key):
+            if isinstance(node, (cst.Assign, cst.AugAssign, cst.Del)):
+                for target in ([t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]):
+                    if isinstance(target, cst.Subscript) and len(target.slice) == 1 \
+                            and isinstance(target.slice[0].slice, cst.Index):
+                        index = target.slice[0].slice.value
+                        stored.setdefault(dotted(target.value), []).append(
+                            (str(index.evaluated_value) if isinstance(index, cst.SimpleString) else None, node))
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                    and node.func.attr.value in ("pop", "setdefault", "clear", "popitem"):
+                stored.setdefault(dotted(node.func.value), []).append((None, node))
             if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Dict):
                 literals.setdefault(dotted(node.targets[0].target), []).append(node.value)
             elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
@@ -409,7 +429,16 @@ class Plan:
                     return False
             return True
 
-        return out if all(add(n) for n in names) else None
+        if not all(add(n) for n in names):
+            return None
+        changed = [(k, node) for n in names for k, node in stored.get(n, [])]
+        samplers = [(k, node) for k, node in changed if k in ("sampler", "batch_sampler")]
+        if samplers:  # the sampler TODO names it: the options themselves stay the script's
+            self.sampler_at[id(call)] = samplers[0][1]
+            return {**out, samplers[0][0]: samplers[0][1].value if isinstance(samplers[0][1], cst.Assign)
+                    else cst.Name("None")}
+        # an option set or removed by key (`opts["shuffle"] = False`) would be lost in the rewrite: not read
+        return None if changed else out
 
     def _plan_batch_size_uses(self) -> None:
         """`images.reshape(batch_size, -1)`, `torch.ones(batch_size, 1)` in a training loop: the loader's batch

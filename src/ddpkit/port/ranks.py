@@ -67,6 +67,12 @@ def plan_ranks(plan: Any) -> None:
                 plan.add_kwarg[id(node)] = ("generator", "torch.Generator().manual_seed(0)")
             elif name.rsplit(".", 1)[-1] == "train_test_split" and "random_state" not in keywords and early:
                 plan.add_kwarg[id(node)] = ("random_state", "0")
+            elif name in _ENTROPY and (not node.args or name.endswith("SystemRandom")) \
+                    and plan.f.scopes[key].cls is None and not _in_train_loop(plan, key, node):
+                plan.todo(node, f"`{plan.f.code(node)}` seeds itself from the operating system: each rank draws "
+                          "different numbers from it whatever ddpkit seeds, so data it shuffles or splits differs "
+                          "between ranks (overlap, leakage); give it one seed for every rank "
+                          f"(`{name}(s)`), or draw from the seeded global generators")
             elif name == "next" and node.args and isinstance(node.args[0].value, cst.Call) \
                     and dotted(node.args[0].value.func) == "iter" and node.args[0].value.args \
                     and plan.role(key, dotted(node.args[0].value.args[0].value)) == "train":
@@ -76,6 +82,21 @@ def plan_ranks(plan: Any) -> None:
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
         _breaks(plan, key)
+
+
+_ENTROPY = frozenset({"np.random.default_rng", "numpy.random.default_rng", "np.random.RandomState",
+                      "numpy.random.RandomState", "random.Random", "random.SystemRandom"})
+"""Generators that seed themselves from the OS when given no seed: the port cannot make the ranks draw alike."""
+
+
+def _in_train_loop(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """Inside a loop over the training loader: a per-rank draw there (augmentation) is what data parallelism wants."""
+    stmt = plan._stmt.get(id(node))
+    while stmt is not None:
+        if isinstance(stmt, cst.For) and plan.loop_role(key, stmt) == "train":
+            return True
+        stmt = plan._parent.get(id(stmt))
+    return False
 
 
 def _plateau(plan: Any, key: str, call: cst.Call) -> None:

@@ -650,7 +650,7 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
             before.append(cst.parse_statement(
                 "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))  # per-rank draws from here: "
-                "the script's seed above made every rank draw the same batches\n"))
+                "every rank drew alike until here\n"))
         for line in self.p.wrap_before.get(id(original), []):
             before.append(cst.parse_statement(f"{line}\n"))
             self.changes += 1

@@ -1,0 +1,98 @@
+"""`ddpkit port`: what each rank draws and iterates (samplers kept, data drawn alike, batch-size figures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def _messages(result) -> list[str]:
+    return [t.message for t in result.todos]
+
+
+def test_a_sampler_put_into_the_loader_options_by_key_keeps_the_dataloader_and_is_named():
+    result = _port("sampler_in_options")
+    source = (FIXTURES / "sampler_in_options.py").read_text().splitlines()
+    line = next(i for i, s in enumerate(source, 1) if "DataLoader(TensorDataset" in s)
+    assert "DataLoader(TensorDataset(x, y), **train_params)" in result.code
+    assert "= ddpkit.loader(" not in result.code
+    todo = next(t for t in result.todos if "custom sampler" in t.message)
+    assert todo.line == line
+    assert "WeightedRandomSampler" in todo.message and f"line {line - 2}" in todo.message, todo.message
+
+
+def test_an_option_changed_by_key_is_not_dropped_by_the_rewrite():
+    source = (FIXTURES / "sampler_in_options.py").read_text()
+    shuffle_only = source.replace('        train_params["sampler"] = WeightedRandomSampler(weights, '
+                                  'num_samples=len(weights))\n', "")
+    assert shuffle_only != source
+    result = port_source(shuffle_only, "shuffle_only.py")
+    assert "= ddpkit.loader(" not in result.code
+    assert any("**kwargs" in m for m in _messages(result)), _messages(result)
+
+
+def test_figures_divided_by_the_global_batch_size_on_the_training_path_are_named():
+    result = _port("batch_figures")
+    source = (FIXTURES / "batch_figures.py").read_text().splitlines()
+    lines = {t.line for t in result.todos if "divides by args.batch_size, the global batch" in t.message}
+    accuracy = next(i for i, s in enumerate(source, 1) if "corrects / args.batch_size" in s)
+    steps = next(i for i, s in enumerate(source, 1) if "num_batch = len(dataset)" in s)
+    # the learning rate scaled by the global batch (`args.lr * args.batch_size / 256`) stays right: not named
+    assert lines == {accuracy, steps}, _messages(result)
+    # the loader is built in a helper: the batch it divides is the caller's args.batch_size
+    assert "batch_size // ctx.world_size" in result.code
+
+
+def test_an_unseeded_script_draws_alike_on_every_rank_from_init_until_training():
+    result = _port("unseeded_split")
+    lines = result.code.splitlines()
+    init = next(i for i, s in enumerate(lines) if "ddpkit.init(" in s)
+    assert lines[init + 1].strip().startswith("ddpkit.rng.seed_everything(ctx.seed)"), lines[init:init + 3]
+    assert lines.index("    x, y = load_samples(256)".replace("    ", "        ", 1)) > init + 1
+    assert result.todos == [], _messages(result)
+    # what the port's line does: two ranks seeded apart by ddpkit.init shuffle alike after it
+    import random
+
+    import ddpkit.rng
+
+    orders = []
+    for rank in (0, 1):
+        ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(0, rank))  # what ddpkit.init does
+        ddpkit.rng.seed_everything(0)  # the port's line (ctx.seed is 0 on every rank)
+        keys = list(range(50))
+        random.shuffle(keys)
+        orders.append(keys)
+    assert orders[0] == orders[1]
+
+
+def test_unseeded_data_of_a_script_without_a_loader_is_alike_and_each_rank_draws_its_batches_after_it():
+    source = ("import torch\nfrom torch import nn\n\ndevice = torch.device('cuda' if torch.cuda.is_available() else "
+              "'cpu')\nx = torch.randn(64, 2).to(device)\nmodel = nn.Linear(2, 1).to(device)\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step in range(10):\n"
+              "    i = torch.randint(64, (8,))\n    loss = model(x[i]).pow(2).mean()\n    opt.zero_grad()\n"
+              "    loss.backward()\n    opt.step()\n")
+    result = port_source(source, "noloader.py")
+    assert result.todos == [], _messages(result)
+    code = result.code
+    assert code.index("seed_everything(ctx.seed)") < code.index("x = torch.randn(64, 2") \
+        < code.index("ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))") \
+        < code.index("for step in range(10)")
+
+
+def test_a_generator_seeded_from_the_os_before_training_is_named():
+    source = (FIXTURES / "unseeded_split.py").read_text()
+    own = source.replace("    random.shuffle(keys)\n", "    keys = list(np.random.default_rng().permutation(n))\n")
+    own = own.replace("import random\n", "import numpy as np\n")
+    assert own != source
+    result = port_source(own, "own_rng.py")
+    line = next(i for i, s in enumerate(own.splitlines(), 1) if "default_rng()" in s)
+    assert [t.line for t in result.todos] == [line], _messages(result)
+    assert "seeds itself from the operating system" in result.todos[0].message
