@@ -16,7 +16,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.ranks import agreed, library_loader
 
-__all__ = ["plan_effects", "pyplot_names", "DOWNLOADS"]
+__all__ = ["plan_effects", "DOWNLOADS"]
 
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
@@ -194,9 +194,6 @@ def _pyplot_names(module: cst.Module) -> set[str]:
                 and not isinstance(n.names, cst.ImportStar):
             names |= {dotted(a.asname.name) if a.asname else "pyplot" for a in n.names if dotted(a.name) == "pyplot"}
     return names
-
-
-pyplot_names = _pyplot_names
 
 
 def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],

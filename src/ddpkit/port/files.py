@@ -14,7 +14,6 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.effects import pyplot_names
 from ddpkit.port.facts import dotted, walk
 
 __all__ = ["plan_rank_files"]
@@ -33,6 +32,19 @@ def plan_rank_files(plan: Any) -> None:
         if pyplot:
             _figure_handles(plan, key, nodes, pyplot)
     _trackers_at_import(plan)
+
+
+def pyplot_names(module: cst.Module) -> set[str]:
+    """What `matplotlib.pyplot` is bound to: `import matplotlib.pyplot as plt`, `from matplotlib import pyplot`."""
+    names = set()
+    for n in walk(module):
+        if isinstance(n, cst.Import):
+            names |= {dotted(a.asname.name) if a.asname else "matplotlib" for a in n.names
+                      if dotted(a.name) == "matplotlib.pyplot"}
+        elif isinstance(n, cst.ImportFrom) and n.module is not None and dotted(n.module) == "matplotlib" and \
+                not isinstance(n.names, cst.ImportStar):
+            names |= {dotted(a.asname.name) if a.asname else "pyplot" for a in n.names if dotted(a.name) == "pyplot"}
+    return names
 
 
 def _save_call(call: cst.Call) -> bool:
