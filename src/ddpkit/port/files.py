@@ -14,7 +14,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, walk
+from ddpkit.port.facts import dotted, root_name, walk
 
 __all__ = ["plan_rank_files"]
 
@@ -93,35 +93,43 @@ def _numbered_files(plan: Any, loop: cst.For) -> None:
 
 
 def _figure_handles(plan: Any, key: str, nodes: list[cst.CSTNode], pyplot: set[str]) -> None:
-    """`fig = plt.figure()`, `ax = plt.gca()` where the port runs the pyplot drawing on rank 0 only: the handles and
-    every line that uses them go to rank 0 as well (else each other rank keeps a figure open, never closed)."""
+    """`fig = plt.figure()`, `ax = plt.gca()`, `ax2 = ax.twinx()` where the port runs the pyplot drawing on rank 0
+    only: the handles and every line that uses them go to rank 0 as well (else each other rank keeps a figure open,
+    never closed). All of a function's handles or none: a handle used any other way is a TODO and nothing moves."""
     lines = [n for n in nodes if isinstance(n, cst.SimpleStatementLine)]
-    guarded = [s for s in lines if id(s) in plan.guard and plan.f.code(s).strip().split(".")[0] in pyplot]
+    guarded = [s for s in lines if id(s) in plan.guard and root_name(s.body[0].value if isinstance(
+        s.body[0], cst.Expr) else s.body[0]) in pyplot]
     if not guarded:
         return
-    handles: dict[str, cst.SimpleStatementLine] = {}
-    for s in lines:
-        small = s.body[0] if len(s.body) == 1 else None
-        if isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and \
-                dotted(small.value.func).split(".")[0] in pyplot and id(s) not in plan.guard:
-            for t in small.targets:
-                handles.update({x.value: s for x in walk(t.target) if isinstance(x, cst.Name)})
-    for name, binding in handles.items():
-        pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
-        uses = [s for s in lines if s is not binding and pattern.search(plan.f.code(s))]
-        if all(id(s) in plan.guard or _draws_only(plan, key, s, set(handles) | pyplot) for s in uses):
-            plan.guard.add(id(binding))
-            plan.guard.update(id(s) for s in uses)
-        else:
-            plan.todo(binding, f"`{plan.f.code(binding).strip()}` makes a figure on every rank while the port "
-                      f"draws and closes it on rank 0 only, and `{name}` is used where the port cannot guard it: "
-                      "make the figure under `if ctx.is_main:` with every line that uses it")
+    handles: set[str] = set()
+    bindings: list[cst.SimpleStatementLine] = []
+    for _ in range(3):  # handles made from handles: `ax2 = ax1.twiny()`
+        for s in lines:
+            small = s.body[0] if len(s.body) == 1 else None
+            if s not in bindings and isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and \
+                    root_name(small.value.func) in pyplot | handles and id(s) not in plan.guard:
+                bindings.append(s)
+                handles |= {x.value for t in small.targets for x in walk(t.target) if isinstance(x, cst.Name)}
+    if not handles:
+        return
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(h) for h in sorted(handles)) + r")\b")
+    uses = [s for s in lines if s not in bindings and pattern.search(plan.f.code(s))]
+    stray = next((s for s in uses if id(s) not in plan.guard and not _draws_only(plan, key, s, handles | pyplot)),
+                 None)
+    if stray is None:
+        plan.guard.update(id(s) for s in bindings + uses)
+        return
+    name = pattern.search(plan.f.code(stray)).group(1)
+    binding = bindings[0]
+    plan.todo(binding, f"`{plan.f.code(binding).strip()}` makes a figure on every rank while the port draws and "
+              f"closes it on rank 0 only, and `{name}` is used where the port cannot guard it (line "
+              f"{plan.line_of(stray)}): make the figure under `if ctx.is_main:` with every line that uses it")
 
 
 def _draws_only(plan: Any, key: str, stmt: cst.SimpleStatementLine, owners: set[str]) -> bool:
     """A line of calls on figure handles or pyplot alone (`ax.xaxis.set_major_locator(...)`), no model."""
     return all(isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and
-               dotted(s.value.func).split(".")[0] in owners for s in stmt.body) and not any(
+               root_name(s.value.func) in owners for s in stmt.body) and not any(
         isinstance(c, cst.Call) and plan.role(key, dotted(c.func)) == "model" for c in walk(stmt))
 
 
