@@ -73,7 +73,7 @@ def test_files_numbered_per_rank_figures_made_on_every_rank_and_a_tracker_made_a
         assert lines[i - 1].strip() == "if ctx.is_main:", text
 
 
-def test_a_figure_handle_used_where_the_port_cannot_guard_it_is_a_todo():
+def test_a_figure_whose_handle_is_used_where_the_port_cannot_guard_it_stays_whole_on_every_rank():
     source = textwrap.dedent("""\
         import matplotlib.pyplot as plt
         import torch
@@ -101,9 +101,9 @@ def test_a_figure_handle_used_where_the_port_cannot_guard_it_is_a_todo():
             main()
         """)
     result = port_source(source, "figure.py")
-    [todo] = [t for t in result.todos if "makes a figure on every rank" in t.message]
-    assert "`size` is used where the port cannot guard it (line 20)" in todo.message  # print(size)
-    # nothing of it moves to rank 0: a handle bound there alone would be unbound where it is used
+    # nothing of it moves to rank 0 (a handle bound there alone would be unbound where `print(size)` reads it),
+    # and no TODO: the figure the other ranks make is never drawn, which breaks nothing
+    assert not any("figure" in t.message for t in result.todos)
     lines = result.code.splitlines()
     [i] = [i for i, line in enumerate(lines) if line.strip() == "fig = plt.figure()"]
     assert lines[i - 1].strip() != "if ctx.is_main:"

@@ -95,35 +95,43 @@ def _numbered_files(plan: Any, loop: cst.For) -> None:
 def _figure_handles(plan: Any, key: str, nodes: list[cst.CSTNode], pyplot: set[str]) -> None:
     """`fig = plt.figure()`, `ax = plt.gca()`, `ax2 = ax.twinx()` where the port runs the pyplot drawing on rank 0
     only: the handles and every line that uses them go to rank 0 as well (else each other rank keeps a figure open,
-    never closed). All of a function's handles or none: a handle used any other way is a TODO and nothing moves."""
+    never closed). A figure's handles move together or not at all (a handle used any other way keeps them all where
+    they are: one bound on rank 0 alone would be unbound where the others use it)."""
     lines = [n for n in nodes if isinstance(n, cst.SimpleStatementLine)]
     guarded = [s for s in lines if id(s) in plan.guard and root_name(s.body[0].value if isinstance(
         s.body[0], cst.Expr) else s.body[0]) in pyplot]
     if not guarded:
         return
-    handles: set[str] = set()
-    bindings: list[cst.SimpleStatementLine] = []
+    owner: dict[str, int] = {}  # handle -> its group (a figure and the handles made from it)
+    groups: dict[int, list[cst.SimpleStatementLine]] = {}
     for _ in range(3):  # handles made from handles: `ax2 = ax1.twiny()`
         for s in lines:
             small = s.body[0] if len(s.body) == 1 else None
-            if s not in bindings and isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and \
-                    root_name(small.value.func) in pyplot | handles and id(s) not in plan.guard:
-                bindings.append(s)
-                handles |= {x.value for t in small.targets for x in walk(t.target) if isinstance(x, cst.Name)}
-    if not handles:
-        return
-    pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(h) for h in sorted(handles)) + r")\b")
-    uses = [s for s in lines if s not in bindings and pattern.search(plan.f.code(s))]
-    stray = next((s for s in uses if id(s) not in plan.guard and not _draws_only(plan, key, s, handles | pyplot)),
-                 None)
-    if stray is None:
-        plan.guard.update(id(s) for s in bindings + uses)
-        return
-    name = pattern.search(plan.f.code(stray)).group(1)
-    binding = bindings[0]
-    plan.todo(binding, f"`{plan.f.code(binding).strip()}` makes a figure on every rank while the port draws and "
-              f"closes it on rank 0 only, and `{name}` is used where the port cannot guard it (line "
-              f"{plan.line_of(stray)}): make the figure under `if ctx.is_main:` with every line that uses it")
+            if any(s in g for g in groups.values()) or not isinstance(small, cst.Assign) or not isinstance(
+                    small.value, cst.Call) or id(s) in plan.guard:
+                continue
+            root = root_name(small.value.func)
+            if root in pyplot:
+                group = len(groups)
+            elif root in owner:
+                group = owner[root]
+            else:
+                continue
+            groups.setdefault(group, []).append(s)
+            owner.update({x.value: group for t in small.targets for x in walk(t.target) if isinstance(x, cst.Name)})
+    handles = set(owner)
+    for group, bindings in groups.items():
+        mine = {h for h, g in owner.items() if g == group}
+        uses = [s for s in lines if s not in bindings and _names(s) & mine]
+        if all(id(s) in plan.guard or _draws_only(plan, key, s, handles | pyplot) for s in uses):
+            plan.guard.update(id(s) for s in bindings + uses)
+        # else: a handle used some other way (`Axes3D(fig)`): the figure stays where it is, on every rank
+
+
+def _names(stmt: cst.CSTNode) -> set[str]:
+    """The names a statement reads or binds (not the attribute names after a dot, not text in strings)."""
+    attrs = {id(n.attr) for n in walk(stmt) if isinstance(n, cst.Attribute)}
+    return {n.value for n in walk(stmt) if isinstance(n, cst.Name) and id(n) not in attrs}
 
 
 def _draws_only(plan: Any, key: str, stmt: cst.SimpleStatementLine, owners: set[str]) -> bool:
