@@ -86,7 +86,7 @@ def _numbered_files(plan: Any, loop: cst.For) -> None:
         return
     call, path, counter = files[0]
     more = f" (and {len(files) - 1} more file(s) in this loop)" if len(files) > 1 else ""
-    plan.todo(call, f"every rank writes `{path}`{more} numbered by `{counter}`, which each rank counts over its own "
+    _todo(plan, call, f"every rank writes `{path}`{more} numbered by `{counter}`, which each rank counts over its own "
               "shard of the data from the same start: the ranks overwrite each other's files, and under "
               "`if ctx.is_main:` only rank 0's shard is written; put ctx.rank in the names (or offset the "
               "number by it), or write these files from rank 0 over the whole data")
@@ -151,6 +151,10 @@ def _trackers_at_import(plan: Any) -> None:
             continue
         call = next((c for c in walk(stmt) if isinstance(c, cst.Call) and _TRACKER.search(dotted(c.func))), None)
         if call is not None:
-            plan.todo(stmt, f"`{dotted(call.func)}(...)` is made at import, on every rank (each writes its own "
+            _todo(plan, stmt, f"`{dotted(call.func)}(...)` is made at import, on every rank (each writes its own "
                       "copy of the logs): make it in the training function under `if ctx.is_main:` and log "
                       "through it on rank 0 only")
+
+
+def _todo(plan: Any, node: cst.CSTNode, message: str) -> None:
+    plan.todo(node, " ".join(message.split()))  # code quoted from several lines stays on the comment's one line

@@ -213,4 +213,4 @@ def plan_made_tensors(plan: Any) -> None:
 def _tell(plan: Any, node: cst.CSTNode, told: set[str], message: str) -> None:
     if message not in told:
         told.add(message)
-        plan.todo(node, message)
+        plan.todo(node, " ".join(message.split()))  # quoted code stays on one comment line
