@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import import_device_work, project_hazards, step_loops
+from ddpkit.port.project import import_device_work, parallel_asserts, project_hazards, step_loops
 
 __all__ = ["GATE_RULES", "gate"]
 
@@ -298,6 +298,9 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += _calls_without_ctx(tree)
     todos += _data_parallel(tree)
+    asserted = parallel_asserts(tree, folder, _reached_files(modules, folder) if folder is not None else {})
+    lines = {line for line, _ in asserted}  # that call fails before anything it does with the model: said once
+    todos = [(line, m) for line, m in todos if not (line in lines and m.startswith("not checked: `"))] + asserted
     todos += _batch_coupled(tree, loops)
     if not todos:
         return code, []

@@ -14,7 +14,7 @@ import os
 
 from ddpkit.port.weights import Follow, strict_loads, unused_in_wrapped
 
-__all__ = ["project_hazards", "import_device_work", "step_loops"]
+__all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -496,4 +496,50 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
                                          "ddpkit.init makes each rank's GPU current, so that tensor is on cuda:0 on "
                                          "every rank; make it inside a function called after ddpkit.init, or import "
                                          "the module after it"))
+    return out
+
+
+def _asserts_parallel(defn: ast.AST) -> dict[str, int]:
+    """Parameter -> line of `assert isinstance(param, DataParallel)` (any name ending so) in a function."""
+    if not isinstance(defn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
+    params = set(_parameters(defn))
+    out: dict[str, int] = {}
+    for node in ast.walk(defn):
+        test = node.test if isinstance(node, ast.Assert) else None
+        for call in ast.walk(test) if test is not None else ():
+            if isinstance(call, ast.Call) and _dotted(call.func) == "isinstance" and len(call.args) == 2 and \
+                    isinstance(call.args[0], ast.Name) and call.args[0].id in params and any(
+                        _dotted(c).rsplit(".", 1)[-1].endswith("DataParallel") for c in ast.walk(call.args[1])):
+                out.setdefault(call.args[0].id, node.lineno)
+    return out
+
+
+def parallel_asserts(tree: ast.Module, folder: str | None, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) where it hands an argument to a function, of its own or of its project's
+    modules (`patch_replication_callback(model)`), that asserts the argument is a DataParallel: the port removed
+    nn.DataParallel (DDP replaces it), so the assertion fails on every run."""
+    parsed: dict[str, ast.Module | None] = {}
+    imported = _local_imports(tree, modules, folder, parsed) if folder is not None else {}
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            continue
+        name = node.func.id
+        where, defn = "this script", _definition(tree, name)
+        if defn is None and name in imported and imported[name][1] is not None:
+            found = _resolve(modules, folder, imported[name][0], imported[name][1], parsed)
+            if found is None:
+                continue
+            where, defn = os.path.basename(found[0]), found[1]
+        checks = _asserts_parallel(defn) if defn is not None else {}
+        params = _parameters(defn) if checks else []
+        handed = [p for i, p in enumerate(params) if p in checks and (
+            i < len(node.args) and not isinstance(node.args[i], ast.Starred)
+            or any(k.arg == p for k in node.keywords))]
+        for param in handed:
+            out.append((node.lineno, f"`{name}(...)` asserts that `{param}` is an nn.DataParallel ({where}:"
+                                     f"{checks[param]}), but the port removed nn.DataParallel (DDP replaces it, one "
+                                     "process per device): this call fails on every run; delete it (what it patches "
+                                     "is DataParallel's own replication)"))
     return out
