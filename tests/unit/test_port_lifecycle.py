@@ -202,3 +202,28 @@ def test_weights_drawn_again_after_the_wrap_are_a_todo_and_other_applies_are_not
     assert flagged == ["model.apply(init_weights)", "model.reset_parameters()"], result.todos
     assert len([t for t in result.todos if "draws the weights" in t.message]) == 2  # not the apply before the wrap
     assert result.exit_code == 3
+
+
+def test_a_model_moved_on_a_one_line_if_is_read_without_a_crash():
+    # `if use_gpu: model = model.cuda()` puts the rebinding in a one-line suite: the port raised KeyError there
+    src = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+        def main(use_gpu=False):
+            loader = DataLoader(ds, batch_size=32, shuffle=True)
+            model = nn.Linear(4, 2)
+            if use_gpu: model = model.cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            main()
+        """)
+    result = port_source(src)
+    assert "ddpkit.wrap(model, ctx)" in result.code

@@ -443,6 +443,17 @@ def _wraps_again(plan: Any, key: str, model: str, built: cst.CSTNode, anchor: cs
     return False
 
 
+def _one_line_owner(nodes: list[cst.CSTNode], node: cst.CSTNode) -> cst.CSTNode | None:
+    """The compound statement whose one-line body holds `node` (`if use_gpu: model = model.cuda()`)."""
+    for stmt in nodes:
+        suites = [getattr(stmt, "body", None), getattr(getattr(stmt, "orelse", None), "body", None)]
+        if isinstance(stmt, (cst.If, cst.For, cst.While, cst.With)) and any(
+                isinstance(suite, cst.SimpleStatementSuite) and any(n is node for n in walk(suite))
+                for suite in suites):
+            return stmt
+    return None
+
+
 def check_rebound(plan: Any) -> None:
     """A wrapped model bound again where no wrap follows (`model = checkpoint["model"]` on the resume path),
     before a training loop or a call of a training function, would train unwrapped there: a TODO."""
@@ -453,7 +464,9 @@ def check_rebound(plan: Any) -> None:
         for node in nodes:
             if not (isinstance(node, cst.Assign) and any(dotted(t.target) == model for t in node.targets)):
                 continue
-            stmt = plan._stmt[id(node)]
+            stmt = plan._stmt.get(id(node)) or _one_line_owner(nodes, node)
+            if stmt is None:
+                continue
             if node.value is not _bare(node.value) and dotted(_bare(node.value)) == model or any(
                     stmt is where and id(where) in plan.wrap_inline for where in placed):
                 continue
