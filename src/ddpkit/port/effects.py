@@ -14,6 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
+from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader
 
 __all__ = ["plan_effects", "DOWNLOADS"]
@@ -91,7 +92,7 @@ def plan_effects(plan: Any) -> None:
     writes: list[tuple[str, int]] = [(k, plan.line_of(s)) for k, s in statements if isinstance(
         s, cst.SimpleStatementLine) and any(isinstance(n, cst.Call) and dotted(n.func) == "torch.save" for n in walk(s))]
     tracker_names: dict[str, tuple[cst.BaseStatement, str]] = {}
-    pyplot = _pyplot_names(f.module)
+    pyplot = pyplot_names(f.module)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -181,19 +182,6 @@ def plan_effects(plan: Any) -> None:
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
-
-
-def _pyplot_names(module: cst.Module) -> set[str]:
-    """What `matplotlib.pyplot` is bound to: `import matplotlib.pyplot as plt`, `from matplotlib import pyplot`."""
-    names = set()
-    for n in walk(module):
-        if isinstance(n, cst.Import):
-            names |= {dotted(a.asname.name) if a.asname else "matplotlib" for a in n.names
-                      if dotted(a.name) == "matplotlib.pyplot"}
-        elif isinstance(n, cst.ImportFrom) and n.module is not None and dotted(n.module) == "matplotlib" \
-                and not isinstance(n.names, cst.ImportStar):
-            names |= {dotted(a.asname.name) if a.asname else "pyplot" for a in n.names if dotted(a.name) == "pyplot"}
-    return names
 
 
 def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
