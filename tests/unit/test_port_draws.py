@@ -96,3 +96,17 @@ def test_a_generator_seeded_from_the_os_before_training_is_named():
     line = next(i for i, s in enumerate(own.splitlines(), 1) if "default_rng()" in s)
     assert [t.line for t in result.todos] == [line], _messages(result)
     assert "seeds itself from the operating system" in result.todos[0].message
+
+
+def test_an_unseeded_script_draws_alike_until_training_and_per_rank_from_its_loop_on():
+    # one seed on every rank keeps data prepared before training alike; a dataset that draws its windows in
+    # __getitem__ (no loader workers, so no per-batch seeding) must draw per rank once training starts, or
+    # every rank trains on the same windows
+    path = FIXTURES / "unseeded_random_windows.py"
+    lines = port_source(path.read_text(), str(path)).code.splitlines()
+    alike = next(i for i, line in enumerate(lines) if "ddpkit.rng.seed_everything(ctx.seed)" in line)
+    per_rank = next(i for i, line in enumerate(lines)
+                    if "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))" in line)
+    loop = next(i for i, line in enumerate(lines) if line.strip() == "for epoch in range(2):")
+    build = next(i for i, line in enumerate(lines) if "ddpkit.loader(Windows(TEXT)" in line)
+    assert alike < build < per_rank < loop

@@ -22,6 +22,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, root_name, walk
 from ddpkit.port.inputs import RANDOM_DRAW
+from ddpkit.port.models import runs_again
 
 __all__ = ["plan_no_loader", "plan_loader_reads"]
 
@@ -356,3 +357,58 @@ def plan_loader_reads(plan: Any) -> None:
                       f"is now {made}, which {has}: "
                       f"read `len({loader}.dataset)` for the number of samples, `len({loader})` for this rank's "
                       "batches")
+
+
+def plan_rank_streams(plan: Any) -> None:
+    """A script that does not seed itself gets one seed on every rank from ddpkit.init (so data prepared before
+    training agrees); from its training loop on, each rank draws its own stream again: augmentation a dataset
+    draws in `__getitem__` with no loader workers, dropout, noise drawn in the step. The reseed goes before the
+    outermost loop around the training step (in a loop over the training loader's scope first), else before the
+    entry's statement that starts training."""
+    f = plan.f
+    if f.seeded_before_init() or plan.reseed:
+        return
+    entry = ENTRY if f.ctx_global else f.entry_key
+    region = {id(s) for s in f.scope_statements(entry)}
+
+    def outermost(key: str, node: cst.CSTNode, loader_loop: bool) -> cst.CSTNode | None:
+        found, stmt = None, plan._stmt.get(id(node), node)
+        while stmt is not None:
+            if isinstance(stmt, (cst.For, cst.While)) and (not loader_loop or found is not None or isinstance(
+                    stmt, cst.For) and plan.loop_role(key, stmt) == "train"):
+                found = stmt
+            stmt = plan._parent.get(id(stmt))
+        if found is not None and key in (ENTRY, f.entry_key):
+            return found if id(_top(plan, found)) in region else None  # before ddpkit.init: no ctx there
+        # a function that runs again (once per epoch) would restart the same streams each time: its caller's
+        # statement gets the reseed instead
+        return found if found is not None and runs_again(plan, key) is None else None
+
+    for key in sorted(plan.loop_scopes):
+        loops = [n for n in plan.nodes(key) if isinstance(n, cst.For) and plan.loop_role(key, n) == "train"]
+        found = next((o for o in (outermost(key, n, True) for n in loops) if o is not None), None)
+        if found is not None:
+            plan.reseed.add(id(found))
+            return
+    for key in sorted(f.ported):
+        for n in plan.nodes(key):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
+                found = outermost(key, n, False)
+                if found is not None:
+                    plan.reseed.add(id(found))
+                    return
+    for stmt in f.scope_statements(entry):
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if any(isinstance(n, cst.Call) and (isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward"
+                                            or set(f.callees(n, entry)) & plan.training_scopes)
+               for n in walk(stmt)):
+            plan.reseed.add(id(stmt))
+            return
+
+
+def _top(plan: Any, stmt: cst.CSTNode) -> cst.CSTNode:
+    """The outermost statement of its scope around `stmt`."""
+    while plan._parent.get(id(stmt)) is not None:
+        stmt = plan._parent[id(stmt)]
+    return stmt

@@ -364,7 +364,7 @@ def _holder(plan: Any, stmt: cst.CSTNode) -> str | None:
     return None
 
 
-def _runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int | None:
+def runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int | None:
     """A line of a call that may run function `key` a second time: one of several call sites, a call inside a
     loop, or the only call inside a function that itself runs again; None when it runs at most once."""
     sites = []
@@ -382,7 +382,7 @@ def _runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int 
             return plan.line_of(stmt)
         outer = _holder(plan, stmt)
         if outer is not None and outer != key and outer not in seen:
-            return _runs_again(plan, outer, seen | {key})
+            return runs_again(plan, outer, seen | {key})
     return None
 
 
@@ -399,7 +399,7 @@ def _hoisted(plan: Any, built: cst.CSTNode, anchor: cst.CSTNode) -> cst.CSTNode:
     train(epoch)`, the optimizer made in train()): the statement of the build's block that first runs the function,
     so it is wrapped once there; else `anchor`."""
     holder = _holder(plan, anchor)
-    if holder is None or _holder(plan, built) is not None or _runs_again(plan, holder) is None:
+    if holder is None or _holder(plan, built) is not None or runs_again(plan, holder) is None:
         return anchor
     entry = ENTRY if plan.f.ctx_global else plan.f.entry_key
     sites = [plan._stmt[id(n)] for n in plan.nodes(entry)
@@ -426,7 +426,7 @@ def _wraps_again(plan: Any, key: str, model: str, built: cst.CSTNode, anchor: cs
     plain = f"{model} = ddpkit.wrap({model}, ctx)"
     holder = _holder(plan, anchor)
     if holder is not None and holder != _holder(plan, built):
-        again = _runs_again(plan, holder)
+        again = runs_again(plan, holder)
         if again is not None:
             plan.todo(node, f"`{model}` is built outside {holder}(), which runs again (the call at line {again}): "
                       f"a wrap here would wrap the DDP wrapper again at the second call (ddpkit.wrap refuses it); "

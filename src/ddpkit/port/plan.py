@@ -10,7 +10,7 @@ from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, stat
 from ddpkit.port.effects import plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
-from ddpkit.port.feeds import plan_loader_reads, plan_no_loader
+from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
@@ -137,6 +137,7 @@ class Plan:
         plan_made_tensors(self)  # after plan_forwards: it names what that rule cannot reach
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
+        plan_rank_streams(self)  # after plan_no_loader: a script drawing its own batches is reseeded there
         plan_effects(self)
         plan_rank_files(self)  # after plan_effects: it reads which pyplot lines rank 0 alone runs
         for key in sorted(facts.ported):
