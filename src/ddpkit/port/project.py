@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.port.weights import Follow, strict_loads, unused_in_wrapped
+from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts"]
 
@@ -26,15 +26,6 @@ _WRITES = {"save", "savefig", "imwrite", "save_image", "to_csv", "dump", "makedi
 _DRAWS = {"shuffle", "permutation", "randperm", "sample", "choice", "random_split"}
 _CONFIG_LOADS = {"parse_args", "parse_known_args", "json.load", "yaml.load", "yaml.safe_load", "yaml.full_load",
                  "OmegaConf.load", "toml.load"}
-
-
-def _dotted(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return f"{inner}.{node.attr}" if inner else ""
-    return ""
 
 
 def _root(node: ast.AST) -> str:
@@ -61,11 +52,11 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
     built_by: dict[str, list[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 and \
-                isinstance(node.targets[0], ast.Name) and _dotted(node.value.func):
-            built_by.setdefault(node.targets[0].id, []).append(_dotted(node.value.func))
+                isinstance(node.targets[0], ast.Name) and ast_dotted(node.value.func):
+            built_by.setdefault(node.targets[0].id, []).append(ast_dotted(node.value.func))
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            func = _dotted(node.value.func)
+            func = ast_dotted(node.value.func)
             last = func.rsplit(".", 1)[-1]
             kind = ("model" if func == "ddpkit.wrap" else "loader" if func in ("ddpkit.loader", "ddpkit.eval_loader")
                     else "config" if last in _CONFIG_LOADS or func in _CONFIG_LOADS else "")
@@ -79,20 +70,20 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
                             kinds.setdefault(arg.id, kind)
                             built = next((b for b in built_by.get(arg.id, [])), "")
                         else:
-                            built = _dotted(arg.func) if isinstance(arg, ast.Call) else ""
+                            built = ast_dotted(arg.func) if isinstance(arg, ast.Call) else ""
                         for target in node.targets:
                             for name in _names(target):
                                 if built:
                                     classes.setdefault(name, built)
     for node in ast.walk(tree):  # `pbar = tqdm(loader)`: the same batches
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args and _dotted(
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args and ast_dotted(
                 node.value.func) in ("tqdm", "tqdm.tqdm", "enumerate") and kinds.get(_root(node.value.args[0])) == "loader":
             for target in node.targets:
                 for name in _names(target):
                     kinds.setdefault(name, "loader")
     for node in ast.walk(tree):
         if isinstance(node, (ast.For, ast.comprehension)):
-            source = node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
+            source = node.iter.args[0] if isinstance(node.iter, ast.Call) and ast_dotted(node.iter.func) in (
                 "enumerate", "tqdm", "tqdm.tqdm", "zip") and node.iter.args else node.iter
             if kinds.get(_root(source)) == "loader":
                 for name in _names(node.target):
@@ -105,7 +96,7 @@ def step_loops(tree: ast.Module) -> list[tuple[int, int]]:
     kinds = _handed(tree, {})
     return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
             if isinstance(node, ast.For) and kinds.get(_root(
-                node.iter.args[0] if isinstance(node.iter, ast.Call) and _dotted(node.iter.func) in (
+                node.iter.args[0] if isinstance(node.iter, ast.Call) and ast_dotted(node.iter.func) in (
                     "enumerate", "tqdm", "tqdm.tqdm") and node.iter.args else node.iter)) == "loader"]
 
 
@@ -115,7 +106,7 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
     if isinstance(arg, ast.Name):
         return kinds.get(arg.id, "")
     if isinstance(arg, ast.Call):
-        func = _dotted(arg.func)
+        func = ast_dotted(arg.func)
         if func == "ddpkit.unwrap" and arg.args:
             return "unwrapped" if _kind_of(arg.args[0], kinds) == "model" else ""
         if func == "vars" and arg.args:
@@ -126,8 +117,8 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
         return "batch" if _kind_of(arg.value, kinds) == "batch" else ""
     if isinstance(arg, ast.Attribute) and arg.attr == "module":
         return "model" if _kind_of(arg.value, kinds) == "model" else ""
-    if isinstance(arg, ast.Attribute) and _dotted(arg) in kinds:  # `trainer.model`: an object that stores it
-        return kinds[_dotted(arg)]
+    if isinstance(arg, ast.Attribute) and ast_dotted(arg) in kinds:  # `trainer.model`: an object that stores it
+        return kinds[ast_dotted(arg)]
     return ""
 
 
@@ -236,16 +227,16 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
         for node in ast.walk(defn):
             value = node.value if isinstance(node, ast.Assign) else None
             if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):  # self.x = kwargs["x"]
-                value = ast.Name(str(value.slice.value)) if _dotted(value.value) in _kwargs_of(defn) else None
+                value = ast.Name(str(value.slice.value)) if ast_dotted(value.value) in _kwargs_of(defn) else None
             elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "get" \
-                    and _dotted(value.func.value) in _kwargs_of(defn) and value.args and \
+                    and ast_dotted(value.func.value) in _kwargs_of(defn) and value.args and \
                     isinstance(value.args[0], ast.Constant):
                 value = ast.Name(str(value.args[0].value))
             while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES:
                 value = value.func.value  # `self.model = model.to(self.device)`: the same object
             if isinstance(value, ast.Name) and value.id in got:
                 for t in node.targets:
-                    if isinstance(t, ast.Attribute) and _dotted(t.value) == "self":
+                    if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self":
                         got[f"self.{t.attr}"] = got[value.id]
     return got
 
@@ -255,7 +246,7 @@ def _rank_guarded(tree: ast.Module) -> set[int]:
     out: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and any(
-                isinstance(n, (ast.Name, ast.Attribute)) and _dotted(n).rsplit(".", 1)[-1] in ("is_main", "rank")
+                isinstance(n, (ast.Name, ast.Attribute)) and ast_dotted(n).rsplit(".", 1)[-1] in ("is_main", "rank")
                 for n in ast.walk(node.test)):
             out.update(id(c) for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call))
     return out
@@ -274,8 +265,8 @@ def _legacy_aliases(module: ast.Module) -> set[str]:
     """Module-level names bound to a legacy constructor (`LT = torch.LongTensor`)."""
     imported = {a.asname or a.name for n in module.body if isinstance(n, ast.ImportFrom) and n.module == "torch"
                 for a in n.names if a.name in _LEGACY}  # `from torch import LongTensor as LT`
-    return imported | {t.id for n in module.body if isinstance(n, ast.Assign) and _dotted(n.value).startswith("torch.")
-                       and _dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
+    return imported | {t.id for n in module.body if isinstance(n, ast.Assign) and ast_dotted(n.value).startswith("torch.")
+                       and ast_dotted(n.value).rsplit(".", 1)[-1] in _LEGACY for t in n.targets if isinstance(t, ast.Name)}
 
 
 def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: Follow | None,
@@ -308,12 +299,12 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
     out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
     for node in ast.walk(defn):
         if isinstance(node, ast.Attribute) and node.attr not in _WRAPPER_ATTRS and not node.attr.startswith("__") \
-                and received.get(_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
+                and received.get(ast_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
             out.append((node.lineno, f"`{ast.unparse(node)}` is no attribute of the DDP wrapper it now gets "
                                      "(AttributeError): hand it ddpkit.unwrap(model), or reach it through forward"))
 
     def name_of(node: ast.AST) -> str:
-        d = _dotted(node)
+        d = ast_dotted(node)
         return next((p for p in received if d == p or d.startswith(p + ".")), "")
 
     for node in ast.walk(defn):
@@ -325,7 +316,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
                                          "now that divided by the world size (ctx.world_size)"))
         if not isinstance(node, ast.Call):
             continue
-        func = _dotted(node.func)
+        func = ast_dotted(node.func)
         last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
         if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases):
             out.append((node.lineno, f"`{func}(...)` makes a CPU tensor while the inputs now arrive on the rank's "
@@ -387,7 +378,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     for node in ast.walk(tree):  # `trainer = Trainer(model, ...)` keeps it as self.model: `trainer.model` is it
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
                 isinstance(node.value, ast.Call):
-            found = definition(_dotted(node.value.func))
+            found = definition(ast_dotted(node.value.func))
             if found is not None and isinstance(found[2], ast.ClassDef):
                 for key, kind in _received(node.value, found[2], kinds).items():
                     if key.startswith("self."):
@@ -395,7 +386,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        func = _dotted(node.func)
+        func = ast_dotted(node.func)
         received: dict[str, str] = {}
         if isinstance(node.func, ast.Name) and kinds.get(func) == "model" and func in classes and \
                 any(_kind_of(a, kinds) == "batch" for a in node.args) and classes[func] not in forwarded:
@@ -443,7 +434,7 @@ def _module_level(module: ast.Module) -> list[ast.stmt]:
         stmt = todo.pop(0)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and _dotted(stmt.test.left) == "__name__":
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and ast_dotted(stmt.test.left) == "__name__":
             continue  # `if __name__ == "__main__":` never runs on import
         if isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For)):
             todo[:0] = [s for block in ("body", "orelse", "finalbody") for s in getattr(stmt, block, [])] + [
@@ -459,12 +450,12 @@ def _cuda_at_import(module: ast.Module) -> tuple[int, str] | None:
 
     def on_gpu(expr: ast.AST) -> bool:
         return (isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value.startswith("cuda")) \
-            or _dotted(expr) in devices
+            or ast_dotted(expr) in devices
     for stmt in _module_level(module):
         for node in ast.walk(stmt):
             if not isinstance(node, ast.Call):
                 continue
-            func = _dotted(node.func)
+            func = ast_dotted(node.func)
             method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
             if method == "cuda" or func == "torch.cuda.set_device" or method == "to" and any(
                     on_gpu(a) for a in node.args) or any(k.arg == "device" and on_gpu(k.value) for k in node.keywords):
@@ -476,7 +467,7 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
     """(line of an import of the script's own module, `not checked:` message) where that module, when imported at
     the top of the script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU: on every
     rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later."""
-    init = min((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and _dotted(n.func) == "ddpkit.init"),
+    init = min((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.init"),
                default=None)
     parsed: dict[str, ast.Module | None] = {}
     out: list[tuple[int, str]] = []
@@ -508,9 +499,9 @@ def _asserts_parallel(defn: ast.AST) -> dict[str, int]:
     for node in ast.walk(defn):
         test = node.test if isinstance(node, ast.Assert) else None
         for call in ast.walk(test) if test is not None else ():
-            if isinstance(call, ast.Call) and _dotted(call.func) == "isinstance" and len(call.args) == 2 and \
+            if isinstance(call, ast.Call) and ast_dotted(call.func) == "isinstance" and len(call.args) == 2 and \
                     isinstance(call.args[0], ast.Name) and call.args[0].id in params and any(
-                        _dotted(c).rsplit(".", 1)[-1].endswith("DataParallel") for c in ast.walk(call.args[1])):
+                        ast_dotted(c).rsplit(".", 1)[-1].endswith("DataParallel") for c in ast.walk(call.args[1])):
                 out.setdefault(call.args[0].id, node.lineno)
     return out
 

@@ -12,7 +12,7 @@ import ast
 import os
 from collections.abc import Callable
 
-__all__ = ["Follow", "strict_loads", "unused_in_wrapped"]
+__all__ = ["Follow", "ast_dotted", "strict_loads", "unused_in_wrapped"]
 
 Follow = Callable[..., "tuple[str, ast.AST] | None"]
 """Resolves a function name called in a module of the project to (its file, its definition)."""
@@ -20,11 +20,12 @@ Definition = Callable[[str], "tuple[str, str, ast.AST] | None"]
 """Resolves a call of the ported script (`Trainer`, `utils.save`) to (its file, its name, its definition)."""
 
 
-def _dotted(node: ast.AST) -> str:
+def ast_dotted(node: ast.AST) -> str:
+    """`a.b.c` for a name or an attribute chain of names, else ''."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
+        inner = ast_dotted(node.value)
         return f"{inner}.{node.attr}" if inner else ""
     return ""
 
@@ -40,9 +41,9 @@ def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
     if "forward" not in methods or "__init__" not in methods:
         return []
     held = [(t.attr, n.lineno) for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Call) and any(k in _dotted(n.value.func).rsplit(".", 1)[-1] for k in _PARAMETERED)
-            and _dotted(n.value.func).startswith(("nn.", "torch.nn.")) for t in n.targets
-            if isinstance(t, ast.Attribute) and _dotted(t.value) == "self"]
+            and isinstance(n.value, ast.Call) and any(k in ast_dotted(n.value.func).rsplit(".", 1)[-1] for k in _PARAMETERED)
+            and ast_dotted(n.value.func).startswith(("nn.", "torch.nn.")) for t in n.targets
+            if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self"]
     always: set[str] = set()
     seen: dict[str, bool] = {}
     todo = [("forward", False)]
@@ -53,14 +54,14 @@ def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
         stack = list(nodes)
         while stack:
             for n in ast.walk(stack.pop()):
-                if isinstance(n, ast.Attribute) and _dotted(n.value) == "self" and n.attr not in out:
+                if isinstance(n, ast.Attribute) and ast_dotted(n.value) == "self" and n.attr not in out:
                     out.add(n.attr)
                     if n.attr in methods:
                         stack.append(methods[n.attr])
         return out
 
     def reads(node: ast.AST, conditional: bool) -> None:
-        if isinstance(node, ast.Attribute) and _dotted(node.value) == "self":
+        if isinstance(node, ast.Attribute) and ast_dotted(node.value) == "self":
             (always.add(node.attr) if not conditional else None)
             todo.append((node.attr, conditional))
         if isinstance(node, ast.If) and not conditional:  # read by every branch of an if/elif chain: always
@@ -89,7 +90,7 @@ def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
             continue
         seen[name] = conditional
         if name != "__init__":
-            if any(isinstance(n, ast.Call) and _dotted(n.func) in ("getattr", "self.children", "self.modules",
+            if any(isinstance(n, ast.Call) and ast_dotted(n.func) in ("getattr", "self.children", "self.modules",
                                                                   "self.named_children", "self.named_modules")
                    for n in ast.walk(methods[name])):
                 return []
@@ -102,11 +103,11 @@ def unused_in_wrapped(tree: ast.Module, classes: dict[str, str], definition: Def
     parameter its forward may leave unused: DDP fails at the second step when one gets no gradient."""
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and _dotted(node.func) == "ddpkit.wrap" and node.args) or any(
+        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args) or any(
                 kw.arg == "find_unused_parameters" for kw in node.keywords):
             continue
         arg = node.args[0]
-        cls = _dotted(arg.func) if isinstance(arg, ast.Call) else classes.get(_dotted(arg), "")
+        cls = ast_dotted(arg.func) if isinstance(arg, ast.Call) else classes.get(ast_dotted(arg), "")
         found = definition(cls) if cls else None
         unused = _maybe_unused(found[2]) if found is not None and isinstance(found[2], ast.ClassDef) else []
         if unused:
@@ -154,7 +155,7 @@ def strict_loads(tree: ast.Module, definition: Definition, follower: Callable[[s
                                      "named above): strict=False skips every such key silently; save "
                                      "ddpkit.unwrap(model) there"))
             continue
-        found = definition(_dotted(node.func))
+        found = definition(ast_dotted(node.func))
         loads = _strict_false_loads(found[2], follower(found[0])) if found is not None else []
         if loads:
             where = ", ".join(f"{os.path.basename(p or found[0])}:{line}" for p, line in loads[:2])
