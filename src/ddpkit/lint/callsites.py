@@ -90,34 +90,16 @@ def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     assigns the parameter, gives nothing."""
     methods = {d.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
                for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    calls: dict[str, list[tuple[object, ast.Call]]] = {}
-    for x in project.scripts.values():
-        for call in x.calls:
-            calls.setdefault(terminal(call.func), []).append((x, call))
+    calls = _calls_by_name(project)
     for path, script in project.scripts.items():
         for d in script.defs:
             found = calls.get(d.name, [])
             if d.name not in methods:
                 found = [(x, c) for x, c in found if not isinstance(c.func, ast.Attribute)
                          or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
-            if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
-                                or any(k.arg is None for k in c.keywords) for _, c in found):
-                continue
-            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-            if positional[:1] in (["self"], ["cls"]):
-                positional = positional[1:]
-            stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            for param in positional + [a.arg for a in d.args.kwonlyargs]:
-                if param in stored:
-                    continue
-                given = []
-                for x, c in found:
-                    value = next((k.value for k in c.keywords if k.arg == param), None)
-                    if value is None and param in positional and positional.index(param) < len(c.args):
-                        value = c.args[positional.index(param)]
-                    rank = isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value) \
-                        and not is_main_flag(terminal(value))
-                    given.append(x.kind(value) if rank else NONE)
+            for param, values in _arguments(d, found).items():
+                given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
+                         and not is_main_flag(terminal(value)) else NONE for x, value in values]
                 if given and min(given):
                     levels.setdefault(path, {})[f"~{d.name}({param})"] = min(given)
 
@@ -128,31 +110,47 @@ def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     parameter is that rank check in its function, as `=fit(verbose)` (Script.kind). Functions are matched by
     name, as elsewhere; a call that spreads `*args`/`**kwargs`, or a function that assigns the parameter, gives
     nothing."""
+    calls = _calls_by_name(project)
+    for path, script in project.scripts.items():
+        for d in script.defs:
+            for param, values in _arguments(d, calls.get(d.name, [])).items():
+                given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
+                if given and min(given):
+                    levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)
+
+
+def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:
+    """Every call of the program, by the name it calls (`f` of `f(...)` and of `obj.f(...)`)."""
     calls: dict[str, list[tuple[object, ast.Call]]] = {}
     for x in project.scripts.values():
         for call in x.calls:
             calls.setdefault(terminal(call.func), []).append((x, call))
-    for path, script in project.scripts.items():
-        for d in script.defs:
-            found = calls.get(d.name, [])
-            if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
-                                or any(k.arg is None for k in c.keywords) for _, c in found):
-                continue
-            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-            if positional[:1] in (["self"], ["cls"]):
-                positional = positional[1:]
-            stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            for param in positional + [a.arg for a in d.args.kwonlyargs]:
-                if param in stored:
-                    continue
-                given = []
-                for x, c in found:
-                    value = next((k.value for k in c.keywords if k.arg == param), None)
-                    if value is None and param in positional and positional.index(param) < len(c.args):
-                        value = c.args[positional.index(param)]
-                    given.append(_flag_level(x, value) if value is not None else NONE)
-                if given and min(given):
-                    levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)
+    return calls
+
+
+def _arguments(d: ast.FunctionDef | ast.AsyncFunctionDef,
+               found: list[tuple[object, ast.Call]]) -> dict[str, list[tuple[object, ast.AST | None]]]:
+    """For each parameter `d` never assigns: what each call passes to it, by keyword or position (None where a call
+    passes nothing). Empty when there is no call, or a call spreads `*args`/`**kwargs`."""
+    if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
+                        or any(k.arg is None for k in c.keywords) for _, c in found):
+        return {}
+    positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+    if positional[:1] in (["self"], ["cls"]):
+        positional = positional[1:]
+    stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    out: dict[str, list[tuple[object, ast.AST | None]]] = {}
+    for param in positional + [a.arg for a in d.args.kwonlyargs]:
+        if param in stored:
+            continue
+        values = []
+        for x, c in found:
+            value = next((k.value for k in c.keywords if k.arg == param), None)
+            if value is None and param in positional and positional.index(param) < len(c.args):
+                value = c.args[positional.index(param)]
+            values.append((x, value))
+        out[param] = values
+    return out
 
 
 def _flag_level(x, value: ast.AST) -> int:
