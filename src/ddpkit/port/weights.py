@@ -126,9 +126,7 @@ def _strict_false_loads(defn: ast.AST, follow: Follow, depth: int = 0) -> list[t
     for node in ast.walk(defn):
         if not isinstance(node, ast.Call):
             continue
-        if isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict" and any(
-                kw.arg == "strict" and isinstance(kw.value, ast.Constant) and kw.value.value is False
-                for kw in node.keywords):
+        if _strict_false(node):
             out.append(("", node.lineno))
         elif depth < 2 and isinstance(node.func, ast.Name):
             found = follow(node.func.id)
@@ -137,6 +135,11 @@ def _strict_false_loads(defn: ast.AST, follow: Follow, depth: int = 0) -> list[t
                     found[1], lambda n, p=found[0]: follow(n, p), depth + 1)]
     return out
 
+
+def _strict_false(node: ast.Call) -> bool:
+    """`x.load_state_dict(state, strict=False)`."""
+    return isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict" and any(
+        kw.arg == "strict" and isinstance(kw.value, ast.Constant) and kw.value.value is False for kw in node.keywords)
 
 
 def strict_loads(tree: ast.Module, definition: Definition, follower: Callable[[str], Follow]) -> list[tuple[int, str]]:
@@ -147,9 +150,7 @@ def strict_loads(tree: ast.Module, definition: Definition, follower: Callable[[s
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        if isinstance(node.func, ast.Attribute) and node.func.attr == "load_state_dict" and any(
-                kw.arg == "strict" and isinstance(kw.value, ast.Constant) and kw.value.value is False
-                for kw in node.keywords):
+        if _strict_false(node):
             out.append((node.lineno, "not checked: `load_state_dict(..., strict=False)` of a checkpoint the "
                                      "project's own code may have saved from the DDP wrapper (`module.` keys, "
                                      "named above): strict=False skips every such key silently; save "
