@@ -271,7 +271,8 @@ class Script:
             # `not args.multiprocessing_distributed or rank == 0` the left arm passes on every rank
             # (`cfg.NUM_GPUS == 1 or get_rank() % cfg.NUM_GPUS == 0` too: a one-process arm beside a rank arm)
             ranked = any(self.kind(v) for v in expr.values)
-            kinds = [self.kind(v) for v in expr.values if (run_sense(v) if ranked else distributed_mode(v)) >= 0]
+            kinds = [self.kind(v) for v in expr.values if (run_sense(v) if ranked else distributed_mode(v)) >= 0
+                     and not (ranked and self._unlaunched(v))]
             return min(kinds, default=NONE)
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand)
@@ -290,6 +291,16 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _unlaunched(self, test: ast.AST) -> bool:
+        """`rank is None` where the program starts its process group only where the rank is not None (see
+        callsites._unlaunched_values): true in the run without a process group, on no rank of a distributed one."""
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.Eq))):
+            return False
+        sides = [test.left, test.comparators[0]]  # (`None == rank` too)
+        names = [x for x in sides if isinstance(x, (ast.Name, ast.Attribute))]
+        return len(names) == 1 and any(isinstance(x, ast.Constant) and x.value is None for x in sides) \
+            and self.external_levels.get("0:" + terminal(names[0]), 0) > 0
 
     def _parameter_flag(self, use: ast.Name, mark: str = "=") -> int:
         """The rank check a parameter is where every call gives it one (see callsites._flag_parameters); with

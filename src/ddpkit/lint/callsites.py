@@ -63,7 +63,98 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _flag_parameters(project, levels)
     _rank_parameters(project, levels)
     _mode_attributes(project, levels)
+    _unlaunched_values(project, levels)
     return levels
+
+
+def _unlaunched_values(project, levels: dict[str, dict[str, int]]) -> None:
+    """A value that is None only where no process group runs: every init_process_group of the program takes it as
+    its rank (`rank=args.local_rank`: torch refuses a rank that is not an integer) or sits where it is not None
+    (`if rank is not None:`, the `else:` of `if rank is None:`, after `if rank is None: return`, under a flag set
+    from `rank is not None`). Its name, and the names it is copied to or handed on as (a parameter, `self.rank =
+    rank`, `rank = opt.local_rank`), are `0:name` in every file, so that `rank is None or rank == 0` is the rank-0
+    check of every distributed run (Script.kind): the `is None` arm is the run without a process group. Names
+    are matched by spelling, as attributes are elsewhere; with several init_process_group calls only a name all
+    of them share counts."""
+    starts = [(x, c) for x in project.scripts.values() for c in x.calls if terminal(c.func) == "init_process_group"]
+    if not starts:
+        return
+    shared: set[str] | None = None
+    for x, call in starts:
+        names = _aliases(project, _gates(project, x, call))
+        shared = names if shared is None else shared & names
+        if not shared:
+            return
+    for path in project.scripts:
+        into = levels.setdefault(path, {})
+        for name in shared:
+            into["0:" + name] = 1
+
+
+def _none_test(test: ast.AST) -> tuple[str, bool] | None:
+    """(name, True for `is not None`) of `x is None` / `x is not None` (also `==`/`!=`), else None."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, (ast.Name, ast.Attribute)) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None \
+            and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
+        return terminal(test.left), isinstance(test.ops[0], (ast.IsNot, ast.NotEq))
+    return None
+
+
+def _gates(project, x, call: ast.Call) -> set[str]:
+    """Names that are not None wherever this init_process_group runs (see _unlaunched_values)."""
+    found: set[str] = set()
+    rank = next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4 else None)
+    while isinstance(rank, ast.Call) and terminal(rank.func) == "int" and rank.args:
+        rank = rank.args[0]
+    if isinstance(rank, (ast.Name, ast.Attribute)):
+        found.add(terminal(rank))
+    flags = {key.lstrip("."): _none_test(value) for s in project.scripts.values() for key, value in s.assignments}
+    node = call
+    while id(node) in x.parents:
+        parent = x.parents[id(node)]
+        if isinstance(parent, ast.If):
+            test = _none_test(parent.test)
+            if test is None and isinstance(parent.test, (ast.Name, ast.Attribute)):
+                test = flags.get(terminal(parent.test))  # `args.distributed = args.local_rank is not None`
+            if test is not None and test[1] == (node in parent.body):
+                found.add(test[0])
+        body = getattr(parent, "body", None)
+        if isinstance(body, list) and node in body:  # `if rank is None: return` earlier in the same block
+            for stmt in body[:body.index(node)]:
+                test = _none_test(stmt.test) if isinstance(stmt, ast.If) else None
+                if test is not None and not test[1] and stmt.body \
+                        and isinstance(stmt.body[-1], (ast.Return, ast.Raise)):
+                    found.add(test[0])
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            break
+        node = parent
+    return found
+
+
+def _aliases(project, names: set[str]) -> set[str]:
+    """`names` with what they are copied to or from (`rank = opt.local_rank`, `self.rank = rank`) and the
+    parameters they are handed on as (`Trainer(cfg, args.local_rank)` -> `rank`), both ways, to a fixed point."""
+    names = set(names)
+    calls = _calls_by_name(project)
+    defs = [(d, None) for x in project.scripts.values() for d in x.defs if d.name != "__init__"] + [
+        (d, c) for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+        for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"]
+    for _ in range(4):
+        before = len(names)
+        for x in project.scripts.values():
+            for key, value in x.assignments:
+                if isinstance(value, (ast.Name, ast.Attribute)) and (key.lstrip(".") in names) != (
+                        terminal(value) in names):
+                    names |= {key.lstrip("."), terminal(value)}
+        for d, owner in defs:
+            callee = owner.name if owner is not None else d.name
+            for param, values in _arguments(d, calls.get(callee, [])).items():
+                given = {terminal(v) for _, v in values if isinstance(v, (ast.Name, ast.Attribute))}
+                if param in names or given & names:
+                    names |= {param} | given
+        if len(names) == before:
+            break
+    return names
 
 
 def _mode_attributes(project, levels: dict[str, dict[str, int]]) -> None:

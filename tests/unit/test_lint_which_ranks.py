@@ -1,0 +1,150 @@
+"""Which ranks run a statement: a guard whose other arm holds only where no process group runs, a rank flag
+handed to a project class's constructor, code no rank runs."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _lint(files: dict[str, str]) -> set[tuple[str, int, str]]:
+    found = lint_sources({name: textwrap.dedent(code) for name, code in files.items()})
+    return {(f.path, f.line, f.rule) for f in found}
+
+
+def _lines(code: str, text: str) -> list[int]:
+    return [i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if text in line]
+
+
+# ---- `rank is None or rank == 0` where None means no process group ---------------------------------------
+_OPTIONS = """
+    import argparse
+
+
+    class Options:
+        def __init__(self):
+            self.parser = argparse.ArgumentParser()
+            self.parser.add_argument("--local_rank", type=int, default=None)
+
+        def parse(self):
+            self.opt = self.parser.parse_args()
+            lead = self.opt.local_rank is None or self.opt.local_rank == 0
+            if lead:
+                print("options:", vars(self.opt))
+            return self.opt
+"""
+
+_GATED_BY_HELPER = """
+    import torch
+    import torch.distributed as dist
+    from options import Options
+
+
+    def join_group(rank_id):
+        if rank_id is not None:
+            dist.init_process_group(backend="nccl")
+            torch.cuda.set_device(rank_id)
+
+
+    def main():
+        opt = Options().parse()
+        rank_id = opt.local_rank
+        join_group(rank_id)
+        net = torch.nn.Linear(4, 4).cuda()
+        if rank_id is not None:
+            net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank_id])
+        for step in range(10):
+            loss = net(torch.zeros(2, 4)).sum()
+            loss.backward()
+            if step % 5 == 0 and (None == rank_id or rank_id == 0):
+                print("step done", step)
+        if rank_id is None or rank_id == 0:
+            torch.save(net.state_dict(), "net.pt")
+            print("saved")
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+_RANK_GIVEN_TO_GROUP = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+
+
+    class Runner:
+        def __init__(self, net, proc_rank):
+            self.net = net
+            self.proc_rank = proc_rank
+
+        def epoch(self):
+            for _ in range(3):
+                self.net(torch.zeros(1, 4)).sum().backward()
+            if self.proc_rank is None or self.proc_rank == 0:
+                print("epoch done")
+                torch.save(self.net.state_dict(), "last.pt")
+
+
+    def main():
+        p = argparse.ArgumentParser()
+        p.add_argument("--distributed", action="store_true")
+        p.add_argument("--local_rank", type=int, default=None)
+        args = p.parse_args()
+        if args.distributed:
+            dist.init_process_group("nccl", init_method="env://", world_size=2, rank=args.local_rank)
+            torch.cuda.set_device(args.local_rank)
+        if args.local_rank is None or args.local_rank == 0:
+            print("config", args)
+        runner = Runner(torch.nn.Linear(4, 4), args.local_rank)
+        runner.epoch()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+_NOT_GATED = """
+    import argparse
+    import os
+    import torch
+    import torch.distributed as dist
+
+
+    def main():
+        p = argparse.ArgumentParser()
+        p.add_argument("--local_rank", type=int, default=None)
+        args = p.parse_args()
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        if args.local_rank is None or args.local_rank == 0:
+            print("config", args)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_guard_whose_none_arm_is_the_run_without_a_process_group_is_a_rank_0_guard():
+    found = lint_sources({"train.py": textwrap.dedent(_GATED_BY_HELPER), "options.py": textwrap.dedent(_OPTIONS)})
+    prints = {("train.py", n) for n in _lines(_GATED_BY_HELPER, "print(")} | {("options.py", _lines(_OPTIONS, "print(")[0])}
+    assert len(prints) == 3
+    assert not [f for f in found if (f.path, f.line) in prints]
+    save = _lines(_GATED_BY_HELPER, "torch.save(")[0]
+    # a local-rank guard: local rank 0 of each node saves (the multi-node finding), not every rank
+    assert [f.message for f in found if f.line == save and f.path == "train.py" and f.rule == "DDP004"] == [
+        m for f in found if f.line == save for m in [f.message] if "local-rank check only" in m]
+
+
+def test_a_rank_the_process_group_takes_is_never_none_where_the_group_runs():
+    found = _lint({"train.py": _RANK_GIVEN_TO_GROUP})
+    for line in _lines(_RANK_GIVEN_TO_GROUP, "print(") + _lines(_RANK_GIVEN_TO_GROUP, "torch.save("):
+        assert not {r for _, n, r in found if n == line} & {"DDP008", "DDP004"}, line
+
+
+def test_a_none_arm_that_holds_on_every_rank_still_leaves_the_print_unguarded():
+    # torchrun passes no --local_rank: it stays None on every rank, and the group starts whatever it holds
+    found = _lint({"train.py": _NOT_GATED})
+    assert ("train.py", _lines(_NOT_GATED, "print(")[0], "DDP008") in found
