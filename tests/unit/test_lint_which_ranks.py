@@ -148,3 +148,94 @@ def test_a_none_arm_that_holds_on_every_rank_still_leaves_the_print_unguarded():
     # torchrun passes no --local_rank: it stays None on every rank, and the group starts whatever it holds
     found = _lint({"train.py": _NOT_GATED})
     assert ("train.py", _lines(_NOT_GATED, "print(")[0], "DDP008") in found
+
+
+# ---- a rank flag handed to a project class's constructor --------------------------------------------------
+_CONSOLE = """
+    import logging
+
+
+    class Console:
+        def __init__(self, tag, active=True):
+            self.tag = tag
+            self.shown = active
+            self.say("console ready")
+
+        def say(self, text):
+            if self.shown:
+                print(self.tag, text)
+                logging.info(text)
+"""
+
+_BUILDS_CONSOLE = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from console import Console
+
+
+    def main():
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        out = Console("train", active=(rank == 0))
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4).cuda())
+        for step in range(3):
+            net(torch.zeros(2, 4).cuda()).sum().backward()
+        out.say("finished")
+        extra = Console("eval", rank == 0)
+        extra.say("eval finished")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_rank_flag_every_construction_gives_is_a_rank_check_on_the_attribute_it_is_stored_in():
+    found = _lint({"train.py": _BUILDS_CONSOLE, "console.py": _CONSOLE})
+    for line in _lines(_CONSOLE, "print(") + _lines(_CONSOLE, "logging.info("):
+        assert ("console.py", line, "DDP008") not in found, line
+
+
+def test_one_construction_without_the_flag_leaves_the_attribute_unguarded():
+    every_rank = _BUILDS_CONSOLE.replace('Console("eval", rank == 0)', 'Console("eval")')
+    found = _lint({"train.py": every_rank, "console.py": _CONSOLE})
+    assert ("console.py", _lines(_CONSOLE, "print(")[0], "DDP008") in found
+
+
+_SPLIT_NAME = """
+    import importlib
+    import torch
+    import torch.distributed as dist
+
+
+    def build_criterion(cfg, rank):
+        module_name, loss_cls = cfg["criterion"].rsplit(".", 1)
+        if rank == 0:
+            print("criterion {} from {}".format(loss_cls, module_name))
+        return getattr(importlib.import_module(module_name), loss_cls)()
+
+
+    def main():
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        crit = build_criterion({"criterion": "torch.nn.MSELoss"}, rank)
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4).cuda())
+        loss = crit(net(torch.zeros(2, 4).cuda()), torch.zeros(2, 4).cuda())
+        loss.backward()
+        if rank == 0:
+            print("loss", loss.item())
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_the_name_of_a_loss_cut_from_a_setting_string_is_no_figure():
+    found = _lint({"train.py": _SPLIT_NAME})
+    printed = _lines(_SPLIT_NAME, "print(")
+    assert ("train.py", printed[0], "DDP006") not in found
+    assert ("train.py", printed[1], "DDP006") in found  # the loss itself still is

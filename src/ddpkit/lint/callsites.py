@@ -61,6 +61,7 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _helper_answers(project, levels)
     _flag_levels(project, levels)
     _flag_parameters(project, levels)
+    _constructor_flags(project, levels)
     _rank_parameters(project, levels)
     _mode_attributes(project, levels)
     _unlaunched_values(project, levels)
@@ -208,6 +209,54 @@ def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
                 given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
                 if given and min(given):
                     levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)
+
+
+def _constructor_flags(project, levels: dict[str, dict[str, int]]) -> None:
+    """`Logger(enable=is_main)`, `Loader(args, verbose=local_rank == 0)`: where every construction of a project class
+    gives a parameter of its `__init__` a rank test, a main-process flag or a value only some ranks hold (as
+    _flag_parameters asks of a function's calls), the attribute `__init__` stores it in (`self.enable = enable`)
+    is that rank check wherever the program reads it, as `=.enable` (Script.kind): `if self.enable: print(info)`
+    prints on those ranks only. Not for a class defined twice, one another class derives from (its `__init__`
+    runs with what the subclass passes), one handed around as a value, a construction that spreads
+    `*args`/`**kwargs` or leaves the parameter to its default, nor an attribute the program assigns anywhere else."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for script in project.scripts.values():
+        for c in script.nodes:
+            if isinstance(c, ast.ClassDef):
+                classes.setdefault(c.name, []).append(c)
+    for script in project.scripts.values():
+        called = {id(call.func) for call in script.calls}
+        for n in script.nodes:
+            if isinstance(n, ast.ClassDef):
+                for base in n.bases:
+                    classes.pop(terminal(base), None)
+            elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in called:
+                classes.pop(terminal(n), None)
+    calls = _calls_by_name(project)
+    stored: dict[str, list[ast.AST]] = {}
+    for script in project.scripts.values():
+        for key, value in script.assignments:
+            if key.startswith("."):
+                stored.setdefault(key, []).append(value)
+    found: dict[str, int] = {}
+    for name, defs in classes.items():
+        init = next((d for d in defs[0].body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+        if len(defs) != 1 or init is None:
+            continue
+        for param, values in _arguments(init, calls.get(name, [])).items():
+            given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
+            if not given or not min(given):
+                continue
+            for stmt in ast.walk(init):
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id == param:
+                    for target in stmt.targets:
+                        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                and target.value.id == "self" and len(stored.get("." + target.attr, ())) == 1:
+                            found["=." + target.attr] = min(given)
+    for path in project.scripts if found else ():
+        into = levels.setdefault(path, {})
+        for key, level in found.items():
+            into[key] = max(into.get(key, NONE), level)
 
 
 def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:

@@ -237,6 +237,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
                 continue  # this value went through a collective (or was rebuilt from one)
+            if _split_name(s, leaf):
+                continue  # `loss_file, loss_name = cfg["loss_fn"].split(":")`: pieces of a string, not a figure
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
@@ -342,6 +344,20 @@ def _constant_literal(s: Script, name: str) -> bool:
         and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
             isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
             for n in ast.walk(v)) for v in values)
+
+
+def _split_name(s: Script, leaf: ast.AST) -> bool:
+    """A name every assignment of which in the file gives it pieces of a string cut up (see _split_text)."""
+    bound = s._bindings.get(leaf.id, []) if isinstance(leaf, ast.Name) else []
+    return bool(bound) and all(isinstance(stmt, ast.Assign) and _split_text(stmt.value) for stmt, _ in bound)
+
+
+def _split_text(value: ast.AST) -> bool:
+    """A piece of a string cut up (`text.split(":")`, `name.rsplit(".", 1)[-1]`): text, never a computed figure."""
+    while isinstance(value, ast.Subscript):
+        value = value.value
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+        and value.func.attr in ("split", "rsplit", "partition", "rpartition", "splitlines")
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
