@@ -239,3 +239,60 @@ def test_the_name_of_a_loss_cut_from_a_setting_string_is_no_figure():
     printed = _lines(_SPLIT_NAME, "print(")
     assert ("train.py", printed[0], "DDP006") not in found
     assert ("train.py", printed[1], "DDP006") in found  # the loss itself still is
+
+
+# ---- a method reached only through objects of another class ---------------------------------------------
+_METERS = """
+    class RunningMean:
+        def __init__(self):
+            self.total, self.count = 0.0, 0
+
+        def add(self, value):
+            self.total, self.count = self.total + value, self.count + 1
+
+        def show(self):
+            print("mean", self.total / max(self.count, 1))
+
+
+    class Board:
+        def __init__(self, on):
+            self.on = on
+
+        def show(self, text):
+            if self.on:
+                print(text)
+"""
+
+_USES_METERS = """
+    import torch
+    import torch.distributed as dist
+    from meters import Board, RunningMean
+
+
+    def main():
+        dist.init_process_group("nccl")
+        board = Board(dist.get_rank() == 0)
+        mean = RunningMean()
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4).cuda())
+        for _ in range(3):
+            loss = net(torch.zeros(2, 4).cuda()).sum()
+            loss.backward()
+            mean.add(1.0)
+        board.show("done")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_method_only_objects_of_another_class_are_asked_for_never_runs():
+    found = _lint({"train.py": _USES_METERS, "meters.py": _METERS})
+    assert ("meters.py", _lines(_METERS, 'print("mean"')[0], "DDP008") not in found
+
+
+def test_a_method_asked_of_an_object_of_unknown_class_still_runs():
+    unknown = _USES_METERS.replace('board.show("done")', 'for thing in (board, mean):\n            thing.show()')
+    found = _lint({"train.py": unknown, "meters.py": _METERS})
+    assert ("meters.py", _lines(_METERS, 'print("mean"')[0], "DDP008") in found

@@ -331,6 +331,7 @@ class Project:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
         if not dynamic:
             self._overridden_methods()
+        self._methods_of_other_receivers(rooted)
 
     def _switched_off(self) -> dict[str, set[int]]:
         """path -> ids of the nodes of branches no call turns on: `if p:` (or `if p and ...:`) on a parameter every
@@ -470,6 +471,100 @@ class Project:
                             any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == item.name
                                 for d in c.body) for c in subclasses):
                     self.dead_blocks[path].update(id(n) for n in ast.walk(item))
+
+    def _methods_of_other_receivers(self, rooted: set[int]) -> None:
+        """A method every access of whose name is on an object of another class never runs: `logger.print(...)`
+        where `logger = Logger(...)` is the only value the file gives `logger` runs Logger.print, not the
+        `print` of a meter class nothing calls it on. The receiver's class is known from `self` (the class the
+        access sits in), a class named directly, a name every assignment of which in its file builds one project
+        class (not a parameter, loop or `with` target, import or global of that file), or an attribute every
+        assignment of which in the program builds one (`self.meter = Meter()`). An access on anything else,
+        on a class related to the method's (a base or a subclass), or a bare use of the name in the class body,
+        keeps the method; so do dunders, decorated methods and the classes a framework calls into."""
+        classes: dict[str, list[ast.ClassDef]] = {}
+        functions = set()
+        for x in self.scripts.values():
+            for n in x.nodes:
+                if isinstance(n, ast.ClassDef):
+                    classes.setdefault(n.name, []).append(n)
+                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    functions.add(n.name)
+        relatives: dict[str, set[str]] = {name: {name} for name in classes}
+        for _ in range(4):
+            for name, found in classes.items():
+                for c in found:
+                    for base in (terminal(b) for b in c.bases):
+                        if base in relatives:
+                            relatives[name] |= relatives[base]
+                            relatives[base] |= relatives[name]
+        built = {name for name in classes if name not in functions}
+        attributes: dict[str, set[str] | None] = {}
+        for x in self.scripts.values():
+            for key, value in x.assignments:
+                if key.startswith("."):
+                    made = terminal(value.func) if isinstance(value, ast.Call) else ""
+                    known = attributes.get(key, set())
+                    attributes[key] = None if known is None or made not in built else known | {made}
+        unbound: dict[str, set[str]] = {}
+        for path, x in self.scripts.items():
+            names = unbound.setdefault(path, set())
+            for n in x.nodes:
+                if isinstance(n, ast.arguments):
+                    names |= {a.arg for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a}
+                elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
+                    names |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+                elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+                    names |= {t.id for t in ast.walk(n.optional_vars) if isinstance(t, ast.Name)}
+                elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                    names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+                elif isinstance(n, ast.Global):
+                    names |= set(n.names)
+
+        def receiver(path: str, x: Script, n: ast.Attribute) -> set[str] | None:
+            owner = n.value
+            if isinstance(owner, ast.Name) and owner.id == "self":
+                scope = x.parents.get(id(n))
+                while scope is not None and not isinstance(scope, ast.ClassDef):
+                    scope = x.parents.get(id(scope))
+                return {scope.name} if scope is not None else None
+            if isinstance(owner, ast.Name) and owner.id in built and owner.id not in unbound[path]:
+                return {owner.id}
+            if isinstance(owner, ast.Name) and owner.id not in unbound[path]:
+                made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in x._bindings.get(owner.id, ())}
+                return made if made and made <= built else None
+            if isinstance(owner, ast.Attribute):
+                return attributes.get("." + owner.attr)
+            return None
+
+        for x in self.scripts.values():
+            for n in x.calls:
+                # `getattr(obj, name)` on an object (not on a module): any method may be the one named
+                if terminal(n.func) == "getattr" and len(n.args) >= 2 and not (
+                        isinstance(n.args[1], ast.Constant) or isinstance(n.args[0], ast.Call)
+                        and terminal(n.args[0].func) == "import_module"
+                        or isinstance(n.args[0], ast.Name) and n.args[0].id in x.aliases):
+                    return
+        accesses: dict[str, list[set[str] | None]] = {}
+        for path, x in self.scripts.items():
+            for n in x.nodes:
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                    accesses.setdefault(n.attr, []).append(receiver(path, x, n))
+        for path, x in self.scripts.items():
+            for c in (n for n in x.nodes if isinstance(n, ast.ClassDef)):
+                if c.name in self._framework_classes or c.decorator_list or len(classes[c.name]) != 1:
+                    continue
+                in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           for n in ast.walk(item) if isinstance(n, ast.Name)}
+                for item in c.body:
+                    if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) or id(item) in rooted \
+                            or item.decorator_list or _conventional(item.name) or item.name in in_body:
+                        continue
+                    found = accesses.get(item.name, [])
+                    found += [None] * sum(isinstance(n, ast.Call) and terminal(n.func) == "getattr" and len(n.args) > 1
+                                          and isinstance(n.args[1], ast.Constant) and n.args[1].value == item.name
+                                          for x2 in self.scripts.values() for n in x2.calls)
+                    if found and all(k is not None and not k & relatives[c.name] for k in found):
+                        self.dead_blocks[path].update(id(n) for n in ast.walk(item))
 
     def _spawned_through_helpers(self) -> None:
         """`pp.run(worker, world_size)` at module level or in a function (`def main(): launch(main_worker, ...)`),
