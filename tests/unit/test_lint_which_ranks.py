@@ -296,3 +296,58 @@ def test_a_method_asked_of_an_object_of_unknown_class_still_runs():
     unknown = _USES_METERS.replace('board.show("done")', 'for thing in (board, mean):\n            thing.show()')
     found = _lint({"train.py": unknown, "meters.py": _METERS})
     assert ("meters.py", _lines(_METERS, 'print("mean"')[0], "DDP008") in found
+
+
+# ---- a branch only the calls that leave a switch off take ---------------------------------------------------
+_SWITCH = """
+    import torch
+    import torch.distributed as dist
+
+
+    def store(net, tag, final=False):
+        blob = {"net": net.state_dict(), "tag": tag}
+        if final:
+            torch.save(blob, "final.pt")
+        elif tag % 2 == 0:
+            torch.save(blob, f"tag_{tag}.pt")
+        else:
+            print("skipped", tag)
+
+
+    def main():
+        dist.init_process_group("nccl")
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4).cuda())
+        for epoch in range(4):
+            net(torch.zeros(2, 4).cuda()).sum().backward()
+            if dist.get_rank() == 0:
+                store(net, epoch)
+        store(net, 99, final=True)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_branch_only_calls_leaving_a_switch_off_reach_has_their_guard():
+    found = _lint({"train.py": _SWITCH})
+    saves = _lines(_SWITCH, "torch.save(")
+    assert ("train.py", saves[0], "DDP004") in found  # the every-rank call turns `final` on
+    assert ("train.py", saves[1], "DDP004") not in found
+    assert ("train.py", _lines(_SWITCH, "print(")[0], "DDP008") not in found
+
+
+def test_a_call_that_may_turn_the_switch_on_or_off_keeps_both_branches_unguarded():
+    maybe = _SWITCH.replace("store(net, 99, final=True)", "store(net, 99, final=epoch > 2)")
+    found = _lint({"train.py": maybe})
+    assert ("train.py", _lines(_SWITCH, "print(")[0], "DDP008") in found
+
+
+def test_the_switch_is_followed_to_a_helper_of_another_file():
+    helper = _SWITCH[:_SWITCH.index("    def main():")]
+    caller = "\n    import torch\n    import torch.distributed as dist\n    from saving import store\n\n\n" + \
+        _SWITCH[_SWITCH.index("    def main():"):]
+    found = _lint({"train.py": caller, "saving.py": helper})
+    assert ("saving.py", _lines(helper, "print(")[0], "DDP008") not in found
+    assert ("saving.py", _lines(helper, "torch.save(")[0], "DDP004") in found

@@ -6,7 +6,8 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
+from ddpkit.lint.bindings import (local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of,
+                              switch_parameters, switched_on)
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode, run_sense,
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
@@ -607,6 +608,10 @@ class Script:
                     if not (isinstance(call, ast.Call) and call.func is ref) or passes(call, defs, name, param):
                         key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
                         levels[key] = min(levels.get(key, GLOBAL), level)
+                for param in switch_parameters([d for d in defs if d.name == name]):
+                    if not (isinstance(call, ast.Call) and call.func is ref and switched_on(call, defs, name, param)):
+                        key = f"{name}(!{param})"  # the guard of the calls that leave this switch off
+                        levels[key] = min(levels.get(key, GLOBAL), level)
             for name, seen in sides.items():
                 # `if rank == 0: run(writer) else: run(None)`: the two calls together run it on every rank
                 for check in {c for c, side in seen if side == "body" and (c, "else") in seen}:
@@ -690,6 +695,12 @@ class Script:
                 # under a rank check (the others only load): this branch has their guard
                 raised = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
                 body_ctx, else_ctx = (raised, else_ctx) if branch == "body" else (body_ctx, raised)
+            off = self.function_level.get(f"{ctx.functions[-1]}(!{given})", NONE) if given and ctx.functions else NONE
+            if off > ctx.level:
+                # `if save_cur: ... else: print(...)` in a helper whose every call that leaves save_cur off sits
+                # under a rank check (the every-rank call passes `save_cur=True`): the other branch has their guard
+                raised = Context(off, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+                body_ctx, else_ctx = (body_ctx, raised) if branch == "body" else (raised, else_ctx)
             sense = distributed_mode(node.test) or (self._starts_group_arm(node) if not k else 0)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())

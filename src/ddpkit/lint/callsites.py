@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpkit.lint.bindings import optional_parameters, passes
+from ddpkit.lint.bindings import optional_parameters, passes, switch_parameters, switched_on
 from ddpkit.lint.ranks import GLOBAL, NONE, is_main_flag, rank_side, terminal
 
 __all__ = ["external_levels", "global_parameter", "through_reexport"]
@@ -55,6 +55,10 @@ def external_levels(project) -> dict[str, dict[str, int]]:
             for param in optional_parameters(defs):
                 if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
                     key = f"{target[1]}({param})"
+                    into[key] = min(into.get(key, GLOBAL), level)
+            for param in switch_parameters(defs):
+                if not switched_on(call, defs, target[1], param):  # see Script._visit: `if save_cur: ... else:`
+                    key = f"{target[1]}(!{param})"
                     into[key] = min(into.get(key, GLOBAL), level)
     _constructor_levels(project, levels)
     _decorator_levels(project, levels)
