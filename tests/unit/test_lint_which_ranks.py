@@ -351,3 +351,88 @@ def test_the_switch_is_followed_to_a_helper_of_another_file():
     found = _lint({"train.py": caller, "saving.py": helper})
     assert ("saving.py", _lines(helper, "print(")[0], "DDP008") not in found
     assert ("saving.py", _lines(helper, "torch.save(")[0], "DDP004") in found
+
+
+# ---- a mode that starts no process group ----------------------------------------------------------------
+_CACHE = """
+    import torch
+    from tqdm import tqdm
+
+
+    class Corpus:
+        def __init__(self, root):
+            self.root = root
+            self.items = self.scan()
+
+        def scan(self):
+            print("scanning", self.root)
+            return [torch.zeros(3) for _ in tqdm(range(5))]
+
+        def dump(self, target):
+            torch.save(self.items, target)
+            print("wrote", target)
+"""
+
+_MODES = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+    from corpus import Corpus
+
+
+    class Job:
+        def __init__(self, opts):
+            self.opts = opts
+
+        def build_cache(self):
+            corpus = Corpus(self.opts.root)
+            corpus.dump("cache.pt")
+
+        def fit(self):
+            dist.init_process_group("nccl")
+            net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3).cuda())
+            for blob in torch.load("cache.pt", map_location="cpu"):
+                net(blob.cuda()).sum().backward()
+            if dist.get_rank() == 0:
+                torch.save(net.module.state_dict(), "net.pt")
+            dist.destroy_process_group()
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--mode", default="fit")
+        parser.add_argument("--root", default="data")
+        opts = parser.parse_args()
+        job = Job(opts)
+        if opts.mode == "cache":
+            job.build_cache()
+        elif opts.mode == "fit":
+            job.fit()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def _cache_lines() -> set[tuple[str, int, str]]:
+    return {("corpus.py", n, "DDP008") for n in _lines(_CACHE, "print(") + _lines(_CACHE, "tqdm(range")} | {
+        ("corpus.py", _lines(_CACHE, "torch.save(")[0], "DDP004")}
+
+
+def test_a_mode_that_starts_no_process_group_is_one_process():
+    found = _lint({"train.py": _MODES, "corpus.py": _CACHE})
+    assert not found & _cache_lines()
+
+
+def test_a_mode_entered_after_the_group_started_runs_on_every_rank():
+    started = _MODES.replace("        job = Job(opts)\n", "        job = Job(opts)\n        dist.init_process_group(\"nccl\")\n")
+    found = _lint({"train.py": started, "corpus.py": _CACHE})
+    assert _cache_lines() <= found
+
+
+def test_a_mode_calling_what_the_program_does_not_pin_down_is_left_alone():
+    unknown = _MODES.replace("            job.build_cache()", "            for step in opts.steps:\n                step.fit()\n"
+                             "            job.build_cache()")
+    found = _lint({"train.py": unknown, "corpus.py": _CACHE})
+    assert _cache_lines() <= found

@@ -681,7 +681,8 @@ class Script:
             decorated = max((self.decorator_guard(d) for d in node.decorator_list), default=NONE)
             level = max(ctx.level, decorated, self.function_level.get(node.name, NONE))
             self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node),
-                                           ctx.single or node.name in self.function_single))
+                                           ctx.single or node.name in self.function_single
+                                           or f"1@{node.lineno}:{node.col_offset}" in self.external_levels))
             return
         if isinstance(node, (ast.If, ast.IfExp)):
             self._visit(node.test, ctx)
@@ -701,7 +702,8 @@ class Script:
                 # under a rank check (the every-rank call passes `save_cur=True`): the other branch has their guard
                 raised = Context(off, ctx.branches, ctx.functions, ctx.scope, ctx.single)
                 body_ctx, else_ctx = (body_ctx, raised) if branch == "body" else (raised, else_ctx)
-            sense = distributed_mode(node.test) or (self._starts_group_arm(node) if not k else 0)
+            sense = distributed_mode(node.test) or (self._starts_group_arm(node) if not k else 0) or (
+                self.external_levels.get(f"^{node.lineno}:{node.col_offset}", 0) if not k else 0)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
             if isinstance(node, ast.If) and "__name__" not in {n.id for n in ast.walk(node.test)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpkit.lint.bindings import optional_parameters, passes, switch_parameters, switched_on
+from ddpkit.lint.bindings import local_names, optional_parameters, passes, scope_of, switch_parameters, switched_on
 from ddpkit.lint.ranks import GLOBAL, NONE, is_main_flag, rank_side, terminal
 
-__all__ = ["external_levels", "global_parameter", "through_reexport"]
+__all__ = ["external_levels", "global_parameter", "receivers", "through_reexport"]
 
 
 def external_levels(project) -> dict[str, dict[str, int]]:
@@ -69,6 +69,8 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _rank_parameters(project, levels)
     _mode_attributes(project, levels)
     _unlaunched_values(project, levels)
+    _groupless_modes(project, levels)
+    _single_process_functions(project, levels)
     return levels
 
 
@@ -519,3 +521,240 @@ def _gives(call: ast.Call, positional: list[str], param: str) -> bool:
     if value is None and param in positional and positional.index(param) < len(call.args):
         value = call.args[positional.index(param)]
     return value is not None and not (isinstance(value, ast.Constant) and value.value is None)
+
+
+def receivers(project):
+    """(classes by name, related classes by name, receiver): `receiver(path, script, attribute)` is the set of
+    project classes the object an attribute is looked up on belongs to, or None where the program does not say:
+    `self` (the class the access sits in), a class named directly, a name every assignment of which in its file
+    builds a project class (not a parameter, loop or `with` target, import or global of that file), an attribute
+    every assignment of which in the program builds one (`self.meter = Meter()`). Related classes: a class, its
+    project bases and its project subclasses."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    functions = set()
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, ast.ClassDef):
+                classes.setdefault(n.name, []).append(n)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.add(n.name)
+    relatives: dict[str, set[str]] = {name: {name} for name in classes}
+    for _ in range(4):
+        for name, found in classes.items():
+            for c in found:
+                for base in (terminal(b) for b in c.bases):
+                    if base in relatives:
+                        relatives[name] |= relatives[base]
+                        relatives[base] |= relatives[name]
+    built = {name for name in classes if name not in functions}
+    attributes: dict[str, set[str] | None] = {}
+    for x in project.scripts.values():
+        for key, value in x.assignments:
+            if key.startswith("."):
+                made = terminal(value.func) if isinstance(value, ast.Call) else ""
+                known = attributes.get(key, set())
+                attributes[key] = None if known is None or made not in built else known | {made}
+    unbound: dict[str, set[str]] = {}
+    for path, x in project.scripts.items():
+        names = unbound.setdefault(path, set())
+        for n in x.nodes:
+            if isinstance(n, ast.arguments):
+                names |= {a.arg for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a}
+            elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
+                names |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+                names |= {t.id for t in ast.walk(n.optional_vars) if isinstance(t, ast.Name)}
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+            elif isinstance(n, ast.Global):
+                names |= set(n.names)
+
+    def receiver(path: str, x, n: ast.Attribute) -> set[str] | None:
+        owner = n.value
+        if isinstance(owner, ast.Name) and owner.id == "self":
+            scope = x.parents.get(id(n))
+            while scope is not None and not isinstance(scope, ast.ClassDef):
+                scope = x.parents.get(id(scope))
+            return {scope.name} if scope is not None else None
+        if isinstance(owner, ast.Name) and owner.id in built and owner.id not in unbound[path]:
+            return {owner.id}
+        if isinstance(owner, ast.Name) and owner.id not in unbound[path]:
+            made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in x._bindings.get(owner.id, ())}
+            return made if made and made <= built else None
+        if isinstance(owner, ast.Attribute):
+            return attributes.get("." + owner.attr)
+        return None
+
+    return classes, relatives, receiver
+
+
+def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | None:
+    """The project functions a call runs (`f(...)`, `module.f(...)`, `self.m(...)`, `obj.m(...)` on an object of a
+    known class, `Cls(...)` for its `__init__`): [] for a call of nothing in the project, None where the call names
+    something of the project the program does not pin down. `found` is receivers(project) and the project's
+    functions by name."""
+    classes, relatives, receiver, named = found
+    func = call.func
+    name = terminal(func)
+    if isinstance(func, ast.Name):
+        own = [d for d in x.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name]
+        if own:
+            return own
+        target = project.resolve(x, func)
+        if target is not None:
+            return [d for d in project.scripts[target[0]].tree.body
+                    if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == target[1]]
+        if name in classes:
+            if len(classes[name]) != 1:
+                return None
+            return [d for d in classes[name][0].body if isinstance(d, ast.FunctionDef) and d.name == "__init__"]
+        return None if name in named or name in x.function_names else []
+    if not isinstance(func, ast.Attribute):
+        return None
+    owner = func.value
+    while isinstance(owner, ast.Attribute):
+        owner = owner.value
+    target = project.resolve(x, func) if isinstance(owner, ast.Name) and owner.id in x.aliases else None
+    if target is not None:  # `utils.save(...)` on a module of the project (not a variable named like one)
+        return [d for d in project.scripts[target[0]].tree.body
+                if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == target[1]] or None
+    if isinstance(owner, ast.Name) and owner.id in x.aliases and not project.modules.locate(path, x.aliases[owner.id]):
+        return []  # `torch.save(...)`, `os.path.join(...)`: a module outside the project
+    if name not in named:
+        return []
+    kinds = receiver(path, x, func)
+    if kinds is None:
+        methods = [d for _, d in named[name]]
+        return methods if len(methods) == 1 else None
+    return [d for k in kinds for c in classes.get(k, ()) for r in relatives.get(k, {k}) for c2 in classes.get(r, ())
+            for d in c2.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name] or None
+
+
+def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
+    """`if config.do_prepare: runner.prepare() elif config.do_train: runner.train()` where train() starts the process
+    group (directly or through what it calls) and nothing prepare() runs does, nor anything before the `if` in its
+    function: the arm that starts no group is a mode the program runs as one process (`^line:col` of the `if`: -1
+    for its body, +1 for its `else:`; Script._visit). Every call on that arm must be pinned down: a call of a
+    project name the program does not resolve leaves the `if` alone."""
+    named, calls, owner = _resolution(project)
+    starts: set[int] = set()  # defs that start the group, or may
+    for path, x in project.scripts.items():
+        for c in x.calls:
+            if terminal(c.func) == "init_process_group" or calls[id(c)] is None:
+                if id(c) in owner:
+                    starts.add(id(owner[id(c)]))
+    for _ in range(8):
+        more = {id(owner[id(c)]) for x in project.scripts.values() for c in x.calls if id(c) in owner
+                and any(id(d) in starts for d in calls[id(c)] or ())} - starts
+        if not more:
+            break
+        starts |= more
+
+    def starting(nodes: list[ast.AST]) -> bool | None:
+        """True where these statements start the group, None where they may, False where they surely do not."""
+        seen = False
+        within = [n for stmt in nodes for n in ast.walk(stmt)]
+        funcs = {id(n.func) for n in within if isinstance(n, ast.Call)}
+        if any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in funcs
+               and terminal(n) in named for n in within):
+            return None  # a project function handed along (`mp.spawn(worker)`) runs where it is called
+        for c in (n for n in within if isinstance(n, ast.Call)):
+            if terminal(c.func) == "init_process_group" or any(id(d) in starts for d in calls.get(id(c)) or ()):
+                if calls.get(id(c)) is None and terminal(c.func) != "init_process_group":
+                    return None
+                seen = True
+            elif calls.get(id(c)) is None:
+                return None
+        return seen
+
+    for path, x in project.scripts.items():
+        for node in x.nodes:
+            if not isinstance(node, ast.If) or not node.orelse:
+                continue
+            body, other = starting(node.body), starting(node.orelse)
+            if {body, other} != {True, False}:
+                continue
+            scope = x.parents.get(id(node))
+            while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                scope = x.parents.get(id(scope))
+            inside = {id(n) for n in ast.walk(node)}
+            top = [n for n in (scope.body if scope is not None else x.tree.body)
+                   if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            rest = [c for stmt in top for c in ast.walk(stmt) if isinstance(c, ast.Call) and id(c) not in inside]
+            if starting([ast.Expr(c) for c in rest]) is not False:
+                continue  # the group may have started before: not a mode without one
+            levels.setdefault(path, {})[f"^{node.lineno}:{node.col_offset}"] = -1 if other else 1
+
+
+def _resolution(project):
+    """(the project's functions by name, {id(call): _callees}, {id(call): the innermost function it sits in})."""
+    def compute():
+        named: dict[str, list[tuple[str, ast.AST]]] = {}
+        for p, x in project.scripts.items():
+            for d in x.defs:
+                named.setdefault(d.name, []).append((p, d))
+        found = (*receivers(project), named)
+        calls: dict[int, list[ast.AST] | None] = {}
+        owner: dict[int, ast.AST] = {}
+        for path, x in project.scripts.items():
+            for d in x.defs:  # (outer functions come first: the innermost one is kept)
+                for c in ast.walk(d):
+                    if isinstance(c, ast.Call):
+                        owner[id(c)] = d
+            for c in x.calls:
+                calls[id(c)] = _callees(project, path, x, c, found)
+        return named, calls, owner
+    return project.memo(("resolution", tuple(id(x) for x in project.scripts.values())), compute)
+
+
+def _single_process_functions(project, levels: dict[str, dict[str, int]]) -> None:
+    """A function every call of which the program pins down and every such call sits in one process's code (the
+    single-process branch of a mode check, a mode that starts no process group, or a function that is one
+    process's itself), followed to a fixed point: `1@line:col` of its `def` in its file (Script._visit). A class's
+    `__init__` is called by building the class; a name handed along as a value (a callback, a class given to a
+    factory) or a call the program does not pin down leaves the function as it is."""
+    named, calls, owner = _resolution(project)
+    refs: dict[str, list[tuple[object, ast.AST]]] = {}
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                refs.setdefault(terminal(n), []).append((x, n))
+    homes: dict[int, ast.ClassDef] = {}
+    for x in project.scripts.values():
+        for c in x.nodes:
+            if isinstance(c, ast.ClassDef):
+                homes.update((id(d), c) for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    everything = [(path, d) for path, x in project.scripts.items() for d in x.defs]
+    single: set[int] = set()
+    for _ in range(8):
+        more = set()
+        for path, d in everything:
+            if id(d) in single:
+                continue
+            cls = homes.get(id(d)).name if d.name == "__init__" and id(d) in homes else None
+            pinned, called = True, False
+            for x, n in refs.get(d.name, []) + (refs.get(cls, []) if cls else []):
+                parent = x.parents.get(id(n))
+                if cls and terminal(n) == cls and isinstance(parent, ast.Attribute) and parent.value is n:
+                    continue  # `Cls.attr`: no object is built
+                scope = scope_of(n, x.parents) if isinstance(n, ast.Name) else None
+                if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.id in local_names(scope):
+                    continue  # a local variable of that spelling (`DatasetInstance = pkl.load(f)`), not the function
+                if not (isinstance(parent, ast.Call) and parent.func is n) or calls.get(id(parent)) is None:
+                    pinned = False
+                    break
+                if not any(t is d for t in calls[id(parent)]):
+                    continue
+                called = True
+                around = owner.get(id(parent))
+                if not (x.context(parent).single or around is not None and id(around) in single):
+                    pinned = False
+                    break
+            if pinned and called:
+                more.add(id(d))
+        if not more:
+            break
+        single |= more
+    for path, d in everything:
+        if id(d) in single:
+            levels.setdefault(path, {})[f"1@{d.lineno}:{d.col_offset}"] = 1

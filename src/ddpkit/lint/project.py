@@ -7,7 +7,7 @@ import re
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names
-from ddpkit.lint.callsites import external_levels, global_parameter
+from ddpkit.lint.callsites import external_levels, global_parameter, receivers
 from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
 
 __all__ = ["Project", "LOSS_NAME"]
@@ -481,61 +481,7 @@ class Project:
         assignment of which in the program builds one (`self.meter = Meter()`). An access on anything else,
         on a class related to the method's (a base or a subclass), or a bare use of the name in the class body,
         keeps the method; so do dunders, decorated methods and the classes a framework calls into."""
-        classes: dict[str, list[ast.ClassDef]] = {}
-        functions = set()
-        for x in self.scripts.values():
-            for n in x.nodes:
-                if isinstance(n, ast.ClassDef):
-                    classes.setdefault(n.name, []).append(n)
-                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    functions.add(n.name)
-        relatives: dict[str, set[str]] = {name: {name} for name in classes}
-        for _ in range(4):
-            for name, found in classes.items():
-                for c in found:
-                    for base in (terminal(b) for b in c.bases):
-                        if base in relatives:
-                            relatives[name] |= relatives[base]
-                            relatives[base] |= relatives[name]
-        built = {name for name in classes if name not in functions}
-        attributes: dict[str, set[str] | None] = {}
-        for x in self.scripts.values():
-            for key, value in x.assignments:
-                if key.startswith("."):
-                    made = terminal(value.func) if isinstance(value, ast.Call) else ""
-                    known = attributes.get(key, set())
-                    attributes[key] = None if known is None or made not in built else known | {made}
-        unbound: dict[str, set[str]] = {}
-        for path, x in self.scripts.items():
-            names = unbound.setdefault(path, set())
-            for n in x.nodes:
-                if isinstance(n, ast.arguments):
-                    names |= {a.arg for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a}
-                elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
-                    names |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
-                elif isinstance(n, ast.withitem) and n.optional_vars is not None:
-                    names |= {t.id for t in ast.walk(n.optional_vars) if isinstance(t, ast.Name)}
-                elif isinstance(n, (ast.Import, ast.ImportFrom)):
-                    names |= {(a.asname or a.name).split(".")[0] for a in n.names}
-                elif isinstance(n, ast.Global):
-                    names |= set(n.names)
-
-        def receiver(path: str, x: Script, n: ast.Attribute) -> set[str] | None:
-            owner = n.value
-            if isinstance(owner, ast.Name) and owner.id == "self":
-                scope = x.parents.get(id(n))
-                while scope is not None and not isinstance(scope, ast.ClassDef):
-                    scope = x.parents.get(id(scope))
-                return {scope.name} if scope is not None else None
-            if isinstance(owner, ast.Name) and owner.id in built and owner.id not in unbound[path]:
-                return {owner.id}
-            if isinstance(owner, ast.Name) and owner.id not in unbound[path]:
-                made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in x._bindings.get(owner.id, ())}
-                return made if made and made <= built else None
-            if isinstance(owner, ast.Attribute):
-                return attributes.get("." + owner.attr)
-            return None
-
+        classes, relatives, receiver = receivers(self)
         for x in self.scripts.values():
             for n in x.calls:
                 # `getattr(obj, name)` on an object (not on a module): any method may be the one named
