@@ -436,3 +436,62 @@ def test_a_mode_calling_what_the_program_does_not_pin_down_is_left_alone():
                              "            job.build_cache()")
     found = _lint({"train.py": unknown, "corpus.py": _CACHE})
     assert _cache_lines() <= found
+
+
+# ---- a per-sample load behind a helper -------------------------------------------------------------------
+_SAMPLES = """
+    import functools
+    from multiprocessing import Pool
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+    def read_blob(path, scale=1.0):
+        return torch.load(path) * scale
+
+
+    def blob_size(path, scale):
+        return read_blob(path, scale).numel()
+
+
+    class Blobs(Dataset):
+        def __init__(self, paths):
+            self.paths = paths
+            with Pool(4) as pool:
+                self.sizes = list(pool.imap(functools.partial(blob_size, scale=2.0), paths))
+
+        def __len__(self):
+            return len(self.paths)
+
+        def __getitem__(self, i):
+            return read_blob(self.paths[i])
+
+
+    def main():
+        dist.init_process_group("nccl")
+        data = Blobs([f"{i}.pt" for i in range(8)])
+        loader = DataLoader(data, sampler=DistributedSampler(data))
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3).cuda())
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            for x in loader:
+                net(x.cuda()).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_load_in_a_helper_only_item_code_calls_is_per_sample():
+    found = _lint({"train.py": _SAMPLES})
+    assert ("train.py", _lines(_SAMPLES, "torch.load(")[0], "DDP005") not in found
+
+
+def test_a_load_helper_the_training_code_also_calls_is_still_reported():
+    also = _SAMPLES.replace("        data = Blobs(", "        start = read_blob(\"start.pt\")\n        data = Blobs(")
+    found = _lint({"train.py": also})
+    assert ("train.py", _lines(_SAMPLES, "torch.load(")[0], "DDP005") in found
