@@ -495,3 +495,39 @@ def test_a_load_helper_the_training_code_also_calls_is_still_reported():
     also = _SAMPLES.replace("        data = Blobs(", "        start = read_blob(\"start.pt\")\n        data = Blobs(")
     found = _lint({"train.py": also})
     assert ("train.py", _lines(_SAMPLES, "torch.load(")[0], "DDP005") in found
+
+
+# ---- module code of a script mp.spawn starts again in each worker ----------------------------------------
+_SPAWNED = """
+    import random
+
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    random.seed(7)
+    torch.manual_seed(7)
+
+
+    def worker(rank, world):
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 3).cuda(rank), device_ids=[rank])
+        net(torch.randn(2, 3).cuda(rank)).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2,), nprocs=2)
+"""
+
+
+def test_a_seed_in_module_code_of_a_spawned_script_runs_in_every_worker():
+    found = _lint({"train.py": _SPAWNED})
+    assert not [f for f in found if f[2] == "DDP014"]
+
+
+def test_a_seed_in_the_main_block_of_a_spawned_script_stays_in_the_parent():
+    parent = _SPAWNED.replace("    torch.manual_seed(7)\n", "").replace(
+        "        mp.spawn(", "        torch.manual_seed(7)\n        mp.spawn(")
+    found = _lint({"train.py": parent})
+    assert ("train.py", _lines(parent, "torch.manual_seed(7)")[0], "DDP014") in found
