@@ -531,3 +531,71 @@ def test_a_seed_in_the_main_block_of_a_spawned_script_stays_in_the_parent():
         "        mp.spawn(", "        torch.manual_seed(7)\n        mp.spawn(")
     found = _lint({"train.py": parent})
     assert ("train.py", _lines(parent, "torch.manual_seed(7)")[0], "DDP014") in found
+
+
+# ---- one machine: the rank is the local rank, or the rendezvous is a config default on this host -----------
+_LOCAL_AS_RANK = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+
+    def fit(net, slot):
+        dist.init_process_group("nccl", init_method="env://", rank=slot, world_size=4)
+        torch.cuda.set_device(slot)
+        net = torch.nn.parallel.DistributedDataParallel(net.cuda(slot), device_ids=[slot])
+        net(torch.zeros(2, 3).cuda(slot)).sum().backward()
+        if slot == 0:
+            torch.save(net.module.state_dict(), "net.pt")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        local_rank = int(os.environ["LOCAL_RANK"])
+        fit(torch.nn.Linear(3, 3), local_rank)
+"""
+
+_CONFIG_DEFAULT = """
+    import os
+    from dataclasses import dataclass
+
+    import torch
+    import torch.distributed as dist
+
+
+    @dataclass
+    class Settings:
+        backend: str = "nccl"
+        rendezvous: str = "tcp://localhost:29511"
+        rank: int = 0
+        world_size: int = 2
+
+
+    def run(cfg):
+        cfg.rank = int(os.environ["RANK"])
+        dist.init_process_group(cfg.backend, cfg.rendezvous, rank=cfg.rank, world_size=cfg.world_size)
+        torch.cuda.set_device(cfg.rank)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        run(Settings())
+"""
+
+
+def test_a_group_that_takes_the_local_rank_as_its_rank_is_one_machine():
+    found = _lint({"train.py": _LOCAL_AS_RANK})
+    assert ("train.py", _lines(_LOCAL_AS_RANK, "torch.save(")[0], "DDP004") not in found
+
+
+def test_a_local_rank_guard_is_still_reported_where_the_group_takes_the_global_rank():
+    global_rank = _LOCAL_AS_RANK.replace("rank=slot, world_size=4", "rank=int(os.environ[\"RANK\"]), world_size=4")
+    found = _lint({"train.py": global_rank})
+    assert ("train.py", _lines(_LOCAL_AS_RANK, "torch.save(")[0], "DDP004") in found
+
+
+def test_a_rendezvous_a_config_class_pins_to_this_host_is_one_machine():
+    found = _lint({"train.py": _CONFIG_DEFAULT})
+    assert ("train.py", _lines(_CONFIG_DEFAULT, "set_device(")[0], "DDP012") not in found
+    option = _CONFIG_DEFAULT + '\n    import argparse\n    argparse.ArgumentParser().add_argument("--rendezvous")\n'
+    assert ("train.py", _lines(_CONFIG_DEFAULT, "set_device(")[0], "DDP012") in _lint({"train.py": option})

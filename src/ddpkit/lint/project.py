@@ -9,6 +9,7 @@ from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names
 from ddpkit.lint.callsites import external_levels, global_parameter, receivers
 from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
+from ddpkit.lint.ranks import LOCAL
 
 __all__ = ["Project", "LOSS_NAME"]
 
@@ -614,7 +615,8 @@ class Project:
         the stream a seed shared by every rank makes identical on every rank."""
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        self.single_node = self._single_node(nodes) or self._ranked_by_spawn_index(scripts)
+        self.single_node = self._single_node(nodes) or self._ranked_by_spawn_index(scripts) \
+            or self._ranked_by_local_rank(scripts)
         self.reducing_functions, self.exchanging_functions, looping = self._function_facts(scripts)
         """Project functions that make a collective (a barrier included), and those that make one other than a
         barrier (directly or through each other)."""
@@ -647,12 +649,40 @@ class Project:
                 value = n.value.value if isinstance(n.value, ast.Constant) else None
                 addresses.append((value, bool(s.context(n).branches)))
             elif isinstance(n, ast.Call) and terminal(n.func) == "init_process_group":
-                method = next((k.value for k in n.keywords if k.arg == "init_method"), None)
+                method = next((k.value for k in n.keywords if k.arg == "init_method"), n.args[1] if len(n.args) > 1
+                              else None)
+                if isinstance(method, ast.Attribute):
+                    method = self._field_default(method.attr)  # `args.init_method` of a config class's default
                 if isinstance(method, ast.Constant) and isinstance(method.value, str) \
                         and not method.value.startswith("env://"):  # env://: the MASTER_ADDR set elsewhere
                     host = re.sub(r"^tcp://|:\d+$", "", method.value)
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
+
+    def _field_default(self, name: str) -> ast.AST | None:
+        """The default a config class of the program gives the field `name` (`init_method: str = "tcp://127.0.0.1:23456"`
+        in a dataclass), where that is the only value the program gives it: no other assignment of an attribute
+        of that name and no command-line option of that name can change it. None otherwise."""
+        fields = [item.value for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                  for item in c.body if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                  and item.target.id == name and item.value is not None]
+        changed = any(isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Store)
+                      or isinstance(n, ast.Call) and terminal(n.func) == "add_argument" and any(
+                          isinstance(a, ast.Constant) and isinstance(a.value, str)
+                          and a.value.lstrip("-").replace("-", "_") == name for a in n.args)
+                      or isinstance(n, ast.keyword) and n.arg == name
+                      for x in self.scripts.values() for n in x.nodes)
+        return fields[0] if len(fields) == 1 and not changed else None
+
+    def _ranked_by_local_rank(self, scripts: list[Script]) -> bool:
+        """Every init_process_group of the program takes a local rank as its rank (`rank=local_rank` from LOCAL_RANK,
+        directly or through a parameter every call gives it): a second node would repeat those ranks, so the job
+        is one node, where the local rank is the global one."""
+        starts = [(s, call) for s in scripts for call in s.calls if s.call_name(call) == "init_process_group"]
+        ranks = [(s, next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4
+                          else None)) for s, call in starts]
+        return bool(ranks) and all(rank is not None and s.kind(rank) == LOCAL and not s.is_global_rank(rank)
+                                   for s, rank in ranks)
 
     def _ranked_by_spawn_index(self, scripts: list[Script]) -> bool:
         """The process group takes as its rank the index mp.spawn gives each worker (`def worker(local_rank, ...)`
