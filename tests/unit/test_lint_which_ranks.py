@@ -599,3 +599,40 @@ def test_a_rendezvous_a_config_class_pins_to_this_host_is_one_machine():
     assert ("train.py", _lines(_CONFIG_DEFAULT, "set_device(")[0], "DDP012") not in found
     option = _CONFIG_DEFAULT + '\n    import argparse\n    argparse.ArgumentParser().add_argument("--rendezvous")\n'
     assert ("train.py", _lines(_CONFIG_DEFAULT, "set_device(")[0], "DDP012") in _lint({"train.py": option})
+
+
+# ---- a branch for a wrapper the program never builds -----------------------------------------------------
+_WRAPPED = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+
+    def keep(net, path):
+        if isinstance(net, torch.nn.DataParallel):
+            torch.save(net.module.state_dict(), path)
+        else:
+            torch.save(net.state_dict(), path)
+
+
+    def main():
+        dist.init_process_group("nccl")
+        net = DistributedDataParallel(torch.nn.Linear(3, 3).cuda())
+        net(torch.zeros(2, 3).cuda()).sum().backward()
+        keep(net, "net.pt")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_dataparallel_branch_of_a_program_that_builds_none_never_runs():
+    found = _lint({"train.py": _WRAPPED})
+    saves = _lines(_WRAPPED, "torch.save(")
+    assert ("train.py", saves[0], "DDP004") not in found
+    assert ("train.py", saves[1], "DDP004") in found
+    built = _WRAPPED.replace("        net = DistributedDataParallel(torch.nn.Linear(3, 3).cuda())",
+                             "        net = torch.nn.DataParallel(torch.nn.Linear(3, 3).cuda())")
+    assert ("train.py", saves[0], "DDP004") in _lint({"train.py": built})

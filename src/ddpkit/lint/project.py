@@ -368,6 +368,14 @@ class Project:
                 if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
                     assigned_attrs[n.attr] = assigned_attrs.get(n.attr, 0) + 1
         out: dict[str, set[int]] = {}
+        if not calls.get("DataParallel"):
+            # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
+            # subclass of it): the branch never runs
+            for path, s in self.scripts.items():
+                for n in s.nodes:
+                    if isinstance(n, ast.If) and isinstance(n.test, ast.Call) and terminal(n.test.func) == "isinstance" \
+                            and len(n.test.args) == 2 and terminal(n.test.args[1]) == "DataParallel":
+                        out.setdefault(path, set()).update(id(m) for stmt in n.body for m in ast.walk(stmt))
         for name, found in defs.items():
             if len(found) != 1 or not calls.get(name) or name in values:
                 continue
