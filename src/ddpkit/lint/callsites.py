@@ -86,9 +86,14 @@ def _unlaunched_values(project, levels: dict[str, dict[str, int]]) -> None:
     starts = [(x, c) for x in project.scripts.values() for c in x.calls if terminal(c.func) == "init_process_group"]
     if not starts:
         return
+    flags = {key.lstrip("."): _none_test(value) for s in project.scripts.values() for key, value in s.assignments
+             if isinstance(value, ast.Compare)}
+    gates = [_gates(x, call, flags) for x, call in starts]
+    if not all(gates):
+        return
     shared: set[str] | None = None
-    for x, call in starts:
-        names = _aliases(project, _gates(project, x, call))
+    for gate in gates:
+        names = _aliases(project, gate)
         shared = names if shared is None else shared & names
         if not shared:
             return
@@ -107,7 +112,7 @@ def _none_test(test: ast.AST) -> tuple[str, bool] | None:
     return None
 
 
-def _gates(project, x, call: ast.Call) -> set[str]:
+def _gates(x, call: ast.Call, flags: dict[str, tuple[str, bool] | None]) -> set[str]:
     """Names that are not None wherever this init_process_group runs (see _unlaunched_values)."""
     found: set[str] = set()
     rank = next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4 else None)
@@ -115,7 +120,6 @@ def _gates(project, x, call: ast.Call) -> set[str]:
         rank = rank.args[0]
     if isinstance(rank, (ast.Name, ast.Attribute)):
         found.add(terminal(rank))
-    flags = {key.lstrip("."): _none_test(value) for s in project.scripts.values() for key, value in s.assignments}
     node = call
     while id(node) in x.parents:
         parent = x.parents[id(node)]
@@ -636,6 +640,8 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
     function: the arm that starts no group is a mode the program runs as one process (`^line:col` of the `if`: -1
     for its body, +1 for its `else:`; Script._visit). Every call on that arm must be pinned down: a call of a
     project name the program does not resolve leaves the `if` alone."""
+    if not _candidate_modes(project):
+        return
     named, calls, owner = _resolution(project)
     starts: set[int] = set()  # defs that start the group, or may
     for path, x in project.scripts.items():
@@ -686,6 +692,36 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
             levels.setdefault(path, {})[f"^{node.lineno}:{node.col_offset}"] = -1 if other else 1
 
 
+def _candidate_modes(project) -> bool:
+    """Whether some `if` of the program has one arm that names a function starting the process group (by name,
+    through the functions it names) and another that names none: the cheap test before _groupless_modes."""
+    bodies: dict[str, set[str]] = {}
+    for x in project.scripts.values():
+        for c in x.calls:
+            for f in x.context(c).functions:
+                bodies.setdefault(f, set()).add(terminal(c.func))
+    names = {"init_process_group"}
+    for _ in range(8):
+        more = {name for name, called in bodies.items() if called & names} - names
+        if not more:
+            break
+        names |= more
+    for x in project.scripts.values():
+        for c in x.calls:
+            if terminal(c.func) not in names:
+                continue
+            node = c
+            while id(node) in x.parents:
+                parent = x.parents[id(node)]
+                if isinstance(parent, ast.If) and parent.orelse:
+                    other = parent.orelse if node in parent.body else parent.body if node in parent.orelse else None
+                    if other is not None and not any(isinstance(n, ast.Call) and terminal(n.func) in names
+                                                     for stmt in other for n in ast.walk(stmt)):
+                        return True
+                node = parent
+    return False
+
+
 def _resolution(project):
     """(the project's functions by name, {id(call): _callees}, {id(call): the innermost function it sits in})."""
     def compute():
@@ -713,6 +749,8 @@ def _single_process_functions(project, levels: dict[str, dict[str, int]]) -> Non
     process's itself), followed to a fixed point: `1@line:col` of its `def` in its file (Script._visit). A class's
     `__init__` is called by building the class; a name handed along as a value (a callback, a class given to a
     factory) or a call the program does not pin down leaves the function as it is."""
+    if not any(x.context(c).single for x in project.scripts.values() for c in x.calls):
+        return  # no call sits in one process's code: nothing is reached from there alone
     named, calls, owner = _resolution(project)
     refs: dict[str, list[tuple[object, ast.AST]]] = {}
     for x in project.scripts.values():

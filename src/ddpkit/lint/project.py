@@ -689,8 +689,37 @@ class Project:
         starts = [(s, call) for s in scripts for call in s.calls if s.call_name(call) == "init_process_group"]
         ranks = [(s, next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4
                           else None)) for s, call in starts]
-        return bool(ranks) and all(rank is not None and s.kind(rank) == LOCAL and not s.is_global_rank(rank)
-                                   for s, rank in ranks)
+        return bool(ranks) and all(rank is not None and self._plain_local(s, rank, 3) for s, rank in ranks)
+
+    def _plain_local(self, s: Script, expr: ast.AST, depth: int) -> bool:
+        """A local rank as such (LOCAL_RANK, `args.local_rank`, a name or parameter only ever given one), not a value
+        computed from it (`node * nprocs + local_rank` is a global rank)."""
+        if depth < 0 or s.kind(expr) != LOCAL or s.is_global_rank(expr):
+            return False
+        if isinstance(expr, ast.Call):
+            return terminal(expr.func) in ("int", "get", "getenv") and bool(expr.args) and (
+                terminal(expr.func) != "int" or self._plain_local(s, expr.args[0], depth))
+        if isinstance(expr, ast.Subscript):
+            return True  # os.environ["LOCAL_RANK"]
+        if isinstance(expr, ast.Attribute):
+            values = [(x, v) for x in self.scripts.values() for k, v in x.assignments if k == "." + expr.attr]
+            return all(self._plain_local(x, v, depth - 1) for x, v in values)
+        if not isinstance(expr, ast.Name):
+            return False
+        scope = s.context(expr).scope
+        func = next((d for d in s.defs if id(d) == scope), None)
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)] if func else []
+        if expr.id in params:
+            positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+            given = []
+            for x, call in self.calls_named(func.name):
+                value = next((k.value for k in call.keywords if k.arg == expr.id), None)
+                if value is None and expr.id in positional and positional.index(expr.id) < len(call.args):
+                    value = call.args[positional.index(expr.id)]
+                given.append((x, value))
+            return bool(given) and all(v is not None and self._plain_local(x, v, depth - 1) for x, v in given)
+        values = s.local_values(expr.id, expr)
+        return all(self._plain_local(s, v, depth - 1) for v in values)
 
     def _ranked_by_spawn_index(self, scripts: list[Script]) -> bool:
         """The process group takes as its rank the index mp.spawn gives each worker (`def worker(local_rank, ...)`
