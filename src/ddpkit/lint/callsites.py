@@ -636,25 +636,26 @@ def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | No
 
 def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
     """`if config.do_prepare: runner.prepare() elif config.do_train: runner.train()` where train() starts the process
-    group (directly or through what it calls) and nothing prepare() runs does, nor anything before the `if` in its
-    function: the arm that starts no group is a mode the program runs as one process (`^line:col` of the `if`: -1
+    group (directly or through what it calls) and nothing prepare() runs does, nor anything else in its function,
+    a function only module code calls: the arm that starts no group is a mode the program runs as one process (`^line:col` of the `if`: -1
     for its body, +1 for its `else:`; Script._visit). Every call on that arm must be pinned down: a call of a
     project name the program does not resolve leaves the `if` alone."""
     if not _candidate_modes(project):
         return
     named, calls, owner = _resolution(project)
-    starts: set[int] = set()  # defs that start the group, or may
-    for path, x in project.scripts.items():
-        for c in x.calls:
-            if terminal(c.func) == "init_process_group" or calls[id(c)] is None:
-                if id(c) in owner:
-                    starts.add(id(owner[id(c)]))
-    for _ in range(8):
-        more = {id(owner[id(c)]) for x in project.scripts.values() for c in x.calls if id(c) in owner
-                and any(id(d) in starts for d in calls[id(c)] or ())} - starts
-        if not more:
-            break
-        starts |= more
+
+    def closure(seeds: set[int]) -> set[int]:
+        for _ in range(8):
+            more = {id(owner[id(c)]) for x in project.scripts.values() for c in x.calls if id(c) in owner
+                    and any(id(d) in seeds for d in calls[id(c)] or ())} - seeds
+            if not more:
+                break
+            seeds |= more
+        return seeds
+    surely = closure({id(owner[id(c)]) for x in project.scripts.values() for c in x.calls
+                      if id(c) in owner and terminal(c.func) == "init_process_group"})
+    maybe = closure(surely | {id(owner[id(c)]) for x in project.scripts.values() for c in x.calls
+                              if id(c) in owner and calls[id(c)] is None})
 
     def starting(nodes: list[ast.AST]) -> bool | None:
         """True where these statements start the group, None where they may, False where they surely do not."""
@@ -665,13 +666,26 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
                and terminal(n) in named for n in within):
             return None  # a project function handed along (`mp.spawn(worker)`) runs where it is called
         for c in (n for n in within if isinstance(n, ast.Call)):
-            if terminal(c.func) == "init_process_group" or any(id(d) in starts for d in calls.get(id(c)) or ()):
-                if calls.get(id(c)) is None and terminal(c.func) != "init_process_group":
-                    return None
+            targets = calls.get(id(c))
+            if terminal(c.func) == "init_process_group" or targets and any(id(d) in surely for d in targets):
                 seen = True
-            elif calls.get(id(c)) is None:
+            elif targets is None or any(id(d) in maybe for d in targets):
                 return None
         return seen
+
+    entries: dict[int, bool] = {}
+
+    def entry(scope: ast.AST) -> bool:
+        """A function only module code calls (`run()` in the `__main__` block), nothing handing it along: no group
+        can have started in a caller before it runs."""
+        if id(scope) not in entries:
+            found = [(x, c) for x in project.scripts.values() for c in x.calls
+                     if any(t is scope for t in calls.get(id(c)) or ())]
+            handed = any(isinstance(n, ast.Name) and n.id == scope.name and isinstance(n.ctx, ast.Load)
+                         and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
+                         for x in project.scripts.values() for n in x.nodes)
+            entries[id(scope)] = bool(found) and not handed and all(id(c) not in owner for _, c in found)
+        return entries[id(scope)]
 
     for path, x in project.scripts.items():
         for node in x.nodes:
@@ -683,6 +697,8 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
             scope = x.parents.get(id(node))
             while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 scope = x.parents.get(id(scope))
+            if scope is not None and not entry(scope):
+                continue  # a caller may have started the group before
             inside = {id(n) for n in ast.walk(node)}
             top = [n for n in (scope.body if scope is not None else x.tree.body)
                    if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
