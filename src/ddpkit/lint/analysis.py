@@ -759,7 +759,8 @@ class Script:
             keywords = {k.arg: k.value for k in call.keywords}
             if name.endswith(("multiprocessing.spawn", "start_processes")) and (call.args or "fn" in keywords):
                 worker, offset = terminal(call.args[0] if call.args else keywords["fn"]), 1  # (the rank comes first)
-            elif name.endswith("Process") and "target" in keywords:
+            elif name.endswith("Process") and "target" in keywords \
+                    and self._joins_process_group(defs, keywords["target"], keywords.get("args")):
                 worker, offset = terminal(keywords["target"]), 0
             else:
                 continue
@@ -811,6 +812,38 @@ class Script:
                     self.spawned_inits.add(id(method))
                     todo.extend(terminal(c.func) for c in ast.walk(method) if isinstance(c, ast.Call))
         return reached
+
+    def _joins_process_group(self, defs: list[ast.AST], target: ast.expr, given: ast.expr | None) -> bool:
+        """Whether a `Process(target=...)` starts a rank: its target, the functions of this file it calls and
+        those handed to it in `args`, set up or read a process group (`init_process_group`, a helper named for
+        it, `dist.get_rank()`). A target of this file that does none of that is background work (an image
+        writer fed by a queue) and not a rank; a target from another file may set one up, so it counts."""
+        by_name: dict[str, list[ast.AST]] = {}
+        for d in defs:
+            by_name.setdefault(d.name, []).append(d)
+        name = terminal(target)
+        if name not in by_name:
+            return True
+        handed = [terminal(e) for e in given.elts] if isinstance(given, (ast.Tuple, ast.List)) else []
+        seen, todo = set(), [name, *(h for h in handed if h in by_name)]
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            for d in by_name.get(current, ()):
+                for c in ast.walk(d):
+                    if not isinstance(c, ast.Call):
+                        continue
+                    qual, callee = self.qualname(c.func), terminal(c.func)
+                    if "distributed" in qual or "init_process" in callee or "distributed" in callee.lower() \
+                            or qual.startswith(("dist.", "torch.distributed")):
+                        return True
+                    if callee in by_name:
+                        todo.append(callee)
+                    elif isinstance(c.func, ast.Name) and callee in self.aliases:
+                        return True  # (a function imported from another file: it may set the group up)
+        return False
 
     def _passed_for(self, defs: list[ast.AST], param: str, call: ast.Call, names: set[str]) -> set[str] | None:
         """The functions the calls of the function around `call` give its parameter `param` (`run_demo(demo_basic,

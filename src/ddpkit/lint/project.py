@@ -693,14 +693,50 @@ class Project:
         func = next((d for d in script.defs if id(d) == scope), None)
         replacers = self.memo("print replacers", lambda: {d.name for x in self.scripts.values() for d in x.defs
                                                           if any(_swaps_print(n) for n in ast.walk(d))})
-        if func is None:  # module code: after a silencer written at module level of this file, if it has one
-            here = [n.lineno for n in script.nodes if id(n) in silencers and script.context(n).scope == scope]
+        installers = self._print_installers(silencers, stdout)
+
+        def installs(n: ast.AST) -> bool:  # a call of a function that swaps print, itself or through its callees
+            if not isinstance(n, ast.Call):
+                return False
+            if not isinstance(n.func, ast.Attribute) and terminal(n.func) in swaps:
+                return True
+            target = self.resolve(script, n.func) if isinstance(n.func, ast.Attribute) or "." in script.qualname(
+                n.func) else (script.path, terminal(n.func))
+            return target in installers
+        if func is None:  # module code: after a silencer (or a call that makes one) at module level of this file
+            here = [n.lineno for n in script.nodes if (id(n) in silencers or installs(n))
+                    and script.context(n).scope == scope]
             return not here or call.lineno > min(here)
         if func.name in replacers:
             return True
-        swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or isinstance(n, ast.Call)
-                      and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
+        swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or installs(n)]
         return not swap_lines or call.lineno > min(swap_lines)
+
+    def _print_installers(self, silencers: set[int], stdout: bool) -> set[tuple[str, str]]:
+        """(path, name) of the functions that swap print off rank 0 when called: those holding the swap and, in
+        turn, those calling one of them (`init_distributed_mode` calling `setup_for_distributed`, `train` calling
+        `init_distributed_mode`). A print above such a call in its function runs on every rank."""
+        def compute() -> set[tuple[str, str]]:
+            found = {(path, d.name) for path, x in self.scripts.items() for d in x.defs
+                     if any(id(n) in silencers for n in ast.walk(d))}
+            changed = True
+            while changed:
+                changed = False
+                for path, x in self.scripts.items():
+                    for d in x.defs:
+                        if (path, d.name) in found or isinstance(d, ast.ClassDef):
+                            continue
+                        for c in ast.walk(d):
+                            if not isinstance(c, ast.Call) or isinstance(c.func, ast.Attribute) and \
+                                    isinstance(c.func.value, ast.Name) and c.func.value.id in ("self", "cls"):
+                                continue
+                            local = isinstance(c.func, ast.Name) and "." not in x.qualname(c.func)
+                            if (path, terminal(c.func)) in found if local else self.resolve(x, c.func) in found:
+                                found.add((path, d.name))
+                                changed = True
+                                break
+            return found
+        return self.memo(("print installers", stdout), compute)
 
     def parent_only(self, script: Script, node: ast.AST) -> bool:
         """Whether `node` sits in a module-level function of a file that starts no ranks itself, every call of which

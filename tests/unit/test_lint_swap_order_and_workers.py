@@ -1,0 +1,94 @@
+"""Which ranks run a line: prints written before the call that swaps print off rank 0 run on every rank, and a
+multiprocessing.Process doing background work (a writer fed by a queue) does not start ranks."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+from ddpkit.lint import lint_files, lint_sources
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "programs"
+_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
+
+
+def _check(name: str) -> None:
+    root = FIXTURES / name
+    files = sorted(root.rglob("*.py"))
+    marks = {(f.relative_to(root).as_posix(), number, rule, severity) for f in files
+             for number, line in enumerate(f.read_text().splitlines(), 1) for rule, severity in _EXPECT.findall(line)}
+    found = {(Path(f.path).relative_to(root).as_posix(), f.line, f.rule, f.severity) for f in lint_files(files)}
+    assert marks and found == marks
+
+
+def test_a_print_above_the_call_that_swaps_print_runs_on_every_rank():
+    """run.py prints, then calls launch_utils.start_group, whose helper replaces builtins.print: the first print is
+    every rank's; those after the call (and in functions called after it) are rank 0's alone."""
+    _check("print_swap_order")
+
+
+_MODULE_LEVEL_SWAP = """
+    import builtins
+
+    import torch.distributed as dist
+
+
+    def hush(main):
+        if not main:
+            builtins.print = lambda *a, **k: None
+
+
+    def join():
+        dist.init_process_group("gloo")
+        hush(dist.get_rank() == 0)
+
+
+    print("booting")
+    join()
+    print("joined")
+    dist.destroy_process_group()
+"""
+
+
+def test_module_code_above_the_swapping_call_is_reported_and_below_it_is_not():
+    lines = [f.line for f in lint_sources({"boot.py": textwrap.dedent(_MODULE_LEVEL_SWAP)}) if f.rule == "DDP008"]
+    assert lines == [17]
+
+
+def test_a_background_writer_process_does_not_make_the_program_spawned():
+    """recorder.py starts multiprocessing.Process workers that save arrays from a queue: the ranks come from the
+    launcher of fit.py, so its --local_rank is the torch.distributed.launch contract and the recorder's prints and
+    torch.save run on every rank."""
+    _check("background_writers")
+
+
+_PROCESS_RANKS = """
+    import os
+
+    import torch.distributed as dist
+    from torch.multiprocessing import Process
+
+
+    def work(rank, size):
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = "29500"
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        print("hello from", rank)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        procs = [Process(target=work, args=(r, 2)) for r in range(2)]
+        for p in procs:
+            p.start()
+        print("started")
+        for p in procs:
+            p.join()
+"""
+
+
+def test_a_process_whose_target_joins_the_group_still_starts_ranks():
+    found = [(f.rule, f.line) for f in lint_sources({"procs.py": textwrap.dedent(_PROCESS_RANKS)})
+             if f.rule == "DDP008"]
+    assert ("DDP008", 20) not in found  # (the parent prints once)
