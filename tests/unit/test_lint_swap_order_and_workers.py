@@ -92,3 +92,39 @@ def test_a_process_whose_target_joins_the_group_still_starts_ranks():
     found = [(f.rule, f.line) for f in lint_sources({"procs.py": textwrap.dedent(_PROCESS_RANKS)})
              if f.rule == "DDP008"]
     assert ("DDP008", 20) not in found  # (the parent prints once)
+
+
+_EPOCH_COUNT = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    class Settings:
+        n_epochs = 3
+
+
+    def fit(cfg):
+        dist.init_process_group("gloo")
+        data = TensorDataset(torch.arange(40.0))
+        order = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=4, sampler=order)
+        for ep in range(1, cfg.n_epochs + 1):
+            order.set_epoch(cfg.n_epochs)
+            for (x,) in loader:
+                pass
+        for ep in range(cfg.n_epochs):
+            cfg.n_epochs -= 0
+            order.set_epoch(cfg.n_epochs)
+        dist.destroy_process_group()
+
+
+    fit(Settings())
+"""
+
+
+def test_set_epoch_given_the_loops_bound_passes_the_same_epoch_every_time():
+    """`set_epoch(cfg.n_epochs)` inside `for ep in range(1, cfg.n_epochs + 1)`: the number of epochs, not the
+    current one; a bound the loop itself assigns is not taken for a constant."""
+    lines = [f.line for f in lint_sources({"fit.py": textwrap.dedent(_EPOCH_COUNT)}) if f.rule == "DDP001"]
+    assert lines == [17]
