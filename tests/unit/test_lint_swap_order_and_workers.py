@@ -58,7 +58,7 @@ def test_module_code_above_the_swapping_call_is_reported_and_below_it_is_not():
 
 def test_a_background_writer_process_does_not_make_the_program_spawned():
     """recorder.py starts multiprocessing.Process workers that save arrays from a queue: the ranks come from the
-    launcher of fit.py, so its --local_rank is the torch.distributed.launch contract and the recorder's prints and
+    launcher of fit.py, so its --rank is the torch.distributed.launch contract and the recorder's prints and
     torch.save run on every rank."""
     _check("background_writers")
 
@@ -128,3 +128,38 @@ def test_set_epoch_given_the_loops_bound_passes_the_same_epoch_every_time():
     current one; a bound the loop itself assigns is not taken for a constant."""
     lines = [f.line for f in lint_sources({"fit.py": textwrap.dedent(_EPOCH_COUNT)}) if f.rule == "DDP001"]
     assert lines == [17]
+
+
+_RANK_NONE_ARM = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+
+    def fit(rank=None):
+        if rank is not None:
+            dist.init_process_group("nccl")
+            torch.cuda.set_device(rank)
+        net = torch.nn.Linear(4, 1).cuda()
+        if rank is not None:
+            net = DistributedDataParallel(net, device_ids=[rank])
+        chief = rank is None or rank == 0
+        for step in range(100):
+            loss = net(torch.randn(8, 4).cuda()).pow(2).mean()
+            loss.backward()
+            if chief:
+                print("step", step, "loss", loss.item())
+        if rank == None or rank == 0:
+            torch.save(net.state_dict(), "net.pt")
+        if rank is not None:
+            dist.destroy_process_group()
+"""
+
+
+def test_rank_is_none_is_the_single_process_arm_of_a_rank_check():
+    """`rank is None or rank == 0`: None means no launcher gave a rank (one process), so in a launched
+    run the test picks rank 0: its print is rank 0's own loss (DDP006), not every rank's output, and its save is
+    guarded."""
+    found = sorted((f.rule, f.line) for f in lint_sources({"fit.py": textwrap.dedent(_RANK_NONE_ARM)})
+                   if f.rule in ("DDP004", "DDP006", "DDP008"))
+    assert found == [("DDP006", 19)]
