@@ -163,3 +163,11 @@ def test_rank_is_none_is_the_single_process_arm_of_a_rank_check():
     found = sorted((f.rule, f.line) for f in lint_sources({"fit.py": textwrap.dedent(_RANK_NONE_ARM)})
                    if f.rule in ("DDP004", "DDP006", "DDP008"))
     assert found == [("DDP006", 19)]
+
+
+def test_a_logger_object_switched_on_for_rank_0_reports_its_shard_loss():
+    """board.py's Board is built with `active=first` (rank 0): its methods test `self.active` (or an item of a dict
+    each of whose items it set to `on and self.active`), so writing the step's loss through it is rank 0's loss as
+    the run's; Tape exists on rank 0 only and takes the loss through `**named`. The loss's name cut from a setting
+    (`"losses.py:mse".split(":")`) is text, not a figure."""
+    _check("rank0_logger_objects")

@@ -242,6 +242,9 @@ class Script:
             return named if helper is None else min(helper, named) if named else helper
         if isinstance(expr, ast.Subscript):
             key = expr.slice
+            rewritten = self._items_rewritten(expr.value)
+            if rewritten:
+                return rewritten
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
                 # `cfg["chatty"] = rank == 0` somewhere in the program: see callsites._flag_levels
                 return rank_name_kind(key.value) or self.external_levels.get(f"=[{key.value}]", NONE)
@@ -290,6 +293,36 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _items_rewritten(self, holder: ast.AST) -> int:
+        """The rank check every item of a dict is, where a loop over the dict's own keys sets each item to one
+        (`for k, v in self.flags.items(): self.flags[k] = v and self.enable`, `enable` a rank flag): any item
+        read later (`self.flags["writer"]`) is that check."""
+        if not isinstance(holder, (ast.Name, ast.Attribute)):
+            return NONE
+        written = ast.unparse(holder)
+        loops = self.__dict__.get("_item_loops")
+        if loops is None:  # (the loops that assign an item of what they walk, found once per file)
+            loops = self._item_loops = [n for n in self.nodes if isinstance(n, ast.For) and any(
+                isinstance(b, ast.Assign) and isinstance(b.targets[0], ast.Subscript) for b in n.body)]
+        found = NONE
+        for loop in loops:
+            if not (isinstance(loop, ast.For) and isinstance(loop.iter, (ast.Call, ast.Name, ast.Attribute))):
+                continue
+            walked = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
+                and loop.iter.func.attr in ("items", "keys") else loop.iter
+            if ast.unparse(walked) != written:
+                continue
+            target = loop.target.elts[0] if isinstance(loop.target, ast.Tuple) and loop.target.elts else loop.target
+            if not isinstance(target, ast.Name):
+                continue
+            for stmt in loop.body:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Subscript) \
+                        and ast.unparse(stmt.targets[0].value) == written and isinstance(stmt.targets[0].slice, ast.Name) \
+                        and stmt.targets[0].slice.id == target.id and isinstance(stmt.value, ast.BoolOp) \
+                        and isinstance(stmt.value.op, ast.And):
+                    found = max(found, max(self.kind(v) for v in stmt.value.values))
+        return found
 
     def _parameter_flag(self, use: ast.Name, mark: str = "=") -> int:
         """The rank check a parameter is where every call gives it one (see callsites._flag_parameters); with

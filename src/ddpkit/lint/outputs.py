@@ -237,6 +237,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
                 continue  # this value went through a collective (or was rebuilt from one)
+            if isinstance(leaf, ast.Name) and _text_name(s, leaf.id):
+                continue  # text cut from a setting (the loss's name), not a figure
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
@@ -342,6 +344,18 @@ def _constant_literal(s: Script, name: str) -> bool:
         and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
             isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
             for n in ast.walk(v)) for v in values)
+
+
+_STR_METHODS = frozenset({"split", "rsplit", "format", "join", "strip", "replace", "lower", "upper", "capitalize"})
+
+
+def _text_name(s: Script, name: str) -> bool:
+    """Every assignment of `name` in the file takes text (`loss_file, loss_name = cfg["loss_fn"].split(":")`, an
+    f-string): the name of a loss, not its value."""
+    found = s._bindings.get(name, [])
+    return bool(found) and all(isinstance(stmt, ast.Assign) and (
+        isinstance(stmt.value, ast.JoinedStr) or isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in _STR_METHODS) for stmt, _ in found)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
