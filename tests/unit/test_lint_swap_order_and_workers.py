@@ -171,3 +171,33 @@ def test_a_logger_object_switched_on_for_rank_0_reports_its_shard_loss():
     the run's; Tape exists on rank 0 only and takes the loss through `**named`. The loss's name cut from a setting
     (`"losses.py:mse".split(":")`) is text, not a figure."""
     _check("rank0_logger_objects")
+
+
+_CHOSEN_DEVICE = """
+    import torch
+    import torch.distributed as dist
+
+
+    def resume(args, model):
+        if args.gpu is None:
+            state = torch.load(args.resume)
+        else:
+            state = torch.load(args.resume, map_location=f"cuda:{args.gpu}")
+        model.load_state_dict(state)
+
+
+    def main(args, model):
+        dist.init_process_group("nccl")
+        resume(args, model)
+        print("total batch size", args.batch_size * (dist.get_world_size() if args.local_rank != -1 else 1))
+        dist.destroy_process_group()
+"""
+
+
+def test_gpu_is_none_is_no_rank_check_and_a_rank_tested_for_a_factor_is_not_written_out():
+    """`args.gpu is None` says no device was chosen, not that no launcher ran (unlike `rank is None`): the load
+    under it still lacks map_location on every rank. A rank read only by the test of `x if local_rank != -1 else
+    1` picks a factor of the total; the line does not say whose it is, so it repeats on every rank."""
+    found = sorted((f.rule, f.line) for f in lint_sources({"resume.py": textwrap.dedent(_CHOSEN_DEVICE)})
+                   if f.rule in ("DDP005", "DDP008"))
+    assert found == [("DDP005", 8), ("DDP008", 17)]

@@ -66,7 +66,12 @@ _RANK_ZERO_TEXT = re.compile(r"\brank[ _-]?(0|zero)\b", re.IGNORECASE)
 
 
 def _names_a_rank(s: Script, call: ast.Call) -> bool:
+    """The line says whose it is: a rank value written into it, or text naming the rank. A rank read only by the
+    test of a conditional expression inside an argument (`world_size if local_rank != -1 else 1`, a factor of
+    a total) picks a value; it is not written out."""
     parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
+    tested = {id(n) for p in parts if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
+    parts = [n for n in parts if id(n) not in tested]
     return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
         isinstance(n, ast.Constant) and isinstance(n.value, str)
         and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
@@ -898,6 +903,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
+        # (a rank read only by the test of `x if local_rank != -1 else y` picks a value, it is not written out)
+        tested = {id(n) for p in mentioned if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
+        mentioned = [n for n in mentioned if id(n) not in tested]
         mentioned += [m for n in mentioned if isinstance(n, ast.Name) for v in s.local_values(n.id, call)
                       if _text(v) for m in ast.walk(v)]  # `prefix = f"rank {rank} | "; print(prefix, ...)`
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
