@@ -201,3 +201,45 @@ def test_gpu_is_none_is_no_rank_check_and_a_rank_tested_for_a_factor_is_not_writ
     found = sorted((f.rule, f.line) for f in lint_sources({"resume.py": textwrap.dedent(_CHOSEN_DEVICE)})
                    if f.rule in ("DDP005", "DDP008"))
     assert found == [("DDP005", 8), ("DDP008", 17)]
+
+
+_CALLED_BEFORE_SWAP = """
+    import builtins
+
+    import torch.distributed as dist
+
+
+    def quiet(main):
+        if not main:
+            builtins.print = lambda *a, **k: None
+
+
+    def setup():
+        dist.init_process_group("gloo")
+        quiet(dist.get_rank() == 0)
+
+
+    def show_config(cfg):
+        print("config", cfg)
+
+
+    def show_done():
+        print("done")
+
+
+    def main(cfg):
+        show_config(cfg)
+        setup()
+        show_done()
+        dist.destroy_process_group()
+
+
+    main({"lr": 0.1})
+"""
+
+
+def test_a_function_called_only_above_the_swapping_call_prints_on_every_rank():
+    """main() calls show_config, then setup() (which swaps print), then show_done: show_config's print runs before
+    the swap on every rank; show_done's runs after it."""
+    lines = [f.line for f in lint_sources({"run.py": textwrap.dedent(_CALLED_BEFORE_SWAP)}) if f.rule == "DDP008"]
+    assert lines == [18]

@@ -710,7 +710,38 @@ class Project:
         if func.name in replacers:
             return True
         swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or installs(n)]
-        return not swap_lines or call.lineno > min(swap_lines)
+        if swap_lines:
+            return call.lineno > min(swap_lines)
+        return not self._called_before_swap(script, func, silencers, stdout)
+
+    def _called_before_swap(self, script: Script, func: ast.AST, silencers: set[int], stdout: bool) -> bool:
+        """Whether every call of `func` (a module-level function) sits above the swapping call in a function that
+        makes one (`print_config(args)` then `init_distributed_mode(args)` in `main`): it runs before print is
+        replaced, on every rank. A function also called elsewhere, or passed along, may run after the swap."""
+        if not any(d is func for d in script.tree.body):
+            return False
+
+        def compute() -> bool:
+            installers = self._print_installers(silencers, stdout)
+            calls = [(x, c) for x, c in self.calls_named(func.name)
+                     if (self.resolve(x, c.func) if "." in x.qualname(c.func) else (x.path, terminal(c.func)))
+                     == (script.path, func.name)]
+            named = any(isinstance(n, ast.Name) and n.id == func.name and isinstance(n.ctx, ast.Load)
+                        and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
+                        for x in self.scripts.values() for n in x.nodes)
+            if not calls or named:
+                return False
+            for x, c in calls:
+                outer = next((d for d in x.defs if id(d) == x.context(c).scope), None)
+                if outer is None or (x.path, outer.name) not in installers:
+                    return False
+                lines = [n.lineno for n in ast.walk(outer) if id(n) in silencers or isinstance(n, ast.Call) and (
+                    (self.resolve(x, n.func) if "." in x.qualname(n.func) else (x.path, terminal(n.func)))
+                    in installers)]
+                if not lines or c.lineno >= min(lines):
+                    return False
+            return True
+        return self.memo(("called before swap", script.path, func.name, stdout), compute)
 
     def _print_installers(self, silencers: set[int], stdout: bool) -> set[tuple[str, str]]:
         """(path, name) of the functions that swap print off rank 0 when called: those holding the swap and, in
