@@ -243,6 +243,9 @@ class Script:
             return named if helper is None else min(helper, named) if named else helper
         if isinstance(expr, ast.Subscript):
             key = expr.slice
+            rewritten = self._items_rewritten(expr.value)
+            if rewritten:
+                return rewritten
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
                 # `cfg["chatty"] = rank == 0` somewhere in the program: see callsites._flag_levels
                 return rank_name_kind(key.value) or self.external_levels.get(f"=[{key.value}]", NONE)
@@ -302,6 +305,36 @@ class Script:
         names = [x for x in sides if isinstance(x, (ast.Name, ast.Attribute))]
         return len(names) == 1 and any(isinstance(x, ast.Constant) and x.value is None for x in sides) \
             and self.external_levels.get("0:" + terminal(names[0]), 0) > 0
+
+    def _items_rewritten(self, holder: ast.AST) -> int:
+        """The rank check every item of a dict is, where a loop over the dict's own keys sets each item to one
+        (`for k, v in self.flags.items(): self.flags[k] = v and self.enable`, `enable` a rank flag): any item
+        read later (`self.flags["writer"]`) is that check."""
+        if not isinstance(holder, (ast.Name, ast.Attribute)):
+            return NONE
+        written = ast.unparse(holder)
+        loops = self.__dict__.get("_item_loops")
+        if loops is None:  # (the loops that assign an item of what they walk, found once per file)
+            loops = self._item_loops = [n for n in self.nodes if isinstance(n, ast.For) and any(
+                isinstance(b, ast.Assign) and isinstance(b.targets[0], ast.Subscript) for b in n.body)]
+        found = NONE
+        for loop in loops:
+            if not (isinstance(loop, ast.For) and isinstance(loop.iter, (ast.Call, ast.Name, ast.Attribute))):
+                continue
+            walked = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
+                and loop.iter.func.attr in ("items", "keys") else loop.iter
+            if ast.unparse(walked) != written:
+                continue
+            target = loop.target.elts[0] if isinstance(loop.target, ast.Tuple) and loop.target.elts else loop.target
+            if not isinstance(target, ast.Name):
+                continue
+            for stmt in loop.body:
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Subscript) \
+                        and ast.unparse(stmt.targets[0].value) == written and isinstance(stmt.targets[0].slice, ast.Name) \
+                        and stmt.targets[0].slice.id == target.id and isinstance(stmt.value, ast.BoolOp) \
+                        and isinstance(stmt.value.op, ast.And):
+                    found = max(found, max(self.kind(v) for v in stmt.value.values))
+        return found
 
     def _parameter_flag(self, use: ast.Name, mark: str = "=") -> int:
         """The rank check a parameter is where every call gives it one (see callsites._flag_parameters); with
@@ -783,7 +816,8 @@ class Script:
             keywords = {k.arg: k.value for k in call.keywords}
             if name.endswith(("multiprocessing.spawn", "start_processes")) and (call.args or "fn" in keywords):
                 worker, offset = terminal(call.args[0] if call.args else keywords["fn"]), 1  # (the rank comes first)
-            elif name.endswith("Process") and "target" in keywords:
+            elif name.endswith("Process") and "target" in keywords \
+                    and self._joins_process_group(defs, keywords["target"], keywords.get("args")):
                 worker, offset = terminal(keywords["target"]), 0
             else:
                 continue
@@ -835,6 +869,38 @@ class Script:
                     self.spawned_inits.add(id(method))
                     todo.extend(terminal(c.func) for c in ast.walk(method) if isinstance(c, ast.Call))
         return reached
+
+    def _joins_process_group(self, defs: list[ast.AST], target: ast.expr, given: ast.expr | None) -> bool:
+        """Whether a `Process(target=...)` starts a rank: its target, the functions of this file it calls and
+        those handed to it in `args`, set up or read a process group (`init_process_group`, a helper named for
+        it, `dist.get_rank()`). A target of this file that does none of that is background work (an image
+        writer fed by a queue) and not a rank; a target from another file may set one up, so it counts."""
+        by_name: dict[str, list[ast.AST]] = {}
+        for d in defs:
+            by_name.setdefault(d.name, []).append(d)
+        name = terminal(target)
+        if name not in by_name:
+            return True
+        handed = [terminal(e) for e in given.elts] if isinstance(given, (ast.Tuple, ast.List)) else []
+        seen, todo = set(), [name, *(h for h in handed if h in by_name)]
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            for d in by_name.get(current, ()):
+                for c in ast.walk(d):
+                    if not isinstance(c, ast.Call):
+                        continue
+                    qual, callee = self.qualname(c.func), terminal(c.func)
+                    if "distributed" in qual or "init_process" in callee or "distributed" in callee.lower() \
+                            or qual.startswith(("dist.", "torch.distributed")):
+                        return True
+                    if callee in by_name:
+                        todo.append(callee)
+                    elif isinstance(c.func, ast.Name) and callee in self.aliases:
+                        return True  # (a function imported from another file: it may set the group up)
+        return False
 
     def _passed_for(self, defs: list[ast.AST], param: str, call: ast.Call, names: set[str]) -> set[str] | None:
         """The functions the calls of the function around `call` give its parameter `param` (`run_demo(demo_basic,

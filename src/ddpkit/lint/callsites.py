@@ -215,7 +215,10 @@ def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     calls = _calls_by_name(project)
     for path, script in project.scripts.items():
         for d in script.defs:
-            for param, values in _arguments(d, calls.get(d.name, [])).items():
+            # a class's `__init__` is called by the class's name (`Logger(enable=is_main)`)
+            owner = script.parents.get(id(d))
+            called = owner.name if d.name == "__init__" and isinstance(owner, ast.ClassDef) else d.name
+            for param, values in _arguments(d, calls.get(called, [])).items():
                 given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
                 if given and min(given):
                     levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)

@@ -36,8 +36,8 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
     """All findings for files ({path: text}), sorted by position. Never executes them.
 
     Files that import each other are analysed together as one program (see Project). At most one
-    finding per rule and line; where a print is reported as a wrong metric (DDP006), it is not also
-    reported as repeated output (DDP008).
+    finding per rule and line; a print on every rank that also reports a wrong metric gets both (DDP006 for the
+    figure, DDP008 for the output repeated world_size times).
     """
     findings: list[Finding] = []
     reported: set[tuple[str, int, str]] = set()  # a helper shared by two programs is reported once
@@ -55,7 +55,7 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
                     f" (the ranks are started by {os.path.basename(launcher[0])}:{launcher[1]}, which shows only rank "
                     f"0's console)" if launcher and hit.rule in ("DDP006", "DDP008") else ""), hit.fix)
         for (line, rule), f in seen.items():
-            if not (rule == "DDP008" and (line, "DDP006") in seen) and (path, line, rule) not in reported:
+            if (path, line, rule) not in reported:
                 reported.add((path, line, rule))
                 findings.append(f)
     return sorted(findings, key=Finding.sort_key)

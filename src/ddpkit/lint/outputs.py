@@ -66,7 +66,12 @@ _RANK_ZERO_TEXT = re.compile(r"\brank[ _-]?(0|zero)\b", re.IGNORECASE)
 
 
 def _names_a_rank(s: Script, call: ast.Call) -> bool:
+    """The line says whose it is: a rank value written into it, or text naming the rank. A rank read only by the
+    test of a conditional expression inside an argument (`world_size if local_rank != -1 else 1`, a factor of
+    a total) picks a value; it is not written out."""
     parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
+    tested = {id(n) for p in parts if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
+    parts = [n for n in parts if id(n) not in tested]
     return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
         isinstance(n, ast.Constant) and isinstance(n.value, str)
         and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
@@ -237,8 +242,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         for leaf in (leaf for a in given for leaf in leaves(s, scope, a)):
             if built_from(s, scope, [leaf]) & reduced or _object_attributes(s, scope, leaf) & reduced:
                 continue  # this value went through a collective (or was rebuilt from one)
-            if _split_name(s, leaf):
-                continue  # `loss_file, loss_name = cfg["loss_fn"].split(":")`: pieces of a string, not a figure
+            if isinstance(leaf, ast.Name) and _text_name(s, leaf.id):
+                continue  # text cut from a setting (the loss's name), not a figure
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
@@ -346,18 +351,16 @@ def _constant_literal(s: Script, name: str) -> bool:
             for n in ast.walk(v)) for v in values)
 
 
-def _split_name(s: Script, leaf: ast.AST) -> bool:
-    """A name every assignment of which in the file gives it pieces of a string cut up (see _split_text)."""
-    bound = s._bindings.get(leaf.id, []) if isinstance(leaf, ast.Name) else []
-    return bool(bound) and all(isinstance(stmt, ast.Assign) and _split_text(stmt.value) for stmt, _ in bound)
+_STR_METHODS = frozenset({"split", "rsplit", "format", "join", "strip", "replace", "lower", "upper", "capitalize"})
 
 
-def _split_text(value: ast.AST) -> bool:
-    """A piece of a string cut up (`text.split(":")`, `name.rsplit(".", 1)[-1]`): text, never a computed figure."""
-    while isinstance(value, ast.Subscript):
-        value = value.value
-    return isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-        and value.func.attr in ("split", "rsplit", "partition", "rpartition", "splitlines")
+def _text_name(s: Script, name: str) -> bool:
+    """Every assignment of `name` in the file takes text (`loss_file, loss_name = cfg["loss_fn"].split(":")`, an
+    f-string): the name of a loss, not its value."""
+    found = s._bindings.get(name, [])
+    return bool(found) and all(isinstance(stmt, ast.Assign) and (
+        isinstance(stmt.value, ast.JoinedStr) or isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in _STR_METHODS) for stmt, _ in found)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
@@ -900,6 +903,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
+        # (a rank read only by the test of `x if local_rank != -1 else y` picks a value, it is not written out)
+        tested = {id(n) for p in mentioned if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
+        mentioned = [n for n in mentioned if id(n) not in tested]
         mentioned += [m for n in mentioned if isinstance(n, ast.Name) for v in s.local_values(n.id, call)
                       if _text(v) for m in ast.walk(v)]  # `prefix = f"rank {rank} | "; print(prefix, ...)`
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned

@@ -801,14 +801,81 @@ class Project:
         func = next((d for d in script.defs if id(d) == scope), None)
         replacers = self.memo("print replacers", lambda: {d.name for x in self.scripts.values() for d in x.defs
                                                           if any(_swaps_print(n) for n in ast.walk(d))})
-        if func is None:  # module code: after a silencer written at module level of this file, if it has one
-            here = [n.lineno for n in script.nodes if id(n) in silencers and script.context(n).scope == scope]
+        installers = self._print_installers(silencers, stdout)
+
+        def installs(n: ast.AST) -> bool:  # a call of a function that swaps print, itself or through its callees
+            if not isinstance(n, ast.Call):
+                return False
+            if not isinstance(n.func, ast.Attribute) and terminal(n.func) in swaps:
+                return True
+            target = self.resolve(script, n.func) if isinstance(n.func, ast.Attribute) or "." in script.qualname(
+                n.func) else (script.path, terminal(n.func))
+            return target in installers
+        if func is None:  # module code: after a silencer (or a call that makes one) at module level of this file
+            here = [n.lineno for n in script.nodes if (id(n) in silencers or installs(n))
+                    and script.context(n).scope == scope]
             return not here or call.lineno > min(here)
         if func.name in replacers:
             return True
-        swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or isinstance(n, ast.Call)
-                      and terminal(n.func) in swaps and not isinstance(n.func, ast.Attribute)]
-        return not swap_lines or call.lineno > min(swap_lines)
+        swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or installs(n)]
+        if swap_lines:
+            return call.lineno > min(swap_lines)
+        return not self._called_before_swap(script, func, silencers, stdout)
+
+    def _called_before_swap(self, script: Script, func: ast.AST, silencers: set[int], stdout: bool) -> bool:
+        """Whether every call of `func` (a module-level function) sits above the swapping call in a function that
+        makes one (`print_config(args)` then `init_distributed_mode(args)` in `main`): it runs before print is
+        replaced, on every rank. A function also called elsewhere, or passed along, may run after the swap."""
+        if not any(d is func for d in script.tree.body):
+            return False
+
+        def compute() -> bool:
+            installers = self._print_installers(silencers, stdout)
+            calls = [(x, c) for x, c in self.calls_named(func.name)
+                     if (self.resolve(x, c.func) if "." in x.qualname(c.func) else (x.path, terminal(c.func)))
+                     == (script.path, func.name)]
+            named = any(isinstance(n, ast.Name) and n.id == func.name and isinstance(n.ctx, ast.Load)
+                        and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
+                        for x in self.scripts.values() for n in x.nodes)
+            if not calls or named:
+                return False
+            for x, c in calls:
+                outer = next((d for d in x.defs if id(d) == x.context(c).scope), None)
+                if outer is None or (x.path, outer.name) not in installers:
+                    return False
+                lines = [n.lineno for n in ast.walk(outer) if id(n) in silencers or isinstance(n, ast.Call) and (
+                    (self.resolve(x, n.func) if "." in x.qualname(n.func) else (x.path, terminal(n.func)))
+                    in installers)]
+                if not lines or c.lineno >= min(lines):
+                    return False
+            return True
+        return self.memo(("called before swap", script.path, func.name, stdout), compute)
+
+    def _print_installers(self, silencers: set[int], stdout: bool) -> set[tuple[str, str]]:
+        """(path, name) of the functions that swap print off rank 0 when called: those holding the swap and, in
+        turn, those calling one of them (`init_distributed_mode` calling `setup_for_distributed`, `train` calling
+        `init_distributed_mode`). A print above such a call in its function runs on every rank."""
+        def compute() -> set[tuple[str, str]]:
+            found = {(path, d.name) for path, x in self.scripts.items() for d in x.defs
+                     if any(id(n) in silencers for n in ast.walk(d))}
+            changed = True
+            while changed:
+                changed = False
+                for path, x in self.scripts.items():
+                    for d in x.defs:
+                        if (path, d.name) in found or isinstance(d, ast.ClassDef):
+                            continue
+                        for c in ast.walk(d):
+                            if not isinstance(c, ast.Call) or isinstance(c.func, ast.Attribute) and \
+                                    isinstance(c.func.value, ast.Name) and c.func.value.id in ("self", "cls"):
+                                continue
+                            local = isinstance(c.func, ast.Name) and "." not in x.qualname(c.func)
+                            if (path, terminal(c.func)) in found if local else self.resolve(x, c.func) in found:
+                                found.add((path, d.name))
+                                changed = True
+                                break
+            return found
+        return self.memo(("print installers", stdout), compute)
 
     def parent_only(self, script: Script, node: ast.AST) -> bool:
         """Whether `node` sits in a module-level function of a file that starts no ranks itself, every call of which

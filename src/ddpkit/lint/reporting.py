@@ -298,6 +298,9 @@ class Reporter(NamedTuple):
     """The parameters whose values it shows."""
     order: tuple[str, ...]
     """Its positional parameters (`self` left out), to bind a call's arguments."""
+    spread: frozenset[str] = frozenset()
+    """Where it shows its `**kwargs`: the parameters it names, so a keyword not among them lands in `**kwargs`
+    (`writer.update(loss=loss_value, head="loss")` for `def update(self, head="scalar", step=None, **kwargs)`)."""
 
 
 def reporters(s: Script) -> dict[str, Reporter]:
@@ -330,11 +333,14 @@ def reporters(s: Script) -> dict[str, Reporter]:
                         shown.update(sources & params)
                     if guarded:
                         old = found.get(d.name)
+                        spread = d.args.kwarg.arg if d.args.kwarg else ""
                         found[d.name] = Reporter(
                             (old is None or old.rank_zero) and all(guarded),
                             (old.names if old else frozenset()) | named,
                             (old.shown if old else frozenset()) | shown,
-                            tuple(_call_positions(d)))
+                            tuple(_call_positions(d)),
+                            frozenset(a.arg for a in (*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs))
+                            if spread and spread in shown | (old.shown if old else frozenset()) else frozenset())
             if found == before:
                 break
         return found
@@ -348,7 +354,8 @@ def shown_arguments(call: ast.Call, helper: Reporter | None) -> list[ast.AST]:
     if helper is None:
         return _arguments(call)
     positional = [a for name, a in zip(helper.order, call.args) if name in helper.shown]
-    return [*positional, *(k.value for k in call.keywords if k.arg in helper.shown or k.arg is None)]
+    return [*positional, *(k.value for k in call.keywords if k.arg in helper.shown or k.arg is None
+                           or helper.spread and k.arg not in helper.spread)]
 
 
 def _direct_names(call: ast.Call) -> list[str]:

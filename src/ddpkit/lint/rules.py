@@ -350,8 +350,12 @@ def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
     """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes. A
     loop whose target is the sampler's holder (`for loader in self.loaders:`) is a loop over samplers, not the
-    epoch loop: the one around it (or the function's callers) decides."""
+    epoch loop: the one around it (or the function's callers) decides. An attribute counts where it is the bound
+    of the enclosing loop (`for epoch in range(args.epochs): sampler.set_epoch(args.epochs)`): the number of
+    epochs, not the current one."""
     value = call.args[0]
+    if isinstance(value, ast.Attribute):
+        return _loop_bound(s, call, value)
     if not isinstance(value, ast.Name):
         return False
     node, parents = call, s.parents
@@ -371,6 +375,28 @@ def _loop_invariant(s: Script, call: ast.Call) -> bool:
             return value.id not in bound
         if isinstance(node, ast.While):
             return False  # a counter advanced somewhere the loop calls is not visible here
+    return False
+
+
+def _loop_bound(s: Script, call: ast.Call, value: ast.Attribute) -> bool:
+    """Whether `value` (`args.epochs`) is the stop of the `range()` the innermost `for` around `call` walks, and
+    nothing in that loop assigns it."""
+    text = ast.unparse(value)
+    node = call
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.While)):
+            return False
+        if isinstance(node, ast.For):
+            it = node.iter
+            if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and it.args):
+                return False
+            stop = it.args[-1] if len(it.args) > 1 else it.args[0]
+            if not any(isinstance(n, ast.Attribute) and ast.unparse(n) == text for n in ast.walk(stop)):
+                return False
+            return not any(ast.unparse(t) == text for stmt in ast.walk(node)
+                           if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                           for t in ([stmt.target] if not isinstance(stmt, ast.Assign) else stmt.targets))
     return False
 
 
