@@ -162,3 +162,25 @@ for (x,) in loader:
     # a legacy constructor takes no device=: named, not guessed
     [todo] = [t for t in result.todos if "meets" in t.message]
     assert todo.line == 11 and todo.message.startswith("`torch.FloatTensor(len(x), 1).fill_(0.5)` (on the CPU) meets")
+
+
+def test_a_tensor_drawn_with_a_cpu_generator_is_moved_not_drawn_on_the_device():
+    source = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+gen = torch.Generator().manual_seed(3)
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=16, shuffle=True)
+net = nn.Linear(4, 4)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for (x,) in loader:
+    jitter = torch.randn(x.shape, generator=gen)
+    loss = (net(x + jitter) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+    result = port_source(source, "jitter.py")
+    assert "jitter = torch.randn(x.shape, generator=gen).to(ctx.device)" in result.code
+    assert result.exit_code == 0, result.todos

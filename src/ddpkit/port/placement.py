@@ -46,7 +46,7 @@ _KEEPS = frozenset({
     "argmin", "abs", "exp", "log", "sigmoid", "softmax", "log_softmax", "clamp", "clamp_", "flatten", "expand",
     "expand_as", "repeat", "type_as", "t", "pow", "sqrt", "mul", "add", "sub", "div", "masked_fill", "index_select",
     "gather", "norm", "round", "floor", "ceil", "squeeze_", "unsqueeze_", "normal_", "fill_", "zero_", "uniform_",
-    "random_", "bernoulli_", "requires_grad_", "type", "to", "narrow", "chunk", "split", "split", "std", "var",
+    "random_", "bernoulli_", "requires_grad_", "type", "to", "narrow", "chunk", "split", "std", "var",
     "neg", "tanh", "relu", "softplus", "cumsum", "prod", "topk", "sort", "roll", "flip", "tril", "triu"})
 """Tensor methods whose result lives where their receiver does (`.to(dtype)` too: a move is told apart first)."""
 _WRAPPERS = frozenset({"Variable", "autograd.Variable", "torch.autograd.Variable"})
@@ -73,7 +73,7 @@ class Placement:
         self.host_names = host_names
 
     # ---- walking -------------------------------------------------------------------------------------
-    def run(self, statements: list[cst.BaseStatement]) -> "Placement":
+    def run(self, statements: list[cst.BaseStatement]) -> Placement:
         for stmt in statements:
             self._statement(stmt)
         return self
@@ -106,10 +106,20 @@ class Placement:
         self.place(stmt.test)
         before = (dict(self.state), dict(self.assigns))
         outs = []
-        for block in self.p.blocks_of(stmt):
+        suites, node = [], stmt
+        while isinstance(node, cst.If):
+            suites.append(node.body)
+            node = node.orelse
+        if isinstance(node, cst.Else):
+            suites.append(node.body)
+        for suite in suites:
             self.state, self.assigns = dict(before[0]), dict(before[1])
-            for inner in block:
-                self._statement(inner)
+            if isinstance(suite, cst.SimpleStatementSuite):  # `if use_cuda: x = x.cuda()` on one line
+                for small in suite.body:
+                    self._small(small)
+            else:
+                for inner in suite.body:
+                    self._statement(inner)
             outs.append((self.state, self.assigns))
         tail = stmt.orelse
         while isinstance(tail, cst.If):
@@ -128,6 +138,8 @@ class Placement:
     def _small(self, small: cst.BaseSmallStatement) -> None:
         if isinstance(small, cst.Assign):
             value = self.place(small.value)
+            if id(small) in self.p.to_device:
+                value = DEVICE  # another rule makes it on ctx.device where it is assigned
             for t in small.targets:
                 self._bind(t.target, small.value, value, small)
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
@@ -368,7 +380,8 @@ def plan_placement(plan: Any) -> None:
                 continue
             if _made_inline(plan, key, host):
                 continue
-            if isinstance(host, cst.Name) and _is_tensor_origin(made) and _in_ctx(plan, key, host):
+            if isinstance(host, cst.Name) and _is_tensor_origin(made) and _in_ctx(plan, key, host) and not (
+                    isinstance(node, cst.AugAssign) and node.target is host):  # `total += loss`: stored to, not read
                 plan.move_at.add(id(host))  # a tensor made elsewhere: moved where it meets the device value
                 continue
             named.add(label)
