@@ -145,6 +145,7 @@ def test_a_torch_creator_called_where_it_meets_the_models_output_gets_the_device
     source = '''
 import torch
 from torch import nn
+from torch.autograd import Variable
 from torch.utils.data import DataLoader, TensorDataset
 
 loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=16, shuffle=True)
@@ -153,15 +154,17 @@ opt = torch.optim.SGD(net.parameters(), lr=0.1)
 for (x,) in loader:
     loss = nn.functional.mse_loss(net(x), torch.ones(len(x), 1))
     loss = loss + (net(x) - torch.FloatTensor(len(x), 1).fill_(0.5)).abs().mean()
+    loss = loss + nn.functional.l1_loss(net(x), Variable(torch.zeros([len(x), 1])))
     opt.zero_grad()
     loss.backward()
     opt.step()
 '''
     result = port_source(source, "inline.py")
     assert "loss = nn.functional.mse_loss(net(x), torch.ones(len(x), 1, device=ctx.device))" in result.code
+    assert "nn.functional.l1_loss(net(x), Variable(torch.zeros([len(x), 1], device=ctx.device)))" in result.code
     # a legacy constructor takes no device=: named, not guessed
     [todo] = [t for t in result.todos if "meets" in t.message]
-    assert todo.line == 11 and todo.message.startswith("`torch.FloatTensor(len(x), 1).fill_(0.5)` (on the CPU) meets")
+    assert todo.line == 12 and todo.message.startswith("`torch.FloatTensor(len(x), 1).fill_(0.5)` (on the CPU) meets")
 
 
 def test_a_tensor_drawn_with_a_cpu_generator_is_moved_not_drawn_on_the_device():

@@ -456,7 +456,10 @@ def _move_where_made(plan: Any, key: str, name: str, assigns: tuple[cst.Assign, 
 
 
 def _made_inline(plan: Any, key: str, call: cst.BaseExpression) -> bool:
-    """`loss_fn(model(x), torch.ones(n, 1))`: a torch creator called right at the meeting gets device=ctx.device."""
+    """`loss_fn(model(x), torch.ones(n, 1))`: a torch creator called right at the meeting gets device=ctx.device
+    (also inside `Variable(...)`)."""
+    while isinstance(call, cst.Call) and dotted(call.func) in _WRAPPERS and call.args:
+        call = call.args[0].value
     if not isinstance(call, cst.Call) or not _in_ctx(plan, key, call) or any(
             a.keyword and a.keyword.value == "generator" for a in call.args):  # a CPU generator draws on the CPU
         return False
