@@ -12,6 +12,7 @@ from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
+from ddpkit.port.placement import host_loader_names, plan_placement
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
@@ -83,6 +84,8 @@ class Plan:
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.move_at: set[int] = set()
+        """Reads of a CPU tensor where it meets a value on ctx.device: `y` -> `y.to(ctx.device)` there."""
         self.to_device: set[int] = set()
         """Assignments of a tensor made on the CPU that the model (or its output) meets: made on ctx.device."""
         self.unpinned: set[int] = set()
@@ -135,6 +138,7 @@ class Plan:
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
         plan_made_tensors(self)  # after plan_forwards: it names what that rule cannot reach
+        plan_placement(self)  # after both: a CPU value that meets a device value elsewhere (arithmetic, a loss)
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
         plan_rank_streams(self)  # after plan_no_loader: a script drawing its own batches is reseeded there
@@ -253,72 +257,78 @@ class Plan:
                         target = dotted(stmt.body[0].targets[0].target)
                     found.append((key, node, target))
         for key, call, target in found:
-            library = library_loader(self.f, call)
-            if library is not None:
-                self.todo(call, f"a DataLoader of {library}: ddpkit.loader would replace its collate (graphs, "
-                          "variable-size samples); keep it and shard its dataset by rank yourself (e.g. "
-                          "torch.utils.data.Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size)))")
-                continue
-            kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-            positional = [a for a in call.args if a.keyword is None and not a.star]
-            spread = self._spread_kwargs(key, call)
-            if spread is not None:
-                kwargs = {**spread, **kwargs}
-                self.spread[id(call)] = spread
-            elif any(a.star for a in call.args):
-                self.todo(call, "DataLoader options come from **kwargs, which the codemod cannot read: write "
-                          "ddpkit.loader(dataset, ctx, batch_size=...) for training or ddpkit.eval_loader(...) "
-                          "for evaluation by hand")
-                continue
-            if len(positional) > 2 and "shuffle" not in kwargs:  # DataLoader(dataset, batch_size, shuffle, ...)
-                kwargs["shuffle"] = positional[2].value
-            if "sampler" in kwargs or "batch_sampler" in kwargs or len(positional) > 3:
-                which = "batch_sampler" if "batch_sampler" in kwargs else "sampler" if "sampler" in kwargs else ""
-                given = f" `{which}={self.f.code(kwargs[which])}`" if which else ""
-                where = self.sampler_at.get(id(call))
-                given += f" (set into the options at line {self.line_of(where)})" if where is not None else ""
-                self.todo(call, f"custom sampler{given}: ddpkit.loader shards and orders the data itself and has "
-                          "no sampler option, so replacing this DataLoader would drop the sampling (weights, "
-                          "subsets) even on one rank; keep it and shard the sampler's indices by ctx.rank yourself, "
-                          "or drop the sampler and use ddpkit.loader(dataset, ctx, batch_size=...)")
-                continue
-            if not positional and "dataset" not in kwargs:
-                self.todo(call, "DataLoader without a dataset argument the codemod can read: use "
-                          "ddpkit.loader(dataset, ctx, batch_size=...) by hand")
-                continue
-            dataset_text = self.f.code(positional[0].value if positional else kwargs["dataset"])
-            shuffle = kwargs.get("shuffle")
-            shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
-            name_text = target or dataset_text
-            if not target and not self.f.is_eval_name(dataset_text) and "train" not in dataset_text.lower():
-                name_text = f"{dataset_text} {key}"  # built in a helper: `def get_val_loader():` says which
-            if "train" not in name_text.lower() and self.f.is_eval_name(name_text):
-                kind = "eval"
-            elif "train" in name_text.lower() or shuffled:
-                kind = "train"
-            elif len(found) == 1:
-                kind = "train"
-            else:
-                self.todo(call, "cannot tell whether this DataLoader trains or evaluates: use ddpkit.loader "
-                          "(training) or ddpkit.eval_loader (evaluation)")
-                continue
-            self.loaders[id(call)] = kind
-            if kind == "train" and self._literal(key, kwargs.get("batch_size", positional[1].value if len(
-                    positional) > 1 else cst.Integer("1"))) == 1:
-                self.todo(call, "the batch size is 1: 1 // world_size is 0 per rank on more than one rank; "
-                          "keep batch_size=1 per rank (the global batch becomes world_size: scale the learning "
-                          "rate) or raise the batch")
-                continue
-            if kind == "train":
-                size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
-                    self.f.code(positional[1].value) if len(positional) > 1 else "1"
-                if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
-                    self.train_sizes.add(size)
-                    self.train_sizes |= passed_as(self, key, size)
-                self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
-                          f"{size} samples per step")
-            if target:
-                self._set_role(key, target, kind)
+            self._plan_loader(key, call, target, found)
+        kept = [(key, target) for key, call, target in found if target and id(call) not in self.loaders]
+        self.host_loaders = host_loader_names(self, kept)
+        """Scope -> names that may hold a torch DataLoader the port keeps: its batches stay on the CPU."""
+
+    def _plan_loader(self, key: str, call: cst.Call, target: str, found: list) -> None:
+        library = library_loader(self.f, call)
+        if library is not None:
+            self.todo(call, f"a DataLoader of {library}: ddpkit.loader would replace its collate (graphs, "
+                      "variable-size samples); keep it and shard its dataset by rank yourself (e.g. "
+                      "torch.utils.data.Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size)))")
+            return
+        kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        spread = self._spread_kwargs(key, call)
+        if spread is not None:
+            kwargs = {**spread, **kwargs}
+            self.spread[id(call)] = spread
+        elif any(a.star for a in call.args):
+            self.todo(call, "DataLoader options come from **kwargs, which the codemod cannot read: write "
+                      "ddpkit.loader(dataset, ctx, batch_size=...) for training or ddpkit.eval_loader(...) "
+                      "for evaluation by hand")
+            return
+        if len(positional) > 2 and "shuffle" not in kwargs:  # DataLoader(dataset, batch_size, shuffle, ...)
+            kwargs["shuffle"] = positional[2].value
+        if "sampler" in kwargs or "batch_sampler" in kwargs or len(positional) > 3:
+            which = "batch_sampler" if "batch_sampler" in kwargs else "sampler" if "sampler" in kwargs else ""
+            given = f" `{which}={self.f.code(kwargs[which])}`" if which else ""
+            where = self.sampler_at.get(id(call))
+            given += f" (set into the options at line {self.line_of(where)})" if where is not None else ""
+            self.todo(call, f"custom sampler{given}: ddpkit.loader shards and orders the data itself and has "
+                      "no sampler option, so replacing this DataLoader would drop the sampling (weights, "
+                      "subsets) even on one rank; keep it and shard the sampler's indices by ctx.rank yourself, "
+                      "or drop the sampler and use ddpkit.loader(dataset, ctx, batch_size=...)")
+            return
+        if not positional and "dataset" not in kwargs:
+            self.todo(call, "DataLoader without a dataset argument the codemod can read: use "
+                      "ddpkit.loader(dataset, ctx, batch_size=...) by hand")
+            return
+        dataset_text = self.f.code(positional[0].value if positional else kwargs["dataset"])
+        shuffle = kwargs.get("shuffle")
+        shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
+        name_text = target or dataset_text
+        if not target and not self.f.is_eval_name(dataset_text) and "train" not in dataset_text.lower():
+            name_text = f"{dataset_text} {key}"  # built in a helper: `def get_val_loader():` says which
+        if "train" not in name_text.lower() and self.f.is_eval_name(name_text):
+            kind = "eval"
+        elif "train" in name_text.lower() or shuffled:
+            kind = "train"
+        elif len(found) == 1:
+            kind = "train"
+        else:
+            self.todo(call, "cannot tell whether this DataLoader trains or evaluates: use ddpkit.loader "
+                      "(training) or ddpkit.eval_loader (evaluation)")
+            return
+        self.loaders[id(call)] = kind
+        if kind == "train" and self._literal(key, kwargs.get("batch_size", positional[1].value if len(
+                positional) > 1 else cst.Integer("1"))) == 1:
+            self.todo(call, "the batch size is 1: 1 // world_size is 0 per rank on more than one rank; "
+                      "keep batch_size=1 per rank (the global batch becomes world_size: scale the learning "
+                      "rate) or raise the batch")
+            return
+        if kind == "train":
+            size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
+                self.f.code(positional[1].value) if len(positional) > 1 else "1"
+            if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
+                self.train_sizes.add(size)
+                self.train_sizes |= passed_as(self, key, size)
+            self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
+                      f"{size} samples per step")
+        if target:
+            self._set_role(key, target, kind)
 
     def _literal(self, key: str, expr: cst.BaseExpression, depth: int = 0) -> int | None:
         """The int a batch size expression holds: `32`, `BATCH = 1` at module level, a name bound once to
@@ -515,6 +525,17 @@ class Plan:
                 n, cst.Call) and dotted(n.func) == "next" and n.args and self.role(
                 key, dotted(n.args[0].value)) in ("train", "eval")), None)
         return role if role in ("train", "eval") else None
+
+    def host_loop(self, key: str, for_node: cst.For) -> bool:
+        """A loop over a loader name that may hold a torch DataLoader the port keeps (on some path): its batches
+        may be on the CPU, so their moves stay."""
+        names = self.host_loaders.get(key, set())
+        if not names:
+            return False
+        if dotted(loader_expr(for_node.iter)) in names:
+            return True
+        return any(isinstance(n, cst.Call) and dotted(n.func) == "next" and n.args and dotted(n.args[0].value) in names
+                   for n in walk(for_node.body))
 
     # ---- init ---------------------------------------------------------------------------------
     def bound_before_init(self) -> set[str]:

@@ -88,6 +88,8 @@ class Rewriter(cst.CSTTransformer):
         self.region = facts.region_ids()
         self.region_depth = 0
         self.batches: list[tuple[set[str], str]] = []
+        self.host_batches: list[bool] = []
+        """Per entry of batches: the loader may be a torch DataLoader the port keeps (its batches on the CPU)."""
         self.changes = 0
         self.receivers: set[int] = set()
         """Expressions whose attribute is read (`loss` in `loss.item()`): a reduced value there stays a tensor."""
@@ -137,6 +139,7 @@ class Rewriter(cst.CSTTransformer):
             role = self.p.loop_role(self.key, node)
             if role:
                 self.batches.append(({n.value for n in _names(node.target)}, role))
+                self.host_batches.append(self.p.host_loop(self.key, node))
         elif isinstance(node, cst.CompFor) and self.batches and root_name(node.iter) in self._batch_names():
             self.batches[-1][0].update(n.value for n in _names(node.target))
         elif isinstance(node, cst.Assign) and self.batches and root_name(node.value) in self._batch_names():
@@ -148,6 +151,7 @@ class Rewriter(cst.CSTTransformer):
         result = super().on_leave(original, updated)
         if isinstance(original, cst.For) and self.batches and self.in_ctx() and self.p.loop_role(self.key, original):
             self.batches.pop()
+            self.host_batches.pop()
         if isinstance(original, cst.BaseStatement) and not isinstance(result, cst.RemovalSentinel):
             result = self._finish_statement(original, result)
         if id(original) in self._nodes_to_keys:
@@ -168,6 +172,10 @@ class Rewriter(cst.CSTTransformer):
 
     def _batch_names(self) -> set[str]:
         return set().union(*(names for names, _ in self.batches)) if self.batches else set()
+
+    def _device_batch_names(self) -> set[str]:
+        """Batch names of loops whose loader is ddpkit's on every path: those batches arrive on ctx.device."""
+        return set().union(*(names for (names, _), host in zip(self.batches, self.host_batches) if not host))
 
     # ---- expressions --------------------------------------------------------------------------
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -196,7 +204,7 @@ class Rewriter(cst.CSTTransformer):
                 f"ddpkit.unwrap({dotted(updated.func.value)})")))
         receiver = move_receiver(updated)
         if receiver is not None:
-            if self.role(receiver) == "model" or root_name(receiver) in self._batch_names():
+            if self.role(receiver) == "model" or root_name(receiver) in self._device_batch_names():
                 self.changes += 1
                 return receiver
             if updated.func.attr.value == "cuda":
@@ -314,7 +322,11 @@ class Rewriter(cst.CSTTransformer):
         return True
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self._reduced_read(original) or updated
+        reduced = self._reduced_read(original)
+        if reduced is None and id(original) in self.p.move_at and self.in_ctx():
+            self.changes += 1  # a CPU tensor meets a value on ctx.device here: moved where it is read
+            return parse_expr(f"{original.value}.to(ctx.device)")
+        return reduced or updated
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
         return self._reduced_read(original) or updated
@@ -798,7 +810,8 @@ def _on_device(value: cst.BaseExpression) -> cst.BaseExpression:
     """`torch.randn(8, 2)` -> `torch.randn(8, 2, device=ctx.device)`;
     `from_numpy(a)` -> `from_numpy(a).to(ctx.device)`."""
     if isinstance(value, cst.Call) and dotted(value.func).startswith("torch.") and dotted(value.func).rsplit(
-            ".", 1)[-1] in _CREATORS and not any(a.keyword and a.keyword.value == "device" for a in value.args):
+            ".", 1)[-1] in _CREATORS and not any(a.keyword and a.keyword.value in ("device", "generator")
+                                                 for a in value.args):  # a CPU generator draws on the CPU only
         return value.with_changes(args=_comma_args([*value.args, _arg("device", parse_expr("ctx.device"))]))
     atom = isinstance(value, (cst.Call, cst.Name, cst.Attribute, cst.Subscript)) and not value.lpar
     text = cst.Module([]).code_for_node(value)
