@@ -6,7 +6,8 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ddpkit.lint.bindings import local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of
+from ddpkit.lint.bindings import (local_names, optional_parameters, passes, path_up, presence_test, relation, scope_of,
+                              switch_parameters, switched_on)
 from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QUERIES, distributed_mode, run_sense,
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
@@ -274,7 +275,8 @@ class Script:
             # `not args.multiprocessing_distributed or rank == 0` the left arm passes on every rank
             # (`cfg.NUM_GPUS == 1 or get_rank() % cfg.NUM_GPUS == 0` too: a one-process arm beside a rank arm)
             ranked = any(self.kind(v) for v in expr.values)
-            kinds = [self.kind(v) for v in expr.values if (run_sense(v) if ranked else distributed_mode(v)) >= 0]
+            kinds = [self.kind(v) for v in expr.values if (run_sense(v) if ranked else distributed_mode(v)) >= 0
+                     and not (ranked and self._unlaunched(v))]
             return min(kinds, default=NONE)
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand)
@@ -293,6 +295,16 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _unlaunched(self, test: ast.AST) -> bool:
+        """`rank is None` where the program starts its process group only where the rank is not None (see
+        callsites._unlaunched_values): true in the run without a process group, on no rank of a distributed one."""
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.Eq))):
+            return False
+        sides = [test.left, test.comparators[0]]  # (`None == rank` too)
+        names = [x for x in sides if isinstance(x, (ast.Name, ast.Attribute))]
+        return len(names) == 1 and any(isinstance(x, ast.Constant) and x.value is None for x in sides) \
+            and self.external_levels.get("0:" + terminal(names[0]), 0) > 0
 
     def _items_rewritten(self, holder: ast.AST) -> int:
         """The rank check every item of a dict is, where a loop over the dict's own keys sets each item to one
@@ -629,6 +641,10 @@ class Script:
                     if not (isinstance(call, ast.Call) and call.func is ref) or passes(call, defs, name, param):
                         key = f"{name}({param})"  # the guard of the calls that pass this optional parameter
                         levels[key] = min(levels.get(key, GLOBAL), level)
+                for param in switch_parameters([d for d in defs if d.name == name]):
+                    if not (isinstance(call, ast.Call) and call.func is ref and switched_on(call, defs, name, param)):
+                        key = f"{name}(!{param})"  # the guard of the calls that leave this switch off
+                        levels[key] = min(levels.get(key, GLOBAL), level)
             for name, seen in sides.items():
                 # `if rank == 0: run(writer) else: run(None)`: the two calls together run it on every rank
                 for check in {c for c, side in seen if side == "body" and (c, "else") in seen}:
@@ -698,7 +714,8 @@ class Script:
             decorated = max((self.decorator_guard(d) for d in node.decorator_list), default=NONE)
             level = max(ctx.level, decorated, self.function_level.get(node.name, NONE))
             self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node),
-                                           ctx.single or node.name in self.function_single))
+                                           ctx.single or node.name in self.function_single
+                                           or f"1@{node.lineno}:{node.col_offset}" in self.external_levels))
             return
         if isinstance(node, (ast.If, ast.IfExp)):
             self._visit(node.test, ctx)
@@ -712,7 +729,14 @@ class Script:
                 # under a rank check (the others only load): this branch has their guard
                 raised = Context(passed, ctx.branches, ctx.functions, ctx.scope, ctx.single)
                 body_ctx, else_ctx = (raised, else_ctx) if branch == "body" else (body_ctx, raised)
-            sense = distributed_mode(node.test) or (self._starts_group_arm(node) if not k else 0)
+            off = self.function_level.get(f"{ctx.functions[-1]}(!{given})", NONE) if given and ctx.functions else NONE
+            if off > ctx.level:
+                # `if save_cur: ... else: print(...)` in a helper whose every call that leaves save_cur off sits
+                # under a rank check (the every-rank call passes `save_cur=True`): the other branch has their guard
+                raised = Context(off, ctx.branches, ctx.functions, ctx.scope, ctx.single)
+                body_ctx, else_ctx = (body_ctx, raised) if branch == "body" else (raised, else_ctx)
+            sense = distributed_mode(node.test) or (self._starts_group_arm(node) if not k else 0) or (
+                self.external_levels.get(f"^{node.lineno}:{node.col_offset}", 0) if not k else 0)
             if sense:
                 body_ctx, else_ctx = (body_ctx.alone(), else_ctx) if sense < 0 else (body_ctx, else_ctx.alone())
             if isinstance(node, ast.If) and "__name__" not in {n.id for n in ast.walk(node.test)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-__all__ = ["local_names", "optional_parameters", "passes", "presence_test", "scope_of", "path_up", "relation"]
+__all__ = ["local_names", "optional_parameters", "passes", "switch_parameters", "switched_on", "presence_test", "scope_of", "path_up", "relation"]
 
 
 def optional_parameters(defs: list[ast.AST]) -> set[str]:
@@ -16,6 +16,38 @@ def optional_parameters(defs: list[ast.AST]) -> set[str]:
         pairs += [(a, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None]
         found |= {a.arg for a, v in pairs if isinstance(v, ast.Constant) and v.value is None}
     return found
+
+
+def switch_parameters(defs: list[ast.AST]) -> set[str]:
+    """Parameters that default to False or None in every one of these function definitions (a switch a call turns
+    on by passing a true constant: `save_cur=True`)."""
+    found: set[str] | None = None
+    for d in defs:
+        positional = [*d.args.posonlyargs, *d.args.args]
+        pairs = list(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
+        pairs += [(a, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None]
+        mine = {a.arg for a, v in pairs if isinstance(v, ast.Constant) and (v.value is False or v.value is None)}
+        found = mine if found is None else found & mine
+    return found or set()
+
+
+def switched_on(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:
+    """Whether `call` surely turns the switch `param` of the function `name` on: it passes a true constant
+    (`save_cur=True`). A call that spreads `*args`/`**kwargs`, or passes anything else, may leave it off."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return False
+    given = next((k.value for k in call.keywords if k.arg == param), None)
+    if given is None:
+        for d in defs:
+            if d.name != name:
+                continue
+            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+            if positional[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+                positional = positional[1:]
+            if param in positional and positional.index(param) < len(call.args):
+                given = call.args[positional.index(param)]
+    return isinstance(given, ast.Constant) and given.value is not None and bool(given.value) \
+        and not isinstance(given.value, str)
 
 
 def passes(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:

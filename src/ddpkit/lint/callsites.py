@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 
-from ddpkit.lint.bindings import optional_parameters, passes
+from ddpkit.lint.bindings import local_names, optional_parameters, passes, scope_of, switch_parameters, switched_on
 from ddpkit.lint.ranks import GLOBAL, NONE, is_main_flag, rank_side, terminal
 
-__all__ = ["external_levels", "global_parameter", "through_reexport"]
+__all__ = ["external_levels", "global_parameter", "receivers", "through_reexport"]
 
 
 def external_levels(project) -> dict[str, dict[str, int]]:
@@ -56,14 +56,116 @@ def external_levels(project) -> dict[str, dict[str, int]]:
                 if passes(call, defs, target[1], param):  # see Script._visit: `if model is not None:`
                     key = f"{target[1]}({param})"
                     into[key] = min(into.get(key, GLOBAL), level)
+            for param in switch_parameters(defs):
+                if not switched_on(call, defs, target[1], param):  # see Script._visit: `if save_cur: ... else:`
+                    key = f"{target[1]}(!{param})"
+                    into[key] = min(into.get(key, GLOBAL), level)
     _constructor_levels(project, levels)
     _decorator_levels(project, levels)
     _helper_answers(project, levels)
     _flag_levels(project, levels)
     _flag_parameters(project, levels)
+    _constructor_flags(project, levels)
     _rank_parameters(project, levels)
     _mode_attributes(project, levels)
+    _unlaunched_values(project, levels)
+    _groupless_modes(project, levels)
+    _single_process_functions(project, levels)
     return levels
+
+
+def _unlaunched_values(project, levels: dict[str, dict[str, int]]) -> None:
+    """A value that is None only where no process group runs: every init_process_group of the program takes it as
+    its rank (`rank=args.local_rank`: torch refuses a rank that is not an integer) or sits where it is not None
+    (`if rank is not None:`, the `else:` of `if rank is None:`, after `if rank is None: return`, under a flag set
+    from `rank is not None`). Its name, and the names it is copied to or handed on as (a parameter, `self.rank =
+    rank`, `rank = opt.local_rank`), are `0:name` in every file, so that `rank is None or rank == 0` is the rank-0
+    check of every distributed run (Script.kind): the `is None` arm is the run without a process group. Names
+    are matched by spelling, as attributes are elsewhere; with several init_process_group calls only a name all
+    of them share counts."""
+    starts = [(x, c) for x in project.scripts.values() for c in x.calls if terminal(c.func) == "init_process_group"]
+    if not starts:
+        return
+    flags = {key.lstrip("."): _none_test(value) for s in project.scripts.values() for key, value in s.assignments
+             if isinstance(value, ast.Compare)}
+    gates = [_gates(x, call, flags) for x, call in starts]
+    if not all(gates):
+        return
+    shared: set[str] | None = None
+    for gate in gates:
+        names = _aliases(project, gate)
+        shared = names if shared is None else shared & names
+        if not shared:
+            return
+    for path in project.scripts:
+        into = levels.setdefault(path, {})
+        for name in shared:
+            into["0:" + name] = 1
+
+
+def _none_test(test: ast.AST) -> tuple[str, bool] | None:
+    """(name, True for `is not None`) of `x is None` / `x is not None` (also `==`/`!=`), else None."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, (ast.Name, ast.Attribute)) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None \
+            and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
+        return terminal(test.left), isinstance(test.ops[0], (ast.IsNot, ast.NotEq))
+    return None
+
+
+def _gates(x, call: ast.Call, flags: dict[str, tuple[str, bool] | None]) -> set[str]:
+    """Names that are not None wherever this init_process_group runs (see _unlaunched_values)."""
+    found: set[str] = set()
+    rank = next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4 else None)
+    while isinstance(rank, ast.Call) and terminal(rank.func) == "int" and rank.args:
+        rank = rank.args[0]
+    if isinstance(rank, (ast.Name, ast.Attribute)):
+        found.add(terminal(rank))
+    node = call
+    while id(node) in x.parents:
+        parent = x.parents[id(node)]
+        if isinstance(parent, ast.If):
+            test = _none_test(parent.test)
+            if test is None and isinstance(parent.test, (ast.Name, ast.Attribute)):
+                test = flags.get(terminal(parent.test))  # `args.distributed = args.local_rank is not None`
+            if test is not None and test[1] == (node in parent.body):
+                found.add(test[0])
+        body = getattr(parent, "body", None)
+        if isinstance(body, list) and node in body:  # `if rank is None: return` earlier in the same block
+            for stmt in body[:body.index(node)]:
+                test = _none_test(stmt.test) if isinstance(stmt, ast.If) else None
+                if test is not None and not test[1] and stmt.body \
+                        and isinstance(stmt.body[-1], (ast.Return, ast.Raise)):
+                    found.add(test[0])
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            break
+        node = parent
+    return found
+
+
+def _aliases(project, names: set[str]) -> set[str]:
+    """`names` with what they are copied to or from (`rank = opt.local_rank`, `self.rank = rank`) and the
+    parameters they are handed on as (`Trainer(cfg, args.local_rank)` -> `rank`), both ways, to a fixed point."""
+    names = set(names)
+    calls = _calls_by_name(project)
+    defs = [(d, None) for x in project.scripts.values() for d in x.defs if d.name != "__init__"] + [
+        (d, c) for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+        for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"]
+    for _ in range(4):
+        before = len(names)
+        for x in project.scripts.values():
+            for key, value in x.assignments:
+                if isinstance(value, (ast.Name, ast.Attribute)) and (key.lstrip(".") in names) != (
+                        terminal(value) in names):
+                    names |= {key.lstrip("."), terminal(value)}
+        for d, owner in defs:
+            callee = owner.name if owner is not None else d.name
+            for param, values in _arguments(d, calls.get(callee, [])).items():
+                given = {terminal(v) for _, v in values if isinstance(v, (ast.Name, ast.Attribute))}
+                if param in names or given & names:
+                    names |= {param} | given
+        if len(names) == before:
+            break
+    return names
 
 
 def _mode_attributes(project, levels: dict[str, dict[str, int]]) -> None:
@@ -120,6 +222,54 @@ def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
                 given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
                 if given and min(given):
                     levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)
+
+
+def _constructor_flags(project, levels: dict[str, dict[str, int]]) -> None:
+    """`Logger(enable=is_main)`, `Loader(args, verbose=local_rank == 0)`: where every construction of a project class
+    gives a parameter of its `__init__` a rank test, a main-process flag or a value only some ranks hold (as
+    _flag_parameters asks of a function's calls), the attribute `__init__` stores it in (`self.enable = enable`)
+    is that rank check wherever the program reads it, as `=.enable` (Script.kind): `if self.enable: print(info)`
+    prints on those ranks only. Not for a class defined twice, one another class derives from (its `__init__`
+    runs with what the subclass passes), one handed around as a value, a construction that spreads
+    `*args`/`**kwargs` or leaves the parameter to its default, nor an attribute the program assigns anywhere else."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for script in project.scripts.values():
+        for c in script.nodes:
+            if isinstance(c, ast.ClassDef):
+                classes.setdefault(c.name, []).append(c)
+    for script in project.scripts.values():
+        called = {id(call.func) for call in script.calls}
+        for n in script.nodes:
+            if isinstance(n, ast.ClassDef):
+                for base in n.bases:
+                    classes.pop(terminal(base), None)
+            elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in called:
+                classes.pop(terminal(n), None)
+    calls = _calls_by_name(project)
+    stored: dict[str, list[ast.AST]] = {}
+    for script in project.scripts.values():
+        for key, value in script.assignments:
+            if key.startswith("."):
+                stored.setdefault(key, []).append(value)
+    found: dict[str, int] = {}
+    for name, defs in classes.items():
+        init = next((d for d in defs[0].body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+        if len(defs) != 1 or init is None:
+            continue
+        for param, values in _arguments(init, calls.get(name, [])).items():
+            given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
+            if not given or not min(given):
+                continue
+            for stmt in ast.walk(init):
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id == param:
+                    for target in stmt.targets:
+                        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                                and target.value.id == "self" and len(stored.get("." + target.attr, ())) == 1:
+                            found["=." + target.attr] = min(given)
+    for path in project.scripts if found else ():
+        into = levels.setdefault(path, {})
+        for key, level in found.items():
+            into[key] = max(into.get(key, NONE), level)
 
 
 def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:
@@ -378,3 +528,290 @@ def _gives(call: ast.Call, positional: list[str], param: str) -> bool:
     if value is None and param in positional and positional.index(param) < len(call.args):
         value = call.args[positional.index(param)]
     return value is not None and not (isinstance(value, ast.Constant) and value.value is None)
+
+
+def receivers(project):
+    """(classes by name, related classes by name, receiver): `receiver(path, script, attribute)` is the set of
+    project classes the object an attribute is looked up on belongs to, or None where the program does not say:
+    `self` (the class the access sits in), a class named directly, a name every assignment of which in its file
+    builds a project class (not a parameter, loop or `with` target, import or global of that file), an attribute
+    every assignment of which in the program builds one (`self.meter = Meter()`). Related classes: a class, its
+    project bases and its project subclasses."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    functions = set()
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, ast.ClassDef):
+                classes.setdefault(n.name, []).append(n)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.add(n.name)
+    relatives: dict[str, set[str]] = {name: {name} for name in classes}
+    for _ in range(4):
+        for name, found in classes.items():
+            for c in found:
+                for base in (terminal(b) for b in c.bases):
+                    if base in relatives:
+                        relatives[name] |= relatives[base]
+                        relatives[base] |= relatives[name]
+    built = {name for name in classes if name not in functions}
+    attributes: dict[str, set[str] | None] = {}
+    for x in project.scripts.values():
+        for key, value in x.assignments:
+            if key.startswith("."):
+                made = terminal(value.func) if isinstance(value, ast.Call) else ""
+                known = attributes.get(key, set())
+                attributes[key] = None if known is None or made not in built else known | {made}
+    unbound: dict[str, set[str]] = {}
+    for path, x in project.scripts.items():
+        names = unbound.setdefault(path, set())
+        for n in x.nodes:
+            if isinstance(n, ast.arguments):
+                names |= {a.arg for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, n.vararg, n.kwarg) if a}
+            elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
+                names |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.withitem) and n.optional_vars is not None:
+                names |= {t.id for t in ast.walk(n.optional_vars) if isinstance(t, ast.Name)}
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+            elif isinstance(n, ast.Global):
+                names |= set(n.names)
+
+    def receiver(path: str, x, n: ast.Attribute) -> set[str] | None:
+        owner = n.value
+        if isinstance(owner, ast.Name) and owner.id == "self":
+            scope = x.parents.get(id(n))
+            while scope is not None and not isinstance(scope, ast.ClassDef):
+                scope = x.parents.get(id(scope))
+            return {scope.name} if scope is not None else None
+        if isinstance(owner, ast.Name) and owner.id in built and owner.id not in unbound[path]:
+            return {owner.id}
+        if isinstance(owner, ast.Name) and owner.id not in unbound[path]:
+            made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in x._bindings.get(owner.id, ())}
+            return made if made and made <= built else None
+        if isinstance(owner, ast.Attribute):
+            return attributes.get("." + owner.attr)
+        return None
+
+    return classes, relatives, receiver
+
+
+def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | None:
+    """The project functions a call runs (`f(...)`, `module.f(...)`, `self.m(...)`, `obj.m(...)` on an object of a
+    known class, `Cls(...)` for its `__init__`): [] for a call of nothing in the project, None where the call names
+    something of the project the program does not pin down. `found` is receivers(project) and the project's
+    functions by name."""
+    classes, relatives, receiver, named = found
+    func = call.func
+    name = terminal(func)
+    if isinstance(func, ast.Name):
+        own = [d for d in x.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name]
+        if own:
+            return own
+        target = project.resolve(x, func)
+        if target is not None:
+            return [d for d in project.scripts[target[0]].tree.body
+                    if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == target[1]]
+        if name in classes:
+            if len(classes[name]) != 1:
+                return None
+            return [d for d in classes[name][0].body if isinstance(d, ast.FunctionDef) and d.name == "__init__"]
+        return None if name in named or name in x.function_names else []
+    if not isinstance(func, ast.Attribute):
+        return None
+    owner = func.value
+    while isinstance(owner, ast.Attribute):
+        owner = owner.value
+    target = project.resolve(x, func) if isinstance(owner, ast.Name) and owner.id in x.aliases else None
+    if target is not None:  # `utils.save(...)` on a module of the project (not a variable named like one)
+        return [d for d in project.scripts[target[0]].tree.body
+                if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == target[1]] or None
+    if isinstance(owner, ast.Name) and owner.id in x.aliases and not project.modules.locate(path, x.aliases[owner.id]):
+        return []  # `torch.save(...)`, `os.path.join(...)`: a module outside the project
+    if name not in named:
+        return []
+    kinds = receiver(path, x, func)
+    if kinds is None:
+        methods = [d for _, d in named[name]]
+        return methods if len(methods) == 1 else None
+    return [d for k in kinds for c in classes.get(k, ()) for r in relatives.get(k, {k}) for c2 in classes.get(r, ())
+            for d in c2.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name] or None
+
+
+def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
+    """`if config.do_prepare: runner.prepare() elif config.do_train: runner.train()` where train() starts the process
+    group (directly or through what it calls) and nothing prepare() runs does, nor anything else in its function,
+    a function only module code calls: the arm that starts no group is a mode the program runs as one process (`^line:col` of the `if`: -1
+    for its body, +1 for its `else:`; Script._visit). Every call on that arm must be pinned down: a call of a
+    project name the program does not resolve leaves the `if` alone."""
+    if not _candidate_modes(project):
+        return
+    named, calls, owner = _resolution(project)
+
+    def closure(seeds: set[int]) -> set[int]:
+        for _ in range(8):
+            more = {id(owner[id(c)]) for x in project.scripts.values() for c in x.calls if id(c) in owner
+                    and any(id(d) in seeds for d in calls[id(c)] or ())} - seeds
+            if not more:
+                break
+            seeds |= more
+        return seeds
+    surely = closure({id(owner[id(c)]) for x in project.scripts.values() for c in x.calls
+                      if id(c) in owner and terminal(c.func) == "init_process_group"})
+    maybe = closure(surely | {id(owner[id(c)]) for x in project.scripts.values() for c in x.calls
+                              if id(c) in owner and calls[id(c)] is None})
+
+    def starting(nodes: list[ast.AST]) -> bool | None:
+        """True where these statements start the group, None where they may, False where they surely do not."""
+        seen = False
+        within = [n for stmt in nodes for n in ast.walk(stmt)]
+        funcs = {id(n.func) for n in within if isinstance(n, ast.Call)}
+        if any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in funcs
+               and terminal(n) in named for n in within):
+            return None  # a project function handed along (`mp.spawn(worker)`) runs where it is called
+        for c in (n for n in within if isinstance(n, ast.Call)):
+            targets = calls.get(id(c))
+            if terminal(c.func) == "init_process_group" or targets and any(id(d) in surely for d in targets):
+                seen = True
+            elif targets is None or any(id(d) in maybe for d in targets):
+                return None
+        return seen
+
+    entries: dict[int, bool] = {}
+
+    def entry(scope: ast.AST) -> bool:
+        """A function only module code calls (`run()` in the `__main__` block), nothing handing it along: no group
+        can have started in a caller before it runs."""
+        if id(scope) not in entries:
+            found = [(x, c) for x in project.scripts.values() for c in x.calls
+                     if any(t is scope for t in calls.get(id(c)) or ())]
+            handed = any(isinstance(n, ast.Name) and n.id == scope.name and isinstance(n.ctx, ast.Load)
+                         and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
+                         for x in project.scripts.values() for n in x.nodes)
+            entries[id(scope)] = bool(found) and not handed and all(id(c) not in owner for _, c in found)
+        return entries[id(scope)]
+
+    for path, x in project.scripts.items():
+        for node in x.nodes:
+            if not isinstance(node, ast.If) or not node.orelse:
+                continue
+            body, other = starting(node.body), starting(node.orelse)
+            if {body, other} != {True, False}:
+                continue
+            scope = x.parents.get(id(node))
+            while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                scope = x.parents.get(id(scope))
+            if scope is not None and not entry(scope):
+                continue  # a caller may have started the group before
+            inside = {id(n) for n in ast.walk(node)}
+            top = [n for n in (scope.body if scope is not None else x.tree.body)
+                   if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            rest = [c for stmt in top for c in ast.walk(stmt) if isinstance(c, ast.Call) and id(c) not in inside]
+            if starting([ast.Expr(c) for c in rest]) is not False:
+                continue  # the group may have started before: not a mode without one
+            levels.setdefault(path, {})[f"^{node.lineno}:{node.col_offset}"] = -1 if other else 1
+
+
+def _candidate_modes(project) -> bool:
+    """Whether some `if` of the program has one arm that names a function starting the process group (by name,
+    through the functions it names) and another that names none: the cheap test before _groupless_modes."""
+    bodies: dict[str, set[str]] = {}
+    for x in project.scripts.values():
+        for c in x.calls:
+            for f in x.context(c).functions:
+                bodies.setdefault(f, set()).add(terminal(c.func))
+    names = {"init_process_group"}
+    for _ in range(8):
+        more = {name for name, called in bodies.items() if called & names} - names
+        if not more:
+            break
+        names |= more
+    for x in project.scripts.values():
+        for c in x.calls:
+            if terminal(c.func) not in names:
+                continue
+            node = c
+            while id(node) in x.parents:
+                parent = x.parents[id(node)]
+                if isinstance(parent, ast.If) and parent.orelse:
+                    other = parent.orelse if node in parent.body else parent.body if node in parent.orelse else None
+                    if other is not None and not any(isinstance(n, ast.Call) and terminal(n.func) in names
+                                                     for stmt in other for n in ast.walk(stmt)):
+                        return True
+                node = parent
+    return False
+
+
+def _resolution(project):
+    """(the project's functions by name, {id(call): _callees}, {id(call): the innermost function it sits in})."""
+    def compute():
+        named: dict[str, list[tuple[str, ast.AST]]] = {}
+        for p, x in project.scripts.items():
+            for d in x.defs:
+                named.setdefault(d.name, []).append((p, d))
+        found = (*receivers(project), named)
+        calls: dict[int, list[ast.AST] | None] = {}
+        owner: dict[int, ast.AST] = {}
+        for path, x in project.scripts.items():
+            for d in x.defs:  # (outer functions come first: the innermost one is kept)
+                for c in ast.walk(d):
+                    if isinstance(c, ast.Call):
+                        owner[id(c)] = d
+            for c in x.calls:
+                calls[id(c)] = _callees(project, path, x, c, found)
+        return named, calls, owner
+    return project.memo(("resolution", tuple(id(x) for x in project.scripts.values())), compute)
+
+
+def _single_process_functions(project, levels: dict[str, dict[str, int]]) -> None:
+    """A function every call of which the program pins down and every such call sits in one process's code (the
+    single-process branch of a mode check, a mode that starts no process group, or a function that is one
+    process's itself), followed to a fixed point: `1@line:col` of its `def` in its file (Script._visit). A class's
+    `__init__` is called by building the class; a name handed along as a value (a callback, a class given to a
+    factory) or a call the program does not pin down leaves the function as it is."""
+    if not any(x.context(c).single for x in project.scripts.values() for c in x.calls):
+        return  # no call sits in one process's code: nothing is reached from there alone
+    named, calls, owner = _resolution(project)
+    refs: dict[str, list[tuple[object, ast.AST]]] = {}
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+                refs.setdefault(terminal(n), []).append((x, n))
+    homes: dict[int, ast.ClassDef] = {}
+    for x in project.scripts.values():
+        for c in x.nodes:
+            if isinstance(c, ast.ClassDef):
+                homes.update((id(d), c) for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    everything = [(path, d) for path, x in project.scripts.items() for d in x.defs]
+    single: set[int] = set()
+    for _ in range(8):
+        more = set()
+        for path, d in everything:
+            if id(d) in single:
+                continue
+            cls = homes.get(id(d)).name if d.name == "__init__" and id(d) in homes else None
+            pinned, called = True, False
+            for x, n in refs.get(d.name, []) + (refs.get(cls, []) if cls else []):
+                parent = x.parents.get(id(n))
+                if cls and terminal(n) == cls and isinstance(parent, ast.Attribute) and parent.value is n:
+                    continue  # `Cls.attr`: no object is built
+                scope = scope_of(n, x.parents) if isinstance(n, ast.Name) else None
+                if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.id in local_names(scope):
+                    continue  # a local variable of that spelling (`DatasetInstance = pkl.load(f)`), not the function
+                if not (isinstance(parent, ast.Call) and parent.func is n) or calls.get(id(parent)) is None:
+                    pinned = False
+                    break
+                if not any(t is d for t in calls[id(parent)]):
+                    continue
+                called = True
+                around = owner.get(id(parent))
+                if not (x.context(parent).single or around is not None and id(around) in single):
+                    pinned = False
+                    break
+            if pinned and called:
+                more.add(id(d))
+        if not more:
+            break
+        single |= more
+    for path, d in everything:
+        if id(d) in single:
+            levels.setdefault(path, {})[f"1@{d.lineno}:{d.col_offset}"] = 1

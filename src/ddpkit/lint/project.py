@@ -7,8 +7,9 @@ import re
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names
-from ddpkit.lint.callsites import external_levels, global_parameter
+from ddpkit.lint.callsites import external_levels, global_parameter, receivers
 from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
+from ddpkit.lint.ranks import LOCAL
 
 __all__ = ["Project", "LOSS_NAME"]
 
@@ -331,6 +332,7 @@ class Project:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
         if not dynamic:
             self._overridden_methods()
+        self._methods_of_other_receivers(rooted)
 
     def _switched_off(self) -> dict[str, set[int]]:
         """path -> ids of the nodes of branches no call turns on: `if p:` (or `if p and ...:`) on a parameter every
@@ -366,6 +368,14 @@ class Project:
                 if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
                     assigned_attrs[n.attr] = assigned_attrs.get(n.attr, 0) + 1
         out: dict[str, set[int]] = {}
+        if not calls.get("DataParallel"):
+            # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
+            # subclass of it): the branch never runs
+            for path, s in self.scripts.items():
+                for n in s.nodes:
+                    if isinstance(n, ast.If) and isinstance(n.test, ast.Call) and terminal(n.test.func) == "isinstance" \
+                            and len(n.test.args) == 2 and terminal(n.test.args[1]) == "DataParallel":
+                        out.setdefault(path, set()).update(id(m) for stmt in n.body for m in ast.walk(stmt))
         for name, found in defs.items():
             if len(found) != 1 or not calls.get(name) or name in values:
                 continue
@@ -471,6 +481,46 @@ class Project:
                                 for d in c.body) for c in subclasses):
                     self.dead_blocks[path].update(id(n) for n in ast.walk(item))
 
+    def _methods_of_other_receivers(self, rooted: set[int]) -> None:
+        """A method every access of whose name is on an object of another class never runs: `logger.print(...)`
+        where `logger = Logger(...)` is the only value the file gives `logger` runs Logger.print, not the
+        `print` of a meter class nothing calls it on. The receiver's class is known from `self` (the class the
+        access sits in), a class named directly, a name every assignment of which in its file builds one project
+        class (not a parameter, loop or `with` target, import or global of that file), or an attribute every
+        assignment of which in the program builds one (`self.meter = Meter()`). An access on anything else,
+        on a class related to the method's (a base or a subclass), or a bare use of the name in the class body,
+        keeps the method; so do dunders, decorated methods and the classes a framework calls into."""
+        classes, relatives, receiver = receivers(self)
+        for x in self.scripts.values():
+            for n in x.calls:
+                # `getattr(obj, name)` on an object (not on a module): any method may be the one named
+                if terminal(n.func) == "getattr" and len(n.args) >= 2 and not (
+                        isinstance(n.args[1], ast.Constant) or isinstance(n.args[0], ast.Call)
+                        and terminal(n.args[0].func) == "import_module"
+                        or isinstance(n.args[0], ast.Name) and n.args[0].id in x.aliases):
+                    return
+        accesses: dict[str, list[set[str] | None]] = {}
+        for path, x in self.scripts.items():
+            for n in x.nodes:
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                    accesses.setdefault(n.attr, []).append(receiver(path, x, n))
+        for path, x in self.scripts.items():
+            for c in (n for n in x.nodes if isinstance(n, ast.ClassDef)):
+                if c.name in self._framework_classes or c.decorator_list or len(classes[c.name]) != 1:
+                    continue
+                in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           for n in ast.walk(item) if isinstance(n, ast.Name)}
+                for item in c.body:
+                    if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) or id(item) in rooted \
+                            or item.decorator_list or _conventional(item.name) or item.name in in_body:
+                        continue
+                    found = accesses.get(item.name, [])
+                    found += [None] * sum(isinstance(n, ast.Call) and terminal(n.func) == "getattr" and len(n.args) > 1
+                                          and isinstance(n.args[1], ast.Constant) and n.args[1].value == item.name
+                                          for x2 in self.scripts.values() for n in x2.calls)
+                    if found and all(k is not None and not k & relatives[c.name] for k in found):
+                        self.dead_blocks[path].update(id(n) for n in ast.walk(item))
+
     def _spawned_through_helpers(self) -> None:
         """`pp.run(worker, world_size)` at module level or in a function (`def main(): launch(main_worker, ...)`),
         where run() in another file calls mp.spawn on the function it is given: the file is an mp.spawn script too,
@@ -573,7 +623,8 @@ class Project:
         the stream a seed shared by every rank makes identical on every rank."""
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
             n.id for _, n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        self.single_node = self._single_node(nodes) or self._ranked_by_spawn_index(scripts)
+        self.single_node = self._single_node(nodes) or self._ranked_by_spawn_index(scripts) \
+            or self._ranked_by_local_rank(scripts)
         self.reducing_functions, self.exchanging_functions, looping = self._function_facts(scripts)
         """Project functions that make a collective (a barrier included), and those that make one other than a
         barrier (directly or through each other)."""
@@ -606,12 +657,69 @@ class Project:
                 value = n.value.value if isinstance(n.value, ast.Constant) else None
                 addresses.append((value, bool(s.context(n).branches)))
             elif isinstance(n, ast.Call) and terminal(n.func) == "init_process_group":
-                method = next((k.value for k in n.keywords if k.arg == "init_method"), None)
+                method = next((k.value for k in n.keywords if k.arg == "init_method"), n.args[1] if len(n.args) > 1
+                              else None)
+                if isinstance(method, ast.Attribute):
+                    method = self._field_default(method.attr)  # `args.init_method` of a config class's default
                 if isinstance(method, ast.Constant) and isinstance(method.value, str) \
                         and not method.value.startswith("env://"):  # env://: the MASTER_ADDR set elsewhere
                     host = re.sub(r"^tcp://|:\d+$", "", method.value)
                     addresses.append((host, False))
         return bool(addresses) and all(v in _LOCAL_HOSTS for v, _ in addresses)
+
+    def _field_default(self, name: str) -> ast.AST | None:
+        """The default a config class of the program gives the field `name` (`init_method: str = "tcp://127.0.0.1:23456"`
+        in a dataclass), where that is the only value the program gives it: no other assignment of an attribute
+        of that name and no command-line option of that name can change it. None otherwise."""
+        fields = [item.value for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                  for item in c.body if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                  and item.target.id == name and item.value is not None]
+        changed = any(isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Store)
+                      or isinstance(n, ast.Call) and terminal(n.func) == "add_argument" and any(
+                          isinstance(a, ast.Constant) and isinstance(a.value, str)
+                          and a.value.lstrip("-").replace("-", "_") == name for a in n.args)
+                      or isinstance(n, ast.keyword) and n.arg == name
+                      for x in self.scripts.values() for n in x.nodes)
+        return fields[0] if len(fields) == 1 and not changed else None
+
+    def _ranked_by_local_rank(self, scripts: list[Script]) -> bool:
+        """Every init_process_group of the program takes a local rank as its rank (`rank=local_rank` from LOCAL_RANK,
+        directly or through a parameter every call gives it): a second node would repeat those ranks, so the job
+        is one node, where the local rank is the global one."""
+        starts = [(s, call) for s in scripts for call in s.calls if s.call_name(call) == "init_process_group"]
+        ranks = [(s, next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4
+                          else None)) for s, call in starts]
+        return bool(ranks) and all(rank is not None and self._plain_local(s, rank, 3) for s, rank in ranks)
+
+    def _plain_local(self, s: Script, expr: ast.AST, depth: int) -> bool:
+        """A local rank as such (LOCAL_RANK, `args.local_rank`, a name or parameter only ever given one), not a value
+        computed from it (`node * nprocs + local_rank` is a global rank)."""
+        if depth < 0 or s.kind(expr) != LOCAL or s.is_global_rank(expr):
+            return False
+        if isinstance(expr, ast.Call):
+            return terminal(expr.func) in ("int", "get", "getenv") and bool(expr.args) and (
+                terminal(expr.func) != "int" or self._plain_local(s, expr.args[0], depth))
+        if isinstance(expr, ast.Subscript):
+            return True  # os.environ["LOCAL_RANK"]
+        if isinstance(expr, ast.Attribute):
+            values = [(x, v) for x in self.scripts.values() for k, v in x.assignments if k == "." + expr.attr]
+            return all(self._plain_local(x, v, depth - 1) for x, v in values)
+        if not isinstance(expr, ast.Name):
+            return False
+        scope = s.context(expr).scope
+        func = next((d for d in s.defs if id(d) == scope), None)
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)] if func else []
+        if expr.id in params:
+            positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+            given = []
+            for x, call in self.calls_named(func.name):
+                value = next((k.value for k in call.keywords if k.arg == expr.id), None)
+                if value is None and expr.id in positional and positional.index(expr.id) < len(call.args):
+                    value = call.args[positional.index(expr.id)]
+                given.append((x, value))
+            return bool(given) and all(v is not None and self._plain_local(x, v, depth - 1) for x, v in given)
+        values = s.local_values(expr.id, expr)
+        return all(self._plain_local(s, v, depth - 1) for v in values)
 
     def _ranked_by_spawn_index(self, scripts: list[Script]) -> bool:
         """The process group takes as its rank the index mp.spawn gives each worker (`def worker(local_rank, ...)`

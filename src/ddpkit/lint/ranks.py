@@ -61,12 +61,6 @@ def distributed_mode(expr: ast.AST | None) -> int:
         if left.value in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and "environ" in ast.unparse(right):
             return 1 if op is ast.In else -1
         return 0
-    if isinstance(right, ast.Constant) and right.value is None and op in (ast.Is, ast.IsNot, ast.Eq, ast.NotEq) \
-            and isinstance(left, (ast.Name, ast.Attribute)) and "rank" in terminal(left).lower() \
-            and rank_name_kind(terminal(left)):
-        # `rank is None`: no launcher gave this process a rank (the single-process run), like `rank == -1`
-        # (not `gpu is None`: no device was chosen, which says nothing of the launcher)
-        return -1 if op in (ast.Is, ast.Eq) else 1
     value = right.value if isinstance(right, ast.Constant) and isinstance(right.value, int) else None
     if isinstance(right, ast.UnaryOp) and isinstance(right.op, ast.USub) and isinstance(right.operand, ast.Constant):
         value = -right.operand.value if isinstance(right.operand.value, int) else None

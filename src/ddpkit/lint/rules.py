@@ -583,7 +583,9 @@ def _item_functions(s: Script) -> set[str]:
                 callers.setdefault(s.local_callee(node), set()).add(where[-1] if where else "")
             elif isinstance(node, (ast.Name, ast.Attribute)) and s.local_callee(ast.Call(node, [], [])) \
                     and getattr(s.parents.get(id(node)), "func", None) is not node:
-                callers.setdefault(terminal(node), set()).add("")  # passed along: called from anywhere
+                # passed along: called from anywhere, but mapped over items (`pool.imap(partial(f, ...), ids)`,
+                # `map(f, paths)`) it runs once per item
+                callers.setdefault(terminal(node), set()).add("__getitem__" if _mapped(s, node) else "")
         found = {"__getitem__"}
         for _ in range(8):
             more = {name for name, by in callers.items() if by and by <= found}
@@ -592,6 +594,18 @@ def _item_functions(s: Script) -> set[str]:
             found |= more
         return found
     return s.project.memo(("item functions", id(s)), compute)
+
+
+_MAPS = frozenset({"map", "imap", "imap_unordered", "starmap", "map_async", "starmap_async"})
+
+
+def _mapped(s: Script, node: ast.AST) -> bool:
+    """A function given as what a map applies to each item (`map(f, xs)`, `pool.imap(partial(f, k=v), ids)`)."""
+    parent = s.parents.get(id(node))
+    if isinstance(parent, ast.Call) and terminal(parent.func) == "partial" and parent.args and parent.args[0] is node:
+        node, parent = parent, s.parents.get(id(parent))
+    return isinstance(parent, ast.Call) and terminal(parent.func) in _MAPS and bool(parent.args) \
+        and parent.args[0] is node
 
 
 def _under_lock(s: Script, call: ast.Call) -> bool:

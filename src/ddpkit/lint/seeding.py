@@ -142,7 +142,7 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       "initialises the model's weights and draws augmentation and dropout on the CPU, stays unseeded",
                       "seed every generator: torch.manual_seed(seed + rank) (it seeds CUDA too)")
         return
-    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c)]
+    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c) or _imported_by_workers(script, c)]
     reported: set[int] = set()
     for script, call in torch_seeds:
         scope = script.context(call).scope
@@ -160,3 +160,21 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       "every rank gets the same seed, so every rank (and its DataLoader workers) draws the same "
                       "random augmentation stream: the ranks see differently indexed but identically "
                       "transformed data", _SEED_FIX)
+
+
+def _imported_by_workers(script, call: ast.Call) -> bool:
+    """A seed in the module code of a script that mp.spawns its own workers, outside its `__main__` block: the
+    spawn start method runs the main module again in every worker (as `__mp_main__`), so each rank runs it too
+    (not where the workers are started with `start_method="fork"`)."""
+    if script.per_rank_functions is None or script.context(call).functions:
+        return False
+    spawns = [c for c in script.calls if script.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))]
+    if not spawns or any(k.arg == "start_method" and not (isinstance(k.value, ast.Constant) and k.value.value == "spawn")
+                         for c in spawns for k in c.keywords):
+        return False
+    node = call
+    while id(node) in script.parents:
+        node = script.parents[id(node)]
+        if isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}:
+            return False
+    return True
