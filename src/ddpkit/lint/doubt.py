@@ -133,10 +133,11 @@ def _reads_rank(s, test: ast.AST, at: ast.AST, depth: int = 1) -> bool:
     if distributed_mode(test):
         return False
     if isinstance(test, ast.BoolOp):
-        if isinstance(test.op, ast.Or) and any(not _sentinel_of_another_arm(v, test) and (
-                distributed_mode(v) or not _reads_rank(s, v, at, depth)) for v in test.values):
-            # `not args.multiprocessing_distributed or rank % n == 0`: an arm every rank answers alike can pass
-            # on every rank, as the reader says (not `rank is None or rank == 0`: that arm asks for the same value)
+        if isinstance(test.op, ast.Or) and any(distributed_mode(v) or not _reads_rank(s, v, at, depth)
+                                               for v in test.values):
+            # `not args.multiprocessing_distributed or rank % n == 0`, `local_rank is None or local_rank == 0`:
+            # an arm every rank answers alike can pass on every rank; the guard reader decides from the program
+            # whether it does (where the process group starts), so that is no guess
             return False
         if isinstance(test.op, ast.And) and any(run_sense(v) for v in test.values):
             # `n_gpus == 1 and rank != 0`: only a one-process (or one-GPU) run takes it, as the reader says
@@ -217,7 +218,10 @@ def _given_per_rank(s, where: tuple[ast.AST, int], param: str) -> bool:
         if given is not None and _value_per_rank_plain(cs, given):
             return True
         given_values.add(ast.unparse(given) if given is not None else "")
-        ranked = ranked or cs.context(call).level != NONE
+        guarded = cs.context(call).level != NONE
+        if not guarded and given is not None and not isinstance(given, ast.Constant):
+            return False  # a call on every rank may pass anything (`final=epoch > 2`): every rank may take either branch
+        ranked = ranked or guarded
     return ranked and len(given_values) > 1
 
 
@@ -295,16 +299,6 @@ def _names_a_process(lowered: str) -> bool:
     if tokens[-1] in _RANK_TOKENS or tokens[0] in _RANK_TOKENS:
         return True
     return len(tokens) > 1 and tokens[0] in ("is", "am") and tokens[1] in _LEAD_TOKENS
-
-
-def _sentinel_of_another_arm(arm: ast.AST, test: ast.BoolOp) -> bool:
-    """`rank is None` beside `rank == 0`: the arm asks whether the very value another arm compares was given at all
-    (no launcher: one process), not whether the run is distributed while ranks exist."""
-    if not (isinstance(arm, ast.Compare) and len(arm.ops) == 1 and isinstance(arm.comparators[0], (ast.Constant,
-                                                                                                 ast.UnaryOp))):
-        return False
-    key = ast.unparse(arm.left)
-    return any(v is not arm and any(ast.unparse(n) == key for n in ast.walk(v)) for v in test.values)
 
 
 def _assigned_per_rank(s, expr: ast.AST, at: ast.AST, depth: int) -> bool:
