@@ -265,7 +265,8 @@ def _made_under_rank_test(script, value: ast.AST) -> bool:
             parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         if isinstance(parent, ast.If) and child is not parent.test and not distributed_mode(parent.test) \
                 and _value_per_rank_plain(script, parent.test):
-            return True
+            # (made in both branches of the rank test, `if local_rank == 0: m = A() else: m = B()`, every rank has one)
+            return child in parent.body
         child = parent
     return False
 
