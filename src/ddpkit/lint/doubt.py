@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 
-from ddpkit.lint.ranks import GLOBAL_ENV, LOCAL_ENV, NONE, distributed_mode, is_gpu_index, run_sense, rank_name_kind, rank_side, spawn_index_names, terminal
+from ddpkit.lint.ranks import GLOBAL_ENV, LOCAL_ENV, NONE, distributed_mode, is_gpu_index, run_sense, rank_side, spawn_index_names, terminal
 
 __all__ = ["doubted"]
 
