@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ast
 
-from ddpkit.lint.ranks import GLOBAL_ENV, LOCAL_ENV, NONE, distributed_mode, is_gpu_index, run_sense, rank_side, spawn_index_names, terminal
+from ddpkit.lint.ranks import (GLOBAL_ENV, LOCAL_ENV, NONE, distributed_mode, is_gpu_index, rank_side, run_sense,
+                              spawn_index_names, terminal)
 
 __all__ = ["doubted"]
 
@@ -220,7 +221,7 @@ def _given_per_rank(s, where: tuple[ast.AST, int], param: str) -> bool:
         given_values.add(ast.unparse(given) if given is not None else "")
         guarded = cs.context(call).level != NONE
         if not guarded and given is not None and not isinstance(given, ast.Constant):
-            return False  # a call on every rank may pass anything (`final=epoch > 2`): every rank may take either branch
+            return False  # an every-rank call may pass anything (`final=epoch > 2`): either branch, on every rank
         ranked = ranked or guarded
     return ranked and len(given_values) > 1
 
