@@ -12,6 +12,7 @@ import ddpkit.lint.wrapper  # noqa: F401  (registers DDP015 in CHECKS)
 import ddpkit.lint.outputs  # noqa: F401  (registers DDP006 and DDP008 in CHECKS)
 import ddpkit.lint.seeding  # noqa: F401  (registers DDP014 in CHECKS)
 from ddpkit.lint.analysis import Script
+from ddpkit.lint.doubt import doubted
 from ddpkit.lint.imports import programs
 from ddpkit.lint.launchers import link_launchers
 from ddpkit.lint.project import Project
@@ -93,7 +94,8 @@ def analyse(sources: dict[str, str], errors: list[Finding] | None = None) -> lis
     return [(path, script, [hit for run_check in CHECKS for hit in run_check(script)
                             if script.project.runs(script, hit.node)
                             and not (entry and not script.project.acts and hit.rule in _CALLER_RULES
-                                     and not _rank_code(script, hit.node))])
+                                     and not _rank_code(script, hit.node))
+                            and not doubted(script, hit)])
             for path, script in scripts]
 
 
