@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
-from ddpkit.port.effects import plan_effects
+from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
@@ -140,6 +140,7 @@ class Plan:
         plan_rank_streams(self)  # after plan_no_loader: a script drawing its own batches is reseeded there
         plan_effects(self)
         plan_rank_files(self)  # after plan_effects: it reads which pyplot lines rank 0 alone runs
+        check_rank0_bindings(self)  # after both: every line they put under `if ctx.is_main:`
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)

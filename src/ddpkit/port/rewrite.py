@@ -518,8 +518,8 @@ class Rewriter(cst.CSTTransformer):
             line = updated.with_changes(body=[saves[0].with_changes(value=call.with_changes(args=args))],
                                         leading_lines=[])
             self.changes += 1
-            if id(original) in self.p.guard:  # the file-write rule puts it under `if ctx.is_main:` already
-                return line.with_changes(leading_lines=updated.leading_lines)
+            if id(original) in self.p.guard or self.rank0:  # the file-write rule puts it (or the statement
+                return line.with_changes(leading_lines=updated.leading_lines)  # around it) under `if ctx.is_main:`
             return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
                           leading_lines=updated.leading_lines)
         return updated
@@ -630,7 +630,7 @@ class Rewriter(cst.CSTTransformer):
         notes = self.p.notes.get(id(original), [])
         before = []
         after = []
-        if id(original) in self.p.guard and not isinstance(updated, cst.FlattenSentinel):
+        if id(original) in self.p.guard and self.rank0 == 1 and not isinstance(updated, cst.FlattenSentinel):
             self.changes += 1  # one writer: the other ranks would write the same file at the same time
             updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
                 leading_lines=[])]), leading_lines=updated.leading_lines)

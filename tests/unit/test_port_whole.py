@@ -1,0 +1,100 @@
+"""`ddpkit port` keeps the program whole: a statement it puts on rank 0 takes along what it needs and what needs it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import pickle
+import runpy
+import sys
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _run(path: Path, args: list[str], monkeypatch) -> dict:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(path), run_name="__main__")
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_a_guarded_write_takes_its_with_and_a_guarded_tracker_takes_its_later_uses(tmp_path, monkeypatch):
+    source = FIXTURES / "rank0_bindings.py"
+    result = port_source(source.read_text(), str(source))
+    assert result.exit_code == 0, result.todos
+    code = result.code
+    # the file is opened where it is written: on rank 0 (the others would truncate it)
+    assert '    if ctx.is_main:\n        with (out_dir / "weights.pkl").open("wb") as fh:\n            pickle.dump(' in code
+    assert code.count("if ctx.is_main:") == 4, code  # the writer, its add_scalar, the with, its close
+    # the writer exists on rank 0 only: module-level code after the main block closes it there only
+    assert code.endswith("if args.record:\n    if ctx.is_main:\n        events.close()\n")
+    ported = tmp_path / "rank0_bindings_ddp.py"
+    ported.write_text(code)
+    monkeypatch.chdir(tmp_path)
+    mse = _run(ported, ["--out", str(tmp_path), "--record"], monkeypatch)["mse"]
+    assert mse < 1.0
+    weights = pickle.loads((tmp_path / "weights.pkl").read_bytes())
+    assert set(weights) == {"weight", "bias"}
+
+
+def test_a_use_of_a_rank_0_name_the_port_cannot_guard_is_a_todo():
+    source = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+
+if __name__ == "__main__":
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    tb = SummaryWriter()
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+        loss = ((net(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tb.add_scalar("loss", loss.item())
+
+where = tb.log_dir
+'''
+    result = port_source(source, "script.py")
+    assert result.exit_code == 3
+    assert any("`tb` is bound on rank 0 only" in t.message and t.line == 16 for t in result.todos), result.todos
+    assert "\n        tb.add_scalar(" not in result.code  # the use inside the loop is guarded
+
+
+def test_a_path_objects_open_takes_the_mode_first():
+    source = '''import pickle
+from pathlib import Path
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.Adam(net.parameters())
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+        loss = ((net(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    target = Path("run").joinpath("net.pkl")
+    with target.open(mode="wb") as handle:
+        pickle.dump(net, handle)
+    with Path("run", "net.txt").open("w") as text:
+        text.write(str(net))
+
+
+if __name__ == "__main__":
+    main()
+'''
+    code = port_source(source, "script.py").code
+    assert "        if ctx.is_main:\n            with target.open(mode=\"wb\") as handle:\n                pickle.dump(" in code
+    assert "        if ctx.is_main:\n            with Path(\"run\", \"net.txt\").open(\"w\") as text:\n                text.write(" \
+        in code
+    assert code.count("if ctx.is_main:") == 2, code  # not again around the write inside
