@@ -98,3 +98,29 @@ if __name__ == "__main__":
     assert "        if ctx.is_main:\n            with Path(\"run\", \"net.txt\").open(\"w\") as text:\n                text.write(" \
         in code
     assert code.count("if ctx.is_main:") == 2, code  # not again around the write inside
+
+
+def test_an_imported_module_rebound_to_the_model_is_read_as_the_module_on_the_right():
+    source = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import nets
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--arch", default="Small")
+args = parser.parse_args()
+if hasattr(nets, args.arch):
+    nets = getattr(nets, args.arch)(2)
+opt = torch.optim.SGD(nets.parameters(), lr=0.1)
+for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+    loss = ((nets(xb) - yb) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(getattr(nets, "weight").shape)
+'''
+    code = port_source(source, "script.py").code
+    assert "    nets = ddpkit.wrap(getattr(nets, args.arch)(2), ctx)\n" in code or (
+        "    nets = getattr(nets, args.arch)(2)\n" in code and "nets = ddpkit.wrap(nets, ctx)" in code), code
+    assert "hasattr(nets, args.arch)" in code  # before the assignment: the module
+    assert 'getattr(ddpkit.unwrap(nets), "weight")' in code  # after it: the model
