@@ -124,3 +124,51 @@ print(getattr(nets, "weight").shape)
         "    nets = getattr(nets, args.arch)(2)\n" in code and "nets = ddpkit.wrap(nets, ctx)" in code), code
     assert "hasattr(nets, args.arch)" in code  # before the assignment: the module
     assert 'getattr(ddpkit.unwrap(nets), "weight")' in code  # after it: the model
+
+
+_ALIAS = '''import argparse
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--cuda", action="store_true")
+parser.add_argument("--many", action="store_true")
+args = parser.parse_args()
+device = torch.device("cuda" if args.cuda else "cpu")
+net = nn.Linear(2, 1)
+net.apply(lambda m: None)
+if args.many:
+    net = net.to(device)
+    runner = nn.DataParallel(net).to(device)
+else:
+    runner = net.to(device)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+def fit(loader):
+    for xb, yb in loader:
+        loss = ((runner(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+fit(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+'''
+
+
+def test_a_name_for_the_model_bound_before_its_wrap_and_called_in_training_is_a_todo():
+    result = port_source(_ALIAS, "script.py")
+    assert result.exit_code == 3
+    bypass = [t for t in result.todos if "`runner` is bound to `net` before" in t.message]
+    assert [t.line for t in bypass] == [15, 17], result.todos
+    # `if args.many: net = net.to(device)` moves it to a device the script chose by --cuda: --many is no GPU switch
+    assert 'device="auto" if args.many' not in result.code
+
+
+def test_a_name_for_the_model_bound_after_its_wrap_is_the_wrapper():
+    source = _ALIAS.replace("opt = torch.optim.SGD(net.parameters(), lr=0.1)\n", "").replace(
+        "net.apply(lambda m: None)\n", "net.apply(lambda m: None)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n")
+    result = port_source(source, "script.py")
+    assert not [t for t in result.todos if "bypasses DDP" in t.message], result.todos

@@ -13,7 +13,7 @@ from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
-from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
@@ -128,6 +128,7 @@ class Plan:
             plan_autograd_grad(self)
             check_rebound(self)
             plan_parameter_changes(self)
+        check_aliases(self)  # every wrapped model, also where the optimizers differ by branch
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
         plan_batch_divisions(self)
