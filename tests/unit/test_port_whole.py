@@ -172,3 +172,33 @@ def test_a_name_for_the_model_bound_after_its_wrap_is_the_wrapper():
         "net.apply(lambda m: None)\n", "net.apply(lambda m: None)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n")
     result = port_source(source, "script.py")
     assert not [t for t in result.todos if "bypasses DDP" in t.message], result.todos
+
+
+def test_an_entry_function_called_with_the_parsed_arguments_after_a_global_is_the_training_entry():
+    source = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def fit(opts):
+    global lowest
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=opts.lr)
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+        loss = ((net(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        lowest = min(lowest, loss.item())
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--lr", type=float, default=0.1)
+    lowest = float("inf")
+    fit(p.parse_args())
+'''
+    result = port_source(source, "script.py")
+    assert result.exit_code == 0, result.todos
+    assert "def fit(opts):\n    with ddpkit.init() as ctx:\n" in result.code  # not refused: fit is the entry
+    assert 'lowest = float("inf")\n    fit(p.parse_args())\n' in result.code

@@ -216,7 +216,10 @@ class Facts:
             targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None]
             body = statements_of(guard)
             inline = [s for s in body if not self._only_calls(s, targets)]
-            if targets and not [s for s in inline if not _is_setup(s, self.code(s))]:
+            # `best_loss = 0` beside the parser: a quiet line binds a global the entry function reads, runs nothing;
+            # a block whose every line parses or sets up leaves no region of its own (`main(parser.parse_args())`)
+            if targets and (not [s for s in inline if not _is_setup(s, self.code(s)) and not self._quiet(s)]
+                            or not self._region_after_setup(body)):
                 training = [t for t in targets if _TRAINING.search(self.code(self.scopes[t].node))]
                 key = (training or targets)[0] if training else targets[-1]
                 node = self.scopes[key].node
