@@ -202,3 +202,56 @@ if __name__ == "__main__":
     assert result.exit_code == 0, result.todos
     assert "def fit(opts):\n    with ddpkit.init() as ctx:\n" in result.code  # not refused: fit is the entry
     assert "lowest = 1e9\n    fit(p.parse_args())\n" in result.code
+
+
+_FIRST_BATCH = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(2))
+        self.ready = False
+
+    def forward(self, x):
+        if not self.ready:
+            self.shift.data.copy_(-x.mean(0))
+            self.ready = True
+        return x + self.shift
+
+
+def train(net, opt, loader):
+    for step, (xb, yb) in enumerate(loader):
+        if step == 0:
+            with torch.no_grad():
+                net(xb)
+        out = net(xb).sum(1, keepdim=True)
+        loss = ((out - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def main():
+    net = nn.Sequential(Scale(), nn.Linear(2, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    train(net, opt, DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_forward_for_its_effect_on_the_first_step_is_a_data_dependent_init_todo():
+    result = port_source(_FIRST_BATCH, "script.py")
+    assert result.exit_code == 3
+    assert any("data-dependent initialisation" in t.message and t.line == 23 for t in result.todos), result.todos
+
+
+def test_a_first_step_look_at_the_output_is_no_initialisation():
+    source = _FIRST_BATCH.replace("                net(xb)\n", "                print(net(xb).mean().item())\n")
+    result = port_source(source, "script.py")
+    assert not [t for t in result.todos if "data-dependent" in t.message], result.todos
