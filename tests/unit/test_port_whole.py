@@ -255,3 +255,31 @@ def test_a_first_step_look_at_the_output_is_no_initialisation():
     source = _FIRST_BATCH.replace("                net(xb)\n", "                print(net(xb).mean().item())\n")
     result = port_source(source, "script.py")
     assert not [t for t in result.todos if "data-dependent" in t.message], result.todos
+
+
+def test_a_training_function_nothing_in_the_file_calls_is_ported_with_a_todo_naming_it():
+    source = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def helper(n):
+    return torch.randn(n, 2), torch.randn(n, 1)
+
+
+def run():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=0.1)
+    args = parser.parse_args()
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    for xb, yb in DataLoader(TensorDataset(*helper(8)), batch_size=4):
+        loss = ((net(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+    result = port_source(source, "cli.py")  # started by a console script: no `if __name__ == "__main__":`
+    assert result.exit_code == 3
+    assert [t.line for t in result.todos if "nothing in this file calls `run()`" in t.message] == [14], result.todos
+    assert "    args = parser.parse_args()\n    with ddpkit.init() as ctx:\n" in result.code

@@ -180,6 +180,8 @@ class Facts:
         self.parsers = {k for k, scope in self.scopes.items() if scope.cls is None and re.search(
             r"\.parse_(known_)?args\(", self.code(scope.node)) and not _TRAINING.search(self.code(scope.node))}
         """The script's own argument-parsing functions (`args = get_args()` stays before ddpkit.init)."""
+        self.started_outside: str | None = None
+        """The entry function when nothing in the file calls it (a console script starts it): a TODO says so."""
         self.entry_key, self.entry_owner, self.region = self._find_entry()
         self.ctx_global = self.entry_key == ENTRY
         if self.ctx_global:
@@ -226,7 +228,19 @@ class Facts:
                 return key, node, self._region_after_setup(statements_of(node))
             return ENTRY, guard, self._region_after_setup(body)
         # no guard, or training objects built at module level: the region runs to the end (the guard too)
-        return ENTRY, self.module, self._region_after_setup(list(self.module.body))
+        region = self._region_after_setup(list(self.module.body))
+        if guard is None and not region:
+            # only definitions: one top-level function that parses arguments and trains, called nowhere in the
+            # file, is started from outside (a console script, `python -m package`): it is the entry point
+            called = {dotted(n.func) for n in walk(self.module, into_functions=True) if isinstance(n, cst.Call)}
+            starts = [k for k, sc in self.scopes.items() if sc.cls is None and "." not in k and k not in called
+                      and _TRAINING.search(self.code(sc.node)) and re.search(r"\.parse_(known_)?args\(",
+                                                                                self.code(sc.node))]
+            if len(starts) == 1:
+                self.started_outside = starts[0]
+                node = self.scopes[starts[0]].node
+                return starts[0], node, self._region_after_setup(statements_of(node))
+        return ENTRY, self.module, region
 
     def _only_calls(self, stmt: cst.BaseStatement, targets: list[str]) -> bool:
         """`main()`, `args = main()`, `sys.exit(main(args))`: the statement only runs the entry function."""

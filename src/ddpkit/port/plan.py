@@ -112,6 +112,10 @@ class Plan:
         model = plan_models(self)
         plan_unused_parameters(self)
         start = facts.region[0] if facts.region else None
+        if start is not None and facts.started_outside:
+            self.todo(start, f"nothing in this file calls `{facts.started_outside}()` (a console script or another "
+                      "module starts it): the port made it the training entry point; start it once per rank "
+                      f"(`ddpkit run` of a script that calls {facts.started_outside}()) and check what it calls")
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
                       "before its optimizer is made")
