@@ -88,12 +88,15 @@ def main():
         pickle.dump(net, handle)
     with Path("run", "net.txt").open("w") as text:
         text.write(str(net))
+    print("wrote the text and the handle: %f" % 1.0)  # names in a string are no reads of them
 
 
 if __name__ == "__main__":
     main()
 '''
-    code = port_source(source, "script.py").code
+    result = port_source(source, "script.py")
+    assert result.exit_code == 0, result.todos
+    code = result.code
     assert "        if ctx.is_main:\n            with target.open(mode=\"wb\") as handle:\n                pickle.dump(" in code
     assert "        if ctx.is_main:\n            with Path(\"run\", \"net.txt\").open(\"w\") as text:\n                text.write(" \
         in code

@@ -323,7 +323,6 @@ def check_rank0_bindings(plan: Any) -> None:
     every rank while only the write inside it is guarded (the other ranks truncate the file). Each such use
     outside a guard is a TODO naming the guarded line; so is a `with` that opens a file a guarded write writes."""
     f = plan.f
-    code = f.code
     found: list[tuple[str, cst.BaseStatement]] = []  # (scope, outermost guarded statement)
     for key in sorted(f.ported):
         for node in plan.nodes(key):
@@ -345,12 +344,11 @@ def check_rank0_bindings(plan: Any) -> None:
         scopes = [key] + ([k for k in sorted(f.ported) if k != key] if f.scopes[key].node is f.module or key == ENTRY
                           else [])
         for name in sorted(names):
-            pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\b")
-            if _bound_unguarded(plan, key, name, pattern):
+            if _bound_unguarded(plan, key, name):
                 continue  # `writer = None` on every rank first: the script tests it itself
-            uses = [u for k in scopes for u in _reads_of(plan, k, pattern) if not _guarded_above(plan, u)
+            uses = [u for k in scopes for u in _reads_of(plan, k, name) if not _guarded_above(plan, u)
                     and id(u) not in plan.guard]
-            uses += [u for u in _module_tail(plan) if pattern.search(_header_code(code, u))] if key == ENTRY else []
+            uses += [u for u in _module_tail(plan) if _mentions(u, name)] if key == ENTRY else []
             for use in uses:
                 if _method_call_of(use, name) and not any(plan.role(key, dotted(c.func)) == "model"
                                                           for c in _calls(use)):
@@ -399,24 +397,39 @@ def _bound_names(stmt: cst.BaseStatement) -> set[str]:
     return names - {"_"}
 
 
-def _header_code(code: Any, stmt: cst.CSTNode) -> str:
+def _header_parts(stmt: cst.CSTNode) -> list[cst.CSTNode]:
     if isinstance(stmt, cst.SimpleStatementLine):
-        return code(stmt)
+        return [stmt]
     if isinstance(stmt, (cst.If, cst.While)):
-        return code(stmt.test)
+        return [stmt.test]
     if isinstance(stmt, cst.For):
-        return code(stmt.iter)
+        return [stmt.iter]
     if isinstance(stmt, cst.With):
-        return " ".join(code(i) for i in stmt.items)
-    return ""
+        return list(stmt.items)
+    return []
 
 
-def _reads_of(plan: Any, key: str, pattern: re.Pattern) -> list[cst.BaseStatement]:
+def _mentions(stmt: cst.CSTNode, name: str) -> bool:
+    """The statement (a compound statement's header) reads `name` (`writer`, `self.writer`) as code, not inside
+    a string or as another object's attribute."""
+    for part in _header_parts(stmt):
+        attrs = {id(n.attr) for n in walk(part) if isinstance(n, cst.Attribute)}
+        keywords = {id(n.keyword) for n in walk(part) if isinstance(n, cst.Arg) and n.keyword is not None}
+        for node in walk(part):
+            if "." in name:
+                if isinstance(node, cst.Attribute) and dotted(node) == name:
+                    return True
+            elif isinstance(node, cst.Name) and node.value == name and id(node) not in attrs | keywords:
+                return True
+    return False
+
+
+def _reads_of(plan: Any, key: str, name: str) -> list[cst.BaseStatement]:
     return [n for n in plan.nodes(key) if isinstance(n, (cst.SimpleStatementLine, cst.If, cst.While, cst.For,
-                                                         cst.With)) and pattern.search(_header_code(plan.f.code, n))]
+                                                         cst.With)) and _mentions(n, name)]
 
 
-def _bound_unguarded(plan: Any, key: str, name: str, pattern: re.Pattern) -> bool:
+def _bound_unguarded(plan: Any, key: str, name: str) -> bool:
     for node in plan.nodes(key):
         if isinstance(node, cst.BaseStatement) and not isinstance(node, (cst.FunctionDef, cst.ClassDef)) \
                 and id(node) not in plan.guard and not _guarded_above(plan, node) and name in _own_bindings(node):
