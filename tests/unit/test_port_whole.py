@@ -286,3 +286,33 @@ def run():
     assert result.exit_code == 3
     assert [t.line for t in result.todos if "nothing in this file calls `run()`" in t.message] == [14], result.todos
     assert "    args = parser.parse_args()\n    with ddpkit.init() as ctx:\n" in result.code
+
+
+def test_a_loop_over_a_rank_0_figure_whose_every_line_draws_runs_on_rank_0():
+    source = '''import matplotlib.pyplot as plt
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def show(samples):
+    grid, cells = plt.subplots(2, 2)
+    for cell, image in zip(cells.flatten(), samples):
+        cell.axis("off")
+        cell.imshow(image.numpy())
+    plt.savefig("grid.png")
+
+
+if __name__ == "__main__":
+    net = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 4)), batch_size=4):
+        loss = ((net(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    show(torch.randn(4, 2, 2))
+'''
+    result = port_source(source, "script.py")
+    assert result.exit_code == 0, result.todos
+    assert "    if ctx.is_main:\n        for cell, image in zip(cells.flatten(), samples):\n            cell.axis(" in \
+        result.code

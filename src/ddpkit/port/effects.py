@@ -328,15 +328,18 @@ def check_rank0_bindings(plan: Any) -> None:
         for node in plan.nodes(key):
             if isinstance(node, cst.BaseStatement) and id(node) in plan.guard and not _guarded_above(plan, node):
                 found.append((key, node))
+    opened_told: set[int] = set()
     for key, stmt in found:
         for with_stmt in _enclosing_withs(plan, stmt):
             opened = {n.value for item in with_stmt.items if item.asname is not None
                       for n in walk(item.asname.name) if isinstance(n, cst.Name)}
             if any(isinstance(n, cst.Name) and n.value in opened for n in walk(stmt)) and any(
-                    _writes(c) for item in with_stmt.items for c in _calls(item)):
+                    _writes(c) for item in with_stmt.items for c in _calls(item)) and id(with_stmt) not in opened_told:
+                opened_told.add(id(with_stmt))
                 plan.todo(with_stmt, f"only the write inside this `with` runs on rank 0 (line {plan.line_of(stmt)}), "
                           "but every rank opens the file it writes (the others truncate it): put the whole `with` "
                           "under `if ctx.is_main:`")
+    told: set[tuple[int, str]] = set()
     for key, stmt in found:
         names = _bound_names(stmt)
         if not names:
@@ -350,9 +353,15 @@ def check_rank0_bindings(plan: Any) -> None:
                     and id(u) not in plan.guard]
             uses += [u for u in _module_tail(plan) if _mentions(u, name)] if key == ENTRY else []
             for use in uses:
+                if (id(use), name) in told:
+                    continue
+                told.add((id(use), name))
                 if _method_call_of(use, name) and not any(plan.role(key, dotted(c.func)) == "model"
                                                           for c in _calls(use)):
                     plan.guard.add(id(use))  # `writer.close()`: the object lives on rank 0, so does the call
+                    continue
+                if _rank0_loop(plan, key, use, name):
+                    plan.guard.add(id(use))  # `for ax in axes.flat: ax.imshow(...)`: a loop over it is rank 0's
                     continue
                 plan.todo(use, f"`{name}` is bound on rank 0 only (line {plan.line_of(stmt)} is under `if ctx.is_main:`)"
                           " and this line reads it on every rank: put it under `if ctx.is_main:` too, or bind "
@@ -469,3 +478,17 @@ def _method_call_of(stmt: cst.CSTNode, name: str) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
         stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call) and dotted(
         stmt.body[0].value.func).startswith(name + ".")
+
+
+def _rank0_loop(plan: Any, key: str, loop: cst.CSTNode, name: str) -> bool:
+    """`for ax, img in zip(axes.flatten(), images): ax.imshow(img)`: a loop over a rank-0 name whose body only
+    calls (it binds nothing the code after it reads, calls no model, joins no collective) runs on rank 0 alone."""
+    if not isinstance(loop, cst.For) or loop.orelse is not None or not _mentions(loop, name):
+        return False
+    body = list(walk(loop.body))
+    if any(isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Yield, cst.Break, cst.Global,
+                          cst.Nonlocal)) for n in body):
+        return False
+    calls = [n for n in body if isinstance(n, cst.Call)]
+    return not any(plan.role(key, dotted(c.func)) == "model" or dotted(c.func).startswith("ddpkit.")
+                   or any(plan.role(key, dotted(a.value)) == "model" for a in c.args) for c in calls)
