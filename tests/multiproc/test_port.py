@@ -52,6 +52,9 @@ CASES = {
     "rank0_report": (["{tmp}/log.txt"], "loss", 1e-5),
     # a module the optimizer trains but forward never reads: without find_unused_parameters DDP fails at step 2
     "ema_inside": ([], "mse", 1e-4),
+    # a writer made on rank 0 only and closed by module-level code after the main block; a file opened by a `with`
+    # whose write is rank 0's: every other rank would end on a NameError, or truncate the file
+    "rank0_bindings": (["--out", "{tmp}", "--record"], "mse", 1e-5),
     "charlm": (["--max-steps", "12", "--eval-every", "6", "--d-model", "32", "--layers", "1", "--heads", "2",
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),

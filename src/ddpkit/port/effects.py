@@ -13,11 +13,11 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, walk
+from ddpkit.port.facts import ENTRY, dotted, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader
 
-__all__ = ["plan_effects", "DOWNLOADS"]
+__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS"]
 
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
@@ -33,6 +33,9 @@ _FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil
                        "shutil.rmtree", "copyfile", "copy2", "copytree", "rmtree", "os.remove", "os.unlink",
                        "os.rename", "os.replace", "os.rmdir", "os.removedirs"})
 """Calls that change files on disk: every rank would copy, move or delete the same file at once."""
+_OPENER_MODULES = frozenset({"io", "os", "gzip", "bz2", "lzma", "codecs", "tarfile", "zipfile", "h5py", "fsspec",
+                             "smart_open", "tf", "tensorflow"})
+"""Modules whose `open(path, mode)` takes the path first; any other `x.open("wb")` is a path object's (mode first)."""
 _LOGGER_CLASS = re.compile(r"[A-Z]\w*(Logger|Writer|Recorder)$")
 _LOG_MODULES = re.compile(r"(^|[._])(tensorboard\w*|\w*logger|visdom|wandb|mlflow|neptune|comet_ml|aim)($|\.)")
 
@@ -41,10 +44,18 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
     return [n for n in walk(node) if isinstance(n, cst.Call)]
 
 
+_MODE = re.compile(r"[rwaxbtU+]{1,4}")
+
+
 def _open_mode(call: cst.Call) -> str:
     args = [a for a in call.args if a.keyword is None]
+    at = 1
+    if isinstance(call.func, cst.Attribute) and dotted(call.func.value).split(".")[0] not in _OPENER_MODULES \
+            and args and isinstance(args[0].value, cst.SimpleString) and isinstance(
+            args[0].value.evaluated_value, str) and _MODE.fullmatch(args[0].value.evaluated_value):
+        at = 0  # `path.open("wb")`: a path object's own open takes the mode first
     mode = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "mode"),
-                args[1].value if len(args) > 1 else None)
+                args[at].value if len(args) > at else None)
     return mode.evaluated_value if isinstance(mode, cst.SimpleString) and isinstance(
         mode.evaluated_value, str) else "" if mode is None else "?"
 
@@ -304,3 +315,180 @@ def _header_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
     if isinstance(stmt, cst.With):
         return [c for item in stmt.items for c in _calls(item)]
     return []
+
+
+def check_rank0_bindings(plan: Any) -> None:
+    """A statement the port put under `if ctx.is_main:` may cut a program in two: a name it binds (`writer =
+    SummaryWriter()`, `with open(p, "w") as f:`) exists on rank 0 only, and a file a `with` opens stays open on
+    every rank while only the write inside it is guarded (the other ranks truncate the file). Each such use
+    outside a guard is a TODO naming the guarded line; so is a `with` that opens a file a guarded write writes."""
+    f = plan.f
+    found: list[tuple[str, cst.BaseStatement]] = []  # (scope, outermost guarded statement)
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if isinstance(node, cst.BaseStatement) and id(node) in plan.guard and not _guarded_above(plan, node):
+                found.append((key, node))
+    opened_told: set[int] = set()
+    for key, stmt in found:
+        for with_stmt in _enclosing_withs(plan, stmt):
+            opened = {n.value for item in with_stmt.items if item.asname is not None
+                      for n in walk(item.asname.name) if isinstance(n, cst.Name)}
+            if any(isinstance(n, cst.Name) and n.value in opened for n in walk(stmt)) and any(
+                    _writes(c) for item in with_stmt.items for c in _calls(item)) and id(with_stmt) not in opened_told:
+                opened_told.add(id(with_stmt))
+                plan.todo(with_stmt, f"only the write inside this `with` runs on rank 0 (line {plan.line_of(stmt)}), "
+                          "but every rank opens the file it writes (the others truncate it): put the whole `with` "
+                          "under `if ctx.is_main:`")
+    told: set[tuple[int, str]] = set()
+    for key, stmt in found:
+        names = _bound_names(stmt)
+        if not names:
+            continue
+        scopes = [key] + ([k for k in sorted(f.ported) if k != key] if f.scopes[key].node is f.module or key == ENTRY
+                          else [])
+        for name in sorted(names):
+            if _bound_unguarded(plan, key, name):
+                continue  # `writer = None` on every rank first: the script tests it itself
+            uses = [u for k in scopes for u in _reads_of(plan, k, name) if not _guarded_above(plan, u)
+                    and id(u) not in plan.guard]
+            uses += [u for u in _module_tail(plan) if _mentions(u, name)] if key == ENTRY else []
+            for use in uses:
+                if (id(use), name) in told:
+                    continue
+                told.add((id(use), name))
+                if _method_call_of(use, name) and not any(plan.role(key, dotted(c.func)) == "model"
+                                                          for c in _calls(use)):
+                    plan.guard.add(id(use))  # `writer.close()`: the object lives on rank 0, so does the call
+                    continue
+                if _rank0_loop(plan, key, use, name):
+                    plan.guard.add(id(use))  # `for ax in axes.flat: ax.imshow(...)`: a loop over it is rank 0's
+                    continue
+                plan.todo(use, f"`{name}` is bound on rank 0 only (line {plan.line_of(stmt)} is under `if ctx.is_main:`)"
+                          " and this line reads it on every rank: put it under `if ctx.is_main:` too, or bind "
+                          f"`{name} = None` on the other ranks and test it here")
+
+
+def _guarded_above(plan: Any, node: cst.CSTNode) -> bool:
+    parent = plan._parent.get(id(node))
+    while parent is not None:
+        if id(parent) in plan.guard:
+            return True
+        parent = plan._parent.get(id(parent))
+    return False
+
+
+def _enclosing_withs(plan: Any, node: cst.CSTNode) -> list[cst.With]:
+    withs = []
+    parent = plan._parent.get(id(node))
+    while parent is not None:
+        if isinstance(parent, cst.With):
+            withs.append(parent)
+        parent = plan._parent.get(id(parent))
+    return withs
+
+
+def _bound_names(stmt: cst.BaseStatement) -> set[str]:
+    """Names (and `self.x` attributes) a statement binds: assignment and `with ... as` targets, loop targets."""
+    names: set[str] = set()
+    for node in walk(stmt):
+        targets = []
+        if isinstance(node, cst.AssignTarget):
+            targets = [node.target]
+        elif isinstance(node, (cst.AnnAssign, cst.For)):
+            targets = [node.target]
+        elif isinstance(node, cst.AsName):
+            targets = [node.name]
+        for target in targets:
+            for part in (target.elements if isinstance(target, (cst.Tuple, cst.List)) else [target]):
+                value = getattr(part, "value", part) if isinstance(part, cst.Element) else part
+                if dotted(value):
+                    names.add(dotted(value))
+    return names - {"_"}
+
+
+def _header_parts(stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return [stmt]
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.For):
+        return [stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    return []
+
+
+def _mentions(stmt: cst.CSTNode, name: str) -> bool:
+    """The statement (a compound statement's header) reads `name` (`writer`, `self.writer`) as code, not inside
+    a string or as another object's attribute."""
+    for part in _header_parts(stmt):
+        attrs = {id(n.attr) for n in walk(part) if isinstance(n, cst.Attribute)}
+        keywords = {id(n.keyword) for n in walk(part) if isinstance(n, cst.Arg) and n.keyword is not None}
+        for node in walk(part):
+            if "." in name:
+                if isinstance(node, cst.Attribute) and dotted(node) == name:
+                    return True
+            elif isinstance(node, cst.Name) and node.value == name and id(node) not in attrs | keywords:
+                return True
+    return False
+
+
+def _reads_of(plan: Any, key: str, name: str) -> list[cst.BaseStatement]:
+    return [n for n in plan.nodes(key) if isinstance(n, (cst.SimpleStatementLine, cst.If, cst.While, cst.For,
+                                                         cst.With)) and _mentions(n, name)]
+
+
+def _bound_unguarded(plan: Any, key: str, name: str) -> bool:
+    for node in plan.nodes(key):
+        if isinstance(node, cst.BaseStatement) and not isinstance(node, (cst.FunctionDef, cst.ClassDef)) \
+                and id(node) not in plan.guard and not _guarded_above(plan, node) and name in _own_bindings(node):
+            return True
+    return False
+
+
+def _own_bindings(stmt: cst.BaseStatement) -> set[str]:
+    """What this statement itself binds (a compound statement's header only, not its body)."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return _bound_names(stmt)
+    if isinstance(stmt, cst.For):
+        return _bound_names(cst.For(target=stmt.target, iter=stmt.iter, body=cst.IndentedBlock([])))
+    if isinstance(stmt, cst.With):
+        return {dotted(i.asname.name) for i in stmt.items if i.asname is not None and dotted(i.asname.name)}
+    return set()
+
+
+def _module_tail(plan: Any) -> list[cst.BaseStatement]:
+    """Module-level statements outside the ported region (code after an inline `if __name__ == "__main__":`
+    block): they run on every rank after it, as written."""
+    f = plan.f
+    if not f.region:
+        return []
+    end = max(plan.end_of(s) for s in f.region)
+    out = []
+    for stmt in f.module.body:
+        if plan.line_of(stmt) <= end or isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        out.extend(n for n in walk(stmt) if isinstance(n, (cst.SimpleStatementLine, cst.If, cst.While, cst.For,
+                                                           cst.With)))
+    return out
+
+
+def _method_call_of(stmt: cst.CSTNode, name: str) -> bool:
+    """`writer.close()`, `f.write(...)`: a statement that only calls a method of `name`."""
+    return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
+        stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call) and dotted(
+        stmt.body[0].value.func).startswith(name + ".")
+
+
+def _rank0_loop(plan: Any, key: str, loop: cst.CSTNode, name: str) -> bool:
+    """`for ax, img in zip(axes.flatten(), images): ax.imshow(img)`: a loop over a rank-0 name whose body only
+    calls (it binds nothing the code after it reads, calls no model, joins no collective) runs on rank 0 alone."""
+    if not isinstance(loop, cst.For) or loop.orelse is not None or not _mentions(loop, name):
+        return False
+    body = list(walk(loop.body))
+    if any(isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return, cst.Yield, cst.Break, cst.Global,
+                          cst.Nonlocal)) for n in body):
+        return False
+    calls = [n for n in body if isinstance(n, cst.Call)]
+    return not any(plan.role(key, dotted(c.func)) == "model" or dotted(c.func).startswith("ddpkit.")
+                   or any(plan.role(key, dotted(a.value)) == "model" for a in c.args) for c in calls)

@@ -180,6 +180,8 @@ class Facts:
         self.parsers = {k for k, scope in self.scopes.items() if scope.cls is None and re.search(
             r"\.parse_(known_)?args\(", self.code(scope.node)) and not _TRAINING.search(self.code(scope.node))}
         """The script's own argument-parsing functions (`args = get_args()` stays before ddpkit.init)."""
+        self.started_outside: str | None = None
+        """The entry function when nothing in the file calls it (a console script starts it): a TODO says so."""
         self.entry_key, self.entry_owner, self.region = self._find_entry()
         self.ctx_global = self.entry_key == ENTRY
         if self.ctx_global:
@@ -216,14 +218,29 @@ class Facts:
             targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None]
             body = statements_of(guard)
             inline = [s for s in body if not self._only_calls(s, targets)]
-            if targets and not [s for s in inline if not _is_setup(s, self.code(s))]:
+            # `best_loss = 0` beside the parser: a quiet line binds a global the entry function reads, runs nothing;
+            # a block whose every line parses or sets up leaves no region of its own (`main(parser.parse_args())`)
+            if targets and (not [s for s in inline if not _is_setup(s, self.code(s)) and not self._quiet(s)]
+                            or not self._region_after_setup(body)):
                 training = [t for t in targets if _TRAINING.search(self.code(self.scopes[t].node))]
                 key = (training or targets)[0] if training else targets[-1]
                 node = self.scopes[key].node
                 return key, node, self._region_after_setup(statements_of(node))
             return ENTRY, guard, self._region_after_setup(body)
         # no guard, or training objects built at module level: the region runs to the end (the guard too)
-        return ENTRY, self.module, self._region_after_setup(list(self.module.body))
+        region = self._region_after_setup(list(self.module.body))
+        if guard is None and not region:
+            # only definitions: one top-level function that parses arguments and trains, called nowhere in the
+            # file, is started from outside (a console script, `python -m package`): it is the entry point
+            called = {dotted(n.func) for n in walk(self.module, into_functions=True) if isinstance(n, cst.Call)}
+            starts = [k for k, sc in self.scopes.items() if sc.cls is None and "." not in k and k not in called
+                      and _TRAINING.search(self.code(sc.node)) and re.search(r"\.parse_(known_)?args\(",
+                                                                                self.code(sc.node))]
+            if len(starts) == 1:
+                self.started_outside = starts[0]
+                node = self.scopes[starts[0]].node
+                return starts[0], node, self._region_after_setup(statements_of(node))
+        return ENTRY, self.module, region
 
     def _only_calls(self, stmt: cst.BaseStatement, targets: list[str]) -> bool:
         """`main()`, `args = main()`, `sys.exit(main(args))`: the statement only runs the entry function."""

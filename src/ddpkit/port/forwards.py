@@ -70,3 +70,52 @@ def plan_forwards(plan: Any) -> None:
             names = {dotted(x) for t in targets for x in walk(t) if isinstance(x, cst.Name)}
             if not names & feeds and not any(b for b in backward if plan._stmt.get(id(b)) is stmt):
                 plan.unwrap_calls.add(id(call))
+    _first_step_forwards(plan)
+
+
+_FIRST = re.compile(r"(?i)\b\w*(init|first)\w*\b")
+
+
+def _first_step_forwards(plan: Any) -> None:
+    """A forward of the model without gradients on the first step only, run for its effect (its output unused,
+    or the step skipped with `continue`: `if i == 0: with torch.no_grad(): model(x)`, `if not initialized:`):
+    a data-dependent initialisation (ActNorm, a layer that sets its scale
+    from the first batch). After ddpkit.wrap each rank sets those parameters from its own shard of the batch, and
+    DDP copies parameters from rank 0 only when it wraps: the ranks train different models. A TODO."""
+    for key in sorted(plan.f.ported & plan.training_scopes):
+        for call in (n for n in plan.nodes(key) if isinstance(n, cst.Call)):
+            func = dotted(call.func)
+            model = func[: -len(".module")] if func.endswith(".module") else func
+            if not model or plan.role(key, model) != "model":
+                continue
+            chain = []
+            node = plan._stmt.get(id(call))
+            while node is not None:
+                chain.append(node)
+                node = plan._parent.get(id(node))
+            quiet = any(isinstance(n, cst.With) and any(re.search(r"no_grad|inference_mode", plan.f.code(i.item))
+                                                        for i in n.items) for n in chain)
+            looped = any(isinstance(n, (cst.For, cst.While)) for n in chain)
+            first = next((n for n in chain if isinstance(n, cst.If) and _first_step_test(n.test)), None)
+            stmt = plan._stmt.get(id(call))
+            discarded = isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and \
+                stmt.body[0].value is call or (
+                first is not None and any(isinstance(n, cst.Continue) for n in walk(first.body)))
+            if quiet and looped and first is not None and discarded:  # its output unused: run for its effect
+                plan.todo(call, f"the forward of `{model}` without gradients on the first step only "
+                          f"(`if {plan.f.code(first.test)}:`) looks like a data-dependent initialisation (a layer "
+                          "that sets its parameters from the first batch, ActNorm): after ddpkit.wrap each rank "
+                          "sets them from its own batch and DDP never makes them agree again; run it before "
+                          f"ddpkit.wrap on the same batch on every rank, or broadcast `{model}`'s parameters from "
+                          "rank 0 after it")
+
+
+def _first_step_test(test: cst.BaseExpression) -> bool:
+    """`i == 0`, `step < 1`, `not initialized`, `first_batch`, `epoch == 0 and i == 0`."""
+    for node in walk(test):
+        if isinstance(node, cst.Comparison) and any(
+                isinstance(c.comparator, cst.Integer) and c.comparator.value in ("0", "1") and isinstance(
+                    c.operator, (cst.Equal, cst.LessThan, cst.Is)) for c in node.comparisons):
+            return True
+    names = [dotted(n) for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)]
+    return any(_FIRST.fullmatch(n.rsplit(".", 1)[-1]) for n in names)

@@ -9,7 +9,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
 
-__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "is_optimizer", "move_receiver", "moves_to_cpu",
+__all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "check_aliases", "is_optimizer", "move_receiver", "moves_to_cpu",
            "follows", "assigned_value"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
@@ -480,6 +480,40 @@ def check_rebound(plan: Any) -> None:
                 plan.todo(node, f"`{model}` is bound again here and no ddpkit.wrap follows on this path, so it "
                           f"would train unwrapped (its gradients never averaged): add {model} = "
                           f"ddpkit.wrap({model}, ctx) after it, before it trains")
+
+
+def check_aliases(plan: Any) -> None:
+    """Another name for the model bound before its wrap (`para_model = model`, `runner = SomeDataParallel(model,
+    ...)`, `self.net = model`) still holds the bare module after `model = ddpkit.wrap(model, ctx)`: a training
+    forward through it bypasses DDP (no gradient is averaged, each rank trains its own copy). A TODO at the alias,
+    where a training function calls it."""
+    for (key, model), placed in plan.wrapped.items():
+        first_wrap = min((plan.line_of(w) for w in placed), default=0)
+        readers = [key] + [k for k in sorted(plan.f.ported) if k != key and key == ENTRY and plan.f.ctx_global]
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.Assign) or not _aliases(plan, key, node.value, model):
+                continue
+            stmt = plan._stmt.get(id(node))
+            if stmt is None or any(stmt is w for w in placed) or plan.line_of(stmt) >= first_wrap:
+                continue
+            for alias in {dotted(t.target) for t in node.targets} - {model, ""}:
+                calls = [n for k in readers for n in plan.nodes(k) if isinstance(n, cst.Call) and dotted(n.func) == alias
+                         and k in plan.training_scopes and (k == key or alias not in plan.f.scopes[k].params)]
+                if calls:
+                    plan.todo(node, f"`{alias}` is bound to `{model}` before `{model} = ddpkit.wrap({model}, ctx)` (line "
+                              f"{first_wrap}) and the training step calls `{alias}(...)` (line "
+                              f"{plan.line_of(calls[0])}): that forward bypasses DDP, so no gradient is averaged; "
+                              f"bind `{alias} = {model}` after the wrap")
+
+
+def _aliases(plan: Any, key: str, value: cst.BaseExpression, model: str) -> bool:
+    """`model`, `model.to(device)`, `nn.DataParallel(model)`, a parallel wrapper of another module given it
+    (`BalancedDataParallel(size, model, dim=1)`)."""
+    bare = _bare(value)
+    if dotted(bare) == model:
+        return True
+    return isinstance(bare, cst.Call) and dotted(bare.func).endswith("Parallel") and any(
+        dotted(a.value) == model for a in bare.args)
 
 
 def _listed_module(plan: Any, optimizer: cst.Call, receiver: str) -> tuple[str, cst.CompFor] | None:

@@ -7,14 +7,14 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
-from ddpkit.port.effects import plan_effects
+from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
-from ddpkit.port.models import check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
+from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
@@ -115,6 +115,10 @@ class Plan:
         model = plan_models(self)
         plan_unused_parameters(self)
         start = facts.region[0] if facts.region else None
+        if start is not None and facts.started_outside:
+            self.todo(start, f"nothing in this file calls `{facts.started_outside}()` (a console script or another "
+                      "module starts it): the port made it the training entry point; start it once per rank "
+                      f"(`ddpkit run` of a script that calls {facts.started_outside}()) and check what it calls")
         if start is not None and model is None:
             self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
                       "before its optimizer is made")
@@ -131,6 +135,7 @@ class Plan:
             plan_autograd_grad(self)
             check_rebound(self)
             plan_parameter_changes(self)
+        check_aliases(self)  # every wrapped model, also where the optimizers differ by branch
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
         plan_batch_divisions(self)
@@ -144,6 +149,7 @@ class Plan:
         plan_rank_streams(self)  # after plan_no_loader: a script drawing its own batches is reseeded there
         plan_effects(self)
         plan_rank_files(self)  # after plan_effects: it reads which pyplot lines rank 0 alone runs
+        check_rank0_bindings(self)  # after both: every line they put under `if ctx.is_main:`
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)

@@ -101,6 +101,15 @@ class Rewriter(cst.CSTTransformer):
         self.imports = _imported_names(facts.module)
         self.rebinding_stack: list[set[str]] = []
         """Per Assign being visited: its targets that name an imported module (read in its value as the module)."""
+        firsts = _first_rebindings(facts.module, set(self.imports))
+        self.first_rebinding = {(id(a), n) for _, n, a in firsts}
+        """(id(assign), name): the first assignment of an imported name in its scope; its value reads the import."""
+        self.module_until = {(id(scope), n): plan.line_of(a) for scope, n, a in firsts}
+        """(id(scope), name) -> line of its first assignment there: above that line, the imported module."""
+        self.scopes_in: list[cst.CSTNode] = [facts.module]
+        """The module and the functions around the node being visited (innermost last)."""
+        self.lines: list[int] = []
+        """Lines of the statements around the node being visited (innermost last)."""
         self.globals_needed: dict[str, set[str]] = {}
         self.used_names: set[str] = set()
         """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
@@ -122,9 +131,23 @@ class Rewriter(cst.CSTTransformer):
 
     def role(self, expr: cst.CSTNode) -> str | None:
         name = dotted(expr)
+        if name and name.split(".")[0] in self.rebinding:
+            return None  # `model = getattr(model, kind)(...)`: on the right, `model` is still the imported module
+        if name and self.lines and self._still_module(name.split(".")[0]):
+            return None  # `hasattr(model, kind)` above that line: the module too
         return self.p.role(self.key, name) if name and self.key in self.f.scopes else None
 
+    def _still_module(self, root: str) -> bool:
+        """`root` is an imported module here: the statement being visited is above its first assignment in the
+        innermost scope that assigns it."""
+        at = self.module_until.get((id(self.scopes_in[-1]), root))
+        return at is not None and 0 < self.lines[-1] < at
+
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseStatement):
+            self.lines.append(self.p.line_of(node))
+        if isinstance(node, cst.FunctionDef):
+            self.scopes_in.append(node)
         if _no_grad(node):
             self.no_grad += 1
         if id(node) in self.region:
@@ -134,7 +157,8 @@ class Rewriter(cst.CSTTransformer):
         if id(node) in self._nodes_to_keys:
             self.keys.append(self._nodes_to_keys[id(node)])
         if isinstance(node, cst.Assign):  # its value reads the names' earlier binding: an imported module
-            self.rebinding_stack.append({dotted(t.target) for t in node.targets} & set(self.imports))
+            self.rebinding_stack.append({n for n in {dotted(t.target) for t in node.targets} & set(self.imports)
+                                         if (id(node), n) in self.first_rebinding})
         if isinstance(node, cst.For) and self.in_ctx():
             role = self.p.loop_role(self.key, node)
             if role:
@@ -164,6 +188,10 @@ class Rewriter(cst.CSTTransformer):
             self.region_depth -= 1
         if id(original) in self.p.guard:
             self.rank0 -= 1
+        if isinstance(original, cst.BaseStatement):
+            self.lines.pop()
+        if isinstance(original, cst.FunctionDef):
+            self.scopes_in.pop()
         return result
 
     @property
@@ -530,8 +558,8 @@ class Rewriter(cst.CSTTransformer):
             line = updated.with_changes(body=[saves[0].with_changes(value=call.with_changes(args=args))],
                                         leading_lines=[])
             self.changes += 1
-            if id(original) in self.p.guard:  # the file-write rule puts it under `if ctx.is_main:` already
-                return line.with_changes(leading_lines=updated.leading_lines)
+            if id(original) in self.p.guard or self.rank0:  # the file-write rule puts it (or the statement
+                return line.with_changes(leading_lines=updated.leading_lines)  # around it) under `if ctx.is_main:`
             return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
                           leading_lines=updated.leading_lines)
         return updated
@@ -642,7 +670,7 @@ class Rewriter(cst.CSTTransformer):
         notes = self.p.notes.get(id(original), [])
         before = []
         after = []
-        if id(original) in self.p.guard and not isinstance(updated, cst.FlattenSentinel):
+        if id(original) in self.p.guard and self.rank0 == 1 and not isinstance(updated, cst.FlattenSentinel):
             self.changes += 1  # one writer: the other ranks would write the same file at the same time
             updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
                 leading_lines=[])]), leading_lines=updated.leading_lines)
@@ -722,6 +750,24 @@ def _targets_of(node: cst.CSTNode) -> list[cst.CSTNode]:
     if isinstance(node, cst.With):
         return [x for item in node.items if item.asname is not None for x in walk(item.asname.name)]
     return []
+
+
+def _first_rebindings(module: cst.Module, imported: set[str]) -> list[tuple[cst.CSTNode, str, cst.Assign]]:
+    """`import model` ... `model = getattr(model, name)(...)`: the first assignment of an imported name in each
+    scope (the module, each function), where its right-hand side still reads the module; later ones read the
+    value that assignment bound."""
+    found: list[tuple[cst.CSTNode, str, cst.Assign]] = []
+    scopes = [module] + [n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+    for scope in scopes:
+        seen: set[str] = set()
+        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
+            if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                for name in {dotted(t) for t in targets} & imported - seen:
+                    if isinstance(node, cst.Assign):
+                        found.append((scope, name, node))
+                    seen.add(name)
+    return found
 
 
 def _imported_names(module: cst.Module) -> dict[str, str]:

@@ -26,9 +26,10 @@ def plan_device_flag(plan: Any) -> str | None:
     assigned = {dotted(n.target) for stmt in plan.f.region for n in walk(stmt, into_functions=True)
                 if isinstance(n, cst.AssignTarget)}
     found: set[str] = set()
+    chosen = _chosen_devices(plan.f.module)
     for key in sorted(plan.f.ported):
         inputs = _input_moves_of(plan, key)
-        for stmt in [*_moves_of(plan, key), *inputs]:
+        for stmt in [*(m for m in _moves_of(plan, key) if not _to_chosen(m, chosen)), *inputs]:
             parent = plan._parent.get(id(stmt))
             if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
                 continue
@@ -148,3 +149,23 @@ def _moves_of(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
                 isinstance(small, cst.Expr) or dotted(small.targets[0].target) == dotted(receiver)):
             out.append(node)
     return out
+
+
+def _chosen_devices(module: cst.Module) -> set[str]:
+    """Names bound to a device the script chooses between the GPU and the CPU itself (`device = torch.device(
+    "cuda" if args.cuda else "cpu")`): a move to one under some `if` is not decided by that `if`."""
+    out = set()
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Assign) and any(isinstance(n, cst.SimpleString) and "cpu" in n.value
+                                                for n in walk(node.value)):
+            out.update(dotted(t.target) for t in node.targets if dotted(t.target))
+    return out
+
+
+def _to_chosen(stmt: cst.SimpleStatementLine, chosen: set[str]) -> bool:
+    """`model = model.to(device)` where `device` is such a choice: the `if` around it (`if args.multi_gpu:`)
+    decides how the model is run, not which device it runs on."""
+    small = stmt.body[0]
+    call = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "to" \
+        and any(a.keyword is None and dotted(a.value) in chosen for a in call.args)
