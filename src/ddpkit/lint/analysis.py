@@ -540,6 +540,11 @@ class Script:
         return [value for stmt, value in self._bindings.get(name, ())
                 if value is not None and self.context(stmt).scope == scope]
 
+    def local_assignments(self, name: str, within: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
+        """(assigning statement, value or None) for each assignment of `name` in the same function as `within`."""
+        scope = self.context(within).scope
+        return [(stmt, value) for stmt, value in self._bindings.get(name, ()) if self.context(stmt).scope == scope]
+
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):

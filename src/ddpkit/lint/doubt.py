@@ -276,10 +276,11 @@ def _logging_set_up_by_rank(project) -> bool:
     """The program sets a level, a handler or basicConfig under a condition on the rank (or with the rank in its
     arguments): which ranks' log lines show is decided per rank."""
     def compute() -> bool:
+        through_root = project.memo("logging set-ups whose logger prints through the root on every rank", set)
         for script in project.scripts.values():
             for call in script.calls:
-                if terminal(call.func) not in _SETUP:
-                    continue
+                if terminal(call.func) not in _SETUP or id(call) in through_root:
+                    continue  # (a named logger set up on rank 0 whose lines reach the root's console on every rank)
                 if any(_value_per_rank_plain(script, a) for a in (*call.args, *(k.value for k in call.keywords))):
                     return True
                 child = call

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, terminal
+from ddpkit.lint.ranks import rank_side
 from ddpkit.lint.flow import eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
@@ -723,11 +724,17 @@ def _logging_configured(project) -> bool:
 
 
 def _logging_per_rank(project) -> bool:
-    """Logging is set up per rank: a level, handler or basicConfig chosen by the rank, or under a rank check, or
-    a handler writing to a stream that ranks other than 0 silence (`if rank != 0: sys.stdout = open(os.devnull,
-    "w")` before `basicConfig(stream=sys.stdout)`; basicConfig's default stream is sys.stderr)."""
+    """Logging is set up per rank: a level, handler, filter or basicConfig chosen by the rank (in its arguments, or
+    a value assigned under a rank check: `if rank != 0: level = logging.ERROR` before `basicConfig(level=level)`),
+    or set under a rank check, or `propagate` switched by the rank, or a handler writing to a stream that ranks
+    other than 0 silence (`if rank != 0: sys.stdout = open(os.devnull, "w")` before `basicConfig(stream=sys.stdout)`;
+    basicConfig's default stream is sys.stderr). Propagation is followed: where the root logger shows INFO lines on
+    the console of every rank, a named logger given its handlers (or its level) on rank 0 alone still prints on
+    every rank through the root (the other ranks leave it unconfigured), so that set-up does not count."""
     if project.launcher_streams:
         return True  # a launcher sends the other ranks' console away: their log lines do not repeat on it
+    root_console = _root_console_everywhere(project)
+    setups = _LOG_SETUP | {d.name for d, _, _ in _logger_parameters(project)}
     for x in project.scripts.values():
         for call in x.calls:
             if project.silenced_streams and terminal(call.func) in ("basicConfig", "StreamHandler"):
@@ -737,12 +744,174 @@ def _logging_per_rank(project) -> bool:
                     "stderr" if stream is None else ""
                 if named in project.silenced_streams:
                     return True
-            if terminal(call.func) in ("basicConfig", "setLevel", "addHandler", "disable", "addFilter",
-                                       "setup_logger", "setup_logging", "get_logger", "create_logger", "getLogger"):
-                if x.context(call).level or any(x.kind(n) for a in (*call.args, *(k.value for k in call.keywords))
-                                                 for n in ast.walk(a)):
+            if terminal(call.func) not in setups:
+                continue
+            chosen = _chosen_by_rank(x, call)
+            guarded = bool(x.context(call).level) and x.qualname(call.func) != "logging.getLogger"
+            if not (chosen or guarded):
+                continue  # (getting a logger under a rank check configures nothing; one named by the rank is the
+                # process's own: `getLogger(f"worker_{rank}")`)
+            if root_console and _logger_target(project, x, call) == "named" and (
+                    terminal(call.func) == "addHandler" or not chosen and _rank_zero_side(x, call)):
+                # the other ranks' lines of this logger reach the root's console (doubt.py reads this fact)
+                project.memo(THROUGH_THE_ROOT, set).add(id(call))
+                continue
+            return True
+        for node in x.nodes:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "propagate"
+                                                    for t in node.targets):
+                if x.context(node).level or any(x.kind(n) for n in ast.walk(node.value)):
+                    return True  # `logger.propagate = rank == 0`
+    return False
+
+
+THROUGH_THE_ROOT = "logging set-ups whose logger prints through the root on every rank"
+"""Project fact: ids of the set-up calls the logging model resolved (doubt.py leaves them alone): the per-rank
+set-up of a named logger that does not silence it (see _logging_per_rank), and the call that gives the root its
+console on every rank (see _root_console_everywhere)."""
+
+_LOG_SETUP = frozenset({"basicConfig", "setLevel", "addHandler", "disable", "addFilter", "setup_logger",
+                        "setup_logging", "get_logger", "create_logger", "getLogger"})
+
+
+def _chosen_by_rank(x: Script, call: ast.Call) -> bool:
+    """An argument of the call depends on the rank, directly (`level=INFO if rank == 0 else WARN`) or through a name
+    this function assigns under a rank check or from the rank (`if not get_rank() == 0: level = ERROR`)."""
+    for a in (*call.args, *(k.value for k in call.keywords)):
+        for n in ast.walk(a):
+            if x.kind(n):
+                return True
+            if isinstance(n, ast.Name) and any(
+                    x.context(stmt).level or value is not None and any(x.kind(m) for m in ast.walk(value))
+                    for stmt, value in x.local_assignments(n.id, call)):
+                return True
+    return False
+
+
+def _rank_zero_side(x: Script, node: ast.AST) -> bool:
+    """The node sits on rank 0's side of its innermost rank check (`if rank == 0:`, the `else:` of `rank != 0`)."""
+    branches = x.context(node).branches
+    if not branches:
+        return False
+    test = next((n.test for n in x.nodes if id(n) == branches[-1][0] and isinstance(n, (ast.If, ast.IfExp))), None)
+    side = rank_side(test, branches[-1][1]) if test is not None else None
+    return side is not None and side[1]
+
+
+def _root_logger(x: Script, expr: ast.AST | None, within: ast.AST, depth: int = 0) -> str:
+    """'root' for the root logger (`logging.root`, `logging.getLogger()`, `getLogger(None)`, a name holding one),
+    'named' for a named logger (`getLogger(__name__)`, `getLogger("train")`), '' where unknown."""
+    if isinstance(expr, ast.Attribute) and x.qualname(expr) == "logging.root":
+        return "root"
+    if isinstance(expr, ast.Call) and x.qualname(expr.func) in ("logging.getLogger", "getLogger"):
+        name = expr.args[0] if expr.args else keyword(expr, "name")
+        if name is None or isinstance(name, ast.Constant) and name.value in (None, ""):
+            return "root"
+        return "named" if isinstance(name, (ast.Constant, ast.JoinedStr)) or x.qualname(name) == "__name__" else ""
+    if isinstance(expr, ast.Name) and depth < 3:
+        kinds = {_root_logger(x, v, within, depth + 1) for v in x.local_values(expr.id, within)}
+        return kinds.pop() if len(kinds) == 1 else ""
+    return ""
+
+
+def _logger_target(project, x: Script, call: ast.Call) -> str:
+    """Which logger a set-up call configures: 'root', 'named' or '' (unknown). A project helper that configures
+    `logging.getLogger(<its parameter>)` configures the logger its call names (`setup_logger(None, ...)`: the root)."""
+    name = terminal(call.func)
+    if name in ("basicConfig", "disable") and x.qualname(call.func).startswith("logging."):
+        return "root"
+    if isinstance(call.func, ast.Attribute) and name in ("setLevel", "addHandler", "addFilter"):
+        return _root_logger(x, call.func.value, call)
+    for d, param, default in _logger_parameters(project):
+        if d.name == name:
+            value = argument(call, param, [a.arg for a in d.args.args].index(param)) or default
+            if value is None or isinstance(value, ast.Constant) and value.value in (None, ""):
+                return "root"
+            return "named" if isinstance(value, (ast.Constant, ast.JoinedStr)) or x.qualname(value) == "__name__" \
+                else ""
+    return ""
+
+
+def _logger_parameters(project) -> list[tuple[ast.FunctionDef, str, ast.AST | None]]:
+    """(function, parameter, its default) for each project function that configures `logging.getLogger(<parameter>)`
+    (`def setup_logger(name, ...): lg = logging.getLogger(name); lg.addHandler(...)`)."""
+    def compute():
+        found = []
+        for x in project.scripts.values():
+            for d in x.defs:
+                params = [a.arg for a in d.args.args]
+                defaults = dict(zip(params[len(params) - len(d.args.defaults):], d.args.defaults))
+                for n in ast.walk(d):
+                    if isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger") \
+                            and len(n.args) == 1 and isinstance(n.args[0], ast.Name) and n.args[0].id in params:
+                        found.append((d, n.args[0].id, defaults.get(n.args[0].id)))
+                        break
+        return found
+    return project.memo("logger parameters", compute)
+
+
+def _root_console_everywhere(project) -> bool:
+    """The root logger writes to the console on every rank: `basicConfig(level=...)` without a file, or a
+    StreamHandler added to the root, outside any rank check, with arguments that do not depend on the rank; also
+    a project helper that adds a StreamHandler to `logging.getLogger(<parameter>)`, called for the root
+    (`setup_logger(None, ..., screen=True)`; a handler it adds under `if screen:` counts where the call passes a
+    true constant for it)."""
+    helpers = [d for d, _, _ in _logger_parameters(project)]
+    for x in project.scripts.values():
+        for call in x.calls:
+            if x.context(call).level or _chosen_by_rank(x, call):
+                continue
+            name = terminal(call.func)
+            if name == "basicConfig" and keyword(call, "level") is not None and keyword(call, "filename") is None:
+                handlers = keyword(call, "handlers")
+                if handlers is None or any(isinstance(n, ast.Call) and terminal(n.func) == "StreamHandler"
+                                           for n in ast.walk(handlers)):
+                    return True
+            if name == "addHandler" and call.args and _root_logger(x, call.func.value, call) == "root" \
+                    and _stream_handler(x, call.args[0], call):
+                return True
+            for d in helpers:
+                shown = _helper_shows_on_console(project, d, call) if d.name == name \
+                    and _logger_target(project, x, call) == "root" else None
+                if shown is not None:
+                    project.memo(THROUGH_THE_ROOT, set).add(id(shown))
                     return True
     return False
+
+
+def _stream_handler(x: Script, expr: ast.AST, within: ast.AST) -> bool:
+    if isinstance(expr, ast.Name):
+        return any(_stream_handler(x, v, within) for v in x.local_values(expr.id, within)
+                   if not isinstance(v, ast.Name))
+    return isinstance(expr, ast.Call) and terminal(expr.func) == "StreamHandler"
+
+
+def _helper_shows_on_console(project, d: ast.FunctionDef, call: ast.Call) -> ast.Call | None:
+    """The helper's addHandler of a StreamHandler that runs for this call: unconditional, or under `if <parameter>:`
+    that the call passes true; None where there is none."""
+    x = next((s for s in project.scripts.values() if any(f is d for f in s.defs)), None)
+    if x is None:
+        return None
+    params = [a.arg for a in d.args.args]
+    defaults = dict(zip(params[len(params) - len(d.args.defaults):], d.args.defaults))
+    for n in ast.walk(d):
+        if not (isinstance(n, ast.Call) and terminal(n.func) == "addHandler" and n.args
+                and _stream_handler(x, n.args[0], n)):
+            continue
+        node, shown = n, True
+        while (node := x.parents.get(id(node))) is not None and node is not d:
+            if isinstance(node, ast.If):
+                test = node.test
+                if not (isinstance(test, ast.Name) and test.id in params):
+                    shown = False
+                    break
+                value = argument(call, test.id, params.index(test.id)) or defaults.get(test.id)
+                if not (isinstance(value, ast.Constant) and value.value):
+                    shown = False
+                    break
+        if shown:
+            return n
+    return None
 
 
 @check
