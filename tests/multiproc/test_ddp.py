@@ -165,3 +165,29 @@ def test_sync_batchnorm_on_cpu_warns_and_keeps_training():
     for name, messages in run_ranks(_syncbn_on_cpu, 2):
         assert name == "BatchNorm1d"
         assert any("sync_batchnorm=True) is skipped on CPU" in m for m in messages)
+
+
+def _frozen(info: RankInfo):
+    import warnings
+
+    import ddpkit
+
+    with info.init() as ctx:
+        torch.manual_seed(info.rank)  # each rank builds different values: wrap must hand out rank 0's
+        fixed = torch.nn.Linear(4, 3).requires_grad_(False)  # a module with nothing to train
+        fixed.register_buffer("scale", torch.full((3,), float(info.rank + 1)))
+        empty = torch.nn.ReLU()  # a module with no parameters at all
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            models = [ddpkit.wrap(fixed, ctx), ddpkit.wrap(empty, ctx)]
+        out = models[0](torch.ones(2, 4)) * models[0].scale
+        return ([type(m).__name__ for m in models], out.tolist(), ddpkit.param_sha256(models[0]),
+                [str(w.message) for w in caught])
+
+
+def test_wrap_of_a_module_with_nothing_to_train_returns_it_with_rank_zero_state():
+    results = run_ranks(_frozen, 2)
+    assert results[0][1:3] == results[1][1:3]  # same outputs and bit-identical state on both ranks
+    for names, _, _, messages in results:
+        assert names == ["Linear", "ReLU"]  # DDP raises for both; wrap returns them as they are
+        assert sum("no parameter that requires grad" in m for m in messages) == 2

@@ -48,22 +48,26 @@ class _MetaContext:
         pass
 
 
+class _CpuContext(_MetaContext):
+    device = torch.device("cpu")
+
+
 def _meta_ddpkit() -> types.ModuleType:
-    """A stand-in ddpkit for one process whose device is `meta`: the loaders deliver each batch there, wrap moves
-    the model there."""
+    """A stand-in ddpkit for one process whose device is `meta` (the CPU under `init(device="cpu")`): the loaders
+    deliver each batch there, wrap moves the model there."""
     fake = types.ModuleType("ddpkit")
 
     def loader(dataset, ctx, batch_size, shuffle=False, **options):
         for batch in DataLoader(dataset, batch_size=max(batch_size, 1), shuffle=shuffle):
             yield [t.to(ctx.device) for t in batch]
 
-    fake.init = lambda *a, **k: _MetaContext()
+    fake.init = lambda *a, device="auto", **k: _MetaContext() if device != "cpu" else _CpuContext()
     fake.loader = fake.eval_loader = loader
     fake.wrap = lambda model, ctx, **k: model.to(ctx.device)
     fake.unwrap = lambda model: model
     fake.print0 = lambda ctx, *a, **k: None
     fake.barrier = lambda ctx: None
-    fake.all_reduce_sum = lambda ctx, value: value
+    fake.all_reduce_sum = lambda ctx, value: torch.as_tensor(value, dtype=torch.float64)
     fake.rng = types.SimpleNamespace(seed_everything=lambda seed: None, rank_seed=lambda seed, rank: seed,
                                      rng_state=lambda: None, set_rng_state=lambda state: None)
     return fake
@@ -187,3 +191,30 @@ for (x,) in loader:
     result = port_source(source, "jitter.py")
     assert "jitter = torch.randn(x.shape, generator=gen).to(ctx.device)" in result.code
     assert result.exit_code == 0, result.todos
+
+
+def test_a_helper_that_builds_the_wrapped_model_and_another_keeps_its_move_for_the_other():
+    result = _port("helper_built_models.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    # `model` inside build() is the helper's own module: the teacher it also builds is never wrapped
+    assert "model = model.to(ctx.device)" in lines
+    assert "model = ddpkit.wrap(build(), ctx)" in lines and "teacher = build(teacher=True)" in lines
+
+
+def test_the_ported_helper_built_teacher_meets_the_wrapped_model_on_another_device(monkeypatch):
+    _run_on_meta(_port("helper_built_models.py").code, [], monkeypatch)
+
+
+def test_a_model_left_unwrapped_in_a_script_that_names_no_device_keeps_every_rank_on_the_cpu(monkeypatch):
+    result = _port("self_training_cpu.py")
+    assert result.exit_code == 3 and "optimizer is built inside the model" in result.todos[0].message
+    assert 'with ddpkit.init(device="cpu") as ctx:' in [line.strip() for line in result.code.splitlines()]
+    assert 'ddpkit.init(device="cpu")' in result.message
+    # the model stays on the CPU with the hidden state its forward makes: the loader's batches must come there
+    _run_on_meta(result.code, [], monkeypatch)
+
+
+def test_a_wrapped_model_or_a_named_device_keeps_the_default_device():
+    source = (FIXTURES / "self_training_cpu.py").read_text()
+    named = port_source(source.replace("tagger = Tagger()", "tagger = Tagger().to('cuda')"), "named.py")
+    assert "ddpkit.init() as ctx" in named.code

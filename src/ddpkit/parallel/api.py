@@ -76,7 +76,10 @@ def wrap(
 ) -> torch.nn.Module:
     """Move `model` to the rank's device and wrap it in DistributedDataParallel.
 
-    At world size 1 the model is returned unwrapped (DDP would only add copies). On CPU no
+    At world size 1 the model is returned unwrapped (DDP would only add copies). A model with no
+    parameter that requires grad (a fixed decoder, a frozen teacher) has nothing to average and DDP
+    refuses it: it is moved, gets rank 0's parameters and buffers, and is returned unwrapped with a
+    one-line warning. Collective: all ranks must call it. On CPU no
     `device_ids` are passed (DDP rejects them there); on CUDA `device_ids=[local_rank]`.
 
     Defaults: `gradient_as_bucket_view=True` (gradients alias the all-reduce buckets: one copy and
@@ -155,11 +158,19 @@ def wrap(
     if init_weights is not None and not meta:
         raise ValueError(f"wrap(init_weights={init_weights!r}) applies to a model built on the meta device; build it "
                          "under `with torch.device('meta'):`, or drop init_weights")
+    frozen = not any(p.requires_grad for p in model.parameters())
     if not meta:
         model = model.to(ctx.device)
-    elif not (fsdp and ctx.distributed):  # DDP, or nothing to shard over: the whole model gets memory here
+    elif frozen or not (fsdp and ctx.distributed):  # nothing to shard over (or to train): memory for the whole model here
         materialize(model, ctx.device, init_weights)
-    if ctx.distributed:
+    if ctx.distributed and frozen:
+        _broadcast_state(model)
+        import warnings
+
+        warnings.warn(f"wrap(): {type(model).__name__} has no parameter that requires grad, so there is nothing to "
+                      f"average: it is returned on {ctx.device} without {'FSDP' if fsdp else 'DDP'} (rank 0's "
+                      "parameters and buffers copied to every rank)", stacklevel=2)
+    elif ctx.distributed:
         if sync_batchnorm and ctx.device.type == "cpu":
             import warnings
 
@@ -193,6 +204,16 @@ def wrap(
         return torch.compile(model, **options)
     _compile_forward(unwrap(model), options)
     return model
+
+
+def _broadcast_state(model: torch.nn.Module) -> None:
+    """Copy rank 0's parameters and buffers to every rank, as DDP does at wrap time. Collective."""
+    import torch
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
 
 
 def _compile_forward(module: torch.nn.Module, options: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ddpkit.port.project import import_device_work, parallel_asserts, project_hazards, step_loops
 
-__all__ = ["GATE_RULES", "gate"]
+__all__ = ["GATE_RULES", "gate", "project_names_a_device"]
 
 GATE_RULES = {
     "DDP001": "error", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP006": "warning",
@@ -65,6 +65,16 @@ def _imported_files(tree: ast.Module, folder: str) -> dict[str, str]:
                 except OSError:
                     pass
     return out
+
+
+def project_names_a_device(source: str, folder: str) -> bool:
+    """A module of the script's own project that it imports (beside it) names a device: `.cuda()`, `device`, "cuda"
+    (a file that does not parse counts as naming one)."""
+    try:
+        tree = ast.parse(source.removeprefix("\ufeff"))
+    except SyntaxError:
+        return True
+    return any(re.search(r"\bcuda\b|device", text) for text in _imported_files(tree, folder).values())
 
 
 def _reached_files(modules: dict[str, str], folder: str, depth: int = 2) -> dict[str, str]:

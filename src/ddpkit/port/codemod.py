@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import libcst as cst
 
 __all__ = ["PortError", "PortResult", "Todo", "port_source", "open_todos", "TODO_MARK"]
 
@@ -65,7 +69,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     from ddpkit.lint.linter import lint_sources
-    from ddpkit.port.claims import gate
+    from ddpkit.port.claims import gate, project_names_a_device
     from ddpkit.port.entry import add_import, open_context, thread_ctx
     from ddpkit.port.facts import Facts
     from ddpkit.port.plan import Plan
@@ -105,14 +109,28 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
-    module = open_context(module, facts, plan.seed, plan.device_flag)
+    folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
+    device = plan.init_device
+    if plan.cpu_script and not _wraps(module) and not (folder is not None and project_names_a_device(source, folder)):
+        device = '"cpu"'  # the unwrapped model and the tensors its methods make stay on the CPU: the batches too
+        plan.summary.append('no model is wrapped and the script names no device, so ddpkit.init(device="cpu") '
+                            "keeps every rank on the CPU with it; drop device= once the model is wrapped")
+    module = open_context(module, facts, plan.seed, device)
     module = add_import(module, rng=facts.seeded_before_init())
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
     # becomes a TODO, so "ported fully" is never said of code nobody checked
-    folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
     code, gated = gate(module.code, path, TODO_MARK, folder, lint_sources)
     todos += [Todo(line, message, True) for line, message in gated]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
     return PortResult(bom + code, todos, True, f"{path}: {state}{notes}")
+
+
+def _wraps(module: cst.Module) -> bool:
+    """The rewritten module calls ddpkit.wrap (a model it moves to ctx.device)."""
+    import libcst as cst
+
+    from ddpkit.port.facts import dotted, walk
+
+    return any(isinstance(n, cst.Call) and dotted(n.func) == "ddpkit.wrap" for n in walk(module, into_functions=True))

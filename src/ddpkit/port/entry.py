@@ -97,13 +97,14 @@ def thread_ctx(module: cst.Module, facts: Facts) -> cst.Module:
 
 
 def _init_call(seed: cst.BaseExpression | None, device: str | None = None) -> cst.Call:
-    """`ddpkit.init(seed=..., device="auto" if args.cuda else "cpu")`: the script's seed and its GPU switch."""
+    """`ddpkit.init(seed=..., device="auto" if args.cuda else "cpu")`: the script's seed and its device (`device` is
+    the expression given to device=: a GPU switch's, or `"cpu"`)."""
     equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
     args = [] if seed is None else [cst.Arg(seed, keyword=cst.Name("seed"), equal=equal)]
     if device is not None:
         if args:
             args[0] = args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        args.append(cst.Arg(cst.parse_expression(f'"auto" if {device} else "cpu"'), keyword=cst.Name("device"),
+        args.append(cst.Arg(cst.parse_expression(device), keyword=cst.Name("device"),
                             equal=equal))
     return cst.Call(cst.parse_expression("ddpkit.init"), args=args)
 

@@ -163,6 +163,12 @@ class Plan:
         (ddpkit.init's device)."""
         if self.device_flag is None:
             plan_foreign_switch(self)
+        self.init_device = f'"auto" if {self.device_flag} else "cpu"' if self.device_flag else None
+        """ddpkit.init's device= expression, None for its default."""
+        self.cpu_script = self.init_device is None and bool(self.loaders) and not _names_a_device(facts.module)
+        """The script names no device, yet a ddpkit loader delivers batches on ctx.device: where the rewrite wraps
+        no model either (each is left to a TODO) and the script's own modules name no device, codemod passes
+        ddpkit.init(device="cpu")."""
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:
@@ -582,3 +588,13 @@ def _assigned(stmt: cst.CSTNode) -> set[str]:
     """Names and attributes a statement binds (`args.seed = ...`, `seed = ...`)."""
     return {dotted(n.target) for n in walk(stmt) if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))}
 
+
+def _names_a_device(module: cst.Module) -> bool:
+    """The code (not its comments or docstrings) names a device: a name or attribute saying `device` or `cuda`
+    (`torch.device(...)`, `x.cuda()`, `device=`), or a string naming an accelerator (`.to("cuda:0")`)."""
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Name) and re.search(r"device|cuda", node.value, re.IGNORECASE):
+            return True
+        if isinstance(node, cst.SimpleString) and re.match(r"(cuda|mps|xpu|npu|hpu)\b", str(node.evaluated_value)):
+            return True
+    return False

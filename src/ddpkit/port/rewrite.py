@@ -111,6 +111,8 @@ class Rewriter(cst.CSTTransformer):
         self.lines: list[int] = []
         """Lines of the statements around the node being visited (innermost last)."""
         self.globals_needed: dict[str, set[str]] = {}
+        self._assigned_in: dict[int, set[str]] = {}
+        """id(nested function) -> the names it assigns itself (see _nested_own)."""
         self.used_names: set[str] = set()
         """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
         """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
@@ -135,7 +137,21 @@ class Rewriter(cst.CSTTransformer):
             return None  # `model = getattr(model, kind)(...)`: on the right, `model` is still the imported module
         if name and self.lines and self._still_module(name.split(".")[0]):
             return None  # `hasattr(model, kind)` above that line: the module too
+        if name and self._nested_own(name.split(".")[0]):
+            return None  # `def create_model(): model = Net().cuda(); return model` inside main: its own module
         return self.p.role(self.key, name) if name and self.key in self.f.scopes else None
+
+    def _nested_own(self, root: str) -> bool:
+        """`root` is assigned by a function defined inside the scope being visited (a helper that builds a model,
+        called for the wrapped model and for others, such as an EMA copy): there it names that function's own value,
+        not the scope's model. Its parameters still follow the scope's roles (the wrapped model is handed in)."""
+        inner = self.scopes_in[-1]
+        scope = self.f.scopes.get(self.key)
+        if not isinstance(inner, cst.FunctionDef) or scope is None or inner is scope.node:
+            return False
+        if id(inner) not in self._assigned_in:
+            self._assigned_in[id(inner)] = _assigned_names(inner)
+        return root in self._assigned_in[id(inner)]
 
     def _still_module(self, root: str) -> bool:
         """`root` is an imported module here: the statement being visited is above its first assignment in the
@@ -846,6 +862,20 @@ def _local_names(func: cst.FunctionDef) -> set[str]:
         elif isinstance(node, cst.Global):
             declared.update(n.name.value for n in node.names)
     return names | declared
+
+
+def _assigned_names(func: cst.FunctionDef) -> set[str]:
+    """Names a function assigns itself (not its parameters), less those it declares global or nonlocal."""
+    names: set[str] = set()
+    declared: set[str] = set()
+    for node in walk(func.body):
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)):
+            names.update(n.value for n in _names(node.target))
+        elif isinstance(node, cst.AsName):
+            names.update(n.value for n in _names(node.name))
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            declared.update(n.name.value for n in node.names)
+    return names - declared
 
 
 def _args_device(target: cst.BaseExpression) -> bool:
