@@ -53,6 +53,8 @@ class Plan:
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
                  end_of: Callable[[cst.CSTNode], int]) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self._local_names: dict[str, set[str]] = {}
+        """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []
         """(original line, what to do there by hand)."""
         self.notes: dict[int, list[str]] = {}
@@ -231,9 +233,28 @@ class Plan:
         found = scope.roles.get(name)
         if found is None and name.startswith("self.") and scope.cls:
             found = self.class_roles.get(scope.cls, {}).get(name)
-        if found is None and self.f.ctx_global and key != ENTRY and name not in scope.params:
+        if found is None and self.f.ctx_global and key != ENTRY and name not in scope.params and \
+                name.split(".")[0] not in self._locals(key):
             found = self.f.scopes[ENTRY].roles.get(name)  # a module-level name read inside a function
         return found
+
+    def _locals(self, key: str) -> set[str]:
+        """Names a function binds itself (not declared global): `def model(): model = resnet18(); return model`
+        builds its own `model`, never the module-level one the port wrapped."""
+        if key not in self._local_names:
+            node = self.f.scopes[key].node
+            bound: set[str] = set()
+            declared: set[str] = set()
+            if isinstance(node, cst.FunctionDef):
+                for n in walk(node.body):
+                    if isinstance(n, (cst.Global, cst.Nonlocal)):
+                        declared |= {item.name.value for item in n.names}
+                    elif isinstance(n, cst.Assign):
+                        bound |= {t.target.value for t in n.targets if isinstance(t.target, cst.Name)}
+                    elif isinstance(n, (cst.AnnAssign, cst.AugAssign, cst.For)) and isinstance(n.target, cst.Name):
+                        bound.add(n.target.value)
+            self._local_names[key] = bound - declared
+        return self._local_names[key]
 
     def _set_role(self, key: str, name: str, role: str) -> bool:
         scope = self.f.scopes[key]
