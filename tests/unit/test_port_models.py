@@ -451,6 +451,21 @@ def test_a_model_built_by_a_function_of_its_name_calls_the_function_and_wraps_it
             opt.step()
     """).code
     assert "model = ddpkit.wrap(model(), ctx)" in text and "ddpkit.unwrap(model)()" not in text
+    # a function that builds, trains and saves its own model (it returns nothing): that model is the wrapped one
+    trainer = _port_text("""
+        import torch
+        import torch.nn as nn
+        def train():
+            net = nn.Linear(2, 2).cuda()
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for x in torch.randn(4, 3, 2):
+                opt.zero_grad()
+                net(x.cuda()).sum().backward()
+                opt.step()
+            torch.save(net.state_dict(), "net.pt")
+        train()
+    """).code
+    assert "torch.save(ddpkit.unwrap(net).state_dict(), \"net.pt\")" in trainer
 
 
 def test_a_forward_whose_loss_reaches_backward_through_a_with_target_or_a_scaling_helper_stays_wrapped():

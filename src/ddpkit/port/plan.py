@@ -239,12 +239,14 @@ class Plan:
         return found
 
     def _locals(self, key: str) -> set[str]:
-        """Names a function binds itself (not declared global): `def model(): model = resnet18(); return model`
-        builds its own `model`, never the module-level one the port wrapped."""
+        """Names a builder function binds itself and returns (not declared global, not wrapped there):
+        `def model(): model = resnet18(); ...; return model` builds its own `model`, which is not yet the
+        module-level one the port wrapped."""
         if key not in self._local_names:
             node = self.f.scopes[key].node
             bound: set[str] = set()
             declared: set[str] = set()
+            returned: set[str] = set()
             if isinstance(node, cst.FunctionDef):
                 for n in walk(node.body):
                     if isinstance(n, (cst.Global, cst.Nonlocal)):
@@ -253,8 +255,11 @@ class Plan:
                         bound |= {t.target.value for t in n.targets if isinstance(t.target, cst.Name)}
                     elif isinstance(n, (cst.AnnAssign, cst.AugAssign, cst.For)) and isinstance(n.target, cst.Name):
                         bound.add(n.target.value)
-            self._local_names[key] = bound - declared
-        return self._local_names[key]
+                    elif isinstance(n, cst.Return) and n.value is not None:
+                        values = n.value.elements if isinstance(n.value, cst.Tuple) else [n.value]
+                        returned |= {dotted(v.value if isinstance(v, cst.Element) else v) for v in values}
+            self._local_names[key] = (bound & returned) - declared
+        return {n for n in self._local_names[key] if (key, n) not in self.wrapped}
 
     def _set_role(self, key: str, name: str, role: str) -> bool:
         scope = self.f.scopes[key]
