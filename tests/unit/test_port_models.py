@@ -487,3 +487,11 @@ def test_a_method_of_the_model_that_trains_it_is_a_todo_naming_the_method():
     assert any(m.startswith("`ranker.refine(...)` trains through a method of the model") for m in messages)
     assert not any("ranker.score" in m for m in messages)  # no gradient step: read from the model itself
     assert "ddpkit.unwrap(ranker).score(" in result.code
+
+
+def test_a_device_batch_handed_to_a_host_memory_library_is_a_todo():
+    result = _port("host_library_batch")
+    named = [t.message.split("`")[1:4:2] for t in result.todos if "reads host memory" in t.message]
+    # `pixels` unpacked from the batch by position, `images` the loop's own target; `images.numpy()` is not
+    # handed over as it is (its own .numpy() is the cpu() rule's), so only these two
+    assert named == [["pixels", "random_noise"], ["images", "gaussian_filter"]]

@@ -26,6 +26,8 @@ _NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "save_pretrained", "g
                           "requires_grad", "get_submodule", "get_parameter", "register_buffer", "init_hidden",
                           "init_state", "reset_state", "zero_state", "initial_state", "reset_hidden"})
 """Methods of a model that compute no training loss: read from ddpkit.unwrap(model) without a word."""
+_HOST_LIBRARIES = frozenset({"skimage", "cv2", "PIL", "scipy", "sklearn", "imgaug", "albumentations"})
+"""Libraries whose functions read a tensor's host memory (through numpy): a CUDA tensor fails there."""
 _TRAIN_DROPPED = frozenset({"dataset", "batch_size", "shuffle", "pin_memory", "generator", "sampler", "batch_sampler"})
 """DataLoader options that ddpkit's loaders choose themselves (pin_memory, order) or that the port sets."""
 _TQDM = frozenset({"tqdm", "tqdm.tqdm", "trange", "tqdm.trange", "tqdm.auto.tqdm", "auto.tqdm"})
@@ -223,6 +225,12 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        host = self._host_batch_arg(original)
+        if host:
+            library = self.imports[root_name(original.func)]
+            self.p.todo(original, f"`{host}` comes from a batch of a ddpkit loader, which delivers it on ctx.device, "
+                        f"and is handed to `{dotted(original.func)}` ({library}), which reads host memory: give it "
+                        f"`{host}.cpu()` (and move the result to ctx.device), or keep this loader's batches on the CPU")
         if self.rank0 and any(self.role(a.value) == "model" for a in original.args):
             self.changes += 1  # rank 0 alone (`writer.add_graph(model, x)`): a forward of the DDP wrapper there
             updated = updated.with_changes(args=[  # would be a collective the other ranks never join
@@ -343,6 +351,24 @@ class Rewriter(cst.CSTTransformer):
             return True
         # a step function called from the loop (`def training_step(model, batch)`), not code after the loop
         return self.key in self.p.training_scopes and self.key not in self.p.loop_scopes
+
+    def _host_batch_arg(self, call: cst.Call) -> str:
+        """A batch of a ddpkit loader (on ctx.device), or a part of one unpacked by `img, y = data[0], data[1]`,
+        handed as it is to a function of a library that reads host memory (skimage's random_noise, cv2)."""
+        root = root_name(call.func)
+        if root not in self.imports or self.imports[root].split(".")[0] not in _HOST_LIBRARIES:
+            return ""
+        batch = self._device_batch_names()
+        if not batch:
+            return ""
+        parts: set[str] = set()
+        for node in self.p.nodes(self.key):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Tuple) \
+                    and isinstance(node.value, cst.Tuple) and len(node.value.elements) == len(node.targets[0].target.elements):
+                parts |= {dotted(t.value) for t, v in zip(node.targets[0].target.elements, node.value.elements)
+                          if isinstance(t.value, cst.Name) and root_name(v.value) in batch}
+        return next((a.value.value for a in call.args if isinstance(a.value, cst.Name)
+                     and (a.value.value in batch or a.value.value in parts)), "")
 
     def _trains_itself(self, call: cst.Call, methods: list[cst.FunctionDef]) -> bool:
         """A method of the model that trains it: it is handed an optimizer (`model.fit(loader, opt)`), or its
