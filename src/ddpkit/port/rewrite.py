@@ -353,22 +353,48 @@ class Rewriter(cst.CSTTransformer):
         return self.key in self.p.training_scopes and self.key not in self.p.loop_scopes
 
     def _host_batch_arg(self, call: cst.Call) -> str:
-        """A batch of a ddpkit loader (on ctx.device), or a part of one unpacked by `img, y = data[0], data[1]`,
-        handed as it is to a function of a library that reads host memory (skimage's random_noise, cv2)."""
+        """A batch of a ddpkit loader (on ctx.device) as the loop binds it, or a part of one picked without a
+        call (`img, y = data[0], data[1]`), handed as it is to a function of a library that reads host memory
+        (skimage's random_noise, cv2). A name bound again from a call (`image = images[i].cpu().numpy()`) is not."""
         root = root_name(call.func)
         if root not in self.imports or self.imports[root].split(".")[0] not in _HOST_LIBRARIES:
             return ""
-        batch = self._device_batch_names()
-        if not batch:
+        if not self._device_batch_names():
             return ""
-        parts: set[str] = set()
-        for node in self.p.nodes(self.key):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Tuple) \
-                    and isinstance(node.value, cst.Tuple) and len(node.value.elements) == len(node.targets[0].target.elements):
-                parts |= {dotted(t.value) for t, v in zip(node.targets[0].target.elements, node.value.elements)
-                          if isinstance(t.value, cst.Name) and root_name(v.value) in batch}
-        return next((a.value.value for a in call.args if isinstance(a.value, cst.Name)
-                     and (a.value.value in batch or a.value.value in parts)), "")
+        nodes = list(self.p.nodes(self.key))
+        loops: set[str] = set()
+        for node in nodes:
+            if isinstance(node, cst.For) and self.p.loop_role(self.key, node) and not self.p.host_loop(self.key, node):
+                target = node.target
+                if isinstance(node.iter, cst.Call) and dotted(node.iter.func) == "enumerate" and \
+                        isinstance(target, cst.Tuple) and target.elements:
+                    target = cst.Tuple(target.elements[1:])  # the counter is no batch
+                loops |= {n.value for n in walk(target) if isinstance(n, cst.Name)}
+        bound: dict[str, list[cst.BaseExpression | None]] = {}
+        for node in nodes:
+            if not isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                continue
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
+                        len(t.elements) == len(node.value.elements):
+                    for te, ve in zip(t.elements, node.value.elements):
+                        if isinstance(te.value, cst.Name):
+                            bound.setdefault(te.value.value, []).append(ve.value)
+                else:
+                    for n in walk(t):
+                        if isinstance(n, cst.Name):
+                            bound.setdefault(n.value, []).append(None)  # bound some other way
+
+        def picked(value: cst.BaseExpression | None) -> bool:
+            return value is not None and not any(isinstance(n, cst.Call) for n in walk(value)) and \
+                root_name(value) in loops
+
+        for arg in call.args:
+            name = arg.value.value if isinstance(arg.value, cst.Name) else ""
+            if name and (name in loops and name not in bound or name in bound and all(map(picked, bound[name]))):
+                return name
+        return ""
 
     def _trains_itself(self, call: cst.Call, methods: list[cst.FunctionDef]) -> bool:
         """A method of the model that trains it: it is handed an optimizer (`model.fit(loader, opt)`), or its
