@@ -423,3 +423,75 @@ def test_a_model_given_to_a_rank_zero_call_is_the_unwrapped_one():
     ''')
     assert result.todos == [], result.todos
     assert "if ctx.is_main:\n    writer.add_graph(ddpkit.unwrap(model), torch.zeros(1, 4))" in result.code
+
+
+def test_a_model_built_by_a_function_of_its_name_calls_the_function_and_wraps_its_result():
+    code = _port("builder_function").code
+    # `net = net()`: on the right `net` is the builder function, never the wrapped model (TypeError if unwrapped)
+    assert "net = ddpkit.wrap(net(), ctx)" in code and "ddpkit.unwrap(net)()" not in code
+    assert "optimizer = torch.optim.SGD(net.parameters()" in code
+    # inside train() the parameter `net` is the wrapped model from the first line: its forward stays wrapped
+    assert "loss = loss_fn(net(x), y)" in code
+    assert "def train(net, loader):\n    net.train()" in code  # its `net = net.to(device)`: the wrap moved it
+    assert "ddpkit.unwrap(net).__class__.__name__" in code  # report(net)'s parameter is the model
+    text = _port_text("""
+        import torch
+        import torch.nn as nn
+        class model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(2, 2)
+            def forward(self, x):
+                return self.fc(x)
+        model = model().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in torch.randn(4, 3, 2):
+            opt.zero_grad()
+            model(x.cuda()).sum().backward()
+            opt.step()
+    """).code
+    assert "model = ddpkit.wrap(model(), ctx)" in text and "ddpkit.unwrap(model)()" not in text
+    # a function that builds, trains and saves its own model (it returns nothing): that model is the wrapped one
+    trainer = _port_text("""
+        import torch
+        import torch.nn as nn
+        def train():
+            net = nn.Linear(2, 2).cuda()
+            opt = torch.optim.SGD(net.parameters(), lr=0.1)
+            for x in torch.randn(4, 3, 2):
+                opt.zero_grad()
+                net(x.cuda()).sum().backward()
+                opt.step()
+            torch.save(net.state_dict(), "net.pt")
+        train()
+    """).code
+    assert "torch.save(ddpkit.unwrap(net).state_dict(), \"net.pt\")" in trainer
+
+
+def test_a_forward_whose_loss_reaches_backward_through_a_with_target_or_a_scaling_helper_stays_wrapped():
+    result = _port("scaled_backward")
+    code = result.code
+    assert "logits = model(inputs + noise)" in code and "pred = model(inputs + noise)" in code
+    assert "out = model(inputs)" in code  # `scale_and_step(err, opt)` runs backward itself
+    # the look under no_grad reuses the name `out` of a training forward: it stays on the wrapper too (DDP allows
+    # a forward without backward; it costs a buffer broadcast)
+    assert "ddpkit.unwrap(model)(" not in code
+    assert lint_source(code, "scaled_backward_ddp.py") == []
+
+
+def test_a_method_of_the_model_that_trains_it_is_a_todo_naming_the_method():
+    result = _port("fit_method")
+    messages = [t.message for t in result.todos]
+    # handed the optimizer at module level, outside any loop: the method runs its own training loop
+    assert any(m.startswith("`ranker.learn(...)` trains through a method of the model") for m in messages)
+    assert any(m.startswith("`ranker.refine(...)` trains through a method of the model") for m in messages)
+    assert not any("ranker.score" in m for m in messages)  # no gradient step: read from the model itself
+    assert "ddpkit.unwrap(ranker).score(" in result.code
+
+
+def test_a_device_batch_handed_to_a_host_memory_library_is_a_todo():
+    result = _port("host_library_batch")
+    named = [t.message.split("`")[1:4:2] for t in result.todos if "reads host memory" in t.message]
+    # `pixels` unpacked from the batch by position, `images` the loop's own target; `images.numpy()` is not
+    # handed over as it is (its own .numpy() is the cpu() rule's), so only these two
+    assert named == [["pixels", "random_noise"], ["images", "gaussian_filter"]]

@@ -9,8 +9,11 @@ import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import move_cpu_input
+from ddpkit.port.models import is_optimizer
 
 __all__ = ["plan_forwards"]
+
+_SCALES = re.compile(r"(?i)scal|backward")
 
 
 def plan_forwards(plan: Any) -> None:
@@ -18,24 +21,33 @@ def plan_forwards(plan: Any) -> None:
     graph for TensorBoard) leaves DDP waiting for a backward with gradients on, and the next training step
     fails: it calls ddpkit.unwrap(model). An input the script made on the CPU is made on ctx.device where it is
     assigned, or a TODO where it is not plainly a new tensor (the model is on ctx.device)."""
+    optimizers = {dotted(t.target) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
+                  and isinstance(n.value, cst.Call) and is_optimizer(n.value) for t in n.targets}
     for key in sorted(plan.f.ported):
         nodes = list(plan.nodes(key))
         backward = [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
                     and n.func.attr.value == "backward"]
         feeds = {dotted(x) for b in backward for x in walk(b.func.value) if isinstance(x, cst.Name)}
         feeds |= {dotted(x) for b in backward for a in b.args for x in walk(a.value) if isinstance(x, cst.Name)}
+        # a loss-scaling helper given the optimizer runs backward itself (`loss_scaler(loss, opt)`)
+        scalers = [n for n in nodes if isinstance(n, cst.Call) and _SCALES.search(dotted(n.func).rsplit(".", 1)[-1])
+                   and any(dotted(a.value) in optimizers for a in n.args)]
+        backward += scalers
+        feeds |= {dotted(x) for b in scalers for a in b.args for x in walk(a.value) if isinstance(x, cst.Name)}
         assigns = [n for n in nodes if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))]
         # what may reach backward: every name that shares a statement with one that does (coarse on
         # purpose: lists, attributes and loops carry values too; a forward is unwrapped only when clear)
         skip = {"self", "ctx", "torch", "nn", "F", "np", "len", "range", "print", "enumerate", "zip"}
         skip |= {k for k, v in plan.f.scopes[key].roles.items() if v == "model"}
         statements = [n for n in nodes if isinstance(n, (cst.SimpleStatementLine, cst.For, cst.With))]
-        tokens = [{x.value for x in walk(st if isinstance(st, cst.SimpleStatementLine) else st.children[0]
-                                          if not isinstance(st, cst.For) else cst.Module([]))
-                   if isinstance(x, cst.Name)} - skip for st in statements]
+        tokens = [{x.value for x in walk(st) if isinstance(x, cst.Name)} - skip
+                  for st in statements if isinstance(st, cst.SimpleStatementLine)]
         tokens += [{x.value for x in walk(st.target) if isinstance(x, cst.Name)} |
                    {x.value for x in walk(st.iter) if isinstance(x, cst.Name)} - skip
                    for st in statements if isinstance(st, cst.For)]
+        # `with amp.scale_loss(loss, opt) as scaled: scaled.backward()`: the `as` target carries the loss
+        tokens += [{x.value for x in walk(item) if isinstance(x, cst.Name)} - skip
+                   for st in statements if isinstance(st, cst.With) for item in st.items]
         feeds -= skip
         for _ in range(30):
             before = len(feeds)

@@ -53,6 +53,8 @@ class Plan:
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
                  end_of: Callable[[cst.CSTNode], int]) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self._local_names: dict[str, set[str]] = {}
+        """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []
         """(original line, what to do there by hand)."""
         self.notes: dict[int, list[str]] = {}
@@ -237,9 +239,33 @@ class Plan:
         found = scope.roles.get(name)
         if found is None and name.startswith("self.") and scope.cls:
             found = self.class_roles.get(scope.cls, {}).get(name)
-        if found is None and self.f.ctx_global and key != ENTRY and name not in scope.params:
+        if found is None and self.f.ctx_global and key != ENTRY and name not in scope.params and \
+                name.split(".")[0] not in self._locals(key):
             found = self.f.scopes[ENTRY].roles.get(name)  # a module-level name read inside a function
         return found
+
+    def _locals(self, key: str) -> set[str]:
+        """Names a builder function binds itself and returns (not declared global, not wrapped there):
+        `def model(): model = resnet18(); ...; return model` builds its own `model`, which is not yet the
+        module-level one the port wrapped."""
+        if key not in self._local_names:
+            node = self.f.scopes[key].node
+            bound: set[str] = set()
+            declared: set[str] = set()
+            returned: set[str] = set()
+            if isinstance(node, cst.FunctionDef):
+                for n in walk(node.body):
+                    if isinstance(n, (cst.Global, cst.Nonlocal)):
+                        declared |= {item.name.value for item in n.names}
+                    elif isinstance(n, cst.Assign):
+                        bound |= {t.target.value for t in n.targets if isinstance(t.target, cst.Name)}
+                    elif isinstance(n, (cst.AnnAssign, cst.AugAssign, cst.For)) and isinstance(n.target, cst.Name):
+                        bound.add(n.target.value)
+                    elif isinstance(n, cst.Return) and n.value is not None:
+                        values = n.value.elements if isinstance(n.value, cst.Tuple) else [n.value]
+                        returned |= {dotted(v.value if isinstance(v, cst.Element) else v) for v in values}
+            self._local_names[key] = (bound & returned) - declared
+        return {n for n in self._local_names[key] if (key, n) not in self.wrapped}
 
     def _set_role(self, key: str, name: str, role: str) -> bool:
         scope = self.f.scopes[key]

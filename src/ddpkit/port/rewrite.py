@@ -8,7 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name, walk
 from ddpkit.port.inputs import CREATORS as _CREATORS
-from ddpkit.port.models import moves_to_cpu
+from ddpkit.port.models import is_optimizer, moves_to_cpu
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
 from ddpkit.port.sums import reduce_statement
 
@@ -26,6 +26,8 @@ _NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "save_pretrained", "g
                           "requires_grad", "get_submodule", "get_parameter", "register_buffer", "init_hidden",
                           "init_state", "reset_state", "zero_state", "initial_state", "reset_hidden"})
 """Methods of a model that compute no training loss: read from ddpkit.unwrap(model) without a word."""
+_HOST_LIBRARIES = frozenset({"skimage", "cv2", "PIL", "scipy", "sklearn", "imgaug", "albumentations"})
+"""Libraries whose functions read a tensor's host memory (through numpy): a CUDA tensor fails there."""
 _TRAIN_DROPPED = frozenset({"dataset", "batch_size", "shuffle", "pin_memory", "generator", "sampler", "batch_sampler"})
 """DataLoader options that ddpkit's loaders choose themselves (pin_memory, order) or that the port sets."""
 _TQDM = frozenset({"tqdm", "tqdm.tqdm", "trange", "tqdm.trange", "tqdm.auto.tqdm", "auto.tqdm"})
@@ -66,7 +68,8 @@ def _is_identity(small: cst.BaseSmallStatement, original: cst.BaseSmallStatement
         return False
     target, value = small.targets[0].target, small.value
     code = cst.Module([]).code_for_node
-    if code(target).replace("(", "").replace(")", "").replace(" ", "") == \
+    calls = any(isinstance(n, cst.Call) for n in walk(value))  # `model = model()` calls a builder: no identity
+    if not calls and code(target).replace("(", "").replace(")", "").replace(" ", "") == \
             code(value).replace("(", "").replace(")", "").replace(" ", ""):
         return True
     if isinstance(value, cst.DictComp) and isinstance(value.for_in.target, cst.Tuple) and value.for_in.inner_for_in \
@@ -100,8 +103,15 @@ class Rewriter(cst.CSTTransformer):
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
         self.imports = _imported_names(facts.module)
         self.rebinding_stack: list[set[str]] = []
-        """Per Assign being visited: its targets that name an imported module (read in its value as the module)."""
-        firsts = _first_rebindings(facts.module, set(self.imports))
+        """Per Assign being visited: its targets that name an imported module, a function or a class (read in its
+        value as that: `model = model()` calls the builder function `model`)."""
+        self.optimizers = {dotted(t.target) for n in walk(facts.module, into_functions=True)
+                           if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and is_optimizer(n.value)
+                           for t in n.targets}
+        """Names bound to an optimizer somewhere in the script."""
+        self.not_values = set(self.imports) | _defined_names(facts.module)
+        """Names an import, a `def` or a `class` binds: read before their first assignment, never the model."""
+        firsts = _first_rebindings(facts.module, self.not_values)
         self.first_rebinding = {(id(a), n) for _, n, a in firsts}
         """(id(assign), name): the first assignment of an imported name in its scope; its value reads the import."""
         self.module_until = {(id(scope), n): plan.line_of(a) for scope, n, a in firsts}
@@ -173,7 +183,7 @@ class Rewriter(cst.CSTTransformer):
         if id(node) in self._nodes_to_keys:
             self.keys.append(self._nodes_to_keys[id(node)])
         if isinstance(node, cst.Assign):  # its value reads the names' earlier binding: an imported module
-            self.rebinding_stack.append({n for n in {dotted(t.target) for t in node.targets} & set(self.imports)
+            self.rebinding_stack.append({n for n in {dotted(t.target) for t in node.targets} & self.not_values
                                          if (id(node), n) in self.first_rebinding})
         if isinstance(node, cst.For) and self.in_ctx():
             role = self.p.loop_role(self.key, node)
@@ -231,6 +241,12 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        host = self._host_batch_arg(original)
+        if host:
+            library = self.imports[root_name(original.func)]
+            self.p.todo(original, f"`{host}` comes from a batch of a ddpkit loader, which delivers it on ctx.device, "
+                        f"and is handed to `{dotted(original.func)}` ({library}), which reads host memory: give it "
+                        f"`{host}.cpu()` (and move the result to ctx.device), or keep this loader's batches on the CPU")
         if self.rank0 and any(self.role(a.value) == "model" for a in original.args):
             self.changes += 1  # rank 0 alone (`writer.add_graph(model, x)`): a forward of the DDP wrapper there
             updated = updated.with_changes(args=[  # would be a collective the other ranks never join
@@ -338,15 +354,72 @@ class Rewriter(cst.CSTTransformer):
         func = original.func
         if not isinstance(func, cst.Attribute) or func.attr.value in _DDP_SAFE or func.attr.value in _NOT_FORWARD:
             return False
-        if self.role(func.value) != "model" or self.no_grad or any(r == "eval" for _, r in self.batches):
+        if self.role(func.value) != "model":
             return False
         methods = [s.node for k, s in self.f.scopes.items() if s.cls and k == f"{s.cls}.{func.attr.value}"]
+        if self._trains_itself(original, methods):
+            return True  # `model.fit(loader, optimizer)`: the method runs its own loop, wherever it is called
+        if self.no_grad or any(r == "eval" for _, r in self.batches):
+            return False
         if methods and all(_no_grad(m) for m in methods):
             return False  # `@torch.no_grad() def update_average(self)`: computes no gradient, trains nothing
         if any(r == "train" for _, r in self.batches):
             return True
         # a step function called from the loop (`def training_step(model, batch)`), not code after the loop
         return self.key in self.p.training_scopes and self.key not in self.p.loop_scopes
+
+    def _host_batch_arg(self, call: cst.Call) -> str:
+        """A batch of a ddpkit loader (on ctx.device) as the loop binds it, or a part of one picked without a
+        call (`img, y = data[0], data[1]`), handed as it is to a function of a library that reads host memory
+        (skimage's random_noise, cv2). A name bound again from a call (`image = images[i].cpu().numpy()`) is not."""
+        root = root_name(call.func)
+        if root not in self.imports or self.imports[root].split(".")[0] not in _HOST_LIBRARIES:
+            return ""
+        if not self._device_batch_names():
+            return ""
+        nodes = list(self.p.nodes(self.key))
+        loops: set[str] = set()
+        for node in nodes:
+            if isinstance(node, cst.For) and self.p.loop_role(self.key, node) and not self.p.host_loop(self.key, node):
+                target = node.target
+                if isinstance(node.iter, cst.Call) and dotted(node.iter.func) == "enumerate" and \
+                        isinstance(target, cst.Tuple) and target.elements:
+                    target = cst.Tuple(target.elements[1:])  # the counter is no batch
+                loops |= {n.value for n in walk(target) if isinstance(n, cst.Name)}
+        bound: dict[str, list[cst.BaseExpression | None]] = {}
+        for node in nodes:
+            if not isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+                continue
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
+                        len(t.elements) == len(node.value.elements):
+                    for te, ve in zip(t.elements, node.value.elements):
+                        if isinstance(te.value, cst.Name):
+                            bound.setdefault(te.value.value, []).append(ve.value)
+                else:
+                    for n in walk(t):
+                        if isinstance(n, cst.Name):
+                            bound.setdefault(n.value, []).append(None)  # bound some other way
+
+        def picked(value: cst.BaseExpression | None) -> bool:
+            return value is not None and not any(isinstance(n, cst.Call) for n in walk(value)) and \
+                root_name(value) in loops
+
+        for arg in call.args:
+            name = arg.value.value if isinstance(arg.value, cst.Name) else ""
+            if name and (name in loops and name not in bound or name in bound and all(map(picked, bound[name]))):
+                return name
+        return ""
+
+    def _trains_itself(self, call: cst.Call, methods: list[cst.FunctionDef]) -> bool:
+        """A method of the model that trains it: it is handed an optimizer (`model.fit(loader, opt)`), or its
+        code in this file runs backward() or an optimizer step."""
+        if any(dotted(a.value) in self.optimizers for a in call.args):
+            return True
+        return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and (
+            n.func.attr.value == "backward" or n.func.attr.value == "step" and not n.args)
+            for m in methods for n in walk(m, into_functions=True))
 
     def _reduced_read(self, original: cst.CSTNode) -> cst.BaseExpression | None:
         """A per-rank running sum read in a report inside its loop: the value over every rank, read there."""
@@ -769,13 +842,14 @@ def _targets_of(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def _first_rebindings(module: cst.Module, imported: set[str]) -> list[tuple[cst.CSTNode, str, cst.Assign]]:
-    """`import model` ... `model = getattr(model, name)(...)`: the first assignment of an imported name in each
-    scope (the module, each function), where its right-hand side still reads the module; later ones read the
-    value that assignment bound."""
+    """`import model` ... `model = getattr(model, name)(...)`, `def model(): ...` ... `model = model()`: the first
+    assignment of an imported or defined name in each scope (the module, each function), where its right-hand
+    side still reads the module or function; later ones read the value that assignment bound. A function's
+    parameter of that name is a value from its first line on."""
     found: list[tuple[cst.CSTNode, str, cst.Assign]] = []
     scopes = [module] + [n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef)]
     for scope in scopes:
-        seen: set[str] = set()
+        seen: set[str] = _parameters(scope) if isinstance(scope, cst.FunctionDef) else set()
         for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
             if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
                 targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
@@ -784,6 +858,20 @@ def _first_rebindings(module: cst.Module, imported: set[str]) -> list[tuple[cst.
                         found.append((scope, name, node))
                     seen.add(name)
     return found
+
+
+def _parameters(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    every += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return {p.name.value for p in every}
+
+
+def _defined_names(module: cst.Module) -> set[str]:
+    """Names a `def` or a `class` statement binds in the module or in a function (not a class's methods)."""
+    scopes = [module] + [n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+    return {n.name.value for scope in scopes for n in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope)
+            if isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not scope}
 
 
 def _imported_names(module: cst.Module) -> dict[str, str]:

@@ -144,8 +144,9 @@ def _model_root(plan: Any, key: str, expr: cst.CSTNode, wrapped: set[str]) -> st
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 node.func.attr.value in _PARAMETER_SOURCES:
             root = root_name(node.func.value)
-            if root in wrapped or plan.role(key, root) == "model":
-                return root
+            if plan.role(key, root) == "model" or root in wrapped and (
+                    (key, root) in plan.wrapped or root not in plan._locals(key)):
+                return root  # a function's own `model` (a builder's, before any wrap) is not the wrapped one
     return ""
 
 
