@@ -34,29 +34,31 @@ def switch_parameters(defs: list[ast.AST]) -> set[str]:
 def switched_on(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:
     """Whether `call` surely turns the switch `param` of the function `name` on: it passes a true constant
     (`save_cur=True`). A call that spreads `*args`/`**kwargs`, or passes anything else, may leave it off."""
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+    if _spreads(call):
         return False
-    given = next((k.value for k in call.keywords if k.arg == param), None)
-    if given is None:
-        for d in defs:
-            if d.name != name:
-                continue
-            positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-            if positional[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
-                positional = positional[1:]
-            if param in positional and positional.index(param) < len(call.args):
-                given = call.args[positional.index(param)]
+    given = _argument(call, defs, name, param)
     return isinstance(given, ast.Constant) and given.value is not None and bool(given.value) \
         and not isinstance(given.value, str)
 
 
 def passes(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:
     """Whether `call` gives the parameter `param` of the function `name` a value (other than None)."""
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+    if _spreads(call):
         return True
+    given = _argument(call, defs, name, param)
+    return given is not None and not (isinstance(given, ast.Constant) and given.value is None)
+
+
+def _spreads(call: ast.Call) -> bool:
+    return any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+
+
+def _argument(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> ast.AST | None:
+    """What `call` passes to the parameter `param` of the function `name`, by keyword or by position (None where
+    it passes nothing)."""
     given = next((k.value for k in call.keywords if k.arg == param), None)
     if given is not None:
-        return not (isinstance(given, ast.Constant) and given.value is None)
+        return given
     for d in defs:
         if d.name != name:
             continue
@@ -64,9 +66,8 @@ def passes(call: ast.Call, defs: list[ast.AST], name: str, param: str) -> bool:
         if positional[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
             positional = positional[1:]
         if param in positional and positional.index(param) < len(call.args):
-            value = call.args[positional.index(param)]
-            return not (isinstance(value, ast.Constant) and value.value is None)
-    return False
+            return call.args[positional.index(param)]
+    return None
 
 
 def presence_test(test: ast.AST) -> tuple[str, str]:
