@@ -4,20 +4,15 @@ project that start a program's ranks, rank checks written as helper flags and mo
 from __future__ import annotations
 
 import ast
-import re
 import textwrap
 from pathlib import Path
 
 from ddpkit.lint import lint_files, lint_sources
 from ddpkit.lint.imports import Modules, runtime_imports
 
+from lint_markers import expected as _marks
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint"
-_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
-
-
-def _marks(files: list[Path], root: Path) -> set[tuple[str, int, str, str]]:
-    return {(f.relative_to(root).as_posix(), number, rule, severity) for f in files
-            for number, line in enumerate(f.read_text().splitlines(), 1) for rule, severity in _EXPECT.findall(line)}
 
 
 def test_modules_imported_at_run_time_are_part_of_the_program():

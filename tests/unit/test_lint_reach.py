@@ -4,22 +4,7 @@ worker builds."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from ddpkit.lint import lint_files
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "programs"
-_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
-
-
-def _check(name: str) -> None:
-    root = FIXTURES / name
-    files = sorted(root.rglob("*.py"))
-    marks = {(f.relative_to(root).as_posix(), number, rule, severity) for f in files
-             for number, line in enumerate(f.read_text().splitlines(), 1) for rule, severity in _EXPECT.findall(line)}
-    found = {(Path(f.path).relative_to(root).as_posix(), f.line, f.rule, f.severity) for f in lint_files(files)}
-    assert marks and found == marks
+from lint_markers import check_program as _check
 
 
 def test_a_name_imported_from_a_package_whose_init_is_not_linted_comes_from_the_module_defining_it():

@@ -3,23 +3,11 @@ through the program's own reporting helpers."""
 
 from __future__ import annotations
 
-import re
 import textwrap
-from pathlib import Path
 
-from ddpkit.lint import lint_files, lint_sources
+from ddpkit.lint import lint_sources
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "programs"
-_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
-
-
-def _check(name: str) -> None:
-    root = FIXTURES / name
-    files = sorted(root.rglob("*.py"))
-    marks = {(f.relative_to(root).as_posix(), number, rule, severity) for f in files
-             for number, line in enumerate(f.read_text().splitlines(), 1) for rule, severity in _EXPECT.findall(line)}
-    found = {(Path(f.path).relative_to(root).as_posix(), f.line, f.rule, f.severity) for f in lint_files(files)}
-    assert marks and found == marks
+from lint_markers import PROGRAMS as FIXTURES, check_program as _check
 
 
 def test_a_project_logger_class_or_a_helper_returning_logging_repeats_on_every_rank():
@@ -54,7 +42,6 @@ _RANKED_LOGGER = """
 
 def test_a_logger_class_that_looks_at_the_rank_is_not_reported():
     assert [f for f in lint_sources({"train.py": textwrap.dedent(_RANKED_LOGGER)}) if f.rule == "DDP008"] == []
-
 
 
 def test_a_library_network_with_batchnorm_has_buffers_ddp_broadcasts_in_a_rank0_forward():

@@ -3,23 +3,11 @@ multiprocessing.Process doing background work (a writer fed by a queue) does not
 
 from __future__ import annotations
 
-import re
 import textwrap
-from pathlib import Path
 
-from ddpkit.lint import lint_files, lint_sources
+from ddpkit.lint import lint_sources
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lint" / "programs"
-_EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
-
-
-def _check(name: str) -> None:
-    root = FIXTURES / name
-    files = sorted(root.rglob("*.py"))
-    marks = {(f.relative_to(root).as_posix(), number, rule, severity) for f in files
-             for number, line in enumerate(f.read_text().splitlines(), 1) for rule, severity in _EXPECT.findall(line)}
-    found = {(Path(f.path).relative_to(root).as_posix(), f.line, f.rule, f.severity) for f in lint_files(files)}
-    assert marks and found == marks
+from lint_markers import check_program as _check
 
 
 def test_a_print_above_the_call_that_swaps_print_runs_on_every_rank():

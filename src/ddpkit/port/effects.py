@@ -326,7 +326,7 @@ def check_rank0_bindings(plan: Any) -> None:
     found: list[tuple[str, cst.BaseStatement]] = []  # (scope, outermost guarded statement)
     for key in sorted(f.ported):
         for node in plan.nodes(key):
-            if isinstance(node, cst.BaseStatement) and id(node) in plan.guard and not _guarded_above(plan, node):
+            if isinstance(node, cst.BaseStatement) and id(node) in plan.guard and not plan.guarded_above(node):
                 found.append((key, node))
     opened_told: set[int] = set()
     for key, stmt in found:
@@ -349,7 +349,7 @@ def check_rank0_bindings(plan: Any) -> None:
         for name in sorted(names):
             if _bound_unguarded(plan, key, name):
                 continue  # `writer = None` on every rank first: the script tests it itself
-            uses = [u for k in scopes for u in _reads_of(plan, k, name) if not _guarded_above(plan, u)
+            uses = [u for k in scopes for u in _reads_of(plan, k, name) if not plan.guarded_above(u)
                     and id(u) not in plan.guard]
             uses += [u for u in _module_tail(plan) if _mentions(u, name)] if key == ENTRY else []
             for use in uses:
@@ -366,15 +366,6 @@ def check_rank0_bindings(plan: Any) -> None:
                 plan.todo(use, f"`{name}` is bound on rank 0 only (line {plan.line_of(stmt)} is under `if ctx.is_main:`)"
                           " and this line reads it on every rank: put it under `if ctx.is_main:` too, or bind "
                           f"`{name} = None` on the other ranks and test it here")
-
-
-def _guarded_above(plan: Any, node: cst.CSTNode) -> bool:
-    parent = plan._parent.get(id(node))
-    while parent is not None:
-        if id(parent) in plan.guard:
-            return True
-        parent = plan._parent.get(id(parent))
-    return False
 
 
 def _enclosing_withs(plan: Any, node: cst.CSTNode) -> list[cst.With]:
@@ -441,7 +432,7 @@ def _reads_of(plan: Any, key: str, name: str) -> list[cst.BaseStatement]:
 def _bound_unguarded(plan: Any, key: str, name: str) -> bool:
     for node in plan.nodes(key):
         if isinstance(node, cst.BaseStatement) and not isinstance(node, (cst.FunctionDef, cst.ClassDef)) \
-                and id(node) not in plan.guard and not _guarded_above(plan, node) and name in _own_bindings(node):
+                and id(node) not in plan.guard and not plan.guarded_above(node) and name in _own_bindings(node):
             return True
     return False
 

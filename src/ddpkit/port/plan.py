@@ -192,6 +192,15 @@ class Plan:
                     self._parent[id(child)] = stmt
                 self._index(inner)
 
+    def guarded_above(self, node: cst.CSTNode) -> bool:
+        """Whether a statement around `node` (not `node` itself) is one the port puts under `if ctx.is_main:`."""
+        parent = self._parent.get(id(node))
+        while parent is not None:
+            if id(parent) in self.guard:
+                return True
+            parent = self._parent.get(id(parent))
+        return False
+
     def under_branch(self, stmt: cst.CSTNode, key: str | None = None) -> bool:
         """Inside an if/try/while of its scope (a condition some ranks may take and others not), or inside a
         loop over an evaluation shard (shards may differ by a batch)."""

@@ -226,8 +226,4 @@ def plan_rank_values(plan: Any) -> None:
 
 def _under_guard(plan: Any, node: cst.CSTNode) -> bool:
     stmt = plan._stmt.get(id(node))
-    while stmt is not None:
-        if id(stmt) in plan.guard:
-            return True
-        stmt = plan._parent.get(id(stmt))
-    return False
+    return stmt is not None and (id(stmt) in plan.guard or plan.guarded_above(stmt))
