@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -366,15 +367,30 @@ def _store_barrier(dist: Any, key: str) -> None:
 
 
 def _record_error(exc: BaseException) -> None:
-    """Write the traceback where torchrun looks for it, so its failure summary shows the cause."""
-    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+    """Write the traceback where torchrun looks for it, so its failure summary shows the cause.
+
+    The file appears whole or not at all: torch's writer truncates it first, and the agent SIGTERMs
+    this rank as soon as another rank has died, so a rank killed mid-write (its SIGTERM handler is
+    back to the default by then) left an empty file, on which torch's agent crashed with a
+    JSONDecodeError instead of restarting the job. Torch writes a temporary file here (its own
+    format), which is then renamed into place.
+    """
+    target = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not target:
         return
+    partial = f"{target}.{os.getpid()}.partial"
     try:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-        ErrorHandler().record_exception(exc)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = partial
+        try:
+            ErrorHandler().record_exception(exc)
+        finally:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = target
+        os.replace(partial, target)
     except Exception:  # reporting must never mask the user's own exception
-        pass
+        with contextlib.suppress(OSError):
+            os.remove(partial)
 
 
 def _existing_group() -> tuple[int, int, str] | None:
