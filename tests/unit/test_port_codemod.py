@@ -202,6 +202,23 @@ def test_bad_input_is_refused():
         port_source("from torch.nn.parallel import DistributedDataParallel\n", "x.py")
 
 
+def test_indentation_mixing_tabs_and_spaces_is_read_as_python_reads_it():
+    """Python accepts a block indented `4 spaces, tab, 4 spaces` (12 columns); libcst's tokenizer does not."""
+    src = (FIXTURES / "toplevel_script.py").read_text()
+    mixed = src.replace("        loss = loss_fn(model(xb), yb)\n",
+                        "        with torch.no_grad():\n    \t    scale = 1.0\n\n        loss = loss_fn(model(xb), yb)\n", 1)
+    mixed = mixed.replace("import json\n", 'import json\nNOTE = """kept as written:\n\tone tab"""\n', 1)
+    assert mixed.count("\t") == 2
+    compile(mixed, "mixed.py", "exec")
+    result = port_source(mixed, "mixed.py")
+    compile(result.code, "ported.py", "exec")
+    assert "            scale = 1.0\n" in result.code  # the tab stop is at column 8, as Python counts it
+    assert '"""kept as written:\n\tone tab"""' in result.code  # text inside a string is not indentation
+    assert "indents with tabs mixed with spaces" in result.message and "ported fully" in result.message
+    with pytest.raises(PortError, match=r"y\.py:4:.*cannot parse.*inconsistent use of tabs.*fix the syntax error"):
+        port_source("import torch\nif True:\n\tx = 1\n        y = 2\n", "y.py")  # inconsistent: a real error
+
+
 def test_cli_writes_diffs_and_exit_codes(tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_text(_path("argparse_main").read_text())

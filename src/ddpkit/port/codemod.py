@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -78,10 +79,22 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     bom = "\ufeff" if source.startswith("\ufeff") else ""  # the parser drops it: written back in front
     source = source[len(bom):]
     try:
+        compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as e:
+        raise PortError(f"{path}:{e.lineno}:{e.offset or 1}: cannot parse the file ({e.msg}); fix the syntax error "
+                        "first") from None
+    retabbed = False
+    try:
         wrapper = MetadataWrapper(cst.parse_module(source))
     except cst.ParserSyntaxError as e:
-        raise PortError(f"{path}:{e.raw_line}:{e.raw_column + 1}: cannot parse the file ({e.message}); fix the "
-                        "syntax error first") from None
+        expanded = _indent_tabs_expanded(source)
+        if expanded is None:
+            raise _unparsable(path, e) from None
+        try:  # Python reads indentation that mixes tabs and spaces; libcst's tokenizer does not
+            wrapper = MetadataWrapper(cst.parse_module(expanded))
+        except cst.ParserSyntaxError:
+            raise _unparsable(path, e) from None
+        source, retabbed = expanded, True
     facts = Facts(wrapper.module)
     if facts.ported_already:
         left = open_todos(source)
@@ -115,6 +128,9 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
         device = '"cpu"'  # the unwrapped model and the tensors its methods make stay on the CPU: the batches too
         plan.summary.append('no model is wrapped and the script names no device, so ddpkit.init(device="cpu") '
                             "keeps every rank on the CPU with it; drop device= once the model is wrapped")
+    if retabbed:
+        plan.summary.append("the file indents with tabs mixed with spaces, which the rewriter cannot read: its "
+                            "indentation is written with spaces (8 columns a tab, as Python reads it)")
     module = open_context(module, facts, plan.seed, device)
     module = add_import(module, rng=facts.seeded_before_init())
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
@@ -125,6 +141,37 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
     return PortResult(bom + code, todos, True, f"{path}: {state}{notes}")
+
+
+def _unparsable(path: str, e: cst.ParserSyntaxError) -> PortError:
+    """The error for a file Python reads but the rewriter's parser rejects."""
+    return PortError(f"{path}:{e.raw_line}:{e.raw_column + 1}: Python reads this file but the rewriter's parser "
+                     f"(libcst) cannot ({e.message}); rewrite that part in plainer syntax, then port again")
+
+
+def _indent_tabs_expanded(source: str) -> str | None:
+    """`source` with tabs in each line's indentation expanded (tab stops every 8 columns, Python's own rule for
+    indentation), lines inside multi-line strings untouched; None where no indentation holds a tab or the
+    tokenizer rejects the text."""
+    import io
+    import tokenize
+
+    lines = source.splitlines(keepends=True)
+    if not any(line[: len(line) - len(line.lstrip(" \t"))].count("\t") for line in lines):
+        return None
+    inside: set[int] = set()  # 1-based lines that continue a token begun on an earlier line (string text)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.end[0] > tok.start[0] and tok.type not in (tokenize.NEWLINE, tokenize.NL):
+                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    out = []
+    for number, line in enumerate(lines, start=1):
+        body = line.lstrip(" \t")
+        indent = line[: len(line) - len(body)]
+        out.append(line if number in inside or "\t" not in indent else indent.expandtabs(8) + body)
+    return "".join(out)
 
 
 def _wraps(module: cst.Module) -> bool:
