@@ -19,7 +19,7 @@ from ddpkit.lint.analysis import (REDUCING_NAME, Script, function_apply, is_eval
                                   terminal)
 from ddpkit.lint.ranks import distributed_mode
 
-__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
+__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class", "dropped_by_every_caller"]
 
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
@@ -483,6 +483,36 @@ def _keyed_items(s: Script) -> dict[int, str]:
     return found
 
 
+def dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
+    """The value (a sampler, a loader) is returned in a tuple (`return dataset, sampler, collate`) by a function
+    every call of which, in every file of the program, unpacks that item into a name nothing reads (`dataset, _, _
+    = build(...)`): no loader is built from the sampler, the loader is never iterated."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    func = next((d for d in s.defs if any(n is sampler for n in ast.walk(d))), None)
+    if func is None or not holders:
+        return False
+    spots = {i for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
+             for i, e in enumerate(n.value.elts) if isinstance(e, ast.Name) and e.id in holders}
+    if len(spots) != 1:
+        return False
+    spot = next(iter(spots))
+    calls = [(x, c) for x, c in s.project.calls_named(func.name) if not isinstance(c.func, ast.Attribute)
+             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
+    if not calls or len(calls) != len(s.project.calls_named(func.name)):
+        return False
+    for x, c in calls:
+        stmt = x.parents.get(id(c))
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
+                and len(stmt.targets[0].elts) > spot and isinstance(stmt.targets[0].elts[spot], ast.Name)):
+            return False
+        name = stmt.targets[0].elts[spot].id
+        scope = x.context(stmt).scope
+        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               and x.context(n).scope == scope for n in x.nodes):
+            return False
+    return True
+
+
 def eval_samplers(s: Script) -> list[ast.Call]:
     """Padding distributed samplers over evaluation data that some DataLoader the program iterates uses.
 
@@ -504,8 +534,8 @@ def eval_samplers(s: Script) -> list[ast.Call]:
         loaders = []
         for c in s.calls_named("DataLoader"):
             target = named.get(id(c), "")
-            if target and target not in loaded:
-                continue  # `val_loader = DataLoader(...)` that nothing reads
+            if target and (target not in loaded or dropped_by_every_caller(s, c)):
+                continue  # `val_loader = DataLoader(...)` that nothing reads (also once returned to its callers)
             loaders.append(c)
         used = _loader_inputs(s, loaders)
         # a sampler that goes into a loader named for evaluation (`test_loader = DataLoader(ds2, **test_kwargs)`)
