@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "dropped_by_every_caller", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
@@ -435,12 +435,17 @@ class Script:
             if chosen is not None and starts(n.body):
                 values.setdefault(chosen[0], set()).update(chosen[1])
                 covered.update(id(c) for c in ast.walk(ast.Module(body=n.body, type_ignores=[])))
-        inside = {id(x) for d in self.defs if d.name in starters for x in ast.walk(d)}
-        starting = [c for c in self.calls if id(c) not in inside
-                    and (terminal(c.func) == "init_process_group" or terminal(c.func) in starters)]
         # `if args.dist == "ON": init_process_group(...)`: every start of the group in this file under such a test
-        # makes any other value of the setting a one-process run (see _starts_group_arm)
-        self._mode_values = values if values and all(id(c) in covered for c in starting) else {}
+        # (directly, or in a function every call of which is) makes any other value of the setting a one-process
+        # run (see _starts_group_arm)
+        starts_here = [c for c in self.calls if terminal(c.func) == "init_process_group"]
+        for d in self.defs:
+            if d.name in starters and any(isinstance(c, ast.Call) and terminal(c.func) == "init_process_group"
+                                          for c in ast.walk(d)):
+                called = [c for c in self.calls if terminal(c.func) == d.name]
+                if called and all(id(c) in covered for c in called):
+                    covered.update(id(c) for c in ast.walk(d))
+        self._mode_values = values if values and all(id(c) in covered for c in starts_here) else {}
         for n in self.nodes:
             if not isinstance(n, ast.If):
                 continue
@@ -1088,3 +1093,33 @@ def function_apply(s: Script, call: ast.Call) -> list[int] | None:
             read = {n.id for a in carried for n in ast.walk(a) if isinstance(n, ast.Name)}
             return [i for i, p in enumerate(params) if p in read] or None
     return None
+
+
+def dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
+    """The value (a sampler, a loader) is returned in a tuple (`return dataset, sampler, collate`) by a function
+    every call of which, in every file of the program, unpacks that item into a name nothing reads (`dataset, _, _
+    = build(...)`): no loader is built from the sampler, the loader is never iterated."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    func = next((d for d in s.defs if any(n is sampler for n in ast.walk(d))), None)
+    if func is None or not holders:
+        return False
+    spots = {i for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
+             for i, e in enumerate(n.value.elts) if isinstance(e, ast.Name) and e.id in holders}
+    if len(spots) != 1:
+        return False
+    spot = next(iter(spots))
+    calls = [(x, c) for x, c in s.project.calls_named(func.name) if not isinstance(c.func, ast.Attribute)
+             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
+    if not calls or len(calls) != len(s.project.calls_named(func.name)):
+        return False
+    for x, c in calls:
+        stmt = x.parents.get(id(c))
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
+                and len(stmt.targets[0].elts) > spot and isinstance(stmt.targets[0].elts[spot], ast.Name)):
+            return False
+        name = stmt.targets[0].elts[spot].id
+        scope = x.context(stmt).scope
+        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               and x.context(n).scope == scope for n in x.nodes):
+            return False
+    return True

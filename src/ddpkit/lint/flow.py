@@ -15,11 +15,11 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import (REDUCING_NAME, Script, function_apply, is_eval_name, off_the_training_branch,
-                                  terminal)
+from ddpkit.lint.analysis import (REDUCING_NAME, Script, dropped_by_every_caller, function_apply, is_eval_name,
+                                  off_the_training_branch, terminal)
 from ddpkit.lint.ranks import distributed_mode
 
-__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class", "dropped_by_every_caller"]
+__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
 
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
@@ -317,8 +317,13 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     in_loop = {id(n) for loop, _ in shard_loops for n in ast.walk(loop)}
     flow.in_loop = in_loop
     eval_loop = {id(n) for loop, ev in shard_loops if ev for n in ast.walk(loop)}
+    refills = _refills([scope, *nodes])
     for _ in range(6):
         before = (len(flow.tainted), len(flow.reduced), len(flow.counts))
+        for root, values in refills:
+            # `meter.reset()` then `meter.update(gathered)`: what the meter holds from then on is reduced
+            if all(_reassigned_from_reduced(s, flow, v) for v in values):
+                flow.reduced.add(root)
         for node in nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -370,6 +375,24 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         else:
             flow.returns = flow.is_tainted(s, value, summaries)
     return flow
+
+
+def _refills(nodes: list[ast.AST]) -> list[tuple[str, list[ast.AST]]]:
+    """(object, values) for each `m.reset()` (or `m.clear()`) followed at once by `m.<method>(values)` in the same
+    block: the object is emptied and refilled with those values alone."""
+    found = []
+    for node in nodes:
+        for block in (getattr(node, f, None) for f in ("body", "orelse")):
+            if not isinstance(block, list):
+                continue
+            for first, then in zip(block, block[1:]):
+                calls = [x.value for x in (first, then) if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)
+                         and isinstance(x.value.func, ast.Attribute)]
+                if len(calls) == 2 and calls[0].func.attr in ("reset", "clear") and calls[1].args \
+                        and calls[1].func.attr not in ("reset", "clear") \
+                        and ast.dump(calls[0].func.value) == ast.dump(calls[1].func.value) and _root(calls[0].func.value):
+                    found.append((_root(calls[0].func.value), list(calls[1].args)))
+    return found
 
 
 def _told_distributed(s: Script, receiver: ast.AST) -> bool:
@@ -481,36 +504,6 @@ def _keyed_items(s: Script) -> dict[int, str]:
             found.update({id(v): f"{terminal(target)}_{k.value}" for k, v in zip(value.keys, value.values)
                           if isinstance(k, ast.Constant) and isinstance(k.value, str)})
     return found
-
-
-def dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
-    """The value (a sampler, a loader) is returned in a tuple (`return dataset, sampler, collate`) by a function
-    every call of which, in every file of the program, unpacks that item into a name nothing reads (`dataset, _, _
-    = build(...)`): no loader is built from the sampler, the loader is never iterated."""
-    holders = {k for k, v in s.assignments if v is sampler}
-    func = next((d for d in s.defs if any(n is sampler for n in ast.walk(d))), None)
-    if func is None or not holders:
-        return False
-    spots = {i for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
-             for i, e in enumerate(n.value.elts) if isinstance(e, ast.Name) and e.id in holders}
-    if len(spots) != 1:
-        return False
-    spot = next(iter(spots))
-    calls = [(x, c) for x, c in s.project.calls_named(func.name) if not isinstance(c.func, ast.Attribute)
-             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
-    if not calls or len(calls) != len(s.project.calls_named(func.name)):
-        return False
-    for x, c in calls:
-        stmt = x.parents.get(id(c))
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
-                and len(stmt.targets[0].elts) > spot and isinstance(stmt.targets[0].elts[spot], ast.Name)):
-            return False
-        name = stmt.targets[0].elts[spot].id
-        scope = x.context(stmt).scope
-        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               and x.context(n).scope == scope for n in x.nodes):
-            return False
-    return True
 
 
 def eval_samplers(s: Script) -> list[ast.Call]:

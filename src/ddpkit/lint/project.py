@@ -693,7 +693,7 @@ class Project:
         starts = [(s, call) for s in scripts for call in s.calls if s.call_name(call) == "init_process_group"]
         ranks = [(s, next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4
                           else None)) for s, call in starts]
-        return bool(ranks) and all(rank is not None and self._plain_local(s, rank, 3) for s, rank in ranks)
+        return bool(ranks) and all(rank is not None and self._plain_local(s, rank, 5) for s, rank in ranks)
 
     def _plain_local(self, s: Script, expr: ast.AST, depth: int) -> bool:
         """A local rank as such (LOCAL_RANK, `args.local_rank`, a name or parameter only ever given one), not a value
@@ -716,7 +716,11 @@ class Project:
         if expr.id in params:
             positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
             given = []
+            method = isinstance(s.parents.get(id(func)), ast.ClassDef)
             for x, call in self.calls_named(func.name):
+                if not method and isinstance(call.func, ast.Attribute) and not (
+                        isinstance(call.func.value, ast.Name) and call.func.value.id in x.aliases):
+                    continue  # `model.train()` is another function than the module's `train(rank, ...)`
                 value = next((k.value for k in call.keywords if k.arg == expr.id), None)
                 if value is None and expr.id in positional and positional.index(expr.id) < len(call.args):
                     value = call.args[positional.index(expr.id)]

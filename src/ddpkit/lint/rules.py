@@ -8,9 +8,8 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, is_eval_name, is_eval_sampler,
-                                  terminal)
-from ddpkit.lint.flow import dropped_by_every_caller
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, dropped_by_every_caller, is_eval_name,
+                                  is_eval_sampler, terminal)
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
