@@ -363,3 +363,42 @@ _STAR_IO = """
 def test_a_helper_reexported_by_a_package_and_imported_with_a_star_keeps_its_callers_guard() -> None:
     found = _lint({"train.py": _STAR_TRAIN, "tools/__init__.py": "from .io import store\n", "tools/io.py": _STAR_IO})
     assert not {f for f in found if f[0] == "tools/io.py"}, found
+
+
+_PROGRESS = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def one_epoch(net, data, opt, epoch):
+        rank = dist.get_rank()
+        sampler = DistributedSampler(data)
+        sampler.set_epoch(epoch)
+        running, steps = 0.0, 0
+        for step, (x, y) in enumerate(DataLoader(data, batch_size=8, sampler=sampler)):
+            batch_loss = torch.nn.functional.mse_loss(net(x), y)
+            opt.zero_grad()
+            batch_loss.backward()
+            opt.step()
+            running += batch_loss.item()
+            steps += 1
+            if step % 50 == 0 and rank == 0:
+                print(f"epoch {epoch} step {step}: {batch_loss.item():.4f}")
+        stats = torch.tensor([running / steps], device=f"cuda:{os.environ['LOCAL_RANK']}")
+        dist.all_reduce(stats)
+        stats /= dist.get_world_size()
+        if rank == 0:
+            print(f"epoch {epoch}: mean {stats[0]:.4f}")
+"""
+
+
+def test_a_progress_line_of_the_batch_beside_a_reduced_epoch_figure_built_from_it() -> None:
+    found = _lint({"train.py": _PROGRESS})
+    assert not {f for f in found if f[2] == "DDP006"}, found
+
+
+def test_a_batch_loss_line_with_no_reduced_figure_built_from_it_is_still_reported() -> None:
+    code = _PROGRESS.replace("running / steps", "float(steps)")
+    assert ("train.py", _line(code, 'print(f"epoch {epoch} step'), "DDP006") in _lint({"train.py": code})

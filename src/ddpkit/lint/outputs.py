@@ -257,6 +257,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 break
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
+        if loss is not None and _progress_line(s, scope, call, loss):
+            continue  # rank 0's batch loss inside the training loop; the epoch figure built from it is reduced
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
@@ -267,6 +269,26 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool:
+    """The report sits in a loop of `scope` that runs `backward()` (a progress line of the current batch), and the
+    same function hands a collective a value built from `loss` (`metrics = torch.tensor([total_loss / n, acc])`;
+    `dist.all_reduce(metrics)` after `total_loss += loss.item()`): the run's figure is the reduced one."""
+    node, in_step = call, False
+    while id(node) in s.parents and node is not scope:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)) and any(
+                isinstance(c, ast.Call) and terminal(c.func) == "backward" for c in ast.walk(node)):
+            in_step = True
+            break
+    if not in_step:
+        return False
+    for c in ast.walk(scope):
+        if isinstance(c, ast.Call) and s.is_dist_collective(c) and c.args \
+                and loss in built_from(s, scope, [c.args[0]]):
+            return True
+    return False
 
 
 def _attribute_sources(s: Script, leaf: ast.AST) -> list[str] | None:

@@ -6,7 +6,7 @@ import ast
 import re
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
-from ddpkit.lint.bindings import local_names
+from ddpkit.lint.bindings import local_names, scope_of
 from ddpkit.lint.callsites import external_levels, global_parameter, receivers
 from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
 from ddpkit.lint.ranks import LOCAL
@@ -949,6 +949,13 @@ class Project:
                 for arg in (*call.args, *(k.value for k in call.keywords)):
                     if any(isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(terminal(n))
                            for n in ast.walk(arg)):
+                        return True
+                    # `metrics = torch.tensor([avg_loss, accuracy])` then `all_reduce(metrics)`: what the name was
+                    # built from in the same function
+                    if isinstance(arg, ast.Name) and any(
+                            value is not None and scope_of(stmt, s.parents) is scope_of(call, s.parents) and any(
+                                isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(terminal(n))
+                                for n in ast.walk(value)) for stmt, value in s._bindings.get(arg.id, ())):
                         return True
         return False
 
