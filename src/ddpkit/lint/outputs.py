@@ -285,8 +285,8 @@ def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool
     if not in_step:
         return False
     for c in ast.walk(scope):
-        if isinstance(c, ast.Call) and s.is_dist_collective(c) and c.args \
-                and loss in built_from(s, scope, [c.args[0]]):
+        if isinstance(c, ast.Call) and s.is_dist_collective(c) and c.args and scope_of(s, c) is scope \
+                and s.project.runs(s, c) and loss in built_from(s, scope, [c.args[0]]):
             return True
     return False
 
