@@ -267,6 +267,7 @@ SEED_HASHED_WITH_RANK = """
         set_random_seed(seed, dist.get_rank())
         augment = transforms.RandomHorizontalFlip()
         dist.destroy_process_group()
+        return augment
 
     training_loop()
 """

@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
 
-__all__ = ["without_grad", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "dropped_by_every_caller", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
@@ -96,6 +96,29 @@ def _only_evaluated(s: Script, call: ast.Call) -> bool:
 
 
 _TERMINATORS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+
+
+def _chosen_values(test: ast.AST) -> tuple[str, set[str], bool] | None:
+    """(setting as written, the values the test names as written, True where the test passes for exactly those
+    values; False where it passes for every other) for `args.dist == "ON"`, `mode != Mode.DDP`,
+    `args.launcher in ("slurm", "pytorch")`; None for any other test."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, (ast.Name, ast.Attribute))):
+        return None
+    op, right = test.ops[0], test.comparators[0]
+
+    def value(v: ast.AST) -> str | None:
+        if isinstance(v, ast.Constant) and isinstance(v.value, (str, int)) and not isinstance(v.value, bool):
+            return repr(v.value)
+        return ast.unparse(v) if isinstance(v, ast.Attribute) and isinstance(v.value, (ast.Name, ast.Attribute)) else None
+    if isinstance(op, (ast.Eq, ast.NotEq)):
+        named = [value(right)]
+    elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)) and right.elts:
+        named = [value(e) for e in right.elts]
+    else:
+        return None
+    if None in named:
+        return None
+    return ast.unparse(test.left), set(named), isinstance(op, (ast.Eq, ast.In))
 
 
 @dataclass(frozen=True)
@@ -225,8 +248,10 @@ class Script:
     def kind(self, expr: ast.AST | None) -> int:
         """How an expression depends on the rank: NONE, LOCAL or GLOBAL (see rank_name_kind)."""
         if isinstance(expr, ast.Name):
-            return self.derived.get(expr.id) or rank_name_kind(expr.id) or self._parameter_flag(expr) \
-                or self._parameter_flag(expr, "~")
+            # a parameter every call fills with a rank holds that rank, whatever its name says (`def train(rank)`
+            # called as `train(local_rank)` holds the local rank)
+            return self._parameter_flag(expr, "~") or self.derived.get(expr.id) or rank_name_kind(expr.id) \
+                or self._parameter_flag(expr)
         if isinstance(expr, ast.Attribute):
             # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
             return self.derived.get("." + expr.attr) or self.external_levels.get("=." + expr.attr, NONE) \
@@ -367,6 +392,16 @@ class Script:
         flags = getattr(self, "_mode_flags", None)
         if flags is None:
             flags = self._mode_flags = self._group_flags()
+        chosen = _chosen_values(test)
+        if chosen is not None and chosen[0] in self._mode_values:
+            # `if args.dist == "OFF":` where the group starts only under `args.dist == "ON"`: the values a test lets
+            # through either all start the group (+1), or none does (-1: one process runs the arm)
+            started = self._mode_values[chosen[0]]
+            if not chosen[1] & started:
+                return -sign if chosen[2] else sign
+            if chosen[1] <= started and len(started) == 1:
+                return sign if chosen[2] else -sign
+            return 0
         written = ast.unparse(test)
         if written not in flags and isinstance(test, ast.Attribute):
             # `if cfg.MODEL.DIST_TRAIN:` in processor.py, where train.py starts the group under the same test
@@ -393,6 +428,24 @@ class Script:
                        and (isinstance(c.func, ast.Name) or isinstance(c.func.value, ast.Name)
                             and c.func.value.id == "self") for c in calls(stmts))
         found: dict[str, int] = {}
+        values: dict[str, set[str]] = {}
+        covered: set[int] = set()
+        for n in self.nodes:
+            chosen = _chosen_values(n.test) if isinstance(n, ast.If) else None
+            if chosen is not None and starts(n.body):
+                values.setdefault(chosen[0], set()).update(chosen[1])
+                covered.update(id(c) for c in ast.walk(ast.Module(body=n.body, type_ignores=[])))
+        # `if args.dist == "ON": init_process_group(...)`: every start of the group in this file under such a test
+        # (directly, or in a function every call of which is) makes any other value of the setting a one-process
+        # run (see _starts_group_arm)
+        starts_here = [c for c in self.calls if terminal(c.func) == "init_process_group"]
+        for d in self.defs:
+            if d.name in starters and any(isinstance(c, ast.Call) and terminal(c.func) == "init_process_group"
+                                          for c in ast.walk(d)):
+                called = [c for c in self.calls if terminal(c.func) == d.name]
+                if called and all(id(c) in covered for c in called):
+                    covered.update(id(c) for c in ast.walk(d))
+        self._mode_values = values if values and all(id(c) in covered for c in starts_here) else {}
         for n in self.nodes:
             if not isinstance(n, ast.If):
                 continue
@@ -485,12 +538,16 @@ class Script:
             self.global_rank_names |= found
         self.derived = {}
         seeds = spawn_index_names(self)
+        # `init_process_group(..., rank=rank)`: what a process joins the group as is its global rank, however it
+        # was computed (`rank = node_id * gpus_per_node + gpu` reads like a local rank by its parts)
+        joined = {(k.value.id if isinstance(k.value, ast.Name) else "." + k.value.attr) for c in self.calls if terminal(c.func) == "init_process_group"
+                  for k in c.keywords if k.arg == "rank" and isinstance(k.value, (ast.Name, ast.Attribute))}
         for _ in range(8):
             derived: dict[str, int] = dict(seeds)
             for key, value in pairs:
                 k = self.kind(value)
                 if k:
-                    derived[key] = max(derived.get(key, NONE), k)
+                    derived[key] = GLOBAL if key in joined else max(derived.get(key, NONE), k)
             helpers = find_rank_helpers(self)
             if derived == self.derived and helpers == self.rank_helpers:
                 break
@@ -588,7 +645,9 @@ class Script:
                 held = [value for stmt, value in self._bindings.get(use.id, ()) if scope_of(stmt, parents) is None]
                 if held and all(value is not None for value in held):
                     return any(self.is_global_rank(value) for value in held)
-            return True
+            # a parameter every call in the program fills with the local rank (`train(local_rank)` of
+            # `def train(rank)`) is the local rank, whatever its name says
+            return self._parameter_flag(use, "~") != LOCAL
         reached = False
         for stmt, value in reversed(candidates):
             how = relation(stmt, path, parents)
@@ -1034,3 +1093,33 @@ def function_apply(s: Script, call: ast.Call) -> list[int] | None:
             read = {n.id for a in carried for n in ast.walk(a) if isinstance(n, ast.Name)}
             return [i for i, p in enumerate(params) if p in read] or None
     return None
+
+
+def dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
+    """The value (a sampler, a loader) is returned in a tuple (`return dataset, sampler, collate`) by a function
+    every call of which, in every file of the program, unpacks that item into a name nothing reads (`dataset, _, _
+    = build(...)`): no loader is built from the sampler, the loader is never iterated."""
+    holders = {k for k, v in s.assignments if v is sampler}
+    func = next((d for d in s.defs if any(n is sampler for n in ast.walk(d))), None)
+    if func is None or not holders:
+        return False
+    spots = {i for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
+             for i, e in enumerate(n.value.elts) if isinstance(e, ast.Name) and e.id in holders}
+    if len(spots) != 1:
+        return False
+    spot = next(iter(spots))
+    calls = [(x, c) for x, c in s.project.calls_named(func.name) if not isinstance(c.func, ast.Attribute)
+             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
+    if not calls or len(calls) != len(s.project.calls_named(func.name)):
+        return False
+    for x, c in calls:
+        stmt = x.parents.get(id(c))
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
+                and len(stmt.targets[0].elts) > spot and isinstance(stmt.targets[0].elts[spot], ast.Name)):
+            return False
+        name = stmt.targets[0].elts[spot].id
+        scope = x.context(stmt).scope
+        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               and x.context(n).scope == scope for n in x.nodes):
+            return False
+    return True

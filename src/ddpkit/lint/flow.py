@@ -15,8 +15,8 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import (REDUCING_NAME, Script, function_apply, is_eval_name, off_the_training_branch,
-                                  terminal)
+from ddpkit.lint.analysis import (REDUCING_NAME, Script, dropped_by_every_caller, function_apply, is_eval_name,
+                                  off_the_training_branch, terminal)
 from ddpkit.lint.ranks import distributed_mode
 
 __all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
@@ -317,8 +317,13 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     in_loop = {id(n) for loop, _ in shard_loops for n in ast.walk(loop)}
     flow.in_loop = in_loop
     eval_loop = {id(n) for loop, ev in shard_loops if ev for n in ast.walk(loop)}
+    refills = _refills([scope, *nodes])
     for _ in range(6):
         before = (len(flow.tainted), len(flow.reduced), len(flow.counts))
+        for root, values in refills:
+            # `meter.reset()` then `meter.update(gathered)`: what the meter holds from then on is reduced
+            if all(_reassigned_from_reduced(s, flow, v) for v in values):
+                flow.reduced.add(root)
         for node in nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -370,6 +375,24 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         else:
             flow.returns = flow.is_tainted(s, value, summaries)
     return flow
+
+
+def _refills(nodes: list[ast.AST]) -> list[tuple[str, list[ast.AST]]]:
+    """(object, values) for each `m.reset()` (or `m.clear()`) followed at once by `m.<method>(values)` in the same
+    block: the object is emptied and refilled with those values alone."""
+    found = []
+    for node in nodes:
+        for block in (getattr(node, f, None) for f in ("body", "orelse")):
+            if not isinstance(block, list):
+                continue
+            for first, then in zip(block, block[1:]):
+                calls = [x.value for x in (first, then) if isinstance(x, ast.Expr) and isinstance(x.value, ast.Call)
+                         and isinstance(x.value.func, ast.Attribute)]
+                if len(calls) == 2 and calls[0].func.attr in ("reset", "clear") and calls[1].args \
+                        and calls[1].func.attr not in ("reset", "clear") \
+                        and ast.dump(calls[0].func.value) == ast.dump(calls[1].func.value) and _root(calls[0].func.value):
+                    found.append((_root(calls[0].func.value), list(calls[1].args)))
+    return found
 
 
 def _told_distributed(s: Script, receiver: ast.AST) -> bool:
@@ -504,8 +527,8 @@ def eval_samplers(s: Script) -> list[ast.Call]:
         loaders = []
         for c in s.calls_named("DataLoader"):
             target = named.get(id(c), "")
-            if target and target not in loaded:
-                continue  # `val_loader = DataLoader(...)` that nothing reads
+            if target and (target not in loaded or dropped_by_every_caller(s, c)):
+                continue  # `val_loader = DataLoader(...)` that nothing reads (also once returned to its callers)
             loaders.append(c)
         used = _loader_inputs(s, loaders)
         # a sampler that goes into a loader named for evaluation (`test_loader = DataLoader(ds2, **test_kwargs)`)

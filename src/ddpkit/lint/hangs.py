@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ddpkit.lint.analysis import Script, batchnorm_constructor, distributed_mode, is_main_flag, terminal, without_grad
 from ddpkit.lint.callsites import through_reexport
+from ddpkit.lint.bindings import path_up, relation, scope_of
 from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
 
@@ -634,7 +635,7 @@ def _rank_only_names(s: Script) -> dict[str, int]:
                     if isinstance(sub, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                         targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
                         for t in targets:
-                            if isinstance(t, ast.Name):
+                            if isinstance(t, ast.Name) and not _stores_held_value(s, sub, t.id):
                                 found.setdefault(t.id, node.lineno)
     # a value every rank receives afterwards (broadcast, all_reduce, or rebuilt from one) is shared again
     shared = {n.id for c in s.calls if s.is_dist_collective(c) or re.search(r"broadcast|reduce|gather|sync",
@@ -644,6 +645,30 @@ def _rank_only_names(s: Script) -> dict[str, int]:
         if not key.startswith(".") and any(isinstance(n, ast.Name) and n.id in shared for n in ast.walk(value)):
             shared.add(key)
     return {name: line for name, line in found.items() if name not in shared and not s.kind(ast.Name(name))}
+
+
+def _stores_held_value(s: Script, stmt: ast.AST, name: str) -> bool:
+    """`start_epoch = 0` under a rank check where every rank already holds that value: the same constant (or the
+    same expression of no call) stored in the same function by a statement outside any rank check that always
+    runs before it, with no other store between (stores in the other arm of an `if` around it do not count). The
+    rank check changes nothing, so the name does not become rank-dependent."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or any(
+            isinstance(n, ast.Call) for n in ast.walk(stmt.value)):
+        return False
+    parents = s.parents
+    written, scope, where = ast.dump(stmt.value), scope_of(stmt, parents), (stmt.lineno, stmt.col_offset)
+    use_path = path_up(stmt, parents)
+    earlier = [(b, v) for b, v in s._bindings.get(name, ()) if (b.lineno, b.col_offset) < where
+               and scope_of(b, parents) is scope]
+    for before, value in reversed(earlier):
+        how = relation(before, use_path, parents)
+        if how == "exclusive":
+            continue
+        if value is None or ast.dump(value) != written or s.context(before).level:
+            return False
+        if how == "before":
+            return True
+    return False
 
 
 @check

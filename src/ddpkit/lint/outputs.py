@@ -247,13 +247,18 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 continue  # text cut from a setting (the loss's name), not a figure
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
-            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *ordered_sources(s, scope, [leaf])]
+            sources = _attribute_sources(s, leaf)
+            if sources is None:
+                sources = ordered_sources(s, scope, [leaf])
+            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *sources]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
                          and not _from_evaluation(s, n) and not _constant_literal(s, n)), None)
             if loss is not None:
                 break
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
+        if loss is not None and _progress_line(s, scope, call, loss):
+            continue  # rank 0's batch loss inside the training loop; the epoch figure built from it is reduced
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
@@ -264,6 +269,44 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool:
+    """The report sits in a loop of `scope` that runs `backward()` (a progress line of the current batch), and the
+    same function hands a collective a value built from `loss` (`metrics = torch.tensor([total_loss / n, acc])`;
+    `dist.all_reduce(metrics)` after `total_loss += loss.item()`): the run's figure is the reduced one."""
+    node, in_step = call, False
+    while id(node) in s.parents and node is not scope:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)) and any(
+                isinstance(c, ast.Call) and terminal(c.func) == "backward" for c in ast.walk(node)):
+            in_step = True
+            break
+    if not in_step:
+        return False
+    for c in ast.walk(scope):
+        if isinstance(c, ast.Call) and s.is_dist_collective(c) and c.args and scope_of(s, c) is scope \
+                and s.project.runs(s, c) and loss in built_from(s, scope, [c.args[0]]):
+            return True
+    return False
+
+
+def _attribute_sources(s: Script, leaf: ast.AST) -> list[str] | None:
+    """The names `self.completed_steps` is built from: those of the values the program stores in that attribute
+    (`self.completed_steps += 1`), not everything else the object holds; None for any other value."""
+    names = [n for n in ast.walk(leaf) if isinstance(n, ast.Name)]
+    held = [a for a in ast.walk(leaf) if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)
+            and a.value.id in ("self", "cls")]
+    if not held or any(n.id not in ("self", "cls") for n in names) or len(held) != len(names) or any(
+            isinstance(c, ast.Call) for c in ast.walk(leaf)):
+        return None  # (`self.pbar_step + 1` too; not `self.meter.avg()` nor a value mixing other names)
+    found: list[str] = []
+    for a in held:
+        values = [v for x in s.project.scripts.values() for k, v in x.assignments if k == "." + a.attr]
+        if not values:
+            return None  # (set where the linter does not see it: follow the object as before)
+        found += [n for v in values for n in _names(v) if n not in ("self", "cls")]
+    return list(dict.fromkeys(found))
 
 
 def _from_whole_data(s: Script, scope: ast.AST, call: ast.Call, given: list[ast.AST]) -> bool:

@@ -6,7 +6,7 @@ import ast
 import re
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
-from ddpkit.lint.bindings import local_names
+from ddpkit.lint.bindings import local_names, scope_of
 from ddpkit.lint.callsites import external_levels, global_parameter, receivers
 from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
 from ddpkit.lint.ranks import LOCAL
@@ -101,8 +101,10 @@ class Project:
         if "." not in qualname:  # `from utils import *` then `save_model(...)`
             for module in script.star_modules:
                 path = self.modules.locate(script.path, module)
-                if path is not None and path != script.path and qualname in self.scripts[path].function_names:
-                    return path, qualname
+                if path is not None and path != script.path:
+                    found = self._exported(path, qualname)
+                    if found is not None:
+                        return found
             return None
         module, name = qualname.rsplit(".", 1)
         path = self.modules.locate(script.path, module)
@@ -111,16 +113,18 @@ class Project:
             # the folder that defines the name
             member = self.modules.locate(script.path, qualname)
             return (member, name) if member is not None and name in self.scripts[member].function_names else None
-        if path is not None and name not in self.scripts[path].function_names:
-            # a package's `__init__.py` re-exporting it (`from .launch import launch`): the file it comes from
-            alias = self.scripts[path].aliases.get(name, "")
-            again = self.modules.locate(path, alias.rsplit(".", 1)[0]) if "." in alias else None
-            if again is None or again == path or alias.rsplit(".", 1)[1] not in self.scripts[again].function_names:
-                return None
-            return again, alias.rsplit(".", 1)[1]
-        if path is None:
+        return self._exported(path, name)
+
+    def _exported(self, path: str, name: str) -> tuple[str, str] | None:
+        """(path, function name) of the function `name` of the module at `path`: its own, or the one a package's
+        `__init__.py` re-exports (`from .launch import launch`), also to a `from package import *` importer."""
+        if name in self.scripts[path].function_names:
+            return path, name
+        alias = self.scripts[path].aliases.get(name, "")
+        again = self.modules.locate(path, alias.rsplit(".", 1)[0]) if "." in alias else None
+        if again is None or again == path or alias.rsplit(".", 1)[1] not in self.scripts[again].function_names:
             return None
-        return path, name
+        return again, alias.rsplit(".", 1)[1]
 
 
     def memo(self, key: object, compute):
@@ -618,7 +622,7 @@ class Project:
         self.prints_silenced = bool(self.silencers)
         """Some file silences print off rank 0 (see silencers)."""
         self.augments = any(isinstance(n, (ast.Name, ast.Attribute)) and _AUGMENT.search(terminal(n))
-                            for _, n in nodes) or any(_draws(s, n) for s, n in nodes)
+                            and not _never_read(s, n) for s, n in nodes) or any(_draws(s, n) for s, n in nodes)
         """The program draws random numbers per sample or per step (augmentation, noise, timesteps, masks):
         the stream a seed shared by every rank makes identical on every rank."""
         self.referenced = {terminal(c.func) for s in scripts for c in s.calls} | {
@@ -689,7 +693,7 @@ class Project:
         starts = [(s, call) for s in scripts for call in s.calls if s.call_name(call) == "init_process_group"]
         ranks = [(s, next((k.value for k in call.keywords if k.arg == "rank"), call.args[4] if len(call.args) > 4
                           else None)) for s, call in starts]
-        return bool(ranks) and all(rank is not None and self._plain_local(s, rank, 3) for s, rank in ranks)
+        return bool(ranks) and all(rank is not None and self._plain_local(s, rank, 5) for s, rank in ranks)
 
     def _plain_local(self, s: Script, expr: ast.AST, depth: int) -> bool:
         """A local rank as such (LOCAL_RANK, `args.local_rank`, a name or parameter only ever given one), not a value
@@ -712,7 +716,11 @@ class Project:
         if expr.id in params:
             positional = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
             given = []
+            method = isinstance(s.parents.get(id(func)), ast.ClassDef)
             for x, call in self.calls_named(func.name):
+                if not method and isinstance(call.func, ast.Attribute) and not (
+                        isinstance(call.func.value, ast.Name) and call.func.value.id in x.aliases):
+                    continue  # `model.train()` is another function than the module's `train(rank, ...)`
                 value = next((k.value for k in call.keywords if k.arg == expr.id), None)
                 if value is None and expr.id in positional and positional.index(expr.id) < len(call.args):
                     value = call.args[positional.index(expr.id)]
@@ -942,6 +950,13 @@ class Project:
                     if any(isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(terminal(n))
                            for n in ast.walk(arg)):
                         return True
+                    # `metrics = torch.tensor([avg_loss, accuracy])` then `all_reduce(metrics)`: what the name was
+                    # built from in the same function
+                    if isinstance(arg, ast.Name) and any(
+                            value is not None and scope_of(stmt, s.parents) is scope_of(call, s.parents) and any(
+                                isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(terminal(n))
+                                for n in ast.walk(value)) for stmt, value in s._bindings.get(arg.id, ())):
+                        return True
         return False
 
 
@@ -1009,6 +1024,25 @@ def _script(path: str, tree: ast.Module, levels: dict[str, int], star: dict[str,
 
 _DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
                     "bernoulli", "multinomial", "uniform", "choice", "shuffle", "random", "beta", "permutation"})
+
+
+def _never_read(s: Script, node: ast.AST) -> bool:
+    """`transform = Compose([RandomHorizontalFlip(), ...])` inside a function that never reads `transform` again
+    (nor a function nested in it): the value the node is part of is built and dropped, so it draws nothing."""
+    parents = s.parents
+    stmt = node
+    while id(stmt) in parents and not isinstance(stmt, ast.stmt):
+        stmt = parents[id(stmt)]
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return False
+    scope = parents.get(id(stmt))
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        scope = parents.get(id(scope))
+    if scope is None:
+        return False  # a module name another file may import
+    name = stmt.targets[0].id
+    return not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                   or isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names for n in ast.walk(scope))
 
 
 def _draws(s: Script, node: ast.AST) -> bool:

@@ -372,12 +372,52 @@ def _is_show(s: Script, call: ast.Call, helpers: dict) -> bool:
 
 def shows(s: Script, call: ast.Call) -> bool:
     """Whether `call` shows or records its arguments (directly, or through a project report helper)."""
-    return _is_show(s, call, reporters(s))
+    return _is_show(s, call, reporters(s)) and not _quiet_method(s, call)
 
 
 def helper_report(s: Script, call: ast.Call) -> Reporter | None:
     """The project report helper a call calls, else None."""
-    return reporters(s).get(terminal(call.func))
+    found = reporters(s).get(terminal(call.func))
+    return None if found is None or _quiet_method(s, call) else found
+
+
+def _quiet_method(s: Script, call: ast.Call) -> bool:
+    """`meter.update(v)` where `meter` only ever holds an object of one project class whose own `update` shows
+    nothing (an AverageMeter), though another class of the program has an `update` that reports: the method is
+    picked by the receiver's class, not by its name."""
+    if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, (ast.Name, ast.Attribute))):
+        return False
+    receiver = call.func.value
+    key = receiver.id if isinstance(receiver, ast.Name) else "." + receiver.attr
+    values = [v for k, v in s.assignments if k == key]
+    if not values or not all(isinstance(v, ast.Call) for v in values) or len({terminal(v.func) for v in values}) != 1:
+        return False
+    project = s.project
+    classes = project.memo("classes by name", lambda: _classes_by_name(project))
+    made = terminal(values[0].func)
+    defs = classes.get(made, [])
+    if not defs and made[:1].isupper() and call.func.attr not in SHOW_CALLS and made not in project.defined_functions:
+        # `meter = utils.AverageMeter()` of a class the program does not define: its `update` is not the project's
+        # function of that name
+        return True
+    if len(defs) != 1:
+        return False
+    x, cls = defs[0]
+    method = next((d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and d.name == call.func.attr), None)
+    if method is None:
+        return False  # (inherited, or set on the object: not known)
+    helpers = reporters(s)
+    return not any(isinstance(c, ast.Call) and _is_show(x, c, helpers) for c in ast.walk(method))
+
+
+def _classes_by_name(project) -> dict[str, list[tuple[Script, ast.ClassDef]]]:
+    found: dict[str, list[tuple[Script, ast.ClassDef]]] = {}
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, ast.ClassDef):
+                found.setdefault(n.name, []).append((x, n))
+    return found
 
 
 def _calls(project, d: ast.AST) -> list[ast.Call]:
@@ -451,9 +491,15 @@ def _assigned_from(s: Script, call: ast.Call) -> ast.AST | None:
     node, parent = call, s.parents.get(id(call))
     while True:
         above = s.parents.get(id(parent)) if isinstance(parent, ast.Attribute) else None
-        if isinstance(above, ast.Call) and above.func is parent and parent.attr in _CONVERSIONS \
-                and not above.args and not above.keywords:
+        if isinstance(above, ast.Call) and above.func is parent and (parent.attr in _CONVERSIONS or parent.attr in (
+                "mean", "sum") and node is call) and not above.args and not above.keywords:
+            # (`gather(v).mean()`: the mean over the ranks' values is still the reduced figure)
             node, parent = above, s.parents.get(id(above))
+            continue
+        if isinstance(parent, ast.DictComp) and parent.value is node or isinstance(
+                parent, (ast.ListComp, ast.SetComp, ast.GeneratorExp)) and parent.elt is node:
+            # `logs = {k: gather(v).mean() for k, v in logs.items()}`: every item the comprehension builds is reduced
+            node, parent = parent, s.parents.get(id(parent))
             continue
         return parent
 
@@ -485,14 +531,73 @@ def reduced_names(s: Script) -> set[str]:
                     out.update(r for t in parent.targets for r in [_root(t)] if r)
                 if not _collective(x, call, helpers):
                     continue
+                # a comprehension's own variable (`v` of `{k: gather(v) for k, v in logs.items()}`) is reduced only
+                # in the item the comprehension builds: its assignment's target is (see _assigned_from)
+                local = set()
+                node = call
+                while id(node) in x.parents and not isinstance(node, ast.stmt):
+                    node = x.parents[id(node)]
+                    if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                        local |= {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
                 for a in _carried(x, call, helpers):
-                    names = _reduced_values(project, a)
+                    names = _reduced_values(project, a) - local
                     # `all_reduce(self.loss_sum)` reduces that attribute, not every value the object holds
                     # (`all_reduce_norm(self.model)` says nothing of `self.meter`)
                     attributes = {"." + n.attr for n in ast.walk(a) if isinstance(n, ast.Attribute)
                                   and isinstance(n.value, ast.Name) and n.value.id in _OBJECT}
                     out.update(attributes | (names - _OBJECT if attributes else names))
+        out |= _refilled(project, out)
+        out |= _returned_reduced(project, out)
         # imported modules and names (`torch` of `torch.tensor([a, b])`) carry no figure
         return out - {a for x in project.scripts.values() for a in x.aliases}
 
     return project.memo("reduced names", compute)
+
+
+def _refilled(project, reduced: set[str]) -> set[str]:
+    """Objects emptied and refilled with reduced values: `meter.reset()` followed at once by `meter.update(v)` (any
+    method but `reset`) where `v` is built from reduced values (`v[key] = gathered_mean[i].item()`): what the meter
+    holds from then on is the run's figure."""
+    found: set[str] = set()
+    for x in project.scripts.values():
+        for block in (b for n in x.nodes for f in ("body", "orelse") for b in [getattr(n, f, None)]
+                      if isinstance(b, list) and len(b) > 1 and isinstance(b[0], ast.stmt)):
+            for first, then in zip(block, block[1:]):
+                emptied = _method_call(first)
+                refill = _method_call(then)
+                if not (emptied and refill and emptied[1] in ("reset", "clear") and refill[1] not in ("reset", "clear")
+                        and ast.dump(emptied[0]) == ast.dump(refill[0]) and refill[2].args):
+                    continue
+                scope = scope_of(x, then)
+                if all(built_from(x, scope, [a]) & reduced for a in refill[2].args):
+                    root = _root(emptied[0])
+                    if root and root not in _OBJECT:
+                        found.add(root)
+    return found
+
+
+def _returned_reduced(project, reduced: set[str]) -> set[str]:
+    """`results = self.evaluate()` where every `return` of the project's `evaluate` gives a reduced variable
+    (`return logs` after `logs = {k: gather(v).mean() ...}`): the caller's variable holds the reduced figure too."""
+    returning: set[str] = set()
+    for x in project.scripts.values():
+        for d in x.defs:
+            values = [r.value for r in ast.walk(d) if isinstance(r, ast.Return) and r.value is not None
+                      and scope_of(x, r) is d]
+            if values and all(isinstance(v, ast.Name) and v.id in reduced for v in values):
+                returning.add(d.name)
+    defined = [d.name for x in project.scripts.values() for d in x.defs]
+    returning = {name for name in returning if defined.count(name) == 1}  # (one function of that name)
+    found: set[str] = set()
+    for x in project.scripts.values():
+        for k, v in x.assignments:
+            if isinstance(v, ast.Call) and terminal(v.func) in returning and not k.startswith("."):
+                found.add(k)
+    return found
+
+
+def _method_call(stmt: ast.stmt) -> tuple[ast.AST, str, ast.Call] | None:
+    """(receiver, method, call) of a statement that is one method call (`meter.reset()`), else None."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute):
+        return stmt.value.func.value, stmt.value.func.attr, stmt.value
+    return None

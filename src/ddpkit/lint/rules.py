@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, is_eval_name, is_eval_sampler,
-                                  terminal)
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, dropped_by_every_caller, is_eval_name,
+                                  is_eval_sampler, terminal)
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -85,7 +85,7 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
             continue  # the order of evaluation data does not matter
         if _handed_to_unseen_code(s, call):
             continue  # a batch sampler from a file not linted may call set_epoch itself
-        if _under_an_unread_key(s, call) or _dropped_by_every_caller(s, call):
+        if _under_an_unread_key(s, call) or dropped_by_every_caller(s, call):
             continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
         what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
             f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
@@ -120,7 +120,7 @@ def _samplers_beside_a_guarded_set_epoch(s: Script, set_epochs: list[tuple[Scrip
     where = _line_of(script, guarded, s)
     for call in s.calls_named("DistributedSampler"):
         if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call) \
-                or _built_when_distributed(s, call) or _dropped_by_every_caller(s, call):
+                or _built_when_distributed(s, call) or dropped_by_every_caller(s, call):
             continue
         yield Hit(call, "DDP001", "warning",
                   f"this DistributedSampler is built on every path, but set_epoch ({where}) runs only when the run "
@@ -135,36 +135,6 @@ def _epoch_seeded_samplers(project) -> set[str]:
             if isinstance(c, ast.ClassDef) and any(terminal(b) == "DistributedSampler" for b in c.bases)
             and any(isinstance(n, ast.Attribute) and n.attr == "epoch" and isinstance(n.value, ast.Name)
                     and n.value.id == "self" and isinstance(n.ctx, ast.Load) for n in ast.walk(c))}
-
-
-def _dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
-    """The sampler is returned in a tuple (`return dataset, sampler, collate`) by a function every call of which,
-    in every file of the program, unpacks that item into a name nothing reads (`dataset, _, _ = build(...)`): no
-    loader is built from it, so its order never matters."""
-    holders = {k for k, v in s.assignments if v is sampler}
-    func = next((d for d in s.defs if any(n is sampler for n in ast.walk(d))), None)
-    if func is None or not holders:
-        return False
-    spots = {i for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
-             for i, e in enumerate(n.value.elts) if isinstance(e, ast.Name) and e.id in holders}
-    if len(spots) != 1:
-        return False
-    spot = next(iter(spots))
-    calls = [(x, c) for x, c in s.project.calls_named(func.name) if not isinstance(c.func, ast.Attribute)
-             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
-    if not calls or len(calls) != len(s.project.calls_named(func.name)):
-        return False
-    for x, c in calls:
-        stmt = x.parents.get(id(c))
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)
-                and len(stmt.targets[0].elts) > spot and isinstance(stmt.targets[0].elts[spot], ast.Name)):
-            return False
-        name = stmt.targets[0].elts[spot].id
-        scope = x.context(stmt).scope
-        if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               and x.context(n).scope == scope for n in x.nodes):
-            return False
-    return True
 
 
 def _under_an_unread_key(s: Script, value: ast.AST) -> bool:
