@@ -368,6 +368,15 @@ class Script:
         if flags is None:
             flags = self._mode_flags = self._group_flags()
         written = ast.unparse(test)
+        other = _value_test(test)
+        if written not in flags and other is not None:
+            # `if args.dist == "OFF":` where `if args.dist == "ON":` starts the group: another value of the same
+            # switch is a run that starts none (`!= "ON"` is too)
+            subject, value, equal = other
+            started = self._mode_values.get(subject)
+            if started is not None and (value != started if equal else value == started):
+                return -sign
+            return 0
         if written not in flags and isinstance(test, ast.Attribute):
             # `if cfg.MODEL.DIST_TRAIN:` in processor.py, where train.py starts the group under the same test
             return sign * self.external_levels.get("!" + written, 0)
@@ -393,6 +402,7 @@ class Script:
                        and (isinstance(c.func, ast.Name) or isinstance(c.func.value, ast.Name)
                             and c.func.value.id == "self") for c in calls(stmts))
         found: dict[str, int] = {}
+        values: dict[str, set] = {}
         for n in self.nodes:
             if not isinstance(n, ast.If):
                 continue
@@ -405,11 +415,18 @@ class Script:
                     found[ast.unparse(test)] = sign if body else -sign
             elif isinstance(test, (ast.Name, ast.Attribute)) and starts(n.body):
                 found.setdefault(ast.unparse(test), sign)  # `if cfg.DIST_TRAIN: init_process_group(...)`, no else
+            elif sign == 1 and _value_test(test) and _value_test(test)[2] and starts(n.body):
+                # `if args.dist == "ON": init_process_group(...)`: the switch's value that starts the group
+                subject, value, _ = _value_test(test)
+                values.setdefault(subject, set()).add(value)
             # `if n_gpu > 1: model = nn.DataParallel(model)`: one process drives the GPUs where the test holds
             wraps = {terminal(c.func) for c in calls(n.body)}
             if isinstance(test, (ast.Name, ast.Attribute, ast.Compare)) and "DataParallel" in wraps \
                     and "DistributedDataParallel" not in wraps and not starts(n.body):
                 found.setdefault(ast.unparse(test), -sign)
+        # one value only: a switch compared with several values that start the group says nothing of the rest
+        self._mode_values = {subject: v.pop() for subject, v in values.items() if len(v) == 1}
+        """{switch as written: the one constant whose equality test starts the process group}."""
         return found
 
     def test_kind(self, test: ast.AST) -> int:
@@ -946,6 +963,17 @@ class Script:
         return any(f in self.per_rank_functions for f in ctx.functions) or ctx.scope in self.spawned_inits
 
 
+
+
+def _value_test(test: ast.AST) -> tuple[str, str, bool] | None:
+    """(switch as written, string, True for ==) of `args.dist == "ON"` / `mode != "single"`, else None."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.NotEq))
+            and isinstance(test.left, (ast.Name, ast.Attribute, ast.Subscript))):
+        return None
+    right = test.comparators[0]
+    if not (isinstance(right, ast.Constant) and isinstance(right.value, str)):
+        return None
+    return ast.unparse(test.left), right.value, isinstance(test.ops[0], ast.Eq)
 
 
 def _turns_single(stmts: list[ast.stmt], counts: frozenset[str]) -> bool:
