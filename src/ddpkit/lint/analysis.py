@@ -359,7 +359,12 @@ class Script:
         flag's name."""
         if not isinstance(node, ast.If):
             return 0
-        test, sign = node.test, 1
+        return self.group_sense(node.test)
+
+    def group_sense(self, test: ast.AST) -> int:
+        """+1 where `test` being true means the run starts the process group, -1 where it means one process, read
+        from what the program does under it (see _starts_group_arm), else 0."""
+        sign = 1
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, sign = test.operand, -1
         if not isinstance(test, (ast.Name, ast.Attribute, ast.Compare)):
@@ -374,9 +379,9 @@ class Script:
             # switch is a run that starts none (`!= "ON"` is too)
             subject, value, equal = other
             started = self._mode_values.get(subject)
-            if started is not None and (value != started if equal else value == started):
-                return -sign
-            return 0
+            if started is None or not equal and value != started:
+                return 0
+            return sign if equal and value == started else -sign
         if written not in flags and isinstance(test, ast.Attribute):
             # `if cfg.MODEL.DIST_TRAIN:` in processor.py, where train.py starts the group under the same test
             return sign * self.external_levels.get("!" + written, 0)

@@ -311,9 +311,11 @@ def _made_under_rank_test(script, value: ast.AST) -> bool:
 
 def _some_arm_every_rank(script, test: ast.AST) -> bool:
     """`rank == 0 and step % 20 == 0 or step == last`: an `or` arm that reads no rank passes on every rank alike,
-    so what the branch makes is made on every rank (at that step), not on some ranks only."""
+    so what the branch makes is made on every rank (at that step), not on some ranks only. An arm that tests the
+    run's mode (`not args.distributed or rank == 0`) passes only where there is one process: no such arm."""
     return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) \
-        and any(not _value_per_rank_plain(script, v) for v in test.values)
+        and any(not _value_per_rank_plain(script, v) and not distributed_mode(v) and not run_sense(v)
+                and not script.group_sense(v) for v in test.values)
 
 
 def _logging_set_up_by_rank(project) -> bool:
