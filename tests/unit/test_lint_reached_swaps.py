@@ -296,3 +296,34 @@ def test_a_logger_that_shows_rank_zero_alone_and_files_the_rest_reports_rank_zer
 def test_a_logger_that_also_prints_to_the_console_on_every_rank_is_no_rank_zero_report():
     every = _LOGGER.replace("file=self.handle", "file=sys.stderr")
     assert not any(rule == "DDP006" for _, _, rule in _found({"console.py": every, "train.py": _LOGGED}))
+
+
+_BY_TASK = """
+    import argparse
+
+    import torch.distributed as dist
+
+
+    def fit():
+        dist.init_process_group("gloo")
+        dist.destroy_process_group()
+
+
+    def check():
+        print("checking")
+        dist.init_process_group("gloo")
+        print("checked")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        task = argparse.ArgumentParser().parse_args().task
+        if task == "fit":
+            fit()
+        else:
+            check()
+"""
+
+
+def test_a_switch_whose_else_starts_the_group_too_leaves_the_else_every_ranks():
+    assert ("tasks.py", 15, "DDP008") in _found({"tasks.py": _BY_TASK})

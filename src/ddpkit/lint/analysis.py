@@ -421,9 +421,10 @@ class Script:
             elif isinstance(test, (ast.Name, ast.Attribute)) and starts(n.body):
                 found.setdefault(ast.unparse(test), sign)  # `if cfg.DIST_TRAIN: init_process_group(...)`, no else
             elif sign == 1 and _value_test(test) and _value_test(test)[2] and starts(n.body):
-                # `if args.dist == "ON": init_process_group(...)`: the switch's value that starts the group
+                # `if args.dist == "ON": init_process_group(...)`: the switch's value that starts the group (an
+                # `else:` that starts one too, `train()` or `evaluate()` by mode, says nothing of the values)
                 subject, value, _ = _value_test(test)
-                values.setdefault(subject, set()).add(value)
+                values.setdefault(subject, set()).update({value} if not starts(n.orelse) else {value, None})
             # `if n_gpu > 1: model = nn.DataParallel(model)`: one process drives the GPUs where the test holds
             wraps = {terminal(c.func) for c in calls(n.body)}
             if isinstance(test, (ast.Name, ast.Attribute, ast.Compare)) and "DataParallel" in wraps \
