@@ -384,7 +384,12 @@ class Script:
         flag's name."""
         if not isinstance(node, ast.If):
             return 0
-        test, sign = node.test, 1
+        return self.group_sense(node.test)
+
+    def group_sense(self, test: ast.AST) -> int:
+        """+1 where `test` being true means the run starts the process group, -1 where it means one process, read
+        from what the program does under it (see _starts_group_arm), else 0."""
+        sign = 1
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
             test, sign = test.operand, -1
         if not isinstance(test, (ast.Name, ast.Attribute, ast.Compare)):

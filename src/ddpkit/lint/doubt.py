@@ -175,20 +175,57 @@ _PLACING = frozenset({"to", "cuda", "device", "set_device", "load"})
 _PLACED = frozenset({"map_location", "device", "device_ids", "output_device"})
 
 
-def _walk_values(expr: ast.AST):
+def _walk_values(expr: ast.AST, s=None):
     """ast.walk, less what only says where a value lives (`x.to(gpu)`, `map_location=f"cuda:{rank}"`): a tensor
-    placed on this rank's device holds the same value on every rank."""
+    placed on this rank's device holds the same value on every rank. With `s`, also less the arguments a function
+    of the file only places tensors with (`train_one_epoch(model, loader, gpu)` whose `gpu` goes only into
+    `.cuda(gpu)`): the device a value was computed on does not change the value."""
     todo = [expr]
     while todo:
         n = todo.pop()
         yield n
         if isinstance(n, ast.Call):
             todo.append(n.func)
+            placing = _placing_arguments(s, n) if s is not None else ((), ())
             if terminal(n.func) not in _PLACING:
-                todo.extend(n.args)
-            todo.extend(k.value for k in n.keywords if k.arg not in _PLACED)
+                todo.extend(a for i, a in enumerate(n.args) if i not in placing[0])
+            todo.extend(k.value for k in n.keywords if k.arg not in _PLACED and k.arg not in placing[1])
         else:
             todo.extend(ast.iter_child_nodes(n))
+
+
+def _placing_arguments(s, call: ast.Call) -> tuple[set[int], set[str]]:
+    """(positions, keywords) of the arguments of `call` that the function it calls (a module-level function of the
+    same file, called by its bare name) uses only to place tensors: every read of the parameter is an argument of
+    `.to()`/`.cuda()`/`torch.device()`/`set_device()` or a device keyword, and nothing assigns it."""
+    if not isinstance(call.func, ast.Name):
+        return set(), set()
+    func = s.project.memo(("doubt module function", s.path, call.func.id), lambda: next(
+        (d for d in s.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+         and d.name == call.func.id), None))
+    if func is None or func.args.vararg or func.args.kwarg:
+        return set(), set()
+
+    def compute() -> tuple[set[int], set[str]]:
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        names = {*params, *(a.arg for a in func.args.kwonlyargs)}
+        placing = {name for name in names if _only_places(s, func, name)}
+        return {i for i, p in enumerate(params) if p in placing}, placing
+    return s.project.memo(("doubt placing parameters", id(func)), compute)
+
+
+def _only_places(s, func: ast.AST, name: str) -> bool:
+    uses = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name]
+    if not uses or any(not isinstance(n.ctx, ast.Load) for n in uses):
+        return False
+    for use in uses:
+        parent = s.parents.get(id(use))
+        if isinstance(parent, ast.keyword):
+            if parent.arg not in _PLACED:
+                return False
+        elif not (isinstance(parent, ast.Call) and use in parent.args and terminal(parent.func) in _PLACING):
+            return False
+    return True
 
 
 def _enclosing_params(s, node: ast.AST) -> dict[str, tuple[ast.AST, int]]:
@@ -229,7 +266,7 @@ def _given_per_rank(s, where: tuple[ast.AST, int], param: str) -> bool:
 def _value_per_rank_plain(s, expr: ast.AST) -> bool:
     """`expr` itself holds a rank, device index or spawn index (no flags or parameters followed)."""
     spawn = s.project.memo(("doubt spawn", s.path), lambda: spawn_index_names(s))
-    for n in _walk_values(expr):
+    for n in _walk_values(expr, s):
         if isinstance(n, (ast.Name, ast.Attribute, ast.Call)) and s.kind(n) != NONE:
             return True
         if isinstance(n, ast.Constant) and n.value in GLOBAL_ENV | LOCAL_ENV:
@@ -265,11 +302,20 @@ def _made_under_rank_test(script, value: ast.AST) -> bool:
     while (parent := script.parents.get(id(child))) is not None and not isinstance(
             parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         if isinstance(parent, ast.If) and child is not parent.test and not distributed_mode(parent.test) \
-                and _value_per_rank_plain(script, parent.test):
+                and _value_per_rank_plain(script, parent.test) and not _some_arm_every_rank(script, parent.test):
             # (made in both branches of the rank test, `if local_rank == 0: m = A() else: m = B()`, every rank has one)
             return child in parent.body
         child = parent
     return False
+
+
+def _some_arm_every_rank(script, test: ast.AST) -> bool:
+    """`rank == 0 and step % 20 == 0 or step == last`: an `or` arm that reads no rank passes on every rank alike,
+    so what the branch makes is made on every rank (at that step), not on some ranks only. An arm that tests the
+    run's mode (`not args.distributed or rank == 0`) passes only where there is one process: no such arm."""
+    return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) \
+        and any(not _value_per_rank_plain(script, v) and not distributed_mode(v) and not run_sense(v)
+                and not script.group_sense(v) for v in test.values)
 
 
 def _logging_set_up_by_rank(project) -> bool:

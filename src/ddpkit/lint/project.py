@@ -66,6 +66,7 @@ class Project:
         self._spawned_through_helpers()
         self._collect_facts()
         self._liveness()
+        self._drop_dead_silencers()
 
     # ---- imports -----------------------------------------------------------------------------
     def _star_aliases(self, path: str, trees: dict[str, ast.Module]) -> dict[str, str]:
@@ -653,6 +654,18 @@ class Project:
             for s, n in nodes)
         """A module's forward() makes a collective (Barlow Twins' all_reduce): its loss is already global."""
 
+    def _drop_dead_silencers(self) -> None:
+        """Keep as silencers only the statements some rank runs: a builtins.print swap in a function the program never
+        calls (`setup_for_distributed` whose only installer, `init_distributed_mode`, is commented out or called in a
+        block that never runs) leaves print as it is on every rank."""
+        live = {id(n) for x in self.scripts.values() for n in x.nodes
+                if (id(n) in self.silencers or _swaps_print(n)) and self.runs(x, n)}
+        self.silencers &= live
+        self.print_swaps = {i for x in self.scripts.values() for n in x.nodes if _swaps_print(n)
+                            for i in [id(n)] if i in live}
+        """The builtins.print swaps some rank runs (a subset of silencers)."""
+        self.prints_silenced = bool(self.silencers)
+
     def _single_node(self, nodes: list[tuple[Script, ast.AST]]) -> bool:
         """The script pins the rendezvous to this machine (MASTER_ADDR=localhost, tcp://127.0.0.1:...)."""
         addresses: list[tuple[str | None, bool]] = []
@@ -799,8 +812,7 @@ class Project:
         swaps of print, not a silenced sys.stdout (a tqdm bar writes to sys.stderr)."""
         if ("stdout" if stdout else "stderr") in self.launcher_streams:
             return True  # a launcher sends the other ranks' console away (see launcher_streams)
-        silencers = self.silencers if stdout else self.memo("print swap nodes", lambda: {
-            id(n) for x in self.scripts.values() for n in x.nodes if _swaps_print(n)})
+        silencers = self.silencers if stdout else self.print_swaps
         if not silencers:
             return False
         swaps = self.memo(("print swaps", stdout), lambda: {d.name for x in self.scripts.values() for d in x.defs
@@ -808,7 +820,7 @@ class Project:
         scope = script.context(call).scope
         func = next((d for d in script.defs if id(d) == scope), None)
         replacers = self.memo("print replacers", lambda: {d.name for x in self.scripts.values() for d in x.defs
-                                                          if any(_swaps_print(n) for n in ast.walk(d))})
+                                                          if any(id(n) in self.print_swaps for n in ast.walk(d))})
         installers = self._print_installers(silencers, stdout)
 
         def installs(n: ast.AST) -> bool:  # a call of a function that swaps print, itself or through its callees

@@ -322,7 +322,8 @@ def reporters(s: Script) -> dict[str, Reporter]:
                     for call in _calls(project, d):
                         if not _is_show(x, call, before) or (
                                 terminal(call.func) in _FILE_WRITES
-                                and not x.qualname(call.func).startswith(("sys.stdout.", "sys.stderr."))):
+                                and not x.qualname(call.func).startswith(("sys.stdout.", "sys.stderr."))) \
+                                or _prints_to_a_file(x, call):
                             continue
                         inner = before.get(terminal(call.func))
                         sources = built_from(x, d, shown_arguments(call, inner))
@@ -346,6 +347,15 @@ def reporters(s: Script) -> dict[str, Reporter]:
         return found
 
     return project.memo("reporters", compute)
+
+
+def _prints_to_a_file(s: Script, call: ast.Call) -> bool:
+    """`print(msg, file=self.file)`: print into a file the program opened (each rank's log file), not the console
+    (`file=sys.stdout`/`sys.stderr` is the console)."""
+    target = next((k.value for k in call.keywords if k.arg == "file"), None)
+    return isinstance(call.func, ast.Name) and call.func.id == "print" and target is not None \
+        and not (isinstance(target, ast.Constant) and target.value is None) \
+        and not s.qualname(target).startswith(("sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__"))
 
 
 def shown_arguments(call: ast.Call, helper: Reporter | None) -> list[ast.AST]:
