@@ -13,6 +13,7 @@ from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
+from ddpkit.port.losses import plan_summed_losses
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
@@ -84,6 +85,8 @@ class Plan:
         """Reads of a per-rank sum inside its loop, in a report: 'mean' (of per-step values) or 'count'."""
         self.scale_world: set[int] = set()
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
+        self.scale_backward: set[int] = set()
+        """`loss.backward()` calls of a loss summed over the batch: `(loss * ctx.world_size).backward()`."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
         self.move_at: set[int] = set()
@@ -137,6 +140,7 @@ class Plan:
             plan_autograd_grad(self)
             check_rebound(self)
             plan_parameter_changes(self)
+            plan_summed_losses(self)
         check_aliases(self)  # every wrapped model, also where the optimizers differ by branch
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
