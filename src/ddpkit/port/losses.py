@@ -15,7 +15,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, walk
+from ddpkit.port.facts import ARGS_ROOTS, dotted, walk
 
 
 __all__ = ["plan_summed_losses"]
@@ -33,6 +33,10 @@ _LOSS_FUNCTIONS = frozenset({
     "multi_margin_loss", "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss", "ctc_loss"})
 _BATCH_COUNT = ("size(", ".shape", "len(", ".numel(")
 _DEPTH = 12
+_KEEPS = frozenset({"sum", "mean", "item", "detach", "float", "double", "half", "squeeze", "clone", "cuda", "to",
+                    "cpu", "contiguous"})
+"""Methods that leave a loss's (or a criterion's) reduction as it was; `sum` and `mean` decide it."""
+_ARITHMETIC = frozenset({"mul", "mul_", "add", "add_", "sub", "sub_"})
 
 
 def plan_summed_losses(plan: Any) -> None:
@@ -78,9 +82,7 @@ def _reduction(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: 
             right = _reduction(plan, key, expr.right, line, depth + 1)
             return _join(left, right)
         if isinstance(expr.operator, (cst.Divide, cst.FloorDivide)):
-            if left[0] == SUM and any(m in plan.f.code(expr.right) for m in _BATCH_COUNT):
-                return MEAN, ""  # `crit(out, y) / x.size(0)`: divided by this rank's own batch
-            return left
+            return _divided(plan, key, left, expr.right, line)
         if isinstance(expr.operator, cst.Multiply):
             right = _reduction(plan, key, expr.right, line, depth + 1)
             if FREE in (left[0], right[0]):
@@ -92,6 +94,45 @@ def _reduction(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: 
     if isinstance(expr, cst.Call):
         return _call(plan, key, expr, line, depth)
     return UNKNOWN, ""
+
+
+def _divided(plan: Any, key: str, left: tuple[str, str], divisor: cst.BaseExpression, line: int) -> tuple[str, str]:
+    """A sum divided by this rank's own count (`x.size(0)`, `n = len(y)`, `mask.sum()`) is a mean over its batch; by
+    a number fixed before training (a literal, an argument, the global batch size) it stays a sum; by anything else
+    the port cannot tell."""
+    if left[0] != SUM:
+        return left
+    if _fixed(plan, key, divisor, line, 0):
+        return left
+    text = plan.f.code(divisor)
+    if any(m in text for m in (*_BATCH_COUNT, ".sum(")) or _counted(plan, key, divisor, line):
+        return MEAN, ""  # `crit(out, y) / x.size(0)`: divided by this rank's own batch
+    return UNKNOWN, f"{left[1]} divided by `{text}`"
+
+
+def _fixed(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: int) -> bool:
+    """A number that is the same on every rank and every step: a literal, an UPPER_CASE name, an argument
+    (`args.batch_size`), the training batch size, or a name bound only to such values before `line`."""
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.BinaryOperation):
+        return _fixed(plan, key, expr.left, line, depth) and _fixed(plan, key, expr.right, line, depth)
+    name = dotted(expr)
+    if not name or depth > 4:
+        return False
+    if name in plan.train_sizes or name.isupper() or name.split(".")[0] in ARGS_ROOTS:
+        return True
+    values = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign) and plan.line_of(n) < line
+              and any(dotted(t.target) == name for t in n.targets)]
+    return bool(values) and all(_fixed(plan, key, v, line, depth + 1) for v in values)
+
+
+def _counted(plan: Any, key: str, expr: cst.BaseExpression, line: int) -> bool:
+    """`n = y.size(0)` ... `/ n`: a name bound to a count of this rank's batch."""
+    name = dotted(expr)
+    return bool(name) and any(isinstance(n, cst.Assign) and plan.line_of(n) < line
+                              and any(dotted(t.target) == name for t in n.targets)
+                              and any(m in plan.f.code(n.value) for m in _BATCH_COUNT) for n in plan.nodes(key))
 
 
 def _join(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
@@ -114,6 +155,7 @@ def _name(plan: Any, key: str, name: str, line: int, depth: int) -> tuple[str, s
     if not name:
         return UNKNOWN, ""
     values: list[cst.BaseExpression] = []
+    parts: list[tuple[cst.BaseExpression, int]] = []
     for node in plan.nodes(key):
         if plan.line_of(node) >= line:
             continue
@@ -121,12 +163,21 @@ def _name(plan: Any, key: str, name: str, line: int, depth: int) -> tuple[str, s
             values.append(node.value)
         elif isinstance(node, cst.AugAssign) and dotted(node.target) == name:
             values.append(node.value)
+        elif isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Tuple):
+            names = [dotted(e.value) for e in node.targets[0].target.elements]
+            if name in names:  # `rec, kld = vae_loss(...)`: that element of what it returns
+                parts.append((node.value, names.index(name)))
+    result: tuple[str, str] | None = None
+    for value, index in parts:
+        found = _element(plan, key, value, index, depth + 1)
+        result = found if result is None else _join(result, found)
+    if parts and not values:
+        return result if result is not None else (UNKNOWN, "")
     if not values:
         scope = plan.f.scopes[key]
         if name in scope.params:
             return _passed(plan, key, name, depth)
         return FREE, ""  # a number from elsewhere (`alpha`, `args.beta`), or a value the port cannot follow
-    result: tuple[str, str] | None = None
     for value in values:
         found = _reduction(plan, key, value, plan.line_of(value), depth + 1)
         result = found if result is None else _join(result, found)
@@ -152,8 +203,16 @@ def _passed(plan: Any, key: str, param: str, depth: int) -> tuple[str, str]:
 def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[str, str]:
     func = dotted(call.func)
     code = plan.f.code(call)
-    if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("sum", "mean", "item", "detach", "float",
-                                                                        "double", "squeeze", "clone"):
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "div" and call.args and func != "torch.div":
+        return _divided(plan, key, _reduction(plan, key, call.func.value, line, depth + 1), call.args[0].value, line)
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in _ARITHMETIC and len(call.args) == 1:
+        method = call.func.attr.value.rstrip("_")  # `torch.sum(k).mul_(-0.5)`, `bce.add(kld)`: as `*` and `+`
+        op = cst.Multiply() if method == "mul" else cst.Add() if method == "add" else cst.Subtract()
+        return _reduction(plan, key, cst.BinaryOperation(call.func.value, op, call.args[0].value), line, depth + 1)
+    if func == "torch.div" and len(call.args) >= 2:
+        return _divided(plan, key, _reduction(plan, key, call.args[0].value, line, depth + 1), call.args[1].value,
+                        line)
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value in _KEEPS:
         method = call.func.attr.value
         inner = call.func.value
         if func in ("torch.sum", "torch.mean"):
@@ -179,18 +238,33 @@ def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[s
         return criterion
     if _full(plan, func).startswith(_NN) and func.endswith("Loss"):
         return _options(plan, key, call, code, line, depth)  # the criterion itself, as its callers see it
-    callees = [c for c in plan.f.callees(call, key) if c in plan.f.scopes and c != key]
-    if callees and depth < _DEPTH:
-        result: tuple[str, str] | None = None
-        for callee in callees:
-            for ret in (n for n in plan.nodes(callee) if isinstance(n, cst.Return) and n.value is not None):
-                value = ret.value.elements[0].value if isinstance(ret.value, cst.Tuple) and ret.value.elements \
-                    else ret.value
-                found = _reduction(plan, callee, value, plan.line_of(ret) + 1, depth + 1)
-                result = found if result is None else _join(result, found)
-        if result is not None:
-            return result
-    return UNKNOWN, ""
+    return _element(plan, key, call, None, depth)
+
+
+def _element(plan: Any, key: str, value: cst.BaseExpression, index: int | None, depth: int) -> tuple[str, str]:
+    """What a call of the script's own function returns (element `index` of a returned tuple), or element `index`
+    of a tuple written out."""
+    if isinstance(value, cst.Tuple) and index is not None:
+        if index >= len(value.elements):
+            return UNKNOWN, ""
+        item = value.elements[index].value
+        return _reduction(plan, key, item, plan.line_of(item) + 1, depth + 1)
+    if not isinstance(value, cst.Call) or depth >= _DEPTH:
+        return UNKNOWN, ""
+    result: tuple[str, str] | None = None
+    for callee in [c for c in plan.f.callees(value, key) if c in plan.f.scopes and c != key]:
+        for ret in (n for n in plan.nodes(callee) if isinstance(n, cst.Return) and n.value is not None):
+            item = ret.value
+            if isinstance(item, cst.Tuple):
+                at = 0 if index is None else index
+                if at >= len(item.elements):
+                    continue
+                item = item.elements[at].value
+            elif index is not None:
+                continue
+            found = _reduction(plan, callee, item, plan.line_of(ret) + 1, depth + 1)
+            result = found if result is None else _join(result, found)
+    return result if result is not None else (UNKNOWN, "")
 
 
 def _criterion(plan: Any, key: str, name: str, line: int, depth: int) -> tuple[str, str] | None:

@@ -140,11 +140,12 @@ class Plan:
             plan_autograd_grad(self)
             check_rebound(self)
             plan_parameter_changes(self)
-            plan_summed_losses(self)
         check_aliases(self)  # every wrapped model, also where the optimizers differ by branch
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
         plan_batch_divisions(self)
+        if model not in (None, "?"):
+            plan_summed_losses(self)  # after the batch-size uses: a sum divided by the global batch stays a sum
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
