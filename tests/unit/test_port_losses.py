@@ -53,3 +53,13 @@ def test_a_returned_mean_of_a_sum_named_like_a_counter_is_reduced_and_a_shared_p
     # the running mean shown in the postfix comes from a pass over both loaders: no collective fits there
     assert result.exit_code == 3 and set(todos) == {33}, todos
     assert "`seen_loss` sums this rank's shard" in todos[33] and "evaluation loader" in todos[33]
+
+
+def test_a_loss_from_the_projects_own_module_that_sums_is_named():
+    path = FIXTURES / "summed_elsewhere" / "train.py"
+    result = port_source(path.read_text(), str(path))
+    todos = {t.line: t.message for t in result.todos}
+    assert result.exit_code == 3 and set(todos) == {38}, todos  # the line of `total.backward()` in the port
+    assert "`total` reaches backward() from `BoxAndClassLoss` in criteria.py" in todos[38]
+    assert "criteria.py:8 `size_average=False`" in todos[38]
+    assert "ctx.world_size).backward()" not in result.code

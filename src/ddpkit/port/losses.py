@@ -31,6 +31,7 @@ _LOSS_FUNCTIONS = frozenset({
     "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "cosine_embedding_loss",
     "margin_ranking_loss", "hinge_embedding_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss",
     "multi_margin_loss", "soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss", "ctc_loss"})
+_TOLD = "(not torch's own loss, told to sum)"
 _BATCH_COUNT = ("size(", ".shape", "len(", ".numel(")
 _DEPTH = 12
 _KEEPS = frozenset({"sum", "mean", "item", "detach", "float", "double", "half", "squeeze", "clone", "cuda", "to",
@@ -100,13 +101,16 @@ def _divided(plan: Any, key: str, left: tuple[str, str], divisor: cst.BaseExpres
     """A sum divided by this rank's own count (`x.size(0)`, `n = len(y)`, `mask.sum()`) is a mean over its batch; by
     a number fixed before training (a literal, an argument, the global batch size) it stays a sum; by anything else
     the port cannot tell."""
-    if left[0] != SUM:
+    told = left[0] == UNKNOWN and left[1].endswith(_TOLD)
+    if left[0] != SUM and not told:
         return left
     if _fixed(plan, key, divisor, line, 0):
         return left
     text = plan.f.code(divisor)
     if any(m in text for m in (*_BATCH_COUNT, ".sum(")) or _counted(plan, key, divisor, line):
         return MEAN, ""  # `crit(out, y) / x.size(0)`: divided by this rank's own batch
+    if told:
+        return left
     return UNKNOWN, f"{left[1]} divided by `{text}`"
 
 
@@ -120,11 +124,11 @@ def _fixed(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: int)
     name = dotted(expr)
     if not name or depth > 4:
         return False
-    if name in plan.train_sizes or name.isupper() or name.split(".")[0] in ARGS_ROOTS:
-        return True
     values = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign) and plan.line_of(n) < line
               and any(dotted(t.target) == name for t in n.targets)]
-    return bool(values) and all(_fixed(plan, key, v, line, depth + 1) for v in values)
+    if values:  # bound here (`N = x.size(0)` is no constant, whatever its spelling)
+        return all(_fixed(plan, key, v, line, depth + 1) for v in values)
+    return name in plan.train_sizes or name.isupper() or name.split(".")[0] in ARGS_ROOTS
 
 
 def _counted(plan: Any, key: str, expr: cst.BaseExpression, line: int) -> bool:
@@ -238,7 +242,10 @@ def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[s
         return criterion
     if _full(plan, func).startswith(_NN) and func.endswith("Loss"):
         return _options(plan, key, call, code, line, depth)  # the criterion itself, as its callers see it
-    return _element(plan, key, call, None, depth)
+    found = _element(plan, key, call, None, depth)
+    if found[0] == UNKNOWN and _options(plan, key, call, "", line, depth)[0] == SUM:
+        return UNKNOWN, f"`{code}` {_TOLD}"  # `CrossEntropyLoss2d(size_average=False)`
+    return found
 
 
 def _element(plan: Any, key: str, value: cst.BaseExpression, index: int | None, depth: int) -> tuple[str, str]:
@@ -282,6 +289,9 @@ def _criterion(plan: Any, key: str, name: str, line: int, depth: int) -> tuple[s
                 made = _full(plan, dotted(node.value.func))
                 if made.startswith(_NN) and made.endswith("Loss"):
                     return _options(plan, scope, node.value, plan.f.code(node.value), plan.line_of(node), depth)
+                if _options(plan, scope, node.value, "", plan.line_of(node), depth)[0] == SUM:
+                    # `CrossEntropyLoss2d(size_average=False)`: not torch's, but told to sum
+                    return UNKNOWN, f"`{plan.f.code(node.value)}` {_TOLD}"
         if scope == key and name in plan.f.scopes[key].params:
             found = _passed(plan, key, name, depth)
             return None if found[0] == FREE else found
