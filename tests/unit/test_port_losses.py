@@ -63,3 +63,11 @@ def test_a_loss_from_the_projects_own_module_that_sums_is_named():
     assert "`total` reaches backward() from `BoxAndClassLoss` in criteria.py" in todos[38]
     assert "criteria.py:8 `size_average=False`" in todos[38]
     assert "ctx.world_size).backward()" not in result.code
+
+
+def test_a_summed_loss_under_amp_and_one_with_backward_options_are_scaled():
+    result = _port("summed_loss_amp")
+    assert result.exit_code == 0, result.todos
+    assert "(scaler.scale(loss) * ctx.world_size).backward()" in result.code
+    assert "(extra * ctx.world_size).backward(retain_graph=True)" in result.code
+    assert "print(loss.item())" in result.code  # the figure reported is the loss itself

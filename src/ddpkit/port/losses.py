@@ -48,7 +48,7 @@ def plan_summed_losses(plan: Any) -> None:
         return
     for key in sorted(plan.f.ported):
         for call in [n for n in plan.nodes(key) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                     and n.func.attr.value == "backward" and not n.args]:
+                     and n.func.attr.value == "backward" and all(a.keyword is not None for a in n.args)]:
             kind, why = _reduction(plan, key, call.func.value, plan.line_of(call), 0)
             loss = plan.f.code(call.func.value)
             if kind == SUM:
@@ -63,10 +63,10 @@ def plan_summed_losses(plan: Any) -> None:
                           "terms' gradient is 1/world_size of the original's; multiply those terms (only) by "
                           "ctx.world_size where backward() is called")
             elif kind == UNKNOWN and why:
-                plan.todo(call, f"not checked: `{loss}` reaches backward() through {why}, whose reduction over the "
-                          "batch the port cannot read: if it sums over the batch, each rank sums its batch_size // "
-                          "world_size samples and DDP averages the gradients (1/world_size of the original's step): "
-                          "then call backward() on it times ctx.world_size")
+                plan.todo(call, f"not checked: `{loss}` reaches backward() through {why}, and the port cannot "
+                          "read how the whole loss reduces over the batch: if it sums over the batch, each rank sums "
+                          "its batch_size // world_size samples and DDP averages the gradients (1/world_size of the "
+                          "original's step): then call backward() on it times ctx.world_size")
 
 
 def _reduction(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: int) -> tuple[str, str]:
@@ -149,7 +149,9 @@ def _join(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
         return MIXED, a[1] if a[0] == SUM else b[1]
     if MIXED in kinds:
         return MIXED, a[1] if a[0] == MIXED else b[1]
-    if UNKNOWN in kinds:
+    if UNKNOWN in kinds:  # a sum beside a term the port cannot read: named (a TODO), never scaled silently
+        if SUM in kinds:
+            return UNKNOWN, a[1] if a[0] == SUM else b[1]
         return UNKNOWN, a[1] if a[0] == UNKNOWN else b[1]
     return (MEAN, "") if kinds == {MEAN} else (UNKNOWN, "")
 
@@ -209,6 +211,8 @@ def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[s
     code = plan.f.code(call)
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == "div" and call.args and func != "torch.div":
         return _divided(plan, key, _reduction(plan, key, call.func.value, line, depth + 1), call.args[0].value, line)
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "scale" and len(call.args) == 1:
+        return _reduction(plan, key, call.args[0].value, line, depth + 1)  # `scaler.scale(loss)`: AMP's scaling
     if isinstance(call.func, cst.Attribute) and call.func.attr.value in _ARITHMETIC and len(call.args) == 1:
         method = call.func.attr.value.rstrip("_")  # `torch.sum(k).mul_(-0.5)`, `bce.add(kld)`: as `*` and `+`
         op = cst.Multiply() if method == "mul" else cst.Add() if method == "add" else cst.Subtract()
