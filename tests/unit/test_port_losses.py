@@ -70,4 +70,4 @@ def test_a_summed_loss_under_amp_and_one_with_backward_options_are_scaled():
     assert result.exit_code == 0, result.todos
     assert "(scaler.scale(loss) * ctx.world_size).backward()" in result.code
     assert "(extra * ctx.world_size).backward(retain_graph=True)" in result.code
-    assert "print(loss.item())" in result.code  # the figure reported is the loss itself
+    assert "loss.item())" in result.code and "loss * ctx.world_size).item" not in result.code  # the figure: the loss
