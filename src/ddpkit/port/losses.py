@@ -283,7 +283,7 @@ def _criterion(plan: Any, key: str, name: str, line: int, depth: int) -> tuple[s
     if not name or depth > _DEPTH:
         return None
     scopes = [key] + ([plan.f.entry_key] if plan.f.entry_key != key else []) + [
-        k for k in sorted(plan.f.ported) if k not in (key, plan.f.entry_key)]
+        k for k in sorted(plan.f.scopes) if k not in (key, plan.f.entry_key)]
     for scope in scopes:
         if scope != key and name in plan.f.scopes[scope].params:
             continue
