@@ -55,11 +55,14 @@ CASES = {
     # a writer made on rank 0 only and closed by module-level code after the main block; a file opened by a `with`
     # whose write is rank 0's: every other rank would end on a NameError, or truncate the file
     "rank0_bindings": (["--out", "{tmp}", "--record"], "mse", 1e-5),
+    # losses summed over the batch (a criterion's reduction in a constant, size_average=False, torch.sum, .sum()):
+    # unscaled, each rank's gradient sums half the batch and DDP averages them: half the original's step
+    "summed_loss": (["{tmp}/params.pt"], "loss", 1e-5),
     "charlm": (["--max-steps", "12", "--eval-every", "6", "--d-model", "32", "--layers", "1", "--heads", "2",
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),
 }
-SAME_ORDER = {"toplevel_script", "gan_pair", "encoder_decoder", "model_list", "model_passed_in"}
+SAME_ORDER = {"toplevel_script", "gan_pair", "encoder_decoder", "model_list", "model_passed_in", "summed_loss"}
 """Scripts with shuffle=False and no randomness in the loop: 2 ranks end with the original's parameters."""
 
 

@@ -13,6 +13,7 @@ from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
+from ddpkit.port.losses import plan_summed_losses
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
@@ -84,6 +85,8 @@ class Plan:
         """Reads of a per-rank sum inside its loop, in a report: 'mean' (of per-step values) or 'count'."""
         self.scale_world: set[int] = set()
         """Throughput assignments from this rank's batch (`tok_per_sec = x.numel() / dt`): times world_size."""
+        self.scale_backward: set[int] = set()
+        """`loss.backward()` calls of a loss summed over the batch: `(loss * ctx.world_size).backward()`."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
         self.move_at: set[int] = set()
@@ -141,6 +144,8 @@ class Plan:
         self._plan_batch_size_uses()
         plan_batch_dependents(self)
         plan_batch_divisions(self)
+        if model not in (None, "?"):
+            plan_summed_losses(self)  # after the batch-size uses: a sum divided by the global batch stays a sum
         self.unwrap_calls: set[int] = set()
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)

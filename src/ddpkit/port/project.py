@@ -193,6 +193,65 @@ def _resolve(modules: dict[str, str], folder: str, path: str, name: str, parsed:
     return None
 
 
+def _sum_marker(defn: ast.AST) -> tuple[int, str] | None:
+    """(line, code) of a torch loss reduced by a sum over the batch in a definition: `reduction="sum"`,
+    `size_average=False`."""
+    for node in ast.walk(defn):
+        if isinstance(node, ast.keyword) and (
+                (node.arg == "reduction" and isinstance(node.value, ast.Constant) and node.value.value == "sum")
+                or (node.arg == "size_average" and isinstance(node.value, ast.Constant) and node.value.value is False)):
+            return node.value.lineno, f"{node.arg}={ast.unparse(node.value)}"
+    return None
+
+
+def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  # noqa: ANN001
+    """`loss = criterion(out, y)` ... `loss.backward()` where `criterion` (or the function called) is the project's
+    own code that reduces a loss by a sum (`reduction="sum"`, `size_average=False`): under a sharded loader each rank
+    sums its share and DDP averages, so the gradient may be 1/world_size of the original's; the port cannot tell."""
+    if "ddpkit.loader(" not in ast.unparse(tree):
+        return []  # the same data on every rank: the average of equal gradients is the original's
+    made: dict[str, str] = {}
+    for node in ast.walk(tree):  # `criterion = MultiBoxLoss(...)`, `self.crit = losses.Sum(...)`
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call):
+            made.setdefault(ast_dotted(node.targets[0]), ast_dotted(node.value.func))
+    out: list[tuple[int, str]] = []
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
+    for scope in scopes:
+        body = [n for n in ast.walk(scope)]
+        for call in (n for n in body if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)):
+            name = call.func.value.id
+            names, values, seen = [name], [], set()
+            while names:  # `loss = loss_l + loss_c` after `loss_l, loss_c = criterion(out, y)`: every name it reads
+                look = names.pop()
+                seen.add(look)
+                for n in body:
+                    if isinstance(n, ast.Assign) and n.lineno < call.lineno and any(
+                            look in [e.id for e in ast.walk(t) if isinstance(e, ast.Name)] for t in n.targets):
+                        values.append(n.value)
+                        names += [e.id for e in ast.walk(n.value) if isinstance(e, ast.Name) and e.id not in seen
+                                  and e.id not in names]
+            for value in values:
+                for inner in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
+                    func = ast_dotted(inner.func)
+                    found = definition(made.get(func, func)) if func else None
+                    marker = _sum_marker(found[2]) if found is not None else None
+                    if marker is None:
+                        continue
+                    where = os.path.basename(found[0])
+                    out.append((call.lineno, f"not checked: `{name}` reaches backward() from `{found[1]}` in {where} "
+                                             f"(read, not ported), which reduces a loss by a sum there ({where}:"
+                                             f"{marker[0]} `{marker[1]}`): where that sums over the batch, each rank "
+                                             "sums its batch_size // world_size samples and DDP averages the "
+                                             "gradients, so the step is 1/world_size of the original's: then call "
+                                             f"backward() on `{name}` times ctx.world_size"))
+                    break
+                else:
+                    continue
+                break
+    return out
+
+
 def _definition(tree: ast.Module, name: str) -> ast.AST | None:
     return next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                  and n.name == name), None)
@@ -414,6 +473,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             more = f" (and {len(hazards) - 4} more)" if received and len(hazards) > 4 else ""
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
+    out += _summed_elsewhere(tree, definition)
     out += unused_in_wrapped(tree, classes, definition)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)

@@ -252,6 +252,11 @@ class Rewriter(cst.CSTTransformer):
             updated = updated.with_changes(args=[  # would be a collective the other ranks never join
                 a.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(o.value)})")) if self.role(o.value) == "model"
                 else a for a, o in zip(updated.args, original.args)])
+        if id(original) in self.p.scale_backward:
+            self.changes += 1  # a loss summed over the batch: each rank sums its share, and DDP averages
+            receiver = cst.Module([]).code_for_node(updated.func.value)
+            return updated.with_changes(func=updated.func.with_changes(
+                value=parse_expr(f"({receiver} * ctx.world_size)")))
         if id(original) in self.p.drop_parallel:
             self.changes += 1  # one process per device: DDP (ddpkit.wrap) replaces DataParallel
             return updated.args[0].value

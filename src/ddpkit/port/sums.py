@@ -30,6 +30,12 @@ _COUNTS = re.compile(r"\.sum\(|size\(|\blen\(|shape\[0\]|numel\(|num_graphs|\.eq
 _TENSOR_USE = r"\b{}\.(item|float|double|long|cpu|numpy|to|detach|tolist)\("
 
 
+def _counter(name: str, added: list[str]) -> bool:
+    """`step += 1`, `global_step += args.accum`: a count of steps, the same on every rank. A name that merely ends
+    like one (`loss_epoch += loss.item()`) but adds values computed from the batch is a sum of this rank's shard."""
+    return bool(_COUNTER.search(name)) and not any("(" in text for text in added)
+
+
 def _zero(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Integer) and node.value == "0":
         return "int"
@@ -98,7 +104,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             continue  # a running value reset inside the loop, or nothing uses the sum
         texts = [plan.f.code(n.value) for n in summed if dotted(n.target) == name]
         constant = all(isinstance(n.value, (cst.Integer, cst.Float)) for n in summed if dotted(n.target) == name)
-        if (_COUNTER.search(name) or constant) and not _divides(plan, key, name, end):
+        if (_counter(name, texts) or constant) and not _divides(plan, key, name, end):
             continue  # `step += 1`: a step counter, the same on every rank (unless it counts batches for a mean)
         if kind != "tensor" and re.search(_TENSOR_USE.format(re.escape(name)), scope_text):
             kind = "any"
@@ -123,7 +129,8 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         if name in handled or root in loop_vars or name in assigned_inside or root in assigned_inside \
                 or (root in assigned_here and stmt not in loops):
             continue  # started inside this statement: the pass over its inner block decides
-        if _COUNTER.search(name) or (isinstance(node, cst.AugAssign) and isinstance(node.value, (cst.Integer, cst.Float))
+        added = [plan.f.code(node.value)] if isinstance(node, cst.AugAssign) else ["()"]
+        if _counter(name, added) or (isinstance(node, cst.AugAssign) and isinstance(node.value, (cst.Integer, cst.Float))
                                      and not _divides(plan, key, name, end)):
             continue
         if not (_read_after(plan, key, root, end) or root == "self"):
@@ -177,7 +184,7 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
         stmt = plan._stmt.get(id(node))
         block = plan._parent.get(id(stmt))
         where = plan.f.code(block if isinstance(block, cst.If) else stmt)
-        if not _REPORT.search(where):
+        if not _REPORT.search(where) and not _feeds_report(plan, stmt, loops):
             continue
         tests = []
         parent = plan._parent.get(id(stmt))
@@ -186,6 +193,12 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
                 tests.append(parent.test)
             parent = plan._parent.get(id(parent))
         if parent is None or plan.loop_role(key, parent) != "train":
+            if parent is not None and id(node) not in plan.flagged and _serves_both(plan, key, parent):
+                plan.flagged.add(id(node))
+                plan.todo(node, f"not checked: `{text}` sums this rank's shard and is reported here, in a loop the "
+                          "script runs over its training loader and over an evaluation loader: a collective here "
+                          "would wait forever on an evaluation shard one batch shorter, so the figure stays this "
+                          "rank's; reduce the sums after the loop (ddpkit.all_reduce_sum) and report them there")
             continue  # evaluation shards differ by a batch: no collective inside their loop (progress stays local)
         if not all(agreed(plan, key, t) for t in tests):
             plan.flagged.add(id(node))
@@ -194,6 +207,40 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
             continue
         counts = all(_COUNTS.search(t) for t in texts[text])
         plan.reduce_read[id(node)] = "count" if counts else "mean"
+
+
+def _feeds_report(plan: Any, stmt: cst.CSTNode, loops: list[cst.For]) -> bool:
+    """`metrics["loss"] = running / (i + 1)` ... `bar.set_postfix(metrics)` later in the loop: the value the
+    statement stores is reported there."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Assign):
+        return False
+    roots = {root_name(t.target) for t in stmt.body[0].targets} - {""}
+    line = plan.line_of(stmt)
+    for loop in loops:
+        for later in walk(loop.body):
+            if isinstance(later, cst.SimpleStatementLine) and plan.line_of(later) > line \
+                    and _REPORT.search(plan.f.code(later)) \
+                    and any(isinstance(n, cst.Name) and n.value in roots for n in walk(later)):
+                return True
+    return False
+
+
+def _serves_both(plan: Any, key: str, loop: cst.For) -> bool:
+    """`def run(loader, ...): for x, y in loader:` called with the training loader and with an evaluation one."""
+    name = dotted(_strip_iter(loop.iter))
+    scope = plan.f.scopes.get(key)
+    if scope is None or name not in scope.params:
+        return False
+    index = scope.params.index(name)
+    roles = set()
+    for caller in sorted(plan.f.ported):
+        for call in (n for n in plan.nodes(caller) if isinstance(n, cst.Call) and key in plan.f.callees(n, caller)):
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            given = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name),
+                         positional[index].value if index < len(positional) else None)
+            if given is not None:
+                roles.add(plan.role(caller, dotted(given)))
+    return {"train", "eval"} <= roles
 
 
 _SEQUENCES = (cst.List, cst.ListComp, cst.Tuple, cst.Dict, cst.DictComp, cst.Set, cst.SetComp,
@@ -353,7 +400,7 @@ def _audit_loop(plan: Any, key: str, loop: cst.For, meter_classes: dict[str, str
     for n in inside:
         if isinstance(n, cst.AugAssign) and dotted(n.target) and not isinstance(n.operator, cst.DivideAssign):
             name = dotted(n.target)
-            if isinstance(n.value, (cst.Integer, cst.Float)) or _COUNTER.search(name):
+            if isinstance(n.value, (cst.Integer, cst.Float)) or _counter(name, [plan.f.code(n.value)]):
                 counts.setdefault(name, n)
             else:
                 sums.setdefault(name, n)

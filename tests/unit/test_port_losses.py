@@ -1,0 +1,73 @@
+"""`ddpkit port` on losses summed over the batch, and on per-rank figures a helper returns or shows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str):
+    path = FIXTURES / f"{name}.py"
+    return port_source(path.read_text(), str(path))
+
+
+def test_a_loss_summed_over_the_batch_is_scaled_by_the_world_size_at_backward_only():
+    result = _port("summed_loss")
+    code = result.code
+    assert result.exit_code == 0, result.todos
+    ast.parse(code)
+    # a criterion whose reduction is a module constant, passed in, plus a helper's size_average=False and torch.sum
+    assert "        (loss * ctx.world_size).backward()\n" in code
+    assert "        (err * ctx.world_size).backward()\n" in code  # a hand-written .sum() over the batch
+    # means stay as they are: a mean loss, and a sum divided by this rank's own batch size
+    assert "        mean_err.backward()\n" in code and "        per_sample.backward()\n" in code
+    assert code.count("* ctx.world_size).backward()") == 2
+    # the reported value is the script's own: only backward() sees the scaled loss
+    assert "total += loss.item()" in code and "size_average=False" in code.split("(loss * ctx.world_size)")[0]
+    note = code.split("        (loss * ctx.world_size).backward()")[0].rsplit("\n", 2)[-2]
+    assert "# ddpkit port: `loss` sums over the batch" in note and "L1Loss(reduction=REDUCTION)" in note
+
+
+def test_a_reduction_chosen_at_run_time_or_summed_and_averaged_terms_together_are_todos():
+    result = _port("summed_loss_unclear")
+    todos = {t.line: t.message for t in result.todos}
+    assert result.exit_code == 3 and set(todos) == {28, 33}, todos
+    assert "`fit`" in todos[28] and "args.reduction" in todos[28] and "chosen at run time" in todos[28]
+    assert "`both` adds terms summed over the batch" in todos[33] and 'reduction="sum"' in todos[33]
+    assert "ctx.world_size).backward()" not in result.code  # nothing scaled where the port cannot tell
+
+
+def test_a_returned_mean_of_a_sum_named_like_a_counter_is_reduced_and_a_shared_pass_report_is_a_todo():
+    result = _port("shard_returns")
+    code = result.code
+    todos = {t.line: t.message for t in result.todos}
+    # `loss_epoch += loss.item()` is a sum of this rank's losses, not a step counter: reduced, and divided by every
+    # rank's batches, before it is returned
+    reduced = code.index("loss_epoch = type(loss_epoch)(ddpkit.all_reduce_sum(ctx, loss_epoch).item())")
+    assert reduced < code.index("loss_epoch /= ddpkit.all_reduce_sum(ctx, len(batches)).item()") \
+        < code.index("return loss_epoch")
+    # the running mean shown in the postfix comes from a pass over both loaders: no collective fits there
+    assert result.exit_code == 3 and set(todos) == {33}, todos
+    assert "`seen_loss` sums this rank's shard" in todos[33] and "evaluation loader" in todos[33]
+
+
+def test_a_loss_from_the_projects_own_module_that_sums_is_named():
+    path = FIXTURES / "summed_elsewhere" / "train.py"
+    result = port_source(path.read_text(), str(path))
+    todos = {t.line: t.message for t in result.todos}
+    assert result.exit_code == 3 and set(todos) == {38}, todos  # the line of `total.backward()` in the port
+    assert "`total` reaches backward() from `BoxAndClassLoss` in criteria.py" in todos[38]
+    assert "criteria.py:8 `size_average=False`" in todos[38]
+    assert "ctx.world_size).backward()" not in result.code
+
+
+def test_a_summed_loss_under_amp_and_one_with_backward_options_are_scaled():
+    result = _port("summed_loss_amp")
+    assert result.exit_code == 0, result.todos
+    assert "(scaler.scale(loss) * ctx.world_size).backward()" in result.code
+    assert "(extra * ctx.world_size).backward(retain_graph=True)" in result.code
+    assert "loss.item())" in result.code and "loss * ctx.world_size).item" not in result.code  # the figure: the loss
