@@ -108,3 +108,12 @@ def test_a_gpu_index_chosen_at_module_level_becomes_the_current_gpu_or_a_todo():
     lines = result.code.splitlines()
     [at] = [i for i, line in enumerate(lines) if line.startswith("DEV = f'cuda:")]
     assert "`DEV` names one GPU by an index computed here" in lines[at - 1]
+
+
+def test_a_folder_named_per_rank_that_rank_0_writes_into_and_every_rank_reads_from_under_another_name_is_named():
+    result = _port("per_rank_dir.py")
+    assert result.exit_code == 3
+    # the save writes through `save_dir` (a parameter of train), the load reads `best_path`: one per-rank value
+    [todo] = [t for t in result.todos if "differs on every rank" in t.message]
+    assert todo.line == 22 and todo.message.startswith("`stamp` is built from `datetime.now()`")
+    assert "line 31 read on every rank opens `best_path`" in todo.message
