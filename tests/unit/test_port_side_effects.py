@@ -117,3 +117,16 @@ def test_a_folder_named_per_rank_that_rank_0_writes_into_and_every_rank_reads_fr
     [todo] = [t for t in result.todos if "differs on every rank" in t.message]
     assert todo.line == 22 and todo.message.startswith("`stamp` is built from `datetime.now()`")
     assert "line 31 read on every rank opens `best_path`" in todo.message
+
+
+def test_a_device_name_bound_to_a_string_and_to_ctx_device_is_compared_through_torch_device(tmp_path, monkeypatch):
+    result = _port("string_device_rebound.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    assert "device = 'cpu'" in lines and "device = ctx.device" in lines
+    assert "if torch.device(device).type == 'cuda':" in lines
+    path = tmp_path / "string_device_rebound_ddp.py"
+    path.write_text(result.code)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    runpy.run_path(str(path), run_name="__main__")  # describe() before ddpkit.init: `'cpu'.type` raised here

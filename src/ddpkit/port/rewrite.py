@@ -127,6 +127,7 @@ class Rewriter(cst.CSTTransformer):
         self.used_names: set[str] = set()
         """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
         self.string_devices = _string_devices(facts, self._nodes_to_keys)
+        self.device_bound = _device_bound(facts, self._nodes_to_keys)
         """(id(scope), name): device names some binding of which stays a string after the port (see leave_Comparison)."""
         """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
         """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
@@ -515,11 +516,16 @@ class Rewriter(cst.CSTTransformer):
             if id(inner) not in self._assigned_in:
                 self._assigned_in[id(inner)] = _assigned_names(inner)
             if left.value in self._assigned_in[id(inner)]:
-                return "str" if (id(inner), left.value) in self.string_devices else ""
+                return self._string_or_either(id(inner), left.value)
             if left.value in _parameters(inner):
                 return "either" if self.imports.get("torch") == "torch" and any(
                     name == left.value for _, name in self.string_devices) else ""
-        return "str" if (id(self.f.module), left.value) in self.string_devices else ""
+        return self._string_or_either(id(self.f.module), left.value)
+
+    def _string_or_either(self, scope: int, name: str) -> str:
+        if (scope, name) not in self.string_devices:
+            return ""
+        return "either" if (scope, name) in self.device_bound and self.imports.get("torch") == "torch" else "str"
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation):
         if self.in_ctx() and isinstance(updated.operator, cst.Divide):
@@ -945,6 +951,21 @@ def _string_devices(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
                 continue
             ported = key in facts.ported and (id(node) in region if key in (ENTRY, facts.entry_key) else True)
             if not (ported and _chooses_device(node)):
+                found.add((id(scope), node.targets[0].target.value))
+    return found
+
+
+def _device_bound(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
+    """(id(scope), name) for each name a scope binds to ctx.device somewhere (a device choice the port rewrites)."""
+    region = {id(n) for s in facts.region for n in walk(s)}
+    found: set[tuple[int, str]] = set()
+    scopes = [facts.module] + [n for n in walk(facts.module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+    for scope in scopes:
+        key = keys.get(id(scope), ENTRY if scope is facts.module else None)
+        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(
+                    node.targets[0].target, cst.Name) and key in facts.ported and (
+                    id(node) in region if key in (ENTRY, facts.entry_key) else True) and _chooses_device(node):
                 found.add((id(scope), node.targets[0].target.value))
     return found
 
