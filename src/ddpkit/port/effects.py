@@ -148,7 +148,7 @@ def plan_effects(plan: Any) -> None:
     tracker_names: dict[str, tuple[cst.BaseStatement, str]] = {}
     pyplot = pyplot_names(f.module)
     imports = imported_names(f.module)
-    handles: dict[str, cst.SimpleStatementLine] = {}
+    handles: dict[str, tuple[str, cst.SimpleStatementLine]] = {}
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -217,7 +217,7 @@ def plan_effects(plan: Any) -> None:
                 plan.guard.add(id(stmt))
                 writes.append((key, plan.line_of(stmt)))
             elif _write_handle(stmt):
-                handles[dotted(stmt.body[0].targets[0].target)] = stmt  # `hf = h5py.File(path, "w")`
+                handles[dotted(stmt.body[0].targets[0].target)] = (key, stmt)  # `hf = h5py.File(path, "w")`
                 writes.append((key, plan.line_of(stmt)))
             elif isinstance(stmt, cst.With) and not any(isinstance(n, cst.For) or plan.role(key, dotted(
                     getattr(n, "func", None))) == "model" for n in walk(stmt.body)):
@@ -316,16 +316,19 @@ def _write_handle(stmt: cst.BaseStatement) -> bool:
         return False
     value = stmt.body[0].value
     return isinstance(value, cst.Call) and _writes(value) and (dotted(value.func) in ("open", "io.open") or (
-        _file_object_mode(value) is not None))
+        _file_object_mode(value) is not None) or (isinstance(value.func, cst.Attribute)
+                                                   and value.func.attr.value == "open"))
 
 
-def _plan_handles(plan: Any, handles: dict[str, cst.SimpleStatementLine]) -> None:
+def _plan_handles(plan: Any, handles: dict[str, tuple[str, cst.SimpleStatementLine]]) -> None:
     """A file opened for writing and bound to a name (`hf = h5py.File(path, "w")`) is opened on rank 0 only, with
     every statement that only calls a method of it (`hf.create_dataset(...)`, `f.write(...)`, `hf.close()`), and a
     csv writer made over it (`w = csv.writer(f)`) with its calls; any other use keeps the open on every rank: a TODO."""
-    for name, start in handles.items():
+    for name, (home, start) in handles.items():
         names, guarded, other = {name}, [start], None
         for key in sorted(plan.f.ported):
+            if key != home and (home != ENTRY or _binds(plan.f.scopes[key].node, name)):
+                continue  # another function's own `f`: not this file
             for node in plan.nodes(key):
                 if not isinstance(node, cst.SimpleStatementLine) or node is start:
                     continue
@@ -351,6 +354,19 @@ def _plan_handles(plan: Any, handles: dict[str, cst.SimpleStatementLine]) -> Non
                       "(`if ctx.is_main:`), and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
             continue
         plan.guard.update(id(n) for n in guarded)
+
+
+def _binds(scope: cst.CSTNode, name: str) -> bool:
+    """`name` is a parameter of the function `scope` or assigned in it (not declared global): its own value."""
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    params = scope.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if any(p.name.value == name for p in every):
+        return True
+    assigned = {dotted(t.target) for n in walk(scope.body) if isinstance(n, cst.Assign) for t in n.targets}
+    declared = {n.name.value for g in walk(scope.body) if isinstance(g, cst.Global) for n in g.names}
+    return name in assigned - declared
 
 
 def _tracker_kind(call: cst.Call) -> str:
