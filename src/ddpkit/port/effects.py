@@ -332,9 +332,9 @@ def _plan_handles(plan: Any, handles: dict[str, tuple[str, cst.SimpleStatementLi
             for node in plan.nodes(key):
                 if not isinstance(node, cst.SimpleStatementLine) or node is start:
                     continue
-                text = plan.f.code(node)
-                if not any(re.search(rf"(?<![\w.]){re.escape(n)}\b", text) for n in names):
-                    continue
+                attrs = {id(n.attr) for n in walk(node) if isinstance(n, cst.Attribute)}
+                if not any(isinstance(n, cst.Name) and n.value in names and id(n) not in attrs for n in walk(node)):
+                    continue  # the name itself, not an attribute of something else (`args.log`) or a string
                 body = node.body[0]
                 if len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
                         and dotted(body.value.func).split(".")[0] in names and "." in dotted(body.value.func) \
