@@ -58,7 +58,7 @@ def test_libraries_that_download_on_first_use_and_shell_fetches_run_on_rank_0_fi
         return lines[i - 2].startswith("if not ctx.is_main:") and lines[i - 1].strip() == "ddpkit.barrier(ctx)" \
             and lines[i + 1] == "if ctx.is_main:" and lines[i + 2].strip() == "ddpkit.barrier(ctx)"
 
-    for text in ('os.system("wget', 'subprocess.run(["unzip"', "dataset = Planetoid(", "arxiv = PygNodePropPredDataset(",
+    for text in ('os.system("wget', 'subprocess.run(["unzip"', "torch.hub.download_url_to_file(", "dataset = Planetoid(", "arxiv = PygNodePropPredDataset(",
                  "news = text_sets.AG_NEWS(", "(x_train, y_train), _ = mnist.load_data()"):
         assert first(text), text
     for text in ("evaluator = Evaluator(", 'local = datasets.MNIST("data", train=True)'):  # no download

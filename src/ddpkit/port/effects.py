@@ -28,7 +28,8 @@ _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feath
 _FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
                       r"torchtext\.datasets\.\w+|(tensorflow_datasets|tfds)\.(load|builder)|"
                       r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
-                      r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download)$")
+                      r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download|"
+                      r"(tensorflow\.)?keras\.utils\.get_file|torch\.hub\.download_url_to_file)$")
 """Calls of libraries that fetch files on the first call with no `download=` argument: a graph dataset's class
 (`Planetoid(root, name)`, `PygNodePropPredDataset(name)`, `CoraGraphDataset()`), torchtext's datasets, Keras's
 `load_data()`, `nltk.download(...)`, resolved through the script's imports."""
