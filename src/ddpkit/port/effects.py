@@ -341,6 +341,11 @@ def _plan_handles(plan: Any, handles: dict[str, tuple[str, cst.SimpleStatementLi
                         and dotted(body.value.func).split(".")[0] in names and "." in dotted(body.value.func) \
                         and not any(plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
                     guarded.append(node)
+                elif len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) and (
+                        _writes(body.value) or dotted(body.value.func) == "torch.save") and any(
+                        dotted(a.value) in names for a in body.value.args) and not any(
+                        plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
+                    guarded.append(node)  # `pickle.dump(obj, f)`, `np.save(f, a)`: a write through the file
                 elif len(node.body) == 1 and isinstance(body, cst.Assign) and len(body.targets) == 1 and isinstance(
                         body.targets[0].target, cst.Name) and isinstance(body.value, cst.Call) and dotted(
                         body.value.func).startswith("csv.") and body.value.args and dotted(

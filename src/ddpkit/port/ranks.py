@@ -221,7 +221,7 @@ def plan_rank_values(plan: Any) -> None:
             origins.discard(id(assign))
             plan.todo(assign, f"`{origin}` is built from `{dotted(call.func)}()`, which differs on every rank even "
                       f"after seeding: rank 0 writes a file named from it, and the line {plan.line_of(node)} read on "
-                      f"every rank opens `{name}`, each rank's own, which nobody wrote; make it alike on every rank (`{origin} = "
+                      f"every rank goes through `{name}`, each rank's own path, which nobody wrote; make it alike on every rank (`{origin} = "
                       f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
 
 
