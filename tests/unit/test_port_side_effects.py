@@ -131,3 +131,14 @@ def test_a_device_name_bound_to_a_string_and_to_ctx_device_is_compared_through_t
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(sys, "argv", [str(path)])
     runpy.run_path(str(path), run_name="__main__")  # describe() before ddpkit.init: `'cpu'.type` raised here
+
+
+def test_a_handle_name_bound_to_two_files_stays_a_todo_at_each_open():
+    source = (FIXTURES / "write_handles.py").read_text().replace(
+        "    hf.close()\n", "    hf.close()\n    hf = h5py.File(os.path.join(args.out, 'more.h5'), 'w')\n    hf.close()\n")
+    result = _port("write_handles.py", source)
+    assert result.exit_code == 3
+    lines = result.code.splitlines()
+    opens = [i for i, line in enumerate(lines) if line.strip().startswith("hf = h5py.File(")]
+    assert len(opens) == 2 and all("every rank writes this file" in lines[i - 1] for i in opens)
+    assert not any(text.startswith("hf") for text in _guarded(result.code))

@@ -217,7 +217,7 @@ def plan_effects(plan: Any) -> None:
             elif isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, cst.Expr) for s in stmt.body):
                 plan.guard.add(id(stmt))
                 writes.append((key, plan.line_of(stmt)))
-            elif _write_handle(stmt):
+            elif _write_handle(stmt) and not _rebound(plan, key, stmt):
                 handles[dotted(stmt.body[0].targets[0].target)] = (key, stmt)  # `hf = h5py.File(path, "w")`
                 writes.append((key, plan.line_of(stmt)))
             elif isinstance(stmt, cst.With) and not any(isinstance(n, cst.For) or plan.role(key, dotted(
@@ -319,6 +319,14 @@ def _write_handle(stmt: cst.BaseStatement) -> bool:
     return isinstance(value, cst.Call) and _writes(value) and (dotted(value.func) in ("open", "io.open") or (
         _file_object_mode(value) is not None) or (isinstance(value.func, cst.Attribute)
                                                    and value.func.attr.value == "open"))
+
+
+def _rebound(plan: Any, key: str, stmt: cst.SimpleStatementLine) -> bool:
+    """The handle's name is assigned again in its scope (`f = open(a, "w")` ... `f = open(b, "w")`): one name, several
+    files; the port does not follow which one a use means."""
+    name = dotted(stmt.body[0].targets[0].target)
+    return any(isinstance(n, cst.Assign) and n is not stmt.body[0] and any(
+        dotted(t.target) == name for t in n.targets) for n in plan.nodes(key))
 
 
 def _plan_handles(plan: Any, handles: dict[str, tuple[str, cst.SimpleStatementLine]]) -> None:
