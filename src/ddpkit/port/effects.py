@@ -26,7 +26,7 @@ _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feath
                      r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|write_text|write_bytes|savetxt|save|"
                      r"savez|savez_compressed|dump|to_pickle)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
 _FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
-                      r"torchtext\.datasets\.\w+|(tensorflow_datasets|tfds)\.(load|builder)|"
+                      r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
                       r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
                       r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download|"
                       r"(tensorflow\.)?keras\.utils\.get_file|torch\.hub\.download_url_to_file)$")
