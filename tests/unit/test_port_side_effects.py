@@ -61,7 +61,8 @@ def test_libraries_that_download_on_first_use_and_shell_fetches_run_on_rank_0_fi
     for text in ('os.system("wget', 'subprocess.run(["unzip"', "torch.hub.download_url_to_file(", "dataset = Planetoid(", "arxiv = PygNodePropPredDataset(",
                  "news = text_sets.AG_NEWS(", "(x_train, y_train), _ = mnist.load_data()"):
         assert first(text), text
-    for text in ("evaluator = Evaluator(", 'local = datasets.MNIST("data", train=True)'):  # no download
+    for text in ("evaluator = Evaluator(", 'local = datasets.MNIST("data", train=True)',
+                 "pairs = text_sets.TranslationDataset("):  # no download: local files
         assert not first(text), text
     ast.parse(result.code)
 
