@@ -13,7 +13,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, walk
+from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader
 
@@ -22,8 +22,22 @@ __all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS"]
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
                        r"wget\.download|hub\.load|load_state_dict_from_url|fetch_openml|fetch_\w+)$")
-_WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|savefig|save_image|imwrite|imsave|save_pretrained|"
-                     r"write_text|write_bytes|savetxt|save|savez|savez_compressed|dump|to_pickle)$")
+_WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feather|to_netcdf|savefig|save_image|"
+                     r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|write_text|write_bytes|savetxt|save|"
+                     r"savez|savez_compressed|dump|to_pickle)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
+_FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
+                      r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
+                      r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
+                      r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download|"
+                      r"(tensorflow\.)?keras\.utils\.get_file|torch\.hub\.download_url_to_file)$")
+"""Calls of libraries that fetch files on the first call with no `download=` argument: a graph dataset's class
+(`Planetoid(root, name)`, `PygNodePropPredDataset(name)`, `CoraGraphDataset()`), torchtext's datasets, Keras's
+`load_data()`, `nltk.download(...)`, resolved through the script's imports."""
+_SHELL_FETCH = re.compile(r"\b(wget|curl|gdown|kaggle|git\s+clone|unzip|tar\s+-?x)\b")
+"""`os.system("wget ...")`, `subprocess.run(["unzip", ...])`: a shell command that downloads or unpacks files."""
+_FILE_OBJECTS = {"File": "r", "ZipFile": "r", "HDFStore": "a", "open_file": "r", "ExcelWriter": "w"}
+"""Library classes that open a file by path (h5py.File, zipfile.ZipFile, pandas' HDFStore and ExcelWriter, PyTables'
+open_file) -> their default mode."""
 _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|loadtxt|read_text|read_bytes|"
                     r"imread|from_pretrained)$")
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
@@ -60,8 +74,21 @@ def _open_mode(call: cst.Call) -> str:
         mode.evaluated_value, str) else "" if mode is None else "?"
 
 
+def _file_object_mode(call: cst.Call) -> str | None:
+    """`h5py.File(path, "w")` -> "w"; None for a call that opens no file object by path."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1]
+    if last not in _FILE_OBJECTS or (last == "File" and name not in ("File", "h5py.File")):
+        return None
+    mode = _open_mode(call)
+    return _FILE_OBJECTS[last] if mode == "" else mode
+
+
 def _writes(call: cst.Call) -> bool:
     name = dotted(call.func)
+    mode = _file_object_mode(call)
+    if mode is not None:
+        return mode == "?" or any(c in mode for c in "wax+")
     if name in ("open", "io.open") or (isinstance(call.func, cst.Attribute) and call.func.attr.value == "open"
                                        and name != "Image.open"):
         mode = _open_mode(call)
@@ -75,10 +102,27 @@ def _writes(call: cst.Call) -> bool:
 
 def _reads(call: cst.Call) -> bool:
     name = dotted(call.func)
+    mode = _file_object_mode(call)
+    if mode is not None:
+        return mode == "?" or "r" in mode or "a" in mode or "+" in mode
     if name in ("open", "io.open"):
         mode = _open_mode(call)
         return mode == "" or "r" in mode
     return bool(_READS.search(name)) and name not in ("json.loads", "pickle.loads")
+
+
+def _fetches(imports: dict[str, str], call: cst.Call) -> bool:
+    """A library call that downloads on its own (`Planetoid(root, name)`) or a shell command that fetches files."""
+    name = dotted(call.func)
+    first, _, rest = name.partition(".")
+    if first in imports and _FETCHES.match(f"{imports[first]}.{rest}" if rest else imports[first]):
+        return True
+    if name in ("os.system", "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
+                "subprocess.Popen", "os.popen") and call.args:
+        text = " ".join(str(n.evaluated_value) for n in walk(call.args[0].value)
+                        if isinstance(n, cst.SimpleString) and isinstance(n.evaluated_value, str))
+        return bool(_SHELL_FETCH.search(text))
+    return False
 
 
 def _downloads(call: cst.Call) -> bool:
@@ -104,6 +148,8 @@ def plan_effects(plan: Any) -> None:
         s, cst.SimpleStatementLine) and any(isinstance(n, cst.Call) and dotted(n.func) == "torch.save" for n in walk(s))]
     tracker_names: dict[str, tuple[cst.BaseStatement, str]] = {}
     pyplot = pyplot_names(f.module)
+    imports = imported_names(f.module)
+    handles: dict[str, tuple[str, cst.SimpleStatementLine]] = {}
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -112,7 +158,7 @@ def plan_effects(plan: Any) -> None:
         if not own:
             continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
-        if any(_downloads(c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
+        if any(_downloads(c) or _fetches(imports, c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
             if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
                 plan.main_first.add(id(stmt))
             else:
@@ -171,6 +217,9 @@ def plan_effects(plan: Any) -> None:
             elif isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, cst.Expr) for s in stmt.body):
                 plan.guard.add(id(stmt))
                 writes.append((key, plan.line_of(stmt)))
+            elif _write_handle(stmt) and not _rebound(plan, key, stmt):
+                handles[dotted(stmt.body[0].targets[0].target)] = (key, stmt)  # `hf = h5py.File(path, "w")`
+                writes.append((key, plan.line_of(stmt)))
             elif isinstance(stmt, cst.With) and not any(isinstance(n, cst.For) or plan.role(key, dotted(
                     getattr(n, "func", None))) == "model" for n in walk(stmt.body)):
                 plan.guard.add(id(stmt))
@@ -179,6 +228,7 @@ def plan_effects(plan: Any) -> None:
                 plan.todo(stmt, "every rank writes this file (the same path, at once): write it on one rank "
                           "(`if ctx.is_main:`) and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
     _plan_trackers(plan, tracker_names)
+    _plan_handles(plan, handles)
     if not writes:
         return
     first = _first_writes(plan, statements, writes)
@@ -258,6 +308,79 @@ def _plan_trackers(plan: Any, trackers: dict[str, tuple[cst.BaseStatement, str]]
             continue
         plan.guard.add(id(start))
         plan.guard.update(id(u) for u in uses)
+
+
+def _write_handle(stmt: cst.BaseStatement) -> bool:
+    """`hf = h5py.File(path, "w")`, `f = open(path, "w")`: a plain name bound to a file opened for writing."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)
+            and len(stmt.body[0].targets) == 1 and isinstance(stmt.body[0].targets[0].target, cst.Name)):
+        return False
+    value = stmt.body[0].value
+    return isinstance(value, cst.Call) and _writes(value) and (dotted(value.func) in ("open", "io.open") or (
+        _file_object_mode(value) is not None) or (isinstance(value.func, cst.Attribute)
+                                                   and value.func.attr.value == "open"))
+
+
+def _rebound(plan: Any, key: str, stmt: cst.SimpleStatementLine) -> bool:
+    """The handle's name is assigned again in its scope (`f = open(a, "w")` ... `f = open(b, "w")`): one name, several
+    files; the port does not follow which one a use means."""
+    name = dotted(stmt.body[0].targets[0].target)
+    return any(isinstance(n, cst.Assign) and n is not stmt.body[0] and any(
+        dotted(t.target) == name for t in n.targets) for n in plan.nodes(key))
+
+
+def _plan_handles(plan: Any, handles: dict[str, tuple[str, cst.SimpleStatementLine]]) -> None:
+    """A file opened for writing and bound to a name (`hf = h5py.File(path, "w")`) is opened on rank 0 only, with
+    every statement that only calls a method of it (`hf.create_dataset(...)`, `f.write(...)`, `hf.close()`), and a
+    csv writer made over it (`w = csv.writer(f)`) with its calls; any other use keeps the open on every rank: a TODO."""
+    for name, (home, start) in handles.items():
+        names, guarded, other = {name}, [start], None
+        for key in sorted(plan.f.ported):
+            if key != home and (home != ENTRY or _binds(plan.f.scopes[key].node, name)):
+                continue  # another function's own `f`: not this file
+            for node in plan.nodes(key):
+                if not isinstance(node, cst.SimpleStatementLine) or node is start:
+                    continue
+                attrs = {id(n.attr) for n in walk(node) if isinstance(n, cst.Attribute)}
+                if not any(isinstance(n, cst.Name) and n.value in names and id(n) not in attrs for n in walk(node)):
+                    continue  # the name itself, not an attribute of something else (`args.log`) or a string
+                body = node.body[0]
+                if len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
+                        and dotted(body.value.func).split(".")[0] in names and "." in dotted(body.value.func) \
+                        and not any(plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
+                    guarded.append(node)
+                elif len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) and (
+                        _writes(body.value) or dotted(body.value.func) == "torch.save") and any(
+                        dotted(a.value) in names for a in body.value.args) and not any(
+                        plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
+                    guarded.append(node)  # `pickle.dump(obj, f)`, `np.save(f, a)`: a write through the file
+                elif len(node.body) == 1 and isinstance(body, cst.Assign) and len(body.targets) == 1 and isinstance(
+                        body.targets[0].target, cst.Name) and isinstance(body.value, cst.Call) and dotted(
+                        body.value.func).startswith("csv.") and body.value.args and dotted(
+                        body.value.args[0].value) in names:
+                    names.add(body.targets[0].target.value)  # `w = csv.writer(f)`: writes through the file
+                    guarded.append(node)
+                elif other is None:
+                    other = plan.line_of(node)
+        if other is not None:
+            plan.todo(start, f"every rank opens this file for writing (the same path, at once), and `{name}` is used "
+                      f"on line {other} in a way the port cannot guard: open and write it on rank 0 only "
+                      "(`if ctx.is_main:`), and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
+            continue
+        plan.guard.update(id(n) for n in guarded)
+
+
+def _binds(scope: cst.CSTNode, name: str) -> bool:
+    """`name` is a parameter of the function `scope` or assigned in it (not declared global): its own value."""
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    params = scope.params
+    every = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if any(p.name.value == name for p in every):
+        return True
+    assigned = {dotted(t.target) for n in walk(scope.body) if isinstance(n, cst.Assign) for t in n.targets}
+    declared = {n.name.value for g in walk(scope.body) if isinstance(g, cst.Global) for n in g.names}
+    return name in assigned - declared
 
 
 def _tracker_kind(call: cst.Call) -> str:

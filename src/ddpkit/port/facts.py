@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "loader_expr", "walk", "statements_of", "ENTRY",
+__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "statements_of", "ENTRY",
            "ARGS_ROOTS"]
 
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
@@ -378,3 +378,19 @@ class Facts:
 
     def is_eval_name(self, text: str) -> bool:
         return _EVAL_NAME.search(text.lower()) is not None
+
+
+def imported_names(module: cst.Module) -> dict[str, str]:
+    """Local name -> the dotted name it was imported as (`Planetoid` -> `torch_geometric.datasets.Planetoid`)."""
+    found: dict[str, str] = {}
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                full = dotted(alias.name)
+                local = alias.asname.name.value if alias.asname else full.split(".")[0]
+                found[local] = full if alias.asname else local
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) and node.module:
+            for alias in node.names:
+                local = alias.asname.name.value if alias.asname else dotted(alias.name)
+                found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
+    return found

@@ -206,6 +206,7 @@ def plan_rank_values(plan: Any) -> None:
     writes = [n for key in f.ported for s in f.scope_statements(key) for n in walk(s) if id(n) in plan.guard or (
         isinstance(n, cst.Call) and _SAVES.search(dotted(n.func)))]
     written = {x.value for n in writes for x in walk(n) if isinstance(x, cst.Name) and x.value in tainted}
+    origins = {id(tainted[n][0]) for n in written}  # `save_dir` written, `best = join(save_dir, ...)` read: one value
     for key in sorted(f.ported):
         for node in plan.nodes(key):
             if not (isinstance(node, cst.Call) and _READS.search(dotted(node.func)) and node.args) or any(
@@ -213,15 +214,15 @@ def plan_rank_values(plan: Any) -> None:
                     for a in node.args[1:] for x in walk(a.value)):  # `open(path, "w")` writes
                 continue
             name = next((x.value for a in node.args for x in walk(a.value) if isinstance(x, cst.Name)
-                         and x.value in written), None)
+                         and x.value in tainted and id(tainted[x.value][0]) in origins), None)
             if name is None or _under_guard(plan, node):
                 continue
             assign, call, origin = tainted[name]
+            origins.discard(id(assign))
             plan.todo(assign, f"`{origin}` is built from `{dotted(call.func)}()`, which differs on every rank even "
-                      f"after seeding: rank 0 writes to `{name}` and the line {plan.line_of(node)} read on every "
-                      f"rank opens each rank's own, which nobody wrote; make it alike on every rank (`{origin} = "
+                      f"after seeding: rank 0 writes a file named from it, and the line {plan.line_of(node)} read on "
+                      f"every rank goes through `{name}`, each rank's own path, which nobody wrote; make it alike on every rank (`{origin} = "
                       f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
-            written.discard(name)
 
 
 def _under_guard(plan: Any, node: cst.CSTNode) -> bool:

@@ -6,7 +6,8 @@ import re
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, is_device_expr, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, imported_names as _imported_names, is_device_expr, \
+    root_name, walk
 from ddpkit.port.inputs import CREATORS as _CREATORS
 from ddpkit.port.models import is_optimizer, moves_to_cpu
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
@@ -125,6 +126,9 @@ class Rewriter(cst.CSTTransformer):
         """id(nested function) -> the names it assigns itself (see _nested_own)."""
         self.used_names: set[str] = set()
         """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
+        self.string_devices = _string_devices(facts, self._nodes_to_keys)
+        self.device_bound = _device_bound(facts, self._nodes_to_keys)
+        """(id(scope), name): device names some binding of which stays a string after the port (see leave_Comparison)."""
         """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
         """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
 
@@ -498,11 +502,35 @@ class Rewriter(cst.CSTTransformer):
         if isinstance(left, cst.SimpleString) and not isinstance(right, cst.SimpleString):
             left, right = right, left
         if isinstance(right, cst.SimpleString) and right.evaluated_value in ("cuda", "cpu", "mps") and \
-                isinstance(left, (cst.Name, cst.Attribute)) and is_device_expr(left):
+                isinstance(left, (cst.Name, cst.Attribute)) and is_device_expr(left) and self._string_device(left) != "str":
             self.changes += 1
-            return updated.with_changes(left=parse_expr(f"{dotted(left)}.type"), comparisons=[
+            text = f"torch.device({dotted(left)}).type" if self._string_device(left) else f"{dotted(left)}.type"
+            return updated.with_changes(left=parse_expr(text), comparisons=[
                 updated.comparisons[0].with_changes(comparator=right)])
         return updated
+
+    def _string_device(self, left: cst.BaseExpression) -> str:
+        """"str": `device` is bound to a string the port leaves a string (`device = 'cuda' if ... else 'cpu'` at module
+        level, before ddpkit.init): `device.type` would raise AttributeError, and the string compares as it did.
+        "either": a function's parameter of a name some scope binds to such a string (it may be handed either):
+        compared through `torch.device(device).type`, which reads both. "" otherwise."""
+        if not isinstance(left, cst.Name):
+            return ""
+        inner = self.scopes_in[-1]
+        if isinstance(inner, cst.FunctionDef):
+            if id(inner) not in self._assigned_in:
+                self._assigned_in[id(inner)] = _assigned_names(inner)
+            if left.value in self._assigned_in[id(inner)]:
+                return self._string_or_either(id(inner), left.value)
+            if left.value in _parameters(inner):
+                return "either" if self.imports.get("torch") == "torch" and any(
+                    name == left.value for _, name in self.string_devices) else ""
+        return self._string_or_either(id(self.f.module), left.value)
+
+    def _string_or_either(self, scope: int, name: str) -> str:
+        if (scope, name) not in self.string_devices:
+            return ""
+        return "either" if (scope, name) in self.device_bound and self.imports.get("torch") == "torch" else "str"
 
     def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation):
         if self.in_ctx() and isinstance(updated.operator, cst.Divide):
@@ -610,7 +638,7 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # the launcher gives each rank its device: one visible GPU would leave the others none
             return cst.RemoveFromParent()
         if not self.in_ctx():
-            return updated
+            return self._current_gpu(original, updated)
         if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and moves_to_cpu(
                 original.body[0].value) and self.role(original.body[0].value.func.value) == "model" and isinstance(
                 original.body[0].value.func.value, cst.Name):
@@ -657,6 +685,32 @@ class Rewriter(cst.CSTTransformer):
             return cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([line]),
                           leading_lines=updated.leading_lines)
         return updated
+
+    def _current_gpu(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        """`device = torch.device("cuda:0" if ... else "cpu")` at module level, outside ddpkit.init's block: the code
+        the port runs reads it on every rank, so "cuda:0" becomes "cuda", the current GPU, which ddpkit.init makes
+        each rank's own (the value keeps its type: a str stays a str). An index computed at run time is a TODO."""
+        if len(self.scopes_in) != 1 or not self.f.ported or len(original.body) != 1 or not isinstance(
+                original.body[0], cst.Assign) or not isinstance(updated.body[0], cst.Assign):
+            return updated
+        assign = updated.body[0]
+        computed = any(isinstance(n, cst.FormattedString) and n.parts and isinstance(
+            n.parts[0], cst.FormattedStringText) and n.parts[0].value.startswith("cuda:") or isinstance(
+            n, cst.BinaryOperation) and isinstance(n.left, cst.SimpleString) and n.left.evaluated_value == "cuda:"
+            for n in _walk_expr(assign.value))
+        if not (_chooses_device(assign) or _device_value(assign.value) or computed) or len(assign.targets) != 1 \
+                or not isinstance(assign.targets[0].target, cst.Name):
+            return updated
+        if computed:
+            self.p.todo(original, f"`{assign.targets[0].target.value}` names one GPU by an index computed here, "
+                        "before ddpkit.init: every rank would use that GPU; use ctx.device inside the ddpkit.init "
+                        "block (ddpkit.init gives each rank its own GPU)")
+            return updated
+        value = assign.value.visit(_CurrentGpu())
+        if value.deep_equals(assign.value):
+            return updated
+        self.changes += 1
+        return updated.with_changes(body=[assign.with_changes(value=value)])
 
     def _saved_dict(self, assign: cst.Assign) -> bool:
         """`state = {...}` (a dict literal bound to a plain name) whose name is later given, as it is, to a save
@@ -865,6 +919,75 @@ def _first_rebindings(module: cst.Module, imported: set[str]) -> list[tuple[cst.
     return found
 
 
+def _device_value(value: cst.BaseExpression) -> bool:
+    """`"cuda:0"`, `torch.device(...)`, `"cuda:0" if ... else "cpu"`: a value that is a device, whatever its name."""
+    if isinstance(value, cst.IfExp):
+        return _device_value(value.body) and _device_value(value.orelse)
+    return isinstance(value, (cst.SimpleString, cst.Call)) and is_device_expr(value)
+
+
+class _CurrentGpu(cst.CSTTransformer):
+    """`"cuda:0"` -> `"cuda"`, `torch.device("cuda", 0)` -> `torch.device("cuda")`: the current GPU, each rank's."""
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.SimpleString:
+        match = re.fullmatch(r"([rbuRBU]*)(['\"])cuda:\d+\2", updated.value)
+        return updated.with_changes(value=f"{match[1]}{match[2]}cuda{match[2]}") if match else updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if dotted(updated.func) == "torch.device" and len(updated.args) == 2 and isinstance(
+                updated.args[0].value, cst.SimpleString) and updated.args[0].value.evaluated_value == "cuda" \
+                and isinstance(updated.args[1].value, cst.Integer):
+            return updated.with_changes(args=[updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+        return updated
+
+
+def _string_devices(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
+    """(id(scope), name) for each name a scope (the module, a function) binds to a string the port keeps a string:
+    a device choice outside ddpkit.init's block (module level above the entry point), or a string the device rule
+    does not rewrite. Comparing such a name with "cuda" stays a string comparison."""
+    region = {id(n) for s in facts.region for n in walk(s)}
+    found: set[tuple[int, str]] = set()
+    scopes = [facts.module] + [n for n in walk(facts.module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+    for scope in scopes:
+        key = keys.get(id(scope), ENTRY if scope is facts.module else None)
+        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
+            if not (isinstance(node, cst.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0].target, cst.Name) and _stringy(node.value)):
+                continue
+            ported = key in facts.ported and (id(node) in region if key in (ENTRY, facts.entry_key) else True)
+            if not (ported and _chooses_device(node)):
+                found.add((id(scope), node.targets[0].target.value))
+    return found
+
+
+def _device_bound(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
+    """(id(scope), name) for each name a scope binds to ctx.device somewhere (a device choice the port rewrites)."""
+    region = {id(n) for s in facts.region for n in walk(s)}
+    found: set[tuple[int, str]] = set()
+    scopes = [facts.module] + [n for n in walk(facts.module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+    for scope in scopes:
+        key = keys.get(id(scope), ENTRY if scope is facts.module else None)
+        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(
+                    node.targets[0].target, cst.Name) and key in facts.ported and (
+                    id(node) in region if key in (ENTRY, facts.entry_key) else True) and _chooses_device(node):
+                found.add((id(scope), node.targets[0].target.value))
+    return found
+
+
+def _stringy(value: cst.BaseExpression) -> bool:
+    """A value that is a str: a literal, an f-string, a conditional or a sum of them, `str(...)`."""
+    if isinstance(value, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+        return True
+    if isinstance(value, cst.IfExp):
+        return _stringy(value.body) and _stringy(value.orelse)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Modulo)):
+        return _stringy(value.left)
+    return isinstance(value, cst.Call) and dotted(value.func) == "str" or (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format"
+        and _stringy(value.func.value))
+
+
 def _parameters(function: cst.FunctionDef) -> set[str]:
     params = function.params
     every = [*params.posonly_params, *params.params, *params.kwonly_params]
@@ -877,21 +1000,6 @@ def _defined_names(module: cst.Module) -> set[str]:
     scopes = [module] + [n for n in walk(module, into_functions=True) if isinstance(n, cst.FunctionDef)]
     return {n.name.value for scope in scopes for n in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope)
             if isinstance(n, (cst.FunctionDef, cst.ClassDef)) and n is not scope}
-
-
-def _imported_names(module: cst.Module) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for node in walk(module, into_functions=True):
-        if isinstance(node, cst.Import):
-            for alias in node.names:
-                full = dotted(alias.name)
-                local = alias.asname.name.value if alias.asname else full.split(".")[0]
-                found[local] = full if alias.asname else local
-        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar) and node.module:
-            for alias in node.names:
-                local = alias.asname.name.value if alias.asname else dotted(alias.name)
-                found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
-    return found
 
 
 _SAVES = re.compile(r"save|checkpoint", re.IGNORECASE)

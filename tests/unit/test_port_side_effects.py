@@ -1,0 +1,145 @@
+"""`ddpkit port`: side effects every rank would run (a library that downloads on first use, a file a library opens
+for writing) and the script's own device values (a device string chosen before ddpkit.init)."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import runpy
+import sys
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+
+
+def _port(name: str, source: str | None = None):
+    path = FIXTURES / name
+    return port_source(source if source is not None else path.read_text(), str(path))
+
+
+def _guarded(code: str) -> list[str]:
+    """The source of every statement inside an `if ctx.is_main:` block of the ported code."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "ctx.is_main":
+            found.extend(ast.unparse(s) for s in node.body)
+    return found
+
+
+def test_a_device_string_chosen_before_init_is_compared_as_a_string_and_the_port_runs(tmp_path, monkeypatch):
+    result = _port("string_device.py")
+    assert result.exit_code == 0, [t.message for t in result.todos]
+    lines = [line.strip() for line in result.code.splitlines()]
+    # module level, above the inline entry point's ddpkit.init: the name stays a str, so its comparison does too
+    assert "device = 'cuda' if torch.cuda.is_available() else 'cpu'" in lines
+    assert "if device == 'cuda':" in lines and "if device.type == 'cuda':" not in lines
+    # a parameter of that name may be handed the string or a torch.device: torch.device(...) reads both
+    assert 'if torch.device(device).type == "cuda":' in lines
+    # a choice inside the ddpkit.init block becomes ctx.device: its comparison reads the device's type
+    assert "run_device = ctx.device" in lines and 'if run_device.type == "cuda":' in lines
+    path = tmp_path / "string_device_ddp.py"
+    path.write_text(result.code)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    with contextlib.redirect_stdout(io.StringIO()):
+        runpy.run_path(str(path), run_name="__main__")  # `'cuda'.type` raised AttributeError here
+
+
+def test_libraries_that_download_on_first_use_and_shell_fetches_run_on_rank_0_first():
+    result = _port("fetch_on_construction.py")
+    lines = result.code.splitlines()
+
+    def first(text: str) -> bool:
+        [i] = [i for i, line in enumerate(lines) if line.startswith(text)]
+        return lines[i - 2].startswith("if not ctx.is_main:") and lines[i - 1].strip() == "ddpkit.barrier(ctx)" \
+            and lines[i + 1] == "if ctx.is_main:" and lines[i + 2].strip() == "ddpkit.barrier(ctx)"
+
+    for text in ('os.system("wget', 'subprocess.run(["unzip"', "torch.hub.download_url_to_file(", "dataset = Planetoid(", "arxiv = PygNodePropPredDataset(",
+                 "news = text_sets.AG_NEWS(", "(x_train, y_train), _ = mnist.load_data()"):
+        assert first(text), text
+    for text in ("evaluator = Evaluator(", 'local = datasets.MNIST("data", train=True)',
+                 "pairs = text_sets.TranslationDataset("):  # no download: local files
+        assert not first(text), text
+    ast.parse(result.code)
+
+
+def test_a_file_a_library_opens_for_writing_is_opened_written_and_closed_on_rank_0():
+    result = _port("write_handles.py")
+    assert result.exit_code == 0, [t.message for t in result.todos]
+    guarded = _guarded(result.code)
+    for text in ("hf = h5py.File(os.path.join(args.out, 'logs.h5'), 'w')", "hf.create_dataset('weights', data=weights)",
+                 "hf.close()", "table = open(os.path.join(args.out, 'loss.csv'), mode='w', newline='')",
+                 "rows = csv.writer(table)", "rows.writerow(['loss', total])", "table.close()",
+                 "archive = zipfile.ZipFile(os.path.join(args.out, 'run.zip'), 'w')", "archive.close()",
+                 "blob = open(os.path.join(args.out, 'weights.pkl'), 'wb')", "pickle.dump(weights, blob)",
+                 "blob.close()", "scipy.io.savemat(os.path.join(args.out, 'weights.mat'), {'w': weights})"):
+        assert text in guarded, text
+    lines = [line.strip() for line in result.code.splitlines()]
+    at = lines.index('with h5py.File(os.path.join(args.out, "logs.h5"), "r") as back:')
+    assert lines[at - 1].startswith("ddpkit.barrier(ctx)")  # the file read back waits for rank 0's write
+
+
+def test_a_write_handle_used_in_a_way_the_port_cannot_guard_is_a_todo():
+    source = (FIXTURES / "write_handles.py").read_text().replace(
+        "    hf.close()\n", "    print(hf.filename)\n    hf.close()\n")
+    result = _port("write_handles.py", source)
+    assert result.exit_code == 3
+    lines = result.code.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.strip().startswith("hf = h5py.File(")]
+    assert "every rank opens this file for writing" in lines[at - 1] and "`hf`" in lines[at - 1]
+    assert "hf = h5py.File(os.path.join(args.out, 'logs.h5'), 'w')" not in _guarded(result.code)
+
+
+def test_a_gpu_index_chosen_at_module_level_becomes_the_current_gpu_or_a_todo():
+    result = _port("indexed_device.py")
+    assert result.exit_code == 0, [t.message for t in result.todos]
+    lines = [line.strip() for line in result.code.splitlines()]
+    # read by every rank inside ddpkit.init's block: "cuda" is the GPU ddpkit.init made each rank's current one
+    assert 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")' in lines
+    assert 'noise_device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")' in lines
+    assert "DEV = 'cuda' if torch.cuda.is_available() else 'cpu'" in lines and "if DEV != 'cpu':" in lines
+    assert not any("cuda:0" in line for line in lines)
+    source = (FIXTURES / "indexed_device.py").read_text().replace(
+        "DEV = 'cuda:0' if torch.cuda.is_available() else 'cpu'", "import sys\nDEV = f'cuda:{sys.argv[1]}'")
+    result = _port("indexed_device.py", source)
+    assert result.exit_code == 3
+    lines = result.code.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith("DEV = f'cuda:")]
+    assert "`DEV` names one GPU by an index computed here" in lines[at - 1]
+
+
+def test_a_folder_named_per_rank_that_rank_0_writes_into_and_every_rank_reads_from_under_another_name_is_named():
+    result = _port("per_rank_dir.py")
+    assert result.exit_code == 3
+    # the save writes through `save_dir` (a parameter of train), the load reads `best_path`: one per-rank value
+    [todo] = [t for t in result.todos if "differs on every rank" in t.message]
+    assert todo.line == 22 and todo.message.startswith("`stamp` is built from `datetime.now()`")
+    assert "line 31 read on every rank goes through `best_path`" in todo.message
+
+
+def test_a_device_name_bound_to_a_string_and_to_ctx_device_is_compared_through_torch_device(tmp_path, monkeypatch):
+    result = _port("string_device_rebound.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    assert "device = 'cpu'" in lines and "device = ctx.device" in lines
+    assert "if torch.device(device).type == 'cuda':" in lines
+    path = tmp_path / "string_device_rebound_ddp.py"
+    path.write_text(result.code)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    runpy.run_path(str(path), run_name="__main__")  # describe() before ddpkit.init: `'cpu'.type` raised here
+
+
+def test_a_handle_name_bound_to_two_files_stays_a_todo_at_each_open():
+    source = (FIXTURES / "write_handles.py").read_text().replace(
+        "    hf.close()\n", "    hf.close()\n    hf = h5py.File(os.path.join(args.out, 'more.h5'), 'w')\n    hf.close()\n")
+    result = _port("write_handles.py", source)
+    assert result.exit_code == 3
+    lines = result.code.splitlines()
+    opens = [i for i, line in enumerate(lines) if line.strip().startswith("hf = h5py.File(")]
+    assert len(opens) == 2 and all("every rank writes this file" in lines[i - 1] for i in opens)
+    assert not any(text.startswith("hf") for text in _guarded(result.code))
