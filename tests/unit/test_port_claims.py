@@ -47,7 +47,7 @@ def test_code_in_the_scripts_own_modules_is_read_and_what_breaks_there_is_a_todo
     by_call = {result.code.splitlines()[t.line - 1].strip(): t.message for t in result.todos if t.in_output}
     fit = by_call["steps.fit_epoch(net, feed, sgd, opts)"]
     assert fit.startswith("not checked: `fit_epoch` in steps.py")
-    assert "steps.py:12 reads the global batch size `settings.batch_size`" in fit
+    assert "steps.py:12 reads `settings.batch_size`, the global batch size the port divided" in fit
     assert "steps.py:13 `torch.save(...)` writes" in fit and "steps.py:13 `model.state_dict()`" in fit
     hits = by_call["total += steps.count_hits(net, xb, yb)"]
     assert "steps.py:18 `torch.LongTensor(...)` makes a CPU tensor" in hits

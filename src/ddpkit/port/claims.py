@@ -20,7 +20,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import import_device_work, parallel_asserts, project_hazards, step_loops
+from ddpkit.port.project import (import_device_work, parallel_asserts, project_hazards, step_loops,
+                                 unused_parameter_wraps)
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device"]
 
@@ -287,6 +288,22 @@ def _covered(tree: ast.Module, code: str) -> set[int]:
     return out
 
 
+def _find_unused(code: str, tree: ast.Module, wraps: list[tuple[ast.Call, str]]) -> tuple[str, ast.Module]:
+    """The code with `find_unused_parameters=True` added to each of `wraps` (a model whose class, in another module
+    of the project, may leave a parameter without gradient), a `# ddpkit port:` note above each; and its tree."""
+    if not wraps:
+        return code, tree
+    lines = code.splitlines(keepends=True)
+    for call, _ in sorted(wraps, key=lambda w: (w[0].end_lineno, w[0].end_col_offset), reverse=True):
+        raw = lines[call.end_lineno - 1].encode()
+        head = raw[:call.end_col_offset - 1].decode()  # up to the call's closing parenthesis (ast counts bytes)
+        comma = "" if head.rstrip().endswith(",") else ","
+        lines[call.end_lineno - 1] = f"{head}{comma} find_unused_parameters=True" + raw[call.end_col_offset - 1:].decode()
+    starts = _statement_lines(tree)
+    code, _ = _insert("".join(lines), [(starts.get(call.lineno, call.lineno), note) for call, note in wraps], "ddpkit port")
+    return code, ast.parse(code)
+
+
 def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tuple[str, list[tuple[int, str]]]:
     """(the ported code with the gate's TODOs inserted, [(line of the output, message)]).
 
@@ -298,6 +315,8 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     except SyntaxError:
         return code, []
     modules = _imported_files(tree, folder) if folder is not None else {}
+    if folder is not None:
+        code, tree = _find_unused(code, tree, unused_parameter_wraps(tree, folder, _reached_files(modules, folder)))
     loops = step_loops(tree)
     covered = _covered(tree, code)
     # a figure reported inside a loop over a ported loader is a per-step value: this rank's by the port's contract

@@ -12,9 +12,10 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped
+from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
+from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
-__all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts"]
+__all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -351,11 +352,15 @@ def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: 
 
 
 def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset(),
-             follow: Follow | None = None, depth: int = 0) -> list[tuple[int, str]]:
+             follow: Follow | None = None, depth: int = 0, devices: set[str] = frozenset(),
+             sizes: set[str] = frozenset()) -> list[tuple[int, str]]:
     """(line, what to check) in the code that receives the objects; `one_rank`: the call runs on rank 0 only.
-    `follow` resolves the names it calls, so a model handed on to another function of the project is followed."""
+    `follow` resolves the names it calls, so a model handed on to another function of the project is followed;
+    `devices` are the module's names bound to a GPU it chose itself; `sizes` the keys of the settings whose batch
+    size the port divided for its loader."""
     kinds = set(received.values())
     out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
+    out += shapes_with(defn, received)
     for node in ast.walk(defn):
         if isinstance(node, ast.Attribute) and node.attr not in _WRAPPER_ATTRS and not node.attr.startswith("__") \
                 and received.get(ast_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
@@ -370,7 +375,12 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         if isinstance(node, (ast.Attribute, ast.Subscript)) and received.get(name_of(node.value)) == "config":
             key = node.attr if isinstance(node, ast.Attribute) else (
                 node.slice.value if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) else "")
-            if "batch" in key.lower() and "norm" not in key.lower():
+            if key in sizes:
+                out.append((node.lineno, f"reads `{name_of(node.value)}.{key}`, the global batch size the port "
+                                         "divided by the world size for the loader: each rank's batch is smaller "
+                                         "now; where it sizes a batch's tensors or counts its samples, use the "
+                                         "batch's own size (x.size(0))"))
+            elif "batch" in key.lower() and "norm" not in key.lower():
                 out.append((node.lineno, f"reads the global batch size `{ast.unparse(node)}`: each rank's batch is "
                                          "now that divided by the world size (ctx.world_size)"))
         if not isinstance(node, ast.Call):
@@ -382,8 +392,8 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
                                      "device (ctx.device)"))
         elif (last == "cuda" and isinstance(node.func, ast.Attribute) and (node.args or node.keywords)) or \
                 func == "torch.cuda.set_device" or (last in ("device", "to") and any(
-                    isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("cuda:")
-                    for a in node.args)):
+                    fixed_device(a, devices) for a in node.args)) or any(
+                    k.arg == "device" and fixed_device(k.value, devices) for k in node.keywords):
             # `.cuda()` and "cuda" name the current device, which ddpkit.init sets to the rank's: an index does not
             out.append((node.lineno, f"`{ast.unparse(node)[:60]}` chooses a device of its own, not the rank's "
                                      "(ctx.device)"))
@@ -410,17 +420,9 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
     return out
 
 
-def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
-    """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
-    that does something which breaks under DDP. Silent where that code does none of these things."""
-    classes: dict[str, str] = {}
-    kinds = _handed(tree, classes)
-    parsed: dict[str, ast.Module | None] = {}
-    aliases: dict[str, set[str]] = {}
+def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):
+    """Resolves a call of the ported script to (file, name, definition) in the project's own code, else None."""
     imported = _local_imports(tree, modules, folder, parsed)
-    forwarded: set[str] = set()
-    guarded = _rank_guarded(tree)
-    out: list[tuple[int, str]] = []
 
     def definition(func: str) -> tuple[str, str, ast.AST] | None:
         """(file, name, definition) of a call of the project's own code (`Trainer`, `utils.save`), else None."""
@@ -430,6 +432,49 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         path, defined = imported[head]
         found = _resolve(modules, folder, path, defined or rest, parsed)
         return (found[0], defined or rest, found[1]) if found is not None else None
+    return definition
+
+
+def _builders(tree: ast.Module, classes: dict[str, str]) -> dict[str, list[str]]:
+    """Name -> every constructor it is bound to anywhere in the script (`model = UNet(...)` in one branch,
+    `model = PSPNet(...)` in another), the one the wrap saw first."""
+    out = {name: [cls] for name, cls in classes.items()}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast_dotted(node.value.func):
+            for target in node.targets:
+                for name in _names(target):
+                    if ast_dotted(node.value.func) not in out.setdefault(name, []):
+                        out[name].append(ast_dotted(node.value.func))
+    return out
+
+
+def unused_parameter_wraps(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[ast.Call, str]]:
+    """(wrap call, note) for each `ddpkit.wrap` of a model built by a class of the project's own modules that may
+    leave a parameter without gradient (see ddpkit.port.weights.unused_wraps): that wrap needs
+    find_unused_parameters=True."""
+    classes: dict[str, str] = {}
+    _handed(tree, classes)
+    return unused_wraps(tree, _builders(tree, classes), _definer(tree, folder, modules, {}))
+
+
+def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
+    that does something which breaks under DDP. Silent where that code does none of these things."""
+    classes: dict[str, str] = {}
+    kinds = _handed(tree, classes)
+    parsed: dict[str, ast.Module | None] = {}
+    aliases: dict[str, set[str]] = {}
+    forwarded: set[str] = set()
+    guarded = _rank_guarded(tree)
+    out: list[tuple[int, str]] = []
+    definition = _definer(tree, folder, modules, parsed)
+    split = split_sizes(tree)
+    sizes = set().union(*split.values()) if split else set()
+    for root, keys in split.items():  # the value divided for the loader, read elsewhere as the batch's size
+        kinds.setdefault(root, "config" if keys else "size")
+    shared = {root: imported for root, imported in _local_imports(tree, modules, folder, parsed).items()
+              if split.get(root) and imported[1] is not None}
+    """Settings objects the script imports from a module of the project (`from config import cfg`)."""
 
     def follower(path: str) -> Follow:
         return lambda name, where=path: _resolve(modules, folder, where, name, parsed)
@@ -457,24 +502,36 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         path, name, defn = found
         module = _parsed(modules, path, parsed)
         received = received or _received(node, defn, kinds)
-        if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked
+        for root, (source, defined) in shared.items():  # the module reads the same settings object by importing it
+            if module is not None and (source, defined) == _local_imports(module, modules, folder, parsed).get(root):
+                received = {**received, root: "config"}
+        if path not in aliases:
+            aliases[path] = _legacy_aliases(module)
+        devices = fixed_devices(module)
+        if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked, and
+            # a GPU it picks itself (`torch.device("cuda:0")`) is rank 0's on every rank
             hazards = [] if id(node) in guarded else sorted(
-                {h for h in _hazards(defn, {}, False) if "writes or downloads" in h[1]})
+                {h for h in _hazards(defn, {}, False, devices=devices)
+                 if "writes or downloads" in h[1] or "chooses a device" in h[1]})
             what = "runs on every rank"
         else:
-            if path not in aliases:
-                aliases[path] = _legacy_aliases(module)
-            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path))))
-            handed = ", ".join(sorted(set(received.values()) - {"unwrapped"}) or ["the unwrapped model"])
+            hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path),
+                                          devices=devices, sizes=sizes)))
+            handed = ", ".join(sorted({"size": "global batch size"}.get(k, k) for k in set(received.values()) - {
+                "unwrapped"}) or ["the unwrapped model"])
             what = f"gets the {handed}"
         if hazards:
             where = os.path.basename(path)
-            found = "; ".join(f"{where}:{line} {h}" for line, h in hazards[:4])
-            more = f" (and {len(hazards) - 4} more)" if received and len(hazards) > 4 else ""
+            lines: dict[str, list[int]] = {}  # one message, every line it holds at
+            for line, h in hazards:
+                lines.setdefault(h, []).append(line) if line not in lines.get(h, []) else None
+            grouped = sorted((at, h) for h, at in lines.items())
+            found = "; ".join(f"{where}:{', '.join(map(str, at))} {h}" for at, h in grouped[:4])
+            more = f" (and {len(grouped) - 4} more)" if received and len(grouped) > 4 else ""
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
     out += _summed_elsewhere(tree, definition)
-    out += unused_in_wrapped(tree, classes, definition)
+    out += unused_in_wrapped(tree, _builders(tree, classes), definition)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out

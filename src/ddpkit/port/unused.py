@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import textwrap
 from typing import Any
 
 import libcst as cst
 
 from ddpkit.port.facts import dotted, root_name, walk
 from ddpkit.port.models import assigned_value, follows
+from ddpkit.port.weights import discarded_outputs
 
 __all__ = ["plan_unused_parameters", "plan_parameter_changes"]
 
@@ -23,10 +26,12 @@ def plan_unused_parameters(plan: Any) -> None:
         value = assigned_value(built, model)
         cls = dotted(value.func) if isinstance(value, cst.Call) else ""
         unread = _unread_modules(plan.f, cls) if cls in plan.f.classes else []
-        if not unread:
+        thrown = [] if unread or cls not in plan.f.classes else _thrown_away(plan.f.code(plan.f.classes[cls]))
+        if not unread and not thrown:
             continue
-        attr, conditional = unread[0]
-        how = f"reads self.{attr} only under a condition: its parameters may get" if conditional else \
+        attr, conditional = unread[0] if unread else (thrown[0], False)
+        how = f"throws away what self.{attr} computes (it never reaches the result): its parameters get" if thrown \
+            else f"reads self.{attr} only under a condition: its parameters may get" if conditional else \
             f"never reads self.{attr}: its parameters get"
         plan.note(built, f"{cls}.forward {how} no gradient, so DDP runs "
                   "with find_unused_parameters=True (slower); drop the module from the optimizer's parameters or "
@@ -37,6 +42,16 @@ def plan_unused_parameters(plan: Any) -> None:
         for anchor, lines in plan.wrap_before.items():
             plan.wrap_before[anchor] = [line.replace(plain, f"ddpkit.wrap({model}, ctx, find_unused_parameters=True)")
                                         if line.startswith(f"{model} = ") else line for line in lines]
+
+
+def _thrown_away(code: str) -> list[str]:
+    """Modules of a class (its source) whose output forward computes and throws away (ddpkit.port.weights)."""
+    try:
+        tree = ast.parse(textwrap.dedent(code))
+    except SyntaxError:
+        return []
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+    return [attr for attr, _ in discarded_outputs(cls)] if cls is not None else []
 
 
 _PARAMETERED = re.compile(r"Linear|Conv|Norm|Embedding|LSTM|GRU|RNN|Attention|Bilinear|PReLU|Transformer|Sequential|"

@@ -12,7 +12,7 @@ import ast
 import os
 from collections.abc import Callable
 
-__all__ = ["Follow", "ast_dotted", "strict_loads", "unused_in_wrapped"]
+__all__ = ["Follow", "ast_dotted", "discarded_outputs", "strict_loads", "unused_in_wrapped", "unused_wraps"]
 
 Follow = Callable[..., "tuple[str, ast.AST] | None"]
 """Resolves a function name called in a module of the project to (its file, its definition)."""
@@ -32,6 +32,115 @@ def ast_dotted(node: ast.AST) -> str:
 
 _PARAMETERED = ("Linear", "Conv", "Norm", "Embedding", "LSTM", "GRU", "RNN", "Attention", "Bilinear", "PReLU",
                 "Transformer", "Sequential", "ModuleList", "ModuleDict", "Parameter")
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """The names an expression (or a statement's parts) reads, `self` included."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _flat(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Every statement of a function body, into if/for/while/with/try blocks (not into nested definitions)."""
+    out: list[ast.stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for block in ("body", "orelse", "finalbody"):
+            out += _flat(getattr(stmt, block, []) or [])
+        for handler in getattr(stmt, "handlers", []) or []:
+            out += _flat(handler.body)
+        for case in getattr(stmt, "cases", []) or []:
+            out += _flat(case.body)
+    return out
+
+
+def _reaching(function: ast.FunctionDef, methods: set[str]) -> list[ast.AST] | None:
+    """The parts of `function` whose values may reach what it returns (or what it keeps on `self`): a return's
+    value, the value of an assignment to a name that reaches it, the arguments of a method called on such a name
+    (`outs.append(head(x))`), a loop's iterable whose element reaches it, and every call of another method of the
+    object (it may keep what it computes). Names are followed by name, whatever the order: a value named once where
+    it reaches the result counts everywhere. None where the function returns nothing (nothing to follow)."""
+    statements = _flat(function.body)
+    if not any(isinstance(s, ast.Return) and s.value is not None for s in statements):
+        return None
+    live: set[str] = set()
+    parts: list[ast.AST] = []
+    done: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for stmt in statements:
+            if id(stmt) in done:
+                continue
+            reads: list[ast.AST] = []
+            if isinstance(stmt, ast.Return) and stmt.value is not None:
+                reads = [stmt.value]
+            elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                roots = {_root_id(e) for t in targets for e in _elements(t)}
+                if roots & (live | {"self"}):
+                    reads = [stmt.value, *targets] if not isinstance(stmt, ast.AugAssign) else [stmt.value, stmt.target]
+            elif isinstance(stmt, (ast.For, ast.AsyncFor)) and _names_in(stmt.target) & live:
+                reads = [stmt.iter]
+            elif isinstance(stmt, (ast.With, ast.AsyncWith)) and any(
+                    i.optional_vars is not None and _names_in(i.optional_vars) & live for i in stmt.items):
+                reads = [i.context_expr for i in stmt.items]
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(
+                    stmt.value.func, ast.Attribute) and (
+                    _root_id(stmt.value.func.value) in live - {"self"} or _root_id(stmt.value.func.value) == "self"
+                    and (ast_dotted(stmt.value.func.value) != "self" or stmt.value.func.attr in methods)):
+                reads = [stmt.value]  # outs.append(head(x)); self.keep(x): the object may keep it (not self.aux(x))
+            if reads:
+                done.add(id(stmt))
+                parts += reads
+                live |= set().union(*(_names_in(r) for r in reads))
+                changed = True
+    return parts
+
+
+def _elements(target: ast.AST) -> list[ast.AST]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [e for t in target.elts for e in _elements(t)]
+    return [target.value] if isinstance(target, ast.Starred) else [target]
+
+
+def _root_id(node: ast.AST) -> str:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def discarded_outputs(cls: ast.ClassDef) -> list[tuple[str, int]]:
+    """(attribute, line) of the modules set in __init__ (`self.aux = nn.Sequential(...)`, a layer, a class of the
+    project) that forward calls but whose output reaches neither what forward returns nor the object, on any path
+    (`aux = self.aux(x)` computed and thrown away): their parameters get no gradient, and DDP fails at the second
+    step. [] where forward returns nothing, or reads modules by name (getattr)."""
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    if "forward" not in methods or "__init__" not in methods:
+        return []
+    forward = methods["forward"]
+    if any(isinstance(n, ast.Call) and ast_dotted(n.func) in ("getattr", "self.children", "self.modules",
+                                                              "self.named_children", "self.named_modules")
+           for n in ast.walk(forward)):
+        return []
+    parts = _reaching(forward, set(methods))
+    if parts is None:
+        return []
+    held = [(t.attr, n.lineno) for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Call) and ast_dotted(n.value.func).rsplit(".", 1)[-1][:1].isupper()
+            for t in n.targets if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self"]
+    reaching: set[str] = set()
+    stack = list(parts)
+    while stack:  # what reaches the result, through the methods it calls (all that they read, to be safe)
+        for n in ast.walk(stack.pop()):
+            if isinstance(n, ast.Attribute) and ast_dotted(n.value) == "self" and n.attr not in reaching:
+                reaching.add(n.attr)
+                if n.attr in methods and n.attr != "forward":
+                    stack.append(methods[n.attr])
+    called = {n.func.attr for n in ast.walk(forward) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and ast_dotted(n.func.value) == "self"}
+    return [(attr, line) for attr, line in held if attr in called and attr not in reaching and attr not in methods]
 
 
 def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
@@ -95,27 +204,62 @@ def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
                    for n in ast.walk(methods[name])):
                 return []
             reads(methods[name], conditional)
-    return [(attr, line) for attr, line in held if attr not in always]
+    out = [(attr, line) for attr, line in held if attr not in always]
+    return out + [(attr, line) for attr, line in discarded_outputs(cls) if attr not in {a for a, _ in out}]
 
 
-def unused_in_wrapped(tree: ast.Module, classes: dict[str, str], definition: Definition) -> list[tuple[int, str]]:
-    """`ddpkit.wrap(Cls(...), ctx)` without find_unused_parameters where Cls, a class of the project, holds a
-    parameter its forward may leave unused: DDP fails at the second step when one gets no gradient."""
+def _unused_of(node: ast.Call, builders: dict[str, list[str]], definition: Definition
+               ) -> tuple[str, str, list[tuple[str, int]]] | None:
+    """(file, class, [(attribute, line)]) of the first class of the project that `ddpkit.wrap(model, ctx)` may wrap
+    (any class the name is built by, in any branch) holding a parameter its forward may leave unused."""
+    arg = node.args[0]
+    classes = [ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(ast_dotted(arg), [])
+    for cls in classes:
+        found = definition(cls) if cls else None
+        unused = _maybe_unused(found[2]) if found is not None and isinstance(found[2], ast.ClassDef) else []
+        if unused:
+            return found[0], found[1], unused
+    return None
+
+
+def unused_wraps(tree: ast.Module, builders: dict[str, list[str]], definition: Definition
+                 ) -> list[tuple[ast.Call, str]]:
+    """(wrap call, note) for each `ddpkit.wrap(model, ctx)` without find_unused_parameters where a class of the
+    project the model may be built by holds a parameter its forward may leave unused (read under a condition, never
+    read, or its output thrown away): DDP fails at the second step when one gets no gradient, so the wrap gets
+    find_unused_parameters=True, as a class of the script's own file does (slower; never wrong)."""
+    out: list[tuple[ast.Call, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args) or any(
+                kw.arg in ("find_unused_parameters", None) for kw in node.keywords):
+            continue
+        found = _unused_of(node, builders, definition)
+        if found is not None:
+            where = os.path.basename(found[0])
+            names = ", ".join(f"self.{attr} ({where}:{line})" for attr, line in found[2][:3])
+            out.append((node, f"`{found[1]}` in {where} (read, not ported) may leave {names} without gradient (its "
+                              "forward reads it only under a condition, never, or throws its output away), so DDP "
+                              "runs with find_unused_parameters=True (slower); drop the module, or make its output "
+                              "reach the loss, to train faster"))
+    return out
+
+
+def unused_in_wrapped(tree: ast.Module, builders: dict[str, list[str]], definition: Definition
+                      ) -> list[tuple[int, str]]:
+    """`ddpkit.wrap(model, ctx)` without find_unused_parameters where a class of the project the model may be built
+    by holds a parameter its forward may leave unused: a TODO where the gate could not add the keyword itself."""
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args) or any(
                 kw.arg == "find_unused_parameters" for kw in node.keywords):
             continue
-        arg = node.args[0]
-        cls = ast_dotted(arg.func) if isinstance(arg, ast.Call) else classes.get(ast_dotted(arg), "")
-        found = definition(cls) if cls else None
-        unused = _maybe_unused(found[2]) if found is not None and isinstance(found[2], ast.ClassDef) else []
-        if unused:
+        found = _unused_of(node, builders, definition)
+        if found is not None:
             where = os.path.basename(found[0])
-            names = ", ".join(f"self.{attr} ({where}:{line})" for attr, line in unused[:3])
+            names = ", ".join(f"self.{attr} ({where}:{line})" for attr, line in found[2][:3])
             out.append((node.lineno, f"not checked: `{found[1]}` in {where} (read, not ported): its forward reads "
-                                     f"{names} only under a condition, or never, so a step may give it no "
-                                     "gradient and DDP fails at the next one: wrap with "
+                                     f"{names} only under a condition, never, or throws its output away, so a step "
+                                     "may give it no gradient and DDP fails at the next one: wrap with "
                                      "ddpkit.wrap(..., ctx, find_unused_parameters=True) unless it is always used"))
     return out
 
