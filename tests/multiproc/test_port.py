@@ -58,6 +58,9 @@ CASES = {
     # losses summed over the batch (a criterion's reduction in a constant, size_average=False, torch.sum, .sum()):
     # unscaled, each rank's gradient sums half the batch and DDP averages them: half the original's step
     "summed_loss": (["{tmp}/params.pt"], "loss", 1e-5),
+    # an epoch's sum of per-step mean losses reported undivided, and a count made one right answer at a time:
+    # summed over ranks the loss would read world_size times the original's; the mean over ranks is it exactly
+    "loss_sum_report": ([], "epoch_loss", 1e-4),
     "charlm": (["--max-steps", "12", "--eval-every", "6", "--d-model", "32", "--layers", "1", "--heads", "2",
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),

@@ -129,3 +129,31 @@ def test_a_divided_batch_size_handed_to_a_helper_that_shapes_tensors_with_it_is_
     result = port_source(path.read_text(), str(path))
     noise = _todo_at(result, "noise = gan.noise_for(batch_size)")
     assert "gan.py:25 shapes a tensor with `count` (the global batch size the port divided" in noise
+
+
+def test_a_throwaway_name_does_not_link_a_discarded_branch_to_the_result():
+    """`a_out, _ = self.enc_a(a)` then `b_out, _ = self.enc_b(b)`: the `_` both bind carries nothing to the return."""
+    import ast
+
+    from ddpkit.port.weights import discarded_outputs
+
+    source = (
+        "import torch.nn as nn\n\n\n"
+        "class TwoInputs(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.words = nn.Embedding(50, 8)\n"
+        "        self.enc_a = nn.GRU(8, 8, batch_first=True)\n"
+        "        self.enc_b = nn.LSTM(4, 8, batch_first=True)\n"
+        "        self.head = nn.Linear(8, 1)\n\n"
+        "    def forward(self, tokens, signal):\n"
+        "        a_in = self.words(tokens)\n"
+        "        a_out, _ = self.enc_a(a_in)\n"
+        "        b_out, _ = self.enc_b(signal)\n"
+        "        return self.head(b_out)\n"
+    )
+    (cls,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
+    assert [attr for attr, _ in discarded_outputs(cls)] == ["words", "enc_a"]
+    used = source.replace("return self.head(b_out)", "return self.head(b_out + a_out)")
+    (cls,) = [n for n in ast.parse(used).body if isinstance(n, ast.ClassDef)]
+    assert discarded_outputs(cls) == []

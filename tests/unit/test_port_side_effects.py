@@ -143,3 +143,33 @@ def test_a_handle_name_bound_to_two_files_stays_a_todo_at_each_open():
     opens = [i for i, line in enumerate(lines) if line.strip().startswith("hf = h5py.File(")]
     assert len(opens) == 2 and all("every rank writes this file" in lines[i - 1] for i in opens)
     assert not any(text.startswith("hf") for text in _guarded(result.code))
+
+
+def test_an_experiment_trackers_run_object_and_an_onnx_export_are_rank_0s():
+    from ddpkit.port import port_source
+
+    source = (
+        "import torch\nfrom hyperdash import Experiment as Run\nimport comet_ml\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n\n"
+        "run = Run('digits')\nboard = comet_ml.Experiment(project_name='digits')\n"
+        "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "loader = DataLoader(data, batch_size=8, shuffle=True)\n"
+        "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(2):\n"
+        "    for xb, yb in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(xb), yb)\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+        "    run.metric('loss', loss.item())\n"
+        "torch.onnx.export(model, torch.randn(1, 4), 'net.onnx')\n"
+        "run.end()\n"
+    )
+    code = port_source(source, "tracked.py").code
+    assert "if ctx.is_main:\n    run = Run('digits')" in code
+    assert "if ctx.is_main:\n    board = comet_ml.Experiment(project_name='digits')" in code
+    assert "    if ctx.is_main:\n        run.metric('loss', loss.item())" in code
+    assert "if ctx.is_main:\n    torch.onnx.export(ddpkit.unwrap(model), torch.randn(1, 4), 'net.onnx')" in code
+    # a class of the script's own named like a tracker's is the script's, judged where it is defined
+    own = source.replace("from hyperdash import Experiment as Run\n", "").replace(
+        "run = Run('digits')", "class Run:\n    def __init__(self, name): self.name = name\n    "
+        "def metric(self, k, v): pass\n    def end(self): pass\n\n\nrun = Run('digits')")
+    assert "if ctx.is_main:\n    run = Run('digits')" not in port_source(own, "own.py").code

@@ -24,7 +24,7 @@ DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snap
                        r"wget\.download|hub\.load|load_state_dict_from_url|fetch_openml|fetch_\w+)$")
 _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feather|to_netcdf|savefig|save_image|"
                      r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|write_text|write_bytes|savetxt|save|"
-                     r"savez|savez_compressed|dump|to_pickle)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
+                     r"savez|savez_compressed|dump|to_pickle|onnx\.export)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
 _FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
                       r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
                       r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
@@ -42,6 +42,9 @@ _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|lo
                     r"imread|from_pretrained)$")
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
              "mlflow.start_run": "an MLflow run", "mlflow.set_experiment": "an MLflow experiment"}
+_EXPERIMENT_TRACKERS = re.compile(r"^(hyperdash|comet_ml|neptune|clearml|aim|trains|sacred|visdom|tensorboardX|"
+                                  r"dvclive|swanlab|polyaxon)(\.|$)")
+"""Libraries whose run objects (`Experiment("name")`, `Run(...)`) each log a copy of the run when made on every rank."""
 _MAKEDIRS = frozenset({"os.makedirs", "makedirs", "os.mkdir"})
 _FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.copytree", "shutil.move",
                        "shutil.rmtree", "copyfile", "copy2", "copytree", "rmtree", "os.remove", "os.unlink",
@@ -183,9 +186,9 @@ def plan_effects(plan: Any) -> None:
                                                     == "mkdir" and not dotted(call.func).startswith("os.")):
                 if not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args):
                     plan.exist_ok.add(id(call))
-        tracker = next((c for c in _header_calls(stmt) if _tracker_kind(c)), None)
+        tracker = next((c for c in _header_calls(stmt) if _tracker_kind(c, library_loader(plan.f, c))), None)
         if tracker is not None:
-            kind = _tracker_kind(tracker)
+            kind = _tracker_kind(tracker, library_loader(plan.f, tracker))
             if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) \
                     and dotted(stmt.body[0].targets[0].target):
                 tracker_names[dotted(stmt.body[0].targets[0].target)] = (stmt, kind)
@@ -383,12 +386,16 @@ def _binds(scope: cst.CSTNode, name: str) -> bool:
     return name in assigned - declared
 
 
-def _tracker_kind(call: cst.Call) -> str:
-    """What a call starts that would log on every rank: a tracker of a known library, a Visdom client, or a
-    logger object (`CSVLogger(...)`, `Logger(...)`); '' for anything else."""
+def _tracker_kind(call: cst.Call, module: str | None = None) -> str:
+    """What a call starts that would log on every rank: a tracker of a known library, a Visdom client, a run
+    object of an experiment tracker (`Experiment(...)` imported from hyperdash, comet_ml, neptune, ...; `module`
+    is where the call's name was imported from), or a logger object (`CSVLogger(...)`, `Logger(...)`); '' for
+    anything else."""
     name = dotted(call.func)
     if name in _TRACKERS:
         return _TRACKERS[name]
+    if module is not None and _EXPERIMENT_TRACKERS.match(module) and name.rsplit(".", 1)[-1][:1].isupper():
+        return f"a `{name}` run of {module.split('.')[0]} (an experiment tracker)"
     if name.endswith(".SummaryWriter"):
         return "a TensorBoard SummaryWriter"
     last = name.rsplit(".", 1)[-1]

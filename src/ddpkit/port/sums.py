@@ -47,7 +47,19 @@ def _zero(node: cst.BaseExpression) -> str | None:
 
 
 def reduce_statement(name: str, kind: str) -> str:
-    """The line that sums `name` over ranks, keeping its type: a Python number stays one, a tensor a tensor."""
+    """The line that sums `name` over ranks, keeping its type: a Python number stays one, a tensor a tensor.
+
+    A kind ending in `/mean` is a sum of per-step values (a loss's batch means) that nothing divides later by a
+    count: each rank ran as many steps as the script did, on smaller batches, so the figure on the original's
+    scale is the mean over ranks of the per-rank sums, not their total."""
+    if kind.endswith(MEAN):
+        kind = kind[: -len(MEAN)]
+        total = f"(ddpkit.all_reduce_sum(ctx, {name}) / ctx.world_size)"
+        if kind == "int":
+            kind = "number"  # a mean of integers is not one
+        comment = "mean over ranks of each rank's sum of per-step values"
+        line = _reduce_expr(name, kind, total)
+        return f"{name} = {line}  # {comment}\n"
     total = f"ddpkit.all_reduce_sum(ctx, {name})"
     if kind == "int":
         expr = f"int({total}.item())"
@@ -63,6 +75,20 @@ def reduce_statement(name: str, kind: str) -> str:
         # a torch tensor keeps its dtype; a numpy scalar (which has a dtype torch cannot take) keeps its type
         expr = (f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else type({name})({total}.item())")
     return f"{name} = {expr}  # sum over every rank's shard\n"
+
+
+MEAN = "/mean"
+
+
+def _reduce_expr(name: str, kind: str, total: str) -> str:
+    """`total` (a reduced tensor expression of `name`) in `name`'s own type."""
+    if kind == "float":
+        return f"{total}.item()"
+    if kind == "tensor":
+        return f"{total}.to({name}.dtype)"
+    if kind == "number":
+        return f"float({total}.item())"
+    return f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else float({total}.item())"
 
 
 def plan_reductions(plan: Any, key: str, block: list[cst.BaseStatement]) -> None:
@@ -103,7 +129,8 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         if name in assigned_inside:
             continue  # a running value reset inside the loop, or nothing uses the sum
         texts = [plan.f.code(n.value) for n in summed if dotted(n.target) == name]
-        constant = all(isinstance(n.value, (cst.Integer, cst.Float)) for n in summed if dotted(n.target) == name)
+        constant = all(isinstance(n.value, (cst.Integer, cst.Float)) and not _conditional(plan, n, loops)
+                       for n in summed if dotted(n.target) == name)
         if (_counter(name, texts) or constant) and not _divides(plan, key, name, end):
             continue  # `step += 1`: a step counter, the same on every rank (unless it counts batches for a mean)
         if kind != "tensor" and re.search(_TENSOR_USE.format(re.escape(name)), scope_text):
@@ -112,6 +139,9 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             kind = "float" if kind == "float" else "int" if all(_INTISH.search(t) for t in texts) else "number"
         elif kind != "tensor":
             kind = "any"
+        counts = all(_COUNTS.search(t) or t.strip().isdigit() for t in texts)
+        if not counts and not _divided(plan, key, name, end) and not any("*" in t for t in texts):
+            kind += MEAN  # `epoch_loss += loss.item()` reported as it is: its scale is the original's per rank
         plan.reduce_after.setdefault(id(place), []).append((name, kind))
         plan.reduced.setdefault(key, set()).add(name)
     for node in inside:  # tokens/s from this rank's batch: every rank processes as many
@@ -140,6 +170,17 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         plan.todo(node, f"`{name}` {what} over this rank's shard of the data only, and is used after the loop: "
                   f"reduce it across ranks before it is reported (start a sum at 0 beside the loop so the port "
                   f"can add ddpkit.all_reduce_sum, or ddpkit.all_gather_object for lists)")
+
+
+def _conditional(plan: Any, node: cst.CSTNode, loops: list[cst.For]) -> bool:
+    """`node` runs under an `if` inside the loop: `correct += 1` when a prediction is right counts events, unlike
+    `step += 1`, which every rank runs as often."""
+    parent = plan._parent.get(id(plan._stmt.get(id(node))))
+    while parent is not None and not any(parent is loop for loop in loops):
+        if isinstance(parent, cst.If):
+            return True
+        parent = plan._parent.get(id(parent))
+    return False
 
 
 def _inner_place(plan: Any, stmt: cst.CSTNode, loops: list[cst.For], name: str) -> cst.CSTNode | None:
@@ -284,6 +325,15 @@ def _divides(plan: Any, key: str, name: str, line: int) -> bool:
                and dotted(n.right) == name and plan.line_of(n) > line for n in plan.nodes(key))
 
 
+def _divided(plan: Any, key: str, name: str, line: int) -> bool:
+    """`name / n` or `name /= n` after the loop: a sum made into a mean by a count (which the port reduces too)."""
+    return any(plan.line_of(n) > line and (
+        isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
+        and dotted(n.left) == name
+        or isinstance(n, cst.AugAssign) and isinstance(n.operator, (cst.DivideAssign, cst.FloorDivideAssign))
+        and dotted(n.target) == name) for n in plan.nodes(key))
+
+
 def _read_after(plan: Any, key: str, name: str, line: int) -> bool:
     stores = {id(t.target) for n in plan.nodes(key) if isinstance(n, (cst.Assign,))
               for t in n.targets}
@@ -400,7 +450,8 @@ def _audit_loop(plan: Any, key: str, loop: cst.For, meter_classes: dict[str, str
     for n in inside:
         if isinstance(n, cst.AugAssign) and dotted(n.target) and not isinstance(n.operator, cst.DivideAssign):
             name = dotted(n.target)
-            if isinstance(n.value, (cst.Integer, cst.Float)) or _counter(name, [plan.f.code(n.value)]):
+            if isinstance(n.value, (cst.Integer, cst.Float)) and not _conditional(plan, n, [loop]) \
+                    or _counter(name, [plan.f.code(n.value)]):
                 counts.setdefault(name, n)
             else:
                 sums.setdefault(name, n)

@@ -78,7 +78,7 @@ def _reaching(function: ast.FunctionDef, methods: set[str]) -> list[ast.AST] | N
                 reads = [stmt.value]
             elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                roots = {_root_id(e) for t in targets for e in _elements(t)}
+                roots = {_root_id(e) for t in targets for e in _elements(t)} - {"_"}  # `out, _ = self.lstm(x)`
                 if roots & (live | {"self"}):
                     reads = [stmt.value, *targets] if not isinstance(stmt, ast.AugAssign) else [stmt.value, stmt.target]
             elif isinstance(stmt, (ast.For, ast.AsyncFor)) and _names_in(stmt.target) & live:
@@ -94,7 +94,7 @@ def _reaching(function: ast.FunctionDef, methods: set[str]) -> list[ast.AST] | N
             if reads:
                 done.add(id(stmt))
                 parts += reads
-                live |= set().union(*(_names_in(r) for r in reads))
+                live |= set().union(*(_names_in(r) for r in reads)) - {"_"}  # a throwaway links nothing
                 changed = True
     return parts
 

@@ -1,0 +1,54 @@
+"""Sums a port reduces after a loop over a sharded loader: per-step values keep the original's scale, counts add up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "port"
+
+
+def test_an_undivided_sum_of_step_losses_is_averaged_over_ranks_and_a_count_made_under_an_if_is_summed():
+    code = port_source((FIXTURES / "loss_sum_report.py").read_text(), "loss_sum_report.py").code
+    loss = code.index("epoch_loss = (ddpkit.all_reduce_sum(ctx, epoch_loss) / ctx.world_size).item()")
+    right = code.index("right = int(ddpkit.all_reduce_sum(ctx, right).item())")
+    assert loss < code.index("ddpkit.print0(ctx, json.dumps(") and right < code.index("ddpkit.print0(ctx, json.dumps(")
+
+
+_IN_LOOP = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.Adam(model.parameters())
+for epoch in range(2):
+    hits = 0
+    share = 0.0
+    for xb, yb in loader:
+        out = model(xb)
+        loss = torch.nn.functional.cross_entropy(out, yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for guess, truth in zip(out.argmax(1), yb):
+            if guess == truth:
+                hits += 1
+        share = hits / len(data)
+    print(f"epoch {epoch} accuracy {share:.3f}")
+'''
+
+
+def test_a_figure_computed_inside_the_loop_from_a_running_count_is_a_todo_not_a_claim():
+    result = port_source(_IN_LOOP, "in_loop.py")
+    assert result.exit_code == 3
+    assert any("`share` used here is computed inside the loop" in t.message for t in result.todos)
+
+
+def test_a_sum_divided_by_its_count_after_the_loop_is_still_summed():
+    """The count is reduced too (`/ all_reduce_sum(len(loader))`): a mean over ranks here would divide twice."""
+    code = port_source((FIXTURES / "epoch_loss_mean.py").read_text(), "epoch_loss_mean.py").code
+    assert "epoch_loss = ddpkit.all_reduce_sum(ctx, epoch_loss).item()  # sum over every rank's shard" in code
+    assert "/ ctx.world_size).item()" not in code
