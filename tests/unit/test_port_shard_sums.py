@@ -52,3 +52,43 @@ def test_a_sum_divided_by_its_count_after_the_loop_is_still_summed():
     code = port_source((FIXTURES / "epoch_loss_mean.py").read_text(), "epoch_loss_mean.py").code
     assert "epoch_loss = ddpkit.all_reduce_sum(ctx, epoch_loss).item()  # sum over every rank's shard" in code
     assert "/ ctx.world_size).item()" not in code
+
+
+_HELPERS = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def step(model, opt, xb, yb):
+    out = model(xb)
+    loss = torch.nn.functional.cross_entropy(out, yb)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss, out
+
+
+def count_right(out, yb):
+    return int((out.argmax(1) == yb).sum())
+
+
+data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    total = 0.0
+    hits = 0
+    for xb, yb in loader:
+        loss, out = step(model, opt, xb, yb)
+        total += loss.item()
+        hits += count_right(out, yb)
+    print(epoch, total, hits)
+'''
+
+
+def test_a_loss_a_helper_backpropagates_and_returns_is_a_step_value_and_a_helpers_count_is_a_sum():
+    code = port_source(_HELPERS, "helpers.py").code
+    assert "total = (ddpkit.all_reduce_sum(ctx, total) / ctx.world_size).item()" in code
+    assert "hits = ddpkit.all_reduce_sum(ctx, hits)" in code
+    assert "ddpkit.all_reduce_sum(ctx, hits) / ctx.world_size" not in code

@@ -42,7 +42,7 @@ _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|lo
                     r"imread|from_pretrained)$")
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
              "mlflow.start_run": "an MLflow run", "mlflow.set_experiment": "an MLflow experiment"}
-_EXPERIMENT_TRACKERS = re.compile(r"^(hyperdash|comet_ml|neptune|clearml|aim|trains|sacred|visdom|tensorboardX|"
+_EXPERIMENT_TRACKERS = re.compile(r"^(hyperdash|comet_ml|neptune|clearml|aim|trains|sacred|tensorboardX|"
                                   r"dvclive|swanlab|polyaxon)(\.|$)")
 """Libraries whose run objects (`Experiment("name")`, `Run(...)`) each log a copy of the run when made on every rank."""
 _MAKEDIRS = frozenset({"os.makedirs", "makedirs", "os.mkdir"})

@@ -139,8 +139,8 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             kind = "float" if kind == "float" else "int" if all(_INTISH.search(t) for t in texts) else "number"
         elif kind != "tensor":
             kind = "any"
-        counts = all(_COUNTS.search(t) or t.strip().isdigit() for t in texts)
-        if not counts and not _divided(plan, key, name, end) and not any("*" in t for t in texts):
+        if _step_losses(plan, key, inside, [n.value for n in summed if dotted(n.target) == name]) \
+                and not _divided(plan, key, name, end):
             kind += MEAN  # `epoch_loss += loss.item()` reported as it is: its scale is the original's per rank
         plan.reduce_after.setdefault(id(place), []).append((name, kind))
         plan.reduced.setdefault(key, set()).add(name)
@@ -170,6 +170,59 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
         plan.todo(node, f"`{name}` {what} over this rank's shard of the data only, and is used after the loop: "
                   f"reduce it across ranks before it is reported (start a sum at 0 beside the loop so the port "
                   f"can add ddpkit.all_reduce_sum, or ddpkit.all_gather_object for lists)")
+
+
+def _backed(nodes: list[cst.CSTNode]) -> set[str]:
+    """Names `nodes` call `.backward()` on (also `scaler.scale(loss).backward()`)."""
+    out = set()
+    for n in nodes:
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
+            target = n.func.value
+            if isinstance(target, cst.Call) and target.args:  # scaler.scale(loss).backward()
+                target = target.args[0].value
+            if isinstance(target, cst.Name):
+                out.add(target.value)
+    return out
+
+
+def _step_losses(plan: Any, key: str, inside: list[cst.CSTNode], added: list[cst.BaseExpression]) -> bool:
+    """Every value added is a training loss of the step (`loss.item()`, `float(loss)`, `loss.detach()`): a name on
+    which the loop calls `.backward()`, or one a function of the script returns after calling `.backward()` on
+    it (`loss, out = train_step(model, x, y)`), and the port does not scale it as a sum over the batch: each a
+    mean over its batch. Anything else (a count from a helper, a product with the batch size) may be a sum over
+    samples: not this."""
+    if any(isinstance(n, cst.Call) and id(n) in plan.scale_backward for n in inside):
+        return False  # a loss summed over the batch: its per-step values add up over ranks
+    backed = _backed(inside)
+    for n in inside:  # `loss, out = step(...)` where step() runs loss.backward() and returns it there
+        if not (isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call)):
+            continue
+        for callee in plan.f.callees(n.value, key):
+            body = list(walk(plan.f.scopes[callee].node))
+            inner = _backed(body)
+            returned = [r.value for r in body if isinstance(r, cst.Return) and r.value is not None]
+            if len(returned) != 1:
+                continue
+            target, value = n.targets[0].target, returned[0]
+            pairs = (zip(target.elements, value.elements) if isinstance(target, cst.Tuple) and isinstance(
+                value, cst.Tuple) and len(target.elements) == len(value.elements) else [])
+            pairs = [(t.value, v.value) for t, v in pairs] or [(target, value)]
+            backed.update(t.value for t, v in pairs if isinstance(t, cst.Name) and isinstance(v, cst.Name)
+                          and v.value in inner)
+
+    def loss_of(value: cst.BaseExpression) -> bool:
+        while True:
+            if isinstance(value, cst.Name):
+                return value.value in backed
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args \
+                    and value.func.attr.value in ("item", "detach", "cpu", "float"):
+                value = value.func.value
+            elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "float" \
+                    and len(value.args) == 1:
+                value = value.args[0].value
+            else:
+                return False
+    return bool(added) and all(loss_of(v) for v in added)
 
 
 def _conditional(plan: Any, node: cst.CSTNode, loops: list[cst.For]) -> bool:
