@@ -941,38 +941,33 @@ class _CurrentGpu(cst.CSTTransformer):
         return updated
 
 
+def _name_bindings(facts: Facts, keys: dict[int, str]) -> list[tuple[cst.CSTNode, cst.Assign, bool]]:
+    """(scope, `name = value`, whether the port rewrites that line) for each plain name a scope (the module, a
+    function) binds: a line is ported where its scope is and, in the entry's own code, inside ddpkit.init's block."""
+    region = {id(n) for s in facts.region for n in walk(s)}
+    out = []
+    scopes = [facts.module] + [n for n in walk(facts.module, into_functions=True) if isinstance(n, cst.FunctionDef)]
+    for scope in scopes:
+        key = keys.get(id(scope), ENTRY if scope is facts.module else None)
+        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+                ported = key in facts.ported and (id(node) in region if key in (ENTRY, facts.entry_key) else True)
+                out.append((scope, node, ported))
+    return out
+
+
 def _string_devices(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
     """(id(scope), name) for each name a scope (the module, a function) binds to a string the port keeps a string:
     a device choice outside ddpkit.init's block (module level above the entry point), or a string the device rule
     does not rewrite. Comparing such a name with "cuda" stays a string comparison."""
-    region = {id(n) for s in facts.region for n in walk(s)}
-    found: set[tuple[int, str]] = set()
-    scopes = [facts.module] + [n for n in walk(facts.module, into_functions=True) if isinstance(n, cst.FunctionDef)]
-    for scope in scopes:
-        key = keys.get(id(scope), ENTRY if scope is facts.module else None)
-        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
-            if not (isinstance(node, cst.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0].target, cst.Name) and _stringy(node.value)):
-                continue
-            ported = key in facts.ported and (id(node) in region if key in (ENTRY, facts.entry_key) else True)
-            if not (ported and _chooses_device(node)):
-                found.add((id(scope), node.targets[0].target.value))
-    return found
+    return {(id(scope), node.targets[0].target.value) for scope, node, ported in _name_bindings(facts, keys)
+            if _stringy(node.value) and not (ported and _chooses_device(node))}
 
 
 def _device_bound(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
     """(id(scope), name) for each name a scope binds to ctx.device somewhere (a device choice the port rewrites)."""
-    region = {id(n) for s in facts.region for n in walk(s)}
-    found: set[tuple[int, str]] = set()
-    scopes = [facts.module] + [n for n in walk(facts.module, into_functions=True) if isinstance(n, cst.FunctionDef)]
-    for scope in scopes:
-        key = keys.get(id(scope), ENTRY if scope is facts.module else None)
-        for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(
-                    node.targets[0].target, cst.Name) and key in facts.ported and (
-                    id(node) in region if key in (ENTRY, facts.entry_key) else True) and _chooses_device(node):
-                found.add((id(scope), node.targets[0].target.value))
-    return found
+    return {(id(scope), node.targets[0].target.value) for scope, node, ported in _name_bindings(facts, keys)
+            if ported and _chooses_device(node)}
 
 
 def _stringy(value: cst.BaseExpression) -> bool:
