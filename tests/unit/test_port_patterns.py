@@ -110,6 +110,22 @@ def test_a_library_dataloader_is_kept_with_a_todo():
     todos = _todo_lines(result)
     assert result.exit_code == 3 and "torch_geometric.loader" in todos[20], todos
     assert "train_loader = DataLoader(dataset[:150], batch_size=32, shuffle=True)" in result.code
+    names_device = "device" in (FIXTURES / "library_loader.py").read_text()
+    assert ("batches stay on the CPU while ddpkit.wrap puts the model on ctx.device" in todos[20]) is not names_device
+
+
+def test_a_kept_library_loader_in_a_script_that_names_no_device_says_its_batches_stay_on_the_cpu():
+    src = ("import torch\nfrom torch_geometric.loader import DataLoader\nfrom torch_geometric.datasets import TUDataset\n\n"
+           "data = TUDataset(root='graphs', name='MUTAG')\nloader = DataLoader(data, batch_size=16, shuffle=True)\n"
+           "model = torch.nn.Linear(7, 2)\nopt = torch.optim.Adam(model.parameters())\n"
+           "for epoch in range(3):\n    for batch in loader:\n        loss = model(batch.x).sum()\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n")
+    result = port_source(src, "graphs.py")
+    (todo,) = [t for t in result.todos if "torch_geometric.loader" in t.message]
+    assert "batches stay on the CPU while ddpkit.wrap puts the model on ctx.device" in todo.message
+    moved = src.replace("for batch in loader:\n", "for batch in loader:\n        batch = batch.to('cuda')\n")
+    (todo,) = [t for t in port_source(moved, "graphs.py").todos if "torch_geometric.loader" in t.message]
+    assert "stay on the CPU" not in todo.message  # the script moves its batches itself
 
 
 def test_device_flags_and_comparisons_follow_ctx_device():

@@ -317,9 +317,14 @@ class Plan:
     def _plan_loader(self, key: str, call: cst.Call, target: str, found: list) -> None:
         library = library_loader(self.f, call)
         if library is not None:
+            # a script that names no device moves no batch: the kept loader's batches stay on the CPU, while
+            # ddpkit.wrap puts the model on ctx.device (a GPU on a GPU machine)
+            where = ("; the script names no device, so this loader's batches stay on the CPU while ddpkit.wrap puts "
+                     "the model on ctx.device: move each batch there (`batch = batch.to(ctx.device)`)"
+                     if not _names_a_device(self.f.module) else "")
             self.todo(call, f"a DataLoader of {library}: ddpkit.loader would replace its collate (graphs, "
                       "variable-size samples); keep it and shard its dataset by rank yourself (e.g. "
-                      "torch.utils.data.Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size)))")
+                      f"torch.utils.data.Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))){where}")
             return
         kwargs = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
         positional = [a for a in call.args if a.keyword is None and not a.star]
