@@ -218,3 +218,31 @@ def test_a_wrapped_model_or_a_named_device_keeps_the_default_device():
     source = (FIXTURES / "self_training_cpu.py").read_text()
     named = port_source(source.replace("tagger = Tagger()", "tagger = Tagger().to('cuda')"), "named.py")
     assert "ddpkit.init() as ctx" in named.code
+
+
+def test_inputs_a_library_call_runs_the_model_on_are_made_on_its_device():
+    from ddpkit.port import port_source
+
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def main():\n"
+        "    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+        "    net = torch.nn.Linear(4, 1).to(device)\n"
+        "    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "    for xb, yb in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(net(xb.to(device)), yb.to(device))\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+        "    example = torch.randn(1, 4)\n"
+        "    torch.onnx.export(net, example, 'net.onnx')\n"
+        "    probe = torch.zeros(2, 4)\n"
+        "    traced = torch.jit.trace(net, probe)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    code = port_source(source, "export.py").code
+    assert "example = torch.randn(1, 4, device=ctx.device)" in code
+    assert "probe = torch.zeros(2, 4, device=ctx.device)" in code
+    # a function of the script handed the model decides where its inputs go: nothing is moved for it
+    own = source.replace("    traced = torch.jit.trace(net, probe)\n", "    traced = trace_it(net, probe)\n").replace(
+        "\n\ndef main():", "\n\ndef trace_it(model, x):\n    return torch.jit.trace(model, x)\n\n\ndef main():")
+    assert "probe = torch.zeros(2, 4)\n" in port_source(own, "export.py").code

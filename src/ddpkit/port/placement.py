@@ -221,6 +221,13 @@ class Placement:
         args = [self.place(a.value) for a in call.args]
         if self._is_model(call.func):
             return DEVICE
+        handed = [a.value for a in call.args if self._is_model(a.value)]
+        if handed and self._callee(call) is None:
+            # a library call handed the model and its inputs runs the model on them (`torch.onnx.export(model, x,
+            # path)`, `torch.jit.trace(model, x)`, `writer.add_graph(model, x)`): they meet its parameters
+            for a, where in zip(call.args, args):
+                if where == HOST:
+                    self._meet(call, a.value, HOST, handed[0], DEVICE)
         if move_receiver(call) is not None:
             target = next((a.value for a in call.args if a.keyword is None), None)
             if isinstance(target, cst.Attribute) and target.attr.value == "device" and not is_device_expr(
