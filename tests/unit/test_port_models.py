@@ -422,7 +422,7 @@ def test_a_model_given_to_a_rank_zero_call_is_the_unwrapped_one():
             optimizer.step()
     ''')
     assert result.todos == [], result.todos
-    assert "if ctx.is_main:\n    writer.add_graph(ddpkit.unwrap(model), torch.zeros(1, 4))" in result.code
+    assert "if ctx.is_main:\n    writer.add_graph(ddpkit.unwrap(model), torch.zeros(1, 4, device=ctx.device))" in result.code
 
 
 def test_a_model_built_by_a_function_of_its_name_calls_the_function_and_wraps_its_result():

@@ -167,7 +167,8 @@ def test_an_experiment_trackers_run_object_and_an_onnx_export_are_rank_0s():
     assert "if ctx.is_main:\n    run = Run('digits')" in code
     assert "if ctx.is_main:\n    board = comet_ml.Experiment(project_name='digits')" in code
     assert "    if ctx.is_main:\n        run.metric('loss', loss.item())" in code
-    assert "if ctx.is_main:\n    torch.onnx.export(ddpkit.unwrap(model), torch.randn(1, 4), 'net.onnx')" in code
+    assert "if ctx.is_main:\n    torch.onnx.export(ddpkit.unwrap(model), torch.randn(1, 4, device=ctx.device), 'net.onnx')" \
+        in code
     # a class of the script's own named like a tracker's is the script's, judged where it is defined
     own = source.replace("from hyperdash import Experiment as Run\n", "").replace(
         "run = Run('digits')", "class Run:\n    def __init__(self, name): self.name = name\n    "

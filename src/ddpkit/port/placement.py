@@ -38,6 +38,8 @@ HOST = "host"
 _LEGACY = frozenset({"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "Tensor",
                      "HalfTensor", "ShortTensor", "CharTensor"})
 _MADE = CREATORS | _LEGACY | {"from_numpy", "normal"}
+_RUNS_MODEL = re.compile(r"(^|\.)(onnx\.export|jit\.trace|jit\.trace_module|export\.export|add_graph|summary)$")
+"""Library calls that run the model handed to them on the inputs handed with it."""
 _SHAPE_FREE = frozenset({"tensor", "as_tensor"})
 """Creators whose value may be a zero-dimensional tensor (`torch.tensor(0.5)`): a host one of those is harmless."""
 _KEEPS = frozenset({
@@ -222,7 +224,7 @@ class Placement:
         if self._is_model(call.func):
             return DEVICE
         handed = [a.value for a in call.args if self._is_model(a.value)]
-        if handed and self._callee(call) is None:
+        if handed and _RUNS_MODEL.search(name):
             # a library call handed the model and its inputs runs the model on them (`torch.onnx.export(model, x,
             # path)`, `torch.jit.trace(model, x)`, `writer.add_graph(model, x)`): they meet its parameters
             for a, where in zip(call.args, args):
