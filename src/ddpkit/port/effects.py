@@ -186,9 +186,9 @@ def plan_effects(plan: Any) -> None:
                                                     == "mkdir" and not dotted(call.func).startswith("os.")):
                 if not any(a.keyword is not None and a.keyword.value == "exist_ok" for a in call.args):
                     plan.exist_ok.add(id(call))
-        tracker = next((c for c in _header_calls(stmt) if _tracker_kind(c, library_loader(plan.f, c))), None)
+        tracker, kind = next(((c, k) for c in _header_calls(stmt) if (k := _tracker_kind(c, library_loader(plan.f, c)))),
+                             (None, ""))
         if tracker is not None:
-            kind = _tracker_kind(tracker, library_loader(plan.f, tracker))
             if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign) \
                     and dotted(stmt.body[0].targets[0].target):
                 tracker_names[dotted(stmt.body[0].targets[0].target)] = (stmt, kind)

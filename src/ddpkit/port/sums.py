@@ -46,49 +46,34 @@ def _zero(node: cst.BaseExpression) -> str | None:
     return None
 
 
+MEAN = "/mean"
+
+
 def reduce_statement(name: str, kind: str) -> str:
     """The line that sums `name` over ranks, keeping its type: a Python number stays one, a tensor a tensor.
 
     A kind ending in `/mean` is a sum of per-step values (a loss's batch means) that nothing divides later by a
     count: each rank ran as many steps as the script did, on smaller batches, so the figure on the original's
-    scale is the mean over ranks of the per-rank sums, not their total."""
-    if kind.endswith(MEAN):
-        kind = kind[: -len(MEAN)]
-        total = f"(ddpkit.all_reduce_sum(ctx, {name}) / ctx.world_size)"
-        if kind == "int":
-            kind = "number"  # a mean of integers is not one
-        comment = "mean over ranks of each rank's sum of per-step values"
-        line = _reduce_expr(name, kind, total)
-        return f"{name} = {line}  # {comment}\n"
-    total = f"ddpkit.all_reduce_sum(ctx, {name})"
+    scale is the mean over ranks of the per-rank sums, not their total (a float, even from integers)."""
+    if kind.startswith("="):  # recomputed from reduced parts: `meter.avg = meter.sum / meter.count`
+        return f"{name} = {kind[1:]}  # from the sums over every rank\n"
+    mean = kind.endswith(MEAN)
+    kind = kind.removesuffix(MEAN)
+    total = f"(ddpkit.all_reduce_sum(ctx, {name}) / ctx.world_size)" if mean else f"ddpkit.all_reduce_sum(ctx, {name})"
+    number = "float" if mean else f"type({name})"  # how a Python number is rebuilt: the type it had, for a sum
     if kind == "int":
-        expr = f"int({total}.item())"
+        expr = f"{'float' if mean else 'int'}({total}.item())"
     elif kind == "float":
         expr = f"{total}.item()"
     elif kind == "tensor":  # started as a tensor: stays one, in its own dtype
         expr = f"{total}.to({name}.dtype)"
-    elif kind == "number":  # `.item()` of an int or a float tensor: the type it had
-        expr = f"type({name})({total}.item())"
-    elif kind.startswith("="):  # recomputed from reduced parts: `meter.avg = meter.sum / meter.count`
-        return f"{name} = {kind[1:]}  # from the sums over every rank\n"
+    elif kind == "number":  # `.item()` of an int or a float tensor
+        expr = f"{number}({total}.item())"
     else:  # its type is decided at run time (a tensor from `.sum()`, or a number): keep whichever it is
         # a torch tensor keeps its dtype; a numpy scalar (which has a dtype torch cannot take) keeps its type
-        expr = (f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else type({name})({total}.item())")
-    return f"{name} = {expr}  # sum over every rank's shard\n"
-
-
-MEAN = "/mean"
-
-
-def _reduce_expr(name: str, kind: str, total: str) -> str:
-    """`total` (a reduced tensor expression of `name`) in `name`'s own type."""
-    if kind == "float":
-        return f"{total}.item()"
-    if kind == "tensor":
-        return f"{total}.to({name}.dtype)"
-    if kind == "number":
-        return f"float({total}.item())"
-    return f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else float({total}.item())"
+        expr = f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else {number}({total}.item())"
+    comment = "mean over ranks of each rank's sum of per-step values" if mean else "sum over every rank's shard"
+    return f"{name} = {expr}  # {comment}\n"
 
 
 def plan_reductions(plan: Any, key: str, block: list[cst.BaseStatement]) -> None:
