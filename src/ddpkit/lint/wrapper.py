@@ -153,7 +153,7 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
             return ""
         owner = func.args[0]
         if isinstance(owner, ast.Attribute) and owner.attr == "module" and _key(owner.value) in wrapped \
-                or _key(owner) in {r for r in wrapped.values() if r} - _parameters_around(s, call):
+                or _key(owner) in _raw_here(s, call, wrapped):
             return ast.unparse(func)
         return ""
     chain = []
@@ -170,7 +170,7 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
         if node.attr == "module" and _key(node.value) in wrapped:
             return ast.unparse(func)
         node = node.value
-    raw = {r for r in wrapped.values() if r} - _parameters_around(s, call)
+    raw = _raw_here(s, call, wrapped)
     if _key(func) in raw or (isinstance(func, ast.Attribute) and _key(func.value) in raw):
         return ast.unparse(func)
     return ""
@@ -236,6 +236,30 @@ def _bypassing_functions(s: Script, wrapped: dict[str, str]) -> dict[str, str]:
                 if hit is not None:
                     found[d.name] = hit
                     break
+    return found
+
+
+def _raw_here(s: Script, node: ast.AST, wrapped: dict[str, str]) -> set[str]:
+    """Names that hold a wrapped module's bare module where `node` runs: the raw names of `wrapped` that are not
+    parameters of an enclosing function, and the parameters every call of this file fills with a raw name
+    (`train(model, ...)` beside an unused `ddp_model = DDP(model)`)."""
+    raw = {r for r in wrapped.values() if r}
+    found = raw - _parameters_around(s, node)
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        calls = [c for c in s.calls if _local_function(c, {node.name: ""})]
+        params = [a.arg for a in node.args.args]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        for i, param in enumerate(params):
+            given = [next((k.value for k in c.keywords if k.arg == param),
+                          c.args[i] if i < len(c.args) and not any(isinstance(a, ast.Starred) for a in c.args[:i + 1])
+                          else None) for c in calls]
+            if given and all(g is not None and _key(g) in raw and _key(g) not in wrapped for g in given):
+                found.add(param)
     return found
 
 
