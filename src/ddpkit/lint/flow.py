@@ -77,8 +77,9 @@ class ScopeFlow:
                 continue
             if isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
                 continue
-            if self_attribute(s, node, summaries) is not None:
-                found.append(f"self.{node.attr}")  # set to a shard figure by another method of the class
+            held = _self_prefix(node)  # `self.val_acc`, `self.meter.avg`: set by another method of the class
+            if held is not None and self_attribute(s, held, summaries) is not None:
+                found.append(f"self.{held.attr}")
                 continue
             root = _root(node)
             if root is not None:
@@ -107,6 +108,15 @@ def self_attribute(s: Script, node: ast.AST, summaries: dict) -> bool | None:
     if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
         return None
     return summaries.get(f"{class_of(s, node)}.{node.attr}")
+
+
+def _self_prefix(node: ast.AST) -> ast.Attribute | None:
+    """`self.meter` of `self.meter.avg` (or of `self.meter["acc"]`), else None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return node
+        node = node.value
+    return None
 
 
 def _root(node: ast.AST) -> str | None:
@@ -422,6 +432,17 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
             parent = parents.get(id(node))
             if isinstance(parent, ast.Assign):
                 flow.counts.update(n for t in parent.targets for n in _names_of(t))
+    for node in nodes:
+        if isinstance(node, ast.Call) and terminal(node.func) not in summaries and _reduces(s, node):
+            # `dist.all_reduce(self.correct)`, `self.meter.synchronize_between_processes()`, `self.acc =
+            # reduce_mean(acc)`: what the attribute holds is reduced, in whichever method
+            held = [_self_prefix(a) for a in (*node.args, *(k.value for k in node.keywords))]
+            if isinstance(node.func, ast.Attribute):
+                held.append(_self_prefix(node.func.value))
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.Assign):
+                held.extend(_self_prefix(t) for t in parent.targets)
+            flow.reduced_attributes.update(h.attr for h in held if h is not None)
     if not shard_loops and not flow.counts and not any(
             isinstance(n, ast.Call) and terminal(n.func) in summaries for n in nodes):
         return flow
@@ -479,9 +500,17 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         if (len(flow.tainted), len(flow.reduced), len(flow.counts)) == before:
             break
     for node in nodes:
-        if isinstance(node, ast.Call) and terminal(node.func) not in summaries and _reduces(s, node):
-            flow.reduced_attributes.update(a.attr for a in (*node.args, *(k.value for k in node.keywords))
-                                           if isinstance(a, ast.Attribute) and _root(a) == "self")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING \
+                and isinstance(node.func.value, ast.Attribute) and _root(node.func.value) == "self" \
+                and isinstance(node.func.value.value, ast.Name) and not _told_distributed(s, node.func.value):
+            # `self.meter.update(acc)`: the meter another method reports holds this shard's figures
+            values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
+            tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)]
+            if tainted:
+                attr = node.func.value.attr
+                flow.attributes[attr] = flow.attributes.get(attr, False) or id(node) in eval_loop or any(
+                    n in flow.evaluation for n in tainted)
+            continue
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
