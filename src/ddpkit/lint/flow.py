@@ -304,26 +304,33 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
         known = sharded_names(s)
         defs = {d.name: (x, d) for x in project.scripts.values() for d in x.defs}
         out: dict[str, dict[int, set[str]]] = {}
-        votes: dict[tuple[str, int, str], list[bool]] = {}
-        for x in project.scripts.values():
-            for call in x.calls:
-                target = defs.get(terminal(call.func))
-                if target is None:
-                    continue
-                owner, d = target
-                params = [a.arg for a in d.args.args]
-                if params[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
-                    params = params[1:]
-                given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
-                for param, value in given:
-                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known) or (
-                        isinstance(value, ast.Call) and _makes_shards(x, value, known))  # f(DataLoader(..., sampler))
-                    votes.setdefault((owner.path, id(d), param), []).append(sharded)
-        # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
-        # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
-        for (path, scope, param), said in votes.items():
-            if all(said):
-                out.setdefault(path, {}).setdefault(scope, set()).add(param)
+        for _ in range(4):  # `run_eval(model, val_loader)` handing its `loader` on to `evaluate(model, loader)`
+            votes: dict[tuple[str, int, str], list[bool]] = {}
+            for x in project.scripts.values():
+                mine = out.get(x.path, {})
+                for call in x.calls:
+                    target = defs.get(terminal(call.func))
+                    if target is None:
+                        continue
+                    owner, d = target
+                    params = [a.arg for a in d.args.args]
+                    if params[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+                        params = params[1:]
+                    given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
+                    for param, value in given:
+                        sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known) \
+                            or isinstance(value, ast.Call) and _makes_shards(x, value, known) \
+                            or isinstance(value, ast.Name) and value.id in mine.get(x.context(call).scope, ())
+                        votes.setdefault((owner.path, id(d), param), []).append(sharded)
+            # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
+            # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
+            found: dict[str, dict[int, set[str]]] = {}
+            for (path, scope, param), said in votes.items():
+                if all(said):
+                    found.setdefault(path, {}).setdefault(scope, set()).add(param)
+            if found == out:
+                break
+            out = found
         return out
 
     return project.memo("sharded params", compute).get(s.path, {})
@@ -609,14 +616,14 @@ def _under_no_grad(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
 
 
 def flows(s: Script) -> list[ScopeFlow]:
-    """The flow of every scope of this file, with what the project's functions return (two rounds)."""
+    """The flow of every scope of this file, with what the project's functions return (to a fixed point)."""
     project = s.project
 
     def summaries() -> dict:
         out: dict = {}
         if not sharded_names(s):
             return out
-        for _ in range(2):
+        for _ in range(6):  # a helper of a helper of a helper: to a fixed point
             new: dict = {}
             attributes: dict[str, bool] = {}
             reduced: set[str] = set()
