@@ -232,17 +232,23 @@ def _kept_loaders(s: Script, known: set[str], factories: set[str]) -> list[str]:
         callee = class_of(s, d) if d.name == "__init__" else d.name
         position = params.index(node.value.id) - (1 if params[0] in ("self", "cls") else 0)
         given = []
-        for x in project.scripts.values():
-            for call in x.calls:
-                if terminal(call.func) != callee:
-                    continue
-                arg = next((k.value for k in call.keywords if k.arg == node.value.id), None)
-                if arg is None and 0 <= position < len(call.args) and not any(
-                        isinstance(a, ast.Starred) for a in call.args[:position + 1]):
-                    arg = call.args[position]
-                given.append(arg is not None and _mentions_shards(x, arg, known, factories))
+        by_name = project.memo("calls by name", lambda: _calls_by_name(project))
+        for x, call in by_name.get(callee, ()):
+            arg = next((k.value for k in call.keywords if k.arg == node.value.id), None)
+            if arg is None and 0 <= position < len(call.args) and not any(
+                    isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+                arg = call.args[position]
+            given.append(arg is not None and _mentions_shards(x, arg, known, factories))
         if given and all(given):
             found.extend(keys)
+    return found
+
+
+def _calls_by_name(project) -> dict[str, list[tuple[Script, ast.Call]]]:
+    found: dict[str, list[tuple[Script, ast.Call]]] = {}
+    for x in project.scripts.values():
+        for call in x.calls:
+            found.setdefault(terminal(call.func), []).append((x, call))
     return found
 
 

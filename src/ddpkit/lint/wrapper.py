@@ -125,13 +125,13 @@ def _passed_models(project) -> dict[str, dict[str, str]]:
                                 verdicts.setdefault((cls_path, "." + t.attr), set()).add(verdict)
     kept = {id(stmt) for cls in classes.values() for _, c in cls for d in c.body
             if isinstance(d, ast.FunctionDef) and d.name == "__init__" for stmt in ast.walk(d)}
+    # an attribute also set elsewhere (`trainer.model = net` after the wrap, `self.model = DDP(self.model)` in a
+    # setup method) may hold something else by the time the step runs
+    set_elsewhere = {"." + t.attr for sc in project.scripts.values() for n in sc.nodes
+                     if isinstance(n, (ast.Assign, ast.AnnAssign)) and id(n) not in kept
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
     for (path, key), seen in verdicts.items():
-        # an attribute also set elsewhere (`trainer.model = net` after the wrap, `self.model = DDP(self.model)`
-        # in a setup method) may hold something else by the time the step runs
-        elsewhere = any(isinstance(n, (ast.Assign, ast.AnnAssign)) and id(n) not in kept and any(
-            isinstance(t, ast.Attribute) and "." + t.attr == key
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for sc in project.scripts.values()
-            for n in sc.nodes)
+        elsewhere = key in set_elsewhere
         if seen == {"wrapped"}:
             out.setdefault(path, {})[key] = ""
         elif seen == {"raw"} and not elsewhere:
@@ -248,18 +248,25 @@ def _raw_here(s: Script, node: ast.AST, wrapped: dict[str, str]) -> set[str]:
     parents = s.parents
     while id(node) in parents:
         node = parents[id(node)]
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        calls = [c for c in s.calls if _local_function(c, {node.name: ""})]
-        params = [a.arg for a in node.args.args]
-        if params and params[0] in ("self", "cls"):
-            params = params[1:]
-        for i, param in enumerate(params):
-            given = [next((k.value for k in c.keywords if k.arg == param),
-                          c.args[i] if i < len(c.args) and not any(isinstance(a, ast.Starred) for a in c.args[:i + 1])
-                          else None) for c in calls]
-            if given and all(g is not None and _key(g) in raw and _key(g) not in wrapped for g in given):
-                found.add(param)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found |= s.project.memo(("ddp015 raw parameters", id(node)), lambda d=node: _raw_parameters(s, d, wrapped))
+    return found
+
+
+def _raw_parameters(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, wrapped: dict[str, str]) -> set[str]:
+    """Parameters of `d` that every call of it in this file fills with the bare module of a wrapper."""
+    raw = {r for r in wrapped.values() if r}
+    calls = [c for c in s.calls if _local_function(c, {d.name: ""})]
+    params = [a.arg for a in d.args.args]
+    if params and params[0] in ("self", "cls"):
+        params = params[1:]
+    found = set()
+    for i, param in enumerate(params):
+        given = [next((k.value for k in c.keywords if k.arg == param),
+                      c.args[i] if i < len(c.args) and not any(isinstance(a, ast.Starred) for a in c.args[:i + 1])
+                      else None) for c in calls]
+        if given and all(g is not None and _key(g) in raw and _key(g) not in wrapped for g in given):
+            found.add(param)
     return found
 
 
