@@ -502,7 +502,8 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                 continue
             evaluation = [n for n in names if n in flow.evaluation or n.startswith("self.") and summaries.get(
                 f"{class_of(s, call)}.{n[5:]}") == "evaluation"]
-            if not evaluation and _in_shard_loop(call, flow) and all(
+            # (a training figure another method of the class keeps, `self.loss`, is read per step the same way)
+            if not evaluation and (_in_shard_loop(call, flow) or all(n.startswith("self.") for n in names)) and all(
                     project.reduces(LOSS_NAME) if LOSS_NAME.search(n) else
                     bool(_METRIC.search(n)) and project.reduces(_METRIC) for n in names):
                 # rank 0's own step loss (or batch accuracy) in the training loop, where the program reduces a
