@@ -140,3 +140,15 @@ def test_a_distributed_sampler_subclass_seeded_by_epoch_needs_set_epoch():
     sources = {p.name: p.read_text() for p in root.glob("*.py")}
     sources["train.py"] = sources["train.py"].replace("shuffle=True", "shuffle=False")
     assert [f for f in lint_sources(sources) if f.rule == "DDP001"] == []
+
+
+def test_a_trainer_in_another_file_given_the_wrapper_runs_the_modules_method():
+    """`Trainer(ddp_model, ...)` keeps the wrapper as `self.model`; its step's `self.model.module.encode(x)` goes
+    around it (DDP015), though the class never names DistributedDataParallel."""
+    _check("trainer_given_wrapper")
+
+
+def test_an_init_function_called_by_a_built_name_is_run():
+    """`getattr(dist_utils, "init_dist_%s" % args.launcher)("nccl")`: every init_dist_* the name can spell may run, so
+    their init_process_group makes a DDP program, with its DDP009 and DDP012 findings."""
+    _check("init_by_built_name")

@@ -19,7 +19,7 @@ from ddpkit.lint.analysis import (REDUCING_NAME, Script, dropped_by_every_caller
                                   off_the_training_branch, terminal)
 from ddpkit.lint.ranks import distributed_mode
 
-__all__ = ["ScopeFlow", "flows", "sharded_names", "eval_samplers", "sampler_class"]
+__all__ = ["ScopeFlow", "class_of", "self_attribute", "flows", "sharded_names", "eval_samplers", "sampler_class"]
 
 _LOADER_WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip", "trange", "islice", "prefetch", "cycle"})
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add", "log_metrics", "record"})
@@ -47,6 +47,10 @@ class ScopeFlow:
     """The scope's own nodes (not those of the functions it defines)."""
     in_loop: set[int] = field(default_factory=set)
     """ids of the nodes inside a loop over a sharded loader."""
+    attributes: dict[str, bool] = field(default_factory=dict)
+    """`self.x` attributes this scope sets to a shard figure: attribute -> whether the figure is an evaluation's."""
+    reduced_attributes: set[str] = field(default_factory=set)
+    """`self.x` attributes this scope sets from a reduced value or hands to a collective."""
 
     def is_tainted(self, s: Script, expr: ast.AST | None, summaries: dict[str, tuple[bool, ...] | bool]) -> bool:
         return bool(self.tainted_names(s, expr, summaries))
@@ -73,6 +77,10 @@ class ScopeFlow:
                 continue
             if isinstance(node, ast.Attribute) and node.attr in ("shape", "ndim"):
                 continue
+            held = _self_prefix(node)  # `self.val_acc`, `self.meter.avg`: set by another method of the class
+            if held is not None and self_attribute(s, held, summaries) is not None:
+                found.append(f"self.{held.attr}")
+                continue
             root = _root(node)
             if root is not None:
                 if root in self.tainted and root not in self.reduced:
@@ -82,6 +90,33 @@ class ScopeFlow:
                 continue
             todo.extend(ast.iter_child_nodes(node))
         return found
+
+
+def class_of(s: Script, node: ast.AST) -> str:
+    """The class whose method `node` is in ('' outside one)."""
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.ClassDef):
+            return node.name
+    return ""
+
+
+def self_attribute(s: Script, node: ast.AST, summaries: dict) -> bool | None:
+    """For `self.x` where a method of the same class sets `x` to a figure of this rank's shard (and none sets it
+    from a reduced value): whether that figure is an evaluation's; None otherwise."""
+    if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+        return None
+    return summaries.get(f"{class_of(s, node)}.{node.attr}")
+
+
+def _self_prefix(node: ast.AST) -> ast.Attribute | None:
+    """`self.meter` of `self.meter.avg` (or of `self.meter["acc"]`), else None."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return node
+        node = node.value
+    return None
 
 
 def _root(node: ast.AST) -> str | None:
@@ -126,21 +161,113 @@ def sharded_names(s: Script) -> set[str]:
         scripts = list(project.scripts.values())
         names: set[str] = set()
         factories: set[str] = set()
-        returned = [(x, n.value, x.context(n).functions[-1]) for x in scripts for n in x.nodes
-                    if isinstance(n, ast.Return) and isinstance(n.value, ast.Call) and x.context(n).functions]
+        returned = [(x, n, x.context(n).functions[-1]) for x in scripts for n in x.nodes
+                    if isinstance(n, ast.Return) and n.value is not None and x.context(n).functions]
+        unpacked = [(x, n) for x in scripts for n in x.nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], (ast.Tuple, ast.List)) and isinstance(n.value, ast.Call)]
+        positions: dict[str, set[int]] = {}
+        """factory -> positions of the sharded loaders in the tuple it returns (`return train_loader, val_loader`)"""
         for _ in range(4):
-            before = (len(names), len(factories))
+            before = (len(names), len(factories), sum(map(len, positions.values())))
             for x in scripts:
                 for key, value in x.assignments:
                     if isinstance(value, ast.Call) and _makes_shards(x, value, names, factories):
                         names.add(key)
-            # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards
-            factories.update(f for x, value, f in returned if _makes_shards(x, value, names, factories))
-            if (len(names), len(factories)) == before:
+                for key in _kept_loaders(x, names, factories):
+                    names.add(key)  # `self.val_loader = val_loader`, given a sharded loader by every caller
+                for n in _loader_classes(x, names, factories):
+                    factories.add(n)  # `class ShardedLoader(DataLoader)` whose __init__ gives it a DistributedSampler
+            # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards; so does a helper
+            # returning a local name built that way (`loader = DataLoader(..., sampler=sampler); return loader`)
+            for x, ret, f in returned:
+                if _returns_shards(x, ret, ret.value, names, factories):
+                    factories.add(f)
+                elif isinstance(ret.value, ast.Tuple):
+                    positions.setdefault(f, set()).update(
+                        i for i, e in enumerate(ret.value.elts) if _returns_shards(x, ret, e, names, factories))
+            for x, n in unpacked:  # `train_loader, val_loader = build_loaders(cfg)`
+                for i in positions.get(terminal(n.value.func), ()):
+                    if i < len(n.targets[0].elts) and (key := _target_key(n.targets[0].elts[i])):
+                        names.add(key)
+            if (len(names), len(factories), sum(map(len, positions.values()))) == before:
                 break
         return names
 
     return project.memo("sharded names", compute)
+
+
+def _target_key(target: ast.AST) -> str:
+    return target.id if isinstance(target, ast.Name) else "." + target.attr if isinstance(target, ast.Attribute) else ""
+
+
+def _returns_shards(s: Script, ret: ast.Return, value: ast.AST, known: set[str], factories: set[str]) -> bool:
+    """A returned value that is a sharded sampler or loader: a call that makes one, or a local name of the
+    function every assignment of which makes one."""
+    if isinstance(value, ast.Call):
+        return _makes_shards(s, value, known, factories)
+    if isinstance(value, ast.Name):
+        values = s.local_values(value.id, ret)
+        return bool(values) and all(isinstance(v, ast.Call) and _makes_shards(s, v, known, factories)
+                                    for v in values)
+    return False
+
+
+def _kept_loaders(s: Script, known: set[str], factories: set[str]) -> list[str]:
+    """Attributes set from a sharded loader under another name: a local name every assignment of which makes one,
+    or a parameter every call of the function (of the class, for `__init__`) in the project fills with one."""
+    found = []
+    project = s.project
+    for node in s.nodes:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)):
+            continue
+        keys = [k for t in node.targets if isinstance(t, ast.Attribute) for k in [_target_key(t)] if k not in known]
+        if not keys:
+            continue
+        d = next((f for f in s.defs if id(f) == s.context(node).scope), None)
+        params = [a.arg for a in d.args.args] if d is not None else []
+        if node.value.id not in params:
+            if _returns_shards(s, node, node.value, known, factories):
+                found.extend(keys)
+            continue
+        callee = class_of(s, d) if d.name == "__init__" else d.name
+        position = params.index(node.value.id) - (1 if params[0] in ("self", "cls") else 0)
+        given = []
+        by_name = project.memo("calls by name", lambda: _calls_by_name(project))
+        for x, call in by_name.get(callee, ()):
+            arg = next((k.value for k in call.keywords if k.arg == node.value.id), None)
+            if arg is None and 0 <= position < len(call.args) and not any(
+                    isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+                arg = call.args[position]
+            given.append(arg is not None and _mentions_shards(x, arg, known, factories))
+        if given and all(given):
+            found.extend(keys)
+    return found
+
+
+def _calls_by_name(project) -> dict[str, list[tuple[Script, ast.Call]]]:
+    found: dict[str, list[tuple[Script, ast.Call]]] = {}
+    for x in project.scripts.values():
+        for call in x.calls:
+            found.setdefault(terminal(call.func), []).append((x, call))
+    return found
+
+
+def _loader_classes(s: Script, known: set[str], factories: set[str]) -> list[str]:
+    """Project loader classes (a subclass of a `...Loader`, or a class that defines `__iter__`) whose `__init__`
+    makes a sharded sampler or loader: an instance iterates this rank's shard."""
+    found = []
+    for c in s.nodes:
+        if not isinstance(c, ast.ClassDef) or c.name in factories:
+            continue
+        if not (any(terminal(b).endswith("Loader") for b in c.bases)
+                or any(isinstance(d, ast.FunctionDef) and d.name == "__iter__" for d in c.body)):
+            continue
+        init = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+        if init is not None and any(isinstance(n, ast.Call) and _makes_shards(s, n, known, factories)
+                                    and not (isinstance(n.func, ast.Name) and n.func.id == c.name)
+                                    for n in ast.walk(init)):
+            found.append(c.name)
+    return found
 
 
 def _makes_shards(s: Script, call: ast.Call, known: set[str], factories: frozenset[str] | set[str] = frozenset()
@@ -183,26 +310,33 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
         known = sharded_names(s)
         defs = {d.name: (x, d) for x in project.scripts.values() for d in x.defs}
         out: dict[str, dict[int, set[str]]] = {}
-        votes: dict[tuple[str, int, str], list[bool]] = {}
-        for x in project.scripts.values():
-            for call in x.calls:
-                target = defs.get(terminal(call.func))
-                if target is None:
-                    continue
-                owner, d = target
-                params = [a.arg for a in d.args.args]
-                if params[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
-                    params = params[1:]
-                given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
-                for param, value in given:
-                    sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known) or (
-                        isinstance(value, ast.Call) and _makes_shards(x, value, known))  # f(DataLoader(..., sampler))
-                    votes.setdefault((owner.path, id(d), param), []).append(sharded)
-        # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
-        # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
-        for (path, scope, param), said in votes.items():
-            if all(said):
-                out.setdefault(path, {}).setdefault(scope, set()).add(param)
+        for _ in range(4):  # `run_eval(model, val_loader)` handing its `loader` on to `evaluate(model, loader)`
+            votes: dict[tuple[str, int, str], list[bool]] = {}
+            for x in project.scripts.values():
+                mine = out.get(x.path, {})
+                for call in x.calls:
+                    target = defs.get(terminal(call.func))
+                    if target is None:
+                        continue
+                    owner, d = target
+                    params = [a.arg for a in d.args.args]
+                    if params[:1] in (["self"], ["cls"]) and isinstance(call.func, ast.Attribute):
+                        params = params[1:]
+                    given = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords if k.arg]
+                    for param, value in given:
+                        sharded = isinstance(value, (ast.Name, ast.Attribute)) and _mentions_shards(x, value, known) \
+                            or isinstance(value, ast.Call) and _makes_shards(x, value, known) \
+                            or isinstance(value, ast.Name) and value.id in mine.get(x.context(call).scope, ())
+                        votes.setdefault((owner.path, id(d), param), []).append(sharded)
+            # a parameter is a sharded loader when every call passes one (evaluate(model, train_loader) and
+            # evaluate(model, test_loader) with an unsharded test loader: unknown, so not followed)
+            found: dict[str, dict[int, set[str]]] = {}
+            for (path, scope, param), said in votes.items():
+                if all(said):
+                    found.setdefault(path, {}).setdefault(scope, set()).add(param)
+            if found == out:
+                break
+            out = found
         return out
 
     return project.memo("sharded params", compute).get(s.path, {})
@@ -311,6 +445,17 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
             parent = parents.get(id(node))
             if isinstance(parent, ast.Assign):
                 flow.counts.update(n for t in parent.targets for n in _names_of(t))
+    for node in nodes:
+        if isinstance(node, ast.Call) and terminal(node.func) not in summaries and _reduces(s, node):
+            # `dist.all_reduce(self.correct)`, `self.meter.synchronize_between_processes()`, `self.acc =
+            # reduce_mean(acc)`: what the attribute holds is reduced, in whichever method
+            held = [_self_prefix(a) for a in (*node.args, *(k.value for k in node.keywords))]
+            if isinstance(node.func, ast.Attribute):
+                held.append(_self_prefix(node.func.value))
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.Assign):
+                held.extend(_self_prefix(t) for t in parent.targets)
+            flow.reduced_attributes.update(h.attr for h in held if h is not None)
     if not shard_loops and not flow.counts and not any(
             isinstance(n, ast.Call) and terminal(n.func) in summaries for n in nodes):
         return flow
@@ -367,6 +512,30 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                         flow.evaluation.add(root)
         if (len(flow.tainted), len(flow.reduced), len(flow.counts)) == before:
             break
+    for node in nodes:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _COLLECTING \
+                and isinstance(node.func.value, ast.Attribute) and _root(node.func.value) == "self" \
+                and isinstance(node.func.value.value, ast.Name) and not _told_distributed(s, node.func.value):
+            # `self.meter.update(acc)`: the meter another method reports holds this shard's figures
+            values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
+            tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)]
+            if tainted:
+                attr = node.func.value.attr
+                flow.attributes[attr] = flow.attributes.get(attr, False) or id(node) in eval_loop or any(
+                    n in flow.evaluation for n in tainted)
+            continue
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            if not (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"):
+                continue
+            if _reassigned_from_reduced(s, flow, node.value):
+                flow.reduced_attributes.add(t.attr)
+                continue
+            tainted = flow.tainted_names(s, node.value, summaries)
+            if tainted:
+                flow.attributes[t.attr] = flow.attributes.get(t.attr, False) or id(node) in eval_loop or any(
+                    n in flow.evaluation or self_attribute(s, _attribute_of(n), summaries) for n in tainted)
     returns = [n.value for n in nodes if isinstance(n, ast.Return) and n.value is not None]
     if returns:
         value = returns[-1]
@@ -375,6 +544,10 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         else:
             flow.returns = flow.is_tainted(s, value, summaries)
     return flow
+
+
+def _attribute_of(name: str) -> ast.AST:
+    return ast.Attribute(ast.Name("self"), name[5:]) if name.startswith("self.") else ast.Name(name)
 
 
 def _refills(nodes: list[ast.AST]) -> list[tuple[str, list[ast.AST]]]:
@@ -449,20 +622,30 @@ def _under_no_grad(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
 
 
 def flows(s: Script) -> list[ScopeFlow]:
-    """The flow of every scope of this file, with what the project's functions return (two rounds)."""
+    """The flow of every scope of this file, with what the project's functions return (to a fixed point)."""
     project = s.project
 
     def summaries() -> dict:
         out: dict = {}
         if not sharded_names(s):
             return out
-        for _ in range(2):
+        for _ in range(6):  # a helper of a helper of a helper: to a fixed point
             new: dict = {}
+            attributes: dict[str, bool] = {}
+            reduced: set[str] = set()
             for x in project.scripts.values():
                 for d in x.defs:
-                    r = _analyse(x, d, out).returns
-                    if r:
-                        new[d.name] = r
+                    flow = _analyse(x, d, out)
+                    if flow.returns:
+                        new[d.name] = flow.returns
+                    # `self.val_acc = correct / total` in validate(), read by fit() of the same class
+                    cls = class_of(x, d)
+                    for attr, evaluation in flow.attributes.items():
+                        key = f"{cls}.{attr}"
+                        attributes[key] = attributes.get(key, False) or evaluation
+                    reduced.update(f"{cls}.{a}" for a in flow.reduced_attributes)
+            new.update({k: "evaluation" if v else True for k, v in attributes.items() if k not in reduced
+                        and not k.startswith(".")})
             if new == out:
                 break
             out = new

@@ -392,6 +392,18 @@ def _stop_in(body: list[ast.stmt]) -> ast.AST | None:
     return None
 
 
+def _exits(s: Script, node: ast.AST) -> bool:
+    """A statement that ends the process: `sys.exit()`, `exit()`, `quit()`, `os._exit(n)`, `raise SystemExit`."""
+    if isinstance(node, ast.Raise):
+        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        return exc is not None and terminal(exc) == "SystemExit"
+    if not (isinstance(node, ast.Call) and isinstance(s.parents.get(id(node)), ast.Expr)):
+        return False
+    name = s.qualname(node.func)
+    return name in ("sys.exit", "os._exit") or isinstance(node.func, ast.Name) and node.func.id in ("exit", "quit") \
+        and "exit" not in s.function_names and "quit" not in s.function_names
+
+
 def _loop_waits(s: Script, stop: ast.Break) -> bool:
     """Whether the loop a `break` leaves makes the ranks wait for each other: a backward (DDP's all-reduce),
     a collective, or a call of a project function (which may make one) inside it."""
@@ -728,7 +740,7 @@ def break_on_some_ranks(s: Script) -> Iterator[Hit]:
     parents = s.parents
     checks = {id(n): n for n in s.nodes if isinstance(n, ast.If)}
     for stop in s.nodes:
-        if not isinstance(stop, ast.Break) or s.context(stop).single:
+        if not (isinstance(stop, ast.Break) or _exits(s, stop)) or s.context(stop).single:
             continue
         loop = _loop_of(s, stop)
         if loop is None or not _loop_waits(s, stop):
@@ -740,6 +752,16 @@ def break_on_some_ranks(s: Script) -> Iterator[Hit]:
                     check.orelse if branch == "body" else check.body) is not None for check, branch in picked):
             continue
         check = picked[0][0]
+        if not isinstance(stop, ast.Break):
+            yield Hit(stop, "DDP010", "error",
+                      f"{ast.unparse(stop.func if isinstance(stop, ast.Call) else stop)} ends the process inside a "
+                      f"loop only on the ranks the check at line {check.lineno} (`{ast.unparse(check.test)}`) lets "
+                      "through; the other ranks go on to the loop's next collective (DDP's gradient all-reduce) and "
+                      "wait there for them until the job times out",
+                      "decide on every rank together: let rank 0 set a stop flag, broadcast it "
+                      "(dist.broadcast(flag, src=0)), then every rank leaves the loop when the flag is set and exits "
+                      "after destroy_process_group()")
+            continue
         yield Hit(stop, "DDP010", "error",
                   f"this break leaves the loop only on the ranks the check at line {check.lineno} "
                   f"(`{ast.unparse(check.test)}`) lets through; the other ranks go on to the loop's next "

@@ -9,7 +9,7 @@ from typing import Any
 
 from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, terminal
 from ddpkit.lint.ranks import rank_side
-from ddpkit.lint.flow import eval_samplers, flows, sampler_class, sharded_names, summaries_of
+from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
                                    reducing_helpers, scope_of, shown_arguments, shows)
@@ -475,8 +475,9 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
         return
     summaries = summaries_of(s)
     reducers = reducing_helpers(project)
+    attributes = any("." in k for k in summaries)  # `self.val_acc` set to a shard figure by another method
     for flow in flows(s):
-        if not flow.tainted:
+        if not flow.tainted and not attributes:
             continue
         for call in s.calls:
             if (id(flow.node) if flow.node is not s.tree else 0) != s.context(call).scope:
@@ -499,8 +500,10 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                 names = [n for n in names if n in flow.evaluation and not LOSS_NAME.search(n)]
             if not names:
                 continue
-            evaluation = [n for n in names if n in flow.evaluation]
-            if not evaluation and _in_shard_loop(call, flow) and all(
+            evaluation = [n for n in names if n in flow.evaluation or n.startswith("self.") and summaries.get(
+                f"{class_of(s, call)}.{n[5:]}") == "evaluation"]
+            # (a training figure another method of the class keeps, `self.loss`, is read per step the same way)
+            if not evaluation and (_in_shard_loop(call, flow) or all(n.startswith("self.") for n in names)) and all(
                     project.reduces(LOSS_NAME) if LOSS_NAME.search(n) else
                     bool(_METRIC.search(n)) and project.reduces(_METRIC) for n in names):
                 # rank 0's own step loss (or batch accuracy) in the training loop, where the program reduces a

@@ -280,6 +280,13 @@ class Project:
                       and d is not node} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
             for n, shadowed in _scoped_walk(node, off):
                 name = ""
+                # `getattr(dist_utils, "init_dist_%s" % launcher)(...)`, `globals()["init_" + backend]()`: every
+                # function the built name can spell may be the one called
+                for candidate in _built_name_candidates(n, defs):
+                    if candidate not in expanded:
+                        expanded.add(candidate)
+                        live.add(candidate)
+                        todo.extend(defs.get(candidate, ()))
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in shadowed and n.id in nested:
                     live.add(n.id)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
@@ -1123,6 +1130,59 @@ _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "no_grad", "infere
 _PLAIN_BASES = frozenset({"object", "Module", "Dataset", "IterableDataset", "Sampler", "Enum", "NamedTuple",
                           "Exception", "ABC", "Generic", "Protocol"})
 """Bases whose subclasses' methods run only when called by name (besides dunders and forward)."""
+
+
+def _name_fragments(expr: ast.AST) -> tuple[str, str] | None:
+    """(prefix, suffix) of the constant text around a string built at run time: `"init_dist_%s" % launcher`,
+    `"init_" + backend`, `f"forward_{mode}"`, `"setup_{}".format(kind)`; None for a constant or no constant text."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod) and isinstance(expr.left, ast.Constant) \
+            and isinstance(expr.left.value, str) and expr.left.value.count("%") == 1:
+        head, _, tail = expr.left.value.partition("%")
+        return head, tail[1:]
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "format" \
+            and isinstance(expr.func.value, ast.Constant) and isinstance(expr.func.value.value, str) \
+            and expr.func.value.value.count("{") == 1:
+        head, _, rest = expr.func.value.value.partition("{")
+        return head, rest.partition("}")[2]
+    parts = []
+    if isinstance(expr, ast.JoinedStr):
+        parts = list(expr.values)
+    else:
+        todo = [expr]
+        while todo:
+            e = todo.pop(0)
+            if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
+                todo[:0] = [e.left, e.right]
+            else:
+                parts.append(e)
+    if len(parts) < 2:
+        return None
+    text = [isinstance(p, ast.Constant) and isinstance(p.value, str) for p in parts]
+    head = parts[0].value if text[0] else ""
+    tail = parts[-1].value if text[-1] else ""
+    if all(text) or not (head or tail) or sum(1 for t in text if not t) != 1:
+        return None
+    return head, tail
+
+
+def _built_name_candidates(node: ast.AST, defs: dict[str, list[ast.AST]]) -> list[str]:
+    """Project functions a name built at run time can spell, where the code looks a function up by it:
+    `getattr(module, <built>)`, `globals()[<built>]`, `vars(module)[<built>]`, `module.__dict__[<built>]`."""
+    built = None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+            and len(node.args) >= 2:
+        built = node.args[1]
+    elif isinstance(node, ast.Subscript) and (
+            isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+            and node.value.func.id in ("globals", "vars", "locals")
+            or isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__"):
+        built = node.slice
+    fragments = _name_fragments(built) if built is not None else None
+    if fragments is None or len(fragments[0]) + len(fragments[1]) < 3:
+        return []
+    head, tail = fragments
+    return [name for name in defs if name.startswith(head) and name.endswith(tail)
+            and len(name) > len(head) + len(tail)]
 
 
 def _looks_up_by_name(node: ast.AST) -> bool:

@@ -522,7 +522,7 @@ _EPOCHISH = re.compile(r"^(epoch|ep|e|step|steps|it|iter|iters|iteration|global_
 def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
     """A cache file per sample or per item (`f"{index}.pt"` in a loop over data, or in a Dataset's __getitem__):
     each rank writes the items of its own shard, not one shared checkpoint."""
-    if path is None:
+    if path is None or _checkpoint(s, call):
         return False
     names = {n.id for n in ast.walk(path) if isinstance(n, ast.Name)}
     names |= {m.id for k, v in s.assignments if k in names for m in ast.walk(v) if isinstance(m, ast.Name)}
@@ -533,13 +533,48 @@ def _per_item_file(s: Script, call: ast.Call, path: ast.AST | None) -> bool:
         node = parents[id(node)]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return False
-        if isinstance(node, ast.For):
-            bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-            counting = isinstance(node.iter, ast.Call) and terminal(node.iter.func) == "range" and not any(
-                isinstance(n, ast.Call) and terminal(n.func) == "len" for n in ast.walk(node.iter))
+        loops = [node] if isinstance(node, ast.For) else list(node.generators) if isinstance(
+            node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) else []
+        for loop in loops:  # (`[torch.load(f + ".pt") for f in files]` loops over files too)
+            bound = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+            counted = loop.iter
+            while isinstance(counted, ast.Call) and terminal(counted.func) in ("tqdm", "enumerate") and counted.args:
+                counted = counted.args[0]  # `tqdm(range(epochs))`: still a count
+            counting = isinstance(counted, ast.Call) and terminal(counted.func) in ("range", "trange") and not any(
+                isinstance(n, ast.Call) and terminal(n.func) == "len" for n in ast.walk(counted))
             if bound & names and not counting and not any(_EPOCHISH.match(b.lower()) for b in bound & names):
                 return True
     return False
+
+
+def _checkpoint(s: Script, call: ast.Call) -> bool:
+    """torch.save of a model's or optimizer's state (a `.state_dict()`, also inside a dict or through a local name,
+    or the module itself, `model.module`), or torch.load whose result goes into `load_state_dict`: a checkpoint,
+    whatever loop names its file (`for name, m in models.items()`), not a cache of data items."""
+    def state(expr: ast.AST | None, depth: int = 2) -> bool:
+        if expr is None:
+            return False
+        for n in ast.walk(expr):
+            if isinstance(n, ast.Call) and terminal(n.func) == "state_dict" \
+                    or isinstance(n, ast.Attribute) and n.attr == "module" and n is expr:
+                return True
+            if isinstance(n, ast.Name) and depth and any(state(v, depth - 1) for v in s.local_values(n.id, call)):
+                return True
+        return False
+
+    if s.qualname(call.func) == "torch.save":
+        return state(argument(call, "obj", 0))
+    # torch.load: `m.load_state_dict(torch.load(p))`, or `ckpt = torch.load(p)` then `m.load_state_dict(ckpt[...])`
+    parent = s.parents.get(id(call))
+    if isinstance(parent, ast.Call) and terminal(parent.func) == "load_state_dict":
+        return True
+    if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name)):
+        return False
+    held = parent.targets[0].id
+    scope = s.context(call).scope
+    return any(isinstance(n, ast.Call) and terminal(n.func) == "load_state_dict" and s.context(n).scope == scope
+               and any(isinstance(m, ast.Name) and m.id == held for a in n.args for m in ast.walk(a))
+               for n in s.calls)
 
 
 def _item_functions(s: Script) -> set[str]:

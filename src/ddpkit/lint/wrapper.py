@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, terminal, without_grad
+from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check
 
 __all__ = ["forward_around_wrapper"]
@@ -17,18 +18,124 @@ _UNWRAPS = frozenset({"unwrap", "unwrap_model", "de_parallel", "get_unwrapped_mo
 _BACKWARDS = frozenset({"backward"})
 
 
-def _wrapped_models(s: Script) -> dict[str, str]:
-    """{name holding a DDP-wrapped model: name of the module it wraps ('' if the same name)}."""
+def _wraps(s: Script, value: ast.AST) -> bool:
+    return isinstance(value, ast.Call) and (s.qualname(value.func).endswith("DistributedDataParallel")
+                                            or s.qualname(value.func) == "ddpkit.wrap")
+
+
+def _own_wrapped(s: Script) -> dict[str, str]:
+    """{name holding a DDP-wrapped model: name of the module it wraps ('' if the same name)} of this file."""
     out: dict[str, str] = {}
     for key, value in s.assignments:
         if isinstance(value, ast.IfExp):  # `ddpkit.wrap(m, ctx) if fine_tune else m`: wrapped where it trains
             value = next((arm for arm in (value.body, value.orelse) if isinstance(arm, ast.Call)), value)
-        if isinstance(value, ast.Call) and s.qualname(value.func).endswith("DistributedDataParallel") \
-                or isinstance(value, ast.Call) and s.qualname(value.func) == "ddpkit.wrap":
-            inner = value.args[0] if value.args else None
-            raw = (inner.id if isinstance(inner, ast.Name) else "." + inner.attr
-                   if isinstance(inner, ast.Attribute) else "")
+        if _wraps(s, value):
+            raw = _key(value.args[0]) if value.args else ""
             out[key] = "" if raw == key else raw
+    for n in s.nodes:
+        # `DDP(model, device_ids=[rank])` as a statement: the wrapper is built and thrown away, `model` stays raw
+        if isinstance(n, ast.Expr) and _wraps(s, n.value) and n.value.args and _key(n.value.args[0]):
+            out[f"<discarded line {n.lineno}>"] = _key(n.value.args[0])
+    return out
+
+
+def _wrapped_models(s: Script) -> dict[str, str]:
+    """{name holding a DDP-wrapped model: name of the module it wraps ('' if the same name)}, with the attributes
+    a project class keeps from a constructor argument: the wrapper passed in (`Trainer(ddp_model)` and
+    `self.model = model`) is wrapped; a bare module passed in before DDP rebinds its name (`trainer = Trainer(net);
+    net = DDP(net)`) is raw (held under a `<captured ...>` key)."""
+    out = _own_wrapped(s)
+    if s.project is not None:
+        passed = s.project.memo("ddp015 passed models", lambda: _passed_models(s.project))
+        for key, raw in passed.get(s.path, {}).items():
+            if raw == "" and key not in out:
+                out[key] = ""
+            elif raw and raw not in out:
+                out[f"<captured {raw}>"] = raw
+    return out
+
+
+def _captures_before_wrap(s: Script) -> list[tuple[ast.Call, str, ast.AST]]:
+    """(call, name, argument) where a bare module is handed to a call that keeps it (a constructor, `partial`)
+    before `name = DDP(name)` rebinds the name in the same body: the call kept the unwrapped module."""
+    found = []
+    for scope in s.nodes:
+        body = getattr(scope, "body", None)
+        if not isinstance(body, list) or not isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for i, stmt in enumerate(body):
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and _wraps(s, stmt.value)
+                    and stmt.value.args and _key(stmt.value.args[0]) and _key(stmt.targets[0]) ==
+                    _key(stmt.value.args[0])):
+                continue
+            name = _key(stmt.targets[0])
+            for before in body[:i]:
+                if not (isinstance(before, ast.Assign) and isinstance(before.value, ast.Call)):
+                    continue
+                call = before.value
+                for arg in (*call.args, *(k.value for k in call.keywords)):
+                    if _key(arg) == name and not isinstance(arg, ast.Starred):
+                        found.append((call, name, arg))
+    return found
+
+
+def _passed_models(project) -> dict[str, dict[str, str]]:
+    """{path: {'.attribute': '' (holds the wrapper) or '.attribute' (holds the bare module)}} of project classes
+    whose `__init__` keeps a parameter (`self.model = model`), from every construction of the class in the project;
+    and {path: {'<partial ...>': name}} of `partial(f, net)` made before `net = DDP(net)`."""
+    classes: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+    for path, script in project.scripts.items():
+        for n in script.nodes:
+            if isinstance(n, ast.ClassDef):
+                classes.setdefault(n.name, []).append((path, n))
+    out: dict[str, dict[str, str]] = {}
+    verdicts: dict[tuple[str, str], set[str]] = {}
+    for path, script in project.scripts.items():
+        own = _own_wrapped(script)
+        captured = {id(arg): name for _, name, arg in _captures_before_wrap(script)}
+        for call in script.calls:
+            if terminal(call.func) == "partial" and call.args:
+                held = [a for a in call.args[1:] if id(a) in captured]
+                if held and isinstance(script.parents.get(id(call)), ast.Assign):
+                    for t in script.parents[id(call)].targets:
+                        if _key(t):
+                            out.setdefault(path, {})[_key(t)] = _key(t)
+                continue
+            found = classes.get(terminal(call.func), [])
+            if len(found) != 1:
+                continue
+            cls_path, cls = found[0]
+            init = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+            if init is None:
+                continue
+            params = [a.arg for a in init.args.args[1:]]
+            given = {params[i]: a for i, a in enumerate(call.args[:len(params)]) if not isinstance(a, ast.Starred)}
+            given.update({k.arg: k.value for k in call.keywords if k.arg})
+            for param, arg in given.items():
+                if id(arg) in captured:
+                    verdict = "raw"
+                elif _key(arg) in own and not _key(arg).startswith("<"):
+                    verdict = "wrapped"
+                else:
+                    verdict = "other"
+                for stmt in ast.walk(init):
+                    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id == param:
+                        for t in stmt.targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                                verdicts.setdefault((cls_path, "." + t.attr), set()).add(verdict)
+    kept = {id(stmt) for cls in classes.values() for _, c in cls for d in c.body
+            if isinstance(d, ast.FunctionDef) and d.name == "__init__" for stmt in ast.walk(d)}
+    # an attribute also set elsewhere (`trainer.model = net` after the wrap, `self.model = DDP(self.model)` in a
+    # setup method) may hold something else by the time the step runs
+    set_elsewhere = {"." + t.attr for sc in project.scripts.values() for n in sc.nodes
+                     if isinstance(n, (ast.Assign, ast.AnnAssign)) and id(n) not in kept
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
+    for (path, key), seen in verdicts.items():
+        elsewhere = key in set_elsewhere
+        if seen == {"wrapped"}:
+            out.setdefault(path, {})[key] = ""
+        elif seen == {"raw"} and not elsewhere:
+            out.setdefault(path, {})[key] = key
     return out
 
 
@@ -39,6 +146,16 @@ def _key(node: ast.AST) -> str:
 def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
     """How `call` runs the model around its wrapper: 'model.module.encode', 'unwrap(model)...', the raw module."""
     func = call.func
+    if isinstance(func, ast.Call) and terminal(func.func) == "getattr" and len(func.args) >= 2:
+        # `getattr(model.module, "forward_" + mode)(x)`: a method named at run time, of the unwrapped module
+        name = func.args[1]
+        if isinstance(name, ast.Constant) and isinstance(name.value, str) and _NOT_FORWARD.match(name.value):
+            return ""
+        owner = func.args[0]
+        if isinstance(owner, ast.Attribute) and owner.attr == "module" and _key(owner.value) in wrapped \
+                or _key(owner) in _raw_here(s, call, wrapped):
+            return ast.unparse(func)
+        return ""
     chain = []
     node = func
     while isinstance(node, ast.Attribute):
@@ -53,10 +170,104 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
         if node.attr == "module" and _key(node.value) in wrapped:
             return ast.unparse(func)
         node = node.value
-    raw = {r for r in wrapped.values() if r} - _parameters_around(s, call)
+    raw = _raw_here(s, call, wrapped)
     if _key(func) in raw or (isinstance(func, ast.Attribute) and _key(func.value) in raw):
         return ast.unparse(func)
     return ""
+
+
+def _why(key: str) -> str:
+    """Why a `<...>` key of _wrapped_models holds the bare module, for the message."""
+    if key.startswith("<discarded line "):
+        return f"given to a DistributedDataParallel built and discarded on line {key[16:-1]}"
+    return "a constructor or partial() kept before DDP rebound the module's name to the wrapper"
+
+
+def _local_function(call: ast.Call, functions: dict[str, str]) -> str:
+    """The name in `functions` that `call` calls: `f(...)` or `self.f(...)`, else ''."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in functions:
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls") \
+            and func.attr in functions:
+        return func.attr
+    return ""
+
+
+def _tainted(nodes: list[ast.AST], sources: set[int]) -> set[str]:
+    """Names assigned (through other assignments, 4 steps deep) from the calls whose ids are `sources`."""
+    tainted: set[str] = set()
+    for _ in range(4):
+        for n in nodes:
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None:
+                inside = list(ast.walk(n.value))
+                if any(id(m) in sources for m in inside) or any(
+                        isinstance(m, ast.Name) and m.id in tainted for m in inside):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    tainted.update(m.id for t in targets for m in ast.walk(t) if isinstance(m, ast.Name))
+    return tainted
+
+
+def _bypassing_functions(s: Script, wrapped: dict[str, str]) -> dict[str, str]:
+    """{function or method of this file: the call around the wrapper whose result it returns} for functions that
+    never forward through the wrapper themselves (`def compute_loss(self, x): return self.model.module.f(x)`)."""
+    found: dict[str, str] = {}
+    defs = [d for d in s.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for _ in range(2):  # a helper of a helper
+        for d in defs:
+            if d.name in found or d.name.startswith("__"):
+                continue
+            nodes = list(ast.walk(d))
+            calls = [c for c in nodes if isinstance(c, ast.Call)]
+            if any(_key(c.func) in wrapped or any(_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords)))
+                   for c in calls):
+                continue
+            bypasses = {id(c): b for c in calls for b in [_bypass(s, c, wrapped)]
+                        if b and not _NOT_FORWARD.match(b.rsplit(".", 1)[-1])}
+            bypasses.update({id(c): found[_local_function(c, found)] for c in calls if _local_function(c, found)})
+            if not bypasses:
+                continue
+            tainted = _tainted(nodes, set(bypasses))
+            for r in own_returns(d):
+                inside = list(ast.walk(r.value)) if r.value is not None else []
+                hit = next((bypasses[id(m)] for m in inside if id(m) in bypasses), None)
+                if hit is None and any(isinstance(m, ast.Name) and m.id in tainted for m in inside):
+                    hit = next(iter(bypasses.values()))
+                if hit is not None:
+                    found[d.name] = hit
+                    break
+    return found
+
+
+def _raw_here(s: Script, node: ast.AST, wrapped: dict[str, str]) -> set[str]:
+    """Names that hold a wrapped module's bare module where `node` runs: the raw names of `wrapped` that are not
+    parameters of an enclosing function, and the parameters every call of this file fills with a raw name
+    (`train(model, ...)` beside an unused `ddp_model = DDP(model)`)."""
+    raw = {r for r in wrapped.values() if r}
+    found = raw - _parameters_around(s, node)
+    parents = s.parents
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found |= s.project.memo(("ddp015 raw parameters", id(node)), lambda d=node: _raw_parameters(s, d, wrapped))
+    return found
+
+
+def _raw_parameters(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, wrapped: dict[str, str]) -> set[str]:
+    """Parameters of `d` that every call of it in this file fills with the bare module of a wrapper."""
+    raw = {r for r in wrapped.values() if r}
+    calls = [c for c in s.calls if _local_function(c, {d.name: ""})]
+    params = [a.arg for a in d.args.args]
+    if params and params[0] in ("self", "cls"):
+        params = params[1:]
+    found = set()
+    for i, param in enumerate(params):
+        given = [next((k.value for k in c.keywords if k.arg == param),
+                      c.args[i] if i < len(c.args) and not any(isinstance(a, ast.Starred) for a in c.args[:i + 1])
+                      else None) for c in calls]
+        if given and all(g is not None and _key(g) in raw and _key(g) not in wrapped for g in given):
+            found.add(param)
+    return found
 
 
 def _parameters_around(s: Script, node: ast.AST) -> set[str]:
@@ -122,7 +333,9 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
     if not wrapped:
         return
     parents = s.parents
+    helpers = _bypassing_functions(s, wrapped)
     for back in s.calls:
+        notes: dict[int, str] = {}
         if terminal(back.func) not in _BACKWARDS or without_grad(s, back, parents):
             continue
         region = back
@@ -153,6 +366,11 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
             continue
         bypasses = {id(c): _bypass(s, c, wrapped) for c in calls}
         bypasses = {i: b for i, b in bypasses.items() if b and not _NOT_FORWARD.match(b.rsplit(".", 1)[-1])}
+        for c in calls:  # `loss = self.compute_loss(x)`, whose return runs `self.model.module.encode(x)`
+            helper = _local_function(c, helpers)
+            if helper and id(c) not in bypasses:
+                bypasses[id(c)] = ast.unparse(c.func)
+                notes[id(c)] = f" (which returns what {helpers[helper]}(...) computes)"
         if not bypasses:
             continue
         # follow what the bypassing calls return into the value whose backward() runs
@@ -172,8 +390,13 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
             source = next(by_call[i] for i in bypasses)
         if source is None:
             continue
+        raw = bypasses[id(source)]
+        note = notes.get(id(source)) or next(
+            (f" ({raw} holds the module {_why(k)})" for k, r in wrapped.items() if r and k.startswith("<")
+             and (raw == r or raw.startswith(r + ".") or r.startswith(".") and (raw.endswith(r) or r + "." in raw))),
+            "")
         yield Hit(source, "DDP015", "error",
-                  f"the training step runs {bypasses[id(source)]}(...), around the DistributedDataParallel wrapper, "
+                  f"the training step runs {raw}(...){note}, around the DistributedDataParallel wrapper, "
                   f"and its result reaches backward() (line {back.lineno}) with no forward through the wrapper: DDP "
                   "never all-reduces these gradients, so each rank trains its own copy of the model",
                   "call the wrapped model (its forward) in the training step; to reach another method, make "
