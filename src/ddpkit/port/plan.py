@@ -13,6 +13,7 @@ from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
+from ddpkit.port.roundtrip import plan_round_trips
 from ddpkit.port.losses import plan_summed_losses
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
@@ -109,6 +110,11 @@ class Plan:
         """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
         self.replace: dict[int, str] = {}
         """Expressions read as another (`len(loader.sampler)` -> `len(loader.dataset)` on a ported loader)."""
+        self.move_back: set[int] = set()
+        """Moves of the model to the device that are not the placement the wrap does (after a move to the CPU, on a
+        path without the wrap, before a use ahead of it): kept, `.cuda()` as `.to(ctx.device)`."""
+        self.round_trip: set[int] = set()
+        """`model.cpu()` statements whose model is moved back later: the name stays the wrapped model."""
         self.parallel_names: set[str] = set()
         """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
@@ -150,6 +156,7 @@ class Plan:
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
         plan_made_tensors(self)  # after plan_forwards: it names what that rule cannot reach
+        plan_round_trips(self)  # after plan_forwards: it reads which forwards call the unwrapped model
         plan_placement(self)  # after both: a CPU value that meets a device value elsewhere (arithmetic, a loss)
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
