@@ -174,3 +174,24 @@ def test_an_experiment_trackers_run_object_and_an_onnx_export_are_rank_0s():
         "run = Run('digits')", "class Run:\n    def __init__(self, name): self.name = name\n    "
         "def metric(self, k, v): pass\n    def end(self): pass\n\n\nrun = Run('digits')")
     assert "if ctx.is_main:\n    run = Run('digits')" not in port_source(own, "own.py").code
+
+
+def test_processes_and_the_projects_own_writing_helpers_run_on_rank_0_and_a_file_argparse_opens_is_named():
+    result = _port("every_rank_effects/train.py")
+    assert result.exit_code == 3
+    guarded = _guarded(result.code)
+    # a process per rank would run the same plot or evaluation script and write the same files; a method or a
+    # function of the project's own module that only writes (savefig, open(..., "w")) is a report of rank 0's
+    for text in ("os.system('python plot.py --dir %s' % args.out)",
+                 "subprocess.run(['python', 'evaluate.py', args.out], check=True)", "plotter.flush()", "table.save()",
+                 "report(os.path.join(args.out, 'report.txt'), str(epoch))"):
+        assert text in guarded, text
+    # what every rank needs stays on every rank: the helpers' objects and their bookkeeping, a query of git whose
+    # output the script prints, and a helper that also changes the list its caller hands it (a TODO instead)
+    for text in ("plotter = Plotter(args.out)", "plotter.add(total)", "table.log(epoch=epoch, loss=total)",
+                 "commit = subprocess.check_output(['git', 'rev-parse', 'HEAD'])", "remember(history, total)"):
+        assert text not in guarded and text in ast.unparse(ast.parse(result.code)), text
+    messages = [t.message for t in result.todos]
+    assert any(m.startswith("`--log` is an `argparse.FileType(\"w\")`") for m in messages), messages
+    assert any(m.startswith("not checked: `remember` in plotting.py") for m in messages), messages
+    assert len(messages) == 2, messages  # the classes are judged by the methods called, not by their constructors

@@ -53,6 +53,12 @@ _FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil
 _OPENER_MODULES = frozenset({"io", "os", "gzip", "bz2", "lzma", "codecs", "tarfile", "zipfile", "h5py", "fsspec",
                              "smart_open", "tf", "tensorflow"})
 """Modules whose `open(path, mode)` takes the path first; any other `x.open("wb")` is a path object's (mode first)."""
+_PROCESSES = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                        "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
+                        "subprocess.getstatusoutput", "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp"})
+"""Calls that start a process: every rank would run the same command (a plot script, an evaluation) at once."""
+_CAPTURES = frozenset({"subprocess.check_output", "subprocess.getoutput", "subprocess.getstatusoutput", "os.popen"})
+"""Process calls that hand the command's output back: bound to a name, the script reads what it prints."""
 _LOGGER_CLASS = re.compile(r"[A-Z]\w*(Logger|Writer|Recorder)$")
 _LOG_MODULES = re.compile(r"(^|[._])(tensorboard\w*|\w*logger|visdom|wandb|mlflow|neptune|comet_ml|aim)($|\.)")
 
@@ -153,6 +159,7 @@ def plan_effects(plan: Any) -> None:
     pyplot = pyplot_names(f.module)
     imports = imported_names(f.module)
     handles: dict[str, tuple[str, cst.SimpleStatementLine]] = {}
+    _plan_file_types(plan)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -213,6 +220,16 @@ def plan_effects(plan: Any) -> None:
                 in pyplot for s in stmt.body):
             plan.guard.add(id(stmt))  # `plt.show()`, `plt.imshow(...)`: one window, on rank 0
             continue
+        if _reports(plan, key, stmt, own):
+            plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
+            writes.append((key, plan.line_of(stmt)))
+            continue
+        process = next((c for c in own if dotted(c.func) in _PROCESSES), None)
+        if process is not None and not calls_model and isinstance(stmt, cst.SimpleStatementLine):
+            if all(isinstance(s, cst.Expr) for s in stmt.body) or not _captured(stmt, process):
+                plan.guard.add(id(stmt))  # one process, not one per rank writing the same files at once
+                writes.append((key, plan.line_of(stmt)))  # reads of what it wrote wait at a barrier
+            continue  # `out = subprocess.check_output(["git", ...])`: the script reads its output; a query
         if any(_writes(c) for c in own):
             if calls_model:
                 plan.todo(stmt, "this line writes a file on every rank and calls the model: compute the value on "
@@ -246,6 +263,68 @@ def plan_effects(plan: Any) -> None:
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
+
+
+def _reports(plan: Any, key: str, stmt: cst.BaseStatement, own: list[cst.Call]) -> bool:
+    """`report(path, text)`, `plotter.flush()`: a statement that only calls the project's own code which writes files,
+    saves figures or starts processes and does nothing else (ddpkit.port.project.project_writers), handed neither
+    the model nor a loader. An instance's method counts where the instance's name is bound once, to the class, and
+    used only through method calls (then no other rank reads what the method changes in it)."""
+    if not plan.reports or not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
+            stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call)):
+        return False
+    call = stmt.body[0].value
+    if any(plan.role(key, dotted(n)) in ("model", "train", "eval") for n in walk(call)
+           if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)):
+        return False
+    name = dotted(call.func)
+    if name in plan.reports:
+        return True
+    receiver, _, method = name.rpartition(".")
+    if not receiver or "." in receiver:
+        return False
+    made = [n.value for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
+            and any(dotted(t.target) == receiver for t in n.targets)]
+    if len(made) != 1 or not isinstance(made[0], cst.Call) or f"{dotted(made[0].func)}.{method}" not in plan.reports:
+        return False
+    attrs = {id(n.value) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Attribute)}
+    calls = {id(n.func.value) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Call)
+             and isinstance(n.func, cst.Attribute)}
+    targets = {id(t.target) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
+               for t in n.targets}
+    return all(id(n) in calls or id(n) in targets for n in walk(plan.f.module, into_functions=True)
+               if isinstance(n, cst.Name) and n.value == receiver and (id(n) in calls or id(n) not in attrs))
+
+
+def _plan_file_types(plan: Any) -> None:
+    """`parser.add_argument("--log", type=argparse.FileType("w"))`: argparse opens (and truncates) the file while
+    it parses, on every rank and before ddpkit.init, so no statement of the script can be moved to rank 0: a TODO
+    naming the argument. A FileType that reads (`"r"`, the default) is fine."""
+    for stmt in walk(plan.f.module, into_functions=True):
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for call in _calls(stmt):
+            if not dotted(call.func).endswith("add_argument"):
+                continue
+            kind = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "type"), None)
+            if not (isinstance(kind, cst.Call) and dotted(kind.func).rsplit(".", 1)[-1] == "FileType"):
+                continue
+            mode = next((a.value for a in kind.args if a.keyword is None or a.keyword.value == "mode"), None)
+            text = mode.evaluated_value if isinstance(mode, cst.SimpleString) else "r" if mode is None else "?"
+            if not isinstance(text, str) or text == "?" or set(text) & set("wax+"):
+                flag = next((str(a.value.evaluated_value) for a in call.args if a.keyword is None and isinstance(
+                    a.value, cst.SimpleString)), "this argument")
+                plan.todo(stmt, f"`{flag}` is an `argparse.FileType({plan.f.code(mode) if mode is not None else ''})`:"
+                          " argparse opens (and truncates) the file while it parses the arguments, on every rank, "
+                          "before ddpkit.init; take a path (`type=str`) and open it under `if ctx.is_main:`")
+
+
+def _captured(stmt: cst.SimpleStatementLine, process: cst.Call) -> bool:
+    """`out = subprocess.check_output(...)`, `text = os.popen(cmd).read()`, `subprocess.run(..., capture_output=True)`
+    bound to a name: the script reads the command's output (a query such as `git rev-parse HEAD`), on every rank."""
+    name = dotted(process.func)
+    return name in _CAPTURES or any(a.keyword is not None and (a.keyword.value == "capture_output" and dotted(
+        a.value) == "True" or a.keyword.value == "stdout" and dotted(a.value).endswith("PIPE")) for a in process.args)
 
 
 def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],

@@ -53,8 +53,10 @@ class Plan:
     """Decisions keyed by id() of the MetadataWrapper module's nodes."""
 
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
-                 end_of: Callable[[cst.CSTNode], int]) -> None:
+                 end_of: Callable[[cst.CSTNode], int], reports: dict[str, tuple[str, int, str]] | None = None) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self.reports = reports or {}
+        """Calls of the project's own code that only write files: `report`, `Plotter.flush` -> (file, line, write)."""
         self._local_names: dict[str, set[str]] = {}
         """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []
