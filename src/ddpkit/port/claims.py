@@ -78,9 +78,10 @@ def project_names_a_device(source: str, folder: str) -> bool:
     return any(re.search(r"\bcuda\b|device", text) for text in _imported_files(tree, folder).values())
 
 
-def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str]]:
-    """The script's calls of its own project's code that only write files (see ddpkit.port.project.project_writers):
-    `report` or `Plotter.flush` -> (file, line, the write); empty where the script does not parse."""
+def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] | None]:
+    """The script's calls of its own project's code (see ddpkit.port.project.project_writers): `report` or
+    `Plotter.flush` -> (file, line, the write) where it only writes files, else None; empty where the script does not
+    parse."""
     try:
         tree = ast.parse(source.removeprefix("\ufeff"))
     except SyntaxError:

@@ -33,8 +33,10 @@ _FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dg
 """Calls of libraries that fetch files on the first call with no `download=` argument: a graph dataset's class
 (`Planetoid(root, name)`, `PygNodePropPredDataset(name)`, `CoraGraphDataset()`), torchtext's datasets, Keras's
 `load_data()`, `nltk.download(...)`, resolved through the script's imports."""
-_SHELL_FETCH = re.compile(r"\b(wget|curl|gdown|kaggle|git\s+clone|unzip|tar\s+-?x)\b")
-"""`os.system("wget ...")`, `subprocess.run(["unzip", ...])`: a shell command that downloads or unpacks files."""
+_SHELL_FETCH = re.compile(r"\b(wget|curl|gdown|kaggle|git\s+clone|unzip|tar\s+-?x|pip3?\s+install|conda\s+install|"
+                          r"mkdir\s+-p)\b")
+"""`os.system("wget ...")`, `subprocess.run(["unzip", ...])`: a shell command that downloads or unpacks files, installs
+a package or makes a folder; each rank needs its result and may run it again once rank 0 has (it is idempotent)."""
 _FILE_OBJECTS = {"File": "r", "ZipFile": "r", "HDFStore": "a", "open_file": "r", "ExcelWriter": "w"}
 """Library classes that open a file by path (h5py.File, zipfile.ZipFile, pandas' HDFStore and ExcelWriter, PyTables'
 open_file) -> their default mode."""
@@ -171,6 +173,8 @@ def plan_effects(plan: Any) -> None:
         if any(_downloads(c) or _fetches(imports, c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
             if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
                 plan.main_first.add(id(stmt))
+                if "mkdir" in plan.f.code(stmt) and not any(_downloads(c) for c in own):
+                    plan.first_note[id(stmt)] = "creates"
             else:
                 plan.todo(stmt, "a download inside a branch that ranks may decide differently (a file on disk, "
                           "a per-rank value): download on rank 0 before the branch (`if ctx.is_main:`), then "
@@ -220,10 +224,13 @@ def plan_effects(plan: Any) -> None:
                 in pyplot for s in stmt.body):
             plan.guard.add(id(stmt))  # `plt.show()`, `plt.imshow(...)`: one window, on rank 0
             continue
-        if _reports(plan, key, stmt, own):
+        project = _project_call(plan, key, stmt)
+        if project == "writes":
             plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
             writes.append((key, plan.line_of(stmt)))
             continue
+        if project:
+            continue  # `snapshots.dump()` whose method does more than write: judged by what it does (the claim gate)
         process = next((c for c in own if dotted(c.func) in _PROCESSES), None)
         if process is not None and not calls_model and isinstance(stmt, cst.SimpleStatementLine):
             if all(isinstance(s, cst.Expr) for s in stmt.body) or not _captured(stmt, process):
@@ -265,35 +272,40 @@ def plan_effects(plan: Any) -> None:
             plan.barrier_before.add(id(stmt))
 
 
-def _reports(plan: Any, key: str, stmt: cst.BaseStatement, own: list[cst.Call]) -> bool:
-    """`report(path, text)`, `plotter.flush()`: a statement that only calls the project's own code which writes files,
-    saves figures or starts processes and does nothing else (ddpkit.port.project.project_writers), handed neither
-    the model nor a loader. An instance's method counts where the instance's name is bound once, to the class, and
-    used only through method calls (then no other rank reads what the method changes in it)."""
+def _project_call(plan: Any, key: str, stmt: cst.BaseStatement) -> str:
+    """'writes' for `report(path, text)`, `plotter.flush()`: a statement that only calls the project's own code which
+    writes files, saves figures or starts processes and does nothing else (ddpkit.port.project.project_writers),
+    handed neither the model nor a loader. An instance's method counts where the instance's name is bound once, to
+    the class (not given the model), and used only through method calls (then no other rank reads what the method
+    changes in it). 'project' for any other statement calling the project's code that way, '' for the rest."""
     if not plan.reports or not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
             stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call)):
-        return False
+        return ""
     call = stmt.body[0].value
-    if any(plan.role(key, dotted(n)) in ("model", "train", "eval") for n in walk(call)
-           if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)):
-        return False
     name = dotted(call.func)
-    if name in plan.reports:
-        return True
     receiver, _, method = name.rpartition(".")
-    if not receiver or "." in receiver:
-        return False
     made = [n.value for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
-            and any(dotted(t.target) == receiver for t in n.targets)]
-    if len(made) != 1 or not isinstance(made[0], cst.Call) or f"{dotted(made[0].func)}.{method}" not in plan.reports:
-        return False
+            and any(dotted(t.target) == receiver for t in n.targets)] if receiver and "." not in receiver else []
+    if name in plan.reports:
+        verdict = plan.reports[name]
+    elif len(made) == 1 and isinstance(made[0], cst.Call) and f"{dotted(made[0].func)}.{method}" in plan.reports:
+        verdict = plan.reports[f"{dotted(made[0].func)}.{method}"]
+    else:
+        return ""
+    given = [call] + ([] if name in plan.reports else made)
+    if verdict is None or any(plan.role(k, dotted(n)) in ("model", "train", "eval") for k in plan.f.ported
+                              for c in given for n in walk(c) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)):
+        return "project"  # `Visualizer(model)`: its methods may run the model, a collective rank 0 cannot join alone
+    if name in plan.reports:
+        return "writes"
     attrs = {id(n.value) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Attribute)}
     calls = {id(n.func.value) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Call)
              and isinstance(n.func, cst.Attribute)}
     targets = {id(t.target) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
                for t in n.targets}
-    return all(id(n) in calls or id(n) in targets for n in walk(plan.f.module, into_functions=True)
-               if isinstance(n, cst.Name) and n.value == receiver and (id(n) in calls or id(n) not in attrs))
+    return "writes" if all(id(n) in calls or id(n) in targets for n in walk(plan.f.module, into_functions=True)
+                           if isinstance(n, cst.Name) and n.value == receiver and (id(n) in calls or id(n) not in attrs)) \
+        else "project"
 
 
 def _plan_file_types(plan: Any) -> None:
@@ -367,29 +379,85 @@ def _own_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
 
 
 def _plan_trackers(plan: Any, trackers: dict[str, tuple[cst.BaseStatement, str]]) -> None:
-    """A tracker used only as `writer.add_scalar(...)` statements lives on rank 0; any other use is a TODO."""
+    """A tracker used only as `writer.add_scalar(...)` statements lives on rank 0; so it does where it is handed to a
+    function of the script that uses its parameter only so (`train(model, loader, exp)`: the other ranks hand it
+    `None`, bound beside the guarded start). Any other use is a TODO."""
     for name, (start, kind) in trackers.items():
-        uses = []
-        fine = True
+        uses: list[cst.CSTNode] = []
+        fine, handed = True, False
         for key in sorted(plan.f.ported):
             for node in plan.nodes(key):
                 if isinstance(node, cst.SimpleStatementLine) and node is not start:
                     text = plan.f.code(node)
                     if not re.search(rf"(?<![\w.]){re.escape(name)}\b", text):
                         continue
-                    body = node.body[0]
-                    if len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
-                            and dotted(body.value.func).startswith(name + ".") and not any(
-                            plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
+                    if _logs_through(plan, key, node, name):
                         uses.append(node)
-                    else:
+                        continue
+                    inner = _handed_tracker(plan, key, node, name)
+                    if inner is None:
                         fine = False
+                    else:
+                        uses += inner
+                        handed = True
         if not fine:
             plan.todo(start, f"{kind} would be started on every rank, and `{name}` is used in ways the port cannot "
                       f"guard: start it under `if ctx.is_main:` and log through it on rank 0 only")
             continue
         plan.guard.add(id(start))
         plan.guard.update(id(u) for u in uses)
+        if handed and isinstance(start, cst.SimpleStatementLine) and isinstance(start.body[0], cst.Assign):
+            plan.none_elsewhere[id(start)] = name  # `train(..., exp)` runs on every rank: there it hands None
+
+
+def _logs_through(plan: Any, key: str, node: cst.SimpleStatementLine, name: str) -> bool:
+    """`writer.add_scalar(...)`: a statement that only calls a method of the tracker (and no model)."""
+    body = node.body[0]
+    return len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
+        and dotted(body.value.func).startswith(name + ".") and not any(
+            plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value))
+
+
+def _handed_tracker(plan: Any, key: str, node: cst.SimpleStatementLine, name: str) -> list[cst.CSTNode] | None:
+    """`train(model, loader, exp)`: a statement that hands the tracker, as a plain argument, to one function of the
+    script whose parameter is used there only through method-call statements and never bound again: those
+    statements (to run on rank 0); None for any other use."""
+    body = node.body[0]
+    if len(node.body) != 1 or not isinstance(body, cst.Expr) or not isinstance(body.value, cst.Call):
+        return None
+    call = body.value
+    callees = plan.f.callees(call, key)
+    if len(callees) != 1 or callees[0] not in plan.f.ported or dotted(call.func) == name:
+        return None
+    if any(name in {n.value for n in walk(a.value) if isinstance(n, cst.Name)} and dotted(a.value) != name
+           for a in call.args) or any(dotted(a.value) == name and a.star for a in call.args):
+        return None  # `f(exp.name)`, `f(*exp)`: a read of it
+    scope = plan.f.scopes[callees[0]]
+    given = [a for a in call.args if dotted(a.value) == name]
+    params = []
+    for arg in given:
+        if arg.keyword is not None:
+            params.append(arg.keyword.value)
+        else:
+            at = [a for a in call.args if a.keyword is None].index(arg)
+            params.append(scope.params[at] if at < len(scope.params) else "")
+    if not params or "" in params or _binds_again(scope.node, params):
+        return None
+    inner: list[cst.CSTNode] = []
+    for stmt in plan.nodes(callees[0]):
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.If, cst.While, cst.For, cst.With)) and any(
+                _mentions(stmt, p) for p in params):
+            if not any(isinstance(stmt, cst.SimpleStatementLine) and _logs_through(plan, callees[0], stmt, p)
+                       for p in params):
+                return None
+            inner.append(stmt)
+    return inner
+
+
+def _binds_again(scope: cst.CSTNode, names: list[str]) -> bool:
+    return any(isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)) and any(
+        dotted(t) in names for t in ([t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]))
+        for n in walk(scope))
 
 
 def _write_handle(stmt: cst.BaseStatement) -> bool:
@@ -556,8 +624,8 @@ def check_rank0_bindings(plan: Any) -> None:
         scopes = [key] + ([k for k in sorted(f.ported) if k != key] if f.scopes[key].node is f.module or key == ENTRY
                           else [])
         for name in sorted(names):
-            if _bound_unguarded(plan, key, name):
-                continue  # `writer = None` on every rank first: the script tests it itself
+            if _bound_unguarded(plan, key, name) or plan.none_elsewhere.get(id(stmt)) == name:
+                continue  # `writer = None` on every rank first (or the port's own on the others): tested, or handed on
             uses = [u for k in scopes for u in _reads_of(plan, k, name) if not plan.guarded_above(u)
                     and id(u) not in plan.guard]
             uses += [u for u in _module_tail(plan) if _mentions(u, name)] if key == ENTRY else []

@@ -53,10 +53,12 @@ class Plan:
     """Decisions keyed by id() of the MetadataWrapper module's nodes."""
 
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
-                 end_of: Callable[[cst.CSTNode], int], reports: dict[str, tuple[str, int, str]] | None = None) -> None:
+                 end_of: Callable[[cst.CSTNode], int],
+                 reports: dict[str, tuple[str, int, str] | None] | None = None) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
         self.reports = reports or {}
-        """Calls of the project's own code that only write files: `report`, `Plotter.flush` -> (file, line, write)."""
+        """Calls of the project's own code: `report`, `Plotter.flush` -> (file, line, write) where they only write
+        files, None where they do more (judged by the claim gate, not by their names)."""
         self._local_names: dict[str, set[str]] = {}
         """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []
@@ -80,6 +82,8 @@ class Plan:
         """Of main_first statements that do not download: what rank 0 does first ("creates")."""
         self.guard: set[int] = set()
         """Statements that write files or log to a tracker: rank 0 only."""
+        self.none_elsewhere: dict[int, str] = {}
+        """Guarded statements that bind a tracker the script hands to its functions: `else: name = None` after them."""
         self.barrier_before: set[int] = set()
         """Statements that read a file rank 0 may have written earlier in the run."""
         self.exist_ok: set[int] = set()

@@ -503,15 +503,15 @@ def _instance_calls(tree: ast.Module) -> dict[int, list[ast.Call]]:
             if len(made) == 1 and made[0] is not None and name not in other}
 
 
-def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, tuple[str, int, str]]:
-    """The script's calls of its own project's code that only report into files: `report(path, text)` (a function
-    imported from a module beside it) or `Plotter.flush` (a method of a class imported so) -> (file, line, the
-    write). Such a function writes a file, saves a figure or starts a process, and neither trains, joins a
-    collective nor returns a value: run as a statement on every rank, each rank writes the same files; on rank 0
-    alone, nothing else changes."""
+def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, tuple[str, int, str] | None]:
+    """The script's calls of its own project's code: `report` (a function imported from a module beside it) or
+    `Plotter.flush` (a method of a class imported so) -> (file, line, the write) where it only reports into files,
+    else None. Such a function writes a file, saves a figure or starts a process, and neither trains, joins a
+    collective, returns a value nor changes what it is handed: run as a statement on every rank, each rank writes
+    the same files; on rank 0 alone, nothing else changes."""
     parsed: dict[str, ast.Module | None] = {}
     definition = _definer(tree, folder, modules, parsed)
-    out: dict[str, tuple[str, int, str]] = {}
+    out: dict[str, tuple[str, int, str] | None] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not ast_dotted(node.func):
             continue
@@ -522,10 +522,12 @@ def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
         path, _, defn = found
         if isinstance(defn, ast.ClassDef):
             for method in (n.name for n in defn.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-                if not method.startswith("__") and (hit := _writes_in(_own_methods(defn, method))):
-                    out[f"{func}.{method}"] = (path, *hit)
-        elif hit := _writes_in([defn]):
-            out[func] = (path, *hit)
+                if not method.startswith("__"):
+                    hit = _writes_in(_own_methods(defn, method))
+                    out[f"{func}.{method}"] = (path, *hit) if hit else None
+        else:
+            hit = _writes_in([defn])
+            out[func] = (path, *hit) if hit else None
     return out
 
 

@@ -823,8 +823,10 @@ class Rewriter(cst.CSTTransformer):
         after = []
         if id(original) in self.p.guard and self.rank0 == 1 and not isinstance(updated, cst.FlattenSentinel):
             self.changes += 1  # one writer: the other ranks would write the same file at the same time
+            bound = self.p.none_elsewhere.get(id(original))  # the other ranks hand None to the functions using it
             updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
-                leading_lines=[])]), leading_lines=updated.leading_lines)
+                leading_lines=[])]), leading_lines=updated.leading_lines, orelse=cst.Else(cst.IndentedBlock(
+                    [cst.parse_statement(f"{bound} = None\n")])) if bound else None)
         if _made_main_guard(original, updated):
             hoisted, updated = self._hoist_collectives(original, updated)
             before.extend(hoisted)
