@@ -64,10 +64,9 @@ def _ends(stmt: cst.CSTNode) -> bool:
 def _shares_path(plan: Any, stmt: cst.CSTNode, wraps: list[cst.CSTNode]) -> bool:
     """Whether a wrap of the model runs on the path that runs `stmt`: walking out of the blocks around it, a block
     that holds a wrap is reached before one that ends (`return`) after `stmt` without one."""
-    inside = {id(n) for w in wraps for n in _chain(plan, w)}
-    blocks = [plan._block.get(id(n), ([], 0))[0] for n in _chain(plan, stmt)]
-    if not any(id(s) in inside for block in blocks for s in block):
+    if not _same_function(plan, stmt, wraps):
         return True  # the wrap is in another function: which calls run first is not this rule's to follow
+    inside = {id(n) for w in wraps for n in _chain(plan, w)}
     node: cst.CSTNode | None = stmt
     while node is not None:
         block, i = plan._block.get(id(node), ([], 0))
@@ -114,13 +113,13 @@ def _called_unwrapped(plan: Any, helper: str) -> bool:
             if isinstance(node, cst.Call) and helper in plan.f.callees(node, key) and id(node) in plan._stmt:
                 stmt = plan._stmt[id(node)]
                 if not _shares_path(plan, stmt, wraps) or (
-                        plan.line_of(stmt) < first and _shares_path(plan, stmt, wraps) and _same_function(
-                            plan, stmt, wraps)):
+                        plan.line_of(stmt) < first and _same_function(plan, stmt, wraps)):
                     return True
     return False
 
 
 def _same_function(plan: Any, stmt: cst.CSTNode, wraps: list[cst.CSTNode]) -> bool:
+    """A wrap sits in one of the blocks around `stmt` (the same function's code)."""
     inside = {id(n) for w in wraps for n in _chain(plan, w)}
     return any(id(s) in inside for n in _chain(plan, stmt) for s in plan._block.get(id(n), ([], 0))[0])
 
