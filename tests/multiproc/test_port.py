@@ -61,11 +61,15 @@ CASES = {
     # an epoch's sum of per-step mean losses reported undivided, and a count made one right answer at a time:
     # summed over ranks the loss would read world_size times the original's; the mean over ranks is it exactly
     "loss_sum_report": ([], "epoch_loss", 1e-4),
+    # the model goes to the CPU to be saved after each epoch and back to its device: bound to the bare module on the
+    # way out (or left there), training after the first epoch bypasses DDP and the ranks' parameters drift apart
+    "device_round_trip": (["{tmp}/params.pt"], "mse", 1e-5),
     "charlm": (["--max-steps", "12", "--eval-every", "6", "--d-model", "32", "--layers", "1", "--heads", "2",
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),
 }
-SAME_ORDER = {"toplevel_script", "gan_pair", "encoder_decoder", "model_list", "model_passed_in", "summed_loss"}
+SAME_ORDER = {"toplevel_script", "gan_pair", "encoder_decoder", "model_list", "model_passed_in", "summed_loss",
+              "device_round_trip"}
 """Scripts with shuffle=False and no randomness in the loop: 2 ranks end with the original's parameters."""
 
 

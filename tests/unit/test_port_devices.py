@@ -107,3 +107,80 @@ def test_a_figure_whose_handle_is_used_where_the_port_cannot_guard_it_stays_whol
     lines = result.code.splitlines()
     [i] = [i for i, line in enumerate(lines) if line.strip() == "fig = plt.figure()"]
     assert lines[i - 1].strip() != "if ctx.is_main:"
+
+
+def test_a_model_moved_to_the_cpu_and_back_keeps_its_move_back_and_stays_wrapped(tmp_path, monkeypatch):
+    result = _port("cpu_round_trip.py")
+    assert result.exit_code == 0, [t.message for t in result.todos]
+    lines = [line.strip() for line in result.code.splitlines()]
+    # the placement before any move to the CPU is ddpkit.wrap's; every move that may follow one brings it back
+    assert "model = ddpkit.wrap(nn.Linear(8, 2), ctx)" in lines and "model.cuda()" not in lines
+    assert "model.to(ctx.device).train()" in lines  # in the helper the loop calls
+    body = lines[lines.index("ddpkit.unwrap(model).cpu()"):]
+    assert body[1:4] == ["if ctx.is_main:", 'torch.save(ddpkit.unwrap(model).state_dict(), "epoch.pt")',
+                         "model.to(ctx.device)"]
+    # inside the loop the name stays the wrapped model; after training it may become the bare module to sample
+    assert lines.count("model = ddpkit.unwrap(model).cpu()") == 1
+    assert lines.index("model = ddpkit.unwrap(model).cpu()") > lines.index('checkpoint(model, "last.pt", ctx=ctx)')
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "cpu_round_trip_ddp.py"
+    path.write_text(result.code)
+    import contextlib
+    import io
+    import runpy
+    import sys
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    with contextlib.redirect_stdout(io.StringIO()):
+        runpy.run_path(str(path), run_name="__main__")
+    assert (tmp_path / "epoch.pt").exists() and (tmp_path / "last.pt").exists()
+
+
+def test_paths_that_run_the_model_before_or_without_its_wrap_keep_it_on_the_device(monkeypatch):
+    from test_port_placement import _run_on_meta
+
+    result = _port("eval_paths.py")
+    assert result.exit_code == 0, [t.message for t in result.todos]
+    lines = [line.strip() for line in result.code.splitlines()]
+    # `--test` returns before the wrap, and the first evaluation runs before it: no wrap placed the model there
+    assert "with ddpkit.init() as ctx:" in lines  # `if args.test: model.cuda()` picks a path, not the device
+    assert lines[lines.index("if args.test:") + 1] == "model = model.to(ctx.device)"
+    assert lines[lines.index("def predict(model, x, *, ctx):") + 1] == "model.to(ctx.device)"  # called unwrapped there
+    assert lines[lines.index('ddpkit.print0(ctx, "before training", evaluate(model, test_loader, ctx=ctx))') - 1] \
+        == "model.to(ctx.device)"
+    # on the meta stand-in a model left on the CPU meets the loader's device batches and raises, as on a GPU
+    _run_on_meta(result.code, ["--test"], monkeypatch)
+    _run_on_meta(result.code, [], monkeypatch)
+
+
+def test_a_forward_while_the_model_sits_on_the_cpu_between_its_moves_is_named():
+    source = textwrap.dedent('''\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def main():
+            loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16)
+            model = nn.Linear(8, 2).cuda()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(2):
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                model.cpu()
+                sample = model(torch.randn(1, 8))
+                model.cuda()
+            print(sample)
+
+        if __name__ == "__main__":
+            main()
+        ''')
+    result = port_source(source, "sample_on_cpu.py")
+    assert result.exit_code == 3
+    [todo] = [t for t in result.todos if "is on the CPU here" in t.message]
+    assert "moved at line 16, back at line 18" in todo.message and "ddpkit.unwrap(model)" in todo.message
+    assert "ddpkit.unwrap(model).cpu()" in result.code and "model.to(ctx.device)" in result.code

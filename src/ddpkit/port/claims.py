@@ -20,10 +20,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import (import_device_work, parallel_asserts, project_hazards, step_loops,
-                                 unused_parameter_wraps)
+from ddpkit.port.project import (import_device_work, parallel_asserts, project_hazards, project_writers,
+                                 step_loops, unused_parameter_wraps)
 
-__all__ = ["GATE_RULES", "gate", "project_names_a_device"]
+__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports"]
 
 GATE_RULES = {
     "DDP001": "error", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP006": "warning",
@@ -76,6 +76,18 @@ def project_names_a_device(source: str, folder: str) -> bool:
     except SyntaxError:
         return True
     return any(re.search(r"\bcuda\b|device", text) for text in _imported_files(tree, folder).values())
+
+
+def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] | None]:
+    """The script's calls of its own project's code (see ddpkit.port.project.project_writers): `report` or
+    `Plotter.flush` -> (file, line, the write) where it only writes files, else None; empty where the script does not
+    parse."""
+    try:
+        tree = ast.parse(source.removeprefix("\ufeff"))
+    except SyntaxError:
+        return {}
+    modules = _imported_files(tree, folder)
+    return project_writers(tree, folder, _reached_files(modules, folder)) if modules else {}
 
 
 def _reached_files(modules: dict[str, str], folder: str, depth: int = 2) -> dict[str, str]:

@@ -70,7 +70,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     from ddpkit.lint.linter import lint_sources
-    from ddpkit.port.claims import gate, project_names_a_device
+    from ddpkit.port.claims import gate, project_names_a_device, project_reports
     from ddpkit.port.entry import add_import, open_context, thread_ctx
     from ddpkit.port.facts import Facts
     from ddpkit.port.plan import Plan
@@ -118,11 +118,11 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
         pos = positions.get(node)
         return pos.end.line if pos is not None else 0
 
-    plan = Plan(facts, line_of, end_of)
+    folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
+    plan = Plan(facts, line_of, end_of, project_reports(source, folder) if folder is not None else {})
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
-    folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
     device = plan.init_device
     if plan.cpu_script and not _wraps(module) and not (folder is not None and project_names_a_device(source, folder)):
         device = '"cpu"'  # the unwrapped model and the tensors its methods make stay on the CPU: the batches too

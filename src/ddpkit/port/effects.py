@@ -33,8 +33,10 @@ _FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dg
 """Calls of libraries that fetch files on the first call with no `download=` argument: a graph dataset's class
 (`Planetoid(root, name)`, `PygNodePropPredDataset(name)`, `CoraGraphDataset()`), torchtext's datasets, Keras's
 `load_data()`, `nltk.download(...)`, resolved through the script's imports."""
-_SHELL_FETCH = re.compile(r"\b(wget|curl|gdown|kaggle|git\s+clone|unzip|tar\s+-?x)\b")
-"""`os.system("wget ...")`, `subprocess.run(["unzip", ...])`: a shell command that downloads or unpacks files."""
+_SHELL_FETCH = re.compile(r"\b(wget|curl|gdown|kaggle|git\s+clone|unzip|tar\s+-?x|pip3?\s+install|conda\s+install|"
+                          r"mkdir\s+-p)\b")
+"""`os.system("wget ...")`, `subprocess.run(["unzip", ...])`: a shell command that downloads or unpacks files, installs
+a package or makes a folder; each rank needs its result and may run it again once rank 0 has (it is idempotent)."""
 _FILE_OBJECTS = {"File": "r", "ZipFile": "r", "HDFStore": "a", "open_file": "r", "ExcelWriter": "w"}
 """Library classes that open a file by path (h5py.File, zipfile.ZipFile, pandas' HDFStore and ExcelWriter, PyTables'
 open_file) -> their default mode."""
@@ -53,6 +55,12 @@ _FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil
 _OPENER_MODULES = frozenset({"io", "os", "gzip", "bz2", "lzma", "codecs", "tarfile", "zipfile", "h5py", "fsspec",
                              "smart_open", "tf", "tensorflow"})
 """Modules whose `open(path, mode)` takes the path first; any other `x.open("wb")` is a path object's (mode first)."""
+_PROCESSES = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                        "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
+                        "subprocess.getstatusoutput", "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp"})
+"""Calls that start a process: every rank would run the same command (a plot script, an evaluation) at once."""
+_CAPTURES = frozenset({"subprocess.check_output", "subprocess.getoutput", "subprocess.getstatusoutput", "os.popen"})
+"""Process calls that hand the command's output back: bound to a name, the script reads what it prints."""
 _LOGGER_CLASS = re.compile(r"[A-Z]\w*(Logger|Writer|Recorder)$")
 _LOG_MODULES = re.compile(r"(^|[._])(tensorboard\w*|\w*logger|visdom|wandb|mlflow|neptune|comet_ml|aim)($|\.)")
 
@@ -153,6 +161,7 @@ def plan_effects(plan: Any) -> None:
     pyplot = pyplot_names(f.module)
     imports = imported_names(f.module)
     handles: dict[str, tuple[str, cst.SimpleStatementLine]] = {}
+    _plan_file_types(plan)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -164,6 +173,8 @@ def plan_effects(plan: Any) -> None:
         if any(_downloads(c) or _fetches(imports, c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
             if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
                 plan.main_first.add(id(stmt))
+                if "mkdir" in plan.f.code(stmt) and not any(_downloads(c) for c in own):
+                    plan.first_note[id(stmt)] = "creates"
             else:
                 plan.todo(stmt, "a download inside a branch that ranks may decide differently (a file on disk, "
                           "a per-rank value): download on rank 0 before the branch (`if ctx.is_main:`), then "
@@ -213,6 +224,19 @@ def plan_effects(plan: Any) -> None:
                 in pyplot for s in stmt.body):
             plan.guard.add(id(stmt))  # `plt.show()`, `plt.imshow(...)`: one window, on rank 0
             continue
+        project = _project_call(plan, key, stmt)
+        if project == "writes":
+            plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
+            writes.append((key, plan.line_of(stmt)))
+            continue
+        if project:
+            continue  # `snapshots.dump()` whose method does more than write: judged by what it does (the claim gate)
+        process = next((c for c in own if dotted(c.func) in _PROCESSES), None)
+        if process is not None and not calls_model and isinstance(stmt, cst.SimpleStatementLine):
+            if all(isinstance(s, cst.Expr) for s in stmt.body) or not _captured(stmt, process):
+                plan.guard.add(id(stmt))  # one process, not one per rank writing the same files at once
+                writes.append((key, plan.line_of(stmt)))  # reads of what it wrote wait at a barrier
+            continue  # `out = subprocess.check_output(["git", ...])`: the script reads its output; a query
         if any(_writes(c) for c in own):
             if calls_model:
                 plan.todo(stmt, "this line writes a file on every rank and calls the model: compute the value on "
@@ -246,6 +270,73 @@ def plan_effects(plan: Any) -> None:
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
+
+
+def _project_call(plan: Any, key: str, stmt: cst.BaseStatement) -> str:
+    """'writes' for `report(path, text)`, `plotter.flush()`: a statement that only calls the project's own code which
+    writes files, saves figures or starts processes and does nothing else (ddpkit.port.project.project_writers),
+    handed neither the model nor a loader. An instance's method counts where the instance's name is bound once, to
+    the class (not given the model), and used only through method calls (then no other rank reads what the method
+    changes in it). 'project' for any other statement calling the project's code that way, '' for the rest."""
+    if not plan.reports or not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
+            stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.Call)):
+        return ""
+    call = stmt.body[0].value
+    name = dotted(call.func)
+    receiver, _, method = name.rpartition(".")
+    made = [n.value for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
+            and any(dotted(t.target) == receiver for t in n.targets)] if receiver and "." not in receiver else []
+    if name in plan.reports:
+        verdict = plan.reports[name]
+    elif len(made) == 1 and isinstance(made[0], cst.Call) and f"{dotted(made[0].func)}.{method}" in plan.reports:
+        verdict = plan.reports[f"{dotted(made[0].func)}.{method}"]
+    else:
+        return ""
+    given = [call] + ([] if name in plan.reports else made)
+    if verdict is None or any(plan.role(k, dotted(n)) in ("model", "train", "eval") for k in plan.f.ported
+                              for c in given for n in walk(c) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)):
+        return "project"  # `Visualizer(model)`: its methods may run the model, a collective rank 0 cannot join alone
+    if name in plan.reports:
+        return "writes"
+    attrs = {id(n.value) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Attribute)}
+    calls = {id(n.func.value) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Call)
+             and isinstance(n.func, cst.Attribute)}
+    targets = {id(t.target) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
+               for t in n.targets}
+    return "writes" if all(id(n) in calls or id(n) in targets for n in walk(plan.f.module, into_functions=True)
+                           if isinstance(n, cst.Name) and n.value == receiver and (id(n) in calls or id(n) not in attrs)) \
+        else "project"
+
+
+def _plan_file_types(plan: Any) -> None:
+    """`parser.add_argument("--log", type=argparse.FileType("w"))`: argparse opens (and truncates) the file while
+    it parses, on every rank and before ddpkit.init, so no statement of the script can be moved to rank 0: a TODO
+    naming the argument. A FileType that reads (`"r"`, the default) is fine."""
+    for stmt in walk(plan.f.module, into_functions=True):
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for call in _calls(stmt):
+            if not dotted(call.func).endswith("add_argument"):
+                continue
+            kind = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "type"), None)
+            if not (isinstance(kind, cst.Call) and dotted(kind.func).rsplit(".", 1)[-1] == "FileType"):
+                continue
+            mode = next((a.value for a in kind.args if a.keyword is None or a.keyword.value == "mode"), None)
+            text = mode.evaluated_value if isinstance(mode, cst.SimpleString) else "r" if mode is None else "?"
+            if not isinstance(text, str) or text == "?" or set(text) & set("wax+"):
+                flag = next((str(a.value.evaluated_value) for a in call.args if a.keyword is None and isinstance(
+                    a.value, cst.SimpleString)), "this argument")
+                plan.todo(stmt, f"`{flag}` is an `argparse.FileType({plan.f.code(mode) if mode is not None else ''})`:"
+                          " argparse opens (and truncates) the file while it parses the arguments, on every rank, "
+                          "before ddpkit.init; take a path (`type=str`) and open it under `if ctx.is_main:`")
+
+
+def _captured(stmt: cst.SimpleStatementLine, process: cst.Call) -> bool:
+    """`out = subprocess.check_output(...)`, `text = os.popen(cmd).read()`, `subprocess.run(..., capture_output=True)`
+    bound to a name: the script reads the command's output (a query such as `git rev-parse HEAD`), on every rank."""
+    name = dotted(process.func)
+    return name in _CAPTURES or any(a.keyword is not None and (a.keyword.value == "capture_output" and dotted(
+        a.value) == "True" or a.keyword.value == "stdout" and dotted(a.value).endswith("PIPE")) for a in process.args)
 
 
 def _first_writes(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
@@ -288,29 +379,85 @@ def _own_calls(stmt: cst.BaseStatement) -> list[cst.Call]:
 
 
 def _plan_trackers(plan: Any, trackers: dict[str, tuple[cst.BaseStatement, str]]) -> None:
-    """A tracker used only as `writer.add_scalar(...)` statements lives on rank 0; any other use is a TODO."""
+    """A tracker used only as `writer.add_scalar(...)` statements lives on rank 0; so it does where it is handed to a
+    function of the script that uses its parameter only so (`train(model, loader, exp)`: the other ranks hand it
+    `None`, bound beside the guarded start). Any other use is a TODO."""
     for name, (start, kind) in trackers.items():
-        uses = []
-        fine = True
+        uses: list[cst.CSTNode] = []
+        fine, handed = True, False
         for key in sorted(plan.f.ported):
             for node in plan.nodes(key):
                 if isinstance(node, cst.SimpleStatementLine) and node is not start:
                     text = plan.f.code(node)
                     if not re.search(rf"(?<![\w.]){re.escape(name)}\b", text):
                         continue
-                    body = node.body[0]
-                    if len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
-                            and dotted(body.value.func).startswith(name + ".") and not any(
-                            plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value)):
+                    if _logs_through(plan, key, node, name):
                         uses.append(node)
-                    else:
+                        continue
+                    inner = _handed_tracker(plan, key, node, name)
+                    if inner is None:
                         fine = False
+                    else:
+                        uses += inner
+                        handed = True
         if not fine:
             plan.todo(start, f"{kind} would be started on every rank, and `{name}` is used in ways the port cannot "
                       f"guard: start it under `if ctx.is_main:` and log through it on rank 0 only")
             continue
         plan.guard.add(id(start))
         plan.guard.update(id(u) for u in uses)
+        if handed and isinstance(start, cst.SimpleStatementLine) and isinstance(start.body[0], cst.Assign):
+            plan.none_elsewhere[id(start)] = name  # `train(..., exp)` runs on every rank: there it hands None
+
+
+def _logs_through(plan: Any, key: str, node: cst.SimpleStatementLine, name: str) -> bool:
+    """`writer.add_scalar(...)`: a statement that only calls a method of the tracker (and no model)."""
+    body = node.body[0]
+    return len(node.body) == 1 and isinstance(body, cst.Expr) and isinstance(body.value, cst.Call) \
+        and dotted(body.value.func).startswith(name + ".") and not any(
+            plan.role(key, dotted(c.func)) == "model" for c in _calls(body.value))
+
+
+def _handed_tracker(plan: Any, key: str, node: cst.SimpleStatementLine, name: str) -> list[cst.CSTNode] | None:
+    """`train(model, loader, exp)`: a statement that hands the tracker, as a plain argument, to one function of the
+    script whose parameter is used there only through method-call statements and never bound again: those
+    statements (to run on rank 0); None for any other use."""
+    body = node.body[0]
+    if len(node.body) != 1 or not isinstance(body, cst.Expr) or not isinstance(body.value, cst.Call):
+        return None
+    call = body.value
+    callees = plan.f.callees(call, key)
+    if len(callees) != 1 or callees[0] not in plan.f.ported or dotted(call.func) == name:
+        return None
+    if any(name in {n.value for n in walk(a.value) if isinstance(n, cst.Name)} and dotted(a.value) != name
+           for a in call.args) or any(dotted(a.value) == name and a.star for a in call.args):
+        return None  # `f(exp.name)`, `f(*exp)`: a read of it
+    scope = plan.f.scopes[callees[0]]
+    given = [a for a in call.args if dotted(a.value) == name]
+    params = []
+    for arg in given:
+        if arg.keyword is not None:
+            params.append(arg.keyword.value)
+        else:
+            at = [a for a in call.args if a.keyword is None].index(arg)
+            params.append(scope.params[at] if at < len(scope.params) else "")
+    if not params or "" in params or _binds_again(scope.node, params):
+        return None
+    inner: list[cst.CSTNode] = []
+    for stmt in plan.nodes(callees[0]):
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.If, cst.While, cst.For, cst.With)) and any(
+                _mentions(stmt, p) for p in params):
+            if not any(isinstance(stmt, cst.SimpleStatementLine) and _logs_through(plan, callees[0], stmt, p)
+                       for p in params):
+                return None
+            inner.append(stmt)
+    return inner
+
+
+def _binds_again(scope: cst.CSTNode, names: list[str]) -> bool:
+    return any(isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)) and any(
+        dotted(t) in names for t in ([t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]))
+        for n in walk(scope))
 
 
 def _write_handle(stmt: cst.BaseStatement) -> bool:
@@ -477,8 +624,8 @@ def check_rank0_bindings(plan: Any) -> None:
         scopes = [key] + ([k for k in sorted(f.ported) if k != key] if f.scopes[key].node is f.module or key == ENTRY
                           else [])
         for name in sorted(names):
-            if _bound_unguarded(plan, key, name):
-                continue  # `writer = None` on every rank first: the script tests it itself
+            if _bound_unguarded(plan, key, name) or plan.none_elsewhere.get(id(stmt)) == name:
+                continue  # `writer = None` on every rank first (or the port's own on the others): tested, or handed on
             uses = [u for k in scopes for u in _reads_of(plan, k, name) if not plan.guarded_above(u)
                     and id(u) not in plan.guard]
             uses += [u for u in _module_tail(plan) if _mentions(u, name)] if key == ENTRY else []

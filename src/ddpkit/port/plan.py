@@ -13,6 +13,7 @@ from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
+from ddpkit.port.roundtrip import plan_round_trips
 from ddpkit.port.losses import plan_summed_losses
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
@@ -52,8 +53,12 @@ class Plan:
     """Decisions keyed by id() of the MetadataWrapper module's nodes."""
 
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
-                 end_of: Callable[[cst.CSTNode], int]) -> None:
+                 end_of: Callable[[cst.CSTNode], int],
+                 reports: dict[str, tuple[str, int, str] | None] | None = None) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self.reports = reports or {}
+        """Calls of the project's own code: `report`, `Plotter.flush` -> (file, line, write) where they only write
+        files, None where they do more (judged by the claim gate, not by their names)."""
         self._local_names: dict[str, set[str]] = {}
         """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []
@@ -77,6 +82,8 @@ class Plan:
         """Of main_first statements that do not download: what rank 0 does first ("creates")."""
         self.guard: set[int] = set()
         """Statements that write files or log to a tracker: rank 0 only."""
+        self.none_elsewhere: dict[int, str] = {}
+        """Guarded statements that bind a tracker the script hands to its functions: `else: name = None` after them."""
         self.barrier_before: set[int] = set()
         """Statements that read a file rank 0 may have written earlier in the run."""
         self.exist_ok: set[int] = set()
@@ -109,6 +116,11 @@ class Plan:
         """`nn.DataParallel(model)` calls: replaced by `model` (one process per device: DDP replaces it)."""
         self.replace: dict[int, str] = {}
         """Expressions read as another (`len(loader.sampler)` -> `len(loader.dataset)` on a ported loader)."""
+        self.move_back: set[int] = set()
+        """Moves of the model to the device that are not the placement the wrap does (after a move to the CPU, on a
+        path without the wrap, before a use ahead of it): kept, `.cuda()` as `.to(ctx.device)`."""
+        self.round_trip: set[int] = set()
+        """`model.cpu()` statements whose model is moved back later: the name stays the wrapped model."""
         self.parallel_names: set[str] = set()
         """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
@@ -150,6 +162,7 @@ class Plan:
         """Forwards of the wrapped model whose output never reaches backward(): they call the unwrapped model."""
         plan_forwards(self)
         plan_made_tensors(self)  # after plan_forwards: it names what that rule cannot reach
+        plan_round_trips(self)  # after plan_forwards: it reads which forwards call the unwrapped model
         plan_placement(self)  # after both: a CPU value that meets a device value elsewhere (arithmetic, a loss)
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device

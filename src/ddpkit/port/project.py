@@ -15,7 +15,8 @@ import os
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
-__all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps"]
+__all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
+           "project_writers"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -420,6 +421,116 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
     return out
 
 
+_PROCESSES = {"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+              "subprocess.Popen"}
+_MUTATES = {"append", "extend", "insert", "pop", "update", "setdefault", "add", "clear", "remove", "discard",
+            "sort", "reverse"}
+_SHARED_WORK = {"backward", "step", "zero_grad", "all_reduce", "all_gather", "broadcast", "barrier", "reduce",
+                "scatter", "gather", "init_process_group"}
+"""Calls that train or join a collective: code that makes one is never run on rank 0 alone."""
+
+
+def _own_methods(cls: ast.ClassDef, name: str) -> list[ast.FunctionDef]:
+    """The method `name` of a class and the methods of it that it calls through `self.m(...)`, a level at a time."""
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    out, todo = [], [name]
+    while todo:
+        current = todo.pop()
+        if current not in methods or methods[current] in out:
+            continue
+        out.append(methods[current])
+        todo += [n.func.attr for n in ast.walk(methods[current]) if isinstance(n, ast.Call) and isinstance(
+            n.func, ast.Attribute) and ast_dotted(n.func.value) == "self"]
+    return out
+
+
+def _writes_in(defns: list[ast.AST]) -> tuple[int, str] | None:
+    """(line, call) of the first file write, savefig or process a definition makes, itself; None where it makes
+    none, or where it also trains, joins a collective or hands back a value (then it is not a report alone)."""
+    found = None
+    for defn in defns:
+        params = {a.arg for a in defn.args.posonlyargs + defn.args.args + defn.args.kwonlyargs} - {"self"} \
+            if isinstance(defn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+        for node in ast.walk(defn):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            if any(isinstance(t, (ast.Attribute, ast.Subscript)) and _root(t) in params for t in targets) or (
+                    isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _root(node.func.value)
+                    in params and node.func.attr in _MUTATES):
+                return None  # it changes what its caller handed it: on rank 0 alone, the ranks' values part
+            if isinstance(node, ast.Return) and node.value is not None and not (
+                    isinstance(node.value, ast.Constant) and node.value.value is None):
+                return None
+            if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal)):
+                return None
+            if not isinstance(node, ast.Call):
+                continue
+            func = ast_dotted(node.func)
+            last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
+            if last in _SHARED_WORK or func.startswith(("dist.", "torch.distributed")):
+                return None
+            if found is None and (last in _WRITES and last not in ("makedirs", "mkdir") or func in _PROCESSES or (
+                    func == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                                           and set(a.value) & set("wax+")
+                                           for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]))):
+                found = (node.lineno, f"`{func or last}(...)`")
+    return found
+
+
+def _instance_calls(tree: ast.Module) -> dict[int, list[ast.Call]]:
+    """id(constructor call) of `plotter = Plotter(...)` -> every `plotter.m(...)` call of the script, where the name is
+    bound once and used only so (its methods can then be judged where they are called); other names are absent."""
+    bound: dict[str, list[ast.Call]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for target in node.targets:
+                for name in _names(target):
+                    bound.setdefault(name, []).append(node.value)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.withitem, ast.arg)):
+            for name in _names(getattr(node, "target", None) or getattr(node, "optional_vars", None) or ast.Name(
+                    getattr(node, "arg", ""))):
+                bound.setdefault(name, []).append(None)
+    calls: dict[str, list[ast.Call]] = {}
+    other: set[str] = set()
+    methods = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+            calls.setdefault(node.func.value.id, []).append(node)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in methods:
+            other.add(node.id)
+    return {id(made[0]): calls.get(name, []) for name, made in bound.items()
+            if len(made) == 1 and made[0] is not None and name not in other}
+
+
+def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, tuple[str, int, str] | None]:
+    """The script's calls of its own project's code: `report` (a function imported from a module beside it) or
+    `Plotter.flush` (a method of a class imported so) -> (file, line, the write) where it only reports into files,
+    else None. Such a function writes a file, saves a figure or starts a process, and neither trains, joins a
+    collective, returns a value nor changes what it is handed: run as a statement on every rank, each rank writes
+    the same files; on rank 0 alone, nothing else changes."""
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _definer(tree, folder, modules, parsed)
+    out: dict[str, tuple[str, int, str] | None] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not ast_dotted(node.func):
+            continue
+        func = ast_dotted(node.func)
+        found = definition(func)
+        if found is None:
+            continue
+        path, _, defn = found
+        if isinstance(defn, ast.ClassDef):
+            for method in (n.name for n in defn.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                if not method.startswith("__"):
+                    hit = _writes_in(_own_methods(defn, method))
+                    out[f"{func}.{method}"] = (path, *hit) if hit else None
+        else:
+            hit = _writes_in([defn])
+            out[func] = (path, *hit) if hit else None
+    return out
+
+
 def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):
     """Resolves a call of the ported script to (file, name, definition) in the project's own code, else None."""
     imported = _local_imports(tree, modules, folder, parsed)
@@ -487,6 +598,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 for key, kind in _received(node.value, found[2], kinds).items():
                     if key.startswith("self."):
                         kinds.setdefault(f"{node.targets[0].id}.{key[5:]}", kind)
+    instance_calls = _instance_calls(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -510,8 +622,22 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         devices = fixed_devices(module)
         if not received:  # handed nothing that changed: still every rank's code, so what it writes is checked, and
             # a GPU it picks itself (`torch.device("cuda:0")`) is rank 0's on every rank
+            parts = [defn]
+            if isinstance(defn, ast.ClassDef) and (calls := instance_calls.get(id(node))) is not None:
+                parts = _own_methods(defn, "__init__")  # each method is judged at its own calls (rank 0's or not)
+                for call in calls:
+                    if id(call) in guarded or isinstance(call.func, ast.Name):
+                        continue
+                    method = call.func.attr
+                    writes = sorted({h for m in _own_methods(defn, method) for h in _hazards(m, {}, False)
+                                     if "writes or downloads" in h[1]})
+                    if writes:
+                        where = os.path.basename(path)
+                        found_at = "; ".join(f"{where}:{line} {h}" for line, h in writes[:4])
+                        out.append((call.lineno, f"not checked: `{name}.{method}` in {where} (read, not ported) runs "
+                                                 f"on every rank, and there {found_at}; check each under DDP"))
             hazards = [] if id(node) in guarded else sorted(
-                {h for h in _hazards(defn, {}, False, devices=devices)
+                {h for part in parts for h in _hazards(part, {}, False, devices=devices)
                  if "writes or downloads" in h[1] or "chooses a device" in h[1]})
             what = "runs on every rank"
         else:

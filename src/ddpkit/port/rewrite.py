@@ -273,7 +273,10 @@ class Rewriter(cst.CSTTransformer):
                 f"ddpkit.unwrap({dotted(updated.func.value)})")))
         receiver = move_receiver(updated)
         if receiver is not None:
-            if self.role(receiver) == "model" or root_name(receiver) in self._device_batch_names():
+            if id(original) in self.p.move_back and updated.func.attr.value == "to":
+                return updated  # the model comes back from the CPU: `.to(device)` is `.to(ctx.device)` already
+            if (self.role(receiver) == "model" and id(original) not in self.p.move_back) \
+                    or root_name(receiver) in self._device_batch_names():
                 self.changes += 1
                 return receiver
             if updated.func.attr.value == "cuda":
@@ -641,7 +644,7 @@ class Rewriter(cst.CSTTransformer):
             return self._current_gpu(original, updated)
         if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and moves_to_cpu(
                 original.body[0].value) and self.role(original.body[0].value.func.value) == "model" and isinstance(
-                original.body[0].value.func.value, cst.Name):
+                original.body[0].value.func.value, cst.Name) and id(original) not in self.p.round_trip:
             model = original.body[0].value.func.value.value  # `model.cpu()` -> `model = ddpkit.unwrap(model).cpu()`
             return updated.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(model))], updated.body[0].value)])
         if len(original.body) == 1 and isinstance(original.body[0], cst.Expr) and isinstance(
@@ -820,8 +823,10 @@ class Rewriter(cst.CSTTransformer):
         after = []
         if id(original) in self.p.guard and self.rank0 == 1 and not isinstance(updated, cst.FlattenSentinel):
             self.changes += 1  # one writer: the other ranks would write the same file at the same time
+            bound = self.p.none_elsewhere.get(id(original))  # the other ranks hand None to the functions using it
             updated = cst.If(test=parse_expr("ctx.is_main"), body=cst.IndentedBlock([updated.with_changes(
-                leading_lines=[])]), leading_lines=updated.leading_lines)
+                leading_lines=[])]), leading_lines=updated.leading_lines, orelse=cst.Else(cst.IndentedBlock(
+                    [cst.parse_statement(f"{bound} = None\n")])) if bound else None)
         if _made_main_guard(original, updated):
             hoisted, updated = self._hoist_collectives(original, updated)
             before.extend(hoisted)

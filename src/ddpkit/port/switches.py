@@ -27,9 +27,13 @@ def plan_device_flag(plan: Any) -> str | None:
                 if isinstance(n, cst.AssignTarget)}
     found: set[str] = set()
     chosen = _chosen_devices(plan.f.module)
+    models = {k: [m for m in _moves_of(plan, k) if not _to_chosen(m, chosen)] for k in sorted(plan.f.ported)}
+    if any(not isinstance(plan._parent.get(id(m)), cst.If) for found in models.values() for m in found):
+        models = {}  # the model goes to the GPU outside any `if` too (`if args.test: model.cuda()`, then
+        # `model.cuda()` on the training path): such an `if` picks a path, not the device
     for key in sorted(plan.f.ported):
         inputs = _input_moves_of(plan, key)
-        for stmt in [*(m for m in _moves_of(plan, key) if not _to_chosen(m, chosen)), *inputs]:
+        for stmt in [*models.get(key, []), *inputs]:
             parent = plan._parent.get(id(stmt))
             if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
                 continue
