@@ -116,17 +116,30 @@ class Project:
             return (member, name) if member is not None and name in self.scripts[member].function_names else None
         return self._exported(path, name)
 
-    def _exported(self, path: str, name: str) -> tuple[str, str] | None:
-        """(path, function name) of the function `name` of the module at `path`: its own, or the one a package's
-        `__init__.py` re-exports (`from .launch import launch`), also to a `from package import *` importer."""
-        if name in self.scripts[path].function_names:
+    def _exported(self, path: str, name: str, seen: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+        """(path, function name) of the function `name` of the module at `path`: its own, or the one it re-exports,
+        as a package's `__init__.py` does (`from .launch import launch`, `from .dist import *`, `from pkg.dist import
+        get_rank`), through as many re-exporting modules as there are; also to a `from package import *` importer."""
+        script = self.scripts[path]
+        if name in script.function_names:
             return path, name
-        alias = self.scripts[path].aliases.get(name, "")
-        again = self.modules.locate(path, alias.rsplit(".", 1)[0]) if "." in alias else None
-        if again is None or again == path or alias.rsplit(".", 1)[1] not in self.scripts[again].function_names:
+        seen = seen | {path}
+        alias = script.aliases.get(name, "")
+        if "." in alias:
+            again = self.modules.locate(path, alias.rsplit(".", 1)[0])
+            if again is not None and again not in seen:
+                return self._exported(again, alias.rsplit(".", 1)[1], seen)
             return None
-        return again, alias.rsplit(".", 1)[1]
-
+        if alias or name.startswith("_"):
+            return None  # (a star import brings no name the module binds itself, nor a private one)
+        for module in script.star_modules:
+            again = self.modules.locate(path, module)
+            if again is None or again in seen or not _star_exports(self.scripts[again].tree, name):
+                continue
+            found = self._exported(again, name, seen)
+            if found is not None:
+                return found
+        return None
 
     def memo(self, key: object, compute):
         """A fact over every file, computed once per project (the checks run once per file)."""
@@ -1123,6 +1136,15 @@ _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "no_grad", "infere
 _PLAIN_BASES = frozenset({"object", "Module", "Dataset", "IterableDataset", "Sampler", "Enum", "NamedTuple",
                           "Exception", "ABC", "Generic", "Protocol"})
 """Bases whose subclasses' methods run only when called by name (besides dunders and forward)."""
+
+
+def _star_exports(tree: ast.Module, name: str) -> bool:
+    """`from module import *` brings `name`: within the module's `__all__` where it declares one."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets) \
+                and isinstance(stmt.value, (ast.List, ast.Tuple)):
+            return any(isinstance(e, ast.Constant) and e.value == name for e in stmt.value.elts)
+    return True
 
 
 def _looks_up_by_name(node: ast.AST) -> bool:
