@@ -328,8 +328,9 @@ def _flag_level(x, value: ast.AST) -> int:
 def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
     """`args.print_progress = RANK == 0` (or `self.is_main = ...`, `cfg["chatty"] = ...`) in one file of the
     program: an attribute (a dict item) whose value is a rank test is a rank check wherever the program reads
-    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). Only tests count, not the rank
-    itself (`args.rank = get_rank()`)."""
+    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). So is the rank itself stored there
+    (`args.proc = int(os.environ["RANK"])`, `cfg.who = dist.get_rank()`): `if opt.proc == 0:` in the file the
+    config is handed to tests it, whatever the attribute's name; not arithmetic on it (`args.seed = seed + rank`)."""
     found: dict[str, int] = {}
     for script in project.scripts.values():
         pairs = [(key, value) for key, value in script.assignments if key.startswith(".")]
@@ -337,7 +338,7 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
                   if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
                   and isinstance(n.targets[0].slice, ast.Constant) and isinstance(n.targets[0].slice.value, str)]
         for key, value in pairs:
-            if _is_flag(value):
+            if _is_flag(value) or isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
                 level = script.kind(value)
                 if level:
                     found["=" + key] = max(found.get("=" + key, NONE), level)
