@@ -176,17 +176,22 @@ class Project:
             self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
-        dynamic = any(_looks_up_by_name(n) and not self._outside_lookup(x, n) for x in self.scripts.values()
-                      for n in x.nodes)
+        picks = {_picks_by_name(x, n) for x in self.scripts.values() for n in x.nodes
+                 if not self._outside_lookup(x, n)}
+        dynamic = "module" in picks
+        """Some code picks a module's code by a string (`globals()[name]`, `getattr(models, args.arch)`): any class
+        or function may run."""
+        by_string = dynamic or "method" in picks
+        """... or an object's method (`getattr(self, f"{split}_step")`): any method of a class that runs may run."""
         classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
             entry = path in entries
             dead: set[int] = set()
             implicit = {id(item) for stmt in s.tree.body if isinstance(stmt, ast.ClassDef)
-                        and not (stmt.name in self._framework_classes or stmt.decorator_list or dynamic)
+                        and not (stmt.decorator_list or dynamic)
                         for item in stmt.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and _conventional(item.name)}
+                        and (_conventional(item.name) or stmt.name in self._framework_classes)}
             for d in s.defs:
                 if id(d) not in implicit:  # `super().__init__()` names the base's __init__, not every class's
                     defs.setdefault(d.name, []).append(d)
@@ -202,8 +207,9 @@ class Project:
                 elif isinstance(stmt, ast.ClassDef):
                     framework = stmt.name in self._framework_classes
                     # a plain class's dunders and forward run once something names the class (outside its
-                    # own body): they are followed from that name, and the class is dead without one
-                    named = not (framework or stmt.decorator_list or dynamic)
+                    # own body): they are followed from that name, and the class is dead without one; so do all the
+                    # methods of a class a framework calls into (a `pl.Callback` nothing builds is never called)
+                    named = not (stmt.decorator_list or dynamic)
                     if named:
                         classes_named.append((path, stmt))
                     for item in stmt.body:
@@ -225,6 +231,13 @@ class Project:
         for path, s in self.scripts.items():
             if path in entries and not self._acts(s):
                 roots.extend(s.defs)
+        # a name a module exports in `__all__` may be imported by a file not linted: it counts as named there
+        exports = [(path, ast.Name(id=e.value, ctx=ast.Load())) for path, s in self.scripts.items()
+                   for stmt in s.tree.body if isinstance(stmt, ast.Assign) and any(
+                       isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets)
+                   and isinstance(stmt.value, (ast.List, ast.Tuple))
+                   for e in stmt.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        roots.extend(n for _, n in exports)
         live: set[str] = set()
         by_attribute: set[str] = set()
         """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
@@ -247,7 +260,7 @@ class Project:
         module_level = {d.name for x in self.scripts.values() for d in x.tree.body
                         if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))} - methods
         qualified = {id(n) for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)
-                     and n.attr in module_level and _module_rooted(x, n)}
+                     and n.attr in module_level | methods and _module_rooted(x, n)}
         # `importlib.import_module(name).main(cfg)`, `getattr(module, "run")(settings)`: a function of a module the
         # file imports at run time, named on the module object the import returns
         for path, targets in self.runtime_imports.items():
@@ -274,6 +287,10 @@ class Project:
             for d in s.tree.body:
                 if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     own_defs.setdefault(path, {}).setdefault(d.name, []).append(d)
+        owner.update((id(n), path) for path, n in exports)
+        top_functions = {id(d) for found in own_defs.values() for ds in found.values() for d in ds}
+        """Module-level functions: reached by a bare name or on a module (`utils.step`), never on a value (`eng.step`
+        runs a method named step, not utils.step)."""
         off = self._switched_off()
         reached: set[int] = set()
         """Module-level functions reached through their own module's bare name."""
@@ -281,6 +298,8 @@ class Project:
         """Their names: live, though they do not make other modules' functions of the name live."""
         expanded: set[str] = set()
         """Names whose every function has been queued."""
+        expanded_methods: set[str] = set()
+        """Names whose methods (and classes) have been queued, by an attribute on a value."""
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -292,7 +311,7 @@ class Project:
             nested = {d.name for d in ast.walk(node) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and d is not node} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
             for n, shadowed in _scoped_walk(node, off):
-                name = ""
+                name, on_value = "", False
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in shadowed and n.id in nested:
                     live.add(n.id)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
@@ -307,7 +326,13 @@ class Project:
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
                         and not (n.attr in module_level and id(n) not in qualified) \
                         and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)):
-                    name = n.attr
+                    name, on_value = n.attr, id(n) not in qualified
+                    by_attribute.add(name)
+                elif isinstance(n, ast.Call) and terminal(n.func) == "getattr" and len(n.args) >= 2 \
+                        and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
+                    # `getattr(self, "validate")()`: the attribute named by a constant
+                    name, on_value = n.args[1].value, not (isinstance(n.args[0], ast.Name) and n.args[0].id in
+                                                           self.scripts[owner.get(id(node), self.paths[0])].aliases)
                     by_attribute.add(name)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
@@ -315,15 +340,17 @@ class Project:
                         # (a root, `@abstractmethod def _train_epoch` of a base class, is walked because of its
                         # decorator, not because code names it: a later call still reaches its namesakes, the
                         # subclass's `_train_epoch`)
-                        expanded.add(n.name)
+                        (expanded if id(n) in top_functions else expanded_methods).add(n.name)
                 for name in (name, *renamed.get(name, ())) if name else ():
-                    if name not in expanded:
-                        # (a name live only as some module's own function still reaches its namesakes here)
-                        expanded.add(name)
-                        live.add(name)
-                        todo.extend(defs.get(name, ()))
+                    if name in expanded or on_value and name in expanded_methods:
+                        continue
+                    # (a name live only as some module's own function still reaches its namesakes here)
+                    (expanded_methods if on_value else expanded).add(name)
+                    live.add(name)
+                    todo.extend(d for d in defs.get(name, ()) if not (on_value and id(d) in top_functions))
         live |= scoped
         self.live_functions = live
+        rooted |= {id(d) for path, n in exports for d in own_defs.get(path, {}).get(n.id, ())}
         for path, s in self.scripts.items():
             self.dead_blocks[path].update(n for n in off.get(path, ()))
         # a module-level function whose name is live only through other modules' own functions of that name
@@ -336,9 +363,11 @@ class Project:
         if not dynamic:
             self._shadowed_functions(live, rooted)
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
-        # its name live: a method is reached through an attribute, or by a bare name in its class body
+        # its name live: a method is reached through an attribute, or by a bare name in its class body (the
+        # methods of a class a framework calls into run once the class is named)
         for path, s in self.scripts.items():
-            for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)) if not dynamic else ():
+            for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)
+                      if n.name not in self._framework_classes) if not by_string else ():
                 in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                            for n in ast.walk(item) if isinstance(n, ast.Name)}
                 for item in c.body:
@@ -348,7 +377,7 @@ class Project:
         for path, c in classes_named:
             if c.name not in live:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
-        if not dynamic:
+        if not by_string:
             self._overridden_methods()
         self._methods_of_other_receivers(rooted)
 
@@ -1158,6 +1187,29 @@ def _looks_up_by_name(node: ast.AST) -> bool:
             or name in ("import_module", "instantiate")
     return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
         and node.value.attr == "__dict__" and not (isinstance(node.value.value, ast.Name) and node.value.value.id == "self")
+
+
+def _picks_by_name(s: Script, node: ast.AST) -> str | None:
+    """What a lookup by string (see _looks_up_by_name) may pick: "module" for any class or function of a module
+    (`globals()[name]`, `getattr(models, args.arch)`), "method" for a method of an object (`getattr(self, name)`,
+    `getattr(args, key)`), None for no code at all (`vars(args)`: the values an object holds, a configuration)."""
+    if not _looks_up_by_name(node):
+        return None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "vars") \
+            and node.args and not _module_valued(s, node.args[0]):
+        return "method" if node.func.id == "getattr" else None
+    return "module"
+
+
+def _module_valued(s: Script, expr: ast.AST) -> bool:
+    """An expression that may hold a module: an imported name (`models`, `utils.registry`), a module fetched at run
+    time (`import_module(...)`, `sys.modules[__name__]`); not a local value, `self` or its attributes."""
+    root = expr
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if isinstance(root, ast.Name):
+        return root.id in s.aliases and root.id != "self"
+    return not isinstance(root, ast.Constant)
 
 
 def _conventional(name: str) -> bool:

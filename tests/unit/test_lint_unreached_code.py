@@ -1,0 +1,180 @@
+"""Code no rank runs, followed from the entry point through the program's files: module functions reached only
+as a namesake method of a value, framework classes nothing builds, plain classes in a program that reads its
+configuration by name; each beside a twin that runs and is still reported."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _found(files: dict[str, str]) -> set[tuple[str, str, str]]:
+    """(path, stripped line, rule) of every finding."""
+    sources = {path: textwrap.dedent(code) for path, code in files.items()}
+    return {(f.path, sources[f.path].splitlines()[f.line - 1].strip(), f.rule) for f in lint_sources(sources)}
+
+
+_TRAIN = """
+    import argparse
+    import threading
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    import utils
+
+
+    class Engine:
+        def __init__(self, model):
+            self.model = model
+
+        def step(self, x):
+            return self.model(x)
+
+
+    def main():
+        args = argparse.ArgumentParser().parse_args()
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(2, 2)
+        engine = Engine(model)
+        data = torch.randn(8, 2)
+        loader = DataLoader(data, sampler=DistributedSampler(data))
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            for x in loader:
+                engine.step(x).sum().backward()
+        threading.Thread(target=utils.watch).start()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+_UTILS = """
+    import torch
+
+
+    def step(x):
+        print("step", x)
+        torch.save(x, "x.pt")
+
+
+    def watch():
+        print("watching")
+"""
+
+
+def test_a_module_function_named_like_a_method_called_on_a_value_is_not_run_by_that_call():
+    """`engine.step(x)` runs Engine.step, not utils.step: nothing names utils.step (its print and save used to be
+    reported); utils.watch, handed to a Thread, runs."""
+    assert _found({"train.py": _TRAIN, "utils.py": _UTILS}) == {("utils.py", 'print("watching")', "DDP008")}
+
+
+def test_a_module_function_named_on_its_module_still_runs():
+    train = _TRAIN.replace("engine.step(x).sum().backward()", "engine.step(x).sum().backward()\n"
+                           "                utils.step(x)")
+    assert _found({"train.py": train, "utils.py": _UTILS}) == {
+        ("utils.py", 'print("watching")', "DDP008"), ("utils.py", 'print("step", x)', "DDP008"),
+        ("utils.py", 'torch.save(x, "x.pt")', "DDP004")}
+
+
+_CALLBACKS = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+    import pytorch_lightning as pl
+    from torch.utils.data import Dataset
+
+
+    class Snapshot(pl.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            print("epoch done")
+            torch.save(module.state_dict(), "snap.pt")
+
+
+    class Legacy(Dataset):
+        def __init__(self, root):
+            print("reading", root)
+
+        def __getitem__(self, i):
+            return i
+
+
+    class Progress(pl.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            print("progress")
+
+
+    def main():
+        args = argparse.ArgumentParser().parse_args()
+        for key in vars(args):
+            print(key, getattr(args, key))
+        dist.init_process_group("gloo")
+        trainer = pl.Trainer(callbacks=[Progress()])
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_framework_class_nothing_builds_never_runs_nor_does_a_plain_class_in_a_program_reading_args_by_name():
+    """Snapshot (a pl.Callback) is never built: its hook never runs; Legacy is built nowhere, and `vars(args)` /
+    `getattr(args, key)` pick no class by name. Progress, handed to the Trainer, runs its hook."""
+    found = _found({"train.py": _CALLBACKS})
+    assert {line for _, line, _ in found} == {"print(key, getattr(args, key))", 'print("progress")'}
+
+
+def test_a_class_picked_by_a_string_from_a_module_may_still_run():
+    """`getattr(models, args.arch)` on a project module: any class of the program may be the one built."""
+    code = _CALLBACKS.replace("for key in vars(args):", "for key in vars(args):\n"
+                              "            getattr(__import__('train'), key)")
+    found = _found({"train.py": code})
+    assert {'print("epoch done")', 'print("reading", root)'} <= {line for _, line, _ in found}
+
+
+def test_a_method_named_by_a_constant_getattr_and_a_function_exported_in_all_run():
+    """`getattr(self, "report")()` runs report; `export` is listed in `__all__`, so a file not linted may import
+    and call it: both keep their findings. `unused` is neither called nor exported: nothing runs it."""
+    train = """
+        import torch
+        import torch.distributed as dist
+        from helpers import export
+
+        class Runner:
+            def __init__(self, model):
+                self.model = model
+
+            def run(self):
+                getattr(self, "report")()
+
+            def report(self):
+                print("report")
+
+        def main():
+            dist.init_process_group("gloo")
+            Runner(torch.nn.Linear(2, 2)).run()
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """
+    helpers = """
+        import torch
+
+        __all__ = ["export", "dump"]
+
+        def export(x):
+            print("export")
+
+        def dump(x):
+            print("dump")
+
+        def unused(x):
+            torch.save(x, "unused.pt")
+    """
+    assert _found({"train.py": train, "helpers.py": helpers}) == {
+        ("train.py", 'print("report")', "DDP008"), ("helpers.py", 'print("export")', "DDP008"),
+        ("helpers.py", 'print("dump")', "DDP008")}
