@@ -178,3 +178,48 @@ def test_a_method_named_by_a_constant_getattr_and_a_function_exported_in_all_run
     assert _found({"train.py": train, "helpers.py": helpers}) == {
         ("train.py", 'print("report")', "DDP008"), ("helpers.py", 'print("export")', "DDP008"),
         ("helpers.py", 'print("dump")', "DDP008")}
+
+
+def test_a_bare_name_imported_from_one_module_does_not_run_a_namesake_of_another():
+    """`from engine import train_one_epoch` then `train_one_epoch(...)`: engine's runs, utils' legacy namesake
+    (imported from for build_model only) does not; its bar, print and save used to be reported."""
+    train = """
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, DistributedSampler
+        from engine import train_one_epoch
+        from utils import build_model
+
+        def main():
+            dist.init_process_group("gloo")
+            model = build_model()
+            data = torch.randn(8, 2)
+            loader = DataLoader(data, sampler=DistributedSampler(data))
+            for epoch in range(2):
+                loader.sampler.set_epoch(epoch)
+                train_one_epoch(model, loader)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """
+    engine = """
+        def train_one_epoch(model, loader):
+            for x in loader:
+                model(x).sum().backward()
+            print("epoch done")
+    """
+    utils = """
+        import torch
+        from tqdm import tqdm
+
+        def build_model():
+            return torch.nn.Linear(2, 2)
+
+        def train_one_epoch(model, loader):
+            for x in tqdm(loader):
+                model(x).sum().backward()
+            torch.save(model.state_dict(), "legacy.pt")
+    """
+    assert _found({"train.py": train, "engine.py": engine, "utils.py": utils}) == {
+        ("engine.py", 'print("epoch done")', "DDP008")}

@@ -289,6 +289,17 @@ class Project:
                     own_defs.setdefault(path, {}).setdefault(d.name, []).append(d)
         owner.update((id(n), path) for path, n in exports)
         top_functions = {id(d) for found in own_defs.values() for ds in found.values() for d in ds}
+        # a bare name a file imports from a module of the project (`from engine import train_one_epoch`, also through
+        # a package's re-exports) is that module's function, not a namesake elsewhere (a legacy utils.train_one_epoch)
+        imported_defs: dict[tuple[str, str], list[ast.AST]] = {}
+        for path, s in self.scripts.items():
+            for n in s.nodes:
+                if isinstance(n, ast.ImportFrom):
+                    for a in n.names:
+                        bound = a.asname or a.name
+                        target = self.resolve(s, ast.Name(id=bound, ctx=ast.Load())) if a.name != "*" else None
+                        if target is not None and own_defs.get(target[0], {}).get(target[1]):
+                            imported_defs[(path, bound)] = own_defs[target[0]][target[1]]
         """Module-level functions: reached by a bare name or on a module (`utils.step`), never on a value (`eng.step`
         runs a method named step, not utils.step)."""
         off = self._switched_off()
@@ -315,12 +326,13 @@ class Project:
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in shadowed and n.id in nested:
                     live.add(n.id)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
-                    if n.id in mine:
-                        for d in mine[n.id]:
+                    found = mine.get(n.id) or imported_defs.get((owner.get(id(node), ""), n.id))
+                    if found:
+                        for d in found:
                             if id(d) not in reached:
                                 reached.add(id(d))
                                 todo.append(d)
-                        scoped.add(n.id)
+                            scoped.add(d.name)
                         continue
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
