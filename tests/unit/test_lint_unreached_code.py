@@ -223,3 +223,50 @@ def test_a_bare_name_imported_from_one_module_does_not_run_a_namesake_of_another
     """
     assert _found({"train.py": train, "engine.py": engine, "utils.py": utils}) == {
         ("engine.py", 'print("epoch done")', "DDP008")}
+
+
+def test_a_method_named_like_a_call_on_a_library_object_is_not_run_by_it():
+    """`logger.log(...)` on `logging.getLogger(__name__)` and `writer.flush()` on a SummaryWriter run the library's
+    methods: Trainer.log and Trainer.flush, which nothing else calls, never run (their print and save used to be
+    reported). `copy.deepcopy(trainer).report()` may run the project's report: kept."""
+    code = """
+        import copy
+        import logging
+        import torch
+        import torch.distributed as dist
+        from torch.utils.tensorboard import SummaryWriter
+
+        logger = logging.getLogger(__name__)
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def fit(self):
+                self.model(torch.randn(2, 2)).sum().backward()
+
+            def log(self, msg):
+                print(msg)
+
+            def flush(self):
+                torch.save(self.model.state_dict(), "f.pt")
+
+            def report(self):
+                print("report")
+
+        def main():
+            dist.init_process_group("gloo")
+            rank = dist.get_rank()
+            trainer = Trainer(torch.nn.Linear(2, 2))
+            trainer.fit()
+            logger.log(logging.INFO, "done")
+            writer = SummaryWriter(log_dir=f"runs/{rank}")
+            writer.flush()
+            twin = copy.deepcopy(trainer)
+            twin.report()
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """
+    assert _found({"train.py": code}) == {("train.py", 'print("report")', "DDP008")}

@@ -536,8 +536,10 @@ def receivers(project):
     project classes the object an attribute is looked up on belongs to, or None where the program does not say:
     `self` (the class the access sits in), a class named directly, a name every assignment of which in its file
     builds a project class (not a parameter, loop or `with` target, import or global of that file), an attribute
-    every assignment of which in the program builds one (`self.meter = Meter()`). Related classes: a class, its
-    project bases and its project subclasses."""
+    every assignment of which in the program builds one (`self.meter = Meter()`). The empty set where every
+    assignment is a value made outside the project from no project object (`logger = logging.getLogger(__name__)`,
+    `self.writer = SummaryWriter(log_dir) if rank == 0 else None`): none of the project's methods runs on it.
+    Related classes: a class, its project bases and its project subclasses."""
     classes: dict[str, list[ast.ClassDef]] = {}
     functions = set()
     for x in project.scripts.values():
@@ -561,7 +563,8 @@ def receivers(project):
             if key.startswith("."):
                 made = terminal(value.func) if isinstance(value, ast.Call) else ""
                 known = attributes.get(key, set())
-                attributes[key] = None if known is None or made not in built else known | {made}
+                attributes[key] = known if known is not None and _made_outside(project, x, value, classes) \
+                    else None if known is None or made not in built else known | {made}
     unbound: dict[str, set[str]] = {}
     for path, x in project.scripts.items():
         names = unbound.setdefault(path, set())
@@ -587,13 +590,69 @@ def receivers(project):
         if isinstance(owner, ast.Name) and owner.id in built and owner.id not in unbound[path]:
             return {owner.id}
         if isinstance(owner, ast.Name) and owner.id not in unbound[path]:
-            made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in x._bindings.get(owner.id, ())}
+            bindings = x._bindings.get(owner.id, ())
+            if bindings and all(v is not None and _made_outside(project, x, v, classes) for _, v in bindings):
+                return set()
+            made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in bindings}
             return made if made and made <= built else None
         if isinstance(owner, ast.Attribute):
             return attributes.get("." + owner.attr)
         return None
 
     return classes, relatives, receiver
+
+
+def _made_outside(project, x, value: ast.AST, classes) -> bool:
+    """A value made by a library (a call on a module outside the project, or None where a test picks ranks:
+    `SummaryWriter(d) if rank == 0 else None`) from no project object: constants, strings, the module's name,
+    library names, and attributes of values no project class builds (`args.log_dir`), not `self` or a local
+    holding a project object (`DDP(model)` or `copy.deepcopy(trainer)` may hand back the project's object)."""
+    if isinstance(value, ast.IfExp):
+        return all(isinstance(arm, ast.Constant) and arm.value is None or _made_outside(project, x, arm, classes)
+                   for arm in (value.body, value.orelse))
+    if not isinstance(value, ast.Call):
+        return False
+    root = value.func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not (isinstance(root, ast.Name) and _outside_module(project, x, root.id)):
+        return False
+    for arg in (*value.args, *(k.value for k in value.keywords)):
+        for n in ast.walk(arg):
+            if isinstance(n, (ast.Lambda, ast.Starred)) or isinstance(n, ast.keyword) and n.arg is None:
+                return False
+            if isinstance(n, ast.Name) and not (n.id == "__name__" or _outside_module(project, x, n.id)
+                                                or _in_text(x, n) or _plain_holder(project, x, n, classes)):
+                return False
+    return True
+
+
+def _outside_module(project, x, name: str) -> bool:
+    """`name` is imported from a module that is not the project's (`logging`, `SummaryWriter`)."""
+    return name in x.aliases and project.modules.locate(x.path, x.aliases[name], parent=True) is None \
+        and project.modules.locate(x.path, x.aliases[name].rsplit(".", 1)[0], parent=True) is None
+
+
+def _in_text(x, n: ast.AST) -> bool:
+    """A name formatted into a string (`f"runs/{rank}"`): the string is passed, not the object."""
+    node = n
+    while id(node) in x.parents:
+        node = x.parents[id(node)]
+        if isinstance(node, ast.JoinedStr):
+            return True
+        if isinstance(node, ast.stmt):
+            return False
+    return False
+
+
+def _plain_holder(project, x, n: ast.Name, classes) -> bool:
+    """`args` of `args.log_dir`: the root of an attribute read on a value that is not `self` and that no assignment
+    in its file makes from a project class or function."""
+    parent = x.parents.get(id(n))
+    if not (isinstance(parent, ast.Attribute) and parent.value is n) or n.id in ("self", "cls"):
+        return False
+    return not any(isinstance(v, ast.Call) and (terminal(v.func) in classes or project.resolve(x, v.func) is not None)
+                   for _, v in x._bindings.get(n.id, ()) if v is not None)
 
 
 def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | None:
@@ -631,6 +690,8 @@ def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | No
     if name not in named:
         return []
     kinds = receiver(path, x, func)
+    if kinds is not None and not kinds:
+        return []  # `writer.flush()` on a library's object
     if kinds is None:
         methods = [d for _, d in named[name]]
         return methods if len(methods) == 1 else None
