@@ -270,3 +270,39 @@ def test_a_method_named_like_a_call_on_a_library_object_is_not_run_by_it():
             main()
     """
     assert _found({"train.py": code}) == {("train.py", 'print("report")', "DDP008")}
+
+
+_FLAGGED = """
+    import torch
+    import torch.distributed as dist
+
+    DEBUG = False
+
+    def dump(model):
+        torch.save(model.state_dict(), "dump.pt")
+
+    def main():
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(2, 2)
+        if False:
+            print("never")
+        if DEBUG:
+            dump(model)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_branch_on_false_or_on_a_module_constant_bound_once_to_false_never_runs():
+    """`if False:` and `if DEBUG:` with `DEBUG = False` bound nowhere else: neither body runs, nor `dump`, which
+    only that branch calls (its save and the print used to be reported)."""
+    assert _found({"train.py": _FLAGGED}) == set()
+
+
+def test_a_module_constant_the_program_may_rebind_is_not_taken_as_false():
+    """nanoGPT's `exec(open("configurator.py").read())` can set DEBUG from the command line: the branch may run."""
+    code = _FLAGGED.replace('dist.init_process_group("gloo")', 'exec(open("configurator.py").read())\n'
+                            '        dist.init_process_group("gloo")')
+    assert {line for _, line, _ in _found({"train.py": code})} == {'torch.save(model.state_dict(), "dump.pt")'}

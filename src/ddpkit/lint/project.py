@@ -427,6 +427,28 @@ class Project:
                 if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
                     assigned_attrs[n.attr] = assigned_attrs.get(n.attr, 0) + 1
         out: dict[str, set[int]] = {}
+        # `if False:`, and `if DEBUG:` on a module constant the program binds once, to False/None/0: never entered
+        bound: dict[str, int] = {}
+        for s in self.scripts.values():
+            for n in s.nodes:
+                names = [n.id] if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else \
+                    [n.attr] if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Load) else \
+                    [n.arg] if isinstance(n, ast.arg) else n.names if isinstance(n, (ast.Global, ast.Nonlocal)) else \
+                    [a.asname or a.name for a in n.names] if isinstance(n, ast.ImportFrom) else []
+                for name in names:
+                    bound[name] = bound.get(name, 0) + 1
+        # (`exec(open("configurator.py").read())`, `globals().update(...)`, `setattr(sys.modules[__name__], ...)`
+        # may rebind it)
+        rebinds = any(terminal(c.func) in ("exec", "eval", "globals", "locals", "__import__", "import_module")
+                      or terminal(c.func) == "setattr" and c.args and not isinstance(c.args[0], ast.Name)
+                      for s in self.scripts.values() for c in s.calls)
+        for path, s in self.scripts.items():
+            falsy = set() if rebinds else {t.id for stmt in s.tree.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                     and isinstance(stmt.value, ast.Constant) and not stmt.value.value
+                     for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                     if isinstance(t, ast.Name) and bound.get(t.id) == 1}
+            _switch_off(s.tree, lambda t: isinstance(t, ast.Constant) and not t.value
+                        or isinstance(t, ast.Name) and t.id in falsy, out.setdefault(path, set()))
         if not calls.get("DataParallel"):
             # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
             # subclass of it): the branch never runs
