@@ -306,3 +306,49 @@ def test_a_module_constant_the_program_may_rebind_is_not_taken_as_false():
     code = _FLAGGED.replace('dist.init_process_group("gloo")', 'exec(open("configurator.py").read())\n'
                             '        dist.init_process_group("gloo")')
     assert {line for _, line, _ in _found({"train.py": code})} == {'torch.save(model.state_dict(), "dump.pt")'}
+
+
+def test_a_flag_read_of_an_attribute_does_not_run_a_method_of_its_name():
+    """`if args.resume:` and `not args.evaluate` test values of the parsed arguments: Trainer.resume and
+    Trainer.evaluate, which nothing calls, never run (their prints used to be reported); `hook = hook or
+    trainer.report` hands report over, so it may run."""
+    code = """
+        import argparse
+        import torch
+        import torch.distributed as dist
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def fit(self, hook=None):
+                self.model(torch.randn(2, 2)).sum().backward()
+                hook = hook or self.report
+                hook()
+
+            def resume(self, path):
+                print("resuming", path)
+
+            def evaluate(self):
+                print("evaluating")
+
+            def report(self):
+                print("report")
+
+        def main(args):
+            dist.init_process_group("gloo")
+            trainer = Trainer(torch.nn.Linear(2, 2))
+            if args.resume and dist.get_rank() == 0:
+                pass
+            trainer.fit()
+            if not args.evaluate:
+                trainer.fit()
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--resume", default="")
+            parser.add_argument("--evaluate", action="store_true")
+            main(parser.parse_args())
+    """
+    assert {line for _, line, _ in _found({"train.py": code})} == {'print("report")'}

@@ -302,6 +302,7 @@ class Project:
                             imported_defs[(path, bound)] = own_defs[target[0]][target[1]]
         """Module-level functions: reached by a bare name or on a module (`utils.step`), never on a value (`eng.step`
         runs a method named step, not utils.step)."""
+        parent_of = {k: v for x in self.scripts.values() for k, v in x.parents.items()}
         off = self._switched_off()
         reached: set[int] = set()
         """Module-level functions reached through their own module's bare name."""
@@ -337,7 +338,8 @@ class Project:
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
                         and not (n.attr in module_level and id(n) not in qualified) \
-                        and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)):
+                        and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)) \
+                        and not _read_as_data(n, parent_of):
                     name, on_value = n.attr, id(n) not in qualified
                     by_attribute.add(name)
                 elif isinstance(n, ast.Call) and terminal(n.func) == "getattr" and len(n.args) >= 2 \
@@ -1221,6 +1223,24 @@ def _looks_up_by_name(node: ast.AST) -> bool:
             or name in ("import_module", "instantiate")
     return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
         and node.value.attr == "__dict__" and not (isinstance(node.value.value, ast.Name) and node.value.value.id == "self")
+
+
+def _read_as_data(n: ast.Attribute, parent_of: dict[int, ast.AST]) -> bool:
+    """`if args.resume:`, `not args.evaluate`, `args.epochs - 1`, `f"{args.save}"`: an attribute read where its
+    value is tested, compared, computed with or formatted, which no method's value is; it neither calls nor hands
+    over a method of that name (`trainer.resume` stays unnamed), unlike a call, an argument, an assignment or an
+    `and`/`or` whose value is kept (`hook = hook or self.default_hook`)."""
+    child, parent = n, parent_of.get(id(n))
+    while isinstance(parent, ast.BoolOp) or isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not):
+        if isinstance(parent, ast.UnaryOp):
+            return True
+        child, parent = parent, parent_of.get(id(parent))
+    if isinstance(parent, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+        return parent.test is child
+    if child is not n:
+        return False  # (an `and`/`or` whose value is kept)
+    return isinstance(parent, (ast.Compare, ast.BinOp, ast.FormattedValue)) \
+        or isinstance(parent, ast.Subscript) and parent.value is n
 
 
 def _picks_by_name(s: Script, node: ast.AST) -> str | None:
