@@ -352,3 +352,33 @@ def test_a_flag_read_of_an_attribute_does_not_run_a_method_of_its_name():
             main(parser.parse_args())
     """
     assert {line for _, line, _ in _found({"train.py": code})} == {'print("report")'}
+
+
+def test_an_attribute_of_the_parsed_arguments_passed_along_does_not_run_a_method_of_its_name():
+    """`torch.load(args.resume)` with `args = parser.parse_args()` of an `argparse.ArgumentParser()`: the namespace
+    is a library's object, so Trainer.resume, which nothing calls, never runs (its print used to be reported)."""
+    code = """
+        import argparse
+        import torch
+        import torch.distributed as dist
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def resume(self, path):
+                print("resuming", path)
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--resume", default="")
+            args = parser.parse_args()
+            dist.init_process_group("gloo")
+            trainer = Trainer(torch.nn.Linear(2, 2))
+            trainer.model.load_state_dict(torch.load(args.resume, map_location="cpu"))
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """
+    assert _found({"train.py": code}) == set()

@@ -602,21 +602,27 @@ def receivers(project):
     return classes, relatives, receiver
 
 
-def _made_outside(project, x, value: ast.AST, classes) -> bool:
+def _made_outside(project, x, value: ast.AST, classes, depth: int = 0) -> bool:
     """A value made by a library (a call on a module outside the project, or None where a test picks ranks:
     `SummaryWriter(d) if rank == 0 else None`) from no project object: constants, strings, the module's name,
     library names, and attributes of values no project class builds (`args.log_dir`), not `self` or a local
     holding a project object (`DDP(model)` or `copy.deepcopy(trainer)` may hand back the project's object)."""
     if isinstance(value, ast.IfExp):
-        return all(isinstance(arm, ast.Constant) and arm.value is None or _made_outside(project, x, arm, classes)
-                   for arm in (value.body, value.orelse))
+        return all(isinstance(arm, ast.Constant) and arm.value is None
+                   or _made_outside(project, x, arm, classes, depth) for arm in (value.body, value.orelse))
     if not isinstance(value, ast.Call):
         return False
     root = value.func
     while isinstance(root, ast.Attribute):
         root = root.value
-    if not (isinstance(root, ast.Name) and _outside_module(project, x, root.id)):
+    if not isinstance(root, ast.Name):
         return False
+    if not _outside_module(project, x, root.id):
+        # `args = parser.parse_args()` with `parser = argparse.ArgumentParser()`: a method of a library's object
+        bindings = x._bindings.get(root.id, ()) if isinstance(value.func, ast.Attribute) and depth < 3 else ()
+        if not bindings or root.id in ("self", "cls") or any(
+                v is None or not _made_outside(project, x, v, classes, depth + 1) for _, v in bindings):
+            return False
     for arg in (*value.args, *(k.value for k in value.keywords)):
         for n in ast.walk(arg):
             if isinstance(n, (ast.Lambda, ast.Starred)) or isinstance(n, ast.keyword) and n.arg is None:
