@@ -382,3 +382,35 @@ def test_an_attribute_of_the_parsed_arguments_passed_along_does_not_run_a_method
             main()
     """
     assert _found({"train.py": code}) == set()
+
+
+def test_a_parameter_every_call_fills_with_the_parsed_arguments_is_a_library_object():
+    """`def main(args)` called only as `main(parser.parse_args())`-made `args`: `args.resume` in main is the
+    namespace's, so Trainer.resume never runs; a function also handed to mp.spawn is not read so."""
+    code = """
+        import argparse
+        import torch
+        import torch.distributed as dist
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def resume(self, path):
+                print("resuming", path)
+
+        def main(args):
+            dist.init_process_group("gloo")
+            trainer = Trainer(torch.nn.Linear(2, 2))
+            trainer.model.load_state_dict(torch.load(args.resume, map_location="cpu"))
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--resume", default="")
+            args = parser.parse_args()
+            main(args)
+    """
+    assert _found({"train.py": code}) == set()
+    spawned = code.replace("            main(args)", "            main(args)\n            run = main")
+    assert {line for _, line, _ in _found({"train.py": spawned})} == {'print("resuming", path)'}

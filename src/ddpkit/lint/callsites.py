@@ -580,8 +580,12 @@ def receivers(project):
             elif isinstance(n, ast.Global):
                 names |= set(n.names)
 
+    outside_parameters = _outside_parameters(project, classes)
+
     def receiver(path: str, x, n: ast.Attribute) -> set[str] | None:
         owner = n.value
+        if isinstance(owner, ast.Name) and owner.id in outside_parameters.get(path, {}).get(_enclosing(x, n), ()):
+            return set()
         if isinstance(owner, ast.Name) and owner.id == "self":
             scope = x.parents.get(id(n))
             while scope is not None and not isinstance(scope, ast.ClassDef):
@@ -600,6 +604,62 @@ def receivers(project):
         return None
 
     return classes, relatives, receiver
+
+
+def _enclosing(x, n: ast.AST) -> int:
+    """id of the function `n` sits in (0 at module level)."""
+    node = x.parents.get(id(n))
+    while node is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        node = x.parents.get(id(node))
+    return id(node) if node is not None else 0
+
+
+def _outside_parameters(project, classes) -> dict[str, dict[int, set[str]]]:
+    """path -> {id of a module function: its parameters every call of it in the program fills with a library's
+    object made from no project object (`main(parser.parse_args())`)}. Not for a function defined twice, also used
+    as a value (`mp.spawn(main, ...)`), or called with `*args`/`**kwargs`."""
+    defs: dict[str, list[tuple[str, ast.AST]]] = {}
+    for path, x in project.scripts.items():
+        for d in x.tree.body:
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(d.name, []).append((path, d))
+    calls: dict[str, list[tuple[object, ast.Call]]] = {}
+    used: set[str] = set()
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, ast.Call):
+                calls.setdefault(terminal(n.func), []).append((x, n))
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in defs and not (
+                    isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n):
+                used.add(n.id)
+    found: dict[str, dict[int, set[str]]] = {}
+    for name, places in defs.items():
+        made = calls.get(name, [])
+        if len(places) != 1 or name in used or not made or any(
+                isinstance(a, ast.Starred) for _, c in made for a in c.args) or any(
+                k.arg is None for _, c in made for k in c.keywords):
+            continue
+        path, d = places[0]
+        params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+        rebound = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} | {
+            a.arg for n in ast.walk(d) if isinstance(n, ast.arguments) and n is not d.args
+            for a in (*n.posonlyargs, *n.args, *n.kwonlyargs)}
+        for i, param in enumerate(params):
+            if param in rebound:
+                continue
+            given = [next((k.value for k in c.keywords if k.arg == param), c.args[i] if i < len(c.args) else None)
+                     for _, c in made]
+            if all(v is not None and _outside_value(project, x, v, classes) for (x, _), v in zip(made, given)):
+                found.setdefault(path, {}).setdefault(id(d), set()).add(param)
+    return found
+
+
+def _outside_value(project, x, value: ast.AST, classes) -> bool:
+    """A library's object made from no project object, directly or through the name it was assigned to."""
+    if isinstance(value, ast.Name):
+        bindings = x._bindings.get(value.id, ())
+        return bool(bindings) and all(v is not None and _made_outside(project, x, v, classes) for _, v in bindings)
+    return _made_outside(project, x, value, classes)
 
 
 def _made_outside(project, x, value: ast.AST, classes, depth: int = 0) -> bool:
