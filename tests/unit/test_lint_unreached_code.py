@@ -414,3 +414,49 @@ def test_a_parameter_every_call_fills_with_the_parsed_arguments_is_a_library_obj
     assert _found({"train.py": code}) == set()
     spawned = code.replace("            main(args)", "            main(args)\n            run = main")
     assert {line for _, line, _ in _found({"train.py": spawned})} == {'print("resuming", path)'}
+
+
+def test_a_lookup_by_string_on_an_object_keeps_the_methods_of_its_class_only():
+    """`getattr(self, f"{mode}_step")()` may call any method of Runner: its `spare` is kept (it used to be taken
+    for code no rank runs, as nothing names it); the `getattr(args, key)` of the parsed arguments calls none of the
+    project's methods, so Trainer.resume, which nothing calls, stays dead."""
+    code = """
+        import argparse
+        import torch
+        import torch.distributed as dist
+
+        class Runner:
+            def __init__(self, model):
+                self.model = model
+
+            def run(self, mode):
+                getattr(self, f"{mode}_step")()
+
+            def train_step(self):
+                print("train step")
+
+            def spare(self):
+                print("spare")
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+
+            def resume(self, path):
+                print("resuming", path)
+
+        def main():
+            parser = argparse.ArgumentParser()
+            args = parser.parse_args()
+            dist.init_process_group("gloo")
+            if dist.get_rank() == 0:
+                for key in vars(args):
+                    print(key, getattr(args, key))
+            Trainer(torch.nn.Linear(2, 2))
+            Runner(torch.nn.Linear(2, 2)).run("train")
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            main()
+    """
+    assert {line for _, line, _ in _found({"train.py": code})} == {'print("train step")', 'print("spare")'}

@@ -181,8 +181,16 @@ class Project:
         dynamic = "module" in picks
         """Some code picks a module's code by a string (`globals()[name]`, `getattr(models, args.arch)`): any class
         or function may run."""
-        by_string = dynamic or "method" in picks
-        """... or an object's method (`getattr(self, f"{split}_step")`): any method of a class that runs may run."""
+        # `getattr(obj, name)` on an object: any method of obj's class may be the one named (of every class where the
+        # program does not say which class obj is; of none on a library's object: `getattr(args, key)`)
+        picked = self.memo("picked methods", self._picked_methods)
+        by_string = dynamic or any(found is None for found in picked.values())
+        """... or an object's method, on an object of a class the program does not say: any method of a class that
+        runs may run."""
+        every_method = [d for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                        for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        kept: set[int] = set()
+        """Methods a live lookup by string may pick."""
         classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
@@ -348,6 +356,10 @@ class Project:
                     name, on_value = n.args[1].value, not (isinstance(n.args[0], ast.Name) and n.args[0].id in
                                                            self.scripts[owner.get(id(node), self.paths[0])].aliases)
                     by_attribute.add(name)
+                elif id(n) in picked:
+                    methods = every_method if picked[id(n)] is None else picked[id(n)]
+                    kept.update(id(d) for d in methods)
+                    todo.extend(methods)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
                     if id(n) not in reached and id(n) not in rooted:
@@ -364,7 +376,7 @@ class Project:
                     todo.extend(d for d in defs.get(name, ()) if not (on_value and id(d) in top_functions))
         live |= scoped
         self.live_functions = live
-        rooted |= {id(d) for path, n in exports for d in own_defs.get(path, {}).get(n.id, ())}
+        rooted |= {id(d) for path, n in exports for d in own_defs.get(path, {}).get(n.id, ())} | kept
         for path, s in self.scripts.items():
             self.dead_blocks[path].update(n for n in off.get(path, ()))
         # a module-level function whose name is live only through other modules' own functions of that name
@@ -564,6 +576,28 @@ class Project:
                                 for d in c.body) for c in subclasses):
                     self.dead_blocks[path].update(id(n) for n in ast.walk(item))
 
+    def _picked_methods(self) -> dict[int, list[ast.AST] | None]:
+        """{id of a `getattr(obj, name)` call with a name not written out, on an object (not a module): the methods
+        of obj's classes and their relatives, [] on a library's object, None where the program does not say}."""
+        classes, relatives, receiver = receivers(self)
+        found: dict[int, list[ast.AST] | None] = {}
+        for path, x in self.scripts.items():
+            for n in x.calls:
+                if _picks_by_name(x, n) != "method" or self._outside_lookup(x, n):
+                    continue
+                obj = n.args[0]
+                if isinstance(obj, ast.Name) and obj.id in ("self", "cls"):
+                    scope = x.parents.get(id(n))
+                    while scope is not None and not isinstance(scope, ast.ClassDef):
+                        scope = x.parents.get(id(scope))
+                    kinds = {scope.name} if scope is not None else None
+                else:
+                    kinds = receiver(path, x, ast.Attribute(value=obj, attr="", ctx=ast.Load()))
+                found[id(n)] = None if kinds is None else [
+                    d for k in kinds for r in relatives.get(k, {k}) for c in classes.get(r, ())
+                    for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        return found
+
     def _methods_of_other_receivers(self, rooted: set[int]) -> None:
         """A method every access of whose name is on an object of another class never runs: `logger.print(...)`
         where `logger = Logger(...)` is the only value the file gives `logger` runs Logger.print, not the
@@ -580,8 +614,9 @@ class Project:
                 if terminal(n.func) == "getattr" and len(n.args) >= 2 and not (
                         isinstance(n.args[1], ast.Constant) or isinstance(n.args[0], ast.Call)
                         and terminal(n.args[0].func) == "import_module"
-                        or isinstance(n.args[0], ast.Name) and n.args[0].id in x.aliases):
-                    return
+                        or isinstance(n.args[0], ast.Name) and n.args[0].id in x.aliases) \
+                        and self.memo("picked methods", self._picked_methods).get(id(n), []) is None:
+                    return  # (on an object of a known class the methods it may pick are kept: see _liveness)
         accesses: dict[str, list[set[str] | None]] = {}
         for path, x in self.scripts.items():
             for n in x.nodes:
