@@ -460,3 +460,21 @@ def test_a_lookup_by_string_on_an_object_keeps_the_methods_of_its_class_only():
             main()
     """
     assert {line for _, line, _ in _found({"train.py": code})} == {'print("train step")', 'print("spare")'}
+
+
+def test_a_test_case_unittest_finds_by_itself_runs():
+    """A framework class nothing names is dead, except a unittest.TestCase: `unittest.main()` finds it."""
+    code = """
+        import unittest
+        import torch.distributed as dist
+
+        class DistTest(unittest.TestCase):
+            def test_group(self):
+                dist.init_process_group("gloo")
+                print("testing")
+                dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            unittest.main()
+    """
+    assert {line for _, line, _ in _found({"train.py": code})} == {'print("testing")'}

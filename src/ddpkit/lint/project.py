@@ -197,7 +197,7 @@ class Project:
             entry = path in entries
             dead: set[int] = set()
             implicit = {id(item) for stmt in s.tree.body if isinstance(stmt, ast.ClassDef)
-                        and not (stmt.decorator_list or dynamic)
+                        and not (stmt.decorator_list or dynamic or any(terminal(b) == "TestCase" for b in stmt.bases))
                         for item in stmt.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                         and (_conventional(item.name) or stmt.name in self._framework_classes)}
             for d in s.defs:
@@ -217,7 +217,8 @@ class Project:
                     # a plain class's dunders and forward run once something names the class (outside its
                     # own body): they are followed from that name, and the class is dead without one; so do all the
                     # methods of a class a framework calls into (a `pl.Callback` nothing builds is never called)
-                    named = not (stmt.decorator_list or dynamic)
+                    # (unittest finds a TestCase by itself)
+                    named = not (stmt.decorator_list or dynamic or any(terminal(b) == "TestCase" for b in stmt.bases))
                     if named:
                         classes_named.append((path, stmt))
                     for item in stmt.body:
