@@ -22,8 +22,8 @@ LEFT = {  # findings --fix leaves on purpose: no safe mechanical rewrite
     # the sampler's loader is picked from a dict by key: no loop over a loader built on it by name
     "bad_ddp001_unread_loader_key": {("DDP001", 'samplers = {"train": DistributedSampler')},
     "bad_ddp005_load": {("DDP005", "extra = torch.load(")},
-    "bad_ddp007_launch": {("DDP007", "Run: python -m torch.distributed.launch --nproc"),
-                          ("DDP007", "import torch.distributed.launch  #")},
+    "bad_ddp007_launch": {("DDP007", "import torch.distributed.launch  #"),
+                          ("DDP007", 'command = f"python -m torch.distributed.launch')},
 }
 
 

@@ -462,3 +462,47 @@ def test_a_config_dict_mode_check_and_rank_flag_are_read():
     `config["chatty"] = rank == 0` a rank-0 flag; the print outside both is still reported."""
     found = _lint({"train.py": _CONFIG_DICT})
     assert found == {("train.py", _lines(_CONFIG_DICT, 'print("everyone")')[0], "DDP008")}
+
+
+def test_the_rank_stored_on_a_config_attribute_is_tested_in_the_file_it_is_handed_to():
+    """`args.proc = int(os.environ["RANK"])` in train.py, `if opt.proc == 0:` in trainer.py that gets the
+    namespace: a rank check, whatever the attribute's name (it used to be read only where it was assigned)."""
+    train = """
+        import argparse
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from trainer import fit
+
+
+        def setup(args):
+            dist.init_process_group("gloo")
+            args.proc = int(os.environ["RANK"])
+            args.who = dist.get_rank()
+            return args
+
+
+        def main():
+            args = setup(argparse.ArgumentParser().parse_args())
+            fit(DDP(torch.nn.Linear(4, 1)), args)
+            dist.destroy_process_group()
+
+
+        if __name__ == "__main__":
+            main()
+    """
+    trainer = """
+        import torch
+
+
+        def fit(model, opt):
+            for step in range(3):
+                if opt.proc == 0:
+                    print("step", step)
+                if opt.who == 0:
+                    torch.save(model.state_dict(), "m.pt")
+                print("every rank")
+    """
+    assert _lint({"train.py": train, "trainer.py": trainer}) == {
+        ("trainer.py", _lines(trainer, '"every rank"')[0], "DDP008")}

@@ -196,11 +196,12 @@ _EXPECT = re.compile(r"lint-expect: (DDP\d{3}) (error|warning|note)")
 def test_program_fixture_reports_exactly_its_markers(folder):
     """Multi-file programs: a helper's own __main__ and unused functions (no rank runs them), a guard at the
     call site of a `from x import *` helper, a collective in another module's helper called on rank 0."""
-    files = sorted(folder.glob("*.py"))
-    marks = {(f.name, number, rule, severity) for f in files
+    files = sorted(folder.rglob("*.py"))  # (a package of the program in a subfolder too)
+    marks = {(f.relative_to(folder).as_posix(), number, rule, severity) for f in files
              for number, line in enumerate(f.read_text().splitlines(), 1)
              for rule, severity in _EXPECT.findall(line)}
-    assert {(Path(f.path).name, f.line, f.rule, f.severity) for f in lint_files(files)} == marks
+    assert {(Path(f.path).relative_to(folder).as_posix(), f.line, f.rule, f.severity)
+            for f in lint_files(files)} == marks
 
 
 def test_code_no_rank_runs_is_linted_when_the_helper_is_linted_alone():

@@ -45,3 +45,10 @@ def test_a_sampler_in_the_non_training_branch_of_a_split_test_is_an_evaluation_s
     """`if split == "train": ... else: DistributedSampler(dataset, shuffle=shuffle)`: the else branch serves
     evaluation data, so its padding is reported (DDP006) and no set_epoch is asked of it (DDP001)."""
     _check("split_loader")
+
+
+def test_rank_helpers_and_reductions_re_exported_by_a_package_init_are_followed():
+    """`from helpers import chief, fold_losses` where helpers/__init__.py has `from .comm import *` and `from
+    helpers.losses import fold_losses`: the guards `if chief():` / `helpers.chief()` and the reduced losses are seen
+    (they used to be unknown names: every print and save under them was reported)."""
+    _check("package_star_reexport")

@@ -328,8 +328,9 @@ def _flag_level(x, value: ast.AST) -> int:
 def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
     """`args.print_progress = RANK == 0` (or `self.is_main = ...`, `cfg["chatty"] = ...`) in one file of the
     program: an attribute (a dict item) whose value is a rank test is a rank check wherever the program reads
-    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). Only tests count, not the rank
-    itself (`args.rank = get_rank()`)."""
+    it, as `=.print_progress` (`=[chatty]`; matched by name, as functions are). So is the rank itself stored there
+    (`args.proc = int(os.environ["RANK"])`, `cfg.who = dist.get_rank()`): `if opt.proc == 0:` in the file the
+    config is handed to tests it, whatever the attribute's name; not arithmetic on it (`args.seed = seed + rank`)."""
     found: dict[str, int] = {}
     for script in project.scripts.values():
         pairs = [(key, value) for key, value in script.assignments if key.startswith(".")]
@@ -337,7 +338,7 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
                   if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript)
                   and isinstance(n.targets[0].slice, ast.Constant) and isinstance(n.targets[0].slice.value, str)]
         for key, value in pairs:
-            if _is_flag(value):
+            if _is_flag(value) or isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
                 level = script.kind(value)
                 if level:
                     found["=" + key] = max(found.get("=" + key, NONE), level)
@@ -535,8 +536,10 @@ def receivers(project):
     project classes the object an attribute is looked up on belongs to, or None where the program does not say:
     `self` (the class the access sits in), a class named directly, a name every assignment of which in its file
     builds a project class (not a parameter, loop or `with` target, import or global of that file), an attribute
-    every assignment of which in the program builds one (`self.meter = Meter()`). Related classes: a class, its
-    project bases and its project subclasses."""
+    every assignment of which in the program builds one (`self.meter = Meter()`). The empty set where every
+    assignment is a value made outside the project from no project object (`logger = logging.getLogger(__name__)`,
+    `self.writer = SummaryWriter(log_dir) if rank == 0 else None`): none of the project's methods runs on it.
+    Related classes: a class, its project bases and its project subclasses."""
     classes: dict[str, list[ast.ClassDef]] = {}
     functions = set()
     for x in project.scripts.values():
@@ -560,7 +563,8 @@ def receivers(project):
             if key.startswith("."):
                 made = terminal(value.func) if isinstance(value, ast.Call) else ""
                 known = attributes.get(key, set())
-                attributes[key] = None if known is None or made not in built else known | {made}
+                attributes[key] = known if known is not None and _made_outside(project, x, value, classes) \
+                    else None if known is None or made not in built else known | {made}
     unbound: dict[str, set[str]] = {}
     for path, x in project.scripts.items():
         names = unbound.setdefault(path, set())
@@ -576,8 +580,12 @@ def receivers(project):
             elif isinstance(n, ast.Global):
                 names |= set(n.names)
 
+    outside_parameters = _outside_parameters(project, classes)
+
     def receiver(path: str, x, n: ast.Attribute) -> set[str] | None:
         owner = n.value
+        if isinstance(owner, ast.Name) and owner.id in outside_parameters.get(path, {}).get(_enclosing(x, n), ()):
+            return set()
         if isinstance(owner, ast.Name) and owner.id == "self":
             scope = x.parents.get(id(n))
             while scope is not None and not isinstance(scope, ast.ClassDef):
@@ -586,13 +594,131 @@ def receivers(project):
         if isinstance(owner, ast.Name) and owner.id in built and owner.id not in unbound[path]:
             return {owner.id}
         if isinstance(owner, ast.Name) and owner.id not in unbound[path]:
-            made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in x._bindings.get(owner.id, ())}
+            bindings = x._bindings.get(owner.id, ())
+            if bindings and all(v is not None and _made_outside(project, x, v, classes) for _, v in bindings):
+                return set()
+            made = {terminal(v.func) if isinstance(v, ast.Call) else "" for _, v in bindings}
             return made if made and made <= built else None
         if isinstance(owner, ast.Attribute):
             return attributes.get("." + owner.attr)
         return None
 
     return classes, relatives, receiver
+
+
+def _enclosing(x, n: ast.AST) -> int:
+    """id of the function `n` sits in (0 at module level)."""
+    node = x.parents.get(id(n))
+    while node is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        node = x.parents.get(id(node))
+    return id(node) if node is not None else 0
+
+
+def _outside_parameters(project, classes) -> dict[str, dict[int, set[str]]]:
+    """path -> {id of a module function: its parameters every call of it in the program fills with a library's
+    object made from no project object (`main(parser.parse_args())`)}. Not for a function defined twice, also used
+    as a value (`mp.spawn(main, ...)`), or called with `*args`/`**kwargs`."""
+    defs: dict[str, list[tuple[str, ast.AST]]] = {}
+    for path, x in project.scripts.items():
+        for d in x.tree.body:
+            if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(d.name, []).append((path, d))
+    calls: dict[str, list[tuple[object, ast.Call]]] = {}
+    used: set[str] = set()
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, ast.Call):
+                calls.setdefault(terminal(n.func), []).append((x, n))
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in defs and not (
+                    isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n):
+                used.add(n.id)
+    found: dict[str, dict[int, set[str]]] = {}
+    for name, places in defs.items():
+        made = calls.get(name, [])
+        if len(places) != 1 or name in used or not made or any(
+                isinstance(a, ast.Starred) for _, c in made for a in c.args) or any(
+                k.arg is None for _, c in made for k in c.keywords):
+            continue
+        path, d = places[0]
+        params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+        rebound = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} | {
+            a.arg for n in ast.walk(d) if isinstance(n, ast.arguments) and n is not d.args
+            for a in (*n.posonlyargs, *n.args, *n.kwonlyargs)}
+        for i, param in enumerate(params):
+            if param in rebound:
+                continue
+            given = [next((k.value for k in c.keywords if k.arg == param), c.args[i] if i < len(c.args) else None)
+                     for _, c in made]
+            if all(v is not None and _outside_value(project, x, v, classes) for (x, _), v in zip(made, given)):
+                found.setdefault(path, {}).setdefault(id(d), set()).add(param)
+    return found
+
+
+def _outside_value(project, x, value: ast.AST, classes) -> bool:
+    """A library's object made from no project object, directly or through the name it was assigned to."""
+    if isinstance(value, ast.Name):
+        bindings = x._bindings.get(value.id, ())
+        return bool(bindings) and all(v is not None and _made_outside(project, x, v, classes) for _, v in bindings)
+    return _made_outside(project, x, value, classes)
+
+
+def _made_outside(project, x, value: ast.AST, classes, depth: int = 0) -> bool:
+    """A value made by a library (a call on a module outside the project, or None where a test picks ranks:
+    `SummaryWriter(d) if rank == 0 else None`) from no project object: constants, strings, the module's name,
+    library names, and attributes of values no project class builds (`args.log_dir`), not `self` or a local
+    holding a project object (`DDP(model)` or `copy.deepcopy(trainer)` may hand back the project's object)."""
+    if isinstance(value, ast.IfExp):
+        return all(isinstance(arm, ast.Constant) and arm.value is None
+                   or _made_outside(project, x, arm, classes, depth) for arm in (value.body, value.orelse))
+    if not isinstance(value, ast.Call):
+        return False
+    root = value.func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if not isinstance(root, ast.Name):
+        return False
+    if not _outside_module(project, x, root.id):
+        # `args = parser.parse_args()` with `parser = argparse.ArgumentParser()`: a method of a library's object
+        bindings = x._bindings.get(root.id, ()) if isinstance(value.func, ast.Attribute) and depth < 3 else ()
+        if not bindings or root.id in ("self", "cls") or any(
+                v is None or not _made_outside(project, x, v, classes, depth + 1) for _, v in bindings):
+            return False
+    for arg in (*value.args, *(k.value for k in value.keywords)):
+        for n in ast.walk(arg):
+            if isinstance(n, (ast.Lambda, ast.Starred)) or isinstance(n, ast.keyword) and n.arg is None:
+                return False
+            if isinstance(n, ast.Name) and not (n.id == "__name__" or _outside_module(project, x, n.id)
+                                                or _in_text(x, n) or _plain_holder(project, x, n, classes)):
+                return False
+    return True
+
+
+def _outside_module(project, x, name: str) -> bool:
+    """`name` is imported from a module that is not the project's (`logging`, `SummaryWriter`)."""
+    return name in x.aliases and project.modules.locate(x.path, x.aliases[name], parent=True) is None \
+        and project.modules.locate(x.path, x.aliases[name].rsplit(".", 1)[0], parent=True) is None
+
+
+def _in_text(x, n: ast.AST) -> bool:
+    """A name formatted into a string (`f"runs/{rank}"`): the string is passed, not the object."""
+    node = n
+    while id(node) in x.parents:
+        node = x.parents[id(node)]
+        if isinstance(node, ast.JoinedStr):
+            return True
+        if isinstance(node, ast.stmt):
+            return False
+    return False
+
+
+def _plain_holder(project, x, n: ast.Name, classes) -> bool:
+    """`args` of `args.log_dir`: the root of an attribute read on a value that is not `self` and that no assignment
+    in its file makes from a project class or function."""
+    parent = x.parents.get(id(n))
+    if not (isinstance(parent, ast.Attribute) and parent.value is n) or n.id in ("self", "cls"):
+        return False
+    return not any(isinstance(v, ast.Call) and (terminal(v.func) in classes or project.resolve(x, v.func) is not None)
+                   for _, v in x._bindings.get(n.id, ()) if v is not None)
 
 
 def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | None:
@@ -630,6 +756,8 @@ def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | No
     if name not in named:
         return []
     kinds = receiver(path, x, func)
+    if kinds is not None and not kinds:
+        return []  # `writer.flush()` on a library's object
     if kinds is None:
         methods = [d for _, d in named[name]]
         return methods if len(methods) == 1 else None

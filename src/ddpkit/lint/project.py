@@ -116,17 +116,30 @@ class Project:
             return (member, name) if member is not None and name in self.scripts[member].function_names else None
         return self._exported(path, name)
 
-    def _exported(self, path: str, name: str) -> tuple[str, str] | None:
-        """(path, function name) of the function `name` of the module at `path`: its own, or the one a package's
-        `__init__.py` re-exports (`from .launch import launch`), also to a `from package import *` importer."""
-        if name in self.scripts[path].function_names:
+    def _exported(self, path: str, name: str, seen: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+        """(path, function name) of the function `name` of the module at `path`: its own, or the one it re-exports,
+        as a package's `__init__.py` does (`from .launch import launch`, `from .dist import *`, `from pkg.dist import
+        get_rank`), through as many re-exporting modules as there are; also to a `from package import *` importer."""
+        script = self.scripts[path]
+        if name in script.function_names:
             return path, name
-        alias = self.scripts[path].aliases.get(name, "")
-        again = self.modules.locate(path, alias.rsplit(".", 1)[0]) if "." in alias else None
-        if again is None or again == path or alias.rsplit(".", 1)[1] not in self.scripts[again].function_names:
+        seen = seen | {path}
+        alias = script.aliases.get(name, "")
+        if "." in alias:
+            again = self.modules.locate(path, alias.rsplit(".", 1)[0])
+            if again is not None and again not in seen:
+                return self._exported(again, alias.rsplit(".", 1)[1], seen)
             return None
-        return again, alias.rsplit(".", 1)[1]
-
+        if alias or name.startswith("_"):
+            return None  # (a star import brings no name the module binds itself, nor a private one)
+        for module in script.star_modules:
+            again = self.modules.locate(path, module)
+            if again is None or again in seen or not _star_exports(self.scripts[again].tree, name):
+                continue
+            found = self._exported(again, name, seen)
+            if found is not None:
+                return found
+        return None
 
     def memo(self, key: object, compute):
         """A fact over every file, computed once per project (the checks run once per file)."""
@@ -163,17 +176,30 @@ class Project:
             self._framework_classes |= more
         self.dead_blocks: dict[str, set[int]] = {}
         entries = [p for p in self.paths if p not in self.imported]
-        dynamic = any(_looks_up_by_name(n) and not self._outside_lookup(x, n) for x in self.scripts.values()
-                      for n in x.nodes)
+        picks = {_picks_by_name(x, n) for x in self.scripts.values() for n in x.nodes
+                 if not self._outside_lookup(x, n)}
+        dynamic = "module" in picks
+        """Some code picks a module's code by a string (`globals()[name]`, `getattr(models, args.arch)`): any class
+        or function may run."""
+        # `getattr(obj, name)` on an object: any method of obj's class may be the one named (of every class where the
+        # program does not say which class obj is; of none on a library's object: `getattr(args, key)`)
+        picked = self.memo("picked methods", self._picked_methods)
+        by_string = dynamic or any(found is None for found in picked.values())
+        """... or an object's method, on an object of a class the program does not say: any method of a class that
+        runs may run."""
+        every_method = [d for x in self.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+                        for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        kept: set[int] = set()
+        """Methods a live lookup by string may pick."""
         classes_named: list[tuple[str, ast.ClassDef]] = []
         acts = False
         for path, s in self.scripts.items():
             entry = path in entries
             dead: set[int] = set()
             implicit = {id(item) for stmt in s.tree.body if isinstance(stmt, ast.ClassDef)
-                        and not (stmt.name in self._framework_classes or stmt.decorator_list or dynamic)
+                        and not (stmt.decorator_list or dynamic or any(terminal(b) == "TestCase" for b in stmt.bases))
                         for item in stmt.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and _conventional(item.name)}
+                        and (_conventional(item.name) or stmt.name in self._framework_classes)}
             for d in s.defs:
                 if id(d) not in implicit:  # `super().__init__()` names the base's __init__, not every class's
                     defs.setdefault(d.name, []).append(d)
@@ -189,8 +215,10 @@ class Project:
                 elif isinstance(stmt, ast.ClassDef):
                     framework = stmt.name in self._framework_classes
                     # a plain class's dunders and forward run once something names the class (outside its
-                    # own body): they are followed from that name, and the class is dead without one
-                    named = not (framework or stmt.decorator_list or dynamic)
+                    # own body): they are followed from that name, and the class is dead without one; so do all the
+                    # methods of a class a framework calls into (a `pl.Callback` nothing builds is never called)
+                    # (unittest finds a TestCase by itself)
+                    named = not (stmt.decorator_list or dynamic or any(terminal(b) == "TestCase" for b in stmt.bases))
                     if named:
                         classes_named.append((path, stmt))
                     for item in stmt.body:
@@ -212,6 +240,13 @@ class Project:
         for path, s in self.scripts.items():
             if path in entries and not self._acts(s):
                 roots.extend(s.defs)
+        # a name a module exports in `__all__` may be imported by a file not linted: it counts as named there
+        exports = [(path, ast.Name(id=e.value, ctx=ast.Load())) for path, s in self.scripts.items()
+                   for stmt in s.tree.body if isinstance(stmt, ast.Assign) and any(
+                       isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets)
+                   and isinstance(stmt.value, (ast.List, ast.Tuple))
+                   for e in stmt.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        roots.extend(n for _, n in exports)
         live: set[str] = set()
         by_attribute: set[str] = set()
         """Names live code reaches as an attribute (`obj.f`, `self.f`): only these can run a method."""
@@ -234,7 +269,7 @@ class Project:
         module_level = {d.name for x in self.scripts.values() for d in x.tree.body
                         if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))} - methods
         qualified = {id(n) for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.Attribute)
-                     and n.attr in module_level and _module_rooted(x, n)}
+                     and n.attr in module_level | methods and _module_rooted(x, n)}
         # `importlib.import_module(name).main(cfg)`, `getattr(module, "run")(settings)`: a function of a module the
         # file imports at run time, named on the module object the import returns
         for path, targets in self.runtime_imports.items():
@@ -261,6 +296,22 @@ class Project:
             for d in s.tree.body:
                 if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     own_defs.setdefault(path, {}).setdefault(d.name, []).append(d)
+        owner.update((id(n), path) for path, n in exports)
+        top_functions = {id(d) for found in own_defs.values() for ds in found.values() for d in ds}
+        # a bare name a file imports from a module of the project (`from engine import train_one_epoch`, also through
+        # a package's re-exports) is that module's function, not a namesake elsewhere (a legacy utils.train_one_epoch)
+        imported_defs: dict[tuple[str, str], list[ast.AST]] = {}
+        for path, s in self.scripts.items():
+            for n in s.nodes:
+                if isinstance(n, ast.ImportFrom):
+                    for a in n.names:
+                        bound = a.asname or a.name
+                        target = self.resolve(s, ast.Name(id=bound, ctx=ast.Load())) if a.name != "*" else None
+                        if target is not None and own_defs.get(target[0], {}).get(target[1]):
+                            imported_defs[(path, bound)] = own_defs[target[0]][target[1]]
+        """Module-level functions: reached by a bare name or on a module (`utils.step`), never on a value (`eng.step`
+        runs a method named step, not utils.step)."""
+        parent_of = {k: v for x in self.scripts.values() for k, v in x.parents.items()}
         off = self._switched_off()
         reached: set[int] = set()
         """Module-level functions reached through their own module's bare name."""
@@ -268,6 +319,8 @@ class Project:
         """Their names: live, though they do not make other modules' functions of the name live."""
         expanded: set[str] = set()
         """Names whose every function has been queued."""
+        expanded_methods: set[str] = set()
+        """Names whose methods (and classes) have been queued, by an attribute on a value."""
         while todo:
             node = todo.pop()
             if id(node) in seen:
@@ -279,7 +332,7 @@ class Project:
             nested = {d.name for d in ast.walk(node) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and d is not node} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
             for n, shadowed in _scoped_walk(node, off):
-                name = ""
+                name, on_value = "", False
                 # `getattr(dist_utils, "init_dist_%s" % launcher)(...)`, `globals()["init_" + backend]()`: every
                 # function the built name can spell may be the one called
                 for candidate in _built_name_candidates(n, defs):
@@ -290,34 +343,48 @@ class Project:
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in shadowed and n.id in nested:
                     live.add(n.id)
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in shadowed:
-                    if n.id in mine:
-                        for d in mine[n.id]:
+                    found = mine.get(n.id) or imported_defs.get((owner.get(id(node), ""), n.id))
+                    if found:
+                        for d in found:
                             if id(d) not in reached:
                                 reached.add(id(d))
                                 todo.append(d)
-                        scoped.add(n.id)
+                            scoped.add(d.name)
                         continue
                     name = n.id
                 elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and id(n) not in outside \
                         and not (n.attr in module_level and id(n) not in qualified) \
-                        and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)):
-                    name = n.attr
+                        and not (n.attr in siblings.get(id(node), ()) and _on_a_member(n)) \
+                        and not _read_as_data(n, parent_of):
+                    name, on_value = n.attr, id(n) not in qualified
                     by_attribute.add(name)
+                elif isinstance(n, ast.Call) and terminal(n.func) == "getattr" and len(n.args) >= 2 \
+                        and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
+                    # `getattr(self, "validate")()`: the attribute named by a constant
+                    name, on_value = n.args[1].value, not (isinstance(n.args[0], ast.Name) and n.args[0].id in
+                                                           self.scripts[owner.get(id(node), self.paths[0])].aliases)
+                    by_attribute.add(name)
+                elif id(n) in picked:
+                    methods = every_method if picked[id(n)] is None else picked[id(n)]
+                    kept.update(id(d) for d in methods)
+                    todo.extend(methods)
                 elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is node:
                     live.add(n.name)
                     if id(n) not in reached and id(n) not in rooted:
                         # (a root, `@abstractmethod def _train_epoch` of a base class, is walked because of its
                         # decorator, not because code names it: a later call still reaches its namesakes, the
                         # subclass's `_train_epoch`)
-                        expanded.add(n.name)
+                        (expanded if id(n) in top_functions else expanded_methods).add(n.name)
                 for name in (name, *renamed.get(name, ())) if name else ():
-                    if name not in expanded:
-                        # (a name live only as some module's own function still reaches its namesakes here)
-                        expanded.add(name)
-                        live.add(name)
-                        todo.extend(defs.get(name, ()))
+                    if name in expanded or on_value and name in expanded_methods:
+                        continue
+                    # (a name live only as some module's own function still reaches its namesakes here)
+                    (expanded_methods if on_value else expanded).add(name)
+                    live.add(name)
+                    todo.extend(d for d in defs.get(name, ()) if not (on_value and id(d) in top_functions))
         live |= scoped
         self.live_functions = live
+        rooted |= {id(d) for path, n in exports for d in own_defs.get(path, {}).get(n.id, ())} | kept
         for path, s in self.scripts.items():
             self.dead_blocks[path].update(n for n in off.get(path, ()))
         # a module-level function whose name is live only through other modules' own functions of that name
@@ -330,9 +397,11 @@ class Project:
         if not dynamic:
             self._shadowed_functions(live, rooted)
         # a method named like a builtin (`def print(self)`) is not run by the bare `print(...)` calls that made
-        # its name live: a method is reached through an attribute, or by a bare name in its class body
+        # its name live: a method is reached through an attribute, or by a bare name in its class body (the
+        # methods of a class a framework calls into run once the class is named)
         for path, s in self.scripts.items():
-            for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)) if not dynamic else ():
+            for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)
+                      if n.name not in self._framework_classes) if not by_string else ():
                 in_body = {n.id for item in c.body if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                            for n in ast.walk(item) if isinstance(n, ast.Name)}
                 for item in c.body:
@@ -342,7 +411,7 @@ class Project:
         for path, c in classes_named:
             if c.name not in live:
                 self.dead_blocks[path].update(id(n) for n in ast.walk(c))
-        if not dynamic:
+        if not by_string:
             self._overridden_methods()
         self._methods_of_other_receivers(rooted)
 
@@ -380,6 +449,28 @@ class Project:
                 if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
                     assigned_attrs[n.attr] = assigned_attrs.get(n.attr, 0) + 1
         out: dict[str, set[int]] = {}
+        # `if False:`, and `if DEBUG:` on a module constant the program binds once, to False/None/0: never entered
+        bound: dict[str, int] = {}
+        for s in self.scripts.values():
+            for n in s.nodes:
+                names = [n.id] if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else \
+                    [n.attr] if isinstance(n, ast.Attribute) and not isinstance(n.ctx, ast.Load) else \
+                    [n.arg] if isinstance(n, ast.arg) else n.names if isinstance(n, (ast.Global, ast.Nonlocal)) else \
+                    [a.asname or a.name for a in n.names] if isinstance(n, ast.ImportFrom) else []
+                for name in names:
+                    bound[name] = bound.get(name, 0) + 1
+        # (`exec(open("configurator.py").read())`, `globals().update(...)`, `setattr(sys.modules[__name__], ...)`
+        # may rebind it)
+        rebinds = any(terminal(c.func) in ("exec", "eval", "globals", "locals", "__import__", "import_module")
+                      or terminal(c.func) == "setattr" and c.args and not isinstance(c.args[0], ast.Name)
+                      for s in self.scripts.values() for c in s.calls)
+        for path, s in self.scripts.items():
+            falsy = set() if rebinds else {t.id for stmt in s.tree.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                     and isinstance(stmt.value, ast.Constant) and not stmt.value.value
+                     for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                     if isinstance(t, ast.Name) and bound.get(t.id) == 1}
+            _switch_off(s.tree, lambda t: isinstance(t, ast.Constant) and not t.value
+                        or isinstance(t, ast.Name) and t.id in falsy, out.setdefault(path, set()))
         if not calls.get("DataParallel"):
             # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
             # subclass of it): the branch never runs
@@ -493,6 +584,28 @@ class Project:
                                 for d in c.body) for c in subclasses):
                     self.dead_blocks[path].update(id(n) for n in ast.walk(item))
 
+    def _picked_methods(self) -> dict[int, list[ast.AST] | None]:
+        """{id of a `getattr(obj, name)` call with a name not written out, on an object (not a module): the methods
+        of obj's classes and their relatives, [] on a library's object, None where the program does not say}."""
+        classes, relatives, receiver = receivers(self)
+        found: dict[int, list[ast.AST] | None] = {}
+        for path, x in self.scripts.items():
+            for n in x.calls:
+                if _picks_by_name(x, n) != "method" or self._outside_lookup(x, n):
+                    continue
+                obj = n.args[0]
+                if isinstance(obj, ast.Name) and obj.id in ("self", "cls"):
+                    scope = x.parents.get(id(n))
+                    while scope is not None and not isinstance(scope, ast.ClassDef):
+                        scope = x.parents.get(id(scope))
+                    kinds = {scope.name} if scope is not None else None
+                else:
+                    kinds = receiver(path, x, ast.Attribute(value=obj, attr="", ctx=ast.Load()))
+                found[id(n)] = None if kinds is None else [
+                    d for k in kinds for r in relatives.get(k, {k}) for c in classes.get(r, ())
+                    for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        return found
+
     def _methods_of_other_receivers(self, rooted: set[int]) -> None:
         """A method every access of whose name is on an object of another class never runs: `logger.print(...)`
         where `logger = Logger(...)` is the only value the file gives `logger` runs Logger.print, not the
@@ -509,8 +622,9 @@ class Project:
                 if terminal(n.func) == "getattr" and len(n.args) >= 2 and not (
                         isinstance(n.args[1], ast.Constant) or isinstance(n.args[0], ast.Call)
                         and terminal(n.args[0].func) == "import_module"
-                        or isinstance(n.args[0], ast.Name) and n.args[0].id in x.aliases):
-                    return
+                        or isinstance(n.args[0], ast.Name) and n.args[0].id in x.aliases) \
+                        and self.memo("picked methods", self._picked_methods).get(id(n), []) is None:
+                    return  # (on an object of a known class the methods it may pick are kept: see _liveness)
         accesses: dict[str, list[set[str] | None]] = {}
         for path, x in self.scripts.items():
             for n in x.nodes:
@@ -1183,6 +1297,13 @@ def _built_name_candidates(node: ast.AST, defs: dict[str, list[ast.AST]]) -> lis
     head, tail = fragments
     return [name for name in defs if name.startswith(head) and name.endswith(tail)
             and len(name) > len(head) + len(tail)]
+def _star_exports(tree: ast.Module, name: str) -> bool:
+    """`from module import *` brings `name`: within the module's `__all__` where it declares one."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets) \
+                and isinstance(stmt.value, (ast.List, ast.Tuple)):
+            return any(isinstance(e, ast.Constant) and e.value == name for e in stmt.value.elts)
+    return True
 
 
 def _looks_up_by_name(node: ast.AST) -> bool:
@@ -1196,6 +1317,47 @@ def _looks_up_by_name(node: ast.AST) -> bool:
             or name in ("import_module", "instantiate")
     return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
         and node.value.attr == "__dict__" and not (isinstance(node.value.value, ast.Name) and node.value.value.id == "self")
+
+
+def _read_as_data(n: ast.Attribute, parent_of: dict[int, ast.AST]) -> bool:
+    """`if args.resume:`, `not args.evaluate`, `args.epochs - 1`, `f"{args.save}"`: an attribute read where its
+    value is tested, compared, computed with or formatted, which no method's value is; it neither calls nor hands
+    over a method of that name (`trainer.resume` stays unnamed), unlike a call, an argument, an assignment or an
+    `and`/`or` whose value is kept (`hook = hook or self.default_hook`)."""
+    child, parent = n, parent_of.get(id(n))
+    while isinstance(parent, ast.BoolOp) or isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not):
+        if isinstance(parent, ast.UnaryOp):
+            return True
+        child, parent = parent, parent_of.get(id(parent))
+    if isinstance(parent, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+        return parent.test is child
+    if child is not n:
+        return False  # (an `and`/`or` whose value is kept)
+    return isinstance(parent, (ast.Compare, ast.BinOp, ast.FormattedValue)) \
+        or isinstance(parent, ast.Subscript) and parent.value is n
+
+
+def _picks_by_name(s: Script, node: ast.AST) -> str | None:
+    """What a lookup by string (see _looks_up_by_name) may pick: "module" for any class or function of a module
+    (`globals()[name]`, `getattr(models, args.arch)`), "method" for a method of an object (`getattr(self, name)`,
+    `getattr(args, key)`), None for no code at all (`vars(args)`: the values an object holds, a configuration)."""
+    if not _looks_up_by_name(node):
+        return None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "vars") \
+            and node.args and not _module_valued(s, node.args[0]):
+        return "method" if node.func.id == "getattr" else None
+    return "module"
+
+
+def _module_valued(s: Script, expr: ast.AST) -> bool:
+    """An expression that may hold a module: an imported name (`models`, `utils.registry`), a module fetched at run
+    time (`import_module(...)`, `sys.modules[__name__]`); not a local value, `self` or its attributes."""
+    root = expr
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    if isinstance(root, ast.Name):
+        return root.id in s.aliases and root.id != "self"
+    return not isinstance(root, ast.Constant)
 
 
 def _conventional(name: str) -> bool:

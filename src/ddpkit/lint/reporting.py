@@ -41,8 +41,10 @@ def _arguments(call: ast.Call) -> list[ast.AST]:
 
 
 _CARRIERS = frozenset({"tensor", "as_tensor", "Tensor", "FloatTensor", "DoubleTensor", "LongTensor", "stack", "cat",
-                       "float", "int", "round", "abs", "list", "tuple", "dict", "format", "join", "mean", "sum"})
-"""Calls whose arguments are the value they make: `torch.tensor([a, b])`, `float(x)`, `"{}".format(x)`."""
+                       "float", "int", "round", "abs", "list", "tuple", "dict", "format", "join", "mean", "sum",
+                       "zip", "enumerate", "sorted", "reversed"})
+"""Calls whose arguments are the value they make: `torch.tensor([a, b])`, `float(x)`, `"{}".format(x)`, the pairs
+of `dict(zip(names, reduced))`."""
 
 
 def _value_names(expr: ast.AST, defined: set[str], passes: dict[str, set[int]] | None = None) -> list[str]:

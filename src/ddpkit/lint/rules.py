@@ -691,7 +691,9 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
             yield Hit(node, "DDP007", "error", "imports torch.distributed.launch, which is deprecated in favour "
                       "of torchrun and passes --local-rank instead of setting LOCAL_RANK", _LAUNCH_FIX)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and "torch.distributed.launch" in node.value:
+                and "torch.distributed.launch" in node.value and not isinstance(s.parents.get(id(node)), ast.Expr):
+            # (a string statement, a docstring explaining the old usage, starts nothing; a string the program
+            # runs or builds a command line from does)
             before = node.value[:node.value.index("torch.distributed.launch")]
             at = ast.Constant(node.value, lineno=node.lineno + before.count("\n"),
                               col_offset=node.col_offset if "\n" not in before else 0)
