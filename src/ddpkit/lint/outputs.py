@@ -1102,7 +1102,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         is_print = name in ("print", "rich.print") and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and "stderr" not in project.launcher_streams
+            and not project.print_silenced(s, call, stdout=False)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (

@@ -607,12 +607,14 @@ class Project:
         self.distributed = any(s.distributed for s in scripts)
         self.spawned = any(s.per_rank_functions is not None for s in scripts)
         """The ranks are started by mp.spawn/Process from the script itself, not by torchrun."""
-        self.silenced_streams = {n.targets[0].attr for s, n in nodes if _silences_stream(s, n)}
+        self.silenced_streams = {stream for s, n in nodes for stream in _silenced_streams(s, n)}
         """'stdout'/'stderr' where ranks singled out by a rank check point sys.stdout at os.devnull (or the like)."""
-        self.silencers = {id(n) for s, n in nodes if _swaps_print(n) or _silences_stream(s, n) and
-                          n.targets[0].attr == "stdout"}
+        self.silencers = {id(n) for s, n in nodes if _swaps_print(n) or "stdout" in _silenced_streams(s, n)}
         """The statements that make print a no-op off rank 0: a builtins.print swap (setup_for_distributed(is_master))
         or `if rank != 0: sys.stdout = open(os.devnull, "w")`."""
+        self.stderr_silencers = {id(n) for s, n in nodes if "stderr" in _silenced_streams(s, n)}
+        """The statements that point sys.stderr away off rank 0, where a tqdm bar draws (`sys.stdout = sys.stderr =
+        open(os.devnull, "w")` under `if local_rank != 0:`)."""
         self.launcher_streams = {stream for s in scripts for stream in _launcher_discards(s)}
         self.launched_by: tuple[str, int] | None = None
         """(file, line) of a launcher of the project that starts this program's ranks (see link_launchers)."""
@@ -661,6 +663,8 @@ class Project:
         live = {id(n) for x in self.scripts.values() for n in x.nodes
                 if (id(n) in self.silencers or _swaps_print(n)) and self.runs(x, n)}
         self.silencers &= live
+        self.stderr_silencers = {i for x in self.scripts.values() for n in x.nodes for i in [id(n)]
+                                 if i in self.stderr_silencers and self.runs(x, n)}
         self.print_swaps = {i for x in self.scripts.values() for n in x.nodes if _swaps_print(n)
                             for i in [id(n)] if i in live}
         """The builtins.print swaps some rank runs (a subset of silencers)."""
@@ -808,11 +812,11 @@ class Project:
     def print_silenced(self, script: Script, call: ast.Call, stdout: bool = True) -> bool:
         """Whether `call` (a print) runs after the program swaps builtins.print: every print does, except one in the
         function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
-        written above the swap, which runs on every rank before print is replaced. `stdout=False`: count only the
-        swaps of print, not a silenced sys.stdout (a tqdm bar writes to sys.stderr)."""
+        written above the swap, which runs on every rank before print is replaced. `stdout=False`: the same for a
+        tqdm bar, which writes to sys.stderr: only a silenced sys.stderr counts, not a print swap."""
         if ("stdout" if stdout else "stderr") in self.launcher_streams:
             return True  # a launcher sends the other ranks' console away (see launcher_streams)
-        silencers = self.silencers if stdout else self.print_swaps
+        silencers = self.silencers if stdout else self.stderr_silencers
         if not silencers:
             return False
         swaps = self.memo(("print swaps", stdout), lambda: {d.name for x in self.scripts.values() for d in x.defs
@@ -835,7 +839,7 @@ class Project:
             here = [n.lineno for n in script.nodes if (id(n) in silencers or installs(n))
                     and script.context(n).scope == scope]
             return not here or call.lineno > min(here)
-        if func.name in replacers:
+        if stdout and func.name in replacers:
             return True
         swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or installs(n)]
         if swap_lines:
@@ -1173,14 +1177,24 @@ def _module_rooted(s: Script, node: ast.Attribute) -> bool:
     return isinstance(root, ast.Name) and root.id in s.aliases
 
 
-def _silences_stream(s: Script, node: ast.AST) -> bool:
-    """`sys.stdout = open(os.devnull, "w")` (or sys.stderr, or None) on the ranks a rank check singles out."""
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-            and node.targets[0].attr in ("stdout", "stderr") and s.qualname(node.targets[0].value) == "sys"):
-        return False
+def _silenced_streams(s: Script, node: ast.AST) -> set[str]:
+    """'stdout'/'stderr' that `node` points at os.devnull (or None) on the ranks a rank check singles out:
+    `sys.stdout = open(os.devnull, "w")`, `sys.stdout = sys.stderr = f` with `f = open(os.devnull, "w")` above it
+    in the same function."""
+    if not isinstance(node, ast.Assign):
+        return set()
+    streams = {t.attr for t in node.targets if isinstance(t, ast.Attribute) and t.attr in ("stdout", "stderr")
+               and s.qualname(t.value) == "sys"}
+    if not streams or not s.context(node).level:
+        return set()
+
+    def discards(value: ast.AST) -> bool:
+        return isinstance(value, ast.Constant) and value.value is None or bool(_DISCARD.search(ast.unparse(value)))
     value = node.value
-    discards = isinstance(value, ast.Constant) and value.value is None or _DISCARD.search(ast.unparse(value))
-    return bool(discards) and s.context(node).level > 0
+    if isinstance(value, ast.Name):  # a file opened above: every binding of the name in this function discards
+        values = s.local_values(value.id, node)
+        return streams if values and all(discards(v) for v in values) else set()
+    return streams if discards(value) else set()
 
 
 def _launches_program(s: Script, node: ast.AST) -> bool:
