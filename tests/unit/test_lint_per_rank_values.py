@@ -59,3 +59,49 @@ def test_a_name_holding_a_real_file_silences_nothing():
     assert ("train.py", _line(code, 'print("after the redirect")'), "DDP008") in found
     assert ("train.py", _line(code, "tqdm(range(3))"), "DDP008") in found
 
+
+_DEVICE_HELD = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+
+    class Runner:
+        def __init__(self, local_rank):
+            self.device = torch.device("cuda", local_rank)
+            self.epochs = 3
+            print(f"using device: {self.device}")
+            print(f"epochs: {self.epochs}")
+
+
+    def main():
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        gpu = f"cuda:{local_rank}"
+        print("training on", gpu)
+        runner = Runner(local_rank)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_message_naming_a_value_derived_from_the_rank_is_each_ranks_own():
+    found = _lint({"train.py": _DEVICE_HELD})
+    assert ("train.py", _line(_DEVICE_HELD, 'print(f"using device'), "DDP008") not in found
+    assert ("train.py", _line(_DEVICE_HELD, 'print("training on", gpu)'), "DDP008") not in found
+    # the same message with a value every rank shares is still a duplicate
+    assert ("train.py", _line(_DEVICE_HELD, 'print(f"epochs'), "DDP008") in found
+
+
+def test_an_attribute_also_stored_from_a_shared_value_does_not_name_the_rank():
+    code = _DEVICE_HELD.replace('        runner = Runner(local_rank)\n',
+                                '        runner = Runner(local_rank)\n        runner.device = "cuda"\n')
+    assert code != _DEVICE_HELD
+    found = _lint({"train.py": code})
+    assert ("train.py", _line(code, 'print(f"using device'), "DDP008") in found
+

@@ -1015,6 +1015,52 @@ def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
     return False
 
 
+def _derives_from_rank(s: Script, value: ast.AST) -> bool:
+    """`value` shows the rank when written out: the rank itself, text or arithmetic made of it (`f"cuda:{rank}"`,
+    `rank % 8`), a device named by it (`torch.device("cuda", local_rank)`) or an item picked by it
+    (`device_ids[rank]`). Not a value merely built with it (a model moved to the rank's device prints the same)."""
+    if isinstance(value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) and s.kind(value):
+        return True
+    if isinstance(value, ast.JoinedStr):
+        return any(isinstance(v, ast.FormattedValue) and _derives_from_rank(s, v.value) for v in value.values)
+    if isinstance(value, ast.BinOp):
+        return _derives_from_rank(s, value.left) or _derives_from_rank(s, value.right)
+    if isinstance(value, ast.Subscript):
+        return _derives_from_rank(s, value.slice)
+    if isinstance(value, ast.Call) and terminal(value.func) in ("device", "str", "int", "format"):
+        parts = [*value.args, *(k.value for k in value.keywords)]
+        if terminal(value.func) == "format" and isinstance(value.func, ast.Attribute):
+            parts.append(value.func.value)
+        return any(_derives_from_rank(s, p) for p in parts)
+    return False
+
+
+def _rank_valued(s: Script, node: ast.AST, call: ast.Call) -> bool:
+    """A name or attribute a message shows holds a value that differs per rank, so each rank's line is its own:
+    a name every assignment of which in the function derives from the rank (`device = f"cuda:{local_rank}"`), or
+    an attribute every store of which in the program does (`self.device = torch.device("cuda", local_rank)` in
+    `__init__`, `opts.gpu = device_ids[rank]` in the worker)."""
+    if isinstance(node, ast.Name):
+        values = s.local_values(node.id, call)
+        return bool(values) and all(_derives_from_rank(s, v) for v in values)
+    if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+        return False
+    project = s.project
+
+    def stores() -> dict[str, bool]:  # attribute name -> every store of it derives from the rank
+        found: dict[str, bool] = {}
+        for x in project.scripts.values():
+            for n in x.nodes:
+                if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+                    for target in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                        if isinstance(target, ast.Attribute):
+                            found[target.attr] = found.get(target.attr, True) and _derives_from_rank(x, n.value)
+                elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Attribute):
+                    found[n.target.attr] = False
+        return found
+    return project.memo("rank-valued attributes", stores).get(node.attr, False)
+
+
 def _placed_tensor_device(s: Script, node: ast.AST, call: ast.Call) -> bool:
     """`x.device` of a tensor this function moved to a device (`x = x.to(...)`, `.cuda(...)`): it names the
     rank's GPU (`cuda:3`), so a line that shows it is the process's own."""
@@ -1122,7 +1168,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       if _text(v) for m in ast.walk(v)]  # `prefix = f"rank {rank} | "; print(prefix, ...)`
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
                                                    if isinstance(n, (ast.Name, ast.Attribute, ast.Call))) \
-                or any(_placed_tensor_device(s, n, call) for n in mentioned):
+                or any(_placed_tensor_device(s, n, call) or _rank_valued(s, n, call) for n in mentioned):
             continue
         if (is_print and keyword(call, "file") is not None) or _before_exit(after, statement_of.get(id(call))):
             continue
