@@ -105,3 +105,42 @@ def test_an_attribute_also_stored_from_a_shared_value_does_not_name_the_rank():
     found = _lint({"train.py": code})
     assert ("train.py", _line(code, 'print(f"using device'), "DDP008") in found
 
+
+_METRIC = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torchmetrics import MeanMetric
+
+
+    def main(model, loader):
+        dist.init_process_group("nccl")
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(model.cuda(local_rank), device_ids=[local_rank])
+        train_loss = MeanMetric().cuda(local_rank)
+        for batch in loader:
+            loss = model(batch.cuda(local_rank)).mean()
+            loss.backward()
+            train_loss.update(loss.detach())
+        figures = {"train_loss": train_loss.compute()}
+        if rank == 0:
+            print(f"train loss {figures['train_loss'].item()}")
+        dist.destroy_process_group()
+"""
+
+
+def test_a_torchmetrics_metric_moved_to_the_rank_device_is_reduced_by_compute():
+    found = _lint({"train.py": _METRIC})
+    assert ("train.py", _line(_METRIC, 'print(f"train loss'), "DDP006") not in found
+
+
+def test_a_torchmetrics_metric_that_does_not_sync_on_compute_is_one_ranks_figure():
+    code = _METRIC.replace("MeanMetric()", "MeanMetric(sync_on_compute=False)")
+    assert code != _METRIC
+    found = _lint({"train.py": code})
+    assert ("train.py", _line(code, 'print(f"train loss'), "DDP006") in found
+
