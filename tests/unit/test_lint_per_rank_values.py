@@ -144,3 +144,65 @@ def test_a_torchmetrics_metric_that_does_not_sync_on_compute_is_one_ranks_figure
     found = _lint({"train.py": code})
     assert ("train.py", _line(code, 'print(f"train loss'), "DDP006") in found
 
+
+_OPTIONS = """
+    import argparse
+
+
+    def parse(argv):
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--mode", default="ddp")
+        parser.add_argument("--gpu", type=int, default=0)
+        opts = parser.parse_args(argv)
+        print(opts)
+        return opts
+
+
+    if __name__ == "__main__":
+        import sys
+        parse(sys.argv[1:])
+"""
+
+_SPAWNING = """
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from options import parse
+
+
+    def worker(rank, world_size, opts):
+        if opts.mode == "ddp":
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        torch.manual_seed(0)
+
+
+    def main():
+        opts = parse(sys.argv[1:])
+        if opts.mode == "ddp":
+            mp.spawn(worker, args=(2, opts), nprocs=2)
+        else:
+            worker(opts.gpu, 1, opts)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_options_parsed_in_the_spawning_parent_print_once():
+    found = _lint({"options.py": _OPTIONS, "train.py": _SPAWNING})
+    assert ("options.py", _line(_OPTIONS, "print(opts)"), "DDP008") not in found
+
+
+def test_a_direct_worker_call_that_may_start_a_group_keeps_its_caller_per_rank():
+    # the worker joins a process group whatever the mode: started by torchrun, main runs on every rank
+    code = _SPAWNING.replace('        if opts.mode == "ddp":\n            os.environ', '        if True:\n            os.environ')
+    assert code != _SPAWNING
+    found = _lint({"options.py": _OPTIONS, "train.py": code})
+    assert ("options.py", _line(_OPTIONS, "print(opts)"), "DDP008") in found
+

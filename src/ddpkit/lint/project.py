@@ -913,7 +913,9 @@ class Project:
             return False
 
         def compute() -> bool:
-            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)]
+            # (a call in the helper's own `__main__` block runs in another program, not in this one's ranks)
+            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)
+                     and self.runs(x, c)]
             named = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                         and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
                         for x in self.scripts.values() for n in x.nodes)  # passed along: runs where it is called
