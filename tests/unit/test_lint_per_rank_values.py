@@ -206,3 +206,68 @@ def test_a_direct_worker_call_that_may_start_a_group_keeps_its_caller_per_rank()
     found = _lint({"options.py": _OPTIONS, "train.py": code})
     assert ("options.py", _line(_OPTIONS, "print(opts)"), "DDP008") in found
 
+
+_SETTINGS = """
+    CACHE_IN_MEMORY = False
+    PATIENCE = 10
+"""
+
+_DATA = """
+    import torch
+
+
+    class Images(torch.utils.data.Dataset):
+        def __init__(self, root, in_memory=False):
+            self.root = root
+            if in_memory:
+                print("caching the images")
+
+
+    class Runner:
+        def fit(self, epochs, patience=None):
+            if patience is not None:
+                self.patience = patience
+            else:
+                print("training without early stopping")
+            if patience == 10:
+                print("patience of ten")
+"""
+
+_TRAIN_CONSTANTS = """
+    import torch
+    import torch.distributed as dist
+
+    from data import Images, Runner
+    from settings import CACHE_IN_MEMORY
+
+
+    def main():
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        images = Images("data", CACHE_IN_MEMORY)
+        Runner().fit(3, patience=10)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_branches_decided_by_literals_at_every_call_run_on_no_rank():
+    files = {"settings.py": _SETTINGS, "data.py": _DATA, "train.py": _TRAIN_CONSTANTS}
+    found = _lint(files)
+    assert ("data.py", _line(_DATA, 'print("caching the images")'), "DDP008") not in found
+    assert ("data.py", _line(_DATA, 'print("training without early stopping")'), "DDP008") not in found
+    # the arm every call takes still runs on every rank
+    assert ("data.py", _line(_DATA, 'print("patience of ten")'), "DDP008") in found
+
+
+def test_a_setting_rebound_or_a_call_passing_another_value_keeps_the_branch():
+    files = {"settings.py": _SETTINGS + "CACHE_IN_MEMORY = True\n", "data.py": _DATA,
+             "train.py": _TRAIN_CONSTANTS.replace("Runner().fit(3, patience=10)",
+                                                  "Runner().fit(3, patience=10)\n        Runner().fit(3)")}
+    found = _lint(files)
+    assert ("data.py", _line(_DATA, 'print("caching the images")'), "DDP008") in found
+    assert ("data.py", _line(_DATA, 'print("training without early stopping")'), "DDP008") in found
+

@@ -140,7 +140,7 @@ PLATFORMS = """
             torch.cuda.set_device(gpu)
         return gpu
 
-    setup("mpi")
+    setup(os.environ.get("PLATFORM", "mpi"))
     dist.destroy_process_group()
 """
 

@@ -340,16 +340,29 @@ class Project:
         self._methods_of_other_receivers(rooted)
 
     def _switched_off(self) -> dict[str, set[int]]:
-        """path -> ids of the nodes of branches no call turns on: `if p:` (or `if p and ...:`) on a parameter every
-        call of its function in the program gives False or None (by position, by keyword or by its default), and
-        `if self.p:` in the methods of a class whose `__init__` stores such a parameter as `self.p` (assigned
-        nowhere else). `MyTrainer(model, data, opt, True, False, rank)` with `fault_tolerant` fifth: what runs
-        only `if fault_tolerant:` never runs. A function called with `*args`/`**kwargs`, defined twice, or that
-        reassigns the parameter gives nothing; nor does one nothing calls by name, or one also used as a value."""
+        """path -> ids of the nodes of branches no call takes: an `if` whose test reads a parameter that every call
+        of its function in the program fills with a literal (by position, by keyword or by its default; a
+        module-level name bound once to a literal, in this file or imported, counts as that literal) and that
+        those literals decide the same way (`if p:`, `if not p:`, `if p is None:`, `if p == "ddp":`, parts of an
+        `and`/`or`); the same for `if self.p:` in the methods of a class whose `__init__` stores such a parameter
+        as `self.p` (assigned nowhere else). `MyTrainer(model, data, opt, True, USE_RAM, rank)` with
+        `use_ram` fifth and `USE_RAM = False` in the settings module: what runs only `if use_ram:` never runs.
+        A function called with `*args`/`**kwargs`, or that reassigns the parameter gives nothing; nor does one
+        nothing calls by name, or one also used as a value. A method (not a dunder, nor one of a class a
+        framework calls into) counts by its name: every call of that name in the program."""
         return self.memo("switched off", self._compute_switched_off)
 
     def _compute_switched_off(self) -> dict[str, set[int]]:
         defs: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
+        methods: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
+        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        # methods count by name only in classes of plain Python: torch calls methods of an nn.Module by name
+        # itself (`eval()` calls `self.train(False)`)
+        classes = {n.name: n for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+        plain: set[str] = set()
+        for _ in range(4):
+            plain |= {name for name, c in classes.items()
+                      if all(terminal(b) in ("object", "ABC", "Generic") or terminal(b) in plain for b in c.bases)}
         for path, s in self.scripts.items():
             for stmt in s.tree.body:
                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -358,10 +371,14 @@ class Project:
                     for item in stmt.body:
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__init__":
                             defs.setdefault(stmt.name, []).append((path, item, stmt))
-        calls: dict[str, list[ast.Call]] = {}
+                        elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
+                                _conventional(item.name) or item.decorator_list or dynamic
+                                or stmt.name in self._framework_classes or stmt.name not in plain):
+                            methods.setdefault(item.name, []).append((path, item, None))
+        calls: dict[str, list[tuple[Script, ast.Call]]] = {}
         for s in self.scripts.values():
             for c in s.calls:
-                calls.setdefault(terminal(c.func), []).append(c)
+                calls.setdefault(terminal(c.func), []).append((s, c))
         # a function or class also used as a value (`mp.spawn(worker, args=(..., True))`, a base class,
         # `partial(f, flag=True)`) may be called with other values where no call names it
         values = {terminal(n) for s in self.scripts.values() for n in s.nodes
@@ -381,16 +398,20 @@ class Project:
                     if isinstance(n, ast.If) and isinstance(n.test, ast.Call) and terminal(n.test.func) == "isinstance" \
                             and len(n.test.args) == 2 and terminal(n.test.args[1]) == "DataParallel":
                         out.setdefault(path, set()).update(id(m) for stmt in n.body for m in ast.walk(stmt))
-        for name, found in defs.items():
-            if len(found) != 1 or not calls.get(name) or name in values:
+        # (a method's calls are every call of its name: each of its definitions is judged on all of them, which
+        # holds the calls that do reach it)
+        judged = [(name, entry) for name, found in defs.items() if len(found) == 1 and name not in methods
+                  for entry in found]
+        judged += [(name, entry) for name, found in methods.items() if name not in defs for entry in found]
+        for name, (path, d, cls) in judged:
+            if not calls.get(name) or name in values:
                 continue
-            path, d, cls = found[0]
             made = calls[name]
-            if any(isinstance(a, ast.Starred) for c in made for a in c.args) or any(
-                    k.arg is None for c in made for k in c.keywords):
+            if any(isinstance(a, ast.Starred) for _, c in made for a in c.args) or any(
+                    k.arg is None for _, c in made for k in c.keywords):
                 continue
             positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-            if cls is not None:
+            if cls is not None or name in methods:
                 positional = positional[1:]  # self
             defaults = dict(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
             defaults.update((a.arg, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None)
@@ -400,15 +421,17 @@ class Project:
                 if param in rebound:
                     continue
                 given = []
-                for c in made:
+                for x, c in made:
                     value = next((k.value for k in c.keywords if k.arg == param), None)
                     if value is None and param in positional and positional.index(param) < len(c.args):
                         value = c.args[positional.index(param)]
-                    given.append(value if value is not None else defaults.get(param))
-                if not all(isinstance(v, ast.Constant) and (v.value is False or v.value is None) for v in given):
+                    given.append(self._literal(x, value) if value is not None
+                                 else self._literal(self.scripts[path], defaults.get(param)))
+                if not given or any(v is None for v in given):
                     continue
+                literals = [v.value for v in given if v is not None]
                 dead = out.setdefault(path, set())
-                _switch_off(d, lambda t: isinstance(t, ast.Name) and t.id == param, dead)
+                _switch_off(d, lambda t: isinstance(t, ast.Name) and t.id == param, literals, dead)
                 if cls is None:
                     continue
                 for n in ast.walk(d):
@@ -418,8 +441,27 @@ class Project:
                                     and t.value.id == "self" and assigned_attrs.get(t.attr) == 1:
                                 _switch_off(cls, lambda x, a=t.attr: isinstance(x, ast.Attribute)
                                             and isinstance(x.value, ast.Name) and x.value.id == "self"
-                                            and x.attr == a, dead)
+                                            and x.attr == a, literals, dead)
         return out
+
+    def _literal(self, script: Script, node: ast.AST | None) -> ast.Constant | None:
+        """The literal `node` always is: a literal, or a module-level name bound once to a literal in its
+        module, this file's or the one it is imported from (`from settings import USE_RAM`), and nowhere
+        rebound (no `global` of it, no `settings.USE_RAM = ...`)."""
+        if isinstance(node, ast.Constant):
+            return node
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            return None
+        qualname = script.qualname(node)
+        if isinstance(node, ast.Name) and "." not in qualname:
+            home, name = script, node.id
+        else:
+            module, name = qualname.rsplit(".", 1) if "." in qualname else ("", "")
+            path = self.modules.locate(script.path, module) if module else None
+            if path is None or path not in self.scripts:
+                return None
+            home = self.scripts[path]
+        return self.memo(("literal", home.path, name), lambda: _bound_once(self, home, name))
 
     def _shadowed_functions(self, live: set[str], rooted: set[int]) -> None:
         """A module-level function whose name is live only through bare calls in files that define a function of
@@ -981,15 +1023,59 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _switch_off(scope: ast.AST, is_flag, dead: set[int]) -> None:
-    """Add the nodes of each `if <flag>:` / `if <flag> and ...:` body in scope (not its else) to dead."""
+def _switch_off(scope: ast.AST, is_flag, literals: list[object], dead: set[int]) -> None:
+    """Add to dead the nodes of each arm of an `if` in scope that the test never takes, the flag holding each of
+    `literals` in turn (see _decide): the body of `if <flag>:` / `if <flag> and ...:` for False or None, the
+    `else:` of `if <flag> is not None:` for 10."""
     for n in ast.walk(scope):
         if not isinstance(n, ast.If):
             continue
-        test = n.test
-        parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
-        if any(is_flag(p) for p in parts):
+        outcomes = {_decide(n.test, is_flag, value) for value in literals}
+        if outcomes == {False}:
             dead.update(id(m) for stmt in n.body for m in ast.walk(stmt))
+        elif outcomes == {True}:
+            dead.update(id(m) for stmt in n.orelse for m in ast.walk(stmt))
+
+
+def _decide(test: ast.AST, is_flag, value: object) -> bool | None:
+    """What `test` comes to when the flag holds `value`, where that alone decides it; else None."""
+    if is_flag(test):
+        return bool(value)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _decide(test.operand, is_flag, value)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        parts = [_decide(p, is_flag, value) for p in test.values]
+        stop = isinstance(test.op, ast.Or)  # (True decides an `or`, False an `and`)
+        return stop if stop in parts else (not stop if all(p is not None for p in parts) else None)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and is_flag(test.left) \
+            and isinstance(test.comparators[0], ast.Constant):
+        other, op = test.comparators[0].value, test.ops[0]
+        if isinstance(op, (ast.Is, ast.IsNot)) and (other is None or isinstance(other, bool)):
+            return (value is other) == isinstance(op, ast.Is)
+        if isinstance(op, (ast.Eq, ast.NotEq)) and type(value) is type(other):
+            return (value == other) == isinstance(op, ast.Eq)
+    return None
+
+
+def _bound_once(project: Project, script: Script, name: str) -> ast.Constant | None:
+    """The literal a module-level `name = <literal>` binds, when that is the module's only binding of the name
+    and no code rebinds it (`global name`, `module.name = ...`)."""
+    binds = [stmt for stmt in script.tree.body for n in ast.walk(stmt)
+             if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
+             and not any(n in ast.walk(d) for d in ast.walk(stmt) if isinstance(d, (ast.FunctionDef,
+                                                                                   ast.AsyncFunctionDef, ast.Lambda)))]
+    rebound = any(isinstance(n, ast.Global) and name in n.names for n in script.nodes) or any(
+        isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Store)
+        for x in project.scripts.values() for n in x.nodes)
+    if len(binds) != 1 or rebound:
+        return None
+    stmt = binds[0]
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) \
+        else []
+    if len(targets) == 1 and isinstance(targets[0], ast.Name) and isinstance(stmt.value, ast.Constant):
+        return stmt.value
+    return None
 
 
 def _reached_at_run_time(static: dict[str, set[str]], runtime: dict[str, dict[str, ast.Call]],
