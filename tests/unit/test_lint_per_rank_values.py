@@ -271,3 +271,45 @@ def test_a_setting_rebound_or_a_call_passing_another_value_keeps_the_branch():
     assert ("data.py", _line(_DATA, 'print("caching the images")'), "DDP008") in found
     assert ("data.py", _line(_DATA, 'print("training without early stopping")'), "DDP008") in found
 
+
+_DIES = """
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default="small")
+    parser.add_argument("--extra", nargs="*", default=[])
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    torch.manual_seed(dist.get_rank())
+    known = ["lr", "epochs"]
+    for key in args.extra:
+        if key not in known:
+            print("unknown setting", key)
+            assert key in known
+    if args.data == "small":
+        size = 10
+    elif args.data == "large":
+        size = 1000
+    else:
+        print("unknown data set", args.data)
+    steps = size // 2
+    if args.data == "small":
+        width = 4
+    else:
+        print("default width")
+    width = 8
+    print("steps", steps, width)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_message_right_before_the_process_dies_is_not_a_duplicate():
+    found = _lint({"train.py": _DIES})
+    assert ("train.py", _line(_DIES, 'print("unknown setting"'), "DDP008") not in found
+    assert ("train.py", _line(_DIES, 'print("unknown data set"'), "DDP008") not in found
+    # `width` is bound again before it is read: that arm carries on, and so does every rank
+    assert ("train.py", _line(_DIES, 'print("default width")'), "DDP008") in found
+    assert ("train.py", _line(_DIES, 'print("steps"'), "DDP008") in found
