@@ -54,8 +54,11 @@ def test_spawn_parent_with_single_process_fallback_is_not_a_rank():
 
 
 def test_worker_called_with_a_rank_variable_still_makes_the_caller_a_rank():
-    # the ImageNet example's two modes: `main_worker(args.gpu, ...)` is what torchrun runs on every rank
-    code = SPAWN_WITH_FALLBACK.replace("train(0, cfg)", "train(cfg.gpu, cfg)")
+    # the ImageNet example's two modes: `main_worker(args.gpu, ...)` is what torchrun runs on every rank (the
+    # worker starts its group on a flag of its own, not on the test that chose mp.spawn)
+    code = SPAWN_WITH_FALLBACK.replace("train(0, cfg)", "train(cfg.gpu, cfg)").replace(
+        "        if cfg.num_gpus > 1:\n            dist.init", "        if cfg.distributed:\n            dist.init")
+    assert "cfg.distributed" in code
     assert _line(code, "preparing the run") in _lint(code, "DDP008")
 
 
@@ -137,7 +140,7 @@ PLATFORMS = """
             torch.cuda.set_device(gpu)
         return gpu
 
-    setup("mpi")
+    setup(os.environ.get("PLATFORM", "mpi"))
     dist.destroy_process_group()
 """
 

@@ -920,10 +920,14 @@ class Script:
         # rank when torchrun starts the script (the ImageNet example's two modes); `else: train(0, a, h)`
         # (or `subprocess_fn(rank=0, ...)`) hands the worker a fixed rank: that path is one process, and the
         # caller stays the parent
+        # `if opts.mode == "ddp": mp.spawn(worker, ...) else: worker(...)` where the worker starts its process
+        # group only under that same test: the direct call is one process too
         firsts = {d.name: ([a.arg for a in (*d.args.posonlyargs, *d.args.args)] or [""])[0] for d in defs}
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
-            and not _fixed_rank(c, firsts.get(terminal(c.func), "")) for c in ast.walk(d)))
+            and not _fixed_rank(c, firsts.get(terminal(c.func), ""))
+            and not self._ungrouped_arm(c, [s for w, s in spawns if w == terminal(c.func)], defs)
+            for c in ast.walk(d)))
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
         classes = {c.name: c for c in self.nodes if isinstance(c, ast.ClassDef)}
         reached, todo = set(), list(workers)
@@ -938,6 +942,37 @@ class Script:
                     self.spawned_inits.add(id(method))
                     todo.extend(terminal(c.func) for c in ast.walk(method) if isinstance(c, ast.Call))
         return reached
+
+    def _ungrouped_arm(self, call: ast.Call, spawns: list[ast.Call], defs: list[ast.AST]) -> bool:
+        """Whether `call` (the worker called directly) sits in one arm of an `if` whose other arm spawns the
+        worker, and the worker calls init_process_group only in an `if` of the same test, on the spawn's side:
+        the direct call never starts a process group, it is a single process."""
+        child, node = call, self.parents.get(id(call))
+        while node is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(node, ast.If) and child in (*node.body, *node.orelse):
+                other = node.orelse if child in node.body else node.body
+                if any(s is n for stmt in other for n in ast.walk(stmt) for s in spawns):
+                    break
+            child, node = node, self.parents.get(id(node))
+        else:
+            return False
+        spawn_side = child in node.orelse  # True: the spawn is in the `if` body, where the test holds
+        test = ast.dump(node.test)
+        worker = [d for d in defs if d.name == terminal(call.func)]
+        starts = [c for d in worker for c in ast.walk(d)
+                  if isinstance(c, ast.Call) and terminal(c.func) == "init_process_group"]
+        if len(worker) != 1 or not starts:
+            return False
+        for start in starts:
+            inner, up = start, self.parents.get(id(start))
+            while up is not None and not (isinstance(up, ast.If) and ast.dump(up.test) == test
+                                          and inner in (up.body if spawn_side else up.orelse)):
+                if up is worker[0]:
+                    return False
+                inner, up = up, self.parents.get(id(up))
+            if up is None:
+                return False
+        return True
 
     def _joins_process_group(self, defs: list[ast.AST], target: ast.expr, given: ast.expr | None) -> bool:
         """Whether a `Process(target=...)` starts a rank: its target, the functions of this file it calls and

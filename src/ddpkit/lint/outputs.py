@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -1006,16 +1007,163 @@ def _stops(stmt: ast.stmt | None) -> bool:
 _MESSAGES = frozenset({"print", "info", "warning", "warn", "error", "critical", "debug", "exception", "write"})
 
 
-def _before_exit(after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
-    """The message opens (or is) a run of messages that ends in `sys.exit`/`raise`: it says why a process stops."""
+def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
+    """The message opens (or is) a run of messages that ends in `sys.exit`/`raise`, in an assert that fails
+    there, or at the end of an arm of an `if` after which the program reads a name only the other arms bind:
+    it says why a process stops."""
     for _ in range(20):
+        last = stmt
         stmt = after.get(id(stmt))
-        if _stops(stmt):
+        if _stops(stmt) or _fails(s, stmt):
             return True
+        if stmt is None:
+            return last is not None and _falls_into_unbound(s, after, last)
         if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
                 and terminal(stmt.value.func) in _MESSAGES):
             return False
     return False
+
+
+def _fails(s: Script, stmt: ast.stmt | None) -> bool:
+    """An assert that cannot hold where it stands: `assert False`, or the negation of the test of the `if` it
+    sits in (`if k not in keys: ... assert k in keys`)."""
+    if not isinstance(stmt, ast.Assert):
+        return False
+    if isinstance(stmt.test, ast.Constant) and not stmt.test.value:
+        return True
+    branch = s.parents.get(id(stmt))
+    return isinstance(branch, ast.If) and stmt in branch.body and _negates(stmt.test, branch.test)
+
+
+def _negates(one: ast.AST, other: ast.AST) -> bool:
+    """`one` is `not other` (either way round), or the same comparison with `in`/`not in`, `==`/`!=`,
+    `is`/`is not` swapped."""
+    for a, b in ((one, other), (other, one)):
+        if isinstance(a, ast.UnaryOp) and isinstance(a.op, ast.Not) and ast.dump(a.operand) == ast.dump(b):
+            return True
+    opposite = {ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot,
+                ast.IsNot: ast.Is}
+    return isinstance(one, ast.Compare) and isinstance(other, ast.Compare) and len(one.ops) == len(other.ops) == 1 \
+        and opposite.get(type(one.ops[0])) is type(other.ops[0]) and ast.dump(one.left) == ast.dump(other.left) \
+        and ast.dump(one.comparators[0]) == ast.dump(other.comparators[0])
+
+
+def _falls_into_unbound(s: Script, after: dict[int, ast.stmt], last: ast.stmt) -> bool:
+    """`last` ends an arm of an `if`/`elif` chain, and the statement after the chain reads a name that only the
+    chain's other arms bind (nothing else in the scope binds it, no loop runs the chain again): from this arm
+    the program stops there with a NameError (`else: print("unknown dataset")` then `max(train_set.targets)`)."""
+    top = s.parents.get(id(last))
+    if not isinstance(top, ast.If):
+        return False
+    arm = top.body if last in top.body else top.orelse
+    while True:  # climb an `elif` chain: the inner `if` is the whole `else:` of the outer one
+        up = s.parents.get(id(top))
+        if isinstance(up, ast.If) and up.orelse == [top]:
+            top = up
+        else:
+            break
+    following = after.get(id(top))
+    scope = top
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(scope, (ast.For, ast.AsyncFor, ast.While, ast.Lambda, ast.ClassDef)):
+            return False  # (a loop may have bound the name on an earlier pass)
+        scope = s.parents.get(id(scope))
+    scope = scope if scope is not None else s.tree
+    if following is None or isinstance(following, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    inside = {id(n) for stmt in arm for n in ast.walk(stmt)}
+    chain = {id(n) for n in ast.walk(top)}  # (ids of the chain's nodes)
+    bindings = _scope_bindings(scope)
+    declared = {name for n in ast.walk(s.tree) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+    star = any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in s.tree.body)
+    for n in ast.walk(following):
+        if not (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)) or n.id in declared or star \
+                or n.id in _BUILTINS and isinstance(scope, ast.Module):
+            continue
+        # (bindings below `following` run after it: the chain is in no loop)
+        bound = [b for b in bindings.get(n.id, []) if (b.lineno, b.col_offset) < (following.lineno, following.col_offset)]
+        if bound and all(id(b) in chain and id(b) not in inside for b in bound):
+            return True
+    return False
+
+
+_BUILTINS = frozenset(dir(builtins))
+
+
+def _scope_bindings(scope: ast.AST) -> dict[str, list[ast.AST]]:
+    """name -> the nodes that bind it in `scope` itself (not in the functions, classes, lambdas and
+    comprehensions it holds, which have scopes of their own); a function's parameters count."""
+    found: dict[str, list[ast.AST]] = {}
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for a in (*scope.args.posonlyargs, *scope.args.args, *scope.args.kwonlyargs, scope.args.vararg,
+                  scope.args.kwarg):
+            if a is not None:
+                found.setdefault(a.arg, []).append(a)
+    todo = list(scope.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.setdefault(node.name, []).append(node)
+            continue
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            found.setdefault(node.id, []).append(node)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                found.setdefault((a.asname or a.name).split(".")[0], []).append(node)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            found.setdefault(node.name, []).append(node)
+        elif isinstance(node, ast.MatchAs) and node.name or isinstance(node, ast.MatchStar) and node.name:
+            found.setdefault(node.name, []).append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _derives_from_rank(s: Script, value: ast.AST) -> bool:
+    """`value` shows the rank when written out: the rank itself, text or arithmetic made of it (`f"cuda:{rank}"`,
+    `rank % 8`), a device named by it (`torch.device("cuda", local_rank)`) or an item picked by it
+    (`device_ids[rank]`). Not a value merely built with it (a model moved to the rank's device prints the same)."""
+    if isinstance(value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) and s.kind(value):
+        return True
+    if isinstance(value, ast.JoinedStr):
+        return any(isinstance(v, ast.FormattedValue) and _derives_from_rank(s, v.value) for v in value.values)
+    if isinstance(value, ast.BinOp):
+        return _derives_from_rank(s, value.left) or _derives_from_rank(s, value.right)
+    if isinstance(value, ast.Subscript):
+        return _derives_from_rank(s, value.slice)
+    if isinstance(value, ast.Call) and terminal(value.func) in ("device", "str", "int", "format"):
+        parts = [*value.args, *(k.value for k in value.keywords)]
+        if terminal(value.func) == "format" and isinstance(value.func, ast.Attribute):
+            parts.append(value.func.value)
+        return any(_derives_from_rank(s, p) for p in parts)
+    return False
+
+
+def _rank_valued(s: Script, node: ast.AST, call: ast.Call) -> bool:
+    """A name or attribute a message shows holds a value that differs per rank, so each rank's line is its own:
+    a name every assignment of which in the function derives from the rank (`device = f"cuda:{local_rank}"`), or
+    an attribute every store of which in the program does (`self.device = torch.device("cuda", local_rank)` in
+    `__init__`, `opts.gpu = device_ids[rank]` in the worker)."""
+    if isinstance(node, ast.Name):
+        values = s.local_values(node.id, call)
+        return bool(values) and all(_derives_from_rank(s, v) for v in values)
+    if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+        return False
+    project = s.project
+
+    def stores() -> dict[str, bool]:  # attribute name -> every store of it derives from the rank
+        found: dict[str, bool] = {}
+        for x in project.scripts.values():
+            for n in x.nodes:
+                if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+                    for target in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                        if isinstance(target, ast.Attribute):
+                            found[target.attr] = found.get(target.attr, True) and _derives_from_rank(x, n.value)
+                elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Attribute):
+                    found[n.target.attr] = False
+        return found
+    return project.memo("rank-valued attributes", stores).get(node.attr, False)
 
 
 def _placed_tensor_device(s: Script, node: ast.AST, call: ast.Call) -> bool:
@@ -1105,7 +1253,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         is_print = name in ("print", "rich.print") and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and "stderr" not in project.launcher_streams
+            and not project.print_silenced(s, call, stdout=False)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
@@ -1125,9 +1273,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       if _text(v) for m in ast.walk(v)]  # `prefix = f"rank {rank} | "; print(prefix, ...)`
         if any(s.kind(n) for n in mentioned) or any(terminal(n) in _PROCESS_TAGS for n in mentioned
                                                    if isinstance(n, (ast.Name, ast.Attribute, ast.Call))) \
-                or any(_placed_tensor_device(s, n, call) for n in mentioned):
+                or any(_placed_tensor_device(s, n, call) or _rank_valued(s, n, call) for n in mentioned):
             continue
-        if (is_print and keyword(call, "file") is not None) or _before_exit(after, statement_of.get(id(call))):
+        if (is_print and keyword(call, "file") is not None) or _before_exit(s, after, statement_of.get(id(call))):
             continue
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first

@@ -416,16 +416,29 @@ class Project:
         self._methods_of_other_receivers(rooted)
 
     def _switched_off(self) -> dict[str, set[int]]:
-        """path -> ids of the nodes of branches no call turns on: `if p:` (or `if p and ...:`) on a parameter every
-        call of its function in the program gives False or None (by position, by keyword or by its default), and
-        `if self.p:` in the methods of a class whose `__init__` stores such a parameter as `self.p` (assigned
-        nowhere else). `MyTrainer(model, data, opt, True, False, rank)` with `fault_tolerant` fifth: what runs
-        only `if fault_tolerant:` never runs. A function called with `*args`/`**kwargs`, defined twice, or that
-        reassigns the parameter gives nothing; nor does one nothing calls by name, or one also used as a value."""
+        """path -> ids of the nodes of branches no call takes: an `if` whose test reads a parameter that every call
+        of its function in the program fills with a literal (by position, by keyword or by its default; a
+        module-level name bound once to a literal, in this file or imported, counts as that literal) and that
+        those literals decide the same way (`if p:`, `if not p:`, `if p is None:`, `if p == "ddp":`, parts of an
+        `and`/`or`); the same for `if self.p:` in the methods of a class whose `__init__` stores such a parameter
+        as `self.p` (assigned nowhere else). `MyTrainer(model, data, opt, True, USE_RAM, rank)` with
+        `use_ram` fifth and `USE_RAM = False` in the settings module: what runs only `if use_ram:` never runs.
+        A function called with `*args`/`**kwargs`, or that reassigns the parameter gives nothing; nor does one
+        nothing calls by name, or one also used as a value. A method (not a dunder, nor one of a class a
+        framework calls into) counts by its name: every call of that name in the program."""
         return self.memo("switched off", self._compute_switched_off)
 
     def _compute_switched_off(self) -> dict[str, set[int]]:
         defs: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
+        methods: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
+        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        # methods count by name only in classes of plain Python: torch calls methods of an nn.Module by name
+        # itself (`eval()` calls `self.train(False)`)
+        classes = {n.name: n for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+        plain: set[str] = set()
+        for _ in range(4):
+            plain |= {name for name, c in classes.items()
+                      if all(terminal(b) in ("object", "ABC", "Generic") or terminal(b) in plain for b in c.bases)}
         for path, s in self.scripts.items():
             for stmt in s.tree.body:
                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -434,10 +447,14 @@ class Project:
                     for item in stmt.body:
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__init__":
                             defs.setdefault(stmt.name, []).append((path, item, stmt))
-        calls: dict[str, list[ast.Call]] = {}
+                        elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
+                                _conventional(item.name) or item.decorator_list or dynamic
+                                or stmt.name in self._framework_classes or stmt.name not in plain):
+                            methods.setdefault(item.name, []).append((path, item, None))
+        calls: dict[str, list[tuple[Script, ast.Call]]] = {}
         for s in self.scripts.values():
             for c in s.calls:
-                calls.setdefault(terminal(c.func), []).append(c)
+                calls.setdefault(terminal(c.func), []).append((s, c))
         # a function or class also used as a value (`mp.spawn(worker, args=(..., True))`, a base class,
         # `partial(f, flag=True)`) may be called with other values where no call names it
         values = {terminal(n) for s in self.scripts.values() for n in s.nodes
@@ -479,16 +496,20 @@ class Project:
                     if isinstance(n, ast.If) and isinstance(n.test, ast.Call) and terminal(n.test.func) == "isinstance" \
                             and len(n.test.args) == 2 and terminal(n.test.args[1]) == "DataParallel":
                         out.setdefault(path, set()).update(id(m) for stmt in n.body for m in ast.walk(stmt))
-        for name, found in defs.items():
-            if len(found) != 1 or not calls.get(name) or name in values:
+        # (a method's calls are every call of its name: each of its definitions is judged on all of them, which
+        # holds the calls that do reach it)
+        judged = [(name, entry) for name, found in defs.items() if len(found) == 1 and name not in methods
+                  for entry in found]
+        judged += [(name, entry) for name, found in methods.items() if name not in defs for entry in found]
+        for name, (path, d, cls) in judged:
+            if not calls.get(name) or name in values:
                 continue
-            path, d, cls = found[0]
             made = calls[name]
-            if any(isinstance(a, ast.Starred) for c in made for a in c.args) or any(
-                    k.arg is None for c in made for k in c.keywords):
+            if any(isinstance(a, ast.Starred) for _, c in made for a in c.args) or any(
+                    k.arg is None for _, c in made for k in c.keywords):
                 continue
             positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-            if cls is not None:
+            if cls is not None or name in methods:
                 positional = positional[1:]  # self
             defaults = dict(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
             defaults.update((a.arg, v) for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None)
@@ -498,15 +519,17 @@ class Project:
                 if param in rebound:
                     continue
                 given = []
-                for c in made:
+                for x, c in made:
                     value = next((k.value for k in c.keywords if k.arg == param), None)
                     if value is None and param in positional and positional.index(param) < len(c.args):
                         value = c.args[positional.index(param)]
-                    given.append(value if value is not None else defaults.get(param))
-                if not all(isinstance(v, ast.Constant) and (v.value is False or v.value is None) for v in given):
+                    given.append(self._literal(x, value) if value is not None
+                                 else self._literal(self.scripts[path], defaults.get(param)))
+                if not given or any(v is None for v in given):
                     continue
+                literals = [v.value for v in given if v is not None]
                 dead = out.setdefault(path, set())
-                _switch_off(d, lambda t: isinstance(t, ast.Name) and t.id == param, dead)
+                _switch_off(d, lambda t: isinstance(t, ast.Name) and t.id == param, literals, dead)
                 if cls is None:
                     continue
                 for n in ast.walk(d):
@@ -516,8 +539,27 @@ class Project:
                                     and t.value.id == "self" and assigned_attrs.get(t.attr) == 1:
                                 _switch_off(cls, lambda x, a=t.attr: isinstance(x, ast.Attribute)
                                             and isinstance(x.value, ast.Name) and x.value.id == "self"
-                                            and x.attr == a, dead)
+                                            and x.attr == a, literals, dead)
         return out
+
+    def _literal(self, script: Script, node: ast.AST | None) -> ast.Constant | None:
+        """The literal `node` always is: a literal, or a module-level name bound once to a literal in its
+        module, this file's or the one it is imported from (`from settings import USE_RAM`), and nowhere
+        rebound (no `global` of it, no `settings.USE_RAM = ...`)."""
+        if isinstance(node, ast.Constant):
+            return node
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            return None
+        qualname = script.qualname(node)
+        if isinstance(node, ast.Name) and "." not in qualname:
+            home, name = script, node.id
+        else:
+            module, name = qualname.rsplit(".", 1) if "." in qualname else ("", "")
+            path = self.modules.locate(script.path, module) if module else None
+            if path is None or path not in self.scripts:
+                return None
+            home = self.scripts[path]
+        return self.memo(("literal", home.path, name), lambda: _bound_once(self, home, name))
 
     def _shadowed_functions(self, live: set[str], rooted: set[int]) -> None:
         """A module-level function whose name is live only through bare calls in files that define a function of
@@ -728,12 +770,14 @@ class Project:
         self.distributed = any(s.distributed for s in scripts)
         self.spawned = any(s.per_rank_functions is not None for s in scripts)
         """The ranks are started by mp.spawn/Process from the script itself, not by torchrun."""
-        self.silenced_streams = {n.targets[0].attr for s, n in nodes if _silences_stream(s, n)}
+        self.silenced_streams = {stream for s, n in nodes for stream in _silenced_streams(s, n)}
         """'stdout'/'stderr' where ranks singled out by a rank check point sys.stdout at os.devnull (or the like)."""
-        self.silencers = {id(n) for s, n in nodes if _swaps_print(n) or _silences_stream(s, n) and
-                          n.targets[0].attr == "stdout"}
+        self.silencers = {id(n) for s, n in nodes if _swaps_print(n) or "stdout" in _silenced_streams(s, n)}
         """The statements that make print a no-op off rank 0: a builtins.print swap (setup_for_distributed(is_master))
         or `if rank != 0: sys.stdout = open(os.devnull, "w")`."""
+        self.stderr_silencers = {id(n) for s, n in nodes if "stderr" in _silenced_streams(s, n)}
+        """The statements that point sys.stderr away off rank 0, where a tqdm bar draws (`sys.stdout = sys.stderr =
+        open(os.devnull, "w")` under `if local_rank != 0:`)."""
         self.launcher_streams = {stream for s in scripts for stream in _launcher_discards(s)}
         self.launched_by: tuple[str, int] | None = None
         """(file, line) of a launcher of the project that starts this program's ranks (see link_launchers)."""
@@ -782,6 +826,8 @@ class Project:
         live = {id(n) for x in self.scripts.values() for n in x.nodes
                 if (id(n) in self.silencers or _swaps_print(n)) and self.runs(x, n)}
         self.silencers &= live
+        self.stderr_silencers = {i for x in self.scripts.values() for n in x.nodes for i in [id(n)]
+                                 if i in self.stderr_silencers and self.runs(x, n)}
         self.print_swaps = {i for x in self.scripts.values() for n in x.nodes if _swaps_print(n)
                             for i in [id(n)] if i in live}
         """The builtins.print swaps some rank runs (a subset of silencers)."""
@@ -929,11 +975,11 @@ class Project:
     def print_silenced(self, script: Script, call: ast.Call, stdout: bool = True) -> bool:
         """Whether `call` (a print) runs after the program swaps builtins.print: every print does, except one in the
         function that makes the swap (`setup_for_distributed(rank == 0)` at the end of init_distributed_mode)
-        written above the swap, which runs on every rank before print is replaced. `stdout=False`: count only the
-        swaps of print, not a silenced sys.stdout (a tqdm bar writes to sys.stderr)."""
+        written above the swap, which runs on every rank before print is replaced. `stdout=False`: the same for a
+        tqdm bar, which writes to sys.stderr: only a silenced sys.stderr counts, not a print swap."""
         if ("stdout" if stdout else "stderr") in self.launcher_streams:
             return True  # a launcher sends the other ranks' console away (see launcher_streams)
-        silencers = self.silencers if stdout else self.print_swaps
+        silencers = self.silencers if stdout else self.stderr_silencers
         if not silencers:
             return False
         swaps = self.memo(("print swaps", stdout), lambda: {d.name for x in self.scripts.values() for d in x.defs
@@ -956,7 +1002,7 @@ class Project:
             here = [n.lineno for n in script.nodes if (id(n) in silencers or installs(n))
                     and script.context(n).scope == scope]
             return not here or call.lineno > min(here)
-        if func.name in replacers:
+        if stdout and func.name in replacers:
             return True
         swap_lines = [n.lineno for n in ast.walk(func) if id(n) in silencers or installs(n)]
         if swap_lines:
@@ -1030,7 +1076,9 @@ class Project:
             return False
 
         def compute() -> bool:
-            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)]
+            # (a call in the helper's own `__main__` block runs in another program, not in this one's ranks)
+            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)
+                     and self.runs(x, c)]
             named = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                         and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
                         for x in self.scripts.values() for n in x.nodes)  # passed along: runs where it is called
@@ -1096,15 +1144,59 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _switch_off(scope: ast.AST, is_flag, dead: set[int]) -> None:
-    """Add the nodes of each `if <flag>:` / `if <flag> and ...:` body in scope (not its else) to dead."""
+def _switch_off(scope: ast.AST, is_flag, literals: list[object], dead: set[int]) -> None:
+    """Add to dead the nodes of each arm of an `if` in scope that the test never takes, the flag holding each of
+    `literals` in turn (see _decide): the body of `if <flag>:` / `if <flag> and ...:` for False or None, the
+    `else:` of `if <flag> is not None:` for 10."""
     for n in ast.walk(scope):
         if not isinstance(n, ast.If):
             continue
-        test = n.test
-        parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
-        if any(is_flag(p) for p in parts):
+        outcomes = {_decide(n.test, is_flag, value) for value in literals}
+        if outcomes == {False}:
             dead.update(id(m) for stmt in n.body for m in ast.walk(stmt))
+        elif outcomes == {True}:
+            dead.update(id(m) for stmt in n.orelse for m in ast.walk(stmt))
+
+
+def _decide(test: ast.AST, is_flag, value: object) -> bool | None:
+    """What `test` comes to when the flag holds `value`, where that alone decides it; else None."""
+    if is_flag(test):
+        return bool(value)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _decide(test.operand, is_flag, value)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        parts = [_decide(p, is_flag, value) for p in test.values]
+        stop = isinstance(test.op, ast.Or)  # (True decides an `or`, False an `and`)
+        return stop if stop in parts else (not stop if all(p is not None for p in parts) else None)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and is_flag(test.left) \
+            and isinstance(test.comparators[0], ast.Constant):
+        other, op = test.comparators[0].value, test.ops[0]
+        if isinstance(op, (ast.Is, ast.IsNot)) and (other is None or isinstance(other, bool)):
+            return (value is other) == isinstance(op, ast.Is)
+        if isinstance(op, (ast.Eq, ast.NotEq)) and type(value) is type(other):
+            return (value == other) == isinstance(op, ast.Eq)
+    return None
+
+
+def _bound_once(project: Project, script: Script, name: str) -> ast.Constant | None:
+    """The literal a module-level `name = <literal>` binds, when that is the module's only binding of the name
+    and no code rebinds it (`global name`, `module.name = ...`)."""
+    binds = [stmt for stmt in script.tree.body for n in ast.walk(stmt)
+             if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del))
+             and not any(n in ast.walk(d) for d in ast.walk(stmt) if isinstance(d, (ast.FunctionDef,
+                                                                                   ast.AsyncFunctionDef, ast.Lambda)))]
+    rebound = any(isinstance(n, ast.Global) and name in n.names for n in script.nodes) or any(
+        isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Store)
+        for x in project.scripts.values() for n in x.nodes)
+    if len(binds) != 1 or rebound:
+        return None
+    stmt = binds[0]
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) \
+        else []
+    if len(targets) == 1 and isinstance(targets[0], ast.Name) and isinstance(stmt.value, ast.Constant):
+        return stmt.value
+    return None
 
 
 def _reached_at_run_time(static: dict[str, set[str]], runtime: dict[str, dict[str, ast.Call]],
@@ -1395,14 +1487,24 @@ def _module_rooted(s: Script, node: ast.Attribute) -> bool:
     return isinstance(root, ast.Name) and root.id in s.aliases
 
 
-def _silences_stream(s: Script, node: ast.AST) -> bool:
-    """`sys.stdout = open(os.devnull, "w")` (or sys.stderr, or None) on the ranks a rank check singles out."""
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
-            and node.targets[0].attr in ("stdout", "stderr") and s.qualname(node.targets[0].value) == "sys"):
-        return False
+def _silenced_streams(s: Script, node: ast.AST) -> set[str]:
+    """'stdout'/'stderr' that `node` points at os.devnull (or None) on the ranks a rank check singles out:
+    `sys.stdout = open(os.devnull, "w")`, `sys.stdout = sys.stderr = f` with `f = open(os.devnull, "w")` above it
+    in the same function."""
+    if not isinstance(node, ast.Assign):
+        return set()
+    streams = {t.attr for t in node.targets if isinstance(t, ast.Attribute) and t.attr in ("stdout", "stderr")
+               and s.qualname(t.value) == "sys"}
+    if not streams or not s.context(node).level:
+        return set()
+
+    def discards(value: ast.AST) -> bool:
+        return isinstance(value, ast.Constant) and value.value is None or bool(_DISCARD.search(ast.unparse(value)))
     value = node.value
-    discards = isinstance(value, ast.Constant) and value.value is None or _DISCARD.search(ast.unparse(value))
-    return bool(discards) and s.context(node).level > 0
+    if isinstance(value, ast.Name):  # a file opened above: every binding of the name in this function discards
+        values = s.local_values(value.id, node)
+        return streams if values and all(discards(v) for v in values) else set()
+    return streams if discards(value) else set()
 
 
 def _launches_program(s: Script, node: ast.AST) -> bool:

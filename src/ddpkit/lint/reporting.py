@@ -516,6 +516,25 @@ def _assigned_from(s: Script, call: ast.Call) -> ast.AST | None:
         return parent
 
 
+def _syncs_on_compute(call: ast.Call) -> bool:
+    """A torchmetrics Metric built without `sync_on_compute=False` or a `dist_sync_fn` of its own: compute()
+    reduces every rank's state."""
+    given = {k.arg: k.value for k in call.keywords}
+    sync = given.get("sync_on_compute")
+    return not (isinstance(sync, ast.Constant) and sync.value is False) and "dist_sync_fn" not in given
+
+
+def _moved(s: Script, call: ast.Call) -> ast.AST | None:
+    """The parent of `call` above the moves that keep the object (`.to(device)`, `.cuda(rank)`, `.cpu()`)."""
+    node, parent = call, s.parents.get(id(call))
+    while isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda", "cpu"):
+        above = s.parents.get(id(parent))
+        if not (isinstance(above, ast.Call) and above.func is parent):
+            break
+        node, parent = above, s.parents.get(id(above))
+    return parent
+
+
 _OBJECT = frozenset({"self", "cls"})
 
 
@@ -538,9 +557,12 @@ def reduced_names(s: Script) -> set[str]:
                     targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
                     out.update(r for t in targets for n in ([t] if not isinstance(t, (ast.Tuple, ast.List)) else t.elts)
                                for r in [_root(n)] if r)
-                if isinstance(parent, ast.Assign) and x.qualname(call.func).startswith("torchmetrics."):
-                    # a torchmetrics object syncs its state across ranks in compute()
-                    out.update(r for t in parent.targets for r in [_root(t)] if r)
+                if x.qualname(call.func).startswith("torchmetrics.") and _syncs_on_compute(call):
+                    # a torchmetrics object syncs its state across ranks in compute(), also once moved to the
+                    # rank's device (`MeanMetric().cuda(rank)`)
+                    made = _moved(x, call)
+                    if isinstance(made, ast.Assign):
+                        out.update(r for t in made.targets for r in [_root(t)] if r)
                 if not _collective(x, call, helpers):
                     continue
                 # a comprehension's own variable (`v` of `{k: gather(v) for k, v in logs.items()}`) is reduced only
