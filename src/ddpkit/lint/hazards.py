@@ -200,7 +200,8 @@ def _pinning_kwargs(x: Script) -> bool:
 
 
 def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
-    """Expressions a call uses as a GPU index: set_device(i), torch.device('cuda', i), device_ids=[i], 'cuda:{i}'."""
+    """Expressions a call uses as a GPU index: set_device(i), torch.device('cuda', i), device_ids=[i], 'cuda:{i}',
+    `.to(i)`, `.cuda(i)`, `device=i`."""
     name = terminal(call.func)
     if name in ("set_device", "set_device_index") and call.args:
         yield call.args[0]
@@ -216,6 +217,12 @@ def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
                 # reported at the keyword's value, where the wrong GPU is chosen for DDP
                 yield from (ast.copy_location(ast.Name(e.id, ast.Load()), k.value) if isinstance(e, ast.Name)
                             else e for e in held[0].elts)
+    if isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "cuda") and call.args \
+            and not isinstance(call.args[0], ast.JoinedStr):
+        yield call.args[0]  # `.to(i)` / `.cuda(i)` with a number: the tensor goes to GPU i
+    device = keyword(call, "device")
+    if device is not None and not isinstance(device, ast.JoinedStr):
+        yield device  # `torch.zeros(n, device=i)`
     for arg in call.args[:1]:
         if isinstance(arg, ast.JoinedStr) and any(isinstance(v, ast.Constant) and str(v.value).endswith("cuda:")
                                                   for v in arg.values):
