@@ -36,3 +36,59 @@ def test_dropout_at_rate_zero_or_a_seed_per_rank_is_not_reported():
     assert _seed_findings(model.replace("nn.Dropout(0.3)", "nn.Dropout(0.0)"), train) == []
     per_rank = train.replace("torch.manual_seed(1)", "torch.manual_seed(1 + int(os.environ['RANK']))")
     assert _seed_findings(model, per_rank) == []
+
+
+def _output(sources: dict[str, str]) -> list[int]:
+    return [f.line for f in lint_sources(sources) if f.rule == "DDP008"]
+
+
+def _program(name: str) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((FIXTURES / name).glob("*.py"))}
+
+
+def test_loguru_with_its_default_handler_repeats_on_every_rank():
+    """`from loguru import logger; logger.info(...)` in the training script and in an agent class every rank
+    builds: loguru's default handler writes to sys.stderr in every process (DDP008)."""
+    _check("loguru_default")
+
+
+def test_loguru_set_up_by_the_program_is_left_alone():
+    sources = _program("loguru_default")
+    sources["train.py"] = sources["train.py"].replace(
+        '    dist.init_process_group("nccl")\n',
+        '    dist.init_process_group("nccl")\n    if local_rank != 0:\n        logger.remove()\n')
+    assert _output(sources) == []
+
+
+def test_a_library_logging_set_up_called_on_every_rank_shows_info_lines():
+    """`init_logging()` imported from a library (not a file of the program), on every rank with nothing of the
+    rank in its arguments: read by its name as showing INFO lines, and the finding says so (DDP008)."""
+    _check("library_log_setup")
+    found = [f for f in lint_sources(_program("library_log_setup")) if f.rule == "DDP008"]
+    assert all("init_logging() at train.py:15" in f.message for f in found)
+
+
+def test_a_logging_set_up_given_the_rank_or_defined_in_the_program_is_not_read_by_its_name():
+    source = _program("library_log_setup")["train.py"]
+    ranked = source.replace("    init_logging()\n", "").replace(
+        '    dist.init_process_group("nccl")\n', '    dist.init_process_group("nccl")\n'
+        '    init_logging(rank=dist.get_rank())\n')
+    assert _output({"train.py": ranked}) == []
+    own = source.replace("from robotlib.utils import init_logging\n", "\n\ndef init_logging():\n    pass\n")
+    assert _output({"train.py": own}) == []
+
+
+def test_module_code_of_a_spawning_script_a_verbose_scheduler_and_a_message_before_exit_0():
+    """A module-level print in a script whose workers mp.spawn starts (the spawn start method runs the module again
+    in every worker), `StepLR(..., verbose=True)` built by every rank, and a final message before `exit(0)` (a
+    normal end, not the reason a process stops): all print world_size times (DDP008)."""
+    _check("spawn_module_output")
+
+
+def test_a_message_before_a_failing_exit_or_a_fork_start_is_not_reported():
+    source = _program("spawn_module_output")["train.py"]
+    assert 29 not in _output({"train.py": source.replace("exit(0)", "exit(1)")})
+    forked = source.replace("nprocs=2)", 'nprocs=2, start_method="fork")')
+    assert 12 not in _output({"train.py": forked})
+    quiet = source.replace("verbose=True", "verbose=False")
+    assert 21 not in _output({"train.py": quiet})

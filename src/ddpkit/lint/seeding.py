@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from ddpkit.lint.analysis import Script, terminal
 from ddpkit.lint.rules import Hit, argument, check
 
-__all__ = ["rank_seeds"]
+__all__ = ["rank_seeds", "rerun_by_workers"]
 
 _SEEDS = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_everything", "set_seed", "set_random_seed"})
 _TORCH_SEEDS = ("torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.random.manual_seed")
@@ -176,7 +176,7 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       "initialises the model's weights and draws augmentation and dropout on the CPU, stays unseeded",
                       "seed every generator: torch.manual_seed(seed + rank) (it seeds CUDA too)")
         return
-    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c) or _imported_by_workers(script, c)]
+    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c) or rerun_by_workers(script, c)]
     if not in_ranks:
         reported: set[int] = set()
         for script, call in torch_seeds:
@@ -221,7 +221,7 @@ def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Scri
     return sorted(sites, key=lambda x: (x[0].path, x[1].lineno, x[1].col_offset))
 
 
-def _imported_by_workers(script, call: ast.Call) -> bool:
+def rerun_by_workers(script, call: ast.Call) -> bool:
     """A seed in the module code of a script that mp.spawns its own workers, outside its `__main__` block: the
     spawn start method runs the main module again in every worker (as `__mp_main__`), so each rank runs it too
     (not where the workers are started with `start_method="fork"`)."""
