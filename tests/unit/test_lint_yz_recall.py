@@ -92,3 +92,14 @@ def test_a_message_before_a_failing_exit_or_a_fork_start_is_not_reported():
     assert 12 not in _output({"train.py": forked})
     quiet = source.replace("verbose=True", "verbose=False")
     assert 21 not in _output({"train.py": quiet})
+
+
+def test_coloredlogs_shows_info_lines_but_a_set_up_that_returns_a_file_logger_is_not_read_by_its_name():
+    source = _program("library_log_setup")["train.py"]
+    colored = source.replace("from robotlib.utils import init_logging\n", "import coloredlogs\n").replace(
+        "init_logging()", 'coloredlogs.install(level="INFO")')
+    assert _output({"train.py": colored}) == [19, 24]
+    assert _output({"train.py": colored.replace('level="INFO"', 'level="WARNING"')}) == []
+    returned = source.replace("    init_logging()\n", '    results = setup_logging(save_path="runs")\n').replace(
+        "import init_logging", "import setup_logging")
+    assert _output({"train.py": returned}) == []

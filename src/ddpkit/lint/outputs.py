@@ -773,17 +773,27 @@ _SETS_LOGGING_UP = re.compile(r"(init|setup|set_up|configure|config)_?(logging|l
 
 
 def _outside_log_setup(project) -> tuple[Script, ast.Call] | None:
-    """The first call every rank makes, with nothing of the rank in its arguments, of a function from outside the
-    program named for setting logging up (`init_logging()` of a library): read by its name as showing INFO lines on
-    the console; None when the program's own basicConfig/handler/config decides it, or there is no such call."""
+    """The first call every rank makes, with nothing of the rank in its arguments, of a library's logging set-up:
+    `coloredlogs.install()` (a console handler on the root logger, INFO unless told a higher level), or a function
+    from outside the program named for it and called for that alone (`init_logging()`): read by its name as showing
+    INFO lines on the console; None when the program's own basicConfig/handler/config decides it, or there is no
+    such call."""
     if any(terminal(c.func) in ("basicConfig", "addHandler", "dictConfig", "fileConfig")
            for x in project.scripts.values() for c in x.calls):
         return None
     for x in project.scripts.values():
+        statements = {id(n.value) for n in x.nodes if isinstance(n, ast.Expr)}
         for c in x.calls:
-            if _SETS_LOGGING_UP.fullmatch(terminal(c.func)) and terminal(c.func) not in project.defined_functions \
-                    and project.resolve(x, c.func) is None and not x.context(c).level \
-                    and not _chosen_by_rank(x, c) and project.runs(x, c):
+            level = keyword(c, "level")
+            known = x.qualname(c.func) == "coloredlogs.install" and (level is None or (
+                isinstance(level, ast.Constant) and str(level.value).upper() in ("INFO", "DEBUG", "20", "10")
+                or isinstance(level, ast.Attribute) and level.attr in ("INFO", "DEBUG")))
+            # by its name: a set-up of the process's logging, called for that alone (its result unused: not a
+            # logger it builds and hands back), with no file or directory to write to
+            named = _SETS_LOGGING_UP.fullmatch(terminal(c.func)) and id(c) in statements and not any(
+                k.arg is None or re.search(r"file|path|dir|save", k.arg) for k in c.keywords) \
+                and terminal(c.func) not in project.defined_functions and project.resolve(x, c.func) is None
+            if (known or named) and not x.context(c).level and not _chosen_by_rank(x, c) and project.runs(x, c):
                 return x, c
     return None
 
@@ -1189,8 +1199,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         if is_log:
             shown = "" if outside is None else (
                 f" (INFO lines are taken as shown by {ast.unparse(outside[1].func)}() at "
-                f"{os.path.basename(outside[0].path)}:{outside[1].lineno}, a set-up outside the files linted, "
-                "read by its name)")
+                f"{os.path.basename(outside[0].path)}:{outside[1].lineno}, a library's logging set-up" + (
+                    ")" if outside[0].qualname(outside[1].func) == "coloredlogs.install" else ", read by its name)"))
             yield Hit(call, "DDP008", "warning",
                       f"{ast.unparse(call.func)}() runs on every rank and nothing sets logging up per rank, so "
                       f"each line appears world_size times{shown}",
