@@ -103,3 +103,15 @@ def test_coloredlogs_shows_info_lines_but_a_set_up_that_returns_a_file_logger_is
     returned = source.replace("    init_logging()\n", '    results = setup_logging(save_path="runs")\n').replace(
         "import init_logging", "import setup_logging")
     assert _output({"train.py": returned}) == []
+
+
+def test_a_library_function_named_like_the_seed_helper_is_not_its_call():
+    sources = _program("seed_helper_masks")
+    sources["seeds.py"] = sources["seeds.py"].replace("def seed_all(value):", "def set_seed(value):")
+    sources["train.py"] = sources["train.py"].replace("from seeds import seed_all", "from seeds import set_seed") \
+        .replace("    seed_all(args.seed)  # lint-expect: DDP014 warning\n",
+                 "    hub.set_seed(args.seed)\n    set_seed(args.seed)  # lint-expect: DDP014 warning\n") \
+        .replace("import argparse\n", "import argparse\n\nimport hub\n")
+    found = [f.line for f in lint_sources(sources) if f.rule == "DDP014"]
+    lines = sources["train.py"].splitlines()
+    assert found == [lines.index("    set_seed(args.seed)  # lint-expect: DDP014 warning") + 1]

@@ -78,7 +78,10 @@ def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.AST]]:
     if not any(n in names for n in positional + [a.arg for a in d.args.kwonlyargs]) and (
             d.args.vararg is None or d.args.vararg.arg not in names):
         return [(s, call)]  # a seed of the helper's own (`torch.manual_seed(0)`): chosen where it is called
-    callers = [(x, c) for x, c in s.project.calls_named(d.name) if x.project.runs(x, c)]
+    # the calls of this helper (defined in the caller's file or imported from the program), not a library's
+    # function of the same name (`transformers.set_seed`)
+    callers = [(x, c) for x, c in s.project.calls_named(d.name) if x.project.runs(x, c) and (
+        x.local_callee(c) == d.name and x is s or (s.project.resolve(x, c.func) or ("", ""))[0] == s.path)]
     return callers or [(s, call)]
 
 
