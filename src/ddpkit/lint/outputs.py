@@ -802,7 +802,8 @@ def _loguru_default(project) -> bool:
     """loguru's `logger` keeps its default handler (sys.stderr, every level): the program never configures it
     (`logger.remove()`, `logger.add(...)`, `logger.configure(...)`, `logger.disable(...)`); where it does, who sees
     which line depends on that set-up, and nothing is reported."""
-    uses = [(x, c) for x in project.scripts.values() for c in x.calls if x.qualname(c.func).startswith("loguru.logger.")]
+    uses = [(x, c) for x in project.scripts.values() for c in x.calls
+            if x.qualname(c.func).startswith("loguru.logger.")]
     return bool(uses) and not any(terminal(c.func) in ("remove", "add", "configure", "disable") for _, c in uses)
 
 
@@ -1149,8 +1150,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     for call in s.calls:
         name = s.qualname(call.func)
         # a torch LR scheduler built with verbose=True prints a line at its construction and at every step()
-        verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) and isinstance(
-            keyword(call, "verbose"), ast.Constant) and keyword(call, "verbose").value is True
+        flag = keyword(call, "verbose")
+        verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
+            and isinstance(flag, ast.Constant) and flag.value is True
         is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \

@@ -66,7 +66,7 @@ def _mentions_rank(s: Script, expr: ast.AST) -> bool:
     return any(s.kind(n) for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))
 
 
-def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.AST]]:
+def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.Call]]:
     """Where the seed of a seed call is chosen: the calls of its helper that pass the value it is built from
     (`set_seed(cfg.seed)`, where the fix goes: `set_seed(cfg.seed + rank)`), or the seed call itself."""
     d = _enclosing(s, call)
@@ -203,7 +203,7 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       "every rank gets the same seed, so every rank (and its DataLoader workers) draws the same "
                       "random augmentation stream: the ranks see differently indexed but identically "
                       "transformed data", _SEED_FIX)
-        else:
+        elif dropout is not None:
             where, layer = dropout
             yield Hit(site, "DDP014", "note",
                       f"every rank gets the same seed, so the dropout masks ({ast.unparse(layer.func)} at "
@@ -212,9 +212,9 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       _SEED_FIX)
 
 
-def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Script, ast.AST]]:
+def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Script, ast.Call]]:
     """Where a seed the same on every rank is chosen (see _chosen_at), for the torch seeds the ranks run, by line."""
-    sites: list[tuple[Script, ast.AST]] = []
+    sites: list[tuple[Script, ast.Call]] = []
     scopes: set[tuple[str, int]] = set()
     for script, call in torch_seeds:
         scope = (script.path, script.context(call).scope)
