@@ -115,3 +115,20 @@ def test_a_library_function_named_like_the_seed_helper_is_not_its_call():
     found = [f.line for f in lint_sources(sources) if f.rule == "DDP014"]
     lines = sources["train.py"].splitlines()
     assert found == [lines.index("    set_seed(args.seed)  # lint-expect: DDP014 warning") + 1]
+
+
+def test_the_first_gpu_of_a_settings_list_is_one_gpu_for_every_rank():
+    """`torch.device("cuda:{}".format(opt.gpu_ids[0]))` in a trainer every rank builds: the same GPU index on every
+    rank, whatever set_device chose before (DDP012)."""
+    _check("settings_first_gpu")
+
+
+def test_a_settings_list_given_per_rank_renumbered_or_for_data_parallel_is_not_reported():
+    sources = _program("settings_first_gpu")
+    mark = "    opt = parser.parse_args()\n"
+    variants = [mark + "    opt.gpu_ids = [int(os.environ['LOCAL_RANK'])]\n",
+                mark + "    os.environ['CUDA_VISIBLE_DEVICES'] = os.environ['LOCAL_RANK']\n",
+                mark + "    spare = nn.DataParallel(nn.Linear(4, 1), device_ids=opt.gpu_ids)\n"]
+    for variant in variants:
+        changed = dict(sources, **{"train.py": sources["train.py"].replace(mark, variant)})
+        assert [f for f in lint_sources(changed) if f.rule == "DDP012"] == [], variant
