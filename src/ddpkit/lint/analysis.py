@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
 
-__all__ = ["without_grad", "dropped_by_every_caller", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["without_grad", "rerun_by_workers", "dropped_by_every_caller", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
@@ -1161,5 +1161,23 @@ def dropped_by_every_caller(s: Script, sampler: ast.Call) -> bool:
         scope = x.context(stmt).scope
         if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                and x.context(n).scope == scope for n in x.nodes):
+            return False
+    return True
+
+
+def rerun_by_workers(script: Script, call: ast.Call) -> bool:
+    """A seed in the module code of a script that mp.spawns its own workers, outside its `__main__` block: the
+    spawn start method runs the main module again in every worker (as `__mp_main__`), so each rank runs it too
+    (not where the workers are started with `start_method="fork"`)."""
+    if script.per_rank_functions is None or script.context(call).functions:
+        return False
+    spawns = [c for c in script.calls if script.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))]
+    if not spawns or any(k.arg == "start_method" and not (isinstance(k.value, ast.Constant) and k.value.value == "spawn")
+                         for c in spawns for k in c.keywords):
+        return False
+    node = call
+    while id(node) in script.parents:
+        node = script.parents[id(node)]
+        if isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}:
             return False
     return True

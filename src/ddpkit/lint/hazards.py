@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from ddpkit.lint.analysis import Script, terminal
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
-__all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "ddp_without_device",
-           "batchnorm_without_sync"]
+__all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
+           "ddp_without_device", "batchnorm_without_sync"]
 
 _DEVICE_KWARGS = ("device", "output_device", "map_location", "device_id")
 
@@ -200,7 +200,8 @@ def _pinning_kwargs(x: Script) -> bool:
 
 
 def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
-    """Expressions a call uses as a GPU index: set_device(i), torch.device('cuda', i), device_ids=[i], 'cuda:{i}'."""
+    """Expressions a call uses as a GPU index: set_device(i), torch.device('cuda', i), device_ids=[i], 'cuda:{i}',
+    `.to(i)`, `.cuda(i)`, `device=i`."""
     name = terminal(call.func)
     if name in ("set_device", "set_device_index") and call.args:
         yield call.args[0]
@@ -216,10 +217,20 @@ def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
                 # reported at the keyword's value, where the wrong GPU is chosen for DDP
                 yield from (ast.copy_location(ast.Name(e.id, ast.Load()), k.value) if isinstance(e, ast.Name)
                             else e for e in held[0].elts)
+    if isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "cuda") and call.args \
+            and not isinstance(call.args[0], ast.JoinedStr):
+        yield call.args[0]  # `.to(i)` / `.cuda(i)` with a number: the tensor goes to GPU i
+    device = keyword(call, "device")
+    if device is not None and not isinstance(device, ast.JoinedStr):
+        yield device  # `torch.zeros(n, device=i)`
     for arg in call.args[:1]:
         if isinstance(arg, ast.JoinedStr) and any(isinstance(v, ast.Constant) and str(v.value).endswith("cuda:")
                                                   for v in arg.values):
             yield from (v.value for v in arg.values if isinstance(v, ast.FormattedValue))
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "format" \
+                and isinstance(arg.func.value, ast.Constant) and str(arg.func.value.value).startswith("cuda:{") \
+                and arg.args:
+            yield arg.args[0]  # `"cuda:{}".format(i)`
 
 
 @check
@@ -233,6 +244,60 @@ def device_from_global_rank(s: Script) -> Iterator[Hit]:
                           f"the GPU index {ast.unparse(index)} is the global rank: right on the first node only; "
                           "on the second node rank 8 asks for cuda:8",
                           "index GPUs by the local rank: int(os.environ['LOCAL_RANK'])")
+
+
+def _setting_key(expr: ast.AST) -> str | None:
+    """The key of a setting a name, attribute or string subscript reads: 'gpu_ids' for `gpu_ids`, `opt.gpu_ids`,
+    `self.gpu_ids` and `opt['gpu_ids']`; None for anything else."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, str):
+        return expr.slice.value
+    return None
+
+
+def _set_per_rank(project, key: str) -> bool:
+    """Some file of the program assigns the setting `key` (`x.key = ...`, `key = ...`, `d["key"] = ...`) a value
+    that involves the rank, or under a rank check, or through a name it cannot follow (a loop, a parameter)."""
+    for x in project.scripts.values():
+        for node in x.nodes:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_setting_key(t) == key for t in targets) and (x.context(node).level or any(
+                    x.kind(n) for n in ast.walk(node.value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))):
+                return True
+    return False
+
+
+@check
+def one_gpu_for_every_rank(s: Script) -> Iterator[Hit]:
+    """`torch.device(f"cuda:{opt.gpu_ids[0]}")` in the code every rank runs of a DDP program: the first GPU of a
+    settings list is the same index on every rank, so every rank works on that one GPU."""
+    project = s.project
+    scripts = list(project.scripts.values())
+    if not any(x.uses_ddp for x in scripts) or any(
+            isinstance(n, ast.Constant) and n.value == "CUDA_VISIBLE_DEVICES" for x in scripts for n in x.nodes) \
+            or any(x.qualname(c.func).endswith(".DataParallel") for x in scripts for c in x.calls):
+        return  # (a per-rank CUDA_VISIBLE_DEVICES renumbers the GPUs; a DataParallel mode uses the list's first GPU)
+    for call in s.calls:
+        ctx = s.context(call)
+        if ctx.level or ctx.single or not s.per_rank(call):
+            continue
+        for index in _device_indices(s, call):
+            if not (isinstance(index, ast.Subscript) and isinstance(index.slice, ast.Constant)
+                    and index.slice.value == 0):
+                continue
+            key = _setting_key(index.value)
+            if key is None or s.kind(index.value) or _set_per_rank(project, key):
+                continue
+            yield Hit(index, "DDP012", "error",
+                      f"the GPU index {ast.unparse(index)} is the first GPU of a settings list, the same on every "
+                      "rank: every rank works on that one GPU (nothing in the files linted gives each rank its own "
+                      "list or its own CUDA_VISIBLE_DEVICES)",
+                      "index GPUs by the local rank: torch.device('cuda', int(os.environ['LOCAL_RANK']))")
 
 
 def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[str, bool]]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
 
-from ddpkit.lint.analysis import EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, terminal
+from ddpkit.lint.analysis import (EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, rerun_by_workers,
+                                  terminal)
 from ddpkit.lint.ranks import rank_side
 from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
@@ -765,9 +767,48 @@ def _in_handler(s: Script, node: ast.AST) -> bool:
 
 def _logging_configured(project) -> bool:
     """The program itself makes INFO lines visible (basicConfig, a handler, a config): without it logging.info
-    prints nothing (the root level is WARNING), and a setup the program does not show cannot be judged."""
+    prints nothing (the root level is WARNING), and a setup the program does not show cannot be judged, except a
+    library's set-up named for it (see _outside_log_setup)."""
     return any(terminal(c.func) in ("basicConfig", "addHandler", "dictConfig", "fileConfig")
-               for x in project.scripts.values() for c in x.calls)
+               for x in project.scripts.values() for c in x.calls) or _outside_log_setup(project) is not None
+
+
+_SETS_LOGGING_UP = re.compile(r"(init|setup|set_up|configure|config)_?(logging|logger|log)", re.IGNORECASE)
+
+
+def _outside_log_setup(project) -> tuple[Script, ast.Call] | None:
+    """The first call every rank makes, with nothing of the rank in its arguments, of a library's logging set-up:
+    `coloredlogs.install()` (a console handler on the root logger, INFO unless told a higher level), or a function
+    from outside the program named for it and called for that alone (`init_logging()`): read by its name as showing
+    INFO lines on the console; None when the program's own basicConfig/handler/config decides it, or there is no
+    such call."""
+    if any(terminal(c.func) in ("basicConfig", "addHandler", "dictConfig", "fileConfig")
+           for x in project.scripts.values() for c in x.calls):
+        return None
+    for x in project.scripts.values():
+        statements = {id(n.value) for n in x.nodes if isinstance(n, ast.Expr)}
+        for c in x.calls:
+            level = keyword(c, "level")
+            known = x.qualname(c.func) == "coloredlogs.install" and (level is None or (
+                isinstance(level, ast.Constant) and str(level.value).upper() in ("INFO", "DEBUG", "20", "10")
+                or isinstance(level, ast.Attribute) and level.attr in ("INFO", "DEBUG")))
+            # by its name: a set-up of the process's logging, called for that alone (its result unused: not a
+            # logger it builds and hands back), with no file or directory to write to
+            named = _SETS_LOGGING_UP.fullmatch(terminal(c.func)) and id(c) in statements and not any(
+                k.arg is None or re.search(r"file|path|dir|save", k.arg) for k in c.keywords) \
+                and terminal(c.func) not in project.defined_functions and project.resolve(x, c.func) is None
+            if (known or named) and not x.context(c).level and not _chosen_by_rank(x, c) and project.runs(x, c):
+                return x, c
+    return None
+
+
+def _loguru_default(project) -> bool:
+    """loguru's `logger` keeps its default handler (sys.stderr, every level): the program never configures it
+    (`logger.remove()`, `logger.add(...)`, `logger.configure(...)`, `logger.disable(...)`); where it does, who sees
+    which line depends on that set-up, and nothing is reported."""
+    uses = [(x, c) for x in project.scripts.values() for c in x.calls
+            if x.qualname(c.func).startswith("loguru.logger.")]
+    return bool(uses) and not any(terminal(c.func) in ("remove", "add", "configure", "disable") for _, c in uses)
 
 
 def _logging_per_rank(project) -> bool:
@@ -1004,6 +1045,13 @@ def _stops(stmt: ast.stmt | None) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _EXITS
 
 
+def _normal_end(stmt: ast.stmt | None) -> bool:
+    """`exit(0)`: the program ends well, and the message before it is one every rank prints like any other."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and len(stmt.value.args) == 1 \
+        and isinstance(stmt.value.args[0], ast.Constant) and stmt.value.args[0].value == 0 \
+        and not isinstance(stmt.value.args[0].value, bool)
+
+
 _MESSAGES = frozenset({"print", "info", "warning", "warn", "error", "critical", "debug", "exception", "write"})
 
 
@@ -1014,7 +1062,9 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
     for _ in range(20):
         last = stmt
         stmt = after.get(id(stmt))
-        if _stops(stmt) or _fails(s, stmt):
+        if _stops(stmt):
+            return not _normal_end(stmt)
+        if _fails(s, stmt):
             return True
         if stmt is None:
             return last is not None and _falls_into_unbound(s, after, last)
@@ -1248,9 +1298,15 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))}
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
+    outside = project.memo("logging set up outside", lambda: _outside_log_setup(project))
+    loguru_open = project.memo("loguru shown", lambda: _loguru_default(project))
     for call in s.calls:
         name = s.qualname(call.func)
-        is_print = name in ("print", "rich.print") and not project.print_silenced(s, call)
+        # a torch LR scheduler built with verbose=True prints a line at its construction and at every step()
+        flag = keyword(call, "verbose")
+        verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
+            and isinstance(flag, ast.Constant) and flag.value is True
+        is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
             and not project.print_silenced(s, call, stdout=False)
@@ -1261,8 +1317,13 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                                        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
         if is_log and name == "logging.info" and _not_the_logging_module(s, call) or id(call) in forwarding:
             continue
+        # loguru's logger writes to sys.stderr in every process until the program configures it
+        is_loguru = loguru_open and name == "loguru.logger.info"
+        is_log = is_log or is_loguru
         ctx = s.context(call)
-        if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not s.per_rank(call):
+        # module code of a script that mp.spawns its workers runs again in each of them (see rerun_by_workers)
+        rerun = not s.per_rank(call) and (is_print or is_bar or is_log) and rerun_by_workers(s, call)
+        if not (is_print or is_bar or is_log) or ctx.level != NONE or ctx.single or not (s.per_rank(call) or rerun):
             continue
         # a rank, a pid or a device in the message means the per-process output is deliberate
         mentioned = [n for a in (*call.args, *call.keywords) for n in ast.walk(a)]
@@ -1283,15 +1344,31 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if is_log and _in_handler(s, call):
             continue  # a log line in an `except:` block reports this rank's own failure or fallback
+        if is_loguru:
+            yield Hit(call, "DDP008", "warning",
+                      f"{ast.unparse(call.func)}() (loguru) runs on every rank, and loguru's default handler writes "
+                      "to sys.stderr in every process: each line appears world_size times",
+                      "configure loguru per rank: `if rank != 0: logger.remove()` (or logger.add(..., "
+                      "level='WARNING') there), or guard the call with `if rank == 0:`")
+            continue
         if is_log:
+            shown = "" if outside is None else (
+                f" (INFO lines are taken as shown by {ast.unparse(outside[1].func)}() at "
+                f"{os.path.basename(outside[0].path)}:{outside[1].lineno}, a library's logging set-up" + (
+                    ")" if outside[0].qualname(outside[1].func) == "coloredlogs.install" else ", read by its name)"))
             yield Hit(call, "DDP008", "warning",
                       f"{ast.unparse(call.func)}() runs on every rank and nothing sets logging up per rank, so "
-                      "each line appears world_size times",
+                      f"each line appears world_size times{shown}",
                       "log on rank 0 only: logging.basicConfig(level=logging.INFO if rank == 0 else "
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
-        what = "print()" if is_print else "the tqdm progress bar"
+        what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
+            "print()" if is_print else "the tqdm progress bar"
         yield Hit(call, "DDP008", "warning",
-                  f"{what} runs on every rank (no rank check), so the output appears world_size times",
+                  f"{what} runs on every rank (no rank check), so the output appears world_size times" + (
+                      " (module code outside the `__main__` block: mp.spawn's start method runs it again in every "
+                      "worker)" if rerun else ""),
+                  "move it into the `if __name__ == \"__main__\":` block" if rerun else
+                  "pass verbose=(rank == 0)" if verbose else
                   "guard it with `if rank == 0:` (ddpkit: `ddpkit.print0(ctx, ...)`)" if is_print else
                   "create the bar on rank 0 only: tqdm(..., disable=(rank != 0))")

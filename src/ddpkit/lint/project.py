@@ -487,7 +487,7 @@ class Project:
                      for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
                      if isinstance(t, ast.Name) and bound.get(t.id) == 1}
             _switch_off(s.tree, lambda t: isinstance(t, ast.Constant) and not t.value
-                        or isinstance(t, ast.Name) and t.id in falsy, out.setdefault(path, set()))
+                        or isinstance(t, ast.Name) and t.id in falsy, [False], out.setdefault(path, set()))
         if not calls.get("DataParallel"):
             # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
             # subclass of it): the branch never runs
@@ -1282,17 +1282,28 @@ def _draws(s: Script, node: ast.AST) -> bool:
     if not name.startswith(("torch.", "numpy.random.", "np.random.", "random.")) or name.startswith("torch.nn.init"):
         return False
     # sized by a tensor (`randn_like(x)`, `randint(0, T, (x.shape[0],))`): noise, timesteps or masks drawn for
-    # the data; `torch.randn(8, 4)` or `randint(0, vocab, (batch, seq))` is a synthetic batch
+    # the data; `torch.randn(8, 4)` or `randint(0, vocab, (batch, seq))` is a synthetic batch. The size may come
+    # through the function's own assignments: `n = len(tokens); start = random.randint(1, n - 1)`
     sized = terminal(node.func).endswith("_like") or any(
-        isinstance(n, ast.Attribute) and n.attr == "shape" or isinstance(n, ast.Call) and terminal(n.func) in (
-            "size", "len", "numel")
-        for a in (*node.args, *(k.value for k in node.keywords if k.arg in ("size", "low", "high", "input")))
-        for n in ast.walk(a))
+        _measures_data(s, a, node) for a in (*node.args, *(k.value for k in node.keywords
+                                                          if k.arg in ("size", "low", "high", "input"))))
     if any(k.arg == "generator" for k in node.keywords):
         return False  # its own generator, seeded apart
     functions = s.context(node).functions
     return sized and (_in_training_step(s, node) or bool(functions) and functions[-1] in (
         "forward", "__getitem__", "__call__"))
+
+
+def _measures_data(s: Script, expr: ast.AST, within: ast.AST, depth: int = 3) -> bool:
+    """`x.shape`, `x.size()`, `len(x)`, `x.numel()` in an expression, or in what the enclosing function assigns to a
+    name it reads (followed `depth` assignments back)."""
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Attribute) and n.attr == "shape" or isinstance(n, ast.Call) and terminal(n.func) in (
+                "size", "len", "numel"):
+            return True
+    return depth > 0 and any(
+        _measures_data(s, value, within, depth - 1) for n in ast.walk(expr)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) for value in s.local_values(n.id, within))
 
 
 def _samples_a_distribution(s: Script, node: ast.AST) -> bool:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import os
+import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import Script, terminal
+from ddpkit.lint.analysis import Script, rerun_by_workers, terminal
 from ddpkit.lint.rules import Hit, argument, check
 
 __all__ = ["rank_seeds"]
@@ -62,6 +64,41 @@ def _built_from(d: ast.AST, value: ast.AST) -> tuple[set[str], list[ast.AST]]:
 
 def _mentions_rank(s: Script, expr: ast.AST) -> bool:
     return any(s.kind(n) for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))
+
+
+def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.Call]]:
+    """Where the seed of a seed call is chosen: the calls of its helper that pass the value it is built from
+    (`set_seed(cfg.seed)`, where the fix goes: `set_seed(cfg.seed + rank)`), or the seed call itself."""
+    d = _enclosing(s, call)
+    value = argument(call, "seed", 0)
+    if d is None or value is None:
+        return [(s, call)]
+    names, _ = _built_from(d, value)
+    positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+    if not any(n in names for n in positional + [a.arg for a in d.args.kwonlyargs]) and (
+            d.args.vararg is None or d.args.vararg.arg not in names):
+        return [(s, call)]  # a seed of the helper's own (`torch.manual_seed(0)`): chosen where it is called
+    # the calls of this helper (defined in the caller's file or imported from the program), not a library's
+    # function of the same name (`transformers.set_seed`)
+    callers = [(x, c) for x, c in s.project.calls_named(d.name) if x.project.runs(x, c) and (
+        x.local_callee(c) == d.name and x is s or (s.project.resolve(x, c.func) or ("", ""))[0] == s.path)]
+    return callers or [(s, call)]
+
+
+def _dropout(project) -> tuple[Script, ast.Call] | None:
+    """The first dropout layer or call the program builds with a rate that is not 0 (`nn.Dropout(0.3)`,
+    `nn.Dropout()`, `F.dropout(x, 0.1)`): a draw per element of every training forward."""
+    for x in project.scripts.values():
+        for c in x.calls:
+            name = x.qualname(c.func)
+            if not (name.startswith("torch.") and re.fullmatch(r"(Alpha|FeatureAlpha)?Dropout([123]d)?|dropout",
+                                                               terminal(c.func))):
+                continue
+            rate = argument(c, "p", 1 if terminal(c.func) == "dropout" else 0)
+            if (rate is None or isinstance(rate, ast.Constant) and isinstance(rate.value, float) and rate.value > 0) \
+                    and project.runs(x, c):
+                return x, c
+    return None
 
 
 def _given_per_rank(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, names: set[str]) -> bool | None:
@@ -142,39 +179,51 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       "initialises the model's weights and draws augmentation and dropout on the CPU, stays unseeded",
                       "seed every generator: torch.manual_seed(seed + rank) (it seeds CUDA too)")
         return
-    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c) or _imported_by_workers(script, c)]
-    reported: set[int] = set()
-    for script, call in torch_seeds:
-        scope = script.context(call).scope
-        if script is not s or scope in reported:
-            continue
-        if not in_ranks:
-            reported.add(scope)
-            yield Hit(call, "DDP014", "note",
-                      "the seed is set in the parent process only: the ranks mp.spawn starts are fresh "
-                      "interpreters and begin unseeded", "seed inside the worker function, from its rank: "
-                      "torch.manual_seed(seed + rank)")
-        elif script.per_rank(call) and project.augments and not _differs_per_rank(script, call):
-            reported.add(scope)
-            yield Hit(call, "DDP014", "warning",
+    in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c) or rerun_by_workers(script, c)]
+    if not in_ranks:
+        reported: set[int] = set()
+        for script, call in torch_seeds:
+            if script is s and script.context(call).scope not in reported:
+                reported.add(script.context(call).scope)
+                yield Hit(call, "DDP014", "note",
+                          "the seed is set in the parent process only: the ranks mp.spawn starts are fresh "
+                          "interpreters and begin unseeded", "seed inside the worker function, from its rank: "
+                          "torch.manual_seed(seed + rank)")
+        return
+    dropout = None if project.augments else project.memo("dropout", lambda: _dropout(project))
+    if not (project.augments or dropout):
+        return
+    if project.memo("reseeded per rank", lambda: any(
+            terminal(c.func) != "seed" and script.per_rank(c) and _differs_per_rank(script, c) for script, c in seeds)):
+        # the ranks' torch generators are also seeded apart (`seed_everything(rank_seed(seed, rank))` before the
+        # training loop, as `ddpkit port` writes): which seed the training draws follow is not sure from here
+        return
+    chosen: set[int] = set()
+    for x, site in project.memo("seeds chosen alike", lambda: _chosen_alike(torch_seeds)):
+        if x is not s or s.context(site).scope in chosen:
+            continue  # `set_seed(0)` and `torch.manual_seed(0)` in one function: one choice of the seed
+        chosen.add(s.context(site).scope)
+        if project.augments:
+            yield Hit(site, "DDP014", "warning",
                       "every rank gets the same seed, so every rank (and its DataLoader workers) draws the same "
                       "random augmentation stream: the ranks see differently indexed but identically "
                       "transformed data", _SEED_FIX)
+        elif dropout is not None:
+            where, layer = dropout
+            yield Hit(site, "DDP014", "note",
+                      f"every rank gets the same seed, so the dropout masks ({ast.unparse(layer.func)} at "
+                      f"{os.path.basename(where.path)}:{layer.lineno}) of a step are the same on every rank: the "
+                      "ranks' gradients are less independent than intended (milder than identical augmentation)",
+                      _SEED_FIX)
 
 
-def _imported_by_workers(script, call: ast.Call) -> bool:
-    """A seed in the module code of a script that mp.spawns its own workers, outside its `__main__` block: the
-    spawn start method runs the main module again in every worker (as `__mp_main__`), so each rank runs it too
-    (not where the workers are started with `start_method="fork"`)."""
-    if script.per_rank_functions is None or script.context(call).functions:
-        return False
-    spawns = [c for c in script.calls if script.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes"))]
-    if not spawns or any(k.arg == "start_method" and not (isinstance(k.value, ast.Constant) and k.value.value == "spawn")
-                         for c in spawns for k in c.keywords):
-        return False
-    node = call
-    while id(node) in script.parents:
-        node = script.parents[id(node)]
-        if isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}:
-            return False
-    return True
+def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Script, ast.Call]]:
+    """Where a seed the same on every rank is chosen (see _chosen_at), for the torch seeds the ranks run, by line."""
+    sites: list[tuple[Script, ast.Call]] = []
+    scopes: set[tuple[str, int]] = set()
+    for script, call in torch_seeds:
+        scope = (script.path, script.context(call).scope)
+        if scope not in scopes and script.per_rank(call) and not _differs_per_rank(script, call):
+            scopes.add(scope)
+            sites += [site for site in _chosen_at(script, call) if site not in sites]
+    return sorted(sites, key=lambda x: (x[0].path, x[1].lineno, x[1].col_offset))
