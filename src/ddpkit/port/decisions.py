@@ -1,0 +1,189 @@
+"""Decisions a rank takes on its own values around the DDP step: where it stops, what it skips, its learning rate.
+
+Under DDP every rank must run the same forwards and backwards in the same order: each backward() all-reduces the
+gradients with every peer. A branch on a value this rank computed from its own batches or shard (`loss.item()`, a
+validation score nobody reduced, a patience counter set by such a score) may go one way on one rank and the other
+way on the next. When that branch leaves a loop that trains (`break`), skips the rest of a training step
+(`continue`, `return`, an exit), the rank stops calling backward() while its peers wait for it in theirs: the job
+hangs until the collective times out. When it changes a learning rate, the ranks step with different rates and
+their copies of the model drift apart with no error. Both need a value every rank shares (reduced over ranks
+first), so each TODO names the decision and the value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.port.facts import dotted, walk
+from ddpkit.port.ranks import agreed
+
+__all__ = ["plan_decisions"]
+
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
+
+
+def plan_decisions(plan: Any) -> None:
+    """A TODO at each `if`/`while` whose test may differ between ranks and whose branch leaves or skips a training
+    step, or changes a learning rate (a ReduceLROnPlateau fed a value is `ranks._plateau`'s)."""
+    trains = _training_scopes(plan)
+    for key in sorted(plan.f.ported):
+        named: set[int] = set()
+        tops: dict[int, cst.If] = {}  # an `elif` -> the `if` statement it belongs to (where its TODO goes)
+        for node in plan.nodes(key):
+            if isinstance(node, cst.If) and isinstance(node.orelse, cst.If) and id(node) not in tops:
+                branch = node.orelse
+                while isinstance(branch, cst.If):
+                    tops[id(branch)] = node
+                    branch = branch.orelse
+            if not isinstance(node, (cst.If, cst.While)) or _inside(plan, tops.get(id(node), node), named):
+                continue
+            what = _decided(plan, key, node, tops.get(id(node), node), trains)
+            if what is None or agreed(plan, key, node.test):
+                continue
+            node = tops.get(id(node), node)
+            named.add(id(node))
+            test = " ".join(plan.f.code(node.test).split())
+            plan.todo(node, f"`{test}` may differ between ranks (it reads a value this rank computed from its own "
+                      f"batches or shard, not reduced over ranks), and {what}; decide on a value every rank shares: "
+                      "reduce it first (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")
+
+
+def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, trains: set[str]) -> str | None:
+    """What the branch does that ranks must do alike, in words; None when it does nothing of the kind. `stmt` is
+    the statement the branch belongs to (the `if` of an `elif`)."""
+    bodies = [node.body]
+    if isinstance(node.orelse, cst.Else):
+        bodies.append(node.orelse.body)
+    if isinstance(node, cst.While):
+        if _trains(plan, key, node.body, trains):
+            return "the `while` loop it decides runs a training step (backward(), DDP's all-reduce): a rank that " \
+                   "leaves it early leaves its peers waiting in their next backward()"
+        bodies = bodies[1:]
+    for body in bodies:
+        for n, loops in _own_nodes(body):
+            if isinstance(n, (cst.Break, cst.Continue)) and not loops:
+                loop = _loop_around(plan, stmt)
+                if loop is None:
+                    continue
+                # `break` skips every later step of the loop; `continue` only what follows the branch in this pass
+                steps = _trains(plan, key, loop.body, trains) if isinstance(n, cst.Break) else any(
+                    plan.line_of(s) > plan.end_of(stmt) and _trains(plan, key, s, trains)
+                    for s in walk(loop.body) if isinstance(s, cst.SimpleStatementLine))
+                if steps and isinstance(n, cst.Break):
+                    return "on it this rank takes `break` out of a loop that trains (early stopping on a per-rank " \
+                           "value): one rank leaves while its peers wait for it in their next backward()"
+                if steps:
+                    return "on it this rank takes `continue` past a training step (backward(), DDP's all-reduce): " \
+                           "one rank skips the step while its peers wait for it in their backward()"
+            elif isinstance(n, cst.Return) or isinstance(n, cst.Call) and dotted(n.func) in _EXITS:
+                word = "return" if isinstance(n, cst.Return) else dotted(n.func) + "()"
+                if _steps_after(plan, key, stmt, trains):
+                    return f"on it this rank takes `{word}` before a training step it would run next (backward(), " \
+                           "DDP's all-reduce): its peers wait for it in their next backward()"
+            elif _changes_lr(plan, key, n):
+                return f"on it this rank changes its learning rate (`{' '.join(plan.f.code(n).split())}`): the " \
+                       "ranks step with different rates and their copies of the model drift apart"
+    return None
+
+
+def _own_nodes(block: cst.CSTNode):
+    """(node, the loops between `block` and it) for each node of `block`, not inside nested functions."""
+    stack = [(block, ())]
+    while stack:
+        current, loops = stack.pop()
+        yield current, loops
+        if current is not block and isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        inner = (*loops, current) if isinstance(current, (cst.For, cst.While)) else loops
+        stack.extend((c, inner if c is not getattr(current, "orelse", None) else loops) for c in reversed(
+            current.children))
+
+
+def _inside(plan: Any, node: cst.CSTNode, named: set[int]) -> bool:
+    """A branch inside one already named: its TODO says it."""
+    parent = plan._parent.get(id(node))
+    while parent is not None:
+        if id(parent) in named:
+            return True
+        parent = plan._parent.get(id(parent))
+    return False
+
+
+def _loop_around(plan: Any, stmt: cst.CSTNode) -> cst.For | cst.While | None:
+    parent = plan._parent.get(id(stmt))
+    while parent is not None and not isinstance(parent, (cst.For, cst.While)):
+        parent = plan._parent.get(id(parent))
+    return parent
+
+
+def _steps_after(plan: Any, key: str, stmt: cst.CSTNode, trains: set[str]) -> bool:
+    """A training step the scope runs after `stmt` on its way out: later in a loop around it, or below it."""
+    loop = _loop_around(plan, stmt)
+    if loop is not None and _trains(plan, key, loop.body, trains):
+        return True
+    end = plan.end_of(stmt)
+    return any(plan.line_of(s) > end and _trains(plan, key, s, trains) for s in plan.f.scope_statements(key)
+               for s in walk(s) if isinstance(s, cst.SimpleStatementLine))
+
+
+def _trains(plan: Any, key: str, node: cst.CSTNode, trains: set[str]) -> bool:
+    """`node` runs backward() (DDP's gradient all-reduce), itself or through a function of the script."""
+    for call in (n for n in walk(node) if isinstance(n, cst.Call)):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+            return True
+        if set(plan.f.callees(call, key)) & trains:
+            return True
+    return False
+
+
+def _training_scopes(plan: Any) -> set[str]:
+    """Scopes that call backward(), themselves or through the script's functions they call."""
+    found = {k for k in plan.f.ported if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                                             and n.func.attr.value == "backward" for n in plan.nodes(k))}
+    grew = True
+    while grew:
+        grew = False
+        for k in plan.f.ported:
+            if k not in found and any(isinstance(n, cst.Call) and set(plan.f.callees(n, k)) & found
+                                      for n in plan.nodes(k)):
+                found.add(k)
+                grew = True
+    return found
+
+
+def _changes_lr(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """An assignment into an optimizer's param groups (`g["lr"] *= 0.5` for `g in opt.param_groups`,
+    `opt.param_groups[0]["lr"] = lr`), or to a name such an assignment or an optimizer's `lr=` reads later."""
+    if not isinstance(node, (cst.Assign, cst.AugAssign)):
+        return False
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+    groups = _group_names(plan, key)
+    for target in targets:
+        if isinstance(target, cst.Subscript) and (dotted(target.value) in groups or "param_groups" in plan.f.code(
+                target.value)):
+            return True
+        if isinstance(target, cst.Name) and target.value in _lr_sources(plan, key, groups):
+            return True
+    return False
+
+
+def _group_names(plan: Any, key: str) -> set[str]:
+    """Loop variables over an optimizer's param groups (`for g in optimizer.param_groups:`)."""
+    return {dotted(n.target) for n in plan.nodes(key) if isinstance(n, cst.For)
+            and dotted(n.iter).endswith(".param_groups") and dotted(n.target)}
+
+
+def _lr_sources(plan: Any, key: str, groups: set[str]) -> set[str]:
+    """Names read by a write into param groups or by an optimizer's `lr=`: the learning rate the script holds."""
+    out: set[str] = set()
+    for n in plan.nodes(key):
+        if isinstance(n, cst.Assign) and any(isinstance(t.target, cst.Subscript) and (
+                dotted(t.target.value) in groups or "param_groups" in plan.f.code(t.target.value)) for t in n.targets):
+            out |= {x.value for x in walk(n.value) if isinstance(x, cst.Name)}
+        elif isinstance(n, cst.Call) and any(a.keyword is not None and a.keyword.value == "lr" for a in n.args):
+            lr = next(a.value for a in n.args if a.keyword is not None and a.keyword.value == "lr")
+            out |= {x.value for x in walk(lr) if isinstance(x, cst.Name)}
+    return out
+

@@ -1,0 +1,78 @@
+"""`ddpkit port`: decisions one rank takes on its own values around the DDP step (skips, stops, learning rates)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+SOURCE = (FIXTURES / "per_rank_steps.py").read_text()
+SKIP = "            if loss.item() > 100.0:\n                continue\n"
+STOP = ("        val_loss = evaluate(model, val_loader)\n        if val_loss < best:\n            best = val_loss\n"
+        "            patience = 0\n        else:\n            patience += 1\n            if patience > 3:\n"
+        "                break\n")
+
+
+def _variant(old: str, new: str, source: str = SOURCE) -> str:
+    assert old in source
+    return source.replace(old, new)
+
+
+def _line(source: str, text: str) -> int:
+    return next(i for i, s in enumerate(source.splitlines(), 1) if text in s)
+
+
+def _todos(source: str) -> dict[int, str]:
+    result = port_source(source, "per_rank_steps.py")
+    assert result.exit_code == (3 if result.todos else 0) and ("ported fully" in result.message) is not bool(
+        result.todos), result.message
+    return {t.line: t.message for t in result.todos}
+
+
+def test_a_training_step_skipped_on_this_ranks_loss_is_a_todo_and_a_reduced_early_stop_is_not():
+    todos = _todos(SOURCE)
+    # patience counts epochs on the validation loss, which the port reduces over ranks: every rank stops alike
+    assert list(todos) == [_line(SOURCE, "if loss.item() > 100.0")], todos
+    assert "`continue` past a training step" in todos[_line(SOURCE, "if loss.item() > 100.0")]
+    # a skip after the step (a log line skipped) changes no collective
+    after = _variant(SKIP, "").replace("            optimizer.step()\n",
+                                       "            optimizer.step()\n" + SKIP + "            print(loss.item())\n")
+    assert _todos(after) == {}
+
+
+def test_patience_counted_on_a_per_rank_figure_stops_ranks_at_different_epochs():
+    source = _variant("val_loss = evaluate(model, val_loader)", "val_loss = loss.item()", _variant(SKIP, ""))
+    todos = _todos(source)
+    # `patience > 3` reads only a counter, but the counter moves on `val_loss < best`, this rank's last batch loss
+    assert list(todos) == [_line(source, "if val_loss < best")], todos
+    assert "`break` out of a loop that trains (early stopping" in todos[_line(source, "if val_loss < best")]
+
+
+def test_a_learning_rate_changed_on_a_per_rank_figure_is_a_todo():
+    halve = ("        last = loss.item()\n        if last > best:\n            for g in optimizer.param_groups:\n"
+             "                g[\"lr\"] *= 0.5\n        best = min(best, last)\n")
+    source = _variant(STOP, halve, _variant(SKIP, ""))
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if last > best")], todos
+    assert "changes its learning rate (`g[\"lr\"] *= 0.5`)" in todos[_line(source, "if last > best")]
+    # the same change on the reduced validation loss is alike on every rank
+    reduced = halve.replace("last = loss.item()", "last = evaluate(model, val_loader)")
+    assert _todos(_variant(STOP, reduced, _variant(SKIP, ""))) == {}
+    # a learning rate the script holds in a name and hands to its param groups
+    named = ("        if loss.item() > best:\n            lr = lr * 0.5\n        for g in optimizer.param_groups:\n"
+             "            g[\"lr\"] = lr\n")
+    source = _variant(STOP, named, _variant(SKIP, "")).replace("    best = float", "    lr = 0.1\n    best = float")
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if loss.item() > best")], todos
+
+
+def test_a_return_before_the_next_step_on_a_per_rank_value_is_a_todo_and_a_break_of_a_loop_that_trains_nothing_is_not():
+    source = _variant(SKIP, "            if loss.item() > 1e3:\n                return\n")
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if loss.item() > 1e3")] and "`return`" in todos[_line(source, "1e3")]
+    # a search over this rank's predictions that stops early runs no collective
+    scan = ("            for p in model(xb).flatten().tolist():\n                if p > 1.0:\n"
+            "                    break\n")
+    assert _todos(_variant(SKIP, scan)) == {}
+
