@@ -76,3 +76,30 @@ def test_a_return_before_the_next_step_on_a_per_rank_value_is_a_todo_and_a_break
             "                    break\n")
     assert _todos(_variant(SKIP, scan)) == {}
 
+
+def test_a_search_library_handed_a_training_function_is_a_todo():
+    path = FIXTURES / "search_optuna.py"
+    source = path.read_text()
+    result = port_source(source, str(path))
+    (todo,) = [t for t in result.todos if "hyperparameter search" in t.message]
+    assert todo.line == _line(source, "study.optimize(objective") and "`objective`" in todo.message
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    # handed through a lambda: the same search
+    wrapped = source.replace("study.optimize(objective,", "study.optimize(lambda t: objective(t),")
+    assert any("hyperparameter search" in t.message for t in port_source(wrapped, str(path)).todos)
+
+
+def test_a_setting_drawn_per_rank_around_training_is_a_todo_and_a_fixed_grid_or_a_seeded_draw_is_not():
+    source = (FIXTURES / "search_random.py").read_text()
+    todos = _todos(source)
+    line = _line(source, "lr = 10 ** random.uniform")
+    assert list(todos) == [line] and "random search per rank" in todos[line] and "`train(...)`" in todos[line]
+    grid = source.replace("    for trial in range(10):\n        lr = 10 ** random.uniform(-4, -2)\n",
+                          "    for lr in [1e-4, 1e-3, 1e-2]:\n")
+    assert grid != source and _todos(grid) == {}
+    # seeded before training starts, every rank draws the same settings (the port keeps the script's streams)
+    seeded = source.replace("\n\ndef train(", "\nrandom.seed(0)\n\n\ndef train(")
+    assert seeded != source and _todos(seeded) == {}
+    # seeded after ddpkit.init only, each rank is reseeded on its own before the loop: the draw differs again
+    late = source.replace("def main():\n", "def main():\n    random.seed(0)\n")
+    assert list(_todos(late)) == [line + 1]

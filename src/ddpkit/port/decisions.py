@@ -1,4 +1,4 @@
-"""Decisions a rank takes on its own values around the DDP step: where it stops, what it skips, its learning rate.
+"""Decisions a rank takes on its own values around the DDP step: where it stops, what it skips, its settings.
 
 Under DDP every rank must run the same forwards and backwards in the same order: each backward() all-reduces the
 gradients with every peer. A branch on a value this rank computed from its own batches or shard (`loss.item()`, a
@@ -17,9 +17,11 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
+from ddpkit.port.inputs import RANDOM_DRAW
+from ddpkit.port.models import is_optimizer
 from ddpkit.port.ranks import agreed
 
-__all__ = ["plan_decisions"]
+__all__ = ["plan_decisions", "plan_searches"]
 
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 
@@ -187,3 +189,89 @@ def _lr_sources(plan: Any, key: str, groups: set[str]) -> set[str]:
             out |= {x.value for x in walk(lr) if isinstance(x, cst.Name)}
     return out
 
+
+def plan_searches(plan: Any) -> None:
+    """A hyperparameter search around DDP training: each rank would choose its own trials and train a different
+    model while DDP averages their gradients. A TODO where another library is handed a function of the script that
+    trains (`study.optimize(objective, ...)`, `tune.run(train_fn)`: the port cannot see which settings each rank's
+    trials get), and where a value drawn from this rank's random stream inside a loop around training reaches the
+    training as a setting (`lr = 10 ** random.uniform(-4, -2)` then `train(lr)`). A fixed grid (`for lr in
+    [...]:`) runs alike on every rank and is left alone."""
+    f = plan.f
+    functions = {n.name.value: n for n in walk(f.module, into_functions=True) if isinstance(n, cst.FunctionDef)}
+    training = _training_functions(functions)
+    started = {f.entry_key.rsplit(".", 1)[-1]} if f.entry_key else set()
+    named: set[int] = set()  # one TODO a statement (`study.optimize(functools.partial(objective, data))`)
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if not isinstance(node, cst.Call) or f.callees(node, key) or dotted(node.func).startswith("ddpkit.") \
+                    or id(plan._stmt.get(id(node), node)) in named:
+                continue
+            root = dotted(node.func).split(".")[0]
+            if not root or root in functions:
+                continue
+            handed = [x.value for a in node.args for x in walk(a.value) if isinstance(x, cst.Name)
+                      and x.value in training and x.value not in started and not _called(a.value, x)]
+            if handed:
+                named.add(id(plan._stmt.get(id(node), node)))
+                plan.todo(node, f"`{' '.join(f.code(node.func).split())}(...)` is handed `{handed[0]}`, a function of "
+                          "the script that trains, and runs it as it chooses (a hyperparameter search: each rank "
+                          "would sample its own trials and train another model while DDP averages their "
+                          "gradients); choose the trials on rank 0 and broadcast them "
+                          "(ddpkit.collectives.broadcast_object), or run one trial per job")
+    if f.seeded_before_init():
+        return  # the script's own seed: every rank draws the same settings
+    trains = _training_scopes(plan)
+    for key in sorted(f.ported):
+        for node in plan.nodes(key):
+            if isinstance(node, cst.Call) and RANDOM_DRAW.search(dotted(node.func)) and not any(
+                    a.keyword is not None and a.keyword.value == "generator" for a in node.args):
+                _drawn_setting(plan, key, node, trains)
+
+
+def _called(expr: cst.CSTNode, name: cst.Name) -> bool:
+    """`name` is called inside `expr` (`lambda t: objective(t, data)` hands the lambda, `objective(t)` its result)."""
+    return any(isinstance(c, cst.Call) and c.func is name for c in walk(expr)) and not isinstance(expr, cst.Lambda)
+
+
+def _training_functions(functions: dict[str, cst.FunctionDef]) -> set[str]:
+    """Functions of the script that call backward(), themselves or through another function of the script."""
+    calls = {name: {dotted(c.func).rsplit(".", 1)[-1] for c in walk(fn, into_functions=True)
+                    if isinstance(c, cst.Call)} for name, fn in functions.items()}
+    found = {name for name, called in calls.items() if "backward" in called}
+    grew = True
+    while grew:
+        grew = False
+        for name, called in calls.items():
+            if name not in found and called & found:
+                found.add(name)
+                grew = True
+    return found
+
+
+def _drawn_setting(plan: Any, key: str, draw: cst.Call, trains: set[str]) -> None:
+    """A draw in a loop whose body trains through a nested loop or a training function, whose value the loop then
+    hands to that training, to an optimizer or to a model it builds: a setting each rank draws for itself."""
+    stmt = plan._stmt.get(id(draw))
+    if not isinstance(stmt, cst.SimpleStatementLine) or not isinstance(stmt.body[0], cst.Assign):
+        return
+    loop = _loop_around(plan, stmt)
+    if loop is None or any(isinstance(c, cst.Call) and plan.f.is_seed_call(c) and plan.line_of(c) < plan.line_of(stmt)
+                           for c in walk(loop.body)):
+        return  # seeded in the loop before the draw: every rank draws the same settings
+    steps = [n for n in walk(loop.body) if isinstance(n, (cst.For, cst.While)) and _trains(plan, key, n.body, trains)]
+    steps += [c for c in walk(loop.body) if isinstance(c, cst.Call) and set(plan.f.callees(c, key)) & trains]
+    if not steps:
+        return  # the training step itself (noise, a batch drawn per step): data parallelism, not a setting
+    names = {x.value for t in stmt.body[0].targets for x in walk(t.target) if isinstance(x, cst.Name)}
+    users = [c for c in walk(loop.body) if isinstance(c, cst.Call) and plan.line_of(c) > plan.line_of(stmt) and (
+        set(plan.f.callees(c, key)) & trains or is_optimizer(c) or plan.f.callees(c, key) and any(
+            s.cls for s in (plan.f.scopes[k] for k in plan.f.callees(c, key))))
+        and names & {x.value for a in c.args for x in walk(a.value) if isinstance(x, cst.Name)}]
+    if users:
+        plan.todo(stmt, f"`{' '.join(plan.f.code(stmt).split())}` is drawn from this rank's own random stream (each "
+                  "rank is seeded differently for training) in a loop around training, and handed to "
+                  f"`{' '.join(plan.f.code(users[0].func).split())}(...)`: each rank trains with another setting "
+                  "while DDP averages their gradients (a random search per rank); draw it with a seed every rank "
+                  "shares (`random.Random(trial)`) or on rank 0 and broadcast it "
+                  "(ddpkit.collectives.broadcast_object)")
