@@ -65,6 +65,13 @@ def test_a_learning_rate_changed_on_a_per_rank_figure_is_a_todo():
     source = _variant(STOP, named, _variant(SKIP, "")).replace("    best = float", "    lr = 0.1\n    best = float")
     todos = _todos(source)
     assert list(todos) == [_line(source, "if loss.item() > best")], todos
+    # handed to a function of the script that writes it into the param groups
+    helper = ("        if loss.item() > best:\n            lr = lr * 0.5\n            adjust_lr(optimizer, lr)\n")
+    source = _variant(STOP, helper, _variant(SKIP, "")).replace("    best = float", "    lr = 0.1\n    best = float")
+    source = source.replace("def main():", "def adjust_lr(optimizer, lr):\n    for g in optimizer.param_groups:\n"
+                            "        g[\"lr\"] = lr\n\n\ndef main():")
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if loss.item() > best")], todos
 
 
 def test_a_return_before_the_next_step_on_a_per_rank_value_is_a_todo_and_a_break_of_a_loop_that_trains_nothing_is_not():

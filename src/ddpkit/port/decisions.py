@@ -157,7 +157,10 @@ def _training_scopes(plan: Any) -> set[str]:
 
 def _changes_lr(plan: Any, key: str, node: cst.CSTNode) -> bool:
     """An assignment into an optimizer's param groups (`g["lr"] *= 0.5` for `g in opt.param_groups`,
-    `opt.param_groups[0]["lr"] = lr`), or to a name such an assignment or an optimizer's `lr=` reads later."""
+    `opt.param_groups[0]["lr"] = lr`), a call of a function of the script that makes one (`adjust_lr(opt, lr)`),
+    or an assignment to a name such a write, such a call or an optimizer's `lr=` reads later."""
+    if isinstance(node, cst.Call):
+        return any(_writes_groups(plan, k) for k in plan.f.callees(node, key))
     if not isinstance(node, (cst.Assign, cst.AugAssign)):
         return False
     targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
@@ -169,6 +172,15 @@ def _changes_lr(plan: Any, key: str, node: cst.CSTNode) -> bool:
         if isinstance(target, cst.Name) and target.value in _lr_sources(plan, key, groups):
             return True
     return False
+
+
+def _writes_groups(plan: Any, key: str) -> bool:
+    """The scope assigns into an optimizer's param groups."""
+    groups = _group_names(plan, key)
+    return any(isinstance(n, (cst.Assign, cst.AugAssign)) and any(
+        isinstance(t, cst.Subscript) and (dotted(t.value) in groups or "param_groups" in plan.f.code(t.value))
+        for t in ([x.target for x in n.targets] if isinstance(n, cst.Assign) else [n.target]))
+        for n in plan.nodes(key))
 
 
 def _group_names(plan: Any, key: str) -> set[str]:
@@ -187,6 +199,8 @@ def _lr_sources(plan: Any, key: str, groups: set[str]) -> set[str]:
         elif isinstance(n, cst.Call) and any(a.keyword is not None and a.keyword.value == "lr" for a in n.args):
             lr = next(a.value for a in n.args if a.keyword is not None and a.keyword.value == "lr")
             out |= {x.value for x in walk(lr) if isinstance(x, cst.Name)}
+        elif isinstance(n, cst.Call) and any(_writes_groups(plan, k) for k in plan.f.callees(n, key)):
+            out |= {x.value for a in n.args for x in walk(a.value) if isinstance(x, cst.Name)}
     return out
 
 
