@@ -94,6 +94,14 @@ def test_a_search_library_handed_a_training_function_is_a_todo():
     # handed through a lambda: the same search
     wrapped = source.replace("study.optimize(objective,", "study.optimize(lambda t: objective(t),")
     assert any("hyperparameter search" in t.message for t in port_source(wrapped, str(path)).todos)
+    # a trial function that reads its settings from a config the library hands it (ray.tune's shape)
+    tuned = source.replace('lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)', 'lr = trial["lr"]')
+    assert tuned != source and any("hyperparameter search" in t.message for t in port_source(tuned, str(path)).todos)
+    # a runner handed the script's entry point passes plain values: no search
+    fire = (FIXTURES / "per_rank_steps.py").read_text().replace(SKIP, "").replace(
+        "import argparse\n", "import argparse\nimport fire\n").replace("    main()\n", "    fire.Fire(main)\n")
+    assert "fire.Fire(main)" in fire
+    assert not any("hyperparameter search" in t.message for t in port_source(fire, "runner.py").todos)
 
 
 def test_a_setting_drawn_per_rank_around_training_is_a_todo_and_a_fixed_grid_or_a_seeded_draw_is_not():

@@ -207,8 +207,8 @@ def _lr_sources(plan: Any, key: str, groups: set[str]) -> set[str]:
 def plan_searches(plan: Any) -> None:
     """A hyperparameter search around DDP training: each rank would choose its own trials and train a different
     model while DDP averages their gradients. A TODO where another library is handed a function of the script that
-    trains (`study.optimize(objective, ...)`, `tune.run(train_fn)`: the port cannot see which settings each rank's
-    trials get), and where a value drawn from this rank's random stream inside a loop around training reaches the
+    trains and asks what it is handed for its settings (`study.optimize(objective, ...)` with `trial.suggest_*`,
+    `tune.run(train_fn)` with `config["lr"]`: the port cannot see which settings each rank's trials get), and where a value drawn from this rank's random stream inside a loop around training reaches the
     training as a setting (`lr = 10 ** random.uniform(-4, -2)` then `train(lr)`). A fixed grid (`for lr in
     [...]:`) runs alike on every rank and is left alone."""
     f = plan.f
@@ -225,7 +225,8 @@ def plan_searches(plan: Any) -> None:
             if not root or root in functions:
                 continue
             handed = [x.value for a in node.args for x in walk(a.value) if isinstance(x, cst.Name)
-                      and x.value in training and x.value not in started and not _called(a.value, x)]
+                      and x.value in training and x.value not in started and not _called(a.value, x)
+                      and _asks_settings(functions[x.value])]
             if handed:
                 named.add(id(plan._stmt.get(id(node), node)))
                 plan.todo(node, f"`{' '.join(f.code(node.func).split())}(...)` is handed `{handed[0]}`, a function of "
@@ -241,6 +242,15 @@ def plan_searches(plan: Any) -> None:
             if isinstance(node, cst.Call) and RANDOM_DRAW.search(dotted(node.func)) and not any(
                     a.keyword is not None and a.keyword.value == "generator" for a in node.args):
                 _drawn_setting(plan, key, node, trains)
+
+
+def _asks_settings(function: cst.FunctionDef) -> bool:
+    """The function asks an object it is handed for its settings (`trial.suggest_float(...)`, `config["lr"]`):
+    what a search library hands each trial. A runner of the script (`fire.Fire(main)`) hands plain values."""
+    params = {p.name.value for p in function.params.params}
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and dotted(n.func.value) in params
+               or isinstance(n, cst.Subscript) and dotted(n.value) in params
+               for n in walk(function.body, into_functions=True))
 
 
 def _called(expr: cst.CSTNode, name: cst.Name) -> bool:
