@@ -466,3 +466,31 @@ def test_an_own_module_that_makes_gpu_tensors_at_import_before_init_is_named_at_
         "not checked: importing consts.py runs consts.py:5 `scale = torch.tensor([2.0, 0.5, 1.0, 1.5]).to(device)` "
         "before ddpkit.init makes each rank's GPU current, so that tensor is on cuda:0 on every rank; make it inside "
         "a function called after ddpkit.init, or import the module after it"))]
+
+
+def test_no_full_port_is_claimed_over_a_per_rank_decision_a_search_or_an_undivided_drawn_batch(tmp_path, capsys):
+    steps = (FIXTURES / "per_rank_steps.py").read_text()
+    skip = "            if loss.item() > 100.0:\n                continue\n"
+    unskipped = steps.replace(skip, "")
+    drawn = (FIXTURES / "drawn_batch.py").read_text()
+    cases = {
+        "skip": steps,  # `continue` past backward() on this rank's loss
+        "stop": unskipped.replace("val_loss = evaluate(model, val_loader)", "val_loss = loss.item()"),
+        "rate": unskipped.replace("            if patience > 3:\n                break\n",
+                                  "            for g in optimizer.param_groups:\n                g[\"lr\"] *= 0.5\n"
+                                  ).replace("val_loss = evaluate(model, val_loader)", "val_loss = loss.item()"),
+        "leave": steps.replace(skip, "            if loss.item() > 1e3:\n                return\n"),
+        "optuna": (FIXTURES / "search_optuna.py").read_text(),
+        "random": (FIXTURES / "search_random.py").read_text(),
+        "drawn": drawn.replace("batch_size = 16\n", "batch_size = 16\ntokens_per_step = batch_size * 8\n"),
+    }
+    for name, source in cases.items():
+        assert source.count("\n") > 10 and source not in [v for k, v in cases.items() if k != name]
+        script = tmp_path / f"{name}.py"
+        script.write_text(source)
+        out = tmp_path / f"{name}_ddp.py"
+        assert main([str(script), "-o", str(out)]) == 3, name
+        printed = capsys.readouterr().out.splitlines()
+        assert any(": TODO " in line for line in printed), (name, printed)
+        assert "ported fully" not in printed[-1] and "TODO(s) left for you" in printed[-1], (name, printed[-1])
+        assert "# TODO(ddpkit port): " in out.read_text(), name

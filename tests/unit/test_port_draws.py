@@ -110,3 +110,40 @@ def test_an_unseeded_script_draws_alike_until_training_and_per_rank_from_its_loo
     loop = next(i for i, line in enumerate(lines) if line.strip() == "for epoch in range(2):")
     build = next(i for i, line in enumerate(lines) if "ddpkit.loader(Windows(TEXT)" in line)
     assert alike < build < per_rank < loop
+
+
+_DRAW = "    ix = torch.randint(len(data) - block_size, (batch_size,))\n"
+
+
+def _drawn(draw: str = _DRAW, size: str = "batch_size = 16\n") -> str:
+    source = (FIXTURES / "drawn_batch.py").read_text()
+    assert _DRAW in source and "batch_size = 16\n" in source
+    return source.replace(_DRAW, draw).replace("batch_size = 16\n", size)
+
+
+def test_a_batch_drawn_by_a_helper_is_divided_per_rank_whatever_draws_it_or_holds_its_size():
+    cases = {
+        _DRAW: "(batch_size // ctx.world_size,)",
+        "    ix = np.random.randint(0, len(data) - block_size, size=batch_size)\n": "size=batch_size // ctx.world_size",
+        "    ix = random.sample(range(len(data) - block_size), batch_size)\n": "), batch_size // ctx.world_size)",
+    }
+    for draw, divided in cases.items():
+        source = "import random\nimport numpy as np\n" + _drawn(draw)
+        result = port_source(source, "drawn_batch.py")
+        assert result.todos == [] and "ported fully" in result.message, [t.message for t in result.todos]
+        assert divided in result.code and "def get_batch(split, *, ctx):" in result.code, result.code
+        assert "the global batch of batch_size is kept" in result.message
+    held = {'config = {"batch_size": 16}\n': 'config["batch_size"]', "class Config:\n    batch_size = 16\n\n\n"
+            "config = Config()\n": "config.batch_size"}
+    for size, name in held.items():
+        result = port_source(_drawn(_DRAW.replace("batch_size", name), size), "drawn_batch.py")
+        assert result.todos == [] and f"({name} // ctx.world_size,)" in result.code, [t.message for t in result.todos]
+
+
+def test_a_drawn_batch_whose_size_shapes_more_than_the_draw_is_a_todo_naming_it():
+    source = _drawn(size="batch_size = 16\ntokens_per_step = batch_size * 8\n")
+    result = port_source(source, "drawn_batch.py")
+    (todo,) = result.todos
+    line = next(i for i, s in enumerate(source.splitlines(), 1) if "ix = torch.randint" in s)
+    assert todo.line == line and "`batch_size` also sizes what the script computes at line 6" in todo.message
+    assert "(batch_size,)" in result.code and "ported fully" not in result.message and result.exit_code == 3

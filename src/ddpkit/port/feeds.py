@@ -4,7 +4,7 @@ ported loader, and reads of torch DataLoader attributes on a loader the port mad
 Without a loader there is nothing to shard, yet DDP stays correct when every rank runs the same number of
 optimizer steps: with the same data each rank computes the same gradient (the average is that gradient: correct,
 no speed-up); with per-step random draws each rank draws its own samples from its own stream (ddpkit.init seeds
-ranks differently), which is data parallelism with a global batch of world_size times the script's. What must
+ranks differently): data parallelism, where batches.py divides each draw's batch to keep the script's. What must
 stay alike (the data, a split) is drawn before training, so it must be seeded before it is drawn. The step count
 is fixed when every loop and branch around backward() reads only counters, arguments and constants; a `while`,
 an environment or a replay buffer decides per rank, and those stay TODOs.
@@ -20,6 +20,7 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.port.batches import plan_drawn_batches
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, root_name, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import runs_again
@@ -315,13 +316,8 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
         plan.summary.append("no DataLoader: every rank trains on all of the data and computes the same gradient "
                             "(correct, but the data is not sharded: no speed-up)")
         return
-    where = plan.line_of(step_draws[0])
     plan.reseed.add(id(top[0]))  # from here on each rank draws its own batches
-    plan.note(step_draws[0], "each rank draws its own samples here (per-rank random streams): the global batch is "
-              "world_size times the batch drawn here; divide it by ctx.world_size to keep the original's")
-    plan.summary.append(f"no DataLoader: each rank draws its own random batch per step (line {where}), so the "
-                        "global batch is world_size times the script's (scale the learning rate, or divide the "
-                        "batch by ctx.world_size)")
+    plan_drawn_batches(plan, step_draws)
 
 
 # ---- reads of torch DataLoader internals on a ported loader ----------------------------------------------

@@ -18,6 +18,7 @@ from ddpkit.port.losses import plan_summed_losses
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
+from ddpkit.port.decisions import plan_decisions, plan_searches
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
@@ -173,6 +174,8 @@ class Plan:
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
         plan_ranks(self)
+        plan_decisions(self)  # after plan_reductions: it reads which values are reduced
+        plan_searches(self)
         plan_rank_values(self)  # after plan_effects: it reads which lines rank 0 alone runs
         plan_device_datasets(self)
         plan_loader_reads(self)

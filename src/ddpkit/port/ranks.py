@@ -81,7 +81,6 @@ def plan_ranks(plan: Any) -> None:
                           "instead (`loader.dataset[i]`)")
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
-        _breaks(plan, key)
 
 
 _ENTROPY = frozenset({"np.random.default_rng", "numpy.random.default_rng", "np.random.RandomState",
@@ -114,27 +113,10 @@ def _plateau(plan: Any, key: str, call: cst.Call) -> None:
                   "reduced over every rank (ddpkit.reduce_mean)")
 
 
-def _breaks(plan: Any, key: str) -> None:
-    """`if <per-rank value>: break` in a loop: ranks leave at different steps and their peers hang."""
-    for node in plan.nodes(key):
-        if not isinstance(node, cst.If):
-            continue
-        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
-        if not any(isinstance(s, cst.SimpleStatementLine) and any(isinstance(x, (cst.Break, cst.Return))
-                                                                   for x in s.body) for s in body):
-            continue
-        if not any(isinstance(s, cst.SimpleStatementLine) and any(isinstance(x, cst.Break) for x in s.body)
-                   for s in body):
-            continue
-        if agreed(plan, key, node.test):
-            continue
-        plan.todo(node, "this loop stops on a value that may differ between ranks (early stopping on a per-rank "
-                  "metric): one rank leaves while the others wait in their next collective; decide on a value "
-                  "reduced over every rank (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")
-
-
-def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
-    """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument."""
+def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0, _open: frozenset[int] = frozenset()) -> bool:
+    """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument,
+    each assigned under branches that every rank takes alike (`patience += 1` under `if score < best:` is as
+    per-rank as `score`)."""
     reduced = plan.reduced.get(key, set())
     if any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr)):
         return False  # files on disk: one rank may see what another has not written yet
@@ -143,11 +125,19 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
         if name in reduced or name.split(".")[0] in ARGS_ROOTS or name.split(".")[0] in ("math", "torch", "np",
                                                                                          "float", "int", "len", "abs"):
             continue
-        sources = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign)
-                   for t in n.targets if name in {dotted(x) for x in walk(t.target)}]
-        sources += [n.value for n in plan.nodes(key) if isinstance(n, cst.AugAssign) and dotted(n.target) == name]
-        if not sources:
+        assigns = [n for n in plan.nodes(key) if isinstance(n, cst.Assign)
+                   and any(name in {dotted(x) for x in walk(t.target)} for t in n.targets)]
+        assigns += [n for n in plan.nodes(key) if isinstance(n, cst.AugAssign) and dotted(n.target) == name]
+        if not assigns:
             continue  # a loop variable, a parameter, a constant from elsewhere
+        # an assignment or a branch met again while deciding itself (`best = min(best, score)`, `best = score`
+        # under `if score < best:`) adds nothing new: the other sources decide
+        assigns = [a for a in assigns if id(a) not in _open]
+        tests = [t for a in assigns for t in _tests_around(plan, a) if id(t) not in _open]
+        _open = _open | {id(a) for a in assigns} | {id(t) for t in tests}
+        if not all(agreed(plan, key, t, depth, _open) for t in tests):
+            return False
+        sources = [n.value for n in assigns]
         for value in sources:
             if isinstance(value, (cst.Integer, cst.Float, cst.Name)) and (
                     not isinstance(value, cst.Name) or value.value in ("True", "False", "None")):
@@ -157,11 +147,30 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0) -> bool:
                 continue  # returned by a helper that reduces its sums
             if any(dotted(c.func).startswith("ddpkit.") for c in calls):
                 continue
-            if depth < 3 and agreed(plan, key, value, depth + 1) and not any(
+            if depth < 3 and agreed(plan, key, value, depth + 1, _open) and not any(
                     plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower() for c in calls):
                 continue
             return False
     return True
+
+
+def _tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The tests of the `if`s and `while`s (with each earlier `elif` of the chain) that decide whether `node` runs."""
+    out: list[cst.BaseExpression] = []
+    child = plan._stmt.get(id(node), node)
+    parent = plan._parent.get(id(child))
+    while parent is not None:
+        if isinstance(parent, cst.While):
+            out.append(parent.test)
+        elif isinstance(parent, cst.If):
+            branch: cst.CSTNode | None = parent
+            while isinstance(branch, cst.If):  # up to the branch that holds `child`: its own test and those before
+                out.append(branch.test)
+                if any(s is child for s in getattr(branch.body, "body", ())):
+                    break
+                branch = branch.orelse
+        child, parent = parent, plan._parent.get(id(parent))
+    return out
 
 
 _PER_RANK = re.compile(r"^(uuid\.uuid[14]|uuid[14]|time\.time|time\.time_ns|time\.perf_counter|(datetime\.)?datetime\."

@@ -451,6 +451,9 @@ class Rewriter(cst.CSTTransformer):
         return True
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if id(original) in self.p.replace:
+            self.changes += 1  # the batch a step draws itself, divided by world_size
+            return parse_expr(self.p.replace[id(original)])
         reduced = self._reduced_read(original)
         if reduced is None and id(original) in self.p.move_at and self.in_ctx():
             self.changes += 1  # a CPU tensor meets a value on ctx.device here: moved where it is read
@@ -458,7 +461,16 @@ class Rewriter(cst.CSTTransformer):
         return reduced or updated
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+        if id(original) in self.p.replace:
+            self.changes += 1  # `cfg["batch_size"]` a step draws itself, divided by world_size
+            return parse_expr(self.p.replace[id(original)])
         return self._reduced_read(original) or updated
+
+    def leave_Integer(self, original: cst.Integer, updated: cst.Integer) -> cst.BaseExpression:
+        if id(original) in self.p.replace:
+            self.changes += 1  # a literal batch a step draws itself, divided by world_size
+            return parse_expr(self.p.replace[id(original)])
+        return updated
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
         if id(original) in self.p.replace:

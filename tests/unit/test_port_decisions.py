@@ -1,0 +1,120 @@
+"""`ddpkit port`: decisions one rank takes on its own values around the DDP step (skips, stops, learning rates)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpkit.port import port_source
+
+FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
+SOURCE = (FIXTURES / "per_rank_steps.py").read_text()
+SKIP = "            if loss.item() > 100.0:\n                continue\n"
+STOP = ("        val_loss = evaluate(model, val_loader)\n        if val_loss < best:\n            best = val_loss\n"
+        "            patience = 0\n        else:\n            patience += 1\n            if patience > 3:\n"
+        "                break\n")
+
+
+def _variant(old: str, new: str, source: str = SOURCE) -> str:
+    assert old in source
+    return source.replace(old, new)
+
+
+def _line(source: str, text: str) -> int:
+    return next(i for i, s in enumerate(source.splitlines(), 1) if text in s)
+
+
+def _todos(source: str) -> dict[int, str]:
+    result = port_source(source, "per_rank_steps.py")
+    assert result.exit_code == (3 if result.todos else 0) and ("ported fully" in result.message) is not bool(
+        result.todos), result.message
+    return {t.line: t.message for t in result.todos}
+
+
+def test_a_training_step_skipped_on_this_ranks_loss_is_a_todo_and_a_reduced_early_stop_is_not():
+    todos = _todos(SOURCE)
+    # patience counts epochs on the validation loss, which the port reduces over ranks: every rank stops alike
+    assert list(todos) == [_line(SOURCE, "if loss.item() > 100.0")], todos
+    assert "`continue` past a training step" in todos[_line(SOURCE, "if loss.item() > 100.0")]
+    # a skip after the step (a log line skipped) changes no collective
+    after = _variant(SKIP, "").replace("            optimizer.step()\n",
+                                       "            optimizer.step()\n" + SKIP + "            print(loss.item())\n")
+    assert _todos(after) == {}
+
+
+def test_patience_counted_on_a_per_rank_figure_stops_ranks_at_different_epochs():
+    source = _variant("val_loss = evaluate(model, val_loader)", "val_loss = loss.item()", _variant(SKIP, ""))
+    todos = _todos(source)
+    # `patience > 3` reads only a counter, but the counter moves on `val_loss < best`, this rank's last batch loss
+    assert list(todos) == [_line(source, "if val_loss < best")], todos
+    assert "`break` out of a loop that trains (early stopping" in todos[_line(source, "if val_loss < best")]
+
+
+def test_a_learning_rate_changed_on_a_per_rank_figure_is_a_todo():
+    halve = ("        last = loss.item()\n        if last > best:\n            for g in optimizer.param_groups:\n"
+             "                g[\"lr\"] *= 0.5\n        best = min(best, last)\n")
+    source = _variant(STOP, halve, _variant(SKIP, ""))
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if last > best")], todos
+    assert "changes its learning rate (`g[\"lr\"] *= 0.5`)" in todos[_line(source, "if last > best")]
+    # the same change on the reduced validation loss is alike on every rank
+    reduced = halve.replace("last = loss.item()", "last = evaluate(model, val_loader)")
+    assert _todos(_variant(STOP, reduced, _variant(SKIP, ""))) == {}
+    # a learning rate the script holds in a name and hands to its param groups
+    named = ("        if loss.item() > best:\n            lr = lr * 0.5\n        for g in optimizer.param_groups:\n"
+             "            g[\"lr\"] = lr\n")
+    source = _variant(STOP, named, _variant(SKIP, "")).replace("    best = float", "    lr = 0.1\n    best = float")
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if loss.item() > best")], todos
+    # handed to a function of the script that writes it into the param groups
+    helper = ("        if loss.item() > best:\n            lr = lr * 0.5\n            adjust_lr(optimizer, lr)\n")
+    source = _variant(STOP, helper, _variant(SKIP, "")).replace("    best = float", "    lr = 0.1\n    best = float")
+    source = source.replace("def main():", "def adjust_lr(optimizer, lr):\n    for g in optimizer.param_groups:\n"
+                            "        g[\"lr\"] = lr\n\n\ndef main():")
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if loss.item() > best")], todos
+
+
+def test_a_return_before_the_next_step_on_a_per_rank_value_is_a_todo_and_a_break_of_a_loop_that_trains_nothing_is_not():
+    source = _variant(SKIP, "            if loss.item() > 1e3:\n                return\n")
+    todos = _todos(source)
+    assert list(todos) == [_line(source, "if loss.item() > 1e3")] and "`return`" in todos[_line(source, "1e3")]
+    # a search over this rank's predictions that stops early runs no collective
+    scan = ("            for p in model(xb).flatten().tolist():\n                if p > 1.0:\n"
+            "                    break\n")
+    assert _todos(_variant(SKIP, scan)) == {}
+
+
+def test_a_search_library_handed_a_training_function_is_a_todo():
+    path = FIXTURES / "search_optuna.py"
+    source = path.read_text()
+    result = port_source(source, str(path))
+    (todo,) = [t for t in result.todos if "hyperparameter search" in t.message]
+    assert todo.line == _line(source, "study.optimize(objective") and "`objective`" in todo.message
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    # handed through a lambda: the same search
+    wrapped = source.replace("study.optimize(objective,", "study.optimize(lambda t: objective(t),")
+    assert any("hyperparameter search" in t.message for t in port_source(wrapped, str(path)).todos)
+    # a trial function that reads its settings from a config the library hands it (ray.tune's shape)
+    tuned = source.replace('lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)', 'lr = trial["lr"]')
+    assert tuned != source and any("hyperparameter search" in t.message for t in port_source(tuned, str(path)).todos)
+    # a runner handed the script's entry point passes plain values: no search
+    fire = (FIXTURES / "per_rank_steps.py").read_text().replace(SKIP, "").replace(
+        "import argparse\n", "import argparse\nimport fire\n").replace("    main()\n", "    fire.Fire(main)\n")
+    assert "fire.Fire(main)" in fire
+    assert not any("hyperparameter search" in t.message for t in port_source(fire, "runner.py").todos)
+
+
+def test_a_setting_drawn_per_rank_around_training_is_a_todo_and_a_fixed_grid_or_a_seeded_draw_is_not():
+    source = (FIXTURES / "search_random.py").read_text()
+    todos = _todos(source)
+    line = _line(source, "lr = 10 ** random.uniform")
+    assert list(todos) == [line] and "random search per rank" in todos[line] and "`train(...)`" in todos[line]
+    grid = source.replace("    for trial in range(10):\n        lr = 10 ** random.uniform(-4, -2)\n",
+                          "    for lr in [1e-4, 1e-3, 1e-2]:\n")
+    assert grid != source and _todos(grid) == {}
+    # seeded before training starts, every rank draws the same settings (the port keeps the script's streams)
+    seeded = source.replace("\n\ndef train(", "\nrandom.seed(0)\n\n\ndef train(")
+    assert seeded != source and _todos(seeded) == {}
+    # seeded after ddpkit.init only, each rank is reseeded on its own before the loop: the draw differs again
+    late = source.replace("def main():\n", "def main():\n    random.seed(0)\n")
+    assert list(_todos(late)) == [line + 1]
