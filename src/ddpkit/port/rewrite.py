@@ -103,6 +103,8 @@ class Rewriter(cst.CSTTransformer):
         """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
         self.imports = _imported_names(facts.module)
+        self.comp_bound: list[set[str]] = []
+        """Per comprehension or lambda around the node: the names it binds (`{m.__name__: m for m in classes}`)."""
         self.rebinding_stack: list[set[str]] = []
         """Per Assign being visited: its targets that name an imported module, a function or a class (read in its
         value as that: `model = model()` calls the builder function `model`)."""
@@ -147,6 +149,8 @@ class Rewriter(cst.CSTTransformer):
 
     def role(self, expr: cst.CSTNode) -> str | None:
         name = dotted(expr)
+        if name and any(name.split(".")[0] in bound for bound in self.comp_bound):
+            return None  # a comprehension's or a lambda's own variable, whatever the same name holds outside
         if name and name.split(".")[0] in self.rebinding:
             return None  # `model = getattr(model, kind)(...)`: on the right, `model` is still the imported module
         if name and self.lines and self._still_module(name.split(".")[0]):
@@ -447,6 +451,23 @@ class Rewriter(cst.CSTTransformer):
         self.receivers.add(id(node.value))
         return True
 
+    def _enter_binder(self, node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Lambda):
+            self.comp_bound.append({p.name.value for p in node.params.params})
+            return
+        bound, compfor = set(), node.for_in
+        while compfor is not None:
+            bound.update(n.value for n in _names(compfor.target))
+            compfor = compfor.inner_for_in
+        self.comp_bound.append(bound)
+
+    def _leave_binder(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        self.comp_bound.pop()
+        return updated
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_Lambda = _enter_binder
+    leave_ListComp = leave_SetComp = leave_DictComp = leave_GeneratorExp = leave_Lambda = _leave_binder
+
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         reduced = self._reduced_read(original)
         if reduced is None and id(original) in self.p.move_at and self.in_ctx():
@@ -723,6 +744,30 @@ class Rewriter(cst.CSTTransformer):
             isinstance(a.value, cst.Name) and a.value.value == name for a in n.args)
             for n in self.p.nodes(self.key))
 
+    def _download_alone(self, original: cst.BaseStatement, updated):
+        """Rank 0 runs a download first while the others wait at a barrier, so the statement between the barriers
+        must issue no collective: rank 0 would enter it alone and wait forever. `model = ddpkit.wrap(
+        Net.from_pretrained(...), ctx)` splits into the download between the barriers and the wrap after them;
+        any other collective or forward of the wrapped model there leaves every rank downloading (a TODO says so).
+        Returns (download first?, the statement between the barriers, the statements after them)."""
+        syncs = [n for n in walk(updated) if isinstance(n, cst.Call) and (
+            _is_collective(n) or dotted(n.func) == "ddpkit.wrap" or self.role(n.func) == "model")]
+        if not syncs:
+            return True, updated, []
+        line = updated.body[0] if isinstance(updated, cst.SimpleStatementLine) and len(updated.body) == 1 else None
+        wrap = line.value if isinstance(line, cst.Assign) and len(line.targets) == 1 else None
+        if len(syncs) == 1 and syncs[0] is wrap and dotted(wrap.func) == "ddpkit.wrap" and wrap.args \
+                and isinstance(line.targets[0].target, (cst.Name, cst.Attribute)):
+            target = line.targets[0].target
+            download = updated.with_changes(body=[line.with_changes(value=wrap.args[0].value)])
+            wrapped = cst.SimpleStatementLine([line.with_changes(value=wrap.with_changes(
+                args=[wrap.args[0].with_changes(value=target), *wrap.args[1:]]))])
+            return True, download, [wrapped]
+        self.p.todo(original, "this line downloads and also joins every rank (a collective or the wrapped model): "
+                    "rank 0 cannot download first here while the others wait; download in a statement of its own "
+                    "under `if ctx.is_main:` followed by `ddpkit.barrier(ctx)`")
+        return False, updated, []
+
     def _hoist_collectives(self, original: cst.BaseStatement, guarded: cst.If):
         """`if ctx.is_main: writer.add_scalar(..., ddpkit.all_reduce_sum(ctx, x).item())`: a collective only rank 0
         joins would wait forever. Every rank computes it just before the guard; rank 0 then reports the result."""
@@ -815,6 +860,10 @@ class Rewriter(cst.CSTTransformer):
         return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], line, *body[at:]]))
 
     def _finish_statement(self, original: cst.BaseStatement, updated):
+        first_after: list[cst.BaseStatement] = []
+        main_first = id(original) in self.p.main_first
+        if main_first:
+            main_first, updated, first_after = self._download_alone(original, updated)
         notes = self.p.notes.get(id(original), [])
         before = []
         after = []
@@ -825,12 +874,13 @@ class Rewriter(cst.CSTTransformer):
         if _made_main_guard(original, updated):
             hoisted, updated = self._hoist_collectives(original, updated)
             before.extend(hoisted)
-        if id(original) in self.p.main_first:
+        if main_first:
             self.changes += 1
             what = self.p.first_note.get(id(original), "downloads")
             before.append(cst.parse_statement(f"if not ctx.is_main:  # rank 0 {what} first; the others then read "
                                               "its files\n    ddpkit.barrier(ctx)\n"))
             after.append(cst.parse_statement("if ctx.is_main:\n    ddpkit.barrier(ctx)\n"))
+            after.extend(first_after)
         if id(original) in self.p.barrier_before:
             self.changes += 1
             before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))
