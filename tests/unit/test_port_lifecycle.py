@@ -227,3 +227,86 @@ def test_a_model_moved_on_a_one_line_if_is_read_without_a_crash():
         """)
     result = port_source(src)
     assert "ddpkit.wrap(model, ctx)" in result.code
+
+
+_EMA_NETS = '''\
+    import copy
+
+    import torch.nn as nn
+
+
+    class Averaged(nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+            self.ema = copy.deepcopy(net)
+            {freeze}
+
+        @torch.no_grad()
+        def update_ema(self, decay=0.99):
+            for e, p in zip(self.ema.parameters(), self.net.parameters()):
+                e.mul_(decay).add_(p, alpha=1 - decay)
+
+        def sample(self, x):
+            return self.ema(x)
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.net(x), y)
+'''
+_EMA_BUILD = '''\
+    import torch.nn as nn
+    from lib.nets import Averaged
+
+
+    def build(width):
+        model = Averaged(nn.Linear(width, 1))
+        return model
+'''
+_EMA_SCRIPT = '''\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from lib import build
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+    model = build.build(4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        model(x, y).backward()
+        optimizer.step()
+        model.update_ema()
+'''
+
+
+def _ema_project(tmp_path, freeze: str):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "nets.py").write_text(textwrap.dedent(_EMA_NETS).replace("{freeze}", freeze))
+    (tmp_path / "lib" / "build.py").write_text(textwrap.dedent(_EMA_BUILD))
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "train.py"  # run from the project's root: `lib` is beside scripts/, not in it
+    script.write_text(textwrap.dedent(_EMA_SCRIPT))
+    return port_source(script.read_text(), str(script))
+
+
+def test_an_ema_copy_a_project_builder_returns_inside_the_model_gets_find_unused_parameters(tmp_path):
+    result = _ema_project(tmp_path, "")
+    # forward never calls self.ema, whose parameters require grad: DDP fails at the second step without it
+    assert "model = ddpkit.wrap(build.build(4), ctx, find_unused_parameters=True)" in result.code
+    assert "`Averaged` in nets.py (read, not ported) may leave self.ema (nets.py:10)" in result.code
+
+
+def test_a_frozen_ema_copy_needs_no_find_unused_parameters(tmp_path):
+    result = _ema_project(tmp_path, "self.ema.requires_grad_(False)")
+    # DDP leaves parameters that require no gradient out when it wraps: nothing waits for them
+    assert "model = ddpkit.wrap(build.build(4), ctx)" in result.code and "find_unused_parameters" not in result.code
+
+
+def test_a_frozen_ema_copy_of_the_scripts_own_class_needs_no_find_unused_parameters():
+    nets = textwrap.dedent(_EMA_NETS).replace("{freeze}", "for p in self.ema.parameters():\n"
+                                              "            p.requires_grad = False")
+    script = textwrap.dedent(_EMA_SCRIPT).replace("from lib import build\n", "").replace(
+        "model = build.build(4)", "model = Averaged(torch.nn.Linear(4, 1))")
+    result = port_source(f"import torch\n{nets}\n\n{script}", "train.py")
+    assert "model = ddpkit.wrap(Averaged(torch.nn.Linear(4, 1)), ctx)" in result.code
+    assert "find_unused_parameters" not in result.code
