@@ -466,3 +466,27 @@ def test_an_own_module_that_makes_gpu_tensors_at_import_before_init_is_named_at_
         "not checked: importing consts.py runs consts.py:5 `scale = torch.tensor([2.0, 0.5, 1.0, 1.5]).to(device)` "
         "before ddpkit.init makes each rank's GPU current, so that tensor is on cuda:0 on every rank; make it inside "
         "a function called after ddpkit.init, or import the module after it"))]
+
+
+def test_the_benchmark_line_of_a_full_batch_script_ported_fully_carries_the_no_speed_up_note():
+    import runpy
+
+    score = runpy.run_path(str(Path(__file__).parents[2] / "benchmarks" / "port_eval" / "score.py"))
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+
+        x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        model = torch.nn.Linear(4, 2)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        for epoch in range(10):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+    ''')
+    got, detail, _ = score["outcome"](source, "full_batch.py")
+    # the same claim as the CLI's summary: correct, but every rank repeats the same work
+    assert got == "ported" and "not sharded: no speed-up" in detail
