@@ -310,3 +310,56 @@ def test_a_frozen_ema_copy_of_the_scripts_own_class_needs_no_find_unused_paramet
     result = port_source(f"import torch\n{nets}\n\n{script}", "train.py")
     assert "model = ddpkit.wrap(Averaged(torch.nn.Linear(4, 1)), ctx)" in result.code
     assert "find_unused_parameters" not in result.code
+
+
+def test_lengths_a_project_models_forward_packs_as_is_get_a_todo_at_the_wrap(tmp_path):
+    (tmp_path / "seq.py").write_text(textwrap.dedent('''\
+        import torch.nn as nn
+
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(10, 4)
+                self.rnn = nn.GRU(4, 4, batch_first=True)
+
+            def forward(self, tokens, lengths):
+                packed = nn.utils.rnn.pack_padded_sequence(self.emb(tokens), lengths, batch_first=True,
+                                                           enforce_sorted=False)
+                return self.rnn(packed)[1][-1]
+
+
+        class Tagger(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = Encoder()
+                self.out = nn.Linear(4, 2)
+
+            def forward(self, tokens, lengths):
+                return self.out(self.enc(tokens, lengths))
+    '''))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from seq import Tagger
+
+        data = TensorDataset(torch.randint(1, 10, (32, 5)), torch.randint(1, 6, (32,)), torch.randint(0, 2, (32,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = Tagger()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for tokens, lengths, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(tokens.to(device), lengths), y.to(device)).backward()
+            optimizer.step()
+    '''))
+    result = port_source(script.read_text(), str(script))
+    # DDP moves every input of the model to the GPU (device_ids), whatever the script does at the call
+    [todo] = [t.message for t in result.todos if "pack_padded_sequence" in t.message]
+    assert "`lengths` reaches `pack_padded_sequence` in seq.py:11" in todo and "`lengths.cpu()`" in todo
+    (tmp_path / "seq.py").write_text((tmp_path / "seq.py").read_text().replace("lengths))", "lengths.cpu()))"))
+    result = port_source(script.read_text(), str(script))
+    assert not any("pack_padded_sequence" in t.message for t in result.todos)  # moved to the host in forward

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
+from ddpkit.port.packing import host_inputs_in_wrapped
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
@@ -567,6 +568,14 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                                      f"there {found}{more}; check each under DDP"))
     out += _summed_elsewhere(tree, definition)
     out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed))
+    own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
+
+    def own_or_project(name: str) -> tuple[str, str, ast.AST] | None:
+        return ("", name, own[name]) if name in own else _through_builders(definition, folder, modules, parsed)(name)
+
+    def follow(name: str, where: str) -> tuple[str, ast.AST] | None:
+        return ("", own[name]) if not where and name in own else follower(where)(name) if where else None
+    out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out
