@@ -235,6 +235,23 @@ class Rewriter(cst.CSTTransformer):
     def _batch_names(self) -> set[str]:
         return set().union(*(names for names, _ in self.batches)) if self.batches else set()
 
+    def _kept_on_host(self, call: cst.Call) -> set[str]:
+        """Batch names of a ddpkit loader (now on ctx.device) handed as they are to `xs.append(...)` /
+        `xs.extend(...)` or to numpy, where the same scope of the script moved them to the device elsewhere
+        (`labels.to(device)` for the loss): there the script kept them on the CPU, beside values it put there itself
+        (`preds.append(out.cpu())`), so they stay on the CPU."""
+        func = dotted(call.func)
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in ("append", "extend")
+                and len(call.args) == 1 or func.split(".")[0] in ("np", "numpy")):
+            return set()
+        names = {a.value.value for a in call.args if isinstance(a.value, cst.Name) and a.keyword is None} & \
+            self._device_batch_names()
+        if not names:
+            return set()
+        moved = {root_name(r) for n in self.p.nodes(self.key) if isinstance(n, cst.Call)
+                 and (r := move_receiver(n)) is not None}
+        return names & moved
+
     def _device_batch_names(self) -> set[str]:
         """Batch names of loops whose loader is ddpkit's on every path: those batches arrive on ctx.device."""
         return set().union(*(names for (names, _), host in zip(self.batches, self.host_batches) if not host))
@@ -249,6 +266,12 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        kept = self._kept_on_host(original)
+        if kept:
+            self.changes += 1  # the script moved this batch value where it met the model and kept it here on the CPU
+            updated = updated.with_changes(args=[a.with_changes(value=parse_expr(f"{o.value.value}.cpu()"))
+                                                 if isinstance(o.value, cst.Name) and o.value.value in kept else a
+                                                 for a, o in zip(updated.args, original.args)])
         host = self._host_batch_arg(original)
         if host:
             library = self.imports[root_name(original.func)]
