@@ -479,8 +479,11 @@ class Rewriter(cst.CSTTransformer):
             self.comp_bound.append({p.name.value for p in node.params.params})
             return
         bound, compfor = set(), node.for_in
-        while compfor is not None:
-            bound.update(n.value for n in _names(compfor.target))
+        while compfor is not None:  # `for m in [NnLm, LstmLm]`: a list written out, none of it the model
+            listed = compfor.iter
+            if isinstance(listed, (cst.List, cst.Tuple, cst.Set)) and not any(
+                    self.role(e.value) == "model" for e in listed.elements):
+                bound.update(n.value for n in _names(compfor.target))
             compfor = compfor.inner_for_in
         self.comp_bound.append(bound)
 
