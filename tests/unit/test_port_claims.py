@@ -494,3 +494,27 @@ def test_no_full_port_is_claimed_over_a_per_rank_decision_a_search_or_an_undivid
         assert any(": TODO " in line for line in printed), (name, printed)
         assert "ported fully" not in printed[-1] and "TODO(s) left for you" in printed[-1], (name, printed[-1])
         assert "# TODO(ddpkit port): " in out.read_text(), name
+
+
+def test_the_benchmark_line_of_a_full_batch_script_ported_fully_carries_the_no_speed_up_note():
+    import runpy
+
+    score = runpy.run_path(str(Path(__file__).parents[2] / "benchmarks" / "port_eval" / "score.py"))
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+
+        x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        model = torch.nn.Linear(4, 2)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        for epoch in range(10):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+    ''')
+    got, detail, _ = score["outcome"](source, "full_batch.py")
+    # the same claim as the CLI's summary: correct, but every rank repeats the same work
+    assert got == "ported" and "not sharded: no speed-up" in detail

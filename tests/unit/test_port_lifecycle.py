@@ -227,3 +227,139 @@ def test_a_model_moved_on_a_one_line_if_is_read_without_a_crash():
         """)
     result = port_source(src)
     assert "ddpkit.wrap(model, ctx)" in result.code
+
+
+_EMA_NETS = '''\
+    import copy
+
+    import torch.nn as nn
+
+
+    class Averaged(nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+            self.ema = copy.deepcopy(net)
+            {freeze}
+
+        @torch.no_grad()
+        def update_ema(self, decay=0.99):
+            for e, p in zip(self.ema.parameters(), self.net.parameters()):
+                e.mul_(decay).add_(p, alpha=1 - decay)
+
+        def sample(self, x):
+            return self.ema(x)
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.net(x), y)
+'''
+_EMA_BUILD = '''\
+    import torch.nn as nn
+    from lib.nets import Averaged
+
+
+    def build(width):
+        model = Averaged(nn.Linear(width, 1))
+        return model
+'''
+_EMA_SCRIPT = '''\
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from lib import build
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+    model = build.build(4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        model(x, y).backward()
+        optimizer.step()
+        model.update_ema()
+'''
+
+
+def _ema_project(tmp_path, freeze: str):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "nets.py").write_text(textwrap.dedent(_EMA_NETS).replace("{freeze}", freeze))
+    (tmp_path / "lib" / "build.py").write_text(textwrap.dedent(_EMA_BUILD))
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "train.py"  # run from the project's root: `lib` is beside scripts/, not in it
+    script.write_text(textwrap.dedent(_EMA_SCRIPT))
+    return port_source(script.read_text(), str(script))
+
+
+def test_an_ema_copy_a_project_builder_returns_inside_the_model_gets_find_unused_parameters(tmp_path):
+    result = _ema_project(tmp_path, "")
+    # forward never calls self.ema, whose parameters require grad: DDP fails at the second step without it
+    assert "model = ddpkit.wrap(build.build(4), ctx, find_unused_parameters=True)" in result.code
+    assert "`Averaged` in nets.py (read, not ported) may leave self.ema (nets.py:10)" in result.code
+
+
+def test_a_frozen_ema_copy_needs_no_find_unused_parameters(tmp_path):
+    result = _ema_project(tmp_path, "self.ema.requires_grad_(False)")
+    # DDP leaves parameters that require no gradient out when it wraps: nothing waits for them
+    assert "model = ddpkit.wrap(build.build(4), ctx)" in result.code and "find_unused_parameters" not in result.code
+
+
+def test_a_frozen_ema_copy_of_the_scripts_own_class_needs_no_find_unused_parameters():
+    nets = textwrap.dedent(_EMA_NETS).replace("{freeze}", "for p in self.ema.parameters():\n"
+                                              "            p.requires_grad = False")
+    script = textwrap.dedent(_EMA_SCRIPT).replace("from lib import build\n", "").replace(
+        "model = build.build(4)", "model = Averaged(torch.nn.Linear(4, 1))")
+    result = port_source(f"import torch\n{nets}\n\n{script}", "train.py")
+    assert "model = ddpkit.wrap(Averaged(torch.nn.Linear(4, 1)), ctx)" in result.code
+    assert "find_unused_parameters" not in result.code
+
+
+def test_lengths_a_project_models_forward_packs_as_is_get_a_todo_at_the_wrap(tmp_path):
+    (tmp_path / "seq.py").write_text(textwrap.dedent('''\
+        import torch.nn as nn
+
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(10, 4)
+                self.rnn = nn.GRU(4, 4, batch_first=True)
+
+            def forward(self, tokens, lengths):
+                packed = nn.utils.rnn.pack_padded_sequence(self.emb(tokens), lengths, batch_first=True,
+                                                           enforce_sorted=False)
+                return self.rnn(packed)[1][-1]
+
+
+        class Tagger(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = Encoder()
+                self.out = nn.Linear(4, 2)
+
+            def forward(self, tokens, lengths):
+                return self.out(self.enc(tokens, lengths))
+    '''))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from seq import Tagger
+
+        data = TensorDataset(torch.randint(1, 10, (32, 5)), torch.randint(1, 6, (32,)), torch.randint(0, 2, (32,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        model = Tagger()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for tokens, lengths, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(tokens.to(device), lengths), y.to(device)).backward()
+            optimizer.step()
+    '''))
+    result = port_source(script.read_text(), str(script))
+    # DDP moves every input of the model to the GPU (device_ids), whatever the script does at the call
+    [todo] = [t.message for t in result.todos if "pack_padded_sequence" in t.message]
+    assert "`lengths` reaches `pack_padded_sequence` in seq.py:11" in todo and "`lengths.cpu()`" in todo
+    (tmp_path / "seq.py").write_text((tmp_path / "seq.py").read_text().replace("lengths))", "lengths.cpu()))"))
+    result = port_source(script.read_text(), str(script))
+    assert not any("pack_padded_sequence" in t.message for t in result.todos)  # moved to the host in forward

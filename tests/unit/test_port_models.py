@@ -495,3 +495,45 @@ def test_a_device_batch_handed_to_a_host_memory_library_is_a_todo():
     # `pixels` unpacked from the batch by position, `images` the loop's own target; `images.numpy()` is not
     # handed over as it is (its own .numpy() is the cpu() rule's), so only these two
     assert named == [["pixels", "random_noise"], ["images", "gaussian_filter"]]
+
+
+def test_a_comprehension_variable_named_like_the_model_is_not_the_model():
+    result = _port_text('''
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Small(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+                self.size = 2
+
+            def forward(self, x):
+                return self.fc(x)
+
+        class Big(Small):
+            pass
+
+        def main():
+            models = {model.__name__: model for model in [Small, Big]}
+            pick = sorted(models, key=lambda model: model.lower())[0]
+            model = models[pick]()
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            model.to(device)
+            data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in DataLoader(data, batch_size=4, shuffle=True):
+                optimizer.zero_grad()
+                out = model(x.to(device))
+                nn.functional.cross_entropy(out.view(-1, model.size), y.to(device)).backward()
+                optimizer.step()
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    lines = [line.strip() for line in result.code.splitlines()]
+    # the comprehension's and the lambda's `model` are classes and strings: unwrap() of either raises TypeError
+    assert "models = {model.__name__: model for model in [Small, Big]}" in lines
+    assert "pick = sorted(models, key=lambda model: model.lower())[0]" in lines
+    assert any("ddpkit.unwrap(model).size" in line for line in lines)  # the instance itself still is

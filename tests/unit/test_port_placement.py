@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -246,3 +247,54 @@ def test_inputs_a_library_call_runs_the_model_on_are_made_on_its_device():
     own = source.replace("    traced = torch.jit.trace(net, probe)\n", "    traced = trace_it(net, probe)\n").replace(
         "\n\ndef main():", "\n\ndef trace_it(model, x):\n    return torch.jit.trace(model, x)\n\n\ndef main():")
     assert "probe = torch.zeros(2, 4)\n" in port_source(own, "export.py").code
+
+
+def test_a_tensor_made_from_a_list_the_script_filled_meets_the_model_output_on_its_device():
+    result = port_source(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        for step in range(10):
+            targets = []
+            for i in range(8):
+                targets.append(float(i))
+            values = model(torch.randn(8, 4)).squeeze(1)
+            loss = ((torch.tensor(targets, dtype=torch.float32) - values) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    '''), "returns.py")
+    # a list becomes a 1-d tensor on the CPU: minus the wrapped model's output (on the GPU) it would fail there
+    assert "torch.tensor(targets, dtype=torch.float32, device=ctx.device) - values" in result.code
+
+
+def test_labels_the_script_collected_on_the_cpu_beside_cpu_predictions_stay_on_the_cpu():
+    result = port_source(textwrap.dedent('''\
+        import numpy as np
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = nn.Linear(4, 2).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+        for epoch in range(2):
+            targets, predictions = [], []
+            for x, y in loader:
+                out = model(x.to(device))
+                loss = nn.functional.cross_entropy(out, y.to(device))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                targets.append(y)
+                predictions.append(out.detach().cpu())
+                counts = np.bincount(y, minlength=2)
+            correct = (torch.cat(predictions).argmax(1) == torch.cat(targets)).sum()
+    '''), "collect.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    # the loader now delivers y on ctx.device; the script kept it on the CPU here, beside CPU predictions
+    assert "targets.append(y.cpu())" in lines and "counts = np.bincount(y.cpu(), minlength=2)" in lines
+    assert "loss = nn.functional.cross_entropy(out, y)" in lines  # where it met the model: as it arrives

@@ -242,3 +242,36 @@ def test_a_tracker_made_inside_the_entry_function_and_handed_to_a_training_funct
     # a value read from the run (`lr = exp.param(...)`) exists on rank 0 only: still a TODO
     read = port_source(source.replace("    exp.param('lr', 0.1)\n", "    lr = exp.param('lr', 0.1)\n"), "reads.py")
     assert read.exit_code == 3 and any("`exp` is used in ways" in t.message for t in read.todos)
+
+
+_FIRST_DOWNLOAD = '''import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForSequenceClassification
+
+model = AutoModelForSequenceClassification.from_pretrained("some-model")
+data = [{"x": torch.zeros(4, dtype=torch.long), "y": 0}] * 16
+loader = DataLoader(data, batch_size=4, shuffle=True)
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+model.to(device)
+for batch in loader:
+    optimizer.zero_grad()
+    model(batch["x"].to(device), labels=batch["y"].to(device)).loss.backward()
+    optimizer.step()
+model.save_pretrained("./out")
+model.push_to_hub("someone/some-model")
+'''
+
+
+def test_the_download_rank_0_runs_first_holds_no_wrap_and_the_model_is_saved_by_rank_0():
+    result = port_source(_FIRST_DOWNLOAD, "first_download.py")
+    tree = ast.parse(result.code)
+    body = [ast.unparse(s) for s in tree.body]
+    load = body.index("model = AutoModelForSequenceClassification.from_pretrained('some-model')")
+    # between the barriers only the download: DDP's constructor is a collective rank 0 would enter alone (a hang)
+    assert body[load - 1].startswith("if not ctx.is_main:") and body[load + 1].startswith("if ctx.is_main:")
+    assert any(s.startswith("model = ddpkit.wrap(model, ctx") for s in body[load + 2:])
+    assert not any("ddpkit.wrap(" in s for s in body[:load + 2])
+    guarded = _guarded(result.code)
+    assert "ddpkit.unwrap(model).save_pretrained('./out')" in guarded
+    assert "ddpkit.unwrap(model).push_to_hub('someone/some-model')" in guarded

@@ -68,6 +68,27 @@ def _imported_files(tree: ast.Module, folder: str) -> dict[str, str]:
     return out
 
 
+def _import_root(tree: ast.Module, folder: str) -> str:
+    """The folder the script's own imports resolve from: its own, or for a script kept in a subfolder and run from
+    the project's root (`scripts/train.py` doing `from models import unet`), the nearest of its two parent folders
+    that holds a module or package the script imports by its top-level name, where its own folder holds none."""
+    tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+
+    def holds(where: str) -> bool:
+        return any(os.path.isfile(os.path.join(where, f"{t}.py")) or os.path.isfile(os.path.join(where, t, "__init__.py"))
+                   for t in tops)
+
+    if holds(folder):
+        return folder
+    where = folder
+    for _ in range(2):
+        where = os.path.dirname(os.path.abspath(where))
+        if holds(where):
+            return where
+    return folder
+
+
 def project_names_a_device(source: str, folder: str) -> bool:
     """A module of the script's own project that it imports (beside it) names a device: `.cuda()`, `device`, "cuda"
     (a file that does not parse counts as naming one)."""
@@ -326,6 +347,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
         tree = ast.parse(code.removeprefix("\ufeff"))
     except SyntaxError:
         return code, []
+    folder = _import_root(tree, folder) if folder is not None else None
     modules = _imported_files(tree, folder) if folder is not None else {}
     if folder is not None:
         code, tree = _find_unused(code, tree, unused_parameter_wraps(tree, folder, _reached_files(modules, folder)))

@@ -38,6 +38,8 @@ class PortResult:
     todos: list[Todo] = field(default_factory=list)
     changed: bool = True
     message: str = ""
+    notes: list[str] = field(default_factory=list)
+    """What a fully ported script still does differently (`no DataLoader: ... no speed-up`): in `message` too."""
 
     @property
     def exit_code(self) -> int:
@@ -140,7 +142,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     todos += [Todo(line, message, True) for line, message in gated]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
-    return PortResult(bom + code, todos, True, f"{path}: {state}{notes}")
+    return PortResult(bom + code, todos, True, f"{path}: {state}{notes}", list(plan.summary))
 
 
 def _unparsable(path: str, e: cst.ParserSyntaxError) -> PortError:

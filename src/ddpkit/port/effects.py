@@ -23,7 +23,7 @@ DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snap
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
                        r"wget\.download|hub\.load|load_state_dict_from_url|fetch_openml|fetch_\w+)$")
 _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feather|to_netcdf|savefig|save_image|"
-                     r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|write_text|write_bytes|savetxt|save|"
+                     r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|push_to_hub|write_text|write_bytes|savetxt|save|"
                      r"savez|savez_compressed|dump|to_pickle|onnx\.export)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
 _FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
                       r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
@@ -108,7 +108,7 @@ def _writes(call: cst.Call) -> bool:
         return False  # handled by the rewriter's own torch.save guard
     if name in _FILE_OPS:
         return True
-    return bool(_WRITES.search(name)) and not name.startswith(("self.", "model.")) and name not in ("json.dumps",)
+    return bool(_WRITES.search(name)) and not name.startswith("self.") and name not in ("json.dumps",)
 
 
 def _reads(call: cst.Call) -> bool:

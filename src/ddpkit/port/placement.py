@@ -73,6 +73,9 @@ class Placement:
         self.meetings: list[tuple[cst.CSTNode, cst.BaseExpression, cst.BaseExpression, cst.CSTNode | None,
                                   tuple[cst.Assign, ...]]] = []
         self.host_names = host_names
+        self.lists: set[str] = set()
+        """Names last bound to a list display or comprehension (`returns = []`): `torch.tensor(returns)` is no
+        zero-dimensional tensor."""
 
     # ---- walking -------------------------------------------------------------------------------------
     def run(self, statements: list[cst.BaseStatement]) -> Placement:
@@ -156,6 +159,7 @@ class Placement:
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression, place: str | None,
               assign: cst.CSTNode) -> None:
         if isinstance(target, cst.Name):
+            (self.lists.add if isinstance(value, (cst.List, cst.ListComp)) else self.lists.discard)(target.value)
             self.state[target.value] = (place, value if place == HOST else None)
             self.assigns[target.value] = (assign,) if place == HOST and isinstance(assign, cst.Assign) else ()
         elif isinstance(target, (cst.Tuple, cst.List)):
@@ -251,8 +255,9 @@ class Placement:
             if last in _MADE:
                 if device is not None:
                     return DEVICE if is_device_expr(device) and "cpu" not in self.f.code(device) else None
-                if last in _SHAPE_FREE and not (call.args and isinstance(call.args[0].value, (
-                        cst.List, cst.Tuple, cst.ListComp))):
+                first = call.args[0].value if call.args else None
+                if last in _SHAPE_FREE and not (isinstance(first, (cst.List, cst.Tuple, cst.ListComp)) or isinstance(
+                        first, cst.Name) and first.value in self.lists):
                     return None  # `torch.tensor(0.5)`: a zero-dimensional tensor mixes with any device
                 return HOST
             return self._mix(call, args)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
+from ddpkit.port.packing import host_inputs_in_wrapped
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
@@ -310,6 +311,18 @@ def _rank_guarded(tree: ast.Module) -> set[int]:
                 isinstance(n, (ast.Name, ast.Attribute)) and ast_dotted(n).rsplit(".", 1)[-1] in ("is_main", "rank")
                 for n in ast.walk(node.test)):
             out.update(id(c) for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call))
+        for body in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+            start = None  # the port's rank-0-first region: rank 0 runs it before the others (their files exist then)
+            for i, stmt in enumerate(body if isinstance(body, list) else []):
+                barrier = isinstance(stmt, ast.If) and len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Expr) \
+                    and isinstance(stmt.body[0].value, ast.Call) and ast_dotted(stmt.body[0].value.func) == \
+                    "ddpkit.barrier"
+                test = ast.unparse(stmt.test) if barrier else ""
+                if test == "not ctx.is_main":
+                    start = i
+                elif test == "ctx.is_main" and start is not None:
+                    out.update(id(c) for inner in body[start + 1:i] for c in ast.walk(inner) if isinstance(c, ast.Call))
+                    start = None
     return out
 
 
@@ -546,6 +559,27 @@ def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dic
     return definition
 
 
+def _through_builders(definition, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):
+    """`definition` that sees through a builder function of the project (`def get_model(args): ... net =
+    Net(...); return net`) to the first class it returns, resolved as the builder's own module imports it."""
+    def resolve(func: str) -> tuple[str, str, ast.AST] | None:
+        found = definition(func)
+        if found is None or not isinstance(found[2], ast.FunctionDef):
+            return found
+        path, builder = found[0], found[2]
+        made = {t.id: ast_dotted(n.value.func) for n in ast.walk(builder) if isinstance(n, ast.Assign)
+                and isinstance(n.value, ast.Call) for t in n.targets if isinstance(t, ast.Name)}
+        for ret in ast.walk(builder):
+            if not isinstance(ret, ast.Return) or ret.value is None:
+                continue
+            cls = ast_dotted(ret.value.func) if isinstance(ret.value, ast.Call) else made.get(ast_dotted(ret.value), "")
+            got = _resolve(modules, folder, path, cls, parsed) if cls and "." not in cls else None
+            if got is not None and isinstance(got[1], ast.ClassDef):
+                return got[0], cls, got[1]
+        return found
+    return resolve
+
+
 def _builders(tree: ast.Module, classes: dict[str, str]) -> dict[str, list[str]]:
     """Name -> every constructor it is bound to anywhere in the script (`model = UNet(...)` in one branch,
     `model = PSPNet(...)` in another), the one the wrap saw first."""
@@ -565,7 +599,9 @@ def unused_parameter_wraps(tree: ast.Module, folder: str, modules: dict[str, str
     find_unused_parameters=True."""
     classes: dict[str, str] = {}
     _handed(tree, classes)
-    return unused_wraps(tree, _builders(tree, classes), _definer(tree, folder, modules, {}))
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _through_builders(_definer(tree, folder, modules, parsed), folder, modules, parsed)
+    return unused_wraps(tree, _builders(tree, classes), definition)
 
 
 def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
@@ -657,7 +693,15 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
     out += _summed_elsewhere(tree, definition)
-    out += unused_in_wrapped(tree, _builders(tree, classes), definition)
+    out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed))
+    own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
+
+    def own_or_project(name: str) -> tuple[str, str, ast.AST] | None:
+        return ("", name, own[name]) if name in own else _through_builders(definition, folder, modules, parsed)(name)
+
+    def follow(name: str, where: str) -> tuple[str, ast.AST] | None:
+        return ("", own[name]) if not where and name in own else follower(where)(name) if where else None
+    out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out

@@ -103,6 +103,8 @@ class Rewriter(cst.CSTTransformer):
         """Depth of statements that only rank 0 runs (a tracker call, a file write) around the node."""
         self._nodes_to_keys = {id(s.node): k for k, s in facts.scopes.items() if k != ENTRY}
         self.imports = _imported_names(facts.module)
+        self.comp_bound: list[set[str]] = []
+        """Per comprehension or lambda around the node: the names it binds (`{m.__name__: m for m in classes}`)."""
         self.rebinding_stack: list[set[str]] = []
         """Per Assign being visited: its targets that name an imported module, a function or a class (read in its
         value as that: `model = model()` calls the builder function `model`)."""
@@ -147,6 +149,8 @@ class Rewriter(cst.CSTTransformer):
 
     def role(self, expr: cst.CSTNode) -> str | None:
         name = dotted(expr)
+        if name and any(name.split(".")[0] in bound for bound in self.comp_bound):
+            return None  # a comprehension's or a lambda's own variable, whatever the same name holds outside
         if name and name.split(".")[0] in self.rebinding:
             return None  # `model = getattr(model, kind)(...)`: on the right, `model` is still the imported module
         if name and self.lines and self._still_module(name.split(".")[0]):
@@ -231,6 +235,23 @@ class Rewriter(cst.CSTTransformer):
     def _batch_names(self) -> set[str]:
         return set().union(*(names for names, _ in self.batches)) if self.batches else set()
 
+    def _kept_on_host(self, call: cst.Call) -> set[str]:
+        """Batch names of a ddpkit loader (now on ctx.device) handed as they are to `xs.append(...)` /
+        `xs.extend(...)` or to numpy, where the same scope of the script moved them to the device elsewhere
+        (`labels.to(device)` for the loss): there the script kept them on the CPU, beside values it put there itself
+        (`preds.append(out.cpu())`), so they stay on the CPU."""
+        func = dotted(call.func)
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in ("append", "extend")
+                and len(call.args) == 1 or func.split(".")[0] in ("np", "numpy")):
+            return set()
+        names = {a.value.value for a in call.args if isinstance(a.value, cst.Name) and a.keyword is None} & \
+            self._device_batch_names()
+        if not names:
+            return set()
+        moved = {root_name(r) for n in self.p.nodes(self.key) if isinstance(n, cst.Call)
+                 and (r := move_receiver(n)) is not None}
+        return names & moved
+
     def _device_batch_names(self) -> set[str]:
         """Batch names of loops whose loader is ddpkit's on every path: those batches arrive on ctx.device."""
         return set().union(*(names for (names, _), host in zip(self.batches, self.host_batches) if not host))
@@ -245,6 +266,12 @@ class Rewriter(cst.CSTTransformer):
                         "averages gradients only for calls of the wrapped model itself, so through "
                         "ddpkit.unwrap(model) every rank would train its own copy; move this computation into "
                         "forward() (or a wrapper module's forward) and call the model")
+        kept = self._kept_on_host(original)
+        if kept:
+            self.changes += 1  # the script moved this batch value where it met the model and kept it here on the CPU
+            updated = updated.with_changes(args=[a.with_changes(value=parse_expr(f"{o.value.value}.cpu()"))
+                                                 if isinstance(o.value, cst.Name) and o.value.value in kept else a
+                                                 for a, o in zip(updated.args, original.args)])
         host = self._host_batch_arg(original)
         if host:
             library = self.imports[root_name(original.func)]
@@ -449,6 +476,26 @@ class Rewriter(cst.CSTTransformer):
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         self.receivers.add(id(node.value))
         return True
+
+    def _enter_binder(self, node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Lambda):
+            self.comp_bound.append({p.name.value for p in node.params.params})
+            return
+        bound, compfor = set(), node.for_in
+        while compfor is not None:  # `for m in [NnLm, LstmLm]`: a list written out, none of it the model
+            listed = compfor.iter
+            if isinstance(listed, (cst.List, cst.Tuple, cst.Set)) and not any(
+                    self.role(e.value) == "model" for e in listed.elements):
+                bound.update(n.value for n in _names(compfor.target))
+            compfor = compfor.inner_for_in
+        self.comp_bound.append(bound)
+
+    def _leave_binder(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        self.comp_bound.pop()
+        return updated
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_Lambda = _enter_binder
+    leave_ListComp = leave_SetComp = leave_DictComp = leave_GeneratorExp = leave_Lambda = _leave_binder
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         if id(original) in self.p.replace:
@@ -738,6 +785,30 @@ class Rewriter(cst.CSTTransformer):
             isinstance(a.value, cst.Name) and a.value.value == name for a in n.args)
             for n in self.p.nodes(self.key))
 
+    def _download_alone(self, original: cst.BaseStatement, updated):
+        """Rank 0 runs a download first while the others wait at a barrier, so the statement between the barriers
+        must issue no collective: rank 0 would enter it alone and wait forever. `model = ddpkit.wrap(
+        Net.from_pretrained(...), ctx)` splits into the download between the barriers and the wrap after them;
+        any other collective or forward of the wrapped model there leaves every rank downloading (a TODO says so).
+        Returns (download first?, the statement between the barriers, the statements after them)."""
+        syncs = [n for n in walk(updated) if isinstance(n, cst.Call) and (
+            _is_collective(n) or dotted(n.func) == "ddpkit.wrap" or self.role(n.func) == "model")]
+        if not syncs:
+            return True, updated, []
+        line = updated.body[0] if isinstance(updated, cst.SimpleStatementLine) and len(updated.body) == 1 else None
+        wrap = line.value if isinstance(line, cst.Assign) and len(line.targets) == 1 else None
+        if len(syncs) == 1 and syncs[0] is wrap and dotted(wrap.func) == "ddpkit.wrap" and wrap.args \
+                and isinstance(line.targets[0].target, (cst.Name, cst.Attribute)):
+            target = line.targets[0].target
+            download = updated.with_changes(body=[line.with_changes(value=wrap.args[0].value)])
+            wrapped = cst.SimpleStatementLine([line.with_changes(value=wrap.with_changes(
+                args=[wrap.args[0].with_changes(value=target), *wrap.args[1:]]))])
+            return True, download, [wrapped]
+        self.p.todo(original, "this line downloads and also joins every rank (a collective or the wrapped model): "
+                    "rank 0 cannot download first here while the others wait; download in a statement of its own "
+                    "under `if ctx.is_main:` followed by `ddpkit.barrier(ctx)`")
+        return False, updated, []
+
     def _hoist_collectives(self, original: cst.BaseStatement, guarded: cst.If):
         """`if ctx.is_main: writer.add_scalar(..., ddpkit.all_reduce_sum(ctx, x).item())`: a collective only rank 0
         joins would wait forever. Every rank computes it just before the guard; rank 0 then reports the result."""
@@ -830,6 +901,10 @@ class Rewriter(cst.CSTTransformer):
         return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], line, *body[at:]]))
 
     def _finish_statement(self, original: cst.BaseStatement, updated):
+        first_after: list[cst.BaseStatement] = []
+        main_first = id(original) in self.p.main_first
+        if main_first:
+            main_first, updated, first_after = self._download_alone(original, updated)
         notes = self.p.notes.get(id(original), [])
         before = []
         after = []
@@ -842,12 +917,13 @@ class Rewriter(cst.CSTTransformer):
         if _made_main_guard(original, updated):
             hoisted, updated = self._hoist_collectives(original, updated)
             before.extend(hoisted)
-        if id(original) in self.p.main_first:
+        if main_first:
             self.changes += 1
             what = self.p.first_note.get(id(original), "downloads")
             before.append(cst.parse_statement(f"if not ctx.is_main:  # rank 0 {what} first; the others then read "
                                               "its files\n    ddpkit.barrier(ctx)\n"))
             after.append(cst.parse_statement("if ctx.is_main:\n    ddpkit.barrier(ctx)\n"))
+            after.extend(first_after)
         if id(original) in self.p.barrier_before:
             self.changes += 1
             before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))

@@ -12,7 +12,7 @@ import libcst as cst
 
 from ddpkit.port.facts import dotted, root_name, walk
 from ddpkit.port.models import assigned_value, follows
-from ddpkit.port.weights import discarded_outputs
+from ddpkit.port.weights import discarded_outputs, frozen_modules
 
 __all__ = ["plan_unused_parameters", "plan_parameter_changes"]
 
@@ -98,6 +98,11 @@ def _unread_modules(facts: Any, cls: str) -> list[tuple[str, bool]]:
                     func.startswith(("nn.", "torch.nn.")) and func.rsplit(".", 1)[-1][:1].isupper()
                     or func.rsplit(".", 1)[-1] == "deepcopy" or func in facts.classes):
                 modules.append((target[5:], func.rsplit(".", 1)[-1]))
+    try:
+        frozen = frozen_modules(ast.parse(textwrap.dedent(facts.code(methods["__init__"]))))
+    except SyntaxError:
+        frozen = set()
+    modules = [(m, func) for m, func in modules if m not in frozen]  # DDP leaves out what needs no gradient
     if not modules:
         return []
     always: set[str] = set()

@@ -12,7 +12,8 @@ import ast
 import os
 from collections.abc import Callable
 
-__all__ = ["Follow", "ast_dotted", "discarded_outputs", "strict_loads", "unused_in_wrapped", "unused_wraps"]
+__all__ = ["Follow", "ast_dotted", "discarded_outputs", "frozen_modules", "strict_loads", "unused_in_wrapped",
+           "unused_wraps"]
 
 Follow = Callable[..., "tuple[str, ast.AST] | None"]
 """Resolves a function name called in a module of the project to (its file, its definition)."""
@@ -143,16 +144,41 @@ def discarded_outputs(cls: ast.ClassDef) -> list[tuple[str, int]]:
     return [(attr, line) for attr, line in held if attr in called and attr not in reaching and attr not in methods]
 
 
+def frozen_modules(init: ast.AST) -> set[str]:
+    """Attributes whose parameters `__init__` freezes (`self.ema.requires_grad_(False)`, `for p in
+    self.ema.parameters(): p.requires_grad = False`): DDP leaves parameters without requires_grad out when it
+    wraps, so such a module never read by forward needs no find_unused_parameters."""
+    out: set[str] = set()
+    for n in ast.walk(init):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "requires_grad_" and (
+                n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value is False):
+            target = n.func.value
+        elif isinstance(n, ast.For) and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Attribute) and \
+                n.iter.func.attr == "parameters" and isinstance(n.target, ast.Name) and any(
+                isinstance(a, ast.Assign) and isinstance(a.value, ast.Constant) and a.value.value is False and any(
+                    ast_dotted(t) == f"{n.target.id}.requires_grad" for t in a.targets) for a in n.body):
+            target = n.iter.func.value
+        else:
+            continue
+        if isinstance(target, ast.Attribute) and ast_dotted(target.value) == "self":
+            out.add(target.attr)
+    return out
+
+
 def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
     """(attribute, line) of parameters and layers set in __init__ (`self.eps = nn.Parameter(...)`) that forward,
     and the methods it calls, read only under a condition (`if self.learn_eps:`) or never."""
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     if "forward" not in methods or "__init__" not in methods:
         return []
+    frozen = frozen_modules(methods["__init__"])
     held = [(t.attr, n.lineno) for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
-            and isinstance(n.value, ast.Call) and any(k in ast_dotted(n.value.func).rsplit(".", 1)[-1] for k in _PARAMETERED)
-            and ast_dotted(n.value.func).startswith(("nn.", "torch.nn.")) for t in n.targets
-            if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self"]
+            and isinstance(n.value, ast.Call) and (any(k in ast_dotted(n.value.func).rsplit(".", 1)[-1]
+                                                       for k in _PARAMETERED)
+                                                   and ast_dotted(n.value.func).startswith(("nn.", "torch.nn."))
+                                                   or ast_dotted(n.value.func).rsplit(".", 1)[-1] == "deepcopy")
+            for t in n.targets if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self"
+            and t.attr not in frozen]
     always: set[str] = set()
     seen: dict[str, bool] = {}
     todo = [("forward", False)]
