@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the unit tests and the multi-process tests that touch torch internals on another torch release,
+# Run the unit tests (but lint's and port's, which read code without calling torch) and the multi-process tests that touch
+# torch internals on another torch release,
 # in a virtual environment of its own (.venv-torch-VERSION, git-ignored). .ci/run runs it on 2.15.0
 # and on the floor release, 2.11.0; docs/releases.md says what ran where.
 #
@@ -84,4 +85,10 @@ sys.exit(0 if got == sys.argv[1] else f"torch-next-tests.sh: asked for torch {sy
 EOF
 [ "$setup_only" = 1 ] && exit 0
 
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit "${MULTIPROC[@]}" "${pytest_args[@]}"
+# The lint and port unit tests (tests/unit/test_lint*.py, test_port*.py: 876 of 1324 unit tests, most of their
+# time) check source analysis and rewriting, which read code without calling torch (the few that then run a
+# ported script at world size 1 go through the runtime the other unit tests cover); they run once, on the
+# pinned torch, in the README's test command. Every other unit test (the runtime: init, wrap, loaders, checkpoints, precision,
+# torch internals, the check's analysis) runs here.
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit --ignore-glob='tests/unit/test_lint*' \
+    --ignore-glob='tests/unit/test_port*' "${MULTIPROC[@]}" "${pytest_args[@]}"

@@ -102,7 +102,9 @@ def test_wrong_endpoint_is_a_one_line_error_within_seconds(tmp_path, endpoint, n
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith(f"ddpkit run: error: --rdzv-endpoint {endpoint}"), proc.stderr
     assert all(n in lines[0] for n in needles), lines[0]
-    assert elapsed < 20  # interpreter + torch import + 2 s of retries, never torchrun's 60-600 s waits
+    # interpreter + torch import + 2 s of retries, never torchrun's 60-600 s waits (under 20 s on an idle 2-core
+    # machine; the bound leaves room for a loaded one, where the import alone has taken 15 s)
+    assert elapsed < 45
 
 
 def test_launcher_network_binds_what_it_hosts_and_lets_torch_decide_the_rest():
