@@ -537,3 +537,35 @@ def test_a_comprehension_variable_named_like_the_model_is_not_the_model():
     assert "models = {model.__name__: model for model in [Small, Big]}" in lines
     assert "pick = sorted(models, key=lambda model: model.lower())[0]" in lines
     assert any("ddpkit.unwrap(model).size" in line for line in lines)  # the instance itself still is
+
+
+def test_an_optimizer_over_a_module_list_whose_entries_are_called_is_a_todo_not_a_wrap():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def main():
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+            student = nn.Linear(4, 8)
+            head = nn.Linear(8, 1)
+            trainable = nn.ModuleList([student])
+            trainable.append(head)
+            optimizer = torch.optim.SGD(trainable.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = nn.functional.mse_loss(trainable[1](trainable[0](x)), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    assert result.exit_code == 3
+    assert "ddpkit.wrap(trainable" not in result.code  # DDP only averages through its own forward, never called here
+    todo = next(t.message for t in result.todos if "ModuleList" in t.message)
+    assert todo.startswith("the optimizer trains `trainable`, an nn.ModuleList (line 11)")
+    assert "wrap each module it holds that trains" in todo
+    ast.parse(result.code)
