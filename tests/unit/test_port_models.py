@@ -537,3 +537,109 @@ def test_a_comprehension_variable_named_like_the_model_is_not_the_model():
     assert "models = {model.__name__: model for model in [Small, Big]}" in lines
     assert "pick = sorted(models, key=lambda model: model.lower())[0]" in lines
     assert any("ddpkit.unwrap(model).size" in line for line in lines)  # the instance itself still is
+
+
+_DATA_PARALLEL_SIZES = '''
+    import argparse
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    def train(opt):
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=opt.batch_size,
+                            shuffle=True, num_workers=opt.workers)
+        model = nn.DataParallel(nn.Linear(4, 1)).cuda()
+        if opt.saved_model:
+            model.load_state_dict(torch.load(opt.saved_model), strict=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        steps = opt.steps
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x.cuda()), y.cuda())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch_size", type=int, default=16)
+        parser.add_argument("--workers", type=int, default=2)
+        parser.add_argument("--saved_model", default="")
+        parser.add_argument("--steps", type=int, default=100)
+        opt = parser.parse_args()
+        num_gpu = torch.cuda.device_count()
+        opt.batch_size = opt.batch_size * num_gpu
+        opt.workers *= max(num_gpu, 1)
+        opt.steps = (1000 // (8 * num_gpu)) * 3
+        train(opt)
+'''
+
+
+def test_sizes_multiplied_by_the_gpu_count_after_data_parallel_goes_are_named_where_the_meaning_changes():
+    result = _port_text(_DATA_PARALLEL_SIZES)
+    lines = [line.strip() for line in result.code.splitlines()]
+
+    def above(statement: str) -> str:
+        return lines[lines.index(statement) - 1]
+    # the loader's batch: ddpkit.loader divides it by the world size, each rank gets the per-GPU batch
+    assert above("opt.batch_size = opt.batch_size * num_gpu").startswith(
+        "# ddpkit port: `opt.batch_size` is the batch DataParallel split over every GPU")
+    # the loader's workers on each rank, and a step count: whole-machine figures each rank now takes for itself
+    workers = above("opt.workers *= max(num_gpu, 1)")
+    assert workers.startswith("# TODO(ddpkit port): `opt.workers *= max(num_gpu, 1)` multiplies by the GPU count")
+    assert "`loader` (line 9) reads it too" in workers
+    assert above("opt.steps = (1000 // (8 * num_gpu)) * 3").startswith(
+        "# TODO(ddpkit port): `8 * num_gpu` multiplies by the GPU count (num_gpu)")
+    assert "nn.DataParallel(" not in result.code
+    ast.parse(result.code)
+
+
+def test_a_lenient_load_into_a_model_that_was_a_data_parallel_names_the_module_prefix():
+    result = _port_text(_DATA_PARALLEL_SIZES)
+    todo = next(t.message for t in result.todos if "strict=False" in t.message)
+    assert todo.startswith("`model` was an nn.DataParallel (line 11), which the port removed: checkpoints the "
+                           "original saved from it hold `module.` keys")
+    assert "consume_prefix_in_state_dict_if_present" in todo
+    # the same load without strict=False fails loudly by itself, and one before the DataParallel read bare keys
+    quiet = _port_text(_DATA_PARALLEL_SIZES.replace(", strict=False)", ")"))
+    assert not any("module.` keys" in t.message for t in quiet.todos), quiet.todos
+    before = _port_text(_DATA_PARALLEL_SIZES.replace(
+        "model = nn.DataParallel(nn.Linear(4, 1)).cuda()\n        if opt.saved_model:\n"
+        "            model.load_state_dict(torch.load(opt.saved_model), strict=False)",
+        "model = nn.Linear(4, 1)\n        if opt.saved_model:\n"
+        "            model.load_state_dict(torch.load(opt.saved_model), strict=False)\n"
+        "        model = nn.DataParallel(model).cuda()"))
+    assert not any("module.` keys" in t.message for t in before.todos), before.todos
+
+
+def test_an_optimizer_over_a_module_list_whose_entries_are_called_is_a_todo_not_a_wrap():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def main():
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+            student = nn.Linear(4, 8)
+            head = nn.Linear(8, 1)
+            trainable = nn.ModuleList([student])
+            trainable.append(head)
+            optimizer = torch.optim.SGD(trainable.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = nn.functional.mse_loss(trainable[1](trainable[0](x)), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            main()
+    ''')
+    assert result.exit_code == 3
+    assert "ddpkit.wrap(trainable" not in result.code  # DDP only averages through its own forward, never called here
+    todo = next(t.message for t in result.todos if "ModuleList" in t.message)
+    assert todo.startswith("the optimizer trains `trainable`, an nn.ModuleList (line 11)")
+    assert "wrap each module it holds that trains" in todo
+    ast.parse(result.code)

@@ -15,13 +15,14 @@ Two checks run on the ported text, after the rewrite:
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import (import_device_work, parallel_asserts, project_hazards, project_writers,
-                                 step_loops, unused_parameter_wraps)
+from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_hazards,
+                                 project_writers, step_loops, unused_parameter_wraps)
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports"]
 
@@ -47,6 +48,7 @@ def _imported_files(tree: ast.Module, folder: str) -> dict[str, str]:
     """{path: text} of the .py files of the script's own project that it imports directly (beside it, or a package
     beside it), as Python resolves them from the script's folder."""
     names: set[str] = set()
+    on_path: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
@@ -55,17 +57,43 @@ def _imported_files(tree: ast.Module, folder: str) -> dict[str, str]:
             if base:
                 names.add(base)
             names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
+            if node.level == 0 and base and "." not in base and not os.path.isfile(os.path.join(folder, base + ".py")) \
+                    and not _installed(base, folder):
+                # neither beside the script nor installed: a package lacking the name, or a folder on sys.path
+                init = os.path.join(folder, base, "__init__.py")
+                on_path.update(found for a in node.names if a.name != "*" and not os.path.isfile(
+                    os.path.join(folder, base, a.name + ".py")) and not _names_in(init, a.name)
+                    and (found := path_module(folder, base, a.name)))
     out: dict[str, str] = {}
-    for name in sorted(names):
-        relative = os.path.join(folder, *name.split("."))
-        for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
-            if os.path.isfile(candidate) and candidate not in out:
-                try:
-                    with open(candidate, encoding="utf-8", errors="replace") as f:
-                        out[candidate] = f.read()
-                except OSError:
-                    pass
+    candidates = [c for name in sorted(names) for relative in [os.path.join(folder, *name.split("."))]
+                  for c in (relative + ".py", os.path.join(relative, "__init__.py"))]
+    for candidate in candidates + sorted(on_path):
+        if os.path.isfile(candidate) and candidate not in out:
+            try:
+                with open(candidate, encoding="utf-8", errors="replace") as f:
+                    out[candidate] = f.read()
+            except OSError:
+                pass
     return out
+
+
+def _installed(module: str, folder: str) -> bool:
+    """A top-level module importable from outside the project at `folder` (torch, numpy): never one of its own."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    origin = spec.origin if spec is not None else None
+    return origin is not None and not os.path.abspath(origin).startswith(os.path.abspath(folder) + os.sep)
+
+
+def _names_in(path: str, name: str) -> bool:
+    """The file at `path` mentions `name` as a word (defines or imports it); False where it does not exist."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return re.search(rf"\b{re.escape(name)}\b", f.read()) is not None
+    except OSError:
+        return False
 
 
 def _import_root(tree: ast.Module, folder: str) -> str:

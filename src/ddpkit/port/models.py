@@ -16,6 +16,9 @@ _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
                          "LBFGS", "ASGD", "Rprop", "SparseAdam"})
 _ELEMENT_ITERS = frozenset({"zip", "enumerate", "reversed"})
+_CONTAINERS = frozenset({"ModuleList", "ModuleDict"})
+"""torch containers without a forward: DDP synchronises only through its own forward, which calling their
+entries bypasses."""
 
 
 def is_optimizer(call: cst.Call) -> bool:
@@ -228,6 +231,14 @@ def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str 
         where = "is passed in" if any(c in scope.params for c in candidates) else "is not built here"
         plan.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
                   "built, before the optimizer is made")
+        return None
+    container = dotted(_bare(assign.value).func) if isinstance(_bare(assign.value), cst.Call) else ""
+    if container.rsplit(".", 1)[-1] in _CONTAINERS:
+        plan.todo(optimizer, f"the optimizer trains `{model}`, an nn.{container.rsplit('.', 1)[-1]} (line "
+                  f"{plan.line_of(plan._stmt[id(assign)])}): a container with no forward of its own, so the script "
+                  f"calls its entries, and a DDP wrap of `{model}` would see no forward and average no gradient; wrap "
+                  "each module it holds that trains (`m = ddpkit.wrap(m, ctx)` before it is added) and call through "
+                  "those wrappers")
         return None
     plan._set_role(key, model, "model")
     _place(plan, key, model, plan._stmt[id(assign)], plan._stmt[id(optimizer)], optimizer)

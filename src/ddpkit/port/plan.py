@@ -16,6 +16,7 @@ from ddpkit.port.placement import host_loader_names, plan_placement
 from ddpkit.port.roundtrip import plan_round_trips
 from ddpkit.port.losses import plan_summed_losses
 from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divisions, plan_device_datasets
+from ddpkit.port.leftovers import plan_gpu_products, plan_prefixed_loads
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.decisions import plan_decisions, plan_searches
@@ -132,6 +133,8 @@ class Plan:
         self._plan_loaders()
         model = plan_models(self)
         plan_unused_parameters(self)
+        plan_gpu_products(self)  # after plan_models and the loaders: which DataParallel went, which sizes they divide
+        plan_prefixed_loads(self)
         start = facts.region[0] if facts.region else None
         if start is not None and facts.started_outside:
             self.todo(start, f"nothing in this file calls `{facts.started_outside}()` (a console script or another "

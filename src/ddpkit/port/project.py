@@ -17,7 +17,7 @@ from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_si
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
-           "project_writers"]
+           "project_writers", "path_module"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -141,6 +141,32 @@ def _file_of(modules: dict[str, str], folder: str, dotted: str) -> str | None:
     return next((c for c in (relative + ".py", os.path.join(relative, "__init__.py")) if c in modules), None)
 
 
+_SKIPPED = {"__pycache__", "node_modules", "site-packages", "venv", "env", "build", "dist"}
+
+
+def path_module(folder: str, module: str, name: str, depth: int = 3) -> str | None:
+    """The file `from module import name` reads where the script's folder does not hold it (no `module.py` there, or
+    a package whose `__init__.py` lacks `name`): a project that puts its module folders on sys.path (a shell script
+    exporting PYTHONPATH, `sys.path.insert`) imports `module.py` from one of its subfolders. The one such file under
+    `folder` (`depth` levels down) that defines `name`; None where there is none or more than one (a guess)."""
+    found: list[str] = []
+    base = os.path.abspath(folder)
+    for where, dirs, files in os.walk(base):
+        level = os.path.relpath(where, base).count(os.sep) + (where != base)
+        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and d not in _SKIPPED] if level < depth else []
+        if f"{module}.py" not in files:
+            continue
+        path = os.path.join(where, f"{module}.py")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                defined = _definition(ast.parse(f.read().removeprefix("\ufeff")), name)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        if defined is not None:
+            found.append(os.path.join(folder, os.path.relpath(path, base)))
+    return found[0] if len(found) == 1 else None
+
+
 def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
                    parsed: dict[str, ast.Module | None]) -> dict[str, tuple[str, str | None]]:
     """Name used in the script -> (module file, the name defined there; None for a whole module)."""
@@ -166,6 +192,10 @@ def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
             for a in node.names:
                 sub = file_of(f"{node.module}.{a.name}")
                 found = sub or file_of(node.module)
+                if not sub and node.level == 0 and "." not in node.module and (
+                        found is None or _resolve(modules, folder, found, a.name, parsed) is None):
+                    on_path = path_module(folder, node.module, a.name)  # `from solver import Solver`, found on sys.path
+                    found = on_path if on_path in modules else found
                 if found:
                     out[a.asname or a.name] = (found, None if sub else a.name)
     return out
