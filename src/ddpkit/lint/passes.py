@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+from typing import Any
 
-from ddpkit.lint.analysis import Script, terminal
-from ddpkit.lint.ranks import own_returns
+from ddpkit.lint.ranks import own_returns, terminal
+
+Script = Any
+"""A lint.analysis.Script (not imported: this module sits below it, beside lint.ranks)."""
 
 __all__ = ["rerun_site", "enclosing_function"]
 
