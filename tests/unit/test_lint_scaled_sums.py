@@ -1,5 +1,5 @@
-"""Sums over the ranks reported at the wrong scale (DDP006): the training loss all-reduced with SUM and never
-divided, a sum divided by the GPU count of one machine."""
+"""Figures reported at the wrong scale or from one rank (DDP006): the training loss all-reduced with SUM and never
+divided, a sum divided by the GPU count of one machine, a loss logged where only rank 0 shows INFO lines."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ def test_a_count_of_processes_stored_from_the_launcher_is_not_the_device_count()
     source = (PROGRAMS / "scaled_sums" / "train.py").read_text()
     fixed = source.replace("args.nprocs = torch.cuda.device_count()", "args.nprocs = int(os.environ['WORLD_SIZE'])")
     assert _lines(fixed) == [37]
+
+
+def test_a_running_loss_logged_where_only_rank_0_shows_info_lines_is_rank_0s_own():
+    """`basicConfig(level=INFO if local_rank in (-1, 0) else WARN)`: a `logger.info` of the running loss, with no
+    rank check of its own, shows rank 0's loss alone as the run's (DDP006)."""
+    check_program("rank_levelled_loss")
+
+
+def test_a_running_loss_logged_where_every_rank_shows_info_lines_is_left_to_ddp008():
+    source = (PROGRAMS / "rank_levelled_loss" / "train.py").read_text()
+    source = source.replace("logging.INFO if local_rank in (-1, 0) else logging.WARN", "logging.INFO")
+    assert _lines(source) == []

@@ -231,8 +231,10 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         helper = helper_report(s, call)
         if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
             continue  # the helper's own report names the loss: judged there
-        if ctx.level == NONE and not (helper and helper.rank_zero):
-            continue
+        logged = ctx.level == NONE and not (helper and helper.rank_zero) and terminal(call.func) == "info" \
+            and project.memo("logging per rank", lambda: _logging_per_rank(project))
+        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged:
+            continue  # (a `.info` line where logging is set up per rank shows on rank 0 alone)
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
         if _names_a_rank(s, call):
@@ -266,6 +268,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
+                "through logging that only rank 0 shows (logging is set up per rank)," if logged else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
