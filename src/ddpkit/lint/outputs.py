@@ -11,6 +11,7 @@ from typing import Any
 
 from ddpkit.lint.analysis import (EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, rerun_by_workers,
                                   terminal)
+from ddpkit.lint.doubt import library_logger
 from ddpkit.lint.ranks import rank_side
 from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
@@ -842,6 +843,8 @@ def _logging_per_rank(project) -> bool:
             if not (chosen or guarded):
                 continue  # (getting a logger under a rank check configures nothing; one named by the rank is the
                 # process's own: `getLogger(f"worker_{rank}")`)
+            if library_logger(project, x, call):
+                continue  # `getLogger("transformers.modeling_utils").setLevel(WARN)` on some ranks: that library's lines
             if root_console and _logger_target(project, x, call) == "named" and (
                     terminal(call.func) == "addHandler" or not chosen and _rank_zero_side(x, call)):
                 # the other ranks' lines of this logger reach the root's console (doubt.py reads this fact)
@@ -1270,6 +1273,52 @@ def _not_the_logging_module(s: Script, call: ast.Call) -> bool:
     return any(_method_names_the_rank(s.project, cls, terminal(call.func)) for cls in built)
 
 
+def _off_by_default(s: Script, value: ast.AST) -> bool:
+    """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
+    `action="store_true"` (no other default) and stores nothing else into that attribute: off unless the run is
+    started with the flag, and nothing of the rank in it."""
+    if isinstance(value, ast.Constant):
+        return value.value is False
+    if not isinstance(value, ast.Attribute):
+        return False
+    dest, declared = value.attr, []
+    for x in s.project.scripts.values():
+        if any(k.lstrip(".") == dest for k, _ in x.assignments):
+            return False
+        for c in x.calls:
+            if terminal(c.func) != "add_argument" or not c.args:
+                continue
+            flags = [a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            named = keyword(c, "dest")
+            name = named.value if isinstance(named, ast.Constant) else next(
+                (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
+            if name == dest:
+                declared.append(c)
+    return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
+        and action.value == "store_true" and keyword(declared[0], "default") is None
+
+
+def _imported_loggers(s: Script) -> set[str]:
+    """Names this file imports from a module of the program that binds them, at module level, to
+    `logging.getLogger(...)` (`from tools.common import logger`, where tools/common.py has `logger =
+    logging.getLogger()`)."""
+    out = set()
+    for name, dotted in s.aliases.items():
+        if "." not in dotted:
+            continue
+        module, attr = dotted.rsplit(".", 1)
+        path = s.project.modules.locate(s.path, module)
+        x = s.project.scripts.get(path) if path else None
+        if x is None or x is s:
+            continue
+        values = [stmt.value for stmt in x.tree.body if isinstance(stmt, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == attr for t in stmt.targets)]
+        if values and all(isinstance(v, ast.Call) and x.qualname(v.func) in ("logging.getLogger", "getLogger")
+                          for v in values):
+            out.add(name)
+    return out
+
+
 def _method_names_the_rank(project, cls: str, method: str) -> bool:
     """A project class `cls` whose `method` puts the rank into the message it writes."""
     for script in project.scripts.values():
@@ -1298,7 +1347,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
-        or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))}
+        or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     outside = project.memo("logging set up outside", lambda: _outside_log_setup(project))
@@ -1343,8 +1392,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
-        if is_bar and keyword(call, "disable") is not None:
-            continue
+        if is_bar and keyword(call, "disable") is not None and not _off_by_default(s, keyword(call, "disable")):
+            continue  # (`disable=False`, or a store_true flag the run does not pass, leaves the bar on every rank)
         if is_log and _in_handler(s, call):
             continue  # a log line in an `except:` block reports this rank's own failure or fallback
         if is_loguru:
