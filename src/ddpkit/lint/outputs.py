@@ -1273,6 +1273,41 @@ def _not_the_logging_module(s: Script, call: ast.Call) -> bool:
     return any(_method_names_the_rank(s.project, cls, terminal(call.func)) for cls in built)
 
 
+def _writer_method(s: Script, call: ast.Call) -> str:
+    """`ProgressBar.__call__` for `pbar(...)`, `ProgressBar.epoch_start` for `pbar.epoch_start(...)`, else ''."""
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+    if not isinstance(receiver, ast.Name):
+        return ""
+    built = {terminal(v.func) for k, v in s.assignments if k == receiver.id and isinstance(v, ast.Call)}
+    if len(built) != 1:
+        return ""
+    method = call.func.attr if isinstance(call.func, ast.Attribute) else "__call__"
+    return f"{next(iter(built))}.{method}"
+
+
+def _console_writer(s: Script, call: ast.Call) -> str:
+    """'stdout' or 'stderr' where the call runs a method of an object of a project class (the name bound only to
+    the class's constructor in this file) whose own code writes that stream (`sys.stdout.write(...)`): a progress
+    bar or console reporter of the project's own; '' otherwise."""
+    spot = _writer_method(s, call)
+    if not spot:
+        return ""
+    cls, method = spot.split(".")
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+    if not all(isinstance(v, ast.Call) and terminal(v.func) == cls for k, v in s.assignments if k == receiver.id):
+        return ""
+    for x in s.project.scripts.values():
+        for c in x.nodes:
+            if not (isinstance(c, ast.ClassDef) and c.name == cls):
+                continue
+            for d in c.body:
+                if isinstance(d, ast.FunctionDef) and d.name == method:
+                    for n in ast.walk(d):
+                        if isinstance(n, ast.Call) and x.qualname(n.func) in ("sys.stdout.write", "sys.stderr.write"):
+                            return x.qualname(n.func).split(".")[1]
+    return ""
+
+
 def _off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
     `action="store_true"` (no other default) and stores nothing else into that attribute: off unless the run is
@@ -1362,6 +1397,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
             and not project.print_silenced(s, call, stdout=False)
+        # `pbar(step, info)` of a project class whose __call__ (or the method called) writes sys.stdout itself
+        writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
+        is_print = is_print or bool(writer)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
@@ -1415,6 +1453,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
+            f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \
             "print()" if is_print else "the tqdm progress bar"
         yield Hit(call, "DDP008", "warning",
                   f"{what} runs on every rank (no rank check), so the output appears world_size times" + (
