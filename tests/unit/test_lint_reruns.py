@@ -33,9 +33,9 @@ def test_a_loader_built_anew_on_every_pass_is_reported_at_its_sampler():
     """A factory called inside the epoch loop builds a fresh loader each pass: no loop passes over the same loader
     again, so the sampler itself is reported, as before."""
     source = (PROGRAMS / "loader_factory" / "tools" / "train.py").read_text()
-    source = source.replace("    train_loader, val_loader = make_loaders(batch_size=32)\n", "").replace(
-        "        run_epoch(model, train_loader, optimizer)",
-        "        train_loader, val_loader = make_loaders(batch_size=32)\n        run_epoch(model, train_loader, optimizer)")
+    build = "train_loader, val_loader = make_loaders(batch_size=32)\n"
+    source = source.replace("    " + build, "").replace(
+        "        run_epoch(", "        " + build + "        run_epoch(")
     build = (PROGRAMS / "loader_factory" / "lib" / "data" / "loaders" / "build.py").read_text()
     found = [(f.path, f.line) for f in lint_sources({"tools/train.py": source, "lib/data/loaders/build.py": build})
              if f.rule == "DDP001"]

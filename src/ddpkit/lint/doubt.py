@@ -325,7 +325,8 @@ def _logging_set_up_by_rank(project) -> bool:
         through_root = project.memo("logging set-ups whose logger prints through the root on every rank", set)
         for script in project.scripts.values():
             for call in script.calls:
-                if terminal(call.func) not in _SETUP or id(call) in through_root or library_logger(project, script, call):
+                if terminal(call.func) not in _SETUP or id(call) in through_root \
+                        or library_logger(project, script, call):
                     continue  # (a named logger set up on rank 0 whose lines reach the root's console on every rank;
                     # a library's logger quietened on some ranks)
                 if any(_value_per_rank_plain(script, a) for a in (*call.args, *(k.value for k in call.keywords))):

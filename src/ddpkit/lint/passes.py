@@ -65,7 +65,7 @@ def _loaders(s: Script, sampler: ast.Call) -> list[tuple[Script, ast.Call]]:
             values.append((x, call))
             continue
         parent = x.parents.get(id(value))
-        if isinstance(parent, ast.IfExp) and value is not parent.test:  # `RandomSampler(d) if ... else DistributedSampler(d)`
+        if isinstance(parent, ast.IfExp) and value is not parent.test:  # `RandomSampler(d) if ... else <sampler>`
             values.append((x, parent))
             continue
         function = enclosing_function(x, value)
