@@ -16,7 +16,7 @@ import ast
 from ddpkit.lint.ranks import (GLOBAL_ENV, LOCAL_ENV, NONE, distributed_mode, is_gpu_index, rank_side, run_sense,
                               spawn_index_names, terminal)
 
-__all__ = ["doubted"]
+__all__ = ["doubted", "library_logger"]
 
 _RULES = frozenset({"DDP004", "DDP005", "DDP006", "DDP008"})
 _RANK_TOKENS = frozenset({"rank", "rank0", "ranks"})
@@ -325,8 +325,10 @@ def _logging_set_up_by_rank(project) -> bool:
         through_root = project.memo("logging set-ups whose logger prints through the root on every rank", set)
         for script in project.scripts.values():
             for call in script.calls:
-                if terminal(call.func) not in _SETUP or id(call) in through_root:
-                    continue  # (a named logger set up on rank 0 whose lines reach the root's console on every rank)
+                if terminal(call.func) not in _SETUP or id(call) in through_root \
+                        or library_logger(project, script, call):
+                    continue  # (a named logger set up on rank 0 whose lines reach the root's console on every rank;
+                    # a library's logger quietened on some ranks)
                 if any(_value_per_rank_plain(script, a) for a in (*call.args, *(k.value for k in call.keywords))):
                     return True
                 child = call
@@ -337,6 +339,23 @@ def _logging_set_up_by_rank(project) -> bool:
                     child = parent
         return False
     return project.memo("doubt logging set-up", compute)
+
+
+def library_logger(project, x, call: ast.Call) -> bool:
+    """The set-up call configures a library's named logger (`logging.getLogger("transformers.modeling_utils")
+    .setLevel(...)`): a constant name whose package is no module of the program and that no other getLogger of the
+    program names. It decides that library's lines only, not the program's own."""
+    if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Call)):
+        return False
+    inner = call.func.value
+    if x.qualname(inner.func) != "logging.getLogger" or len(inner.args) != 1 or not (
+            isinstance(inner.args[0], ast.Constant) and isinstance(inner.args[0].value, str) and inner.args[0].value):
+        return False
+    name = inner.args[0].value
+    others = [c for y in project.scripts.values() for c in y.calls if c is not inner
+              and y.qualname(c.func) == "logging.getLogger" and c.args and isinstance(c.args[0], ast.Constant)
+              and c.args[0].value == name and not isinstance(y.parents.get(id(c)), ast.Attribute)]
+    return not others and project.modules.locate(x.path, name.split(".")[0]) is None
 
 
 def _names_a_process(lowered: str) -> bool:

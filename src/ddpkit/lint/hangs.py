@@ -162,6 +162,12 @@ def _selects(s: Script, test: ast.AST, depth: int = 0) -> str:
         # test would not let through
         picks = {_selects(s, v, depth) for v in test.values} - {""}
         return picks.pop() if len(picks) == 1 else ""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        # `not is_distributed or local_rank == 0`: the mode test is false in a distributed run, so the ranks let
+        # through are those the rest lets through
+        rest = [v for v in test.values if distributed_mode(v) >= 0]
+        picks = {_selects(s, v, depth) for v in rest}
+        return picks.pop() if rest and len(rest) < len(test.values) and len(picks) == 1 else ""
     if isinstance(test, (ast.Name, ast.Attribute)):
         if is_main_flag(terminal(test)):
             return "zero"

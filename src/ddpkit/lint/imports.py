@@ -41,16 +41,25 @@ class Modules:
         relative = os.path.join(*package.split("."))
         while True:
             inside = os.path.normpath(os.path.join(folder, relative))
-            members = [n for n in self.files if os.path.dirname(n) == inside and n.endswith(".py")]
-            if members:
-                if os.path.join(inside, "__init__.py") in self.files:
-                    return None  # the package's own __init__ is linted: it says what the package holds
-                found = [self.files[n] for n in members if name in self._defined.get(n, ())]
-                return found[0] if len(found) == 1 else None
+            if any(n.startswith(inside + os.sep) for n in self.files):
+                return self._defining(inside, name)
             up = os.path.dirname(folder)
             if up == folder or not folder:
-                return None
+                break
             folder = up
+        # a folder put on sys.path at run time (`lib/` by `_init_paths`): the one package folder of that name
+        inside = {d for n in self.files for d in _folders(n) if d.endswith(os.sep + relative) or d == relative}
+        return self._defining(next(iter(inside)), name) if len(inside) == 1 else None
+
+    def _defining(self, inside: str, name: str) -> str | None:
+        """The one linted module in package folder `inside`, or in its subpackages (an `__init__.py` that re-exports
+        from `.datasets`, which re-exports from `.dataloader`), whose module code defines `name`; None if none or
+        several, or if an `__init__.py` on the way is linted (it says what the package holds)."""
+        members = [n for n in self.files if n.startswith(inside + os.sep) and n.endswith(".py")]
+        if any(os.path.basename(n) == "__init__.py" and os.path.dirname(n) == inside for n in members):
+            return None
+        found = [self.files[n] for n in members if name in self._defined.get(n, ())]
+        return found[0] if len(found) == 1 else None
 
     def matching(self, importer: str, pattern: re.Pattern[str]) -> list[str]:
         """Project files whose dotted module name matches `pattern`, seen from `importer`'s folder and each folder
@@ -89,6 +98,14 @@ class Modules:
             if up == folder or not folder:
                 return None
             folder = up
+
+
+def _folders(path: str) -> list[str]:
+    """The folders a file sits in, innermost first (`lib/data/loaders/build.py` -> lib/data/loaders, lib/data, lib)."""
+    out = []
+    while (path := os.path.dirname(path)) and path != os.sep:
+        out.append(path)
+    return out
 
 
 def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:

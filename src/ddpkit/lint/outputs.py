@@ -11,6 +11,7 @@ from typing import Any
 
 from ddpkit.lint.analysis import (EVAL_TOKENS, NONE, Script, function_apply, is_eval_name, rerun_by_workers,
                                   terminal)
+from ddpkit.lint.doubt import library_logger
 from ddpkit.lint.ranks import rank_side
 from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
@@ -231,8 +232,10 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         helper = helper_report(s, call)
         if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
             continue  # the helper's own report names the loss: judged there
-        if ctx.level == NONE and not (helper and helper.rank_zero):
-            continue
+        logged = ctx.level == NONE and not (helper and helper.rank_zero) and terminal(call.func) == "info" \
+            and project.memo("logging per rank", lambda: _logging_per_rank(project))
+        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged:
+            continue  # (a `.info` line where logging is set up per rank shows on rank 0 alone)
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
         if _names_a_rank(s, call):
@@ -266,6 +269,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
+                "through logging that only rank 0 shows (logging is set up per rank)," if logged else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
@@ -839,6 +843,8 @@ def _logging_per_rank(project) -> bool:
             if not (chosen or guarded):
                 continue  # (getting a logger under a rank check configures nothing; one named by the rank is the
                 # process's own: `getLogger(f"worker_{rank}")`)
+            if library_logger(project, x, call):
+                continue  # `getLogger("transformers.modeling_utils").setLevel(WARN)` on some ranks: that library's lines
             if root_console and _logger_target(project, x, call) == "named" and (
                     terminal(call.func) == "addHandler" or not chosen and _rank_zero_side(x, call)):
                 # the other ranks' lines of this logger reach the root's console (doubt.py reads this fact)
@@ -1267,6 +1273,87 @@ def _not_the_logging_module(s: Script, call: ast.Call) -> bool:
     return any(_method_names_the_rank(s.project, cls, terminal(call.func)) for cls in built)
 
 
+def _writer_method(s: Script, call: ast.Call) -> str:
+    """`ProgressBar.__call__` for `pbar(...)`, `ProgressBar.epoch_start` for `pbar.epoch_start(...)`, else ''."""
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+    if not isinstance(receiver, ast.Name):
+        return ""
+    built = {terminal(v.func) for k, v in s.assignments if k == receiver.id and isinstance(v, ast.Call)}
+    if len(built) != 1:
+        return ""
+    method = call.func.attr if isinstance(call.func, ast.Attribute) else "__call__"
+    return f"{next(iter(built))}.{method}"
+
+
+def _console_writer(s: Script, call: ast.Call) -> str:
+    """'stdout' or 'stderr' where the call runs a method of an object of a project class (the name bound only to
+    the class's constructor in this file) whose own code writes that stream (`sys.stdout.write(...)`): a progress
+    bar or console reporter of the project's own; '' otherwise."""
+    spot = _writer_method(s, call)
+    if not spot:
+        return ""
+    cls, method = spot.split(".")
+    receiver = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+    if not all(isinstance(v, ast.Call) and terminal(v.func) == cls for k, v in s.assignments if k == receiver.id):
+        return ""
+    for x in s.project.scripts.values():
+        for c in x.nodes:
+            if not (isinstance(c, ast.ClassDef) and c.name == cls):
+                continue
+            for d in c.body:
+                if isinstance(d, ast.FunctionDef) and d.name == method:
+                    for n in ast.walk(d):
+                        if isinstance(n, ast.Call) and x.qualname(n.func) in ("sys.stdout.write", "sys.stderr.write"):
+                            return x.qualname(n.func).split(".")[1]
+    return ""
+
+
+def _off_by_default(s: Script, value: ast.AST) -> bool:
+    """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
+    `action="store_true"` (no other default) and stores nothing else into that attribute: off unless the run is
+    started with the flag, and nothing of the rank in it."""
+    if isinstance(value, ast.Constant):
+        return value.value is False
+    if not isinstance(value, ast.Attribute):
+        return False
+    dest, declared = value.attr, []
+    for x in s.project.scripts.values():
+        if any(k.lstrip(".") == dest for k, _ in x.assignments):
+            return False
+        for c in x.calls:
+            if terminal(c.func) != "add_argument" or not c.args:
+                continue
+            flags = [a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            named = keyword(c, "dest")
+            name = named.value if isinstance(named, ast.Constant) else next(
+                (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
+            if name == dest:
+                declared.append(c)
+    return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
+        and action.value == "store_true" and keyword(declared[0], "default") is None
+
+
+def _imported_loggers(s: Script) -> set[str]:
+    """Names this file imports from a module of the program that binds them, at module level, to
+    `logging.getLogger(...)` (`from tools.common import logger`, where tools/common.py has `logger =
+    logging.getLogger()`)."""
+    out = set()
+    for name, dotted in s.aliases.items():
+        if "." not in dotted:
+            continue
+        module, attr = dotted.rsplit(".", 1)
+        path = s.project.modules.locate(s.path, module)
+        x = s.project.scripts.get(path) if path else None
+        if x is None or x is s:
+            continue
+        values = [stmt.value for stmt in x.tree.body if isinstance(stmt, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == attr for t in stmt.targets)]
+        if values and all(isinstance(v, ast.Call) and x.qualname(v.func) in ("logging.getLogger", "getLogger")
+                          for v in values):
+            out.add(name)
+    return out
+
+
 def _method_names_the_rank(project, cls: str, method: str) -> bool:
     """A project class `cls` whose `method` puts the rank into the message it writes."""
     for script in project.scripts.values():
@@ -1295,7 +1382,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
-        or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))}
+        or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     outside = project.memo("logging set up outside", lambda: _outside_log_setup(project))
@@ -1310,6 +1397,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
             and not project.print_silenced(s, call, stdout=False)
+        # `pbar(step, info)` of a project class whose __call__ (or the method called) writes sys.stdout itself
+        writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
+        is_print = is_print or bool(writer)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
@@ -1340,8 +1430,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
-        if is_bar and keyword(call, "disable") is not None:
-            continue
+        if is_bar and keyword(call, "disable") is not None and not _off_by_default(s, keyword(call, "disable")):
+            continue  # (`disable=False`, or a store_true flag the run does not pass, leaves the bar on every rank)
         if is_log and _in_handler(s, call):
             continue  # a log line in an `except:` block reports this rank's own failure or fallback
         if is_loguru:
@@ -1363,6 +1453,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
+            f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \
             "print()" if is_print else "the tqdm progress bar"
         yield Hit(call, "DDP008", "warning",
                   f"{what} runs on every rank (no rank check), so the output appears world_size times" + (

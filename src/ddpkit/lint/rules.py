@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, dropped_by_every_caller, is_eval_name,
                                   is_eval_sampler, terminal)
+from ddpkit.lint.passes import enclosing_function, rerun_site
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
 
@@ -75,21 +76,44 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
                       "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
     yield from _samplers_beside_a_guarded_set_epoch(s, set_epochs)
-    if set_epochs or not s.project.epoch_loop:
+    if not s.project.epoch_loop:
         return
+    receivers = _set_epoch_receivers(set_epochs)
+    if receivers is None:
+        return  # a set_epoch whose sampler is not known by name may be this sampler's
     subclasses = s.project.memo("epoch-seeded samplers", lambda: _epoch_seeded_samplers(s.project))
-    for call in [*s.calls_named("DistributedSampler"), *(c for c in s.calls if terminal(c.func) in subclasses)]:
-        torch_sampler = terminal(call.func) == "DistributedSampler"
-        if _is_const(argument(call, "shuffle", 3) if torch_sampler else keyword(call, "shuffle"), False) \
-                or is_eval_sampler(s, call):
-            continue  # the order of evaluation data does not matter
-        if _handed_to_unseen_code(s, call):
-            continue  # a batch sampler from a file not linted may call set_epoch itself
-        if _under_an_unread_key(s, call) or dropped_by_every_caller(s, call):
-            continue  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
-        what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
-            f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
-        driver = _driven_by_unseen_code(s, call)
+    for x in s.project.scripts.values():
+        for call in [*x.calls_named("DistributedSampler"), *(c for c in x.calls if terminal(c.func) in subclasses)]:
+            yield from _unseeded(s, x, call, subclasses, receivers, set_epochs)
+
+
+def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receivers: set[str],
+              set_epochs: list[tuple[Script, ast.Call]]) -> Iterator[Hit]:
+    """The finding for a shuffling sampler of script x that no set_epoch reaches, if it is reported in script s: at
+    the sampler, or where its loader is passed over again (rerun_site) when that loop is in another function than
+    the sampler (a loader factory, a class's set-up method: the epochs, and the fix, are in the loop)."""
+    torch_sampler = terminal(call.func) == "DistributedSampler"
+    if _is_const(argument(call, "shuffle", 3) if torch_sampler else keyword(call, "shuffle"), False) \
+            or is_eval_sampler(x, call):
+        return  # the order of evaluation data does not matter
+    site = rerun_site(x, call)
+    if site is not None and enclosing_function(*site) is enclosing_function(x, call) and site[0] is x:
+        site = (x, call) if not set_epochs else site
+    at, node = site if site is not None else (x, call)
+    if at is not s:
+        return
+    if set_epochs:  # other samplers get set_epoch: this one's loader must be seen passed over again
+        holders = {k.lstrip(".") for k, v in x.assignments if v is call}
+        if site is None or holders & receivers:
+            return
+    if _handed_to_unseen_code(x, call):
+        return  # a batch sampler from a file not linted may call set_epoch itself
+    if _under_an_unread_key(x, call) or dropped_by_every_caller(x, call):
+        return  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
+    what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
+        f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
+    if node is call:
+        driver = _driven_by_unseen_code(x, call)
         if driver:  # the finding rests on code not linted: it says so
             yield Hit(call, "DDP001", "warning",
                       f"{what} and nothing linted calls sampler.set_epoch(); its loader is iterated only by "
@@ -97,10 +121,32 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       "in the same order",
                       "call sampler.set_epoch(epoch) where each pass over the data starts (or check that "
                       f"{driver}() does)")
-            continue
+            return
         yield Hit(call, "DDP001", "error",
                   f"{what} but sampler.set_epoch() is never called, so every epoch visits the data in the same order",
                   "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader")
+        return
+    others = f"set_epoch is called only for other samplers ({_line_of(*set_epochs[0], s)})" if set_epochs else \
+        "sampler.set_epoch() is never called"
+    yield Hit(node, "DDP001", "error",
+              f"this loop passes again over the loader of the DistributedSampler built at {_line_of(x, call, s)}, "
+              f"which shuffles, but {others}: every pass visits the data in the same order",
+              "call sampler.set_epoch(epoch) at the start of every pass, before iterating the DataLoader")
+
+
+def _set_epoch_receivers(set_epochs: list[tuple[Script, ast.Call]]) -> set[str] | None:
+    """The names of the samplers the program's set_epoch calls are made on (`self.hr_sampler.set_epoch(...)` ->
+    'hr_sampler'); None where one is not a sampler known by its own name (`loader.sampler.set_epoch`, `s.set_epoch`
+    in a loop over samplers): which sampler it reaches is not known."""
+    names = set()
+    for x, call in set_epochs:
+        receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
+        if not isinstance(receiver, (ast.Name, ast.Attribute)) or terminal(receiver) == "sampler" \
+                or not any(isinstance(v, ast.Call) and terminal(v.func) == "DistributedSampler"
+                           for k, v in x.assignments if k.lstrip(".") == terminal(receiver)):
+            return None
+        names.add(terminal(receiver))
+    return names
 
 
 def _line_of(script: Script, node: ast.AST, here: Script) -> str:

@@ -1,0 +1,39 @@
+"""Output on every rank the linter used to take as silenced (DDP008): a logger imported from the project's own
+module, a library's logger quietened per rank taken for the program's set-up, progress bars `disable`d only by a
+flag the run does not pass or by `False`, a project progress bar that writes sys.stdout itself."""
+
+from __future__ import annotations
+
+from ddpkit.lint import lint_sources
+
+from lint_markers import PROGRAMS, check_program
+
+
+def _lines(train: str) -> list[int]:
+    common = (PROGRAMS / "imported_logger" / "common.py").read_text()
+    return [f.line for f in lint_sources({"train.py": train, "common.py": common}) if f.rule == "DDP008"]
+
+
+def test_output_on_every_rank_through_an_imported_logger_and_flag_disabled_bars_is_reported():
+    check_program("imported_logger")
+
+
+def test_the_programs_own_logger_set_up_by_the_rank_silences_its_lines():
+    source = (PROGRAMS / "imported_logger" / "train.py").read_text()
+    source = source.replace('logging.getLogger("transformers.modeling_utils").setLevel(logging.WARN)',
+                            "logging.getLogger().setLevel(logging.WARN)")
+    assert _lines(source) == [29, 31, 36]
+
+
+def test_a_bar_disabled_by_the_rank_or_a_flag_on_by_default_is_not_reported():
+    source = (PROGRAMS / "imported_logger" / "train.py").read_text()
+    source = source.replace("disable=False", "disable=local_rank != 0").replace(
+        'action="store_true"', 'action="store_true", default=True')
+    assert _lines(source) == [28, 36]
+
+
+def test_a_project_bar_built_and_called_under_a_rank_check_is_not_reported():
+    source = (PROGRAMS / "imported_logger" / "train.py").read_text()
+    source = source.replace("        bar(step)  # lint-expect: DDP008 warning\n",
+                            "        if local_rank == 0:\n            bar(step)\n")
+    assert _lines(source) == [28, 29, 31]
