@@ -22,7 +22,9 @@ _BUSY = re.compile(r"DataLoader|cuda|device|\.to\(|print|save|optim|backward|tqd
                    r"torch\.|download|\bfor\b|\bwith\b|\bif\b|def |class ")
 _EVAL_NAME = re.compile(r"test|val|eval|holdout")
 _DISTRIBUTED = re.compile(r"\b(torch\.distributed|DistributedDataParallel|init_process_group|DistributedSampler|"
-                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|torch\.multiprocessing|share_memory)\b")
+                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|share_memory)\b")
+_LAUNCHES = frozenset({"spawn", "start_processes", "Process"})
+"""torch.multiprocessing calls that start worker processes; an import or `set_start_method` alone starts none."""
 
 
 def dotted(node: cst.CSTNode | None) -> str:
@@ -195,6 +197,15 @@ class Facts:
         return self.module.code_for_node(node)
 
     def _distributed_hint(self) -> str | None:
+        imported = imported_names(self.module)
+        for node in walk(self.module, into_functions=True):
+            if isinstance(node, cst.Call):
+                name = dotted(node.func)
+                head, _, rest = name.partition(".")
+                full = f"{imported.get(head, head)}.{rest}" if rest else imported.get(name, name)
+                module, _, called = full.rpartition(".")
+                if module == "torch.multiprocessing" and called in _LAUNCHES:
+                    return full
         for stmt in walk(self.module, into_functions=True):
             if isinstance(stmt, (cst.Import, cst.ImportFrom, cst.Attribute, cst.Name)):
                 match = _DISTRIBUTED.search(self.code(stmt)) if not isinstance(stmt, cst.Name) else None
