@@ -332,8 +332,16 @@ class Facts:
         if not self.ctx_global:
             before += statements_of(self.scopes[self.entry_key].node)
         before = [s for s in before if id(s) not in ids]
-        return any(isinstance(n, cst.Call) and self.is_seed_call(n) for s in before
+        return any(isinstance(n, cst.Call) and (self.is_seed_call(n) or self._seeds_inside(n)) for s in before
                    if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) for n in walk(s))
+
+    def _seeds_inside(self, call: cst.Call) -> bool:
+        """A call, before ddpkit.init, of a function of this file that seeds on its way (`args = init_config()`
+        parses, then `torch.manual_seed(args.seed)`): whatever else it does, the generators are seeded before init."""
+        name = dotted(call.func)
+        if name not in self.scopes or self.scopes[name].cls is not None or name == getattr(self, "entry_key", None):
+            return False
+        return any(isinstance(n, cst.Call) and self.is_seed_call(n) for n in walk(self.scopes[name].node.body))
 
     def _parses(self, stmt: cst.BaseStatement) -> bool:
         """`args = get_args()`: a call of one of the script's argument-parsing functions."""
