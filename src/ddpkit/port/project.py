@@ -123,6 +123,9 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
         return "model" if _kind_of(arg.value, kinds) == "model" else ""
     if isinstance(arg, ast.Attribute) and ast_dotted(arg) in kinds:  # `trainer.model`: an object that stores it
         return kinds[ast_dotted(arg)]
+    if isinstance(arg, (ast.Dict, ast.List, ast.Tuple)):  # `{"model": model, ...}`: pickled whole, it holds the wrapper
+        items = arg.values if isinstance(arg, ast.Dict) else arg.elts
+        return "holds model" if any(_kind_of(v, kinds) in ("model", "holds model") for v in items) else ""
     return ""
 
 
@@ -402,6 +405,11 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             continue
         func = ast_dotted(node.func)
         last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
+        if func == "torch.save" and node.args and received.get(name_of(node.args[0])) in ("model", "holds model") \
+                and ast_dotted(node.args[0]) in received:
+            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` pickles the DDP wrapper itself (not a state_dict): "
+                                     "that file cannot be loaded without a process group; hand it "
+                                     "ddpkit.unwrap(model)"))
         if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases):
             out.append((node.lineno, f"`{func}(...)` makes a CPU tensor while the inputs now arrive on the rank's "
                                      "device (ctx.device)"))
@@ -741,7 +749,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         else:
             hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path),
                                           devices=devices, sizes=sizes)))
-            handed = ", ".join(sorted({"size": "global batch size"}.get(k, k) for k in set(received.values()) - {
+            handed = ", ".join(sorted({"size": "global batch size", "holds model": "model (in a dict, list or tuple)"}.get(
+                k, k) for k in set(received.values()) - {
                 "unwrapped"}) or ["the unwrapped model"])
             what = f"gets the {handed}"
         if hazards:
