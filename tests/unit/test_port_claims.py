@@ -518,3 +518,90 @@ def test_the_benchmark_line_of_a_full_batch_script_ported_fully_carries_the_no_s
     got, detail, _ = score["outcome"](source, "full_batch.py")
     # the same claim as the CLI's summary: correct, but every rank repeats the same work
     assert got == "ported" and "not sharded: no speed-up" in detail
+
+
+def test_an_own_module_that_pins_the_visible_gpus_at_import_is_named_at_its_import(tmp_path):
+    (tmp_path / "evaluate.py").write_text(
+        "import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'\nimport torch\n\n\n"
+        "def accuracy(model, x, y):\n    return (model(x).argmax(1) == y).float().mean()\n")
+    (tmp_path / "quiet.py").write_text("import os\n\nif __name__ == '__main__':\n"
+                                       "    os.environ['CUDA_VISIBLE_DEVICES'] = '1'\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from evaluate import *
+        import quiet
+
+
+        def main():
+            model = torch.nn.Linear(4, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = torch.ones(8, 4), torch.zeros(8, dtype=torch.long)
+            for _ in range(3):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+
+
+        if __name__ == "__main__":
+            main()
+        """))
+    result = port_source(script.read_text(), str(script))
+    # `from evaluate import *` runs evaluate.py on every rank before ddpkit.init: each rank sees GPU 0 only;
+    # quiet.py pins its GPU only when run as a script
+    [todo] = [t for t in result.todos if "CUDA_VISIBLE_DEVICES" in t.message]
+    assert result.code.splitlines()[todo.line - 1] == "from evaluate import *"
+    assert "evaluate.py:2 `os.environ['CUDA_VISIBLE_DEVICES'] = '0'`" in todo.message
+
+
+def test_a_project_helper_that_pickles_the_wrapped_model_itself_is_named(tmp_path):
+    (tmp_path / "helpers.py").write_text(textwrap.dedent("""\
+        import torch
+
+
+        class BestKeeper:
+            def __init__(self, path, to_save):
+                self.best = None
+                self.path = path
+                self.to_save = to_save
+
+            def update(self, loss):
+                if self.best is None or loss < self.best:
+                    torch.save(self.to_save, self.path)
+                    self.best = loss
+
+
+        def save_weights(model, path):
+            torch.save(model.state_dict(), path)
+        """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import helpers
+
+
+        def main():
+            data = torch.utils.data.TensorDataset(torch.rand(64, 4), torch.rand(64, 1))
+            loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True)
+            model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            keeper = helpers.BestKeeper("best.pt", {"model": model, "epochs": 3})
+            for epoch in range(3):
+                for x, y in loader:
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                keeper.update(epoch)
+                helpers.save_weights(model, "last.pt")
+
+
+        if __name__ == "__main__":
+            main()
+        """))
+    result = port_source(script.read_text(), str(script))
+    # the dict handed to BestKeeper holds the DDP wrapper, and torch.save pickles it whole: no process group, no load
+    [todo] = [t for t in result.todos if "pickles the DDP wrapper" in t.message]
+    assert result.code.splitlines()[todo.line - 1].strip().startswith("keeper = helpers.BestKeeper(")
+    assert "helpers.py:12 `torch.save(self.to_save, self.path)`" in todo.message
+    # a state_dict saved from the unwrapped module is fine
+    assert "helpers.save_weights(ddpkit.unwrap(model), \"last.pt\")" in result.code

@@ -202,6 +202,22 @@ def test_bad_input_is_refused():
         port_source("from torch.nn.parallel import DistributedDataParallel\n", "x.py")
 
 
+def test_torch_multiprocessing_refuses_only_a_real_launch():
+    body = ("\ndef main():\n    model = torch.nn.Linear(2, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    model(torch.ones(2)).sum().backward()\n    opt.step()\n")
+    # an unused import, or a start method chosen for the DataLoader's workers, starts no training process
+    for head, tail in (("import torch\nimport torch.multiprocessing as mp\n", "\nif __name__ == '__main__':\n    main()\n"),
+                       ("import torch\nimport torch.multiprocessing as mp\n",
+                        "\nif __name__ == '__main__':\n    mp.set_start_method('spawn', force=True)\n    main()\n")):
+        assert "ddpkit.init()" in port_source(head + body + tail, "x.py").code
+    for head, tail in (("import torch\nfrom torch import multiprocessing as tmp\n",
+                        "\nif __name__ == '__main__':\n    tmp.spawn(main, nprocs=2)\n"),
+                       ("import torch\nfrom torch.multiprocessing import Process\n",
+                        "\nif __name__ == '__main__':\n    Process(target=main).start()\n")):
+        with pytest.raises(PortError, match=r"already uses torch\.multiprocessing\.(spawn|Process)"):
+            port_source(head + body + tail, "x.py")
+
+
 def test_indentation_mixing_tabs_and_spaces_is_read_as_python_reads_it():
     """Python accepts a block indented `4 spaces, tab, 4 spaces` (12 columns); libcst's tokenizer does not."""
     src = (FIXTURES / "toplevel_script.py").read_text()

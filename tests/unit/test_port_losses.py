@@ -71,3 +71,21 @@ def test_a_summed_loss_under_amp_and_one_with_backward_options_are_scaled():
     assert "(scaler.scale(loss) * ctx.world_size).backward()" in result.code
     assert "(extra * ctx.world_size).backward(retain_graph=True)" in result.code
     assert "loss.item())" in result.code and "loss * ctx.world_size).item" not in result.code  # the figure: the loss
+
+
+def test_a_summed_loss_printed_as_the_epochs_figure_is_a_todo_a_per_sample_mean_of_it_is_not():
+    code = (
+        "import torch\nimport torch.nn.functional as F\n\n\ndef main():\n"
+        "    data = torch.utils.data.TensorDataset(torch.rand(64, 4), torch.rand(64, 4))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True)\n"
+        "    model = torch.nn.Linear(4, 4)\n    opt = torch.optim.Adam(model.parameters())\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            opt.zero_grad()\n"
+        "            loss = F.mse_loss(model(x), y, reduction='sum')\n            loss.backward()\n"
+        "            opt.step()\n            print('per sample', loss.item() / len(x))\n"
+        "        print('Epoch {} Loss: {:.4f}'.format(epoch, loss.item()))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    result = port_source(code, "summed_print.py")
+    assert "(loss * ctx.world_size).backward()" in result.code
+    # rank 0's last batch, summed over batch_size // world_size samples: about 1/world_size of the original's figure
+    [todo] = [t for t in result.todos if "reported here" in t.message]
+    assert todo.line == 17 and "ddpkit.all_reduce_sum(ctx, loss.detach())" in todo.message

@@ -275,3 +275,34 @@ def test_the_download_rank_0_runs_first_holds_no_wrap_and_the_model_is_saved_by_
     guarded = _guarded(result.code)
     assert "ddpkit.unwrap(model).save_pretrained('./out')" in guarded
     assert "ddpkit.unwrap(model).push_to_hub('someone/some-model')" in guarded
+
+
+def test_a_project_function_that_downloads_runs_on_rank_0_first(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sets.py").write_text(
+        "from torchvision import datasets\n\n\ndef mnist(root):\n    return datasets.MNIST(root, download=True)\n")
+    (tmp_path / "loaders.py").write_text(
+        "from torch.utils.data import DataLoader\n\nfrom pkg import sets\n\n\n"
+        "def train_loader(root, batch_size):\n    return DataLoader(sets.mnist(root), batch_size=batch_size)\n\n\n"
+        "def local_loader(root, batch_size):\n    return DataLoader(list(range(8)), batch_size=batch_size)\n\n\n"
+        "def warm_start(model, opt, root):\n    for x, y in train_loader(root, 8):\n"
+        "        model(x).sum().backward()\n        opt.step()\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom loaders import local_loader, train_loader, warm_start\n\n\ndef main():\n"
+        "    model = torch.nn.Linear(784, 10)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = train_loader('data', 64)\n    other = local_loader('data', 64)\n    warm_start(model, opt, 'data')\n"
+        "    for x, y in loader:\n        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    result = port_source(script.read_text(), str(script))
+    lines = [line.strip() for line in result.code.splitlines()]
+    at = lines.index("loader = train_loader('data', 64)")
+    # followed through loaders.py into pkg/sets.py: MNIST(download=True) runs on rank 0 first, the others wait
+    assert lines[at - 2:at] == ["if not ctx.is_main:  # rank 0 downloads first; the others then read its files",
+                                "ddpkit.barrier(ctx)"] and lines[at + 1:at + 3] == ["if ctx.is_main:", "ddpkit.barrier(ctx)"]
+    assert lines[at + 3] == "other = local_loader('data', 64)"  # no download there: left as it was
+    # a helper that downloads and also trains: rank 0 cannot run it alone while the others wait (a hang)
+    [todo] = [t for t in result.todos if t.line == 10]
+    assert "pkg/sets.py:5" in todo.message and "rank 0 cannot run it first" in todo.message
+    assert lines[lines.index("warm_start(model, opt, 'data')") - 1] != "ddpkit.barrier(ctx)"

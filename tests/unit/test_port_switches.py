@@ -76,6 +76,20 @@ def test_an_imported_seed_helper_counts_as_seeding_and_unseeded_draws_stay_todos
     assert "rng_before_init" not in port_source(plain).code
 
 
+def test_a_config_function_that_parses_and_seeds_before_init_keeps_the_scripts_seed():
+    src = ("import argparse\nimport numpy as np\nimport torch\n\n\ndef init_config():\n"
+           "    parser = argparse.ArgumentParser()\n    parser.add_argument('--taskid', type=int, default=0)\n"
+           "    args = parser.parse_args()\n    args.seed = [11, 22, 33][args.taskid]\n"
+           "    np.random.seed(args.seed)\n    torch.manual_seed(args.seed)\n    return args\n\n\n"
+           "def main(args):\n    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "    for _ in range(3):\n        model(torch.randn(8, 4)).sum().backward()\n        opt.step()\n\n\n"
+           "if __name__ == '__main__':\n    args = init_config()\n    main(args)\n")
+    code = port_source(src).code
+    # the generators init_config seeded from --taskid are restored after ddpkit.init, not reseeded from ctx.seed
+    assert "rng_before_init = ddpkit.rng.rng_state()" in code and "ddpkit.rng.set_rng_state(rng_before_init)" in code
+    assert "seed_everything(ctx.seed)" not in code and "rank_seed(ctx.seed" not in code
+
+
 def test_a_gpu_switch_handed_to_another_module_is_a_todo():
     src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\nfrom mydata import Frames\n\n"
            "p = argparse.ArgumentParser()\np.add_argument('--use-gpu', action='store_true')\nargs = p.parse_args()\n"

@@ -21,10 +21,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_hazards,
-                                 project_writers, step_loops, unused_parameter_wraps)
+from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_downloads,
+                                 project_hazards, project_writers, step_loops, unused_parameter_wraps)
 
-__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports"]
+__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches"]
 
 GATE_RULES = {
     "DDP001": "error", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP006": "warning",
@@ -139,6 +139,17 @@ def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] 
     return project_writers(tree, folder, _reached_files(modules, folder)) if modules else {}
 
 
+def project_fetches(source: str, folder: str) -> dict[str, tuple[str, int, bool]]:
+    """The script's calls of its own project's code that download (see ddpkit.port.project.project_downloads):
+    `getMnistLoader` -> (file, line of the download, whether that code also trains or joins a collective)."""
+    try:
+        tree = ast.parse(source.removeprefix("\ufeff"))
+    except SyntaxError:
+        return {}
+    modules = _imported_files(tree, folder)
+    return project_downloads(tree, folder, _reached_files(modules, folder)) if modules else {}
+
+
 def _reached_files(modules: dict[str, str], folder: str, depth: int = 2) -> dict[str, str]:
     """`modules` and the project files they import in turn (`from pkg.training import Trainer` in a package's
     `__init__.py`, `from .io import save`), `depth` levels on: a model handed to the project's code is followed there."""
@@ -155,6 +166,7 @@ def _reached_files(modules: dict[str, str], folder: str, depth: int = 2) -> dict
                     names += [(folder, a.name) for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names += [(folder, node.module), (os.path.dirname(path), node.module)]
+                    names += [(folder, f"{node.module}.{a.name}") for a in node.names]  # `from pkg import sets`
                 elif isinstance(node, ast.ImportFrom):
                     base = os.path.dirname(path)
                     for _ in range(node.level - 1):

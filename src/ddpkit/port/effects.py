@@ -170,7 +170,15 @@ def plan_effects(plan: Any) -> None:
         if not own:
             continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
-        if any(_downloads(c) or _fetches(imports, c) for c in own) and isinstance(stmt, cst.SimpleStatementLine):
+        fetched = next((plan.fetches[dotted(c.func)] for c in own if dotted(c.func) in plan.fetches), None)
+        if fetched is not None and (fetched[2] or not isinstance(stmt, cst.SimpleStatementLine)):
+            # the project's code downloads and also trains or joins a collective: rank 0 cannot run it first alone
+            plan.todo(stmt, f"this call downloads on every rank at once ({fetched[0]}:{fetched[1]}), and "
+                      "the project's code it runs also trains or joins a collective, so rank 0 cannot run it first: "
+                      "download there on rank 0 (`if ctx.is_main:`), then ddpkit.barrier(ctx) where every rank passes")
+            continue
+        if (fetched is not None or any(_downloads(c) or _fetches(imports, c) for c in own)) \
+                and isinstance(stmt, cst.SimpleStatementLine):
             if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
                 plan.main_first.add(id(stmt))
                 if "mkdir" in plan.f.code(stmt) and not any(_downloads(c) for c in own):

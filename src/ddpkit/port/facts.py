@@ -22,7 +22,9 @@ _BUSY = re.compile(r"DataLoader|cuda|device|\.to\(|print|save|optim|backward|tqd
                    r"torch\.|download|\bfor\b|\bwith\b|\bif\b|def |class ")
 _EVAL_NAME = re.compile(r"test|val|eval|holdout")
 _DISTRIBUTED = re.compile(r"\b(torch\.distributed|DistributedDataParallel|init_process_group|DistributedSampler|"
-                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|torch\.multiprocessing|share_memory)\b")
+                          r"accelerate|lightning|horovod|deepspeed|mp\.spawn|share_memory)\b")
+_LAUNCHES = frozenset({"spawn", "start_processes", "Process"})
+"""torch.multiprocessing calls that start worker processes; an import or `set_start_method` alone starts none."""
 
 
 def dotted(node: cst.CSTNode | None) -> str:
@@ -195,6 +197,15 @@ class Facts:
         return self.module.code_for_node(node)
 
     def _distributed_hint(self) -> str | None:
+        imported = imported_names(self.module)
+        for node in walk(self.module, into_functions=True):
+            if isinstance(node, cst.Call):
+                name = dotted(node.func)
+                head, _, rest = name.partition(".")
+                full = f"{imported.get(head, head)}.{rest}" if rest else imported.get(name, name)
+                module, _, called = full.rpartition(".")
+                if module == "torch.multiprocessing" and called in _LAUNCHES:
+                    return full
         for stmt in walk(self.module, into_functions=True):
             if isinstance(stmt, (cst.Import, cst.ImportFrom, cst.Attribute, cst.Name)):
                 match = _DISTRIBUTED.search(self.code(stmt)) if not isinstance(stmt, cst.Name) else None
@@ -321,8 +332,16 @@ class Facts:
         if not self.ctx_global:
             before += statements_of(self.scopes[self.entry_key].node)
         before = [s for s in before if id(s) not in ids]
-        return any(isinstance(n, cst.Call) and self.is_seed_call(n) for s in before
+        return any(isinstance(n, cst.Call) and (self.is_seed_call(n) or self._seeds_inside(n)) for s in before
                    if not isinstance(s, (cst.FunctionDef, cst.ClassDef)) for n in walk(s))
+
+    def _seeds_inside(self, call: cst.Call) -> bool:
+        """A call, before ddpkit.init, of a function of this file that seeds on its way (`args = init_config()`
+        parses, then `torch.manual_seed(args.seed)`): whatever else it does, the generators are seeded before init."""
+        name = dotted(call.func)
+        if name not in self.scopes or self.scopes[name].cls is not None or name == getattr(self, "entry_key", None):
+            return False
+        return any(isinstance(n, cst.Call) and self.is_seed_call(n) for n in walk(self.scopes[name].node.body))
 
     def _parses(self, stmt: cst.BaseStatement) -> bool:
         """`args = get_args()`: a call of one of the script's argument-parsing functions."""

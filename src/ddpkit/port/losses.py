@@ -55,8 +55,9 @@ def plan_summed_losses(plan: Any) -> None:
                 plan.scale_backward.add(id(call))
                 plan.note(call, f"`{loss}` sums over the batch ({why}): each rank sums its batch_size // world_size "
                           "samples and DDP averages the gradients, so backward() gets it times ctx.world_size: "
-                          "the gradient is the original's sum over the global batch (the value it reports is "
-                          "unchanged)")
+                          "the gradient is the original's sum over the global batch (the value itself is not scaled)")
+                if isinstance(call.func.value, cst.Name):
+                    _reported_sums(plan, key, call.func.value.value)
             elif kind == MIXED:
                 plan.todo(call, f"`{loss}` adds terms summed over the batch ({why}) to terms that are not: each rank "
                           "sums its batch_size // world_size samples and DDP averages the gradients, so the summed "
@@ -67,6 +68,30 @@ def plan_summed_losses(plan: Any) -> None:
                           "read how the whole loss reduces over the batch: if it sums over the batch, each rank sums "
                           "its batch_size // world_size samples and DDP averages the gradients (1/world_size of the "
                           "original's step): then call backward() on it times ctx.world_size")
+
+
+_REPORTS = frozenset({"print", "info", "debug", "warning", "add_scalar", "set_postfix", "set_description", "write"})
+"""Calls that report a value (a print, a log line, a tracker's scalar, a progress bar's text)."""
+
+
+def _reported_sums(plan: Any, key: str, name: str) -> None:
+    """A TODO at each report of the summed loss `name` itself in its scope (`print(loss.item())`): it is the sum over
+    this rank's batch_size // world_size samples, about 1/world_size of the figure the original printed. A report
+    that divides by the batch's count (`loss.item() / len(x)`) is a per-sample mean and keeps its scale."""
+    done: set[int] = set()
+    for stmt in plan.f.scope_statements(key):
+        for node in walk(stmt):
+            func = dotted(node.func) if isinstance(node, cst.Call) else ""
+            if func.rsplit(".", 1)[-1] not in _REPORTS and func != "wandb.log":
+                continue
+            text = "".join(plan.f.code(a.value) for a in node.args)
+            if any(any(isinstance(n, cst.Name) and n.value == name for n in walk(a.value)) for a in node.args) \
+                    and not any(c in text for c in _BATCH_COUNT) and id(node) not in done:
+                done.add(id(node))
+                plan.todo(node, f"`{name}` sums over this rank's batch_size // world_size samples, so the value "
+                          "reported here is about 1/world_size of the original's figure: report "
+                          f"ddpkit.all_reduce_sum(ctx, {name}.detach()) (on every rank, outside `if ctx.is_main:`) "
+                          "instead, or name the figure as this rank's")
 
 
 def _reduction(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: int) -> tuple[str, str]:

@@ -56,11 +56,14 @@ class Plan:
 
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
                  end_of: Callable[[cst.CSTNode], int],
-                 reports: dict[str, tuple[str, int, str] | None] | None = None) -> None:
+                 reports: dict[str, tuple[str, int, str] | None] | None = None,
+                 fetches: dict[str, tuple[str, int, bool]] | None = None) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
         self.reports = reports or {}
         """Calls of the project's own code: `report`, `Plotter.flush` -> (file, line, write) where they only write
         files, None where they do more (judged by the claim gate, not by their names)."""
+        self.fetches = fetches or {}
+        """Calls of the project's own code that download: `getMnistLoader` -> (file, line, also joins a collective)."""
         self._local_names: dict[str, set[str]] = {}
         """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []

@@ -12,12 +12,13 @@ from __future__ import annotations
 import ast
 import os
 
+from ddpkit.port.effects import DOWNLOADS
 from ddpkit.port.packing import host_inputs_in_wrapped
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
-           "project_writers", "path_module"]
+           "project_writers", "path_module", "project_downloads"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -122,6 +123,9 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
         return "model" if _kind_of(arg.value, kinds) == "model" else ""
     if isinstance(arg, ast.Attribute) and ast_dotted(arg) in kinds:  # `trainer.model`: an object that stores it
         return kinds[ast_dotted(arg)]
+    if isinstance(arg, (ast.Dict, ast.List, ast.Tuple)):  # `{"model": model, ...}`: pickled whole, it holds the wrapper
+        items = arg.values if isinstance(arg, ast.Dict) else arg.elts
+        return "holds model" if any(_kind_of(v, kinds) in ("model", "holds model") for v in items) else ""
     return ""
 
 
@@ -431,6 +435,11 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             continue
         func = ast_dotted(node.func)
         last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
+        if func == "torch.save" and node.args and received.get(name_of(node.args[0])) in ("model", "holds model") \
+                and ast_dotted(node.args[0]) in received:
+            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` pickles the DDP wrapper itself (not a state_dict): "
+                                     "that file cannot be loaded without a process group; hand it "
+                                     "ddpkit.unwrap(model)"))
         if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases):
             out.append((node.lineno, f"`{func}(...)` makes a CPU tensor while the inputs now arrive on the rank's "
                                      "device (ctx.device)"))
@@ -574,6 +583,67 @@ def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
     return out
 
 
+def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, tuple[str, int, bool]]:
+    """The script's calls of its own project's functions and classes (`getMnistLoader(config)`, `data.load(...)`)
+    whose code, followed through the project's functions it calls in turn, downloads: a call with a `download=`
+    that is not False/None, or a known download helper (ddpkit.port.effects.DOWNLOADS) -> (file, line of that
+    download, whether that code also trains or joins a collective, so rank 0 cannot run it first alone); the file
+    is named relative to the script's folder."""
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _definer(tree, folder, modules, parsed)
+    out: dict[str, tuple[str, int, bool]] = {}
+    for node in ast.walk(tree):
+        func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
+        found = definition(func) if func and func not in out else None
+        if found is not None:
+            defn = found[2] if not isinstance(found[2], ast.ClassDef) else next(
+                (n for n in found[2].body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+            hit = _downloads_in(found[0], defn, folder, modules, parsed, set()) if defn is not None else None
+            if hit is not None:
+                out[func] = (os.path.relpath(hit[0], folder), hit[1], hit[2])
+    return out
+
+
+def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None],
+                  seen: set[int]) -> tuple[str, int, bool] | None:
+    """(file, line, joins) of the first download `defn` makes, itself or through the project's code it calls."""
+    if id(defn) in seen or len(seen) > 40:
+        return None
+    seen.add(id(defn))
+    module = _parsed(modules, path, parsed)
+    imported = _local_imports(module, modules, os.path.dirname(path), parsed) if module is not None else {}
+    calls = [n for n in ast.walk(defn) if isinstance(n, ast.Call)]
+    joins = any((ast_dotted(c.func) or "").rsplit(".", 1)[-1] in _SHARED_WORK for c in calls)
+    for call in calls:
+        func = ast_dotted(call.func)
+        if func and DOWNLOADS.search(func) or any(
+                k.arg == "download" and not (isinstance(k.value, ast.Constant) and k.value.value in (False, None))
+                for k in call.keywords):
+            return path, call.lineno, joins
+    for call in calls:
+        func = ast_dotted(call.func)
+        head, _, rest = func.partition(".")
+        if not func or "." in rest:
+            continue
+        if not rest:
+            found = _resolve(modules, folder, path, func, parsed) or (_resolve(
+                modules, folder, imported[func][0], imported[func][1], parsed) if imported.get(func, ("", None))[1]
+                else None)
+        elif head in imported and imported[head][1] is None:
+            found = _resolve(modules, folder, imported[head][0], rest, parsed)
+        else:
+            continue
+        if found is None:
+            continue
+        inner = found[1]
+        if isinstance(inner, ast.ClassDef):
+            inner = next((n for n in inner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        hit = _downloads_in(found[0], inner, folder, modules, parsed, seen) if inner is not None else None
+        if hit is not None:
+            return hit[0], hit[1], hit[2] or joins
+    return None
+
+
 def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):
     """Resolves a call of the ported script to (file, name, definition) in the project's own code, else None."""
     imported = _local_imports(tree, modules, folder, parsed)
@@ -709,7 +779,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         else:
             hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path),
                                           devices=devices, sizes=sizes)))
-            handed = ", ".join(sorted({"size": "global batch size"}.get(k, k) for k in set(received.values()) - {
+            handed = ", ".join(sorted({"size": "global batch size", "holds model": "model (in a dict, list or tuple)"}.get(
+                k, k) for k in set(received.values()) - {
                 "unwrapped"}) or ["the unwrapped model"])
             what = f"gets the {handed}"
         if hazards:
@@ -780,10 +851,49 @@ def _cuda_at_import(module: ast.Module) -> tuple[int, str] | None:
     return None
 
 
+_PINNING = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+"""Environment variables that choose which GPUs a process sees."""
+
+
+def _pins_at_import(module: ast.Module) -> tuple[int, str] | None:
+    """The first statement a module runs at import that sets which GPUs the process sees
+    (`os.environ["CUDA_VISIBLE_DEVICES"] = "0"`, `os.environ.setdefault(...)`, `os.putenv(...)`)."""
+    def pins(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value in _PINNING
+    for stmt in _module_level(module):
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and \
+                    ast_dotted(node.value) == "os.environ" and pins(node.slice):
+                return stmt.lineno, ast.unparse(stmt)
+            if isinstance(node, ast.Call) and ast_dotted(node.func) in ("os.environ.setdefault", "os.putenv") and \
+                    node.args and pins(node.args[0]) or isinstance(node, ast.Call) and ast_dotted(node.func) == \
+                    "os.environ.update" and any(k.arg in _PINNING for k in node.keywords) or isinstance(
+                    node, ast.Call) and ast_dotted(node.func) == "os.environ.update" and any(
+                    isinstance(a, ast.Dict) and any(pins(k) for k in a.keys) for a in node.args):
+                return stmt.lineno, ast.unparse(stmt)
+    return None
+
+
+def _imported_paths(stmt: ast.Import | ast.ImportFrom, modules: dict[str, str], folder: str) -> list[str]:
+    """The project files an import statement runs (`import a.b` runs a/__init__.py and a/b.py; `from x import *`
+    runs x.py even where it defines nothing the script can name)."""
+    names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module] + [
+        f"{stmt.module}.{a.name}" for a in stmt.names if a.name != "*"] if stmt.module and stmt.level <= 1 else []
+    out: list[str] = []
+    for name in names:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            found = _file_of(modules, folder, ".".join(parts[:i]))
+            if found and found not in out:
+                out.append(found)
+    return out
+
+
 def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
-    """(line of an import of the script's own module, `not checked:` message) where that module, when imported at
-    the top of the script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU: on every
-    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later."""
+    """(line of an import of the script's own module, message) where that module, when imported at the top of the
+    script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU (`not checked:`: on every
+    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later) or sets which GPUs the process sees
+    (CUDA_VISIBLE_DEVICES: rank 1 then has no GPU of its own)."""
     init = min((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.init"),
                default=None)
     parsed: dict[str, ast.Module | None] = {}
@@ -791,6 +901,16 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
     for stmt in tree.body:
         if not isinstance(stmt, (ast.Import, ast.ImportFrom)) or init is None or stmt.lineno > init:
             continue
+        for path in _imported_paths(stmt, modules, folder):
+            module = _parsed(modules, path, parsed)
+            pinned = _pins_at_import(module) if module is not None else None
+            if pinned:
+                where = os.path.basename(path)
+                out.append((stmt.lineno, f"importing {where} runs {where}:{pinned[0]} `{' '.join(pinned[1].split())}` "
+                                         "on every rank before ddpkit.init: each rank then sees only those GPUs, and a "
+                                         f"rank whose local_rank is past them has no device; delete that line in {where} "
+                                         "(the launcher gives each rank its GPU) or move it under "
+                                         "`if __name__ == \"__main__\":`"))
         seen: set[str] = set()
         for path, _ in _local_imports(ast.Module(body=[stmt], type_ignores=[]), modules, folder, parsed).values():
             module = _parsed(modules, path, parsed)
