@@ -89,9 +89,12 @@ def _moved(analysed: list[tuple[str, Script, list[Hit]]], sources: dict[str, str
     for path, at in moved.items():
         for (line, rule), (hit, inner) in at.items():
             names = sorted({n for n, _, _ in inner})
-            places = ", ".join(sorted({w.partition(" at ")[2] for _, _, w in inner}, key=_place_key))
-            message = (f"{' and '.join(names)} (line{'s' if ',' in places else ''} {places}) is called here with no "
-                       f"rank check: {inner[0][1]}")
+            by_file: dict[str, list[int]] = {}
+            for place in sorted({w.partition(" at ")[2] for _, _, w in inner}, key=_place_key):
+                by_file.setdefault(_place_key(place)[0], []).append(_place_key(place)[1])
+            places = "; ".join(f"{file}:{', '.join(map(str, lines))}" for file, lines in by_file.items())
+            message = (f"{' and '.join(names)} ({places}) is called here with no rank check, so every rank runs "
+                       f"it: {inner[0][1]}")
             out.setdefault(path, []).append(Hit(hit.node, rule, hit.severity, message, hit.fix))
     return out
 

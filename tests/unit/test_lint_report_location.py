@@ -1,0 +1,104 @@
+"""Where a finding is reported: a save or seed inside a small helper, at the training code's calls of the helper
+that no rank check guards (ddpkit.lint.location)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+_UTILS = """
+    import torch
+
+
+    def save_checkpoint(model, optimizer, out_dir):
+        torch.save(model.state_dict(), out_dir + "/model.pt")
+        torch.save(optimizer.state_dict(), out_dir + "/optimizer.pt")
+
+
+    def load_checkpoint(model, path):
+        state = torch.load(path, map_location="cpu")
+        torch.save(state, path + ".bak")
+        return state
+"""
+
+_TRAIN = """
+    import random
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+    from torchvision import datasets, transforms
+
+    from utils import load_checkpoint, save_checkpoint
+
+
+    def set_seed(args):
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+
+
+    def train(args):
+        dist.init_process_group("nccl")
+        local_rank = dist.get_rank() % torch.cuda.device_count()
+        torch.cuda.set_device(local_rank)
+        set_seed(args)
+        augment = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.ToTensor()])
+        data = datasets.CIFAR10("data", transform=augment)
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=64, sampler=sampler, num_workers=4)
+        model = DDP(torch.nn.Linear(3072, 10).cuda(), device_ids=[local_rank])
+        load_checkpoint(model, "init.pt")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(args.epochs):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x.cuda().flatten(1)), y.cuda())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            if dist.get_rank() == 0:
+                save_checkpoint(model, optimizer, "best")
+            save_checkpoint(model, optimizer, "last")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--epochs", type=int, default=10)
+        train(parser.parse_args())
+"""
+
+
+def _line(code: str, text: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(code).splitlines(), 1) if text in line)
+
+
+def _findings():
+    return lint_sources({"train.py": textwrap.dedent(_TRAIN), "utils.py": textwrap.dedent(_UTILS)})
+
+
+def test_saves_of_a_helper_are_one_finding_at_its_unguarded_call():
+    saves = [f for f in _findings() if f.rule == "DDP004"]
+    at_call = [f for f in saves if f.path == "train.py"]
+    assert [f.line for f in at_call] == [_line(_TRAIN, 'save_checkpoint(model, optimizer, "last")')]
+    inside = (_line(_UTILS, '"/model.pt"'), _line(_UTILS, '"/optimizer.pt"'))
+    assert f"save_checkpoint() (utils.py:{inside[0]}, {inside[1]})" in at_call[0].message
+    # the call under the rank check gets nothing; the helper's own lines get nothing
+    assert not [f for f in saves if f.path == "utils.py" and f.line in inside]
+
+
+def test_a_helper_whose_result_the_caller_uses_keeps_its_finding():
+    """`state = load_checkpoint(...)`-like helpers return a value every rank needs: the save stays in the helper."""
+    saves = {(f.path, f.line) for f in _findings() if f.rule == "DDP004"}
+    assert ("utils.py", _line(_UTILS, '".bak"')) in saves
+
+
+def test_a_seed_chosen_in_a_helper_is_reported_at_the_call():
+    seeds = {(f.path, f.line) for f in _findings() if f.rule == "DDP014"}
+    assert seeds == {("train.py", _line(_TRAIN, "    set_seed(args)"))}
