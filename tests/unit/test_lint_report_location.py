@@ -1,5 +1,5 @@
-"""Where a finding is reported: a save or seed inside a small helper, at the training code's calls of the helper
-that no rank check guards (ddpkit.lint.location)."""
+"""Where a finding is reported and when there is none: a save or seed inside a small helper, at the training code's
+calls of the helper that no rank check guards (ddpkit.lint.location); a `--local_rank` flag nothing reads (DDP007)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,41 @@ def test_a_helper_whose_result_the_caller_uses_keeps_its_finding():
 def test_a_seed_chosen_in_a_helper_is_reported_at_the_call():
     seeds = {(f.path, f.line) for f in _findings() if f.rule == "DDP014"}
     assert seeds == {("train.py", _line(_TRAIN, "    set_seed(args)"))}
+
+
+# ---- DDP007: a --local_rank flag that only absorbs the old launcher's argument ----------------------------------
+_ABSORBED = """
+    import argparse
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+
+
+    def main(opt):
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(LOCAL_RANK)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2).cuda(), device_ids=[LOCAL_RANK])
+        print(opt.epochs, model)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, default=3)
+        parser.add_argument("--local_rank", type=int, default=-1, help="DDP parameter, do not modify")
+        main(parser.parse_args())
+"""
+
+
+def test_a_local_rank_flag_never_read_beside_local_rank_from_the_environment_is_not_reported():
+    found = lint_sources({"train.py": textwrap.dedent(_ABSORBED)})
+    assert not [f for f in found if f.rule == "DDP007"]
+
+
+def test_a_local_rank_flag_the_program_reads_is_reported():
+    code = _ABSORBED.replace("torch.cuda.set_device(LOCAL_RANK)", "torch.cuda.set_device(opt.local_rank)")
+    found = lint_sources({"train.py": textwrap.dedent(code)})
+    assert [f.line for f in found if f.rule == "DDP007"] == [_line(code, '"--local_rank"')]
