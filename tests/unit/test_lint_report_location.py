@@ -140,3 +140,43 @@ def test_a_local_rank_flag_the_program_reads_is_reported():
     code = _ABSORBED.replace("torch.cuda.set_device(LOCAL_RANK)", "torch.cuda.set_device(opt.local_rank)")
     found = lint_sources({"train.py": textwrap.dedent(code)})
     assert [f.line for f in found if f.rule == "DDP007"] == [_line(code, '"--local_rank"')]
+
+
+# ---- DDP008: a line that names the rank's device ------------------------------------------------------------------
+_DEVICE = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+
+    def main():
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        if world_size > 1:
+            dist.init_process_group("nccl", world_size=world_size, rank=local_rank)
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        print(f"Using device: {device}")
+        model = torch.nn.Linear(2, 2).to(device)
+        if world_size > 1:
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+            dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_device_built_from_the_local_rank_names_the_rank_beside_a_single_process_arm():
+    found = lint_sources({"train.py": textwrap.dedent(_DEVICE)})
+    assert not [f for f in found if f.rule == "DDP008"]
+
+
+def test_a_device_that_does_not_name_the_rank_is_still_reported():
+    code = _DEVICE.replace('device = torch.device("cuda", local_rank)', 'device = torch.device("cuda")')
+    found = lint_sources({"train.py": textwrap.dedent(code)})
+    assert [f.line for f in found if f.rule == "DDP008"] == [_line(code, "Using device")]
