@@ -16,6 +16,7 @@ from ddpkit.lint.analysis import Script
 from ddpkit.lint.doubt import doubted
 from ddpkit.lint.imports import programs
 from ddpkit.lint.launchers import link_launchers
+from ddpkit.lint.location import FOLLOWED, call_sites
 from ddpkit.lint.project import Project
 from ddpkit.lint.report import Finding
 from ddpkit.lint.rules import CHECKS, Hit
@@ -43,12 +44,14 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
     """
     findings: list[Finding] = []
     reported: set[tuple[str, int, str]] = set()  # a helper shared by two programs is reported once
-    for path, script, hits in analyse(sources, findings):
+    analysed = analyse(sources, findings)
+    moved = _moved(analysed, sources)
+    for path, script, hits in analysed:
         lines = sources[path].splitlines()
         seen: dict[tuple[int, str], Finding] = {}
         note = _runtime_note(script, path)
         launcher = script.project.launched_by
-        for hit in hits:
+        for hit in [*hits, *moved.get(path, ())]:
             line = getattr(hit.node, "lineno", 1)
             text = lines[line - 1] if 0 < line <= len(lines) else ""
             if (line, hit.rule) not in seen and not _suppressed(text, hit.rule):
@@ -61,6 +64,50 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
                 reported.add((path, line, rule))
                 findings.append(f)
     return sorted(findings, key=Finding.sort_key)
+
+
+def _moved(analysed: list[tuple[str, Script, list[Hit]]], sources: dict[str, str]) -> dict[str, list[Hit]]:
+    """Hits of the rules that follow calls, taken out of their helper (in place) and returned by the path of the
+    helper's unguarded calls (see ddpkit.lint.location): one finding per call, naming the helper's lines."""
+    moved: dict[str, dict[tuple[int, str], tuple[Hit, list[tuple[str, int]]]]] = {}
+    for path, script, hits in analysed:
+        kept = []
+        for hit in hits:
+            sites = call_sites(script, hit.node) if hit.rule in FOLLOWED else []
+            line = getattr(hit.node, "lineno", 1)
+            if not sites or _suppressed(_line(sources[path], line), hit.rule):
+                kept.append(hit)
+                continue
+            for x, call, where in sites:
+                name, _, _ = where.partition(" at ")
+                key = (call.lineno, hit.rule)
+                at = moved.setdefault(x.path, {})
+                if key not in at:
+                    at[key] = (Hit(call, hit.rule, hit.severity, "", hit.fix), [])
+                at[key][1].append((name, hit.message, where))
+        hits[:] = kept
+    out: dict[str, list[Hit]] = {}
+    for path, at in moved.items():
+        for (line, rule), (hit, inner) in at.items():
+            names = sorted({n for n, _, _ in inner})
+            by_file: dict[str, list[int]] = {}
+            for place in sorted({w.partition(" at ")[2] for _, _, w in inner}, key=_place_key):
+                by_file.setdefault(_place_key(place)[0], []).append(_place_key(place)[1])
+            places = "; ".join(f"{file}:{', '.join(map(str, lines))}" for file, lines in by_file.items())
+            message = (f"{' and '.join(names)} ({places}) is called here with no rank check, so every rank runs "
+                       f"it: {inner[0][1]}")
+            out.setdefault(path, []).append(Hit(hit.node, rule, hit.severity, message, hit.fix))
+    return out
+
+
+def _place_key(place: str) -> tuple[str, int]:
+    file, _, line = place.rpartition(":")
+    return file, int(line) if line.isdigit() else 0
+
+
+def _line(source: str, line: int) -> str:
+    lines = source.splitlines()
+    return lines[line - 1] if 0 < line <= len(lines) else ""
 
 
 def _runtime_note(script: Script, path: str) -> str:

@@ -1198,11 +1198,14 @@ def _derives_from_rank(s: Script, value: ast.AST) -> bool:
 
 def _rank_valued(s: Script, node: ast.AST, call: ast.Call) -> bool:
     """A name or attribute a message shows holds a value that differs per rank, so each rank's line is its own:
-    a name every assignment of which in the function derives from the rank (`device = f"cuda:{local_rank}"`), or
+    a name every assignment of which in the function derives from the rank (`device = f"cuda:{local_rank}"`; those of
+    a single-process arm aside), or
     an attribute every store of which in the program does (`self.device = torch.device("cuda", local_rank)` in
     `__init__`, `opts.gpu = device_ids[rank]` in the worker)."""
     if isinstance(node, ast.Name):
-        values = s.local_values(node.id, call)
+        # (a value assigned in the single-process arm of a mode check, `else: device = torch.device("cuda")`,
+        # is not what the ranks of a distributed run show)
+        values = [v for v in s.local_values(node.id, call) if not s.context(v).single]
         return bool(values) and all(_derives_from_rank(s, v) for v in values)
     if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
         return False

@@ -181,14 +181,8 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
         return
     in_ranks = [(script, c) for script, c in torch_seeds if script.per_rank(c) or rerun_by_workers(script, c)]
     if not in_ranks:
-        reported: set[int] = set()
-        for script, call in torch_seeds:
-            if script is s and script.context(call).scope not in reported:
-                reported.add(script.context(call).scope)
-                yield Hit(call, "DDP014", "note",
-                          "the seed is set in the parent process only: the ranks mp.spawn starts are fresh "
-                          "interpreters and begin unseeded", "seed inside the worker function, from its rank: "
-                          "torch.manual_seed(seed + rank)")
+        # a seed only the mp.spawn parent sets: the spawned workers are fresh interpreters that do not inherit its
+        # generators, so the program does not seed the ranks alike (nor at all: a matter of repeating a run)
         return
     dropout = None if project.augments else project.memo("dropout", lambda: _dropout(project))
     if not (project.augments or dropout):
