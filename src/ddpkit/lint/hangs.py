@@ -725,13 +725,10 @@ def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
 def _syncs_in_callee(s: Script, call: ast.Call, wrapped: set[str]) -> bool:
     """A call of a project function (this file's or another's) that makes a collective, or that is handed the
     DDP model and runs a backward (`train(cfg, loader, model, ...)` doing `loss.backward()`)."""
-    if isinstance(call.func, ast.Name) and call.func.id in s.function_names:
-        home, name = s, call.func.id
-    else:
-        target = s.project.resolve(s, call.func)
-        if target is None:
-            return False
-        home, name = s.project.scripts[target[0]], target[1]
+    found = s.project.callee(s, call)
+    if found is None:
+        return False
+    home, name = found
     handed = any(isinstance(a, ast.Name) and a.id in wrapped for a in (*call.args, *(k.value for k in call.keywords)))
     inner = [c for d in home.defs if d.name == name for c in ast.walk(d) if isinstance(c, ast.Call)]
     return any(home.is_dist_collective(c) or handed and terminal(c.func) == "backward" for c in inner)

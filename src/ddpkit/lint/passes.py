@@ -207,13 +207,10 @@ _WRAPPERS = frozenset({"enumerate", "tqdm", "iter", "zip"})
 
 def _parameter(s: Script, call: ast.Call, value: ast.AST) -> tuple[Script, ast.AST, str] | None:
     """(script, function, parameter name) of the project function that receives `value` in `call`."""
-    if isinstance(call.func, ast.Name) and call.func.id in s.function_names:
-        x, name = s, call.func.id
-    else:
-        found = s.project.resolve(s, call.func)
-        if found is None:
-            return None
-        x, name = s.project.scripts[found[0]], found[1]
+    found = s.project.callee(s, call)
+    if found is None:
+        return None
+    x, name = found
     defs = [d for d in x.defs if d.name == name and enclosing_function(x, d) is None]
     if len(defs) != 1:
         return None

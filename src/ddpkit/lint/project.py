@@ -96,6 +96,14 @@ class Project:
                 found.update((k, v) for k, v in pairs if not k.startswith("_") and (public is None or k in public))
         return found
 
+    def callee(self, script: Script, call: ast.Call) -> tuple[Script, str] | None:
+        """(script, function name) of the project function `call` calls: a function of `script` itself by its bare
+        name, else the one `resolve` finds in another file; None where it is not the project's."""
+        if isinstance(call.func, ast.Name) and call.func.id in script.function_names:
+            return script, call.func.id
+        found = self.resolve(script, call.func)
+        return None if found is None else (self.scripts[found[0]], found[1])
+
     def resolve(self, script: Script, func: ast.AST) -> tuple[str, str] | None:
         """(path, function name) of the project function a callee names (`utils.save_on_master`), else None."""
         qualname = script.qualname(func)

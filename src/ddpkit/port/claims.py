@@ -131,23 +131,24 @@ def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] 
     """The script's calls of its own project's code (see ddpkit.port.project.project_writers): `report` or
     `Plotter.flush` -> (file, line, the write) where it only writes files, else None; empty where the script does not
     parse."""
-    try:
-        tree = ast.parse(source.removeprefix("\ufeff"))
-    except SyntaxError:
-        return {}
-    modules = _imported_files(tree, folder)
-    return project_writers(tree, folder, _reached_files(modules, folder)) if modules else {}
+    return _project_calls(source, folder, project_writers)
 
 
 def project_fetches(source: str, folder: str) -> dict[str, tuple[str, int, bool]]:
     """The script's calls of its own project's code that download (see ddpkit.port.project.project_downloads):
     `getMnistLoader` -> (file, line of the download, whether that code also trains or joins a collective)."""
+    return _project_calls(source, folder, project_downloads)
+
+
+def _project_calls(source: str, folder: str, finder) -> dict:
+    """`finder(tree, folder, files)` over the project modules the script reaches; empty where it does not parse or
+    imports none."""
     try:
         tree = ast.parse(source.removeprefix("\ufeff"))
     except SyntaxError:
         return {}
     modules = _imported_files(tree, folder)
-    return project_downloads(tree, folder, _reached_files(modules, folder)) if modules else {}
+    return finder(tree, folder, _reached_files(modules, folder)) if modules else {}
 
 
 def _reached_files(modules: dict[str, str], folder: str, depth: int = 2) -> dict[str, str]:
