@@ -118,3 +118,18 @@ def test_a_setting_drawn_per_rank_around_training_is_a_todo_and_a_fixed_grid_or_
     # seeded after ddpkit.init only, each rank is reseeded on its own before the loop: the draw differs again
     late = source.replace("def main():\n", "def main():\n    random.seed(0)\n")
     assert list(_todos(late)) == [line + 1]
+
+
+def test_settings_read_back_from_a_checkpoint_are_alike_on_every_rank_however_far_they_come_from():
+    source = (FIXTURES / "resumed_settings.py").read_text()
+    # width2 <- read_shape(args.encoder) <- run_encoder <- read_run(run_path) <- find_run(args): files and arguments
+    assert port_source(source, "resumed_settings.py").todos == []
+    # the same chain, two steps longer, from this rank's loss: per-rank however many assignments lie between
+    probe = _variant("    run, run_path = find_run(args)\n",
+                     "    run, run_path = find_run(args)\n"
+                     "    probe = nn.functional.mse_loss(torch.randn(4), torch.zeros(4)).item()\n"
+                     "    run_path = run_path + str(probe)\n", source)
+    todos = {t.line: t.message for t in port_source(probe, "resumed_settings.py").todos}
+    # `args.encoder = run_encoder` makes the outer test per-rank too: its TODO holds the exit below it
+    assert list(todos) == [_line(probe, "if args.encoder:")], todos
+    assert "takes `sys.exit()` before a training step" in todos[_line(probe, "if args.encoder:")], todos

@@ -507,7 +507,7 @@ def check_aliases(plan: Any) -> None:
             stmt = plan._stmt.get(id(node))
             if stmt is None or any(stmt is w for w in placed) or plan.line_of(stmt) >= first_wrap:
                 continue
-            for alias in {dotted(t.target) for t in node.targets} - {model, ""}:
+            for alias in sorted({dotted(t.target) for t in node.targets} - {model, ""}):
                 calls = [n for k in readers for n in plan.nodes(k) if isinstance(n, cst.Call) and dotted(n.func) == alias
                          and k in plan.training_scopes and (k == key or alias not in plan.f.scopes[k].params)]
                 if calls:

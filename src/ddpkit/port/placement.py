@@ -132,7 +132,7 @@ class Placement:
         if not isinstance(tail, cst.Else):
             outs.append(before)
         self.state, self.assigns = {}, {}
-        for name in {n for state, _ in outs for n in state}:
+        for name in sorted({n for state, _ in outs for n in state}):
             found = [(state[name], assigns.get(name, ())) for state, assigns in outs if name in state]
             if len({place for (place, _), _ in found}) == 1:
                 self.state[name] = found[0][0]

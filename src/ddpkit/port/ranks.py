@@ -113,45 +113,78 @@ def _plateau(plan: Any, key: str, call: cst.Call) -> None:
                   "reduced over every rank (ddpkit.reduce_mean)")
 
 
-def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0, _open: frozenset[int] = frozenset()) -> bool:
+def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
     """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument,
     each assigned under branches that every rank takes alike (`patience += 1` under `if score < best:` is as
-    per-rank as `score`)."""
+    per-rank as `score`). A name is per-rank when one of its values or one of the tests around its assignments
+    reads a per-rank name; names that only feed each other (`best = min(best, score)`) are decided by their other
+    sources. The answer is a fixed point over every name `expr` reaches, so it does not depend on the order the
+    names are met in (a set's order changes with PYTHONHASHSEED)."""
     reduced = plan.reduced.get(key, set())
-    if any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr)):
-        return False  # files on disk: one rank may see what another has not written yet
-    names = {dotted(n) for n in walk(expr) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
-    for name in names:
-        if name in reduced or name.split(".")[0] in ARGS_ROOTS or name.split(".")[0] in ("math", "torch", "np",
-                                                                                         "float", "int", "len", "abs"):
+    assigns: dict[str, list[cst.Assign | cst.AugAssign]] = {}
+    for n in plan.nodes(key):
+        if isinstance(n, cst.Assign):
+            for name in {dotted(x) for t in n.targets for x in walk(t.target)}:
+                assigns.setdefault(name, []).append(n)
+        elif isinstance(n, cst.AugAssign):
+            assigns.setdefault(dotted(n.target), []).append(n)
+
+    def names_of(e: cst.CSTNode) -> set[str]:
+        """The names in `e` that may hold a per-rank value: not reduced, not arguments, assigned in this scope."""
+        found = {dotted(n) for n in walk(e) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
+        return {name for name in found if name not in reduced and name.split(".")[0] not in ARGS_ROOTS
+                and name.split(".")[0] not in _AGREED_ROOTS and assigns.get(name)}
+
+    def needs(value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """`value` as an assignment's source: None when it is alike on every rank whatever its names hold."""
+        if isinstance(value, (cst.Integer, cst.Float, cst.Name)) and (
+                not isinstance(value, cst.Name) or value.value in ("True", "False", "None")):
+            return None
+        calls = [c for c in walk(value) if isinstance(c, cst.Call)]
+        if any(plan.reduced.get(callee) for c in calls for callee in plan.f.callees(c, key)):
+            return None  # returned by a helper that reduces its sums
+        if any(dotted(c.func).startswith("ddpkit.") for c in calls):
+            return None
+        return value
+
+    # each name -> (the names its values and the tests around its assignments read, per-rank whatever they hold)
+    deps: dict[str, tuple[set[str], bool]] = {}
+    todo = sorted(names_of(expr))
+    while todo:
+        name = todo.pop()
+        if name in deps:
             continue
-        assigns = [n for n in plan.nodes(key) if isinstance(n, cst.Assign)
-                   and any(name in {dotted(x) for x in walk(t.target)} for t in n.targets)]
-        assigns += [n for n in plan.nodes(key) if isinstance(n, cst.AugAssign) and dotted(n.target) == name]
-        if not assigns:
-            continue  # a loop variable, a parameter, a constant from elsewhere
-        # an assignment or a branch met again while deciding itself (`best = min(best, score)`, `best = score`
-        # under `if score < best:`) adds nothing new: the other sources decide
-        assigns = [a for a in assigns if id(a) not in _open]
-        tests = [t for a in assigns for t in _tests_around(plan, a) if id(t) not in _open]
-        _open = _open | {id(a) for a in assigns} | {id(t) for t in tests}
-        if not all(agreed(plan, key, t, depth, _open) for t in tests):
-            return False
-        sources = [n.value for n in assigns]
-        for value in sources:
-            if isinstance(value, (cst.Integer, cst.Float, cst.Name)) and (
-                    not isinstance(value, cst.Name) or value.value in ("True", "False", "None")):
+        exprs: list[cst.CSTNode] = [t for a in assigns[name] for t in _tests_around(plan, a)]
+        own = False
+        for a in assigns[name]:
+            value = needs(a.value)
+            if value is None:
                 continue
-            calls = [c for c in walk(value) if isinstance(c, cst.Call)]
-            if any(plan.reduced.get(callee) for c in calls for callee in plan.f.callees(c, key)):
-                continue  # returned by a helper that reduces its sums
-            if any(dotted(c.func).startswith("ddpkit.") for c in calls):
-                continue
-            if depth < 3 and agreed(plan, key, value, depth + 1, _open) and not any(
-                    plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower() for c in calls):
-                continue
-            return False
-    return True
+            exprs.append(value)
+            own = own or any(plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower()
+                             for c in walk(value) if isinstance(c, cst.Call))
+        own = own or any(_reads_disk(e) for e in exprs)
+        reads = {n for e in exprs for n in names_of(e)}
+        deps[name] = (reads, own)
+        todo.extend(sorted(reads - deps.keys()))
+    # the largest set of agreed names consistent with every name's sources (a cycle alone agrees)
+    per_rank = {name for name, (_, own) in deps.items() if own}
+    grew = True
+    while grew:
+        grew = False
+        for name, (reads, _) in deps.items():
+            if name not in per_rank and reads & per_rank:
+                per_rank.add(name)
+                grew = True
+    return not _reads_disk(expr) and not names_of(expr) & per_rank
+
+
+_AGREED_ROOTS = frozenset({"math", "torch", "np", "float", "int", "len", "abs"})
+
+
+def _reads_disk(expr: cst.CSTNode) -> bool:
+    """Files on disk: one rank may see what another has not written yet."""
+    return any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr))
 
 
 def _tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
@@ -198,7 +231,7 @@ def plan_rank_values(plan: Any) -> None:
         changed = False
         for a in assigns:
             source = per_rank_call(a.value)
-            reads = {x.value for x in walk(a.value) if isinstance(x, cst.Name)}
+            reads = [x.value for x in walk(a.value) if isinstance(x, cst.Name)]  # in source order
             origin = next((tainted[r] for r in reads if r in tainted), None)
             if source is not None:
                 names = [x.value for t in a.targets for x in walk(t.target) if isinstance(x, cst.Name)]

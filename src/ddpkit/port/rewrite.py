@@ -1005,7 +1005,7 @@ def _first_rebindings(module: cst.Module, imported: set[str]) -> list[tuple[cst.
         for node in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
             if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
                 targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-                for name in {dotted(t) for t in targets} & imported - seen:
+                for name in sorted({dotted(t) for t in targets} & imported - seen):
                     if isinstance(node, cst.Assign):
                         found.append((scope, name, node))
                     seen.add(name)
