@@ -342,6 +342,8 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
                 level = script.kind(value)
                 if level:
                     found["=" + key] = max(found.get("=" + key, NONE), level)
+        for key in script.rank_flags:  # `if rank == 0: args.log = True` / `else: args.log = False`
+            found["=" + key] = max(found.get("=" + key, NONE), script.derived[key])
     for path in project.scripts if found else ():
         into = levels.setdefault(path, {})
         for key, level in found.items():
