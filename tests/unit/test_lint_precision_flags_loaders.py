@@ -59,3 +59,32 @@ def test_an_attribute_set_true_in_a_rank_branch_and_false_otherwise_is_a_rank_ch
     found = _lint({"setup.py": _SETUP, "train.py": _TRAIN})
     assert ("train.py", _line(_TRAIN, 'print("step"'), "DDP008") not in found
     assert ("train.py", _line(_TRAIN, 'print("done")'), "DDP008") in found  # the control: no check at all
+
+
+_TAGGED = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main():
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        model = DDP(torch.nn.Linear(2, 2).cuda())
+        for epoch in range(3):
+            print(f"[GPU{torch.cuda.current_device()}] epoch {epoch}")
+            print(f"epoch {epoch}")
+            model(torch.randn(4, 2).cuda()).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_line_that_names_the_current_device_is_tagged_per_process():
+    found = _lint({"train.py": _TAGGED})
+    assert ("train.py", _line(_TAGGED, "[GPU{"), "DDP008") not in found
+    assert ("train.py", _line(_TAGGED, 'print(f"epoch'), "DDP008") in found

@@ -28,7 +28,9 @@ _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|t
 _LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning"})
 _WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world|"
                     r"\bws\b|n_?procs|num_?ranks|n_?ranks|gpu_?count|device_count")
-_PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid"})
+_PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid", "current_device"})
+"""Calls and names whose value differs by process: a message that shows one (`[GPU{torch.cuda.current_device()}]`,
+the device this process set) is tagged per process on purpose."""
 _EXITS = frozenset({"exit", "_exit", "quit"})
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
            "divide, then report on rank 0")
