@@ -88,3 +88,57 @@ def test_a_line_that_names_the_current_device_is_tagged_per_process():
     found = _lint({"train.py": _TAGGED})
     assert ("train.py", _line(_TAGGED, "[GPU{"), "DDP008") not in found
     assert ("train.py", _line(_TAGGED, 'print(f"epoch'), "DDP008") in found
+
+
+_GROUPS = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def main(groups, num_epochs):
+        dist.init_process_group("nccl")
+        model = torch.nn.Linear(2, 2)
+        for epoch in range(num_epochs):
+            for group in groups:
+                sampler = DistributedSampler(group)
+                loader = DataLoader(group, batch_size=4, sampler=sampler)
+                sampler.set_epoch(epoch)
+                for x in loader:
+                    model(x).sum().backward()
+        dist.destroy_process_group()
+"""
+
+
+def test_set_epoch_of_a_sampler_rebuilt_per_group_gets_the_outer_loops_epoch():
+    assert not {f for f in _lint({"train.py": _GROUPS}) if f[2] == "DDP001"}
+    # the control: a value no loop changes, handed to the rebuilt sampler
+    fixed = _GROUPS.replace("sampler.set_epoch(epoch)", "sampler.set_epoch(num_epochs)")
+    assert ("train.py", _line(fixed, "set_epoch(num_epochs)"), "DDP001") in _lint({"train.py": fixed})
+
+
+_UNUSED_SAMPLER = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def main(data):
+        dist.init_process_group("nccl")
+        loader = DataLoader(data, batch_size=4)
+        sampler = DistributedSampler(data)
+        model = torch.nn.Linear(2, 2)
+        for epoch in range(3):
+            for x in loader:
+                model(x).sum().backward()
+        dist.destroy_process_group()
+"""
+
+
+def test_a_sampler_no_loader_is_given_needs_no_set_epoch():
+    assert not {f for f in _lint({"train.py": _UNUSED_SAMPLER}) if f[2] == "DDP001"}
+    # the control: the same sampler given to the loader
+    used = _UNUSED_SAMPLER.replace("        loader = DataLoader(data, batch_size=4)\n", "").replace(
+        "        sampler = DistributedSampler(data)\n",
+        "        sampler = DistributedSampler(data)\n        loader = DataLoader(data, batch_size=4, sampler=sampler)\n")
+    assert ("train.py", _line(used, "DistributedSampler(data)"), "DDP001") in _lint({"train.py": used})
