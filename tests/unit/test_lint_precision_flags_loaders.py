@@ -117,6 +117,54 @@ def test_set_epoch_of_a_sampler_rebuilt_per_group_gets_the_outer_loops_epoch():
     assert ("train.py", _line(fixed, "set_epoch(num_epochs)"), "DDP001") in _lint({"train.py": fixed})
 
 
+_FIT = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def fit(net):
+        dist.init_process_group("nccl")
+        model = DDP(net.cuda())
+        model(torch.randn(4, 2).cuda()).sum().backward()
+        if dist.get_rank() == 0:
+            torch.save(net.state_dict(), "net.pt")
+        dist.destroy_process_group()
+"""
+
+_APP = """
+    import os
+    import torch
+    from fit import fit
+
+
+    def prepare():
+        net = torch.nn.Linear(2, 2)
+        if os.path.exists("net.pt"):
+            net.load_state_dict(torch.load("net.pt"))
+        else:
+            fit(net)
+            net.load_state_dict(torch.load("net.pt"))
+        return net
+
+
+    def main():
+        net = prepare()
+        print(net)
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_load_on_the_arm_that_starts_no_process_group_is_one_process_s():
+    found = {f for f in _lint({"fit.py": _FIT, "app.py": _APP}) if f[2] == "DDP005"}
+    lines = [i for i, text in enumerate(textwrap.dedent(_APP).splitlines(), 1) if "torch.load(" in text]
+    assert ("app.py", lines[0], "DDP005") not in found  # the arm without fit(): no group, one process
+    assert ("app.py", lines[1], "DDP005") in found  # the control: after fit() started the group on every rank
+
+
 _UNUSED_SAMPLER = """
     import torch
     import torch.distributed as dist
