@@ -190,3 +190,39 @@ def test_a_sampler_no_loader_is_given_needs_no_set_epoch():
         "        sampler = DistributedSampler(data)\n",
         "        sampler = DistributedSampler(data)\n        loader = DataLoader(data, batch_size=4, sampler=sampler)\n")
     assert ("train.py", _line(used, "DistributedSampler(data)"), "DDP001") in _lint({"train.py": used})
+
+
+_WEIGHT = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--aux_loss", type=float, default=0.1)
+    args = parser.parse_args()
+    aux_loss = args.aux_loss
+
+
+    def main():
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(2, 2).cuda())
+        if dist.get_rank() == 0:
+            print("aux weight", aux_loss)
+        for epoch in range(3):
+            main_loss = model(torch.randn(4, 2).cuda()).sum()
+            (main_loss * (1 + aux_loss)).backward()
+            if dist.get_rank() == 0:
+                print("loss", main_loss.item())
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_loss_weight_read_from_the_command_line_is_a_setting_not_a_figure():
+    found = _lint({"train.py": _WEIGHT})
+    assert ("train.py", _line(_WEIGHT, 'print("aux weight"'), "DDP006") not in found
+    assert ("train.py", _line(_WEIGHT, 'print("loss"'), "DDP006") in found  # the control: rank 0's own loss

@@ -260,7 +260,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 sources = ordered_sources(s, scope, [leaf])
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *sources]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
-                         and not _from_evaluation(s, n) and not _constant_literal(s, n)), None)
+                         and not _from_evaluation(s, n) and not _constant_literal(s, n) and not _setting(s, n)), None)
             if loss is not None:
                 break
         if loss is not None and _reduced_here(s, call, loss):
@@ -402,6 +402,24 @@ def _constant_literal(s: Script, name: str) -> bool:
         and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
             isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
             for n in ast.walk(v)) for v in values)
+
+
+def _setting(s: Script, name: str) -> bool:
+    """Every value the file gives `name` is read from the parsed command line (`alpha_loss = args.alpha_loss`, with
+    `args = parser.parse_args()`): a setting such as a loss weight, not a figure of the batches."""
+    values = [v for k, v in s.assignments if k == name]
+    if not values:
+        return False
+    parsed = {k for k, v in s.assignments if isinstance(v, ast.Call)
+              and terminal(v.func) in ("parse_args", "parse_known_args")}
+    for v in values:
+        if not isinstance(v, ast.Attribute):
+            return False
+        while isinstance(v, (ast.Attribute, ast.Subscript)):
+            v = v.value
+        if not (isinstance(v, ast.Name) and v.id in parsed):
+            return False
+    return True
 
 
 _STR_METHODS = frozenset({"split", "rsplit", "format", "join", "strip", "replace", "lower", "upper", "capitalize"})
