@@ -226,3 +226,93 @@ def test_a_loss_weight_read_from_the_command_line_is_a_setting_not_a_figure():
     found = _lint({"train.py": _WEIGHT})
     assert ("train.py", _line(_WEIGHT, 'print("aux weight"'), "DDP006") not in found
     assert ("train.py", _line(_WEIGHT, 'print("loss"'), "DDP006") in found  # the control: rank 0's own loss
+
+
+_REPORT = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    def write_summary(path, final_loss):
+        with open(path, "w") as f:
+            f.write(f"loss {final_loss:.4f}")
+
+
+    def evaluate(model, val_loader, path):
+        total = 0.0
+        with torch.no_grad():
+            for x, y in val_loader:
+                total += torch.nn.functional.mse_loss(model(x), y).item()
+        final_loss = total / len(val_loader)
+        print(f"final loss {final_loss:.4f}")
+        write_summary(path, final_loss)
+
+
+    def main(train_set, val_set):
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        model = DDP(torch.nn.Linear(2, 2).cuda())
+        sampler = DistributedSampler(train_set)
+        train_loader = DataLoader(train_set, batch_size=8, sampler=sampler)
+        val_loader = DataLoader(val_set, batch_size=8, sampler=DistributedSampler(val_set, shuffle=False))
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for x, y in train_loader:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            for x, y in val_loader:
+                model(x)
+        if rank == 0:
+            full_loader = DataLoader(val_set, batch_size=64)
+            evaluate(model.module, full_loader, "summary.txt")
+        dist.destroy_process_group()
+"""
+
+
+def test_a_figure_over_a_loader_built_without_a_sampler_is_the_whole_sets():
+    found = {f for f in _lint({"train.py": _REPORT}) if f[2] == "DDP006"}
+    assert ("train.py", _line(_REPORT, 'print(f"final loss'), "DDP006") not in found
+    assert ("train.py", _line(_REPORT, 'f.write(f"loss'), "DDP006") not in found
+    # the control: rank 0 evaluates the sharded validation loader instead
+    sharded = _REPORT.replace("evaluate(model.module, full_loader,", "evaluate(model.module, val_loader,")
+    assert ("train.py", _line(sharded, 'print(f"final loss'), "DDP006") in _lint({"train.py": sharded})
+
+
+_BEST = """
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def evaluate(model, loader):
+        return sum(model(x).sum().item() for x in loader)
+
+
+    def main(train_loader, val_loader):
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(2, 2).cuda())
+        best_loss = np.inf
+        for epoch in range(3):
+            for x in train_loader:
+                model(x).sum().backward()
+            if dist.get_rank() == 0:
+                val_loss = evaluate(model.module, val_loader)
+                if val_loss < best_loss:
+                    best_loss = val_loss
+                print(f"best {best_loss:.4f}")
+                loss_info = {"auc": val_loss / 2, "acc": val_loss / 3}
+                for tag, value in loss_info.items():
+                    print(tag, value)
+        dist.destroy_process_group()
+"""
+
+
+def test_a_best_so_far_copy_and_a_dict_of_evaluation_figures_are_the_evaluations():
+    found = {f for f in _lint({"train.py": _BEST}) if f[2] == "DDP006"}
+    assert ("train.py", _line(_BEST, 'print(f"best'), "DDP006") not in found
+    assert ("train.py", _line(_BEST, "print(tag, value)"), "DDP006") not in found
+    # the same names for what rank 0 computed from its own training batches: reported
+    trained = _BEST.replace("val_loss = evaluate(model.module, val_loader)", "val_loss = model(x).sum().item()")
+    assert ("train.py", _line(trained, 'print(f"best'), "DDP006") in _lint({"train.py": trained})
