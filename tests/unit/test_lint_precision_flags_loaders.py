@@ -316,3 +316,42 @@ def test_a_best_so_far_copy_and_a_dict_of_evaluation_figures_are_the_evaluations
     # the same names for what rank 0 computed from its own training batches: reported
     trained = _BEST.replace("val_loss = evaluate(model.module, val_loader)", "val_loss = model(x).sum().item()")
     assert ("train.py", _line(trained, 'print(f"best'), "DDP006") in _lint({"train.py": trained})
+
+
+_MODES = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
+
+    class Loaders:
+        def __init__(self, data, mode):
+            if mode == "train":
+                self.data = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))
+            elif mode == "eval":
+                self.data = DataLoader(data)
+            else:
+                print("unknown mode", mode)
+
+
+    def main(data):
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(2, 2).cuda())
+        train = Loaders(data, "train").data
+        test = Loaders(data, "eval").data
+        for x in train:
+            model(x).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main(torch.randn(64, 2))
+"""
+
+
+def test_the_last_else_of_a_chain_every_call_passes_a_tested_value_never_runs():
+    assert ("train.py", _line(_MODES, 'print("unknown mode"'), "DDP008") not in _lint({"train.py": _MODES})
+    # the control: a call with another value reaches the else
+    other = _MODES.replace('Loaders(data, "eval")', 'Loaders(data, "predict")')
+    assert ("train.py", _line(other, 'print("unknown mode"'), "DDP008") in _lint({"train.py": other})
