@@ -394,12 +394,12 @@ def test_sampler_built_in_a_helper_called_only_when_distributed():
         """,
     }
     assert _lint_files(files, "DDP001") == set()
-    # built on every path (the helper called outside the mode check): the flag-off run repeats one order
+    # built on every path (the helper called outside the mode check): every distributed run sets the flag and
+    # reshuffles; the flag-off run is one process, where a repeated order is no DDP mistake
     everywhere = dict(files, **{"p/train.py": files["p/train.py"].replace(
         "                else:\n                    sampler = None\n",
         "                sampler = make_sampler(dataset)\n")})
-    # reported at the sampler built on every path, not at the set_epoch that is right where it runs
-    assert _lint_files(everywhere, "DDP001") == {("p/data.py", _line(files["p/data.py"], "DistributedSampler(dataset"))}
+    assert _lint_files(everywhere, "DDP001") == set()
 
 
 SAMPLER_WRAPPED = """

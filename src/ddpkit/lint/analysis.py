@@ -582,6 +582,9 @@ class Script:
             if isinstance(value, ast.Constant) and isinstance(value.value, bool):
                 flags.setdefault(key, set()).add(value.value)
         flagged = False
+        self.rank_flags: set[str] = set()
+        """Attributes ('.log') this file sets True on some ranks and False on the others (`if rank % n == 0:
+        args.log = True` / `else: args.log = False`): a rank check wherever the program reads them."""
         for node in self.nodes if flags else ():
             if isinstance(node, ast.If):
                 k = self.kind(node.test)
@@ -589,10 +592,13 @@ class Script:
                     for stmt in (*node.body, *node.orelse):
                         if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
                             for target in stmt.targets:
-                                key = target.id if isinstance(target, ast.Name) else None
+                                key = target.id if isinstance(target, ast.Name) else \
+                                    "." + target.attr if isinstance(target, ast.Attribute) else None
                                 if len(flags.get(key, ())) == 2 and not self.derived.get(key):
                                     self.derived[key] = k
                                     flagged = True
+                                    if key.startswith("."):
+                                        self.rank_flags.add(key)
         if flagged:
             self.rank_helpers = find_rank_helpers(self)
 

@@ -342,6 +342,8 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
                 level = script.kind(value)
                 if level:
                     found["=" + key] = max(found.get("=" + key, NONE), level)
+        for key in script.rank_flags:  # `if rank == 0: args.log = True` / `else: args.log = False`
+            found["=" + key] = max(found.get("=" + key, NONE), script.derived[key])
     for path in project.scripts if found else ():
         into = levels.setdefault(path, {})
         for key, level in found.items():
@@ -807,15 +809,21 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
     entries: dict[int, bool] = {}
 
     def entry(scope: ast.AST) -> bool:
-        """A function only module code calls (`run()` in the `__main__` block), nothing handing it along: no group
-        can have started in a caller before it runs."""
+        """A function only module code calls (`run()` in the `__main__` block), or only such a function whose other
+        calls surely start no group (`main()` calling `load_model()`), nothing handing it along: no group can have
+        started in a caller before it runs."""
         if id(scope) not in entries:
+            entries[id(scope)] = False  # (a recursive call is no entry)
             found = [(x, c) for x in project.scripts.values() for c in x.calls
                      if any(t is scope for t in calls.get(id(c)) or ())]
             handed = any(isinstance(n, ast.Name) and n.id == scope.name and isinstance(n.ctx, ast.Load)
                          and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
                          for x in project.scripts.values() for n in x.nodes)
-            entries[id(scope)] = bool(found) and not handed and all(id(c) not in owner for _, c in found)
+            entries[id(scope)] = bool(found) and not handed and all(
+                id(c) not in owner or isinstance(owner[id(c)], (ast.FunctionDef, ast.AsyncFunctionDef))
+                and entry(owner[id(c)]) and starting([ast.Expr(o) for o in ast.walk(owner[id(c)])
+                                                      if isinstance(o, ast.Call) and o is not c]) is False
+                for _, c in found)
         return entries[id(scope)]
 
     for path, x in project.scripts.items():

@@ -342,6 +342,53 @@ def _sharded_params(s: Script) -> dict[int, set[str]]:
     return project.memo("sharded params", compute).get(s.path, {})
 
 
+def _whole_names(s: Script, scope: ast.AST) -> set[str]:
+    """Names of `scope` that surely hold a loader over the whole data, whatever other functions hold under the same
+    name: a local name every assignment of which in `scope` builds one, or a parameter every call in the project
+    fills with one (`report(model, eval_loader)` with `eval_loader = DataLoader(test_set, batch_size=64)`)."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    project = s.project
+    known = sharded_names(s)
+    found = {name for name in {n.id for n in _own_nodes(scope) if isinstance(n, ast.Name)} & known
+             if _unsharded_loader(s, ast.Name(name, ast.Load()), id(scope))}
+    params = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
+    offset = 1 if params[:1] in (["self"], ["cls"]) else 0
+    by_name = project.memo("calls by name", lambda: _calls_by_name(project))
+    for i, param in enumerate(params[offset:]):
+        if param not in known:
+            continue
+        given = []
+        for x, call in by_name.get(scope.name, ()):
+            if not x.project.runs(x, call):
+                continue
+            arg = next((k.value for k in call.keywords if k.arg == param), None)
+            if arg is None and i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                arg = call.args[i]
+            given.append(arg is not None and _unsharded_loader(x, arg, x.context(call).scope))
+        if given and all(given):
+            found.add(param)
+    return found
+
+
+def _unsharded_loader(s: Script, value: ast.AST, scope: int, depth: int = 0) -> bool:
+    """`DataLoader(data, batch_size=64)` with no sampler (or `sampler=None`), no `**kwargs`, nothing sharded nor
+    rank-dependent in it; or a name every assignment of which in the function `scope` (its id, as
+    Context.scope) is one (followed three names deep)."""
+    if isinstance(value, ast.Name) and depth < 3:
+        values = [v for stmt, v in s._bindings.get(value.id, ()) if s.context(stmt).scope == scope]
+        return bool(values) and all(v is not None and _unsharded_loader(s, v, scope, depth + 1) for v in values)
+    if not (isinstance(value, ast.Call) and terminal(value.func) == "DataLoader") or len(value.args) > 3:
+        return False
+    for k in value.keywords:
+        if k.arg is None or k.arg in ("sampler", "batch_sampler") and not (
+                isinstance(k.value, ast.Constant) and k.value.value is None):
+            return False
+    known = sharded_names(s)
+    return not _mentions_shards(s, value, known) and not any(
+        s.kind(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))
+
+
 def _loop_source(flow_names: set[str], s: Script, expr: ast.AST) -> bool:
     """`for b in loader` / `enumerate(loader)` / `tqdm(loader)` over a sharded loader."""
     if isinstance(expr, ast.Call) and terminal(expr.func) in _LOADER_WRAPPERS:
@@ -387,7 +434,7 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     flow = ScopeFlow(scope)
     nodes = s.project.memo(("own nodes", id(scope)), lambda: _own_nodes(scope))
     flow.nodes = nodes
-    sources = sharded_names(s) | _sharded_params(s).get(id(scope), set())
+    sources = (sharded_names(s) - _whole_names(s, scope)) | _sharded_params(s).get(id(scope), set())
     # `pbar = tqdm(enumerate(train_loader))` then `for i, (x, y) in pbar:`: the wrapped loader, under a local name
     # (only a name every assignment of the scope gives a wrapped sharded loader: `pbar` over the training and
     # then an unsharded test loader is not followed)

@@ -28,7 +28,9 @@ _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|t
 _LOG_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning"})
 _WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world|"
                     r"\bws\b|n_?procs|num_?ranks|n_?ranks|gpu_?count|device_count")
-_PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid"})
+_PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid", "current_device"})
+"""Calls and names whose value differs by process: a message that shows one (`[GPU{torch.cuda.current_device()}]`,
+the device this process set) is tagged per process on purpose."""
 _EXITS = frozenset({"exit", "_exit", "quit"})
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
            "divide, then report on rank 0")
@@ -82,16 +84,34 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
         and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
 
 
-def _from_evaluation(s: Script, name: str) -> bool:
+def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
     """`losses = estimate_loss()`: the value comes from an evaluation helper, not from the training batches; so
     does `maps, total_loss = validate(...)` that rank 0 runs alone (under a rank check, the evaluation is its
-    own run over the set it is given; on every rank, each unpacks its own shard's figures)."""
+    own run over the set it is given; on every rank, each unpacks its own shard's figures); and a best-so-far
+    copy of such a value (`best_loss = np.inf`, then `best_loss = val_loss`)."""
+    values = [v for k, v in s.assignments if k == name]
+    copies = [v for v in values if not _start_value(v)]
+    if depth < 3 and copies and len(copies) < len(values) and all(
+            isinstance(v, ast.Name) and v.id != name and _from_evaluation(s, v.id, depth + 1) for v in copies):
+        return True
     return any(isinstance(v, ast.Call) and is_eval_name(terminal(v.func)) for k, v in s.assignments
                if k.lstrip(".") == name) or name in s.project.memo(("unpacked from evaluation", id(s)), lambda: {
                    n.id for a in s.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                    and is_eval_name(terminal(a.value.func)) and s.context(a.value).level != NONE
                    for t in a.targets if isinstance(t, (ast.Tuple, ast.List))
                    for n in ast.walk(t) if isinstance(n, ast.Name)})
+
+
+def _start_value(value: ast.AST) -> bool:
+    """A best-so-far's starting value: a number, `np.inf`, `float("inf")`, `-math.inf`."""
+    if isinstance(value, ast.UnaryOp):
+        value = value.operand
+    if isinstance(value, ast.Constant):
+        return isinstance(value.value, (int, float)) or value.value is None
+    if isinstance(value, ast.Attribute):
+        return value.attr in ("inf", "nan")
+    return isinstance(value, ast.Call) and terminal(value.func) == "float" and len(value.args) == 1 \
+        and isinstance(value.args[0], ast.Constant) and str(value.args[0].value).lstrip("+-").lower() in ("inf", "nan")
 
 
 def _object_attributes(s: Script, scope: ast.AST, leaf: ast.AST) -> set[str]:
@@ -238,6 +258,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # (a `.info` line where logging is set up per rank shows on rank 0 alone)
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
+        if ctx.functions and _called_only_in_evaluation(s, ctx.functions[-1]):
+            continue  # a helper an evaluation function hands its figures to (`save_summary(dir, final_loss)`)
         if _names_a_rank(s, call):
             continue  # "rank 0 loss": the log says whose value it is
         scope = scope_of(s, call)
@@ -258,7 +280,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 sources = ordered_sources(s, scope, [leaf])
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *sources]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
-                         and not _from_evaluation(s, n) and not _constant_literal(s, n)), None)
+                         and not _from_evaluation(s, n) and not _constant_literal(s, n) and not _setting(s, n)
+                         and not _dict_display(s, n, call)), None)
             if loss is not None:
                 break
         if loss is not None and _reduced_here(s, call, loss):
@@ -276,6 +299,14 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                       "if it were the run's; the script never reduces it across ranks",
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _called_only_in_evaluation(s: Script, name: str) -> bool:
+    """Every call of the project function `name` that runs sits in an evaluation function (not `train_and_evaluate`):
+    what it reports are the figures of the data that evaluation was given."""
+    calls = [(x, c) for x, c in s.project.calls_named(name) if x.project.runs(x, c)]
+    return bool(calls) and all(any(is_eval_name(f) and "train" not in f.lower().split("_")
+                                   for f in x.context(c).functions) for x, c in calls)
 
 
 def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool:
@@ -400,6 +431,41 @@ def _constant_literal(s: Script, name: str) -> bool:
         and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
             isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
             for n in ast.walk(v)) for v in values)
+
+
+def _dict_display(s: Script, name: str, call: ast.Call) -> bool:
+    """Every value the file gives `name` is a dict display of evaluation outputs (`lossinfo = {"AUC": round(auc *
+    100, 4)}` with `auc, acc = evaluation(model, val_loader)`): named like a loss, it holds what an evaluation
+    returned over the data it was given, not this rank's training batches. (Values given in the function of
+    `call`.)"""
+    values = s.local_values(name, call)
+    if not values or not all(isinstance(v, ast.Dict) and v.keys and all(k is not None for k in v.keys)
+                             for v in values):
+        return False
+    outputs = s.project.memo(("evaluation outputs", id(s)), lambda: {
+        n.id for a in s.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+        and is_eval_name(terminal(a.value.func)) for t in a.targets for n in ast.walk(t) if isinstance(n, ast.Name)})
+    names = [n.id for v in values for e in v.values for n in ast.walk(e) if isinstance(n, ast.Name)
+             and not (isinstance(s.parents.get(id(n)), ast.Call) and s.parents[id(n)].func is n)]
+    return bool(names) and all(n in outputs for n in names)
+
+
+def _setting(s: Script, name: str) -> bool:
+    """Every value the file gives `name` is read from the parsed command line (`alpha_loss = args.alpha_loss`, with
+    `args = parser.parse_args()`): a setting such as a loss weight, not a figure of the batches."""
+    values = [v for k, v in s.assignments if k == name]
+    if not values:
+        return False
+    parsed = {k for k, v in s.assignments if isinstance(v, ast.Call)
+              and terminal(v.func) in ("parse_args", "parse_known_args")}
+    for v in values:
+        if not isinstance(v, ast.Attribute):
+            return False
+        while isinstance(v, (ast.Attribute, ast.Subscript)):
+            v = v.value
+        if not (isinstance(v, ast.Name) and v.id in parsed):
+            return False
+    return True
 
 
 _STR_METHODS = frozenset({"split", "rsplit", "format", "join", "strip", "replace", "lower", "upper", "capitalize"})

@@ -1155,15 +1155,24 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 def _switch_off(scope: ast.AST, is_flag, literals: list[object], dead: set[int]) -> None:
     """Add to dead the nodes of each arm of an `if` in scope that the test never takes, the flag holding each of
     `literals` in turn (see _decide): the body of `if <flag>:` / `if <flag> and ...:` for False or None, the
-    `else:` of `if <flag> is not None:` for 10."""
-    for n in ast.walk(scope):
-        if not isinstance(n, ast.If):
-            continue
-        outcomes = {_decide(n.test, is_flag, value) for value in literals}
-        if outcomes == {False}:
-            dead.update(id(m) for stmt in n.body for m in ast.walk(stmt))
-        elif outcomes == {True}:
-            dead.update(id(m) for stmt in n.orelse for m in ast.walk(stmt))
+    `else:` of `if <flag> is not None:` for 10. An arm is reached only by the values its enclosing tests let
+    through: the last `else:` of `if mode == "train": ... elif mode == "eval": ... else:` is never taken where
+    every call passes "train" or "eval"."""
+    def visit(node: ast.AST, values: list[object]) -> None:
+        if not isinstance(node, ast.If):
+            for child in ast.iter_child_nodes(node):
+                visit(child, values)
+            return
+        decided = [(value, _decide(node.test, is_flag, value)) for value in values]
+        for arm, reaching in ((node.body, [v for v, d in decided if d is not False]),
+                              (node.orelse, [v for v, d in decided if d is not True])):
+            if not reaching:
+                dead.update(id(m) for stmt in arm for m in ast.walk(stmt))
+                continue
+            for stmt in arm:
+                visit(stmt, reaching)
+    for child in ast.iter_child_nodes(scope):
+        visit(child, literals)
 
 
 def _decide(test: ast.AST, is_flag, value: object) -> bool | None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import (LOCAL, NONE, Script, distributed_mode, dropped_by_every_caller, is_eval_name,
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, is_eval_name,
                                   is_eval_sampler, terminal)
 from ddpkit.lint.passes import enclosing_function, rerun_site
 
@@ -75,7 +75,6 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
                       "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
                       "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
-    yield from _samplers_beside_a_guarded_set_epoch(s, set_epochs)
     if not s.project.epoch_loop:
         return
     receivers = _set_epoch_receivers(set_epochs)
@@ -108,7 +107,7 @@ def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receiv
             return
     if _handed_to_unseen_code(x, call):
         return  # a batch sampler from a file not linted may call set_epoch itself
-    if _under_an_unread_key(x, call) or dropped_by_every_caller(x, call):
+    if _under_an_unread_key(x, call) or dropped_by_every_caller(x, call) or _never_read(x, call):
         return  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
     what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
         f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
@@ -153,34 +152,32 @@ def _line_of(script: Script, node: ast.AST, here: Script) -> str:
     return f"line {node.lineno}" if script is here else f"{script.path}:{node.lineno}"
 
 
-def _samplers_beside_a_guarded_set_epoch(s: Script, set_epochs: list[tuple[Script, ast.Call]]) -> Iterator[Hit]:
-    """Every set_epoch of the program runs only when the run is distributed (inside a mode check) while a
-    training DistributedSampler of this file is built on every path: a run with the flag off shuffles every
-    epoch alike. The mistake is the sampler built where set_epoch is not called, so it is reported there (not at
-    the set_epoch, which is right where it runs); samplers over evaluation data and shuffle=False ones are not."""
-    live = [(x, c) for x, c in set_epochs if c.args and not (isinstance(c.func, ast.Attribute) and any(
-        is_eval_name(terminal(n)) for n in ast.walk(c.func.value) if isinstance(n, (ast.Name, ast.Attribute))))]
-    if not live or not all(_distributed_only(x, c) for x, c in live):
-        return
-    script, guarded = live[0]
-    where = _line_of(script, guarded, s)
-    for call in s.calls_named("DistributedSampler"):
-        if _is_const(argument(call, "shuffle", 3), False) or is_eval_sampler(s, call) \
-                or _built_when_distributed(s, call) or dropped_by_every_caller(s, call):
-            continue
-        yield Hit(call, "DDP001", "warning",
-                  f"this DistributedSampler is built on every path, but set_epoch ({where}) runs only when the run "
-                  "is distributed (inside a mode check): a run where the flag is off visits the data in the same "
-                  "order every epoch",
-                  "call sampler.set_epoch(epoch) unconditionally (it is harmless with one process)")
-
-
 def _epoch_seeded_samplers(project) -> set[str]:
     """Project subclasses of DistributedSampler whose code reads `self.epoch` (the seed set_epoch sets)."""
     return {c.name for x in project.scripts.values() for c in x.nodes
             if isinstance(c, ast.ClassDef) and any(terminal(b) == "DistributedSampler" for b in c.bases)
             and any(isinstance(n, ast.Attribute) and n.attr == "epoch" and isinstance(n.value, ast.Name)
                     and n.value.id == "self" and isinstance(n.ctx, ast.Load) for n in ast.walk(c))}
+
+
+def _never_read(s: Script, call: ast.Call) -> bool:
+    """`sampler = DistributedSampler(data)` where the program reads `sampler` nowhere (no loader is given it, no
+    `self.sampler` is read in any file): its order is never used, so set_epoch would change nothing."""
+    parent = s.parents.get(id(call))
+    if not (isinstance(parent, ast.Assign) and parent.value is call):
+        return False
+    for target in parent.targets:
+        if isinstance(target, ast.Name):
+            if any(isinstance(n, ast.Name) and n.id == target.id and not isinstance(n.ctx, ast.Store)
+                   for n in s.nodes):
+                return False
+        elif isinstance(target, ast.Attribute):
+            if any(isinstance(n, ast.Attribute) and n.attr == target.attr and not isinstance(n.ctx, ast.Store)
+                   for x in s.project.scripts.values() for n in x.nodes):
+                return False
+        else:
+            return False
+    return True
 
 
 def _under_an_unread_key(s: Script, value: ast.AST) -> bool:
@@ -290,50 +287,6 @@ def _advanced_by_some_ranks(s: Script, value: ast.AST) -> bool:
         for n in s.nodes)
 
 
-def _distributed_only(s: Script, node: ast.AST) -> bool:
-    """Inside the distributed branch of a mode check (`if args.distributed:`)."""
-    parents, child = s.parents, node
-    while id(child) in parents:
-        parent = parents[id(child)]
-        if isinstance(parent, ast.If) and child is not parent.test:
-            sense = distributed_mode(parent.test)
-            if (sense > 0 and child in parent.body) or (sense < 0 and child in parent.orelse):
-                return True
-        if isinstance(parent, ast.IfExp) and child is not parent.test:
-            sense = distributed_mode(parent.test)
-            if (sense > 0 and child is parent.body) or (sense < 0 and child is parent.orelse):
-                return True
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(parent, field, None)
-            if isinstance(block, list) and child in block and any(
-                    _single_process_raises(stmt) for stmt in block[:block.index(child)]):
-                return True
-        child = parent
-    return False
-
-
-def _single_process_raises(stmt: ast.stmt) -> bool:
-    """`if args.distributed: ... else: raise NotImplementedError(...)` (or `if not distributed: raise`): a run
-    without the flag stops here, so what follows runs only distributed."""
-    if not isinstance(stmt, ast.If):
-        return False
-    sense = distributed_mode(stmt.test)
-    single = stmt.orelse if sense > 0 else stmt.body if sense < 0 else []
-    return bool(single) and isinstance(single[-1], ast.Raise)
-
-
-def _built_when_distributed(s: Script, node: ast.AST, depth: int = 0) -> bool:
-    """Inside a mode check's distributed branch, or in a function every call of which is (`samplers =
-    create_sampler(...)` under `if args.distributed:`), through at most three helpers."""
-    if _distributed_only(s, node):
-        return True
-    functions = s.context(node).functions
-    if not functions or depth > 2:
-        return False
-    callers = [(x, c) for x, c in s.project.calls_named(functions[-1]) if x.project.runs(x, c)]
-    return bool(callers) and all(_built_when_distributed(x, c, depth + 1) for x, c in callers)
-
-
 def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
     """The line of the epoch loop that follows a set_epoch outside any loop in the same function: a later
     `for ... in range(...)` that runs another loop, directly or through a function of the project that loops
@@ -363,6 +316,26 @@ def _before_the_epoch_loop(s: Script, call: ast.Call) -> int:
     return 0
 
 
+def _rebuilt_in(call: ast.Call, loop: ast.For, inner: ast.AST | None) -> bool:
+    """`sampler.set_epoch(...)` where `loop` assigns `sampler` itself (`for group in groups: sampler =
+    DistributedSampler(...)`), outside the loop `inner` it holds (already found rebuilding it): each pass of the
+    loop has a fresh sampler."""
+    holder = call.func.value if isinstance(call.func, ast.Attribute) else None
+    if not isinstance(holder, (ast.Name, ast.Attribute)):
+        return False
+    text = ast.unparse(holder)
+    todo = [loop]
+    while todo:
+        n = todo.pop()
+        if n is inner:
+            continue
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
+                ast.unparse(t) == text for t in (n.targets if isinstance(n, ast.Assign) else [n.target])):
+            return True
+        todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
 def _loop_invariant(s: Script, call: ast.Call) -> bool:
     """`set_epoch(start_epoch)` in `for epoch in ...`: a plain name the enclosing loop neither binds nor changes. A
     loop whose target is the sampler's holder (`for loader in self.loaders:`) is a loop over samplers, not the
@@ -374,7 +347,7 @@ def _loop_invariant(s: Script, call: ast.Call) -> bool:
         return _loop_bound(s, call, value)
     if not isinstance(value, ast.Name):
         return False
-    node, parents = call, s.parents
+    node, parents, rebuilt = call, s.parents, None
     while id(node) in parents:
         node = parents[id(node)]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -384,6 +357,9 @@ def _loop_invariant(s: Script, call: ast.Call) -> bool:
             if isinstance(call.func, ast.Attribute) and any(isinstance(n, ast.Name) and n.id in bound
                                                             for n in ast.walk(call.func.value)):
                 continue  # `for loader in loaders: loader.sampler.set_epoch(epoch)` walks samplers, not epochs
+            if _rebuilt_in(call, node, rebuilt):
+                rebuilt = node
+                continue  # a sampler built anew in each pass of this loop: the loop around it passes over epochs
             bound |= {n.id for stmt in ast.walk(node) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign,
                                                                              ast.NamedExpr, ast.For))
                       for t in ([stmt.target] if not isinstance(stmt, ast.Assign) else stmt.targets)
