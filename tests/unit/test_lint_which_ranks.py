@@ -333,7 +333,9 @@ _SWITCH = """
 def test_a_branch_only_calls_leaving_a_switch_off_reach_has_their_guard():
     found = _lint({"train.py": _SWITCH})
     saves = _lines(_SWITCH, "torch.save(")
-    assert ("train.py", saves[0], "DDP004") in found  # the every-rank call turns `final` on
+    # the every-rank call turns `final` on: reported at that call, where the rank check goes
+    assert ("train.py", _lines(_SWITCH, "store(net, 99, final=True)")[0], "DDP004") in found
+    assert ("train.py", saves[0], "DDP004") not in found
     assert ("train.py", saves[1], "DDP004") not in found
     assert ("train.py", _lines(_SWITCH, "print(")[0], "DDP008") not in found
 
@@ -350,7 +352,7 @@ def test_the_switch_is_followed_to_a_helper_of_another_file():
         _SWITCH[_SWITCH.index("    def main():"):]
     found = _lint({"train.py": caller, "saving.py": helper})
     assert ("saving.py", _lines(helper, "print(")[0], "DDP008") not in found
-    assert ("saving.py", _lines(helper, "torch.save(")[0], "DDP004") in found
+    assert ("train.py", _lines(caller, "store(net, 99, final=True)")[0], "DDP004") in found
 
 
 # ---- a mode that starts no process group ----------------------------------------------------------------

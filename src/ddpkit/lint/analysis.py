@@ -306,6 +306,10 @@ class Script:
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand)
         if isinstance(expr, ast.BinOp):
+            if isinstance(expr.op, ast.Mod) and self.kind(expr.left) == GLOBAL and self._gpus_per_node(expr.right):
+                # `rank % ngpus_per_node` with `ngpus_per_node = torch.cuda.device_count()`: the rank within the
+                # node (ranks numbered node by node), so `rank % ngpus_per_node == 0` holds on every node
+                return LOCAL
             return max(self.kind(expr.left), self.kind(expr.right))
         if isinstance(expr, ast.IfExp):
             # `SummaryWriter() if rank == 0 else None`: the value exists on the ranks the test picks, so
@@ -320,6 +324,19 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _gpus_per_node(self, expr: ast.AST) -> bool:
+        """`torch.cuda.device_count()`, or a name or attribute every store of which in this file is one: the GPUs
+        of this machine."""
+        if isinstance(expr, ast.Call):
+            return self.qualname(expr.func) == "torch.cuda.device_count"
+        if not isinstance(expr, (ast.Name, ast.Attribute)):
+            return False
+        stores = [n.value for n in self.nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                  for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                  if isinstance(target, (ast.Name, ast.Attribute)) and terminal(target) == terminal(expr)]
+        return bool(stores) and all(isinstance(v, ast.Call) and self.qualname(v.func) == "torch.cuda.device_count"
+                                    for v in stores)
 
     def _unlaunched(self, test: ast.AST) -> bool:
         """`rank is None` where the program starts its process group only where the rank is not None (see

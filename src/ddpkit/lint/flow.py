@@ -28,6 +28,28 @@ _SIZES = frozenset({"len", "size", "numel", "dim", "nelement"})
 _SPLITS = frozenset({"Subset", "shard", "split_dataset_by_node", "partition", "islice"})
 
 
+def _walked(target: ast.AST, source: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(part of a loop target, the container its items come from) where that is plain: each argument of `zip(a, b)`,
+    the values of `d.items()` and `d.values()`. Not `for k in d` alone: over a dict that walks the keys, names."""
+    if not isinstance(source, ast.Call) or any(isinstance(a, ast.Starred) for a in source.args):
+        return []
+    if isinstance(source.func, ast.Name) and source.func.id == "zip" and isinstance(target, (ast.Tuple, ast.List)) \
+            and len(target.elts) == len(source.args):
+        return [(t, a) for t, a in zip(target.elts, source.args)]
+    if isinstance(source.func, ast.Attribute) and not source.args:
+        if source.func.attr == "items" and isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2:
+            return [(target.elts[1], source.func.value)]
+        if source.func.attr == "values":
+            return [(target, source.func.value)]
+    return []
+
+
+def _fed_a_pair(call: ast.Call) -> bool:
+    """`ap_calculator.step(batch_preds, batch_gts)`: an object given predictions and targets batch by batch (a metric
+    calculator), not `scheduler.step(val_loss)` nor `scaler.step(optimizer)`, which take one value."""
+    return call.func.attr == "step" and len(call.args) >= 2
+
+
 @dataclass
 class ScopeFlow:
     """The shard-dependent and reduced names of one function (or of the module's own code)."""
@@ -547,7 +569,7 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                             if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
                                 flow.evaluation.add(root)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in _COLLECTING and _root(node.func.value) \
+                    and (node.func.attr in _COLLECTING or _fed_a_pair(node)) and _root(node.func.value) \
                     and not _told_distributed(s, node.func.value):
                 # `meter.update(value, n)`: the value decides; n is the batch's weight
                 values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
@@ -557,6 +579,14 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                     flow.tainted.add(root)
                     if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
                         flow.evaluation.add(root)
+            elif isinstance(node, (ast.For, ast.AsyncFor)) and id(node) not in in_loop:
+                # `for p, g in zip(preds, gts)` after the shard loop: each name holds items of what it walks
+                for target, source in _walked(node.target, node.iter):
+                    tainted = flow.tainted_names(s, source, summaries)
+                    if tainted:
+                        flow.tainted.update(_names_of(target))
+                        if any(n in flow.evaluation for n in tainted):
+                            flow.evaluation.update(_names_of(target))
         if (len(flow.tainted), len(flow.reduced), len(flow.counts)) == before:
             break
     for node in nodes:

@@ -74,11 +74,16 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
     while up is not None and up is not d:
         ancestors.add(id(up))
         up = script.parents.get(id(up))
+    flags: list[tuple[str, bool]] = []  # (parameter, whether it must be true) of `if final:` around the node
     for n in ifs.values():
         if any(isinstance(v, ast.Name) and v.id in params for v in ast.walk(n.test)) and (
                 id(n) in ancestors or n.lineno < node.lineno and any(
                     isinstance(t, (ast.Return, ast.Raise)) for t in ast.walk(n))):
-            return None  # which callers reach it depends on what they pass (`if final:`): it stays in the helper
+            flag = _flag_test(n.test, params)
+            if flag is None or id(n) not in ancestors:
+                return None  # which callers reach it depends on what they pass (`if final:`): it stays in the helper
+            inside = any(id(b) in ancestors or b is node for b in n.body)
+            flags.append((flag[0], flag[1] == inside))
     calls = []
     for x in project.scripts.values():
         for n in x.nodes:
@@ -94,8 +99,46 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
                 if not x.context(c).functions or not isinstance(x.parents.get(id(c)), ast.Expr):
                     return None
                 calls.append((x, c))
+    if flags:
+        # `if save_cur: torch.save(...)`: only the calls that pass a constant making every such test pass reach the
+        # node; a call passing a value not known here leaves it in the helper
+        positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+        reaching = []
+        for x, c in calls:
+            passed = [_constant_truth(d, c, positional, name) for name, _ in flags]
+            if any(p is None for p in passed):
+                return None
+            if all(p == want for p, (_, want) in zip(passed, flags)):
+                reaching.append((x, c))
+        calls = reaching
     unguarded = [(x, c) for x, c in calls if x.context(c).level == NONE and not x.context(c).single]
     return unguarded or None
+
+
+def _flag_test(test: ast.AST, params: set[str]) -> tuple[str, bool] | None:
+    """`if save_cur:` -> ('save_cur', True), `if not final:` -> ('final', False); None for any other test."""
+    if isinstance(test, ast.Name) and test.id in params:
+        return test.id, True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _flag_test(test.operand, params)
+        return (inner[0], not inner[1]) if inner else None
+    return None
+
+
+def _constant_truth(d: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call, positional: list[str],
+                    name: str) -> bool | None:
+    """The truth of what a call passes for parameter `name` (its default where it passes nothing), when a constant."""
+    value = next((k.value for k in call.keywords if k.arg == name), None)
+    if value is None and any(k.arg is None for k in call.keywords) \
+            or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    if value is None and name in positional and positional.index(name) < len(call.args):
+        value = call.args[positional.index(name)]
+    if value is None:
+        defaults = dict(zip(positional[len(positional) - len(d.args.defaults):], d.args.defaults))
+        defaults.update({a.arg: v for a, v in zip(d.args.kwonlyargs, d.args.kw_defaults) if v is not None})
+        value = defaults.get(name)
+    return bool(value.value) if isinstance(value, ast.Constant) else None
 
 
 def _resolves(project, x: Script, call: ast.Call, path: str, name: str) -> bool:

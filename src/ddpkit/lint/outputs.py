@@ -286,8 +286,11 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 break
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
-        if loss is not None and _progress_line(s, scope, call, loss):
+        step = loss is not None and _progress_line(s, scope, call, loss)
+        if step and not (terminal(call.func) in _RECORDS or s.qualname(call.func).startswith("wandb.")):
             continue  # rank 0's batch loss inside the training loop; the epoch figure built from it is reduced
+        # (but a record a writer keeps, `writer.add_scalar("train/loss_step", loss.item(), step)`, is a curve of
+        # rank 0's batches presented as the run's, whatever the epoch figure is)
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
@@ -296,7 +299,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
-                      "if it were the run's; the script never reduces it across ranks",
+                      "if it were the run's; " + ("only the epoch figure built from it is reduced across ranks"
+                                                  if step else "the script never reduces it across ranks"),
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
 
@@ -327,6 +331,10 @@ def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool
                 and s.project.runs(s, c) and loss in built_from(s, scope, [c.args[0]]):
             return True
     return False
+
+
+_RECORDS = frozenset({"add_scalar", "add_scalars", "log_metrics"})
+"""Calls that write a figure into a run's record (tensorboard, a tracker), not onto the console."""
 
 
 def _attribute_sources(s: Script, leaf: ast.AST) -> list[str] | None:

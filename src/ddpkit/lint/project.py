@@ -1265,7 +1265,8 @@ def _script(path: str, tree: ast.Module, levels: dict[str, int], star: dict[str,
 
 
 _DRAWS = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
-                    "bernoulli", "multinomial", "uniform", "choice", "shuffle", "random", "beta", "permutation"})
+                    "bernoulli", "multinomial", "uniform", "choice", "shuffle", "random", "beta", "permutation",
+                    "randrange"})
 
 
 def _never_read(s: Script, node: ast.AST) -> bool:
@@ -1291,8 +1292,7 @@ def _draws(s: Script, node: ast.AST) -> bool:
     """A random draw (torch.randn, np.random.rand, random.random, a torch.distributions sample...) inside a
     loop, forward() or __getitem__."""
     if _samples_a_distribution(s, node):
-        functions = s.context(node).functions
-        return _in_training_step(s, node) or bool(functions) and functions[-1] in ("forward", "__getitem__", "__call__")
+        return _in_training_step(s, node) or _per_item(s, node)
     if not (isinstance(node, ast.Call) and terminal(node.func) in _DRAWS):
         return False
     name = s.qualname(node.func)
@@ -1306,9 +1306,37 @@ def _draws(s: Script, node: ast.AST) -> bool:
                                                           if k.arg in ("size", "low", "high", "input"))))
     if any(k.arg == "generator" for k in node.keywords):
         return False  # its own generator, seeded apart
+    # a scalar of Python's `random` (`random.randint(0, 3)`) in a sample's own path picks that sample's crop or
+    # augmentation: it is not a synthetic batch whatever its bounds
+    scalar = name.startswith("random.")
+    return (sized or scalar and _per_item(s, node)) and (_in_training_step(s, node) or _per_item(s, node))
+
+
+def _per_item(s: Script, node: ast.AST) -> bool:
+    """Inside forward(), __getitem__ or __call__ (run once per sample or batch), or in a method of the same class
+    that one of them calls through `self` (`__getitem__` -> `self.get_audio(...)`), followed a few calls deep."""
     functions = s.context(node).functions
-    return sized and (_in_training_step(s, node) or bool(functions) and functions[-1] in (
-        "forward", "__getitem__", "__call__"))
+    if not functions:
+        return False
+    if functions[-1] in _PER_ITEM:
+        return True
+    cls = s.parents.get(id(next((d for d in s.defs if id(d) == s.context(node).scope), None)))
+    if not isinstance(cls, ast.ClassDef) or len(functions) != 1:
+        return False
+    methods = {d.name: d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    reached, todo = set(), [m for m in _PER_ITEM if m in methods]
+    while todo and len(reached) < 50:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        todo += [c.func.attr for c in ast.walk(methods[name]) if isinstance(c, ast.Call)
+                 and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)
+                 and c.func.value.id == "self" and c.func.attr in methods]
+    return functions[-1] in reached
+
+
+_PER_ITEM = ("forward", "__getitem__", "__call__")
 
 
 def _measures_data(s: Script, expr: ast.AST, within: ast.AST, depth: int = 3) -> bool:
