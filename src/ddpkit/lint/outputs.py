@@ -1313,7 +1313,7 @@ def _console_writer(s: Script, call: ast.Call) -> str:
 
 def _off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
-    `action="store_true"` (no other default) and stores nothing else into that attribute: off unless the run is
+    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the run is
     started with the flag, and nothing of the rank in it."""
     if isinstance(value, ast.Constant):
         return value.value is False
@@ -1333,7 +1333,8 @@ def _off_by_default(s: Script, value: ast.AST) -> bool:
             if name == dest:
                 declared.append(c)
     return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
-        and action.value == "store_true" and keyword(declared[0], "default") is None
+        and action.value == "store_true" and ((default := keyword(declared[0], "default")) is None
+                                              or isinstance(default, ast.Constant) and default.value is False)
 
 
 def _imported_loggers(s: Script) -> set[str]:
