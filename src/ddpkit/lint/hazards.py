@@ -234,6 +234,39 @@ def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
             yield arg.args[0]  # `"cuda:{}".format(i)`
 
 
+def _grows_with_global_rank(s: Script, expr: ast.AST, depth: int = 0) -> ast.AST | None:
+    """The global rank a GPU index is built from by growing it (`rank * n`, `rank + 1`, an element of
+    `list(range(rank * n, (rank + 1) * n))`), through this function's assignments; None when the index is not so
+    built (`rank % torch.cuda.device_count()` wraps it into range)."""
+    if depth > 5:
+        return None
+    if s.is_global_rank(expr):
+        return expr
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Mult, ast.Sub)):
+        sides = [expr.left] if isinstance(expr.op, ast.Sub) else [expr.left, expr.right]
+        return next((g for side in sides if (g := _grows_with_global_rank(s, side, depth + 1)) is not None), None)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("range", "list", "tuple") \
+            and expr.args and not expr.keywords:
+        return _grows_with_global_rank(s, expr.args[0], depth + 1)  # range(start, ...) starts at the rank's value
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, int) \
+            and expr.slice.value >= 0:
+        return _grows_with_global_rank(s, expr.value, depth + 1)
+    if isinstance(expr, ast.Name):
+        values = [v for v in s.local_values(expr.id, expr) if v.lineno < expr.lineno]
+        if len(values) == 1:
+            return _grows_with_global_rank(s, values[0], depth + 1)
+    return None
+
+
+def _global_rank_store(s: Script, source: ast.AST, use: ast.AST) -> ast.AST | None:
+    """`args.local_rank = dist.get_rank()` in another function of this file than the GPU index built from
+    `args.local_rank`: the store that puts the global rank where a local rank is read (the line to fix)."""
+    if not isinstance(source, ast.Attribute):
+        return None
+    stores = [v for k, v in s.assignments if k == "." + source.attr and s.is_global_rank(v)]
+    return stores[0] if len(stores) == 1 and s.context(stores[0]).scope != s.context(use).scope else None
+
+
 @check
 def device_from_global_rank(s: Script) -> Iterator[Hit]:
     if s.project.single_node or s.project.spawned:
@@ -245,6 +278,14 @@ def device_from_global_rank(s: Script) -> Iterator[Hit]:
                           f"the GPU index {ast.unparse(index)} is the global rank: right on the first node only; "
                           "on the second node rank 8 asks for cuda:8",
                           "index GPUs by the local rank: int(os.environ['LOCAL_RANK'])")
+            elif (source := _grows_with_global_rank(s, index)) is not None:
+                store = _global_rank_store(s, source, index)
+                where = f" (stored at line {store.lineno})" if store is not None else ""
+                yield Hit(store if store is not None else index, "DDP012", "error",
+                          f"the GPU index {ast.unparse(index)} (line {index.lineno}) is built from the global rank "
+                          f"{ast.unparse(source)}{where}: right on the first node only; on the second node it "
+                          "passes the node's GPU count",
+                          "build GPU indices from the local rank: int(os.environ['LOCAL_RANK'])")
 
 
 def _setting_key(expr: ast.AST) -> str | None:
