@@ -483,7 +483,8 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
     parents = s.parents
     # DDP broadcasts rank 0's buffers (BatchNorm statistics) in every forward, gradients or not
     broadcasts = {k for k, v in s.assignments if isinstance(v, ast.Call) and k in wrapped and not any(
-        kw.arg == "broadcast_buffers" and isinstance(kw.value, ast.Constant) and not kw.value.value
+        kw.arg in ("broadcast_buffers", "forward_sync_buffers") and isinstance(kw.value, ast.Constant)
+        and not kw.value.value
         for kw in v.keywords)} if s.project.memo("buffers", lambda: _has_buffers(s.project)) else set()
     for call in s.calls:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
