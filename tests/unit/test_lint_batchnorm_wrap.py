@@ -30,3 +30,12 @@ def test_a_sync_bn_switch_that_is_on_by_default_is_no_finding():
 def test_a_library_network_without_batchnorm_or_a_model_of_unknown_make_is_no_finding():
     assert _notes("batchnorm_library", "resnet50", "vit_b_16") == []
     assert _notes("batchnorm_flag", "sync_bn=True if args.sync_bn else False", "depth=2") == []
+
+
+def test_a_flag_switch_on_a_model_class_of_the_program_without_batchnorm_is_no_finding():
+    """The class is in the files linted and names no BatchNorm: the switch has nothing to convert."""
+    own = "from torch import nn\n\n\nclass Detector(nn.Module):\n    def __init__(self, width, sync_bn=False):\n" \
+          "        super().__init__()\n        self.body = nn.Sequential(nn.Conv2d(3, width, 3), nn.LayerNorm(width))\n"
+    source = (PROGRAMS / "batchnorm_flag" / "train.py").read_text()
+    found = lint_sources({"train.py": source, "detector.py": own})
+    assert [f for f in found if f.rule == "DDP013"] == []
