@@ -14,8 +14,8 @@ from ddpkit.lint.bindings import path_up, relation, scope_of
 from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
 
-__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "uneven_stride_shards", "forward_around_wrapper",
-           "loop_bound_from_some_ranks"]
+__all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
+           "loop_bound_from_some_ranks", "uneven_stride_shards"]
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",

@@ -480,9 +480,8 @@ def _batchnorm_model(s: Script, wrap: ast.Call, gated: list[tuple[Script, ast.AS
     if library:
         return f"{library} holds BatchNorm layers" + (f" ({switched})" if flag else "")
     classes = {n.name for x in s.project.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
-    known = any(isinstance(o, ast.Call) and (s.qualname(o.func).startswith("torchvision.models.")
-                                             or s.qualname(o.func) == "timm.create_model" or terminal(o.func) in classes)
-                for o in origins)
+    known = any(isinstance(o, ast.Call) and (s.qualname(o.func).startswith("torchvision.models.") or terminal(o.func)
+                                             in classes or s.qualname(o.func) == "timm.create_model") for o in origins)
     if flag and not known:  # a library network of another architecture, or a class of the program that names no
         # BatchNorm, has none to switch
         return f"the program's model has BatchNorm layers, {switched}"

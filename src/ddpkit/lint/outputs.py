@@ -1313,8 +1313,8 @@ def _console_writer(s: Script, call: ast.Call) -> str:
 
 def _off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
-    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the run is
-    started with the flag, and nothing of the rank in it."""
+    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
+    run is started with the flag, and nothing of the rank in it."""
     if isinstance(value, ast.Constant):
         return value.value is False
     if not isinstance(value, ast.Attribute):
