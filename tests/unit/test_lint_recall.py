@@ -152,3 +152,11 @@ def test_an_init_function_called_by_a_built_name_is_run():
     """`getattr(dist_utils, "init_dist_%s" % args.launcher)("nccl")`: every init_dist_* the name can spell may run, so
     their init_process_group makes a DDP program, with its DDP009 and DDP012 findings."""
     _check("init_by_built_name")
+
+
+def test_a_wrap_that_does_not_sync_buffers_in_forward_starts_no_collective_in_a_rank0_no_grad_forward():
+    """torch's newer spelling of broadcast_buffers=False, forward_sync_buffers=False: no buffer broadcast in forward."""
+    source = (FIXTURES / "library_buffers" / "train.py").read_text().replace(
+        "device_ids=[local])", "device_ids=[local], forward_sync_buffers=False)")
+    assert "forward_sync_buffers=False" in source
+    assert [f for f in lint_sources({"train.py": source}) if f.rule == "DDP010"] == []

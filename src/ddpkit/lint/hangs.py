@@ -15,7 +15,7 @@ from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
 
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
-           "loop_bound_from_some_ranks"]
+           "loop_bound_from_some_ranks", "uneven_stride_shards"]
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",
@@ -483,7 +483,8 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
     parents = s.parents
     # DDP broadcasts rank 0's buffers (BatchNorm statistics) in every forward, gradients or not
     broadcasts = {k for k, v in s.assignments if isinstance(v, ast.Call) and k in wrapped and not any(
-        kw.arg == "broadcast_buffers" and isinstance(kw.value, ast.Constant) and not kw.value.value
+        kw.arg in ("broadcast_buffers", "forward_sync_buffers") and isinstance(kw.value, ast.Constant)
+        and not kw.value.value
         for kw in v.keywords)} if s.project.memo("buffers", lambda: _has_buffers(s.project)) else set()
     for call in s.calls:
         func = call.func.value if isinstance(call.func, ast.Attribute) and call.func.attr == "forward" else call.func
@@ -771,3 +772,68 @@ def break_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "collective (DDP's gradient all-reduce) and wait there for them until the job times out",
                   "decide on every rank together: let rank 0 set a stop flag, broadcast it "
                   "(dist.broadcast(flag, src=0)), then every rank breaks when the flag is set")
+
+
+def _evened(s: Script, sliced: ast.AST, before: ast.AST) -> bool:
+    """The function of `before` grows or cuts the sliced sequence first (`indices += indices[:pad]`,
+    `indices = indices[:total]`, `indices.extend(...)`): its length may be made a multiple of the world size."""
+    key, scope = ast.unparse(sliced), s.context(before).scope
+    for n in s.nodes:
+        if getattr(n, "lineno", before.lineno) >= before.lineno or s.context(n).scope != scope:
+            continue
+        if isinstance(n, ast.AugAssign) and ast.unparse(n.target) == key or isinstance(n, ast.Assign) and any(
+                ast.unparse(t) == key for t in n.targets) and any(ast.unparse(m) == key for m in ast.walk(n.value)):
+            return True  # (built from itself: a first `batches = [...]` evens nothing)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("extend", "append") \
+                and ast.unparse(n.func.value) == key:
+            return True
+    return False
+
+
+def _deals_batches(s: Script, c: ast.ClassDef, part: ast.Subscript) -> bool:
+    """Each item the stride slice keeps is one step: the class is a batch sampler (handed to a DataLoader as
+    `batch_sampler=` in the program) whose `__iter__` hands out the kept items as they are (`iter(self.batches)`,
+    `yield from ...`, `for b in ...: yield b`), not samples it groups into batches afterwards."""
+    handed = {terminal(v) for x in s.project.scripts.values() for call in x.calls
+              if (v := keyword(call, "batch_sampler")) is not None}
+    built = {k.lstrip(".") for x in s.project.scripts.values() for k, v in x.assignments
+             if isinstance(v, ast.Call) and terminal(v.func) == c.name}
+    if not handed & (built | {c.name}):
+        return False
+    stored = s.parents.get(id(part))
+    kept = {ast.unparse(t) for t in stored.targets} if isinstance(stored, ast.Assign) else {ast.unparse(part)}
+    method = next(d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__iter__")
+    for n in ast.walk(method):
+        given = n.args[0] if isinstance(n, ast.Call) and terminal(n.func) == "iter" and n.args else \
+            n.value if isinstance(n, ast.YieldFrom) else n.iter if isinstance(n, ast.For) and any(
+                isinstance(y, ast.Yield) and y.value is not None and ast.unparse(y.value) == ast.unparse(n.target)
+                for y in ast.walk(n)) else None
+        if given is not None and ast.unparse(given) in kept:
+            return True
+    return False
+
+
+@check
+def uneven_stride_shards(s: Script) -> Iterator[Hit]:
+    """`self.batches[self.rank::self.world_size]` in a sampler (a class that defines `__iter__`): rank r gets
+    ceil((n - r) / world_size) batches, so when n is not a multiple of the world size the ranks' epochs differ in
+    length and the ranks with one more batch wait in its DDP all-reduce."""
+    if not any(x.uses_ddp for x in s.project.scripts.values()):
+        return
+    for c in (n for n in s.nodes if isinstance(n, ast.ClassDef)):
+        if not any(isinstance(d, ast.FunctionDef) and d.name == "__iter__" for d in c.body):
+            continue
+        for n in ast.walk(c):
+            if not (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.upper is None
+                    and n.slice.lower is not None and n.slice.step is not None
+                    and not isinstance(n.slice.step, ast.Constant) and s.kind(n.slice.lower)
+                    and not s.kind(n.slice.step) and s.project.runs(s, n)):
+                continue
+            if _evened(s, n.value, n) or not _deals_batches(s, c, n):
+                continue
+            yield Hit(n, "DDP010", "error",
+                      f"{ast.unparse(n)} gives rank r ceil((n - r) / {ast.unparse(n.slice.step)}) of the n batches: "
+                      "unless n is a multiple of the world size, some ranks run one more DDP step than the others "
+                      "and wait in its gradient all-reduce until the job times out",
+                      "even the shards first: drop the last n % world_size batches (or repeat some) before taking "
+                      "every world_size-th, as DistributedSampler does")

@@ -6,7 +6,8 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import Script, terminal
+from ddpkit.lint.analysis import Script, batchnorm_constructor, own_returns, terminal
+from ddpkit.lint.outputs import _off_by_default
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
@@ -233,6 +234,39 @@ def _device_indices(s: Script, call: ast.Call) -> Iterator[ast.AST]:
             yield arg.args[0]  # `"cuda:{}".format(i)`
 
 
+def _grows_with_global_rank(s: Script, expr: ast.AST, depth: int = 0) -> ast.AST | None:
+    """The global rank a GPU index is built from by growing it (`rank * n`, `rank + 1`, an element of
+    `list(range(rank * n, (rank + 1) * n))`), through this function's assignments; None when the index is not so
+    built (`rank % torch.cuda.device_count()` wraps it into range)."""
+    if depth > 5:
+        return None
+    if s.is_global_rank(expr):
+        return expr
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Add, ast.Mult, ast.Sub)):
+        sides = [expr.left] if isinstance(expr.op, ast.Sub) else [expr.left, expr.right]
+        return next((g for side in sides if (g := _grows_with_global_rank(s, side, depth + 1)) is not None), None)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("range", "list", "tuple") \
+            and expr.args and not expr.keywords:
+        return _grows_with_global_rank(s, expr.args[0], depth + 1)  # range(start, ...) starts at the rank's value
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and isinstance(expr.slice.value, int) \
+            and expr.slice.value >= 0:
+        return _grows_with_global_rank(s, expr.value, depth + 1)
+    if isinstance(expr, ast.Name):
+        values = [v for v in s.local_values(expr.id, expr) if v.lineno < expr.lineno]
+        if len(values) == 1:
+            return _grows_with_global_rank(s, values[0], depth + 1)
+    return None
+
+
+def _global_rank_store(s: Script, source: ast.AST, use: ast.AST) -> ast.AST | None:
+    """`args.local_rank = dist.get_rank()` in another function of this file than the GPU index built from
+    `args.local_rank`: the store that puts the global rank where a local rank is read (the line to fix)."""
+    if not isinstance(source, ast.Attribute):
+        return None
+    stores = [v for k, v in s.assignments if k == "." + source.attr and s.is_global_rank(v)]
+    return stores[0] if len(stores) == 1 and s.context(stores[0]).scope != s.context(use).scope else None
+
+
 @check
 def device_from_global_rank(s: Script) -> Iterator[Hit]:
     if s.project.single_node or s.project.spawned:
@@ -244,6 +278,14 @@ def device_from_global_rank(s: Script) -> Iterator[Hit]:
                           f"the GPU index {ast.unparse(index)} is the global rank: right on the first node only; "
                           "on the second node rank 8 asks for cuda:8",
                           "index GPUs by the local rank: int(os.environ['LOCAL_RANK'])")
+            elif (source := _grows_with_global_rank(s, index)) is not None:
+                store = _global_rank_store(s, source, index)
+                where = f" (stored at line {store.lineno})" if store is not None else ""
+                yield Hit(store if store is not None else index, "DDP012", "error",
+                          f"the GPU index {ast.unparse(index)} (line {index.lineno}) is built from the global rank "
+                          f"{ast.unparse(source)}{where}: right on the first node only; on the second node it "
+                          "passes the node's GPU count",
+                          "build GPU indices from the local rank: int(os.environ['LOCAL_RANK'])")
 
 
 def _setting_key(expr: ast.AST) -> str | None:
@@ -338,26 +380,149 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
 
 # torch's SyncBatchNorm and its converter, and apex's (`apex.parallel.convert_syncbn_model`, `apex.parallel.SyncBatchNorm`)
 _SYNC_BATCHNORM = frozenset({"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"})
+# a model constructor's own switch to SyncBatchNorm (`Detector(..., sync_bn=args.syncbn)`): the model has BatchNorm
+_SYNC_BN_OPTION = re.compile(r"sync_?(bn|batch_?norm)", re.IGNORECASE)
+
+
+def _flag_gate(s: Script, node: ast.AST) -> str:
+    """The flag, off by default, that an `if`/conditional expression around `node` tests for the side `node` is on
+    (`if args.sync_bn: model = convert_sync_batchnorm(model)`): the conversion does not run by default; else ''."""
+    child = node
+    while id(child) in s.parents:
+        parent = s.parents[id(child)]
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test \
+                and (child in parent.body if isinstance(parent, ast.If) else child is parent.body) \
+                and _off_by_default(s, parent.test):
+            return ast.unparse(parent.test)
+        child = parent
+    return ""
+
+
+def _conversions(project) -> tuple[bool, list[tuple[Script, ast.AST, str]]]:
+    """Whether the program converts to SyncBatchNorm on its default path, and its conversions that run only when
+    an off-by-default flag is passed: (file, node, flag)."""
+    default, gated = False, []
+    for x in project.scripts.values():
+        for n in x.nodes:
+            if isinstance(n, ast.keyword) and n.arg is not None and _SYNC_BN_OPTION.fullmatch(n.arg):
+                value = n.value
+                if isinstance(value, ast.IfExp) and isinstance(value.orelse, ast.Constant) and not value.orelse.value:
+                    value = value.test  # `sync_bn=True if args.syncbn else False`
+                if isinstance(value, ast.Constant) and not value.value:
+                    continue
+                flag = ast.unparse(value) if _off_by_default(x, value) else _flag_gate(x, n.value)
+            elif isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in _SYNC_BATCHNORM:
+                flag = _flag_gate(x, n)
+            else:
+                continue
+            if flag:
+                gated.append((x, n, flag))
+            else:
+                default = True
+    return default, gated
+
+
+def _model_origins(s: Script, value: ast.AST, depth: int = 0) -> Iterator[ast.AST]:
+    """What the model handed to DDP is built from, through its local assignments, the methods that return the
+    module itself (`model = Net().cuda()`; `model = model.to(device)`) and the returns of this file's functions
+    (`model, criterion = get_model(args)`)."""
+    if depth > 6:
+        return
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+            and value.func.attr in ("cuda", "to", "train", "float", "half", "requires_grad_"):
+        yield from _model_origins(s, value.func.value, depth + 1)
+    elif isinstance(value, ast.Name):
+        for stmt, v in s.local_assignments(value.id, value):
+            if stmt.lineno >= value.lineno:
+                continue
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+            if v is None and isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Call):
+                at = next((i for i, e in enumerate(target.elts) if isinstance(e, ast.Name) and e.id == value.id), -1)
+                yield from _returned(s, stmt.value, at, depth)
+            elif v is not None:
+                yield from _model_origins(s, v, depth + 1)
+    elif isinstance(value, ast.Call) and s.local_callee(value) and isinstance(value.func, ast.Name):
+        yield value
+        yield from _returned(s, value, None, depth)
+    else:
+        yield value
+
+
+def _returned(s: Script, call: ast.Call, at: int | None, depth: int) -> Iterator[ast.AST]:
+    """What a function of this file returns (position `at` of a returned tuple, where given)."""
+    for d in (d for d in s.defs if d.name == s.local_callee(call)):
+        for r in own_returns(d):
+            value = r.value
+            if at is not None:
+                if not (isinstance(value, ast.Tuple) and 0 <= at < len(value.elts)):
+                    continue
+                value = value.elts[at]
+            if value is not None:
+                yield from _model_origins(s, value, depth + 1)
+
+
+def _batchnorm_model(s: Script, wrap: ast.Call, gated: list[tuple[Script, ast.AST, str]]) -> str:
+    """Why the model a DDP call wraps surely holds BatchNorm layers: a library network of a BatchNorm architecture,
+    or a model the program itself converts (or builds with SyncBatchNorm) only behind a flag; else ''."""
+    model = argument(wrap, "module", 0)
+    if model is None:
+        return ""
+    origins = list(_model_origins(s, model))
+    library = next((b for o in origins if isinstance(o, ast.Call) and (b := batchnorm_constructor(s, o))), "")
+    built, flag = {id(o) for o in origins}, ""
+    for x, node, gate in gated:
+        # the conversion (`model = convert_sync_batchnorm(model)`) or constructor (`Net(sync_bn=...)`) it comes from
+        holder = next((c for c in x.calls if node in c.keywords or node is c.func or node in ast.walk(c.func)), None)
+        if x is s and holder is not None and id(holder) in built:
+            flag = gate
+            break
+    switched = f"switched to SyncBatchNorm only when {flag} is set, which is off by default"
+    if library:
+        return f"{library} holds BatchNorm layers" + (f" ({switched})" if flag else "")
+    classes = {n.name for x in s.project.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+    known = any(isinstance(o, ast.Call) and (s.qualname(o.func).startswith("torchvision.models.") or terminal(o.func)
+                                             in classes or s.qualname(o.func) == "timm.create_model") for o in origins)
+    if flag and not known:  # a library network of another architecture, or a class of the program that names no
+        # BatchNorm, has none to switch
+        return f"the program's model has BatchNorm layers, {switched}"
+    return ""
 
 
 @check
 def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
-    def applies() -> bool:
-        scripts = list(s.project.scripts.values())
-        return any(script.uses_ddp for script in scripts) and not any(
-            isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in _SYNC_BATCHNORM
-            for script in scripts for n in script.nodes)
+    def named() -> bool:
+        return any(_batchnorm_names(x) for x in s.project.scripts.values())
 
-    if not s.project.memo("batchnorm", applies):
+    if not any(script.uses_ddp for script in s.project.scripts.values()):
         return
-    # a class named in a type test (`isinstance(layer, nn.BatchNorm2d)`) builds no layer
-    tested = {id(m) for c in s.calls if terminal(c.func) in ("isinstance", "issubclass") and len(c.args) > 1
-              for m in ast.walk(c.args[1])}
-    first = next((n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in tested
-                  and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)), None)
+    default, gated = s.project.memo("sync batchnorm", lambda: _conversions(s.project))
+    if default:
+        return
+    first = next(iter(_batchnorm_names(s)), None)
     if first is not None:
+        off = f" (SyncBatchNorm only when {gated[0][2]} is set, off by default)" if gated else ""
         yield Hit(first, "DDP013", "note",
                   f"{terminal(first)} under DistributedDataParallel normalises with each rank's own "
-                  "per-GPU batch statistics, not the global batch's",
+                  f"per-GPU batch statistics, not the global batch's{off}",
                   "if the per-GPU batch is small, convert before wrapping: "
                   "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
+        return
+    if s.project.memo("batchnorm named", named):
+        return  # reported where the program names BatchNorm
+    for call in s.calls:
+        if s.qualname(call.func).endswith("DistributedDataParallel") and s.project.runs(s, call) \
+                and (why := _batchnorm_model(s, call, gated)):
+            yield Hit(call, "DDP013", "note",
+                      f"{why}, and DistributedDataParallel normalises them with each rank's own per-GPU batch "
+                      "statistics, not the global batch's",
+                      "if the per-GPU batch is small, convert before wrapping: "
+                      "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
+
+
+def _batchnorm_names(s: Script) -> list[ast.AST]:
+    """The BatchNorm classes a file names where some rank runs them; a class named in a type test
+    (`isinstance(layer, nn.BatchNorm2d)`) builds no layer."""
+    tested = {id(m) for c in s.calls if terminal(c.func) in ("isinstance", "issubclass") and len(c.args) > 1
+              for m in ast.walk(c.args[1])}
+    return [n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in tested
+            and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)]

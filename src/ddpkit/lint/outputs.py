@@ -1387,8 +1387,8 @@ def _console_writer(s: Script, call: ast.Call) -> str:
 
 def _off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
-    `action="store_true"` (no other default) and stores nothing else into that attribute: off unless the run is
-    started with the flag, and nothing of the rank in it."""
+    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
+    run is started with the flag, and nothing of the rank in it."""
     if isinstance(value, ast.Constant):
         return value.value is False
     if not isinstance(value, ast.Attribute):
@@ -1407,7 +1407,46 @@ def _off_by_default(s: Script, value: ast.AST) -> bool:
             if name == dest:
                 declared.append(c)
     return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
-        and action.value == "store_true" and keyword(declared[0], "default") is None
+        and action.value == "store_true" and ((default := keyword(declared[0], "default")) is None
+                                              or isinstance(default, ast.Constant) and default.value is False)
+
+
+def _logging_module_names(s: Script) -> set[str]:
+    """Names the file binds to the `logging` module itself (`logger = logging`), every other binding of which is a
+    `logging.getLogger(...)` logger (`global logger; logger = logging.getLogger(name)`): either way the root logger's
+    handlers write the line."""
+    found = {k for k, v in s.assignments if isinstance(v, ast.Name) and s.qualname(v) == "logging"}
+    return {k for k in found if all(isinstance(v, ast.Name) and s.qualname(v) == "logging" or isinstance(v, ast.Call)
+                                    and s.qualname(v.func) in ("logging.getLogger", "getLogger")
+                                    for key, v in s.assignments if key == k)}
+
+
+def _handed_loggers(s: Script) -> set[str]:
+    """`.logger` where a class of this file keeps a constructor parameter (`self.logger = logger`) and every
+    construction of the class in the program hands it a name its own function binds only to `logging.getLogger(...)`
+    (`Scheduler(args, optimizer, logging.getLogger())` through `logger = logging.getLogger()`)."""
+    def is_logger(x: Script, value: ast.AST, within: ast.AST) -> bool:
+        values = x.local_values(value.id, within) if isinstance(value, ast.Name) else [value]
+        return bool(values) and all(isinstance(v, ast.Call) and x.qualname(v.func) in ("logging.getLogger", "getLogger")
+                                    for v in values)
+
+    found = set()
+    for c in (n for n in s.tree.body if isinstance(n, ast.ClassDef)):
+        init = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+        if init is None or sum(isinstance(n, ast.ClassDef) and n.name == c.name
+                               for x in s.project.scripts.values() for n in x.nodes) != 1:
+            continue
+        params = [a.arg for a in init.args.args[1:]]
+        kept = {t.attr: n.value.id for n in init.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)
+                and n.value.id in params for t in n.targets if isinstance(t, ast.Attribute)
+                and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        built = [(x, call) for x in s.project.scripts.values() for call in x.calls
+                 if isinstance(call.func, (ast.Name, ast.Attribute)) and terminal(call.func) == c.name]
+        for attr, param in kept.items():
+            given = [(x, call, argument(call, param, params.index(param))) for x, call in built]
+            if given and all(v is not None and is_logger(x, v, call) for x, call, v in given):
+                found.add("." + attr)
+    return found
 
 
 def _imported_loggers(s: Script) -> set[str]:
@@ -1460,6 +1499,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
+    loggers |= _logging_module_names(s) | _handed_loggers(s)
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     outside = project.memo("logging set up outside", lambda: _outside_log_setup(project))
