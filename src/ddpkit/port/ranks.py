@@ -15,7 +15,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed"]
+__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "tests_around"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
@@ -133,7 +133,7 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0, _open: frozen
         # an assignment or a branch met again while deciding itself (`best = min(best, score)`, `best = score`
         # under `if score < best:`) adds nothing new: the other sources decide
         assigns = [a for a in assigns if id(a) not in _open]
-        tests = [t for a in assigns for t in _tests_around(plan, a) if id(t) not in _open]
+        tests = [t for a in assigns for t in tests_around(plan, a) if id(t) not in _open]
         _open = _open | {id(a) for a in assigns} | {id(t) for t in tests}
         if not all(agreed(plan, key, t, depth, _open) for t in tests):
             return False
@@ -154,7 +154,7 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode, depth: int = 0, _open: frozen
     return True
 
 
-def _tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
+def tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
     """The tests of the `if`s and `while`s (with each earlier `elif` of the chain) that decide whether `node` runs."""
     out: list[cst.BaseExpression] = []
     child = plan._stmt.get(id(node), node)
