@@ -25,6 +25,7 @@ _EXPORTS = {
     "reduce_means": "ddpkit.collectives",
     "all_reduce_sum": "ddpkit.collectives",
     "gather_in_order": "ddpkit.collectives",
+    "gather_list": "ddpkit.collectives",
     "barrier": "ddpkit.collectives",
     "print0": "ddpkit.metrics.log",
     "MetricsLog": "ddpkit.metrics.log",

@@ -1,4 +1,4 @@
-"""All-rank helpers: sums and counts, exact means, unpadded gathers, broadcast, barrier.
+"""All-rank helpers: sums and counts, exact means, unpadded gathers, joined lists, broadcast, barrier.
 
 Every function here is a collective unless it says otherwise: all ranks must call it, in the same
 order, with same-shaped tensors, or the job hangs until the process-group timeout. At world size 1
@@ -23,6 +23,7 @@ __all__ = [
     "broadcast_object",
     "barrier",
     "gather_in_order",
+    "gather_list",
 ]
 
 
@@ -141,3 +142,104 @@ def gather_in_order(ctx: Context, local: torch.Tensor, indices: Sequence[int] | 
         raise ValueError("gather_in_order saw a dataset index on two ranks; shard eval data with ddpkit.eval_loader")
     order = torch.argsort(all_idx)
     return all_out[order].to(local.device)
+
+
+def gather_list(ctx: Context, xs: Any) -> Any:
+    """Every rank's `xs` joined in rank order, on every rank: a list as one list, a tensor or a numpy array
+    concatenated along its first dimension.
+
+    Made for what an evaluation loop collects over `ddpkit.eval_loader`, whose shards are contiguous and unpadded:
+    per-sample entries (`preds.extend(out.argmax(1).tolist())`, `acc = torch.cat([acc, out])`) joined in rank
+    order are exactly the single-process list, and per-batch entries (`losses.append(loss.item())`) cover the
+    whole set once (each shard's last batch may be smaller than the script's). Over a padded training shard the
+    result holds duplicates.
+
+    Tensors travel on the CPU (detached): one that was on an accelerator on its rank comes back on this rank's
+    `ctx.device`, one that was on the CPU stays there, at any depth of lists, tuples and dicts; a joined tensor
+    comes back on the device `xs` is on. Pickled as they are, CUDA tensors would unpickle onto the sending rank's
+    GPU index. This rank's own entries are returned as they are (the same objects). The tests run CPU ranks
+    only, where that move is simulated: that another rank's CUDA tensor lands on this rank's GPU, not the
+    sender's, only a run on GPUs confirms.
+
+    Collective: every rank must call it, in the same order, after its loop (evaluation shards may differ by a
+    batch, so never inside it), or the job hangs. At world size 1 it returns `xs` itself.
+    """
+    kind = _joinable(xs)
+    if not ctx.distributed:
+        return xs
+    if kind == "list":
+        parts = all_gather_object(ctx, _to_host(xs))
+        out: list[Any] = []
+        for rank, part in enumerate(parts):
+            out.extend(xs if rank == ctx.rank else _from_host(part, ctx.device))
+        return out
+    if xs.ndim == 0:
+        raise ValueError(f"gather_list(ctx, xs) got a 0-d {kind}, which has no entries to join; collect the values "
+                         "in a list, or concatenate along a first dimension")
+    local = xs.detach().cpu() if kind == "tensor" else xs
+    # An empty shard's value (often the script's start, a bare torch.tensor([]) or np.array([]), float) must not
+    # change the others' dtype or shape: only non-empty parts are joined, and nothing where all are empty.
+    filled = [p for p in all_gather_object(ctx, local) if len(p)]
+    if not filled:
+        return xs
+    if kind == "tensor":
+        import torch
+
+        return torch.cat(filled).to(xs.device)
+    import numpy as np
+
+    return np.concatenate(filled)
+
+
+def _joinable(xs: Any) -> str:
+    """'list', 'tensor' or 'numpy array': what gather_list joins; anything else is a TypeError."""
+    import sys
+
+    if isinstance(xs, list):
+        return "list"
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")  # an instance implies its module is loaded
+    if torch is not None and isinstance(xs, torch.Tensor):
+        return "tensor"
+    if np is not None and isinstance(xs, np.ndarray):
+        return "numpy array"
+    hint = "; pass list(xs)" if isinstance(xs, tuple) else (
+        "; gather a list of its entries, or use ddpkit.collectives.all_gather_object for any other object")
+    raise TypeError(f"gather_list(ctx, xs): xs must be a list, a torch tensor or a numpy array (what a loop collects "
+                    f"into), got {type(xs).__name__}{hint}")
+
+
+class _OnDevice:
+    """A tensor that was on its rank's accelerator, sent on the CPU: it lands on the receiving rank's device."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+
+def _to_host(obj: Any) -> Any:
+    """`obj` with every tensor detached on the CPU, those from an accelerator marked as such."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        return t if t.device.type == "cpu" else _OnDevice(t.cpu())
+    return _rebuild(obj, _to_host)
+
+
+def _from_host(obj: Any, device: Any) -> Any:
+    if isinstance(obj, _OnDevice):
+        return obj.tensor.to(device)
+    return _rebuild(obj, lambda x: _from_host(x, device))
+
+
+def _rebuild(obj: Any, each: Any) -> Any:
+    """`obj` with `each` applied to the items of its lists, tuples (named ones too) and dicts; anything else as is."""
+    if type(obj) is list:
+        return [each(x) for x in obj]
+    if isinstance(obj, tuple):
+        items = [each(x) for x in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if type(obj) is dict:
+        return {k: each(v) for k, v in obj.items()}
+    return obj

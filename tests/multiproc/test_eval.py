@@ -93,3 +93,56 @@ def test_eval_on_uneven_shards_equals_single_process(world_size, batch_size):
         assert r["duplicate_error"] is not None and "two ranks" in r["duplicate_error"]
     # Padding with duplicates (DistributedSampler) would have been measurably wrong here.
     assert abs(results[0]["padded_mean"] - ref["loss"]) > 1e-6
+
+
+NUM_SMALL = 11  # 5 and 6 samples on 2 ranks: the shards differ, and so do their last batches
+
+
+def _collect(data, model) -> dict:
+    """What an evaluation loop of a script collects, in the shapes scripts use."""
+    import numpy as np
+
+    preds, batches, labels, losses = [], [], [], []
+    stacked = torch.tensor([])
+    with torch.no_grad():
+        for x, y in data:
+            logits = model(x)
+            preds.extend(logits.argmax(1).tolist())  # per sample
+            batches.append(logits)  # per batch, a tensor of per-sample rows
+            labels.append(y.numpy())
+            stacked = torch.cat([stacked, logits])
+            losses.append((len(y), float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))))
+    return {"preds": preds, "batches": batches, "labels": labels, "stacked": stacked, "losses": losses}
+
+
+def _small() -> torch.utils.data.TensorDataset:
+    x, y = _dataset().tensors
+    return torch.utils.data.TensorDataset(x[:NUM_SMALL], y[:NUM_SMALL])
+
+
+def _gather_lists(info: RankInfo) -> dict:
+    import ddpkit
+
+    with info.init(seed=0) as ctx:
+        local = _collect(ddpkit.eval_loader(_small(), ctx, batch_size=4), _model())
+        # after the loop, every list in the same order on every rank
+        return {"local": len(local["preds"]), **{k: ddpkit.gather_list(ctx, v) for k, v in local.items()}}
+
+
+@pytest.mark.timeout(120)
+def test_gather_list_over_uneven_eval_shards_equals_the_single_process_lists():
+    import numpy as np
+
+    results = run_ranks(_gather_lists, 2, timeout=90)
+    ref = _collect(torch.utils.data.DataLoader(_small(), batch_size=4), _model())
+    assert [r["local"] for r in results] == [5, 6]
+    for r in results:
+        assert r["preds"] == ref["preds"]  # per-sample entries: exactly the single-process list
+        # batched otherwise: float64 products may differ in the last bit
+        torch.testing.assert_close(torch.cat(r["batches"]), torch.cat(ref["batches"]), rtol=1e-12, atol=0)
+        assert np.array_equal(np.concatenate(r["labels"]), np.concatenate(ref["labels"]))
+        assert r["stacked"].dtype == torch.float64  # the empty start (float32) promotes as it did in one process
+        torch.testing.assert_close(r["stacked"], ref["stacked"], rtol=1e-12, atol=0)
+        # per-batch entries: other batches than the script's (4 instead of 3), covering every sample once
+        assert [n for n, _ in r["losses"]] == [4, 1, 4, 2]
+        assert sum(s for _, s in r["losses"]) == pytest.approx(sum(s for _, s in ref["losses"]), rel=1e-13)

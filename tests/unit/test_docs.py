@@ -96,7 +96,8 @@ def test_the_api_page_documents_exactly_the_package_face():
     exported = set(ddpkit.__all__)
     assert documented - exported == set(), f"docs/api.md documents names ddpkit does not export: {documented - exported}"
     assert exported - documented == set(), f"ddpkit exports names docs/api.md does not document: {exported - documented}"
-    assert len(exported) <= 20, f"the face holds {len(exported)} names (at most 20): {sorted(exported)}"
+    # 20 names, and gather_list: what `ddpkit port` writes after an evaluation loop that fills lists
+    assert len(exported) <= 21, f"the face holds {len(exported)} names (at most 21): {sorted(exported)}"
 
 
 def test_a_name_off_the_face_says_which_module_has_it():

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 __all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "statements_of", "ENTRY",
-           "ARGS_ROOTS"]
+           "ARGS_ROOTS", "CONCAT", "accumulated"]
 
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
 """Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
@@ -69,6 +69,30 @@ def loader_expr(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and dotted(expr.func) in _ITER_WRAPPERS and expr.args:
         expr = expr.args[0].value
     return expr
+
+
+CONCAT = frozenset({"torch.cat", "np.concatenate", "numpy.concatenate", "np.vstack", "numpy.vstack"})
+"""Calls that join arrays along their first dimension (`acc = torch.cat([acc, out])`)."""
+_STACKS = frozenset({"torch.stack", "np.stack", "numpy.stack"})
+
+
+def accumulated(node: cst.CSTNode) -> tuple[str, str] | None:
+    """`x += v`, `d[k] += v`, `xs.append(v)`, `x = torch.cat([x, v])`: (what accumulates, how)."""
+    if isinstance(node, cst.AugAssign):
+        name = dotted(node.target) or (f"{root_name(node.target)}[...]" if root_name(node.target) else "")
+        return (name, "accumulates") if name else None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in (
+            "append", "extend"):
+        owner = node.func.value  # `xs.append(v)`, or `out["preds"].append(v)`: an entry of a dict (or list)
+        name = dotted(owner) or (f"{root_name(owner)}[...]" if isinstance(owner, cst.Subscript) and dotted(
+            owner.value) else "")
+        return (name, "collects values") if name else None
+    if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call) \
+            and dotted(node.value.func) in CONCAT | _STACKS:
+        name = dotted(node.targets[0].target)
+        if name and any(dotted(n) == name for n in walk(node.value)):
+            return name, "concatenates values"
+    return None
 
 
 def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:

@@ -11,6 +11,7 @@ from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
+from ddpkit.port.gathers import plan_gathers
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
 from ddpkit.port.roundtrip import plan_round_trips
@@ -81,6 +82,13 @@ class Plan:
         """DataLoader(..., **kw) calls whose kw is built from dict literals here: the options it holds."""
         self.flagged: set[int] = set()
         """Accumulations already given a TODO (a loop is seen from each block around it)."""
+        self.collected: list[tuple[str, cst.CSTNode, str, cst.For, bool, str]] = []
+        """Values collected over an evaluation loader and used after the loop, for ddpkit.port.gathers: (scope, the
+        accumulation, its name, the loop, whether the loop serves the training loader too, the TODO if not joined)."""
+        self.gather_after: dict[int, list[str]] = {}
+        """Loops over an evaluation loader after which lists they filled are joined across ranks (gather_list)."""
+        self.gathered: set[int] = set()
+        """Accumulations into a list joined across ranks after their evaluation loop (`xs.append(v)`)."""
         self.main_first: set[int] = set()
         """Statements that download: rank 0 runs them first, the others after a barrier."""
         self.first_note: dict[int, str] = {}
@@ -179,6 +187,7 @@ class Plan:
         check_rank0_bindings(self)  # after both: every line they put under `if ctx.is_main:`
         for key in sorted(facts.ported):
             plan_reductions(self, key, facts.scope_statements(key))
+        plan_gathers(self)  # after every reduction: a list used with a count the port reduced is joined
         plan_ranks(self)
         plan_decisions(self)  # after plan_reductions: it reads which values are reduced
         plan_searches(self)

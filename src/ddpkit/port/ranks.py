@@ -15,7 +15,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed"]
+__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "tests_around"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
@@ -154,7 +154,7 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
         name = todo.pop()
         if name in deps:
             continue
-        exprs: list[cst.CSTNode] = [t for a in assigns[name] for t in _tests_around(plan, a)]
+        exprs: list[cst.CSTNode] = [t for a in assigns[name] for t in tests_around(plan, a)]
         own = False
         for a in assigns[name]:
             value = needs(a.value)
@@ -187,7 +187,7 @@ def _reads_disk(expr: cst.CSTNode) -> bool:
     return any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr))
 
 
-def _tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
+def tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
     """The tests of the `if`s and `while`s (with each earlier `elif` of the chain) that decide whether `node` runs."""
     out: list[cst.BaseExpression] = []
     child = plan._stmt.get(id(node), node)

@@ -8,6 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, imported_names as _imported_names, is_device_expr, \
     root_name, walk
+from ddpkit.port.gathers import gather_statement
 from ddpkit.port.inputs import CREATORS as _CREATORS
 from ddpkit.port.models import is_optimizer, moves_to_cpu
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
@@ -938,6 +939,9 @@ class Rewriter(cst.CSTTransformer):
             self._declare_global(before[-1])
         for name, kind in self.p.reduce_after.get(id(original), []):
             after.append(cst.parse_statement(reduce_statement(name, kind)))
+            self.changes += 1
+        for name in self.p.gather_after.get(id(original), []):
+            after.append(cst.parse_statement(gather_statement(name)))
             self.changes += 1
         if notes:
             lines = [cst.EmptyLine(comment=cst.Comment(n)) for n in notes]

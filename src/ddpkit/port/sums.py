@@ -2,8 +2,9 @@
 
 A value accumulated in a loop over a ported loader holds this rank's shard only. A sum started at
 zero beside the loop is reduced after it (`name = ddpkit.all_reduce_sum(ctx, name)`, keeping the
-value's type); anything else accumulated there and read after the loop (lists, dict entries,
-attributes, sums started elsewhere) gets a TODO naming it, because no single rewrite is safe for it.
+value's type); a list an evaluation loop fills is left to ddpkit.port.gathers (joined after the loop, or named);
+anything else accumulated there and read after the loop (lists over a training loader, dict entries, attributes,
+sums started elsewhere) gets a TODO naming it, because no single rewrite is safe for it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, accumulated, dotted, root_name, walk
 from ddpkit.port.ranks import agreed
 
 
@@ -96,7 +97,9 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
                tracked: dict[str, str]) -> None:
     end = plan.end_of(stmt)
     inside = [n for loop in loops for n in walk(loop.body)]
-    assigned_inside = {dotted(t.target) for n in inside if isinstance(n, cst.Assign) for t in n.targets}
+    # `acc = torch.cat([acc, out])` fills `acc`, which starts beside the loop: not a name the loop starts anew
+    assigned_inside = {dotted(t.target) for n in inside if isinstance(n, cst.Assign) and accumulated(n) is None
+                       for t in n.targets}
     assigned_inside |= {dotted(n.target) for n in inside if isinstance(n, cst.For)}
     loop_vars = {dotted(n) for loop in loops for n in walk(loop.target) if isinstance(n, cst.Name)}
     summed = [n for n in inside if isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign)]
@@ -136,7 +139,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
     _reported_inside(plan, key, loops, inside)
     assigned_here = {dotted(t.target) for n in walk(stmt) if isinstance(n, cst.Assign) for t in n.targets}
     for node in inside:
-        target = _accumulated(node)
+        target = accumulated(node)
         if target is None or id(node) in plan.flagged:
             continue
         name, what = target
@@ -152,9 +155,24 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             continue
         handled.add(name)
         plan.flagged.add(id(node))
-        plan.todo(node, f"`{name}` {what} over this rank's shard of the data only, and is used after the loop: "
-                  f"reduce it across ranks before it is reported (start a sum at 0 beside the loop so the port "
-                  f"can add ddpkit.all_reduce_sum, or ddpkit.all_gather_object for lists)")
+        todo = (f"`{name}` {what} over this rank's shard of the data only, and is used after the loop: reduce it "
+                "across ranks before it is reported (start a sum at 0 beside the loop so the port can add "
+                "ddpkit.all_reduce_sum, or ddpkit.all_gather_object for lists)")
+        loop = _loader_loop(plan, key, node)
+        if loop is not None and plan.loop_role(key, loop) == "eval":  # ddpkit.port.gathers joins it, or says why not
+            plan.collected.append((key, node, name, loop, _serves_both(plan, key, loop), todo))
+            continue
+        plan.todo(node, todo)
+
+
+def _loader_loop(plan: Any, key: str, node: cst.CSTNode) -> cst.For | None:
+    """The innermost loop over a ported loader around `node`."""
+    parent = plan._parent.get(id(plan._stmt.get(id(node), node)))
+    while parent is not None:
+        if isinstance(parent, cst.For) and plan.loop_role(key, parent):
+            return parent
+        parent = plan._parent.get(id(parent))
+    return None
 
 
 def _backed(nodes: list[cst.CSTNode]) -> set[str]:
@@ -339,22 +357,6 @@ def _not_a_number(plan: Any, key: str, text: str, sums: list[cst.AugAssign]) -> 
         if func in ("list", "str", "tuple", "dict", "sorted") or func.endswith((".tolist", ".split", ".format")):
             return True
     return False
-
-
-def _accumulated(node: cst.CSTNode) -> tuple[str, str] | None:
-    """`x += v`, `d[k] += v`, `xs.append(v)`, `x = torch.cat([x, v])`: (what accumulates, how)."""
-    if isinstance(node, cst.AugAssign):
-        name = dotted(node.target) or (f"{root_name(node.target)}[...]" if root_name(node.target) else "")
-        return (name, "accumulates") if name else None
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in (
-            "append", "extend") and dotted(node.func.value):
-        return dotted(node.func.value), "collects values"
-    if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call) \
-            and dotted(node.value.func) in ("torch.cat", "np.concatenate", "torch.stack", "np.vstack"):
-        name = dotted(node.targets[0].target)
-        if name and any(dotted(n) == name for n in walk(node.value)):
-            return name, "concatenates values"
-    return None
 
 
 def _divides(plan: Any, key: str, name: str, line: int) -> bool:
@@ -552,7 +554,7 @@ def _audit_loop(plan: Any, key: str, loop: cst.For, meter_classes: dict[str, str
                   "from this rank's running sums: compute it after the loop from sums reduced across ranks "
                   "(ddpkit.all_reduce_sum)")
     for name, node in sums.items():
-        if name in reduced or plan.line_of(node) in todo_lines:
+        if name in reduced or plan.line_of(node) in todo_lines or id(node) in plan.gathered:
             continue
         use = first_use(name)
         if use is None:
