@@ -226,14 +226,15 @@ class Facts:
                         and _TRAINING.search(self.code(s))]
         if guard is not None and not module_setup:
             called = [dotted(n.func) for n in walk(guard) if isinstance(n, cst.Call)]
-            targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None]
+            # `run_training(parse_args())`: the parser is setup, never the entry point
+            targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None and c not in self.parsers]
             body = statements_of(guard)
             inline = [s for s in body if not self._only_calls(s, targets)]
             # `best_loss = 0` beside the parser: a quiet line binds a global the entry function reads, runs nothing;
             # a block whose every line parses or sets up leaves no region of its own (`main(parser.parse_args())`)
             if targets and (not [s for s in inline if not _is_setup(s, self.code(s)) and not self._quiet(s)]
                             or not self._region_after_setup(body)):
-                training = [t for t in targets if _TRAINING.search(self.code(self.scopes[t].node))]
+                training = [t for t in targets if self._trains(t)]
                 key = (training or targets)[0] if training else targets[-1]
                 node = self.scopes[key].node
                 return key, node, self._region_after_setup(statements_of(node))
@@ -252,6 +253,21 @@ class Facts:
                 node = self.scopes[starts[0]].node
                 return starts[0], node, self._region_after_setup(statements_of(node))
         return ENTRY, self.module, region
+
+    def _trains(self, key: str) -> bool:
+        """The function, or a function of this file it calls (at any depth), builds a loader or an optimizer or
+        steps backward: `run_training(args)` that calls `train_one_epoch(...)` and `build_optimizer(...)` trains."""
+        seen, todo = {key}, [key]
+        while todo:
+            node = self.scopes[todo.pop()].node
+            if _TRAINING.search(self.code(node)):
+                return True
+            for call in walk(node, into_functions=True):
+                name = dotted(call.func) if isinstance(call, cst.Call) else ""
+                if name in self.scopes and self.scopes[name].cls is None and name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+        return False
 
     def _only_calls(self, stmt: cst.BaseStatement, targets: list[str]) -> bool:
         """`main()`, `args = main()`, `sys.exit(main(args))`: the statement only runs the entry function."""
