@@ -704,6 +704,46 @@ def unused_parameter_wraps(tree: ast.Module, folder: str, modules: dict[str, str
     return unused_wraps(tree, _builders(tree, classes), definition)
 
 
+_RUN_STARTS = {"wandb.init": "W&B", "mlflow.start_run": "MLflow"}
+"""Library calls that start the run the library's module-level functions then log to."""
+
+
+def _imported_as(module: ast.Module) -> dict[str, str]:
+    """The names a module binds to imported libraries: {"wb": "wandb"} for `import wandb as wb`."""
+    return {a.asname or a.name: a.name for n in module.body if isinstance(n, ast.Import) for a in n.names
+            if "." not in a.name}
+
+
+def _started_on_rank0(tree: ast.Module, guarded: set[int]) -> dict[str, str]:
+    """{library: its name} for the runs the ported script starts on rank 0 only (`if ctx.is_main: wandb.init()`)."""
+    names = _imported_as(tree)
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and id(node) in guarded:
+            head, _, rest = ast_dotted(node.func).partition(".")
+            what = _RUN_STARTS.get(f"{names.get(head, head)}.{rest}")
+            if what is not None:
+                out[names.get(head, head)] = what
+    return out
+
+
+def _logs_to_rank0_run(defn: ast.AST, module: ast.Module | None, started: dict[str, str]) -> list[tuple[int, str]]:
+    """`wandb.log(...)` in code every rank runs, where the script starts the W&B run on rank 0 only: the other ranks
+    have no run (wandb raises; mlflow starts a run of each rank's own). Classes (`wandb.Image`) need no run."""
+    names = _imported_as(module) if module is not None else {}
+    out = []
+    for node in ast.walk(defn) if started else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value,
+                                                                                           ast.Name):
+            library = names.get(node.func.value.id, "")
+            if library in started and node.func.attr[:1].islower() and \
+                    f"{library}.{node.func.attr}" not in _RUN_STARTS:
+                out.append((node.lineno, f"`{ast.unparse(node.func)}(...)` uses the {started[library]} run the "
+                                         "port starts on rank 0 only: the other ranks have none (rank 0 only: "
+                                         "`if ctx.is_main:`)"))
+    return out
+
+
 def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
     that does something which breaks under DDP. Silent where that code does none of these things."""
@@ -713,6 +753,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     aliases: dict[str, set[str]] = {}
     forwarded: set[str] = set()
     guarded = _rank_guarded(tree)
+    started = _started_on_rank0(tree, guarded)
     out: list[tuple[int, str]] = []
     definition = _definer(tree, folder, modules, parsed)
     split = split_sizes(tree)
@@ -783,6 +824,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 k, k) for k in set(received.values()) - {
                 "unwrapped"}) or ["the unwrapped model"])
             what = f"gets the {handed}"
+        if id(node) not in guarded:
+            hazards = sorted({*hazards, *(h for part in ([defn] if received else parts)
+                                          for h in _logs_to_rank0_run(part, module, started))})
         if hazards:
             where = os.path.basename(path)
             lines: dict[str, list[int]] = {}  # one message, every line it holds at
