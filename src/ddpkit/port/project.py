@@ -48,6 +48,14 @@ def _names(target: ast.AST) -> list[str]:
     return []
 
 
+def _built(call: ast.Call) -> str:
+    """The constructor a value is built by, through the moves that return the module itself:
+    `Net(...).to(device)` -> "Net"."""
+    while isinstance(call.func, ast.Attribute) and call.func.attr in _MOVES and isinstance(call.func.value, ast.Call):
+        call = call.func.value
+    return ast_dotted(call.func)
+
+
 def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
     """Names in the ported script bound to what changed under DDP: 'model', 'loader', 'batch' or 'config'.
 
@@ -56,8 +64,8 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
     built_by: dict[str, list[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 and \
-                isinstance(node.targets[0], ast.Name) and ast_dotted(node.value.func):
-            built_by.setdefault(node.targets[0].id, []).append(ast_dotted(node.value.func))
+                isinstance(node.targets[0], ast.Name) and _built(node.value):
+            built_by.setdefault(node.targets[0].id, []).append(_built(node.value))
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func = ast_dotted(node.value.func)
@@ -685,11 +693,11 @@ def _builders(tree: ast.Module, classes: dict[str, str]) -> dict[str, list[str]]
     `model = PSPNet(...)` in another), the one the wrap saw first."""
     out = {name: [cls] for name, cls in classes.items()}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast_dotted(node.value.func):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _built(node.value):
             for target in node.targets:
                 for name in _names(target):
-                    if ast_dotted(node.value.func) not in out.setdefault(name, []):
-                        out[name].append(ast_dotted(node.value.func))
+                    if _built(node.value) not in out.setdefault(name, []):
+                        out[name].append(_built(node.value))
     return out
 
 
