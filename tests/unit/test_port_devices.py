@@ -184,3 +184,14 @@ def test_a_forward_while_the_model_sits_on_the_cpu_between_its_moves_is_named():
     [todo] = [t for t in result.todos if "is on the CPU here" in t.message]
     assert "moved at line 16, back at line 18" in todo.message and "ddpkit.unwrap(model)" in todo.message
     assert "ddpkit.unwrap(model).cpu()" in result.code and "model.to(ctx.device)" in result.code
+
+
+def test_a_cpu_scripts_evaluation_batches_given_to_the_model_on_the_device_are_named_too():
+    result = _port("cpu_eval_batches.py")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    # training's forward as before; the evaluation's, in another function, over batches no ddpkit loader makes
+    assert "`x` is made on the CPU (the script names no device)" in _todo_above(
+        result, "loss = F.cross_entropy(model(x), y)")
+    todo = _todo_above(result, "correct += (model(inputs).argmax(1) == labels).sum().item()")
+    assert "`inputs` comes from a batch of `data` (not a ddpkit loader" in todo and "ddpkit.to_device" in todo
+    ast.parse(result.code)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 __all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "statements_of", "ENTRY",
-           "ARGS_ROOTS"]
+           "ARGS_ROOTS", "names_a_device"]
 
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
 """Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
@@ -429,3 +429,14 @@ def imported_names(module: cst.Module) -> dict[str, str]:
                 local = alias.asname.name.value if alias.asname else dotted(alias.name)
                 found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
     return found
+
+
+def names_a_device(module: cst.Module) -> bool:
+    """The code (not its comments or docstrings) names a device: a name or attribute saying `device` or `cuda`
+    (`torch.device(...)`, `x.cuda()`, `device=`), or a string naming an accelerator (`.to("cuda:0")`)."""
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Name) and re.search(r"device|cuda", node.value, re.IGNORECASE):
+            return True
+        if isinstance(node, cst.SimpleString) and re.match(r"(cuda|mps|xpu|npu|hpu)\b", str(node.evaluated_value)):
+            return True
+    return False
