@@ -96,6 +96,24 @@ class ShardedBatchSampler:
                 yield SeededBatch(batch, (self.epoch, t, j)) if self.tag_batches else batch
 
 
+_DATALOADER_ATTRIBUTES = ("batch_size", "dataset", "sampler", "num_workers", "drop_last", "collate_fn", "pin_memory")
+"""The torch DataLoader attributes both loaders answer (scripts read `loader.batch_size`, `loader.dataset`)."""
+
+
+def _collate_of(dataloader_kwargs: dict) -> Any:
+    """The collate function the script asked for (torch's default when none): what `DataLoader.collate_fn` gives."""
+    from torch.utils.data import default_collate
+
+    return dataloader_kwargs.get("collate_fn") or default_collate
+
+
+def _no_attribute(loader: Any, name: str) -> AttributeError:
+    kind = "ddpkit.loader" if isinstance(loader, DistributedLoader) else "ddpkit.eval_loader"
+    return AttributeError(
+        f"{kind}'s {type(loader).__name__} has no attribute {name!r}: of torch's DataLoader attributes it answers "
+        f"{', '.join(_DATALOADER_ATTRIBUTES)}; read the dataset or option you passed to {kind}(...) instead")
+
+
 class DistributedLoader:
     """Iterate this rank's shard on its device; each complete `for` loop over it is one epoch.
 
@@ -106,6 +124,12 @@ class DistributedLoader:
     `step_end` (True when the last yielded micro-batch ends an optimizer step),
     `global_batch_size`, `steps_per_epoch`. `state_dict()`/`load_state_dict()` save and restore
     the exact position, also across world sizes that keep the global batch.
+
+    It answers torch DataLoader's attributes too: `batch_size` (the per-rank micro-batch it
+    yields, not the global batch), `dataset` (the whole dataset), `sampler` (this rank's
+    ShardedBatchSampler), `num_workers`, `drop_last`, `collate_fn` (yours, or torch's
+    default_collate) and `pin_memory` (True when batches are copied through pinned memory).
+    Any other name raises an AttributeError that names the loader.
     """
 
     def __init__(self, dataset: Any, ctx: Context, sampler: ShardedBatchSampler, dataloader_kwargs: dict,
@@ -119,6 +143,7 @@ class DistributedLoader:
         self._epoch, self._step = 0, 0  # position: the next optimizer step to run
         self._micro = 0  # micro-batches yielded into the current optimizer step
         self._pin = pin_memory and ctx.device.type == "cuda"
+        self.collate_fn = _collate_of(dataloader_kwargs)
         # In-memory tensors, nothing to run per sample: one indexed read per tensor gives the batch the
         # DataLoader would build row by row and stack (same values, same list), in half the time. It
         # still goes through the DataLoader, so everything that watches one (ddpkit check) sees it.
@@ -155,6 +180,26 @@ class DistributedLoader:
     @property
     def global_batch_size(self) -> int:
         return self.sampler.global_batch_size
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch this rank yields (per micro-step): the `batch_size` given to ddpkit.loader."""
+        return self.sampler.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self.sampler.drop_last
+
+    @property
+    def num_workers(self) -> int:
+        return self._loader.num_workers
+
+    @property
+    def pin_memory(self) -> bool:
+        return self._pin
+
+    def __getattr__(self, name: str) -> Any:
+        raise _no_attribute(self, name)
 
     @property
     def accumulation_steps(self) -> int:
@@ -331,6 +376,10 @@ class EvalLoader:
     unwrapped model (`ddpkit.unwrap(model)`) under `torch.no_grad()` and call collectives only
     after the loop, so no rank waits on a peer that has already finished. `indices` lists the
     dataset indices of this shard in the order batches come (for `ddpkit.gather_in_order`).
+
+    Of torch DataLoader's attributes it answers `batch_size` (per rank), `dataset`, `sampler` (this
+    shard's dataset indices, as `indices`), `num_workers`, `drop_last` (False: nothing is dropped),
+    `collate_fn` and `pin_memory`; any other name raises an AttributeError that names the loader.
     """
 
     def __init__(self, dataset: Any, ctx: Context, batch_size: int, dataloader_kwargs: dict, pin_memory: bool = True):
@@ -341,12 +390,31 @@ class EvalLoader:
         """The whole dataset (every rank's shard): `correct / len(loader.dataset)` after a reduction is exact."""
         self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size)
         self._pin = pin_memory and ctx.device.type == "cuda"
+        self.batch_size = batch_size
+        """Samples per batch on this rank (the last may be smaller)."""
+        self.collate_fn = _collate_of(dataloader_kwargs)
+        self.drop_last = False
         if self._pin:
             dataloader_kwargs = {**dataloader_kwargs, "collate_fn": HostPinnedCollate(dataloader_kwargs.get("collate_fn"))}
         self._loader = torch.utils.data.DataLoader(
             torch.utils.data.Subset(dataset, self.indices), batch_size=batch_size, shuffle=False,
             pin_memory=self._pin, generator=torch.Generator().manual_seed(ctx.seed), **dataloader_kwargs,
         )
+
+    @property
+    def sampler(self) -> range:
+        return self.indices
+
+    @property
+    def num_workers(self) -> int:
+        return self._loader.num_workers
+
+    @property
+    def pin_memory(self) -> bool:
+        return self._pin
+
+    def __getattr__(self, name: str) -> Any:
+        raise _no_attribute(self, name)
 
     def __len__(self) -> int:
         return len(self._loader)

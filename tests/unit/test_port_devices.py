@@ -184,3 +184,23 @@ def test_a_forward_while_the_model_sits_on_the_cpu_between_its_moves_is_named():
     [todo] = [t for t in result.todos if "is on the CPU here" in t.message]
     assert "moved at line 16, back at line 18" in todo.message and "ddpkit.unwrap(model)" in todo.message
     assert "ddpkit.unwrap(model).cpu()" in result.code and "model.to(ctx.device)" in result.code
+
+
+def test_a_cpu_scripts_evaluation_batches_given_to_the_model_on_the_device_are_named_too():
+    result = _port("cpu_eval_batches.py")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    # training's forward as before; the evaluation's, in another function, over batches no ddpkit loader makes
+    assert "`x` is made on the CPU (the script names no device)" in _todo_above(
+        result, "loss = F.cross_entropy(model(x), y)")
+    todo = _todo_above(result, "correct += (model(inputs).argmax(1) == labels).sum().item()")
+    assert "`inputs` comes from a batch of `data` (not a ddpkit loader" in todo and "ddpkit.to_device" in todo
+    ast.parse(result.code)
+
+
+def test_tensors_the_wrapped_models_own_methods_make_on_the_cpu_for_its_submodules_are_named():
+    # the agent's class lives in src/ (a folder without __init__.py) beside scripts/: it is read all the same
+    result = _port("env_agent/scripts/train.py")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    [todo] = [t.message for t in result.todos if "agent.py" in t.message]
+    assert todo.startswith("`Agent.episode` in agent.py (read, not ported) makes `torch.from_numpy(observation)` on "
+                           "the CPU (agent.py:15) and gives it to `self.policy`, which ddpkit.wrap put on ctx.device")

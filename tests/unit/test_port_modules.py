@@ -27,6 +27,9 @@ def test_a_module_whose_output_never_reaches_forwards_result_is_found_on_any_pat
     assert [a for a, _ in discarded_outputs(classes["AuxNet"])] == ["side"]  # computed, transformed, dropped
     assert [a for a, _ in discarded_outputs(classes["ProbeNet"])] == ["probe"]  # a bare call's value
     assert discarded_outputs(classes["HeadsNet"]) == []  # through a list, a dict item and a helper method
+    # through the methods forward calls: `_join(v, t)` returns what it makes of v alone, so tag's output is lost
+    assert [a for a, _ in discarded_outputs(classes["JoinNet"])] == ["tag"]
+    assert discarded_outputs(classes["JoinBothNet"]) == []  # its join keeps both (t given by keyword)
 
 
 def test_a_model_class_of_another_module_with_a_thrown_away_head_is_wrapped_with_find_unused_parameters():
@@ -38,6 +41,15 @@ def test_a_model_class_of_another_module_with_a_thrown_away_head_is_wrapped_with
     # HeadsNet is built first (another branch): every class the name may be built by is read
     assert lines[at - 1].startswith("# ddpkit port: `ProbeNet` in nets.py (read, not ported) may leave self.probe")
     ast.parse(result.code)
+
+
+def test_a_model_built_and_moved_in_one_line_then_wrapped_apart_is_read_for_unused_modules():
+    path = FIXTURES / "module_heads" / "train_join.py"
+    result = port_source(path.read_text(), str(path))
+    assert result.exit_code == 0, result.todos
+    lines = result.code.splitlines()
+    at = lines.index("model = ddpkit.wrap(model, ctx, find_unused_parameters=True)")  # `JoinNet().to(device)`
+    assert lines[at - 1].startswith("# ddpkit port: `JoinNet` in nets.py (read, not ported) may leave self.tag")
 
 
 def test_a_thrown_away_head_of_the_scripts_own_class_gets_find_unused_parameters():

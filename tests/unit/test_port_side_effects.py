@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -38,8 +39,9 @@ def test_a_device_string_chosen_before_init_is_compared_as_a_string_and_the_port
     assert "if device == 'cuda':" in lines and "if device.type == 'cuda':" not in lines
     # a parameter of that name may be handed the string or a torch.device: torch.device(...) reads both
     assert 'if torch.device(device).type == "cuda":' in lines
-    # a choice inside the ddpkit.init block becomes ctx.device: its comparison reads the device's type
-    assert "run_device = ctx.device" in lines and 'if run_device.type == "cuda":' in lines
+    # a string choice inside the ddpkit.init block becomes this rank's device as a string ("cuda:1"): its
+    # comparison with "cuda" reads the device's type
+    assert "run_device = str(ctx.device)" in lines and 'if torch.device(run_device).type == "cuda":' in lines
     path = tmp_path / "string_device_ddp.py"
     path.write_text(result.code)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -47,6 +49,33 @@ def test_a_device_string_chosen_before_init_is_compared_as_a_string_and_the_port
     monkeypatch.setattr(sys, "argv", [str(path)])
     with contextlib.redirect_stdout(io.StringIO()):
         runpy.run_path(str(path), run_name="__main__")  # `'cuda'.type` raised AttributeError here
+
+
+def test_a_device_string_chosen_in_the_entry_point_stays_a_string_the_script_can_write_as_json(tmp_path, monkeypatch):
+    result = _port("device_in_config.py")
+    assert result.exit_code == 0, [t.message for t in result.todos]
+    assert "device = str(ctx.device)" in [line.strip() for line in result.code.splitlines()]
+    path = tmp_path / "device_in_config_ddp.py"
+    path.write_text(result.code)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(path)])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(path), run_name="__main__")  # json.dump of a torch.device raised TypeError here
+    assert json.loads(out.getvalue().strip().splitlines()[-1])["device"] == "cpu"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["device"] == "cpu"
+
+
+def test_a_run_started_on_rank_0_only_names_the_logging_calls_of_the_projects_functions_on_every_rank():
+    result = _port("rank0_tracker/train.py")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    assert "if ctx.is_main:\n    wandb.init(" in result.code
+    [todo] = [t.message for t in result.todos if "loop.py" in t.message]
+    # `import wandb as wb` in the project's module: its log and finish need the run rank 0 alone has; wb.Image not
+    assert "loop.py:13 `wb.log(...)` uses the W&B run the port starts on rank 0 only" in todo
+    assert "loop.py:14 `wb.finish(...)`" in todo and "wb.Image" not in todo
 
 
 def test_libraries_that_download_on_first_use_and_shell_fetches_run_on_rank_0_first():
@@ -124,7 +153,7 @@ def test_a_folder_named_per_rank_that_rank_0_writes_into_and_every_rank_reads_fr
 def test_a_device_name_bound_to_a_string_and_to_ctx_device_is_compared_through_torch_device(tmp_path, monkeypatch):
     result = _port("string_device_rebound.py")
     lines = [line.strip() for line in result.code.splitlines()]
-    assert "device = 'cpu'" in lines and "device = ctx.device" in lines
+    assert "device = 'cpu'" in lines and "device = str(ctx.device)" in lines  # a str stays a str ("cuda:1")
     assert "if torch.device(device).type == 'cuda':" in lines
     path = tmp_path / "string_device_rebound_ddp.py"
     path.write_text(result.code)

@@ -207,6 +207,53 @@ if __name__ == "__main__":
     assert "lowest = 1e9\n    fit(p.parse_args())\n" in result.code
 
 
+def test_an_entry_function_that_trains_through_helpers_is_found_beside_the_parser_it_is_called_with():
+    source = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_optimizer(net, lr):
+    return torch.optim.SGD(net.parameters(), lr=lr)
+
+
+def one_epoch(net, batches, opt):
+    for xb, yb in batches:
+        loss = ((net(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def make_batches():
+    return DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+
+
+def run(args):
+    batches = make_batches()
+    net = torch.nn.Linear(2, 1)
+    opt = make_optimizer(net, args.lr)
+    for _ in range(args.epochs):
+        one_epoch(net, batches, opt)
+
+
+def get_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--epochs", type=int, default=1)
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    run(get_args())
+'''
+    # run's own body names no optimizer nor backward: the helpers it calls do; the parser is never the entry
+    result = port_source(source, "script.py")
+    assert result.exit_code == 0, result.todos
+    assert "def run(args):\n    with ddpkit.init() as ctx:\n" in result.code
+    assert "def get_args():\n    p = argparse.ArgumentParser()\n" in result.code
+
+
 _FIRST_BATCH = '''import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset

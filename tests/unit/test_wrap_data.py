@@ -152,6 +152,49 @@ def test_loader_input_errors():
         ddpkit.eval_loader(ds, _ctx(), batch_size=2, shuffle=True)
 
 
+def _pairs(items):
+    return torch.utils.data.default_collate(items)
+
+
+def test_loader_answers_the_batch_size_a_script_reads_per_rank():
+    ds = torch.utils.data.TensorDataset(torch.arange(40))
+    loader = ddpkit.loader(ds, _ctx(1, 2), batch_size=4, accumulation_steps=2)
+    assert loader.batch_size == 4 == len(next(iter(loader))[0])  # per rank, per micro-step: what it yields
+    assert loader.global_batch_size == 16
+    assert ddpkit.eval_loader(ds, _ctx(1, 2), batch_size=3).batch_size == 3
+
+
+def test_loader_answers_the_dataset_and_sampler_a_script_reads():
+    ds = torch.utils.data.TensorDataset(torch.arange(40))
+    loader = ddpkit.loader(ds, _ctx(1, 2), batch_size=4)
+    assert loader.dataset is ds and len(loader.dataset) == 40  # the whole dataset, as a DataLoader's
+    assert [b for b in loader.sampler] == [b[0].tolist() for b in loader]  # this rank's batches of indices
+    evaluation = ddpkit.eval_loader(ds, _ctx(1, 2), batch_size=3)
+    assert evaluation.dataset is ds
+    assert list(evaluation.sampler) == list(range(20, 40)) == list(evaluation.indices)
+
+
+def test_loader_answers_num_workers_drop_last_collate_fn_and_pin_memory():
+    ds = torch.utils.data.TensorDataset(torch.arange(40))
+    loader = ddpkit.loader(ds, _ctx(), batch_size=4, drop_last=False, collate_fn=_pairs)
+    assert loader.num_workers == 0 and loader.drop_last is False
+    assert loader.collate_fn is _pairs  # the script's own, not the wrapper ddpkit puts around it
+    assert loader.pin_memory is False  # a CPU device copies nothing through pinned memory
+    assert ddpkit.loader(ds, _ctx(), batch_size=4).collate_fn is torch.utils.data.default_collate
+    evaluation = ddpkit.eval_loader(ds, _ctx(), batch_size=4)
+    assert evaluation.num_workers == 0 and evaluation.drop_last is False and evaluation.pin_memory is False
+    assert evaluation.collate_fn is torch.utils.data.default_collate
+
+
+def test_loader_attributes_it_lacks_raise_an_error_naming_the_loader():
+    ds = torch.utils.data.TensorDataset(torch.arange(40))
+    with pytest.raises(AttributeError, match=r"ddpkit.loader's DistributedLoader has no attribute 'timeout'.*batch_size"):
+        ddpkit.loader(ds, _ctx(), batch_size=4).timeout
+    with pytest.raises(AttributeError, match=r"ddpkit.eval_loader's EvalLoader has no attribute 'prefetch_factor'"):
+        ddpkit.eval_loader(ds, _ctx(), batch_size=4).prefetch_factor
+    assert not hasattr(ddpkit.loader(ds, _ctx(), batch_size=4), "batch_sampler_of_mine")
+
+
 def test_loader_position_state_dict_roundtrip():
     ds = torch.utils.data.TensorDataset(torch.arange(40))
     full = ddpkit.loader(ds, _ctx(), batch_size=4, seed=5)

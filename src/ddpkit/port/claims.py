@@ -102,10 +102,12 @@ def _import_root(tree: ast.Module, folder: str) -> str:
     that holds a module or package the script imports by its top-level name, where its own folder holds none."""
     tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
         n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
+    dotted = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module
+              and "." in n.module}  # `from src.a2c import A2C` where src is a folder without __init__.py
 
     def holds(where: str) -> bool:
         return any(os.path.isfile(os.path.join(where, f"{t}.py")) or os.path.isfile(os.path.join(where, t, "__init__.py"))
-                   for t in tops)
+                   for t in tops) or any(os.path.isfile(os.path.join(where, *d.split(".")) + ".py") for d in dotted)
 
     if holds(folder):
         return folder

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 __all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "statements_of", "ENTRY",
-           "ARGS_ROOTS", "CONCAT", "accumulated"]
+           "ARGS_ROOTS", "CONCAT", "accumulated", "names_a_device"]
 
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
 """Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
@@ -250,14 +250,15 @@ class Facts:
                         and _TRAINING.search(self.code(s))]
         if guard is not None and not module_setup:
             called = [dotted(n.func) for n in walk(guard) if isinstance(n, cst.Call)]
-            targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None]
+            # `run_training(parse_args())`: the parser is setup, never the entry point
+            targets = [c for c in called if c in self.scopes and self.scopes[c].cls is None and c not in self.parsers]
             body = statements_of(guard)
             inline = [s for s in body if not self._only_calls(s, targets)]
             # `best_loss = 0` beside the parser: a quiet line binds a global the entry function reads, runs nothing;
             # a block whose every line parses or sets up leaves no region of its own (`main(parser.parse_args())`)
             if targets and (not [s for s in inline if not _is_setup(s, self.code(s)) and not self._quiet(s)]
                             or not self._region_after_setup(body)):
-                training = [t for t in targets if _TRAINING.search(self.code(self.scopes[t].node))]
+                training = [t for t in targets if self._trains(t)]
                 key = (training or targets)[0] if training else targets[-1]
                 node = self.scopes[key].node
                 return key, node, self._region_after_setup(statements_of(node))
@@ -276,6 +277,21 @@ class Facts:
                 node = self.scopes[starts[0]].node
                 return starts[0], node, self._region_after_setup(statements_of(node))
         return ENTRY, self.module, region
+
+    def _trains(self, key: str) -> bool:
+        """The function, or a function of this file it calls (at any depth), builds a loader or an optimizer or
+        steps backward: `run_training(args)` that calls `train_one_epoch(...)` and `build_optimizer(...)` trains."""
+        seen, todo = {key}, [key]
+        while todo:
+            node = self.scopes[todo.pop()].node
+            if _TRAINING.search(self.code(node)):
+                return True
+            for call in walk(node, into_functions=True):
+                name = dotted(call.func) if isinstance(call, cst.Call) else ""
+                if name in self.scopes and self.scopes[name].cls is None and name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+        return False
 
     def _only_calls(self, stmt: cst.BaseStatement, targets: list[str]) -> bool:
         """`main()`, `args = main()`, `sys.exit(main(args))`: the statement only runs the entry function."""
@@ -437,3 +453,14 @@ def imported_names(module: cst.Module) -> dict[str, str]:
                 local = alias.asname.name.value if alias.asname else dotted(alias.name)
                 found[local] = f"{dotted(node.module)}.{dotted(alias.name)}"
     return found
+
+
+def names_a_device(module: cst.Module) -> bool:
+    """The code (not its comments or docstrings) names a device: a name or attribute saying `device` or `cuda`
+    (`torch.device(...)`, `x.cuda()`, `device=`), or a string naming an accelerator (`.to("cuda:0")`)."""
+    for node in walk(module, into_functions=True):
+        if isinstance(node, cst.Name) and re.search(r"device|cuda", node.value, re.IGNORECASE):
+            return True
+        if isinstance(node, cst.SimpleString) and re.match(r"(cuda|mps|xpu|npu|hpu)\b", str(node.evaluated_value)):
+            return True
+    return False

@@ -21,7 +21,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.batches import plan_drawn_batches
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, names_a_device, root_name, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import runs_again
 
@@ -120,27 +120,71 @@ def _fixed_path(plan: Any, key: str, node: cst.CSTNode, depth: int = 0) -> cst.B
 
 def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]) -> bool:
     """In a script that names no device, the first input of a training forward (`model(x)`, `model.forward(x)`)
-    not made on ctx.device by the port gets a TODO: ddpkit.wrap put the model there. True when one did."""
+    not made on ctx.device by the port gets a TODO: ddpkit.wrap put the model there. True when one did.
+
+    Every other forward of the model in a ported scope (an evaluation loop, a `test()`) that is given a batch of a
+    loop over something that is not a ddpkit loader gets one too: those batches stay on the CPU as well."""
     f = plan.f
-    if re.search(r"device|cuda", f.code(f.module)):
+    if names_a_device(f.module):
         return False
     moved = {x.value for k in f.ported for n in plan.nodes(k) if id(n) in plan.to_device
              for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
+    named = False
+    seen: set[int] = set()
     for k, stmts in blocks:
-        for call in (n for s in stmts for n in walk(s) if isinstance(n, cst.Call)):
-            func = call.func.value if isinstance(call.func, cst.Attribute) and call.func.attr.value == "forward" \
-                else call.func
-            if plan.role(k, dotted(func)) != "model":
-                continue
+        for call in _forwards(plan, k, stmts):
             inputs = [a.value for a in call.args if root_name(a.value) not in moved]
-            if inputs:
+            if inputs and not named:
+                seen.add(id(call))
                 partners = _loss_partners(plan, stmts, call, moved)
                 also = f"; so is `{partners[0]}`, which meets the model's output (the loss's target)" if partners else ""
                 plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
                           f"the model, which ddpkit.wrap put on ctx.device{also}: make {'them' if also else 'it'} on ctx.device "
                           "(.to(ctx.device))")
-                return True
-    return False
+                named = True
+    for k in sorted(f.ported):
+        stmts = f.scope_statements(k)
+        batches = _host_batches(plan, k, stmts)
+        for call in _forwards(plan, k, stmts):
+            inputs = [a.value for a in call.args if id(call) not in seen and root_name(a.value) in batches.keys() - moved]
+            if inputs:
+                seen.add(id(call))
+                names = ", ".join(f"`{f.code(x)}`" for x in inputs)
+                plan.todo(call, f"{names} {'come' if len(inputs) > 1 else 'comes'} from a batch of `{batches[root_name(inputs[0])]}` (not a ddpkit "
+                          "loader: on the CPU, as the script names no device) and is given to the model, which "
+                          "ddpkit.wrap put on ctx.device: move the batch there (ddpkit.to_device(batch, ctx.device))")
+    return named
+
+
+def _forwards(plan: Any, key: str, stmts: list[cst.BaseStatement]) -> list[cst.Call]:
+    """The calls of the wrapped model (`model(x)`, `model.forward(x)`) in these statements."""
+    out = []
+    for call in (n for s in stmts for n in walk(s) if isinstance(n, cst.Call)):
+        func = call.func.value if isinstance(call.func, cst.Attribute) and call.func.attr.value == "forward" \
+            else call.func
+        if plan.role(key, dotted(func)) == "model":
+            out.append(call)
+    return out
+
+
+def _host_batches(plan: Any, key: str, stmts: list[cst.BaseStatement]) -> dict[str, str]:
+    """Names a `for` loop binds to the items of an iterable that is no ddpkit loader of the port -> that iterable
+    (`for i, (x, y) in enumerate(test_loader)`: x, y -> `test_loader`); counted loops (range) bind none."""
+    out: dict[str, str] = {}
+    for loop in (n for s in stmts for n in walk(s) if isinstance(n, cst.For)):
+        it = loader_expr(loop.iter)
+        name = root_name(it)
+        if isinstance(it, cst.Call) and dotted(it.func) in ("range", "zip") or plan.role(key, name) in (
+                "train", "eval") and name not in plan.host_loaders.get(key, set()):
+            continue  # a ddpkit loader delivers its batches on ctx.device
+        target = loop.target
+        if isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "enumerate" and isinstance(
+                target, cst.Tuple) and len(target.elements) == 2:
+            target = target.elements[1].value  # the counter enumerate adds is no batch
+        for x in walk(target):
+            if isinstance(x, cst.Name):
+                out.setdefault(x.value, plan.f.code(it))
+    return out
 
 
 def _loss_partners(plan: Any, stmts: list[cst.BaseStatement], forward: cst.Call, moved: set[str]) -> list[str]:

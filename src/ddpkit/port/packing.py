@@ -15,7 +15,7 @@ from typing import Callable
 
 from ddpkit.port.weights import ast_dotted
 
-__all__ = ["host_inputs_in_wrapped"]
+__all__ = ["host_inputs_in_wrapped", "cpu_tensors_in_wrapped"]
 
 Follow = Callable[[str, str], "tuple[str, ast.AST] | None"]
 """(name, file it is read in) -> (file, definition) of a class or function of the project, else None."""
@@ -108,5 +108,70 @@ def host_inputs_in_wrapped(tree: ast.Module, builders: dict[str, list[str]],
                                          f"{line} as the lengths, from the model's inputs, which DDP moves to the "
                                          "GPU (lengths must be a CPU tensor there): write "
                                          f"`{lengths}.cpu()` at that call"))
+                break
+    return out
+
+
+_MAKES = frozenset({"from_numpy", "tensor", "as_tensor", "Tensor", "FloatTensor", "DoubleTensor", "LongTensor"})
+"""torch calls that make a tensor on the CPU unless told a device."""
+
+
+def _cpu_fed(cls: ast.ClassDef) -> tuple[str, int, str, str] | None:
+    """(method, line, made, submodule) where a method of the class makes a tensor on the CPU (`obs =
+    torch.from_numpy(obs)`, no device=) and hands that name to one of its own submodules (`self.actor(obs)`),
+    in a module that names no device: the submodule is on ctx.device once the model is wrapped."""
+    for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        made: dict[str, tuple[int, str]] = {}
+        for node in sorted((n for n in ast.walk(method) if isinstance(n, (ast.Assign, ast.Call))),
+                           key=lambda n: (n.lineno, n.col_offset)):
+            if isinstance(node, ast.Assign):
+                call = node.value
+                while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and isinstance(
+                        call.func.value, ast.Call) and call.func.attr in ("double", "float", "long", "unsqueeze"):
+                    call = call.func.value  # `torch.from_numpy(obs).double()`
+                func = ast_dotted(call.func) if isinstance(call, ast.Call) else ""
+                for target in (t for t in node.targets if isinstance(t, ast.Name)):
+                    if func.startswith("torch.") and func.rsplit(".", 1)[-1] in _MAKES and not any(
+                            k.arg == "device" for k in call.keywords):
+                        made[target.id] = (node.lineno, ast.unparse(call))
+                    elif target.id in made and node.lineno > made[target.id][0]:
+                        del made[target.id]  # bound again to something else
+            elif isinstance(node.func, ast.Attribute) and ast_dotted(node.func.value) == "self" and any(
+                    isinstance(a, ast.Name) and a.id in made for a in node.args):
+                name = next(a.id for a in node.args if isinstance(a, ast.Name) and a.id in made)
+                return method.name, made[name][0], made[name][1], f"self.{node.func.attr}"
+    return None
+
+
+def cpu_tensors_in_wrapped(tree: ast.Module, builders: dict[str, list[str]],
+                           definition: Callable[[str], "tuple[str, str, ast.AST] | None"]) -> list[tuple[int, str]]:
+    """(line of the wrap, TODO) for each `ddpkit.wrap(model, ctx)` of a class of the project, in a module that
+    names no device, whose own methods make a tensor on the CPU and give it to a submodule (observations of an
+    environment): ddpkit.wrap put that submodule on ctx.device, which is a GPU on a GPU rank."""
+    if any(isinstance(n, ast.keyword) and n.arg == "device" for n in ast.walk(tree)):
+        return []  # `ddpkit.init(device="cpu")` or a device the script hands on: not this case
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args):
+            continue
+        arg = node.args[0]
+        for cls in [ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(ast_dotted(arg), []):
+            found = definition(cls) if cls else None
+            if found is None or not found[0] or not isinstance(found[2], ast.ClassDef):
+                continue
+            with open(found[0], encoding="utf-8") as f:
+                text = f.read()
+            words = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(ast.parse(text))
+                     if isinstance(n, (ast.Name, ast.Attribute))}
+            if any("device" in w.lower() or "cuda" in w.lower() for w in words):
+                continue  # the module places its tensors itself
+            hit = _cpu_fed(found[2])
+            if hit is not None:
+                where = os.path.basename(found[0])
+                out.append((node.lineno, f"`{found[1]}.{hit[0]}` in {where} (read, not ported) makes `{hit[2][:50]}` "
+                                         f"on the CPU ({where}:{hit[1]}) and gives it to `{hit[3]}`, which "
+                                         "ddpkit.wrap put on ctx.device: on a GPU rank that fails with a device "
+                                         "mismatch; make it on the model's device there, or keep every rank on the "
+                                         "CPU with ddpkit.init(device=\"cpu\")"))
                 break
     return out

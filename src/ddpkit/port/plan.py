@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
+from ddpkit.port.facts import names_a_device as _names_a_device
 from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
@@ -663,14 +664,3 @@ class Plan:
 def _assigned(stmt: cst.CSTNode) -> set[str]:
     """Names and attributes a statement binds (`args.seed = ...`, `seed = ...`)."""
     return {dotted(n.target) for n in walk(stmt) if isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))}
-
-
-def _names_a_device(module: cst.Module) -> bool:
-    """The code (not its comments or docstrings) names a device: a name or attribute saying `device` or `cuda`
-    (`torch.device(...)`, `x.cuda()`, `device=`), or a string naming an accelerator (`.to("cuda:0")`)."""
-    for node in walk(module, into_functions=True):
-        if isinstance(node, cst.Name) and re.search(r"device|cuda", node.value, re.IGNORECASE):
-            return True
-        if isinstance(node, cst.SimpleString) and re.match(r"(cuda|mps|xpu|npu|hpu)\b", str(node.evaluated_value)):
-            return True
-    return False

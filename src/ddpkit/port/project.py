@@ -13,7 +13,7 @@ import ast
 import os
 
 from ddpkit.port.effects import DOWNLOADS
-from ddpkit.port.packing import host_inputs_in_wrapped
+from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
@@ -48,6 +48,14 @@ def _names(target: ast.AST) -> list[str]:
     return []
 
 
+def _built(call: ast.Call) -> str:
+    """The constructor a value is built by, through the moves that return the module itself:
+    `Net(...).to(device)` -> "Net"."""
+    while isinstance(call.func, ast.Attribute) and call.func.attr in _MOVES and isinstance(call.func.value, ast.Call):
+        call = call.func.value
+    return ast_dotted(call.func)
+
+
 def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
     """Names in the ported script bound to what changed under DDP: 'model', 'loader', 'batch' or 'config'.
 
@@ -56,8 +64,8 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
     built_by: dict[str, list[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 and \
-                isinstance(node.targets[0], ast.Name) and ast_dotted(node.value.func):
-            built_by.setdefault(node.targets[0].id, []).append(ast_dotted(node.value.func))
+                isinstance(node.targets[0], ast.Name) and _built(node.value):
+            built_by.setdefault(node.targets[0].id, []).append(_built(node.value))
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             func = ast_dotted(node.value.func)
@@ -685,11 +693,11 @@ def _builders(tree: ast.Module, classes: dict[str, str]) -> dict[str, list[str]]
     `model = PSPNet(...)` in another), the one the wrap saw first."""
     out = {name: [cls] for name, cls in classes.items()}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and ast_dotted(node.value.func):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _built(node.value):
             for target in node.targets:
                 for name in _names(target):
-                    if ast_dotted(node.value.func) not in out.setdefault(name, []):
-                        out[name].append(ast_dotted(node.value.func))
+                    if _built(node.value) not in out.setdefault(name, []):
+                        out[name].append(_built(node.value))
     return out
 
 
@@ -704,6 +712,46 @@ def unused_parameter_wraps(tree: ast.Module, folder: str, modules: dict[str, str
     return unused_wraps(tree, _builders(tree, classes), definition)
 
 
+_RUN_STARTS = {"wandb.init": "W&B", "mlflow.start_run": "MLflow"}
+"""Library calls that start the run the library's module-level functions then log to."""
+
+
+def _imported_as(module: ast.Module) -> dict[str, str]:
+    """The names a module binds to imported libraries: {"wb": "wandb"} for `import wandb as wb`."""
+    return {a.asname or a.name: a.name for n in module.body if isinstance(n, ast.Import) for a in n.names
+            if "." not in a.name}
+
+
+def _started_on_rank0(tree: ast.Module, guarded: set[int]) -> dict[str, str]:
+    """{library: its name} for the runs the ported script starts on rank 0 only (`if ctx.is_main: wandb.init()`)."""
+    names = _imported_as(tree)
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and id(node) in guarded:
+            head, _, rest = ast_dotted(node.func).partition(".")
+            what = _RUN_STARTS.get(f"{names.get(head, head)}.{rest}")
+            if what is not None:
+                out[names.get(head, head)] = what
+    return out
+
+
+def _logs_to_rank0_run(defn: ast.AST, module: ast.Module | None, started: dict[str, str]) -> list[tuple[int, str]]:
+    """`wandb.log(...)` in code every rank runs, where the script starts the W&B run on rank 0 only: the other ranks
+    have no run (wandb raises; mlflow starts a run of each rank's own). Classes (`wandb.Image`) need no run."""
+    names = _imported_as(module) if module is not None else {}
+    out = []
+    for node in ast.walk(defn) if started else ():
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value,
+                                                                                           ast.Name):
+            library = names.get(node.func.value.id, "")
+            if library in started and node.func.attr[:1].islower() and \
+                    f"{library}.{node.func.attr}" not in _RUN_STARTS:
+                out.append((node.lineno, f"`{ast.unparse(node.func)}(...)` uses the {started[library]} run the "
+                                         "port starts on rank 0 only: the other ranks have none (rank 0 only: "
+                                         "`if ctx.is_main:`)"))
+    return out
+
+
 def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
     that does something which breaks under DDP. Silent where that code does none of these things."""
@@ -713,6 +761,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     aliases: dict[str, set[str]] = {}
     forwarded: set[str] = set()
     guarded = _rank_guarded(tree)
+    started = _started_on_rank0(tree, guarded)
     out: list[tuple[int, str]] = []
     definition = _definer(tree, folder, modules, parsed)
     split = split_sizes(tree)
@@ -783,6 +832,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 k, k) for k in set(received.values()) - {
                 "unwrapped"}) or ["the unwrapped model"])
             what = f"gets the {handed}"
+        if id(node) not in guarded:
+            hazards = sorted({*hazards, *(h for part in ([defn] if received else parts)
+                                          for h in _logs_to_rank0_run(part, module, started))})
         if hazards:
             where = os.path.basename(path)
             lines: dict[str, list[int]] = {}  # one message, every line it holds at
@@ -803,6 +855,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     def follow(name: str, where: str) -> tuple[str, ast.AST] | None:
         return ("", own[name]) if not where and name in own else follower(where)(name) if where else None
     out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
+    out += cpu_tensors_in_wrapped(tree, _builders(tree, classes), definition)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out

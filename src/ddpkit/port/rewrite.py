@@ -720,7 +720,9 @@ class Rewriter(cst.CSTTransformer):
                 semicolon=original.body[-1].semicolon)])
         first = updated.body[0]
         if isinstance(first, cst.Assign) and len(first.targets) == 1 and _chooses_device(first):
-            updated = updated.with_changes(body=[first.with_changes(value=parse_expr("ctx.device")), *updated.body[1:]])
+            # a str stays a str (`json.dump(config)` with the device in it): "cuda:1" names this rank's GPU
+            value = "str(ctx.device)" if _stringy(first.value) else "ctx.device"
+            updated = updated.with_changes(body=[first.with_changes(value=parse_expr(value)), *updated.body[1:]])
             self.changes += 1
         if id(original) in self.p.wrap_inline and isinstance(updated.body[0], cst.Assign):
             assign = updated.body[0]
@@ -1054,11 +1056,12 @@ def _name_bindings(facts: Facts, keys: dict[int, str]) -> list[tuple[cst.CSTNode
 
 
 def _string_devices(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:
-    """(id(scope), name) for each name a scope (the module, a function) binds to a string the port keeps a string:
-    a device choice outside ddpkit.init's block (module level above the entry point), or a string the device rule
-    does not rewrite. Comparing such a name with "cuda" stays a string comparison."""
+    """(id(scope), name) for each name a scope (the module, a function) binds to a string, which the port keeps a
+    string: a device choice outside ddpkit.init's block (module level above the entry point), a string the device
+    rule does not rewrite, or one it rebinds to `str(ctx.device)`. Comparing such a name with "cuda" stays a string
+    comparison, or reads `torch.device(name).type` where the name may hold "cuda:1" (see `_string_or_either`)."""
     return {(id(scope), node.targets[0].target.value) for scope, node, ported in _name_bindings(facts, keys)
-            if _stringy(node.value) and not (ported and _chooses_device(node))}
+            if _stringy(node.value)}
 
 
 def _device_bound(facts: Facts, keys: dict[int, str]) -> set[tuple[int, str]]:

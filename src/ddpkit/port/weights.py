@@ -35,9 +35,33 @@ _PARAMETERED = ("Linear", "Conv", "Norm", "Embedding", "LSTM", "GRU", "RNN", "At
                 "Transformer", "Sequential", "ModuleList", "ModuleDict", "Parameter")
 
 
-def _names_in(node: ast.AST) -> set[str]:
+Dropped = Callable[[str], "tuple[set[int], set[str]] | None"]
+"""For a method of the object: (positions, keywords) of the arguments of `self.m(...)` that never reach what m returns
+or keeps, or None where every argument may."""
+
+
+def _no_drops(name: str) -> None:
+    return None
+
+
+def _walk(node: ast.AST, dropped: Dropped = _no_drops):
+    """ast.walk, leaving out the arguments of `self.m(...)` calls that m throws away (`dropped`)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        drop = dropped(n.func.attr) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+            ast_dotted(n.func.value) == "self" and not any(isinstance(a, ast.Starred) for a in n.args) else None
+        if drop is not None:
+            stack += [n.func, *(a for i, a in enumerate(n.args) if i not in drop[0]),
+                      *(k for k in n.keywords if k.arg not in drop[1])]
+        else:
+            stack.extend(ast.iter_child_nodes(n))
+
+
+def _names_in(node: ast.AST, dropped: Dropped = _no_drops) -> set[str]:
     """The names an expression (or a statement's parts) reads, `self` included."""
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in _walk(node, dropped) if isinstance(n, ast.Name)}
 
 
 def _flat(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -56,12 +80,13 @@ def _flat(body: list[ast.stmt]) -> list[ast.stmt]:
     return out
 
 
-def _reaching(function: ast.FunctionDef, methods: set[str]) -> list[ast.AST] | None:
+def _reaching(function: ast.FunctionDef, methods: set[str], dropped: Dropped = _no_drops) -> list[ast.AST] | None:
     """The parts of `function` whose values may reach what it returns (or what it keeps on `self`): a return's
     value, the value of an assignment to a name that reaches it, the arguments of a method called on such a name
     (`outs.append(head(x))`), a loop's iterable whose element reaches it, and every call of another method of the
     object (it may keep what it computes). Names are followed by name, whatever the order: a value named once where
-    it reaches the result counts everywhere. None where the function returns nothing (nothing to follow)."""
+    it reaches the result counts everywhere. None where the function returns nothing (nothing to follow). An argument
+    of `self.m(...)` that m throws away (`dropped`) reaches nothing."""
     statements = _flat(function.body)
     if not any(isinstance(s, ast.Return) and s.value is not None for s in statements):
         return None
@@ -95,7 +120,7 @@ def _reaching(function: ast.FunctionDef, methods: set[str]) -> list[ast.AST] | N
             if reads:
                 done.add(id(stmt))
                 parts += reads
-                live |= set().union(*(_names_in(r) for r in reads)) - {"_"}  # a throwaway links nothing
+                live |= set().union(*(_names_in(r, dropped) for r in reads)) - {"_"}  # a throwaway links nothing
                 changed = True
     return parts
 
@@ -116,7 +141,9 @@ def discarded_outputs(cls: ast.ClassDef) -> list[tuple[str, int]]:
     """(attribute, line) of the modules set in __init__ (`self.aux = nn.Sequential(...)`, a layer, a class of the
     project) that forward calls but whose output reaches neither what forward returns nor the object, on any path
     (`aux = self.aux(x)` computed and thrown away): their parameters get no gradient, and DDP fails at the second
-    step. [] where forward returns nothing, or reads modules by name (getattr)."""
+    step. [] where forward returns nothing, or reads modules by name (getattr). The methods forward calls are
+    followed the same way: `self.join(v, self.tag(c))`, where join returns what it makes of v alone, throws tag's
+    output away."""
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     if "forward" not in methods or "__init__" not in methods:
         return []
@@ -125,7 +152,21 @@ def discarded_outputs(cls: ast.ClassDef) -> list[tuple[str, int]]:
                                                               "self.named_children", "self.named_modules")
            for n in ast.walk(forward)):
         return []
-    parts = _reaching(forward, set(methods))
+    known: dict[str, tuple[set[int], set[str]] | None] = {}
+
+    def dropped(name: str) -> tuple[set[int], set[str]] | None:
+        if name not in known and name in methods and name != "forward":
+            known[name] = None  # a method that calls itself: every argument may reach
+            function = methods[name]
+            parts = _reaching(function, set(methods), dropped)
+            named = [a.arg for a in (*function.args.posonlyargs, *function.args.args)][1:]  # after self
+            if parts is not None and function.args.vararg is None and function.args.kwarg is None:
+                live = set().union(*(_names_in(p, dropped) for p in parts))
+                unread = {a.arg for a in function.args.kwonlyargs if a.arg not in live}
+                known[name] = ({i for i, a in enumerate(named) if a not in live}, unread | set(named) - live)
+        return known.get(name)
+
+    parts = _reaching(forward, set(methods), dropped)
     if parts is None:
         return []
     held = [(t.attr, n.lineno) for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
@@ -133,14 +174,22 @@ def discarded_outputs(cls: ast.ClassDef) -> list[tuple[str, int]]:
             for t in n.targets if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self"]
     reaching: set[str] = set()
     stack = list(parts)
-    while stack:  # what reaches the result, through the methods it calls (all that they read, to be safe)
-        for n in ast.walk(stack.pop()):
+    while stack:  # what reaches the result, through what reaches the result of each method it calls
+        for n in _walk(stack.pop(), dropped):
             if isinstance(n, ast.Attribute) and ast_dotted(n.value) == "self" and n.attr not in reaching:
                 reaching.add(n.attr)
                 if n.attr in methods and n.attr != "forward":
-                    stack.append(methods[n.attr])
-    called = {n.func.attr for n in ast.walk(forward) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-              and ast_dotted(n.func.value) == "self"}
+                    inner = _reaching(methods[n.attr], set(methods), dropped)  # None: all it reads, to be safe
+                    stack += inner if inner is not None else [methods[n.attr]]
+    called: set[str] = set()
+    stack = [forward]
+    while stack:  # what forward calls, and the methods it calls
+        for n in ast.walk(stack.pop()):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and ast_dotted(n.func.value) == "self" \
+                    and n.func.attr not in called:
+                called.add(n.func.attr)
+                if n.func.attr in methods and n.func.attr != "forward":
+                    stack.append(methods[n.func.attr])
     return [(attr, line) for attr, line in held if attr in called and attr not in reaching and attr not in methods]
 
 
