@@ -306,3 +306,13 @@ def test_a_project_function_that_downloads_runs_on_rank_0_first(tmp_path):
     [todo] = [t for t in result.todos if t.line == 10]
     assert "pkg/sets.py:5" in todo.message and "rank 0 cannot run it first" in todo.message
     assert lines[lines.index("warm_start(model, opt, 'data')") - 1] != "ddpkit.barrier(ctx)"
+
+
+def test_a_project_call_that_reaches_training_through_its_helpers_is_never_put_on_rank_0_alone():
+    result = _port("trains_in_helpers/train.py")
+    guarded = _guarded(result.code)
+    # `fit` writes a log, but trains through the project's own functions (a step two calls down, an optimizer built
+    # by a helper): on rank 0 alone the other ranks would wait for it at their next collective until the timeout
+    assert "fit(net, 3, 'log.txt')" not in guarded and "fit(net, 3, \"log.txt\")" in result.code
+    assert "report('report.txt', 'trained')" in guarded  # a helper of the same module that only writes
+    assert result.exit_code == 3  # the writes fit makes on every rank are named

@@ -579,8 +579,54 @@ def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
                     out[f"{func}.{method}"] = (path, *hit) if hit else None
         else:
             hit = _writes_in([defn])
-            out[func] = (path, *hit) if hit else None
+            # a function that reaches training through the project's own functions is no report: on rank 0 alone it
+            # trains alone, and the other ranks wait for it at their next collective until the timeout
+            trains = hit is not None and _trains_in(path, defn, folder, modules, parsed, set()) is not None
+            out[func] = (path, *hit) if hit and not trains else None
     return out
+
+
+_BUILDS_TRAINING = {"parameters", "DataLoader", "DistributedDataParallel", "DataParallel"}
+"""Calls that set training up: an optimizer over a model's parameters, a loader, a data-parallel wrapper."""
+
+
+def _trains_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None],
+               seen: set[int]) -> tuple[str, int, str] | None:
+    """(file, line, call) of the first call `defn` makes, itself or through the project's functions it calls in turn
+    (a level at a time, as `_downloads_in` follows them), that trains, builds training (an optimizer over a model's
+    parameters, a loader) or joins a collective; None where none is reached. Code that reaches one must run on every
+    rank: on rank 0 alone it trains alone, and the others wait at their next collective until its timeout."""
+    if id(defn) in seen or len(seen) > 40:
+        return None
+    seen.add(id(defn))
+    module = _parsed(modules, path, parsed)
+    imported = _local_imports(module, modules, os.path.dirname(path), parsed) if module is not None else {}
+    calls = [n for n in ast.walk(defn) if isinstance(n, ast.Call)]
+    for call in calls:
+        func = ast_dotted(call.func) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
+        last = func.rsplit(".", 1)[-1]
+        if last in _SHARED_WORK or last in _BUILDS_TRAINING or func.startswith(("dist.", "torch.distributed")):
+            return path, call.lineno, f"{func}(...)"
+    for call in calls:
+        func = ast_dotted(call.func)
+        head, _, rest = func.partition(".")
+        if not func or "." in rest:
+            continue
+        if not rest:
+            found = _resolve(modules, folder, path, func, parsed) or (_resolve(
+                modules, folder, imported[func][0], imported[func][1], parsed) if imported.get(func, ("", None))[1]
+                else None)
+        elif head in imported and imported[head][1] is None:
+            found = _resolve(modules, folder, imported[head][0], rest, parsed)
+        else:
+            continue
+        inner = found[1] if found is not None else None
+        if isinstance(inner, ast.ClassDef):
+            inner = next((n for n in inner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        hit = _trains_in(found[0], inner, folder, modules, parsed, seen) if inner is not None else None
+        if hit is not None:
+            return hit
+    return None
 
 
 def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, tuple[str, int, bool]]:
