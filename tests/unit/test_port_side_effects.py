@@ -316,3 +316,61 @@ def test_a_project_call_that_reaches_training_through_its_helpers_is_never_put_o
     assert "fit(net, 3, 'log.txt')" not in guarded and "fit(net, 3, \"log.txt\")" in result.code
     assert "report('report.txt', 'trained')" in guarded  # a helper of the same module that only writes
     assert result.exit_code == 3  # the writes fit makes on every rank are named
+
+
+def _before(code: str, text: str) -> str:
+    lines = [line.strip() for line in code.splitlines()]
+    return lines[next(i for i, line in enumerate(lines) if text in line) - 1]
+
+
+def test_a_file_rank_0_saves_is_read_after_a_barrier_in_a_function_called_later_or_through_a_helper(tmp_path):
+    (tmp_path / "helpers.py").write_text(
+        "import torch\n\n\ndef save_checkpoint(path, model):\n    torch.save(model.state_dict(), path)\n\n\n"
+        "def load_checkpoint(path, model):\n    model.load_state_dict(torch.load(path))\n")
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from helpers import save_checkpoint, load_checkpoint\n\nBEST = 'out/best.pt'\n\n\n"
+        "def test(model):\n    model.load_state_dict(torch.load('out/last.pt'))\n    print(model.weight)\n\n\n"
+        "def train(model, optimizer, loader):\n    best = 1e9\n"
+        "    for epoch in range(3):\n        total = 0.0\n"
+        "        for xb, yb in loader:\n            optimizer.zero_grad()\n"
+        "            loss = torch.nn.functional.mse_loss(model(xb), yb)\n            loss.backward()\n"
+        "            optimizer.step()\n            total += loss.item()\n"
+        "        torch.save(model.state_dict(), 'out/last.pt')\n"
+        "        if epoch == 2:\n            save_checkpoint(BEST, model)\n"
+        "    test(model)\n    load_checkpoint(BEST, model)\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+        "    net = torch.nn.Linear(4, 1)\n    train(net, torch.optim.SGD(net.parameters(), lr=0.1), loader)\n")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    code = port_source(source, str(script)).code
+    # test() runs after train() saved on rank 0: every rank waits for the file before it reads it
+    assert _before(code, "torch.load('out/last.pt'").startswith("ddpkit.barrier(ctx)")
+    # the project's load helper is handed the path the project's save helper wrote (rank 0 only)
+    assert "save_checkpoint(BEST, ddpkit.unwrap(model))" in _guarded(code)
+    assert _before(code, "load_checkpoint(BEST,").startswith("ddpkit.barrier(ctx)")
+    assert code.count("ddpkit.barrier(ctx)") == 2
+
+
+def test_a_script_in_a_subfolder_importing_its_project_from_the_folder_above_has_its_downloads_found(tmp_path):
+    # run from the project's root (`python -m net.train`): `net/` holds a `net.py`, but `net.net` is net/net.py seen
+    # from the root, so the root is where `data.loading` is read from too
+    for folder in ("net", "data"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "net" / "net.py").write_text("import torch\n\n\nclass Net(torch.nn.Linear):\n    pass\n")
+    (tmp_path / "data" / "loading.py").write_text(
+        "from torchvision import datasets, transforms\n\n\ndef get_data():\n"
+        "    return datasets.MNIST('data', train=True, download=True, transform=transforms.ToTensor())\n")
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom net.net import Net\n"
+        "from data.loading import get_data\n\n"
+        "data = get_data()\nloader = DataLoader(data, batch_size=8, shuffle=True)\nmodel = Net(784, 10)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor xb, yb in loader:\n    opt.zero_grad()\n"
+        "    torch.nn.functional.cross_entropy(model(xb.flatten(1)), yb).backward()\n    opt.step()\n")
+    script = tmp_path / "net" / "train.py"
+    script.write_text(source)
+    code = port_source(source, str(script)).code
+    assert _before(code, "data = get_data()") == "ddpkit.barrier(ctx)"  # the others wait for rank 0's download
+    assert "if not ctx.is_main:  # rank 0 downloads first" in code

@@ -17,7 +17,7 @@ from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader
 
-__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS"]
+__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "saves_file"]
 
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
@@ -264,20 +264,116 @@ def plan_effects(plan: Any) -> None:
                           "(`if ctx.is_main:`) and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
     _plan_trackers(plan, tracker_names)
     _plan_handles(plan, handles)
+    # a save helper of another module (`save_checkpoint(PATH, model, ...)`) is put on rank 0 by the rewriter
+    writes += [(k, plan.line_of(s)) for k, s in statements if isinstance(s, cst.SimpleStatementLine) and any(
+        _saves_file(plan, k, c) for c in _calls(s))]
     if not writes:
         return
     first = _first_writes(plan, statements, writes)
+    written = {(k, line) for k, line in writes}
+    paths = {p for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
+        cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
+    entered = _entered_after_write(plan, statements, first)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
-                or id(stmt) in plan.main_first:
+                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written:
             continue
-        if not any(_reads(c) for c in _own_calls(stmt)) or plan.line_of(stmt) <= first.get(key, 1 << 30):
+        own = _own_calls(stmt)
+        # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
+        if not any(_reads(c) or _path_args(plan, c) & paths for c in own):
             continue
-        if plan.under_branch(stmt, key):
-            plan.todo(stmt, "rank 0 writes files and this line reads one back inside a branch: put "
+        if plan.line_of(stmt) <= first.get(key, 1 << 30) and key not in entered:
+            continue
+        if plan.under_branch(stmt, key) or (plan.line_of(stmt) <= first.get(key, 1 << 30) and entered[key]):
+            where = entered.get(key) if plan.line_of(stmt) <= first.get(key, 1 << 30) else None
+            plan.todo(stmt, "rank 0 writes files and this line reads one back inside a branch"
+                      f"{f' (its function is called at line {where})' if where else ''}: put "
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
+
+
+def saves_file(plan: Any, key: str, call: cst.Call) -> bool:
+    """torch.save, or a save helper of another module, named so (`utils.save_checkpoint(path, model)`): the rewriter
+    runs it on rank 0 (its `_external_helper` rule); the script's own functions are followed instead."""
+    name = dotted(call.func)
+    return name == "torch.save" or _saves_file(plan, key, call)
+
+
+def _saves_file(plan: Any, key: str, call: cst.Call) -> bool:
+    """A save helper of another module, named so (`utils.save_checkpoint(path, model)`); torch.save is counted apart."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1]
+    return bool(name) and not plan.f.callees(call, key) and bool(re.search(r"save|checkpoint", last, re.I)) and not \
+        re.search(r"load|restore|resume", last, re.I) and last != "checkpoint" and name.split(".")[0] not in (
+            "ddpkit", "np", "numpy", "plt", "self", "torch")
+
+
+_PATH_CALLS = re.compile(r"^(os\.path\.join|path\.join|join|Path|pathlib\.Path|str|os\.path\.abspath|abspath)$")
+
+
+def _path_args(plan: Any, call: cst.Call) -> set[str]:
+    """The arguments of `call` that name a file: a string with a dot or a slash (`"ckpt/best.pt"`), a name bound only
+    to such strings, joins or Paths (`best = os.path.join(out, "best.pt")`), or a constant imported from another
+    module and never called (`from config import BEST_MODEL_PATH`)."""
+    out = set()
+    for arg in call.args:
+        value = arg.value
+        if _path_like(value) and not isinstance(value, (cst.Name, cst.Attribute)):
+            out.add(plan.f.code(value))
+        elif isinstance(value, cst.Name) and _names_path(plan, value.value):
+            out.add(value.value)
+    return out
+
+
+def _path_like(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.SimpleString):
+        return isinstance(value.evaluated_value, str) and bool(re.search(r"\w\.\w+$|/", value.evaluated_value))
+    if isinstance(value, (cst.FormattedString, cst.ConcatenatedString)):
+        return bool(re.search(r"\w\.\w+[\"']$|/", cst.Module([]).code_for_node(value)))
+    if isinstance(value, cst.Call):
+        return bool(_PATH_CALLS.match(dotted(value.func))) and any(_path_like(a.value) or isinstance(
+            a.value, (cst.Name, cst.Attribute)) for a in value.args)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Divide, cst.Add)):
+        return _path_like(value.right) or _path_like(value.left)
+    return False
+
+
+def _names_path(plan: Any, name: str) -> bool:
+    values = [n.value for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign) and any(
+        isinstance(t.target, cst.Name) and t.target.value == name for t in n.targets)]
+    if values:
+        return all(_path_like(v) for v in values)
+    return name in imported_names(plan.f.module) and not any(
+        isinstance(n, cst.Call) and dotted(n.func) == name for n in walk(plan.f.module, into_functions=True))
+
+
+def _entered_after_write(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
+                         first: dict[str, int]) -> dict[str, int | None]:
+    """The script's functions that may run after rank 0 wrote a file: called after a write of their caller's (or
+    from such a function) -> None where every rank calls them alike, else the line of a call some ranks may not make
+    (under a rank-0 guard or a branch on a per-rank value), where a barrier inside them would hang."""
+    sites: dict[str, list[tuple[str, cst.BaseStatement]]] = {}
+    for key, stmt in statements:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for call in _calls(stmt):
+                for callee in plan.f.callees(call, key):
+                    sites.setdefault(callee, []).append((key, stmt))
+    entered: dict[str, int | None] = {}
+    grew = True
+    while grew:
+        grew = False
+        for callee, calls in sites.items():
+            if callee in entered:
+                continue
+            after = [(k, s) for k, s in calls if k in entered or plan.line_of(s) > first.get(k, 1 << 30)]
+            if not after:
+                continue
+            apart = next((plan.line_of(s) for k, s in calls if id(s) in plan.guard or plan.guarded_above(s) or not all(
+                agreed(plan, k, t) for t in _branch_tests(plan, s)) or entered.get(k)), None)
+            entered[callee] = apart
+            grew = True
+    return entered
 
 
 def _project_call(plan: Any, key: str, stmt: cst.BaseStatement) -> str:
