@@ -128,12 +128,20 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
                 assigns.setdefault(name, []).append(n)
         elif isinstance(n, cst.AugAssign):
             assigns.setdefault(dotted(n.target), []).append(n)
+        elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _GROWS \
+                and n.args and dotted(n.func.value):
+            assigns.setdefault(dotted(n.func.value), []).append(n)  # `rewards.append(r)`: `rewards` holds r
 
     def names_of(e: cst.CSTNode) -> set[str]:
         """The names in `e` that may hold a per-rank value: not reduced, not arguments, assigned in this scope."""
-        found = {dotted(n) for n in walk(e) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
-        return {name for name in found if name not in reduced and name.split(".")[0] not in ARGS_ROOTS
-                and name.split(".")[0] not in _AGREED_ROOTS and assigns.get(name)}
+        sized = [c.args[0].value for c in walk(e) if isinstance(c, cst.Call) and dotted(c.func) == "len"
+                 and len(c.args) == 1 and isinstance(c.args[0].value, (cst.Name, cst.Attribute))]
+        inside = {id(n) for arg in sized for n in walk(arg)}
+        found = {dotted(n) for n in walk(e) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)
+                 and id(n) not in inside} | {f"len:{dotted(arg)}" for arg in sized if dotted(arg)}
+        return {name for name in found if name.removeprefix("len:") not in reduced and name.removeprefix(
+            "len:").split(".")[0] not in ARGS_ROOTS and name.split(".")[0] not in _AGREED_ROOTS
+            and assigns.get(name.removeprefix("len:"))}
 
     def needs(value: cst.BaseExpression) -> cst.BaseExpression | None:
         """`value` as an assignment's source: None when it is alike on every rank whatever its names hold."""
@@ -143,8 +151,8 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
         calls = [c for c in walk(value) if isinstance(c, cst.Call)]
         if any(plan.reduced.get(callee) for c in calls for callee in plan.f.callees(c, key)):
             return None  # returned by a helper that reduces its sums
-        if any(dotted(c.func).startswith("ddpkit.") for c in calls):
-            return None
+        if any(dotted(c.func).startswith("ddpkit.") and dotted(c.func) != "ddpkit.unwrap" for c in calls):
+            return None  # a reduction of ddpkit's; `ddpkit.unwrap(agent).play()` is this rank's model's own value
         return value
 
     # each name -> (the names its values and the tests around its assignments read, per-rank whatever they hold)
@@ -154,14 +162,18 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
         name = todo.pop()
         if name in deps:
             continue
-        exprs: list[cst.CSTNode] = [t for a in assigns[name] for t in _tests_around(plan, a)]
+        # `len(rewards)`: how many times it grew, decided by the tests around its growth, whatever it holds
+        sized = name.startswith("len:")
+        exprs: list[cst.CSTNode] = [t for a in assigns[name.removeprefix("len:")] for t in _tests_around(plan, a)]
         own = False
-        for a in assigns[name]:
-            value = needs(a.value)
+        for a in assigns[name.removeprefix("len:")]:
+            if sized and isinstance(a, cst.Call) and a.func.attr.value != "extend":
+                continue
+            value = needs(a.args[-1].value if isinstance(a, cst.Call) else a.value)
             if value is None:
                 continue
             exprs.append(value)
-            own = own or any(plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower()
+            own = own or any(plan.role(key, _model_root(c)) == "model" or "loss" in dotted(c.func).lower()
                              for c in walk(value) if isinstance(c, cst.Call))
         own = own or any(_reads_disk(e) for e in exprs)
         reads = {n for e in exprs for n in names_of(e)}
@@ -177,6 +189,20 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
                 per_rank.add(name)
                 grew = True
     return not _reads_disk(expr) and not names_of(expr) & per_rank
+
+
+_GROWS = frozenset({"append", "extend", "insert", "add", "appendleft"})
+"""Methods that put their (last) argument into the container they are called on."""
+
+
+def _model_root(call: cst.Call) -> str:
+    """The name a call starts from, seen through the port's unwrap: `ddpkit.unwrap(agent).play()` -> 'agent'."""
+    node = call.func
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        if isinstance(node, cst.Call) and dotted(node.func) == "ddpkit.unwrap" and node.args:
+            return root_name(node.args[0].value)
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return root_name(call.func)
 
 
 _AGREED_ROOTS = frozenset({"math", "torch", "np", "float", "int", "len", "abs"})
