@@ -374,3 +374,19 @@ def test_a_script_in_a_subfolder_importing_its_project_from_the_folder_above_has
     code = port_source(source, str(script)).code
     assert _before(code, "data = get_data()") == "ddpkit.barrier(ctx)"  # the others wait for rank 0's download
     assert "if not ctx.is_main:  # rank 0 downloads first" in code
+
+
+def test_a_graph_dataset_a_project_helper_builds_downloads_on_rank_0_first(tmp_path):
+    # no `download=` anywhere: dgl's dataset classes fetch when they are made, here inside the project's helper
+    (tmp_path / "graphs.py").write_text(
+        "from dgl.data import CoraGraphDataset\n\n\ndef load_graph():\n    data = CoraGraphDataset()\n"
+        "    return data[0]\n")
+    source = (
+        "import torch\nfrom graphs import load_graph\n\ngraph = load_graph()\nmodel = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(3):\n    opt.zero_grad()\n"
+        "    model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    code = port_source(source, str(script)).code
+    assert _before(code, "graph = load_graph()") == "ddpkit.barrier(ctx)"
+    assert "if not ctx.is_main:  # rank 0 downloads first" in code

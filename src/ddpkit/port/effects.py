@@ -17,7 +17,7 @@ from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader
 
-__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "saves_file"]
+__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "FETCHES", "saves_file"]
 
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
@@ -25,7 +25,7 @@ DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snap
 _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feather|to_netcdf|savefig|save_image|"
                      r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|push_to_hub|write_text|write_bytes|savetxt|save|"
                      r"savez|savez_compressed|dump|to_pickle|onnx\.export)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
-_FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
+FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
                       r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
                       r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
                       r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download|"
@@ -126,7 +126,7 @@ def _fetches(imports: dict[str, str], call: cst.Call) -> bool:
     """A library call that downloads on its own (`Planetoid(root, name)`) or a shell command that fetches files."""
     name = dotted(call.func)
     first, _, rest = name.partition(".")
-    if first in imports and _FETCHES.match(f"{imports[first]}.{rest}" if rest else imports[first]):
+    if first in imports and FETCHES.match(f"{imports[first]}.{rest}" if rest else imports[first]):
         return True
     if name in ("os.system", "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
                 "subprocess.Popen", "os.popen") and call.args:

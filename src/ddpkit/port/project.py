@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.port.effects import DOWNLOADS
+from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import host_inputs_in_wrapped
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
@@ -660,8 +660,13 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
     imported = _local_imports(module, modules, os.path.dirname(path), parsed) if module is not None else {}
     calls = [n for n in ast.walk(defn) if isinstance(n, ast.Call)]
     joins = any((ast_dotted(c.func) or "").rsplit(".", 1)[-1] in _SHARED_WORK for c in calls)
+    libraries = _library_names(module) if module is not None else {}
     for call in calls:
         func = ast_dotted(call.func)
+        head, _, rest = func.partition(".")
+        # `CoraGraphDataset()` imported from dgl.data: a library class that downloads when it is made
+        if head in libraries and FETCHES.match(f"{libraries[head]}.{rest}" if rest else libraries[head]):
+            return path, call.lineno, joins
         if func and DOWNLOADS.search(func) or any(
                 k.arg == "download" and not (isinstance(k.value, ast.Constant) and k.value.value in (False, None))
                 for k in call.keywords):
@@ -688,6 +693,20 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
         if hit is not None:
             return hit[0], hit[1], hit[2] or joins
     return None
+
+
+def _library_names(module: ast.Module) -> dict[str, str]:
+    """Name bound by a module's absolute imports -> the dotted name it was imported as (`CoraGraphDataset` ->
+    `dgl.data.CoraGraphDataset`, `tfds` -> `tensorflow_datasets`)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
 
 
 def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):

@@ -81,6 +81,31 @@ def plan_ranks(plan: Any) -> None:
                           "instead (`loader.dataset[i]`)")
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
+        for node in plan.nodes(key):
+            if isinstance(node, cst.For) and plan.loop_role(key, node) == "eval":
+                _by_position(plan, key, node)
+
+
+def _by_position(plan: Any, key: str, loop: cst.For) -> None:
+    """`for i, (x, y) in enumerate(test_loader): name = dataset.files[i]`: the running position counts batches of this
+    rank's shard (ddpkit.eval_loader gives each rank a contiguous part), so on every rank but 0 it names another
+    item of a list kept whole. A TODO at the first lookup by it; the batch's own items are left alone."""
+    if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "enumerate" and isinstance(
+            loop.target, cst.Tuple) and loop.target.elements and isinstance(loop.target.elements[0].value, cst.Name)):
+        return
+    position = loop.target.elements[0].value.value
+    local = {x.value for e in loop.target.elements[1:] for x in walk(e.value) if isinstance(x, cst.Name)}
+    local |= {x.value for n in walk(loop.body) if isinstance(n, (cst.Assign, cst.AugAssign, cst.For)) for t in (
+        [a.target for a in n.targets] if isinstance(n, cst.Assign) else [n.target]) for x in walk(t)
+        if isinstance(x, cst.Name)}
+    for node in walk(loop.body):
+        if isinstance(node, cst.Subscript) and root_name(node.value) and root_name(node.value) not in local and any(
+                isinstance(x, cst.Name) and x.value == position for e in node.slice for x in walk(e)):
+            plan.todo(node, f"`{' '.join(plan.f.code(node).split())}` looks an item up by `{position}`, the batch's "
+                      "position in this rank's shard of the evaluation data (ddpkit.eval_loader gives each rank a "
+                      "part), so on every rank but 0 it names another item; look it up by the item's own index "
+                      "(return it from the dataset), or run this loop over the whole set on rank 0")
+            return
 
 
 _ENTROPY = frozenset({"np.random.default_rng", "numpy.random.default_rng", "np.random.RandomState",
