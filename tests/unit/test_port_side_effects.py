@@ -390,3 +390,28 @@ def test_a_graph_dataset_a_project_helper_builds_downloads_on_rank_0_first(tmp_p
     code = port_source(source, str(script)).code
     assert _before(code, "graph = load_graph()") == "ddpkit.barrier(ctx)"
     assert "if not ctx.is_main:  # rank 0 downloads first" in code
+
+
+def test_a_project_helper_that_fetches_again_wherever_it_runs_is_a_todo_not_rank_0_first(tmp_path):
+    helper = (
+        "import os\nimport requests\n\n\nclass Ratings:\n    def __init__(self, root):\n        self.root = root\n"
+        "        self.fetch()\n\n    def fetch(self):\n        target = os.path.join(self.root, 'r.zip')\n"
+        "        req = requests.get('http://example.org/r.zip')\n"
+        "        with open(target, 'wb') as out:\n            out.write(req.content)\n")
+    source = (
+        "import torch\nfrom ratings import Ratings\n\ndata = Ratings('data')\nmodel = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(3):\n    opt.zero_grad()\n"
+        "    model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    (tmp_path / "ratings.py").write_text(helper)
+    result = port_source(source, str(script))
+    # after rank 0's download the others would fetch and write the same zip again while their peers read it
+    assert not any(line.strip().startswith("ddpkit.barrier") for line in result.code.splitlines())
+    assert any("ratings.py:12 `requests.get(...)`), and fetches again wherever it runs" in t.message
+               for t in result.todos)
+    # behind a check for the file, the others find rank 0's file and fetch nothing: rank 0 first is right
+    (tmp_path / "ratings.py").write_text(helper.replace(
+        "        req = requests.get", "        if os.path.exists(target):\n            return\n        req = requests.get"))
+    code = port_source(source, str(script)).code
+    assert _before(code, "data = Ratings('data')") == "ddpkit.barrier(ctx)"

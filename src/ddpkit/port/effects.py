@@ -177,6 +177,14 @@ def plan_effects(plan: Any) -> None:
                       "the project's code it runs also trains or joins a collective, so rank 0 cannot run it first: "
                       "download there on rank 0 (`if ctx.is_main:`), then ddpkit.barrier(ctx) where every rank passes")
             continue
+        if fetched is not None and len(fetched) > 3:
+            # rank 0 first would not do: the others, after the barrier, would fetch and write the same files again
+            # while their peers read them
+            plan.todo(stmt, f"this call downloads on every rank at once ({fetched[0]}:{fetched[1]} {fetched[3]}), "
+                      "and fetches again wherever it runs (no check for the files first), so the other ranks cannot "
+                      "run it after rank 0 either: download on rank 0 alone (`if ctx.is_main:`), "
+                      "ddpkit.barrier(ctx) where every rank passes, and make the other ranks only read the files")
+            continue
         if (fetched is not None or any(_downloads(c) or _fetches(imports, c) for c in own)) \
                 and isinstance(stmt, cst.SimpleStatementLine):
             if all(agreed(plan, key, test) for test in _branch_tests(plan, stmt)):
@@ -276,7 +284,7 @@ def plan_effects(plan: Any) -> None:
     entered = _entered_after_write(plan, statements, first)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
-                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written:
+                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt):
             continue
         own = _own_calls(stmt)
         # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
@@ -329,8 +337,11 @@ def _path_args(plan: Any, call: cst.Call) -> set[str]:
 def _path_like(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.SimpleString):
         return isinstance(value.evaluated_value, str) and bool(re.search(r"\w\.\w+$|/", value.evaluated_value))
-    if isinstance(value, (cst.FormattedString, cst.ConcatenatedString)):
-        return bool(re.search(r"\w\.\w+[\"']$|/", cst.Module([]).code_for_node(value)))
+    if isinstance(value, cst.FormattedString):  # its text only: `{total / n}` divides, it names no folder
+        text = "".join(p.value for p in value.parts if isinstance(p, cst.FormattedStringText))
+        return bool(re.search(r"\w\.\w+$|/", text)) and not text.endswith("\\n")
+    if isinstance(value, cst.ConcatenatedString):
+        return _path_like(value.left) or _path_like(value.right)
     if isinstance(value, cst.Call):
         return bool(_PATH_CALLS.match(dotted(value.func))) and any(_path_like(a.value) or isinstance(
             a.value, (cst.Name, cst.Attribute)) for a in value.args)

@@ -642,12 +642,36 @@ def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) ->
         func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
         found = definition(func) if func and func not in out else None
         if found is not None:
-            defn = found[2] if not isinstance(found[2], ast.ClassDef) else next(
-                (n for n in found[2].body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-            hit = _downloads_in(found[0], defn, folder, modules, parsed, set()) if defn is not None else None
+            defns = [found[2]] if not isinstance(found[2], ast.ClassDef) else _own_methods(found[2], "__init__")
+            hit = next((h for d in defns if (h := _downloads_in(found[0], d, folder, modules, parsed, set()))), None)
             if hit is not None:
-                out[func] = (os.path.relpath(hit[0], folder), hit[1], hit[2])
+                out[func] = (os.path.relpath(hit[0], folder), hit[1], hit[2], *hit[3:])
     return out
+
+
+_RAW_FETCHES = {"requests.get", "urllib.request.urlretrieve", "urlretrieve", "request.urlretrieve", "urlopen",
+                "urllib.request.urlopen", "wget.download", "gdown.download"}
+"""Calls that fetch a URL every time they run: unlike a library's dataset (`MNIST(download=True)` checks its
+files first), a second rank running one after rank 0 downloads and writes the same files again."""
+_DISK_TESTS = {"exists", "isfile", "isdir", "listdir", "glob", "is_file", "is_dir", "iterdir"}
+
+
+def _checks_disk(test: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and (ast_dotted(n.func) or "").rsplit(".", 1)[-1] in _DISK_TESTS
+               for n in ast.walk(test))
+
+
+def _unchecked(defn: ast.AST, call: ast.Call) -> bool:
+    """`call` runs in `defn` whatever is on disk: no `if` around it tests a file's existence, and no such `if` before
+    it returns early."""
+    parents = {id(c): p for p in ast.walk(defn) for c in ast.iter_child_nodes(p)}
+    node = parents.get(id(call))
+    while node is not None:
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)) and _checks_disk(node.test):
+            return False
+        node = parents.get(id(node))
+    return not any(isinstance(n, ast.If) and _checks_disk(n.test) and any(isinstance(b, (ast.Return, ast.Raise))
+                   for b in n.body) for n in ast.walk(defn))
 
 
 def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None],
@@ -661,6 +685,11 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
     calls = [n for n in ast.walk(defn) if isinstance(n, ast.Call)]
     joins = any((ast_dotted(c.func) or "").rsplit(".", 1)[-1] in _SHARED_WORK for c in calls)
     libraries = _library_names(module) if module is not None else {}
+    for call in calls:
+        func = ast_dotted(call.func)
+        if func in _RAW_FETCHES:  # a 4th item where it fetches again wherever it runs
+            return (path, call.lineno, joins, f"`{func}(...)`") if _unchecked(defn, call) else (
+                path, call.lineno, joins)
     for call in calls:
         func = ast_dotted(call.func)
         head, _, rest = func.partition(".")
@@ -691,7 +720,9 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
             inner = next((n for n in inner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
         hit = _downloads_in(found[0], inner, folder, modules, parsed, seen) if inner is not None else None
         if hit is not None:
-            return hit[0], hit[1], hit[2] or joins
+            # a fetch that runs again is so only where this call of it is not behind a check of the disk either
+            again = hit[3:] if len(hit) > 3 and _unchecked(defn, call) else ()
+            return (hit[0], hit[1], hit[2] or joins, *again)
     return None
 
 
