@@ -415,3 +415,22 @@ def test_a_project_helper_that_fetches_again_wherever_it_runs_is_a_todo_not_rank
         "        req = requests.get", "        if os.path.exists(target):\n            return\n        req = requests.get"))
     code = port_source(source, str(script)).code
     assert _before(code, "data = Ratings('data')") == "ddpkit.barrier(ctx)"
+
+
+def test_a_file_the_projects_helper_makes_when_it_is_missing_is_made_on_rank_0_and_every_rank_waits_after(tmp_path):
+    (tmp_path / "cache.py").write_text(
+        "import os\nimport numpy as np\n\n\ndef build_cache(folder):\n"
+        "    np.savez_compressed(os.path.join(folder, 'cache.npz'), x=np.zeros(4))\n")
+    source = (
+        "import os\nimport torch\nfrom cache import build_cache\n\n"
+        "if not os.path.isfile('data/cache.npz'):\n    build_cache('data')\n"
+        "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(3):\n    opt.zero_grad()\n    model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    code = port_source(source, str(script)).code
+    # one writer; the file may be read later by code the port does not see, so every rank waits where all pass
+    assert "build_cache('data')" in _guarded(code)
+    lines = [line for line in code.splitlines() if line.strip()]
+    at = next(i for i, line in enumerate(lines) if "build_cache('data')" in line)
+    assert lines[at + 1].startswith("ddpkit.barrier(ctx)")

@@ -244,6 +244,7 @@ def plan_effects(plan: Any) -> None:
         if project == "writes":
             plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
             writes.append((key, plan.line_of(stmt)))
+            _wait_after_disk_branch(plan, key, stmt)
             continue
         if project:
             continue  # `snapshots.dump()` whose method does more than write: judged by what it does (the claim gate)
@@ -306,6 +307,30 @@ def saves_file(plan: Any, key: str, call: cst.Call) -> bool:
     runs it on rank 0 (its `_external_helper` rule); the script's own functions are followed instead."""
     name = dotted(call.func)
     return name == "torch.save" or _saves_file(plan, key, call)
+
+
+def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:
+    """`if not os.path.isfile(cache): make_cache(...)`: the file is made when it is missing and read later, maybe by
+    the project's code (a dataset class reads it), where no read the port sees follows. Rank 0 makes it alone, so
+    every rank waits after the outermost such `if` (where every rank passes) until it is whole; a TODO where that
+    `if` is itself under a branch ranks may take differently."""
+    node, outer = plan._parent.get(id(stmt)), None
+    while node is not None:
+        if isinstance(node, cst.If) and _reads_disk_test(node.test):
+            outer = node
+        node = plan._parent.get(id(node))
+    if outer is None:
+        return
+    if all(agreed(plan, key, test) for test in _branch_tests(plan, outer)):
+        plan.barrier_after.add(id(outer))
+    else:
+        plan.todo(stmt, "rank 0 makes this file when it is missing, inside a branch ranks may take differently: put "
+                  "ddpkit.barrier(ctx) where every rank passes, after the write and before anything reads the file")
+
+
+def _reads_disk_test(test: cst.BaseExpression) -> bool:
+    return any(isinstance(c, cst.Call) and re.search(r"(^|\.)(exists|isfile|isdir|is_file|is_dir)$", dotted(c.func))
+               for c in walk(test))
 
 
 def _saves_file(plan: Any, key: str, call: cst.Call) -> bool:

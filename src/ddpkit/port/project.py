@@ -25,7 +25,7 @@ _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor
 _MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train"}
 """Methods of a module that return the module itself."""
 _WRITES = {"save", "savefig", "imwrite", "save_image", "to_csv", "dump", "makedirs", "mkdir", "urlretrieve",
-           "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "write_text", "write_bytes",
+           "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "savez_compressed", "write_text", "write_bytes",
            "copyfile", "rmtree"}
 _DRAWS = {"shuffle", "permutation", "randperm", "sample", "choice", "random_split"}
 _CONFIG_LOADS = {"parse_args", "parse_known_args", "json.load", "yaml.load", "yaml.safe_load", "yaml.full_load",
