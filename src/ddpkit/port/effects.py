@@ -282,7 +282,7 @@ def plan_effects(plan: Any) -> None:
     written = {(k, line) for k, line in writes}
     paths = {p for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
         cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
-    entered = _entered_after_write(plan, statements, first)
+    entered = _entered_after_write(plan, statements, writes)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
                 or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt):
@@ -385,7 +385,7 @@ def _names_path(plan: Any, name: str) -> bool:
 
 
 def _entered_after_write(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
-                         first: dict[str, int]) -> dict[str, int | None]:
+                         writes: list[tuple[str, int]]) -> dict[str, int | None]:
     """The script's functions that may run after rank 0 wrote a file: called after a write of their caller's (or
     from such a function) -> None where every rank calls them alike, else the line of a call some ranks may not make
     (under a rank-0 guard or a branch on a per-rank value), where a barrier inside them would hang."""
@@ -395,6 +395,23 @@ def _entered_after_write(plan: Any, statements: list[tuple[str, cst.BaseStatemen
             for call in _calls(stmt):
                 for callee in plan.f.callees(call, key):
                     sites.setdefault(callee, []).append((key, stmt))
+    writers = {k for k, _ in writes}
+    while more := {k for k in plan.f.ported - writers if plan.f.scopes[k].calls & writers}:
+        writers |= more
+    lines: dict[str, list[int]] = {}  # scope -> the lines that write on rank 0, themselves or through a call
+    for key, line in writes:
+        lines.setdefault(key, []).append(line)
+    for key, stmt in statements:
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+                set(plan.f.callees(c, key)) & writers for c in _calls(stmt)):
+            lines.setdefault(key, []).append(plan.line_of(stmt))
+
+    def written_before(key: str, stmt: cst.BaseStatement, callee: str) -> bool:
+        """A write of `key` comes before `stmt`, not inside the callee itself (the entry block holds its function)."""
+        node = plan.f.scopes[callee].node if callee in plan.f.scopes else None
+        start, end = (plan.line_of(node), plan.end_of(node)) if node is not None else (0, -1)
+        return any(line < plan.line_of(stmt) and not start <= line <= end for line in lines.get(key, ()))
+
     entered: dict[str, int | None] = {}
     grew = True
     while grew:
@@ -402,7 +419,7 @@ def _entered_after_write(plan: Any, statements: list[tuple[str, cst.BaseStatemen
         for callee, calls in sites.items():
             if callee in entered:
                 continue
-            after = [(k, s) for k, s in calls if k in entered or plan.line_of(s) > first.get(k, 1 << 30)]
+            after = [(k, s) for k, s in calls if k in entered or written_before(k, s, callee)]
             if not after:
                 continue
             apart = next((plan.line_of(s) for k, s in calls if id(s) in plan.guard or plan.guarded_above(s) or not all(
