@@ -434,3 +434,23 @@ def test_a_file_the_projects_helper_makes_when_it_is_missing_is_made_on_rank_0_a
     lines = [line for line in code.splitlines() if line.strip()]
     at = next(i for i, line in enumerate(lines) if "build_cache('data')" in line)
     assert lines[at + 1].startswith("ddpkit.barrier(ctx)")
+
+
+def test_a_read_at_the_top_of_the_entry_function_gets_no_barrier_from_a_save_later_in_it():
+    source = (
+        "import numpy as np\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def main(path):\n    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "    table = np.loadtxt(path)\n"
+        "    loader = DataLoader(TensorDataset(torch.tensor(table[:, :4]).float(), torch.tensor(table[:, 4:]).float()),"
+        " batch_size=8, shuffle=True)\n"
+        "    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for xb, yb in loader:\n        opt.zero_grad()\n"
+        "        torch.nn.functional.mse_loss(model(xb), yb).backward()\n        opt.step()\n"
+        "    torch.save(model.state_dict(), 'best.pt')\n    model.load_state_dict(torch.load('best.pt'))\n\n\n"
+        "if __name__ == '__main__':\n    import argparse\n    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--table', default='table.txt')\n    args = parser.parse_args()\n"
+        "    main(args.table)\n")
+    code = port_source(source, "entry_reads.py").code
+    # main is called once, from the block that holds it: its own save comes after this read
+    assert not _before(code, "table = np.loadtxt(path)").startswith("ddpkit.barrier")
+    assert _before(code, "torch.load('best.pt'").startswith("ddpkit.barrier(ctx)")
