@@ -16,11 +16,10 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.effects import saves_file
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import is_optimizer
-from ddpkit.port.ranks import agreed
+from ddpkit.port.ranks import agreed, saves_file
 
 __all__ = ["plan_decisions", "plan_searches"]
 

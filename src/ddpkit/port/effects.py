@@ -15,9 +15,9 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
 from ddpkit.port.files import pyplot_names
-from ddpkit.port.ranks import agreed, library_loader
+from ddpkit.port.ranks import agreed, library_loader, saves_file
 
-__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "FETCHES", "saves_file"]
+__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "FETCHES"]
 
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
@@ -275,7 +275,7 @@ def plan_effects(plan: Any) -> None:
     _plan_handles(plan, handles)
     # a save helper of another module (`save_checkpoint(PATH, model, ...)`) is put on rank 0 by the rewriter
     writes += [(k, plan.line_of(s)) for k, s in statements if isinstance(s, cst.SimpleStatementLine) and any(
-        _saves_file(plan, k, c) for c in _calls(s))]
+        saves_file(plan, k, c) and dotted(c.func) != "torch.save" for c in _calls(s))]
     if not writes:
         return
     first = _first_writes(plan, statements, writes)
@@ -302,13 +302,6 @@ def plan_effects(plan: Any) -> None:
             plan.barrier_before.add(id(stmt))
 
 
-def saves_file(plan: Any, key: str, call: cst.Call) -> bool:
-    """torch.save, or a save helper of another module, named so (`utils.save_checkpoint(path, model)`): the rewriter
-    runs it on rank 0 (its `_external_helper` rule); the script's own functions are followed instead."""
-    name = dotted(call.func)
-    return name == "torch.save" or _saves_file(plan, key, call)
-
-
 def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:
     """`if not os.path.isfile(cache): make_cache(...)`: the file is made when it is missing and read later, maybe by
     the project's code (a dataset class reads it), where no read the port sees follows. Rank 0 makes it alone, so
@@ -331,15 +324,6 @@ def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> Non
 def _reads_disk_test(test: cst.BaseExpression) -> bool:
     return any(isinstance(c, cst.Call) and re.search(r"(^|\.)(exists|isfile|isdir|is_file|is_dir)$", dotted(c.func))
                for c in walk(test))
-
-
-def _saves_file(plan: Any, key: str, call: cst.Call) -> bool:
-    """A save helper of another module, named so (`utils.save_checkpoint(path, model)`); torch.save is counted apart."""
-    name = dotted(call.func)
-    last = name.rsplit(".", 1)[-1]
-    return bool(name) and not plan.f.callees(call, key) and bool(re.search(r"save|checkpoint", last, re.I)) and not \
-        re.search(r"load|restore|resume", last, re.I) and last != "checkpoint" and name.split(".")[0] not in (
-            "ddpkit", "np", "numpy", "plt", "self", "torch")
 
 
 _PATH_CALLS = re.compile(r"^(os\.path\.join|path\.join|join|Path|pathlib\.Path|str|os\.path\.abspath|abspath)$")

@@ -15,7 +15,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed"]
+__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "saves_file"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
@@ -321,3 +321,19 @@ def plan_rank_values(plan: Any) -> None:
 def _under_guard(plan: Any, node: cst.CSTNode) -> bool:
     stmt = plan._stmt.get(id(node))
     return stmt is not None and (id(stmt) in plan.guard or plan.guarded_above(stmt))
+
+
+def saves_file(plan: Any, key: str, call: cst.Call) -> bool:
+    """torch.save, or a save helper of another module, named so (`utils.save_checkpoint(path, model)`): the rewriter
+    runs it on rank 0 (its `_external_helper` rule); the script's own functions are followed instead."""
+    name = dotted(call.func)
+    return name == "torch.save" or _saves_file(plan, key, call)
+
+
+def _saves_file(plan: Any, key: str, call: cst.Call) -> bool:
+    """A save helper of another module, named so (`utils.save_checkpoint(path, model)`); torch.save is counted apart."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1]
+    return bool(name) and not plan.f.callees(call, key) and bool(re.search(r"save|checkpoint", last, re.I)) and not \
+        re.search(r"load|restore|resume", last, re.I) and last != "checkpoint" and name.split(".")[0] not in (
+            "ddpkit", "np", "numpy", "plt", "self", "torch")
