@@ -133,3 +133,27 @@ def test_settings_read_back_from_a_checkpoint_are_alike_on_every_rank_however_fa
     # `args.encoder = run_encoder` makes the outer test per-rank too: its TODO holds the exit below it
     assert list(todos) == [_line(probe, "if args.encoder:")], todos
     assert "takes `sys.exit()` before a training step" in todos[_line(probe, "if args.encoder:")], todos
+
+
+def test_a_best_model_saved_on_this_ranks_own_loss_is_a_todo_and_one_saved_on_the_reduced_loss_is_not():
+    save = ("        last = loss.item()\n        if last < best:\n            best = last\n"
+            "            torch.save(model.state_dict(), \"best.pt\")\n")
+    source = _variant(STOP, save, _variant(SKIP, ""))
+    todos = _todos(source)
+    # rank 0 alone saves, but which model it keeps is chosen by its own last batch: a per-rank value
+    assert list(todos) == [_line(source, "if last < best")], todos
+    assert "rank 0 saves (`torch.save(...)`) the model it judges best by its own shard's value" in todos[
+        _line(source, "if last < best")]
+    assert _todos(save.replace("last = loss.item()", "last = evaluate(model, val_loader)").join(
+        source.split(save))) == {}
+
+
+def test_a_stop_on_values_this_rank_appended_to_a_list_is_a_todo_and_the_lists_length_is_a_count():
+    stop = ("        rewards.append(model(xb).sum().item())\n        if len(rewards) >= 2:\n"
+            "            average = sum(rewards[-2:]) / len(rewards[-2:])\n            if average > 195:\n"
+            "                break\n")
+    source = _variant(STOP, stop, _variant(SKIP, "")).replace("    patience = 0\n", "    rewards = []\n", 1)
+    todos = _todos(source)
+    # the list grows alike on every rank (its length is a count), but what it holds is this rank's own
+    assert list(todos) == [_line(source, "if average > 195")], todos
+    assert "`break` out of a loop that trains" in todos[_line(source, "if average > 195")]

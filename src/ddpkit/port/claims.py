@@ -100,14 +100,14 @@ def _import_root(tree: ast.Module, folder: str) -> str:
     """The folder the script's own imports resolve from: its own, or for a script kept in a subfolder and run from
     the project's root (`scripts/train.py` doing `from models import unet`), the nearest of its two parent folders
     that holds a module or package the script imports by its top-level name, where its own folder holds none."""
-    tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
-        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
-    dotted = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module
-              and "." in n.module}  # `from src.a2c import A2C` where src is a folder without __init__.py
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}
 
     def holds(where: str) -> bool:
-        return any(os.path.isfile(os.path.join(where, f"{t}.py")) or os.path.isfile(os.path.join(where, t, "__init__.py"))
-                   for t in tops) or any(os.path.isfile(os.path.join(where, *d.split(".")) + ".py") for d in dotted)
+        # the whole dotted name: `from DiT.DiT import DiT` in DiT/train.py names DiT/DiT.py from the folder above,
+        # not from DiT/ (which holds a DiT.py but no DiT/DiT.py)
+        return any(os.path.isfile(os.path.join(where, *t.split(".")) + ".py") or os.path.isfile(
+            os.path.join(where, *t.split("."), "__init__.py")) for t in names)
 
     if holds(folder):
         return folder
@@ -149,6 +149,7 @@ def _project_calls(source: str, folder: str, finder) -> dict:
         tree = ast.parse(source.removeprefix("\ufeff"))
     except SyntaxError:
         return {}
+    folder = _import_root(tree, folder)  # the gate's root: `src/train.py` doing `from src.dataset import ...`
     modules = _imported_files(tree, folder)
     return finder(tree, folder, _reached_files(modules, folder)) if modules else {}
 

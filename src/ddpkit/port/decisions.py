@@ -19,7 +19,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import is_optimizer
-from ddpkit.port.ranks import agreed
+from ddpkit.port.ranks import agreed, saves_file
 
 __all__ = ["plan_decisions", "plan_searches"]
 
@@ -63,8 +63,11 @@ def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, t
             return "the `while` loop it decides runs a training step (backward(), DDP's all-reduce): a rank that " \
                    "leaves it early leaves its peers waiting in their next backward()"
         bodies = bodies[1:]
+    saved = None
     for body in bodies:
         for n, loops in _own_nodes(body):
+            if saved is None and isinstance(n, cst.Call) and saves_file(plan, key, n):
+                saved = n
             if isinstance(n, (cst.Break, cst.Continue)) and not loops:
                 loop = _loop_around(plan, stmt)
                 if loop is None:
@@ -87,6 +90,9 @@ def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, t
             elif _changes_lr(plan, key, n):
                 return f"on it this rank changes its learning rate (`{' '.join(plan.f.code(n).split())}`): the " \
                        "ranks step with different rates and their copies of the model drift apart"
+    if saved is not None:  # `if loss.item() < best: torch.save(...)`: rank 0 alone saves, on its own batches' value
+        return f"on it rank 0 saves (`{' '.join(plan.f.code(saved.func).split())}(...)`) the model it judges best " \
+               "by its own shard's value alone, not by every rank's"
     return None
 
 

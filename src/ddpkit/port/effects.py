@@ -15,9 +15,9 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
 from ddpkit.port.files import pyplot_names
-from ddpkit.port.ranks import agreed, library_loader
+from ddpkit.port.ranks import agreed, library_loader, saves_file
 
-__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS"]
+__all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "FETCHES"]
 
 DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
                        r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
@@ -25,7 +25,7 @@ DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snap
 _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feather|to_netcdf|savefig|save_image|"
                      r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|push_to_hub|write_text|write_bytes|savetxt|save|"
                      r"savez|savez_compressed|dump|to_pickle|onnx\.export)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
-_FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
+FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
                       r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
                       r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
                       r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download|"
@@ -126,7 +126,7 @@ def _fetches(imports: dict[str, str], call: cst.Call) -> bool:
     """A library call that downloads on its own (`Planetoid(root, name)`) or a shell command that fetches files."""
     name = dotted(call.func)
     first, _, rest = name.partition(".")
-    if first in imports and _FETCHES.match(f"{imports[first]}.{rest}" if rest else imports[first]):
+    if first in imports and FETCHES.match(f"{imports[first]}.{rest}" if rest else imports[first]):
         return True
     if name in ("os.system", "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
                 "subprocess.Popen", "os.popen") and call.args:
@@ -176,6 +176,14 @@ def plan_effects(plan: Any) -> None:
             plan.todo(stmt, f"this call downloads on every rank at once ({fetched[0]}:{fetched[1]}), and "
                       "the project's code it runs also trains or joins a collective, so rank 0 cannot run it first: "
                       "download there on rank 0 (`if ctx.is_main:`), then ddpkit.barrier(ctx) where every rank passes")
+            continue
+        if fetched is not None and len(fetched) > 3:
+            # rank 0 first would not do: the others, after the barrier, would fetch and write the same files again
+            # while their peers read them
+            plan.todo(stmt, f"this call downloads on every rank at once ({fetched[0]}:{fetched[1]} {fetched[3]}), "
+                      "and fetches again wherever it runs (no check for the files first), so the other ranks cannot "
+                      "run it after rank 0 either: download on rank 0 alone (`if ctx.is_main:`), "
+                      "ddpkit.barrier(ctx) where every rank passes, and make the other ranks only read the files")
             continue
         if (fetched is not None or any(_downloads(c) or _fetches(imports, c) for c in own)) \
                 and isinstance(stmt, cst.SimpleStatementLine):
@@ -236,6 +244,7 @@ def plan_effects(plan: Any) -> None:
         if project == "writes":
             plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
             writes.append((key, plan.line_of(stmt)))
+            _wait_after_disk_branch(plan, key, stmt)
             continue
         if project:
             continue  # `snapshots.dump()` whose method does more than write: judged by what it does (the claim gate)
@@ -264,20 +273,144 @@ def plan_effects(plan: Any) -> None:
                           "(`if ctx.is_main:`) and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
     _plan_trackers(plan, tracker_names)
     _plan_handles(plan, handles)
+    # a save helper of another module (`save_checkpoint(PATH, model, ...)`) is put on rank 0 by the rewriter
+    writes += [(k, plan.line_of(s)) for k, s in statements if isinstance(s, cst.SimpleStatementLine) and any(
+        saves_file(plan, k, c) and dotted(c.func) != "torch.save" for c in _calls(s))]
     if not writes:
         return
     first = _first_writes(plan, statements, writes)
+    written = {(k, line) for k, line in writes}
+    paths = {p for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
+        cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
+    entered = _entered_after_write(plan, statements, writes)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
-                or id(stmt) in plan.main_first:
+                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt):
             continue
-        if not any(_reads(c) for c in _own_calls(stmt)) or plan.line_of(stmt) <= first.get(key, 1 << 30):
+        own = _own_calls(stmt)
+        # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
+        if not any(_reads(c) or _path_args(plan, c) & paths for c in own):
             continue
-        if plan.under_branch(stmt, key):
-            plan.todo(stmt, "rank 0 writes files and this line reads one back inside a branch: put "
+        if plan.line_of(stmt) <= first.get(key, 1 << 30) and key not in entered:
+            continue
+        if plan.under_branch(stmt, key) or (plan.line_of(stmt) <= first.get(key, 1 << 30) and entered[key]):
+            where = entered.get(key) if plan.line_of(stmt) <= first.get(key, 1 << 30) else None
+            plan.todo(stmt, "rank 0 writes files and this line reads one back inside a branch"
+                      f"{f' (its function is called at line {where})' if where else ''}: put "
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
+
+
+def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:
+    """`if not os.path.isfile(cache): make_cache(...)`: the file is made when it is missing and read later, maybe by
+    the project's code (a dataset class reads it), where no read the port sees follows. Rank 0 makes it alone, so
+    every rank waits after the outermost such `if` (where every rank passes) until it is whole; a TODO where that
+    `if` is itself under a branch ranks may take differently."""
+    node, outer = plan._parent.get(id(stmt)), None
+    while node is not None:
+        if isinstance(node, cst.If) and _reads_disk_test(node.test):
+            outer = node
+        node = plan._parent.get(id(node))
+    if outer is None:
+        return
+    if all(agreed(plan, key, test) for test in _branch_tests(plan, outer)):
+        plan.barrier_after.add(id(outer))
+    else:
+        plan.todo(stmt, "rank 0 makes this file when it is missing, inside a branch ranks may take differently: put "
+                  "ddpkit.barrier(ctx) where every rank passes, after the write and before anything reads the file")
+
+
+def _reads_disk_test(test: cst.BaseExpression) -> bool:
+    return any(isinstance(c, cst.Call) and re.search(r"(^|\.)(exists|isfile|isdir|is_file|is_dir)$", dotted(c.func))
+               for c in walk(test))
+
+
+_PATH_CALLS = re.compile(r"^(os\.path\.join|path\.join|join|Path|pathlib\.Path|str|os\.path\.abspath|abspath)$")
+
+
+def _path_args(plan: Any, call: cst.Call) -> set[str]:
+    """The arguments of `call` that name a file: a string with a dot or a slash (`"ckpt/best.pt"`), a name bound only
+    to such strings, joins or Paths (`best = os.path.join(out, "best.pt")`), or a constant imported from another
+    module and never called (`from config import BEST_MODEL_PATH`)."""
+    out = set()
+    for arg in call.args:
+        value = arg.value
+        if _path_like(value) and not isinstance(value, (cst.Name, cst.Attribute)):
+            out.add(plan.f.code(value))
+        elif isinstance(value, cst.Name) and _names_path(plan, value.value):
+            out.add(value.value)
+    return out
+
+
+def _path_like(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.SimpleString):
+        return isinstance(value.evaluated_value, str) and bool(re.search(r"\w\.\w+$|/", value.evaluated_value))
+    if isinstance(value, cst.FormattedString):  # its text only: `{total / n}` divides, it names no folder
+        text = "".join(p.value for p in value.parts if isinstance(p, cst.FormattedStringText))
+        return bool(re.search(r"\w\.\w+$|/", text)) and not text.endswith("\\n")
+    if isinstance(value, cst.ConcatenatedString):
+        return _path_like(value.left) or _path_like(value.right)
+    if isinstance(value, cst.Call):
+        return bool(_PATH_CALLS.match(dotted(value.func))) and any(_path_like(a.value) or isinstance(
+            a.value, (cst.Name, cst.Attribute)) for a in value.args)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Divide, cst.Add)):
+        return _path_like(value.right) or _path_like(value.left)
+    return False
+
+
+def _names_path(plan: Any, name: str) -> bool:
+    values = [n.value for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign) and any(
+        isinstance(t.target, cst.Name) and t.target.value == name for t in n.targets)]
+    if values:
+        return all(_path_like(v) for v in values)
+    return name in imported_names(plan.f.module) and not any(
+        isinstance(n, cst.Call) and dotted(n.func) == name for n in walk(plan.f.module, into_functions=True))
+
+
+def _entered_after_write(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
+                         writes: list[tuple[str, int]]) -> dict[str, int | None]:
+    """The script's functions that may run after rank 0 wrote a file: called after a write of their caller's (or
+    from such a function) -> None where every rank calls them alike, else the line of a call some ranks may not make
+    (under a rank-0 guard or a branch on a per-rank value), where a barrier inside them would hang."""
+    sites: dict[str, list[tuple[str, cst.BaseStatement]]] = {}
+    for key, stmt in statements:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for call in _calls(stmt):
+                for callee in plan.f.callees(call, key):
+                    sites.setdefault(callee, []).append((key, stmt))
+    writers = {k for k, _ in writes}
+    while more := {k for k in plan.f.ported - writers if plan.f.scopes[k].calls & writers}:
+        writers |= more
+    lines: dict[str, list[int]] = {}  # scope -> the lines that write on rank 0, themselves or through a call
+    for key, line in writes:
+        lines.setdefault(key, []).append(line)
+    for key, stmt in statements:
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+                set(plan.f.callees(c, key)) & writers for c in _calls(stmt)):
+            lines.setdefault(key, []).append(plan.line_of(stmt))
+
+    def written_before(key: str, stmt: cst.BaseStatement, callee: str) -> bool:
+        """A write of `key` comes before `stmt`, not inside the callee itself (the entry block holds its function)."""
+        node = plan.f.scopes[callee].node if callee in plan.f.scopes else None
+        start, end = (plan.line_of(node), plan.end_of(node)) if node is not None else (0, -1)
+        return any(line < plan.line_of(stmt) and not start <= line <= end for line in lines.get(key, ()))
+
+    entered: dict[str, int | None] = {}
+    grew = True
+    while grew:
+        grew = False
+        for callee, calls in sites.items():
+            if callee in entered:
+                continue
+            after = [(k, s) for k, s in calls if k in entered or written_before(k, s, callee)]
+            if not after:
+                continue
+            apart = next((plan.line_of(s) for k, s in calls if id(s) in plan.guard or plan.guarded_above(s) or not all(
+                agreed(plan, k, t) for t in _branch_tests(plan, s)) or entered.get(k)), None)
+            entered[callee] = apart
+            grew = True
+    return entered
 
 
 def _project_call(plan: Any, key: str, stmt: cst.BaseStatement) -> str:

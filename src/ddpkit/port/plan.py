@@ -99,6 +99,7 @@ class Plan:
         self.none_elsewhere: dict[int, str] = {}
         """Guarded statements that bind a tracker the script hands to its functions: `else: name = None` after them."""
         self.barrier_before: set[int] = set()
+        self.barrier_after: set[int] = set()  # `if not os.path.isfile(p):` around a rank-0 write: all wait after it
         """Statements that read a file rank 0 may have written earlier in the run."""
         self.exist_ok: set[int] = set()
         """mkdir/makedirs calls that race between ranks without exist_ok=True."""

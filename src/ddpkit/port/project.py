@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.port.effects import DOWNLOADS
+from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
@@ -25,7 +25,7 @@ _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor
 _MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train"}
 """Methods of a module that return the module itself."""
 _WRITES = {"save", "savefig", "imwrite", "save_image", "to_csv", "dump", "makedirs", "mkdir", "urlretrieve",
-           "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "write_text", "write_bytes",
+           "SummaryWriter", "FileWriter", "create_file_writer", "savetxt", "savez", "savez_compressed", "write_text", "write_bytes",
            "copyfile", "rmtree"}
 _DRAWS = {"shuffle", "permutation", "randperm", "sample", "choice", "random_split"}
 _CONFIG_LOADS = {"parse_args", "parse_known_args", "json.load", "yaml.load", "yaml.safe_load", "yaml.full_load",
@@ -587,8 +587,54 @@ def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
                     out[f"{func}.{method}"] = (path, *hit) if hit else None
         else:
             hit = _writes_in([defn])
-            out[func] = (path, *hit) if hit else None
+            # a function that reaches training through the project's own functions is no report: on rank 0 alone it
+            # trains alone, and the other ranks wait for it at their next collective until the timeout
+            trains = hit is not None and _trains_in(path, defn, folder, modules, parsed, set()) is not None
+            out[func] = (path, *hit) if hit and not trains else None
     return out
+
+
+_BUILDS_TRAINING = {"parameters", "DataLoader", "DistributedDataParallel", "DataParallel"}
+"""Calls that set training up: an optimizer over a model's parameters, a loader, a data-parallel wrapper."""
+
+
+def _trains_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None],
+               seen: set[int]) -> tuple[str, int, str] | None:
+    """(file, line, call) of the first call `defn` makes, itself or through the project's functions it calls in turn
+    (a level at a time, as `_downloads_in` follows them), that trains, builds training (an optimizer over a model's
+    parameters, a loader) or joins a collective; None where none is reached. Code that reaches one must run on every
+    rank: on rank 0 alone it trains alone, and the others wait at their next collective until its timeout."""
+    if id(defn) in seen or len(seen) > 40:
+        return None
+    seen.add(id(defn))
+    module = _parsed(modules, path, parsed)
+    imported = _local_imports(module, modules, os.path.dirname(path), parsed) if module is not None else {}
+    calls = [n for n in ast.walk(defn) if isinstance(n, ast.Call)]
+    for call in calls:
+        func = ast_dotted(call.func) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
+        last = func.rsplit(".", 1)[-1]
+        if last in _SHARED_WORK or last in _BUILDS_TRAINING or func.startswith(("dist.", "torch.distributed")):
+            return path, call.lineno, f"{func}(...)"
+    for call in calls:
+        func = ast_dotted(call.func)
+        head, _, rest = func.partition(".")
+        if not func or "." in rest:
+            continue
+        if not rest:
+            found = _resolve(modules, folder, path, func, parsed) or (_resolve(
+                modules, folder, imported[func][0], imported[func][1], parsed) if imported.get(func, ("", None))[1]
+                else None)
+        elif head in imported and imported[head][1] is None:
+            found = _resolve(modules, folder, imported[head][0], rest, parsed)
+        else:
+            continue
+        inner = found[1] if found is not None else None
+        if isinstance(inner, ast.ClassDef):
+            inner = next((n for n in inner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        hit = _trains_in(found[0], inner, folder, modules, parsed, seen) if inner is not None else None
+        if hit is not None:
+            return hit
+    return None
 
 
 def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, tuple[str, int, bool]]:
@@ -604,12 +650,36 @@ def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) ->
         func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
         found = definition(func) if func and func not in out else None
         if found is not None:
-            defn = found[2] if not isinstance(found[2], ast.ClassDef) else next(
-                (n for n in found[2].body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-            hit = _downloads_in(found[0], defn, folder, modules, parsed, set()) if defn is not None else None
+            defns = [found[2]] if not isinstance(found[2], ast.ClassDef) else _own_methods(found[2], "__init__")
+            hit = next((h for d in defns if (h := _downloads_in(found[0], d, folder, modules, parsed, set()))), None)
             if hit is not None:
-                out[func] = (os.path.relpath(hit[0], folder), hit[1], hit[2])
+                out[func] = (os.path.relpath(hit[0], folder), hit[1], hit[2], *hit[3:])
     return out
+
+
+_RAW_FETCHES = {"requests.get", "urllib.request.urlretrieve", "urlretrieve", "request.urlretrieve", "urlopen",
+                "urllib.request.urlopen", "wget.download", "gdown.download"}
+"""Calls that fetch a URL every time they run: unlike a library's dataset (`MNIST(download=True)` checks its
+files first), a second rank running one after rank 0 downloads and writes the same files again."""
+_DISK_TESTS = {"exists", "isfile", "isdir", "listdir", "glob", "is_file", "is_dir", "iterdir"}
+
+
+def _checks_disk(test: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and (ast_dotted(n.func) or "").rsplit(".", 1)[-1] in _DISK_TESTS
+               for n in ast.walk(test))
+
+
+def _unchecked(defn: ast.AST, call: ast.Call) -> bool:
+    """`call` runs in `defn` whatever is on disk: no `if` around it tests a file's existence, and no such `if` before
+    it returns early."""
+    parents = {id(c): p for p in ast.walk(defn) for c in ast.iter_child_nodes(p)}
+    node = parents.get(id(call))
+    while node is not None:
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)) and _checks_disk(node.test):
+            return False
+        node = parents.get(id(node))
+    return not any(isinstance(n, ast.If) and _checks_disk(n.test) and any(isinstance(b, (ast.Return, ast.Raise))
+                   for b in n.body) for n in ast.walk(defn))
 
 
 def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None],
@@ -622,8 +692,18 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
     imported = _local_imports(module, modules, os.path.dirname(path), parsed) if module is not None else {}
     calls = [n for n in ast.walk(defn) if isinstance(n, ast.Call)]
     joins = any((ast_dotted(c.func) or "").rsplit(".", 1)[-1] in _SHARED_WORK for c in calls)
+    libraries = _library_names(module) if module is not None else {}
     for call in calls:
         func = ast_dotted(call.func)
+        if func in _RAW_FETCHES:  # a 4th item where it fetches again wherever it runs
+            return (path, call.lineno, joins, f"`{func}(...)`") if _unchecked(defn, call) else (
+                path, call.lineno, joins)
+    for call in calls:
+        func = ast_dotted(call.func)
+        head, _, rest = func.partition(".")
+        # `CoraGraphDataset()` imported from dgl.data: a library class that downloads when it is made
+        if head in libraries and FETCHES.match(f"{libraries[head]}.{rest}" if rest else libraries[head]):
+            return path, call.lineno, joins
         if func and DOWNLOADS.search(func) or any(
                 k.arg == "download" and not (isinstance(k.value, ast.Constant) and k.value.value in (False, None))
                 for k in call.keywords):
@@ -648,8 +728,24 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
             inner = next((n for n in inner.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
         hit = _downloads_in(found[0], inner, folder, modules, parsed, seen) if inner is not None else None
         if hit is not None:
-            return hit[0], hit[1], hit[2] or joins
+            # a fetch that runs again is so only where this call of it is not behind a check of the disk either
+            again = hit[3:] if len(hit) > 3 and _unchecked(defn, call) else ()
+            return (hit[0], hit[1], hit[2] or joins, *again)
     return None
+
+
+def _library_names(module: ast.Module) -> dict[str, str]:
+    """Name bound by a module's absolute imports -> the dotted name it was imported as (`CoraGraphDataset` ->
+    `dgl.data.CoraGraphDataset`, `tfds` -> `tensorflow_datasets`)."""
+    out: dict[str, str] = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
 
 
 def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):

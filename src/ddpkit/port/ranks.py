@@ -15,7 +15,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "tests_around"]
+__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "tests_around", "saves_file"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
@@ -81,6 +81,31 @@ def plan_ranks(plan: Any) -> None:
                           "instead (`loader.dataset[i]`)")
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
+        for node in plan.nodes(key):
+            if isinstance(node, cst.For) and plan.loop_role(key, node) == "eval":
+                _by_position(plan, key, node)
+
+
+def _by_position(plan: Any, key: str, loop: cst.For) -> None:
+    """`for i, (x, y) in enumerate(test_loader): name = dataset.files[i]`: the running position counts batches of this
+    rank's shard (ddpkit.eval_loader gives each rank a contiguous part), so on every rank but 0 it names another
+    item of a list kept whole. A TODO at the first lookup by it; the batch's own items are left alone."""
+    if not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "enumerate" and isinstance(
+            loop.target, cst.Tuple) and loop.target.elements and isinstance(loop.target.elements[0].value, cst.Name)):
+        return
+    position = loop.target.elements[0].value.value
+    local = {x.value for e in loop.target.elements[1:] for x in walk(e.value) if isinstance(x, cst.Name)}
+    local |= {x.value for n in walk(loop.body) if isinstance(n, (cst.Assign, cst.AugAssign, cst.For)) for t in (
+        [a.target for a in n.targets] if isinstance(n, cst.Assign) else [n.target]) for x in walk(t)
+        if isinstance(x, cst.Name)}
+    for node in walk(loop.body):
+        if isinstance(node, cst.Subscript) and root_name(node.value) and root_name(node.value) not in local and any(
+                isinstance(x, cst.Name) and x.value == position for e in node.slice for x in walk(e)):
+            plan.todo(node, f"`{' '.join(plan.f.code(node).split())}` looks an item up by `{position}`, the batch's "
+                      "position in this rank's shard of the evaluation data (ddpkit.eval_loader gives each rank a "
+                      "part), so on every rank but 0 it names another item; look it up by the item's own index "
+                      "(return it from the dataset), or run this loop over the whole set on rank 0")
+            return
 
 
 _ENTROPY = frozenset({"np.random.default_rng", "numpy.random.default_rng", "np.random.RandomState",
@@ -128,12 +153,20 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
                 assigns.setdefault(name, []).append(n)
         elif isinstance(n, cst.AugAssign):
             assigns.setdefault(dotted(n.target), []).append(n)
+        elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _GROWS \
+                and n.args and dotted(n.func.value):
+            assigns.setdefault(dotted(n.func.value), []).append(n)  # `rewards.append(r)`: `rewards` holds r
 
     def names_of(e: cst.CSTNode) -> set[str]:
         """The names in `e` that may hold a per-rank value: not reduced, not arguments, assigned in this scope."""
-        found = {dotted(n) for n in walk(e) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
-        return {name for name in found if name not in reduced and name.split(".")[0] not in ARGS_ROOTS
-                and name.split(".")[0] not in _AGREED_ROOTS and assigns.get(name)}
+        sized = [c.args[0].value for c in walk(e) if isinstance(c, cst.Call) and dotted(c.func) == "len"
+                 and len(c.args) == 1 and isinstance(c.args[0].value, (cst.Name, cst.Attribute))]
+        inside = {id(n) for arg in sized for n in walk(arg)}
+        found = {dotted(n) for n in walk(e) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)
+                 and id(n) not in inside} | {f"len:{dotted(arg)}" for arg in sized if dotted(arg)}
+        return {name for name in found if name.removeprefix("len:") not in reduced and name.removeprefix(
+            "len:").split(".")[0] not in ARGS_ROOTS and name.split(".")[0] not in _AGREED_ROOTS
+            and assigns.get(name.removeprefix("len:"))}
 
     def needs(value: cst.BaseExpression) -> cst.BaseExpression | None:
         """`value` as an assignment's source: None when it is alike on every rank whatever its names hold."""
@@ -143,8 +176,8 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
         calls = [c for c in walk(value) if isinstance(c, cst.Call)]
         if any(plan.reduced.get(callee) for c in calls for callee in plan.f.callees(c, key)):
             return None  # returned by a helper that reduces its sums
-        if any(dotted(c.func).startswith("ddpkit.") for c in calls):
-            return None
+        if any(dotted(c.func).startswith("ddpkit.") and dotted(c.func) != "ddpkit.unwrap" for c in calls):
+            return None  # a reduction of ddpkit's; `ddpkit.unwrap(agent).play()` is this rank's model's own value
         return value
 
     # each name -> (the names its values and the tests around its assignments read, per-rank whatever they hold)
@@ -154,14 +187,18 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
         name = todo.pop()
         if name in deps:
             continue
-        exprs: list[cst.CSTNode] = [t for a in assigns[name] for t in tests_around(plan, a)]
+        # `len(rewards)`: how many times it grew, decided by the tests around its growth, whatever it holds
+        sized = name.startswith("len:")
+        exprs: list[cst.CSTNode] = [t for a in assigns[name.removeprefix("len:")] for t in tests_around(plan, a)]
         own = False
-        for a in assigns[name]:
-            value = needs(a.value)
+        for a in assigns[name.removeprefix("len:")]:
+            if sized and isinstance(a, cst.Call) and a.func.attr.value != "extend":
+                continue
+            value = needs(a.args[-1].value if isinstance(a, cst.Call) else a.value)
             if value is None:
                 continue
             exprs.append(value)
-            own = own or any(plan.role(key, root_name(c)) == "model" or "loss" in dotted(c.func).lower()
+            own = own or any(plan.role(key, _model_root(c)) == "model" or "loss" in dotted(c.func).lower()
                              for c in walk(value) if isinstance(c, cst.Call))
         own = own or any(_reads_disk(e) for e in exprs)
         reads = {n for e in exprs for n in names_of(e)}
@@ -177,6 +214,20 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
                 per_rank.add(name)
                 grew = True
     return not _reads_disk(expr) and not names_of(expr) & per_rank
+
+
+_GROWS = frozenset({"append", "extend", "insert", "add", "appendleft"})
+"""Methods that put their (last) argument into the container they are called on."""
+
+
+def _model_root(call: cst.Call) -> str:
+    """The name a call starts from, seen through the port's unwrap: `ddpkit.unwrap(agent).play()` -> 'agent'."""
+    node = call.func
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        if isinstance(node, cst.Call) and dotted(node.func) == "ddpkit.unwrap" and node.args:
+            return root_name(node.args[0].value)
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return root_name(call.func)
 
 
 _AGREED_ROOTS = frozenset({"math", "torch", "np", "float", "int", "len", "abs"})
@@ -270,3 +321,19 @@ def plan_rank_values(plan: Any) -> None:
 def _under_guard(plan: Any, node: cst.CSTNode) -> bool:
     stmt = plan._stmt.get(id(node))
     return stmt is not None and (id(stmt) in plan.guard or plan.guarded_above(stmt))
+
+
+def saves_file(plan: Any, key: str, call: cst.Call) -> bool:
+    """torch.save, or a save helper of another module, named so (`utils.save_checkpoint(path, model)`): the rewriter
+    runs it on rank 0 (its `_external_helper` rule); the script's own functions are followed instead."""
+    name = dotted(call.func)
+    return name == "torch.save" or _saves_file(plan, key, call)
+
+
+def _saves_file(plan: Any, key: str, call: cst.Call) -> bool:
+    """A save helper of another module, named so (`utils.save_checkpoint(path, model)`); torch.save is counted apart."""
+    name = dotted(call.func)
+    last = name.rsplit(".", 1)[-1]
+    return bool(name) and not plan.f.callees(call, key) and bool(re.search(r"save|checkpoint", last, re.I)) and not \
+        re.search(r"load|restore|resume", last, re.I) and last != "checkpoint" and name.split(".")[0] not in (
+            "ddpkit", "np", "numpy", "plt", "self", "torch")

@@ -930,6 +930,10 @@ class Rewriter(cst.CSTTransformer):
         if id(original) in self.p.barrier_before:
             self.changes += 1
             before.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written what this reads\n"))
+        if id(original) in self.p.barrier_after:
+            self.changes += 1
+            after.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written the file this "
+                                             "branch makes when it is missing\n"))
         if id(original) in self.p.reseed:
             self.changes += 1
             before.append(cst.parse_statement(
