@@ -193,7 +193,7 @@ def test_a_cpu_scripts_evaluation_batches_given_to_the_model_on_the_device_are_n
     assert "`x` is made on the CPU (the script names no device)" in _todo_above(
         result, "loss = F.cross_entropy(model(x), y)")
     todo = _todo_above(result, "correct += (model(inputs).argmax(1) == labels).sum().item()")
-    assert "`inputs` comes from a batch of `data` (not a ddpkit loader" in todo and "ddpkit.to_device" in todo
+    assert "`inputs` comes from a batch of `data` (not a ddpkit loader" in todo and "ddpkit.device.to_device(batch, ctx.device)" in todo
     ast.parse(result.code)
 
 

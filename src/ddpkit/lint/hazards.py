@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, batchnorm_constructor, own_returns, terminal
-from ddpkit.lint.outputs import _off_by_default
+from ddpkit.lint.outputs import off_by_default
 from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
@@ -392,7 +392,7 @@ def _flag_gate(s: Script, node: ast.AST) -> str:
         parent = s.parents[id(child)]
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test \
                 and (child in parent.body if isinstance(parent, ast.If) else child is parent.body) \
-                and _off_by_default(s, parent.test):
+                and off_by_default(s, parent.test):
             return ast.unparse(parent.test)
         child = parent
     return ""
@@ -410,7 +410,7 @@ def _conversions(project) -> tuple[bool, list[tuple[Script, ast.AST, str]]]:
                     value = value.test  # `sync_bn=True if args.syncbn else False`
                 if isinstance(value, ast.Constant) and not value.value:
                     continue
-                flag = ast.unparse(value) if _off_by_default(x, value) else _flag_gate(x, n.value)
+                flag = ast.unparse(value) if off_by_default(x, value) else _flag_gate(x, n.value)
             elif isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in _SYNC_BATCHNORM:
                 flag = _flag_gate(x, n)
             else:

@@ -21,7 +21,7 @@ from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
            "sum_of_averages",
-           "every_rank_prints", "EVAL_TOKENS"]
+           "every_rank_prints", "off_by_default", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
@@ -1385,7 +1385,7 @@ def _console_writer(s: Script, call: ast.Call) -> str:
     return ""
 
 
-def _off_by_default(s: Script, value: ast.AST) -> bool:
+def off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
     `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
     run is started with the flag, and nothing of the rank in it."""
@@ -1547,7 +1547,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
-        if is_bar and keyword(call, "disable") is not None and not _off_by_default(s, keyword(call, "disable")):
+        if is_bar and keyword(call, "disable") is not None and not off_by_default(s, keyword(call, "disable")):
             continue  # (`disable=False`, or a store_true flag the run does not pass, leaves the bar on every rank)
         if is_log and _in_handler(s, call):
             continue  # a log line in an `except:` block reports this rank's own failure or fallback

@@ -152,7 +152,7 @@ def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]
                 names = ", ".join(f"`{f.code(x)}`" for x in inputs)
                 plan.todo(call, f"{names} {'come' if len(inputs) > 1 else 'comes'} from a batch of `{batches[root_name(inputs[0])]}` (not a ddpkit "
                           "loader: on the CPU, as the script names no device) and is given to the model, which "
-                          "ddpkit.wrap put on ctx.device: move the batch there (ddpkit.to_device(batch, ctx.device))")
+                          "ddpkit.wrap put on ctx.device: move the batch there (ddpkit.device.to_device(batch, ctx.device))")
     return named
 
 
