@@ -7,8 +7,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, batchnorm_constructor, own_returns, terminal
-from ddpkit.lint.outputs import off_by_default
-from ddpkit.lint.rules import Hit, argument, check, keyword
+from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
            "ddp_without_device", "batchnorm_without_sync"]

@@ -17,11 +17,11 @@ from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, shar
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
                                    reducing_helpers, scope_of, shown_arguments, shows)
-from ddpkit.lint.rules import Hit, argument, check, keyword
+from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
            "sum_of_averages",
-           "every_rank_prints", "off_by_default", "EVAL_TOKENS"]
+           "every_rank_prints", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
@@ -1384,31 +1384,6 @@ def _console_writer(s: Script, call: ast.Call) -> str:
                             return x.qualname(n.func).split(".")[1]
     return ""
 
-
-def off_by_default(s: Script, value: ast.AST) -> bool:
-    """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
-    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
-    run is started with the flag, and nothing of the rank in it."""
-    if isinstance(value, ast.Constant):
-        return value.value is False
-    if not isinstance(value, ast.Attribute):
-        return False
-    dest, declared = value.attr, []
-    for x in s.project.scripts.values():
-        if any(k.lstrip(".") == dest for k, _ in x.assignments):
-            return False
-        for c in x.calls:
-            if terminal(c.func) != "add_argument" or not c.args:
-                continue
-            flags = [a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            named = keyword(c, "dest")
-            name = named.value if isinstance(named, ast.Constant) else next(
-                (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
-            if name == dest:
-                declared.append(c)
-    return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
-        and action.value == "store_true" and ((default := keyword(declared[0], "default")) is None
-                                              or isinstance(default, ast.Constant) and default.value is False)
 
 
 def _logging_module_names(s: Script) -> set[str]:

@@ -12,7 +12,7 @@ from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, 
                                   is_eval_sampler, terminal)
 from ddpkit.lint.passes import enclosing_function, rerun_site
 
-__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS"]
+__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS", "off_by_default"]
 
 
 @dataclass(frozen=True)
@@ -779,3 +779,28 @@ def no_destroy(s: Script) -> Iterator[Hit]:
                   "init_process_group is called but destroy_process_group never is, so the process "
                   "group's resources are not released at exit (torch warns, NCCL may hang at shutdown)",
                   "call dist.destroy_process_group() when training ends, in a `finally:` block")
+
+def off_by_default(s: Script, value: ast.AST) -> bool:
+    """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
+    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
+    run is started with the flag, and nothing of the rank in it."""
+    if isinstance(value, ast.Constant):
+        return value.value is False
+    if not isinstance(value, ast.Attribute):
+        return False
+    dest, declared = value.attr, []
+    for x in s.project.scripts.values():
+        if any(k.lstrip(".") == dest for k, _ in x.assignments):
+            return False
+        for c in x.calls:
+            if terminal(c.func) != "add_argument" or not c.args:
+                continue
+            flags = [a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            named = keyword(c, "dest")
+            name = named.value if isinstance(named, ast.Constant) else next(
+                (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
+            if name == dest:
+                declared.append(c)
+    return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
+        and action.value == "store_true" and ((default := keyword(declared[0], "default")) is None
+                                              or isinstance(default, ast.Constant) and default.value is False)
