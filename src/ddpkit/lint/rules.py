@@ -479,12 +479,14 @@ def ddp_kwargs_elsewhere(s: Script) -> Iterator[Hit]:
 
 
 # ---- checkpoints -----------------------------------------------------------------------------
-def is_buffer(s: Script, expr: ast.AST | None) -> bool:
-    """An in-memory file (`buf = io.BytesIO()`): writing or reading it touches no shared file."""
+def is_buffer(s: Script, expr: ast.AST | None, _seen: frozenset[str] = frozenset()) -> bool:
+    """An in-memory file (`buf = io.BytesIO()`): writing or reading it touches no shared file. Names are followed
+    through their assignments once each: a parameter bound to an argument of the same name (`mp.spawn(f,
+    args=(path,))` into `def f(path)`) stores the name into itself."""
     if isinstance(expr, ast.Call):
         return terminal(expr.func) in ("BytesIO", "StringIO")
-    if isinstance(expr, ast.Name):
-        return any(k == expr.id and is_buffer(s, v) for k, v in s.assignments)
+    if isinstance(expr, ast.Name) and expr.id not in _seen:
+        return any(k == expr.id and is_buffer(s, v, _seen | {expr.id}) for k, v in s.assignments)
     return False
 
 
