@@ -63,7 +63,12 @@ def score(projects: list[dict], cache: Path, skipped: list[str] | None = None
         labels = [dict(label, found=False) for label in project["labels"]]
         uncertain = project.get("uncertain") or []
         main = project["files"][0]
-        for f in sorted(_findings(list(local)), key=lambda f: (f.path, f.line, f.rule)):
+        try:
+            found = _findings(list(local))
+        except Exception as e:  # noqa: BLE001 - a crash on one program is a result: every label missed
+            found = []
+            wrong.append(f"CRASH {project['repo']}: the linter raised {type(e).__name__}: {str(e)[:80]}")
+        for f in sorted(found, key=lambda f: (f.path, f.line, f.rule)):
             path = local.get(Path(f.path), f.path)
             if any(_covers(u, path, f.line, f.rule, main) for u in uncertain if isinstance(u, dict)):
                 continue
@@ -127,7 +132,7 @@ def _table(manifests: list[Path], args: argparse.Namespace) -> int:
           "  (classes that have a rule)")
     kinds = {k.strip().upper() for k in args.show.split(",") if k.strip()}
     for line in wrong:
-        if line[:2] in kinds:
+        if line[:2] in kinds or line.startswith("CRASH"):
             print(line)
     return 0
 

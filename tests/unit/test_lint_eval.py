@@ -66,3 +66,24 @@ def test_scorer_leaves_uncertain_places_unscored_and_skips_uncached_projects(tmp
     tp, fp, fn, wrong = score.score([project, absent], tmp_path, skipped)
     assert (sum(tp.values()), sum(fp.values()), sum(fn.values())) == (1, 0, 0)
     assert skipped == ["someone/gone"]
+
+
+def test_a_linter_crash_on_one_program_is_scored_as_every_label_missed_and_named(tmp_path, monkeypatch):
+    crashing = {"repo": "someone/deep", "commit": "d" * 40, "files": ["train.py"],
+                "labels": [{"path": "train.py", "line": 2, "rule": "DDP004", "note": "every rank saves"}]}
+    fine = {"repo": "someone/fine", "commit": "e" * 40, "files": ["train.py"],
+            "labels": [{"path": "train.py", "line": 3, "rule": "DDP009", "note": "no destroy"}]}
+    for project in (crashing, fine):
+        target = fetch.cached(project["repo"], project["commit"], "train.py", tmp_path)
+        target.parent.mkdir(parents=True)
+        target.write_text("x = 1\n")
+
+    def findings(files):
+        if "someone+deep" in str(files[0]):
+            raise RecursionError("maximum recursion depth exceeded")
+        return [Finding(str(files[0]), 3, 1, "DDP009", "warning", "m", "f")]
+
+    monkeypatch.setattr(score, "_findings", findings)
+    tp, fp, fn, wrong = score.score([crashing, fine], tmp_path)
+    assert (tp["DDP009"], fn["DDP004"], sum(fp.values())) == (1, 1, 0)
+    assert any(w.startswith("CRASH someone/deep: the linter raised RecursionError") for w in wrong)
