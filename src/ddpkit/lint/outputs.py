@@ -21,7 +21,7 @@ from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
            "sum_of_averages",
-           "every_rank_prints", "EVAL_TOKENS"]
+           "every_rank_prints", "every_rank_records", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
@@ -32,6 +32,12 @@ _PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid", "current_
 """Calls and names whose value differs by process: a message that shows one (`[GPU{torch.cuda.current_device()}]`,
 the device this process set) is tagged per process on purpose."""
 _EXITS = frozenset({"exit", "_exit", "quit"})
+_BARS = frozenset({"tqdm", "trange", "tqdm_rich", "trrange", "tqdm_notebook", "tnrange", "tqdm_gui", "tgrange",
+                   "tqdm_asyncio"})
+"""tqdm's bar classes and their range shortcuts, in its front-end modules too (`from tqdm.rich import tqdm_rich`)."""
+_STDOUT_BARS = frozenset({"tqdm_rich", "trrange"})
+"""Bars drawn by rich, whose console writes sys.stdout: silenced where stdout is (taken as silenced by a print swap
+too, where that is all the program does: a bar left out rather than reported on a guess)."""
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
            "divide, then report on rank 0")
 
@@ -1487,8 +1493,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             and isinstance(flag, ast.Constant) and flag.value is True
         is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
-        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and not project.print_silenced(s, call, stdout=False)
+        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
+            and not project.print_silenced(s, call, stdout=False) \
+            and not (terminal(call.func) in _STDOUT_BARS and project.print_silenced(s, call))
         # `pbar(step, info)` of a project class whose __call__ (or the method called) writes sys.stdout itself
         writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
         is_print = is_print or bool(writer)
@@ -1555,3 +1562,51 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                   "pass verbose=(rank == 0)" if verbose else
                   "guard it with `if rank == 0:` (ddpkit: `ddpkit.print0(ctx, ...)`)" if is_print else
                   "create the bar on rank 0 only: tqdm(..., disable=(rank != 0))")
+
+
+def _under_wandb_test(s: Script, call: ast.Call) -> bool:
+    """The call sits under an `if` (or a conditional expression) whose test reads wandb's state (`if wandb.run:`)."""
+    node = call
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and node is not parent.test and any(
+                isinstance(n, ast.Name) and s.qualname(n).split(".")[0] == "wandb" for n in ast.walk(parent.test)):
+            return True
+        node = parent
+    return False
+
+
+@check
+def every_rank_records(s: Script) -> Iterator[Hit]:
+    """A run record every rank writes: `wandb.log` on every rank where the program calls `wandb.init` under a rank
+    check only, and the first record of each function into a tensorboard SummaryWriter every rank makes on the same
+    folder (see _every_rank_writer)."""
+    project = s.project
+    if not s.distributed or not project.distributed:
+        return
+    inits = project.calls_named("init")
+    inits = [(x, c) for x, c in inits if x.qualname(c.func) == "wandb.init" and project.runs(x, c)]
+    ranked_init = next(((x, c) for x, c in inits), None) if inits and all(
+        x.context(c).level != NONE for x, c in inits) else None
+    recorded: set[tuple[str, int]] = set()
+    for call in sorted(s.calls, key=lambda c: (c.lineno, c.col_offset)):
+        ctx = s.context(call)
+        if ctx.level != NONE or ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
+            continue
+        if s.qualname(call.func) == "wandb.log" and ranked_init is not None and not _under_wandb_test(s, call):
+            if ("wandb", ctx.scope) in recorded:
+                continue  # (the first log already stops the other ranks with the error: they never get here)
+            recorded.add(("wandb", ctx.scope))
+            x, init = ranked_init
+            yield Hit(call, "DDP008", "warning",
+                      f"wandb.log() runs on every rank, but wandb.init() runs under a rank check "
+                      f"({os.path.basename(x.path)}:{init.lineno}): the other ranks log without a run, which wandb "
+                      "refuses with an error", "log on rank 0 only: guard it with `if rank == 0:`")
+        elif _every_rank_writer(s, call) and ("writer", ctx.scope) not in recorded:
+            recorded.add(("writer", ctx.scope))  # (one per function: the fix is one writer, made on rank 0 only)
+            yield Hit(call, "DDP008", "warning",
+                      f"every rank makes its own {ast.unparse(call.func.value)} (a SummaryWriter made without a rank "
+                      "check, on the same folder) and writes the same tags into it: the run's log gets world_size "
+                      "event files and each curve world_size times",
+                      "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
+                      "write under `if rank == 0:`")
