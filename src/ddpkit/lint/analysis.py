@@ -585,7 +585,8 @@ class Script:
             if isinstance(node, ast.If) and nones:
                 k = self.kind(node.test)
                 if k and distributed_mode(node.test) == 0:
-                    for stmt in node.body:
+                    # (also under an `if` inside it: `if not cfg.no_dis: self.dis_writer = SummaryWriter(...)`)
+                    for stmt in (n for b in node.body for n in _statements(b)):
                         if isinstance(stmt, ast.Assign):
                             for target in stmt.targets:
                                 for key, _ in _target_pairs(target, stmt.value):
@@ -1204,3 +1205,18 @@ def rerun_by_workers(script: Script, call: ast.Call) -> bool:
         if isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}:
             return False
     return True
+
+
+def _statements(stmt: ast.stmt) -> Iterator[ast.stmt]:
+    """`stmt` and the statements nested in its `if`/`for`/`while`/`with`/`try` blocks (not in a function or class it
+    defines): the statements that run only where it runs."""
+    yield stmt
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return
+    for field in ("body", "orelse", "finalbody", "handlers"):
+        for child in getattr(stmt, field, ()):
+            if isinstance(child, ast.ExceptHandler):
+                for inner in child.body:
+                    yield from _statements(inner)
+            else:
+                yield from _statements(child)

@@ -85,9 +85,15 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
     parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
     tested = {id(n) for p in parts if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
     parts = [n for n in parts if id(n) not in tested]
-    return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
+    # (an object only some ranks hold, `self.writer` made on rank 0 alone, is handed along, not written out)
+    return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute)) and _key(n) not in s.rank_only) \
+        or any(
         isinstance(n, ast.Constant) and isinstance(n.value, str)
         and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
+
+
+def _key(node: ast.Name | ast.Attribute) -> str:
+    return node.id if isinstance(node, ast.Name) else "." + node.attr
 
 
 def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
@@ -258,6 +264,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         helper = helper_report(s, call)
         if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
             continue  # the helper's own report names the loss: judged there
+        if _judged_in_helper(project, call, helper):
+            continue  # the helper adds what it is given into a running figure of its own and reports that: judged there
         logged = ctx.level == NONE and not (helper and helper.rank_zero) and terminal(call.func) == "info" \
             and project.memo("logging per rank", lambda: _logging_per_rank(project))
         if ctx.level == NONE and not (helper and helper.rank_zero) and not logged:
@@ -290,6 +298,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                          and not _dict_display(s, n, call)), None)
             if loss is not None:
                 break
+        if loss is None and isinstance(scope, ast.FunctionDef):
+            loss = _running_loss(s, scope, {n for a in given for n in ordered_sources(s, scope, [a])})
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
         step = loss is not None and _progress_line(s, scope, call, loss)
@@ -309,6 +319,56 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                                                   if step else "the script never reduces it across ranks"),
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _helper_def(project, name: str) -> tuple[Script, ast.FunctionDef] | None:
+    """The one function of the program named `name`, else None."""
+    found = project.memo(("defs named", name), lambda: [(x, d) for x in project.scripts.values() for d in x.defs
+                                                       if d.name == name and isinstance(d, ast.FunctionDef)])
+    return found[0] if len(found) == 1 else None
+
+
+def _accumulated(func: ast.FunctionDef) -> set[str]:
+    """Parameters of `func` that it adds into state kept across its calls (`self.summary[name] += val`): it reports a
+    running figure of what it is given."""
+    params = {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}
+    return {n.id for a in ast.walk(func) if isinstance(a, ast.AugAssign)
+            and isinstance(a.target, (ast.Attribute, ast.Subscript))
+            for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in params}
+
+
+def _judged_in_helper(project, call: ast.Call, helper) -> bool:
+    """A call of a report helper that shows on rank 0 alone and adds the values it is given into a running figure
+    of its own, made of losses (see _running_loss): the finding is the helper's, at the line that writes it."""
+    kept = _helper_def(project, terminal(call.func)) if helper is not None and helper.rank_zero else None
+    return kept is not None and bool(_accumulated(kept[1]) & helper.shown) \
+        and _running_loss(kept[0], kept[1], _accumulated(kept[1])) is not None
+
+
+def _running_loss(s: Script, func: ast.FunctionDef, sources: set[str]) -> str | None:
+    """The loss a helper's running figure is made of (`add_summary(writer, "loss/l1", l1_loss.item())` into
+    `self.summary[name] += val`): what the calls that run hand the accumulated parameter the report reads, where one
+    is named as a training loss and none went through a collective; else None."""
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    wanted = _accumulated(func) & sources
+    if not wanted or _helper_def(s.project, func.name) is None:
+        return None
+    found = None
+    for x, c in s.project.calls_named(func.name):
+        if not x.project.runs(x, c):
+            continue
+        bound = params[1:] if params[:1] == ["self"] and isinstance(c.func, ast.Attribute) else params
+        for p in wanted:
+            value = argument(c, p, bound.index(p)) if p in bound else keyword(c, p)
+            if value is None:
+                return None
+            where = scope_of(x, c)
+            if built_from(x, where, [value]) & reduced_names(x):
+                return None
+            names = [*_names(value), *ordered_sources(x, where, [value])]
+            found = found or next((n for n in names if LOSS_NAME.search(n) and not is_eval_name(n)
+                                   and not n[:1].isupper()), None)
+    return found
 
 
 def _called_only_in_evaluation(s: Script, name: str) -> bool:
@@ -573,6 +633,8 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
             helper = helper_report(s, call)
             if helper is not None and terminal(call.func) in reducers:
                 continue  # the helper reduces what it shows (or may): not followed
+            if _judged_in_helper(project, call, helper):
+                continue  # (see rank_zero_loss: reported where the helper writes its running figure)
             if helper is None and (terminal(call.func) not in _SINKS
                                    or s.qualname(call.func).startswith(("math.", "numpy.", "torch."))):
                 continue
