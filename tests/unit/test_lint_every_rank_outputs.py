@@ -97,3 +97,36 @@ def test_a_summary_writer_made_on_rank_zero_or_per_rank_is_not_reported():
     ranked = _WRITERS.replace('SummaryWriter("runs/demo")', 'SummaryWriter(f"runs/demo/{dist.get_rank()}")')
     assert _lines(ranked.replace("def record(writer,", "def record(").replace("record(writer, {", "record({"),
                   "DDP008") == []
+
+
+_SWAP = """
+    import builtins
+
+    import torch.distributed as dist
+
+
+    def quiet_off_rank_zero(is_master):
+        builtin_print = builtins.print
+
+        def gated(*args, **kwargs):
+            force = kwargs.pop("force", False)
+            force = force or (dist.get_world_size() > 8)
+            if is_master or force:
+                builtin_print(*args, **kwargs)
+
+        builtins.print = gated
+
+
+    dist.init_process_group("gloo")
+    quiet_off_rank_zero(dist.get_rank() == 0)
+    print("training")
+    dist.destroy_process_group()
+"""
+
+
+def test_a_print_swap_that_lets_every_rank_through_on_a_world_size_test_is_reported_there():
+    assert _lines(_SWAP, "DDP008") == [12]
+
+
+def test_a_print_swap_gated_on_the_rank_alone_is_not_reported():
+    assert _lines(_SWAP.replace("            force = force or (dist.get_world_size() > 8)\n", ""), "DDP008") == []

@@ -21,7 +21,7 @@ from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
            "sum_of_averages",
-           "every_rank_prints", "every_rank_records", "EVAL_TOKENS"]
+           "every_rank_prints", "every_rank_records", "print_swap_opened_by_size", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
@@ -1672,3 +1672,38 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "event files and each curve world_size times",
                       "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
                       "write under `if rank == 0:`")
+
+
+@check
+def print_swap_opened_by_size(s: Script) -> Iterator[Hit]:
+    """A builtins.print swap whose replacement lets every rank's line through on a test of the world size
+    (`force = force or (get_world_size() > 8)` before `if is_master or force:`): in runs of that size the swap
+    silences nothing, and every print repeats world_size times."""
+    project = s.project
+    if not project.distributed:
+        return
+    swaps = [n for n in s.nodes if isinstance(n, ast.Assign) and id(n) in project.print_swaps]
+    for swap in swaps:
+        if not isinstance(swap.value, ast.Name):
+            continue
+        scope = s.context(swap).scope
+        made = [d for d in s.defs if d.name == swap.value.id and s.context(d).scope == scope]
+        if len(made) != 1:
+            continue
+        for node in ast.walk(made[0]):
+            if not (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)):
+                continue
+            sized = next((v for v in node.values if isinstance(v, ast.Compare) and len(v.ops) == 1
+                          and isinstance(v.ops[0], (ast.Gt, ast.GtE)) and isinstance(v.comparators[0], ast.Constant)
+                          and _WORLD.search(ast.unparse(v.left).lower())), None)
+            if sized is None:
+                continue
+            stmt = node
+            while id(stmt) in s.parents and not isinstance(stmt, ast.stmt):
+                stmt = s.parents[id(stmt)]
+            yield Hit(stmt, "DDP008", "warning",
+                      f"the print that replaces builtins.print off rank 0 lets every rank's line through when "
+                      f"{ast.unparse(sized)}: in runs of that size every print appears world_size times",
+                      "gate the replacement on the rank alone (`if is_master or force:`, with force passed "
+                      "explicitly by the calls that mean it)")
+            break
