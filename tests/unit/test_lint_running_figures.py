@@ -69,3 +69,46 @@ def test_a_running_figure_of_reduced_losses_is_not_reported():
                                '                self.add_summary(self.main_writer, "loss/fit", total.item())').replace(
         '                self.add_summary(self.critic_writer, "loss/critic", fit_loss.item() * 0.5)\n', "")
     assert _found(reduced) == []
+
+
+_HANDED = """
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+
+    class Schedule:
+        def __init__(self):
+            self.logger = logging.getLogger("schedule")
+            self.step = 0
+
+        def add_observation(self, loss_dict):
+            self.logger.info("step %d train loss %.3f", self.step, loss_dict["train_loss"])
+
+
+    def train(rank):
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+        model = DDP(torch.nn.Linear(4, 1))
+        schedule = Schedule()
+        for x, y in loader:
+            observation = {"loss": (model(x) - y).pow(2).mean()}
+            observation["loss"].backward()
+            if rank == 0:
+                schedule.add_observation({"train_loss": observation["loss"].item()})
+
+
+    dist.init_process_group("gloo")
+    train(dist.get_rank())
+    dist.destroy_process_group()
+"""
+
+
+def test_a_loss_handed_to_a_report_helper_under_a_rank_check_is_reported_at_the_call():
+    """The helper shows what it is given (`loss_dict`), with no rank check of its own: the mistake is the caller's
+    (rank 0 hands it its own batch loss, read under the key "loss"), fixed by reducing before the call."""
+    assert _found(_HANDED) == [(29, "DDP006")]

@@ -16,7 +16,7 @@ from ddpkit.lint.ranks import rank_side
 from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
-                                   reducing_helpers, scope_of, shown_arguments, shows)
+                                   reducing_helpers, reporters, scope_of, shown_arguments, shows)
 from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
@@ -262,7 +262,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         if ctx.single or not shows(s, call):
             continue
         helper = helper_report(s, call)
-        if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
+        if helper is not None and any(LOSS_NAME.search(n) for n in helper.names) \
+                and not (_loss_given(helper) and _one_call(project, terminal(call.func))):
             continue  # the helper's own report names the loss: judged there
         if _judged_in_helper(project, call, helper):
             continue  # the helper adds what it is given into a running figure of its own and reports that: judged there
@@ -292,7 +293,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             sources = _attribute_sources(s, leaf)
             if sources is None:
                 sources = ordered_sources(s, scope, [leaf])
-            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *sources]
+            # (a string key names its item as a variable would: `observation["loss"]`)
+            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *_item_keys(leaf), *sources]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
                          and not _from_evaluation(s, n) and not _constant_literal(s, n) and not _setting(s, n)
                          and not _dict_display(s, n, call)), None)
@@ -300,6 +302,10 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 break
         if loss is None and isinstance(scope, ast.FunctionDef):
             loss = _running_loss(s, scope, {n for a in given for n in ordered_sources(s, scope, [a])})
+        elif loss is not None and isinstance(scope, ast.FunctionDef) and not _own_rank_check(s, call, scope) \
+                and _loss_given(reporters(s).get(scope.name)) and loss in _params(scope) \
+                and _one_call(project, scope.name):
+            continue  # `add_observation(loss_dict)` shows what its one caller, under a rank check, hands it: judged there
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
         step = loss is not None and _progress_line(s, scope, call, loss)
@@ -319,6 +325,41 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                                                   if step else "the script never reduces it across ranks"),
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _item_keys(leaf: ast.AST) -> list[str]:
+    """The string keys a value is read under (`observation["loss"]` -> "loss")."""
+    return [n.slice.value for n in ast.walk(leaf) if isinstance(n, ast.Subscript)
+            and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)]
+
+
+def _loss_given(helper) -> bool:
+    """A report helper whose loss-named values are all parameters it shows (`def add_observation(self, loss_dict)`):
+    the loss is what each call hands it, judged at the call."""
+    return helper is not None and all(n in helper.shown for n in helper.names if LOSS_NAME.search(n))
+
+
+def _one_call(project, name: str) -> bool:
+    """The program runs one call of its function `name` (defined once): a figure that helper shows is that call's
+    (with several, the helper is the one place they meet, and the finding stays there)."""
+    return _helper_def(project, name) is not None \
+        and sum(x.project.runs(x, c) for x, c in project.calls_named(name)) == 1
+
+
+def _params(func: ast.FunctionDef) -> set[str]:
+    return {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}
+
+
+def _own_rank_check(s: Script, node: ast.AST, func: ast.AST) -> bool:
+    """`node` sits under a rank check of `func` itself (not only of its callers)."""
+    child = node
+    while id(child) in s.parents and child is not func:
+        parent = s.parents[id(child)]
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and child is not parent.test \
+                and s.kind(parent.test) != NONE:
+            return True
+        child = parent
+    return False
 
 
 def _helper_def(project, name: str) -> tuple[Script, ast.FunctionDef] | None:
