@@ -263,6 +263,8 @@ class Script:
             if name in ("get", "getenv") and expr.args and isinstance(expr.args[0], ast.Constant):
                 return rank_name_kind(str(expr.args[0].value))
             helper, named = self._helper_kind(expr.func), rank_name_kind(name)
+            if helper is not None and isinstance(expr.func, ast.Name) and self.before_init(expr):
+                return NONE  # `not dist.is_initialized() or get_rank() == 0` asked before the group exists: every process
             # the body answers for a helper the name does not describe; where both do, the weaker
             # (`is_local_master()` over a `__local_rank` the file also derives from the global rank)
             return named if helper is None else min(helper, named) if named else helper
@@ -505,6 +507,26 @@ class Script:
             return self.rank_helpers[func.attr]
         return self.external_levels.get("?" + self.qualname(func))
 
+    def before_init(self, call: ast.Call) -> bool:
+        """`call` runs a helper of this file that answers True without a process group (`return not
+        dist.is_initialized() or dist.get_rank() == 0`), above every init_process_group of the function it is in (and
+        that function starts the group): there it is True on every process."""
+        helpers = [d for d in self.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and d.name == call.func.id]
+        if len(helpers) != 1 or not any(
+                isinstance(r.value, ast.BoolOp) and isinstance(r.value.op, ast.Or) and any(
+                    isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) and isinstance(v.operand, ast.Call)
+                    and terminal(v.operand.func) == "is_initialized" for v in r.value.values)
+                for r in own_returns(helpers[0]) if r.value is not None):
+            return False
+        node = call
+        while id(node) in self.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node = self.parents[id(node)]
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        inits = [c.lineno for c in ast.walk(node) if isinstance(c, ast.Call) and terminal(c.func) == "init_process_group"]
+        return bool(inits) and call.lineno < min(inits)
+
     def _held_by_some(self, test: ast.Compare) -> int:
         """`trainer.writer is not None` where only rank-checked calls give the constructor a writer (see
         Project._constructor_levels): the test picks ranks."""
@@ -585,7 +607,8 @@ class Script:
             if isinstance(node, ast.If) and nones:
                 k = self.kind(node.test)
                 if k and distributed_mode(node.test) == 0:
-                    for stmt in node.body:
+                    # (also under an `if` inside it: `if not cfg.no_dis: self.dis_writer = SummaryWriter(...)`)
+                    for stmt in (n for b in node.body for n in _statements(b)):
                         if isinstance(stmt, ast.Assign):
                             for target in stmt.targets:
                                 for key, _ in _target_pairs(target, stmt.value):
@@ -1204,3 +1227,18 @@ def rerun_by_workers(script: Script, call: ast.Call) -> bool:
         if isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}:
             return False
     return True
+
+
+def _statements(stmt: ast.stmt) -> Iterator[ast.stmt]:
+    """`stmt` and the statements nested in its `if`/`for`/`while`/`with`/`try` blocks (not in a function or class it
+    defines): the statements that run only where it runs."""
+    yield stmt
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return
+    for field in ("body", "orelse", "finalbody", "handlers"):
+        for child in getattr(stmt, field, ()):
+            if isinstance(child, ast.ExceptHandler):
+                for inner in child.body:
+                    yield from _statements(inner)
+            else:
+                yield from _statements(child)

@@ -133,6 +133,8 @@ def _reads_rank(s, test: ast.AST, at: ast.AST, depth: int = 1) -> bool:
     """`test` reads a value that may differ between ranks (not a test every rank answers alike)."""
     if distributed_mode(test):
         return False
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and s.before_init(test):
+        return False  # `is_main_process()` that answers True without a process group, asked before it exists
     if isinstance(test, ast.BoolOp):
         if isinstance(test.op, ast.Or) and any(distributed_mode(v) or not _reads_rank(s, v, at, depth)
                                                for v in test.values):

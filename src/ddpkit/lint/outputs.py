@@ -16,12 +16,12 @@ from ddpkit.lint.ranks import rank_side
 from ddpkit.lint.flow import class_of, eval_samplers, flows, sampler_class, sharded_names, summaries_of
 from ddpkit.lint.project import LOSS_NAME
 from ddpkit.lint.reporting import (built_from, helper_report, leaves, ordered_sources, reduced_names,
-                                   reducing_helpers, scope_of, shown_arguments, shows)
+                                   reducing_helpers, reporters, scope_of, shown_arguments, shows)
 from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["padded_evaluation", "rank_zero_loss", "unreduced_metric", "shard_figure_reported", "sum_over_rank_count",
            "sum_of_averages",
-           "every_rank_prints", "EVAL_TOKENS"]
+           "every_rank_prints", "every_rank_records", "print_swap_opened_by_size", "EVAL_TOKENS"]
 
 _METRIC = re.compile(r"(^|_)(acc|accuracy|correct|f1|precision|recall|auc|top1|top5|metric|metrics)($|_)"
                      r"|^(val|valid|eval|test)_?loss")
@@ -32,6 +32,12 @@ _PROCESS_TAGS = frozenset({"getpid", "gethostname", "hostname", "pid", "current_
 """Calls and names whose value differs by process: a message that shows one (`[GPU{torch.cuda.current_device()}]`,
 the device this process set) is tagged per process on purpose."""
 _EXITS = frozenset({"exit", "_exit", "quit"})
+_BARS = frozenset({"tqdm", "trange", "tqdm_rich", "trrange", "tqdm_notebook", "tnrange", "tqdm_gui", "tgrange",
+                   "tqdm_asyncio"})
+"""tqdm's bar classes and their range shortcuts, in its front-end modules too (`from tqdm.rich import tqdm_rich`)."""
+_STDOUT_BARS = frozenset({"tqdm_rich", "trrange"})
+"""Bars drawn by rich, whose console writes sys.stdout: silenced where stdout is (taken as silenced by a print swap
+too, where that is all the program does: a bar left out rather than reported on a guess)."""
 _ADVICE = ("on every rank, put the sum and the count in a tensor, dist.all_reduce(t, op=dist.ReduceOp.SUM) it, "
            "divide, then report on rank 0")
 
@@ -79,9 +85,15 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
     parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
     tested = {id(n) for p in parts if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
     parts = [n for n in parts if id(n) not in tested]
-    return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute))) or any(
+    # (an object only some ranks hold, `self.writer` made on rank 0 alone, is handed along, not written out)
+    return any(s.kind(n) for n in parts if isinstance(n, (ast.Name, ast.Attribute)) and _key(n) not in s.rank_only) \
+        or any(
         isinstance(n, ast.Constant) and isinstance(n.value, str)
         and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
+
+
+def _key(node: ast.Name | ast.Attribute) -> str:
+    return node.id if isinstance(node, ast.Name) else "." + node.attr
 
 
 def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
@@ -250,8 +262,11 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         if ctx.single or not shows(s, call):
             continue
         helper = helper_report(s, call)
-        if helper is not None and any(LOSS_NAME.search(n) for n in helper.names):
+        if helper is not None and any(LOSS_NAME.search(n) for n in helper.names) \
+                and not (_loss_given(helper) and _one_call(project, terminal(call.func))):
             continue  # the helper's own report names the loss: judged there
+        if _judged_in_helper(project, call, helper):
+            continue  # the helper adds what it is given into a running figure of its own and reports that: judged there
         logged = ctx.level == NONE and not (helper and helper.rank_zero) and terminal(call.func) == "info" \
             and project.memo("logging per rank", lambda: _logging_per_rank(project))
         if ctx.level == NONE and not (helper and helper.rank_zero) and not logged:
@@ -278,12 +293,19 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             sources = _attribute_sources(s, leaf)
             if sources is None:
                 sources = ordered_sources(s, scope, [leaf])
-            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *sources]
+            # (a string key names its item as a variable would: `observation["loss"]`)
+            loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *_item_keys(leaf), *sources]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
                          and not _from_evaluation(s, n) and not _constant_literal(s, n) and not _setting(s, n)
                          and not _dict_display(s, n, call)), None)
             if loss is not None:
                 break
+        if loss is None and isinstance(scope, ast.FunctionDef):
+            loss = _running_loss(s, scope, {n for a in given for n in ordered_sources(s, scope, [a])})
+        elif loss is not None and isinstance(scope, ast.FunctionDef) and not _own_rank_check(s, call, scope) \
+                and _loss_given(reporters(s).get(scope.name)) and loss in _params(scope) \
+                and _one_call(project, scope.name):
+            continue  # `add_observation(loss_dict)` shows what its one caller, under a rank check, hands it: judged there
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
         step = loss is not None and _progress_line(s, scope, call, loss)
@@ -303,6 +325,91 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                                                   if step else "the script never reduces it across ranks"),
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _item_keys(leaf: ast.AST) -> list[str]:
+    """The string keys a value is read under (`observation["loss"]` -> "loss")."""
+    return [n.slice.value for n in ast.walk(leaf) if isinstance(n, ast.Subscript)
+            and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)]
+
+
+def _loss_given(helper) -> bool:
+    """A report helper whose loss-named values are all parameters it shows (`def add_observation(self, loss_dict)`):
+    the loss is what each call hands it, judged at the call."""
+    return helper is not None and all(n in helper.shown for n in helper.names if LOSS_NAME.search(n))
+
+
+def _one_call(project, name: str) -> bool:
+    """The program runs one call of its function `name` (defined once): a figure that helper shows is that call's
+    (with several, the helper is the one place they meet, and the finding stays there)."""
+    return _helper_def(project, name) is not None \
+        and sum(x.project.runs(x, c) for x, c in project.calls_named(name)) == 1
+
+
+def _params(func: ast.FunctionDef) -> set[str]:
+    return {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}
+
+
+def _own_rank_check(s: Script, node: ast.AST, func: ast.AST) -> bool:
+    """`node` sits under a rank check of `func` itself (not only of its callers)."""
+    child = node
+    while id(child) in s.parents and child is not func:
+        parent = s.parents[id(child)]
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and child is not parent.test \
+                and s.kind(parent.test) != NONE:
+            return True
+        child = parent
+    return False
+
+
+def _helper_def(project, name: str) -> tuple[Script, ast.FunctionDef] | None:
+    """The one function of the program named `name`, else None."""
+    found = project.memo(("defs named", name), lambda: [(x, d) for x in project.scripts.values() for d in x.defs
+                                                       if d.name == name and isinstance(d, ast.FunctionDef)])
+    return found[0] if len(found) == 1 else None
+
+
+def _accumulated(func: ast.FunctionDef) -> set[str]:
+    """Parameters of `func` that it adds into state kept across its calls (`self.summary[name] += val`): it reports a
+    running figure of what it is given."""
+    params = {a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}
+    return {n.id for a in ast.walk(func) if isinstance(a, ast.AugAssign)
+            and isinstance(a.target, (ast.Attribute, ast.Subscript))
+            for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in params}
+
+
+def _judged_in_helper(project, call: ast.Call, helper) -> bool:
+    """A call of a report helper that shows on rank 0 alone and adds the values it is given into a running figure
+    of its own, made of losses (see _running_loss): the finding is the helper's, at the line that writes it."""
+    kept = _helper_def(project, terminal(call.func)) if helper is not None and helper.rank_zero else None
+    return kept is not None and bool(_accumulated(kept[1]) & helper.shown) \
+        and _running_loss(kept[0], kept[1], _accumulated(kept[1])) is not None
+
+
+def _running_loss(s: Script, func: ast.FunctionDef, sources: set[str]) -> str | None:
+    """The loss a helper's running figure is made of (`add_summary(writer, "loss/l1", l1_loss.item())` into
+    `self.summary[name] += val`): what the calls that run hand the accumulated parameter the report reads, where one
+    is named as a training loss and none went through a collective; else None."""
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    wanted = _accumulated(func) & sources
+    if not wanted or _helper_def(s.project, func.name) is None:
+        return None
+    found = None
+    for x, c in s.project.calls_named(func.name):
+        if not x.project.runs(x, c):
+            continue
+        bound = params[1:] if params[:1] == ["self"] and isinstance(c.func, ast.Attribute) else params
+        for p in wanted:
+            value = argument(c, p, bound.index(p)) if p in bound else keyword(c, p)
+            if value is None:
+                return None
+            where = scope_of(x, c)
+            if built_from(x, where, [value]) & reduced_names(x):
+                return None
+            names = [*_names(value), *ordered_sources(x, where, [value])]
+            found = found or next((n for n in names if LOSS_NAME.search(n) and not is_eval_name(n)
+                                   and not n[:1].isupper()), None)
+    return found
 
 
 def _called_only_in_evaluation(s: Script, name: str) -> bool:
@@ -567,6 +674,8 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
             helper = helper_report(s, call)
             if helper is not None and terminal(call.func) in reducers:
                 continue  # the helper reduces what it shows (or may): not followed
+            if _judged_in_helper(project, call, helper):
+                continue  # (see rank_zero_loss: reported where the helper writes its running figure)
             if helper is None and (terminal(call.func) not in _SINKS
                                    or s.qualname(call.func).startswith(("math.", "numpy.", "torch."))):
                 continue
@@ -1487,8 +1596,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             and isinstance(flag, ast.Constant) and flag.value is True
         is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
-        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in ("tqdm", "trange") \
-            and not project.print_silenced(s, call, stdout=False)
+        is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
+            and not project.print_silenced(s, call, stdout=False) \
+            and not (terminal(call.func) in _STDOUT_BARS and project.print_silenced(s, call))
         # `pbar(step, info)` of a project class whose __call__ (or the method called) writes sys.stdout itself
         writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
         is_print = is_print or bool(writer)
@@ -1555,3 +1665,86 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                   "pass verbose=(rank == 0)" if verbose else
                   "guard it with `if rank == 0:` (ddpkit: `ddpkit.print0(ctx, ...)`)" if is_print else
                   "create the bar on rank 0 only: tqdm(..., disable=(rank != 0))")
+
+
+def _under_wandb_test(s: Script, call: ast.Call) -> bool:
+    """The call sits under an `if` (or a conditional expression) whose test reads wandb's state (`if wandb.run:`)."""
+    node = call
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While)) and node is not parent.test and any(
+                isinstance(n, ast.Name) and s.qualname(n).split(".")[0] == "wandb" for n in ast.walk(parent.test)):
+            return True
+        node = parent
+    return False
+
+
+@check
+def every_rank_records(s: Script) -> Iterator[Hit]:
+    """A run record every rank writes: `wandb.log` on every rank where the program calls `wandb.init` under a rank
+    check only, and the first record of each function into a tensorboard SummaryWriter every rank makes on the same
+    folder (see _every_rank_writer)."""
+    project = s.project
+    if not s.distributed or not project.distributed:
+        return
+    inits = project.calls_named("init")
+    inits = [(x, c) for x, c in inits if x.qualname(c.func) == "wandb.init" and project.runs(x, c)]
+    ranked_init = next(((x, c) for x, c in inits), None) if inits and all(
+        x.context(c).level != NONE for x, c in inits) else None
+    recorded: set[tuple[str, int]] = set()
+    for call in sorted(s.calls, key=lambda c: (c.lineno, c.col_offset)):
+        ctx = s.context(call)
+        if ctx.level != NONE or ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
+            continue
+        if s.qualname(call.func) == "wandb.log" and ranked_init is not None and not _under_wandb_test(s, call):
+            if ("wandb", ctx.scope) in recorded:
+                continue  # (the first log already stops the other ranks with the error: they never get here)
+            recorded.add(("wandb", ctx.scope))
+            x, init = ranked_init
+            yield Hit(call, "DDP008", "warning",
+                      f"wandb.log() runs on every rank, but wandb.init() runs under a rank check "
+                      f"({os.path.basename(x.path)}:{init.lineno}): the other ranks log without a run, which wandb "
+                      "refuses with an error", "log on rank 0 only: guard it with `if rank == 0:`")
+        elif _every_rank_writer(s, call) and ("writer", ctx.scope) not in recorded:
+            recorded.add(("writer", ctx.scope))  # (one per function: the fix is one writer, made on rank 0 only)
+            yield Hit(call, "DDP008", "warning",
+                      f"every rank makes its own {ast.unparse(call.func.value)} (a SummaryWriter made without a rank "
+                      "check, on the same folder) and writes the same tags into it: the run's log gets world_size "
+                      "event files and each curve world_size times",
+                      "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
+                      "write under `if rank == 0:`")
+
+
+@check
+def print_swap_opened_by_size(s: Script) -> Iterator[Hit]:
+    """A builtins.print swap whose replacement lets every rank's line through on a test of the world size
+    (`force = force or (get_world_size() > 8)` before `if is_master or force:`): in runs of that size the swap
+    silences nothing, and every print repeats world_size times."""
+    project = s.project
+    if not project.distributed:
+        return
+    swaps = [n for n in s.nodes if isinstance(n, ast.Assign) and id(n) in project.print_swaps]
+    for swap in swaps:
+        if not isinstance(swap.value, ast.Name):
+            continue
+        scope = s.context(swap).scope
+        made = [d for d in s.defs if d.name == swap.value.id and s.context(d).scope == scope]
+        if len(made) != 1:
+            continue
+        for node in ast.walk(made[0]):
+            if not (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)):
+                continue
+            sized = next((v for v in node.values if isinstance(v, ast.Compare) and len(v.ops) == 1
+                          and isinstance(v.ops[0], (ast.Gt, ast.GtE)) and isinstance(v.comparators[0], ast.Constant)
+                          and _WORLD.search(ast.unparse(v.left).lower())), None)
+            if sized is None:
+                continue
+            stmt = node
+            while id(stmt) in s.parents and not isinstance(stmt, ast.stmt):
+                stmt = s.parents[id(stmt)]
+            yield Hit(stmt, "DDP008", "warning",
+                      f"the print that replaces builtins.print off rank 0 lets every rank's line through when "
+                      f"{ast.unparse(sized)}: in runs of that size every print appears world_size times",
+                      "gate the replacement on the rank alone (`if is_master or force:`, with force passed "
+                      "explicitly by the calls that mean it)")
+            break
