@@ -18,7 +18,7 @@ from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_si
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
-           "project_writers", "path_module", "project_downloads"]
+           "project_writers", "path_module", "project_downloads", "project_loaders"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -591,6 +591,41 @@ def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
             # trains alone, and the other ranks wait for it at their next collective until the timeout
             trains = hit is not None and _trains_in(path, defn, folder, modules, parsed, set()) is not None
             out[func] = (path, *hit) if hit and not trains else None
+    return out
+
+
+def project_loaders(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, str]:
+    """The script's calls of its own project's functions that return a torch DataLoader (`loader(dataset, 16)` with
+    `def loader(...): return torch.utils.data.DataLoader(...)`, also through a name bound to one) -> their file.
+    Every `return` of the function must give one; a DataLoader of another library (graphs) is none."""
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _definer(tree, folder, modules, parsed)
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
+        found = definition(func) if func and func not in out else None
+        if found is None or not isinstance(found[2], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        path, _, defn = found
+        module = _parsed(modules, path, parsed)
+        libraries = _library_names(module) if module is not None else {}
+
+        def torch_loader(call: ast.AST) -> bool:
+            name = ast_dotted(call.func) if isinstance(call, ast.Call) else ""
+            head = name.split(".")[0]
+            full = name.replace(head, libraries.get(head, head), 1) if head else ""
+            return full in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
+
+        made: dict[str, list[ast.AST]] = {}
+        for n in ast.walk(defn):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    for name in _names(t):
+                        made.setdefault(name, []).append(n.value if isinstance(t, ast.Name) else None)
+        returns = [r.value for r in ast.walk(defn) if isinstance(r, ast.Return)]
+        if returns and all(torch_loader(v) or isinstance(v, ast.Name) and made.get(v.id) and all(
+                torch_loader(m) for m in made[v.id]) for v in returns):
+            out[func] = path
     return out
 
 
