@@ -13,7 +13,7 @@ import ast
 import os
 
 from ddpkit.port.effects import DOWNLOADS, FETCHES
-from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped
+from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
@@ -987,6 +987,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         return ("", own[name]) if not where and name in own else follower(where)(name) if where else None
     out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     out += cpu_tensors_in_wrapped(tree, _builders(tree, classes), definition)
+    out += plain_tensor_members(tree, _builders(tree, classes), own_or_project, follow)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out
