@@ -67,7 +67,8 @@ def _meta_ddpkit() -> types.ModuleType:
     fake.init = lambda *a, device="auto", **k: _MetaContext() if device != "cpu" else _CpuContext()
     fake.loader = fake.eval_loader = loader
     fake.wrap = lambda model, ctx, **k: model.to(ctx.device)
-    fake.to_device = to_device
+    fake.device = types.ModuleType("ddpkit.device")
+    fake.device.to_device = to_device
     fake.unwrap = lambda model: model
     fake.print0 = lambda ctx, *a, **k: None
     fake.barrier = lambda ctx: None
@@ -82,6 +83,7 @@ def _run_on_meta(code: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) ->
     fake.__path__ = []  # a package: the port imports ddpkit.rng where the script seeds itself before ddpkit.init
     monkeypatch.setitem(sys.modules, "ddpkit", fake)
     monkeypatch.setitem(sys.modules, "ddpkit.rng", fake.rng)
+    monkeypatch.setitem(sys.modules, "ddpkit.device", fake.device)
     monkeypatch.setattr(sys, "argv", ["ported.py", *argv])
     with contextlib.redirect_stdout(None):
         exec(compile(code, "ported.py", "exec"), {"__name__": "__main__"})
@@ -317,10 +319,10 @@ def test_batches_of_the_projects_loaders_are_moved_at_the_top_of_the_training_an
     # `y` is used as a tensor (`y.long()`, `y.numpy()`): .to(); `x` only reaches the model: to_device, whatever it is
     for loop in ("for x, y in train_loader:", "for step, (x, y) in enumerate(loader):"):
         at = lines.index(loop)
-        assert lines[at + 1].startswith("x = ddpkit.to_device(x, ctx.device)  #") and lines[at + 2] == \
+        assert lines[at + 1].startswith("x = ddpkit.device.to_device(x, ctx.device)  #") and lines[at + 2] == \
             "y = y.to(ctx.device)", lines[at:at + 3]
     assert "labels.extend(y.cpu().numpy().tolist())" in lines  # read back on the host
-    assert "def evaluate(model, loader, *, ctx):" in lines
+    assert "def evaluate(model, loader, *, ctx):" in lines and "import ddpkit.device" in lines
     # what is left is the sharding: the loader the project returns is no ddpkit loader
     assert result.exit_code == 3 and [t.message.split(":")[0] for t in result.todos] == [
         "no training DataLoader found"], [t.message for t in result.todos]
@@ -331,7 +333,7 @@ def test_a_dict_batch_is_moved_whole_and_a_loop_that_hands_it_to_numpy_keeps_its
     result = _port("cpu_dict_loaders/train.py")
     lines = [line.strip() for line in result.code.splitlines()]
     at = len(lines) - 1 - lines[::-1].index("for batch in loader:")  # training's loop, after test()'s
-    assert lines[at + 1].startswith("batch = ddpkit.to_device(batch, ctx.device)  #")
+    assert lines[at + 1].startswith("batch = ddpkit.device.to_device(batch, ctx.device)  #")
     assert len(_moved_lines(result)) == 1  # test() joins `batch["y"]` with numpy: moving it would break that
     todo = _line_after_todo(result, 'guesses.append(model(batch["x"]).argmax(1).cpu().numpy())')
     assert "`batch[\"x\"]` comes from a batch of `loader`" in todo, todo
@@ -344,8 +346,8 @@ def test_evaluation_batches_of_the_projects_loader_reach_the_model_on_its_device
     assert result.exit_code == 0, result.message  # the training loader is ddpkit's; the evaluation batches moved
     lines = [line.strip() for line in result.code.splitlines()]
     at = lines.index("for x, y in loader:")
-    assert lines[at + 1].startswith("x = ddpkit.to_device(x, ctx.device)") and lines[at + 2] == \
-        "y = ddpkit.to_device(y, ctx.device)", lines[at:at + 3]
+    assert lines[at + 1].startswith("x = ddpkit.device.to_device(x, ctx.device)") and lines[at + 2] == \
+        "y = ddpkit.device.to_device(y, ctx.device)", lines[at:at + 3]
     monkeypatch.syspath_prepend(str(folder))
     _run_on_meta(result.code, [], monkeypatch)  # the CPU batches would meet the meta weights and raise
 

@@ -137,7 +137,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
         plan.summary.append("the file indents with tabs mixed with spaces, which the rewriter cannot read: its "
                             "indentation is written with spaces (8 columns a tab, as Python reads it)")
     module = open_context(module, facts, plan.seed, device)
-    module = add_import(module, rng=facts.seeded_before_init())
+    module = add_import(module, rng=facts.seeded_before_init(), device=any(
+        "ddpkit.device." in line for lines in plan.batch_moves.values() for line in lines))
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
     # becomes a TODO, so "ported fully" is never said of code nobody checked

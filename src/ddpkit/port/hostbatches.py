@@ -5,7 +5,7 @@ ddpkit.wrap puts the model on ctx.device (a GPU on a GPU node) while a DataLoade
 script's own project module returns, `loader(dataset, 16)`) delivers CPU batches. Where a forward of the model is
 given a batch of a `for` over such a loader (the loop's own names, or names unpacked from them in the body), the
 loop's names are moved first thing in its body: `x, y = x.to(ctx.device), y.to(ctx.device)` for names the body uses
-as tensors, `ddpkit.to_device(batch, ctx.device)` (tensors inside dicts, lists and tuples; other values pass
+as tensors, `ddpkit.device.to_device(batch, ctx.device)` (tensors inside dicts, lists and tuples; other values pass
 through) for the others. The move is planned only where nothing in the loop hands those values, or values computed
 from them, to code that reads host memory (numpy, a list it fills, a function of the script or of another
 library); `.numpy()` is read through `.cpu()` by the rewrite already. Anything else stays the TODO of feeds.py.
@@ -135,7 +135,7 @@ def plan_batch_moves(plan: Any, key: str, forward: cst.Call) -> set[str]:
         if all(n in used for n in names):
             lines = [f"{', '.join(names)} = {', '.join(f'{n}.to(ctx.device)' for n in names)}"]
         else:  # a batch whose structure the body does not show: its tensors, inside dicts, lists and tuples
-            lines = [f"{n} = {f'{n}.to(ctx.device)' if n in used else f'ddpkit.to_device({n}, ctx.device)'}"
+            lines = [f"{n} = {f'{n}.to(ctx.device)' if n in used else f'ddpkit.device.to_device({n}, ctx.device)'}"
                      for n in names]
         lines[0] += "  # the model is on ctx.device; this loader gives CPU batches"
         plan.batch_moves[id(first)] = lines
@@ -163,7 +163,7 @@ def plan_kept_batches(plan: Any) -> None:
                           f"`{f.code(loader_expr(loops[0].iter))}` (a torch DataLoader the port keeps: on the CPU, as "
                           "the script names no device) and is given to the model, which ddpkit.wrap put on "
                           "ctx.device, and the port cannot tell that moving it keeps the rest of the loop right: move "
-                          "the batch there (ddpkit.to_device(batch, ctx.device))")
+                          "the batch there (ddpkit.device.to_device(batch, ctx.device))")
 
 
 def _around(plan: Any, node: cst.CSTNode) -> list[cst.CSTNode]:
