@@ -204,3 +204,19 @@ def test_tensors_the_wrapped_models_own_methods_make_on_the_cpu_for_its_submodul
     [todo] = [t.message for t in result.todos if "agent.py" in t.message]
     assert todo.startswith("`Agent.episode` in agent.py (read, not ported) makes `torch.from_numpy(observation)` on "
                            "the CPU (agent.py:15) and gives it to `self.policy`, which ddpkit.wrap put on ctx.device")
+
+
+def test_a_cpu_tensor_a_submodule_keeps_as_a_plain_attribute_is_named_and_a_registered_buffer_is_not(tmp_path):
+    # layers.py is reached through nets.py's Classifier: `self.body = Shifted(width)`
+    result = _port("cpu_plain_tensor/train.py")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    [todo] = [t.message for t in result.todos if "plain attribute" in t.message]
+    assert todo.startswith("`Shifted` in layers.py (read, not ported) keeps `self.shift`, a tensor made on the CPU "
+                           "(layers.py:10)") and "`forward` meets it there (layers.py:14)" in todo, todo
+    for name in ("train.py", "nets.py", "layers.py"):
+        text = (FIXTURES / "cpu_plain_tensor" / name).read_text()
+        (tmp_path / name).write_text(text.replace(
+            "self.shift = torch.arange(width).float()\n        self.shift = self.shift.unsqueeze(0)",
+            'self.register_buffer("shift", torch.arange(width).float().unsqueeze(0))'))
+    buffered = port_source((tmp_path / "train.py").read_text(), str(tmp_path / "train.py"))
+    assert buffered.exit_code == 0, buffered.message

@@ -20,7 +20,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from ddpkit.device import to_device
 from ddpkit.port import port_source
+from ddpkit.port.project import project_loaders
 
 FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
 
@@ -65,6 +67,8 @@ def _meta_ddpkit() -> types.ModuleType:
     fake.init = lambda *a, device="auto", **k: _MetaContext() if device != "cpu" else _CpuContext()
     fake.loader = fake.eval_loader = loader
     fake.wrap = lambda model, ctx, **k: model.to(ctx.device)
+    fake.device = types.ModuleType("ddpkit.device")
+    fake.device.to_device = to_device
     fake.unwrap = lambda model: model
     fake.print0 = lambda ctx, *a, **k: None
     fake.barrier = lambda ctx: None
@@ -75,7 +79,11 @@ def _meta_ddpkit() -> types.ModuleType:
 
 
 def _run_on_meta(code: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "ddpkit", _meta_ddpkit())
+    fake = _meta_ddpkit()
+    fake.__path__ = []  # a package: the port imports ddpkit.rng where the script seeds itself before ddpkit.init
+    monkeypatch.setitem(sys.modules, "ddpkit", fake)
+    monkeypatch.setitem(sys.modules, "ddpkit.rng", fake.rng)
+    monkeypatch.setitem(sys.modules, "ddpkit.device", fake.device)
     monkeypatch.setattr(sys, "argv", ["ported.py", *argv])
     with contextlib.redirect_stdout(None):
         exec(compile(code, "ported.py", "exec"), {"__name__": "__main__"})
@@ -298,3 +306,74 @@ def test_labels_the_script_collected_on_the_cpu_beside_cpu_predictions_stay_on_t
     # the loader now delivers y on ctx.device; the script kept it on the CPU here, beside CPU predictions
     assert "targets.append(y.cpu())" in lines and "counts = np.bincount(y.cpu(), minlength=2)" in lines
     assert "loss = nn.functional.cross_entropy(out, y)" in lines  # where it met the model: as it arrives
+
+
+# ---- batches of a torch DataLoader the project returns, in a script that names no device -----------------------
+def _moved_lines(result) -> list[str]:
+    return [line.strip() for line in result.code.splitlines() if "this loader gives CPU batches" in line]
+
+
+def test_batches_of_the_projects_loaders_are_moved_at_the_top_of_the_training_and_evaluation_loops():
+    result = _port("cpu_project_loaders/train.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    # `y` is used as a tensor (`y.long()`, `y.numpy()`): .to(); `x` only reaches the model: to_device, whatever it is
+    for loop in ("for x, y in train_loader:", "for step, (x, y) in enumerate(loader):"):
+        at = lines.index(loop)
+        assert lines[at + 1].startswith("x = ddpkit.device.to_device(x, ctx.device)  #") and lines[at + 2] == \
+            "y = y.to(ctx.device)", lines[at:at + 3]
+    assert "labels.extend(y.cpu().numpy().tolist())" in lines  # read back on the host
+    assert "def evaluate(model, loader, *, ctx):" in lines and "import ddpkit.device" in lines
+    # what is left is the sharding: the loader the project returns is no ddpkit loader
+    assert result.exit_code == 3 and [t.message.split(":")[0] for t in result.todos] == [
+        "no training DataLoader found"], [t.message for t in result.todos]
+    ast.parse(result.code)
+
+
+def test_a_dict_batch_is_moved_whole_and_a_loop_that_hands_it_to_numpy_keeps_its_todo():
+    result = _port("cpu_dict_loaders/train.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    at = len(lines) - 1 - lines[::-1].index("for batch in loader:")  # training's loop, after test()'s
+    assert lines[at + 1].startswith("batch = ddpkit.device.to_device(batch, ctx.device)  #")
+    assert len(_moved_lines(result)) == 1  # test() joins `batch["y"]` with numpy: moving it would break that
+    todo = _line_after_todo(result, 'guesses.append(model(batch["x"]).argmax(1).cpu().numpy())')
+    assert "`batch[\"x\"]` comes from a batch of `loader`" in todo, todo
+    assert result.exit_code == 3
+
+
+def test_evaluation_batches_of_the_projects_loader_reach_the_model_on_its_device(monkeypatch):
+    folder = FIXTURES / "cpu_eval_project_loader"
+    result = _port("cpu_eval_project_loader/train.py")
+    assert result.exit_code == 0, result.message  # the training loader is ddpkit's; the evaluation batches moved
+    lines = [line.strip() for line in result.code.splitlines()]
+    at = lines.index("for x, y in loader:")
+    assert lines[at + 1].startswith("x = ddpkit.device.to_device(x, ctx.device)") and lines[at + 2] == \
+        "y = ddpkit.device.to_device(y, ctx.device)", lines[at:at + 3]
+    monkeypatch.syspath_prepend(str(folder))
+    _run_on_meta(result.code, [], monkeypatch)  # the CPU batches would meet the meta weights and raise
+
+
+def test_only_a_torch_dataloader_returned_by_every_path_of_a_project_function_counts(tmp_path):
+    (tmp_path / "feeds.py").write_text(textwrap.dedent('''\
+        import torch
+        from torch.utils.data import DataLoader
+        from torch_geometric.loader import DataLoader as GraphLoader
+
+        def plain(ds):
+            return DataLoader(ds, batch_size=4)
+
+        def bound(ds):
+            out = torch.utils.data.DataLoader(ds)
+            return out
+
+        def graphs(ds):
+            return GraphLoader(ds)
+
+        def either(ds, fast):
+            if fast:
+                return DataLoader(ds)
+            return iter(ds)
+        '''))
+    tree = ast.parse("from feeds import plain, bound, graphs, either\n"
+                     "plain(d)\nbound(d)\ngraphs(d)\neither(d, True)\n")
+    files = {str(tmp_path / "feeds.py"): (tmp_path / "feeds.py").read_text()}
+    assert set(project_loaders(tree, str(tmp_path), files)) == {"plain", "bound"}

@@ -22,9 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_downloads,
-                                 project_hazards, project_writers, step_loops, unused_parameter_wraps)
+                                 project_hazards, project_loaders, project_writers, step_loops,
+                                 unused_parameter_wraps)
 
-__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches"]
+__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
+           "project_loader_calls"]
 
 GATE_RULES = {
     "DDP001": "error", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP006": "warning",
@@ -140,6 +142,12 @@ def project_fetches(source: str, folder: str) -> dict[str, tuple[str, int, bool]
     """The script's calls of its own project's code that download (see ddpkit.port.project.project_downloads):
     `getMnistLoader` -> (file, line of the download, whether that code also trains or joins a collective)."""
     return _project_calls(source, folder, project_downloads)
+
+
+def project_loader_calls(source: str, folder: str) -> dict[str, str]:
+    """The script's calls of its own project's code that return a torch DataLoader (see
+    ddpkit.port.project.project_loaders): `loader` -> the file defining it."""
+    return _project_calls(source, folder, project_loaders)
 
 
 def _project_calls(source: str, folder: str, finder) -> dict:

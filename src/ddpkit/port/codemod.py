@@ -72,7 +72,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     from ddpkit.lint.linter import lint_sources
-    from ddpkit.port.claims import gate, project_fetches, project_names_a_device, project_reports
+    from ddpkit.port.claims import (gate, project_fetches, project_loader_calls, project_names_a_device,
+                                    project_reports)
     from ddpkit.port.entry import add_import, open_context, thread_ctx
     from ddpkit.port.facts import Facts
     from ddpkit.port.plan import Plan
@@ -122,7 +123,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
 
     folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
     plan = Plan(facts, line_of, end_of, project_reports(source, folder) if folder is not None else {},
-                project_fetches(source, folder) if folder is not None else {})
+                project_fetches(source, folder) if folder is not None else {},
+                project_loader_calls(source, folder) if folder is not None else {})
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
@@ -135,7 +137,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
         plan.summary.append("the file indents with tabs mixed with spaces, which the rewriter cannot read: its "
                             "indentation is written with spaces (8 columns a tab, as Python reads it)")
     module = open_context(module, facts, plan.seed, device)
-    module = add_import(module, rng=facts.seeded_before_init())
+    module = add_import(module, rng=facts.seeded_before_init(), device=any(
+        "ddpkit.device." in line for lines in plan.batch_moves.values() for line in lines))
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
     # becomes a TODO, so "ported fully" is never said of code nobody checked

@@ -199,9 +199,10 @@ def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | N
     return [*body[:keep], start, _first(False), *body[keep:], close]
 
 
-def add_import(module: cst.Module, rng: bool = False) -> cst.Module:
+def add_import(module: cst.Module, rng: bool = False, device: bool = False) -> cst.Module:
     """`import ddpkit` after the script's leading imports (and `import ddpkit.rng` when the port reads the
-    generators before ddpkit.init, which is what imports that module otherwise)."""
+    generators before ddpkit.init, which is what imports that module otherwise; `import ddpkit.device` when the
+    port moves batches with ddpkit.device.to_device, a name ddpkit's face does not carry)."""
     body = list(module.body)
     last = -1
     for i, stmt in enumerate(body):
@@ -215,4 +216,6 @@ def add_import(module: cst.Module, rng: bool = False) -> cst.Module:
     body.insert(last + 1, cst.parse_statement("import ddpkit\n"))
     if rng:
         body.insert(last + 2, cst.parse_statement("import ddpkit.rng\n"))
+    if device:
+        body.insert(last + 2 + rng, cst.parse_statement("import ddpkit.device\n"))
     return module.with_changes(body=body)

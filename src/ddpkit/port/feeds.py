@@ -22,6 +22,7 @@ import libcst as cst
 
 from ddpkit.port.batches import plan_drawn_batches
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, names_a_device, root_name, walk
+from ddpkit.port.hostbatches import model_forwards as _forwards, plan_batch_moves
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import runs_again
 
@@ -129,14 +130,17 @@ def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]
         return False
     moved = {x.value for k in f.ported for n in plan.nodes(k) if id(n) in plan.to_device
              for t in n.targets for x in walk(t.target) if isinstance(x, cst.Name)}
+    # batches of a kept torch DataLoader given to the model: moved at the top of their loop where that is sure
+    carried = {k: set().union(*(plan_batch_moves(plan, k, c) for c in _forwards(plan, k, f.scope_statements(k))))
+               for k in sorted(f.ported)}
     named = False
     seen: set[int] = set()
     for k, stmts in blocks:
         for call in _forwards(plan, k, stmts):
-            inputs = [a.value for a in call.args if root_name(a.value) not in moved]
+            inputs = [a.value for a in call.args if root_name(a.value) not in moved | carried.get(k, set())]
             if inputs and not named:
                 seen.add(id(call))
-                partners = _loss_partners(plan, stmts, call, moved)
+                partners = _loss_partners(plan, stmts, call, moved | carried.get(k, set()))
                 also = f"; so is `{partners[0]}`, which meets the model's output (the loss's target)" if partners else ""
                 plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
                           f"the model, which ddpkit.wrap put on ctx.device{also}: make {'them' if also else 'it'} on ctx.device "
@@ -146,7 +150,8 @@ def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]
         stmts = f.scope_statements(k)
         batches = _host_batches(plan, k, stmts)
         for call in _forwards(plan, k, stmts):
-            inputs = [a.value for a in call.args if id(call) not in seen and root_name(a.value) in batches.keys() - moved]
+            inputs = [a.value for a in call.args if id(call) not in seen
+                      and root_name(a.value) in batches.keys() - moved - carried.get(k, set())]
             if inputs:
                 seen.add(id(call))
                 names = ", ".join(f"`{f.code(x)}`" for x in inputs)
@@ -154,17 +159,6 @@ def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]
                           "loader: on the CPU, as the script names no device) and is given to the model, which "
                           "ddpkit.wrap put on ctx.device: move the batch there (ddpkit.device.to_device(batch, ctx.device))")
     return named
-
-
-def _forwards(plan: Any, key: str, stmts: list[cst.BaseStatement]) -> list[cst.Call]:
-    """The calls of the wrapped model (`model(x)`, `model.forward(x)`) in these statements."""
-    out = []
-    for call in (n for s in stmts for n in walk(s) if isinstance(n, cst.Call)):
-        func = call.func.value if isinstance(call.func, cst.Attribute) and call.func.attr.value == "forward" \
-            else call.func
-        if plan.role(key, dotted(func)) == "model":
-            out.append(call)
-    return out
 
 
 def _host_batches(plan: Any, key: str, stmts: list[cst.BaseStatement]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ddpkit.port.weights import ast_dotted
 
-__all__ = ["host_inputs_in_wrapped", "cpu_tensors_in_wrapped"]
+__all__ = ["host_inputs_in_wrapped", "cpu_tensors_in_wrapped", "plain_tensor_members"]
 
 Follow = Callable[[str, str], "tuple[str, ast.AST] | None"]
 """(name, file it is read in) -> (file, definition) of a class or function of the project, else None."""
@@ -174,4 +174,92 @@ def cpu_tensors_in_wrapped(tree: ast.Module, builders: dict[str, list[str]],
                                          "mismatch; make it on the model's device there, or keep every rank on the "
                                          "CPU with ddpkit.init(device=\"cpu\")"))
                 break
+    return out
+
+
+_CREATES = _MAKES | {"zeros", "ones", "arange", "randn", "rand", "randint", "empty", "full", "eye", "linspace",
+                     "IntTensor", "BoolTensor", "ByteTensor"}
+_KEEPS_PLACE = frozenset({"long", "float", "double", "int", "bool", "unsqueeze", "squeeze", "view", "reshape",
+                          "unflatten", "t", "contiguous", "clone", "detach", "refine_names", "rename", "expand"})
+"""Tensor methods whose result is a new tensor where the receiver is (`.to(device)` is no such method)."""
+
+
+def _cpu_made(expr: ast.AST, attr: str) -> bool:
+    """`torch.Tensor(...).long()`, `self.offsets.unflatten(...)` (of a CPU tensor): a tensor on the CPU."""
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _KEEPS_PLACE:
+        if ast_dotted(expr.func.value) == f"self.{attr}":
+            return True
+        expr = expr.func.value
+    if not isinstance(expr, ast.Call) or any(k.arg == "device" for k in expr.keywords):
+        return False
+    func = ast_dotted(expr.func)
+    last = func.rsplit(".", 1)[-1]
+    if last in ("tensor", "as_tensor"):  # `torch.tensor(0.5)` is zero-dimensional: it mixes with any device
+        return bool(expr.args) and isinstance(expr.args[0], (ast.List, ast.Tuple, ast.ListComp))
+    return func.startswith("torch.") and func.count(".") == 1 and last in _CREATES
+
+
+def _plain_tensor(cls: ast.ClassDef) -> tuple[str, int, str, int] | None:
+    """(attribute, line made, method, line read) of a tensor `__init__` keeps on the CPU as a plain attribute (not a
+    parameter or a registered buffer: Module.to() does not move it) that another method reads as it is."""
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    init = methods.get("__init__")
+    if init is None or methods.keys() & {"to", "cuda", "_apply"}:
+        return None
+    registered = {a.value for n in ast.walk(cls) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                  and n.func.attr == "register_buffer" for a in n.args[:1] if isinstance(a, ast.Constant)}
+    made: dict[str, int] = {}
+    for node in (n for n in ast.walk(init) if isinstance(n, ast.Assign)):
+        for t in node.targets:
+            if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self":
+                if _cpu_made(node.value, t.attr) and (t.attr in made or not ast_dotted(node.value).startswith("self.")):
+                    made.setdefault(t.attr, node.lineno)
+                else:
+                    made.pop(t.attr, None)  # bound again to something else (a Parameter, a moved tensor)
+    for attr in sorted(made.keys() - registered):
+        for name, method in methods.items():
+            if name == "__init__":
+                continue
+            for node in ast.walk(method):
+                if isinstance(node, ast.BinOp) and f"self.{attr}" in (ast_dotted(node.left), ast_dotted(node.right)):
+                    return attr, made[attr], name, node.lineno
+    return None
+
+
+def plain_tensor_members(tree: ast.Module, builders: dict[str, list[str]],
+                         definition: Callable[[str], "tuple[str, str, ast.AST] | None"], follow: Follow
+                         ) -> list[tuple[int, str]]:
+    """(line of the wrap, TODO) for each `ddpkit.wrap(model, ctx)` of a class of the project whose own modules (its
+    class or a submodule's, `self.emb = EmbeddingLayer(...)` followed into their files) keep a CPU tensor as a plain
+    attribute that a method adds to its inputs: the wrap moves parameters and buffers to ctx.device, not it."""
+    if any(isinstance(n, ast.keyword) and n.arg == "device" for n in ast.walk(tree)):
+        return []  # `ddpkit.init(device="cpu")`: every rank stays on the CPU
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args):
+            continue
+        arg = node.args[0]
+        found = [definition(c) for c in ([ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(
+            ast_dotted(arg), [])) if c]
+        todo = [(f[0], f[2]) for f in found if f is not None and f[0] and isinstance(f[2], ast.ClassDef)]
+        seen: set[tuple[str, str]] = set()
+        while todo and len(seen) < 20:
+            path, cls = todo.pop(0)
+            if (path, cls.name) in seen:
+                continue
+            seen.add((path, cls.name))
+            hit = _plain_tensor(cls)
+            if hit is not None:
+                where = os.path.basename(path)
+                out.append((node.lineno, f"`{cls.name}` in {where} (read, not ported) keeps `self.{hit[0]}`, a tensor "
+                                         f"made on the CPU ({where}:{hit[1]}), as a plain attribute, not a parameter "
+                                         "or a registered buffer: ddpkit.wrap moves the model to ctx.device without "
+                                         f"it, and `{hit[2]}` meets it there ({where}:{hit[3]}); on a GPU rank that "
+                                         "fails with a device mismatch: register it (self.register_buffer) or move "
+                                         "it where it is read"))
+                break
+            for member in _members(cls).values():
+                sub = follow(member, path) if member else None
+                if sub is not None and isinstance(sub[1], ast.ClassDef):
+                    todo.append(sub)
     return out

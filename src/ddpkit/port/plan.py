@@ -12,6 +12,7 @@ from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
+from ddpkit.port.hostbatches import plan_kept_batches
 from ddpkit.port.gathers import plan_gathers
 from ddpkit.port.made import plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
@@ -59,13 +60,16 @@ class Plan:
     def __init__(self, facts: Facts, line_of: Callable[[cst.CSTNode], int],
                  end_of: Callable[[cst.CSTNode], int],
                  reports: dict[str, tuple[str, int, str] | None] | None = None,
-                 fetches: dict[str, tuple[str, int, bool]] | None = None) -> None:
+                 fetches: dict[str, tuple[str, int, bool]] | None = None,
+                 project_loaders: dict[str, str] | None = None) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
         self.reports = reports or {}
         """Calls of the project's own code: `report`, `Plotter.flush` -> (file, line, write) where they only write
         files, None where they do more (judged by the claim gate, not by their names)."""
         self.fetches = fetches or {}
         """Calls of the project's own code that download: `getMnistLoader` -> (file, line, also joins a collective)."""
+        self.project_loaders = project_loaders or {}
+        """Calls of the project's own code that return a torch DataLoader: `loader` -> its file (CPU batches)."""
         self._local_names: dict[str, set[str]] = {}
         """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []
@@ -73,6 +77,8 @@ class Plan:
         self.notes: dict[int, list[str]] = {}
         self.loaders: dict[int, str] = {}
         self.wrap_inline: dict[int, str] = {}
+        self.batch_moves: dict[int, list[str]] = {}
+        """First statements of loops over a torch DataLoader the port keeps: the lines that move the batch before."""
         self.wrap_before: dict[int, list[str]] = {}
         """Statements before which the modules an optimizer trains are wrapped: `g = ddpkit.wrap(g, ctx)` lines."""
         self.reduce_after: dict[int, list[tuple[str, str]]] = {}
@@ -183,6 +189,8 @@ class Plan:
         plan_placement(self)  # after both: a CPU value that meets a device value elsewhere (arithmetic, a loss)
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
+        else:
+            plan_kept_batches(self)  # evaluation batches of a loader the project returns, in a CPU script
         plan_rank_streams(self)  # after plan_no_loader: a script drawing its own batches is reseeded there
         plan_effects(self)
         plan_rank_files(self)  # after plan_effects: it reads which pyplot lines rank 0 alone runs
@@ -344,8 +352,29 @@ class Plan:
         for key, call, target in found:
             self._plan_loader(key, call, target, found)
         kept = [(key, target) for key, call, target in found if target and id(call) not in self.loaders]
+        kept += self._project_loader_names()
         self.host_loaders = host_loader_names(self, kept)
         """Scope -> names that may hold a torch DataLoader the port keeps: its batches stay on the CPU."""
+
+    def _project_loader_names(self) -> list[tuple[str, str]]:
+        """(scope, name) bound to a torch DataLoader the script's project returns: `train_loader = loader(ds, 16)`,
+        or the parameter of a function of the script handed `loader(ds, 16)` itself."""
+        out = []
+        for key in sorted(self.f.ported):
+            for n in self.nodes(key):
+                if isinstance(n, cst.Assign) and len(n.targets) == 1 and dotted(n.targets[0].target) and isinstance(
+                        n.value, cst.Call) and dotted(n.value.func) in self.project_loaders:
+                    out.append((key, dotted(n.targets[0].target)))
+                if not isinstance(n, cst.Call):
+                    continue
+                for callee in self.f.callees(n, key):
+                    params = self.f.scopes[callee].params
+                    positional = [a for a in n.args if a.keyword is None and not a.star]
+                    given = [(params[i], a) for i, a in enumerate(positional) if i < len(params)] + [
+                        (a.keyword.value, a) for a in n.args if a.keyword is not None and a.keyword.value in params]
+                    out += [(callee, p) for p, a in given if isinstance(a.value, cst.Call) and dotted(
+                        a.value.func) in self.project_loaders]
+        return out
 
     def _plan_loader(self, key: str, call: cst.Call, target: str, found: list) -> None:
         library = library_loader(self.f, call)

@@ -13,12 +13,12 @@ import ast
 import os
 
 from ddpkit.port.effects import DOWNLOADS, FETCHES
-from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped
+from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
-           "project_writers", "path_module", "project_downloads"]
+           "project_writers", "path_module", "project_downloads", "project_loaders"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -594,6 +594,41 @@ def project_writers(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
     return out
 
 
+def project_loaders(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, str]:
+    """The script's calls of its own project's functions that return a torch DataLoader (`loader(dataset, 16)` with
+    `def loader(...): return torch.utils.data.DataLoader(...)`, also through a name bound to one) -> their file.
+    Every `return` of the function must give one; a DataLoader of another library (graphs) is none."""
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _definer(tree, folder, modules, parsed)
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
+        found = definition(func) if func and func not in out else None
+        if found is None or not isinstance(found[2], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        path, _, defn = found
+        module = _parsed(modules, path, parsed)
+        libraries = _library_names(module) if module is not None else {}
+
+        def torch_loader(call: ast.AST) -> bool:
+            name = ast_dotted(call.func) if isinstance(call, ast.Call) else ""
+            head = name.split(".")[0]
+            full = name.replace(head, libraries.get(head, head), 1) if head else ""
+            return full in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
+
+        made: dict[str, list[ast.AST]] = {}
+        for n in ast.walk(defn):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    for name in _names(t):
+                        made.setdefault(name, []).append(n.value if isinstance(t, ast.Name) else None)
+        returns = [r.value for r in ast.walk(defn) if isinstance(r, ast.Return)]
+        if returns and all(torch_loader(v) or isinstance(v, ast.Name) and made.get(v.id) and all(
+                torch_loader(m) for m in made[v.id]) for v in returns):
+            out[func] = path
+    return out
+
+
 _BUILDS_TRAINING = {"parameters", "DataLoader", "DistributedDataParallel", "DataParallel"}
 """Calls that set training up: an optimizer over a model's parameters, a loader, a data-parallel wrapper."""
 
@@ -952,6 +987,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         return ("", own[name]) if not where and name in own else follower(where)(name) if where else None
     out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     out += cpu_tensors_in_wrapped(tree, _builders(tree, classes), definition)
+    out += plain_tensor_members(tree, _builders(tree, classes), own_or_project, follow)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out

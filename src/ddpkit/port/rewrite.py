@@ -939,6 +939,9 @@ class Rewriter(cst.CSTTransformer):
             before.append(cst.parse_statement(
                 "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))  # per-rank draws from here: "
                 "every rank drew alike until here\n"))
+        for line in self.p.batch_moves.get(id(original), []):
+            before.append(cst.parse_statement(f"{line}\n"))
+            self.changes += 1
         for line in self.p.wrap_before.get(id(original), []):
             before.append(cst.parse_statement(f"{line}\n"))
             self.changes += 1
