@@ -474,3 +474,13 @@ def test_a_mkdir_helper_of_the_scripts_own_module_runs_on_rank_0_first_and_keeps
     assert "if not ctx.is_main:  # rank 0 creates first; the others then read its files\n    ddpkit.barrier(ctx)\n" \
         "utils.mkdir('checkpoints')\nif ctx.is_main:\n    ddpkit.barrier(ctx)\n" in code
     assert "os.makedirs('logs', exist_ok=True)" in code
+
+
+def test_a_forward_run_for_the_loss_it_stores_on_the_model_goes_through_the_wrapper():
+    # `model(x)` then `loss = model.loss; loss.backward()`: the forward is the training step's own; calling the
+    # unwrapped model there would leave DDP's gradient averaging out (each rank trains its own copy)
+    code = _port("loss_on_the_model").code
+    ast.parse(code)
+    assert "ddpkit.unwrap(model)(x)" not in code
+    step = code.index("            model(x)\n")
+    assert step < code.index("loss = ddpkit.unwrap(model).loss") < code.index("loss.backward()")

@@ -80,9 +80,28 @@ def plan_forwards(plan: Any) -> None:
             targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
                 [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
             names = {dotted(x) for t in targets for x in walk(t) if isinstance(x, cst.Name)}
+            if isinstance(small, cst.Expr) and _state_feeds(plan, key, dotted(call.func), statements, feeds):
+                continue  # `model(x)` then `loss = model.loss`: the forward's effect reaches backward
             if not names & feeds and not any(b for b in backward if plan._stmt.get(id(b)) is stmt):
                 plan.unwrap_calls.add(id(call))
     _first_step_forwards(plan)
+
+
+def _state_feeds(plan: Any, key: str, model: str, statements: list[cst.CSTNode], feeds: set[str]) -> bool:
+    """Whether a statement that reaches backward reads an attribute of `model` (not a method it calls): a forward
+    run for its effect that stores the loss on the model (`model(x)`, then `loss = model.loss`). That forward is
+    the training step's own and must go through the wrapper, or DDP never averages the gradients."""
+    for st in statements:
+        if not isinstance(st, cst.SimpleStatementLine):
+            continue
+        names = {x.value for x in walk(st) if isinstance(x, cst.Name)}
+        if not names & feeds and not any(isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute)
+                                         and c.func.attr.value == "backward" for c in walk(st)):
+            continue
+        called = {id(c.func) for c in walk(st) if isinstance(c, cst.Call)}
+        if any(isinstance(a, cst.Attribute) and dotted(a.value) == model and id(a) not in called for a in walk(st)):
+            return True
+    return False
 
 
 _FIRST = re.compile(r"(?i)\b\w*(init|first)\w*\b")
