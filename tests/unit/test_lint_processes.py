@@ -383,3 +383,31 @@ def test_worker_passed_through_the_launcher_parameter_is_the_only_worker():
     lines = _lint(LAUNCH_PARAMETER, "DDP008")
     assert _line(LAUNCH_PARAMETER, "rank training") in lines
     assert _line(LAUNCH_PARAMETER, "run finished") not in lines  # a parent callback, not a worker
+
+
+# ---- a worker calling a method that shares its name with the parent's spawning function -------------
+SPAWNER_NAMED_LIKE_A_METHOD = """
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from trainer import Trainer
+
+    def fit(cfg):
+        print("starting the workers")
+        trainer = Trainer()
+        mp.spawn(worker, nprocs=cfg.gpus, args=(trainer, cfg))
+
+    def worker(rank, trainer, cfg):
+        dist.init_process_group("nccl", rank=rank, world_size=cfg.gpus)
+        for epoch in range(cfg.epochs):
+            trainer.fit(cfg, epoch)
+        print("rank is done")
+
+    if __name__ == "__main__":
+        fit(None)
+"""
+
+
+def test_worker_method_call_does_not_reach_the_parents_function_of_the_same_name():
+    lines = _lint(SPAWNER_NAMED_LIKE_A_METHOD, "DDP008")
+    assert _line(SPAWNER_NAMED_LIKE_A_METHOD, "starting the workers") not in lines
+    assert _line(SPAWNER_NAMED_LIKE_A_METHOD, "rank is done") in lines

@@ -974,7 +974,13 @@ class Script:
             and not _fixed_rank(c, firsts.get(terminal(c.func), ""))
             and not self._ungrouped_arm(c, [s for w, s in spawns if w == terminal(c.func)], defs)
             for c in ast.walk(d)))
-        callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} for d in defs}
+        # `solver.train(args, epoch)` on an object from another file does not call this file's module-level
+        # `def train(args)` (the parent's function that spawns the workers): an attribute call reaches a method
+        methods = {d.name for c in self.nodes if isinstance(c, ast.ClassDef)
+                   for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)
+                            and (not isinstance(c.func, ast.Attribute) or terminal(c.func) in methods
+                                 or terminal(c.func) not in names)} for d in defs}
         classes = {c.name: c for c in self.nodes if isinstance(c, ast.ClassDef)}
         reached, todo = set(), list(workers)
         while todo:
