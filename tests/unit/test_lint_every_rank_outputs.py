@@ -130,3 +130,35 @@ def test_a_print_swap_that_lets_every_rank_through_on_a_world_size_test_is_repor
 
 def test_a_print_swap_gated_on_the_rank_alone_is_not_reported():
     assert _lines(_SWAP.replace("            force = force or (dist.get_world_size() > 8)\n", ""), "DDP008") == []
+
+
+_WANDB_RUN_HANDED_ON = """
+    import torch.distributed as dist
+    import wandb
+
+
+    class Trainer:
+        def __init__(self, rank, run):
+            self.rank = rank
+            self.run = run
+
+        def fit(self, losses):
+            for loss in losses:
+                if self.run is not None:
+                    wandb.log({"loss": loss})
+
+
+    dist.init_process_group("gloo")
+    wandb_run = None
+    if dist.get_rank() == 0:
+        wandb_run = wandb.init(project="demo")
+    Trainer(dist.get_rank(), wandb_run).fit([1.0, 2.0])
+    dist.destroy_process_group()
+"""
+
+
+def test_wandb_log_under_a_test_of_the_run_handed_to_a_class_is_not_reported():
+    """The run wandb.init returns on rank 0 (None elsewhere) reaches the log's test through a constructor."""
+    assert _lines(_WANDB_RUN_HANDED_ON, "DDP008") == []
+    untested = _WANDB_RUN_HANDED_ON.replace("if self.run is not None:", "if self.rank >= 0:")
+    assert _lines(untested, "DDP008") == [14]

@@ -1679,6 +1679,68 @@ def _under_wandb_test(s: Script, call: ast.Call) -> bool:
     return False
 
 
+def _run_holders(inits: list[tuple[Script, ast.Call]]) -> set[str]:
+    """Names that hold the run wandb.init returns: the variable it is assigned to (`wandb_run = wandb.init(...)`
+    under the rank check, None elsewhere), then the parameters of the project's functions and classes that variable
+    is handed to (`DDPMTrainer(..., wandb_run)`) and the attributes those are stored in (`self.wandb_run =
+    wandb_run`), followed through every file of the program."""
+    holders: set[str] = set()
+    for x, init in inits:
+        parent = x.parents.get(id(init))
+        if isinstance(parent, ast.Assign) and parent.value is init:
+            holders.update(terminal(t) for t in parent.targets if isinstance(t, (ast.Name, ast.Attribute)))
+    holders.discard("")
+    if not holders:
+        return holders
+    project = inits[0][0].project
+    defs = {d.name: d for x in project.scripts.values() for d in x.defs}
+    classes = {c.name: c for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)}
+    changed = True
+    while changed:
+        changed = False
+        for x in project.scripts.values():
+            for node in x.nodes:
+                found: set[str] = set()
+                if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)) \
+                        and terminal(node.value) in holders:
+                    found = {terminal(t) for t in node.targets if isinstance(t, (ast.Name, ast.Attribute))}
+                elif isinstance(node, ast.Call):
+                    name = terminal(node.func)
+                    target = defs.get(name) if name not in classes else next(
+                        (d for d in classes[name].body if isinstance(d, ast.FunctionDef) and d.name == "__init__"),
+                        None)
+                    if target is None:
+                        continue
+                    params = [a.arg for a in (*target.args.posonlyargs, *target.args.args)]
+                    params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+                    found = {k.arg for k in node.keywords if k.arg and isinstance(k.value, (ast.Name, ast.Attribute))
+                             and terminal(k.value) in holders}
+                    found |= {params[i] for i, a in enumerate(node.args) if i < len(params)
+                              and isinstance(a, (ast.Name, ast.Attribute)) and terminal(a) in holders}
+                found -= {""}
+                if found - holders:
+                    holders |= found
+                    changed = True
+    return holders
+
+
+def _under_run_test(s: Script, call: ast.Call, holders: set[str]) -> bool:
+    """The call sits in the body of an `if` that tests a holder of the run for None or for truth (`if
+    self.wandb_run is not None:`, `if run:`): the ranks that hold no run skip it."""
+    node = call
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, ast.If) and node in parent.body:
+            test = parent.test
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.IsNot) \
+                    and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+                test = test.left
+            if isinstance(test, (ast.Name, ast.Attribute)) and terminal(test) in holders:
+                return True
+        node = parent
+    return False
+
+
 @check
 def every_rank_records(s: Script) -> Iterator[Hit]:
     """A run record every rank writes: `wandb.log` on every rank where the program calls `wandb.init` under a rank
@@ -1696,7 +1758,8 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if ctx.level != NONE or ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
             continue
-        if s.qualname(call.func) == "wandb.log" and ranked_init is not None and not _under_wandb_test(s, call):
+        if s.qualname(call.func) == "wandb.log" and ranked_init is not None and not _under_wandb_test(s, call) \
+                and not _under_run_test(s, call, project.memo("wandb run holders", lambda: _run_holders(inits))):
             if ("wandb", ctx.scope) in recorded:
                 continue  # (the first log already stops the other ranks with the error: they never get here)
             recorded.add(("wandb", ctx.scope))
