@@ -411,3 +411,63 @@ def test_worker_method_call_does_not_reach_the_parents_function_of_the_same_name
     lines = _lint(SPAWNER_NAMED_LIKE_A_METHOD, "DDP008")
     assert _line(SPAWNER_NAMED_LIKE_A_METHOD, "starting the workers") not in lines
     assert _line(SPAWNER_NAMED_LIKE_A_METHOD, "rank is done") in lines
+
+
+# ---- a helper of a helper that only the parent of mp.spawn calls ------------------------------------
+PARENT_HELPERS = {
+    "options.py": textwrap.dedent("""
+        import argparse
+        import torch
+
+        def seed_everything(seed):
+            print("seeding with", seed)
+            torch.manual_seed(seed)
+
+        def get_options():
+            args = argparse.ArgumentParser().parse_args()
+            seed_everything(args.seed)
+            return args
+    """),
+    "main.py": textwrap.dedent("""
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+        from options import get_options
+
+        def worker(rank, args):
+            dist.init_process_group("nccl", rank=rank, world_size=args.gpus)
+            dist.destroy_process_group()
+
+        if __name__ == "__main__":
+            args = get_options()
+            mp.spawn(worker, args=(args,), nprocs=args.gpus)
+    """),
+}
+
+
+def test_a_helper_called_only_from_a_parent_only_helper_runs_in_the_parent():
+    found = {(f.path, f.line, f.rule) for f in lint_sources(PARENT_HELPERS)}
+    assert not {(p, r) for p, _, r in found if p == "options.py" and r in ("DDP008", "DDP014")}
+    rank_side = dict(PARENT_HELPERS, **{"main.py": PARENT_HELPERS["main.py"].replace(
+        "dist.destroy_process_group()", "get_options()\n    dist.destroy_process_group()")})
+    assert ("options.py", 6, "DDP008") in {(f.path, f.line, f.rule) for f in lint_sources(rank_side)}
+
+
+# ---- a checkpoint the parent of mp.spawn loads once its workers are done ------------------------------
+PARENT_LOADS_AFTER_SPAWN = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def worker(rank, world):
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        state = torch.load("resume.pth")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2,), nprocs=2)
+        final = torch.load("final.pth")
+"""
+
+
+def test_a_load_in_the_parent_of_spawn_is_not_ddp005():
+    assert _lint(PARENT_LOADS_AFTER_SPAWN, "DDP005") == [_line(PARENT_LOADS_AFTER_SPAWN, "resume.pth")]

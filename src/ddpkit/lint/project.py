@@ -36,6 +36,8 @@ class Project:
         self.paths = list(trees)
         self.modules = Modules(self.paths, trees)
         self._memo: dict[object, object] = {}
+        self._parent_only_open: set[object] = set()
+        """parent_only questions being answered (a cycle of helpers calling each other ends there)."""
         self._star = {path: self._star_aliases(path, trees) for path in trees}
         self._world_names = frozenset(
             terminal(k.value).lower() for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.Call)
@@ -1085,14 +1087,24 @@ class Project:
 
         def compute() -> bool:
             # (a call in the helper's own `__main__` block runs in another program, not in this one's ranks)
-            calls = [(x, c) for x, c in self.calls_named(name) if self.resolve(x, c.func) == (script.path, name)
-                     and self.runs(x, c)]
+            calls = [(x, c) for x, c in self.calls_named(name) if self.runs(x, c) and (
+                self.resolve(x, c.func) == (script.path, name)
+                or x is script and isinstance(c.func, ast.Name) and self.callee(x, c) == (script, name))]
             named = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                         and not (isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
                         for x in self.scripts.values() for n in x.nodes)  # passed along: runs where it is called
+            # a call in a helper of a file that starts no ranks is parent code where that helper is
+            # (`set_deterministic(seed)` in `get_args()`, which only the `__main__` blocks call before spawning)
             return bool(calls) and not named and all(
-                x.per_rank_functions is not None and not x.per_rank(c) for x, c in calls)
-        return self.memo(("parent only", script.path, name), compute)
+                not x.per_rank(c) if x.per_rank_functions is not None else self.parent_only(x, c) for x, c in calls)
+        key = ("parent only", script.path, name)
+        if key in self._parent_only_open:
+            return False  # (a cycle of helpers: nothing shows it is parent code)
+        self._parent_only_open.add(key)
+        try:
+            return self.memo(key, compute)
+        finally:
+            self._parent_only_open.discard(key)
 
     def global_parameter(self, script: Script, use: ast.Name) -> bool:
         """Whether `use` is a parameter every call of its function gives the global rank (see

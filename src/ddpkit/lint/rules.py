@@ -679,8 +679,8 @@ def load_without_map_location(s: Script) -> Iterator[Hit]:
     if not (s.distributed or s.project.distributed):
         return
     for call in s.calls:
-        if s.qualname(call.func) != "torch.load" or s.context(call).single:
-            continue
+        if s.qualname(call.func) != "torch.load" or s.context(call).single or not s.per_rank(call):
+            continue  # (the parent of mp.spawn loading after its workers end is one process)
         source = argument(call, "f", 0)
         if is_buffer(s, source) or _per_rank_file(s, source) or _per_item_file(s, call, source):
             continue  # a per-sample cache file (in __getitem__, or named by a loop over data) is no checkpoint
