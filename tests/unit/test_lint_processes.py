@@ -471,3 +471,46 @@ PARENT_LOADS_AFTER_SPAWN = """
 
 def test_a_load_in_the_parent_of_spawn_is_not_ddp005():
     assert _lint(PARENT_LOADS_AFTER_SPAWN, "DDP005") == [_line(PARENT_LOADS_AFTER_SPAWN, "resume.pth")]
+
+
+# ---- a classmethod of a helper class that only the parent of mp.spawn calls ---------------------------
+PARENT_CLASSMETHODS = {
+    "tools.py": textwrap.dedent("""
+        class DataTools:
+            @classmethod
+            def _labels(cls, root):
+                print("labelling", root)
+                return {}
+
+            @classmethod
+            def prepare(cls, root):
+                labels = cls._labels(root)
+                print("prepared", len(labels))
+
+            @classmethod
+            def loader(cls, root):
+                print("loading", root)
+    """),
+    "main.py": textwrap.dedent("""
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+        from tools import DataTools
+
+        def worker(rank, root):
+            dist.init_process_group("nccl", rank=rank, world_size=2)
+            DataTools.loader(root)
+            dist.destroy_process_group()
+
+        def train(root):
+            DataTools.prepare(root)
+            mp.spawn(worker, args=(root,), nprocs=2)
+
+        if __name__ == "__main__":
+            train("data")
+    """),
+}
+
+
+def test_a_classmethod_only_the_parent_of_spawn_calls_runs_once():
+    lines = _lint_files(PARENT_CLASSMETHODS, "DDP008")
+    assert lines == {("tools.py", 15)}  # loader() runs in every worker; _labels and prepare in the parent
