@@ -613,3 +613,29 @@ def test_a_reduction_helper_nothing_calls_reduces_nothing():
     called = code.replace("    # losses = reduce_loss_dict(", "    losses = reduce_loss_dict(")
     assert _lint(called) == []
 
+
+
+_RANK_HEADED_REPORT = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def train(model, data, opt, rank):
+        loader = DataLoader(data, sampler=DistributedSampler(data))
+        for i, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if rank == 0:
+                print("#### RANK {} step {} ####".format(rank, i))
+                print("loss :", loss.item())
+"""
+
+
+def test_a_figure_under_a_header_line_naming_the_rank_is_not_ddp006():
+    code = textwrap.dedent(_RANK_HEADED_REPORT)
+    assert [f.line for f in lint_source(code, "train.py") if f.rule == "DDP006"] == []
+    unheaded = code.replace('print("#### RANK {} step {} ####".format(rank, i))', 'print("#### step", i)')
+    assert [f.line for f in lint_source(unheaded, "train.py") if f.rule == "DDP006"] == [15]
+

@@ -92,6 +92,27 @@ def _names_a_rank(s: Script, call: ast.Call) -> bool:
         and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
 
 
+def _under_rank_header(s: Script, call: ast.Call) -> bool:
+    """The line is one of a run of console lines of the same function (`print(...)` after `print(...)`)
+    headed by one that names the rank (`print("#### LOCAL RANK{} Iteration:{}".format(local_rank, i))`): the
+    header says whose figures the lines under it are."""
+    stmt = s.parents.get(id(call))
+    if not (isinstance(stmt, ast.Expr) and stmt.value is call) or not (
+            s.qualname(call.func) == "print" or terminal(call.func) in ("info", "debug", "warning")):
+        return False  # (console lines; a record, `wandb.log({"Rank-0 loss": ...})`, names only its own figure)
+    block = next((getattr(p, f) for p in [s.parents.get(id(stmt))] if p is not None
+                  for f in ("body", "orelse", "finalbody") if stmt in getattr(p, f, ())), None)
+    if block is None:
+        return False
+    for before in reversed(block[:block.index(stmt)]):
+        if not (isinstance(before, ast.Expr) and isinstance(before.value, ast.Call)
+                and s.qualname(before.value.func) == s.qualname(call.func)):
+            return False
+        if _names_a_rank(s, before.value):
+            return True
+    return False
+
+
 def _key(node: ast.Name | ast.Attribute) -> str:
     return node.id if isinstance(node, ast.Name) else "." + node.attr
 
@@ -275,8 +296,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
         if ctx.functions and _called_only_in_evaluation(s, ctx.functions[-1]):
             continue  # a helper an evaluation function hands its figures to (`save_summary(dir, final_loss)`)
-        if _names_a_rank(s, call):
-            continue  # "rank 0 loss": the log says whose value it is
+        if _names_a_rank(s, call) or _under_rank_header(s, call):
+            continue  # "rank 0 loss": the log (or the header line above it) says whose value it is
         scope = scope_of(s, call)
         called = s.project.memo(("called in", id(scope)), lambda: {
             terminal(c.func) for c in ast.walk(scope) if isinstance(c, ast.Call)})
@@ -680,7 +701,7 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                                    or s.qualname(call.func).startswith(("math.", "numpy.", "torch."))):
                 continue
             ctx = s.context(call)
-            if ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
+            if ctx.single or not s.per_rank(call) or _names_a_rank(s, call) or _under_rank_header(s, call):
                 continue
             if helper is not None and ctx.level == NONE and not helper.rank_zero:
                 continue  # a helper every rank reports through: DDP008's repeated output, not a figure
