@@ -639,3 +639,68 @@ def test_a_figure_under_a_header_line_naming_the_rank_is_not_ddp006():
     unheaded = code.replace('print("#### RANK {} step {} ####".format(rank, i))', 'print("#### step", i)')
     assert [f.line for f in lint_source(unheaded, "train.py") if f.rule == "DDP006"] == [15]
 
+
+_SELF_REDUCING_METER = {
+    "meters.py": """
+        import torch
+        import torch.distributed as dist
+
+        class Meter:
+            def __init__(self, name):
+                self.name, self.sum, self.cnt, self.avg = name, 0.0, 0, 0.0
+
+            def add(self, value):
+                self.sum += value
+                self.cnt += 1
+                self.avg = self.sum / self.cnt
+
+            def settle(self, device):
+                infos = torch.tensor([self.sum, self.cnt], device=device)
+                dist.all_reduce(infos)
+                self.sum, self.cnt = infos.tolist()
+                self.avg = self.sum / self.cnt
+
+            def value(self):
+                return self.avg
+
+        class Meters:
+            def __init__(self, meters):
+                self.meters = meters
+
+            def settle_all(self, device):
+                for idx in range(len(self.meters)):
+                    self.meters[idx].settle(device)
+
+            def values(self):
+                return {m.name: m.value() for m in self.meters}
+    """,
+    "train.py": """
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, DistributedSampler
+        from meters import Meter, Meters
+
+        def train(model, data, opt, device):
+            loader = DataLoader(data, sampler=DistributedSampler(data))
+            loss_meter = Meter("loss")
+            loss = Meters([loss_meter])
+            for x, y in loader:
+                out = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                out.backward()
+                opt.step()
+                loss_meter.add(out.item())
+            loss.settle_all(device)
+            log = {"train_loss": []}
+            log["train_loss"].append(loss.values())
+            if dist.get_rank() == 0:
+                print("train", log["train_loss"][-1])
+    """,
+}
+
+
+def test_a_figure_of_an_object_whose_method_all_reduces_its_own_state_is_the_runs():
+    assert _lint_files(_SELF_REDUCING_METER) == set()
+    unsynced = dict(_SELF_REDUCING_METER, **{"train.py": _SELF_REDUCING_METER["train.py"].replace(
+        "loss.settle_all(device)", "pass")})
+    assert _lint_files(unsynced) == {("train.py", 21)}

@@ -437,6 +437,10 @@ def _calls(project, d: ast.AST) -> list[ast.Call]:
     return project.memo(("calls in", id(d)), lambda: [n for n in ast.walk(d) if isinstance(n, ast.Call)])
 
 
+RECEIVER = -1
+"""The position _reducers gives a method's own object (`meter.all_reduce()` carries `meter`)."""
+
+
 def _reducers(project) -> dict[str, set[int]]:
     """Project functions that hand a parameter to a collective: name -> positions of those parameters."""
     found: dict[str, set[int]] = {}
@@ -452,6 +456,10 @@ def _reducers(project) -> dict[str, set[int]]:
                     for i, p in enumerate(params):
                         if p in read:
                             found.setdefault(d.name, set()).add(i)
+                    # a method that reduces its object's own state (`def all_reduce(self): infos =
+                    # torch.tensor([self.sum, self.cnt]); dist.all_reduce(infos)`): its receiver is carried
+                    if d.args.args and d.args.args[0].arg == "self" and "self" in read:
+                        found.setdefault(d.name, set()).add(RECEIVER)
         if found == before:
             break
     return found
@@ -482,7 +490,8 @@ def _carried(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> list[as
         return list(call.args)
     name = terminal(call.func)
     if name in helpers:
-        return [a for i, a in enumerate(call.args) if i in helpers[name]]
+        return [a for i, a in enumerate(call.args) if i in helpers[name]] + (
+            [call.func.value] if RECEIVER in helpers[name] and isinstance(call.func, ast.Attribute) else [])
     applied = function_apply(s, call)
     if applied is not None:
         return [a for i, a in enumerate(call.args) if i in applied]
