@@ -479,3 +479,33 @@ def test_a_test_case_unittest_finds_by_itself_runs():
             unittest.main()
     """
     assert {line for _, line, _ in _found({"train.py": code})} == {'print("testing")'}
+
+
+_SWITCH_WITH_CONFIG_DICT = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+
+    class Processor:
+        def __init__(self, arg):
+            self.arg = arg
+            print("options", vars(arg))  # noqa: DDP008
+            self.measure(torch.nn.Linear(2, 2), profile=False)
+
+        def measure(self, model, profile=False):
+            if profile:
+                print("profiling", model)
+
+    if __name__ == "__main__":
+        dist.init_process_group("nccl")
+        Processor(argparse.ArgumentParser().parse_args())
+        dist.destroy_process_group()
+"""
+
+
+def test_a_branch_every_call_switches_off_stays_off_beside_vars_of_a_config():
+    """`vars(arg)` reads the values a configuration holds; it picks no method by name, so every call of measure()
+    is known and its `if profile:` branch never runs."""
+    assert {f for f in _found({"train.py": textwrap.dedent(_SWITCH_WITH_CONFIG_DICT)}) if f[2] == "DDP008"} == set()
+    on = _SWITCH_WITH_CONFIG_DICT.replace("profile=False)\n", "profile=True)\n", 1)
+    assert ("train.py", 'print("profiling", model)', "DDP008") in _found({"train.py": textwrap.dedent(on)})

@@ -441,7 +441,8 @@ class Project:
     def _compute_switched_off(self) -> dict[str, set[int]]:
         defs: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
         methods: dict[str, list[tuple[str, ast.AST, ast.ClassDef | None]]] = {}
-        dynamic = any(_looks_up_by_name(n) for x in self.scripts.values() for n in x.nodes)
+        # (`vars(args)` reads a configuration's values: it picks no code, see _picks_by_name)
+        dynamic = any(_picks_by_name(x, n) is not None for x in self.scripts.values() for n in x.nodes)
         # methods count by name only in classes of plain Python: torch calls methods of an nn.Module by name
         # itself (`eval()` calls `self.train(False)`)
         classes = {n.name: n for x in self.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
