@@ -640,6 +640,30 @@ def test_a_figure_under_a_header_line_naming_the_rank_is_not_ddp006():
     assert [f.line for f in lint_source(unheaded, "train.py") if f.rule == "DDP006"] == [15]
 
 
+_RANK_HEADED_VALIDATION = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def validate(model, data, rank):
+        loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False))
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for x, y in loader:
+                total += torch.nn.functional.mse_loss(model(x), y).item()
+                count += 1
+        if rank == 0:
+            print("#### RANK {} validation ####".format(rank))
+            print("val error :", total / count)
+"""
+
+
+def test_a_total_over_a_pass_of_the_shard_under_a_rank_header_still_claims_the_set():
+    code = textwrap.dedent(_RANK_HEADED_VALIDATION)
+    assert [f.line for f in lint_source(code, "train.py") if f.rule == "DDP006"] == [16]
+
+
 _SELF_REDUCING_METER = {
     "meters.py": """
         import torch
@@ -704,3 +728,12 @@ def test_a_figure_of_an_object_whose_method_all_reduces_its_own_state_is_the_run
     unsynced = dict(_SELF_REDUCING_METER, **{"train.py": _SELF_REDUCING_METER["train.py"].replace(
         "loss.settle_all(device)", "pass")})
     assert _lint_files(unsynced) == {("train.py", 21)}
+
+
+def test_a_method_that_only_reads_its_object_into_a_collective_leaves_its_other_figures_alone():
+    """`eval()` gathering `self.scores` says nothing of the loss `self.train()` prints: only a method that stores
+    the collective's result back into its object (or calls such a method of an object it keeps) reduces it."""
+    reading = dict(_SELF_REDUCING_METER, **{"meters.py": _SELF_REDUCING_METER["meters.py"].replace(
+        "self.sum, self.cnt = infos.tolist()\n                self.avg = self.sum / self.cnt",
+        "print(infos.tolist())")})
+    assert _lint_files(reading) == {("train.py", 21)}

@@ -113,6 +113,21 @@ def _under_rank_header(s: Script, call: ast.Call) -> bool:
     return False
 
 
+def _after_shard_pass(s: Script, call: ast.Call) -> bool:
+    """A loop over a sharded loader ended before the call in its function (`for images, _ in val_loader:` above
+    the report): what the call shows sums up that pass over the shard, whatever header it has."""
+    scope = scope_of(s, call)
+    shards = sharded_names(s)
+    inside = set()
+    node = call
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        inside.add(id(node))
+    return any(isinstance(n, (ast.For, ast.AsyncFor)) and n.lineno < call.lineno and id(n) not in inside
+               and any(_key(m) in shards for m in ast.walk(n.iter) if isinstance(m, (ast.Name, ast.Attribute)))
+               for n in ast.walk(scope))
+
+
 def _key(node: ast.Name | ast.Attribute) -> str:
     return node.id if isinstance(node, ast.Name) else "." + node.attr
 
@@ -296,7 +311,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
         if ctx.functions and _called_only_in_evaluation(s, ctx.functions[-1]):
             continue  # a helper an evaluation function hands its figures to (`save_summary(dir, final_loss)`)
-        if _names_a_rank(s, call) or _under_rank_header(s, call):
+        if _names_a_rank(s, call) or _under_rank_header(s, call) and not _after_shard_pass(s, call):
             continue  # "rank 0 loss": the log (or the header line above it) says whose value it is
         scope = scope_of(s, call)
         called = s.project.memo(("called in", id(scope)), lambda: {
@@ -701,7 +716,7 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                                    or s.qualname(call.func).startswith(("math.", "numpy.", "torch."))):
                 continue
             ctx = s.context(call)
-            if ctx.single or not s.per_rank(call) or _names_a_rank(s, call) or _under_rank_header(s, call):
+            if ctx.single or not s.per_rank(call) or _names_a_rank(s, call):
                 continue
             if helper is not None and ctx.level == NONE and not helper.rank_zero:
                 continue  # a helper every rank reports through: DDP008's repeated output, not a figure
@@ -713,6 +728,8 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                 continue
             evaluation = [n for n in names if n in flow.evaluation or n.startswith("self.") and summaries.get(
                 f"{class_of(s, call)}.{n[5:]}") == "evaluation"]
+            if _under_rank_header(s, call) and not _after_shard_pass(s, call):
+                continue  # (a step's line under the rank's header; a total over a pass of the shard claims the set)
             # (a training figure another method of the class keeps, `self.loss`, is read per step the same way)
             if not evaluation and (_in_shard_loop(call, flow) or all(n.startswith("self.") for n in names)) and all(
                     project.reduces(LOSS_NAME) if LOSS_NAME.search(n) else

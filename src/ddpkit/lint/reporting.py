@@ -458,11 +458,30 @@ def _reducers(project) -> dict[str, set[int]]:
                             found.setdefault(d.name, set()).add(i)
                     # a method that reduces its object's own state (`def all_reduce(self): infos =
                     # torch.tensor([self.sum, self.cnt]); dist.all_reduce(infos)`): its receiver is carried
-                    if d.args.args and d.args.args[0].arg == "self" and "self" in read:
+                    if d.args.args and d.args.args[0].arg == "self" and "self" in read \
+                            and _reduces_own_state(d, call, before):
                         found.setdefault(d.name, set()).add(RECEIVER)
         if found == before:
             break
     return found
+
+
+def _reduces_own_state(d: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call,
+                       helpers: dict[str, set[int]]) -> bool:
+    """The method `d` reduces its object's own state in place through `call`: it stores the collective's result
+    back into an attribute of `self` (`self.sum, self.cnt = infos.tolist()` after `all_reduce(infos)`), or `call`
+    is such a method of an object `self` keeps (`self.metrics[idx].all_reduce(device)`). A method that only
+    reads `self` into a collective (`eval` gathering `self.scores`) leaves its object's other figures alone."""
+    if RECEIVER in helpers.get(terminal(call.func), ()) and isinstance(call.func, ast.Attribute):
+        receiver = call.func.value
+        return not (isinstance(receiver, ast.Name) and receiver.id == "self") and any(
+            isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(receiver))
+    carried = {n.id for a in call.args for n in ast.walk(a) if isinstance(n, ast.Name)}
+    return any(isinstance(n, ast.Assign) and n.lineno > call.lineno
+               and any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                       for target in n.targets for t in ast.walk(target))
+               and any(isinstance(v, ast.Name) and v.id in carried for v in ast.walk(n.value))
+               for n in ast.walk(d))
 
 
 def reducing_helpers(project) -> dict[str, set[int]]:
@@ -491,7 +510,8 @@ def _carried(s: Script, call: ast.Call, helpers: dict[str, set[int]]) -> list[as
     name = terminal(call.func)
     if name in helpers:
         return [a for i, a in enumerate(call.args) if i in helpers[name]] + (
-            [call.func.value] if RECEIVER in helpers[name] and isinstance(call.func, ast.Attribute) else [])
+            [call.func.value] if RECEIVER in helpers[name] and isinstance(call.func, ast.Attribute)
+            and not (isinstance(call.func.value, ast.Name) and call.func.value.id == "self") else [])
     applied = function_apply(s, call)
     if applied is not None:
         return [a for i, a in enumerate(call.args) if i in applied]
