@@ -103,3 +103,14 @@ def test_the_last_batch_loss_reported_after_the_training_loop_is_averaged_over_r
     line = next(i for i, s in enumerate(source.splitlines(), 1) if "last batch loss once it fits" in s)
     [todo] = [t for t in result.todos if "last training batch" in t.message]
     assert todo.line == line and "`loss`" in todo.message and "ported fully" not in result.message
+
+
+def test_sums_a_model_keeps_on_itself_and_hands_back_through_a_method_are_named():
+    # forward() adds this rank's batches into self.totals; epoch_totals() hands them back as the epoch's figure
+    source = (FIXTURES / "model_held_sums.py").read_text()
+    result = port_source(source, "model_held_sums.py")
+    line = next(i for i, s in enumerate(source.splitlines(), 1) if "model.epoch_totals(" in s)
+    summed = next(i for i, s in enumerate(source.splitlines(), 1) if 'self.totals["mse"] +=' in s)
+    [todo] = [t for t in result.todos if "summed on itself" in t.message]
+    assert todo.line == line and f"`self.totals`, line {summed}" in todo.message, todo.message
+    assert "ported fully" not in result.message and result.exit_code == 3
