@@ -147,3 +147,19 @@ def test_a_drawn_batch_whose_size_shapes_more_than_the_draw_is_a_todo_naming_it(
     line = next(i for i, s in enumerate(source.splitlines(), 1) if "ix = torch.randint" in s)
     assert todo.line == line and "`batch_size` also sizes what the script computes at line 6" in todo.message
     assert "(batch_size,)" in result.code and "ported fully" not in result.message and result.exit_code == 3
+
+
+def test_a_batch_helper_defined_in_the_main_block_after_a_module_seed_draws_per_rank_in_training():
+    # the script's seed is restored on every rank after ddpkit.init; the helper (called through another local
+    # one) is no scope of its own, yet its draws are the step's: without the per-rank reseed every rank would
+    # train on the same windows
+    result = _port("drawn_batch_nested")
+    lines = result.code.splitlines()
+    restore = next(i for i, s in enumerate(lines) if "ddpkit.rng.set_rng_state(rng_before_init)" in s)
+    per_rank = next(i for i, s in enumerate(lines)
+                    if "ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))" in s)
+    model = next(i for i, s in enumerate(lines) if s.strip().startswith("model = "))
+    loop = next(i for i, s in enumerate(lines) if s.strip() == "for step in range(100):")
+    assert restore < model < per_rank < loop, result.code
+    assert "(BATCH // ctx.world_size,)" in result.code
+    assert result.todos == [], _messages(result)

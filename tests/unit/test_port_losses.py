@@ -67,7 +67,9 @@ def test_a_loss_from_the_projects_own_module_that_sums_is_named():
 
 def test_a_summed_loss_under_amp_and_one_with_backward_options_are_scaled():
     result = _port("summed_loss_amp")
-    assert result.exit_code == 0, result.todos
+    # `print(loss.item())` after the loop: this rank's last batch, summed over batch_size // world_size samples
+    assert result.exit_code == 3 and [t.line for t in result.todos] == [27], result.todos
+    assert "last training batch only (the port scales it as a sum" in result.todos[0].message
     assert "(scaler.scale(loss) * ctx.world_size).backward()" in result.code
     assert "(extra * ctx.world_size).backward(retain_graph=True)" in result.code
     assert "loss.item())" in result.code and "loss * ctx.world_size).item" not in result.code  # the figure: the loss

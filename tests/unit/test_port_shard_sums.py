@@ -92,3 +92,25 @@ def test_a_loss_a_helper_backpropagates_and_returns_is_a_step_value_and_a_helper
     assert "total = (ddpkit.all_reduce_sum(ctx, total) / ctx.world_size).item()" in code
     assert "hits = ddpkit.all_reduce_sum(ctx, hits)" in code
     assert "ddpkit.all_reduce_sum(ctx, hits) / ctx.world_size" not in code
+
+
+def test_the_last_batch_loss_reported_after_the_training_loop_is_averaged_over_ranks_or_named():
+    # after the loop `loss` holds this rank's last batch only: printed where every rank passes it is the mean over
+    # the ranks (computed on every rank, before rank 0 prints); on a branch ranks may take differently, a TODO
+    source = (FIXTURES / "last_batch_loss.py").read_text()
+    result = port_source(source, "last_batch_loss.py")
+    assert 'ddpkit.print0(ctx, f"loss: {(ddpkit.all_reduce_sum(ctx, loss) / ctx.world_size).item()}")' in result.code
+    line = next(i for i, s in enumerate(source.splitlines(), 1) if "last batch loss once it fits" in s)
+    [todo] = [t for t in result.todos if "last training batch" in t.message]
+    assert todo.line == line and "`loss`" in todo.message and "ported fully" not in result.message
+
+
+def test_sums_a_model_keeps_on_itself_and_hands_back_through_a_method_are_named():
+    # forward() adds this rank's batches into self.totals; epoch_totals() hands them back as the epoch's figure
+    source = (FIXTURES / "model_held_sums.py").read_text()
+    result = port_source(source, "model_held_sums.py")
+    line = next(i for i, s in enumerate(source.splitlines(), 1) if "model.epoch_totals(" in s)
+    summed = next(i for i, s in enumerate(source.splitlines(), 1) if 'self.totals["mse"] +=' in s)
+    [todo] = [t for t in result.todos if "summed on itself" in t.message]
+    assert todo.line == line and f"`self.totals`, line {summed}" in todo.message, todo.message
+    assert "ported fully" not in result.message and result.exit_code == 3

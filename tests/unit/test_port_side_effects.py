@@ -337,6 +337,31 @@ def test_a_project_function_that_downloads_runs_on_rank_0_first(tmp_path):
     assert lines[lines.index("warm_start(model, opt, 'data')") - 1] != "ddpkit.barrier(ctx)"
 
 
+def test_a_project_factory_that_picks_a_downloading_builder_from_a_table_runs_on_rank_0_first(tmp_path):
+    (tmp_path / "kit" / "data").mkdir(parents=True)
+    (tmp_path / "kit" / "__init__.py").write_text("")
+    (tmp_path / "kit" / "data" / "images.py").write_text(
+        "from torchvision import datasets\n\n\ndef digits(cfg):\n"
+        "    return datasets.__dict__[cfg['name']]('data', train=cfg['train'], download=True)\n")
+    (tmp_path / "kit" / "data" / "__init__.py").write_text(
+        "from .images import digits\n\n_builders = {'mnist': digits}\n\n\ndef make_set(cfg):\n"
+        "    return _builders[cfg['name']](cfg)\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom kit.data import make_set\n\n\ndef main():\n"
+        "    model = torch.nn.Linear(784, 10)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    train_set = make_set(dict(name='mnist', train=True))\n"
+        "    loader = torch.utils.data.DataLoader(train_set, batch_size=64, shuffle=True)\n"
+        "    for x, y in loader:\n        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    result = port_source(script.read_text(), str(script))
+    lines = [line.strip() for line in result.code.splitlines()]
+    at = lines.index("train_set = make_set(dict(name='mnist', train=True))")
+    # the table's builder may be the one called, and it downloads: every rank would download into 'data' at once
+    assert lines[at - 2:at] == ["if not ctx.is_main:  # rank 0 downloads first; the others then read its files",
+                                "ddpkit.barrier(ctx)"] and lines[at + 1:at + 3] == ["if ctx.is_main:", "ddpkit.barrier(ctx)"]
+
+
 def test_a_project_call_that_reaches_training_through_its_helpers_is_never_put_on_rank_0_alone():
     result = _port("trains_in_helpers/train.py")
     guarded = _guarded(result.code)

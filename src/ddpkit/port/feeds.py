@@ -301,6 +301,22 @@ def _scopes_under(plan: Any, stmts: list[cst.CSTNode], key: str) -> set[str]:
     return seen
 
 
+def _local_defs_called(plan: Any, nodes: list[cst.CSTNode], blocks: list[list[cst.BaseStatement]]
+                       ) -> list[cst.FunctionDef]:
+    """Functions defined inside a ported scope (`def get_batch(split):` in the `__main__` block) that the nodes
+    call by name, transitively: they are no scopes of their own, yet what they draw is drawn in the step."""
+    defs = {s.name.value: s for block in blocks for s in block if isinstance(s, cst.FunctionDef)}
+    found: dict[str, cst.FunctionDef] = {}
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in defs \
+                and node.func.value not in found:
+            found[node.func.value] = defs[node.func.value]
+            todo.extend(walk(defs[node.func.value].body))
+    return list(found.values())
+
+
 def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
     """No DataLoader trains: port the script when every rank runs the same steps (a note in the summary),
     else the TODO that says the data is not sharded."""
@@ -349,7 +365,10 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
 
     if _cpu_input_todo(plan, [(k, top if k == entry else f.scope_statements(k)) for k in [entry, *sorted(step_scopes)]]):
         return
-    step_draws = draws([n for s in top for n in walk(s)] + [n for k in step_scopes for n in plan.nodes(k)])
+    step_nodes = [n for s in top for n in walk(s)] + [n for k in step_scopes for n in plan.nodes(k)]
+    step_nodes += [n for d in _local_defs_called(plan, step_nodes, [region, *(
+        f.scope_statements(k) for k in step_scopes)]) for n in walk(d.body)]
+    step_draws = draws(step_nodes)
     if not step_draws:
         plan.summary.append("no DataLoader: every rank trains on all of the data and computes the same gradient "
                             "(correct, but the data is not sharded: no speed-up)")

@@ -26,6 +26,7 @@ from ddpkit.port.decisions import plan_decisions, plan_searches
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
+from ddpkit.port.heldsums import plan_model_held_sums
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
@@ -205,6 +206,7 @@ class Plan:
         plan_device_datasets(self)
         plan_loader_reads(self)
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named
+        plan_model_held_sums(self)
         self.seed = self._seed()
         self.device_flag = plan_device_flag(self)
         """`args.cuda` where the script moves its model or its inputs to the GPU only `if args.cuda:`

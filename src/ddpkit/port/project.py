@@ -743,19 +743,21 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
                 k.arg == "download" and not (isinstance(k.value, ast.Constant) and k.value.value in (False, None))
                 for k in call.keywords):
             return path, call.lineno, joins
+    targets = []
     for call in calls:
         func = ast_dotted(call.func)
         head, _, rest = func.partition(".")
-        if not func or "." in rest:
+        if not func:  # `_factory[name](cfg)`: any of the functions the module's table holds may run
+            targets += [(call, _resolve(modules, folder, path, n, parsed)) for n in _table_entries(module, call.func)]
+        elif "." in rest:
             continue
-        if not rest:
-            found = _resolve(modules, folder, path, func, parsed) or (_resolve(
+        elif not rest:
+            targets.append((call, _resolve(modules, folder, path, func, parsed) or (_resolve(
                 modules, folder, imported[func][0], imported[func][1], parsed) if imported.get(func, ("", None))[1]
-                else None)
+                else None)))
         elif head in imported and imported[head][1] is None:
-            found = _resolve(modules, folder, imported[head][0], rest, parsed)
-        else:
-            continue
+            targets.append((call, _resolve(modules, folder, imported[head][0], rest, parsed)))
+    for call, found in targets:
         if found is None:
             continue
         inner = found[1]
@@ -767,6 +769,18 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
             again = hit[3:] if len(hit) > 3 and _unchecked(defn, call) else ()
             return (hit[0], hit[1], hit[2] or joins, *again)
     return None
+
+
+def _table_entries(module: ast.Module | None, func: ast.AST) -> list[str]:
+    """`_factory[name]` called: the names a module-level dict literal `_factory = {"a": f, "b": g}` holds (every one
+    may be the one called), else none."""
+    if module is None or not (isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name)):
+        return []
+    tables = [n.value for n in module.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == func.value.id for t in n.targets)]
+    if len(tables) != 1 or not isinstance(tables[0], ast.Dict):
+        return []
+    return [v.id for v in tables[0].values if isinstance(v, ast.Name)]
 
 
 def _library_names(module: ast.Module) -> dict[str, str]:

@@ -137,6 +137,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
                 dotted(node.targets[0].target)) and any(dotted(n) in loop_vars for n in walk(node.value)):
             plan.scale_world.add(id(node))
     _reported_inside(plan, key, loops, inside)
+    _last_step_reported(plan, key, block, stmt, loops)
     assigned_here = {dotted(t.target) for n in walk(stmt) if isinstance(n, cst.Assign) for t in n.targets}
     for node in inside:
         target = accumulated(node)
@@ -304,6 +305,53 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
             continue
         counts = all(_COUNTS.search(t) for t in texts[text])
         plan.reduce_read[id(node)] = "count" if counts else "mean"
+
+
+def _last_step_reported(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CSTNode,
+                        loops: list[cst.For]) -> None:
+    """`for x, y in loader: loss = ...; loss.backward()` then `print(f"loss: {loss.item()}")` after the loop: the
+    figure is this rank's last batch, a quarter of the original's last batch on 4 ranks. Read where every rank
+    passes, it becomes the mean over ranks (equal shards: the original's last-batch loss); on a branch ranks may
+    take differently, or for a loss the port scales as a sum over the batch, a TODO names it."""
+    train = [loop for loop in loops if plan.loop_role(key, loop) == "train"]
+    backed = _backed([n for loop in train for n in walk(loop.body)])
+    if not backed:
+        return
+    summed = any(isinstance(n, cst.Call) and id(n) in plan.scale_backward for loop in train for n in walk(loop.body))
+    at = next((i for i, s in enumerate(block) if s is stmt), None)
+    for later in block[at + 1:] if at is not None else []:
+        if isinstance(later, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        stores = {id(x) for n in walk(later) if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For))
+                  for t in (n.targets if isinstance(n, cst.Assign) else [n]) for x in walk(t.target)}
+        stores |= {id(n.attr) for n in walk(later) if isinstance(n, cst.Attribute)}
+        stores |= {id(n.keyword) for n in walk(later) if isinstance(n, cst.Arg) and n.keyword is not None}
+        for node in walk(later):
+            if not (isinstance(node, cst.Name) and node.value in backed) or id(node) in stores \
+                    or id(node) in plan.reduce_read or id(node) in plan.flagged:
+                continue
+            line = plan._stmt.get(id(node))
+            if line is None or not _REPORT.search(plan.f.code(line)):
+                continue
+            tests, parent = [], plan._parent.get(id(line))
+            while parent is not None and parent is not stmt and any(parent is s for s in [later, *walk(later)]):
+                if isinstance(parent, (cst.If, cst.While)):
+                    tests.append(parent.test)
+                parent = plan._parent.get(id(parent))
+            plan.flagged.add(id(node))
+            if summed and any(f"`{node.value}` sums over" in m for m in plan.notes.get(id(line), [])):
+                continue  # ddpkit.port.losses named this report of the summed loss already
+            if summed or not all(agreed(plan, key, t) for t in tests):
+                why = ("the port scales it as a sum over the batch" if summed else
+                       "on a branch some ranks may not take")
+                plan.todo(node, f"`{node.value}` is reported here from this rank's last training batch only ({why}): "
+                          "reduce it over the ranks where every rank passes (ddpkit.all_reduce_sum), then report it")
+                continue
+            plan.reduce_read[id(node)] = "mean"
+        if any(id(x) in stores for x in walk(later) if isinstance(x, cst.Name) and x.value in backed):
+            backed = backed - {x.value for x in walk(later) if isinstance(x, cst.Name) and id(x) in stores}
+            if not backed:
+                return
 
 
 def _feeds_report(plan: Any, stmt: cst.CSTNode, loops: list[cst.For]) -> bool:
