@@ -146,6 +146,7 @@ class Plan:
         """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
+        self._any_stmt: dict[int, cst.CSTNode] | None = None
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
             self._index(facts.scope_statements(key))
@@ -280,14 +281,33 @@ class Plan:
         return [list(s.body) for s in suites if isinstance(s, cst.IndentedBlock)]
 
     def todo(self, node: cst.CSTNode, message: str) -> None:
-        stmt = self._stmt.get(id(node), node)
+        stmt = self._statement_of(node)
         line = self.line_of(stmt)
         self.todos.append((line, message))
         self.notes.setdefault(id(stmt), []).append(f"# TODO(ddpkit port): {message}")
 
     def note(self, node: cst.CSTNode, text: str) -> None:
-        stmt = self._stmt.get(id(node), node)
+        stmt = self._statement_of(node)
         self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: {text}")
+
+    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement whose comments carry a note on `node`: the rewriter writes notes before statements only,
+        so a node of a function nested in a ported scope (not indexed) is looked up in the whole module."""
+        stmt = self._stmt.get(id(node))
+        if stmt is not None or isinstance(node, cst.BaseStatement):
+            return stmt or node
+        if self._any_stmt is None:
+            self._any_stmt = {}
+            for outer in walk(self.f.module, into_functions=True):
+                if isinstance(outer, cst.SimpleStatementLine):
+                    for inner in walk(outer):
+                        self._any_stmt[id(inner)] = outer
+                elif isinstance(outer, cst.BaseCompoundStatement):
+                    for child in outer.children:
+                        if not isinstance(child, (cst.BaseSuite, cst.Else, cst.Finally, cst.ExceptHandler, cst.If)):
+                            for inner in walk(child):
+                                self._any_stmt.setdefault(id(inner), outer)
+        return self._any_stmt.get(id(node), node)
 
     def role(self, key: str, name: str) -> str | None:
         scope = self.f.scopes[key]
