@@ -17,7 +17,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import CREATORS
 
-__all__ = ["plan_made_tensors"]
+__all__ = ["plan_made_tensors", "origins"]
 
 _DEPTH = 3
 _IN_PLACE = frozenset({"fill_", "zero_", "normal_", "uniform_", "scatter_", "random_", "requires_grad_", "view",
@@ -166,6 +166,12 @@ class _Origins:
                 else:
                     return None
         return found[0] if found and all(found) else None
+
+
+def origins(plan: Any) -> _Origins:
+    """What follows an expression of a ported scope back to a tensor made on the CPU: `.of_expr(key, expr, None,
+    0)` is (what, line), or None where that is not sure."""
+    return _Origins(plan)
 
 
 def plan_made_tensors(plan: Any) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.port.copies import is_model_copy
 from ddpkit.port.facts import ENTRY, dotted, is_device_expr, loader_expr, root_name, statements_of, walk
 from ddpkit.port.inputs import CREATORS
 from ddpkit.port.models import move_receiver
@@ -298,7 +299,8 @@ class Placement:
         return {k for k, v in self.f.scopes[self.key].roles.items() if v == "model"}
 
     def _is_model(self, func: cst.BaseExpression) -> bool:
-        return self.key in self.f.scopes and bool(dotted(func)) and self.p.role(self.key, dotted(func)) == "model"
+        return self.key in self.f.scopes and bool(dotted(func)) and (self.p.role(self.key, dotted(func)) == "model"
+                                                                       or is_model_copy(self.p, self.key, dotted(func)))
 
     def _callee(self, call: cst.Call) -> str | None:
         if self.depth >= _DEPTH:

@@ -8,6 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.facts import names_a_device as _names_a_device
+from ddpkit.port.copies import plan_copy_inputs, plan_model_copies
 from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
@@ -120,6 +121,8 @@ class Plan:
         self.move_at: set[int] = set()
         """Reads of a CPU tensor where it meets a value on ctx.device: `y` -> `y.to(ctx.device)` there."""
         self.to_device: set[int] = set()
+        self.model_copies: set[tuple[str, str]] = set()
+        """(scope, name) of copies of the wrapped model the port builds on ctx.device (see plan_model_copies)."""
         """Assignments of a tensor made on the CPU that the model (or its output) meets: made on ctx.device."""
         self.unpinned: set[int] = set()
         """Loaders over a dataset that puts samples on the device itself: pin_memory=False."""
@@ -152,6 +155,7 @@ class Plan:
             self._index(facts.scope_statements(key))
         self._plan_loaders()
         model = plan_models(self)
+        plan_model_copies(self)
         plan_unused_parameters(self)
         plan_gpu_products(self)  # after plan_models and the loaders: which DataParallel went, which sizes they divide
         plan_prefixed_loads(self)
@@ -188,6 +192,7 @@ class Plan:
         plan_made_tensors(self)  # after plan_forwards: it names what that rule cannot reach
         plan_round_trips(self)  # after plan_forwards: it reads which forwards call the unwrapped model
         plan_placement(self)  # after both: a CPU value that meets a device value elsewhere (arithmetic, a loss)
+        plan_copy_inputs(self)  # after plan_placement: the inputs of a model's copy the port moved
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
         else:
