@@ -10,7 +10,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, names_a_device, walk
 from ddpkit.port.models import assigned_value
 
-__all__ = ["plan_model_copies", "plan_copy_inputs", "is_model_copy"]
+__all__ = ["plan_model_copies"]
 
 
 def plan_model_copies(plan: Any) -> None:
@@ -60,37 +60,3 @@ def _loads_state_of(plan: Any, key: str, model: str) -> set[str]:
             out.add(dotted(node.func.value))
     return out
 
-
-def plan_copy_inputs(plan: Any) -> None:
-    """The inputs of a copy's forward (`target(next_state)`) go to ctx.device with it, as DDP moves the wrapped
-    model's: `x.to(ctx.device)` for a tensor the script made on the CPU, `ddpkit.device.to_device(x, ctx.device)` for
-    another name (its tensors moved, other values kept); an input that is not a plain name is a TODO naming it."""
-    from ddpkit.port.made import origins
-
-    f = plan.f
-    traced = origins(plan)
-    for _, name in sorted(plan.model_copies):
-        for k in sorted(f.ported):
-            for call in (n for n in plan.nodes(k) if isinstance(n, cst.Call) and dotted(n.func) == name
-                         and is_model_copy(plan, k, name)):
-                unsure = []
-                for arg in call.args:
-                    if not isinstance(arg.value, cst.Name) or arg.star:
-                        unsure.append(f"`{f.code(arg.value)}`")
-                    elif traced.of_expr(k, arg.value, None, 0):
-                        plan.move_at.add(id(arg.value))
-                    else:  # what DDP does to the wrapped model's inputs: tensors moved, other values as they are
-                        plan.replace[id(arg.value)] = f"ddpkit.device.to_device({arg.value.value}, ctx.device)"
-                if unsure:
-                    plan.todo(call, f"{', '.join(unsure)} {'are' if len(unsure) > 1 else 'is'} given to `{name}`, "
-                              "a copy of the model that the port puts on ctx.device with it: make "
-                              f"{'them' if len(unsure) > 1 else 'it'} there (ddpkit.device.to_device(x, ctx.device))")
-
-
-def is_model_copy(plan: Any, key: str, name: str) -> bool:
-    """`name` read in scope `key` is a copy of the model the port builds on ctx.device (`self.target` in any
-    method of the class whose method builds it)."""
-    f = plan.f
-    cls = f.scopes[key].cls if key in f.scopes else None
-    return any(name == copy and (k == key or copy.startswith("self.") and cls and f.scopes[k].cls == cls)
-               for k, copy in plan.model_copies)

@@ -26,7 +26,6 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.copies import is_model_copy
 from ddpkit.port.facts import ENTRY, dotted, is_device_expr, loader_expr, root_name, statements_of, walk
 from ddpkit.port.inputs import CREATORS
 from ddpkit.port.models import move_receiver
@@ -300,7 +299,7 @@ class Placement:
 
     def _is_model(self, func: cst.BaseExpression) -> bool:
         return self.key in self.f.scopes and bool(dotted(func)) and (self.p.role(self.key, dotted(func)) == "model"
-                                                                       or is_model_copy(self.p, self.key, dotted(func)))
+                                                                       or self.p.is_model_copy(self.key, dotted(func)))
 
     def _callee(self, call: cst.Call) -> str | None:
         if self.depth >= _DEPTH:

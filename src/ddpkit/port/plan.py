@@ -8,14 +8,14 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.facts import names_a_device as _names_a_device
-from ddpkit.port.copies import plan_copy_inputs, plan_model_copies
+from ddpkit.port.copies import plan_model_copies
 from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.hostbatches import plan_kept_batches
 from ddpkit.port.gathers import plan_gathers
-from ddpkit.port.made import plan_made_tensors
+from ddpkit.port.made import plan_copy_inputs, plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
 from ddpkit.port.roundtrip import plan_round_trips
 from ddpkit.port.losses import plan_summed_losses
@@ -313,6 +313,13 @@ class Plan:
                             for inner in walk(child):
                                 self._any_stmt.setdefault(id(inner), outer)
         return self._any_stmt.get(id(node), node)
+
+    def is_model_copy(self, key: str, name: str) -> bool:
+        """`name` read in scope `key` is a copy of the model the port builds on ctx.device (plan_model_copies):
+        `self.target` in any method of the class whose method builds it."""
+        cls = self.f.scopes[key].cls if key in self.f.scopes else None
+        return any(name == copy and (k == key or copy.startswith("self.") and cls and self.f.scopes[k].cls == cls)
+                   for k, copy in self.model_copies)
 
     def role(self, key: str, name: str) -> str | None:
         scope = self.f.scopes[key]
