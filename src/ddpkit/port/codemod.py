@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -138,15 +139,32 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
                             "indentation is written with spaces (8 columns a tab, as Python reads it)")
     module = open_context(module, facts, plan.seed, device)
     module = add_import(module, rng=facts.seeded_before_init(), device=any(
-        "ddpkit.device." in line for lines in plan.batch_moves.values() for line in lines))
+        "ddpkit.device." in line for lines in plan.batch_moves.values() for line in lines) or any(
+        "ddpkit.device." in text for text in plan.replace.values()))
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
     # becomes a TODO, so "ported fully" is never said of code nobody checked
-    code, gated = gate(module.code, path, TODO_MARK, folder, lint_sources)
+    code, gated = gate(_with_every_todo(module.code, todos), path, TODO_MARK, folder, lint_sources)
     todos += [Todo(line, message, True) for line, message in gated]
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
     return PortResult(bom + code, todos, True, f"{path}: {state}{notes}", list(plan.summary))
+
+
+def _with_every_todo(code: str, todos: list[Todo]) -> str:
+    """`code` with each planned TODO written in it: one whose comment the rewrite did not write (its node was
+    replaced, or is not a statement the rewriter comments) goes at the top, naming its original line, so the
+    summary never reports a TODO the file does not carry."""
+    written = {t.message for t in open_todos(code)}
+    lost = [t for t in todos if t.message not in written]
+    if not lost:
+        return code
+    lines = code.splitlines(keepends=True)
+    at = 0
+    while at < len(lines) and (lines[at].startswith("#!") or re.match(r"#.*coding[:=]", lines[at])):
+        at += 1
+    head = "".join(f"# {TODO_MARK}: at line {t.line} of the original: {t.message}\n" for t in lost)
+    return "".join([*lines[:at], head, *lines[at:]])
 
 
 def _unparsable(path: str, e: cst.ParserSyntaxError) -> PortError:

@@ -407,7 +407,8 @@ class Facts:
             return [name]
         if name in self.classes:
             return [f"{name}.__init__"] if f"{name}.__init__" in self.scopes else []
-        if not isinstance(call.func, cst.Attribute) or call.func.attr.value.startswith("__"):
+        attr = call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
+        if not attr or attr.startswith("__") and attr.endswith("__"):  # a dunder; `self.__train()` is the class's own
             return []
         scope = self.scopes.get(caller)
         value = call.func.value

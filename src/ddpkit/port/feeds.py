@@ -142,6 +142,11 @@ def _cpu_input_todo(plan: Any, blocks: list[tuple[str, list[cst.BaseStatement]]]
                 seen.add(id(call))
                 partners = _loss_partners(plan, stmts, call, moved | carried.get(k, set()))
                 also = f"; so is `{partners[0]}`, which meets the model's output (the loss's target)" if partners else ""
+                kin = [] if partners else _unpacked_with(plan, stmts, inputs[0], call, _forwards(plan, k, stmts),
+                                                    moved | carried.get(k, set()))
+                if kin:
+                    also = (f"; so {'are' if len(kin) > 1 else 'is'} {', '.join(f'`{n}`' for n in kin)}, unpacked "
+                            "from the same call and used after the model's call, where they are tensors")
                 plan.todo(call, f"`{f.code(inputs[0])}` is made on the CPU (the script names no device) and given to "
                           f"the model, which ddpkit.wrap put on ctx.device{also}: make {'them' if also else 'it'} on ctx.device "
                           "(.to(ctx.device))")
@@ -181,10 +186,33 @@ def _host_batches(plan: Any, key: str, stmts: list[cst.BaseStatement]) -> dict[s
     return out
 
 
+def _unpacked_with(plan: Any, stmts: list[cst.BaseStatement], given: cst.BaseExpression, forward: cst.Call,
+                   forwards: list[cst.Call], moved: set[str]) -> list[str]:
+    """The other names of the tuple unpacking that binds `given` (`state, action, reward = buffer.sample(n)`):
+    made by the same call, so on the CPU with it, where the statements after the forward read them and no call of
+    the model is given them."""
+    if not isinstance(given, cst.Name):
+        return []
+    fed = {root_name(a.value) for n in forwards for a in n.args}
+    for s in stmts:
+        for node in walk(s, into_functions=True):
+            if not (isinstance(node, cst.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0].target, cst.Tuple) and isinstance(node.value, cst.Call)):
+                continue
+            names = [e.value.value for e in node.targets[0].target.elements if isinstance(e.value, cst.Name)]
+            if given.value not in names:
+                continue
+            after = plan.line_of(plan._statement_of(forward))
+            read = {x.value for t in stmts for x in walk(t, into_functions=True) if isinstance(x, cst.Name)
+                    and plan.line_of(plan._statement_of(x)) > after}
+            return [n for n in names if n != given.value and n not in fed | moved and n in read]
+    return []
+
+
 def _loss_partners(plan: Any, stmts: list[cst.BaseStatement], forward: cst.Call, moved: set[str]) -> list[str]:
     """Plain names given with the forward's output to one call after it (`loss.forward(fx, y)`, `crit(out, y)`):
     on the CPU where the output is on ctx.device."""
-    stmt = plan._stmt.get(id(forward))
+    stmt = plan._statement_of(forward)
     outputs = {x.value for t in (stmt.body[0].targets if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
         stmt.body[0], cst.Assign) else []) for x in walk(t.target) if isinstance(x, cst.Name)}
     for call in (n for s in stmts for n in walk(s) if isinstance(n, cst.Call) and n is not forward):

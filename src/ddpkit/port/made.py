@@ -17,7 +17,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import CREATORS
 
-__all__ = ["plan_made_tensors"]
+__all__ = ["plan_made_tensors", "plan_copy_inputs"]
 
 _DEPTH = 3
 _IN_PLACE = frozenset({"fill_", "zero_", "normal_", "uniform_", "scatter_", "random_", "requires_grad_", "view",
@@ -214,3 +214,27 @@ def _tell(plan: Any, node: cst.CSTNode, told: set[str], message: str) -> None:
     if message not in told:
         told.add(message)
         plan.todo(node, " ".join(message.split()))  # quoted code stays on one comment line
+
+
+def plan_copy_inputs(plan: Any) -> None:
+    """The inputs of a copy's forward (`target(next_state)`) go to ctx.device with it, as DDP moves the wrapped
+    model's: `x.to(ctx.device)` for a tensor the script made on the CPU, `ddpkit.device.to_device(x, ctx.device)` for
+    another name (its tensors moved, other values kept); an input that is not a plain name is a TODO naming it."""
+    f = plan.f
+    traced = _Origins(plan)
+    for _, name in sorted(plan.model_copies):
+        for k in sorted(f.ported):
+            for call in (n for n in plan.nodes(k) if isinstance(n, cst.Call) and dotted(n.func) == name
+                         and plan.is_model_copy(k, name)):
+                unsure = []
+                for arg in call.args:
+                    if not isinstance(arg.value, cst.Name) or arg.star:
+                        unsure.append(f"`{f.code(arg.value)}`")
+                    elif traced.of_expr(k, arg.value, None, 0):
+                        plan.move_at.add(id(arg.value))
+                    else:  # what DDP does to the wrapped model's inputs: tensors moved, other values as they are
+                        plan.replace[id(arg.value)] = f"ddpkit.device.to_device({arg.value.value}, ctx.device)"
+                if unsure:
+                    plan.todo(call, f"{', '.join(unsure)} {'are' if len(unsure) > 1 else 'is'} given to `{name}`, "
+                              "a copy of the model that the port puts on ctx.device with it: make "
+                              f"{'them' if len(unsure) > 1 else 'it'} there (ddpkit.device.to_device(x, ctx.device))")

@@ -298,7 +298,8 @@ class Placement:
         return {k for k, v in self.f.scopes[self.key].roles.items() if v == "model"}
 
     def _is_model(self, func: cst.BaseExpression) -> bool:
-        return self.key in self.f.scopes and bool(dotted(func)) and self.p.role(self.key, dotted(func)) == "model"
+        return self.key in self.f.scopes and bool(dotted(func)) and (self.p.role(self.key, dotted(func)) == "model"
+                                                                       or self.p.is_model_copy(self.key, dotted(func)))
 
     def _callee(self, call: cst.Call) -> str | None:
         if self.depth >= _DEPTH:

@@ -8,13 +8,14 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.facts import names_a_device as _names_a_device
+from ddpkit.port.copies import plan_model_copies
 from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
 from ddpkit.port.files import plan_rank_files
 from ddpkit.port.feeds import plan_loader_reads, plan_no_loader, plan_rank_streams
 from ddpkit.port.hostbatches import plan_kept_batches
 from ddpkit.port.gathers import plan_gathers
-from ddpkit.port.made import plan_made_tensors
+from ddpkit.port.made import plan_copy_inputs, plan_made_tensors
 from ddpkit.port.placement import host_loader_names, plan_placement
 from ddpkit.port.roundtrip import plan_round_trips
 from ddpkit.port.losses import plan_summed_losses
@@ -121,6 +122,8 @@ class Plan:
         self.move_at: set[int] = set()
         """Reads of a CPU tensor where it meets a value on ctx.device: `y` -> `y.to(ctx.device)` there."""
         self.to_device: set[int] = set()
+        self.model_copies: set[tuple[str, str]] = set()
+        """(scope, name) of copies of the wrapped model the port builds on ctx.device (see plan_model_copies)."""
         """Assignments of a tensor made on the CPU that the model (or its output) meets: made on ctx.device."""
         self.unpinned: set[int] = set()
         """Loaders over a dataset that puts samples on the device itself: pin_memory=False."""
@@ -147,11 +150,13 @@ class Plan:
         """Names once bound to a DataParallel: their `.module` is the model itself (`ddpkit.unwrap(model)`)."""
         self._parent: dict[int, cst.CSTNode] = {}
         self._stmt: dict[int, cst.CSTNode] = {}
+        self._any_stmt: dict[int, cst.CSTNode] | None = None
         self._block: dict[int, tuple[list[cst.BaseStatement], int]] = {}
         for key in sorted(facts.ported):
             self._index(facts.scope_statements(key))
         self._plan_loaders()
         model = plan_models(self)
+        plan_model_copies(self)
         plan_unused_parameters(self)
         plan_gpu_products(self)  # after plan_models and the loaders: which DataParallel went, which sizes they divide
         plan_prefixed_loads(self)
@@ -188,6 +193,7 @@ class Plan:
         plan_made_tensors(self)  # after plan_forwards: it names what that rule cannot reach
         plan_round_trips(self)  # after plan_forwards: it reads which forwards call the unwrapped model
         plan_placement(self)  # after both: a CPU value that meets a device value elsewhere (arithmetic, a loss)
+        plan_copy_inputs(self)  # after plan_placement: the inputs of a model's copy the port moved
         if no_loader:
             plan_no_loader(self, start)  # after plan_forwards: it reads which inputs are made on ctx.device
         else:
@@ -282,14 +288,40 @@ class Plan:
         return [list(s.body) for s in suites if isinstance(s, cst.IndentedBlock)]
 
     def todo(self, node: cst.CSTNode, message: str) -> None:
-        stmt = self._stmt.get(id(node), node)
+        stmt = self._statement_of(node)
         line = self.line_of(stmt)
         self.todos.append((line, message))
         self.notes.setdefault(id(stmt), []).append(f"# TODO(ddpkit port): {message}")
 
     def note(self, node: cst.CSTNode, text: str) -> None:
-        stmt = self._stmt.get(id(node), node)
+        stmt = self._statement_of(node)
         self.notes.setdefault(id(stmt), []).append(f"# ddpkit port: {text}")
+
+    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement whose comments carry a note on `node`: the rewriter writes notes before statements only,
+        so a node of a function nested in a ported scope (not indexed) is looked up in the whole module."""
+        stmt = self._stmt.get(id(node))
+        if stmt is not None or isinstance(node, cst.BaseStatement):
+            return stmt or node
+        if self._any_stmt is None:
+            self._any_stmt = {}
+            for outer in walk(self.f.module, into_functions=True):
+                if isinstance(outer, cst.SimpleStatementLine):
+                    for inner in walk(outer):
+                        self._any_stmt[id(inner)] = outer
+                elif isinstance(outer, cst.BaseCompoundStatement):
+                    for child in outer.children:
+                        if not isinstance(child, (cst.BaseSuite, cst.Else, cst.Finally, cst.ExceptHandler, cst.If)):
+                            for inner in walk(child):
+                                self._any_stmt.setdefault(id(inner), outer)
+        return self._any_stmt.get(id(node), node)
+
+    def is_model_copy(self, key: str, name: str) -> bool:
+        """`name` read in scope `key` is a copy of the model the port builds on ctx.device (plan_model_copies):
+        `self.target` in any method of the class whose method builds it."""
+        cls = self.f.scopes[key].cls if key in self.f.scopes else None
+        return any(name == copy and (k == key or copy.startswith("self.") and cls and self.f.scopes[k].cls == cls)
+                   for k, copy in self.model_copies)
 
     def role(self, key: str, name: str) -> str | None:
         scope = self.f.scopes[key]

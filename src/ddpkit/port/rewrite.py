@@ -96,6 +96,8 @@ class Rewriter(cst.CSTTransformer):
         self.host_batches: list[bool] = []
         """Per entry of batches: the loader may be a torch DataLoader the port keeps (its batches on the CPU)."""
         self.changes = 0
+        self.orphan_notes: list[str] = []
+        """Notes of a statement the rewrite removed: written before the next statement it leaves."""
         self.receivers: set[int] = set()
         """Expressions whose attribute is read (`loss` in `loss.item()`): a reduced value there stays a tensor."""
         self.no_grad = 0
@@ -213,6 +215,8 @@ class Rewriter(cst.CSTTransformer):
             self.host_batches.pop()
         if isinstance(original, cst.BaseStatement) and not isinstance(result, cst.RemovalSentinel):
             result = self._finish_statement(original, result)
+        elif isinstance(original, cst.BaseStatement):  # its notes go before the next statement written
+            self.orphan_notes.extend(self.p.notes.get(id(original), []))
         if id(original) in self._nodes_to_keys:
             self.keys.pop()
         if isinstance(original, cst.Assign):
@@ -908,7 +912,8 @@ class Rewriter(cst.CSTTransformer):
         main_first = id(original) in self.p.main_first
         if main_first:
             main_first, updated, first_after = self._download_alone(original, updated)
-        notes = self.p.notes.get(id(original), [])
+        notes = [*self.orphan_notes, *self.p.notes.get(id(original), [])]
+        self.orphan_notes = []
         before = []
         after = []
         if id(original) in self.p.guard and self.rank0 == 1 and not isinstance(updated, cst.FlattenSentinel):
