@@ -113,6 +113,12 @@ def _built(cls: ast.ClassDef, path: str, env: dict, follow: Resolve) -> dict[str
     return out
 
 
+def _inherits_work(cls: ast.ClassDef) -> bool:
+    """A method of the class calls one of its base class (`super().forward(x)`), which may read its layers."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr != "__init__" and
+               isinstance(n.func.value, ast.Call) and ast_dotted(n.func.value.func) == "super" for n in ast.walk(cls))
+
+
 def _holds_layers(cls: ast.ClassDef) -> bool:
     """The class builds a torch.nn layer with parameters in its own code (`nn.Conv2d`, `nn.Parameter`)."""
     return any(isinstance(n, ast.Call) and ast_dotted(n.func).startswith(("nn.", "torch.nn.")) and any(
@@ -142,8 +148,8 @@ def _nested(cls: ast.ClassDef, path: str, env: dict, follow: Resolve, depth: int
                 if _holds_layers(child):
                     out.append((f"{cls.name}.{attr}", path, line))
                 continue
-            if through & {m.name for m in child.body if isinstance(m, ast.FunctionDef)}:
-                continue  # `self.vae.encode(x)`: another method than its forward runs
+            if through & {m.name for m in child.body if isinstance(m, ast.FunctionDef)} or _inherits_work(child):
+                continue  # `self.vae.encode(x)`: another method than its forward runs; `super().forward(x)`
             out += [(f"{child.name}.{name}", where, at) for name, at in maybe_unused(child) if name not in through]
             out += _nested(child, where, bound, follow, depth + 1, seen)
     return list(dict.fromkeys(out))
