@@ -363,16 +363,24 @@ def loader(dataset: Any, ctx: Context, *, batch_size: int, shuffle: bool = True,
     return DistributedLoader(dataset, ctx, sampler, {"num_workers": num_workers, **dataloader_kwargs}, pin_memory)
 
 
-def eval_shard(num_samples: int, *, rank: int, world_size: int) -> range:
-    """Rank's contiguous, unpadded slice of an eval set: sizes differ by at most one, none repeats."""
-    return range(rank * num_samples // world_size, (rank + 1) * num_samples // world_size)
+def eval_shard(num_samples: int, *, rank: int, world_size: int, batch_size: int = 1) -> range:
+    """Rank's contiguous, unpadded slice of an eval set, made of whole batches of `batch_size` as one process would
+    batch the set in order: shards differ by at most one batch, none repeats, and together they cover the set.
+
+    Whole batches keep every batch exactly as one process forms it: a metric that reads positions within a batch
+    (`item[0]` of a batch that is one user's group) or averages batch means sees the same batches at any world
+    size. `batch_size=1` cuts by samples (sizes differ by at most one sample)."""
+    num_batches = -(-num_samples // batch_size)
+    start, stop = rank * num_batches // world_size, (rank + 1) * num_batches // world_size
+    return range(min(start * batch_size, num_samples), min(stop * batch_size, num_samples))
 
 
 class EvalLoader:
-    """This rank's unpadded eval shard, in dataset order, on its device.
+    """This rank's unpadded eval shard of whole batches (`eval_shard`), in dataset order, on its device.
 
     Unlike DistributedSampler nothing is padded, so sums and counts reduced across ranks give
-    exactly the single-process metrics. Shards may differ in length by one sample: evaluate the
+    exactly the single-process metrics, and every batch is the one a single process would form
+    (only the set's last batch is short). Shards may differ in length by one batch: evaluate the
     unwrapped model (`ddpkit.unwrap(model)`) under `torch.no_grad()` and call collectives only
     after the loop, so no rank waits on a peer that has already finished. `indices` lists the
     dataset indices of this shard in the order batches come (for `ddpkit.gather_in_order`).
@@ -388,7 +396,7 @@ class EvalLoader:
         self.ctx = ctx
         self.dataset = dataset
         """The whole dataset (every rank's shard): `correct / len(loader.dataset)` after a reduction is exact."""
-        self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size)
+        self.indices = eval_shard(len(dataset), rank=ctx.rank, world_size=ctx.world_size, batch_size=batch_size)
         self._pin = pin_memory and ctx.device.type == "cuda"
         self.batch_size = batch_size
         """Samples per batch on this rank (the last may be smaller)."""

@@ -171,7 +171,7 @@ def test_loader_answers_the_dataset_and_sampler_a_script_reads():
     assert [b for b in loader.sampler] == [b[0].tolist() for b in loader]  # this rank's batches of indices
     evaluation = ddpkit.eval_loader(ds, _ctx(1, 2), batch_size=3)
     assert evaluation.dataset is ds
-    assert list(evaluation.sampler) == list(range(20, 40)) == list(evaluation.indices)
+    assert list(evaluation.sampler) == list(range(21, 40)) == list(evaluation.indices)  # batches 7 to 13 of 14
 
 
 def test_loader_answers_num_workers_drop_last_collate_fn_and_pin_memory():
@@ -407,3 +407,29 @@ def test_compile_reaches_a_model_whose_module_is_not_importable_by_name():
         seq = ddpkit.wrap(torch.nn.Sequential(torch.nn.Linear(3, 2)), ctx, compile={"backend": backend})
         assert seq(torch.ones(4, 3)).shape == (4, 2) and len(graphs) == 2
     torch._dynamo.reset()
+
+
+def test_eval_shards_are_whole_batches_of_the_single_process_order():
+    # 610 groups of 100 (one user's positive item first, then its negatives) batched by 100: any world size keeps
+    # each group one batch, where cutting by samples would split one at offsets 33, 50 and 25 for 3, 4 and 8 ranks
+    for world_size in (2, 3, 4, 8):
+        shards = [eval_shard(61000, rank=r, world_size=world_size, batch_size=100) for r in range(world_size)]
+        assert [i for s in shards for i in s] == list(range(61000))  # exact cover, no padding, in order
+        assert all(s.start % 100 == 0 for s in shards)
+        assert max(map(len, shards)) - min(map(len, shards)) <= 100  # differ by at most one batch
+    # 11 batches over 3 ranks: 3, 4 and 4 of them, the set's last, short batch whole and last; a rank without a
+    # batch of its own gets nothing
+    shards = [eval_shard(1001, rank=r, world_size=3, batch_size=100) for r in range(3)]
+    assert [(s.start, s.stop) for s in shards] == [(0, 300), (300, 700), (700, 1001)]
+    shards = [eval_shard(250, rank=r, world_size=4, batch_size=100) for r in range(4)]
+    assert [(s.start, s.stop) for s in shards] == [(0, 0), (0, 100), (100, 200), (200, 250)]
+
+
+def test_eval_loader_batches_are_the_single_process_batches():
+    ds = torch.utils.data.TensorDataset(torch.arange(1001))
+    whole = [b[0].tolist() for b in torch.utils.data.DataLoader(ds, batch_size=100)]
+    for world_size in (2, 3, 4, 8):
+        with torch.no_grad():
+            batches = [b[0].tolist() for r in range(world_size)
+                       for b in ddpkit.eval_loader(ds, _ctx(r, world_size), batch_size=100)]
+        assert batches == whole

@@ -15,7 +15,8 @@ import os
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
-from ddpkit.port.weights import Follow, ast_dotted, strict_loads, unused_in_wrapped, unused_wraps
+from ddpkit.port.untrained import unused_in_wrapped, unused_wraps
+from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
            "project_writers", "path_module", "project_downloads", "project_loaders"]
@@ -854,7 +855,25 @@ def unused_parameter_wraps(tree: ast.Module, folder: str, modules: dict[str, str
     _handed(tree, classes)
     parsed: dict[str, ast.Module | None] = {}
     definition = _through_builders(_definer(tree, folder, modules, parsed), folder, modules, parsed)
-    return unused_wraps(tree, _builders(tree, classes), definition)
+    own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
+    return unused_wraps(tree, _builders(tree, classes), lambda name: ("", name, own[name]) if name in own else
+                        definition(name), _follower(tree, folder, modules, parsed))
+
+
+def _follower(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):
+    """(name, file) -> (file, definition) as that module of the project sees the name; file "" is the script."""
+    own = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    imported = _local_imports(tree, modules, folder, parsed)
+
+    def follow(name: str, where: str) -> tuple[str, ast.AST] | None:
+        if where:
+            return _resolve(modules, folder, where, name, parsed)
+        if name in own:
+            return "", own[name]
+        if name in imported and imported[name][1] is not None:
+            return _resolve(modules, folder, imported[name][0], imported[name][1], parsed)
+        return None
+    return follow
 
 
 _RUN_STARTS = {"wandb.init": "W&B", "mlflow.start_run": "MLflow"}
@@ -991,7 +1010,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))
     out += _summed_elsewhere(tree, definition)
-    out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed))
+    out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
+                             _follower(tree, folder, modules, parsed))
     own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
 
     def own_or_project(name: str) -> tuple[str, str, ast.AST] | None:

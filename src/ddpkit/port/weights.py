@@ -12,8 +12,8 @@ import ast
 import os
 from collections.abc import Callable
 
-__all__ = ["Follow", "ast_dotted", "discarded_outputs", "frozen_modules", "strict_loads", "unused_in_wrapped",
-           "unused_wraps"]
+__all__ = ["Definition", "Follow", "ast_dotted", "discarded_outputs", "forward_reads", "frozen_modules", "maybe_unused",
+           "strict_loads"]
 
 Follow = Callable[..., "tuple[str, ast.AST] | None"]
 """Resolves a function name called in a module of the project to (its file, its definition)."""
@@ -214,11 +214,12 @@ def frozen_modules(init: ast.AST) -> set[str]:
     return out
 
 
-def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
+def maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
     """(attribute, line) of parameters and layers set in __init__ (`self.eps = nn.Parameter(...)`) that forward,
     and the methods it calls, read only under a condition (`if self.learn_eps:`) or never."""
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
-    if "forward" not in methods or "__init__" not in methods:
+    always = forward_reads(cls)
+    if always is None:
         return []
     frozen = frozen_modules(methods["__init__"])
     held = [(t.attr, n.lineno) for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
@@ -228,6 +229,17 @@ def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
                                                    or ast_dotted(n.value.func).rsplit(".", 1)[-1] == "deepcopy")
             for t in n.targets if isinstance(t, ast.Attribute) and ast_dotted(t.value) == "self"
             and t.attr not in frozen]
+    out = [(attr, line) for attr, line in held if attr not in always]
+    return out + [(attr, line) for attr, line in discarded_outputs(cls) if attr not in {a for a, _ in out}]
+
+
+def forward_reads(cls: ast.ClassDef) -> set[str] | None:
+    """The attributes of `self` that every call of the class's forward reads (through the methods it calls, and
+    read by every branch of an if/elif chain); None when the class has no forward or __init__ of its own, or
+    reads its modules by name (getattr, self.children())."""
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    if "forward" not in methods or "__init__" not in methods:
+        return None
     always: set[str] = set()
     seen: dict[str, bool] = {}
     todo = [("forward", False)]
@@ -277,66 +289,9 @@ def _maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
             if any(isinstance(n, ast.Call) and ast_dotted(n.func) in ("getattr", "self.children", "self.modules",
                                                                   "self.named_children", "self.named_modules")
                    for n in ast.walk(methods[name])):
-                return []
+                return None
             reads(methods[name], conditional)
-    out = [(attr, line) for attr, line in held if attr not in always]
-    return out + [(attr, line) for attr, line in discarded_outputs(cls) if attr not in {a for a, _ in out}]
-
-
-def _unused_of(node: ast.Call, builders: dict[str, list[str]], definition: Definition
-               ) -> tuple[str, str, list[tuple[str, int]]] | None:
-    """(file, class, [(attribute, line)]) of the first class of the project that `ddpkit.wrap(model, ctx)` may wrap
-    (any class the name is built by, in any branch) holding a parameter its forward may leave unused."""
-    arg = node.args[0]
-    classes = [ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(ast_dotted(arg), [])
-    for cls in classes:
-        found = definition(cls) if cls else None
-        unused = _maybe_unused(found[2]) if found is not None and isinstance(found[2], ast.ClassDef) else []
-        if unused:
-            return found[0], found[1], unused
-    return None
-
-
-def unused_wraps(tree: ast.Module, builders: dict[str, list[str]], definition: Definition
-                 ) -> list[tuple[ast.Call, str]]:
-    """(wrap call, note) for each `ddpkit.wrap(model, ctx)` without find_unused_parameters where a class of the
-    project the model may be built by holds a parameter its forward may leave unused (read under a condition, never
-    read, or its output thrown away): DDP fails at the second step when one gets no gradient, so the wrap gets
-    find_unused_parameters=True, as a class of the script's own file does (slower; never wrong)."""
-    out: list[tuple[ast.Call, str]] = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args) or any(
-                kw.arg in ("find_unused_parameters", None) for kw in node.keywords):
-            continue
-        found = _unused_of(node, builders, definition)
-        if found is not None:
-            where = os.path.basename(found[0])
-            names = ", ".join(f"self.{attr} ({where}:{line})" for attr, line in found[2][:3])
-            out.append((node, f"`{found[1]}` in {where} (read, not ported) may leave {names} without gradient (its "
-                              "forward reads it only under a condition, never, or throws its output away), so DDP "
-                              "runs with find_unused_parameters=True (slower); drop the module, or make its output "
-                              "reach the loss, to train faster"))
-    return out
-
-
-def unused_in_wrapped(tree: ast.Module, builders: dict[str, list[str]], definition: Definition
-                      ) -> list[tuple[int, str]]:
-    """`ddpkit.wrap(model, ctx)` without find_unused_parameters where a class of the project the model may be built
-    by holds a parameter its forward may leave unused: a TODO where the gate could not add the keyword itself."""
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args) or any(
-                kw.arg == "find_unused_parameters" for kw in node.keywords):
-            continue
-        found = _unused_of(node, builders, definition)
-        if found is not None:
-            where = os.path.basename(found[0])
-            names = ", ".join(f"self.{attr} ({where}:{line})" for attr, line in found[2][:3])
-            out.append((node.lineno, f"not checked: `{found[1]}` in {where} (read, not ported): its forward reads "
-                                     f"{names} only under a condition, never, or throws its output away, so a step "
-                                     "may give it no gradient and DDP fails at the next one: wrap with "
-                                     "ddpkit.wrap(..., ctx, find_unused_parameters=True) unless it is always used"))
-    return out
+    return always
 
 
 def _strict_false_loads(defn: ast.AST, follow: Follow, depth: int = 0) -> list[tuple[str, int]]:
