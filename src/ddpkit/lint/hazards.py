@@ -443,8 +443,24 @@ def _model_origins(s: Script, value: ast.AST, depth: int = 0) -> Iterator[ast.AS
     elif isinstance(value, ast.Call) and s.local_callee(value) and isinstance(value.func, ast.Name):
         yield value
         yield from _returned(s, value, None, depth)
+    elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self" \
+            and depth < 4 and (cls := _enclosing_class(s, value)) is not None:
+        # `self.model = Model(...)` in one method, `DDP(self.model)` in another: every value the class gives it
+        inside = {id(n) for n in ast.walk(cls)}
+        yield value
+        for key, v in s.assignments:
+            if key == "." + value.attr and id(v) in inside:
+                yield from _model_origins(s, v, depth + 1)
     else:
         yield value
+
+
+def _enclosing_class(s: Script, node: ast.AST) -> ast.ClassDef | None:
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, ast.ClassDef):
+            return node
+    return None
 
 
 def _returned(s: Script, call: ast.Call, at: int | None, depth: int) -> Iterator[ast.AST]:

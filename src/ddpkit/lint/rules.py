@@ -784,8 +784,9 @@ def no_destroy(s: Script) -> Iterator[Hit]:
 
 def off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
-    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
-    run is started with the flag, and nothing of the rank in it."""
+    `action="store_true"` (no other default than `False`), or with `default=False` and a boolean `type`
+    (`type=str2bool`), and stores nothing else into that attribute: off unless the run is started with the flag, and
+    nothing of the rank in it."""
     if isinstance(value, ast.Constant):
         return value.value is False
     if not isinstance(value, ast.Attribute):
@@ -803,6 +804,11 @@ def off_by_default(s: Script, value: ast.AST) -> bool:
                 (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
             if name == dest:
                 declared.append(c)
-    return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
-        and action.value == "store_true" and ((default := keyword(declared[0], "default")) is None
-                                              or isinstance(default, ast.Constant) and default.value is False)
+    if len(declared) != 1:
+        return False
+    action, default, kind = (keyword(declared[0], k) for k in ("action", "default", "type"))
+    if isinstance(action, ast.Constant) and action.value == "store_true":
+        return default is None or isinstance(default, ast.Constant) and default.value is False
+    # `add_argument("--sync-bn", default=False, type=str2bool)`: a boolean parsed from the command line, off unless given
+    return action is None and isinstance(default, ast.Constant) and default.value is False \
+        and (kind is None or "bool" in terminal(kind).lower())
