@@ -1845,6 +1845,15 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       f"wandb.log() runs on every rank, but wandb.init() runs under a rank check "
                       f"({os.path.basename(x.path)}:{init.lineno}): the other ranks log without a run, which wandb "
                       "refuses with an error", "log on rank 0 only: guard it with `if rank == 0:`")
+        elif s.qualname(call.func) == "wandb.init" and project.runs(s, call) and not any(
+                k.arg in ("group", "mode", "reinit") or k.arg is None for k in call.keywords) \
+                and not class_of(s, call):
+            # (a `group=` collects deliberate per-rank runs; a `mode=` may turn the others off; a logger class is
+            # often built on rank 0 alone, `WandbLogger(cfg) if rank == 0 else None`, which its methods do not see)
+            yield Hit(call, "DDP008", "warning",
+                      "wandb.init() runs on every rank (no rank check): each process opens its own wandb run, so the "
+                      "project gets world_size runs of one job",
+                      "start the run on rank 0 only (`if rank == 0: wandb.init(...)`) and log under the same check")
         elif _every_rank_writer(s, call) and ("writer", ctx.scope) not in recorded:
             recorded.add(("writer", ctx.scope))  # (one per function: the fix is one writer, made on rank 0 only)
             yield Hit(call, "DDP008", "warning",
