@@ -736,6 +736,19 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
                       "pass it and sets the LOCAL_RANK environment variable instead",
                       "remove the argument and use local_rank = int(os.environ['LOCAL_RANK'])")
+    for call in s.calls:
+        # absl's `flags.DEFINE_integer("local_rank", 0, ...)`: the same contract, through absl's flags
+        if not (s.qualname(call.func).startswith("absl.flags.") and terminal(call.func).startswith("DEFINE_")
+                and call.args and isinstance(call.args[0], ast.Constant)
+                and call.args[0].value in ("local_rank", "local-rank")) or s.project.spawned:
+            continue
+        default = argument(call, "default", 1)
+        if default is not None and "LOCAL_RANK" in ast.unparse(default):
+            continue
+        yield Hit(call, "DDP007", "warning",
+                  f"absl flag {call.args[0].value} is the torch.distributed.launch contract (--local_rank); torchrun "
+                  "does not pass it (it sets the LOCAL_RANK environment variable instead), so every rank keeps the "
+                  "default", "remove the flag and use local_rank = int(os.environ['LOCAL_RANK'])")
 
 
 def _absorbed(s: Script, call: ast.Call, flag: str) -> bool:
