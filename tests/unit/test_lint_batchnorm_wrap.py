@@ -93,3 +93,70 @@ def test_a_boolean_flag_on_by_default_or_a_flag_of_another_type_is_no_finding():
     assert [f for f in lint_sources({"train.py": on}) if f.rule == "DDP013"] == []
     text = _PROCESSOR.replace("default=False, type=str2bool", "default=False, type=int")
     assert [f for f in lint_sources({"train.py": text}) if f.rule == "DDP013"] == []
+
+
+_NETS = '''from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(width, width, 3), nn.BatchNorm2d(width), nn.ReLU())
+
+
+class Net(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block(16) for _ in range(depth)])
+
+
+def Net18():
+    return Net(18)
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 10)
+'''
+
+_TRAINER = '''import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from nets import Head, Net18
+
+
+class Trainer:
+    def __init__(self, model, head, rank):
+        self.model = DDP(model.to(rank), device_ids=[rank])
+        self.head = DDP(head.to(rank), device_ids=[rank])
+
+
+def build():
+    model = Net18()
+    return model, Head()
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    model, head = build()
+    Trainer(model, head, rank)
+'''
+
+
+def test_a_model_of_the_programs_batchnorm_classes_handed_to_a_trainer_is_reported_where_it_is_wrapped():
+    """Net18() builds Net, whose Block names BatchNorm2d: the trainer's wrap of it is the line to fix, not the
+    BatchNorm2d; the head, which holds none, is no finding."""
+    found = [(f.path, f.line) for f in lint_sources({"train.py": _TRAINER, "nets.py": _NETS}) if f.rule == "DDP013"]
+    assert found == [("train.py", 12)]
+
+
+def test_a_model_whose_make_is_not_followed_is_reported_at_the_batchnorm_it_names():
+    source = _TRAINER.replace("    model, head = build()\n", "    model, head = make_models()\n")
+    found = [(f.path, f.line) for f in lint_sources({"train.py": source, "nets.py": _NETS}) if f.rule == "DDP013"]
+    assert found == [("nets.py", 7)]
