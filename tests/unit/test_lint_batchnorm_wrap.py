@@ -39,3 +39,124 @@ def test_a_flag_switch_on_a_model_class_of_the_program_without_batchnorm_is_no_f
     source = (PROGRAMS / "batchnorm_flag" / "train.py").read_text()
     found = lint_sources({"train.py": source, "detector.py": own})
     assert [f for f in found if f.rule == "DDP013"] == []
+
+
+_PROCESSOR = '''import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from utils import import_class, str2bool
+
+
+class Processor:
+    def __init__(self, arg):
+        self.arg = arg
+        self.load_model()
+        self.wrap()
+
+    def load_model(self):
+        Model = import_class(self.arg.model)
+        if self.arg.sync_bn:
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Model())
+        else:
+            self.model = Model()
+
+    def wrap(self):
+        local_rank = int(os.environ["LOCAL_RANK"])
+        self.model = self.model.to(local_rank)
+        self.model = DDP(self.model, device_ids=[local_rank])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="net.Net")
+    parser.add_argument("--sync-bn", default=False, type=str2bool, help="use SyncBatchNorm")
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    Processor(parser.parse_args())
+'''
+
+
+def test_a_model_kept_on_self_and_switched_by_a_boolean_flag_off_by_default_is_reported_where_it_is_wrapped():
+    """`self.model` is built in one method (converted only behind `--sync-bn`, `default=False, type=str2bool`) and
+    wrapped in another."""
+    assert [f.line for f in lint_sources({"train.py": _PROCESSOR}) if f.rule == "DDP013"] == [27]
+    flag = _PROCESSOR.replace("default=False, type=str2bool", 'action="store_true"')
+    assert [f.line for f in lint_sources({"train.py": flag}) if f.rule == "DDP013"] == [27]
+
+
+def test_a_boolean_flag_on_by_default_or_a_flag_of_another_type_is_no_finding():
+    on = _PROCESSOR.replace("default=False, type=str2bool", "default=True, type=str2bool")
+    assert [f for f in lint_sources({"train.py": on}) if f.rule == "DDP013"] == []
+    text = _PROCESSOR.replace("default=False, type=str2bool", "default=False, type=int")
+    assert [f for f in lint_sources({"train.py": text}) if f.rule == "DDP013"] == []
+
+
+_NETS = '''from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(width, width, 3), nn.BatchNorm2d(width), nn.ReLU())
+
+
+class Net(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block(16) for _ in range(depth)])
+
+
+def Net18():
+    return Net(18)
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 10)
+'''
+
+_TRAINER = '''import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from nets import Head, Net18
+
+
+class Trainer:
+    def __init__(self, model, head, rank):
+        self.model = DDP(model.to(rank), device_ids=[rank])
+        self.head = DDP(head.to(rank), device_ids=[rank])
+
+
+def build():
+    model = Net18()
+    return model, Head()
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    model, head = build()
+    Trainer(model, head, rank)
+'''
+
+
+def test_a_model_of_the_programs_batchnorm_classes_handed_to_a_trainer_is_reported_where_it_is_wrapped():
+    """Net18() builds Net, whose Block names BatchNorm2d: the trainer's wrap of it is the line to fix, not the
+    BatchNorm2d; the head, which holds none, is no finding."""
+    found = [(f.path, f.line) for f in lint_sources({"train.py": _TRAINER, "nets.py": _NETS}) if f.rule == "DDP013"]
+    assert found == [("train.py", 12)]
+
+
+def test_a_model_whose_make_is_not_followed_is_reported_at_the_batchnorm_it_names():
+    source = _TRAINER.replace("    model, head = build()\n", "    model, head = make_models()\n")
+    found = [(f.path, f.line) for f in lint_sources({"train.py": source, "nets.py": _NETS}) if f.rule == "DDP013"]
+    assert found == [("nets.py", 7)]

@@ -566,7 +566,10 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                             if not root:
                                 continue
                             flow.tainted.add(root)
-                            if id(node) in eval_loop or any(n in flow.evaluation for n in tainted):
+                            # (a shard figure an evaluation function returns, `valid_rmse = self._eval()`, is an
+                            # evaluation's, as the figures of that function's own loop are)
+                            if id(node) in eval_loop or any(n in flow.evaluation or n.endswith("()")
+                                                            and is_eval_name(n[:-2]) for n in tainted):
                                 flow.evaluation.add(root)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and (node.func.attr in _COLLECTING or _fed_a_pair(node)) and _root(node.func.value) \

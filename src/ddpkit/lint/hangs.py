@@ -77,14 +77,74 @@ def _collective(s: Script, call: ast.Call, handles: dict[str, str]) -> _Collecti
     method = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
         and short in _DDPKIT_METHODS.get(handles.get(call.func.value.id, ""), ())
     sharding = s.qualname(call.func).startswith("torch.distributed.") and short in _TORCH_SHARDING
-    if not (s.is_dist_collective(call) or ddpkit_call or method or sharding):
+    metric = not (s.is_dist_collective(call) or ddpkit_call or method or sharding) and _syncing_metric(s, call)
+    if not (s.is_dist_collective(call) or ddpkit_call or method or sharding or metric):
         return None
     name = ast.unparse(call.func)
-    if ddpkit_call and short in _WHY:
+    if metric:
+        why = ("a torchmetrics metric's compute() all-gathers every rank's state (sync_on_compute=True by default); "
+               "compute on every rank and keep only the printing inside the check")
+    elif ddpkit_call and short in _WHY:
         why = f"{name}() {_WHY[short]}"
     else:
         why = _KEEP_INSIDE + (_DDPKIT_SAVE if s.uses_ddpkit else "")
     return _Collective(call, name, short, why)
+
+
+def _metric_values(s: Script, name: ast.Name, depth: int = 0) -> list[ast.AST] | None:
+    """The values `name` holds where it is read: its assignments in the function, or, for a parameter, what every
+    call of the function in this file passes (followed the same way); None where a value is unknown."""
+    if depth > 3:
+        return None
+    found = [v for _, v in s.local_assignments(name.id, name)]
+    if found:
+        return None if any(v is None for v in found) else found
+    func = next((n for n in _enclosing(s, name) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if func is None:
+        return None
+    params = [a.arg for a in func.args.args]
+    if name.id not in params:
+        return None
+    at = params.index(name.id)
+    calls = [c for c in s.calls if isinstance(c.func, ast.Name) and c.func.id == func.name]
+    values: list[ast.AST] = []
+    for c in calls:
+        arg = next((k.value for k in c.keywords if k.arg == name.id), None)
+        if arg is None and at < len(c.args) and not any(isinstance(a, ast.Starred) for a in c.args[:at + 1]):
+            arg = c.args[at]
+        if not isinstance(arg, ast.Name):
+            return None
+        more = _metric_values(s, arg, depth + 1)
+        if more is None:
+            return None
+        values.extend(more)
+    return values or None
+
+
+def _enclosing(s: Script, node: ast.AST) -> Iterator[ast.AST]:
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        yield node
+
+
+def _syncing_metric(s: Script, call: ast.Call) -> bool:
+    """`metric.compute()` of a torchmetrics metric: it all-gathers every rank's state (sync_on_compute=True, the
+    default, once the process group exists), so it is a collective. Every value the name holds is a torchmetrics
+    constructor (`MulticlassAccuracy(num_classes=10).to(device)`) that does not switch the sync off."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "compute" and not call.args
+            and isinstance(call.func.value, ast.Name)):
+        return False
+    values = _metric_values(s, call.func.value)
+    if not values:
+        return False
+    for v in values:
+        while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda"):
+            v = v.func.value
+        if not (isinstance(v, ast.Call) and s.qualname(v.func).startswith("torchmetrics.")):
+            return False
+        if any(k.arg in ("sync_on_compute", "dist_sync_fn", "process_group") or k.arg is None for k in v.keywords):
+            return False
+    return True
 
 
 def _statement(s: Script, node: ast.AST) -> ast.AST:

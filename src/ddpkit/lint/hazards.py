@@ -430,6 +430,9 @@ def _model_origins(s: Script, value: ast.AST, depth: int = 0) -> Iterator[ast.AS
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
             and value.func.attr in ("cuda", "to", "train", "float", "half", "requires_grad_"):
         yield from _model_origins(s, value.func.value, depth + 1)
+    elif isinstance(value, ast.Name) and not s.local_assignments(value.id, value):
+        yield value
+        yield from _passed_in(s, value, depth)
     elif isinstance(value, ast.Name):
         for stmt, v in s.local_assignments(value.id, value):
             if stmt.lineno >= value.lineno:
@@ -443,8 +446,57 @@ def _model_origins(s: Script, value: ast.AST, depth: int = 0) -> Iterator[ast.AS
     elif isinstance(value, ast.Call) and s.local_callee(value) and isinstance(value.func, ast.Name):
         yield value
         yield from _returned(s, value, None, depth)
+    elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self" \
+            and depth < 4 and (cls := _enclosing_class(s, value)) is not None:
+        # `self.model = Model(...)` in one method, `DDP(self.model)` in another: every value the class gives it
+        inside = {id(n) for n in ast.walk(cls)}
+        yield value
+        for key, v in s.assignments:
+            if key == "." + value.attr and id(v) in inside:
+                yield from _model_origins(s, v, depth + 1)
     else:
         yield value
+
+
+def _passed_in(s: Script, name: ast.Name, depth: int) -> Iterator[ast.AST]:
+    """What the calls of this file pass for a parameter (`def __init__(self, model)` of `Trainer`, built as
+    `Trainer(model, ...)`; `def setup(model)` called as `setup(net)`), followed on as a model's origin."""
+    func = next((n for n in _parents(s, name) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if func is None:
+        return
+    params = [a.arg for a in func.args.args]
+    if name.id not in params:
+        return
+    at = params.index(name.id)
+    owner = _enclosing_class(s, func)
+    if func.name == "__init__" and owner is not None:
+        callee, at = owner.name, at - 1
+    elif owner is None:
+        callee = func.name
+    else:
+        return
+    for call in s.calls:
+        if terminal(call.func) != callee or any(isinstance(a, ast.Starred) for a in call.args):
+            continue
+        arg = next((k.value for k in call.keywords if k.arg == name.id), None)
+        if arg is None and 0 <= at < len(call.args):
+            arg = call.args[at]
+        if arg is not None:
+            yield from _model_origins(s, arg, depth + 1)
+
+
+def _parents(s: Script, node: ast.AST) -> Iterator[ast.AST]:
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        yield node
+
+
+def _enclosing_class(s: Script, node: ast.AST) -> ast.ClassDef | None:
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, ast.ClassDef):
+            return node
+    return None
 
 
 def _returned(s: Script, call: ast.Call, at: int | None, depth: int) -> Iterator[ast.AST]:
@@ -497,6 +549,16 @@ def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
     default, gated = s.project.memo("sync batchnorm", lambda: _conversions(s.project))
     if default:
         return
+    wraps = s.project.memo("batchnorm wraps", lambda: _batchnorm_wraps(s.project))
+    if wraps:  # the program's own BatchNorm classes reach these DDP calls: the fix goes where the model is wrapped
+        for x, call, holder in wraps:
+            if x is s:
+                yield Hit(call, "DDP013", "note",
+                          f"{holder} holds BatchNorm layers, and DistributedDataParallel normalises them with each "
+                          "rank's own per-GPU batch statistics, not the global batch's",
+                          "if the per-GPU batch is small, convert before wrapping: "
+                          "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
+        return
     first = next(iter(_batchnorm_names(s)), None)
     if first is not None:
         off = f" (SyncBatchNorm only when {gated[0][2]} is set, off by default)" if gated else ""
@@ -516,6 +578,40 @@ def batchnorm_without_sync(s: Script) -> Iterator[Hit]:
                       "statistics, not the global batch's",
                       "if the per-GPU batch is small, convert before wrapping: "
                       "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
+
+
+def _batchnorm_wraps(project) -> list[tuple[Script, ast.Call, str]]:
+    """(file, DDP call, what it wraps) for the DDP calls some rank runs whose model is built by a class or function
+    of the program that names BatchNorm (itself or through the program's classes it builds)."""
+    found = []
+    for x in project.scripts.values():
+        for call in x.calls:
+            model = argument(call, "module", 0)
+            if model is None or not x.qualname(call.func).endswith("DistributedDataParallel") \
+                    or not project.runs(x, call):
+                continue
+            holder = next((terminal(o.func) for o in _model_origins(x, model) if isinstance(o, ast.Call)
+                           and _names_batchnorm(project, terminal(o.func), 0)), "")
+            if holder:
+                found.append((x, call, f"{holder}()"))
+    return found
+
+
+def _names_batchnorm(project, name: str, depth: int) -> bool:
+    """A class or function of the program named `name` names a BatchNorm class where some rank runs it, or builds
+    (calls) a class or function of the program that does."""
+    if depth > 3 or not name:
+        return False
+    defs = [(x, d) for x in project.scripts.values() for d in x.nodes
+            if isinstance(d, (ast.ClassDef, ast.FunctionDef)) and d.name == name]
+    if len(defs) != 1:
+        return False
+    x, d = defs[0]
+    named = project.memo(("batchnorm names", x.path), lambda: {id(n) for n in _batchnorm_names(x)})
+    if any(id(n) in named for n in ast.walk(d)):
+        return True
+    called = {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} - {name}
+    return any(_names_batchnorm(project, c, depth + 1) for c in called if c[:1].isalpha())
 
 
 def _batchnorm_names(s: Script) -> list[ast.AST]:

@@ -305,7 +305,10 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # the helper adds what it is given into a running figure of its own and reports that: judged there
         logged = ctx.level == NONE and not (helper and helper.rank_zero) and terminal(call.func) == "info" \
             and project.memo("logging per rank", lambda: _logging_per_rank(project))
-        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged:
+        # (a print after the builtins.print swap shows on rank 0 alone, as one under a rank check does)
+        swapped = ctx.level == NONE and not helper and s.qualname(call.func) == "print" \
+            and project.print_silenced(s, call)
+        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged and not swapped:
             continue  # (a `.info` line where logging is set up per rank shows on rank 0 alone)
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
@@ -349,11 +352,14 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # rank 0's batch loss inside the training loop; the epoch figure built from it is reduced
         # (but a record a writer keeps, `writer.add_scalar("train/loss_step", loss.item(), step)`, is a curve of
         # rank 0's batches presented as the run's, whatever the epoch figure is)
+        if swapped and not step and loss is not None and _in_batch_loop(s, scope, call):
+            continue  # a progress line of the current batch on the console, not a figure presented as the run's
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
                 "through logging that only rank 0 shows (logging is set up per rank)," if logged else \
+                "through a print only rank 0 shows (builtins.print is silenced on the others)," if swapped else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
             yield Hit(call, "DDP006", "warning",
                       f"'{loss}' is this rank's own loss (its own batches), reported {where} as "
@@ -460,19 +466,37 @@ def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool
     """The report sits in a loop of `scope` that runs `backward()` (a progress line of the current batch), and the
     same function hands a collective a value built from `loss` (`metrics = torch.tensor([total_loss / n, acc])`;
     `dist.all_reduce(metrics)` after `total_loss += loss.item()`): the run's figure is the reduced one."""
-    node, in_step = call, False
-    while id(node) in s.parents and node is not scope:
-        node = s.parents[id(node)]
-        if isinstance(node, (ast.For, ast.While)) and any(
-                isinstance(c, ast.Call) and terminal(c.func) == "backward" for c in ast.walk(node)):
-            in_step = True
-            break
-    if not in_step:
+    if not _in_step_loop(s, scope, call):
         return False
     for c in ast.walk(scope):
         if isinstance(c, ast.Call) and s.is_dist_collective(c) and c.args and scope_of(s, c) is scope \
                 and s.project.runs(s, c) and loss in built_from(s, scope, [c.args[0]]):
             return True
+    return False
+
+
+def _in_step_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
+    """The report sits in a loop of `scope` that runs `backward()`: a progress line of the current batch."""
+    node = call
+    while id(node) in s.parents and node is not scope:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)) and any(
+                isinstance(c, ast.Call) and terminal(c.func) == "backward" for c in ast.walk(node)):
+            return True
+    return False
+
+
+def _in_batch_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
+    """The innermost loop around the report runs the step itself (`backward()` or `zero_grad()`, not in a loop
+    nested in it): the report is a line per batch, not the epoch's figure after the batch loop."""
+    node = call
+    while id(node) in s.parents and node is not scope:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            loops = {id(n) for n in ast.walk(node) if isinstance(n, (ast.For, ast.While)) and n is not node}
+            inner = {id(m) for n in ast.walk(node) if id(n) in loops for m in ast.walk(n)}
+            return any(isinstance(c, ast.Call) and terminal(c.func) in ("backward", "zero_grad") and id(c) not in inner
+                       for c in ast.walk(node))
     return False
 
 
@@ -605,8 +629,8 @@ def _setting(s: Script, name: str) -> bool:
     """Every value the file gives `name` is read from the parsed command line (`alpha_loss = args.alpha_loss`, with
     `args = parser.parse_args()`): a setting such as a loss weight, not a figure of the batches."""
     values = [v for k, v in s.assignments if k == name]
-    if not values:
-        return False
+    if not values:  # `args.norm_pix_loss` read straight from the parsed options (`--norm_pix_loss`)
+        return name in s.project.memo("option names", lambda: _option_names(s.project))
     parsed = {k for k, v in s.assignments if isinstance(v, ast.Call)
               and terminal(v.func) in ("parse_args", "parse_known_args")}
     for v in values:
@@ -617,6 +641,21 @@ def _setting(s: Script, name: str) -> bool:
         if not (isinstance(v, ast.Name) and v.id in parsed):
             return False
     return True
+
+
+def _option_names(project) -> set[str]:
+    """The attribute names the program's `add_argument` calls declare (`--norm-pix-loss` or `dest=`)."""
+    names = set()
+    for x in project.scripts.values():
+        for c in x.calls:
+            if terminal(c.func) != "add_argument":
+                continue
+            dest = next((k.value.value for k in c.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
+                        None)
+            flags = [a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            names.add(str(dest) if dest is not None else next(
+                (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), ""))
+    return names - {""}
 
 
 _STR_METHODS = frozenset({"split", "rsplit", "format", "join", "strip", "replace", "lower", "upper", "capitalize"})
@@ -1806,6 +1845,15 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       f"wandb.log() runs on every rank, but wandb.init() runs under a rank check "
                       f"({os.path.basename(x.path)}:{init.lineno}): the other ranks log without a run, which wandb "
                       "refuses with an error", "log on rank 0 only: guard it with `if rank == 0:`")
+        elif s.qualname(call.func) == "wandb.init" and project.runs(s, call) and not any(
+                k.arg in ("group", "mode", "reinit") or k.arg is None for k in call.keywords) \
+                and not class_of(s, call):
+            # (a `group=` collects deliberate per-rank runs; a `mode=` may turn the others off; a logger class is
+            # often built on rank 0 alone, `WandbLogger(cfg) if rank == 0 else None`, which its methods do not see)
+            yield Hit(call, "DDP008", "warning",
+                      "wandb.init() runs on every rank (no rank check): each process opens its own wandb run, so the "
+                      "project gets world_size runs of one job",
+                      "start the run on rank 0 only (`if rank == 0: wandb.init(...)`) and log under the same check")
         elif _every_rank_writer(s, call) and ("writer", ctx.scope) not in recorded:
             recorded.add(("writer", ctx.scope))  # (one per function: the fix is one writer, made on rank 0 only)
             yield Hit(call, "DDP008", "warning",

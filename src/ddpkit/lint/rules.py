@@ -736,6 +736,19 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
                       "pass it and sets the LOCAL_RANK environment variable instead",
                       "remove the argument and use local_rank = int(os.environ['LOCAL_RANK'])")
+    for call in s.calls:
+        # absl's `flags.DEFINE_integer("local_rank", 0, ...)`: the same contract, through absl's flags
+        if not (s.qualname(call.func).startswith("absl.flags.") and terminal(call.func).startswith("DEFINE_")
+                and call.args and isinstance(call.args[0], ast.Constant)
+                and call.args[0].value in ("local_rank", "local-rank")) or s.project.spawned:
+            continue
+        default = argument(call, "default", 1)
+        if default is not None and "LOCAL_RANK" in ast.unparse(default):
+            continue
+        yield Hit(call, "DDP007", "warning",
+                  f"absl flag {call.args[0].value} is the torch.distributed.launch contract (--local_rank); torchrun "
+                  "does not pass it (it sets the LOCAL_RANK environment variable instead), so every rank keeps the "
+                  "default", "remove the flag and use local_rank = int(os.environ['LOCAL_RANK'])")
 
 
 def _absorbed(s: Script, call: ast.Call, flag: str) -> bool:
@@ -784,8 +797,9 @@ def no_destroy(s: Script) -> Iterator[Hit]:
 
 def off_by_default(s: Script, value: ast.AST) -> bool:
     """`False`, or `args.disable_progress_bar` where the program declares `--disable-progress-bar` with
-    `action="store_true"` (no other default than `False`) and stores nothing else into that attribute: off unless the
-    run is started with the flag, and nothing of the rank in it."""
+    `action="store_true"` (no other default than `False`), or with `default=False` and a boolean `type`
+    (`type=str2bool`), and stores nothing else into that attribute: off unless the run is started with the flag, and
+    nothing of the rank in it."""
     if isinstance(value, ast.Constant):
         return value.value is False
     if not isinstance(value, ast.Attribute):
@@ -803,6 +817,11 @@ def off_by_default(s: Script, value: ast.AST) -> bool:
                 (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
             if name == dest:
                 declared.append(c)
-    return len(declared) == 1 and isinstance(action := keyword(declared[0], "action"), ast.Constant) \
-        and action.value == "store_true" and ((default := keyword(declared[0], "default")) is None
-                                              or isinstance(default, ast.Constant) and default.value is False)
+    if len(declared) != 1:
+        return False
+    action, default, kind = (keyword(declared[0], k) for k in ("action", "default", "type"))
+    if isinstance(action, ast.Constant) and action.value == "store_true":
+        return default is None or isinstance(default, ast.Constant) and default.value is False
+    # `add_argument("--sync-bn", default=False, type=str2bool)`: a boolean parsed from the command line, off unless given
+    return action is None and isinstance(default, ast.Constant) and default.value is False \
+        and (kind is None or "bool" in terminal(kind).lower())

@@ -32,6 +32,13 @@ def _own_wrapped(s: Script) -> dict[str, str]:
         if _wraps(s, value):
             raw = _key(value.args[0]) if value.args else ""
             out[key] = "" if raw == key else raw
+    for key, value in s.assignments:
+        # `model_without_ddp = model.module` (or `= unwrap(model)`): the name holds the wrapper's bare module
+        held = value.value if isinstance(value, ast.Attribute) and value.attr == "module" else \
+            value.args[0] if isinstance(value, ast.Call) and terminal(value.func) in _UNWRAPS and value.args else None
+        if held is not None and _key(held) in out and not out[_key(held)] and key not in out and \
+                not key.startswith("."):
+            out[f"<module of {_key(held)}>"] = key
     for n in s.nodes:
         # `DDP(model, device_ids=[rank])` as a statement: the wrapper is built and thrown away, `model` stays raw
         if isinstance(n, ast.Expr) and _wraps(s, n.value) and n.value.args and _key(n.value.args[0]):
@@ -178,6 +185,8 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
 
 def _why(key: str) -> str:
     """Why a `<...>` key of _wrapped_models holds the bare module, for the message."""
+    if key.startswith("<module of "):
+        return f"{key[11:-1]}.module, not the wrapper {key[11:-1]}"
     if key.startswith("<discarded line "):
         return f"given to a DistributedDataParallel built and discarded on line {key[16:-1]}"
     return "a constructor or partial() kept before DDP rebound the module's name to the wrapper"
@@ -223,7 +232,7 @@ def _bypassing_functions(s: Script, wrapped: dict[str, str]) -> dict[str, str]:
                    for c in calls):
                 continue
             bypasses = {id(c): b for c in calls for b in [_bypass(s, c, wrapped)]
-                        if b and not _NOT_FORWARD.match(b.rsplit(".", 1)[-1])}
+                        if b and not _not_forward(c, b)}
             bypasses.update({id(c): found[_local_function(c, found)] for c in calls if _local_function(c, found)})
             if not bypasses:
                 continue
@@ -288,6 +297,16 @@ _NOT_FORWARD = re.compile(r"^(parameters|named_parameters|state_dict|load_state_
                           r"half|float|double|bfloat16|apply|modules|named_modules|children|named_children|buffers|"
                           r"named_buffers|requires_grad_|register_.*|get_.*|set_.*|update.*|ema.*|reset.*|init.*|"
                           r"save.*|load.*|no_sync|step|extra_repr)$")
+
+
+def _not_forward(call: ast.Call, name: str) -> bool:
+    """Whether a call of the module's method `name` (dotted) is no forward: bookkeeping (`state_dict`, `train`,
+    `get_input_embeddings()`); a getter fed data (`get_losses(batch)`) computes from it, so it is a forward."""
+    method = name.rsplit(".", 1)[-1]
+    if not _NOT_FORWARD.match(method):
+        return False
+    fed = any(not isinstance(a, ast.Constant) for a in (*call.args, *(k.value for k in call.keywords)))
+    return not (method.startswith("get_") and fed)
 
 
 _OPTIMIZERS = re.compile(r"^(SGD|Adam|AdamW|Adagrad|Adadelta|RMSprop|LAMB|Lamb|LARS|Adafactor|Lion|NAdam|RAdam|"
@@ -365,7 +384,7 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
         if through:
             continue
         bypasses = {id(c): _bypass(s, c, wrapped) for c in calls}
-        bypasses = {i: b for i, b in bypasses.items() if b and not _NOT_FORWARD.match(b.rsplit(".", 1)[-1])}
+        bypasses = {id(c): b for c in calls if (b := bypasses[id(c)]) and not _not_forward(c, b)}
         for c in calls:  # `loss = self.compute_loss(x)`, whose return runs `self.model.module.encode(x)`
             helper = _local_function(c, helpers)
             if helper and id(c) not in bypasses:
@@ -392,7 +411,7 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
             continue
         raw = bypasses[id(source)]
         note = notes.get(id(source)) or next(
-            (f" ({raw} holds the module {_why(k)})" for k, r in wrapped.items() if r and k.startswith("<")
+            (f" ({r if k.startswith('<module of ') else raw} holds the module {_why(k)})" for k, r in wrapped.items() if r and k.startswith("<")
              and (raw == r or raw.startswith(r + ".") or r.startswith(".") and (raw.endswith(r) or r + "." in raw))),
             "")
         yield Hit(source, "DDP015", "error",
