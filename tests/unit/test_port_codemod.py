@@ -186,7 +186,7 @@ def test_loader_options_in_a_kwargs_dict_of_literals_are_written_out():
     result = port_source(src)
     assert result.todos == []
     assert ("train_loader = ddpkit.loader(ds1, ctx, batch_size=args.batch_size // ctx.world_size, shuffle=True, "
-            "num_workers=1)") in result.code
+            "num_workers=1, persistent_workers=False)") in result.code
     assert "test_loader = ddpkit.eval_loader(ds2, ctx, batch_size=1000, num_workers=1)" in result.code
 
 

@@ -484,3 +484,75 @@ def test_a_forward_run_for_the_loss_it_stores_on_the_model_goes_through_the_wrap
     assert "ddpkit.unwrap(model)(x)" not in code
     step = code.index("            model(x)\n")
     assert step < code.index("loss = ddpkit.unwrap(model).loss") < code.index("loss.backward()")
+
+
+def test_a_training_loader_with_workers_keeps_starting_them_each_epoch():
+    # the script changes its dataset between epochs (`loader.dataset.resample()`); DataLoader's workers start anew
+    # each epoch and see it, ddpkit.loader's persist by default and would keep the first epoch's draw
+    result = _port("resampled_each_epoch")
+    ast.parse(result.code)
+    assert ("ddpkit.loader(data, ctx, batch_size=32 // ctx.world_size, shuffle=True, num_workers=2, "
+            "persistent_workers=False)") in result.code
+
+
+def test_a_main_that_parses_and_returns_an_exit_status_is_the_entry_point_not_a_parser():
+    # `exit(main())` where main() parses its arguments, hands the model to a trainer of another module and returns
+    # 0: the port took main() for an argument parser, found no entry point and refused the script
+    src = ("import argparse\nimport torch\nfrom trainer import fit\n\n\ndef main():\n"
+           "    parser = argparse.ArgumentParser()\n    parser.add_argument('--epochs', type=int, default=1)\n"
+           "    args = parser.parse_args()\n    model = torch.nn.Linear(2, 1)\n    fit(model, args.epochs)\n"
+           "    return 0\n\n\nif __name__ == '__main__':\n    exit(main())\n")
+    result = port_source(src, "train.py")
+    body = result.code[result.code.index("def main():"):]
+    assert body.index("args = parser.parse_args()") < body.index("with ddpkit.init() as ctx:") < body.index("fit(")
+    assert result.exit_code == 3 and result.todos  # the trainer in another module is not ported: said, not claimed
+
+
+def test_a_module_docstring_naming_a_dataloader_builds_nothing_at_module_level():
+    # the words of a docstring are not code: the port put ddpkit.init() at module level, outside main(), and its
+    # ctx.close() after `exit(main())` never ran
+    code = _port("resampled_each_epoch").code
+    body = code[code.index("def main():"):code.index("if __name__")]
+    assert "with ddpkit.init() as ctx:" in body and "ctx = ddpkit.init()" not in code
+
+
+def test_a_compiled_models_orig_mod_becomes_the_unwrapped_model():
+    # ddpkit.unwrap strips torch.compile as well as DDP: `ddpkit.unwrap(model)._orig_mod` raised AttributeError at
+    # the first save
+    src = ("import torch\nimport torch.nn as nn\n\n\ndef main():\n    model = torch.compile(nn.Linear(4, 1))\n"
+           "    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+           "    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+           "    for x, y in torch.utils.data.DataLoader(data, batch_size=16, shuffle=True):\n"
+           "        loss = nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n"
+           "        opt.step()\n    torch.save({'model': model._orig_mod.state_dict()}, 'ckpt.pt')\n\n\n"
+           "if __name__ == '__main__':\n    main()\n")
+    code = port_source(src, "train.py").code
+    assert "_orig_mod" not in code
+    assert "torch.save({'model': ddpkit.unwrap(model).state_dict()}, 'ckpt.pt')" in code
+
+
+def test_a_device_option_of_gpu_numbers_is_named_not_replaced_by_ctx_device():
+    # `--device 0,1` parsed into ints: `int(ctx.device)` raised TypeError at startup on every rank
+    src = ("import argparse\nimport torch\n\n\ndef main():\n    parser = argparse.ArgumentParser()\n"
+           "    parser.add_argument('--device', default='0', type=str)\n    args = parser.parse_args()\n"
+           "    args.device = [int(d) for d in args.device.split(',')]\n"
+           "    model = torch.nn.Linear(4, 1).cuda(args.device[0])\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+           "    for x, y in torch.utils.data.DataLoader(data, batch_size=16, shuffle=True):\n"
+           "        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n"
+           "        loss.backward()\n        opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = port_source(src, "train.py")
+    assert "ctx.device.split" not in result.code and "int(ctx.device)" not in result.code
+    assert any("holds GPU numbers (default '0')" in t.message for t in result.todos)
+    assert result.exit_code == 3
+
+
+def test_a_file_the_projects_code_writes_on_rank_0_is_whole_before_any_rank_reads_on():
+    # `make_data.write_series(...)` then `make_data.read_series(...)`: the port put the write on rank 0 and the
+    # other ranks read the file before (or while) it was written; the paths are the project's, not the script's
+    code = _port("project_writes_data/train").code
+    ast.parse(code)
+    write = code.index('            make_data.write_series()')
+    wait = code.index("        ddpkit.barrier(ctx)", write)
+    assert write < wait < code.index("make_data.read_series(") and code.count("ddpkit.barrier(ctx)") == 1

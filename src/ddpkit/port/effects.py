@@ -245,6 +245,10 @@ def plan_effects(plan: Any) -> None:
             plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
             writes.append((key, plan.line_of(stmt)))
             _wait_after_disk_branch(plan, key, stmt)
+            if key == f.entry_key and not plan.under_branch(stmt, key) and not _in_loop(plan, stmt):
+                # `make_data()` then `Dataset("data/x.csv")`: the project's code may read what rank 0 wrote, by
+                # paths the port does not see; one barrier where every rank passes once
+                plan.wait_after.add(id(stmt))
             continue
         if project:
             continue  # `snapshots.dump()` whose method does more than write: judged by what it does (the claim gate)
@@ -300,6 +304,22 @@ def plan_effects(plan: Any) -> None:
                       "ddpkit.barrier(ctx) where every rank passes, between the write and this read")
         else:
             plan.barrier_before.add(id(stmt))
+    for key, stmt in statements:  # a read right after a rank-0 write the others already wait for needs no second wait
+        if id(stmt) in plan.wait_after:
+            parent, end = plan._parent.get(id(stmt)), plan.end_of(stmt)
+            after = [s for k, s in statements if k == key and plan._parent.get(id(s)) is parent
+                     and plan.line_of(s) > end]
+            if after:
+                plan.barrier_before.discard(id(min(after, key=plan.line_of)))
+
+
+def _in_loop(plan: Any, stmt: cst.CSTNode) -> bool:
+    node = plan._parent.get(id(stmt))
+    while node is not None:
+        if isinstance(node, (cst.For, cst.While)):
+            return True
+        node = plan._parent.get(id(node))
+    return False
 
 
 def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:

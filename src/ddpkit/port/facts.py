@@ -114,6 +114,17 @@ def statements_of(node: cst.CSTNode) -> list[cst.BaseStatement]:
     return list(body.body) if isinstance(body, cst.IndentedBlock) else []
 
 
+def _returns_value(node: cst.FunctionDef) -> bool:
+    """The function hands back something other than an exit status: `return args`, `return parser.parse_args()`
+    (not `return 0`, `return 1`, `return None`, a bare `return`)."""
+    for n in walk(node.body):
+        if isinstance(n, cst.Return) and n.value is not None and not isinstance(n.value, cst.Integer) and not (
+                isinstance(n.value, cst.Name) and n.value.value in ("None", "True", "False")) and not (
+                isinstance(n.value, cst.UnaryOperation) and isinstance(n.value.expression, cst.Integer)):
+            return True
+    return False
+
+
 def _is_main_guard(stmt: cst.CSTNode) -> bool:
     if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
         return False
@@ -123,9 +134,10 @@ def _is_main_guard(stmt: cst.CSTNode) -> bool:
 
 
 def _is_definition(stmt: cst.BaseStatement) -> bool:
-    """def, class, import: module-level statements that build nothing."""
+    """def, class, import, a docstring (whatever words it holds): module-level statements that build nothing."""
     return isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+        isinstance(s, (cst.Import, cst.ImportFrom)) or isinstance(s, cst.Expr) and isinstance(
+            s.value, (cst.SimpleString, cst.ConcatenatedString)) for s in stmt.body)
 
 
 def _is_setup(stmt: cst.BaseStatement, code: str) -> bool:
@@ -204,8 +216,11 @@ class Facts:
                     if isinstance(item, cst.FunctionDef):
                         self._add_scope(f"{stmt.name.value}.{item.name.value}", item, stmt.name.value)
         self.parsers = {k for k, scope in self.scopes.items() if scope.cls is None and re.search(
-            r"\.parse_(known_)?args\(", self.code(scope.node)) and not _TRAINING.search(self.code(scope.node))}
-        """The script's own argument-parsing functions (`args = get_args()` stays before ddpkit.init)."""
+            r"\.parse_(known_)?args\(", self.code(scope.node)) and not _TRAINING.search(self.code(scope.node))
+            and _returns_value(scope.node)}
+        """The script's own argument-parsing functions (`args = get_args()` stays before ddpkit.init): they hand
+        back what they parsed. A `main()` that parses, runs a trainer of another module and returns an exit code
+        (`exit(main())`) is the entry point, not a parser."""
         self.started_outside: str | None = None
         """The entry function when nothing in the file calls it (a console script starts it): a TODO says so."""
         self.entry_key, self.entry_owner, self.region = self._find_entry()

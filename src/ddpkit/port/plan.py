@@ -109,6 +109,9 @@ class Plan:
         self.barrier_before: set[int] = set()
         self.barrier_after: set[int] = set()  # `if not os.path.isfile(p):` around a rank-0 write: all wait after it
         """Statements that read a file rank 0 may have written earlier in the run."""
+        self.wait_after: set[int] = set()
+        """Rank-0 calls of the project's code that only write files, at the entry point's top level (every rank
+        passes there once): the files they write are not named here, so every rank waits until they are whole."""
         self.exist_ok: set[int] = set()
         """mkdir/makedirs calls that race between ranks without exist_ok=True."""
         self.reduce_read: dict[int, str] = {}

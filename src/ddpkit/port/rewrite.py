@@ -96,6 +96,8 @@ class Rewriter(cst.CSTTransformer):
         self.host_batches: list[bool] = []
         """Per entry of batches: the loader may be a torch DataLoader the port keeps (its batches on the CPU)."""
         self.changes = 0
+        self.gpu_numbers_named = False
+        """A TODO already names the script's `--device` option of GPU numbers (one per script)."""
         self.orphan_notes: list[str] = []
         """Notes of a statement the rewrite removed: written before the next statement it leaves."""
         self.receivers: set[int] = set()
@@ -532,6 +534,14 @@ class Rewriter(cst.CSTTransformer):
         if reduced is not None:
             return reduced
         if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
+            numbers = self._gpu_numbers("device")
+            if numbers is not None:  # `--device 0,1`: GPU numbers the script parses (int(), split), not a device
+                if not self.gpu_numbers_named:
+                    self.gpu_numbers_named = True
+                    self.p.todo(original, f"`{dotted(updated)}` holds GPU numbers (default {numbers}), not a "
+                                "device: every rank would use the same GPU(s); give each rank its own GPU "
+                                "(ctx.local_rank; ddpkit.init already made it current) or use ctx.device")
+                return updated
             self.changes += 1  # the script's --device setting: each rank's own device now
             return parse_expr("ctx.device")
         if self.in_ctx() and updated.attr.value == "module" and dotted(updated.value) in self.p.parallel_names:
@@ -542,8 +552,25 @@ class Rewriter(cst.CSTTransformer):
         if self.in_ctx() and updated.attr.value not in _DDP_SAFE and self.role(updated.value) == "model" and \
                 dotted(updated.value) not in self.rebinding:  # `model = model.Net()`: the imported module `model`
             self.changes += 1
+            if updated.attr.value == "_orig_mod":  # torch.compile's module: ddpkit.unwrap strips compile too
+                return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
         return updated
+
+    def _gpu_numbers(self, dest: str) -> str | None:
+        """The default of an argparse option that holds GPU numbers (`default='0'`, `'0,1'`, `default=0`,
+        `type=int`), as written; None for a device option (`'cuda'`, `'cuda:0'`) or one the port cannot read."""
+        from ddpkit.port.switches import option_dest
+
+        for n in walk(self.p.f.module, into_functions=True):
+            if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and option_dest(n) == dest:
+                given = {a.keyword.value: a.value for a in n.args if a.keyword}
+                default, kind = given.get("default"), given.get("type")
+                text = cst.Module([]).code_for_node(default) if default is not None else "none"
+                if isinstance(default, cst.Integer) or dotted(kind) == "int" or isinstance(
+                        default, cst.SimpleString) and re.fullmatch(r"\d+(\s*,\s*\d+)*", str(default.evaluated_value)):
+                    return text
+        return None
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         # `args.device = torch.device(...)`: the script's own device setting is bound to ctx.device (code the
@@ -684,6 +711,12 @@ class Rewriter(cst.CSTTransformer):
             args.append(_arg("batch_size", size))
             dropped = _TRAIN_DROPPED | {"drop_last"}
         extra = [a for k, a in kwargs.items() if k not in dropped]
+        workers = kwargs["num_workers"].value if "num_workers" in kwargs else None
+        if kind == "train" and workers is not None and not (isinstance(workers, cst.Integer) and workers.value == "0") \
+                and "persistent_workers" not in kwargs:
+            # ddpkit.loader keeps its workers between epochs; the script's DataLoader starts new ones each epoch, and
+            # they see what the script changed in the dataset since (`dataset.resample()` before each epoch)
+            extra.append(_arg("persistent_workers", cst.Name("False")))
         func = "ddpkit.loader" if kind == "train" else "ddpkit.eval_loader"
         return call.with_changes(func=parse_expr(func), args=_comma_args([*args, *extra]))
 
@@ -939,6 +972,10 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
             after.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 may have just written the file this "
                                              "branch makes when it is missing\n"))
+        if id(original) in self.p.wait_after:
+            self.changes += 1
+            after.append(cst.parse_statement("ddpkit.barrier(ctx)  # rank 0 writes files here that the others may "
+                                             "read next\n"))
         if id(original) in self.p.reseed:
             self.changes += 1
             before.append(cst.parse_statement(
