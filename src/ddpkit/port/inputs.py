@@ -10,7 +10,7 @@ import libcst as cst
 
 from ddpkit.port.facts import RANDOM_DRAW, dotted, is_device_expr, root_name, walk
 
-__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions",
+__all__ = ["move_cpu_input", "made_on_cpu", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions",
            "passed_as", "RANDOM_DRAW", "CREATORS"]
 
 CREATORS = frozenset({"randn", "rand", "randint", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
@@ -22,6 +22,12 @@ _TENSOR_METHODS = frozenset({"type", "float", "long", "double", "half", "int", "
                              "squeeze", "permute", "contiguous", "clone", "transpose", "flatten", "detach"})
 _TORCH_ONLY = frozenset({"type", "float", "long", "double", "half", "unsqueeze", "permute", "contiguous", "detach"})
 """Tensor methods numpy arrays do not have."""
+
+
+def made_on_cpu(expr: cst.BaseExpression) -> bool:
+    """A new tensor made on the CPU (`_tensor_made`), given no device (`torch.tensor(x, device=d)` is not)."""
+    return _tensor_made(expr) and not any(isinstance(c, cst.Call) and any(
+        a.keyword is not None and a.keyword.value == "device" for a in c.args) for c in walk(expr))
 
 
 def _tensor_made(expr: cst.BaseExpression) -> bool:
