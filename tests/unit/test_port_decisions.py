@@ -157,3 +157,25 @@ def test_a_stop_on_values_this_rank_appended_to_a_list_is_a_todo_and_the_lists_l
     # the list grows alike on every rank (its length is a count), but what it holds is this rank's own
     assert list(todos) == [_line(source, "if average > 195")], todos
     assert "`break` out of a loop that trains" in todos[_line(source, "if average > 195")]
+
+
+def test_an_episode_whose_length_each_rank_draws_around_a_training_step_is_a_todo_naming_the_draw():
+    source = (FIXTURES / "episode_steps.py").read_text()
+    todos = _todos(source)
+    line = _line(source, "while not done:")
+    # `done` comes from the walk stepped with `action`, which `self.choose` takes from `self.env.random_move()`,
+    # a draw of a generator the walk made without a seed: episodes end at different steps on different ranks
+    assert line in todos, todos
+    assert "`action` comes from `self.choose(...)`" in todos[line] and "`self.rng`, a generator seeded from the " \
+        "operating system on each rank" in todos[line] and "runs a training step" in todos[line]
+    # `.sample()` of an object another library made (an environment handed in) draws from that library's generator
+    space = _variant("        return int(self.rng.integers(2))\n", "        return self.space.sample()\n", source)
+    space = _variant("        self.rng = np.random.default_rng()\n", "        self.space = make_space(2)\n", space)
+    space = _variant("import numpy as np\n", "import numpy as np\nfrom spaces import make_space\n", space)
+    assert "a generator of another library" in _todos(space)[_line(space, "while not done:")]
+    # the process-wide generator, seeded alike on every rank (the script seeds before ddpkit.init and the port does
+    # not reseed per rank here): every rank draws the same actions and ends its episodes alike
+    alike = _variant("        return int(self.rng.integers(2))\n", "        return random.randint(0, 1)\n", source)
+    assert line not in _todos(alike)
+    # a generator seeded alike on every rank draws alike too
+    assert line not in _todos(_variant("np.random.default_rng()", "np.random.default_rng(0)", source))

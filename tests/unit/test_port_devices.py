@@ -220,3 +220,26 @@ def test_a_cpu_tensor_a_submodule_keeps_as_a_plain_attribute_is_named_and_a_regi
             'self.register_buffer("shift", torch.arange(width).float().unsqueeze(0))'))
     buffered = port_source((tmp_path / "train.py").read_text(), str(tmp_path / "train.py"))
     assert buffered.exit_code == 0, buffered.message
+
+
+def test_a_model_method_that_builds_its_input_on_the_cpu_is_named_at_its_call_and_only_a_graph_trains():
+    result = _port("acting_method.py")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+    [todo] = [t for t in result.todos if "model.act(...)" in t.message]
+    # act turns the state into a tensor itself and runs forward on it: the model is on ctx.device after the port
+    assert "builds its input `obs` on the CPU (`torch.FloatTensor(state).unsqueeze(0)`, line 20)" in todo.message
+    assert "device mismatch" in todo.message and "trains through a method" not in todo.message
+    # act returns `.item()` or a draw: its output never reaches backward(), so it trains nothing
+    assert not any("trains through a method" in t.message for t in result.todos)
+    # the same method returning the forward's output (a graph) that the step's loss is built from does train
+    source = (FIXTURES / "acting_method.py").read_text()
+    trained = source.replace("        return self.forward(obs).argmax(1).item()\n",
+                             "        return self.forward(obs).max()\n").replace(
+        "        loss = model(batch).pow(2).mean()\n", "        loss = model(batch).pow(2).mean() + action\n")
+    assert trained != source
+    messages = [t.message for t in port_source(trained, "acting_method.py").todos]
+    assert any(m.startswith("`model.act(...)` trains through a method of the model") for m in messages), messages
+    # a method that places its input itself is left alone
+    placed = source.replace("torch.FloatTensor(state).unsqueeze(0)",
+                            "torch.FloatTensor(state).unsqueeze(0).to(next(self.parameters()).device)")
+    assert not any("builds its input" in t.message for t in port_source(placed, "acting_method.py").todos)

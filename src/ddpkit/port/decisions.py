@@ -19,7 +19,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import is_optimizer
-from ddpkit.port.ranks import agreed, saves_file
+from ddpkit.port.ranks import apart, saves_file
 
 __all__ = ["plan_decisions", "plan_searches"]
 
@@ -42,11 +42,17 @@ def plan_decisions(plan: Any) -> None:
             if not isinstance(node, (cst.If, cst.While)) or _inside(plan, tops.get(id(node), node), named):
                 continue
             what = _decided(plan, key, node, tops.get(id(node), node), trains)
-            if what is None or agreed(plan, key, node.test):
+            why = None if what is None else apart(plan, key, node.test)
+            if why is None:
                 continue
             node = tops.get(id(node), node)
             named.add(id(node))
             test = " ".join(plan.f.code(node.test).split())
+            if why:  # a draw: each rank draws its own, so there is nothing to reduce
+                plan.todo(node, f"`{test}` may differ between ranks: {why}; and {what}; give every rank the same "
+                          "steps (a fixed number of training steps per round, or the value decided on rank 0 and "
+                          "broadcast: ddpkit.collectives.broadcast_object)")
+                continue
             plan.todo(node, f"`{test}` may differ between ranks (it reads a value this rank computed from its own "
                       f"batches or shard, not reduced over ranks), and {what}; decide on a value every rank shares: "
                       "reduce it first (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")

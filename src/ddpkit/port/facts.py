@@ -9,8 +9,12 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 __all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "statements_of", "ENTRY",
-           "ARGS_ROOTS", "CONCAT", "accumulated", "names_a_device"]
+           "ARGS_ROOTS", "CONCAT", "RANDOM_DRAW", "accumulated", "names_a_device"]
 
+RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
+                         r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
+                         r"|random\.(random|randint|choice|choices|sample|shuffle|uniform|gauss|randrange))$")
+"""Calls that draw from a process-wide generator (not `*_like`: those are drawn inside a step alike)."""
 ARGS_ROOTS = frozenset({"args", "opt", "opts", "config", "cfg", "hparams", "FLAGS", "flags", "conf", "hp", "options"})
 """Names that usually hold parsed arguments or a config: `args.device` is the script's device setting."""
 ENTRY = "<entry>"

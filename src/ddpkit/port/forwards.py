@@ -8,10 +8,10 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
-from ddpkit.port.inputs import move_cpu_input
+from ddpkit.port.inputs import made_on_cpu, move_cpu_input
 from ddpkit.port.models import is_optimizer
 
-__all__ = ["plan_forwards"]
+__all__ = ["plan_forwards", "returns_no_graph"]
 
 _SCALES = re.compile(r"(?i)scal|backward")
 
@@ -85,6 +85,102 @@ def plan_forwards(plan: Any) -> None:
             if not names & feeds and not any(b for b in backward if plan._stmt.get(id(b)) is stmt):
                 plan.unwrap_calls.add(id(call))
     _first_step_forwards(plan)
+    _method_inputs(plan)
+
+
+def _method_inputs(plan: Any) -> None:
+    """`model.act(state)`, a method of the model's class other than forward (the port calls it on
+    ddpkit.unwrap(model)), that builds a tensor itself on the CPU (`torch.FloatTensor(state)`) and runs the model on
+    it (`self(x)`, `self.forward(x)`, `self.layers(x)`): the model is on ctx.device after the port, so on a GPU
+    rank the first such call fails with a device mismatch. A TODO at the call: the method is the script's own
+    code, shared by every caller, and the port does not rewrite it for one of them."""
+    named: set[str] = set()
+    for key in sorted(plan.f.ported):
+        for call in (n for n in plan.nodes(key) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)):
+            method = next((plan.f.scopes[k] for k in plan.f.callees(call, key) if plan.f.scopes[k].cls), None)
+            if method is None or call.func.attr.value == "forward" or method.key in named \
+                    or plan.role(key, dotted(call.func.value)) != "model":
+                continue
+            made = _made_and_run(plan, method)
+            if made is None:
+                continue
+            named.add(method.key)
+            receiver = dotted(call.func.value)
+            plan.todo(call, f"`{receiver}.{call.func.attr.value}(...)` builds its input `{made[0]}` on the CPU "
+                      f"(`{' '.join(plan.f.code(made[1].value).split())}`, line {plan.line_of(made[1])}) and runs the "
+                      "model on it, but the model is on ctx.device after the port: on a GPU rank this fails with a "
+                      f"device mismatch; make it on the model's device in `{call.func.attr.value}` "
+                      "(`.to(next(self.parameters()).device)`)")
+
+
+def _made_and_run(plan: Any, scope: Any) -> tuple[str, cst.Assign] | None:
+    """The first tensor `method` makes on the CPU and gives to its own model (`self(x)`, `self.forward(x)`, a
+    submodule `self.layers(x)`), with its assignment; None when the method names a device (it places its inputs
+    itself) or runs the model on nothing it made."""
+    method = scope.node
+    if re.search(r"device|cuda|\.to\(", plan.f.code(method.body)):
+        return None
+
+    def runs_model(call: cst.Call) -> bool:  # `self(x)`, `self.forward(x)`, a submodule (not a method of the class)
+        name = dotted(call.func)
+        return name in ("self", "self.forward") or name.count(".") == 1 and name.startswith("self.") and \
+            f"{scope.cls}.{name[5:]}" not in plan.f.scopes
+
+    made: dict[str, cst.Assign] = {}
+    for n in walk(method.body):
+        if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name):
+            name = n.targets[0].target.value
+            if made_on_cpu(n.value):
+                made.setdefault(name, n)
+            else:
+                made.pop(name, None)
+        elif isinstance(n, cst.Call) and runs_model(n):
+            for arg in n.args:
+                if isinstance(arg.value, cst.Name) and arg.value.value in made:
+                    return arg.value.value, made[arg.value.value]
+    return None
+
+
+def returns_no_graph(method: cst.FunctionDef) -> bool:
+    """Every value `method` returns is free of autograd's graph (a Python number from `.item()`, `int(...)`, a
+    draw of `random`, a literal, an argument passed back): its output cannot reach backward(), whatever the caller
+    does with it (`action = model.act(state)` pushed into a replay buffer)."""
+    params = {p.name.value for p in method.params.params}
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+    for n in walk(method.body):
+        if isinstance(n, cst.Assign):
+            for t in n.targets:
+                for x in walk(t.target):
+                    if isinstance(x, cst.Name):
+                        assigned.setdefault(x.value, []).append(n.value if t.target is x else None)
+        elif isinstance(n, (cst.AugAssign, cst.For)):
+            for x in walk(n.target):
+                if isinstance(x, cst.Name):
+                    assigned.setdefault(x.value, []).append(None)
+
+    def free(expr: cst.BaseExpression | None, seen: frozenset[str]) -> bool:
+        if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
+            return True
+        if isinstance(expr, cst.Name):
+            if expr.value in ("True", "False", "None") or expr.value in params and expr.value not in assigned:
+                return True
+            return expr.value not in seen and bool(assigned.get(expr.value)) and all(
+                free(v, seen | {expr.value}) for v in assigned[expr.value])
+        if isinstance(expr, cst.Tuple):
+            return all(free(e.value, seen) for e in expr.elements)
+        if isinstance(expr, cst.Call):
+            name = dotted(expr.func)
+            return name in _PLAIN or name.startswith(("random.", "np.random.", "numpy.random.")) or isinstance(
+                expr.func, cst.Attribute) and expr.func.attr.value in _DETACHES
+        return False
+
+    returns = [n for n in walk(method.body) if isinstance(n, cst.Return)]
+    return bool(returns) and all(free(r.value, frozenset()) for r in returns)
+
+
+_PLAIN = frozenset({"int", "float", "bool", "len", "str", "round"})
+_DETACHES = frozenset({"item", "tolist", "detach", "numpy"})
+"""Methods whose value carries no autograd graph."""
 
 
 def _state_feeds(plan: Any, key: str, model: str, statements: list[cst.CSTNode], feeds: set[str]) -> bool:

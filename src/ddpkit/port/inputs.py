@@ -8,15 +8,11 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import dotted, is_device_expr, root_name, walk
+from ddpkit.port.facts import RANDOM_DRAW, dotted, is_device_expr, root_name, walk
 
-__all__ = ["move_cpu_input", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions", "passed_as",
-           "RANDOM_DRAW", "CREATORS"]
+__all__ = ["move_cpu_input", "made_on_cpu", "plan_device_datasets", "plan_batch_dependents", "plan_batch_divisions",
+           "passed_as", "RANDOM_DRAW", "CREATORS"]
 
-RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
-                         r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
-                         r"|random\.(random|randint|choice|choices|sample|shuffle|uniform|gauss|randrange))$")
-"""Calls that draw from a process-wide generator (not `*_like`: those are drawn inside a step alike)."""
 CREATORS = frozenset({"randn", "rand", "randint", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
                        "randperm", "tensor", "as_tensor"})
 """torch functions that take device=: a tensor made by them is made on ctx.device instead of moved there."""
@@ -26,6 +22,12 @@ _TENSOR_METHODS = frozenset({"type", "float", "long", "double", "half", "int", "
                              "squeeze", "permute", "contiguous", "clone", "transpose", "flatten", "detach"})
 _TORCH_ONLY = frozenset({"type", "float", "long", "double", "half", "unsqueeze", "permute", "contiguous", "detach"})
 """Tensor methods numpy arrays do not have."""
+
+
+def made_on_cpu(expr: cst.BaseExpression) -> bool:
+    """A new tensor made on the CPU (`_tensor_made`), given no device (`torch.tensor(x, device=d)` is not)."""
+    return _tensor_made(expr) and not any(isinstance(c, cst.Call) and any(
+        a.keyword is not None and a.keyword.value == "device" for a in c.args) for c in walk(expr))
 
 
 def _tensor_made(expr: cst.BaseExpression) -> bool:

@@ -13,9 +13,10 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, dotted, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, RANDOM_DRAW, dotted, root_name, walk
 
-__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "tests_around", "saves_file"]
+__all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "apart", "random_apart", "tests_around",
+           "saves_file"]
 
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
@@ -139,14 +140,32 @@ def _plateau(plan: Any, key: str, call: cst.Call) -> None:
 
 
 def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
-    """Every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an argument,
-    each assigned under branches that every rank takes alike (`patience += 1` under `if score < best:` is as
-    per-rank as `score`). A name is per-rank when one of its values or one of the tests around its assignments
-    reads a per-rank name; names that only feed each other (`best = min(best, score)`) are decided by their other
-    sources. The answer is a fixed point over every name `expr` reaches, so it does not depend on the order the
-    names are met in (a set's order changes with PYTHONHASHSEED)."""
+    """Every name in `expr` is the same on every rank (see `apart`)."""
+    return apart(plan, key, expr) is None
+
+
+def apart(plan: Any, key: str, expr: cst.CSTNode) -> str | None:
+    """None when every name in `expr` is the same on every rank: reduced, a reducing helper's result, a counter, an
+    argument, each assigned under branches that every rank takes alike (`patience += 1` under `if score < best:` is
+    as per-rank as `score`). A name is per-rank when one of its values or one of the tests around its assignments
+    reads a per-rank name, calls the model, reads a file, draws from a generator that differs between ranks there
+    (`random_apart`), or calls a function of the script whose return value is per-rank by such a draw (`action =
+    self.choose_action(state)` drawing its action); names that only feed each other (`best = min(best, score)`)
+    are decided by their other sources. The answer is a fixed point over every name `expr` reaches, so it does not
+    depend on the order the names are met in (a set's order changes with PYTHONHASHSEED). Otherwise why the ranks
+    may disagree, in words where a draw is the cause (`action` comes from ...), else ""."""
+    found = _apart(plan, key, expr, frozenset())
+    if found is None:
+        return None
+    name, origin = found
+    return "" if not origin else f"`{name}` comes from {origin}" if name else origin
+
+
+def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tuple[str, str] | None:
+    """None when `expr` agrees on every rank; else (the per-rank name it reads, or "" for a draw in it; where the
+    value comes from, in words, where a draw is the cause, else "")."""
     reduced = plan.reduced.get(key, set())
-    assigns: dict[str, list[cst.Assign | cst.AugAssign]] = {}
+    assigns: dict[str, list[cst.CSTNode]] = {}
     for n in plan.nodes(key):
         if isinstance(n, cst.Assign):
             for name in {dotted(x) for t in n.targets for x in walk(t.target)}:
@@ -156,6 +175,9 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
         elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _GROWS \
                 and n.args and dotted(n.func.value):
             assigns.setdefault(dotted(n.func.value), []).append(n)  # `rewards.append(r)`: `rewards` holds r
+        elif isinstance(n, cst.Return) and n.value is not None:
+            assigns.setdefault(_RETURNED, []).append(n)  # what the scope returns, for its callers
+    seen = seen | {key}
 
     def names_of(e: cst.CSTNode) -> set[str]:
         """The names in `e` that may hold a per-rank value: not reduced, not arguments, assigned in this scope."""
@@ -180,8 +202,23 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
             return None  # a reduction of ddpkit's; `ddpkit.unwrap(agent).play()` is this rank's model's own value
         return value
 
-    # each name -> (the names its values and the tests around its assignments read, per-rank whatever they hold)
-    deps: dict[str, tuple[set[str], bool]] = {}
+    def drawn(value: cst.CSTNode) -> str | None:
+        """Where `value` comes from, in words, when a draw it makes or a function of the script it calls makes it
+        differ between ranks (a model's or a loss's value inside a callee stays the callee's own, as before)."""
+        for c in (c for c in walk(value) if isinstance(c, cst.Call)):
+            why = random_apart(plan, key, c)
+            if why is not None:
+                return f"`{' '.join(plan.f.code(c).split())}`, which {why}"
+            for callee in _callees(plan, c, key):
+                inner = None if callee in seen else _apart(plan, callee, cst.Name(_RETURNED), seen)
+                if inner is not None and inner[1]:
+                    via = f"`{inner[0]}`, from {inner[1]}" if inner[0] != _RETURNED else inner[1]
+                    return f"`{' '.join(plan.f.code(c.func).split())}(...)`, whose result comes from {via}"
+        return None
+
+    # each name -> (the names its values and the tests around its assignments read, per-rank whatever they hold,
+    # where it comes from in words where a draw is the cause)
+    deps: dict[str, tuple[set[str], bool, str]] = {}
     todo = sorted(names_of(expr))
     while todo:
         name = todo.pop()
@@ -200,20 +237,98 @@ def agreed(plan: Any, key: str, expr: cst.CSTNode) -> bool:
             exprs.append(value)
             own = own or any(plan.role(key, _model_root(c)) == "model" or "loss" in dotted(c.func).lower()
                              for c in walk(value) if isinstance(c, cst.Call))
-        own = own or any(_reads_disk(e) for e in exprs)
+        origin = next((o for o in map(drawn, exprs) if o), "")
+        own = own or bool(origin) or any(_reads_disk(e) for e in exprs)
         reads = {n for e in exprs for n in names_of(e)}
-        deps[name] = (reads, own)
+        deps[name] = (reads, own, origin)
         todo.extend(sorted(reads - deps.keys()))
     # the largest set of agreed names consistent with every name's sources (a cycle alone agrees)
-    per_rank = {name for name, (_, own) in deps.items() if own}
+    per_rank = {name: (name, origin) for name, (_, own, origin) in deps.items() if own}
     grew = True
     while grew:
         grew = False
-        for name, (reads, _) in deps.items():
-            if name not in per_rank and reads & per_rank:
-                per_rank.add(name)
+        for name, (reads, _, _) in sorted(deps.items()):
+            if name not in per_rank and reads & per_rank.keys():
+                per_rank[name] = next((per_rank[r] for r in sorted(reads & per_rank.keys()) if per_rank[r][1]),
+                                      (name, ""))
                 grew = True
-    return not _reads_disk(expr) and not names_of(expr) & per_rank
+    if _reads_disk(expr):
+        return "", ""
+    hit = sorted(names_of(expr) & per_rank.keys())
+    if hit:
+        return next((per_rank[n] for n in hit if per_rank[n][1]), (hit[0], ""))
+    origin = drawn(expr)
+    return ("", origin) if origin else None
+
+
+def _callees(plan: Any, call: cst.Call, key: str) -> list[str]:
+    """plan.f.callees, and a method of the script's class an attribute of `self` holds, bound in any method of the
+    caller's class (`self.env = Walk()` in __init__, `self.env.random_move()` in another method)."""
+    found = plan.f.callees(call, key)
+    scope = plan.f.scopes.get(key)
+    if found or scope is None or not scope.cls or not isinstance(call.func, cst.Attribute):
+        return found
+    receiver = dotted(call.func.value)
+    if not receiver.startswith("self.") or receiver.count(".") != 1:
+        return []
+    classes = {dotted(n.value.func) for k, other in plan.f.scopes.items() if other.cls == scope.cls
+               for n in walk(other.node) if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call)
+               and any(dotted(t.target) == receiver for t in n.targets)}
+    keys = [f"{cls}.{call.func.attr.value}" for cls in classes if cls in plan.f.classes]
+    return [k for k in keys if k in plan.f.scopes] if len(keys) == len(classes) else []
+
+
+_RETURNED = "__returned__"
+"""The name `_apart` files a scope's return values under: what its callers receive."""
+
+
+def random_apart(plan: Any, key: str, call: cst.Call) -> str | None:
+    """Why a draw differs between ranks at this point, in words; None for a call that is no draw or draws alike.
+
+    The process-wide generators (`random.random()`, `torch.rand`) draw alike on every rank until the port reseeds
+    each rank before training (plan.reseed; ddpkit.init's first statement gives every rank one seed or the
+    script's own streams), so they are per-rank only where the port reseeds. A generator the script makes without
+    a seed (`np.random.default_rng()`) seeds itself from the operating system on each rank; `.sample()` of an
+    object another library made (a gym space; not a torch distribution) draws from that library's own generator,
+    which no seed of the port reaches."""
+    name = dotted(call.func)
+    if RANDOM_DRAW.search(name):
+        if plan.reseed and not any(a.keyword is not None and a.keyword.value == "generator" for a in call.args):
+            return "draws from this rank's own stream (the port reseeds each rank before training)"
+        return None
+    if not isinstance(call.func, cst.Attribute) or _callees(plan, call, key) or not dotted(call.func.value):
+        return None
+    receiver = dotted(call.func.value)
+    if receiver in _unseeded_generators(plan):
+        return f"draws from `{receiver}`, a generator seeded from the operating system on each rank"
+    if call.func.attr.value == "sample" and not _process_wide(plan, receiver):
+        return "draws from a generator of another library, which no seed of the port reaches: each rank draws its own"
+    return None
+
+
+_PROCESS_WIDE = ("random", "np", "numpy", "torch", "ddpkit")
+
+
+def _process_wide(plan: Any, receiver: str) -> bool:
+    """`receiver` is a module's process-wide generator (`np.random`), or is bound (`dist = Categorical(p)`,
+    `self.dist = torch.distributions.Normal(...)`) to an object of torch, numpy or random, which draws from it."""
+    root = receiver.split(".")[0]
+    if root in _PROCESS_WIDE:
+        return True
+    bound = receiver if root != "self" else ".".join(receiver.split(".")[:2])
+    imported = {dotted(a.asname.name if a.asname else a.name) for n in walk(plan.f.module, into_functions=True)
+                if isinstance(n, cst.ImportFrom) and n.module is not None and not isinstance(n.names, cst.ImportStar)
+                and dotted(n.module).split(".")[0] in _PROCESS_WIDE for a in n.names}
+    return any(isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and any(
+        dotted(t.target) in (bound, root) for t in n.targets) and dotted(n.value.func).split(".")[0] in (
+        *_PROCESS_WIDE, *imported) for n in walk(plan.f.module, into_functions=True))
+
+
+def _unseeded_generators(plan: Any) -> set[str]:
+    """Names (`rng`, `self.rng`) the script binds to a generator made without a seed, anywhere in the file."""
+    return {dotted(t.target) for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Assign)
+            and isinstance(n.value, cst.Call) and dotted(n.value.func) in _ENTROPY and not n.value.args
+            for t in n.targets if dotted(t.target)}
 
 
 _GROWS = frozenset({"append", "extend", "insert", "add", "appendleft"})

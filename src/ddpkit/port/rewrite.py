@@ -8,6 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, imported_names as _imported_names, is_device_expr, \
     root_name, walk
+from ddpkit.port.forwards import returns_no_graph
 from ddpkit.port.gathers import gather_statement
 from ddpkit.port.inputs import CREATORS as _CREATORS
 from ddpkit.port.models import is_optimizer, moves_to_cpu
@@ -405,6 +406,8 @@ class Rewriter(cst.CSTTransformer):
         methods = [s.node for k, s in self.f.scopes.items() if s.cls and k == f"{s.cls}.{func.attr.value}"]
         if self._trains_itself(original, methods):
             return True  # `model.fit(loader, optimizer)`: the method runs its own loop, wherever it is called
+        if methods and all(returns_no_graph(m) for m in methods):
+            return False  # `action = model.act(state)` returning `.item()`: its output never reaches backward()
         if self.no_grad or any(r == "eval" for _, r in self.batches):
             return False
         if methods and all(_no_grad(m) for m in methods):
