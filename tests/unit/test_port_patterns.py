@@ -556,3 +556,56 @@ def test_a_file_the_projects_code_writes_on_rank_0_is_whole_before_any_rank_read
     write = code.index('            make_data.write_series()')
     wait = code.index("        ddpkit.barrier(ctx)", write)
     assert write < wait < code.index("make_data.read_series(") and code.count("ddpkit.barrier(ctx)") == 1
+
+
+def test_sampler_none_is_no_sampler():
+    # `DataLoader(..., sampler=None)` spells DataLoader's default: the port took it for a custom sampler, kept the
+    # loader and left every rank training on all of the data
+    src = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef main():\n"
+        "    train = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "    loader = DataLoader(train, batch_size=16, shuffle=True, sampler=None)\n"
+        "    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    result = port_source(src, "train.py")
+    assert "loader = ddpkit.loader(train, ctx, batch_size=16 // ctx.world_size, shuffle=True)" in result.code
+    assert result.exit_code == 0, result.todos
+
+
+def test_a_gpu_device_under_any_name_becomes_the_ranks_device():
+    # `dev = th.device('cuda:%d' % args.gpu)`: every rank put its batches on the same GPU while ddpkit.wrap put the
+    # model on the rank's own, and the port said "ported fully"
+    for value in ("th.device('cuda:%d' % args.gpu)", "th.device('cpu') if args.gpu < 0 else th.device('cuda:%d' % args.gpu)",
+                  "f'cuda:{args.gpu}'"):
+        src = ("import argparse\nimport torch as th\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+               "def main():\n    parser = argparse.ArgumentParser()\n    parser.add_argument('--gpu', type=int, default=0)\n"
+               f"    args = parser.parse_args()\n    dev = {value}\n"
+               "    train = TensorDataset(th.randn(64, 4), th.randn(64, 1))\n"
+               "    model = th.nn.Linear(4, 1).to(dev)\n    opt = th.optim.SGD(model.parameters(), lr=0.1)\n"
+               "    for x, y in DataLoader(train, batch_size=16, shuffle=True):\n"
+               "        loss = th.nn.functional.mse_loss(model(x.to(dev)), y.to(dev))\n        opt.zero_grad()\n"
+               "        loss.backward()\n        opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+        code = port_source(src, "train.py").code
+        assert "args.gpu)" not in code.split("dev = ", 1)[1].split("\n", 1)[0], value
+        assert "        dev = ctx.device\n" in code or "        dev = str(ctx.device)\n" in code, value
+    # a test of a GPU is no device: `use_gpu = th.cuda.is_available()` stays
+    src = src.replace(f"    dev = {value}\n", f"    dev = {value}\n    use_gpu = th.cuda.is_available()\n")
+    assert "use_gpu = th.cuda.is_available()" in port_source(src, "train.py").code
+
+
+def test_a_question_asked_on_the_terminal_is_named():
+    # `if input("train more? ") == "y": train(...)` after training: every rank asks, one answer at most reaches a
+    # rank, and the rank that trains alone waits for the others in its first backward()
+    src = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+           "def train(model, opt, data):\n    for x, y in DataLoader(data, batch_size=16, shuffle=True):\n"
+           "        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n"
+           "        loss.backward()\n        opt.step()\n\n\ndef main():\n"
+           "    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n    model = torch.nn.Linear(4, 1)\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    train(model, opt, data)\n"
+           "    answer = input('train more? ')\n    if answer == 'y':\n        train(model, opt, data)\n\n\n"
+           "if __name__ == '__main__':\n    main()\n")
+    result = port_source(src, "train.py")
+    assert result.exit_code == 3
+    assert any("`input(...)` asks on every rank" in t.message for t in result.todos)

@@ -169,6 +169,13 @@ def plan_effects(plan: Any) -> None:
             continue
         if not own:
             continue
+        asked = next((c for c in own if dotted(c.func) == "input" and "input" not in f.scopes), None)
+        if asked is not None:
+            plan.todo(stmt, "`input(...)` asks on every rank: one answer from the terminal reaches rank 0 at most, and "
+                      "a rank that answers alone goes its own way (into training the others never start: a hang); "
+                      "ask on rank 0 and share the answer: `ddpkit.broadcast_object(ctx, input(...) if ctx.is_main "
+                      "else None)`")
+            continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
         fetched = next((plan.fetches[dotted(c.func)] for c in own if dotted(c.func) in plan.fetches), None)
         if fetched is not None and (fetched[2] or not isinstance(stmt, cst.SimpleStatementLine)):

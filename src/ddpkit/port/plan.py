@@ -438,6 +438,11 @@ class Plan:
             return
         if len(positional) > 2 and "shuffle" not in kwargs:  # DataLoader(dataset, batch_size, shuffle, ...)
             kwargs["shuffle"] = positional[2].value
+        for name in ("sampler", "batch_sampler"):  # `sampler=None` is DataLoader's default: no sampler at all
+            if isinstance(kwargs.get(name), cst.Name) and kwargs[name].value == "None":
+                del kwargs[name]
+        if len(positional) > 3 and isinstance(positional[3].value, cst.Name) and positional[3].value.value == "None":
+            positional = positional[:3]
         if "sampler" in kwargs or "batch_sampler" in kwargs or len(positional) > 3:
             which = "batch_sampler" if "batch_sampler" in kwargs else "sampler" if "sampler" in kwargs else ""
             given = f" `{which}={self.f.code(kwargs[which])}`" if which else ""

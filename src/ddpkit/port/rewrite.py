@@ -801,7 +801,8 @@ class Rewriter(cst.CSTTransformer):
         assign = updated.body[0]
         computed = any(isinstance(n, cst.FormattedString) and n.parts and isinstance(
             n.parts[0], cst.FormattedStringText) and n.parts[0].value.startswith("cuda:") or isinstance(
-            n, cst.BinaryOperation) and isinstance(n.left, cst.SimpleString) and n.left.evaluated_value == "cuda:"
+            n, cst.BinaryOperation) and isinstance(n.left, cst.SimpleString) and (n.left.evaluated_value == "cuda:" or (
+                isinstance(n.operator, cst.Modulo) and str(n.left.evaluated_value).startswith("cuda:%")))
             for n in _walk_expr(assign.value))
         if not (_chooses_device(assign) or _device_value(assign.value) or computed) or len(assign.targets) != 1 \
                 or not isinstance(assign.targets[0].target, cst.Name):
@@ -1266,11 +1267,33 @@ def _only_pass(block: cst.BaseSuite) -> bool:
 
 
 def _chooses_device(assign: cst.Assign) -> bool:
-    """`device = torch.device("cuda" if ... else "cpu")`, `self.device = "cuda"`: ctx.device now decides."""
+    """`device = torch.device("cuda" if ... else "cpu")`, `self.device = "cuda"`, and a GPU under any name
+    (`dev = th.device('cuda:%d' % args.gpu)`): ctx.device now decides."""
     if "device" not in dotted(assign.targets[0].target).rsplit(".", 1)[-1].lower():
-        return False
+        return _names_gpu(assign.value)
     code = cst.Module([]).code_for_node(assign.value)
     return any(word in code for word in ("cuda", "torch.device", "mps", "accelerator"))
+
+
+def _names_gpu(value: cst.BaseExpression) -> bool:
+    """`torch.device('cuda:%d' % i)` (any alias of torch), `f"cuda:{i}"`, `"cuda:" + str(i)`,
+    `"cuda:{}".format(i)`, `"cuda"`: a value that is a GPU device, not a test of one (`torch.cuda.is_available()`);
+    a choice between such a value and the CPU (`th.device('cpu') if args.gpu < 0 else th.device('cuda:%d' % ...)`)."""
+    if isinstance(value, cst.IfExp):
+        return _names_gpu(value.body) or _names_gpu(value.orelse)
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "device" \
+            and isinstance(value.func.value, cst.Name) and value.args:
+        value = value.args[0].value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
+        value = value.func.value
+    if isinstance(value, cst.BinaryOperation):
+        value = value.left
+    if isinstance(value, cst.SimpleString):
+        return str(value.evaluated_value).startswith("cuda")
+    if isinstance(value, cst.FormattedString):
+        return bool(value.parts) and isinstance(value.parts[0], cst.FormattedStringText) and \
+            value.parts[0].value.startswith("cuda")
+    return False
 
 
 def _names(target: cst.CSTNode) -> list[cst.Name]:
