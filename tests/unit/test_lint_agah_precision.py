@@ -1,0 +1,62 @@
+"""Findings the program itself answers: a device list built from the local rank and handed on by keyword, ...
+each beside a twin that is still reported."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _found(files: dict[str, str]) -> set[tuple[str, str, str]]:
+    """(path, stripped line, rule) of every finding."""
+    sources = {path: textwrap.dedent(code) for path, code in files.items()}
+    return {(f.path, sources[f.path].splitlines()[f.line - 1].strip(), f.rule) for f in lint_sources(sources)}
+
+
+_HEADS = """
+    import torch
+    import torch.nn as nn
+
+
+    class MarginHead(nn.Module):
+        def __init__(self, dim, classes, device_id=None):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(classes, dim))
+            self.device_id = device_id
+
+        def forward(self, x):
+            weight = self.weight.cuda(self.device_id[0])
+            return x.cuda(self.device_id[0]) @ weight.t()
+"""
+
+_HEAD_TRAIN = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import heads
+
+
+    def main():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        head = getattr(heads, "MarginHead")(8, 4, device_id=[local_rank]).cuda()
+        head = DDP(head, device_ids=[local_rank])
+        head(torch.randn(2, 8)).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_device_list_holding_the_local_rank_passed_by_keyword_is_the_ranks_own_gpu():
+    """`Head(..., device_id=[local_rank])` stored as `self.device_id`: `device_id[0]` is each rank's own GPU."""
+    found = _found({"train.py": _HEAD_TRAIN, "heads.py": _HEADS})
+    assert not [f for f in found if f[2] == "DDP012"]
+    fixed = _HEAD_TRAIN.replace("device_id=[local_rank]", "device_id=[0]")
+    assert ("heads.py", "weight = self.weight.cuda(self.device_id[0])", "DDP012") in _found(
+        {"train.py": fixed, "heads.py": _HEADS})
