@@ -60,3 +60,45 @@ def test_a_device_list_holding_the_local_rank_passed_by_keyword_is_the_ranks_own
     fixed = _HEAD_TRAIN.replace("device_id=[local_rank]", "device_id=[0]")
     assert ("heads.py", "weight = self.weight.cuda(self.device_id[0])", "DDP012") in _found(
         {"train.py": fixed, "heads.py": _HEADS})
+
+
+_LOGGED = """
+    import os
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import wandb
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def mean_over_ranks(tensor):
+        total = tensor.clone()
+        dist.all_reduce(total)
+        return total / dist.get_world_size()
+
+
+    def main():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(8, 1).cuda(), device_ids=[local_rank])
+        for step in range(10):
+            loss = model(torch.randn(4, 8).cuda()).pow(2).mean()
+            loss.backward()
+            reduced_loss = mean_over_ranks(loss.detach()).item()
+            if dist.get_rank() == 0:
+                wandb.log({"train/loss": reduced_loss, "train/log_loss": np.log(reduced_loss)}, step=step)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_reduced_loss_shown_on_another_scale_is_still_reduced():
+    """`np.log(reduced_loss)` of a loss averaged over the ranks is the run's figure on a log scale (no DDP006)."""
+    assert not [f for f in _found({"train.py": _LOGGED}) if f[2] == "DDP006"]
+    own = _LOGGED.replace("reduced_loss = mean_over_ranks(loss.detach()).item()", "reduced_loss = loss.item()")
+    assert [f[1] for f in _found({"train.py": own}) if f[2] == "DDP006"] == [
+        'wandb.log({"train/loss": reduced_loss, "train/log_loss": np.log(reduced_loss)}, step=step)']
