@@ -102,3 +102,45 @@ def test_a_reduced_loss_shown_on_another_scale_is_still_reduced():
     own = _LOGGED.replace("reduced_loss = mean_over_ranks(loss.detach()).item()", "reduced_loss = loss.item()")
     assert [f[1] for f in _found({"train.py": own}) if f[2] == "DDP006"] == [
         'wandb.log({"train/loss": reduced_loss, "train/log_loss": np.log(reduced_loss)}, step=step)']
+
+
+_GATHERED = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+    from scores import Tally
+
+
+    def validate(model, loader, rank):
+        tally = Tally()
+        for x, y in loader:
+            tally.add(model(x).argmax(1), y)
+        every = Tally.all_gather_tallies(tally)
+        f1 = every.f1()
+        if rank == 0:
+            print("F1 SCORE: {}".format(str(f1)))
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        val_loader = DataLoader(data, sampler=DistributedSampler(data, shuffle=False, drop_last=True))
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+        validate(model, val_loader, rank)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_metric_computed_from_what_a_library_gathered_is_the_runs():
+    """`every = Tally.all_gather_tallies(tally)`; `f1 = every.f1()` shown on rank 0: the figure of every rank's
+    shard (no DDP006), where the same line of rank 0's own tally is reported."""
+    assert not [f for f in _found({"train.py": _GATHERED}) if f[2] == "DDP006"]
+    own = _GATHERED.replace("every = Tally.all_gather_tallies(tally)", "every = tally")
+    assert [f[1] for f in _found({"train.py": own}) if f[2] == "DDP006"] == ['print("F1 SCORE: {}".format(str(f1)))']
+

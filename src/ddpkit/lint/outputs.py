@@ -1248,6 +1248,9 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
                       None)
         if metric is None:
             continue
+        scope = scope_of(s, call)
+        if built_from(s, scope, [*call.args, *(k.value for k in call.keywords)]) & reduced_names(s):
+            continue  # computed from what a collective gathered (`f1 = all_stats[0].accuracy()`)
         where = "from inside a rank check" if ctx.level else "by every rank"
         yield Hit(call, "DDP006", "warning",
                   f"'{metric}' is reported {where} but the script never reduces it across ranks, so it "
