@@ -144,3 +144,63 @@ def test_a_metric_computed_from_what_a_library_gathered_is_the_runs():
     own = _GATHERED.replace("every = Tally.all_gather_tallies(tally)", "every = tally")
     assert [f[1] for f in _found({"train.py": own}) if f[2] == "DDP006"] == ['print("F1 SCORE: {}".format(str(f1)))']
 
+
+_TRAINER = """
+    import argparse
+    import os
+    import shutil
+    import torch
+    import torch.distributed as dist
+
+
+    def import_class(name):
+        parts = name.split(".")
+        mod = __import__(parts[0])
+        for part in parts[1:]:
+            mod = getattr(mod, part)
+        return mod
+
+
+    class Processor:
+        def __init__(self, arg):
+            self.arg = arg
+            if os.path.isdir(arg.work_dir):
+                answer = "y"
+                if answer == "y":
+                    shutil.rmtree(arg.work_dir)
+                else:
+                    print("kept", arg.work_dir)
+            self.model = import_class(arg.model)()
+
+        def profile(self, x):
+            print("profiling", x.shape)
+
+        def start(self):
+            print("start", self.arg.work_dir)
+
+
+    def main(arg):
+        dist.init_process_group("gloo")
+        Processor(arg).start()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--work-dir", default="runs")
+        parser.add_argument("--model", default="nets.Net")
+        main(parser.parse_args())
+"""
+
+
+def test_an_arm_a_local_constant_rules_out_and_a_method_nothing_names_never_run():
+    """`answer = "y"` then `if answer == "y": ... else: print(...)`: the `else` never runs; a method no code names
+    (its call commented out) never runs, although `getattr(mod, part)` walks a dotted module path (DDP008 on
+    neither, where the method that runs is still reported)."""
+    prints = {f[1] for f in _found({"train.py": _TRAINER}) if f[2] == "DDP008"}
+    assert prints == {'print("start", self.arg.work_dir)'}
+    both = _TRAINER.replace('answer = "y"', 'answer = input("delete? ")').replace(
+        "Processor(arg).start()", "proc = Processor(arg)\n        proc.start()\n        proc.profile(torch.zeros(1))")
+    assert {f[1] for f in _found({"train.py": both}) if f[2] == "DDP008"} == {
+        'print("start", self.arg.work_dir)', 'print("kept", arg.work_dir)', 'print("profiling", x.shape)'}
+

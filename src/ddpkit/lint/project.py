@@ -426,7 +426,8 @@ class Project:
         self._methods_of_other_receivers(rooted)
 
     def _switched_off(self) -> dict[str, set[int]]:
-        """path -> ids of the nodes of branches no call takes: an `if` whose test reads a parameter that every call
+        """path -> ids of the nodes of branches no call takes: an `if` on a local name its function binds once, to a
+        literal (see _local_constants); an `if` whose test reads a parameter that every call
         of its function in the program fills with a literal (by position, by keyword or by its default; a
         module-level name bound once to a literal, in this file or imported, counts as that literal) and that
         those literals decide the same way (`if p:`, `if not p:`, `if p is None:`, `if p == "ddp":`, parts of an
@@ -499,6 +500,11 @@ class Project:
                      if isinstance(t, ast.Name) and bound.get(t.id) == 1}
             _switch_off(s.tree, lambda t: isinstance(t, ast.Constant) and not t.value
                         or isinstance(t, ast.Name) and t.id in falsy, [False], out.setdefault(path, set()))
+        for path, s in self.scripts.items():
+            for d in s.defs:
+                for name, value in _local_constants(d).items():
+                    _switch_off(d, lambda t, n=name: isinstance(t, ast.Name) and t.id == n, [value],
+                                out.setdefault(path, set()))
         if not calls.get("DataParallel"):
             # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
             # subclass of it): the branch never runs
@@ -1214,6 +1220,27 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
+def _local_constants(d: ast.AST) -> dict[str, object]:
+    """Local names of a function that its code binds once, to a literal (`answer = "y"` where the prompt that read
+    it is commented out): no parameter, loop target, `global`, `del`, augmented assignment or rebinding, and no
+    `exec`/`locals()` in the function."""
+    counts: dict[str, int] = {}
+    values: dict[str, object] = {}
+    for n in ast.walk(d):
+        if n is not d and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            counts.update((a.arg, 2) for a in ast.walk(n) if isinstance(a, ast.arg))  # (a nested scope's names)
+        if isinstance(n, ast.Call) and terminal(n.func) in ("exec", "eval", "locals", "vars"):
+            return {}
+        names = [n.id] if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else \
+            [n.arg] if isinstance(n, ast.arg) else list(n.names) if isinstance(n, (ast.Global, ast.Nonlocal)) else []
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                and isinstance(n.value, ast.Constant) and isinstance(n.value.value, (str, bool, int)):
+            values[n.targets[0].id] = n.value.value
+    return {name: value for name, value in values.items() if counts.get(name) == 1}
+
+
 def _switch_off(scope: ast.AST, is_flag, literals: list[object], dead: set[int]) -> None:
     """Add to dead the nodes of each arm of an `if` in scope that the test never takes, the flag holding each of
     `literals` in turn (see _decide): the body of `if <flag>:` / `if <flag> and ...:` for False or None, the
@@ -1561,13 +1588,25 @@ def _picks_by_name(s: Script, node: ast.AST) -> str | None:
 
 def _module_valued(s: Script, expr: ast.AST) -> bool:
     """An expression that may hold a module: an imported name (`models`, `utils.registry`), a module fetched at run
-    time (`import_module(...)`, `sys.modules[__name__]`); not a local value, `self` or its attributes."""
+    time (`import_module(...)`, `sys.modules[__name__]`, a local name only ever given one or a getattr of itself);
+    not another local value, `self` or its attributes."""
     root = expr
     while isinstance(root, ast.Attribute):
         root = root.value
+    if isinstance(root, ast.Name) and root.id not in s.aliases and root is expr:
+        # `mod = __import__(path[0])`, then `mod = getattr(mod, part)` down a dotted path: every value the function
+        # gives the name is a module (or what a module holds)
+        assigned = [(stmt, v) for stmt, v in s.local_assignments(root.id, expr)]
+        return any(_imports_a_module(v) for _, v in assigned) and all(
+            _imports_a_module(v) or isinstance(v, ast.Call) and terminal(v.func) == "getattr" and v.args
+            and isinstance(v.args[0], ast.Name) and v.args[0].id == root.id for _, v in assigned)
     if isinstance(root, ast.Name):
         return root.id in s.aliases and root.id != "self"
     return not isinstance(root, ast.Constant)
+
+
+def _imports_a_module(value: ast.AST | None) -> bool:
+    return isinstance(value, ast.Call) and terminal(value.func) in ("__import__", "import_module")
 
 
 def _conventional(name: str) -> bool:
