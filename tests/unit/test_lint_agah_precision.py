@@ -204,3 +204,172 @@ def test_an_arm_a_local_constant_rules_out_and_a_method_nothing_names_never_run(
     assert {f[1] for f in _found({"train.py": both}) if f[2] == "DDP008"} == {
         'print("start", self.arg.work_dir)', 'print("kept", arg.work_dir)', 'print("profiling", x.shape)'}
 
+
+_ABORTS = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = torch.nn.Linear(4, 1)
+        for step in range(10):
+            try:
+                loss = model(torch.randn(2, 4)).pow(2).mean()
+                losses = {"loss": loss, "l1-value": loss.abs()}
+                if torch.isnan(loss):
+                    for key, value in losses.items():
+                        if "-value" in key:
+                            print(key, value)
+                    exit()
+                loss.backward()
+            except RuntimeError as e:
+                print(e)
+                path = "model_error.pt"
+                print("model saved to {}".format(path))
+                torch.save(model.state_dict(), path)
+                exit(0)
+        print("done")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_messages_a_rank_prints_on_its_own_way_out_are_not_repeated_output():
+    """The values dumped by a loop of prints before `exit()`, and the prints of an `except` block that ends in
+    `exit(0)`: the failing rank's diagnostics (no DDP008); the normal end's message is still every rank's."""
+    assert {f[1] for f in _found({"train.py": _ABORTS}) if f[2] == "DDP008"} == {'print("done")'}
+    kept = _ABORTS.replace("                    exit()\n", "").replace("                exit(0)\n", "")
+    assert {f[1] for f in _found({"train.py": kept}) if f[2] == "DDP008"} == {
+        'print("done")', "print(key, value)", "print(e)", 'print("model saved to {}".format(path))'}
+
+
+_WHOLE_VAL = """
+    import os
+    import torch
+    import torch.distributed as dist
+    import tqdm
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    from torch.utils.tensorboard import SummaryWriter
+
+
+    def main():
+        dist.init_process_group("gloo")
+        is_logger = dist.get_rank() == 0
+        writer = SummaryWriter("runs") if is_logger else None
+        train_set = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        val_set = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+        train_loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+        val_loader = DataLoader(val_set, batch_size=8, shuffle=False)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        for epoch in range(2):
+            train_loader.sampler.set_epoch(epoch)
+            pbar = tqdm.tqdm(train_loader) if is_logger else train_loader
+            for idx, (x, y) in enumerate(pbar):
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+            pbar = tqdm.tqdm(val_loader) if is_logger else val_loader
+            with torch.no_grad():
+                for idx, (x, y) in enumerate(pbar):
+                    loss = (model(x) - y).pow(2).mean()
+                    if is_logger:
+                        writer.add_scalar("Loss/validation", loss.item(), epoch * len(val_loader) + idx)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_loss_over_an_unsharded_loader_behind_a_progress_bar_is_the_whole_sets():
+    """`pbar = tqdm(val_loader) if is_logger else val_loader` over a loader with no sampler: rank 0's validation
+    loss is the whole set's (no DDP006); the same line over the sharded training loader is rank 0's own."""
+    assert not [f for f in _found({"train.py": _WHOLE_VAL}) if f[2] == "DDP006"]
+    sharded = _WHOLE_VAL.replace("val_loader = DataLoader(val_set, batch_size=8, shuffle=False)",
+                                 "val_loader = DataLoader(val_set, batch_size=8, sampler=DistributedSampler(val_set))")
+    assert ('train.py', 'writer.add_scalar("Loss/validation", loss.item(), epoch * len(val_loader) + idx)',
+            'DDP006') in _found({"train.py": sharded})
+
+
+_RANK_FILLED = """
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+
+    def score(texts):
+        return {"length": float(len(texts))}
+
+
+    def estimate(generate, times):
+        results = dict()
+        for _ in range(times):
+            texts = generate()
+            if dist.get_rank() == 0:
+                scores = score(texts)
+                for key in scores:
+                    if key not in results:
+                        results[key] = []
+                    results[key].append(scores[key])
+        for key in results:
+            print(f"{key}: mean = {np.mean(results[key]):0.5f}")
+
+
+    def main():
+        dist.init_process_group("gloo")
+        estimate(lambda: ["a", "b"], 3)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_loop_over_what_only_rank_0_filled_prints_on_rank_0_alone():
+    """`results = dict()` filled only under `if dist.get_rank() == 0:`: the loop over it prints nothing on the other
+    ranks (no DDP008); filled on every rank, every rank prints."""
+    assert not [f for f in _found({"train.py": _RANK_FILLED}) if f[2] == "DDP008"]
+    every = _RANK_FILLED.replace("            if dist.get_rank() == 0:\n                scores", "            if texts:\n"
+                                 "                scores")
+    assert ("train.py", 'print(f"{key}: mean = {np.mean(results[key]):0.5f}")', "DDP008") in _found(
+        {"train.py": every})
+
+
+_PLATEAU = """
+    import torch
+    import torch.distributed as dist
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=2, verbose=True)
+        for epoch in range(3):
+            loss = model(torch.randn(2, 4)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            if dist.get_rank() == 0:
+                scheduler.step(loss.item())
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_verbose_plateau_scheduler_stepped_on_rank_0_alone_prints_there_alone():
+    """ReduceLROnPlateau prints in step() only: stepped under a rank check, no DDP008; stepped on every rank, one."""
+    assert not [f for f in _found({"train.py": _PLATEAU}) if f[2] == "DDP008"]
+    every = _PLATEAU.replace("            if dist.get_rank() == 0:\n                scheduler.step",
+                             "            scheduler.step")
+    assert [f[1] for f in _found({"train.py": every}) if f[2] == "DDP008"] == [
+        'scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=2, verbose=True)']
