@@ -296,6 +296,55 @@ def test_a_loss_over_an_unsharded_loader_behind_a_progress_bar_is_the_whole_sets
             'DDP006') in _found({"train.py": sharded})
 
 
+_CPU_ARMS = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        model = torch.nn.Linear(4, 1).cuda()
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+            model.cuda(local_rank)
+        else:
+            print("using CPU, this will be slow")
+        model = DDP(model, device_ids=[local_rank])
+        dist.destroy_process_group()
+
+
+    def spare():
+        local_rank = int(os.environ["LOCAL_RANK"])
+        model = torch.nn.Linear(4, 1)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+            model = DDP(model.cuda(), device_ids=[local_rank])
+        else:
+            model = DDP(model)
+        return model
+
+
+    if __name__ == "__main__":
+        main()
+        spare()
+"""
+
+
+def test_the_arms_that_run_without_a_gpu_are_not_judged_as_gpu_code():
+    """The `else:` of `if torch.cuda.is_available():` after a `.cuda()` every path runs never runs (no DDP008);
+    `DDP(model)` in the `else:` of `if torch.cuda.is_available():` wraps a CPU model (no DDP012)."""
+    found = _found({"train.py": _CPU_ARMS})
+    assert not [f for f in found if f[2] in ("DDP008", "DDP012")], found
+    moved = _CPU_ARMS.replace("        model = torch.nn.Linear(4, 1).cuda()\n", "        model = torch.nn.Linear(4, 1)\n")
+    assert ("train.py", 'print("using CPU, this will be slow")', "DDP008") in _found({"train.py": moved})
+    flag = _CPU_ARMS.replace("if torch.cuda.is_available():", "if use_gpu:").replace(
+        "    def main():\n", "    use_gpu = os.environ.get('USE_GPU') == '1'\n\n\n    def main():\n")
+    assert ("train.py", "model = DDP(model)", "DDP012") in _found({"train.py": flag})
+
+
 _RANK_FILLED = """
     import numpy as np
     import torch

@@ -375,6 +375,22 @@ def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[str, bool
     return sides
 
 
+def _cpu_arm(s: Script, node: ast.AST) -> bool:
+    """The node runs only where no GPU is seen: in the `else:` of `if torch.cuda.is_available():` (or the body of
+    `if not torch.cuda.is_available():`)."""
+    child = node
+    while id(child) in s.parents:
+        parent = s.parents[id(child)]
+        if isinstance(parent, ast.If) and child is not parent.test:
+            test, side = parent.test, child in parent.body
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, side = test.operand, not side
+            if not side and isinstance(test, ast.Call) and s.qualname(test.func) == "torch.cuda.is_available":
+                return True
+        child = parent
+    return False
+
+
 @check
 def ddp_without_device(s: Script) -> Iterator[Hit]:
     if not _uses_cuda(s) or _pinned(s):
@@ -386,6 +402,8 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
                 or keyword(call, "device_ids") is not None or keyword(call, "device_mesh") is not None:
             continue
         sides = _branches(call, parents)
+        if _cpu_arm(s, call):
+            continue  # the arm of `if torch.cuda.is_available():` that runs without a GPU: a CPU model needs no device
         # a set_device on the other side of an `if` this call is in (or of the same test) does not run first
         reaching = [c for script, c in chosen if script is not s or not any(
             (test, not side) in sides for test, side in _branches(c, parents))]

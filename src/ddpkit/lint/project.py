@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names, scope_of
@@ -505,6 +506,10 @@ class Project:
                 for name, value in _local_constants(d).items():
                     _switch_off(d, lambda t, n=name: isinstance(t, ast.Name) and t.id == n, [value],
                                 out.setdefault(path, set()))
+            for n in s.nodes:
+                if isinstance(n, ast.If) and _after_cuda_required(s, n):
+                    arm = n.orelse if _asks_cuda(s, n.test) else n.body
+                    out.setdefault(path, set()).update(id(m) for stmt in arm for m in ast.walk(stmt))
         if not calls.get("DataParallel"):
             # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
             # subclass of it): the branch never runs
@@ -1218,6 +1223,47 @@ class Project:
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _asks_cuda(s: Script, test: ast.AST) -> bool | None:
+    """True for `torch.cuda.is_available()`, False for its negation, None for any other test."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _asks_cuda(s, test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Call) and s.qualname(test.func) == "torch.cuda.is_available":
+        return True
+    return None
+
+
+def _after_cuda_required(s: Script, branch: ast.If) -> bool:
+    """A test of `torch.cuda.is_available()` after a statement of the same function that every path to it runs and
+    that calls `.cuda()` (`model = Model().cuda()`): that call raises without a GPU, so the test always passes."""
+    if _asks_cuda(s, branch.test) is None:
+        return False
+    node = branch
+    while id(node) in s.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        parent = s.parents[id(node)]
+        block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
+                      if isinstance(b, list) and any(x is node for x in b)), None)
+        if block is None or isinstance(parent, (ast.Try, ast.ExceptHandler)):
+            return False  # (a `try:` may catch the error the call raises)
+        for stmt in block[:next(i for i, x in enumerate(block) if x is node)]:
+            if isinstance(stmt, (ast.Assign, ast.Expr)) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "cuda"
+                    for c in _unconditional(stmt.value)):
+                return True
+        node = parent
+    return False
+
+
+def _unconditional(expr: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of an expression that always run (not inside a lambda, comprehension, `x if c else y` or `and`/`or`)."""
+    yield expr
+    if isinstance(expr, (ast.Lambda, ast.IfExp, ast.BoolOp, ast.ListComp, ast.SetComp, ast.DictComp,
+                         ast.GeneratorExp)):
+        return
+    for child in ast.iter_child_nodes(expr):
+        yield from _unconditional(child)
 
 
 def _local_constants(d: ast.AST) -> dict[str, object]:
