@@ -422,3 +422,40 @@ def test_a_verbose_plateau_scheduler_stepped_on_rank_0_alone_prints_there_alone(
                              "            scheduler.step")
     assert [f[1] for f in _found({"train.py": every}) if f[2] == "DDP008"] == [
         'scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=2, verbose=True)']
+
+
+_BAD_CALL = """
+    import os
+    import torch
+    import torch.distributed as dist
+
+
+    def save(model, path, score):
+        torch.save({"model": model.state_dict(), "score": score}, path)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = torch.nn.Linear(4, 1)
+        try:
+            loss = model(torch.randn(2, 4)).pow(2).mean()
+            loss.backward()
+            if rank == 0:
+                save(model, "best.pt", loss.item())
+        except RuntimeError:
+            save(model, "error.pt")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_call_that_leaves_out_a_required_argument_runs_nothing():
+    """`save(model, "error.pt")` of `def save(model, path, score)` raises TypeError before torch.save: the only
+    call that runs the body is the guarded one (no DDP004); given its score, the unguarded call saves on every rank."""
+    assert not [f for f in _found({"train.py": _BAD_CALL}) if f[2] == "DDP004"]
+    given = _BAD_CALL.replace('save(model, "error.pt")', 'save(model, "error.pt", None)')
+    assert [f[2] for f in _found({"train.py": given}) if f[2] == "DDP004"] == ["DDP004"]
