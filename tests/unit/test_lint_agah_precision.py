@@ -459,3 +459,60 @@ def test_a_call_that_leaves_out_a_required_argument_runs_nothing():
     assert not [f for f in _found({"train.py": _BAD_CALL}) if f[2] == "DDP004"]
     given = _BAD_CALL.replace('save(model, "error.pt")', 'save(model, "error.pt", None)')
     assert [f[2] for f in _found({"train.py": given}) if f[2] == "DDP004"] == ["DDP004"]
+
+
+_STAR_MAIN = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from loaders import *
+    from helpers import *
+
+
+    def main(rank, world_size):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        data = Small()()
+        log(len(data))
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        mp.spawn(main, args=(2,), nprocs=2)
+"""
+
+_STAR_LOADERS = """
+    import torch
+    from torchvision import datasets
+
+
+    class Small:
+        def __call__(self):
+            data = torch.utils.data.TensorDataset(torch.randn(4, 2))
+            return torch.utils.data.DataLoader(data, sampler=torch.utils.data.DistributedSampler(data, shuffle=False))
+
+
+    class SkippingFolder(datasets.ImageFolder):
+        def __getitem__(self, index):
+            try:
+                return super().__getitem__(index)
+            except OSError:
+                print("skipping", index)
+                return None
+
+
+    class Large:
+        def __call__(self):
+            return SkippingFolder("large/")
+"""
+
+_STAR_HELPERS = """
+    def log(value):
+        print("items", value)
+"""
+
+
+def test_a_class_of_the_first_of_two_star_imported_modules_that_nothing_builds_never_runs():
+    """`from loaders import *` then `from helpers import *`: loaders.py is imported (not a library linted alongside),
+    so its `Large` that nothing builds runs nothing, nor the dataset only it builds (no DDP008), while the helper that runs is still reported."""
+    found = _found({"train.py": _STAR_MAIN, "loaders.py": _STAR_LOADERS, "helpers.py": _STAR_HELPERS})
+    assert {(f[0], f[1]) for f in found if f[2] == "DDP008"} == {("helpers.py", 'print("items", value)')}

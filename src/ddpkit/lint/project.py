@@ -825,7 +825,10 @@ class Project:
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
             and _in_loop(s, n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
-        static = {s.path: {path for module in s.aliases.values()
+        # (every `from m import *` of a file, where its aliases keep one)
+        static = {s.path: {path for module in (*s.aliases.values(), *(
+            "." * n.level + (n.module or "") + ".*" for n in s.nodes if isinstance(n, ast.ImportFrom)
+            and any(a.name == "*" for a in n.names)))
                            for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
                   for s in scripts}
         trees = {path: x.tree for path, x in self.scripts.items()}
