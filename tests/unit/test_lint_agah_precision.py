@@ -516,3 +516,52 @@ def test_a_class_of_the_first_of_two_star_imported_modules_that_nothing_builds_n
     so its `Large` that nothing builds runs nothing, nor the dataset only it builds (no DDP008), while the helper that runs is still reported."""
     found = _found({"train.py": _STAR_MAIN, "loaders.py": _STAR_LOADERS, "helpers.py": _STAR_HELPERS})
     assert {(f[0], f[1]) for f in found if f[2] == "DDP008"} == {("helpers.py", 'print("items", value)')}
+
+
+_BANK = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def train(model, loader, optimizer):
+        for (x,) in loader:
+            model(x).sum().backward()
+            optimizer.step()
+
+
+    def test(model, bank_loader):
+        with torch.no_grad():
+            bank = [model(x) for (x,) in bank_loader]
+            for (x,) in bank_loader:
+                bank.append(model(x))
+        return bank
+
+
+    def main():
+        dist.init_process_group("gloo")
+        data = TensorDataset(torch.randn(64, 4))
+        train_sampler = DistributedSampler(data)
+        bank_sampler = DistributedSampler(data)
+        train_loader = DataLoader(data, batch_size=8, sampler=train_sampler)
+        bank_loader = DataLoader(data, batch_size=8, sampler=bank_sampler)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            train_sampler.set_epoch(epoch)
+            train(model, train_loader, optimizer)
+            test(model, bank_loader)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_sampler_whose_loader_only_feeds_a_no_grad_pass_needs_no_set_epoch():
+    """The feature bank's loader is read only under `torch.no_grad()` (in the function it is handed to): its order
+    trains nothing (no DDP001); read by the training function, it is reported."""
+    assert not [f for f in _found({"train.py": _BANK}) if f[2] == "DDP001"]
+    trained = _BANK.replace("            test(model, bank_loader)\n", "            train(model, bank_loader, optimizer)\n")
+    assert [f[2] for f in _found({"train.py": trained}) if f[2] == "DDP001"] == ["DDP001"]
