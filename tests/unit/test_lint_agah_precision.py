@@ -565,3 +565,55 @@ def test_a_sampler_whose_loader_only_feeds_a_no_grad_pass_needs_no_set_epoch():
     assert not [f for f in _found({"train.py": _BANK}) if f[2] == "DDP001"]
     trained = _BANK.replace("            test(model, bank_loader)\n", "            train(model, bank_loader, optimizer)\n")
     assert [f[2] for f in _found({"train.py": trained}) if f[2] == "DDP001"] == ["DDP001"]
+
+
+_BEST_ITEM = """
+    import logging
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    logger = logging.getLogger(__name__)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        data = TensorDataset(torch.randn(64, 4))
+        loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        best = torch.load("best.pt")["mae"]
+        for epoch in range(3):
+            loader.sampler.set_epoch(epoch)
+            avg_losses = {}
+            for (x,) in loader:
+                losses = {"loss": model(x).pow(2).mean()}
+                losses["loss"].backward()
+                for key, value in losses.items():
+                    avg_losses.setdefault(f"train/{key}", []).append(value.item())
+            if rank == 0:
+                with torch.no_grad():
+                    for (x,) in DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8):
+                        losses = {"mae": model.module(x).abs().mean()}
+                        for key, value in losses.items():
+                            avg_losses.setdefault(f"val/{key}", []).append(value.item())
+                for key, value in avg_losses.items():
+                    avg_losses[key] = sum(value) / len(value)
+                if best > avg_losses["val/mae"]:
+                    best = avg_losses["val/mae"]
+                    logger.warning(f"best model so far, with mae {best}")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_best_so_far_taken_from_an_evaluation_item_is_not_the_training_loss():
+    """`best = avg_losses["val/mae"]` right before the report: the evaluation's figure, not rank 0's training loss
+    (no DDP006); `best = avg_losses["train/loss"]` is."""
+    assert not [f for f in _found({"train.py": _BEST_ITEM}) if f[2] == "DDP006"]
+    trained = _BEST_ITEM.replace('best = avg_losses["val/mae"]', 'best = avg_losses["train/loss"]')
+    assert [f[1] for f in _found({"train.py": trained}) if f[2] == "DDP006"] == [
+        'logger.warning(f"best model so far, with mae {best}")']

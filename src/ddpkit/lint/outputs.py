@@ -140,7 +140,8 @@ def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
     values = [v for k, v in s.assignments if k == name]
     copies = [v for v in values if not _start_value(v)]
     if depth < 3 and copies and len(copies) < len(values) and all(
-            isinstance(v, ast.Name) and v.id != name and _from_evaluation(s, v.id, depth + 1) for v in copies):
+            isinstance(v, ast.Name) and v.id != name and _from_evaluation(s, v.id, depth + 1) or _eval_item(v)
+            for v in copies):
         return True
     return any(isinstance(v, ast.Call) and is_eval_name(terminal(v.func)) for k, v in s.assignments
                if k.lstrip(".") == name) or name in s.project.memo(("unpacked from evaluation", id(s)), lambda: {
@@ -148,6 +149,29 @@ def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
                    and is_eval_name(terminal(a.value.func)) and s.context(a.value).level != NONE
                    for t in a.targets if isinstance(t, (ast.Tuple, ast.List))
                    for n in ast.walk(t) if isinstance(n, ast.Name)})
+
+
+def _set_just_before(s: Script, use: ast.Name) -> ast.AST | None:
+    """The value of `name = value` that every path to `use` runs last: in a block around `use`, before it, with no
+    other binding of the name between them in that block."""
+    node = use
+    while id(node) in s.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        parent = s.parents[id(node)]
+        block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
+                      if isinstance(b, list) and any(x is node for x in b)), None)
+        for stmt in reversed(block[:next(i for i, x in enumerate(block) if x is node)] if block else []):
+            if any(isinstance(n, ast.Name) and n.id == use.id and not isinstance(n.ctx, ast.Load)
+                   for n in ast.walk(stmt)):
+                return stmt.value if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                    and isinstance(stmt.targets[0], ast.Name) else None
+        node = parent
+    return None
+
+
+def _eval_item(value: ast.AST | None) -> bool:
+    """`avg_losses["val/mae"]`: an item whose string key names evaluation data."""
+    return isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) \
+        and isinstance(value.slice.value, str) and is_eval_name(re.sub(r"\W+", "_", value.slice.value))
 
 
 def _start_value(value: ast.AST) -> bool:
@@ -324,6 +348,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 continue  # this value went through a collective (or was rebuilt from one)
             if isinstance(leaf, ast.Name) and _text_name(s, leaf.id):
                 continue  # text cut from a setting (the loss's name), not a figure
+            if isinstance(leaf, ast.Name) and (_from_evaluation(s, leaf.id) or _eval_item(_set_just_before(s, leaf))):
+                continue  # a best-so-far copy of an evaluation figure (`best = avg_losses["val/mae"]`)
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
             sources = _attribute_sources(s, leaf)
