@@ -39,3 +39,12 @@ def test_a_running_loss_logged_where_every_rank_shows_info_lines_is_left_to_ddp0
     source = (PROGRAMS / "rank_levelled_loss" / "train.py").read_text()
     source = source.replace("logging.INFO if local_rank in (-1, 0) else logging.WARN", "logging.INFO")
     assert _lines(source) == []
+
+
+def test_a_device_count_the_program_passes_as_the_world_size_is_the_world_size():
+    """The program starts one process per GPU it counts and tells init_process_group so (`world_size=args.nprocs`):
+    dividing by that count is dividing by the world size."""
+    source = (PROGRAMS / "scaled_sums" / "train.py").read_text()
+    fixed = source.replace('dist.init_process_group("nccl")',
+                           'dist.init_process_group("nccl", rank=local_rank, world_size=args.nprocs)')
+    assert _lines(fixed) == [37]

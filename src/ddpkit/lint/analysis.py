@@ -730,6 +730,11 @@ class Script:
         refs += [c.func for c in self.calls if isinstance(c.func, ast.Attribute) and c.func.attr in lone
                  and isinstance(c.func.value, ast.Name) and c.func.value.id not in self.aliases
                  and c.func.value.id not in ("self", "cls")]
+        # `save(model, optimizer, path, config)` of `def save(model, optimizer, path, config, score)`: the call
+        # raises TypeError before the body runs, so it is no call site
+        refs = [r for r in refs if not (isinstance(self.parents.get(id(r)), ast.Call) and self.parents[id(r)].func is r
+                                        and isinstance(r, ast.Name) and misses_required(self.parents[id(r)], [
+                                            d for d in defs if d.name == r.id]))]
         self.function_level: dict[str, int] = {}
         self.function_single: set[str] = set()
         """Functions called only from single-process branches (`else: train_single(...)` of `if args.distributed:`)."""
@@ -1248,3 +1253,19 @@ def _statements(stmt: ast.stmt) -> Iterator[ast.stmt]:
                     yield from _statements(inner)
             else:
                 yield from _statements(child)
+
+
+def misses_required(call: ast.Call, defs: list[ast.AST]) -> bool:
+    """The call leaves out a parameter without a default of the one module-level function of its name (no `*args`
+    or `**kwargs` on either side): Python raises TypeError before the body runs."""
+    if len(defs) != 1 or not isinstance(defs[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    a = defs[0].args
+    if a.vararg or a.kwarg or any(isinstance(v, ast.Starred) for v in call.args) \
+            or any(k.arg is None for k in call.keywords):
+        return False
+    positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+    required = positional[:len(positional) - len(a.defaults)]
+    given = set(positional[:len(call.args)]) | {k.arg for k in call.keywords}
+    kw_required = {p.arg for p, v in zip(a.kwonlyargs, a.kw_defaults) if v is None}
+    return bool(set(required) - given or kw_required - given)

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, batchnorm_constructor, own_returns, terminal
+from ddpkit.lint.bindings import scope_of
 from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
@@ -299,16 +300,34 @@ def _setting_key(expr: ast.AST) -> str | None:
     return None
 
 
+def _involves_rank(x: Script, value: ast.AST) -> bool:
+    return any(x.kind(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))
+
+
+def _passed_per_rank(project, parameter: str) -> bool:
+    """Some call of the program passes `parameter=` a value that involves the rank (`device_id=[local_rank]`)."""
+    return any(k.arg == parameter and _involves_rank(x, k.value)
+               for x in project.scripts.values() for c in x.calls for k in c.keywords)
+
+
 def _set_per_rank(project, key: str) -> bool:
     """Some file of the program assigns the setting `key` (`x.key = ...`, `key = ...`, `d["key"] = ...`) a value
-    that involves the rank, or under a rank check, or through a name it cannot follow (a loop, a parameter)."""
+    that involves the rank, or under a rank check, or a parameter some call fills with the rank by keyword
+    (`self.device_id = device_id` in a class built as `Head(..., device_id=[local_rank])`, also through
+    `getattr(heads, name)(...)`)."""
     for x in project.scripts.values():
         for node in x.nodes:
             if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or node.value is None:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(_setting_key(t) == key for t in targets) and (x.context(node).level or any(
-                    x.kind(n) for n in ast.walk(node.value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)))):
+            if not any(_setting_key(t) == key for t in targets):
+                continue
+            if x.context(node).level or _involves_rank(x, node.value):
+                return True
+            function = scope_of(node, x.parents)
+            if isinstance(node.value, ast.Name) and isinstance(function, ast.FunctionDef) and node.value.id in {
+                    a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)} \
+                    and _passed_per_rank(project, node.value.id):
                 return True
     return False
 
@@ -356,6 +375,22 @@ def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[str, bool
     return sides
 
 
+def _cpu_arm(s: Script, node: ast.AST) -> bool:
+    """The node runs only where no GPU is seen: in the `else:` of `if torch.cuda.is_available():` (or the body of
+    `if not torch.cuda.is_available():`)."""
+    child = node
+    while id(child) in s.parents:
+        parent = s.parents[id(child)]
+        if isinstance(parent, ast.If) and child is not parent.test:
+            test, side = parent.test, child in parent.body
+            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, side = test.operand, not side
+            if not side and isinstance(test, ast.Call) and s.qualname(test.func) == "torch.cuda.is_available":
+                return True
+        child = parent
+    return False
+
+
 @check
 def ddp_without_device(s: Script) -> Iterator[Hit]:
     if not _uses_cuda(s) or _pinned(s):
@@ -367,6 +402,8 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
                 or keyword(call, "device_ids") is not None or keyword(call, "device_mesh") is not None:
             continue
         sides = _branches(call, parents)
+        if _cpu_arm(s, call):
+            continue  # the arm of `if torch.cuda.is_available():` that runs without a GPU: a CPU model needs no device
         # a set_device on the other side of an `if` this call is in (or of the same test) does not run first
         reaching = [c for script, c in chosen if script is not s or not any(
             (test, not side) in sides for test, side in _branches(c, parents))]

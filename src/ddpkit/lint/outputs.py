@@ -140,7 +140,8 @@ def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
     values = [v for k, v in s.assignments if k == name]
     copies = [v for v in values if not _start_value(v)]
     if depth < 3 and copies and len(copies) < len(values) and all(
-            isinstance(v, ast.Name) and v.id != name and _from_evaluation(s, v.id, depth + 1) for v in copies):
+            isinstance(v, ast.Name) and v.id != name and _from_evaluation(s, v.id, depth + 1) or _eval_item(v)
+            for v in copies):
         return True
     return any(isinstance(v, ast.Call) and is_eval_name(terminal(v.func)) for k, v in s.assignments
                if k.lstrip(".") == name) or name in s.project.memo(("unpacked from evaluation", id(s)), lambda: {
@@ -148,6 +149,29 @@ def _from_evaluation(s: Script, name: str, depth: int = 0) -> bool:
                    and is_eval_name(terminal(a.value.func)) and s.context(a.value).level != NONE
                    for t in a.targets if isinstance(t, (ast.Tuple, ast.List))
                    for n in ast.walk(t) if isinstance(n, ast.Name)})
+
+
+def _set_just_before(s: Script, use: ast.Name) -> ast.AST | None:
+    """The value of `name = value` that every path to `use` runs last: in a block around `use`, before it, with no
+    other binding of the name between them in that block."""
+    node = use
+    while id(node) in s.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        parent = s.parents[id(node)]
+        block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
+                      if isinstance(b, list) and any(x is node for x in b)), None)
+        for stmt in reversed(block[:next(i for i, x in enumerate(block) if x is node)] if block else []):
+            if any(isinstance(n, ast.Name) and n.id == use.id and not isinstance(n.ctx, ast.Load)
+                   for n in ast.walk(stmt)):
+                return stmt.value if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                    and isinstance(stmt.targets[0], ast.Name) else None
+        node = parent
+    return None
+
+
+def _eval_item(value: ast.AST | None) -> bool:
+    """`avg_losses["val/mae"]`: an item whose string key names evaluation data."""
+    return isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant) \
+        and isinstance(value.slice.value, str) and is_eval_name(re.sub(r"\W+", "_", value.slice.value))
 
 
 def _start_value(value: ast.AST) -> bool:
@@ -327,6 +351,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 continue  # this value went through a collective (or was rebuilt from one)
             if isinstance(leaf, ast.Name) and _text_name(s, leaf.id):
                 continue  # text cut from a setting (the loss's name), not a figure
+            if isinstance(leaf, ast.Name) and (_from_evaluation(s, leaf.id) or _eval_item(_set_just_before(s, leaf))):
+                continue  # a best-so-far copy of an evaluation figure (`best = avg_losses["val/mae"]`)
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
             # earlier (`run_name = f"...{args.loss_weight}"`)
             sources = _attribute_sources(s, leaf)
@@ -542,10 +568,28 @@ def _in_whole_data_loop(s: Script, node: ast.AST) -> bool:
         node = s.parents[id(node)]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return False
-        if isinstance(node, ast.For) and any(isinstance(n, ast.Name) and _whole_data_loader(s, n.id)
-                                             for n in ast.walk(node.iter)):
+        if isinstance(node, ast.For) and (any(isinstance(n, ast.Name) and _whole_data_loader(s, n.id)
+                                              for n in ast.walk(node.iter)) or _wraps_whole_loader(s, node.iter, node)):
             return True
     return False
+
+
+def _wraps_whole_loader(s: Script, expr: ast.AST, loop: ast.For, depth: int = 3) -> bool:
+    """`enumerate(pbar)` with `pbar = tqdm(val_loader) if is_logger else val_loader` assigned last before the loop
+    in its function: every value iterated is a loader every rank iterates whole (see _whole_data_loader)."""
+    if isinstance(expr, ast.IfExp):
+        return _wraps_whole_loader(s, expr.body, loop, depth) and _wraps_whole_loader(s, expr.orelse, loop, depth)
+    if isinstance(expr, ast.Call) and terminal(expr.func) in ("tqdm", "enumerate", "iter") and expr.args:
+        return _wraps_whole_loader(s, expr.args[0], loop, depth)
+    if not isinstance(expr, ast.Name) or not depth:
+        return False
+    if _whole_data_loader(s, expr.id):
+        return True
+    earlier = [(stmt, v) for stmt, v in s.local_assignments(expr.id, loop) if stmt.lineno < loop.lineno]
+    if not earlier:
+        return False
+    stmt, value = max(earlier, key=lambda a: a[0].lineno)
+    return isinstance(stmt, ast.Assign) and value is not None and _wraps_whole_loader(s, value, loop, depth - 1)
 
 
 def _whole_data_loader(s: Script, name: str) -> bool:
@@ -1287,6 +1331,9 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
                       None)
         if metric is None:
             continue
+        scope = scope_of(s, call)
+        if built_from(s, scope, [*call.args, *(k.value for k in call.keywords)]) & reduced_names(s):
+            continue  # computed from what a collective gathered (`f1 = all_stats[0].accuracy()`)
         where = "from inside a rank check" if ctx.level else "by every rank"
         yield Hit(call, "DDP006", "warning",
                   f"'{metric}' is reported {where} but the script never reduces it across ranks, so it "
@@ -1324,10 +1371,19 @@ _MESSAGES = frozenset({"print", "info", "warning", "warn", "error", "critical", 
 def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -> bool:
     """The message opens (or is) a run of messages that ends in `sys.exit`/`raise`, in an assert that fails
     there, or at the end of an arm of an `if` after which the program reads a name only the other arms bind:
-    it says why a process stops."""
+    it says why a process stops; also any message of an `except` block that ends by stopping (`except RuntimeError
+    as e: print(e); save(...); exit(0)`: the failing rank's own diagnostics, whatever the exit code). A `for`/`if`
+    of messages alone counts as one (`for k, v in losses.items(): print(k, v)` then `exit()`)."""
+    handler = _enclosing_handler(s, stmt)
+    if handler is not None and _stops(handler.body[-1]):
+        return True
     for _ in range(20):
         last = stmt
         stmt = after.get(id(stmt))
+        while stmt is None and last is not None and isinstance(s.parents.get(id(last)), (ast.For, ast.If)) \
+                and _reports_only(s, s.parents[id(last)]):
+            last = s.parents[id(last)]  # the end of a loop (or `if`) of messages: the run goes on after it
+            stmt = after.get(id(last))
         if _stops(stmt):
             return not _normal_end(stmt)
         if _fails(s, stmt):
@@ -1338,6 +1394,16 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
                 and terminal(stmt.value.func) in _MESSAGES):
             return False
     return False
+
+
+def _enclosing_handler(s: Script, stmt: ast.stmt | None) -> ast.ExceptHandler | None:
+    """The `except` block a statement sits in, within its function."""
+    node = stmt
+    while node is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(node, ast.ExceptHandler):
+            return node
+        node = s.parents.get(id(node))
+    return None
 
 
 def _fails(s: Script, stmt: ast.stmt | None) -> bool:
@@ -1492,6 +1558,59 @@ def _placed_tensor_device(s: Script, node: ast.AST, call: ast.Call) -> bool:
         return False
     values = s.local_values(node.value.id, call)
     return bool(values) and all(isinstance(v, ast.Call) and terminal(v.func) in ("to", "cuda") for v in values)
+
+
+def _steps_on_some_ranks(s: Script, call: ast.Call) -> bool:
+    """`scheduler = ReduceLROnPlateau(..., verbose=True)` (which prints only in step(), not when built) whose every
+    `scheduler.step(...)` in the file runs under a rank check: only those ranks print."""
+    stmt = s.parents.get(id(call))
+    if terminal(call.func) != "ReduceLROnPlateau" or not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                                                          and isinstance(stmt.targets[0], (ast.Name, ast.Attribute))):
+        return False
+    key = terminal(stmt.targets[0])
+    steps = [c for c in s.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "step"
+             and isinstance(c.func.value, (ast.Name, ast.Attribute)) and terminal(c.func.value) == key]
+    return bool(steps) and all(s.context(c).level != NONE for c in steps)
+
+
+_FILLS = frozenset({"append", "extend", "update", "setdefault", "insert", "add"})
+
+
+def _over_rank_filled(s: Script, node: ast.AST) -> bool:
+    """The node runs inside `for key in results:` (also `.items()`, `.keys()`, `.values()`) where its function binds
+    `results` once, to an empty `dict()`/`{}`/`[]`, and fills it only under a rank check (`results[k] = ...`,
+    `results.append(...)`, `results[k].append(...)`): on the other ranks the loop has nothing to run."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if not isinstance(node, ast.For):
+            continue
+        over = node.iter
+        if isinstance(over, ast.Call) and isinstance(over.func, ast.Attribute) and not over.args \
+                and over.func.attr in ("items", "keys", "values"):
+            over = over.func.value
+        if not isinstance(over, ast.Name):
+            continue
+        bound = [(stmt, v) for stmt, v in s.local_assignments(over.id, node) if not (
+            isinstance(stmt, (ast.Assign, ast.AugAssign)) and not any(
+                isinstance(t, ast.Name) for t in getattr(stmt, "targets", [getattr(stmt, "target", None)])))]
+        if len(bound) != 1 or not _empty_container(bound[0][1]):
+            continue
+        scope = scope_of(s, node)
+        fills = [n for n in ast.walk(scope) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name)
+                 and n.value.id == over.id and (isinstance(n.ctx, ast.Store) or isinstance(s.parents.get(id(n)), ast.Attribute))
+                 or isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _FILLS
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == over.id]
+        if fills and all(s.context(n).level != NONE for n in fills):
+            return True
+    return False
+
+
+def _empty_container(value: ast.AST | None) -> bool:
+    return isinstance(value, ast.Dict) and not value.keys or isinstance(value, ast.List) and not value.elts \
+        or isinstance(value, ast.Call) and terminal(value.func) in ("dict", "list", "OrderedDict", "defaultdict") \
+        and not value.args[1:] and not value.keywords and not (value.args and terminal(value.func) != "defaultdict")
 
 
 def _after_a_stop(s: Script, node: ast.AST) -> bool:
@@ -1670,7 +1789,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         # a torch LR scheduler built with verbose=True prints a line at its construction and at every step()
         flag = keyword(call, "verbose")
         verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
-            and isinstance(flag, ast.Constant) and flag.value is True
+            and isinstance(flag, ast.Constant) and flag.value is True and not _steps_on_some_ranks(s, call)
         is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
@@ -1709,6 +1828,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
+        if _over_rank_filled(s, call):
+            continue  # a loop over a container only the ranks of a rank check fill: the others have nothing to show
         if is_bar and keyword(call, "disable") is not None and not off_by_default(s, keyword(call, "disable")):
             continue  # (`disable=False`, or a store_true flag the run does not pass, leaves the bar on every rank)
         if is_log and _in_handler(s, call):

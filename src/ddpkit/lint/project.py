@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names, scope_of
@@ -426,7 +427,8 @@ class Project:
         self._methods_of_other_receivers(rooted)
 
     def _switched_off(self) -> dict[str, set[int]]:
-        """path -> ids of the nodes of branches no call takes: an `if` whose test reads a parameter that every call
+        """path -> ids of the nodes of branches no call takes: an `if` on a local name its function binds once, to a
+        literal (see _local_constants); an `if` whose test reads a parameter that every call
         of its function in the program fills with a literal (by position, by keyword or by its default; a
         module-level name bound once to a literal, in this file or imported, counts as that literal) and that
         those literals decide the same way (`if p:`, `if not p:`, `if p is None:`, `if p == "ddp":`, parts of an
@@ -499,6 +501,15 @@ class Project:
                      if isinstance(t, ast.Name) and bound.get(t.id) == 1}
             _switch_off(s.tree, lambda t: isinstance(t, ast.Constant) and not t.value
                         or isinstance(t, ast.Name) and t.id in falsy, [False], out.setdefault(path, set()))
+        for path, s in self.scripts.items():
+            for d in s.defs:
+                for name, value in _local_constants(d).items():
+                    _switch_off(d, lambda t, n=name: isinstance(t, ast.Name) and t.id == n, [value],
+                                out.setdefault(path, set()))
+            for n in s.nodes:
+                if isinstance(n, ast.If) and _after_cuda_required(s, n):
+                    arm = n.orelse if _asks_cuda(s, n.test) else n.body
+                    out.setdefault(path, set()).update(id(m) for stmt in arm for m in ast.walk(stmt))
         if not calls.get("DataParallel"):
             # `if isinstance(model, nn.DataParallel):` in a program that never builds a DataParallel (DDP is no
             # subclass of it): the branch never runs
@@ -814,7 +825,10 @@ class Project:
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
             and _in_loop(s, n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
-        static = {s.path: {path for module in s.aliases.values()
+        # (every `from m import *` of a file, where its aliases keep one)
+        static = {s.path: {path for module in (*s.aliases.values(), *(
+            "." * n.level + (n.module or "") + ".*" for n in s.nodes if isinstance(n, ast.ImportFrom)
+            and any(a.name == "*" for a in n.names)))
                            for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
                   for s in scripts}
         trees = {path: x.tree for path, x in self.scripts.items()}
@@ -1214,6 +1228,68 @@ class Project:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
+def _asks_cuda(s: Script, test: ast.AST) -> bool | None:
+    """True for `torch.cuda.is_available()`, False for its negation, None for any other test."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _asks_cuda(s, test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Call) and s.qualname(test.func) == "torch.cuda.is_available":
+        return True
+    return None
+
+
+def _after_cuda_required(s: Script, branch: ast.If) -> bool:
+    """A test of `torch.cuda.is_available()` after a statement of the same function that every path to it runs and
+    that calls `.cuda()` (`model = Model().cuda()`): that call raises without a GPU, so the test always passes."""
+    if _asks_cuda(s, branch.test) is None:
+        return False
+    node = branch
+    while id(node) in s.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        parent = s.parents[id(node)]
+        block = next((b for f in ("body", "orelse", "finalbody") for b in [getattr(parent, f, None)]
+                      if isinstance(b, list) and any(x is node for x in b)), None)
+        if block is None or isinstance(parent, (ast.Try, ast.ExceptHandler)):
+            return False  # (a `try:` may catch the error the call raises)
+        for stmt in block[:next(i for i, x in enumerate(block) if x is node)]:
+            if isinstance(stmt, (ast.Assign, ast.Expr)) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "cuda"
+                    for c in _unconditional(stmt.value)):
+                return True
+        node = parent
+    return False
+
+
+def _unconditional(expr: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of an expression that always run (not inside a lambda, comprehension, `x if c else y` or `and`/`or`)."""
+    yield expr
+    if isinstance(expr, (ast.Lambda, ast.IfExp, ast.BoolOp, ast.ListComp, ast.SetComp, ast.DictComp,
+                         ast.GeneratorExp)):
+        return
+    for child in ast.iter_child_nodes(expr):
+        yield from _unconditional(child)
+
+
+def _local_constants(d: ast.AST) -> dict[str, object]:
+    """Local names of a function that its code binds once, to a literal (`answer = "y"` where the prompt that read
+    it is commented out): no parameter, loop target, `global`, `del`, augmented assignment or rebinding, and no
+    `exec`/`locals()` in the function."""
+    counts: dict[str, int] = {}
+    values: dict[str, object] = {}
+    for n in ast.walk(d):
+        if n is not d and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            counts.update((a.arg, 2) for a in ast.walk(n) if isinstance(a, ast.arg))  # (a nested scope's names)
+        if isinstance(n, ast.Call) and terminal(n.func) in ("exec", "eval", "locals", "vars"):
+            return {}
+        names = [n.id] if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else \
+            [n.arg] if isinstance(n, ast.arg) else list(n.names) if isinstance(n, (ast.Global, ast.Nonlocal)) else []
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                and isinstance(n.value, ast.Constant) and isinstance(n.value.value, (str, bool, int)):
+            values[n.targets[0].id] = n.value.value
+    return {name: value for name, value in values.items() if counts.get(name) == 1}
+
+
 def _switch_off(scope: ast.AST, is_flag, literals: list[object], dead: set[int]) -> None:
     """Add to dead the nodes of each arm of an `if` in scope that the test never takes, the flag holding each of
     `literals` in turn (see _decide): the body of `if <flag>:` / `if <flag> and ...:` for False or None, the
@@ -1561,13 +1637,25 @@ def _picks_by_name(s: Script, node: ast.AST) -> str | None:
 
 def _module_valued(s: Script, expr: ast.AST) -> bool:
     """An expression that may hold a module: an imported name (`models`, `utils.registry`), a module fetched at run
-    time (`import_module(...)`, `sys.modules[__name__]`); not a local value, `self` or its attributes."""
+    time (`import_module(...)`, `sys.modules[__name__]`, a local name only ever given one or a getattr of itself);
+    not another local value, `self` or its attributes."""
     root = expr
     while isinstance(root, ast.Attribute):
         root = root.value
+    if isinstance(root, ast.Name) and root.id not in s.aliases and root is expr:
+        # `mod = __import__(path[0])`, then `mod = getattr(mod, part)` down a dotted path: every value the function
+        # gives the name is a module (or what a module holds)
+        assigned = [(stmt, v) for stmt, v in s.local_assignments(root.id, expr)]
+        return any(_imports_a_module(v) for _, v in assigned) and all(
+            _imports_a_module(v) or isinstance(v, ast.Call) and terminal(v.func) == "getattr" and v.args
+            and isinstance(v.args[0], ast.Name) and v.args[0].id == root.id for _, v in assigned)
     if isinstance(root, ast.Name):
         return root.id in s.aliases and root.id != "self"
     return not isinstance(root, ast.Constant)
+
+
+def _imports_a_module(value: ast.AST | None) -> bool:
+    return isinstance(value, ast.Call) and terminal(value.func) in ("__import__", "import_module")
 
 
 def _conventional(name: str) -> bool:

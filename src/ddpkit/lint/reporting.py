@@ -42,9 +42,10 @@ def _arguments(call: ast.Call) -> list[ast.AST]:
 
 _CARRIERS = frozenset({"tensor", "as_tensor", "Tensor", "FloatTensor", "DoubleTensor", "LongTensor", "stack", "cat",
                        "float", "int", "round", "abs", "list", "tuple", "dict", "format", "join", "mean", "sum",
-                       "zip", "enumerate", "sorted", "reversed"})
-"""Calls whose arguments are the value they make: `torch.tensor([a, b])`, `float(x)`, `"{}".format(x)`, the pairs
-of `dict(zip(names, reduced))`."""
+                       "zip", "enumerate", "sorted", "reversed", "str", "exp", "log", "log2", "log10", "sqrt"})
+"""Calls whose arguments are the value they make: `torch.tensor([a, b])`, `float(x)`, `str(x)`, `"{}".format(x)`, the pairs
+of `dict(zip(names, reduced))`, and the same figure on another scale (`np.log(loss)`, `math.exp(loss)`: a reduced
+loss stays reduced)."""
 
 
 def _value_names(expr: ast.AST, defined: set[str], passes: dict[str, set[int]] | None = None) -> list[str]:

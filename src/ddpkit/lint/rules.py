@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, is_eval_name,
-                                  is_eval_sampler, terminal)
+                                  is_eval_sampler, terminal, without_grad)
 from ddpkit.lint.passes import enclosing_function, rerun_site
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS", "off_by_default"]
@@ -109,6 +109,8 @@ def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receiv
         return  # a batch sampler from a file not linted may call set_epoch itself
     if _under_an_unread_key(x, call) or dropped_by_every_caller(x, call) or _never_read(x, call):
         return  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
+    if _read_only_without_grad(x, call):
+        return  # a feature-bank pass under no_grad: its order trains nothing
     what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
         f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
     if node is call:
@@ -131,6 +133,42 @@ def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receiv
               f"this loop passes again over the loader of the DistributedSampler built at {_line_of(x, call, s)}, "
               f"which shuffles, but {others}: every pass visits the data in the same order",
               "call sampler.set_epoch(epoch) at the start of every pass, before iterating the DataLoader")
+
+
+def _read_only_without_grad(x: Script, call: ast.Call) -> bool:
+    """Every loop over the loader this sampler feeds runs under `torch.no_grad()` (in its function, or in the project
+    function the loader is handed to by position: `test(model, memory_loader)` looping over its parameter): the
+    order of a pass that trains nothing does not matter."""
+    samplers = {k.lstrip(".") for k, v in x.assignments if v is call}
+    loaders = {k.lstrip(".") for k, v in x.assignments if isinstance(v, ast.Call) and terminal(v.func) == "DataLoader"
+               and isinstance(keyword(v, "sampler"), (ast.Name, ast.Attribute))
+               and terminal(keyword(v, "sampler")) in samplers}
+    if not samplers or not loaders:
+        return False
+    loops: list[tuple[Script, ast.AST]] = []
+    for node in x.nodes:
+        if isinstance(node, ast.For) and any(isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in loaders
+                                             for n in ast.walk(node.iter)):
+            loops.append((x, node))
+        if not isinstance(node, ast.Call):
+            continue
+        if any(isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in loaders
+               for k in node.keywords for n in ast.walk(k.value)) or terminal(node.func) in ("iter", "next") and any(
+                isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) in loaders for n in node.args):
+            return False  # handed on by keyword, or stepped by hand: not followed here
+        for i, a in enumerate(node.args):
+            if not (isinstance(a, (ast.Name, ast.Attribute)) and terminal(a) in loaders):
+                continue
+            defs = [(y, d) for y in x.project.scripts.values() for d in y.defs if d.name == terminal(node.func)]
+            if len(defs) != 1 or not isinstance(node.func, ast.Name):
+                return False  # handed to code not followed here
+            y, d = defs[0]
+            params = [p.arg for p in (*d.args.posonlyargs, *d.args.args)]
+            if i >= len(params):
+                return False
+            loops += [(y, n) for n in ast.walk(d) if isinstance(n, ast.For) and any(
+                isinstance(m, ast.Name) and m.id == params[i] for m in ast.walk(n.iter))]
+    return bool(loops) and all(without_grad(y, n, y.parents) for y, n in loops)
 
 
 def _set_epoch_receivers(set_epochs: list[tuple[Script, ast.Call]]) -> set[str] | None:

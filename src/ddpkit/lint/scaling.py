@@ -102,6 +102,22 @@ def _device_counted(s: Script, expr: ast.AST) -> bool:
                                 for x, v in stores)
 
 
+def _sets_world_size(s: Script, expr: ast.AST) -> bool:
+    """Some `init_process_group` of the program is given this value as its world size (`world_size=num_gpus`, also
+    as the parameter of the helper that calls it): the program starts one process per GPU it counts, so the GPU
+    count is the world size."""
+    key = terminal(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+    for x in s.project.scripts.values():
+        for call in x.calls:
+            if x.qualname(call.func) != "torch.distributed.init_process_group":
+                continue
+            size = argument(call, "world_size", 3)
+            if size is not None and (key is not None and isinstance(size, (ast.Name, ast.Attribute))
+                                     and terminal(size) == key or _device_counted(x, size)):
+                return True
+    return False
+
+
 def _dividing_parameters(s: Script) -> dict[str, int]:
     """{function: position of the parameter it divides an all-reduced sum by} (`def reduce_mean(t, nprocs):
     dist.all_reduce(rt); rt /= nprocs`)."""
@@ -122,14 +138,16 @@ def _dividing_parameters(s: Script) -> dict[str, int]:
 @check
 def divided_by_device_count(s: Script) -> Iterator[Hit]:
     """A sum over all ranks divided by `torch.cuda.device_count()` (directly, or by a helper given it): the GPUs of
-    one machine, which is the world size only on one machine running a process on every GPU it shows."""
+    one machine, which is the world size only on one machine running a process on every GPU it shows (not reported
+where the program passes that count to `init_process_group` as the world size)."""
     helpers = s.project.memo("dividing helpers", lambda: {
         (x.path, name): index for x in s.project.scripts.values() for name, index in _dividing_parameters(x).items()})
     for call in s.calls:
         found = s.project.resolve(s, call.func) if not isinstance(call.func, ast.Name) or \
             call.func.id not in s.function_names else (s.path, call.func.id)
         index = helpers.get(found) if found else None
-        if index is not None and len(call.args) > index and _device_counted(s, call.args[index]):
+        if index is not None and len(call.args) > index and _device_counted(s, call.args[index]) \
+                and not _sets_world_size(s, call.args[index]):
             yield Hit(call, "DDP006", "warning",
                       f"{ast.unparse(call.func)}() divides a sum over all ranks by {ast.unparse(call.args[index])}, "
                       "the number of GPUs this machine shows, not the number of processes: on several machines, or "
