@@ -228,7 +228,7 @@ DDPKIT_PRELUDE = """
     ("ddpkit.reduce_mean(ctx, 1.0, 1)", "ddpkit.reduce_mean"),
     ("ddpkit.reduce_means(ctx, {'loss': 1.0}, 1)", "ddpkit.reduce_means"),
     ("ddpkit.all_gather_object(ctx, 1)", "ddpkit.all_gather_object"),
-    ("ddpkit.broadcast_object(ctx, 1)", "ddpkit.broadcast_object"),
+    ("ddpkit.collectives.broadcast_object(ctx, 1)", "ddpkit.collectives.broadcast_object"),
     ("ddpkit.gather_in_order(ctx, t, [0])", "ddpkit.gather_in_order"),
     ("ctx.close()", "ctx.close"),
     ("torch.distributed.fsdp.fully_shard(model)", "torch.distributed.fsdp.fully_shard"),

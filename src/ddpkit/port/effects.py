@@ -173,7 +173,7 @@ def plan_effects(plan: Any) -> None:
         if asked is not None:
             plan.todo(stmt, "`input(...)` asks on every rank: one answer from the terminal reaches rank 0 at most, and "
                       "a rank that answers alone goes its own way (into training the others never start: a hang); "
-                      "ask on rank 0 and share the answer: `ddpkit.broadcast_object(ctx, input(...) if ctx.is_main "
+                      "ask on rank 0 and share the answer: `ddpkit.collectives.broadcast_object(ctx, input(...) if ctx.is_main "
                       "else None)`")
             continue
         calls_model = any(plan.role(key, dotted(c.func)) == "model" for c in own)
