@@ -609,3 +609,16 @@ def test_a_question_asked_on_the_terminal_is_named():
     result = port_source(src, "train.py")
     assert result.exit_code == 3
     assert any("`input(...)` asks on every rank" in t.message for t in result.todos)
+
+
+def test_an_option_added_to_a_call_that_closes_on_its_own_line_keeps_the_layout():
+    # `DataLoader(\n    data, ..., num_workers=2\n)`: the added `persistent_workers=False` went after the line break
+    src = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef main():\n"
+           "    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n    loader = DataLoader(\n"
+           "        data, batch_size=16, shuffle=True, num_workers=2\n    )\n    model = torch.nn.Linear(4, 1)\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x, y in loader:\n"
+           "        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n"
+           "        loss.backward()\n        opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    code = port_source(src, "train.py").code
+    assert ("        loader = ddpkit.loader(\n            data, ctx, batch_size=16 // ctx.world_size, shuffle=True, "
+            "num_workers=2, persistent_workers=False\n        )\n") in code

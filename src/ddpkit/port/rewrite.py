@@ -55,8 +55,15 @@ def _arg(name: str, value: cst.BaseExpression) -> cst.Arg:
 
 def _comma_args(args: list[cst.Arg]) -> list[cst.Arg]:
     out = []
+    closing = None  # the line break an argument that ended the call kept before `)`: the call's new last one keeps it
     for i, a in enumerate(args):
         last = i == len(args) - 1
+        if not last and not isinstance(a.comma, cst.Comma) and isinstance(a.whitespace_after_arg,
+                                                                            cst.ParenthesizedWhitespace):
+            closing = a.whitespace_after_arg
+            a = a.with_changes(whitespace_after_arg=cst.SimpleWhitespace(""))
+        if last and closing is not None and not isinstance(a.whitespace_after_arg, cst.ParenthesizedWhitespace):
+            a = a.with_changes(whitespace_after_arg=closing)
         out.append(a.with_changes(comma=cst.MaybeSentinel.DEFAULT if last else
                                   (a.comma if isinstance(a.comma, cst.Comma) else cst.Comma(
                                       whitespace_after=cst.SimpleWhitespace(" ")))))
