@@ -13,7 +13,7 @@ import ast
 import os
 from typing import Callable
 
-from ddpkit.port.weights import ast_dotted
+from ddpkit.port.weights import ast_dotted, wrapped_classes
 
 __all__ = ["host_inputs_in_wrapped", "cpu_tensors_in_wrapped", "plain_tensor_members"]
 
@@ -93,12 +93,7 @@ def host_inputs_in_wrapped(tree: ast.Module, builders: dict[str, list[str]],
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args):
             continue
-        arg = node.args[0]
-        classes = [ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(ast_dotted(arg), [])
-        for cls in classes:
-            found = definition(cls) if cls else None
-            if found is None or not isinstance(found[2], ast.ClassDef):
-                continue
+        for found in wrapped_classes(node, builders, definition):
             forward = next((n for n in found[2].body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
             count = len(forward.args.args) - 1 if forward is not None else 0
             hits = _packed(found[0], found[2], "forward", set(range(count)), follow, 0, set())

@@ -12,7 +12,7 @@ import ast
 import os
 from collections.abc import Callable
 
-from ddpkit.port.weights import Definition, ast_dotted, forward_reads, maybe_unused
+from ddpkit.port.weights import Definition, ast_dotted, forward_reads, maybe_unused, wrapped_classes
 
 __all__ = ["Resolve", "unused_in_wrapped", "unused_wraps"]
 
@@ -161,12 +161,7 @@ def _unused_of(node: ast.Call, builders: dict[str, list[str]], definition: Defin
     `ddpkit.wrap(model, ctx)` may wrap (any class the name is built by, in any branch) holding a parameter its
     forward, or the forward of a project class it builds, may leave unused. Classes of the script itself ("" file)
     are ddpkit.port.unused's, but for the classes they build."""
-    arg = node.args[0]
-    classes = [ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(ast_dotted(arg), [])
-    for cls in classes:
-        found = definition(cls) if cls else None
-        if found is None or not isinstance(found[2], ast.ClassDef):
-            continue
+    for found in wrapped_classes(node, builders, definition):
         unused = [(f"self.{attr}", found[0], line) for attr, line in maybe_unused(found[2])] if found[0] else []
         unused = unused or (_nested(found[2], found[0], {}, follow, 0, set()) if follow is not None else [])
         if unused:

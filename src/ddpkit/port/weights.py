@@ -214,6 +214,16 @@ def frozen_modules(init: ast.AST) -> set[str]:
     return out
 
 
+def wrapped_classes(wrap: ast.Call, builders: dict[str, list[str]], definition: Definition
+                    ) -> list[tuple[str, str, ast.ClassDef]]:
+    """(file, name, class) of each class of the script ("" file) or its project that `ddpkit.wrap(model, ctx)` may
+    wrap: the class called in place (`ddpkit.wrap(Net(), ctx)`), or any class the name is built by, in any branch."""
+    arg = wrap.args[0]
+    names = [ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(ast_dotted(arg), [])
+    found = [definition(name) if name else None for name in names]
+    return [f for f in found if f is not None and isinstance(f[2], ast.ClassDef)]  # type: ignore[misc]
+
+
 def maybe_unused(cls: ast.ClassDef) -> list[tuple[str, int]]:
     """(attribute, line) of parameters and layers set in __init__ (`self.eps = nn.Parameter(...)`) that forward,
     and the methods it calls, read only under a condition (`if self.learn_eps:`) or never."""
