@@ -75,7 +75,7 @@ def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, t
             if saved is None and isinstance(n, cst.Call) and saves_file(plan, key, n):
                 saved = n
             if isinstance(n, (cst.Break, cst.Continue)) and not loops:
-                loop = _loop_around(plan, stmt)
+                loop = plan.loop_around(stmt)
                 if loop is None:
                     continue
                 # `break` skips every later step of the loop; `continue` only what follows the branch in this pass
@@ -125,16 +125,9 @@ def _inside(plan: Any, node: cst.CSTNode, named: set[int]) -> bool:
     return False
 
 
-def _loop_around(plan: Any, stmt: cst.CSTNode) -> cst.For | cst.While | None:
-    parent = plan._parent.get(id(stmt))
-    while parent is not None and not isinstance(parent, (cst.For, cst.While)):
-        parent = plan._parent.get(id(parent))
-    return parent
-
-
 def _steps_after(plan: Any, key: str, stmt: cst.CSTNode, trains: set[str]) -> bool:
     """A training step the scope runs after `stmt` on its way out: later in a loop around it, or below it."""
-    loop = _loop_around(plan, stmt)
+    loop = plan.loop_around(stmt)
     if loop is not None and _trains(plan, key, loop.body, trains):
         return True
     end = plan.end_of(stmt)
@@ -291,7 +284,7 @@ def _drawn_setting(plan: Any, key: str, draw: cst.Call, trains: set[str]) -> Non
     stmt = plan._stmt.get(id(draw))
     if not isinstance(stmt, cst.SimpleStatementLine) or not isinstance(stmt.body[0], cst.Assign):
         return
-    loop = _loop_around(plan, stmt)
+    loop = plan.loop_around(stmt)
     if loop is None or any(isinstance(c, cst.Call) and plan.f.is_seed_call(c) and plan.line_of(c) < plan.line_of(stmt)
                            for c in walk(loop.body)):
         return  # seeded in the loop before the draw: every rank draws the same settings

@@ -252,7 +252,7 @@ def plan_effects(plan: Any) -> None:
             plan.guard.add(id(stmt))  # `plotter.flush()` of the project's own class: it only writes files
             writes.append((key, plan.line_of(stmt)))
             _wait_after_disk_branch(plan, key, stmt)
-            if key == f.entry_key and not plan.under_branch(stmt, key) and not _in_loop(plan, stmt):
+            if key == f.entry_key and not plan.under_branch(stmt, key) and plan.loop_around(stmt) is None:
                 # `make_data()` then `Dataset("data/x.csv")`: the project's code may read what rank 0 wrote, by
                 # paths the port does not see; one barrier where every rank passes once
                 plan.wait_after.add(id(stmt))
@@ -318,15 +318,6 @@ def plan_effects(plan: Any) -> None:
                      and plan.line_of(s) > end]
             if after:
                 plan.barrier_before.discard(id(min(after, key=plan.line_of)))
-
-
-def _in_loop(plan: Any, stmt: cst.CSTNode) -> bool:
-    node = plan._parent.get(id(stmt))
-    while node is not None:
-        if isinstance(node, (cst.For, cst.While)):
-            return True
-        node = plan._parent.get(id(node))
-    return False
 
 
 def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:

@@ -258,6 +258,13 @@ class Plan:
             parent = self._parent.get(id(parent))
         return False
 
+    def loop_around(self, stmt: cst.CSTNode) -> cst.For | cst.While | None:
+        """The innermost `for`/`while` of the scope around a statement, or None."""
+        parent = self._parent.get(id(stmt))
+        while parent is not None and not isinstance(parent, (cst.For, cst.While)):
+            parent = self._parent.get(id(parent))
+        return parent
+
     def under_branch(self, stmt: cst.CSTNode, key: str | None = None) -> bool:
         """Inside an if/try/while of its scope (a condition some ranks may take and others not), or inside a
         loop over an evaluation shard (shards may differ by a batch)."""

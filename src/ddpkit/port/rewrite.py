@@ -13,6 +13,7 @@ from ddpkit.port.gathers import gather_statement
 from ddpkit.port.inputs import CREATORS as _CREATORS
 from ddpkit.port.models import is_optimizer, moves_to_cpu
 from ddpkit.port.plan import Plan, loader_expr, move_receiver
+from ddpkit.port.switches import option_dest
 from ddpkit.port.sums import reduce_statement
 
 __all__ = ["Rewriter", "parse_expr", "strip_moves"]
@@ -104,6 +105,8 @@ class Rewriter(cst.CSTTransformer):
         self.host_batches: list[bool] = []
         """Per entry of batches: the loader may be a torch DataLoader the port keeps (its batches on the CPU)."""
         self.changes = 0
+        self.gpu_numbers = _gpu_numbers(facts.module, "device")
+        """The default of the script's `--device` option where it holds GPU numbers (`'0,1'`), else None."""
         self.gpu_numbers_named = False
         """A TODO already names the script's `--device` option of GPU numbers (one per script)."""
         self.orphan_notes: list[str] = []
@@ -544,11 +547,10 @@ class Rewriter(cst.CSTTransformer):
         if reduced is not None:
             return reduced
         if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
-            numbers = self._gpu_numbers("device")
-            if numbers is not None:  # `--device 0,1`: GPU numbers the script parses (int(), split), not a device
+            if self.gpu_numbers is not None:  # `--device 0,1`: GPU numbers the script parses, not a device
                 if not self.gpu_numbers_named:
                     self.gpu_numbers_named = True
-                    self.p.todo(original, f"`{dotted(updated)}` holds GPU numbers (default {numbers}), not a "
+                    self.p.todo(original, f"`{dotted(updated)}` holds GPU numbers (default {self.gpu_numbers}), not a "
                                 "device: every rank would use the same GPU(s); give each rank its own GPU "
                                 "(ctx.local_rank; ddpkit.init already made it current) or use ctx.device")
                 return updated
@@ -566,21 +568,6 @@ class Rewriter(cst.CSTTransformer):
                 return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
         return updated
-
-    def _gpu_numbers(self, dest: str) -> str | None:
-        """The default of an argparse option that holds GPU numbers (`default='0'`, `'0,1'`, `default=0`,
-        `type=int`), as written; None for a device option (`'cuda'`, `'cuda:0'`) or one the port cannot read."""
-        from ddpkit.port.switches import option_dest
-
-        for n in walk(self.p.f.module, into_functions=True):
-            if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and option_dest(n) == dest:
-                given = {a.keyword.value: a.value for a in n.args if a.keyword}
-                default, kind = given.get("default"), given.get("type")
-                text = cst.Module([]).code_for_node(default) if default is not None else "none"
-                if isinstance(default, cst.Integer) or dotted(kind) == "int" or isinstance(
-                        default, cst.SimpleString) and re.fullmatch(r"\d+(\s*,\s*\d+)*", str(default.evaluated_value)):
-                    return text
-        return None
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         # `args.device = torch.device(...)`: the script's own device setting is bound to ctx.device (code the
@@ -1271,6 +1258,19 @@ def _walk_expr(node: cst.CSTNode):
 def _only_pass(block: cst.BaseSuite) -> bool:
     body = block.body if isinstance(block, cst.IndentedBlock) else ()
     return len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Pass)
+
+
+def _gpu_numbers(module: cst.Module, dest: str) -> str | None:
+    """The default of an argparse option that holds GPU numbers (`default='0'`, `'0,1'`, `default=0`, `type=int`),
+    as written; None for a device option (`'cuda'`, `'cuda:0'`) or one the port cannot read."""
+    for n in walk(module, into_functions=True):
+        if isinstance(n, cst.Call) and dotted(n.func).endswith("add_argument") and option_dest(n) == dest:
+            given = {a.keyword.value: a.value for a in n.args if a.keyword}
+            default, kind = given.get("default"), given.get("type")
+            if isinstance(default, cst.Integer) or dotted(kind) == "int" or isinstance(
+                    default, cst.SimpleString) and re.fullmatch(r"\d+(\s*,\s*\d+)*", str(default.evaluated_value)):
+                return cst.Module([]).code_for_node(default) if default is not None else "none"
+    return None
 
 
 def _chooses_device(assign: cst.Assign) -> bool:
