@@ -306,6 +306,12 @@ def test_the_download_rank_0_runs_first_holds_no_wrap_and_the_model_is_saved_by_
     assert "ddpkit.unwrap(model).push_to_hub('someone/some-model')" in guarded
 
 
+def _downloads_on_rank_0_first(lines: list[str], at: int) -> bool:
+    """The statement at `at` (of the stripped lines of a port) runs on rank 0 first, the others after a barrier."""
+    return lines[at - 2:at] == ["if not ctx.is_main:  # rank 0 downloads first; the others then read its files",
+                                "ddpkit.barrier(ctx)"] and lines[at + 1:at + 3] == ["if ctx.is_main:", "ddpkit.barrier(ctx)"]
+
+
 def test_a_project_function_that_downloads_runs_on_rank_0_first(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -328,8 +334,7 @@ def test_a_project_function_that_downloads_runs_on_rank_0_first(tmp_path):
     lines = [line.strip() for line in result.code.splitlines()]
     at = lines.index("loader = train_loader('data', 64)")
     # followed through loaders.py into pkg/sets.py: MNIST(download=True) runs on rank 0 first, the others wait
-    assert lines[at - 2:at] == ["if not ctx.is_main:  # rank 0 downloads first; the others then read its files",
-                                "ddpkit.barrier(ctx)"] and lines[at + 1:at + 3] == ["if ctx.is_main:", "ddpkit.barrier(ctx)"]
+    assert _downloads_on_rank_0_first(lines, at)
     assert lines[at + 3] == "other = local_loader('data', 64)"  # no download there: left as it was
     # a helper that downloads and also trains: rank 0 cannot run it alone while the others wait (a hang)
     [todo] = [t for t in result.todos if t.line == 10]
@@ -358,8 +363,7 @@ def test_a_project_factory_that_picks_a_downloading_builder_from_a_table_runs_on
     lines = [line.strip() for line in result.code.splitlines()]
     at = lines.index("train_set = make_set(dict(name='mnist', train=True))")
     # the table's builder may be the one called, and it downloads: every rank would download into 'data' at once
-    assert lines[at - 2:at] == ["if not ctx.is_main:  # rank 0 downloads first; the others then read its files",
-                                "ddpkit.barrier(ctx)"] and lines[at + 1:at + 3] == ["if ctx.is_main:", "ddpkit.barrier(ctx)"]
+    assert _downloads_on_rank_0_first(lines, at)
 
 
 def test_a_project_call_that_reaches_training_through_its_helpers_is_never_put_on_rank_0_alone():
