@@ -118,6 +118,11 @@ def _import_root(tree: ast.Module, folder: str) -> str:
         where = os.path.dirname(os.path.abspath(where))
         if holds(where):
             return where
+    where = folder
+    for _ in range(3):  # the src layout: the project's package under <root>/src, installed editable (`pip install -e .`)
+        if holds(os.path.join(where, "src")):
+            return os.path.join(where, "src")
+        where = os.path.dirname(os.path.abspath(where))
     return folder
 
 

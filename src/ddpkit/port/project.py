@@ -77,6 +77,8 @@ def _handed(tree: ast.Module, classes: dict[str, str]) -> dict[str, str]:
                 for target in node.targets:
                     for name in _names(target):
                         kinds.setdefault(name, kind)
+                    if kind == "model" and isinstance(target, ast.Attribute) and ast_dotted(target):
+                        kinds.setdefault(ast_dotted(target), kind)  # `self.model = ddpkit.wrap(...)`: self holds it
                 if kind == "model":
                     for arg in node.value.args[:1]:
                         if isinstance(arg, ast.Name):
@@ -320,14 +322,22 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
     """Parameter name in the definition -> the kind of object the call hands it."""
     params = _parameters(defn)
     got: dict[str, str] = {}
-    for i, arg in enumerate(call.args):
+
+    def hand(param: str, arg: ast.AST) -> None:
         kind = _kind_of(arg, kinds)
-        if kind and i < len(params):
-            got[params[i]] = kind
+        if kind:
+            got[param] = kind
+        held = ast_dotted(arg)  # `sk.solve(self)` where self.model is the wrapper: the callee's `param.model` is it
+        for key, kind in kinds.items() if held else ():
+            if kind == "model" and key.startswith(held + ".") and "." not in key[len(held) + 1:]:
+                got.setdefault(f"{param}{key[len(held):]}", kind)
+
+    for i, arg in enumerate(call.args):
+        if i < len(params):
+            hand(params[i], arg)
     for kw in call.keywords:
-        kind = _kind_of(kw.value, kinds)
-        if kind and kw.arg:
-            got[kw.arg] = kind
+        if kw.arg:
+            hand(kw.arg, kw.value)
     if isinstance(defn, ast.ClassDef):  # self.x = x in __init__: the object lives on as self.x
         for node in ast.walk(defn):
             value = node.value if isinstance(node, ast.Assign) else None
@@ -392,19 +402,62 @@ def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: 
     self.model, path)` in a Trainer's method): what that function does with it, at the line of the call."""
     out: list[tuple[int, str]] = []
     for node in ast.walk(defn) if follow is not None and depth < 2 else ():
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or not any(
+        if not isinstance(node, ast.Call) or not any(
                 _kind_of(a, received) == "model" for a in [*node.args, *(k.value for k in node.keywords)]):
             continue
-        found = follow(node.func.id)
+        code = received.get(ast_dotted(node.func), "")  # `self.engine_class(model, ...)`: the class it was given
+        if isinstance(node.func, ast.Name):
+            found, name = follow(node.func.id), node.func.id
+        elif code.startswith("code:"):
+            _, at, name = code.split(":", 2)
+            found = follow(name, at)
+        else:
+            continue
         if found is None or found[1] is defn:
             continue
         path, callee = found
-        got = {k: v for k, v in _received(node, callee, received).items() if v == "model"}
+        init = _init_of(callee, lambda n, p=path: follow(n, p))
+        got = {k: v for k, v in _received(node, init or callee, received).items() if v == "model"}
+        if isinstance(callee, ast.ClassDef):
+            got.update(_instance_aliases(callee, got))
         inner = sorted(set(_hazards(callee, got, one_rank, frozenset(), lambda n, p=path: follow(n, p), depth + 1)))
         if inner:
             where = os.path.basename(path)
-            out.append((node.lineno, f"`{ast.unparse(node)[:50]}` hands the model to `{node.func.id}`: "
-                                     + "; ".join(f"{where}:{line} {h}" for line, h in inner[:3])))
+            lines: dict[str, list[int]] = {}  # one message, every line it holds at
+            for line, h in inner:
+                lines.setdefault(h, []).append(line)
+            grouped = sorted((at, h) for h, at in lines.items())
+            out.append((node.lineno, f"`{ast.unparse(node)[:50]}` hands the model to `{name}`: " + "; ".join(
+                f"{where}:{', '.join(map(str, at))} {h}" for at, h in grouped[:3])))
+    return out
+
+
+def _init_of(cls: ast.AST, follow: Follow) -> ast.ClassDef | None:
+    """The class whose `__init__` builds instances of `cls`: `cls` itself, or the first base (of the project) that
+    defines one where `cls` does not (`class Fine(Engine): ...` keeps `Engine.__init__`); None for a function."""
+    for _ in range(3):
+        if not isinstance(cls, ast.ClassDef):
+            return None
+        if any(isinstance(n, ast.FunctionDef) and n.name == "__init__" for n in cls.body):
+            return cls
+        base = next((ast_dotted(b) for b in cls.bases if isinstance(b, ast.Name)), "")
+        found = follow(base) if base else None
+        cls = found[1] if found is not None else None
+    return None
+
+
+def _instance_aliases(cls: ast.ClassDef, received: dict[str, str]) -> dict[str, str]:
+    """`engine.model` for `self.model` in a static method whose first parameter is the instance (an engine that hands
+    itself to its step function: `def train(engine, batch): engine.model(...)`): that parameter reads what `__init__`
+    stored on self, so it is taken for the instance only where it reads one of those attributes."""
+    stored = {k[5:]: v for k, v in received.items() if k.startswith("self.") and "." not in k[5:]}
+    out: dict[str, str] = {}
+    for method in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.args.args and any(
+            ast_dotted(d) == "staticmethod" for d in n.decorator_list)):
+        first = method.args.args[0].arg
+        reads = {n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute) and ast_dotted(n.value) == first}
+        if reads & set(stored):
+            out.update({f"{first}.{attr}": kind for attr, kind in stored.items()})
     return out
 
 
@@ -419,10 +472,24 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
     out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
     out += shapes_with(defn, received)
     for node in ast.walk(defn):
+        text = ast.unparse(node) if isinstance(node, (ast.Attribute, ast.Call)) else ""
+        if isinstance(node, ast.Call) and ast_dotted(node.func) in ("getattr", "setattr") and len(node.args) >= 2 \
+                and received.get(ast_dotted(node.args[0])) == "model" and not (isinstance(
+                    node.args[1], ast.Constant) and node.args[1].value in _WRAPPER_ATTRS):
+            # `getattr(model, "head%d" % i)`: an attribute by a computed name, as absent from the wrapper
+            node = ast.Attribute(node.args[0], "", ast.Store() if ast_dotted(node.func) == "setattr" else
+                                 ast.Load() if len(node.args) == 2 else None, lineno=node.lineno)
         if isinstance(node, ast.Attribute) and node.attr not in _WRAPPER_ATTRS and not node.attr.startswith("__") \
-                and received.get(ast_dotted(node.value)) == "model" and isinstance(node.ctx, ast.Load):
-            out.append((node.lineno, f"`{ast.unparse(node)}` is no attribute of the DDP wrapper it now gets "
-                                     "(AttributeError): hand it ddpkit.unwrap(model), or reach it through forward"))
+                and received.get(ast_dotted(node.value)) == "model":
+            if isinstance(node.ctx, ast.Load):
+                out.append((node.lineno, f"`{text[:60]}` is no attribute of the DDP wrapper it now gets "
+                                         "(AttributeError): hand it ddpkit.unwrap(model), or reach it through forward"))
+            elif isinstance(node.ctx, ast.Store):
+                out.append((node.lineno, f"sets `{text[:60]}` on the DDP wrapper it now gets: the module inside "
+                                         "never sees it; set it on ddpkit.unwrap(model)"))
+
+    moved = {id(n.func.value) for n in ast.walk(defn) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and n.func.attr in ("to", "cuda")}  # `torch.FloatTensor(s).to(y.device)`: moved on
 
     def name_of(node: ast.AST) -> str:
         d = ast_dotted(node)
@@ -449,7 +516,8 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             out.append((node.lineno, f"`{ast.unparse(node)[:60]}` pickles the DDP wrapper itself (not a state_dict): "
                                      "that file cannot be loaded without a process group; hand it "
                                      "ddpkit.unwrap(model)"))
-        if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases):
+        if kinds & {"batch", "model", "loader"} and (func.startswith("torch.") and last in _LEGACY or func in aliases) \
+                and id(node) not in moved:
             out.append((node.lineno, f"`{func}(...)` makes a CPU tensor while the inputs now arrive on the rank's "
                                      "device (ctx.device)"))
         elif (last == "cuda" and isinstance(node.func, ast.Attribute) and (node.args or node.keywords)) or \
@@ -460,7 +528,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             out.append((node.lineno, f"`{ast.unparse(node)[:60]}` chooses a device of its own, not the rank's "
                                      "(ctx.device)"))
         elif last == "state_dict" and isinstance(node.func, ast.Attribute) and received.get(
-                name_of(node.func.value)) == "model":
+                ast_dotted(node.func.value)) == "model":  # `model.module.state_dict()` unwraps it
             out.append((node.lineno, f"`{ast.unparse(node)[:60]}` of the wrapped model: its keys start with "
                                      "`module.` (hand it ddpkit.unwrap(model))"))
         elif func in ("copy.deepcopy", "deepcopy") and "model" in kinds:
@@ -939,6 +1007,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     def follower(path: str) -> Follow:
         return lambda name, where=path: _resolve(modules, folder, where, name, parsed)
 
+    instances: dict[str, tuple[str, ast.ClassDef, dict[str, str]]] = {}
+    """`trainer = Trainer(SomeEngine, cfg)`: its file, class and what its __init__ stores on self (`self.engine`:
+    the project code it was handed, as "code:<file>:<name>")."""
     for node in ast.walk(tree):  # `trainer = Trainer(model, ...)` keeps it as self.model: `trainer.model` is it
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
                 isinstance(node.value, ast.Call):
@@ -947,6 +1018,20 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 for key, kind in _received(node.value, found[2], kinds).items():
                     if key.startswith("self."):
                         kinds.setdefault(f"{node.targets[0].id}.{key[5:]}", kind)
+                code = {ast_dotted(a): f"code:{got[0]}:{got[1]}" for a in [*node.value.args, *(
+                    k.value for k in node.value.keywords)] if (got := definition(ast_dotted(a))) is not None}
+                stored = {k: v for k, v in _received(node.value, found[2], {**kinds, **code}).items()
+                          if k.startswith("self.")}
+                instances[node.targets[0].id] = (found[0], found[2], stored)
+    for node in ast.walk(tree):  # `trained = train(model, ...)` where train ends `return model`: the wrapper again
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                (found := definition(ast_dotted(node.value.func))) is not None and \
+                isinstance(found[2], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            got = _received(node.value, found[2], kinds)
+            if any(isinstance(r, ast.Return) and r.value is not None and got.get(ast_dotted(r.value)) == "model"
+                   for r in ast.walk(found[2])):
+                for target in node.targets:
+                    kinds.setdefault(ast_dotted(target), "model") if ast_dotted(target) else None
     instance_calls = _instance_calls(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -958,6 +1043,19 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             forwarded.add(classes[func])  # the model's own forward gets the batches on the rank's device
             func, received = classes[func], {"forward": "batch"}
         found = definition(func)
+        head, _, method = func.partition(".")
+        if found is None and head in instances and method and "." not in method:
+            # `trainer.fit(model, ...)` on an instance of a project class: the method gets what the call and its
+            # __init__ handed it (self.engine_class: the class it builds around the model)
+            path, cls, stored = instances[head]
+            defn = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and n.name == method), None)
+            if defn is None or not defn.args.args or defn.args.args[0].arg != "self":
+                continue
+            handed = _received(ast.Call(node.func, [ast.Name("\0"), *node.args], node.keywords), defn, kinds)
+            if "model" not in handed.values():
+                continue
+            found, received = (path, f"{cls.name}.{method}", defn), {**stored, **handed}
         if found is None:
             continue
         path, name, defn = found
@@ -994,7 +1092,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                                           devices=devices, sizes=sizes)))
             handed = ", ".join(sorted({"size": "global batch size", "holds model": "model (in a dict, list or tuple)"}.get(
                 k, k) for k in set(received.values()) - {
-                "unwrapped"}) or ["the unwrapped model"])
+                "unwrapped"} if not k.startswith("code:")) or ["the unwrapped model"])
             what = f"gets the {handed}"
         if id(node) not in guarded:
             hazards = sorted({*hazards, *(h for part in ([defn] if received else parts)
