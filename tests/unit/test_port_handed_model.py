@@ -186,3 +186,72 @@ def test_an_engine_class_a_trainer_builds_around_the_model_is_followed_to_its_st
     assert "hands the model to `SampledEngine`: engines.py:19 `engine.model.sample` is no attribute of the DDP " \
            "wrapper" in todo
     assert "makes a CPU tensor" not in todo  # moved to the batch's device where it is made
+
+
+def test_a_project_factory_that_wraps_its_model_in_data_parallel_two_calls_down_is_a_todo(tmp_path):
+    _write(tmp_path, {"factory.py": """\
+        import torch
+        from torch import nn
+
+
+        def _build(width):
+            model = nn.Sequential(nn.Linear(4, width), nn.Linear(width, 1))
+            return torch.nn.DataParallel(model).cuda()
+
+
+        def _checked(width):
+            return _build(width)
+
+
+        def create_model(width):
+            return _checked(width)
+    """, "train.py": _NET + """\
+    import factory
+
+
+    def main():
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+        model = factory.create_model(8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        main()
+    """})
+    script = tmp_path / "train.py"
+    result = port_source(script.read_text(), str(script))
+    todo = _todo_at(result, "model = ddpkit.wrap(factory.create_model(8), ctx)")
+    assert "factory.py:7 `torch.nn.DataParallel(model)` spreads a module over every visible GPU" in todo
+
+
+def test_parameter_groups_handed_to_the_optimizer_beside_the_model_are_a_todo():
+    result = port_source(textwrap.dedent(_NET + """\
+
+
+    def make_optimizer(model, extra_groups):
+        return torch.optim.SGD([{"params": model.parameters()}, extra_groups], lr=0.1)
+
+
+    def main():
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+        model = Net().cuda()
+        critic = nn.Linear(1, 1).cuda()
+        optimizer = make_optimizer(model, {"params": critic.parameters(), "lr": 0.01})
+        for x, y in loader:
+            loss = (critic(model(x.cuda())) - y.cuda()).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        main()
+    """))
+    assert any(t.message.startswith("the optimizer at line 17 also trains the parameters in `extra_groups`, handed "
+                                    "in by the caller of `make_optimizer`") for t in result.todos), \
+        [t.message[:90] for t in result.todos]

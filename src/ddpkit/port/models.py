@@ -109,6 +109,13 @@ def plan_models(plan: Any) -> str | None:
                               f"it into the model that is wrapped, wrap it too where it runs a forward "
                               f"({_owner(name)} = ddpkit.wrap({_owner(name)}, ctx)), or all-reduce its gradients "
                               "before optimizer.step()")
+            for name in _handed_groups(plan, key, node, receivers):
+                plan.todo(node, f"the optimizer at line {plan.line_of(plan._stmt.get(id(node), node))} also trains "
+                          f"the parameters in `{name}`, handed in by the caller of `{key}`: the port cannot follow "
+                          "them to a module; where they belong to a module other than the wrapped model (a "
+                          "discriminator, a loss with weights), nothing averages their gradients and each rank's "
+                          "copy drifts apart: wrap that module too where it is built (ddpkit.wrap(module, ctx)), "
+                          "or all-reduce its gradients before optimizer.step()")
             if not receivers:
                 plan.todo(node, "cannot find the model this optimizer trains (no `X.parameters()` the codemod can "
                           "follow): build the model, then model = ddpkit.wrap(model, ctx) before this line")
@@ -177,6 +184,21 @@ def _added_parameters(plan: Any, key: str, optimizer: cst.Call, receivers: list[
     outside += [name for name in dict.fromkeys(dotted(n) for s in sources + added for n in walk(s)
                                                if isinstance(n, (cst.Name, cst.Attribute))) if name in bare]
     return outside
+
+
+def _handed_groups(plan: Any, key: str, optimizer: cst.Call, receivers: list[str]) -> list[str]:
+    """Parameters of the function an optimizer is built in, listed as parameter groups beside a module it can follow
+    (`SGD([{"params": model.parameters()}, extra_groups])`): what the caller hands in may be another module's
+    parameters, which the wrap of `model` does not cover. Their names; none where no module is followed."""
+    scope = plan.f.scopes.get(key)
+    if not receivers or scope is None:
+        return []
+    names, _ = _parameter_names(plan, key, optimizer)
+    sources: list[cst.CSTNode] = [a.value for a in optimizer.args[:1]]
+    sources += [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign) and len(n.targets) == 1
+                and dotted(n.targets[0].target) in names]
+    return [dotted(e.value) for s in sources if isinstance(s, (cst.List, cst.Tuple)) for e in s.elements
+            if isinstance(e.value, cst.Name) and dotted(e.value) in scope.params and dotted(e.value) not in receivers]
 
 
 def _chain(plan: Any, stmt: cst.CSTNode) -> list[cst.CSTNode]:

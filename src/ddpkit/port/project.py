@@ -432,6 +432,24 @@ def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: 
     return out
 
 
+def _parallel_wraps(defn: ast.AST, path: str, follow: Follow, depth: int = 0) -> list[tuple[int, str]]:
+    """(line, what breaks) for each `nn.DataParallel(...)` the project's code makes, itself or in the functions of
+    its own module it calls (`create_model` -> `_build` wrapping the model it builds), three calls down."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(defn):
+        if not isinstance(node, ast.Call):
+            continue
+        if ast_dotted(node.func).rsplit(".", 1)[-1] == "DataParallel":
+            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` spreads a module over every visible GPU on each "
+                                     "rank: each rank owns one GPU under DDP (ddpkit.init made it current), and "
+                                     "DataParallel on a rank other than 0 refuses a module off cuda:0; drop it "
+                                     "(ddpkit.wrap the trained model instead)"))
+        elif isinstance(node.func, ast.Name) and depth < 3 and (found := follow(node.func.id)) is not None and \
+                found[0] == path and found[1] is not defn and isinstance(found[1], ast.FunctionDef):
+            out += _parallel_wraps(found[1], path, follow, depth + 1)
+    return out
+
+
 def _init_of(cls: ast.AST, follow: Follow) -> ast.ClassDef | None:
     """The class whose `__init__` builds instances of `cls`: `cls` itself, or the first base (of the project) that
     defines one where `cls` does not (`class Fine(Engine): ...` keeps `Engine.__init__`); None for a function."""
@@ -1096,7 +1114,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             what = f"gets the {handed}"
         if id(node) not in guarded:
             hazards = sorted({*hazards, *(h for part in ([defn] if received else parts)
-                                          for h in _logs_to_rank0_run(part, module, started))})
+                                          for h in _logs_to_rank0_run(part, module, started)),
+                              *_parallel_wraps(defn, path, follower(path))})
         if hazards:
             where = os.path.basename(path)
             lines: dict[str, list[int]] = {}  # one message, every line it holds at
