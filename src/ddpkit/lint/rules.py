@@ -741,7 +741,10 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
                       "save from one rank: `if dist.get_rank() == 0: torch.save(...)` "
                       "(with ddpkit: `if ctx.is_main:`), then dist.barrier() if other ranks read it")
         elif level == LOCAL and not s.project.single_node and not _per_node_path(s, target):
-            yield Hit(call, "DDP004", "warning",
+            # `if self.rank != 0: return` above the save: the local-rank test to change is that early exit's
+            inner = s.context(call).branches[-1:]
+            guard = next((n for n in s.nodes if inner and inner[0][1] == "after" and id(n) == inner[0][0]), call)
+            yield Hit(guard, "DDP004", "warning",
                       "torch.save is guarded by a local-rank check only: on a multi-node job local rank 0 "
                       "of every node writes the file (this assumes the path is shared between the nodes; a "
                       "per-node local disk is fine)",
