@@ -1747,15 +1747,17 @@ def _stream_writer_functions(project) -> dict[tuple[str, str], str]:
 
 def _stream_write(s: Script, call: ast.Call, writers: dict[tuple[str, str], str]) -> tuple[str, str]:
     """('stdout'/'stderr', how) where the call writes that stream: `sys.stdout.write(...)` itself (how: ''), or a call
-    of a program function that writes its argument there (how: 'utils.py:17'); ('', '') otherwise, and for the write
-    inside such a function (reported at its calls)."""
+    of a program function that writes its argument there (how: 'progress at utils.py:17'); ('', '') otherwise, and for
+    the write inside such a function or a method of a class (reported at their calls)."""
     name = s.qualname(call.func)
     if name in _STREAM_WRITES:
         ctx = s.context(call)
         inside = ctx.functions and (s.path, ctx.functions[-1]) in writers and any(
             (s.path, d.name) in writers for d in s.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
             and d.name == ctx.functions[-1] and ctx.scope == id(d))
-        return ("", "") if inside else (name.split(".")[1], "")
+        # a method's write is its class's (a progress bar of the project: reported at its calls, see _console_writer)
+        method = any(isinstance(c, ast.ClassDef) and any(id(d) == ctx.scope for d in c.body) for c in s.nodes)
+        return ("", "") if inside or method else (name.split(".")[1], "")
     local = s.local_callee(call)
     target = (s.path, local) if local else s.project.resolve(s, call.func)
     if target is None or target not in writers:
