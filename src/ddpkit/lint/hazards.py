@@ -635,8 +635,9 @@ def _batchnorm_wraps(project) -> list[tuple[Script, ast.Call, str]]:
 
 
 def _names_batchnorm(project, name: str, depth: int) -> bool:
-    """A class or function of the program named `name` names a BatchNorm class where some rank runs it, or builds
-    (calls) a class or function of the program that does."""
+    """A class or function of the program named `name` names a BatchNorm class where some rank runs it, builds a
+    library network of a BatchNorm architecture there, or builds (calls) a class or function of the program that
+    does."""
     if depth > 3 or not name:
         return False
     defs = [(x, d) for x in project.scripts.values() for d in x.nodes
@@ -646,6 +647,9 @@ def _names_batchnorm(project, name: str, depth: int) -> bool:
     x, d = defs[0]
     named = project.memo(("batchnorm names", x.path), lambda: {id(n) for n in _batchnorm_names(x)})
     if any(id(n) in named for n in ast.walk(d)):
+        return True
+    # `self.resnet = resnet50()` in the program's own wrapper class: a library network of a BatchNorm architecture
+    if any(isinstance(c, ast.Call) and batchnorm_constructor(x, c) and project.runs(x, c) for c in ast.walk(d)):
         return True
     called = {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} - {name}
     return any(_names_batchnorm(project, c, depth + 1) for c in called if c[:1].isalpha())
