@@ -332,7 +332,9 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         # (a print after the builtins.print swap shows on rank 0 alone, as one under a rank check does)
         swapped = ctx.level == NONE and not helper and s.qualname(call.func) == "print" \
             and project.print_silenced(s, call)
-        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged and not swapped:
+        # (every rank recording its own loss into a SummaryWriter each of them makes for the run's one log directory)
+        shared = ctx.level == NONE and not helper and _every_rank_writer(s, call) and _named_log_dir(s, call)
+        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged and not swapped and not shared:
             continue  # (a `.info` line where logging is set up per rank shows on rank 0 alone)
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
@@ -384,6 +386,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
+                f"by every rank into its own {ast.unparse(call.func.value)} of the run's one log directory (made " \
+                "without a rank check), each under the same tag," if shared else \
                 "through logging that only rank 0 shows (logging is set up per rank)," if logged else \
                 "through a print only rank 0 shows (builtins.print is silenced on the others)," if swapped else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
@@ -526,7 +530,7 @@ def _in_batch_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
     return False
 
 
-_RECORDS = frozenset({"add_scalar", "add_scalars", "log_metrics"})
+_RECORDS = frozenset({"add_scalar", "add_scalars", "log_metric", "log_metrics"})
 """Calls that write a figure into a run's record (tensorboard, a tracker), not onto the console."""
 
 
@@ -868,6 +872,14 @@ def _every_rank_writer(s: Script, call: ast.Call) -> bool:
         and not s.context(v).single
         and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
         for v in made)
+
+
+def _named_log_dir(s: Script, call: ast.Call) -> bool:
+    """The every-rank writer `call` records through is given its log directory (`SummaryWriter(out_dir)`): one
+    directory for all ranks; with none, each process picks `runs/<time>_<host>` itself."""
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    return all(v.args or any(k.arg in ("log_dir", "logdir") for k in v.keywords)
+               for k, v in s.assignments if k == key and isinstance(v, ast.Call))
 
 
 def _in_shard_loop(call: ast.Call, flow) -> bool:
