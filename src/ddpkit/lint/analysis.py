@@ -949,11 +949,6 @@ class Script:
         workers.discard("")
         if not workers:
             return None
-        # `init_process_group(...)` in the file's module code: the launcher starts the file itself as the ranks, and
-        # the processes it starts with Process(target=...) are each rank's own helpers (a data feeder)
-        if all(not self.qualname(c.func).endswith(("multiprocessing.spawn", "start_processes")) for _, c in spawns) \
-                and any(terminal(c.func) == "init_process_group" and not self.context(c).functions for c in self.calls):
-            return None
         # `mp.spawn(demo_fn, ...)` inside `def run_demo(demo_fn, ...)`: the workers are the functions passed in
         names = {d.name for d in defs}
         for worker, call in spawns:
