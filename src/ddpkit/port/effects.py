@@ -13,7 +13,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
+from ddpkit.port.facts import ENTRY, dotted, imported_names, statements_of, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader, saves_file
 
@@ -162,6 +162,7 @@ def plan_effects(plan: Any) -> None:
     imports = imported_names(f.module)
     handles: dict[str, tuple[str, cst.SimpleStatementLine]] = {}
     _plan_file_types(plan)
+    _plan_before_init(plan)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -318,6 +319,34 @@ def plan_effects(plan: Any) -> None:
                      and plan.line_of(s) > end]
             if after:
                 plan.barrier_before.discard(id(min(after, key=plan.line_of)))
+
+
+def _plan_before_init(plan: Any) -> None:
+    """Lines the port leaves before ddpkit.init (the entry's own lines above the argument parsing that stays there,
+    and module code above an entry function) run on every rank, where no ctx exists yet to keep them to rank 0: a
+    log file every rank opens (`logging.basicConfig(filename=..., filemode="w")`: each rank truncates it and writes
+    its own lines into it) or a file every rank writes. A TODO at the line."""
+    f = plan.f
+    if not f.region:
+        return
+    owner = statements_of(f.entry_owner)
+    start = next((i for i, s in enumerate(owner) if s is f.region[0]), 0)
+    before = owner[:start]
+    if not isinstance(f.entry_owner, cst.Module):
+        before = [s for s in f.module.body if not any(s is o or any(o is n for n in walk(s)) for o in owner)] + before
+    for stmt in before:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        calls = _own_calls(stmt)
+        handler = next((c for c in calls if _log_file(c)), None)
+        written = next((c for c in calls if _writes(c) and not f.callees(c, ENTRY)), None)
+        if handler is not None:
+            plan.todo(stmt, f"`{dotted(handler.func)}(...)` runs on every rank before ddpkit.init, so every rank "
+                      "opens the same log file and writes its lines into it: move it after `ctx = ddpkit.init(...)` "
+                      "under `if ctx.is_main:` (or name a file per rank, ctx.rank)")
+        elif written is not None:
+            plan.todo(stmt, f"`{dotted(written.func)}(...)` runs on every rank before ddpkit.init, so every rank "
+                      "writes the same file at once: move it after `ctx = ddpkit.init(...)` under `if ctx.is_main:`")
 
 
 def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:
