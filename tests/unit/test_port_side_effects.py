@@ -512,3 +512,12 @@ def test_a_read_at_the_top_of_the_entry_function_gets_no_barrier_from_a_save_lat
     # main is called once, from the block that holds it: its own save comes after this read
     assert not _before(code, "table = np.loadtxt(path)").startswith("ddpkit.barrier")
     assert _before(code, "torch.load('best.pt'").startswith("ddpkit.barrier(ctx)")
+
+
+def test_a_file_a_function_of_the_script_writes_to_the_path_it_is_given_is_read_after_a_barrier():
+    code = _port("handed_path/train.py").code
+    lines = [line.strip() for line in code.splitlines()]
+    # rank 0 writes the file the function is handed the path of; the project's dataset handed that path reads it
+    at = lines.index("data = Rows(rows_path)")
+    assert lines[at - 1].startswith("ddpkit.barrier(ctx)"), code
+    assert lines.index("write_rows(list(range(64)), rows_path, ctx=ctx)") < at - 1
