@@ -178,7 +178,9 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
             assigns.setdefault(dotted(n.func.value), []).append(n)  # `rewards.append(r)`: `rewards` holds r
         elif isinstance(n, cst.Return) and n.value is not None:
             assigns.setdefault(_RETURNED, []).append(n)  # what the scope returns, for its callers
-        elif isinstance(n, cst.For):  # `for board, z in history:` binds each target to an item of `history`
+        elif isinstance(n, cst.For) and isinstance(n.iter, cst.Name) and plan.loop_role(key, n) is None:
+            # `for board, z in history:` binds each target to an item of `history` (a list the scope fills); a
+            # loader's batches and an `enumerate` counter are judged as before, by what is computed from them
             for name in {dotted(x) for x in walk(n.target) if isinstance(x, cst.Name)}:
                 assigns.setdefault(name, []).append(n)
     for n in plan.nodes(key):  # `env.step(action)`, its value dropped: it changes the object the scope made with it
