@@ -372,7 +372,8 @@ def _handed_paths(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
                 names = params[callee][1:] if plan.f.scopes[callee].cls else params[callee]
                 for i, arg in enumerate(call.args):
                     name = arg.keyword.value if arg.keyword is not None else names[i] if i < len(names) else None
-                    if name in params[callee] and isinstance(arg.value, cst.Name) and _names_path(plan, arg.value.value):
+                    if name in params[callee] and isinstance(arg.value, cst.Name) and _names_path(
+                            plan, arg.value.value):
                         out.add(arg.value.value)
                         sites.add(id(stmt))
     return out, sites

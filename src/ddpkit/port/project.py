@@ -576,8 +576,8 @@ def _clocked(defn: ast.AST) -> dict[str, str]:
     while changed:
         changed = False
         for a in assigns:
-            stamp = _clock_call(a.value) or next((out[d] for d in (ast_dotted(n) for n in ast.walk(a.value) if
-                                                                   isinstance(n, (ast.Name, ast.Attribute))) if d in out), "")
+            names = (ast_dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
+            stamp = _clock_call(a.value) or next((out[d] for d in names if d in out), "")
             for name in (ast_dotted(t) for t in a.targets if ast_dotted(t)) if stamp else ():
                 if name not in out:
                     out[name] = stamp

@@ -247,7 +247,8 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
         for a in assigns[name.removeprefix("len:")]:
             if sized and (isinstance(a, cst.For) or isinstance(a, cst.Call) and a.func.attr.value != "extend"):
                 continue
-            value = needs(a.iter if isinstance(a, cst.For) else a.args[-1].value if isinstance(a, cst.Call) else a.value)
+            value = needs(a.iter if isinstance(a, cst.For) else a.args[-1].value if isinstance(a, cst.Call)
+                          else a.value)
             if value is None:
                 continue
             exprs.append(value)
