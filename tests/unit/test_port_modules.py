@@ -336,6 +336,7 @@ def test_a_scripts_own_model_class_building_blocks_that_skip_a_layer_gets_find_u
 
 
 def _project(tmp_path, files: dict[str, str], script: str):
+    tmp_path.mkdir(exist_ok=True)
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(textwrap.dedent(text))
@@ -437,3 +438,12 @@ def test_settings_that_make_a_folder_named_from_the_clock_on_every_rank_are_a_to
     plain = settings.replace("datetime.now().strftime('%m%d%H%M%S')", "'latest'")
     todo = _todo_at(_project(tmp_path, {"settings.py": plain}, script), "args = get_args()")
     assert "settings.py:9 `os.makedirs(...)` writes or downloads on every rank" in todo
+    # a mkdir whose failure the code lets pass is fine; one whose failure ends the rank is not
+    caught = plain.replace("os.makedirs(args.log_dir, exist_ok=False)\n", "try:\n" + " " * 16 + "os.makedirs("
+                           "args.log_dir)\n" + " " * 12 + "except OSError:\n" + " " * 16 + "{}\n")
+    ast.parse(textwrap.dedent(caught))
+    result = _project(tmp_path / "passes", {"settings.py": caught.format("pass")}, script)  # a folder each: the
+    assert not [t for t in result.todos if "settings.py" in t.message], [t.message for t in result.todos]  # port
+    todo = _todo_at(_project(tmp_path / "quits", {"settings.py": caught.format("quit()")}, script),  # reads each
+                    "args = get_args()")  # module once per path
+    assert "settings.py:10 `os.makedirs(...)` writes or downloads on every rank" in todo

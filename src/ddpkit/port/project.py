@@ -483,8 +483,12 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         return next((p for p in received if d == p or d.startswith(p + ".")), "")
 
     clocked = _clocked(defn)
-    caught = {id(c) for t in ast.walk(defn) if isinstance(t, ast.Try) and t.handlers for s in t.body
-              for c in ast.walk(s)}  # `try: os.makedirs(p)` `except OSError:`: a folder another rank made is fine
+    # `try: os.makedirs(p)` `except OSError: pass`: a folder another rank made is fine (not where the handler
+    # raises or exits: that rank stops)
+    caught = {id(c) for t in ast.walk(defn) if isinstance(t, ast.Try) and t.handlers and not any(
+        isinstance(n, ast.Raise) or isinstance(n, ast.Call) and ast_dotted(n.func) in ("quit", "exit", "sys.exit",
+                                                                                          "os._exit")
+        for h in t.handlers for n in ast.walk(h)) for s in t.body for c in ast.walk(s)}
 
     for node in ast.walk(defn):
         if isinstance(node, (ast.Attribute, ast.Subscript)) and received.get(name_of(node.value)) == "config":
