@@ -547,3 +547,10 @@ for epoch in range(args.epochs):
     assert "`logging.basicConfig(...)`" in before[8] and "`shutil.copy(...)`" in before[9]
     lines = result.code.splitlines()
     assert lines.index('parser = argparse.ArgumentParser()') < lines.index("ctx = ddpkit.init()")  # parsing stays first
+def test_a_file_a_function_of_the_script_writes_to_the_path_it_is_given_is_read_after_a_barrier():
+    code = _port("handed_path/train.py").code
+    lines = [line.strip() for line in code.splitlines()]
+    # rank 0 writes the file the function is handed the path of; the project's dataset handed that path reads it
+    at = lines.index("data = Rows(rows_path)")
+    assert lines[at - 1].startswith("ddpkit.barrier(ctx)"), code
+    assert lines.index("write_rows(list(range(64)), rows_path, ctx=ctx)") < at - 1

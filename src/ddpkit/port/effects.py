@@ -294,10 +294,13 @@ def plan_effects(plan: Any) -> None:
     written = {(k, line) for k, line in writes}
     paths = {p for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
         cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
+    handed, sites = _handed_paths(plan, statements, written)
+    paths |= handed
     entered = _entered_after_write(plan, statements, writes)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
-                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt):
+                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt) \
+                or id(stmt) in sites:
             continue
         own = _own_calls(stmt)
         # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
@@ -374,6 +377,35 @@ def _reads_disk_test(test: cst.BaseExpression) -> bool:
 
 
 _PATH_CALLS = re.compile(r"^(os\.path\.join|path\.join|join|Path|pathlib\.Path|str|os\.path\.abspath|abspath)$")
+
+
+def _handed_paths(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
+                  written: set[tuple[str, int]]) -> tuple[set[str], set[int]]:
+    """`def write_subset(data, out_path): ... open(out_path, "w")` written on rank 0: the paths its callers hand it
+    (`write_subset(d, fold_ann)`), so a later call handed `fold_ann` (`Dataset(root, fold_ann)`) reads that file;
+    and id() of the statements that hand them (they write, they read nothing)."""
+    params: dict[str, list[str]] = {}  # a scope that writes to a path it is given -> its parameters
+    for key, stmt in statements:
+        node = plan.f.scopes[key].node if key in plan.f.scopes else None
+        if (key, plan.line_of(stmt)) not in written or not isinstance(node, cst.FunctionDef) or not isinstance(
+                stmt, (cst.SimpleStatementLine, cst.With)):
+            continue
+        names = [p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)]
+        if any(isinstance(a.value, cst.Name) and a.value.value in names for c in _own_calls(stmt) for a in c.args):
+            params[key] = names
+    out: set[str] = set()
+    sites: set[int] = set()
+    for key, stmt in statements if params else ():
+        for call in _own_calls(stmt) if isinstance(stmt, (cst.SimpleStatementLine, cst.With)) else ():
+            for callee in (c for c in plan.f.callees(call, key) if c in params):
+                names = params[callee][1:] if plan.f.scopes[callee].cls else params[callee]
+                for i, arg in enumerate(call.args):
+                    name = arg.keyword.value if arg.keyword is not None else names[i] if i < len(names) else None
+                    if name in params[callee] and isinstance(arg.value, cst.Name) and _names_path(
+                            plan, arg.value.value):
+                        out.add(arg.value.value)
+                        sites.add(id(stmt))
+    return out, sites
 
 
 def _path_args(plan: Any, call: cst.Call) -> set[str]:
