@@ -4,6 +4,8 @@ BatchNorm architecture, or a model the program switches to SyncBatchNorm only be
 
 from __future__ import annotations
 
+import textwrap
+
 from ddpkit.lint import lint_sources
 
 from lint_markers import PROGRAMS, check_program
@@ -160,3 +162,43 @@ def test_a_model_whose_make_is_not_followed_is_reported_at_the_batchnorm_it_name
     source = _TRAINER.replace("    model, head = build()\n", "    model, head = make_models()\n")
     found = [(f.path, f.line) for f in lint_sources({"train.py": source, "nets.py": _NETS}) if f.rule == "DDP013"]
     assert found == [("nets.py", 7)]
+
+
+_WRAPPER_CLASS = textwrap.dedent("""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torchvision.models import BACKBONE
+
+
+    class Classifier(nn.Module):
+        def __init__(self, num_classes):
+            super().__init__()
+            self.backbone = BACKBONE(weights=None)
+            self.backbone.fc = nn.Linear(self.backbone.fc.in_features, num_classes)
+
+        def forward(self, x):
+            return self.backbone(x)
+
+
+    def main():
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        model = Classifier(10)
+        model = nn.parallel.DistributedDataParallel(model.to(rank), device_ids=[rank])
+        model(torch.randn(2, 3, 224, 224).to(rank)).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def test_a_class_of_the_program_around_a_library_batchnorm_network_is_reported_where_it_is_wrapped():
+    def notes(backbone: str) -> list[int]:
+        source = _WRAPPER_CLASS.replace("BACKBONE", backbone)
+        return [f.line for f in lint_sources({"train.py": source}) if f.rule == "DDP013"]
+
+    assert notes("resnet50") == [22]
+    assert notes("vit_b_16") == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -233,6 +234,17 @@ def test_indentation_mixing_tabs_and_spaces_is_read_as_python_reads_it():
     assert "indents with tabs mixed with spaces" in result.message and "ported fully" in result.message
     with pytest.raises(PortError, match=r"y\.py:4:.*cannot parse.*inconsistent use of tabs.*fix the syntax error"):
         port_source("import torch\nif True:\n\tx = 1\n        y = 2\n", "y.py")  # inconsistent: a real error
+
+
+def test_a_file_this_python_cannot_read_names_the_python():
+    """A script written for a newer Python (a 3.12 `type` alias) is not a syntax error there: the refusal says
+    which Python read it, so the user knows to run ddpkit under the script's own."""
+    python = "%d.%d" % sys.version_info[:2]
+    with pytest.raises(PortError, match=rf"cannot parse the file \(.*\) with Python {re.escape(python)}.*newer Python"):
+        port_source("import torch\nx = = 1\n", "z.py")
+    if sys.version_info < (3, 12):
+        with pytest.raises(PortError, match=r"z\.py:2:.*newer Python"):
+            port_source("import torch\ntype Row = dict[str, float]\n", "z.py")
 
 
 def test_cli_writes_diffs_and_exit_codes(tmp_path, capsys):

@@ -179,3 +179,17 @@ def test_an_episode_whose_length_each_rank_draws_around_a_training_step_is_a_tod
     assert line not in _todos(alike)
     # a generator seeded alike on every rank draws alike too
     assert line not in _todos(_variant("np.random.default_rng()", "np.random.default_rng(0)", source))
+
+
+def test_a_skip_on_the_length_of_a_buffer_each_rank_fills_with_games_of_drawn_length_is_a_todo():
+    source = (FIXTURES / "selfplay_buffer.py").read_text()
+    todos = _todos(source)
+    line = _line(source, "if len(buffer) < 32:")
+    # `play` appends one item per position of a walk whose moves are drawn (`walk.move(step)` changes the walk the
+    # loop tests): the games, and so the buffer, grow to a different length on each rank
+    assert line in todos, todos
+    assert "`len(buffer)` comes from `play(...)`" in todos[line] and "np.random.choice" in todos[line]
+    assert "takes `continue` past a training step" in todos[line]
+    # a walk that moves alike on every rank grows the buffer alike: nothing to agree on
+    fixed = _variant("int(np.random.choice([-1, 1]))", "1", source)
+    assert _line(fixed, "if len(buffer) < 32:") not in _todos(fixed)

@@ -226,7 +226,7 @@ def test_a_project_factory_that_wraps_its_model_in_data_parallel_two_calls_down_
     script = tmp_path / "train.py"
     result = port_source(script.read_text(), str(script))
     todo = _todo_at(result, "model = ddpkit.wrap(factory.create_model(8), ctx)")
-    assert "factory.py:7 `torch.nn.DataParallel(model)` spreads a module over every visible GPU" in todo
+    assert "factory.py:7 `torch.nn.DataParallel(model)` wraps in nn.DataParallel" in todo
 
 
 def test_parameter_groups_handed_to_the_optimizer_beside_the_model_are_a_todo():

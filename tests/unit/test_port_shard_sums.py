@@ -114,3 +114,49 @@ def test_sums_a_model_keeps_on_itself_and_hands_back_through_a_method_are_named(
     [todo] = [t for t in result.todos if "summed on itself" in t.message]
     assert todo.line == line and f"`self.totals`, line {summed}" in todo.message, todo.message
     assert "ported fully" not in result.message and result.exit_code == 3
+
+
+_BATCH_WEIGHTED = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+for epoch in range(2):
+    running_loss = 0
+    for xb, yb in DataLoader(data, batch_size=4):
+        loss = ((model(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        running_loss += loss.item() * xb.size(0)
+    print(running_loss / len(data))
+'''
+
+
+def test_a_mean_loss_times_the_batch_size_is_summed_as_a_number_not_truncated_to_an_int():
+    """`running_loss = 0` then `+= loss.item() * xb.size(0)`: the product is a float; `int(...)` of the reduced sum
+    would print 0.0 for a loss below 1 per sample. A keyword named like a function of the script (`train=False`)
+    hands no function to the call."""
+    result = port_source(_BATCH_WEIGHTED, "train.py")
+    assert "running_loss = type(running_loss)(ddpkit.all_reduce_sum(ctx, running_loss).item())" in result.code
+    assert "int(ddpkit.all_reduce_sum(ctx, running_loss)" not in result.code
+    assert result.exit_code == 0, result.todos
+    # `def train(model, opt)` steps the optimizer it is handed (a call on a parameter, as a search library's trial
+    # object is asked for settings); `MNIST(..., train=False)` still hands it nothing
+    named = _BATCH_WEIGHTED.replace("model = nn.Linear(2, 1)\n", "def train(model, opt):\n    loss = model(torch.ones(1, 2)).sum()\n"
+                                    "    loss.backward()\n    opt.step()\n\n\nmodel = nn.Linear(2, 1)\n").replace(
+        "DataLoader(data, batch_size=4)", "DataLoader(torchvision.datasets.MNIST('.', train=True), batch_size=4)").replace(
+        "import torch\n", "import torch\nimport torchvision\n", 1)
+    assert not [t for t in port_source(named, "train.py").todos if "is handed `train`" in t.message]
+
+
+def test_a_loss_summed_over_the_batch_times_the_batch_size_is_a_todo():
+    """Per rank that adds (sum over batch_size // world_size samples) x (batch_size // world_size): over the ranks,
+    1/world_size of the original's figure."""
+    source = _BATCH_WEIGHTED.replace("loss = ((model(xb) - yb) ** 2).mean()",
+                                     "loss = ((model(xb) - yb) ** 2).sum()")
+    result = port_source(source, "train.py")
+    assert result.exit_code == 3
+    assert [t.line for t in result.todos if "already sums over the batch" in t.message] == [15], result.todos

@@ -170,6 +170,34 @@ def test_a_name_for_the_model_bound_before_its_wrap_and_called_in_training_is_a_
     assert 'device="auto" if args.many' not in result.code
 
 
+def test_the_name_a_moved_model_came_from_is_an_alias_of_the_wrapped_one():
+    """`m = model.to(device)` returns `model` itself: with `m` wrapped (the optimizer reads it), a training forward
+    through `model` bypasses DDP."""
+    source = """import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = nn.Linear(2, 1)
+m = model.to(device)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+def fit(loader):
+    for xb, yb in loader:
+        loss = ((model(xb.to(device)) - yb.to(device)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+fit(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+"""
+    result = port_source(source, "script.py")
+    assert result.exit_code == 3
+    assert [t.line for t in result.todos if "`m = model.to(...)` returns `model` itself" in t.message] == [7], result.todos
+
+
 def test_a_name_for_the_model_bound_after_its_wrap_is_the_wrapper():
     source = _ALIAS.replace("opt = torch.optim.SGD(net.parameters(), lr=0.1)\n", "").replace(
         "net.apply(lambda m: None)\n", "net.apply(lambda m: None)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n")

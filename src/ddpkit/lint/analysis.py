@@ -936,7 +936,7 @@ class Script:
             keywords = {k.arg: k.value for k in call.keywords}
             if name.endswith(("multiprocessing.spawn", "start_processes")) and (call.args or "fn" in keywords):
                 worker, offset = terminal(call.args[0] if call.args else keywords["fn"]), 1  # (the rank comes first)
-            elif name.endswith("Process") and "target" in keywords \
+            elif name.endswith("Process") and "target" in keywords and not self._after_own_group(call) \
                     and self._joins_process_group(defs, keywords["target"], keywords.get("args")):
                 worker, offset = terminal(keywords["target"]), 0
             else:
@@ -1030,6 +1030,17 @@ class Script:
             if up is None:
                 return False
         return True
+
+    def _after_own_group(self, call: ast.Call) -> bool:
+        """A `Process(...)` the file's top-level code starts after its own top-level init_process_group: this
+        process is already a rank (torchrun started it), and the child it forks is a helper of that rank (a data
+        generator reading dist.get_rank()), not another rank."""
+        top = next((stmt for stmt in self.tree.body if any(n is call for n in ast.walk(stmt))), None)
+        if top is None or isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False
+        return any(isinstance(n, ast.Call) and terminal(n.func) == "init_process_group"
+                   for stmt in self.tree.body[:self.tree.body.index(top)] if isinstance(stmt, ast.Expr)
+                   for n in ast.walk(stmt))
 
     def _joins_process_group(self, defs: list[ast.AST], target: ast.expr, given: ast.expr | None) -> bool:
         """Whether a `Process(target=...)` starts a rank: its target, the functions of this file it calls and

@@ -163,6 +163,28 @@ def _reduces(s: Script, call: ast.Call) -> bool:
     return bool(REDUCING_NAME.search(name.lower()))
 
 
+def _reduces_a_copy(s: Script, call: ast.Call) -> bool:
+    """A call of a project function (`def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt); return rt`) whose
+    collectives all take local copies of its parameters, never a parameter itself: what it is given is not
+    reduced in place, only what it returns is."""
+    if not isinstance(call.func, ast.Name):
+        return False
+    defs = [d for x in s.project.scripts.values() for d in x.defs if d.name == call.func.id]
+    return bool(defs) and all(_collects_copies(x, d) for x in s.project.scripts.values() for d in x.defs
+                              if d.name == call.func.id)
+
+
+def _collects_copies(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    params = {a.arg for a in (*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs)}
+    copies = {t.id for n in ast.walk(d) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+              and terminal(n.value.func) == "clone" for t in n.targets if isinstance(t, ast.Name)}
+    collectives = [c for c in ast.walk(d) if isinstance(c, ast.Call) and s.is_dist_collective(c)
+                   and "barrier" not in terminal(c.func).lower()]
+    given = [a for c in collectives for a in (*c.args[:1], *(k.value for k in c.keywords if k.arg == "tensor"))]
+    return bool(collectives) and bool(given) and all(isinstance(a, ast.Name) and a.id in copies - params
+                                                     for a in given)
+
+
 def _method_of_other(s: Script, call: ast.Call) -> bool:
     """`model.train()` where the project's `train` is a plain function, no method: the call is the object's own
     method (nn.Module.train), not the project function of that name."""
@@ -197,6 +219,8 @@ def sharded_names(s: Script) -> set[str]:
                         names.add(key)
                 for key in _kept_loaders(x, names, factories):
                     names.add(key)  # `self.val_loader = val_loader`, given a sharded loader by every caller
+                for key in _sharded_containers(x, names, factories):
+                    names.add(key)  # `self.data_loader["test"] = DataLoader(..., sampler=test_sampler)`, every item
                 for n in _loader_classes(x, names, factories):
                     factories.add(n)  # `class ShardedLoader(DataLoader)` whose __init__ gives it a DistributedSampler
             # `def make_sampler(data): return DistributedSampler(data)`: calling it makes shards; so does a helper
@@ -208,6 +232,8 @@ def sharded_names(s: Script) -> set[str]:
                     positions.setdefault(f, set()).update(
                         i for i, e in enumerate(ret.value.elts) if _returns_shards(x, ret, e, names, factories))
             for x, n in unpacked:  # `train_loader, val_loader = build_loaders(cfg)`
+                if terminal(n.value.func) in positions and _left_unsharded(x, n.value, terminal(n.value.func)):
+                    continue
                 for i in positions.get(terminal(n.value.func), ()):
                     if i < len(n.targets[0].elts) and (key := _target_key(n.targets[0].elts[i])):
                         names.add(key)
@@ -295,9 +321,12 @@ def _loader_classes(s: Script, known: set[str], factories: set[str]) -> list[str
 def _makes_shards(s: Script, call: ast.Call, known: set[str], factories: frozenset[str] | set[str] = frozenset()
                   ) -> bool:
     name = terminal(call.func)
-    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")) \
-            or name in factories:
+    if name == "DistributedSampler" or (name.startswith("Distributed") and name.endswith("Sampler")):
         return True
+    if s.project is not None and name in s.project.memo("rank sampler classes", lambda: _rank_samplers(s.project)):
+        return True
+    if name in factories:
+        return not _left_unsharded(s, call, name)
     if "sampler" in name.lower() and any(_mentions_shards(s, a, known, factories) for a in call.args[:1]):
         return True  # a batch sampler over a sharded sampler: `BatchSampler(train_sampler, 32, True)`
     if s.qualname(call.func) in ("ddpkit.loader", "ddpkit.eval_loader", "ddpkit.data.loader",
@@ -312,6 +341,124 @@ def _makes_shards(s: Script, call: ast.Call, known: set[str], factories: frozens
                 return True
         return any(_mentions_shards(s, a, known, factories) for a in (*call.args[:1], *call.args[2:5]))
     return False
+
+
+def _sharded_containers(s: Script, known: set[str], factories: set[str]) -> set[str]:
+    """Dicts (names or attributes) every item stored into which is a sharded loader: whichever key a loop reads
+    (`for x in self.data_loader[ln]`), it iterates a shard."""
+    stores: dict[str, list[bool]] = {}
+    for n in s.nodes:
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript):
+            key = _target_key(n.targets[0].value)
+            value = n.value
+            while isinstance(value, ast.Call) and terminal(value.func) in ("list", "iter") and value.args:
+                value = value.args[0]  # `list(DataLoader(...))`: the same batches, held
+            if key:
+                stores.setdefault(key, []).append(isinstance(value, ast.Call)
+                                                  and _makes_shards(s, value, known, factories))
+    return {key for key, sharded in stores.items() if all(sharded) and key not in known}
+
+
+def _rank_samplers(project) -> set[str]:
+    """The project's sampler classes whose `__iter__` cuts the indices by the rank (`indices[self.rank *
+    self.num_samples:(self.rank + 1) * self.num_samples]`, `indices[self.rank::self.num_replicas]`)."""
+    found = set()
+    for x in project.scripts.values():
+        for c in x.nodes:
+            if not (isinstance(c, ast.ClassDef) and (c.name.endswith("Sampler") or any(
+                    terminal(b).endswith("Sampler") for b in c.bases))):
+                continue
+            for item in c.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__iter__" and any(
+                        isinstance(n, ast.Subscript) and any(
+                            isinstance(m, (ast.Name, ast.Attribute)) and terminal(m) == "rank"
+                            for m in ast.walk(n.slice)) for n in ast.walk(item)):
+                    found.add(c.name)
+    return found
+
+
+def _left_unsharded(s: Script, call: ast.Call, name: str) -> bool:
+    """A call of a loader factory that shards only under a check of its own parameters, which this call leaves at
+    defaults that fail it (`get_dataloader(path)` of `def get_dataloader(path, rank=-1, world_size=-1): if rank >= 0
+    and world_size >= 0: sampler = DistributedSampler(...)`): every definition of that name builds no sampler."""
+    defs = [d for x in s.project.scripts.values() for d in x.defs if d.name == name]
+    return bool(defs) and all(_sampler_gated_off(d, call) for d in defs)
+
+
+def _sampler_gated_off(d: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> bool:
+    """Every sampler `d` builds sits under an `if` that the parameter defaults `call` keeps make false."""
+    args = d.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    defaults = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    defaults.update((a.arg, v) for a, v in zip(args.kwonlyargs, args.kw_defaults) if v is not None)
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return False
+    given = set(positional[:len(call.args)]) | {k.arg for k in call.keywords}
+    kept = {p: _literal(v) for p, v in defaults.items() if p not in given}
+    kept = {p: v for p, v in kept.items() if v is not _UNKNOWN}
+    parents = {id(c): p for p in ast.walk(d) for c in ast.iter_child_nodes(p)}
+    samplers = [n for n in ast.walk(d) if isinstance(n, ast.Call) and terminal(n.func).startswith("Distributed")
+                and terminal(n.func).endswith("Sampler")]
+    if not samplers:
+        return False
+    for sampler in samplers:
+        node, off = sampler, False
+        while id(node) in parents and not off:
+            parent = parents[id(node)]
+            if isinstance(parent, ast.If) and any(node is x for x in parent.body):
+                off = _false_with(parent.test, kept)
+            node = parent
+        if not off:
+            return False
+    return True
+
+
+_UNKNOWN = object()
+
+
+def _literal(node: ast.AST) -> object:
+    """The value of a literal default (`-1`, `None`, `False`), else _UNKNOWN."""
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        return _UNKNOWN
+
+
+def _false_with(test: ast.AST, values: dict[str, object]) -> bool:
+    """Whether `test` (comparisons, `and`/`or`/`not` of names in `values` and constants) is false with those values."""
+    return _value(test, values) is False
+
+
+_COMPARE = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
+            ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
+            ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b}
+
+
+def _value(node: ast.AST, values: dict[str, object]) -> object:
+    """The value of a small constant expression over `values`, else _UNKNOWN (also where Python would raise)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return values.get(node.id, _UNKNOWN)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        inner = _value(node.operand, values)
+        if inner is _UNKNOWN or isinstance(node.op, ast.USub) and not isinstance(inner, (int, float)):
+            return _UNKNOWN
+        return not inner if isinstance(node.op, ast.Not) else -inner
+    if isinstance(node, ast.BoolOp):
+        parts = [_value(v, values) for v in node.values]
+        if any(p is _UNKNOWN for p in parts):
+            return _UNKNOWN
+        return all(parts) if isinstance(node.op, ast.And) else any(parts)
+    if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        sides = [_value(v, values) for v in (node.left, *node.comparators)]
+        if any(v is _UNKNOWN for v in sides):
+            return _UNKNOWN
+        try:
+            return all(_COMPARE[type(op)](a, b) for op, a, b in zip(node.ops, sides, sides[1:]))
+        except TypeError:  # `None >= 0`
+            return _UNKNOWN
+    return _UNKNOWN
 
 
 def _mentions_shards(s: Script, expr: ast.AST, known: set[str], factories: frozenset[str] | set[str] = frozenset()
@@ -419,6 +566,8 @@ def _loop_source(flow_names: set[str], s: Script, expr: ast.AST) -> bool:
         return expr.id in flow_names
     if isinstance(expr, ast.Attribute):
         return "." + expr.attr in flow_names
+    if isinstance(expr, ast.Subscript):
+        return _loop_source(flow_names, s, expr.value)  # an item of a dict of sharded loaders
     return False
 
 
@@ -500,6 +649,8 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     tools = {r for n in nodes for r in [_tool_root(n, parents)] if r}
     for node in nodes:
         if isinstance(node, ast.Call) and terminal(node.func) not in summaries and _reduces(s, node):
+            if _reduces_a_copy(s, node):
+                continue  # `reduced = reduce_tensor(loss)` all-reduces `loss.clone()`: `loss` stays this rank's
             for a in (*node.args, *(k.value for k in node.keywords)):
                 root = _root(a)
                 if root and not (isinstance(a, ast.Name) and root in tools):

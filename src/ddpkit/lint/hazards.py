@@ -11,7 +11,7 @@ from ddpkit.lint.bindings import scope_of
 from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
-           "ddp_without_device", "batchnorm_without_sync"]
+           "ddp_without_device", "cuda_before_set_device", "cuda_tensor_type_without_set_device", "batchnorm_without_sync"]
 
 _DEVICE_KWARGS = ("device", "output_device", "map_location", "device_id")
 
@@ -131,7 +131,7 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
         backend = argument(call, "backend", 0)
         values = _strings(s, backend) if backend is not None else set()
         if backend is None and _uses_cuda(s) or any("nccl" in v for v in values):
-            if explicit == "explicit":
+            if explicit in ("explicit", "typed"):
                 continue  # every tensor and DDP's device_ids name this rank's GPU: nothing lands on cuda:0
             if explicit == "pinned":
                 yield Hit(call, "DDP012", "error",
@@ -162,11 +162,13 @@ def _explicit_devices(project) -> str:
     if not project.single_node and not project.spawned and any(
             x.is_global_rank(i) for x in project.scripts.values() for c in x.calls for i in _device_indices(x, c)):
         return ""  # `cuda:{rank}` with the global rank names another node's GPU index, not this rank's
+    typed = False
     for x in project.scripts.values():
         parents = x.parents
         for n in x.nodes:
             if isinstance(n, (ast.Constant, ast.Call)) and not project.runs(x, n):
                 continue  # a method nothing calls places nothing
+            typed = typed or _cuda_tensor_type(x, n) and project.runs(x, n)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in ("cuda", "cuda:0"):
                 holder = parents.get(id(n))
                 if isinstance(holder, ast.keyword) and holder.arg == "device_type" or isinstance(holder, ast.Call) \
@@ -183,7 +185,49 @@ def _explicit_devices(project) -> str:
                 return ""  # current_device() is cuda:0 without set_device; NCCL's barrier guesses by rank
     pinned = any(isinstance(n, ast.keyword) and n.arg == "pin_memory" and not (
         isinstance(n.value, ast.Constant) and not n.value.value) for x in project.scripts.values() for n in x.nodes)
+    if typed:
+        return "typed"  # but for the legacy CUDA tensor types (`x.type(torch.cuda.FloatTensor)`): the current device
     return "pinned" if pinned or any(_pinning_kwargs(x) for x in project.scripts.values()) else "explicit"
+
+
+def _cuda_tensor_type(s: Script, node: ast.AST) -> bool:
+    """`torch.cuda.FloatTensor` (any legacy CUDA tensor type): casting to it, or building one, puts the data on the
+    current device."""
+    holder = s.parents.get(id(node))
+    if isinstance(holder, ast.Compare) or isinstance(holder, (ast.Tuple, ast.Call)) and any(
+            isinstance(h, ast.Call) and terminal(h.func) == "isinstance" for h in (holder, s.parents.get(id(holder)))):
+        return False  # `isinstance(x, torch.cuda.FloatTensor)`, `x.type() == ...`: a test, not a placement
+    return isinstance(node, ast.Attribute) and node.attr.endswith("Tensor") \
+        and s.qualname(node).startswith("torch.cuda.")
+
+
+@check
+def cuda_tensor_type_without_set_device(s: Script) -> Iterator[Hit]:
+    """NCCL with no set_device where every other placement names the rank's GPU but a legacy CUDA tensor type
+    (`Tensor = torch.cuda.FloatTensor`, then `batch.type(Tensor)`) places data: reported at the type, whose data
+    lands on cuda:0 on every rank while the models sit on the rank's own GPU."""
+    if _set_device_calls(s) or _pinned(s) or s.project.memo("explicit devices",
+                                                             lambda: _explicit_devices(s.project)) != "typed":
+        return
+    if not any(_nccl_init(x, c) for x in s.project.scripts.values() for c in x.calls_named("init_process_group")):
+        return
+    for node in s.nodes:
+        if _cuda_tensor_type(s, node) and s.project.runs(s, node):
+            yield Hit(node, "DDP012", "error",
+                      f"{ast.unparse(node)} is a tensor type of the current CUDA device, and torch.cuda.set_device "
+                      "is never called: on every rank its data lands on cuda:0 while the models sit on the rank's "
+                      "own GPU",
+                      "call torch.cuda.set_device(local_rank) before the training starts, or place the data with "
+                      ".to(device) on the rank's device")
+
+
+def _nccl_init(s: Script, call: ast.Call) -> bool:
+    """An init_process_group that uses NCCL: named (also through a parameter's value), or the default on CUDA."""
+    if keyword(call, "device_id") is not None:
+        return False
+    backend = argument(call, "backend", 0)
+    values = _strings(s, backend) if backend is not None else set()
+    return backend is None and _uses_cuda(s) or any("nccl" in v for v in values)
 
 
 def _pinning_kwargs(x: Script) -> bool:
@@ -414,6 +458,40 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
                       "call torch.cuda.set_device(local_rank) first and pass device_ids=[local_rank]")
 
 
+@check
+def cuda_before_set_device(s: Script) -> Iterator[Hit]:
+    """`model = Model().cuda()` in the rank's function, above the torch.cuda.set_device(gpu) further down that same
+    function (the program's only ones): the bare .cuda() runs on the current device, still cuda:0, so every rank
+    first builds the model (and a CUDA context) on GPU 0."""
+    if not (s.distributed or s.project.distributed) or _pinned(s):
+        return
+    chosen = _set_device_calls(s)
+    homes = {x.context(c).scope for x, c in chosen}
+    if not chosen or any(x is not s for x, _ in chosen) or len(homes) != 1 or 0 in homes:
+        return
+    scope = homes.pop()
+    first = min(c.lineno for _, c in chosen)
+    parents = s.parents
+    for call in s.calls:
+        if not (isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args
+                and not call.keywords and call.lineno < first and s.context(call).scope == scope):
+            continue
+        node, looped = call, False
+        while id(node) in parents and id(node) != scope:
+            node = parents[id(node)]
+            looped = looped or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        sides = _branches(call, parents)
+        if looped or s.context(call).single or all(any((test, not side) in sides for test, side in _branches(c, parents))
+                                                   for _, c in chosen):
+            continue  # (a loop may come back to it after the set_device; the other arm of its `if` runs alone)
+        yield Hit(call, "DDP012", "error",
+                  f"{ast.unparse(call.func)}() runs before torch.cuda.set_device (line {first}) in the same "
+                  "function: the current device is still cuda:0, so every rank first puts this (and a CUDA context) "
+                  "on GPU 0",
+                  "call torch.cuda.set_device(local_rank) first, at the top of the rank's function, or pass the "
+                  "device: .cuda(local_rank)")
+
+
 # torch's SyncBatchNorm and its converter, and apex's (`apex.parallel.convert_syncbn_model`, `apex.parallel.SyncBatchNorm`)
 _SYNC_BATCHNORM = frozenset({"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"})
 # a model constructor's own switch to SyncBatchNorm (`Detector(..., sync_bn=args.syncbn)`): the model has BatchNorm
@@ -635,8 +713,9 @@ def _batchnorm_wraps(project) -> list[tuple[Script, ast.Call, str]]:
 
 
 def _names_batchnorm(project, name: str, depth: int) -> bool:
-    """A class or function of the program named `name` names a BatchNorm class where some rank runs it, or builds
-    (calls) a class or function of the program that does."""
+    """A class or function of the program named `name` names a BatchNorm class where some rank runs it, builds a
+    library network of a BatchNorm architecture there, or builds (calls) a class or function of the program that
+    does."""
     if depth > 3 or not name:
         return False
     defs = [(x, d) for x in project.scripts.values() for d in x.nodes
@@ -646,6 +725,9 @@ def _names_batchnorm(project, name: str, depth: int) -> bool:
     x, d = defs[0]
     named = project.memo(("batchnorm names", x.path), lambda: {id(n) for n in _batchnorm_names(x)})
     if any(id(n) in named for n in ast.walk(d)):
+        return True
+    # `self.resnet = resnet50()` in the program's own wrapper class: a library network of a BatchNorm architecture
+    if any(isinstance(c, ast.Call) and batchnorm_constructor(x, c) and project.runs(x, c) for c in ast.walk(d)):
         return True
     called = {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} - {name}
     return any(_names_batchnorm(project, c, depth + 1) for c in called if c[:1].isalpha())

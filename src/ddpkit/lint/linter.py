@@ -11,6 +11,7 @@ import ddpkit.lint.hazards  # noqa: F401  (registers DDP011-DDP013 in CHECKS)
 import ddpkit.lint.wrapper  # noqa: F401  (registers DDP015 in CHECKS)
 import ddpkit.lint.outputs  # noqa: F401  (registers DDP006 and DDP008 in CHECKS)
 import ddpkit.lint.scaling  # noqa: F401  (registers DDP006's scale checks in CHECKS)
+import ddpkit.lint.choices  # noqa: F401  (registers DDP006's checkpoint choice in CHECKS)
 import ddpkit.lint.seeding  # noqa: F401  (registers DDP014 in CHECKS)
 from ddpkit.lint.analysis import Script
 from ddpkit.lint.doubt import doubted

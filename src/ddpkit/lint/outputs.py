@@ -332,7 +332,9 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         # (a print after the builtins.print swap shows on rank 0 alone, as one under a rank check does)
         swapped = ctx.level == NONE and not helper and s.qualname(call.func) == "print" \
             and project.print_silenced(s, call)
-        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged and not swapped:
+        # (every rank recording its own loss into a SummaryWriter each of them makes for the run's one log directory)
+        shared = ctx.level == NONE and not helper and _every_rank_writer(s, call) and _named_log_dir(s, call)
+        if ctx.level == NONE and not (helper and helper.rank_zero) and not logged and not swapped and not shared:
             continue  # (a `.info` line where logging is set up per rank shows on rank 0 alone)
         if any(is_eval_name(f) and "train" not in f.lower().split("_") for f in ctx.functions):
             continue  # an evaluation function (not `train_and_evaluate`): its report covers the data it was given
@@ -384,6 +386,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
             where = "from inside a rank check" if ctx.level != NONE else \
+                f"by every rank into its own {ast.unparse(call.func.value)} of the run's one log directory (made " \
+                "without a rank check), each under the same tag," if shared else \
                 "through logging that only rank 0 shows (logging is set up per rank)," if logged else \
                 "through a print only rank 0 shows (builtins.print is silenced on the others)," if swapped else \
                 f"through {terminal(call.func)}(), which shows it on rank 0 only,"
@@ -526,7 +530,7 @@ def _in_batch_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
     return False
 
 
-_RECORDS = frozenset({"add_scalar", "add_scalars", "log_metrics"})
+_RECORDS = frozenset({"add_scalar", "add_scalars", "log_metric", "log_metrics"})
 """Calls that write a figure into a run's record (tensorboard, a tracker), not onto the console."""
 
 
@@ -870,6 +874,14 @@ def _every_rank_writer(s: Script, call: ast.Call) -> bool:
         for v in made)
 
 
+def _named_log_dir(s: Script, call: ast.Call) -> bool:
+    """The every-rank writer `call` records through is given its log directory (`SummaryWriter(out_dir)`): one
+    directory for all ranks; with none, each process picks `runs/<time>_<host>` itself."""
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    return all(v.args or any(k.arg in ("log_dir", "logdir") for k in v.keywords)
+               for k, v in s.assignments if k == key and isinstance(v, ast.Call))
+
+
 def _in_shard_loop(call: ast.Call, flow) -> bool:
     return id(call) in flow.in_loop
 
@@ -997,8 +1009,8 @@ def _logger_helpers(project) -> set[str]:
             continue
         for d in x.defs:
             inner = list(ast.walk(d))
-            if any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner) \
-                    or any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args):
+            if (any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for n in inner)
+                    or any(a.arg and x.kind(ast.Name(a.arg)) for a in d.args.args)) and not _rank_names_files(x, d):
                 continue
             makes = any(isinstance(n, ast.Call) and x.qualname(n.func) in ("logging.getLogger", "getLogger")
                         for n in inner)
@@ -1010,6 +1022,40 @@ def _logger_helpers(project) -> set[str]:
             if makes and returns or gives_module:
                 found.add(d.name)
     return found
+
+
+def _rank_names_files(x: Script, d: ast.AST) -> bool:
+    """The rank read in a logger's set-up only names the file each rank logs to (`if rank > 0: filepath =
+    f"{filepath}-{rank}"` before `logging.FileHandler(filepath)`): its console handler and level are every rank's."""
+    statements = [n for n in ast.walk(d) if isinstance(n, ast.stmt) and n is not d]
+    named: set[str] = set()
+    for stmt in statements:
+        own = [stmt.test] if isinstance(stmt, ast.If) else [] if isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)) \
+            else [stmt]
+        if not any(isinstance(n, (ast.Name, ast.Attribute)) and x.kind(n) for part in own for n in ast.walk(part)):
+            continue
+        if isinstance(stmt, ast.If):
+            arms = [b for b in (*stmt.body, *stmt.orelse)]
+            if not all(isinstance(b, ast.Assign) and all(isinstance(t, ast.Name) for t in b.targets) for b in arms):
+                return False
+            named |= {t.id for b in arms for t in b.targets}
+        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+            named |= {t.id for t in stmt.targets}
+        else:
+            return False
+    if not named:
+        return False
+    # every read of those names is in a file handler's arguments, in their own assignments, or in a test of whether
+    # there is a file at all (`if filepath is not None:`: a path with the rank in it is never None)
+    allowed = {id(m) for n in ast.walk(d) if isinstance(n, ast.Call) and terminal(n.func).endswith("FileHandler")
+               for m in ast.walk(n)}
+    allowed |= {id(n.left) for n in ast.walk(d) if isinstance(n, ast.Compare) and len(n.comparators) == 1
+                and isinstance(n.ops[0], (ast.Is, ast.IsNot)) and isinstance(n.comparators[0], ast.Constant)
+                and n.comparators[0].value is None}
+    allowed |= {id(m) for n in statements if isinstance(n, ast.Assign) and all(
+        isinstance(t, ast.Name) and t.id in named for t in n.targets) for m in ast.walk(n.value)}
+    return all(id(n) in allowed for n in ast.walk(d)
+               if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in named)
 
 
 def _maker_method(s: Script, func: ast.AST, makers: set[str]) -> bool:
@@ -1691,6 +1737,48 @@ def _console_writer(s: Script, call: ast.Call) -> str:
 
 
 
+_STREAM_WRITES = frozenset({"sys.stdout.write", "sys.stderr.write"})
+
+
+def _stream_writer_functions(project) -> dict[tuple[str, str], str]:
+    """{(path, name): 'stdout'/'stderr'} of the program's module-level functions that write a parameter of theirs to
+    that stream (`def progress_bar(msg): sys.stdout.write(msg + "\\n")`): their callers choose what is written, so
+    the line is reported at the calls."""
+    found = {}
+    for x in project.scripts.values():
+        for d in x.tree.body:
+            if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = {a.arg for a in (*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs)}
+            for n in ast.walk(d):
+                if isinstance(n, ast.Call) and x.qualname(n.func) in _STREAM_WRITES and any(
+                        isinstance(m, ast.Name) and m.id in params for a in n.args for m in ast.walk(a)):
+                    found.setdefault((x.path, d.name), x.qualname(n.func).split(".")[1])
+    return found
+
+
+def _stream_write(s: Script, call: ast.Call, writers: dict[tuple[str, str], str]) -> tuple[str, str]:
+    """('stdout'/'stderr', how) where the call writes that stream: `sys.stdout.write(...)` itself (how: ''), or a call
+    of a program function that writes its argument there (how: 'progress at utils.py:17'); ('', '') otherwise, and for
+    the write inside such a function or a method of a class (reported at their calls)."""
+    name = s.qualname(call.func)
+    if name in _STREAM_WRITES:
+        ctx = s.context(call)
+        inside = ctx.functions and (s.path, ctx.functions[-1]) in writers and any(
+            (s.path, d.name) in writers for d in s.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and d.name == ctx.functions[-1] and ctx.scope == id(d))
+        # a method's write is its class's (a progress bar of the project: reported at its calls, see _console_writer)
+        method = any(isinstance(c, ast.ClassDef) and any(id(d) == ctx.scope for d in c.body) for c in s.nodes)
+        return ("", "") if inside or method else (name.split(".")[1], "")
+    local = s.local_callee(call)
+    target = (s.path, local) if local else s.project.resolve(s, call.func)
+    if target is None or target not in writers:
+        return "", ""
+    d = next((d for d in s.project.scripts[target[0]].tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and d.name == target[1]), None)
+    return writers[target], f"{target[1]} at {os.path.basename(target[0])}:{d.lineno if d else 1}"
+
+
 def _logging_module_names(s: Script) -> set[str]:
     """Names the file binds to the `logging` module itself (`logger = logging`), every other binding of which is a
     `logging.getLogger(...)` logger (`global logger; logger = logging.getLogger(name)`): either way the root logger's
@@ -1775,6 +1863,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     makers = project.memo("logger helpers", lambda: _logger_helpers(project))
     classes = project.memo("logger classes", lambda: _logger_classes(project))
     forwarding = set().union(*classes.values())
+    streams = project.memo("stream writers", lambda: _stream_writer_functions(project))
     loggers = {k for k, v in s.assignments if isinstance(v, ast.Call) and (
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
@@ -1797,6 +1886,10 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             and not (terminal(call.func) in _STDOUT_BARS and project.print_silenced(s, call))
         # `pbar(step, info)` of a project class whose __call__ (or the method called) writes sys.stdout itself
         writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
+        # `sys.stdout.write(text)`, or a function of the program that writes its argument there (`bar(suffix)`)
+        stream, via = ("", "") if is_print or is_bar or writer else _stream_write(s, call, streams)
+        if stream and not project.print_silenced(s, call, stdout=stream == "stdout"):
+            writer = stream
         is_print = is_print or bool(writer)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
@@ -1853,6 +1946,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
+            f"{ast.unparse(call.func)}()" if writer and stream and not via else \
+            f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({via})," if writer and via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \
             "print()" if is_print else "the tqdm progress bar"
         yield Hit(call, "DDP008", "warning",

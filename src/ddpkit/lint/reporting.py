@@ -22,7 +22,7 @@ __all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "h
            "reduced_names"]
 
 SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
-                        "set_description", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
+                        "set_description", "log_metric", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
 """Calls that show or record the values they are given."""
 _FILE_WRITES = frozenset({"write"})
 """Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records

@@ -75,6 +75,7 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
                       f"set_epoch({ast.unparse(call.args[0])}) gets a counter only some ranks advance (inside a rank "
                       "check): the other ranks shuffle every epoch alike, and the ranks' shards stop being disjoint",
                       "advance the epoch on every rank (or use the loop variable: sampler.set_epoch(epoch))")
+    yield from _materialised_loaders(s, set_epochs)
     if not s.project.epoch_loop:
         return
     receivers = _set_epoch_receivers(set_epochs)
@@ -84,6 +85,41 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     for x in s.project.scripts.values():
         for call in [*x.calls_named("DistributedSampler"), *(c for c in x.calls if terminal(c.func) in subclasses)]:
             yield from _unseeded(s, x, call, subclasses, receivers, set_epochs)
+
+
+def _materialised_loaders(s: Script, set_epochs: list[tuple[Script, ast.Call]]) -> Iterator[Hit]:
+    """`list(DataLoader(..., sampler=train_sampler))` where the program calls `train_sampler.set_epoch(epoch)`: the
+    sampler's order is drawn once, when the list is built, so the later set_epoch calls reorder nothing."""
+    receivers = {terminal(c.func.value) for _, c in set_epochs if isinstance(c.func, ast.Attribute)
+                 and isinstance(c.func.value, (ast.Name, ast.Attribute))}
+    for call in s.calls:
+        if s.qualname(call.func) not in ("list", "tuple") or len(call.args) != 1 \
+                or not isinstance(loader := call.args[0], ast.Call) or terminal(loader.func) != "DataLoader":
+            continue
+        sampler = keyword(loader, "sampler")
+        if not isinstance(sampler, (ast.Name, ast.Attribute)) or terminal(sampler) not in receivers:
+            continue
+        if _in_a_loop(s, call):
+            continue  # built again on every pass (after that pass's set_epoch, perhaps)
+        made = [v for k, v in s.assignments if k.lstrip(".") == terminal(sampler)]
+        if made and all(isinstance(v, ast.Call) and terminal(v.func) == "DistributedSampler"
+                        and not _is_const(argument(v, "shuffle", 3), False) for v in made) and s.project.runs(s, call):
+            yield Hit(call, "DDP001", "error",
+                      f"{s.qualname(call.func)}(DataLoader(...)) draws {ast.unparse(sampler)}'s order once, when "
+                      f"the {s.qualname(call.func)} is built: its set_epoch(epoch) calls reorder nothing, so every "
+                      "epoch replays the same batches in the same order",
+                      "keep the DataLoader itself and iterate it anew each epoch, after sampler.set_epoch(epoch)")
+
+
+def _in_a_loop(s: Script, node: ast.AST) -> bool:
+    """A `for`/`while` loop of the node's own function (or module code) runs it."""
+    while id(node) in s.parents:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False
+    return False
 
 
 def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receivers: set[str],
@@ -705,7 +741,10 @@ def unguarded_save(s: Script) -> Iterator[Hit]:
                       "save from one rank: `if dist.get_rank() == 0: torch.save(...)` "
                       "(with ddpkit: `if ctx.is_main:`), then dist.barrier() if other ranks read it")
         elif level == LOCAL and not s.project.single_node and not _per_node_path(s, target):
-            yield Hit(call, "DDP004", "warning",
+            # `if self.rank != 0: return` above the save: the local-rank test to change is that early exit's
+            inner = s.context(call).branches[-1:]
+            guard = next((n for n in s.nodes if inner and inner[0][1] == "after" and id(n) == inner[0][0]), call)
+            yield Hit(guard, "DDP004", "warning",
                       "torch.save is guarded by a local-rank check only: on a multi-node job local rank 0 "
                       "of every node writes the file (this assumes the path is shared between the nodes; a "
                       "per-node local disk is fine)",

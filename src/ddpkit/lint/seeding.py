@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, rerun_by_workers, terminal
-from ddpkit.lint.rules import Hit, argument, check
+from ddpkit.lint.rules import Hit, argument, check, keyword
 
 __all__ = ["rank_seeds"]
 
@@ -85,18 +85,75 @@ def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.Call]]:
     return callers or [(s, call)]
 
 
+_RATE = re.compile(r"(attn_|attention_|hidden_|residual_|embed_|emb_|ff_)?drop(out)?(_path)?(_rate|_prob|_p)?")
+"""Keywords that give a model the rate of its dropout (`dropout=0.1`, `attention_dropout=0.2`,
+`drop_path_rate=0.4`): the model it builds draws masks in every training forward unless the rate is 0."""
+_TRANSFORMERS_DROPOUT = re.compile(r"(Bert|Roberta|XLMRoberta|Albert|DistilBert|Electra|GPT2|T5|MT5|Bart|MBart|"
+                                   r"Marian|Pegasus|Camembert|Deberta|DebertaV2|XLNet|ViT)(\w*Model|For[A-Z]\w*)")
+"""Model classes of the transformers architectures whose pretrained configs default to dropout 0.1
+(hidden_dropout_prob, dropout_rate, resid_pdrop): `BertForMultipleChoice.from_pretrained(...)` draws dropout masks
+when trained. Not their tokenizers or configs."""
+
+
+def _positive(value: ast.AST | None) -> bool:
+    """A number (or the text of one: an option's string default) above 0."""
+    if not isinstance(value, ast.Constant) or isinstance(value.value, bool):
+        return False
+    try:
+        return float(value.value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _setting_default(project, name: str) -> ast.AST | None:
+    """The default of the one setting called `name` the program declares: a command-line option
+    (`add_argument("--drop", default=0.2)`) or a field of a config class (`ATT_DROPOUT = 0.1`); None where it
+    declares none, or several."""
+    declared = []
+    for x in project.scripts.values():
+        for c in x.calls:
+            flags = [a.value for a in c.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            dest = keyword(c, "dest")
+            named = dest.value if isinstance(dest, ast.Constant) else next(
+                (f.lstrip("-").replace("-", "_") for f in flags if f.startswith("--")), "")
+            if terminal(c.func) == "add_argument" and named == name:
+                declared.append(keyword(c, "default"))
+        declared += [item.value for c in x.nodes if isinstance(c, ast.ClassDef) for item in c.body
+                     if isinstance(item, (ast.Assign, ast.AnnAssign)) and item.value is not None
+                     and any(isinstance(t, ast.Name) and t.id == name
+                             for t in (item.targets if isinstance(item, ast.Assign) else [item.target]))]
+    return declared[0] if len(declared) == 1 else None
+
+
+def _nonzero(project, rate: ast.AST | None) -> bool:
+    """A rate surely above 0: a positive number, or a setting whose only default is one (`float(args.drop)` with
+    `--drop` defaulting to "0.2"). A setting the linted files do not declare may be 0: not sure."""
+    if isinstance(rate, ast.Call) and terminal(rate.func) == "float" and len(rate.args) == 1:
+        rate = rate.args[0]
+    if isinstance(rate, (ast.Attribute, ast.Name)):
+        rate = _setting_default(project, terminal(rate))
+    return _positive(rate)
+
+
 def _dropout(project) -> tuple[Script, ast.Call] | None:
     """The first dropout layer or call the program builds with a rate that is not 0 (`nn.Dropout(0.3)`,
-    `nn.Dropout()`, `F.dropout(x, 0.1)`): a draw per element of every training forward."""
+    `nn.Dropout()`, `F.dropout(x, 0.1)`), a model built with a rate surely above 0 (`Transformer(attention_dropout=0.2)`,
+    `Seq2Seq(..., dropout=float(args.drop))` where `--drop` defaults to 0.2) or a pretrained BERT-family model: a
+    draw per element of every training forward."""
     for x in project.scripts.values():
         for c in x.calls:
             name = x.qualname(c.func)
-            if not (name.startswith("torch.") and re.fullmatch(r"(Alpha|FeatureAlpha)?Dropout([123]d)?|dropout",
-                                                               terminal(c.func))):
-                continue
-            rate = argument(c, "p", 1 if terminal(c.func) == "dropout" else 0)
-            if (rate is None or isinstance(rate, ast.Constant) and isinstance(rate.value, float) and rate.value > 0) \
-                    and project.runs(x, c):
+            if name.startswith("torch.") and re.fullmatch(r"(Alpha|FeatureAlpha)?Dropout([123]d)?|dropout",
+                                                          terminal(c.func)):
+                rate = argument(c, "p", 1 if terminal(c.func) == "dropout" else 0)
+                drawn = rate is None or isinstance(rate, ast.Constant) and isinstance(rate.value, float) \
+                    and rate.value > 0
+            elif terminal(c.func) == "from_pretrained" and isinstance(c.func, ast.Attribute):
+                # the class names the architecture, from transformers or a copy of its modelling code
+                drawn = bool(_TRANSFORMERS_DROPOUT.fullmatch(terminal(c.func.value)))
+            else:
+                drawn = any(k.arg and _RATE.fullmatch(k.arg) and _nonzero(project, k.value) for k in c.keywords)
+            if drawn and project.runs(x, c):
                 return x, c
     return None
 
@@ -217,7 +274,8 @@ def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Scri
     scopes: set[tuple[str, int]] = set()
     for script, call in torch_seeds:
         scope = (script.path, script.context(call).scope)
-        if scope not in scopes and script.per_rank(call) and not _differs_per_rank(script, call):
+        if scope not in scopes and (script.per_rank(call) or rerun_by_workers(script, call)) \
+                and not _differs_per_rank(script, call):
             scopes.add(scope)
             sites += [site for site in _chosen_at(script, call) if site not in sites]
     return sorted(sites, key=lambda x: (x[0].path, x[1].lineno, x[1].col_offset))

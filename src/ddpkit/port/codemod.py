@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -85,8 +86,10 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     try:
         compile(source, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as e:
-        raise PortError(f"{path}:{e.lineno}:{e.offset or 1}: cannot parse the file ({e.msg}); fix the syntax error "
-                        "first") from None
+        python = "%d.%d" % sys.version_info[:2]
+        raise PortError(f"{path}:{e.lineno}:{e.offset or 1}: cannot parse the file ({e.msg}) with Python {python}, which "
+                        "runs ddpkit; fix the syntax error first, or, if the script is written for a newer Python, "
+                        "run ddpkit under that Python") from None
     retabbed = False
     try:
         wrapper = MetadataWrapper(cst.parse_module(source))

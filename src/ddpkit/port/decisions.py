@@ -209,6 +209,14 @@ def _lr_sources(plan: Any, key: str, groups: set[str]) -> set[str]:
     return out
 
 
+def _read_names(expr: cst.BaseExpression) -> list[cst.Name]:
+    """The names `expr` reads: not a keyword it passes (`MNIST(root, train=True)` hands no function `train`) nor an
+    attribute it names (`model.train`)."""
+    skip = {id(n.keyword) for n in walk(expr) if isinstance(n, cst.Arg) and n.keyword is not None}
+    skip |= {id(n.attr) for n in walk(expr) if isinstance(n, cst.Attribute)}
+    return [n for n in walk(expr) if isinstance(n, cst.Name) and id(n) not in skip]
+
+
 def plan_searches(plan: Any) -> None:
     """A hyperparameter search around DDP training: each rank would choose its own trials and train a different
     model while DDP averages their gradients. A TODO where another library is handed a function of the script that
@@ -229,8 +237,8 @@ def plan_searches(plan: Any) -> None:
             root = dotted(node.func).split(".")[0]
             if not root or root in functions:
                 continue
-            handed = [x.value for a in node.args for x in walk(a.value) if isinstance(x, cst.Name)
-                      and x.value in training and x.value not in started and not _called(a.value, x)
+            handed = [x.value for a in node.args for x in _read_names(a.value)
+                      if x.value in training and x.value not in started and not _called(a.value, x)
                       and _asks_settings(functions[x.value])]
             if handed:
                 named.add(id(plan._stmt.get(id(node), node)))

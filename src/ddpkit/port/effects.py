@@ -13,7 +13,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ENTRY, dotted, imported_names, walk
+from ddpkit.port.facts import ENTRY, dotted, imported_names, statements_of, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader, saves_file
 
@@ -162,6 +162,7 @@ def plan_effects(plan: Any) -> None:
     imports = imported_names(f.module)
     handles: dict[str, tuple[str, cst.SimpleStatementLine]] = {}
     _plan_file_types(plan)
+    _plan_before_init(plan)
     for key, stmt in statements:
         own = [c for c in _own_calls(stmt) if not f.callees(c, key)]  # the script's own functions: ported too
         if isinstance(stmt, cst.If) and _logs_through_library(plan, key, stmt):
@@ -293,10 +294,13 @@ def plan_effects(plan: Any) -> None:
     written = {(k, line) for k, line in writes}
     paths = {p for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
         cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
+    handed, sites = _handed_paths(plan, statements, written)
+    paths |= handed
     entered = _entered_after_write(plan, statements, writes)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
-                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt):
+                or id(stmt) in plan.main_first or (key, plan.line_of(stmt)) in written or plan.guarded_above(stmt) \
+                or id(stmt) in sites:
             continue
         own = _own_calls(stmt)
         # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
@@ -318,6 +322,34 @@ def plan_effects(plan: Any) -> None:
                      and plan.line_of(s) > end]
             if after:
                 plan.barrier_before.discard(id(min(after, key=plan.line_of)))
+
+
+def _plan_before_init(plan: Any) -> None:
+    """Lines the port leaves before ddpkit.init (the entry's own lines above the argument parsing that stays there,
+    and module code above an entry function) run on every rank, where no ctx exists yet to keep them to rank 0: a
+    log file every rank opens (`logging.basicConfig(filename=..., filemode="w")`: each rank truncates it and writes
+    its own lines into it) or a file every rank writes. A TODO at the line."""
+    f = plan.f
+    if not f.region:
+        return
+    owner = statements_of(f.entry_owner)
+    start = next((i for i, s in enumerate(owner) if s is f.region[0]), 0)
+    before = owner[:start]
+    if not isinstance(f.entry_owner, cst.Module):
+        before = [s for s in f.module.body if not any(s is o or any(o is n for n in walk(s)) for o in owner)] + before
+    for stmt in before:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        calls = _own_calls(stmt)
+        handler = next((c for c in calls if _log_file(c)), None)
+        written = next((c for c in calls if _writes(c) and not f.callees(c, ENTRY)), None)
+        if handler is not None:
+            plan.todo(stmt, f"`{dotted(handler.func)}(...)` runs on every rank before ddpkit.init, so every rank "
+                      "opens the same log file and writes its lines into it: move it after `ctx = ddpkit.init(...)` "
+                      "under `if ctx.is_main:` (or name a file per rank, ctx.rank)")
+        elif written is not None:
+            plan.todo(stmt, f"`{dotted(written.func)}(...)` runs on every rank before ddpkit.init, so every rank "
+                      "writes the same file at once: move it after `ctx = ddpkit.init(...)` under `if ctx.is_main:`")
 
 
 def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:
@@ -345,6 +377,35 @@ def _reads_disk_test(test: cst.BaseExpression) -> bool:
 
 
 _PATH_CALLS = re.compile(r"^(os\.path\.join|path\.join|join|Path|pathlib\.Path|str|os\.path\.abspath|abspath)$")
+
+
+def _handed_paths(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
+                  written: set[tuple[str, int]]) -> tuple[set[str], set[int]]:
+    """`def write_subset(data, out_path): ... open(out_path, "w")` written on rank 0: the paths its callers hand it
+    (`write_subset(d, fold_ann)`), so a later call handed `fold_ann` (`Dataset(root, fold_ann)`) reads that file;
+    and id() of the statements that hand them (they write, they read nothing)."""
+    params: dict[str, list[str]] = {}  # a scope that writes to a path it is given -> its parameters
+    for key, stmt in statements:
+        node = plan.f.scopes[key].node if key in plan.f.scopes else None
+        if (key, plan.line_of(stmt)) not in written or not isinstance(node, cst.FunctionDef) or not isinstance(
+                stmt, (cst.SimpleStatementLine, cst.With)):
+            continue
+        names = [p.name.value for p in (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)]
+        if any(isinstance(a.value, cst.Name) and a.value.value in names for c in _own_calls(stmt) for a in c.args):
+            params[key] = names
+    out: set[str] = set()
+    sites: set[int] = set()
+    for key, stmt in statements if params else ():
+        for call in _own_calls(stmt) if isinstance(stmt, (cst.SimpleStatementLine, cst.With)) else ():
+            for callee in (c for c in plan.f.callees(call, key) if c in params):
+                names = params[callee][1:] if plan.f.scopes[callee].cls else params[callee]
+                for i, arg in enumerate(call.args):
+                    name = arg.keyword.value if arg.keyword is not None else names[i] if i < len(names) else None
+                    if name in params[callee] and isinstance(arg.value, cst.Name) and _names_path(
+                            plan, arg.value.value):
+                        out.add(arg.value.value)
+                        sites.add(id(stmt))
+    return out, sites
 
 
 def _path_args(plan: Any, call: cst.Call) -> set[str]:

@@ -81,6 +81,19 @@ def _reported_sums(plan: Any, key: str, name: str) -> None:
     done: set[int] = set()
     for stmt in plan.f.scope_statements(key):
         for node in walk(stmt):
+            summed = _times_batch_count(plan, node.value) if isinstance(node, cst.AugAssign) and isinstance(
+                node.operator, cst.AddAssign) and id(node) not in done else None
+            if summed is not None and any(isinstance(n, cst.Name) and (n.value == name or _reduction(
+                    plan, key, n, plan.line_of(node), 0)[0] == SUM) for n in walk(summed)):
+                # `total += loss.item() * x.shape[0]` of a loss that already sums the batch: per rank, a sum over
+                # batch_size // world_size samples times that count, so the ranks' total is 1/world_size of the
+                # original's (a per-sample mean times the count would be right: it is the sum)
+                done.add(id(node))
+                plan.todo(node, f"`{plan.f.code(summed)}` already sums over the batch, and this adds it times the batch's size, "
+                          "which is now this rank's batch_size // world_size: summed over the ranks the figure is "
+                          "1/world_size of the original's; add the sum itself (or its mean over the batch times the "
+                          "size), then reduce it across ranks")
+                continue
             func = dotted(node.func) if isinstance(node, cst.Call) else ""
             if func.rsplit(".", 1)[-1] not in _REPORTS and func != "wandb.log":
                 continue
@@ -92,6 +105,19 @@ def _reported_sums(plan: Any, key: str, name: str) -> None:
                           "reported here is about 1/world_size of the original's figure: report "
                           f"ddpkit.all_reduce_sum(ctx, {name}.detach()) (on every rank, outside `if ctx.is_main:`) "
                           "instead, or name the figure as this rank's")
+
+
+def _times_batch_count(plan: Any, expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`loss.item() * x.size(0)`, `loss.cpu().data.numpy() * x.shape[0]`: the value multiplied by a count of the
+    batch's samples (`loss.item()`), else None."""
+    if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply)):
+        return None
+    counts = [any(c in plan.f.code(side) for c in _BATCH_COUNT) for side in (expr.left, expr.right)]
+    if counts == [False, True]:
+        return expr.left
+    if counts == [True, False]:
+        return expr.right
+    return None
 
 
 def _reduction(plan: Any, key: str, expr: cst.BaseExpression, line: int, depth: int) -> tuple[str, str]:

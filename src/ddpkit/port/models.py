@@ -518,25 +518,44 @@ def check_rebound(plan: Any) -> None:
 def check_aliases(plan: Any) -> None:
     """Another name for the model bound before its wrap (`para_model = model`, `runner = SomeDataParallel(model,
     ...)`, `self.net = model`) still holds the bare module after `model = ddpkit.wrap(model, ctx)`: a training
-    forward through it bypasses DDP (no gradient is averaged, each rank trains its own copy). A TODO at the alias,
-    where a training function calls it."""
+    forward through it bypasses DDP (no gradient is averaged, each rank trains its own copy). So does the name a
+    moved model came from (`m = model.to(device)`, `m` wrapped: `model` is the same bare module). A TODO at the
+    alias, where a training function calls it."""
     for (key, model), placed in plan.wrapped.items():
         first_wrap = min((plan.line_of(w) for w in placed), default=0)
         readers = [key] + [k for k in sorted(plan.f.ported) if k != key and key == ENTRY and plan.f.ctx_global]
         for node in plan.nodes(key):
-            if not isinstance(node, cst.Assign) or not _aliases(plan, key, node.value, model):
+            if not isinstance(node, cst.Assign):
                 continue
             stmt = plan._stmt.get(id(node))
-            if stmt is None or any(stmt is w for w in placed) or plan.line_of(stmt) >= first_wrap:
+            if stmt is None:
                 continue
-            for alias in sorted({dotted(t.target) for t in node.targets} - {model, ""}):
+            if _aliases(plan, key, node.value, model):
+                if any(stmt is w for w in placed) or plan.line_of(stmt) >= first_wrap:
+                    continue
+                names = {dotted(t.target) for t in node.targets} - {model, ""}
+            elif any(dotted(t.target) == model for t in node.targets) and isinstance(_bare(node.value), cst.Name) \
+                    and dotted(_bare(node.value)) != model and move_receiver(node.value) is not None \
+                    and plan.line_of(stmt) <= first_wrap:
+                # `m = model.to(device)` (also where the wrap replaces it): a module's move returns the module itself,
+                # so `model` still holds the bare module once `m` is wrapped; a training forward through it bypasses
+                # DDP as through any other alias
+                names = {dotted(_bare(node.value))}
+            else:
+                continue
+            for alias in sorted(names):
                 calls = [n for k in readers for n in plan.nodes(k) if isinstance(n, cst.Call) and dotted(n.func) == alias
                          and k in plan.training_scopes and (k == key or alias not in plan.f.scopes[k].params)]
-                if calls:
-                    plan.todo(node, f"`{alias}` is bound to `{model}` before `{model} = ddpkit.wrap({model}, ctx)` (line "
-                              f"{first_wrap}) and the training step calls `{alias}(...)` (line "
-                              f"{plan.line_of(calls[0])}): that forward bypasses DDP, so no gradient is averaged; "
-                              f"bind `{alias} = {model}` after the wrap")
+                if not calls:
+                    continue
+                if dotted(_bare(node.value)) == alias:
+                    held = (f"`{model} = {alias}.to(...)` returns `{alias}` itself, so `{alias}` still holds the bare "
+                            f"module once `{model}` is wrapped (line {first_wrap})")
+                else:
+                    held = f"`{alias}` is bound to `{model}` before `{model} = ddpkit.wrap({model}, ctx)` (line {first_wrap})"
+                plan.todo(node, f"{held} and the training step calls `{alias}(...)` (line {plan.line_of(calls[0])}): "
+                          f"that forward bypasses DDP, so no gradient is averaged; bind `{alias} = {model}` after the "
+                          "wrap")
 
 
 def _aliases(plan: Any, key: str, value: cst.BaseExpression, model: str) -> bool:

@@ -356,6 +356,60 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
     return got
 
 
+_EVERY_RANK = ("writes or downloads", "chooses a device", "nn.DataParallel", "made from the clock")
+"""What code every rank runs must not do there (the port would fix each in the script itself)."""
+
+
+def _every_rank(message: str) -> bool:
+    return any(part in message for part in _EVERY_RANK)
+
+
+def _reached_hazards(path: str, defns: list[ast.AST], folder: str, modules: dict[str, str],
+                     parsed: dict[str, ast.Module | None]) -> list[tuple[str, int, str]]:
+    """(file, line, what) of what breaks on every rank (`_every_rank`) in the project's functions and classes that
+    `defns` (of module `path`) call, followed a level at a time (three at most): a class reached is read whole (a
+    layer's forward runs in its model's). The definitions themselves are judged by the caller."""
+    out: list[tuple[str, int, str]] = []
+    seen = {id(d) for d in defns}
+    todo = [(path, d, 0) for d in defns]
+    while todo:
+        where, defn, depth = todo.pop(0)
+        if depth:
+            out += [(os.path.basename(where), line, h) for line, h in _hazards(
+                defn, {}, False, devices=fixed_devices(_parsed(modules, where, parsed))) if _every_rank(h)]
+        for found in _called(where, defn, folder, modules, parsed) if depth < 3 and len(seen) < 40 else ():
+            if id(found[1]) not in seen:
+                seen.add(id(found[1]))
+                todo.append((*found, depth + 1))
+    return out
+
+
+def _called(path: str, defn: ast.AST, folder: str, modules: dict[str, str],
+            parsed: dict[str, ast.Module | None]) -> list[tuple[str, ast.AST]]:
+    """(file, definition) of each function or class of the project `defn` calls by name (`build(...)`,
+    `layers.Block(...)`), resolved as its module `path` imports it."""
+    module = _parsed(modules, path, parsed)
+    if module is None:
+        return []
+    imported = {**_local_imports(module, modules, os.path.dirname(path), parsed),
+                **_local_imports(module, modules, folder, parsed)}
+    out = []
+    for call in (n for n in ast.walk(defn) if isinstance(n, ast.Call)):
+        func = ast_dotted(call.func)
+        head, _, rest = func.partition(".")
+        if not func or "." in rest:
+            continue
+        if not rest:
+            found = _resolve(modules, folder, path, func, parsed)
+        elif head in imported and imported[head][1] is None:
+            found = _resolve(modules, folder, imported[head][0], rest, parsed)
+        else:
+            found = None
+        if found is not None and isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append(found)
+    return out
+
+
 def _rank_guarded(tree: ast.Module) -> set[int]:
     """id() of the calls the ported script makes on one rank only (under `if ctx.is_main:` or a rank test)."""
     out: set[int] = set()
@@ -432,24 +486,6 @@ def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: 
     return out
 
 
-def _parallel_wraps(defn: ast.AST, path: str, follow: Follow, depth: int = 0) -> list[tuple[int, str]]:
-    """(line, what breaks) for each `nn.DataParallel(...)` the project's code makes, itself or in the functions of
-    its own module it calls (`create_model` -> `_build` wrapping the model it builds), three calls down."""
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(defn):
-        if not isinstance(node, ast.Call):
-            continue
-        if ast_dotted(node.func).rsplit(".", 1)[-1] == "DataParallel":
-            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` spreads a module over every visible GPU on each "
-                                     "rank: each rank owns one GPU under DDP (ddpkit.init made it current), and "
-                                     "DataParallel on a rank other than 0 refuses a module off cuda:0; drop it "
-                                     "(ddpkit.wrap the trained model instead)"))
-        elif isinstance(node.func, ast.Name) and depth < 3 and (found := follow(node.func.id)) is not None and \
-                found[0] == path and found[1] is not defn and isinstance(found[1], ast.FunctionDef):
-            out += _parallel_wraps(found[1], path, follow, depth + 1)
-    return out
-
-
 def _init_of(cls: ast.AST, follow: Follow) -> ast.ClassDef | None:
     """The class whose `__init__` builds instances of `cls`: `cls` itself, or the first base (of the project) that
     defines one where `cls` does not (`class Fine(Engine): ...` keeps `Engine.__init__`); None for a function."""
@@ -513,6 +549,14 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         d = ast_dotted(node)
         return next((p for p in received if d == p or d.startswith(p + ".")), "")
 
+    clocked = _clocked(defn)
+    # `try: os.makedirs(p)` `except OSError: pass`: a folder another rank made is fine (not where the handler
+    # raises or exits: that rank stops)
+    caught = {id(c) for t in ast.walk(defn) if isinstance(t, ast.Try) and t.handlers and not any(
+        isinstance(n, ast.Raise) or isinstance(n, ast.Call) and ast_dotted(n.func) in ("quit", "exit", "sys.exit",
+                                                                                          "os._exit")
+        for h in t.handlers for n in ast.walk(h)) for s in t.body for c in ast.walk(s)}
+
     for node in ast.walk(defn):
         if isinstance(node, (ast.Attribute, ast.Subscript)) and received.get(name_of(node.value)) == "config":
             key = node.attr if isinstance(node, ast.Attribute) else (
@@ -552,7 +596,21 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         elif func in ("copy.deepcopy", "deepcopy") and "model" in kinds:
             out.append((node.lineno, "`deepcopy` of a module of the model (an EMA copy?): DDP sees its parameters "
                                      "as unused, and the copy of the wrapper holds `module.` keys"))
-        elif one_rank or any(kw.arg == "exist_ok" for kw in node.keywords):
+        elif last == "DataParallel" and not one_rank:
+            out.append((node.lineno, f"`{ast.unparse(node)[:60]}` wraps in nn.DataParallel over every GPU each rank's "
+                                     "process sees, from cuda:0 (DDP runs one process per GPU): remove it there "
+                                     "(ddpkit.wrap replaces it)"))
+        elif not one_rank and (last in _WRITES or func == "open" and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
+                for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"])) and (
+                stamp := _stamped(node, clocked)):
+            # a name made from the clock: ranks that start a second apart name different files or folders
+            out.append((node.lineno, f"`{(func or last)}(...)` on every rank, at a path made from the clock "
+                                     f"({stamp}): each rank names its own, or two race for one; make the name on "
+                                     "rank 0 and broadcast it (ddpkit.collectives.broadcast_object), write on rank 0"))
+        elif one_rank or any(kw.arg == "exist_ok" and not (isinstance(kw.value, ast.Constant) and kw.value.value is
+                                                           False) for kw in node.keywords) or last in (
+                "makedirs", "mkdir") and id(node) in caught:
             continue  # what rank 0 alone writes, and a mkdir that lets another rank's come first, are fine
         elif last in _WRITES or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
@@ -566,6 +624,49 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         elif any(kw.arg == "download" and isinstance(kw.value, ast.Constant) and kw.value.value for kw in node.keywords):
             out.append((node.lineno, f"`{func or last}(..., download=True)` downloads on every rank at once"))
     return out
+
+
+_CLOCKS = {"now", "today", "utcnow", "time", "time_ns", "localtime", "gmtime"}
+"""Calls of datetime/time that read the clock: their value differs between ranks that start a moment apart."""
+
+
+def _clock_call(node: ast.AST) -> str:
+    """`datetime.now()`, `time.time()`, `time.strftime(...)` (of the current time) in `node`: its code, else ""."""
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        func = ast_dotted(call.func)
+        head, last = func.split(".")[0], func.rsplit(".", 1)[-1]
+        if head in ("datetime", "time", "date") and (last in _CLOCKS or last == "strftime" and len(call.args) < 2):
+            return f"`{ast.unparse(call)[:40]}`"
+    return ""
+
+
+def _clocked(defn: ast.AST) -> dict[str, str]:
+    """Names (`log_dir`, `args.log_dir`) a definition binds to a value built from the clock -> that clock call."""
+    out: dict[str, str] = {}
+    assigns = [n for n in ast.walk(defn) if isinstance(n, ast.Assign)]
+    changed = True
+    while changed:
+        changed = False
+        for a in assigns:
+            names = (ast_dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
+            stamp = _clock_call(a.value) or next((out[d] for d in names if d in out), "")
+            for name in (ast_dotted(t) for t in a.targets if ast_dotted(t)) if stamp else ():
+                if name not in out:
+                    out[name] = stamp
+                    changed = True
+    return out
+
+
+def _stamped(call: ast.Call, clocked: dict[str, str]) -> str:
+    """Where the path a write is given (its first argument) comes from the clock: that clock call, else ""."""
+    for path in call.args[:2]:  # `os.makedirs(path)`, `np.save(path, a)`, `torch.save(obj, path)`
+        if isinstance(path, (ast.Name, ast.Attribute, ast.JoinedStr, ast.BinOp)) or isinstance(path, ast.Call) and \
+                ast_dotted(path.func).rsplit(".", 1)[-1] in ("join", "Path", "format", "str"):
+            stamp = _clock_call(path) or next((clocked[d] for d in (ast_dotted(n) for n in ast.walk(path) if isinstance(
+                n, (ast.Name, ast.Attribute))) if d in clocked), "")
+            if stamp:
+                return stamp
+    return ""
 
 
 _PROCESSES = {"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
@@ -1079,6 +1180,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
         path, name, defn = found
         module = _parsed(modules, path, parsed)
         received = received or _received(node, defn, kinds)
+        reached: list[tuple[str, int, str]] = []
         for root, (source, defined) in shared.items():  # the module reads the same settings object by importing it
             if module is not None and (source, defined) == _local_imports(module, modules, folder, parsed).get(root):
                 received = {**received, root: "config"}
@@ -1095,34 +1197,39 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                         continue
                     method = call.func.attr
                     writes = sorted({h for m in _own_methods(defn, method) for h in _hazards(m, {}, False)
-                                     if "writes or downloads" in h[1]})
+                                     if _every_rank(h[1])})
                     if writes:
                         where = os.path.basename(path)
                         found_at = "; ".join(f"{where}:{line} {h}" for line, h in writes[:4])
                         out.append((call.lineno, f"not checked: `{name}.{method}` in {where} (read, not ported) runs "
                                                  f"on every rank, and there {found_at}; check each under DDP"))
             hazards = [] if id(node) in guarded else sorted(
-                {h for part in parts for h in _hazards(part, {}, False, devices=devices)
-                 if "writes or downloads" in h[1] or "chooses a device" in h[1]})
+                {h for part in parts for h in _hazards(part, {}, False, devices=devices) if _every_rank(h[1])})
+            # and what the project's functions and classes it calls in turn do there (`Net` building a layer
+            # class whose forward puts a tensor on cuda:0, a factory wrapping in nn.DataParallel, a save helper)
+            reached = [] if id(node) in guarded else _reached_hazards(path, parts, folder, modules, parsed)
             what = "runs on every rank"
         else:
             hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path),
                                           devices=devices, sizes=sizes)))
+            # the model's forward (`received` set above) was read whole where the script built the model
+            reached = [] if id(node) in guarded or received.get("forward") == "batch" else _reached_hazards(
+                path, [defn], folder, modules, parsed)
             handed = ", ".join(sorted({"size": "global batch size", "holds model": "model (in a dict, list or tuple)"}.get(
                 k, k) for k in set(received.values()) - {
                 "unwrapped"} if not k.startswith("code:")) or ["the unwrapped model"])
             what = f"gets the {handed}"
         if id(node) not in guarded:
             hazards = sorted({*hazards, *(h for part in ([defn] if received else parts)
-                                          for h in _logs_to_rank0_run(part, module, started)),
-                              *_parallel_wraps(defn, path, follower(path))})
-        if hazards:
+                                          for h in _logs_to_rank0_run(part, module, started))})
+        if hazards or reached:
             where = os.path.basename(path)
-            lines: dict[str, list[int]] = {}  # one message, every line it holds at
-            for line, h in hazards:
-                lines.setdefault(h, []).append(line) if line not in lines.get(h, []) else None
-            grouped = sorted((at, h) for h, at in lines.items())
-            found = "; ".join(f"{where}:{', '.join(map(str, at))} {h}" for at, h in grouped[:4])
+            lines: dict[tuple[str, str], list[int]] = {}  # one message, every line it holds at
+            for at, line, h in [(where, line, h) for line, h in hazards] + reached:
+                lines.setdefault((at, h), []).append(line) if line not in lines.get((at, h), []) else None
+            grouped = sorted((sorted(at), h) for (_, h), at in lines.items())
+            files = {h: f for f, h in lines}
+            found = "; ".join(f"{files[h]}:{', '.join(map(str, at))} {h}" for at, h in grouped[:4])
             more = f" (and {len(grouped) - 4} more)" if received and len(grouped) > 4 else ""
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
                                      f"there {found}{more}; check each under DDP"))

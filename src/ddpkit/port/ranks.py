@@ -158,6 +158,7 @@ def apart(plan: Any, key: str, expr: cst.CSTNode) -> str | None:
     if found is None:
         return None
     name, origin = found
+    name = f"len({name[4:]})" if name.startswith("len:") else name  # how many times it grew
     return "" if not origin else f"`{name}` comes from {origin}" if name else origin
 
 
@@ -177,6 +178,17 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
             assigns.setdefault(dotted(n.func.value), []).append(n)  # `rewards.append(r)`: `rewards` holds r
         elif isinstance(n, cst.Return) and n.value is not None:
             assigns.setdefault(_RETURNED, []).append(n)  # what the scope returns, for its callers
+        elif isinstance(n, cst.For) and isinstance(n.iter, cst.Name) and plan.loop_role(key, n) is None:
+            # `for board, z in history:` binds each target to an item of `history` (a list the scope fills); a
+            # loader's batches and an `enumerate` counter are judged as before, by what is computed from them
+            for name in {dotted(x) for x in walk(n.target) if isinstance(x, cst.Name)}:
+                assigns.setdefault(name, []).append(n)
+    for n in plan.nodes(key):  # `env.step(action)`, its value dropped: it changes the object the scope made with it
+        stmt = plan._stmt.get(id(n))
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) \
+                and n.args and n.func.attr.value not in _GROWS and n.func.value.value in assigns and isinstance(
+                stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is n:
+            assigns[n.func.value.value].append(n)
     seen = seen | {key}
 
     def names_of(e: cst.CSTNode) -> set[str]:
@@ -227,11 +239,16 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
         # `len(rewards)`: how many times it grew, decided by the tests around its growth, whatever it holds
         sized = name.startswith("len:")
         exprs: list[cst.CSTNode] = [t for a in assigns[name.removeprefix("len:")] for t in tests_around(plan, a)]
+        if sized:  # grown once per item of a `for` around it: as many times as that holds items
+            exprs += [cst.Call(cst.Name("len"), [cst.Arg(loop.iter)]) if isinstance(loop.iter, cst.Name) else loop.iter
+                      for a in assigns[name.removeprefix("len:")] if isinstance(a, cst.Call)
+                      for loop in _loops_around(plan, a)]
         own = False
         for a in assigns[name.removeprefix("len:")]:
-            if sized and isinstance(a, cst.Call) and a.func.attr.value != "extend":
+            if sized and (isinstance(a, cst.For) or isinstance(a, cst.Call) and a.func.attr.value != "extend"):
                 continue
-            value = needs(a.args[-1].value if isinstance(a, cst.Call) else a.value)
+            value = needs(a.iter if isinstance(a, cst.For) else a.args[-1].value if isinstance(a, cst.Call)
+                          else a.value)
             if value is None:
                 continue
             exprs.append(value)
@@ -259,6 +276,16 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
         return next((per_rank[n] for n in hit if per_rank[n][1]), (hit[0], ""))
     origin = drawn(expr)
     return ("", origin) if origin else None
+
+
+def _loops_around(plan: Any, node: cst.CSTNode) -> list[cst.For]:
+    """The `for` loops of the scope around `node`, innermost first."""
+    out, parent = [], plan._parent.get(id(plan._stmt.get(id(node), node)))
+    while parent is not None:
+        if isinstance(parent, cst.For):
+            out.append(parent)
+        parent = plan._parent.get(id(parent))
+    return out
 
 
 def _callees(plan: Any, call: cst.Call, key: str) -> list[str]:

@@ -21,14 +21,49 @@ from ddpkit.port.ranks import agreed
 __all__ = ["plan_reductions", "reduce_statement", "plan_shard_figures"]
 
 _COUNTER = re.compile(r"(^|_)(step|steps|iter|iters|iteration|epoch|it|i|batch_idx|n_iter)$")
-_PYTHON_NUMBER = re.compile(r"(\.item\(\)|^\s*(float|int|len)\(.*\)|\.size\(0?\)|\.shape\[0\]|\.numel\(\)|^\s*\d+(\.\d*)?)\s*$")
-_INTISH = re.compile(r"(^\s*(int|len)\(.*\)|\.size\(0?\)|\.shape\[0\]|\.numel\(\)|^\s*\d+)\s*$")
 _THROUGHPUT = re.compile(r"per_s(ec)?$|throughput|(^|_)(tps|ips|sps)$|tok(en)?s?_?(per_?)?s(ec)?$|samples_?(per_?)?s(ec)?$",
                          re.I)
 _REPORT = re.compile(r"\bprint\(|print0\(|\.(info|debug|warning|log|write|set_postfix|set_description|add_scalars?)\(|"
                      r"\blog\(")
 _COUNTS = re.compile(r"\.sum\(|size\(|\blen\(|shape\[0\]|numel\(|num_graphs|\.eq\(")
 _TENSOR_USE = r"\b{}\.(item|float|double|long|cpu|numpy|to|detach|tolist)\("
+
+
+def _number_kind(expr: cst.BaseExpression) -> str | None:
+    """What a Python number added to a sum is: "int" (`1`, `len(x)`, `x.size(0)`, `x.shape[0]`, `x.numel()`,
+    `int(...)`, and their sums and products), "float" (`0.5`, `float(...)`, any quotient), "number" (`.item()`, a
+    tensor's value: int or float, known at run time), None where it is not surely a Python number (a numpy value,
+    a tensor). `loss.item() * x.size(0)` is a number, not an int: the product takes the loss's type."""
+    if isinstance(expr, cst.Integer):
+        return "int"
+    if isinstance(expr, cst.Float):
+        return "float"
+    if isinstance(expr, cst.UnaryOperation):
+        return _number_kind(expr.expression)
+    if isinstance(expr, cst.BinaryOperation):
+        left, right = _number_kind(expr.left), _number_kind(expr.right)
+        if left is None or right is None:
+            return None
+        if isinstance(expr.operator, cst.Divide):
+            return "float"
+        if not isinstance(expr.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide)):
+            return None
+        return "int" if left == right == "int" else "float" if "float" in (left, right) else "number"
+    if isinstance(expr, cst.Call):
+        name = dotted(expr.func)
+        if name in ("int", "len"):
+            return "int"
+        if name == "float":
+            return "float"
+        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "item" and not expr.args:
+            return "number"
+        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in ("size", "numel") \
+                and len(expr.args) <= 1:
+            return "int"
+        return None
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute) and expr.value.attr.value == "shape":
+        return "int"
+    return None
 
 
 def _counter(name: str, added: list[str]) -> bool:
@@ -123,8 +158,8 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             continue  # `step += 1`: a step counter, the same on every rank (unless it counts batches for a mean)
         if kind != "tensor" and re.search(_TENSOR_USE.format(re.escape(name)), scope_text):
             kind = "any"
-        elif kind != "tensor" and all(_PYTHON_NUMBER.search(t) for t in texts):
-            kind = "float" if kind == "float" else "int" if all(_INTISH.search(t) for t in texts) else "number"
+        elif kind != "tensor" and all(kinds := [_number_kind(n.value) for n in summed if dotted(n.target) == name]):
+            kind = "float" if kind == "float" else "int" if set(kinds) == {"int"} else "number"
         elif kind != "tensor":
             kind = "any"
         if _step_losses(plan, key, inside, [n.value for n in summed if dotted(n.target) == name]) \
