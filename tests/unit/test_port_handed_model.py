@@ -255,3 +255,65 @@ def test_parameter_groups_handed_to_the_optimizer_beside_the_model_are_a_todo():
     assert any(t.message.startswith("the optimizer at line 17 also trains the parameters in `extra_groups`, handed "
                                     "in by the caller of `make_optimizer`") for t in result.todos), \
         [t.message[:90] for t in result.todos]
+
+
+def test_what_the_called_helper_does_to_the_wrapper_is_named_before_what_its_callees_do(tmp_path):
+    _write(tmp_path, {"pins.py": """\
+        import torch
+
+
+        def place():
+            a = torch.zeros(1, device="cuda:0")
+            b = torch.zeros(1, device="cuda:1")
+            c = torch.ones(1, device="cuda:2")
+            d = torch.ones(1, device="cuda:3")
+            e = torch.empty(1, device="cuda:4")
+            return a, b, c, d, e
+    """, "labels.py": """\
+        from pins import place
+
+
+        def relabel(self):
+            place()
+            heads = 1
+            heads += 1
+            heads += 1
+            heads += 1
+            heads += 1
+            heads += 1
+            self.model.heads = heads
+    """, "train.py": _NET + """\
+    import labels
+
+
+    class Runner:
+        def __init__(self, model, loader):
+            self.model = model
+            self.loader = loader
+            self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+        def fit(self):
+            self.model = self.model.to(self.dev)
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            for x, y in self.loader:
+                loss = (self.model(x.to(self.dev)) - y.to(self.dev)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            labels.relabel(self)
+
+
+    def main():
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+        runner = Runner(Net(), loader)
+        runner.fit()
+
+
+    if __name__ == "__main__":
+        main()
+    """})
+    script = tmp_path / "train.py"
+    result = port_source(script.read_text(), str(script))
+    todo = _todo_at(result, "labels.relabel(self)")
+    assert "more); check each" in todo  # five pins and the attribute: four are named
+    assert "labels.py:12 sets `self.model.heads` on the DDP wrapper" in todo

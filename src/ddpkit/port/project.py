@@ -1227,8 +1227,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             lines: dict[tuple[str, str], list[int]] = {}  # one message, every line it holds at
             for at, line, h in [(where, line, h) for line, h in hazards] + reached:
                 lines.setdefault((at, h), []).append(line) if line not in lines.get((at, h), []) else None
-            grouped = sorted((sorted(at), h) for (_, h), at in lines.items())
             files = {h: f for f, h in lines}
+            # what the called code itself does first (`model.heads = 1` there), then what its callees do
+            grouped = sorted(((sorted(at), h) for (_, h), at in lines.items()), key=lambda g: (files[g[1]] != where, g))
             found = "; ".join(f"{files[h]}:{', '.join(map(str, at))} {h}" for at, h in grouped[:4])
             more = f" (and {len(grouped) - 4} more)" if received and len(grouped) > 4 else ""
             out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
