@@ -39,13 +39,7 @@ _NET = """\
 """
 
 
-def test_an_object_holding_the_wrapper_handed_to_a_helper_that_sets_and_reads_model_attributes_is_a_todo(tmp_path):
-    _write(tmp_path, {"labels.py": """\
-        def relabel(self):
-            self.model.heads = 1
-            head = getattr(self.model, "head%d" % 0)
-            return head
-    """, "train.py": _NET + """\
+_RUNNER = _NET + """\
     import labels
 
 
@@ -74,7 +68,17 @@ def test_an_object_holding_the_wrapper_handed_to_a_helper_that_sets_and_reads_mo
 
     if __name__ == "__main__":
         main()
-    """})
+    """
+"""A script whose runner keeps the model on `self` and hands itself to the project's `labels.relabel`."""
+
+
+def test_an_object_holding_the_wrapper_handed_to_a_helper_that_sets_and_reads_model_attributes_is_a_todo(tmp_path):
+    _write(tmp_path, {"labels.py": """\
+        def relabel(self):
+            self.model.heads = 1
+            head = getattr(self.model, "head%d" % 0)
+            return head
+    """, "train.py": _RUNNER})
     script = tmp_path / "train.py"
     result = port_source(script.read_text(), str(script))
     assert "ddpkit.wrap(" in result.code
@@ -282,36 +286,7 @@ def test_what_the_called_helper_does_to_the_wrapper_is_named_before_what_its_cal
             heads += 1
             heads += 1
             self.model.heads = heads
-    """, "train.py": _NET + """\
-    import labels
-
-
-    class Runner:
-        def __init__(self, model, loader):
-            self.model = model
-            self.loader = loader
-            self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-        def fit(self):
-            self.model = self.model.to(self.dev)
-            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
-            for x, y in self.loader:
-                loss = (self.model(x.to(self.dev)) - y.to(self.dev)).pow(2).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-            labels.relabel(self)
-
-
-    def main():
-        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
-        runner = Runner(Net(), loader)
-        runner.fit()
-
-
-    if __name__ == "__main__":
-        main()
-    """})
+    """, "train.py": _RUNNER})
     script = tmp_path / "train.py"
     result = port_source(script.read_text(), str(script))
     todo = _todo_at(result, "labels.relabel(self)")
