@@ -335,8 +335,8 @@ def _plan_before_init(plan: Any) -> None:
     owner = statements_of(f.entry_owner)
     start = next((i for i, s in enumerate(owner) if s is f.region[0]), 0)
     before = owner[:start]
-    if not isinstance(f.entry_owner, cst.Module):
-        before = [s for s in f.module.body if not any(s is o or any(o is n for n in walk(s)) for o in owner)] + before
+    if not isinstance(f.entry_owner, cst.Module):  # module code above the entry function or its `__main__` block
+        before = [s for s in f.module.body if not any(n is f.entry_owner for n in walk(s, into_functions=True))] + before
     for stmt in before:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
