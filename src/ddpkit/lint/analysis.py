@@ -712,6 +712,16 @@ class Script:
         return not reached  # only other branches assign it here: the value comes from outside
 
     # ---- contexts --------------------------------------------------------------------------
+    def in_loop(self, node: ast.AST) -> bool:
+        """A `for`/`while` loop of the node's own function (or module code) runs it."""
+        while id(node) in self.parents:
+            node = self.parents[id(node)]
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+                return True
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                return False
+        return False
+
     def context(self, node: ast.AST) -> Context:
         return self.contexts.get(id(node), Context())
 

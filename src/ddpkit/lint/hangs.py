@@ -488,17 +488,6 @@ def _loop_waits(s: Script, stop: ast.Break) -> bool:
 def one_rank_stops(s: Script) -> Iterator[Hit]:
     if not (s.distributed or s.project.distributed):
         return
-    parents = s.parents
-
-    def in_loop(node: ast.AST) -> bool:
-        while id(node) in parents:
-            node = parents[id(node)]
-            if isinstance(node, (ast.For, ast.While)):
-                return True
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return False
-        return False
-
     for node in s.nodes:
         if isinstance(node, ast.If):
             stop, value = _stop_in(node.body), _local_value(s, node.test)
@@ -510,7 +499,7 @@ def one_rank_stops(s: Script) -> Iterator[Hit]:
         if stop is not None and not value and isinstance(stop, (ast.Break, ast.Return)):
             # `if approx_kl > args.target_kl: break`: a stop on a figure of this rank's own batch
             step_value = _step_value(s, node.test, _loop_of(s, node))
-        if stop is None or not (value or step_value) or not in_loop(node) or s.context(node).single:
+        if stop is None or not (value or step_value) or not s.in_loop(node) or s.context(node).single:
             continue
         if step_value:
             if isinstance(stop, ast.Break) and not _loop_waits(s, stop):

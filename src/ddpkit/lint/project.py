@@ -823,7 +823,7 @@ class Project:
         self.defined_functions = {d.name for s in scripts for d in s.defs}
         self.epoch_loop = any(
             (isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and terminal(n.func) in looping)
-            and _in_loop(s, n) for s, n in nodes)
+            and s.in_loop(n) for s, n in nodes)
         """Some loop runs another loop (an epoch loop around the batches): set_epoch matters."""
         # (every `from m import *` of a file, where its aliases keep one)
         static = {s.path: {path for module in (*s.aliases.values(), *(
@@ -1508,17 +1508,6 @@ def _in_training_step(s: Script, node: ast.AST) -> bool:
         node = s.parents[id(node)]
         if isinstance(node, (ast.For, ast.While)):
             return any(isinstance(n, ast.Call) and terminal(n.func) == "backward" for n in ast.walk(node))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return False
-    return False
-
-
-def _in_loop(s: Script, node: ast.AST) -> bool:
-    """Whether a loop of the same function encloses the node."""
-    while id(node) in s.parents:
-        node = s.parents[id(node)]
-        if isinstance(node, (ast.For, ast.While)):
-            return True
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return False
     return False

@@ -99,7 +99,7 @@ def _materialised_loaders(s: Script, set_epochs: list[tuple[Script, ast.Call]]) 
         sampler = keyword(loader, "sampler")
         if not isinstance(sampler, (ast.Name, ast.Attribute)) or terminal(sampler) not in receivers:
             continue
-        if _in_a_loop(s, call):
+        if s.in_loop(call):
             continue  # built again on every pass (after that pass's set_epoch, perhaps)
         made = [v for k, v in s.assignments if k.lstrip(".") == terminal(sampler)]
         if made and all(isinstance(v, ast.Call) and terminal(v.func) == "DistributedSampler"
@@ -109,17 +109,6 @@ def _materialised_loaders(s: Script, set_epochs: list[tuple[Script, ast.Call]]) 
                       f"the {s.qualname(call.func)} is built: its set_epoch(epoch) calls reorder nothing, so every "
                       "epoch replays the same batches in the same order",
                       "keep the DataLoader itself and iterate it anew each epoch, after sampler.set_epoch(epoch)")
-
-
-def _in_a_loop(s: Script, node: ast.AST) -> bool:
-    """A `for`/`while` loop of the node's own function (or module code) runs it."""
-    while id(node) in s.parents:
-        node = s.parents[id(node)]
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            return True
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            return False
-    return False
 
 
 def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receivers: set[str],
