@@ -57,10 +57,15 @@ def outcome(source: str, name: str) -> tuple[str, str, list[str]]:
     try:
         result = port_source(source, name)
     except PortError as e:
+        if type(e).__name__ == "PortBug":  # the port's own output did not parse: a crash of the tool
+            return "crashed", str(e).split(": ", 1)[-1], []
         return "refused", str(e).split(": ", 1)[-1], []
     except Exception as e:  # a crash is a bug in the codemod: recorded, not hidden
         return "crashed", f"{type(e).__name__}: {e}", []
-    ast.parse(result.code)
+    try:
+        ast.parse(result.code)
+    except SyntaxError as e:  # the port wrote a file Python cannot run: a bug in the codemod, like a crash
+        return "crashed", f"the port's output does not parse (line {e.lineno}: {e.msg})", []
     errors = [f"{f.rule} {f.message}" for f in lint_source(result.code, name) if f.severity == "error"]
     if not result.changed:
         return "unchanged", result.message, errors

@@ -622,3 +622,20 @@ def test_an_option_added_to_a_call_that_closes_on_its_own_line_keeps_the_layout(
     code = port_source(src, "train.py").code
     assert ("        loader = ddpkit.loader(\n            data, ctx, batch_size=16 // ctx.world_size, shuffle=True, "
             "num_workers=2, persistent_workers=False\n        )\n") in code
+
+
+def test_a_sum_read_in_the_loop_and_reset_by_a_tuple_assignment_stays_a_target():
+    # `total, count = 0, 0` after an interval print: the names it assigns are targets, never reduced reads (the
+    # port once wrote `(ddpkit.all_reduce_sum(ctx, total).item() / ctx.world_size), count = 0, 0`, not Python)
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.Adam(model.parameters())\nfor epoch in range(2):\n"
+           "    total, count = 0, 0\n"
+           "    for i, (x, y) in enumerate(loader):\n        out = model(x)\n        loss = crit(out, y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "        total += psnr(out, y)\n        count += 1\n"
+           "        if i % 50 == 0:\n            print('psnr', total / count)\n            total, count = 0, 0\n")
+    code = port_source(src).code
+    compile(code, "<port>", "exec")
+    assert "            total, count = 0, 0\n" in code
+    assert "print0(ctx, 'psnr', (ddpkit.all_reduce_sum(ctx, total).item() / ctx.world_size) / count)" in code

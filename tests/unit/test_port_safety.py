@@ -239,3 +239,22 @@ def test_torch_imported_under_another_name_still_loads_onto_the_rank_device():
         "    opt.step()\nt.save(net.state_dict(), 'net.pt')\n").code
     assert "t.load('net.pt', map_location=ctx.device)" in code
     assert "if ctx.is_main:\n    t.save(ddpkit.unwrap(net).state_dict(), 'net.pt')" in code
+
+
+def test_a_rewrite_that_breaks_the_syntax_is_reported_as_a_bug_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    import ddpkit.port.codemod as codemod
+    from ddpkit.port import PortBug
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    out = tmp_path / "ported.py"
+    real = codemod._with_every_todo
+    monkeypatch.setattr(codemod, "_with_every_todo", lambda code, todos: real(code, todos) + "(a, b) + 1 = 2\n")
+    try:
+        port_source(script.read_text(), str(script))
+    except PortBug as e:
+        assert "a bug in ddpkit port, nothing was written" in str(e)
+    else:
+        raise AssertionError("a port whose output does not parse was handed back")
+    assert main([str(script), "-o", str(out)]) == 2
+    assert not out.exists() and "cannot parse" in capsys.readouterr().err

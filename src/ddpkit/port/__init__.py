@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ddpkit.port.command import main
-from ddpkit.port.codemod import PortError, PortResult, Todo, port_source
+from ddpkit.port.codemod import PortBug, PortError, PortResult, Todo, port_source
 
-__all__ = ["PortError", "PortResult", "Todo", "main", "port_source"]
+__all__ = ["PortBug", "PortError", "PortResult", "Todo", "main", "port_source"]

@@ -32,6 +32,10 @@ class PortError(ValueError):
     """The input cannot be ported (not Python, a syntax error, already a DDP script)."""
 
 
+class PortBug(PortError):
+    """The rewrite itself went wrong (its output does not parse): a bug in ddpkit port, reported, never written."""
+
+
 @dataclass(frozen=True)
 class PortResult:
     """The ported text and what remains to do by hand."""
@@ -149,6 +153,12 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     # becomes a TODO, so "ported fully" is never said of code nobody checked
     code, gated = gate(_with_every_todo(module.code, todos), path, TODO_MARK, folder, lint_sources)
     todos += [Todo(line, message, True) for line, message in gated]
+    try:  # what the port hands back always runs: a rewrite that broke the syntax is ddpkit's bug, never the user's file
+        compile(code, path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as e:
+        raise PortBug(f"{path}: the rewrite came out as code Python cannot parse (line {e.lineno} of the port: "
+                        f"{e.msg}); this is a bug in ddpkit port, nothing was written: please report it with the "
+                        "script") from None
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
     return PortResult(bom + code, todos, True, f"{path}: {state}{notes}", list(plan.summary))
