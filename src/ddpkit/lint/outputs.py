@@ -359,12 +359,15 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             # earlier (`run_name = f"...{args.loss_weight}"`)
             sources = _attribute_sources(s, leaf)
             if sources is None:
-                sources = ordered_sources(s, scope, [leaf])
+                # (`len(self.train_loader)` is not built from everything else the object holds: `self.x = v` anywhere)
+                sources = ordered_sources(s, scope, [leaf], _RECEIVERS)
             # (a string key names its item as a variable would: `observation["loss"]`)
+            # (an item, `losses['train']`, is judged by its container's name: see reporting._item)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *_item_keys(leaf), *sources]
-                         if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
-                         and not _from_evaluation(s, n) and not _constant_literal(s, n) and not _setting(s, n)
-                         and not _dict_display(s, n, call)), None)
+                         for b in [n.split("[", 1)[0]]
+                         if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and b not in called
+                         and not _from_evaluation(s, b) and not _constant_literal(s, b) and not _setting(s, b)
+                         and not _dict_display(s, b, call)), None)
             if loss is not None:
                 break
         if loss is None and isinstance(scope, ast.FunctionDef):
@@ -529,6 +532,9 @@ def _in_batch_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
                        for c in ast.walk(node))
     return False
 
+
+_RECEIVERS = frozenset({"self", "cls"})
+"""A method's own object: a value read off it is what that attribute holds (see _attribute_sources)."""
 
 _RECORDS = frozenset({"add_scalar", "add_scalars", "log_metric", "log_metrics"})
 """Calls that write a figure into a run's record (tensorboard, a tracker), not onto the console."""

@@ -1,0 +1,183 @@
+"""Findings the program itself answers, seen on the AI+AJ set: a verbosity setting only rank 0 keeps, lines that
+show no figure, ... each beside a twin that is still reported."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.lint import lint_sources
+
+
+def _found(files: dict[str, str]) -> set[tuple[str, str, str]]:
+    """(path, stripped line, rule) of every finding."""
+    sources = {path: textwrap.dedent(code) for path, code in files.items()}
+    return {(f.path, sources[f.path].splitlines()[f.line - 1].strip(), f.rule) for f in lint_sources(sources)}
+
+
+_VERBOSE_TRAINER = """
+    import logging
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    class Trainer:
+        def __init__(self, params):
+            self.verb = params["verb"]
+            self.model = DDP(torch.nn.Linear(4, 1).cuda())
+
+        def train(self, epochs):
+            for epoch in range(epochs):
+                loss = self.model(torch.randn(8, 4).cuda()).sum()
+                loss.backward()
+                if self.verb:
+                    logging.info("epoch %d done", epoch)
+"""
+
+_VERBOSE_MAIN = """
+    import argparse
+    import logging
+    import os
+    import torch
+    import torch.distributed as dist
+    from trainer import Trainer
+
+
+    def get_parser():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("-v", "--verbosity", type=int, default=1, dest="verb")
+        args = parser.parse_args()
+        return args
+
+
+    if __name__ == "__main__":
+        logging.basicConfig(level=logging.INFO)
+        args = get_parser()
+        if args.verb > 2:
+            print("arguments:", args)
+        params = {}
+        params["world_rank"] = int(os.environ["RANK"])
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        params["verb"] = args.verb * (params["world_rank"] == 0)
+        if params["verb"]:
+            logging.info("starting")
+        Trainer(params).train(3)
+        dist.destroy_process_group()
+"""
+
+
+def test_a_verbosity_only_rank_0_keeps_is_a_rank_check():
+    """`verb = args.verb * (rank == 0)` is zero on every other rank: `if verb:` and `if self.verb:` (the value stored
+    on the trainer) run on rank 0 alone; the command line's own `args.verb` is the same on every rank."""
+    found = _found({"train.py": _VERBOSE_MAIN, "trainer.py": _VERBOSE_TRAINER})
+    assert ("train.py", 'print("arguments:", args)', "DDP008") in found
+    assert not [f for f in found if f[2] == "DDP008" and "logging.info" in f[1]]
+    every = _VERBOSE_MAIN.replace('args.verb * (params["world_rank"] == 0)', "args.verb")
+    found = _found({"train.py": every, "trainer.py": _VERBOSE_TRAINER})
+    assert ("trainer.py", 'logging.info("epoch %d done", epoch)', "DDP008") in found
+
+
+_SELF_HELD = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def pixel_loss_func(a, b):
+        return (a - b).abs().mean()
+
+
+    class Trainer:
+        def __init__(self, rank):
+            self.rank = rank
+            data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+            self.train_loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+            self.criterion = pixel_loss_func
+            self.model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[rank])
+
+        def train(self):
+            total = 0.0
+            for x, y in self.train_loader:
+                loss = self.criterion(self.model(x.cuda()), y.cuda())
+                loss.backward()
+                total += loss.item()
+            self.epoch_loss = total / len(self.train_loader)
+            if self.rank == 0:
+                print("steps per epoch:", len(self.train_loader))
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("nccl")
+        rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(rank)
+        Trainer(rank).train()
+        dist.destroy_process_group()
+"""
+
+
+def test_a_value_read_off_self_is_not_everything_the_object_holds():
+    """`len(self.train_loader)` shows no loss, though the trainer also holds its loss function; the epoch loss it
+    holds, shown the same way, is still rank 0's own."""
+    found = _found({"train.py": _SELF_HELD})
+    assert not [f for f in found if f[2] == "DDP006"]
+    twin = _SELF_HELD.replace('print("steps per epoch:", len(self.train_loader))', 'print("loss:", self.epoch_loss)')
+    assert ("train.py", 'print("loss:", self.epoch_loss)', "DDP006") in _found({"train.py": twin})
+
+
+_RESUMED = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def main():
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[local_rank])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        start_epoch, train_losses = 0, []
+        if os.path.exists("ckpt.pt"):
+            checkpoint = torch.load("ckpt.pt", map_location="cpu")
+            model.module.load_state_dict(checkpoint["model"])
+            start_epoch = checkpoint["epoch"] + 1
+            train_losses = checkpoint["train_losses"]
+            if dist.get_rank() == 0:
+                print(f"resuming from epoch {start_epoch}")
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=8, sampler=sampler)
+        for epoch in range(start_epoch, 10):
+            sampler.set_epoch(epoch)
+            total = 0.0
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x.cuda()), y.cuda())
+                loss.backward()
+                optimizer.step()
+                total += loss.item()
+            train_losses.append(total / len(loader))
+            if dist.get_rank() == 0:
+                checkpoint = {"epoch": epoch, "model": model.module.state_dict(), "train_losses": train_losses}
+                torch.save(checkpoint, "ckpt.pt")
+                print(f"saved epoch {epoch + 1}")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_an_item_read_by_its_key_is_that_item_not_the_whole_dict():
+    """`start_epoch = checkpoint["epoch"] + 1` is the epoch the checkpoint holds, not its losses: a line showing it
+    (or the epoch counter the loop takes from it) shows no figure; the losses, shown the same way, are rank 0's."""
+    found = _found({"train.py": _RESUMED})
+    assert not [f for f in found if f[2] == "DDP006" and "epoch" in f[1]]
+    twin = _RESUMED.replace('print(f"saved epoch {epoch + 1}")', 'print(f"loss {train_losses[-1]}")')
+    assert ("train.py", 'print(f"loss {train_losses[-1]}")', "DDP006") in _found({"train.py": twin})
