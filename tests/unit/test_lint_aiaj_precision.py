@@ -181,3 +181,79 @@ def test_an_item_read_by_its_key_is_that_item_not_the_whole_dict():
     assert not [f for f in found if f[2] == "DDP006" and "epoch" in f[1]]
     twin = _RESUMED.replace('print(f"saved epoch {epoch + 1}")', 'print(f"loss {train_losses[-1]}")')
     assert ("train.py", 'print(f"loss {train_losses[-1]}")', "DDP006") in _found({"train.py": twin})
+
+
+_RUN_PER_RANK = """
+    import os
+    from datetime import datetime
+    import torch
+    import torch.distributed as dist
+    import wandb
+
+
+    def main(log_all=False):
+        dist.init_process_group("nccl")
+        rank = int(os.environ["RANK"])
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        run_name = datetime.now().strftime("%y%m%d") + f"_GPU{rank}"
+        run = wandb.init(project="faces", name=run_name) if rank == 0 or log_all else None
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_wandb_runs_named_for_their_rank_are_asked_for():
+    """`wandb.init(name=f"..._GPU{rank}")`: one run per process, each named for its rank, is the script's choice;
+    the same call with a name the ranks share opens world_size runs of one job."""
+    assert not [f for f in _found({"train.py": _RUN_PER_RANK}) if f[2] == "DDP008"]
+    twin = _RUN_PER_RANK.replace('+ f"_GPU{rank}"', '+ "_faces"')
+    assert [f for f in _found({"train.py": twin}) if f[2] == "DDP008" and "wandb.init" in f[1]]
+
+
+_SETTINGS_SHOWN = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    class Trainer:
+        def __init__(self, configs, rank):
+            self.rank = rank
+            self.best_model_path = configs["best_model_path"]
+            data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+            self.loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+            self.model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[rank])
+
+        def train(self, configs):
+            loss_function_type = configs.get("loss-function", "mse")
+            if self.rank == 0:
+                print(f"loss function: {loss_function_type}")
+            for x, y in self.loader:
+                loss = torch.nn.functional.mse_loss(self.model(x.cuda()), y.cuda())
+                loss.backward()
+                self.last = loss.item()
+            if self.rank == 0:
+                print(f"best model saved at: {self.best_model_path}")
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("nccl")
+        rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(rank)
+        configs = {"best_model_path": "best.pt"}
+        Trainer(configs, rank).train(configs)
+        dist.destroy_process_group()
+"""
+
+
+def test_a_setting_shown_under_a_rank_check_is_no_figure():
+    """The loss function's name looked up with a text default, and a path the trainer keeps on `self` beside a
+    figure of its shard, show no figure; the figure itself, shown the same way, is rank 0's."""
+    assert not [f for f in _found({"train.py": _SETTINGS_SHOWN}) if f[2] == "DDP006"]
+    twin = _SETTINGS_SHOWN.replace("{self.best_model_path}", "{self.last}")
+    assert [f for f in _found({"train.py": twin}) if f[2] == "DDP006" and "self.last" in f[1]]

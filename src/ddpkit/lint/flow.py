@@ -106,6 +106,8 @@ class ScopeFlow:
             if held is not None and self_attribute(s, held, summaries) is not None:
                 found.append(f"self.{held.attr}")
                 continue
+            if held is not None and not self._changes(held.attr):
+                continue  # `self.best_model_path`: no method holds a figure there, whatever else `self` holds
             root = _root(node)
             if root is not None:
                 keyed = isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
@@ -119,6 +121,17 @@ class ScopeFlow:
                 continue
             todo.extend(ast.iter_child_nodes(node))
         return found
+
+
+    def _changes(self, attr: str) -> bool:
+        """This scope stores into `self.<attr>` (`self.total += loss`, `self.meter.update(acc)`)."""
+        for node in self.nodes:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else [node.func.value] if isinstance(node, ast.Call) and \
+                isinstance(node.func, ast.Attribute) else []
+            if any((_self_prefix(t) is not None and _self_prefix(t).attr == attr) for t in targets):
+                return True
+        return False
 
 
 def class_of(s: Script, node: ast.AST) -> str:

@@ -721,7 +721,14 @@ def _text_name(s: Script, name: str) -> bool:
     found = s._bindings.get(name, [])
     return bool(found) and all(isinstance(stmt, ast.Assign) and (
         isinstance(stmt.value, ast.JoinedStr) or isinstance(stmt.value, ast.Call)
-        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in _STR_METHODS) for stmt, _ in found)
+        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in _STR_METHODS
+        or _text_setting(stmt.value)) for stmt, _ in found)
+
+
+def _text_setting(value: ast.AST) -> bool:
+    """`configs.get("loss-function", "cross_entropy")`: a setting looked up with a text default is text."""
+    return isinstance(value, ast.Call) and terminal(value.func) == "get" and isinstance(value.func, ast.Attribute) \
+        and len(value.args) == 2 and isinstance(value.args[1], ast.Constant) and isinstance(value.args[1].value, str)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
@@ -2069,7 +2076,7 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "refuses with an error", "log on rank 0 only: guard it with `if rank == 0:`")
         elif s.qualname(call.func) == "wandb.init" and project.runs(s, call) and not any(
                 k.arg in ("group", "mode", "reinit") or k.arg is None for k in call.keywords) \
-                and not class_of(s, call):
+                and not class_of(s, call) and not _run_named_by_rank(s, call):
             # (a `group=` collects deliberate per-rank runs; a `mode=` may turn the others off; a logger class is
             # often built on rank 0 alone, `WandbLogger(cfg) if rank == 0 else None`, which its methods do not see)
             yield Hit(call, "DDP008", "warning",
@@ -2084,6 +2091,22 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "event files and each curve world_size times",
                       "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
                       "write under `if rank == 0:`")
+
+
+def _run_named_by_rank(s: Script, call: ast.Call) -> bool:
+    """`wandb.init(name=run_name)` where the name is built from the rank (`f"{stamp}_GPU{rank}"`, also through the
+    function's own assignments of it): one run per process, each named for its rank, is what the script asks for."""
+    name = keyword(call, "name")
+    todo, seen = [name] if name is not None else [], 0
+    while todo and seen < 20:
+        value = todo.pop()
+        seen += 1
+        for n in ast.walk(value):
+            if isinstance(n, (ast.Name, ast.Attribute)) and s.kind(n):
+                return True
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                todo.extend(v for v in s.local_values(n.id, call) if v is not value)
+    return False
 
 
 @check
