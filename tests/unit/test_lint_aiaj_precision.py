@@ -257,3 +257,40 @@ def test_a_setting_shown_under_a_rank_check_is_no_figure():
     assert not [f for f in _found({"train.py": _SETTINGS_SHOWN}) if f[2] == "DDP006"]
     twin = _SETTINGS_SHOWN.replace("{self.best_model_path}", "{self.last}")
     assert [f for f in _found({"train.py": twin}) if f[2] == "DDP006" and "self.last" in f[1]]
+
+
+_WORKERS_AND_HOST = """
+    import argparse
+    import threading
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--num_gpus", type=int, default=2)
+    args = parser.parse_args()
+    torch.cuda.set_device(max(args.local_rank, 0) % args.num_gpus)
+    dist.init_process_group("gloo")
+    gpus = dist.new_group(ranks=list(range(args.num_gpus)), backend="nccl")
+
+    if args.local_rank < args.num_gpus:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1).cuda(), process_group=gpus,
+                                                          device_ids=[args.local_rank])
+        prev = None
+        for step in range(10):
+            if prev is not None:
+                prev.join()
+                loss = model(torch.randn(8, 4).cuda()).sum()
+                loss.backward()
+            prev = threading.Thread(target=print)
+            prev.start()
+    dist.destroy_process_group()
+"""
+
+
+def test_the_ranks_that_build_the_ddp_model_all_run_it():
+    """Only the GPU workers (`local_rank < num_gpus`) build the DDP model, on a group of their own, and every one
+    of them runs its forward; a value set to `None` and refilled in that same arm is held by each of them."""
+    assert not [f for f in _found({"train.py": _WORKERS_AND_HOST}) if f[2] == "DDP010"]
+    twin = _WORKERS_AND_HOST.replace("            if prev is not None:", "            if args.local_rank == 0:")
+    assert [f for f in _found({"train.py": twin}) if f[2] == "DDP010"]

@@ -639,12 +639,16 @@ class Script:
             if isinstance(node, ast.If) and nones:
                 k = self.kind(node.test)
                 if k and distributed_mode(node.test) == 0:
-                    # (also under an `if` inside it: `if not cfg.no_dis: self.dis_writer = SummaryWriter(...)`)
+                    # (also under an `if` inside it: `if not cfg.no_dis: self.dis_writer = SummaryWriter(...)`;
+                    # not where the `None` is set in the same arm: those ranks alone hold either value)
+                    inside = {id(n) for b in node.body for n in ast.walk(b)}
                     for stmt in (n for b in node.body for n in _statements(b)):
                         if isinstance(stmt, ast.Assign):
                             for target in stmt.targets:
                                 for key, _ in _target_pairs(target, stmt.value):
-                                    if key in nones and not self.derived.get(key):
+                                    if key in nones and not self.derived.get(key) and any(
+                                            id(v) not in inside for k2, v in pairs if k2 == key
+                                            and isinstance(v, ast.Constant) and v.value is None):
                                         self.derived[key] = k
                                         self.rank_only.add(key)
         # `flag = True` ... `if dist.get_rank() != 0: flag = False`: a flag the rank decides (get_ddp_save_flag's
