@@ -294,3 +294,38 @@ def test_the_ranks_that_build_the_ddp_model_all_run_it():
     assert not [f for f in _found({"train.py": _WORKERS_AND_HOST}) if f[2] == "DDP010"]
     twin = _WORKERS_AND_HOST.replace("            if prev is not None:", "            if args.local_rank == 0:")
     assert [f for f in _found({"train.py": twin}) if f[2] == "DDP010"]
+
+
+_SHOWN_BY_LIBRARIES = """
+    import os
+    from pprint import pprint
+    import torch
+    import torch.distributed as dist
+    from torchsummary import summary
+
+
+    def main(args):
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        pprint(args)
+        model = torch.nn.Linear(4, 1).cuda()
+        summary(model, (4,))
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main({"lr": 0.1})
+"""
+
+
+def test_pprint_and_torchsummary_print_on_every_rank():
+    """`pprint(args)` writes sys.stdout and torchsummary's `summary()` prints its table: on every rank, both are
+    DDP008; under a rank check, neither."""
+    found = _found({"train.py": _SHOWN_BY_LIBRARIES})
+    assert {("train.py", "pprint(args)", "DDP008"), ("train.py", "summary(model, (4,))", "DDP008")} <= found
+    guarded = _SHOWN_BY_LIBRARIES.replace("        pprint(args)", "        if dist.get_rank() == 0:\n"
+                                          "            pprint(args)")
+    guarded = guarded.replace("        summary(model, (4,))", "        if dist.get_rank() == 0:\n"
+                              "            summary(model, (4,))")
+    assert not [f for f in _found({"train.py": guarded}) if f[2] == "DDP008"]

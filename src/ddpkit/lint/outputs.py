@@ -1892,7 +1892,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         flag = keyword(call, "verbose")
         verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
             and isinstance(flag, ast.Constant) and flag.value is True and not _steps_on_some_ranks(s, call)
-        is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
+        # (torchsummary's summary() prints its table with print())
+        is_print = (name in ("print", "rich.print", "torchsummary.summary") or verbose) \
+            and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
             and not project.print_silenced(s, call, stdout=False) \
@@ -1901,6 +1903,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
         # `sys.stdout.write(text)`, or a function of the program that writes its argument there (`bar(suffix)`)
         stream, via = ("", "") if is_print or is_bar or writer else _stream_write(s, call, streams)
+        if not (is_print or is_bar or writer) and name == "pprint.pprint" and keyword(call, "stream") is None:
+            stream = "stdout"  # pprint writes sys.stdout itself (a builtins.print swap does not silence it)
         if stream and not project.print_silenced(s, call, stdout=stream == "stdout"):
             writer = stream
         is_print = is_print or bool(writer)
@@ -1959,6 +1963,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
+            f"{ast.unparse(call.func)}(), which prints its table with print()," if name == "torchsummary.summary" else \
             f"{ast.unparse(call.func)}()" if writer and stream and not via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({via})," if writer and via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \
