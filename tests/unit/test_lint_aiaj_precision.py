@@ -329,3 +329,40 @@ def test_pprint_and_torchsummary_print_on_every_rank():
     guarded = guarded.replace("        summary(model, (4,))", "        if dist.get_rank() == 0:\n"
                               "            summary(model, (4,))")
     assert not [f for f in _found({"train.py": guarded}) if f[2] == "DDP008"]
+
+
+_LOG_FILE = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def main():
+        dist.init_process_group("nccl")
+        rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(rank)
+        model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[rank])
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+        total_loss = 0.0
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x.cuda()), y.cuda())
+            loss.backward()
+            total_loss += loss.item()
+        if rank == 0:
+            avg_loss = total_loss / len(loader)
+            with open("train.txt", "a") as f:
+                f.writelines(f"loss: {avg_loss:.6f}\\n")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_loss_written_to_a_log_file_with_writelines_is_reported():
+    """`f.writelines(f"loss: {avg_loss}")` under a rank check records rank 0's own loss, as `f.write` does."""
+    assert ("train.py", 'f.writelines(f"loss: {avg_loss:.6f}\\n")', "DDP006") in _found({"train.py": _LOG_FILE})

@@ -21,10 +21,10 @@ from ddpkit.lint.analysis import (COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_N
 __all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
            "reduced_names"]
 
-SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
+SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "writelines", "warning", "set_postfix",
                         "set_description", "log_metric", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
 """Calls that show or record the values they are given."""
-_FILE_WRITES = frozenset({"write"})
+_FILE_WRITES = frozenset({"write", "writelines"})
 """Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records
 state next to a checkpoint."""
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add"})
