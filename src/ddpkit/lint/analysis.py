@@ -254,7 +254,11 @@ class Script:
                 or self._parameter_flag(expr)
         if isinstance(expr, ast.Attribute):
             # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
-            return self.derived.get("." + expr.attr) or self.external_levels.get("=." + expr.attr, NONE) \
+            # (not an option read off this file's parsed command line, `args.verb`, that the program never sets:
+            # another file's `self.verb = ...` is another object's attribute of the same name)
+            return self.derived.get("." + expr.attr) or (NONE if self.external_levels.get("@self=." + expr.attr)
+                                                         and self._parsed_option(expr)
+                                                         else self.external_levels.get("=." + expr.attr, NONE)) \
                 or rank_name_kind(expr.attr)
         if isinstance(expr, ast.Call):
             name = terminal(expr.func)
@@ -326,6 +330,34 @@ class Script:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value)
         return NONE
+
+    def _parsed_option(self, expr: ast.Attribute) -> bool:
+        """`args.verb` where this file binds `args` only to `parser.parse_args()` (or to a function of its own that
+        returns that) and never assigns `args.verb`: the command line's value, the same on every rank."""
+        if not isinstance(expr.value, ast.Name):
+            return False
+        name = expr.value.id
+        own = {d.name: d for d in self.nodes if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+        def parsed(v: ast.AST | None, depth: int = 3, within: frozenset[str] = frozenset()) -> bool:
+            # `parser.parse_args()`, or a function of this file that returns it (`args = get_parser()`)
+            if isinstance(v, ast.Name) and depth:
+                return all(parsed(w, depth - 1, within) for k, w in self.assignments if k == v.id
+                           and not (isinstance(w, ast.Call) and terminal(w.func) in within))
+            if not isinstance(v, ast.Call):
+                return False
+            if terminal(v.func) == "parse_args":
+                return True
+            d = own.get(v.func.id) if isinstance(v.func, ast.Name) and depth else None
+            returns = [r.value for r in own_returns(d)] if d is not None else []
+            return bool(returns) and all(parsed(r, depth - 1, within | {d.name}) for r in returns)
+
+        values = [v for k, v in self.assignments if k == name]
+        if not values or not all(parsed(v) for v in values):
+            return False
+        return not any(isinstance(t, ast.Attribute) and t.attr == expr.attr for n in self.nodes
+                       if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
 
     def _gpus_per_node(self, expr: ast.AST) -> bool:
         """`torch.cuda.device_count()`, or a name or attribute every store of which in this file is one: the GPUs
@@ -607,12 +639,16 @@ class Script:
             if isinstance(node, ast.If) and nones:
                 k = self.kind(node.test)
                 if k and distributed_mode(node.test) == 0:
-                    # (also under an `if` inside it: `if not cfg.no_dis: self.dis_writer = SummaryWriter(...)`)
+                    # (also under an `if` inside it: `if not cfg.no_dis: self.dis_writer = SummaryWriter(...)`;
+                    # not where the `None` is set in the same arm: those ranks alone hold either value)
+                    inside = {id(n) for b in node.body for n in ast.walk(b)}
                     for stmt in (n for b in node.body for n in _statements(b)):
                         if isinstance(stmt, ast.Assign):
                             for target in stmt.targets:
                                 for key, _ in _target_pairs(target, stmt.value):
-                                    if key in nones and not self.derived.get(key):
+                                    if key in nones and not self.derived.get(key) and any(
+                                            id(v) not in inside for k2, v in pairs if k2 == key
+                                            and isinstance(v, ast.Constant) and v.value is None):
                                         self.derived[key] = k
                                         self.rank_only.add(key)
         # `flag = True` ... `if dist.get_rank() != 0: flag = False`: a flag the rank decides (get_ddp_save_flag's

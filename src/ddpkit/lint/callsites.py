@@ -332,6 +332,7 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
     (`args.proc = int(os.environ["RANK"])`, `cfg.who = dist.get_rank()`): `if opt.proc == 0:` in the file the
     config is handed to tests it, whatever the attribute's name; not arithmetic on it (`args.seed = seed + rank`)."""
     found: dict[str, int] = {}
+    owners: dict[str, set[str]] = {}
     for script in project.scripts.values():
         pairs = [(key, value) for key, value in script.assignments if key.startswith(".")]
         pairs += [(f"[{n.targets[0].slice.value}]", n.value) for n in script.nodes  # `cfg["chatty"] = rank == 0`
@@ -344,6 +345,13 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
                     found["=" + key] = max(found.get("=" + key, NONE), level)
         for key in script.rank_flags:  # `if rank == 0: args.log = True` / `else: args.log = False`
             found["=" + key] = max(found.get("=" + key, NONE), script.derived[key])
+        for n in script.nodes:  # who holds each attribute: `self.verb = ...` sets an object's own, not `args.verb`
+            for t in n.targets if isinstance(n, ast.Assign) else ():
+                if isinstance(t, ast.Attribute):
+                    owners.setdefault(t.attr, set()).add(t.value.id if isinstance(t.value, ast.Name) else "")
+    for key in [k for k in found if k.startswith("=.") and owners.get(k[2:]) == {"self"}]:
+        # (an attribute only objects set on themselves: an `args.verb` parsed from the command line is another one)
+        found["@self" + key] = found[key]
     for path in project.scripts if found else ():
         into = levels.setdefault(path, {})
         for key, level in found.items():
@@ -356,6 +364,9 @@ def _is_flag(value: ast.AST) -> bool:
         return isinstance(value.op, ast.Not)
     if isinstance(value, ast.IfExp):
         return all(isinstance(arm, ast.Constant) and isinstance(arm.value, bool) for arm in (value.body, value.orelse))
+    if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Mult, ast.BitAnd)):
+        # `args.verb * (rank == 0)`: zero, so false, wherever the test fails; the setting where it holds
+        return _is_flag(value.left) or _is_flag(value.right)
     return isinstance(value, (ast.Compare, ast.BoolOp))
 
 

@@ -73,6 +73,9 @@ class ScopeFlow:
     """`self.x` attributes this scope sets to a shard figure: attribute -> whether the figure is an evaluation's."""
     reduced_attributes: set[str] = field(default_factory=set)
     """`self.x` attributes this scope sets from a reduced value or hands to a collective."""
+    displayed: dict[str, set[str]] = field(default_factory=dict)
+    """Names tainted only by the dict displays the scope assigns them: name -> the string keys of shard figures
+    (`checkpoint = {"epoch": epoch, "losses": losses}`: `checkpoint["epoch"]` is no figure)."""
 
     def is_tainted(self, s: Script, expr: ast.AST | None, summaries: dict[str, tuple[bool, ...] | bool]) -> bool:
         return bool(self.tainted_names(s, expr, summaries))
@@ -103,15 +106,32 @@ class ScopeFlow:
             if held is not None and self_attribute(s, held, summaries) is not None:
                 found.append(f"self.{held.attr}")
                 continue
+            if held is not None and not self._changes(held.attr):
+                continue  # `self.best_model_path`: no method holds a figure there, whatever else `self` holds
             root = _root(node)
             if root is not None:
-                if root in self.tainted and root not in self.reduced:
+                keyed = isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                    and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+                    and root in self.displayed
+                if root in self.tainted and root not in self.reduced and (
+                        not keyed or node.slice.value in self.displayed[root]):
                     found.append(root)
                 if isinstance(node, ast.Subscript):
                     todo.append(node.slice)
                 continue
             todo.extend(ast.iter_child_nodes(node))
         return found
+
+
+    def _changes(self, attr: str) -> bool:
+        """This scope stores into `self.<attr>` (`self.total += loss`, `self.meter.update(acc)`)."""
+        for node in self.nodes:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else [node.func.value] if isinstance(node, ast.Call) and \
+                isinstance(node.func, ast.Attribute) else []
+            if any((_self_prefix(t) is not None and _self_prefix(t).attr == attr) for t in targets):
+                return True
+        return False
 
 
 def class_of(s: Script, node: ast.AST) -> str:
@@ -710,6 +730,14 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                     # division), not a figure of the shard's data
                     flow.counts.update(r for t in targets for r in [_root(t)] if r)
                     continue
+                if tainted and len(targets) == 1 and isinstance(targets[0], ast.Name) and isinstance(value, ast.Dict) \
+                        and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in value.keys) \
+                        and (targets[0].id in flow.displayed or targets[0].id not in flow.tainted):
+                    # (each key of the display holds its own value)
+                    flow.displayed.setdefault(targets[0].id, set()).update(
+                        k.value for k, v in zip(value.keys, value.values) if flow.tainted_names(s, v, summaries))
+                elif tainted:
+                    flow.displayed.pop(_root(targets[0]) or "", None)
                 if tainted:
                     for t in targets:
                         # `images, labels = batch`: each name of a tuple target holds part of the batch

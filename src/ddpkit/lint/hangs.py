@@ -541,6 +541,8 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
         ctx = s.context(call)
         if key not in wrapped or not ctx.branches or ctx.single or _before_the_wrap(s, call, key):
             continue
+        if _wrapped_in_the_same_arm(s, call, key, ctx.branches[-1][0]):
+            continue  # (only the ranks the check picks build the DDP model: every rank that holds it runs this)
         if key not in broadcasts and _frozen_before(s, call, key.lstrip(".")):
             continue  # no parameter needs a gradient and no buffer is broadcast: this forward starts no collective
         if without_grad(s, call, parents):
@@ -560,6 +562,23 @@ def ddp_forward_on_some_ranks(s: Script) -> Iterator[Hit]:
                   "run the forward on every rank, or evaluate under torch.no_grad() on the unwrapped model "
                   "(model.module) inside the rank check")
     yield from _forward_in_helper(s, broadcasts)
+
+
+def _wrapped_in_the_same_arm(s: Script, call: ast.Call, key: str, branch: int) -> bool:
+    """`if local_rank < num_gpus: model = DDP(...)` ... `model(x)` in the same arm of that rank check: the ranks
+    the check leaves out never hold the model (nor join its group), so it is no forward on some ranks only."""
+    test = next((n for n in s.nodes if id(n) == branch and isinstance(n, ast.If)), None)
+    if test is None:
+        return False
+    wraps = [v for k, v in s.assignments if k == key and isinstance(v, ast.Call)
+             and s.qualname(v.func).endswith("DistributedDataParallel")]
+
+    def arm(node: ast.AST) -> str:
+        inside = {id(n): name for name in ("body", "orelse") for stmt in getattr(test, name) for n in ast.walk(stmt)}
+        return inside.get(id(node), "")
+
+    where = arm(call)
+    return bool(where) and bool(wraps) and all(arm(w) == where for w in wraps)
 
 
 def _before_the_wrap(s: Script, call: ast.Call, key: str) -> bool:

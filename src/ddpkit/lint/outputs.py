@@ -359,12 +359,15 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
             # earlier (`run_name = f"...{args.loss_weight}"`)
             sources = _attribute_sources(s, leaf)
             if sources is None:
-                sources = ordered_sources(s, scope, [leaf])
+                # (`len(self.train_loader)` is not built from everything else the object holds: `self.x = v` anywhere)
+                sources = ordered_sources(s, scope, [leaf], _RECEIVERS)
             # (a string key names its item as a variable would: `observation["loss"]`)
+            # (an item, `losses['train']`, is judged by its container's name: see reporting._item)
             loss = next((n for n in [*(_names(leaf) if id(leaf) in direct else []), *_item_keys(leaf), *sources]
-                         if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and n not in called
-                         and not _from_evaluation(s, n) and not _constant_literal(s, n) and not _setting(s, n)
-                         and not _dict_display(s, n, call)), None)
+                         for b in [n.split("[", 1)[0]]
+                         if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and b not in called
+                         and not _from_evaluation(s, b) and not _constant_literal(s, b) and not _setting(s, b)
+                         and not _dict_display(s, b, call)), None)
             if loss is not None:
                 break
         if loss is None and isinstance(scope, ast.FunctionDef):
@@ -529,6 +532,9 @@ def _in_batch_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
                        for c in ast.walk(node))
     return False
 
+
+_RECEIVERS = frozenset({"self", "cls"})
+"""A method's own object: a value read off it is what that attribute holds (see _attribute_sources)."""
 
 _RECORDS = frozenset({"add_scalar", "add_scalars", "log_metric", "log_metrics"})
 """Calls that write a figure into a run's record (tensorboard, a tracker), not onto the console."""
@@ -715,7 +721,14 @@ def _text_name(s: Script, name: str) -> bool:
     found = s._bindings.get(name, [])
     return bool(found) and all(isinstance(stmt, ast.Assign) and (
         isinstance(stmt.value, ast.JoinedStr) or isinstance(stmt.value, ast.Call)
-        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in _STR_METHODS) for stmt, _ in found)
+        and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in _STR_METHODS
+        or _text_setting(stmt.value)) for stmt, _ in found)
+
+
+def _text_setting(value: ast.AST) -> bool:
+    """`configs.get("loss-function", "cross_entropy")`: a setting looked up with a text default is text."""
+    return isinstance(value, ast.Call) and terminal(value.func) == "get" and isinstance(value.func, ast.Attribute) \
+        and len(value.args) == 2 and isinstance(value.args[1], ast.Constant) and isinstance(value.args[1].value, str)
 
 
 def _held_by_display(s: Script, call: ast.Call) -> list[ast.AST]:
@@ -1879,7 +1892,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         flag = keyword(call, "verbose")
         verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
             and isinstance(flag, ast.Constant) and flag.value is True and not _steps_on_some_ranks(s, call)
-        is_print = (name in ("print", "rich.print") or verbose) and not project.print_silenced(s, call)
+        # (torchsummary's summary() prints its table with print())
+        is_print = (name in ("print", "rich.print", "torchsummary.summary") or verbose) \
+            and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
             and not project.print_silenced(s, call, stdout=False) \
@@ -1888,6 +1903,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         writer = "" if is_print or is_bar or project.print_silenced(s, call) else _console_writer(s, call)
         # `sys.stdout.write(text)`, or a function of the program that writes its argument there (`bar(suffix)`)
         stream, via = ("", "") if is_print or is_bar or writer else _stream_write(s, call, streams)
+        if not (is_print or is_bar or writer) and name == "pprint.pprint" and keyword(call, "stream") is None:
+            stream = "stdout"  # pprint writes sys.stdout itself (a builtins.print swap does not silence it)
         if stream and not project.print_silenced(s, call, stdout=stream == "stdout"):
             writer = stream
         is_print = is_print or bool(writer)
@@ -1946,6 +1963,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
+            f"{ast.unparse(call.func)}(), which prints its table with print()," if name == "torchsummary.summary" else \
             f"{ast.unparse(call.func)}()" if writer and stream and not via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({via})," if writer and via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \
@@ -2063,7 +2081,7 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "refuses with an error", "log on rank 0 only: guard it with `if rank == 0:`")
         elif s.qualname(call.func) == "wandb.init" and project.runs(s, call) and not any(
                 k.arg in ("group", "mode", "reinit") or k.arg is None for k in call.keywords) \
-                and not class_of(s, call):
+                and not class_of(s, call) and not _run_named_by_rank(s, call):
             # (a `group=` collects deliberate per-rank runs; a `mode=` may turn the others off; a logger class is
             # often built on rank 0 alone, `WandbLogger(cfg) if rank == 0 else None`, which its methods do not see)
             yield Hit(call, "DDP008", "warning",
@@ -2078,6 +2096,22 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "event files and each curve world_size times",
                       "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
                       "write under `if rank == 0:`")
+
+
+def _run_named_by_rank(s: Script, call: ast.Call) -> bool:
+    """`wandb.init(name=run_name)` where the name is built from the rank (`f"{stamp}_GPU{rank}"`, also through the
+    function's own assignments of it): one run per process, each named for its rank, is what the script asks for."""
+    name = keyword(call, "name")
+    todo, seen = [name] if name is not None else [], 0
+    while todo and seen < 20:
+        value = todo.pop()
+        seen += 1
+        for n in ast.walk(value):
+            if isinstance(n, (ast.Name, ast.Attribute)) and s.kind(n):
+                return True
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                todo.extend(v for v in s.local_values(n.id, call) if v is not value)
+    return False
 
 
 @check

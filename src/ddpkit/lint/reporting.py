@@ -21,10 +21,10 @@ from ddpkit.lint.analysis import (COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_N
 __all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
            "reduced_names"]
 
-SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "warning", "set_postfix",
+SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "writelines", "warning", "set_postfix",
                         "set_description", "log_metric", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
 """Calls that show or record the values they are given."""
-_FILE_WRITES = frozenset({"write"})
+_FILE_WRITES = frozenset({"write", "writelines"})
 """Not what makes a function a report helper (`sys.stdout.write` excepted): `fout.write(yaml.dump(info))` records
 state next to a checkpoint."""
 _COLLECTING = frozenset({"update", "append", "extend", "add_", "add"})
@@ -74,8 +74,19 @@ def _value_names(expr: ast.AST, defined: set[str], passes: dict[str, set[int]] |
         if isinstance(node, ast.Name):
             out[node.id] = None
             continue
+        if passes is None and _item(node):
+            out[_item(node)] = None  # `checkpoint["epoch"]`: that item, not all the container holds
+            continue
         todo.extend(reversed(list(ast.iter_child_nodes(node))))
     return list(out)
+
+
+def _item(node: ast.AST) -> str:
+    """`d['epoch']` for an item a name's string key reads (`d["epoch"]`), else ''."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str):
+        return f"{node.value.id}[{node.slice.value!r}]"
+    return ""
 
 
 def leaves(s: Script, scope: ast.AST, expr: ast.AST, depth: int = 3, line: int | None = None) -> list[ast.AST]:
@@ -154,6 +165,13 @@ def _flows_into(nodes: list[ast.AST], defined: set[str], passes: dict[str, set[i
                     root = _root(n)
                     if root:
                         out.setdefault(root, {}).update(dict.fromkeys(read))
+                    if passes is None and _item(n):  # `d["loss"] = v`: that item holds v
+                        out.setdefault(_item(n), {}).update(dict.fromkeys(read))
+                    if passes is None and isinstance(n, ast.Name) and isinstance(node.value, ast.Dict):
+                        for k, v in zip(node.value.keys, node.value.values):  # `d = {"epoch": epoch, ...}`
+                            if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                                out.setdefault(f"{n.id}[{k.value!r}]", {}).update(
+                                    dict.fromkeys(_value_names(v, defined, passes)))
         elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and passes is not None:
             read = _value_names(node.iter, defined, passes)
             for n in ast.walk(node.target):
@@ -232,13 +250,15 @@ def built_from(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> set[str]:
     return set(_follow(s, scope, exprs, _passes(s.project)))
 
 
-def ordered_sources(s: Script, scope: ast.AST, exprs: list[ast.AST]) -> list[str]:
+def ordered_sources(s: Script, scope: ast.AST, exprs: list[ast.AST], kept: frozenset[str] = frozenset()
+                    ) -> list[str]:
     """The names a report is built from, followed through the assignments of `scope`, nearest first (breadth
-    first from the expressions, each in reading order)."""
-    return _follow(s, scope, exprs, None)
+    first from the expressions, each in reading order); the names in `kept` are sources not followed further."""
+    return _follow(s, scope, exprs, None, kept)
 
 
-def _follow(s: Script, scope: ast.AST, exprs: list[ast.AST], passes: dict[str, set[int]] | None) -> list[str]:
+def _follow(s: Script, scope: ast.AST, exprs: list[ast.AST], passes: dict[str, set[int]] | None,
+            kept: frozenset[str] = frozenset()) -> list[str]:
     defined = _defined(s.project)
     flows = s.project.memo(("flows into", id(scope), passes is None),
                            lambda: _flows_into(_own(s.project, scope), defined, passes))
@@ -248,7 +268,10 @@ def _follow(s: Script, scope: ast.AST, exprs: list[ast.AST], passes: dict[str, s
         name = todo.pop(0)
         if name not in seen:
             seen[name] = None
-            todo.extend(flows.get(name, ()))
+            if name.endswith("]") and name not in flows:  # an item the scope never stores: what the container holds
+                todo.extend(flows.get(name.split("[", 1)[0], ()))
+            else:
+                todo.extend(flows.get(name, ()) if name not in kept else ())
     return list(seen)
 
 
