@@ -122,6 +122,8 @@ class Plan:
         """`loss.backward()` calls of a loss summed over the batch: `(loss * ctx.world_size).backward()`."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.as_tensor: dict[int, str] = {}
+        """`torch.FloatTensor(batch)` of a batch on ctx.device -> `torch.as_tensor(batch, dtype=torch.float32)`."""
         self.move_at: set[int] = set()
         """Reads of a CPU tensor where it meets a value on ctx.device: `y` -> `y.to(ctx.device)` there."""
         self.to_device: set[int] = set()
