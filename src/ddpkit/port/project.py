@@ -1253,8 +1253,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
 
 
 def _device_names(module: ast.Module) -> set[str]:
-    """Module-level names bound to a CUDA device: `device = torch.device("cuda" if ... else "cpu")`, `dev = "cuda"`."""
-    return {n for s in module.body if isinstance(s, ast.Assign) and any(
+    """Module-level names bound to a CUDA device: `device = torch.device("cuda" if ... else "cpu")`, `dev = "cuda"`,
+    also in a branch of the module's own `if` (`if USE_GPU: device = torch.device("cuda")`)."""
+    return {n for s in _module_level(module) if isinstance(s, ast.Assign) and any(
         isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("cuda")
         for c in ast.walk(s.value)) for t in s.targets for n in _names(t)}
 
