@@ -525,6 +525,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
     kinds = set(received.values())
     out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
     out += shapes_with(defn, received)
+    devices = _chosen_in(defn, devices)
     for node in ast.walk(defn):
         text = ast.unparse(node) if isinstance(node, (ast.Attribute, ast.Call)) else ""
         if isinstance(node, ast.Call) and ast_dotted(node.func) in ("getattr", "setattr") and len(node.args) >= 2 \
@@ -1250,6 +1251,19 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out
+
+
+def _chosen_in(defn: ast.AST, devices: set[str]) -> set[str]:
+    """`devices` and the names and attributes the code binds to a GPU it picks itself, directly or through another
+    such name (`device = 'cuda:0'`, then `self.device = device`): `self.to(self.device)` is then GPU 0 on every rank."""
+    found = set(devices)
+    assigns = [n for n in ast.walk(defn) if isinstance(n, ast.Assign)]
+    for _ in range(3):
+        more = {ast_dotted(t) for a in assigns if fixed_device(a.value, found) for t in a.targets if ast_dotted(t)}
+        if more <= found:
+            break
+        found |= more
+    return found
 
 
 def _device_names(module: ast.Module) -> set[str]:
