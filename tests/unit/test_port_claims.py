@@ -468,6 +468,49 @@ def test_an_own_module_that_makes_gpu_tensors_at_import_before_init_is_named_at_
         "a function called after ddpkit.init, or import the module after it"))]
 
 
+def test_a_star_import_of_a_module_that_chooses_its_gpu_in_an_if_and_builds_a_net_there_is_named(tmp_path):
+    (tmp_path / "features.py").write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+        USE_GPU = True
+        if USE_GPU and torch.cuda.is_available():
+            device = torch.device("cuda")
+        else:
+            device = torch.device("cpu")
+
+        encoder = nn.Linear(8, 4).to(device).eval()
+
+
+        def encode(x):
+            return encoder(x.to(device))
+        '''))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''\
+        from features import *
+
+
+        def main():
+            model = nn.Linear(4, 1).to(device)
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8)), batch_size=16,
+                                                 shuffle=True)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for (x,) in loader:
+                opt.zero_grad()
+                model(encode(x)).mean().backward()
+                opt.step()
+
+
+        if __name__ == "__main__":
+            main()
+        '''))
+    result = port_source(script.read_text(), str(script))
+    # importing features.py puts `encoder` on the current GPU before ddpkit.init: cuda:0 on every rank
+    assert any(t.message.startswith("not checked: importing features.py runs features.py:10 `encoder = nn.Linear")
+               for t in result.todos), [t.message for t in result.todos]
+    assert result.exit_code == 3
+
+
 def test_no_full_port_is_claimed_over_a_per_rank_decision_a_search_or_an_undivided_drawn_batch(tmp_path, capsys):
     steps = (FIXTURES / "per_rank_steps.py").read_text()
     skip = "            if loss.item() > 100.0:\n                continue\n"

@@ -447,3 +447,31 @@ def test_settings_that_make_a_folder_named_from_the_clock_on_every_rank_are_a_to
     todo = _todo_at(_project(tmp_path / "quits", {"settings.py": caught.format("quit()")}, script),  # reads each
                     "args = get_args()")  # module once per path
     assert "settings.py:10 `os.makedirs(...)` writes or downloads on every rank" in todo
+
+
+def test_a_class_that_turns_its_device_argument_into_cuda_0_and_moves_itself_there_is_a_todo(tmp_path):
+    nets = """\
+        import torch
+
+
+        class Net(torch.nn.Module):
+            def __init__(self, device='cpu'):
+                super().__init__()
+                if device != 'cpu':
+                    device = 'cuda:0'
+                self.device = device
+                self.out = torch.nn.Linear(4, 1)
+                self.to(self.device)
+
+            def forward(self, x):
+                return self.out(x)
+    """
+    script = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom nets import Net\n\n" \
+             "net = Net(device='gpu')\n" + textwrap.dedent(_LOOP)
+    result = _project(tmp_path, {"nets.py": nets}, script)
+    # `device = 'cuda:0'`, then self.device = device: GPU 0 on every rank, beside ddpkit.wrap's cuda:local_rank
+    todo = _todo_at(result, "net = ddpkit.wrap(Net(device='gpu'), ctx)")
+    assert "nets.py:11 `self.to(self.device)` chooses a device of its own" in todo
+    # a device the class reads as it is handed (no GPU of its own) is no pin
+    result = _project(tmp_path, {"nets.py": nets.replace("device = 'cuda:0'", "pass")}, script)
+    assert not [t for t in result.todos if "not checked" in t.message], [t.message for t in result.todos]

@@ -308,6 +308,75 @@ def test_labels_the_script_collected_on_the_cpu_beside_cpu_predictions_stay_on_t
     assert "loss = nn.functional.cross_entropy(out, y)" in lines  # where it met the model: as it arrives
 
 
+def test_labels_an_evaluation_function_collects_beside_cpu_predictions_stay_on_the_cpu_for_sklearn():
+    # the evaluation loop never moves its labels (the original kept them on the CPU); its predictions it brings to
+    # the CPU itself, and both go to a host library later: after the port the eval loader delivers them on
+    # ctx.device, so they are brought back where they are collected
+    result = port_source(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = nn.Linear(4, 2).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        val_loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)), torch.arange(64)),
+                                batch_size=8, shuffle=False)
+
+
+        def evaluate():
+            labels, preds, names = [], [], []
+            for x, label, ids in val_loader:
+                out = model(x.to(device))
+                preds.append(out.argmax(1).cpu())
+                labels.append(label)
+                names.append(ids)
+                loss = nn.functional.cross_entropy(out.cpu(), label.cpu())
+            return torch.cat(preds), torch.cat(labels)
+
+
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        pred, label = evaluate()
+        accuracy = (pred.numpy() == label.numpy()).mean()
+    '''), "collect_eval.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    assert "labels.append(label.cpu())" in lines, result.code
+    assert "names.append(ids)" in lines  # not read as a tensor in this scope: it is left as it is
+
+
+def test_a_legacy_cpu_constructor_over_a_batch_drawn_from_the_loader_keeps_the_batch_on_its_device(monkeypatch):
+    result = port_source(textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        model = nn.Linear(4, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+        for epoch in range(1):
+            batches = iter(loader)
+            for step in range(4):
+                data = next(batches)
+                real = torch.FloatTensor(data[0])
+                real = real.to(device)
+                loss = model(real).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    '''), "legacy.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    # torch.FloatTensor(t) of a GPU tensor raises TypeError; the loader now delivers data on ctx.device
+    assert "real = torch.as_tensor(data[0], dtype=torch.float32)" in lines, result.code
+    _run_on_meta(result.code, [], monkeypatch)
+
+
 # ---- batches of a torch DataLoader the project returns, in a script that names no device -----------------------
 def _moved_lines(result) -> list[str]:
     return [line.strip() for line in result.code.splitlines() if "this loader gives CPU batches" in line]

@@ -110,6 +110,32 @@ def test_a_branch_on_another_setting_that_moves_a_built_module_is_not_a_gpu_swit
     assert "ctx = ddpkit.init()\n" in port_source(src).code
 
 
+def test_a_device_chosen_by_an_if_else_on_a_switch_keeps_the_cpu_branch_when_the_switch_is_off():
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\n\ndef main():\n"
+           "    p = argparse.ArgumentParser()\n    p.add_argument('--use_gpu', action='store_true')\n"
+           "    args = p.parse_args()\n    if args.use_gpu:\n"
+           "        device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n    else:\n"
+           "        device = torch.device('cpu')\n    loader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+           "    model = Net().to(device)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "    for x, y in loader:\n        ((model(x) - y) ** 2).mean().backward()\n        opt.step()\n\n\n"
+           "if __name__ == '__main__':\n    main()\n")
+    # without --use_gpu the original trains on the CPU: ctx.device must be the CPU then, not a GPU of the host
+    assert 'ddpkit.init(device="auto" if args.use_gpu else "cpu")' in port_source(src).code
+
+
+def test_a_switch_set_after_init_that_moves_the_model_is_a_todo_naming_it():
+    src = ("import sys\nimport torch\nfrom torch.utils.data import DataLoader\n\nck = sys.argv[1]\n"
+           "use_gpu = False\nloader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+           "use_gpu = use_gpu and torch.cuda.is_available()\nmodel = Net(use_gpu)\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nif use_gpu:\n    model.cuda()\n"
+           "for x, y in loader:\n    if use_gpu:\n        x = x.cuda()\n"
+           "    ((model(x) - y) ** 2).mean().backward()\n    opt.step()\n")
+    result = port_source(src)
+    # the original runs on the CPU; ddpkit.init cannot read the switch, so the model would go to a GPU alone
+    assert any("`if use_gpu:`" in t.message and 'device="cpu"' in t.message for t in result.todos), result.todos
+    assert result.exit_code == 3
+
+
 def test_a_switch_refined_at_module_level_before_main_is_called_decides_ddpkits_device():
     # `args.cuda = args.cuda and torch.cuda.is_available()` runs before main(): main's ddpkit.init can read it
     code = _port("gpu_switch_module_level").code

@@ -40,6 +40,11 @@ _LEGACY = frozenset({"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "
 _MADE = CREATORS | _LEGACY | {"from_numpy", "normal"}
 _RUNS_MODEL = re.compile(r"(^|\.)(onnx\.export|jit\.trace|jit\.trace_module|export\.export|add_graph|summary)$")
 """Library calls that run the model handed to them on the inputs handed with it."""
+_LEGACY_DTYPES = {"FloatTensor": "torch.float32", "DoubleTensor": "torch.float64", "HalfTensor": "torch.float16",
+                  "LongTensor": "torch.int64", "IntTensor": "torch.int32", "ShortTensor": "torch.int16",
+                  "CharTensor": "torch.int8", "ByteTensor": "torch.uint8", "BoolTensor": "torch.bool"}
+"""Legacy constructors and their dtype: `torch.FloatTensor(x)` of a tensor on a GPU raises TypeError (they make
+CPU tensors only), `torch.as_tensor(x, dtype=torch.float32)` keeps x where it is."""
 _SHAPE_FREE = frozenset({"tensor", "as_tensor"})
 """Creators whose value may be a zero-dimensional tensor (`torch.tensor(0.5)`): a host one of those is harmless."""
 _KEEPS = frozenset({
@@ -76,6 +81,8 @@ class Placement:
         self.lists: set[str] = set()
         """Names last bound to a list display or comprehension (`returns = []`): `torch.tensor(returns)` is no
         zero-dimensional tensor."""
+        self.legacy: list[tuple[cst.Call, cst.BaseExpression]] = []
+        """`torch.FloatTensor(batch)` of a value on ctx.device: (call, that value)."""
 
     # ---- walking -------------------------------------------------------------------------------------
     def run(self, statements: list[cst.BaseStatement]) -> Placement:
@@ -245,7 +252,15 @@ class Placement:
             return DEVICE
         if name in _WRAPPERS and call.args:
             return args[0]
+        if self._draws_batch(call):
+            return DEVICE  # `next(batches)`, `batches.next()` of `batches = iter(loader)`: a ddpkit loader's batch
         last = name.rsplit(".", 1)[-1]
+        if name.startswith("torch.") and name.count(".") == 1 and last in _LEGACY and args == [DEVICE] and \
+                not call.args[0].keyword and not call.args[0].star:
+            # the original made it on the CPU from a CPU batch; the port's loader delivers the batch on ctx.device
+            if not self.quiet:
+                self.legacy.append((call, call.args[0].value))
+            return DEVICE
         if name.startswith("torch.") and name.count(".") == 1 or name in ("from_numpy", "torch.cuda." + last):
             device = next((a.value for a in call.args if a.keyword and a.keyword.value == "device"), None)
             if name.startswith("torch.cuda."):
@@ -291,6 +306,18 @@ class Placement:
             self._meet(call, host, HOST, dev, DEVICE)
         places = {p for _, p in pairs}
         return DEVICE if DEVICE in places else HOST if HOST in places else None
+
+    def _draws_batch(self, call: cst.Call) -> bool:
+        """`next(it)`, `it.next()`, `it.__next__()` of an iterator over a ddpkit loader (on every path)."""
+        if dotted(call.func) == "next" and call.args:
+            it = call.args[0].value
+        elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ("next", "__next__") and not call.args:
+            it = call.func.value
+        else:
+            return False
+        name = dotted(it)
+        return bool(name) and self.key in self.f.scopes and self.p.role(self.key, name) in ("train", "eval") and \
+            name not in getattr(self.p, "host_loaders", {}).get(self.key, set())
 
     def _models(self) -> set[str]:
         if self.key not in self.f.scopes:
@@ -383,6 +410,14 @@ def plan_placement(plan: Any) -> None:
     for key in sorted(plan.f.ported):
         walker = Placement(plan, key, host_names=frozenset(_module_hosts(plan, key))).run(
             plan.f.scope_statements(key))
+        for call, batch in walker.legacy:
+            last = dotted(call.func).rsplit(".", 1)[-1]
+            if _in_ctx(plan, key, call) and last in _LEGACY_DTYPES:
+                plan.as_tensor[id(call)] = _LEGACY_DTYPES[last]
+                continue
+            plan.todo(call, f"`{_short(plan, call)}` makes a CPU tensor of `{_short(plan, batch)}`, which the port's "
+                      "loader delivers on ctx.device: the legacy constructor raises TypeError for a GPU tensor; use "
+                      f"torch.as_tensor({_short(plan, batch)}) (or {_short(plan, batch)}.cpu() where the CPU is meant)")
         moved: set[str] = set()
         named: set[str] = set()
         for node, host, dev, made, assigns in walker.meetings:

@@ -25,7 +25,7 @@ from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
 from ddpkit.port.decisions import plan_decisions, plan_searches
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
-from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch
+from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch, plan_unfollowed_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
 from ddpkit.port.heldsums import plan_model_held_sums
 
@@ -122,6 +122,8 @@ class Plan:
         """`loss.backward()` calls of a loss summed over the batch: `(loss * ctx.world_size).backward()`."""
         self.add_kwarg: dict[int, tuple[str, str]] = {}
         """Calls that get one more keyword: random_split(..., generator=...) so every rank splits alike."""
+        self.as_tensor: dict[int, str] = {}
+        """`torch.FloatTensor(batch)` of a batch on ctx.device -> `torch.as_tensor(batch, dtype=torch.float32)`."""
         self.move_at: set[int] = set()
         """Reads of a CPU tensor where it meets a value on ctx.device: `y` -> `y.to(ctx.device)` there."""
         self.to_device: set[int] = set()
@@ -220,7 +222,7 @@ class Plan:
         self.device_flag = plan_device_flag(self)
         """`args.cuda` where the script moves its model or its inputs to the GPU only `if args.cuda:`
         (ddpkit.init's device)."""
-        if self.device_flag is None:
+        if self.device_flag is None and not plan_unfollowed_switch(self):
             plan_foreign_switch(self)
         self.init_device = f'"auto" if {self.device_flag} else "cpu"' if self.device_flag else None
         """ddpkit.init's device= expression, None for its default."""

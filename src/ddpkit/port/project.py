@@ -525,6 +525,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
     kinds = set(received.values())
     out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
     out += shapes_with(defn, received)
+    devices = _chosen_in(defn, devices)
     for node in ast.walk(defn):
         text = ast.unparse(node) if isinstance(node, (ast.Attribute, ast.Call)) else ""
         if isinstance(node, ast.Call) and ast_dotted(node.func) in ("getattr", "setattr") and len(node.args) >= 2 \
@@ -1252,9 +1253,23 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     return out
 
 
+def _chosen_in(defn: ast.AST, devices: set[str]) -> set[str]:
+    """`devices` and the names and attributes the code binds to a GPU it picks itself, directly or through another
+    such name (`device = 'cuda:0'`, then `self.device = device`): `self.to(self.device)` is then GPU 0 on every rank."""
+    found = set(devices)
+    assigns = [n for n in ast.walk(defn) if isinstance(n, ast.Assign)]
+    for _ in range(3):
+        more = {ast_dotted(t) for a in assigns if fixed_device(a.value, found) for t in a.targets if ast_dotted(t)}
+        if more <= found:
+            break
+        found |= more
+    return found
+
+
 def _device_names(module: ast.Module) -> set[str]:
-    """Module-level names bound to a CUDA device: `device = torch.device("cuda" if ... else "cpu")`, `dev = "cuda"`."""
-    return {n for s in module.body if isinstance(s, ast.Assign) and any(
+    """Module-level names bound to a CUDA device: `device = torch.device("cuda" if ... else "cpu")`, `dev = "cuda"`,
+    also in a branch of the module's own `if` (`if USE_GPU: device = torch.device("cuda")`)."""
+    return {n for s in _module_level(module) if isinstance(s, ast.Assign) and any(
         isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("cuda")
         for c in ast.walk(s.value)) for t in s.targets for n in _names(t)}
 

@@ -48,6 +48,12 @@ def strip_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr
 
 
+_TO_HOST = frozenset({"cpu", "numpy", "tolist", "item"})
+"""Tensor methods whose result is on the host."""
+_TENSOR_METHODS = _TO_HOST | {"to", "cuda", "float", "long", "size", "view", "squeeze", "unsqueeze", "detach", "argmax"}
+"""Methods that show a name holds a tensor (a batch may be a list of strings)."""
+
+
 def _arg(name: str, value: cst.BaseExpression) -> cst.Arg:
     return cst.Arg(value=value, keyword=cst.Name(name),
                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
@@ -266,9 +272,17 @@ class Rewriter(cst.CSTTransformer):
             self._device_batch_names()
         if not names:
             return set()
-        moved = {root_name(r) for n in self.p.nodes(self.key) if isinstance(n, cst.Call)
-                 and (r := move_receiver(n)) is not None}
-        return names & moved
+        calls = [n for n in self.p.nodes(self.key) if isinstance(n, cst.Call)]
+        moved = {root_name(r) for n in calls if (r := move_receiver(n)) is not None}
+        # or the scope collects its other values on the host itself (`preds.append(out.argmax(1).cpu())`): the
+        # original's lists all held CPU tensors, read together later (sklearn, numpy); a name counts where the scope
+        # reads it as a tensor (`label.cpu()`), never a batch of strings
+        collects = any(isinstance(n.func, cst.Attribute) and n.func.attr.value in ("append", "extend") and any(
+            isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value in _TO_HOST
+            for a in n.args for c in walk(a.value)) for n in calls)
+        tensors = {dotted(n.func.value) for n in calls if isinstance(n.func, cst.Attribute)
+                   and isinstance(n.func.value, cst.Name) and n.func.attr.value in _TENSOR_METHODS} if collects else set()
+        return names & (moved | tensors)
 
     def _device_batch_names(self) -> set[str]:
         """Batch names of loops whose loader is ddpkit's on every path: those batches arrive on ctx.device."""
@@ -367,6 +381,10 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
             first = updated.args[0].with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(original.args[0].value)})"))
             return updated.with_changes(args=[first, *updated.args[1:]])
+        if id(original) in self.p.as_tensor:
+            self.changes += 1  # a legacy constructor makes CPU tensors only: the batch it reads is on ctx.device now
+            return updated.with_changes(func=parse_expr("torch.as_tensor"), args=_comma_args([
+                updated.args[0], _arg("dtype", parse_expr(self.p.as_tensor[id(original)]))]))
         if id(original) in self.p.add_kwarg and self._library_call(name, self.p.add_kwarg[id(original)][0]):
             self.changes += 1
             word, value = self.p.add_kwarg[id(original)]

@@ -10,7 +10,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, statements_of, walk
 from ddpkit.port.models import move_receiver, moves_to_cpu
 
-__all__ = ["plan_device_flag", "plan_foreign_switch", "option_dest"]
+__all__ = ["plan_device_flag", "plan_foreign_switch", "plan_unfollowed_switch", "option_dest"]
 
 _SWITCH = re.compile(r"(no_|use_|with_)?(cuda|gpus?)")
 """The name of a boolean GPU switch: `cuda`, `no_cuda`, `use_gpu`, `gpu`."""
@@ -31,13 +31,17 @@ def plan_device_flag(plan: Any) -> str | None:
     if any(not isinstance(plan._parent.get(id(m)), cst.If) for found in models.values() for m in found):
         models = {}  # the model goes to the GPU outside any `if` too (`if args.test: model.cuda()`, then
         # `model.cuda()` on the training path): such an `if` picks a path, not the device
+    plan.unfollowed_switch = None
     for key in sorted(plan.f.ported):
         inputs = _input_moves_of(plan, key)
-        for stmt in [*models.get(key, []), *inputs]:
+        for stmt in [*models.get(key, []), *inputs, *_device_choices(plan, key)]:
             parent = plan._parent.get(id(stmt))
             if not isinstance(parent, cst.If) or not any(s is stmt for s in statements_of(parent)):
                 continue
             test = parent.test
+            if any(s is stmt for s in statements_of(parent.orelse)) if isinstance(parent.orelse, cst.Else) else False:
+                # `else: device = torch.device("cuda")`: the GPU is chosen when the test is false
+                test = cst.UnaryOperation(cst.Not(), cst.Name("_")).with_changes(expression=parent.test)
             if any(s is stmt for s in inputs) and not _SWITCH.fullmatch(dotted(test).rsplit(".", 1)[-1]):
                 continue  # inputs moved under `if args.network == "unet":` say nothing about a GPU switch
             code = plan.f.code(test)
@@ -48,15 +52,69 @@ def plan_device_flag(plan: Any) -> str | None:
             if (chains | roots) & assigned and dotted(test):  # `args.cuda = not args.no_cuda and ...` first
                 test = _set_once(plan, dotted(test), bound)
                 if test is None:
+                    plan.unfollowed_switch = (stmt, plan.f.code(parent.test))
                     return None
                 code = f"({plan.f.code(test)})" if not isinstance(test, (cst.Name, cst.Attribute)) else \
                     plan.f.code(test)
                 found.add(code)
                 continue
             if not roots - {"torch", "True", "False", "None"} <= bound or chains & assigned or roots & assigned:
+                # `GPU_available = False` set after ddpkit.init (or again in the training code): ddpkit.init cannot
+                # read it, yet it keeps the script's own tensors on the CPU while ctx.device is a GPU
+                plan.unfollowed_switch = (stmt, plan.f.code(parent.test))
                 return None
             found.add(code)
     return next(iter(found)) if len(found) == 1 else None
+
+
+def plan_unfollowed_switch(plan: Any) -> bool:
+    """A GPU switch the script moves its model or tensors by (`if GPU_available: model.cuda()`) that ddpkit.init
+    cannot follow, because the switch is set after it or again in the training code: with the switch off the
+    original runs on the CPU, and the port would put the model on the GPU of a GPU host beside the tensors the
+    script keeps on the CPU. A TODO at the move naming the switch; True where one was written."""
+    found = getattr(plan, "unfollowed_switch", None)
+    if found is None:
+        return False
+    stmt, switch = found
+    plan.todo(stmt, f"the script chooses the GPU only `if {switch}:`, a value ddpkit.init cannot read (it is set "
+              "after ddpkit.init or again in the training code), while ddpkit.init puts the model on ctx.device (a "
+              "GPU on a GPU host) and the tensors the script keeps on the CPU when the switch is off stay there: "
+              f"decide `{switch}` before ddpkit.init and pass device=\"auto\" if {switch} else \"cpu\" to it "
+              "(device=\"cpu\" where the switch is always off)")
+    return True
+
+
+def _device_choices(plan: Any, key: str) -> list[cst.SimpleStatementLine]:
+    """`device = torch.device("cuda")` in one branch of an `if` whose other branch binds the same name to the CPU
+    (`else: device = torch.device("cpu")`): the test of that `if` is the script's device switch."""
+    out = []
+    for node in plan.nodes(key):
+        if not isinstance(node, cst.If) or not isinstance(node.orelse, cst.Else):
+            continue
+        both = [_bound_device(node.body), _bound_device(node.orelse.body)]
+        if None in both or both[0][0] != both[1][0] or {both[0][1], both[1][1]} != {"gpu", "cpu"}:
+            continue
+        out.append(both[0][2] if both[0][1] == "gpu" else both[1][2])
+    return out
+
+
+def _bound_device(block: cst.BaseSuite) -> tuple[str, str, cst.SimpleStatementLine] | None:
+    """(name, "gpu" or "cpu", statement) where a block is one `name = <device>` line: "cpu" for the CPU alone
+    (`torch.device("cpu")`, `"cpu"`), "gpu" for any value that names the GPU (`"cuda" if ... else "cpu"` too)."""
+    body = list(getattr(block, "body", ()))
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1 or not \
+            isinstance(body[0].body[0], cst.Assign) or len(body[0].body[0].targets) != 1:
+        return None
+    assign = body[0].body[0]
+    name = dotted(assign.targets[0].target)
+    if not name or "device" not in name.rsplit(".", 1)[-1].lower():
+        return None
+    strings = [str(n.evaluated_value) for n in walk(assign.value) if isinstance(n, cst.SimpleString)]
+    if not strings or _free_names(assign.value) - {"torch"}:
+        return None  # `device = torch.device(args.device)`: the value decides, not the `if`
+    if all(s == "cpu" for s in strings):
+        return name, "cpu", body[0]
+    return (name, "gpu", body[0]) if any(s.startswith("cuda") for s in strings) else None
 
 
 def plan_foreign_switch(plan: Any) -> None:
