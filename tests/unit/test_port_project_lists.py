@@ -1,0 +1,101 @@
+"""What the project's own code does on every rank, named whole: every item of a `not checked:` TODO on a line of
+its own (none hidden behind "and N more"), blockers first; downloads and exports reached through its methods."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ddpkit.port import port_source
+from ddpkit.port.codemod import open_todos
+
+_TRAIN = """\
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.fc(x)
+"""
+
+
+def _write(folder, files: dict[str, str]):
+    for name, text in files.items():
+        (folder / name).write_text(textwrap.dedent(text))
+
+
+def test_every_item_a_helper_holds_is_listed_one_a_line_with_the_crash_first(tmp_path):
+    _write(tmp_path, {"export.py": """\
+        import pickle
+        import torch
+
+
+        def publish(model, name):
+            torch.save(model.state_dict(), name + ".pt")
+            torch.onnx.export(model, torch.randn(1, 4), name + ".onnx")
+            with open(name + ".txt", "w") as f:
+                f.write(name)
+            pickle.dump(name, open(name + ".pkl", "wb"))
+            torch.save(name, name + ".name")
+            torch.zeros(1, device="cuda:1")
+    """, "train.py": _TRAIN + """\
+    from export import publish
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+    for x, y in data:
+        optimizer.zero_grad()
+        (model(x) - y).pow(2).mean().backward()
+        optimizer.step()
+    publish(model, "net")
+    """})
+    script = tmp_path / "train.py"
+    result = port_source(script.read_text(), str(script))
+    todo = next(t.message for t in result.todos if "`publish` in export.py" in t.message)
+    assert "more)" not in todo
+    items = todo.split("\n")[1:]
+    assert items[0].startswith("- export.py:12 `torch.zeros(1, device='cuda:1')` chooses a device"), items
+    assert any("`torch.onnx.export(...)` writes or downloads on every rank" in i for i in items), items
+    assert len(items) >= 6 and all(i.startswith("- export.py:") for i in items), items
+    # the ported file carries each item on a comment line of its own, and reads back whole
+    assert "\n#   - export.py:12 `torch.zeros(1, device='cuda:1')`" in result.code
+    assert todo in [t.message for t in open_todos(result.code)]
+
+
+def test_a_download_in_a_method_of_a_project_class_runs_on_rank_0_first(tmp_path):
+    _write(tmp_path, {"data.py": """\
+        from torch.utils.data import DataLoader
+        from torchvision import datasets
+
+
+        class Data:
+            def __init__(self, batch_size):
+                self.batch_size = batch_size
+
+            def loaders(self):
+                train = datasets.MNIST("./data", train=True, download=True)
+                return DataLoader(train, batch_size=self.batch_size, shuffle=True)
+    """, "train.py": _TRAIN + """\
+    from data import Data
+
+    data = Data(16)
+    loader = data.loaders()
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        (model(x) - y).pow(2).mean().backward()
+        optimizer.step()
+    """})
+    script = tmp_path / "train.py"
+    result = port_source(script.read_text(), str(script))
+    code = result.code
+    at = code.index("loader = data.loaders()")
+    assert "if not ctx.is_main:" in code[:at] and "ddpkit.barrier(ctx)" in code[at:], code
+
