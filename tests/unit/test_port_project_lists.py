@@ -99,3 +99,48 @@ def test_a_download_in_a_method_of_a_project_class_runs_on_rank_0_first(tmp_path
     at = code.index("loader = data.loaders()")
     assert "if not ctx.is_main:" in code[:at] and "ddpkit.barrier(ctx)" in code[at:], code
 
+
+def test_a_loader_the_project_returns_is_not_called_a_shard_where_that_binding_reaches(tmp_path):
+    _write(tmp_path, {"data.py": """\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Data:
+            def loaders(self):
+                data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+                return DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=8)
+    """, "steps.py": """\
+        def fit(model, optimizer, loader):
+            losses = []
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+            return losses
+    """, "train.py": _TRAIN + """\
+    import sys
+    from data import Data
+    from steps import fit
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if sys.argv[1:] != ["--head"]:
+        train_loader, valid_loader = Data().loaders()
+        losses = fit(model, optimizer, train_loader)
+        print(losses)
+    else:
+        train_loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            (model(x) - y).pow(2).mean().backward()
+            optimizer.step()
+    """})
+    script = tmp_path / "train.py"
+    result = port_source(script.read_text(), str(script))
+    messages = [t.message for t in result.todos]
+    assert not any("this rank's shard of `train_loader`" in m for m in messages), messages
+    found = [m for m in messages if m.startswith("`train_loader` handed to `fit(...)` here is the one line")]
+    assert found and "`Data().loaders()`" in found[0] and "not sharded" in found[0], messages
