@@ -79,3 +79,18 @@ def test_a_new_forward_between_the_backwards_is_left_alone():
     result = port_source(source)
     assert "fake.detach()" not in result.code
     assert not any("runs back through" in t.message for t in result.todos)
+
+
+def test_a_first_backward_that_frees_its_graph_or_a_new_leaf_between_is_left_alone():
+    # without retain_graph the original could not run back through `fake` twice: the second loss reaches it
+    # through `Variable(...)`, a new leaf, which this pass must see as the end of the graph
+    source = textwrap.dedent(_HEAD.replace("critic_loss.backward(retain_graph=True)", "critic_loss.backward()") + """\
+        mixed = torch.autograd.Variable(fake * 0.5, requires_grad=True)
+        gen_loss = -critic(mixed).mean()
+        gen.zero_grad()
+        gen_loss.backward()
+        gen_optim.step()
+    """)
+    result = port_source(source)
+    assert "fake.detach()" not in result.code
+    assert not any("runs back through" in t.message for t in result.todos)

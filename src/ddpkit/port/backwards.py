@@ -24,6 +24,8 @@ __all__ = ["plan_reused_graphs"]
 
 _CUTS = frozenset({"detach", "detach_", "item", "tolist", "numpy"})
 """Methods whose result carries no graph back to their receiver."""
+_NEW_LEAVES = frozenset({"Variable", "tensor", "as_tensor", "from_numpy"})
+"""Calls that make a new leaf from their argument's values (`Variable(x, requires_grad=True)`): no graph back."""
 
 
 def _reads(expr: cst.CSTNode, cut: set[int] = frozenset()) -> list[cst.Name]:
@@ -35,6 +37,10 @@ def _reads(expr: cst.CSTNode, cut: set[int] = frozenset()) -> list[cst.Name]:
             skip.add(id(node.attr))
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CUTS:
             skip.update(id(n) for n in walk(node.func.value))
+        if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] in _NEW_LEAVES:
+            skip.update(id(n) for a in node.args for n in walk(a.value))  # `Variable(x, requires_grad=True)`
+        if isinstance(node, cst.Attribute) and node.attr.value == "data":
+            skip.update(id(n) for n in walk(node.value))
         if isinstance(node, cst.Arg) and node.keyword is not None:
             skip.add(id(node.keyword))
     return [n for n in walk(expr) if isinstance(n, cst.Name) and id(n) not in skip and id(n) not in cut]
@@ -94,8 +100,9 @@ def plan_reused_graphs(plan: Any) -> None:
 def _check_pair(plan: Any, key: str, nodes: list[cst.CSTNode], flow: _Flow, forwards: dict[int, str],
                 first: cst.Call, second: cst.Call) -> None:
     one, two = plan.line_of(first), plan.line_of(second)
-    if one >= two:
-        return
+    if one >= two or not any(a.keyword is not None and a.keyword.value in ("retain_graph", "create_graph")
+                             and _is_true(a) for a in first.args):
+        return  # without retain_graph the original's second backward() through that graph would raise already
     loss1, loss2 = dotted(first.func.value), dotted(second.func.value)
     names1, used1 = flow.sources(loss1, one)
     names2, used2 = flow.sources(loss2, two)
