@@ -144,3 +144,38 @@ def test_a_loader_the_project_returns_is_not_called_a_shard_where_that_binding_r
     assert not any("this rank's shard of `train_loader`" in m for m in messages), messages
     found = [m for m in messages if m.startswith("`train_loader` handed to `fit(...)` here is the one line")]
     assert found and "`Data().loaders()`" in found[0] and "not sharded" in found[0], messages
+
+
+def test_an_evaluation_shard_handed_to_code_outside_the_file_as_a_statement_is_named(tmp_path):
+    _write(tmp_path, {"checks.py": """\
+        import torch
+
+
+        def validate(model, loader, patience):
+            total = sum(float((model(x) - y).pow(2).mean()) for x, y in loader)
+            print("val loss", total / len(loader))
+            if total > patience:
+                torch.save(model.state_dict(), "best.pt")
+    """, "train.py": _TRAIN + """\
+    from checks import validate
+
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+    val_loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+    for epoch in range(2):
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            (model(x) - y).pow(2).mean().backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                model(x)
+        validate(model, val_loader, 3)
+    """})
+    script = tmp_path / "train.py"
+    result = port_source(script.read_text(), str(script))
+    assert "ddpkit.eval_loader(" in result.code
+    found = [t.message for t in result.todos if t.message.startswith("not checked: `validate(...)`, defined outside")]
+    assert found and "this rank's shard of `val_loader`" in found[0], [t.message[:80] for t in result.todos]

@@ -528,6 +528,24 @@ def _holds_loader(plan: Any, key: str, expr: cst.BaseExpression) -> bool:
     return False
 
 
+def _evaluated_elsewhere(plan: Any, key: str, call: cst.Call) -> None:
+    """`trainer.fit(train_loader, val_loader)` as a statement: code this file does not define gets an evaluation
+    loader the port shards, and whatever it reports or decides from it there (a validation loss, mAP, early
+    stopping, the best checkpoint) is this rank's shard's alone."""
+    name = dotted(call.func)
+    if not name or name in _NOT_HELPERS or name.startswith(("ddpkit.", "torch.", "ctx.")) \
+            or plan.f.callees(call, key) or id(call) in plan.flagged:
+        return
+    shards = [plan.f.code(a.value) for a in call.args if plan.role(key, dotted(a.value)) == "eval"
+              and _bound_here(plan, key, a.value, plan.line_of(call)) is None]
+    if shards:
+        plan.flagged.add(id(call))
+        plan.todo(call, f"not checked: `{name}(...)`, defined outside this file, runs over this rank's shard of "
+                  f"`{shards[0]}` (ddpkit.eval_loader): whatever it reports or decides from it there (a validation "
+                  "loss, a metric, early stopping, the best checkpoint) is this rank's alone; reduce those figures "
+                  "across ranks in that code (ddpkit.all_reduce_sum), or hand it the whole set on every rank")
+
+
 def _bound_here(plan: Any, key: str, expr: cst.BaseExpression, line: int) -> cst.Assign | None:
     """The binding of `expr`'s name that reaches `line` (the last one before it) where that is a call the port did not
     make a sharded loader: a name bound to a shard in one branch and to the project's own loader in another
@@ -732,6 +750,8 @@ def _foreign_helpers(plan: Any, key: str) -> None:
     """`hr, ndcg = evaluate.metrics(model, test_loader)`: a function this file does not define runs over a
     loader the port shards, and what it returns is used: a figure of this rank's shard the port cannot follow."""
     for node in _own_nodes(plan, key):
+        if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call):
+            _evaluated_elsewhere(plan, key, node.value)
         if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
             continue
         call = node.value
