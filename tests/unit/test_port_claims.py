@@ -300,8 +300,9 @@ def test_a_helper_of_the_project_that_writes_on_every_rank_is_a_todo_even_when_h
     """))
     result = port_source(script.read_text(), str(script))
     assert [t.message for t in result.todos] == [
-        "not checked: `Board` in logs.py (read, not ported) runs on every rank, and there logs.py:6 "
-        "`SummaryWriter(...)` writes or downloads on every rank (rank 0 only: `if ctx.is_main:`); check each under DDP"]
+        "not checked: `Board` in logs.py (read, not ported) runs on every rank; check each under DDP:\n"
+        "- logs.py:6 `SummaryWriter(...)` writes or downloads on every rank (rank 0 only: `if ctx.is_main:`)"]
+    assert "#   - logs.py:6 `SummaryWriter(...)`" in result.code  # each item on a comment line of its own
 
 
 _SAMPLER = '''\

@@ -290,5 +290,7 @@ def test_what_the_called_helper_does_to_the_wrapper_is_named_before_what_its_cal
     script = tmp_path / "train.py"
     result = port_source(script.read_text(), str(script))
     todo = _todo_at(result, "labels.relabel(self)")
-    assert "more); check each" in todo  # five pins and the attribute: four are named
-    assert "labels.py:12 sets `self.model.heads` on the DDP wrapper" in todo
+    assert "more)" not in todo  # five pins and the attribute: every one is named, on a line of its own
+    items = todo.split("\n")[1:]
+    assert items[0].startswith("- labels.py:12 sets `self.model.heads` on the DDP wrapper"), items
+    assert "cuda:4" in todo and len(items) == 6, items

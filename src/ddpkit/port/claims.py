@@ -219,7 +219,7 @@ def _insert(code: str, todos: list[tuple[int, str]], mark: str) -> tuple[str, li
     moved: dict[int, int] = {}
     shift = 0
     for number in range(1, len(lines) + 1):
-        shift += len(by_line.get(number, []))
+        shift += sum(1 + message.count("\n") for message in by_line.get(number, []))
         moved[number] = number + shift
 
     def renumber(message: str) -> str:  # a lint message's "line N" names a line of the output before insertion
@@ -230,7 +230,9 @@ def _insert(code: str, todos: list[tuple[int, str]], mark: str) -> tuple[str, li
     for number, text in enumerate(lines, start=1):
         indent = text[:len(text) - len(text.lstrip())]
         for message in by_line.get(number, []):
-            out.append(f"{indent}# {mark}: {renumber(message)}{newline}")
+            head, *items = renumber(message).split("\n")  # a list of items: one comment line each
+            out.append(f"{indent}# {mark}: {head}{newline}")
+            out += [f"{indent}#   {item}{newline}" for item in items]
             placed.append((moved[number], renumber(message)))
         out.append(text)
     return "".join(out), placed

@@ -61,7 +61,12 @@ def open_todos(source: str) -> list[Todo]:
         stripped = line.strip()
         if stripped.startswith(f"# {TODO_MARK}:"):
             target = next((j for j in range(i + 1, len(lines)) if not lines[j].strip().startswith("#")), i)
-            out.append(Todo(target + 1, stripped[len(f"# {TODO_MARK}:"):].strip()))
+            items = []  # the items of a list, a `#   - item` line each, belong to it
+            for j in range(i + 1, target):
+                if not lines[j].strip().startswith("#   - "):
+                    break
+                items.append(lines[j].strip()[len("#   "):])
+            out.append(Todo(target + 1, "\n".join([stripped[len(f"# {TODO_MARK}:"):].strip(), *items])))
     return out
 
 

@@ -8,6 +8,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, loader_expr, root_name, statements_of, walk
 from ddpkit.port.facts import names_a_device as _names_a_device
+from ddpkit.port.backwards import plan_reused_graphs
 from ddpkit.port.copies import plan_model_copies
 from ddpkit.port.effects import check_rank0_bindings, plan_effects
 from ddpkit.port.forwards import plan_forwards
@@ -184,6 +185,7 @@ class Plan:
         """Scopes with a loop over a training loader: their training step is that loop's body."""
         if model not in (None, "?"):
             plan_autograd_grad(self)
+            plan_reused_graphs(self)
             check_rebound(self)
             plan_parameter_changes(self)
         check_aliases(self)  # every wrapped model, also where the optimizers differ by branch

@@ -356,8 +356,24 @@ def _received(call: ast.Call, defn: ast.AST, kinds: dict[str, str]) -> dict[str,
     return got
 
 
-_EVERY_RANK = ("writes or downloads", "chooses a device", "nn.DataParallel", "made from the clock")
+_EVERY_RANK = ("writes or downloads", "downloads on every rank", "chooses a device", "nn.DataParallel", "made from the clock")
 """What code every rank runs must not do there (the port would fix each in the script itself)."""
+
+
+_BLOCKERS = (("AttributeError", "nn.DataParallel", "chooses a device", "pickles the DDP wrapper", "never sees it"),
+             ("writes or downloads", "downloads on every rank", "made from the clock", "on every rank", "draws on"))
+"""What a `not checked:` item says, by how soon it stops a correct run: a crash or a wrong device first, then files
+and data that ranks race for or disagree on, then the rest (keys, batch sizes)."""
+
+
+def _blocker_rank(message: str) -> int:
+    return next((i for i, parts in enumerate(_BLOCKERS) if any(p in message for p in parts)), len(_BLOCKERS))
+
+
+def _items(items) -> str:  # noqa: ANN001
+    """Every item of a `not checked:` TODO on a line of its own (claims._insert writes each as a comment line):
+    a TODO never hides, behind "and N more", what blocks a correct run."""
+    return "".join(f"\n- {item}" for item in items)
 
 
 def _every_rank(message: str) -> bool:
@@ -482,7 +498,7 @@ def _handed_on(defn: ast.AST, received: dict[str, str], one_rank: bool, follow: 
                 lines.setdefault(h, []).append(line)
             grouped = sorted((at, h) for h, at in lines.items())
             out.append((node.lineno, f"`{ast.unparse(node)[:50]}` hands the model to `{name}`: " + "; ".join(
-                f"{where}:{', '.join(map(str, at))} {h}" for at, h in grouped[:3])))
+                f"{where}:{', '.join(map(str, at))} {h}" for at, h in grouped)))
     return out
 
 
@@ -601,7 +617,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             out.append((node.lineno, f"`{ast.unparse(node)[:60]}` wraps in nn.DataParallel over every GPU each rank's "
                                      "process sees, from cuda:0 (DDP runs one process per GPU): remove it there "
                                      "(ddpkit.wrap replaces it)"))
-        elif not one_rank and (last in _WRITES or func == "open" and any(
+        elif not one_rank and ((last in _WRITES or func.endswith("onnx.export")) or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
                 for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"])) and (
                 stamp := _stamped(node, clocked)):
@@ -613,7 +629,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
                                                            False) for kw in node.keywords) or last in (
                 "makedirs", "mkdir") and id(node) in caught:
             continue  # what rank 0 alone writes, and a mkdir that lets another rank's come first, are fine
-        elif last in _WRITES or func == "open" and any(
+        elif (last in _WRITES or func.endswith("onnx.export")) or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
                 for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
             out.append((node.lineno, f"`{(func or last)}(...)` writes or downloads on every rank (rank 0 only: "
@@ -870,6 +886,7 @@ def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) ->
     parsed: dict[str, ast.Module | None] = {}
     definition = _definer(tree, folder, modules, parsed)
     out: dict[str, tuple[str, int, bool]] = {}
+    made = _instance_calls(tree)
     for node in ast.walk(tree):
         func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
         found = definition(func) if func and func not in out else None
@@ -878,6 +895,14 @@ def project_downloads(tree: ast.Module, folder: str, modules: dict[str, str]) ->
             hit = next((h for d in defns if (h := _downloads_in(found[0], d, folder, modules, parsed, set()))), None)
             if hit is not None:
                 out[func] = (os.path.relpath(hit[0], folder), hit[1], hit[2], *hit[3:])
+        if found is not None and isinstance(found[2], ast.ClassDef) and (calls := made.get(id(node))):
+            # `data = DataSet(...)` then `data.get_loaders()`: the method runs where it is called, and downloads there
+            for call in calls:
+                method, name = call.func.attr, ast_dotted(call.func)
+                hit = None if name in out else next((h for d in _own_methods(found[2], method) if (
+                    h := _downloads_in(found[0], d, folder, modules, parsed, set()))), None)
+                if hit is not None:
+                    out[name] = (os.path.relpath(hit[0], folder), hit[1], hit[2], *hit[3:])
     return out
 
 
@@ -1201,9 +1226,10 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                                      if _every_rank(h[1])})
                     if writes:
                         where = os.path.basename(path)
-                        found_at = "; ".join(f"{where}:{line} {h}" for line, h in writes[:4])
                         out.append((call.lineno, f"not checked: `{name}.{method}` in {where} (read, not ported) runs "
-                                                 f"on every rank, and there {found_at}; check each under DDP"))
+                                                 "on every rank; check each under DDP:" + _items(
+                                                     f"{where}:{line} {h}" for line, h in sorted(
+                                                         writes, key=lambda w: (_blocker_rank(w[1]), w)))))
             hazards = [] if id(node) in guarded else sorted(
                 {h for part in parts for h in _hazards(part, {}, False, devices=devices) if _every_rank(h[1])})
             # and what the project's functions and classes it calls in turn do there (`Net` building a layer
@@ -1230,11 +1256,11 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 lines.setdefault((at, h), []).append(line) if line not in lines.get((at, h), []) else None
             files = {h: f for f, h in lines}
             # what the called code itself does first (`model.heads = 1` there), then what its callees do
-            grouped = sorted(((sorted(at), h) for (_, h), at in lines.items()), key=lambda g: (files[g[1]] != where, g))
-            found = "; ".join(f"{files[h]}:{', '.join(map(str, at))} {h}" for at, h in grouped[:4])
-            more = f" (and {len(grouped) - 4} more)" if received and len(grouped) > 4 else ""
-            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}, and "
-                                     f"there {found}{more}; check each under DDP"))
+            grouped = sorted(((sorted(at), h) for (_, h), at in lines.items()),
+                             key=lambda g: (_blocker_rank(g[1]), files[g[1]] != where, g))
+            out.append((node.lineno, f"not checked: `{name}` in {where} (read, not ported) {what}; check each "
+                                     "under DDP:" + _items(f"{files[h]}:{', '.join(map(str, at))} {h}"
+                                                           for at, h in grouped)))
     out += _summed_elsewhere(tree, definition)
     out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
                              _follower(tree, folder, modules, parsed))

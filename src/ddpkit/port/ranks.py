@@ -458,6 +458,46 @@ def plan_rank_values(plan: Any) -> None:
                       f"after seeding: rank 0 writes a file named from it, and the line {plan.line_of(node)} read on "
                       f"every rank goes through `{name}`, each rank's own path, which nobody wrote; make it alike on every rank (`{origin} = "
                       f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
+    _handed_on(plan, tainted, origins)
+
+
+_SAYS = re.compile(r"^(print|tqdm\.write)$|^(logging|logger|log)\.")
+
+
+def _handed_on(plan: Any, tainted: dict[str, tuple[cst.Assign, cst.Call, str]], origins: set[int]) -> None:
+    """The per-rank name rank 0 wrote to, stored into an object (`args.eval_from = model_path`) that a call every
+    rank makes is then handed (`linear_eval(args)`, code the port cannot see into): that code gets each rank's own
+    name, and where it reads the file there, the others read a file nobody wrote."""
+    for key in sorted(plan.f.ported):
+        held: dict[str, tuple[str, str, int]] = {}  # `args` -> (`args.eval_from`, the tainted name, line stored)
+        for a in (n for n in plan.nodes(key) if isinstance(n, cst.Assign)):
+            value = next((x.value for x in walk(a.value) if isinstance(x, cst.Name) and x.value in tainted
+                          and id(tainted[x.value][0]) in origins), None)
+            for t in a.targets if value is not None else ():
+                if isinstance(t.target, cst.Attribute) and isinstance(t.target.value, cst.Name):
+                    held.setdefault(t.target.value.value, (dotted(t.target), value, plan.line_of(a)))
+        for stmt in plan.f.scope_statements(key) if held else ():
+            for line in (n for n in walk(stmt) if isinstance(n, cst.SimpleStatementLine)):
+                expr = line.body[0] if len(line.body) == 1 and isinstance(line.body[0], cst.Expr) else None
+                call = expr.value if expr is not None and isinstance(expr.value, cst.Call) else None
+                func = dotted(call.func) if call is not None else ""
+                if not func or _SAYS.search(func) or func.startswith(("ddpkit.", "ctx.")) or _under_guard(plan, call):
+                    continue
+                holder = next((a.value.value for a in call.args if isinstance(a.value, cst.Name)
+                               and a.value.value in held and held[a.value.value][2] < plan.line_of(line)), None)
+                if holder is None:
+                    continue
+                stored, name, _ = held.pop(holder)
+                assign, source, origin = tainted[name]
+                if id(assign) not in origins:
+                    continue
+                origins.discard(id(assign))
+                plan.todo(assign, f"`{origin}` is built from `{dotted(source.func)}()`, which differs on every rank "
+                          f"even after seeding: rank 0 writes a file named from it, and every rank hands it on in "
+                          f"`{stored}` to `{func}(...)` (line {plan.line_of(line)}), whose reads of it open each "
+                          f"rank's own path, which nobody wrote; make it alike on every rank (`{origin} = "
+                          f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank "
+                          "passes), and put ddpkit.barrier(ctx) before that call")
 
 
 def _under_guard(plan: Any, node: cst.CSTNode) -> bool:

@@ -539,6 +539,44 @@ def _holds_loader(plan: Any, key: str, expr: cst.BaseExpression) -> bool:
     return False
 
 
+def _evaluated_elsewhere(plan: Any, key: str, call: cst.Call) -> None:
+    """`trainer.fit(train_loader, val_loader)` as a statement: code this file does not define gets an evaluation
+    loader the port shards, and whatever it reports or decides from it there (a validation loss, mAP, early
+    stopping, the best checkpoint) is this rank's shard's alone."""
+    name = dotted(call.func)
+    if not name or name in _NOT_HELPERS or name.startswith(("ddpkit.", "torch.", "ctx.")) \
+            or plan.f.callees(call, key) or id(call) in plan.flagged:
+        return
+    shards = [plan.f.code(a.value) for a in call.args if plan.role(key, dotted(a.value)) == "eval"
+              and _bound_here(plan, key, a.value, plan.line_of(call)) is None]
+    if shards:
+        plan.flagged.add(id(call))
+        plan.todo(call, f"not checked: `{name}(...)`, defined outside this file, runs over this rank's shard of "
+                  f"`{shards[0]}` (ddpkit.eval_loader): whatever it reports or decides from it there (a validation "
+                  "loss, a metric, early stopping, the best checkpoint) is this rank's alone; reduce those figures "
+                  "across ranks in that code (ddpkit.all_reduce_sum), or hand it the whole set on every rank")
+
+
+def _bound_here(plan: Any, key: str, expr: cst.BaseExpression, line: int) -> cst.Assign | None:
+    """The binding of `expr`'s name that reaches `line` (the last one before it) where that is a call the port did not
+    make a sharded loader: a name bound to a shard in one branch and to the project's own loader in another
+    (`train_loader, _ = data.loaders()`) is that other loader where the other binding reaches. None where the
+    reaching binding is the port's loader, or is no call."""
+    name = dotted(expr) if isinstance(expr, cst.Name) else ""
+    if not name:
+        return None
+    last: tuple[int, cst.Assign] | None = None
+    for node in plan.nodes(key):
+        if isinstance(node, cst.Assign) and plan.line_of(node) < line and any(
+                isinstance(x, cst.Name) and x.value == name for t in node.targets for x in walk(t.target)):
+            if last is None or plan.line_of(node) > last[0]:
+                last = (plan.line_of(node), node)
+    if last is None or not isinstance(last[1].value, cst.Call) or any(
+            isinstance(c, cst.Call) and id(c) in plan.loaders for c in walk(last[1].value)):
+        return None
+    return last[1]
+
+
 def _strip_iter(expr: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(expr, cst.Call) and dotted(expr.func) in ("enumerate", "tqdm", "tqdm.tqdm", "iter", "trange",
                                                                   "tqdm.auto.tqdm", "zip") and expr.args:
@@ -723,6 +761,8 @@ def _foreign_helpers(plan: Any, key: str) -> None:
     """`hr, ndcg = evaluate.metrics(model, test_loader)`: a function this file does not define runs over a
     loader the port shards, and what it returns is used: a figure of this rank's shard the port cannot follow."""
     for node in _own_nodes(plan, key):
+        if isinstance(node, cst.Expr) and isinstance(node.value, cst.Call):
+            _evaluated_elsewhere(plan, key, node.value)
         if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
             continue
         call = node.value
@@ -731,7 +771,17 @@ def _foreign_helpers(plan: Any, key: str) -> None:
                 or plan.f.callees(call, key) or plan.role(key, name.split(".")[0]) == "model" \
                 or plan.role(key, name) == "model":
             continue
-        loaders = [plan.f.code(a.value) for a in call.args if _holds_loader(plan, key, a.value)]
+        held = [a.value for a in call.args if _holds_loader(plan, key, a.value)]
+        loaders = [plan.f.code(a) for a in held if _bound_here(plan, key, a, plan.line_of(node)) is None]
+        for a in held:
+            bound = _bound_here(plan, key, a, plan.line_of(node))
+            if bound is not None and id(bound) not in plan.flagged:
+                plan.flagged.add(id(bound))
+                plan.todo(node, f"`{plan.f.code(a)}` handed to `{name}(...)` here is the one line "
+                          f"{plan.line_of(bound)} binds (`{plan.f.code(bound.value)}`), not a loader the port made "
+                          "ddpkit.loader: it is not sharded, so every rank runs over all of it (no speed-up, the same "
+                          "batches on every rank); build it with ddpkit.loader(dataset, ctx, batch_size=...) or shard it "
+                          "by ctx.rank and ctx.world_size")
         if not loaders:
             continue
         targets = ", ".join(plan.f.code(t.target) for t in node.targets)
