@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "statements_of", "ENTRY",
-           "ARGS_ROOTS", "CONCAT", "RANDOM_DRAW", "accumulated", "names_a_device"]
+__all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "bound",
+           "statements_of", "ENTRY", "ARGS_ROOTS", "CONCAT", "RANDOM_DRAW", "accumulated", "names_a_device"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -97,6 +97,16 @@ def accumulated(node: cst.CSTNode) -> tuple[str, str] | None:
         if name and any(dotted(n) == name for n in walk(node.value)):
             return name, "concatenates values"
     return None
+
+
+def bound(target: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The targets an assignment binds: `a`, each element of `a, (b, *c)`; not the names a subscript or an attribute
+    target reads (`buf[i] = ...` reads `i`)."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [target] + [x for e in target.elements for x in bound(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return bound(target.value)
+    return [target]
 
 
 def walk(node: cst.CSTNode, *, into_functions: bool = False) -> Iterator[cst.CSTNode]:

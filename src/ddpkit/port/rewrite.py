@@ -6,8 +6,8 @@ import re
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, dotted, imported_names as _imported_names, is_device_expr, \
-    root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, bound, dotted, imported_names as _imported_names, \
+    is_device_expr, root_name, walk
 from ddpkit.port.forwards import returns_no_graph
 from ddpkit.port.gathers import gather_statement
 from ddpkit.port.inputs import CREATORS as _CREATORS
@@ -1322,8 +1322,4 @@ def _names_gpu(value: cst.BaseExpression) -> bool:
 
 
 def _names(target: cst.CSTNode) -> list[cst.Name]:
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _names(e.value)]
-    return []
+    return [n for n in bound(target) if isinstance(n, cst.Name)]

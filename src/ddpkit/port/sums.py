@@ -14,7 +14,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.port.facts import ARGS_ROOTS, accumulated, dotted, root_name, walk
+from ddpkit.port.facts import ARGS_ROOTS, accumulated, bound, dotted, root_name, walk
 from ddpkit.port.ranks import agreed
 
 
@@ -304,8 +304,8 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
     if not texts:
         return
     # every name an assignment binds, inside a tuple target too (`total, count = 0, 0` resets, it reads nothing)
-    stores = {id(x) for n in inside if isinstance(n, cst.Assign) for t in n.targets for x in _bound(t.target)}
-    stores |= {id(x) for n in inside if isinstance(n, (cst.AugAssign, cst.AnnAssign, cst.For)) for x in _bound(n.target)}
+    stores = {id(x) for n in inside if isinstance(n, cst.Assign) for t in n.targets for x in bound(t.target)}
+    stores |= {id(x) for n in inside if isinstance(n, (cst.AugAssign, cst.AnnAssign, cst.For)) for x in bound(n.target)}
     stores |= {id(n.attr) for n in inside if isinstance(n, cst.Attribute)}  # names that are not values
     stores |= {id(n.keyword) for n in inside if isinstance(n, cst.Arg) and n.keyword is not None}
     for node in inside:
@@ -341,16 +341,6 @@ def _reported_inside(plan: Any, key: str, loops: list[cst.For], inside: list[cst
             continue
         counts = all(_COUNTS.search(t) for t in texts[text])
         plan.reduce_read[id(node)] = "count" if counts else "mean"
-
-
-def _bound(target: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The targets an assignment binds: `a`, each element of `a, (b, *c)`; not the names a subscript or an attribute
-    target reads (`buf[i] = ...` reads `i`)."""
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [target] + [x for e in target.elements for x in _bound(e.value)]
-    if isinstance(target, cst.StarredElement):
-        return _bound(target.value)
-    return [target]
 
 
 def _last_step_reported(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CSTNode,
