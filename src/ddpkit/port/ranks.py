@@ -454,11 +454,18 @@ def plan_rank_values(plan: Any) -> None:
                 continue
             assign, call, origin = tainted[name]
             origins.discard(id(assign))
-            plan.todo(assign, f"`{origin}` is built from `{dotted(call.func)}()`, which differs on every rank even "
-                      f"after seeding: rank 0 writes a file named from it, and the line {plan.line_of(node)} read on "
-                      f"every rank goes through `{name}`, each rank's own path, which nobody wrote; make it alike on every rank (`{origin} = "
-                      f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank passes)")
+            plan.todo(assign, _named_per_rank(origin, dotted(call.func), f"the line {plan.line_of(node)} read on every "
+                                              f"rank goes through `{name}`, each rank's own path"))
     _handed_on(plan, tainted, origins)
+
+
+def _named_per_rank(origin: str, source: str, how: str, after: str = "") -> str:
+    """The TODO for a path named from a per-rank value (`source()`: the clock, a fresh id) that rank 0 writes and
+    every rank reads back (`how`)."""
+    return (f"`{origin}` is built from `{source}()`, which differs on every rank even after seeding: rank 0 writes a "
+            f"file named from it, and {how}, which nobody wrote; make it alike on every rank (`{origin} = "
+            f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank "
+            f"passes){after}")
 
 
 _SAYS = re.compile(r"^(print|tqdm\.write)$|^(logging|logger|log)\.")
@@ -492,12 +499,10 @@ def _handed_on(plan: Any, tainted: dict[str, tuple[cst.Assign, cst.Call, str]], 
                 if id(assign) not in origins:
                     continue
                 origins.discard(id(assign))
-                plan.todo(assign, f"`{origin}` is built from `{dotted(source.func)}()`, which differs on every rank "
-                          f"even after seeding: rank 0 writes a file named from it, and every rank hands it on in "
-                          f"`{stored}` to `{func}(...)` (line {plan.line_of(line)}), whose reads of it open each "
-                          f"rank's own path, which nobody wrote; make it alike on every rank (`{origin} = "
-                          f"ddpkit.collectives.broadcast_object(ctx, {origin})` right after this line, where every rank "
-                          "passes), and put ddpkit.barrier(ctx) before that call")
+                plan.todo(assign, _named_per_rank(
+                    origin, dotted(source.func), f"every rank hands it on in `{stored}` to `{func}(...)` (line "
+                    f"{plan.line_of(line)}), whose reads of it open each rank's own path",
+                    ", and put ddpkit.barrier(ctx) before that call"))
 
 
 def _under_guard(plan: Any, node: cst.CSTNode) -> bool:
