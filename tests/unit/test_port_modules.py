@@ -335,7 +335,8 @@ def test_a_scripts_own_model_class_building_blocks_that_skip_a_layer_gets_find_u
     assert result.exit_code == 0, result.todos
 
 
-def _project(tmp_path, files: dict[str, str], script: str):
+def port_project(tmp_path, files: dict[str, str], script: str):
+    """Writes a small project (its modules and main.py) under tmp_path and ports main.py (also used by other tests)."""
     tmp_path.mkdir(exist_ok=True)
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -384,13 +385,13 @@ def test_a_layer_class_the_models_class_builds_that_pins_cuda_0_in_its_forward_i
     """
     script = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom nets import Net\n\n" \
              "net = Net()\n" + textwrap.dedent(_LOOP)
-    result = _project(tmp_path, {"layers.py": layers, "nets.py": nets}, script)
+    result = port_project(tmp_path, {"layers.py": layers, "nets.py": nets}, script)
     todo = _todo_at(result, "net = ddpkit.wrap(Net(), ctx)")
     # the pin is two classes away, in another module: named at the script's line that builds the model
     assert todo.startswith("not checked: `Net` in nets.py (read, not ported) runs on every rank")
     assert "layers.py:10 `torch.ones(x.size(1)).to('cuda:0')` chooses a device of its own" in todo
     # "cuda" (the current device, the rank's after ddpkit.init) is no pin
-    result = _project(tmp_path, {"layers.py": layers.replace("'cuda:0'", "'cuda'"), "nets.py": nets}, script)
+    result = port_project(tmp_path, {"layers.py": layers.replace("'cuda:0'", "'cuda'"), "nets.py": nets}, script)
     assert not [t for t in result.todos if "not checked" in t.message], [t.message for t in result.todos]
 
 
@@ -409,7 +410,7 @@ def test_a_factory_that_wraps_in_data_parallel_through_its_helpers_is_a_todo(tmp
     """
     script = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom models import factory\n\n" \
              "net = factory.create(8)\n" + textwrap.dedent(_LOOP)
-    result = _project(tmp_path, {"models/__init__.py": "", "models/factory.py": factory}, script)
+    result = port_project(tmp_path, {"models/__init__.py": "", "models/factory.py": factory}, script)
     todo = _todo_at(result, "net = ddpkit.wrap(factory.create(8), ctx)")
     assert "factory.py:6 `torch.nn.DataParallel(net)` wraps in nn.DataParallel" in todo
 
@@ -430,21 +431,21 @@ def test_settings_that_make_a_folder_named_from_the_clock_on_every_rank_are_a_to
     """
     script = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom settings import get_args\n\n" \
              "args = get_args()\nnet = torch.nn.Linear(4, 1)\n" + textwrap.dedent(_LOOP)
-    result = _project(tmp_path, {"settings.py": settings}, script)
+    result = port_project(tmp_path, {"settings.py": settings}, script)
     todo = _todo_at(result, "args = get_args()")
     assert "settings.py:9 `os.makedirs(...)` on every rank, at a path made from the clock (`datetime.now()`)" in todo
     assert "settings.py:10" not in todo  # a fixed folder with exist_ok=True: every rank may make it
     # without the clock, exist_ok=False still fails on the rank that comes second
     plain = settings.replace("datetime.now().strftime('%m%d%H%M%S')", "'latest'")
-    todo = _todo_at(_project(tmp_path, {"settings.py": plain}, script), "args = get_args()")
+    todo = _todo_at(port_project(tmp_path, {"settings.py": plain}, script), "args = get_args()")
     assert "settings.py:9 `os.makedirs(...)` writes or downloads on every rank" in todo
     # a mkdir whose failure the code lets pass is fine; one whose failure ends the rank is not
     caught = plain.replace("os.makedirs(args.log_dir, exist_ok=False)\n", "try:\n" + " " * 16 + "os.makedirs("
                            "args.log_dir)\n" + " " * 12 + "except OSError:\n" + " " * 16 + "{}\n")
     ast.parse(textwrap.dedent(caught))
-    result = _project(tmp_path / "passes", {"settings.py": caught.format("pass")}, script)  # a folder each: the
+    result = port_project(tmp_path / "passes", {"settings.py": caught.format("pass")}, script)  # a folder each: the
     assert not [t for t in result.todos if "settings.py" in t.message], [t.message for t in result.todos]  # port
-    todo = _todo_at(_project(tmp_path / "quits", {"settings.py": caught.format("quit()")}, script),  # reads each
+    todo = _todo_at(port_project(tmp_path / "quits", {"settings.py": caught.format("quit()")}, script),  # reads each
                     "args = get_args()")  # module once per path
     assert "settings.py:10 `os.makedirs(...)` writes or downloads on every rank" in todo
 
@@ -468,10 +469,10 @@ def test_a_class_that_turns_its_device_argument_into_cuda_0_and_moves_itself_the
     """
     script = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom nets import Net\n\n" \
              "net = Net(device='gpu')\n" + textwrap.dedent(_LOOP)
-    result = _project(tmp_path, {"nets.py": nets}, script)
+    result = port_project(tmp_path, {"nets.py": nets}, script)
     # `device = 'cuda:0'`, then self.device = device: GPU 0 on every rank, beside ddpkit.wrap's cuda:local_rank
     todo = _todo_at(result, "net = ddpkit.wrap(Net(device='gpu'), ctx)")
     assert "nets.py:11 `self.to(self.device)` chooses a device of its own" in todo
     # a device the class reads as it is handed (no GPU of its own) is no pin
-    result = _project(tmp_path, {"nets.py": nets.replace("device = 'cuda:0'", "pass")}, script)
+    result = port_project(tmp_path, {"nets.py": nets.replace("device = 'cuda:0'", "pass")}, script)
     assert not [t for t in result.todos if "not checked" in t.message], [t.message for t in result.todos]

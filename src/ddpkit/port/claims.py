@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_downloads,
-                                 project_hazards, project_loaders, project_writers, step_loops,
+from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_disk_writes,
+                                 project_downloads, project_hazards, project_loaders, project_writers, step_loops,
                                  unused_parameter_wraps)
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
@@ -416,7 +416,10 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     # (figures after the loop are reduced); a line under a TODO the rewrite already wrote is not said twice
     todos = [(line, message) for line, message in _lint_findings(code, path, modules, lint)
              if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
-    todos += project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
+    hazards = project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
+    todos += hazards  # a write those already name is not named again
+    todos += project_disk_writes(tree, folder, _reached_files(modules, folder), "\n".join(m for _, m in hazards)) \
+        if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += _calls_without_ctx(tree)
     todos += _data_parallel(tree)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
+from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_nodes, where, writer_class,
+                                    writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
@@ -19,7 +22,7 @@ from ddpkit.port.untrained import unused_in_wrapped, unused_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
-           "project_writers", "path_module", "project_downloads", "project_loaders"]
+           "project_writers", "path_module", "project_downloads", "project_loaders", "project_disk_writes"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -216,6 +219,17 @@ def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
     return out
 
 
+def _import_file(modules: dict[str, str], folder: str, path: str, node: ast.ImportFrom) -> str | None:
+    """The project file `from <module> import ...` in module `path` reads (relative to it, or from the project's
+    folder or the module's own)."""
+    if node.level:
+        base = os.path.dirname(path)
+        for _ in range(node.level - 1):
+            base = os.path.dirname(base)
+        return _file_of(modules, base, node.module) if node.module else None
+    return _file_of(modules, folder, node.module) or _file_of(modules, os.path.dirname(path), node.module)
+
+
 def _resolve(modules: dict[str, str], folder: str, path: str, name: str, parsed: dict[str, ast.Module | None],
              depth: int = 0) -> tuple[str, ast.AST] | None:
     """(file, definition) of `name` as module `path` sees it: defined there, or imported there from another module
@@ -230,14 +244,14 @@ def _resolve(modules: dict[str, str], folder: str, path: str, name: str, parsed:
         if not isinstance(node, ast.ImportFrom) or not any((a.asname or a.name) == name for a in node.names):
             continue
         source = next(a.name for a in node.names if (a.asname or a.name) == name)
-        if node.level:
-            base = os.path.dirname(path)
-            for _ in range(node.level - 1):
-                base = os.path.dirname(base)
-            found = _file_of(modules, base, node.module) if node.module else None
-        else:
-            found = _file_of(modules, folder, node.module) or _file_of(modules, os.path.dirname(path), node.module)
+        found = _import_file(modules, folder, path, node)
         return _resolve(modules, folder, found, source, parsed, depth + 1) if found else None
+    for node in module.body if depth < 3 else []:  # `from .util import *` in a package's __init__.py
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            found = _import_file(modules, folder, path, node)
+            hit = _resolve(modules, folder, found, name, parsed, depth + 1) if found else None
+            if hit is not None:
+                return hit
     return None
 
 
@@ -568,11 +582,8 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
 
     clocked = _clocked(defn)
     # `try: os.makedirs(p)` `except OSError: pass`: a folder another rank made is fine (not where the handler
-    # raises or exits: that rank stops)
-    caught = {id(c) for t in ast.walk(defn) if isinstance(t, ast.Try) and t.handlers and not any(
-        isinstance(n, ast.Raise) or isinstance(n, ast.Call) and ast_dotted(n.func) in ("quit", "exit", "sys.exit",
-                                                                                          "os._exit")
-        for h in t.handlers for n in ast.walk(h)) for s in t.body for c in ast.walk(s)}
+    # raises or exits: that rank stops); and what the code writes under its own rank test is rank 0's
+    single = one_rank_nodes(defn)
 
     for node in ast.walk(defn):
         if isinstance(node, (ast.Attribute, ast.Subscript)) and received.get(name_of(node.value)) == "config":
@@ -626,8 +637,8 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
                                      f"({stamp}): each rank names its own, or two race for one; make the name on "
                                      "rank 0 and broadcast it (ddpkit.collectives.broadcast_object), write on rank 0"))
         elif one_rank or any(kw.arg == "exist_ok" and not (isinstance(kw.value, ast.Constant) and kw.value.value is
-                                                           False) for kw in node.keywords) or last in (
-                "makedirs", "mkdir") and id(node) in caught:
+                                                           False) for kw in node.keywords) or (
+                id(node) in single or named_per_rank(node)) and (last in _WRITES or func == "open"):
             continue  # what rank 0 alone writes, and a mkdir that lets another rank's come first, are fine
         elif (last in _WRITES or func.endswith("onnx.export")) or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
@@ -1409,6 +1420,108 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
                                          "ddpkit.init makes each rank's GPU current, so that tensor is on cuda:0 on "
                                          "every rank; make it inside a function called after ddpkit.init, or import "
                                          "the module after it"))
+    return out
+
+
+def _project_follow(folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]) -> Follow:
+    """(name, file) -> (file, definition) as module `file` of the project sees `name`: one it defines or imports
+    (`save`), or one of a project module it imports whole (`utils.save`)."""
+    imports: dict[str, dict[str, tuple[str, str | None]]] = {}
+
+    def follow(name: str, where: str) -> tuple[str, ast.AST] | None:
+        head, _, rest = name.partition(".")
+        if not rest:
+            return _resolve(modules, folder, where, name, parsed)
+        if where not in imports:
+            module = _parsed(modules, where, parsed) if where in modules else None
+            imports[where] = {} if module is None else {
+                **_local_imports(module, modules, os.path.dirname(where), parsed),
+                **_local_imports(module, modules, folder, parsed)}
+        got = imports[where].get(head)
+        return _resolve(modules, folder, got[0], rest, parsed) if got is not None and got[1] is None else None
+    return follow
+
+
+def _script_callees(call: ast.Call, definition, instances: dict[str, list[tuple[str, ast.ClassDef]]],  # noqa: ANN001
+                    follow: Follow) -> list[tuple[str, ast.AST, tuple | None]]:
+    """(file, definition, its class) of the project code a call of the script runs: a function, a class's
+    `__init__`, `Class.method(...)`, or `x.method(...)` on an instance the script made of a project class (each
+    class `x` is bound to)."""
+    func = ast_dotted(call.func)
+    head, _, rest = func.partition(".")
+    found = definition(func) if func else None
+    if found is not None and isinstance(found[2], ast.ClassDef):
+        return [hit] if (hit := method_of(found[0], found[2], "__init__", follow)) else []
+    if found is not None:
+        return [(found[0], found[2], None)] if isinstance(found[2], (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    if not rest or "." in rest:
+        return []
+    cls = definition(head)
+    classes = [(cls[0], cls[2])] if cls is not None and isinstance(cls[2], ast.ClassDef) else instances.get(head, [])
+    return [hit for path, c in classes if (hit := method_of(path, c, rest, follow))]
+
+
+def _script_instances(tree: ast.Module, definition) -> dict[str, list[tuple[str, ast.ClassDef]]]:  # noqa: ANN001
+    """Name -> the project classes the script binds it to an instance of (`gan = GAN(args)` in one branch,
+    `gan = CGAN(args)` in another)."""
+    out: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+    for node in ast.walk(tree):
+        found = definition(ast_dotted(node.value.func)) if isinstance(node, ast.Assign) and isinstance(
+            node.value, ast.Call) else None
+        if found is not None and isinstance(found[2], ast.ClassDef):
+            for name in (n for t in node.targets for n in _names(t)):
+                if all(c is not found[2] for _, c in out.get(name, [])):
+                    out.setdefault(name, []).append((found[0], found[2]))
+    return out
+
+
+def _writes_listed(sites: list[Site], folder: str, shown: int = 4) -> str:
+    """`GAN.py:215 torch.save, GAN.py:200 savefig (+3 more)`."""
+    more = f" (+{len(sites) - shown} more)" if len(sites) > shown else ""
+    return ", ".join(where(s, folder) for s in sites[:shown]) + more
+
+
+def _unnamed(sites: list[Site], named: str) -> list[Site]:
+    """The sites the other TODOs (`named`, their text) do not already name (`utils.py:49`, `utils.py:40, 49`)."""
+    return [s for s in sites if not re.search(rf"\b{re.escape(os.path.basename(s[0]))}:[\d, ]*\b{s[1]}\b", named)]
+
+
+def project_disk_writes(tree: ast.Module, folder: str, modules: dict[str, str],
+                        named: str = "") -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that writes to the file system on every rank (see
+    ddpkit.port.diskwrites): racing writes, FileExistsError, mixed logs. Calls the port runs on rank 0 only are
+    not; a write that `named` (the text of the TODOs already made) names is not said twice."""
+    parsed: dict[str, ast.Module | None] = {}
+    follow = _project_follow(folder, modules, parsed)
+    definition = _definer(tree, folder, modules, parsed)
+    instances = _script_instances(tree, definition)
+    guarded = _rank_guarded(tree)
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and id(node) not in guarded:
+            sites = [s for found in _script_callees(node, definition, instances, follow) for s in writes_reached(
+                *found[:2], follow, found[2], node)]
+            made = definition(ast_dotted(node.func)) if ast_dotted(node.func) else None
+            base = writer_class(made[0], made[2], follow) if made and isinstance(made[2], ast.ClassDef) else ""
+            sites = [(made[0], made[2].lineno, f"{made[1]} (a {base})")] + sites if base else sites
+            sites = _unnamed(list(dict.fromkeys(sites)), named)
+            if sites:
+                out.append((node.lineno, f"`{ast.unparse(node)[:50]}` runs the project's code on every rank, which "
+                                         f"writes files: {_writes_listed(sites, folder)}: write them on rank 0 only "
+                                         "(guard them there by the rank, or put this call under `if ctx.is_main:` "
+                                         "where it does not train), ddpkit.barrier(ctx) before another rank reads "
+                                         "them; make directories with exist_ok=True"))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for path in _imported_paths(node, modules, folder):
+                module = _parsed(modules, path, parsed)
+                sites = writes_reached(path, ast.Module(_module_level(module), []), follow) if module else []
+                if sites:
+                    name = os.path.relpath(path, folder)
+                    out.append((node.lineno, f"importing {name} runs its module-level code on every rank, which "
+                                             f"writes files: {_writes_listed(sites, folder)}: move that code into a "
+                                             "function the script calls on rank 0 (`if ctx.is_main:`), or make "
+                                             "directories with exist_ok=True and name files once"))
     return out
 
 

@@ -1,0 +1,232 @@
+"""`ddpkit port`: what the project's own modules write to disk on every rank is a TODO at the script's call (or
+import) that reaches it, naming each write's file:line; writes that are safe on every rank are not."""
+
+from __future__ import annotations
+
+from test_port_modules import port_project
+
+_LOOP = """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    {imports}
+
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    {before}
+    for epoch in range(2):
+        for inputs, labels in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(inputs), labels).backward()
+            optimizer.step()
+    {after}
+"""
+
+
+def _writes_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "writes files:" in t.message]
+
+
+def test_a_trainer_method_that_saves_through_self_and_its_base_class_is_a_todo_naming_each_write(tmp_path):
+    lib = """\
+        import os
+        import torch
+
+
+        class Base:
+            def __init__(self, model, loader, out):
+                self.model, self.loader, self.out = model, loader, out
+
+            def checkpoint(self, epoch):
+                if not os.path.exists(self.out):
+                    os.makedirs(self.out)
+                torch.save(self.model.state_dict(), os.path.join(self.out, "m.pt"))
+
+
+        class Trainer(Base):
+            def fit(self, epochs):
+                for epoch in range(epochs):
+                    self.checkpoint(epoch)
+    """
+    script = _LOOP.format(imports="from lib import Trainer", before="trainer = Trainer(model, loader, 'out')",
+                          after="trainer.fit(2)")
+    result = port_project(tmp_path, {"lib.py": lib}, script)
+    todos = _writes_todos(result)
+    assert len(todos) == 1 and todos[0].startswith("`trainer.fit(2)` runs the project's code on every rank"), todos
+    assert "lib.py:11 os.makedirs, lib.py:12 torch.save" in todos[0]
+    assert "exist_ok=True" in todos[0] and "rank 0" in todos[0]
+    assert result.exit_code != 0
+
+
+def test_one_name_bound_to_instances_of_several_project_classes_reads_each_class(tmp_path):
+    files = {"base.py": """\
+        import pickle
+
+
+        class Saver:
+            def report(self):
+                with open("hist.pkl", "wb") as f:
+                    pickle.dump([], f)
+    """, "a.py": """\
+        from base import Saver
+
+
+        class A(Saver):
+            def __init__(self, args):
+                self.epochs = args.epochs
+    """, "b.py": """\
+        import matplotlib.pyplot as plt
+        from base import Saver
+
+
+        class B(Saver):
+            def __init__(self, args):
+                self.epochs = args.epochs
+
+            def report(self):
+                plt.savefig("loss.png")
+                super().report()
+    """}
+    script = _LOOP.format(imports="import argparse\n    from a import A\n    from b import B",
+                          before="parser = argparse.ArgumentParser()\n    parser.add_argument('--gan')\n    "
+                                 "parser.add_argument('--epochs', type=int)\n    args = parser.parse_args()\n    "
+                                 "if args.gan == 'a':\n        gan = A(args)\n    else:\n        gan = B(args)",
+                          after="gan.report()")
+    result = port_project(tmp_path, files, script)
+    todos = _writes_todos(result)
+    assert len(todos) == 1 and "base.py:6 open(w), base.py:7 pickle.dump" in todos[0], todos
+    # the figure B's own method draws is named where B is made (read whole there), not again
+    assert "b.py:10" not in todos[0] and any("b.py:10" in t.message for t in result.todos)
+
+
+def test_a_module_whose_import_makes_a_directory_a_log_file_and_a_writer_is_a_todo_at_the_import(tmp_path):
+    files = {"settings.py": """\
+        import os
+        from time import strftime
+        from loguru import logger
+        from tb import Writer
+
+        if not os.path.isdir("logs"):
+            os.mkdir("logs")
+        stamp = strftime("%H%M%S")
+        logger.add(f"logs/{stamp}.log")
+        writer = Writer(f"runs/{stamp}")
+        lr = 0.1
+
+
+        def unused():
+            os.mkdir("never")
+    """, "tb.py": """\
+        from torch.utils.tensorboard import SummaryWriter
+
+
+        class Writer(SummaryWriter):
+            pass
+    """}
+    script = _LOOP.format(imports="import settings", before="", after="")
+    todos = _writes_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and todos[0].startswith("importing settings.py runs its module-level code"), todos
+    assert "settings.py:7 os.mkdir, settings.py:9 logger.add (a log file), settings.py:10 Writer (a SummaryWriter)" \
+        in todos[0]
+    assert "never" not in todos[0] and "settings.py:15" not in todos[0]
+
+
+def test_a_classmethod_that_makes_a_run_directory_which_must_not_exist_is_a_todo(tmp_path):
+    files = {"config.py": """\
+        from datetime import datetime
+        from pathlib import Path
+        from utils import write_json
+
+
+        class Config:
+            def __init__(self, settings, run_id=None):
+                if run_id is None:
+                    run_id = datetime.now().strftime("%m%d_%H%M%S")
+                self.save_dir = Path("saved") / run_id
+                exist_ok = run_id == ""
+                self.save_dir.mkdir(parents=True, exist_ok=exist_ok)
+                write_json(settings, self.save_dir / "config.json")
+
+            @classmethod
+            def from_args(cls, argv):
+                return cls({"argv": argv})
+    """, "utils/__init__.py": "from .io import *\n", "utils/io.py": """\
+        import json
+
+
+        def write_json(content, path):
+            with path.open("wt") as handle:
+                json.dump(content, handle)
+    """}
+    script = _LOOP.format(imports="import sys\n    from config import Config", before="cfg = Config.from_args(sys.argv)",
+                          after="")
+    todos = _writes_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and todos[0].startswith("`Config.from_args(sys.argv)` runs the project's code"), todos
+    assert "config.py:12 self.save_dir.mkdir" in todos[0] or "config.py:12 mkdir" in todos[0], todos
+    assert "utils/io.py:5 open(w), utils/io.py:6 json.dump" in todos[0]
+
+
+def test_writes_that_are_safe_on_every_rank_leave_a_full_port(tmp_path):
+    lib = """\
+        import errno
+        import imageio
+        import logging
+        import os
+        import torch
+
+
+        def makedirs(path):
+            if not os.path.exists(path):
+                try:
+                    os.makedirs(path)
+                except OSError as exc:
+                    if exc.errno != errno.EEXIST:
+                        raise
+
+
+        class Logger:
+            @classmethod
+            def get(cls, file_path=None):
+                logger = logging.getLogger("run")
+                if file_path:
+                    logger.addHandler(logging.FileHandler(file_path))
+                return logger
+
+
+        class Animator:
+            def animate(self, frames, gif=True):
+                if gif:
+                    imageio.mimsave("progress.gif", frames)
+
+
+        class Keeper(Animator):
+            def __init__(self, rank=0):
+                self.rank = rank
+                os.makedirs("ckpt", exist_ok=True)
+                Path = __import__("pathlib").Path
+                Path("runs").mkdir(parents=True, exist_ok=True)
+
+            def keep(self, state):
+                if self.rank == 0:
+                    torch.save(state, "ckpt/last.pt")
+                with open(f"ckpt/log_{self.rank}.txt", "a") as f:
+                    f.write("kept")
+                with open("ckpt/last.pt", "rb") as f:
+                    return f.read()
+    """
+    script = _LOOP.format(imports="from lib import Keeper, Logger, makedirs",
+                          before="makedirs('out')\n    log = Logger.get()\n    keeper = Keeper()",
+                          after="blob = keeper.keep(model.state_dict())\n    log.info(len(blob))\n    "
+                                "keeper.animate([], gif=False)")
+    result = port_project(tmp_path, {"lib.py": lib}, script)
+    assert _writes_todos(result) == [] and not any("lib.py" in t.message for t in result.todos), result.todos
+
+
+def test_many_writes_of_one_call_are_one_short_todo(tmp_path):
+    lib = "import torch\n\n\nclass Base:\n    def dump_all(self, x):\n" + "".join(
+        f"        torch.save(x, 'f{i}.pt')\n" for i in range(7)) + "        return x\n\n\nclass Saver(Base):\n    pass\n"
+    script = _LOOP.format(imports="from lib import Saver", before="saver = Saver()", after="saver.dump_all(epoch)")
+    todos = _writes_todos(port_project(tmp_path, {"lib.py": lib}, script))
+    assert len(todos) == 1 and todos[0].count("torch.save") == 4 and "(+3 more)" in todos[0], todos
