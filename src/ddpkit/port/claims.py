@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_downloads,
                                  project_hazards, project_loaders, project_writers, step_loops,
                                  unused_parameter_wraps)
@@ -418,6 +419,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
              if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
     todos += project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
+    todos += pinned_gpus(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += _calls_without_ctx(tree)
     todos += _data_parallel(tree)
     asserted = parallel_asserts(tree, folder, _reached_files(modules, folder) if folder is not None else {})
