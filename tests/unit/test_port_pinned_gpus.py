@@ -95,10 +95,12 @@ def test_a_project_function_that_hands_back_gpu_0_is_named_at_the_scripts_call(t
 def test_the_current_gpu_a_shadowed_name_and_a_gpu_nothing_uses_are_not_named(tmp_path):
     result = _port(tmp_path, "import settings\nfrom batches import collate\nfrom helpers import pick_device", {
         "settings.py": """\
+            import os
             import torch
 
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             spare = "cuda:1"
+            own = f"cuda:{os.environ['LOCAL_RANK']}"
             """,
         "batches.py": """\
             import torch
@@ -108,7 +110,7 @@ def test_the_current_gpu_a_shadowed_name_and_a_gpu_nothing_uses_are_not_named(tm
 
 
             def collate(items, device):
-                return torch.stack(items).to(device).to(settings.device)
+                return torch.stack(items).to(device).to(settings.device).to(settings.own)
             """,
         "helpers.py": """\
             import torch

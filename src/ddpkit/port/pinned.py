@@ -59,7 +59,8 @@ def _fixed_names(module: ast.Module) -> dict[str, ast.Assign]:
     through an earlier such name) -> the assignment."""
     out: dict[str, ast.Assign] = {}
     for stmt in module.body:
-        if isinstance(stmt, ast.Assign) and fixed_device(stmt.value, set(out)):
+        if isinstance(stmt, ast.Assign) and fixed_device(stmt.value, set(out)) and "rank" not in ast.unparse(
+                stmt.value).lower():  # `f"cuda:{local_rank}"` is each rank's own
             out.update({t.id: stmt for t in stmt.targets if isinstance(t, ast.Name)})
     return out
 
