@@ -60,6 +60,7 @@ def test_a_module_level_gpu_of_a_settings_module_used_inside_the_projects_functi
         "batches.py": """\
             import torch
 
+            spare = 'cuda:1'
             device = 'cuda:0'
 
 
@@ -72,7 +73,8 @@ def test_a_module_level_gpu_of_a_settings_module_used_inside_the_projects_functi
     assert "settings.py:3 `device = torch.device(\"cuda:0\" if" in settings.message
     assert "layers.py:7" in settings.message
     assert lines[batches.line - 1] == "from batches import *"
-    assert "batches.py:3 `device = 'cuda:0'`" in batches.message and "batches.py:7" in batches.message
+    # the GPU name the code uses, not the first one bound (`spare` is never used)
+    assert "batches.py:4 `device = 'cuda:0'`" in batches.message and "batches.py:8" in batches.message
     assert "\"cuda\"" in settings.message  # what to do: the current device, which ddpkit.init makes the rank's
 
 

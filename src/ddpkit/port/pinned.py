@@ -36,14 +36,15 @@ def pinned_gpus(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[
                   for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))}
     out: list[tuple[int, str]] = []
     for path, names in sorted(fixed.items()):
-        uses = sorted({(os.path.basename(other), line) for other, module in parsed.items()
-                       for line in _uses(module, _imports(module, os.path.dirname(other), folder, parsed, fixed)
-                                         | ({n: (path, n) for n in names} if other == path else {}), path, names)})
         at = min((line for line, files in per_import.items() if path in files),
                  default=min((line for line, files in per_import.items() if files), default=None))
-        if uses and at is not None:
-            stmt = next(iter(names.values()))
-            out.append((at, _message(path, stmt.lineno, modules[path].splitlines()[stmt.lineno - 1], uses)))
+        for name, stmt in names.items():  # each GPU name with the lines that use it
+            one = {name: stmt}
+            uses = sorted({(os.path.basename(other), line) for other, module in parsed.items()
+                           for line in _uses(module, _imports(module, os.path.dirname(other), folder, parsed, fixed)
+                                             | ({name: (path, name)} if other == path else {}), path, one)})
+            if uses and at is not None:
+                out.append((at, _message(path, stmt.lineno, modules[path].splitlines()[stmt.lineno - 1], uses)))
     return out + _handed_back(tree, script, parsed)
 
 
