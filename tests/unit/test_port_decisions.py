@@ -193,3 +193,28 @@ def test_a_skip_on_the_length_of_a_buffer_each_rank_fills_with_games_of_drawn_le
     # a walk that moves alike on every rank grows the buffer alike: nothing to agree on
     fixed = _variant("int(np.random.choice([-1, 1]))", "1", source)
     assert _line(fixed, "if len(buffer) < 32:") not in _todos(fixed)
+
+
+def test_an_optimizer_step_gated_on_this_ranks_loss_is_a_todo_and_one_gated_on_the_step_count_is_not():
+    # `if epoch < 10 or loss.item() > 0.5: optimizer.step()`: one rank steps while another skips, and the copies
+    # of the model drift apart with no error (DDP averaged the gradients, but only some ranks apply them)
+    gated = _variant("            optimizer.step()\n",
+                     "            if epoch < 10 or loss.item() > 0.5:\n                optimizer.step()\n",
+                     _variant(SKIP, ""))
+    todos = _todos(gated)
+    message = todos[_line(gated, "if epoch < 10 or loss.item() > 0.5")]
+    assert "`optimizer.step()`" in message and "drift apart" in message
+    counted = _variant("if epoch < 10 or loss.item() > 0.5:", "if epoch % 2 == 0:", gated)
+    assert _line(counted, "if epoch % 2 == 0") not in _todos(counted)
+
+
+def test_an_optimizer_step_gated_on_the_counter_of_an_enumerated_progress_bar_is_not_a_todo():
+    # `for i, (xb, yb) in bar:` over `bar = tqdm(enumerate(train_loader))`: `i` counts steps, alike on every rank
+    accumulated = _variant("        for xb, yb in train_loader:\n",
+                           "        bar = tqdm(enumerate(train_loader), total=len(train_loader))\n"
+                           "        for i, (xb, yb) in bar:\n", _variant(SKIP, ""))
+    accumulated = _variant("            optimizer.step()\n",
+                           "            if (i + 1) % 4 == 0 or (i + 1) == len(train_loader):\n"
+                           "                optimizer.step()\n", accumulated)
+    accumulated = _variant("import torch\n", "import torch\nfrom tqdm import tqdm\n", accumulated)
+    assert _line(accumulated, "if (i + 1) % 4 == 0") not in _todos(accumulated)

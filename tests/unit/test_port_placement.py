@@ -446,3 +446,52 @@ def test_only_a_torch_dataloader_returned_by_every_path_of_a_project_function_co
                      "plain(d)\nbound(d)\ngraphs(d)\neither(d, True)\n")
     files = {str(tmp_path / "feeds.py"): (tmp_path / "feeds.py").read_text()}
     assert set(project_loaders(tree, str(tmp_path), files)) == {"plain", "bound"}
+
+
+_REPLAY_STEP = """\
+import copy
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+def main():
+    net = nn.Linear(4, 2)
+    target_net = copy.deepcopy(net)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    states = np.ones((64, 4), dtype=np.float32)
+    actions = np.zeros(64, dtype=np.int64)
+    rewards = np.ones(64, dtype=np.float32)
+    dones = np.zeros(64, dtype=np.float32)
+    for step in range(3):
+        idx = np.random.randint(0, 64, size=8)
+        s, a, r, s2, d = states[idx], actions[idx], rewards[idx], states[idx], dones[idx]
+        s_t = torch.from_numpy(s)
+        a_t = torch.from_numpy(a)
+        r_t = torch.from_numpy(r)
+        s2_t = torch.from_numpy(s2)
+        d_t = torch.from_numpy(d)
+        q = net(s_t).gather(1, a_t.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            best = target_net(s2_t).max(dim=1).values
+            target = r_t + 0.99 * (1.0 - d_t) * best
+        loss = nn.functional.smooth_l1_loss(q, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_tensors_of_one_replay_batch_that_meet_a_max_over_the_target_networks_output_move_with_it(monkeypatch):
+    # `.max(dim=1).values` of the target network's output is on ctx.device: the rewards and done flags made from
+    # the same replay batch meet it there, so they move with the states (a device mismatch on a GPU rank before)
+    result = port_source(_REPLAY_STEP, "replay.py")
+    lines = [line.strip() for line in result.code.splitlines()]
+    assert "r_t = torch.from_numpy(r).to(ctx.device)" in lines
+    assert "d_t = torch.from_numpy(d).to(ctx.device)" in lines
+    _run_on_meta(result.code, [], monkeypatch)

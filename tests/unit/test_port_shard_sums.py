@@ -160,3 +160,47 @@ def test_a_loss_summed_over_the_batch_times_the_batch_size_is_a_todo():
     result = port_source(source, "train.py")
     assert result.exit_code == 3
     assert [t.line for t in result.todos if "already sums over the batch" in t.message] == [15], result.todos
+
+
+_BY_DATASET = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(model, loader, opt):
+    running = 0.0
+    seen = 0
+    for xb, yb in loader:
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        running += loss.item()
+        seen += 1
+    running /= len(loader.dataset)
+    print(f"loss {running:.5f} over {seen} steps")
+    return running / {divisor}
+
+
+def main():
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=8, shuffle=True)
+    model = torch.nn.Linear(4, 2)
+    train(model, loader, torch.optim.Adam(model.parameters()))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_sum_of_step_losses_divided_by_the_datasets_size_is_averaged_over_ranks_not_summed():
+    # `len(loader.dataset)` is the whole dataset on every rank, not a count the port reduces: the per-step sum it
+    # divides is still the mean over ranks (summed, the printed loss was world_size times the original's)
+    code = port_source(_BY_DATASET.replace("{divisor}", "100"), "by_dataset.py").code
+    assert "running = (ddpkit.all_reduce_sum(ctx, running) / ctx.world_size).item()" in code
+    # a division by a count of this rank's steps still sums, and so does the count
+    counted = port_source(_BY_DATASET.replace("running /= len(loader.dataset)", "running /= seen").replace(
+        "{divisor}", "1"), "by_steps.py").code
+    assert "running = ddpkit.all_reduce_sum(ctx, running).item()" in counted
+    assert "seen = int(ddpkit.all_reduce_sum(ctx, seen).item())" in counted  # `running /= seen`: every rank's steps

@@ -21,9 +21,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, project_disk_writes,
-                                 project_downloads, project_hazards, project_loaders, project_writers, step_loops,
-                                 unused_parameter_wraps)
+from ddpkit.port.pinned import pinned_gpus
+from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
+                                 project_disk_writes, project_downloads, project_hazards, project_loaders,
+                                 project_writers, step_loops, unused_parameter_wraps)
+from ddpkit.port.wrapped import without_wraps
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
            "project_loader_calls"]
@@ -396,6 +398,17 @@ def _find_unused(code: str, tree: ast.Module, wraps: list[tuple[ast.Call, str]])
     return code, ast.parse(code)
 
 
+def _plain_wraps(code: str, tree: ast.Module, folder: str, modules: dict[str, str]
+                 ) -> tuple[str, ast.Module, list[tuple[int, str]]]:
+    """The code without the wraps of objects that are no nn.Module (ddpkit.wrap would raise TypeError), its tree,
+    and a TODO at each such line."""
+    wraps = plain_class_wraps(tree, folder, _reached_files(modules, folder))
+    if not wraps:
+        return code, tree, []
+    code = without_wraps(code, tree, wraps)
+    return code, ast.parse(code), [(call.lineno, message) for call, _, message in wraps]
+
+
 def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tuple[str, list[tuple[int, str]]]:
     """(the ported code with the gate's TODOs inserted, [(line of the output, message)]).
 
@@ -408,19 +421,23 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
         return code, []
     folder = _import_root(tree, folder) if folder is not None else None
     modules = _imported_files(tree, folder) if folder is not None else {}
+    plain: list[tuple[int, str]] = []
     if folder is not None:
         code, tree = _find_unused(code, tree, unused_parameter_wraps(tree, folder, _reached_files(modules, folder)))
+        code, tree, plain = _plain_wraps(code, tree, folder, modules)
     loops = step_loops(tree)
     covered = _covered(tree, code)
     # a figure reported inside a loop over a ported loader is a per-step value: this rank's by the port's contract
     # (figures after the loop are reduced); a line under a TODO the rewrite already wrote is not said twice
     todos = [(line, message) for line, message in _lint_findings(code, path, modules, lint)
              if line not in covered and not (message.startswith("lint DDP006") and any(a <= line <= b for a, b in loops))]
+    todos += plain
     hazards = project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += hazards  # a write those already name is not named again
     todos += project_disk_writes(tree, folder, _reached_files(modules, folder), "\n".join(m for _, m in hazards)) \
         if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
+    todos += pinned_gpus(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += _calls_without_ctx(tree)
     todos += _data_parallel(tree)
     asserted = parallel_asserts(tree, folder, _reached_files(modules, folder) if folder is not None else {})

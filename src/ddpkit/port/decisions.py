@@ -93,6 +93,9 @@ def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, t
                 if _steps_after(plan, key, stmt, trains):
                     return f"on it this rank takes `{word}` before a training step it would run next (backward(), " \
                            "DDP's all-reduce): its peers wait for it in their next backward()"
+            elif (stepped := _optimizer_step(plan, n)) is not None:
+                return f"on it this rank runs `{stepped}` or skips it: DDP averaged the gradients, but one rank " \
+                       "applies them while another does not, so the copies of the model drift apart with no error"
             elif _changes_lr(plan, key, n):
                 return f"on it this rank changes its learning rate (`{' '.join(plan.f.code(n).split())}`): the " \
                        "ranks step with different rates and their copies of the model drift apart"
@@ -158,6 +161,19 @@ def _training_scopes(plan: Any) -> set[str]:
                 found.add(k)
                 grew = True
     return found
+
+
+def _optimizer_step(plan: Any, node: cst.CSTNode) -> str | None:
+    """`optimizer.step()` (also `scaler.step(optimizer)`) of an optimizer the script builds, as written; else None."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step"):
+        return None
+    built = {dotted(t.target) for k in plan.f.ported for n in plan.nodes(k) if isinstance(n, cst.Assign)
+             and isinstance(n.value, cst.Call) and is_optimizer(n.value) for t in n.targets}
+    receiver = dotted(node.func.value)
+    handed = [dotted(a.value) for a in node.args]
+    if receiver in built or any(h in built for h in handed):
+        return " ".join(plan.f.code(node).split())
+    return None
 
 
 def _changes_lr(plan: Any, key: str, node: cst.CSTNode) -> bool:

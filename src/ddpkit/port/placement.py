@@ -56,6 +56,8 @@ _KEEPS = frozenset({
     "random_", "bernoulli_", "requires_grad_", "type", "to", "narrow", "chunk", "split", "std", "var",
     "neg", "tanh", "relu", "softplus", "cumsum", "prod", "topk", "sort", "roll", "flip", "tril", "triu"})
 """Tensor methods whose result lives where their receiver does (`.to(dtype)` too: a move is told apart first)."""
+_SAME_PLACE = frozenset({"data", "T", "mT", "real", "imag", "values", "indices"})
+"""Attributes of a tensor that live where it does (`.values`, `.indices` of `x.max(dim=1)`, `x.topk(k)`)."""
 _WRAPPERS = frozenset({"Variable", "autograd.Variable", "torch.autograd.Variable"})
 _LOSS = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
 _MIX_OPS = (cst.Equal, cst.NotEqual, cst.LessThan, cst.GreaterThan, cst.LessThanEqual, cst.GreaterThanEqual)
@@ -213,7 +215,7 @@ class Placement:
                     self.place(s.slice.value)
             return self.place(expr.value)
         if isinstance(expr, cst.Attribute):
-            return self.place(expr.value) if expr.attr.value in ("data", "T", "mT", "real", "imag") else None
+            return self.place(expr.value) if expr.attr.value in _SAME_PLACE else None
         if isinstance(expr, (cst.Tuple, cst.List)):
             for e in expr.elements:
                 self.place(e.value)
@@ -428,6 +430,8 @@ def plan_placement(plan: Any) -> None:
             if name and _move_where_made(plan, key, name, assigns):
                 moved.add(name)  # made on ctx.device where it is assigned: every later read is there
                 continue
+            if not name and _move_parts(plan, key, walker, host, moved):
+                continue
             if _made_inline(plan, key, host):
                 continue
             if isinstance(host, cst.Name) and _is_tensor_origin(made) and _in_ctx(plan, key, host) and not (
@@ -503,6 +507,19 @@ def _move_where_made(plan: Any, key: str, name: str, assigns: tuple[cst.Assign, 
     for a in assigns:
         plan.to_device.add(id(a))
     return True
+
+
+def _move_parts(plan: Any, key: str, walker: Placement, host: cst.BaseExpression, moved: set[str]) -> bool:
+    """`gamma * (1.0 - done_t)` meeting a device value: arithmetic on host tensors (and numbers) moves where each of
+    those tensors is made on ctx.device (`done_t = torch.from_numpy(done)`, made beside tensors the port moved from
+    the same batch). True when every one of them is."""
+    if not isinstance(host, (cst.BinaryOperation, cst.UnaryOperation)):
+        return False
+    names = {n.value for n in walk(host) if isinstance(n, cst.Name) and walker.state.get(n.value, (None,))[0] == HOST}
+    if names and all(n in moved or _move_where_made(plan, key, n, walker.assigns.get(n, ())) for n in names):
+        moved |= names
+        return True
+    return False
 
 
 def _made_inline(plan: Any, key: str, call: cst.BaseExpression) -> bool:

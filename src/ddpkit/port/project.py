@@ -19,10 +19,12 @@ from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.untrained import unused_in_wrapped, unused_wraps
+from ddpkit.port.wrapped import plain_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
-__all__ = ["project_hazards", "import_device_work", "step_loops", "parallel_asserts", "unused_parameter_wraps",
-           "project_writers", "path_module", "project_downloads", "project_loaders", "project_disk_writes"]
+__all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
+           "unused_parameter_wraps", "project_writers", "path_module", "project_downloads", "project_loaders",
+           "project_disk_writes"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -1082,6 +1084,16 @@ def unused_parameter_wraps(tree: ast.Module, folder: str, modules: dict[str, str
     own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
     return unused_wraps(tree, _builders(tree, classes), lambda name: ("", name, own[name]) if name in own else
                         definition(name), _follower(tree, folder, modules, parsed))
+
+
+def plain_class_wraps(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[ast.Call, str, str]]:
+    """(wrap call, bound name, message) for each `ddpkit.wrap` of an object whose class, of the script or of the
+    project's own modules, is no nn.Module (see ddpkit.port.wrapped.plain_wraps)."""
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _definer(tree, folder, modules, parsed)
+    own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
+    return plain_wraps(tree, lambda name: ("", name, own[name]) if name in own else definition(name),
+                       _follower(tree, folder, modules, parsed))
 
 
 def _follower(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):

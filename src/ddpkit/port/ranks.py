@@ -162,6 +162,18 @@ def apart(plan: Any, key: str, expr: cst.CSTNode) -> str | None:
     return "" if not origin else f"`{name}` comes from {origin}" if name else origin
 
 
+def _counters(plan: Any, key: str, loop: cst.For) -> set[str]:
+    """`i` of `for i, (x, y) in bar:` over `bar = tqdm(enumerate(loader))`: a step counter, alike on every rank."""
+    if not (isinstance(loop.target, cst.Tuple) and loop.target.elements and isinstance(
+            loop.target.elements[0].value, cst.Name) and isinstance(loop.iter, cst.Name)):
+        return set()
+    made = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign) and any(
+        dotted(t.target) == loop.iter.value for t in n.targets)]
+    if made and all(any(isinstance(c, cst.Call) and dotted(c.func) == "enumerate" for c in walk(v)) for v in made):
+        return {loop.target.elements[0].value.value}
+    return set()
+
+
 def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tuple[str, str] | None:
     """None when `expr` agrees on every rank; else (the per-rank name it reads, or "" for a draw in it; where the
     value comes from, in words, where a draw is the cause, else "")."""
@@ -181,7 +193,7 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
         elif isinstance(n, cst.For) and isinstance(n.iter, cst.Name) and plan.loop_role(key, n) is None:
             # `for board, z in history:` binds each target to an item of `history` (a list the scope fills); a
             # loader's batches and an `enumerate` counter are judged as before, by what is computed from them
-            for name in {dotted(x) for x in walk(n.target) if isinstance(x, cst.Name)}:
+            for name in {dotted(x) for x in walk(n.target) if isinstance(x, cst.Name)} - _counters(plan, key, n):
                 assigns.setdefault(name, []).append(n)
     for n in plan.nodes(key):  # `env.step(action)`, its value dropped: it changes the object the scope made with it
         stmt = plan._stmt.get(id(n))
@@ -200,7 +212,8 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
                  and id(n) not in inside} | {f"len:{dotted(arg)}" for arg in sized if dotted(arg)}
         return {name for name in found if name.removeprefix("len:") not in reduced and name.removeprefix(
             "len:").split(".")[0] not in ARGS_ROOTS and name.split(".")[0] not in _AGREED_ROOTS
-            and assigns.get(name.removeprefix("len:"))}
+            and assigns.get(name.removeprefix("len:")) and not (  # a training loader runs as many steps everywhere
+                name.startswith("len:") and plan.role(key, name[4:]) == "train")}
 
     def needs(value: cst.BaseExpression) -> cst.BaseExpression | None:
         """`value` as an assignment's source: None when it is alike on every rank whatever its names hold."""

@@ -444,18 +444,33 @@ def _not_a_number(plan: Any, key: str, text: str, sums: list[cst.AugAssign]) -> 
 
 
 def _divides(plan: Any, key: str, name: str, line: int) -> bool:
-    """`total / n` after the loop: `n` counts this rank's batches or samples for a mean."""
-    return any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
-               and dotted(n.right) == name and plan.line_of(n) > line for n in plan.nodes(key))
+    """`total / n` or `total /= n` after the loop: `n` counts this rank's batches or samples for a mean."""
+    return any(plan.line_of(n) > line and (
+        isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
+        and dotted(n.right) == name
+        or isinstance(n, cst.AugAssign) and isinstance(n.operator, (cst.DivideAssign, cst.FloorDivideAssign))
+        and dotted(n.value) == name) for n in plan.nodes(key))
 
 
 def _divided(plan: Any, key: str, name: str, line: int) -> bool:
-    """`name / n` or `name /= n` after the loop: a sum made into a mean by a count (which the port reduces too)."""
+    """`name / n` or `name /= n` after the loop: a sum made into a mean by a count (which the port reduces too).
+    A size every rank shares (`len(loader.dataset)`, a number) is no such count: it divides the sum as it is."""
     return any(plan.line_of(n) > line and (
         isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide))
-        and dotted(n.left) == name
+        and dotted(n.left) == name and not _shared_size(n.right)
         or isinstance(n, cst.AugAssign) and isinstance(n.operator, (cst.DivideAssign, cst.FloorDivideAssign))
-        and dotted(n.target) == name) for n in plan.nodes(key))
+        and dotted(n.target) == name and not _shared_size(n.value)) for n in plan.nodes(key))
+
+
+def _shared_size(divisor: cst.BaseExpression) -> bool:
+    """`len(loader.dataset)`, `len(train_set)`, `100`: the same on every rank, whatever the shard (a sum of per-step
+    means divided by it is still reduced as their mean over ranks)."""
+    if isinstance(divisor, (cst.Integer, cst.Float)):
+        return True
+    if not (isinstance(divisor, cst.Call) and dotted(divisor.func) == "len" and len(divisor.args) == 1):
+        return False
+    return bool(re.search(r"(^|[._])(data_?set|train_?set|test_?set|val_?set|valid_?set)s?$",
+                          dotted(divisor.args[0].value).lower()))
 
 
 def _read_after(plan: Any, key: str, name: str, line: int) -> bool:
