@@ -887,6 +887,20 @@ def _every_rank_writer(s: Script, call: ast.Call) -> bool:
         for v in made)
 
 
+def _writer_made(s: Script, call: ast.Call) -> ast.Call | None:
+    """The one `SummaryWriter(...)` that makes the writer `writer.add_scalar(...)` records through: where every rank
+    makes its own, the line to fix. None where the file makes it in more than one place."""
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    made = [v for k, v in s.assignments if k == key]
+    return made[0] if len(made) == 1 and isinstance(made[0], ast.Call) else None
+
+
+def _writer_key(s: Script, call: ast.Call) -> object:
+    """One every-rank writer finding per writer made in one place, else per function that records."""
+    made = _writer_made(s, call)
+    return id(made) if made is not None else s.context(call).scope
+
+
 def _named_log_dir(s: Script, call: ast.Call) -> bool:
     """The every-rank writer `call` records through is given its log directory (`SummaryWriter(out_dir)`): one
     directory for all ranks; with none, each process picks `runs/<time>_<host>` itself."""
@@ -2088,12 +2102,13 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "wandb.init() runs on every rank (no rank check): each process opens its own wandb run, so the "
                       "project gets world_size runs of one job",
                       "start the run on rank 0 only (`if rank == 0: wandb.init(...)`) and log under the same check")
-        elif _every_rank_writer(s, call) and ("writer", ctx.scope) not in recorded:
-            recorded.add(("writer", ctx.scope))  # (one per function: the fix is one writer, made on rank 0 only)
-            yield Hit(call, "DDP008", "warning",
+        elif _every_rank_writer(s, call) and ("writer", _writer_key(s, call)) not in recorded:
+            recorded.add(("writer", _writer_key(s, call)))  # (one per writer: the fix is one writer, on rank 0 only)
+            made = _writer_made(s, call)
+            yield Hit(made if made is not None else call, "DDP008", "warning",
                       f"every rank makes its own {ast.unparse(call.func.value)} (a SummaryWriter made without a rank "
-                      "check, on the same folder) and writes the same tags into it: the run's log gets world_size "
-                      "event files and each curve world_size times",
+                      f"check, on the same folder) and writes the same tags into it (line {call.lineno}): the run's "
+                      "log gets world_size event files and each curve world_size times",
                       "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
                       "write under `if rank == 0:`")
 
