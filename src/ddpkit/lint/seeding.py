@@ -78,11 +78,17 @@ def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.Call]]:
     if not any(n in names for n in positional + [a.arg for a in d.args.kwonlyargs]) and (
             d.args.vararg is None or d.args.vararg.arg not in names):
         return [(s, call)]  # a seed of the helper's own (`torch.manual_seed(0)`): chosen where it is called
-    # the calls of this helper (defined in the caller's file or imported from the program), not a library's
-    # function of the same name (`transformers.set_seed`)
-    callers = [(x, c) for x, c in s.project.calls_named(d.name) if x.project.runs(x, c) and (
+    return _callers(s, d) or [(s, call)]
+
+
+def _callers(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[Script, ast.Call]]:
+    """The live calls of the function `d` of `s`: in its own file, or imported from it, also under another name
+    (`from lib import debug_visual_only as debug_flow`), not a library's function of the same name
+    (`transformers.set_seed`)."""
+    names = {d.name} | {local for x in s.project.scripts.values() for local, full in x.aliases.items()
+                        if full.rsplit(".", 1)[-1] == d.name}
+    return [(x, c) for x, c in s.project.calls_named(*names) if x.project.runs(x, c) and (
         x.local_callee(c) == d.name and x is s or (s.project.resolve(x, c.func) or ("", ""))[0] == s.path)]
-    return callers or [(s, call)]
 
 
 _RATE = re.compile(r"(attn_|attention_|hidden_|residual_|embed_|emb_|ff_)?drop(out)?(_path)?(_rate|_prob|_p)?")
@@ -167,7 +173,7 @@ def _given_per_rank(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, names:
     rest = d.args.vararg.arg if d.args.vararg is not None and d.args.vararg.arg in names else None
     if not params and rest is None:
         return None
-    callers = s.project.calls_named(d.name)
+    callers = _callers(s, d)
     if not callers:
         return True
     for script, c in callers:
