@@ -10,7 +10,7 @@ from ddpkit.lint.ranks import own_returns, terminal
 Script = Any
 """A lint.analysis.Script (not imported: this module sits below it, beside lint.ranks)."""
 
-__all__ = ["rerun_site", "enclosing_function"]
+__all__ = ["rerun_site", "passed_once", "enclosing_function"]
 
 _DEPTH = 4
 
@@ -32,6 +32,38 @@ def rerun_site(s: Script, sampler: ast.Call) -> tuple[Script, ast.AST] | None:
     of its function (`while True:`, `for epoch in ...`, a generator's `while True:`), or, where the loader is handed
     to a function that iterates it once, the loop around that call. None where no such loop is found for sure."""
     return s.project.memo(("rerun site", id(sampler)), lambda: _site(s, sampler))
+
+
+def passed_once(s: Script, sampler: ast.Call) -> bool:
+    """The loaders built over `sampler` are read only to make one iterator each (`loader_iter = enumerate(loader)`,
+    `iter(loader)`), outside any loop and `except` handler, in a function no loop calls: the program takes its
+    batches with next() in a step loop over a dataset sized to the run (`max_iters=...`) and passes over the data
+    once, so there is no second epoch for set_epoch to reorder. An iterator made again when it runs out (`except
+    StopIteration: it = iter(loader)`) is a second pass."""
+    uses = [(x, use) for x, loader in _loaders(s, sampler) for holder in _holders(x, loader)
+            for use in _uses(*holder)]
+    return bool(uses) and all(_one_iterator(x, use) for x, use in uses) and not any(
+        _called_in_a_loop(x, function) for x, use in uses if (function := enclosing_function(x, use)) is not None)
+
+
+def _one_iterator(s: Script, use: ast.AST) -> bool:
+    """`it = iter(loader)` / `it = enumerate(loader)` outside any loop or except handler of its function."""
+    made = s.parents.get(id(use))
+    stmt = s.parents.get(id(made))
+    if not (isinstance(made, ast.Call) and terminal(made.func) in ("iter", "enumerate") and made.args
+            and made.args[0] is use and isinstance(stmt, ast.Assign) and stmt.value is made):
+        return False
+    for parent in _ancestors(s, stmt):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return True
+        if isinstance(parent, (ast.For, ast.While, ast.AsyncFor, ast.ExceptHandler)):
+            return False
+    return True
+
+
+def _called_in_a_loop(s: Script, function: ast.AST) -> bool:
+    """Some call of the function (by its name) sits in a loop: each call makes its iterator anew."""
+    return any(y.in_loop(call) for y, call in s.project.calls_named(function.name))
 
 
 def _site(s: Script, sampler: ast.Call) -> tuple[Script, ast.AST] | None:
