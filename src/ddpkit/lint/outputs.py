@@ -367,7 +367,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                          for b in [n.split("[", 1)[0]]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and b not in called
                          and not _from_evaluation(s, b) and not _constant_literal(s, b) and not _setting(s, b)
-                         and not _dict_display(s, b, call)), None)
+                         and not _dict_display(s, b, call) and not _loss_functions(s, b)), None)
             if loss is not None:
                 break
         if loss is None and isinstance(scope, ast.FunctionDef):
@@ -660,6 +660,25 @@ def _constant_literal(s: Script, name: str) -> bool:
         and (isinstance(v, ast.Constant) or bool(getattr(v, "elts", None) or getattr(v, "keys", None))) and all(
             isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub))
             for n in ast.walk(v)) for v in values)
+
+
+def _loss_functions(s: Script, name: str) -> bool:
+    """Every value the file gives `name` (or the attribute of its last part) is a loss function, not a figure: an
+    object of a class named `...Loss` (`criterion_loss = nn.CrossEntropyLoss()`), a list of them (`self.loss = []`
+    then `self.loss.append(nn.MSELoss())`), or, never assigned, a function the file defines (`self.loss_func`).
+    Printed, it shows the module or function, not this rank's loss."""
+    last = name.rsplit(".", 1)[-1]
+    values = [v for k, v in s.assignments if k in (name, "." + last)]
+    if not values and any(d.name == last for d in s.defs):
+        return True  # `print(self.loss_func)`: a method of the file's own, not a value
+    added = [c.args[0] for c in s.calls if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "insert")
+             and isinstance(c.func.value, (ast.Name, ast.Attribute)) and terminal(c.func.value) == last and c.args]
+    def module(v: ast.AST) -> bool:
+        return isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)) \
+            and terminal(v.func).endswith("Loss") and terminal(v.func)[:1].isupper()
+    items = [*added, *(e for v in values if isinstance(v, (ast.List, ast.Tuple)) for e in v.elts)]
+    return bool(values) and any(module(v) for v in [*values, *items]) and all(
+        module(v) or isinstance(v, (ast.List, ast.Tuple)) for v in values) and all(module(v) for v in items)
 
 
 def _dict_display(s: Script, name: str, call: ast.Call) -> bool:
