@@ -66,3 +66,42 @@ def test_a_loss_value_printed_on_rank_zero_is_still_reported():
                              "                if self.rank == 0:\n"
                              "                    print(total.item())\n")
     assert _ddp006(shown) == [35]
+
+
+_FACTORY = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from losses import get_loss_fn
+
+
+    def fit(model, loss_fn):
+        for step in range(3):
+            x = torch.randn(8, 4)
+            loss_fn(model(x), torch.zeros(8, 1)).backward()
+
+
+    def train(rank):
+        model = DDP(torch.nn.Linear(4, 1))
+        loss_tr = get_loss_fn("mse")
+        if rank == 0:
+            print("train loss:", loss_tr)
+        fit(model, loss_tr)
+
+
+    dist.init_process_group("gloo")
+    train(dist.get_rank())
+    dist.destroy_process_group()
+"""
+
+
+def test_a_loss_function_made_by_a_factory_named_for_one_is_no_figure():
+    assert _ddp006(_FACTORY) == []
+
+
+def test_a_loss_computed_by_calling_the_loss_function_is_still_a_figure():
+    computed = _FACTORY.replace('            print("train loss:", loss_tr)\n',
+                                '            loss = loss_tr(model(torch.randn(8, 4)), torch.zeros(8, 1))\n'
+                                '            print("train loss:", loss.item())\n')
+    assert _ddp006(computed) == [20]

@@ -664,7 +664,8 @@ def _constant_literal(s: Script, name: str) -> bool:
 
 def _loss_functions(s: Script, name: str) -> bool:
     """Every value the file gives `name` (or the attribute of its last part) is a loss function, not a figure: an
-    object of a class named `...Loss` (`criterion_loss = nn.CrossEntropyLoss()`), a list of them (`self.loss = []`
+    object of a class named `...Loss` (`criterion_loss = nn.CrossEntropyLoss()`) or made by a factory named for one
+    (`loss_tr = get_loss_fn(cfg)`, `build_criterion(cfg)`), a list of them (`self.loss = []`
     then `self.loss.append(nn.MSELoss())`), or, never assigned, a function the file defines (`self.loss_func`).
     Printed, it shows the module or function, not this rank's loss."""
     last = name.rsplit(".", 1)[-1]
@@ -673,9 +674,11 @@ def _loss_functions(s: Script, name: str) -> bool:
         return True  # `print(self.loss_func)`: a method of the file's own, not a value
     added = [c.args[0] for c in s.calls if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "insert")
              and isinstance(c.func.value, (ast.Name, ast.Attribute)) and terminal(c.func.value) == last and c.args]
-    def module(v: ast.AST) -> bool:
-        return isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)) \
-            and terminal(v.func).endswith("Loss") and terminal(v.func)[:1].isupper()
+    def module(v: ast.AST) -> bool:  # `nn.CrossEntropyLoss()`, or a factory named for one: `get_loss_fn(cfg)`
+        return isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)) and (
+            terminal(v.func).endswith("Loss") and terminal(v.func)[:1].isupper()
+            or re.fullmatch(r"(get|build|make|create)_\w*(criterion|loss_(fn|func|function))", terminal(v.func).lower())
+            is not None)  # (not `loss_fn(pred, y)` nor `criterion(pred, y)`: calling one gives a figure)
     items = [*added, *(e for v in values if isinstance(v, (ast.List, ast.Tuple)) for e in v.elts)]
     return bool(values) and any(module(v) for v in [*values, *items]) and all(
         module(v) or isinstance(v, (ast.List, ast.Tuple)) for v in values) and all(module(v) for v in items)
