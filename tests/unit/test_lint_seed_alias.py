@@ -74,3 +74,8 @@ def test_a_per_rank_seed_passed_through_the_alias_still_counts():
     per_rank = _TRAIN.replace("import argparse", "import argparse\n    import os").replace(
         "seed=args.seed)", 'seed=args.seed + int(os.environ["RANK"]))')
     assert _ddp014(per_rank) == []
+
+
+def test_a_seed_of_a_path_that_trains_nothing_is_left_out_beside_the_one_that_trains():
+    # preview() seeds alike too, but runs no backward: the finding is the training path's alone
+    assert _ddp014(_TRAIN) == [("lib.py", 11)]

@@ -256,9 +256,13 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
         # training loop, as `ddpkit port` writes): which seed the training draws follow is not sure from here
         return
     chosen: set[int] = set()
-    for x, site in project.memo("seeds chosen alike", lambda: _chosen_alike(torch_seeds)):
+    sites = project.memo("seeds chosen alike", lambda: _chosen_alike(torch_seeds))
+    training = [(x, site) for x, site in sites if _reaches_backward(x, site)]
+    for x, site in sites:
         if x is not s or s.context(site).scope in chosen:
             continue  # `set_seed(0)` and `torch.manual_seed(0)` in one function: one choice of the seed
+        if training and (x, site) not in training:
+            continue  # a seed of a path that trains nothing (a preview, an export) beside the one that trains
         chosen.add(s.context(site).scope)
         if project.augments:
             yield Hit(site, "DDP014", "warning",
@@ -272,6 +276,27 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       f"{os.path.basename(where.path)}:{layer.lineno}) of a step are the same on every rank: the "
                       "ranks' gradients are less independent than intended (milder than identical augmentation)",
                       _SEED_FIX)
+
+
+def _reaches_backward(s: Script, site: ast.Call, depth: int = 3) -> bool:
+    """The function a seed is chosen in runs a backward(), itself or through the project functions it calls by name
+    (`depth` calls deep); module code counts as training."""
+    d = _enclosing(s, site)
+    if d is None:
+        return True
+    todo, seen = [(d, depth)], set()
+    while todo:
+        func, left = todo.pop()
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        calls = [n for n in ast.walk(func) if isinstance(n, ast.Call)]
+        if any(terminal(c.func) == "backward" for c in calls):
+            return True
+        if left:
+            names = {terminal(c.func) for c in calls}
+            todo += [(f, left - 1) for x in s.project.scripts.values() for f in x.defs if f.name in names]
+    return False
 
 
 def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Script, ast.Call]]:
