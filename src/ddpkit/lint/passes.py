@@ -84,7 +84,8 @@ def _argument_of(s: Script, value: ast.AST) -> ast.Call | None:
 
 def _loaders(s: Script, sampler: ast.Call) -> list[tuple[Script, ast.Call]]:
     """The DataLoader calls given the sampler: directly, through a name it is assigned to in its function (or
-    through torch's BatchSampler), or as the return value of its function at the callers' DataLoader."""
+    through torch's BatchSampler), or as the return value of its function (or an item of the tuple it returns,
+    unpacked by name) at the callers' DataLoader."""
     out: list[tuple[Script, ast.Call]] = []
     values: list[tuple[Script, ast.AST]] = [(s, sampler)]
     while values:
@@ -108,6 +109,22 @@ def _loaders(s: Script, sampler: ast.Call) -> list[tuple[Script, ast.Call]]:
                 values.extend((x, n) for n in _uses(x, *held))
         elif isinstance(parent, ast.Return) and function is not None and len(out) + len(values) < 8:
             values.extend((y, c) for y, c in x.project.calls_named(function.name) if _calls(y, c, x, function))
+        elif isinstance(parent, ast.Tuple) and isinstance(x.parents.get(id(parent)), ast.Return) \
+                and function is not None and len(out) + len(values) < 8:
+            values.extend(_unpacked(x, function, next(i for i, e in enumerate(parent.elts) if e is value)))
+    return out
+
+
+def _unpacked(s: Script, function: ast.AST, index: int) -> list[tuple[Script, ast.AST]]:
+    """Where the callers of `function` read item `index` of the tuple it returns, unpacked by name
+    (`train_set, val_set, train_sampler, val_sampler = load_data(args)`)."""
+    out = []
+    for y, call in s.project.calls_named(function.name):
+        stmt = y.parents.get(id(call))
+        if _calls(y, call, s, function) and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Tuple) and len(stmt.targets[0].elts) > index \
+                and isinstance(item := stmt.targets[0].elts[index], ast.Name):
+            out += [(y, n) for n in _uses(y, enclosing_function(y, call) or y.tree, item.id)]
     return out
 
 
