@@ -88,9 +88,40 @@ _WRITERS = """
 """
 
 
-def test_a_summary_writer_every_rank_makes_on_one_folder_is_reported_at_its_first_record():
-    assert _lines(_WRITERS.replace("def record(writer,", "def record(").replace(
-        "record(writer, {", "record({"), "DDP008") == [8]
+def test_a_summary_writer_every_rank_makes_on_one_folder_is_reported_where_it_is_made():
+    # the line to fix is the writer's making (on rank 0 only); the message names the first record
+    found = lint_sources({"train.py": textwrap.dedent(_WRITERS.replace("def record(writer,", "def record(").replace(
+        "record(writer, {", "record({"))})
+    assert [(f.line, "(line 8)" in f.message) for f in found if f.rule == "DDP008"] == [(13, True)]
+
+
+_TRAINER_WRITER = """
+    import torch.distributed as dist
+    from torch.utils.tensorboard import SummaryWriter
+
+
+    class Trainer:
+        def __init__(self, log_dir):
+            self.writer = SummaryWriter(log_dir)
+
+        def fit(self, epochs):
+            for epoch in range(epochs):
+                self.writer.add_scalar("train/lr", 0.1, epoch)
+
+        def evaluate(self, epoch):
+            self.writer.add_scalar("eval/acc", 1.0, epoch)
+
+
+    dist.init_process_group("gloo")
+    trainer = Trainer("runs/demo")
+    trainer.fit(3)
+    trainer.evaluate(3)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_writer_kept_on_the_object_is_one_finding_where_it_is_made():
+    assert _lines(_TRAINER_WRITER, "DDP008") == [8]
 
 
 def test_a_summary_writer_made_on_rank_zero_or_per_rank_is_not_reported():

@@ -676,7 +676,7 @@ def test_a_function_reads_the_module_name_not_another_functions_local():
     assert _lint(MODULE_LOCAL_RANK, "DDP012") == []
     # the module-level name itself from the global rank is the mistake
     wrong = MODULE_LOCAL_RANK.replace('int(os.environ["LOCAL_RANK"])', 'int(os.environ["RANK"])')
-    assert _lint(wrong, "DDP012") == [_line(wrong, "set_device")]
+    assert _lint(wrong, "DDP012") == [_line(wrong, 'os.environ["RANK"]')]  # reported where it is bound
 
 
 # ---- mp.spawn through the project's own launch helper ---------------------------------------------

@@ -715,8 +715,10 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                 value = node.value
                 summary = summaries.get(terminal(value.func)) if isinstance(value, ast.Call) else None
                 if summary is None and _reassigned_from_reduced(s, flow, value):
+                    # (`accuracy, f1 = metrics.tolist()` after `all_reduce(metrics)`: each name unpacked is reduced)
                     for t in targets:
-                        flow.reduced.update(r for r in [_root(t)] if r)
+                        flow.reduced.update(r for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
+                                            for r in [_root(e)] if r)
                     continue
                 if isinstance(summary, tuple) and len(targets) == 1 and isinstance(targets[0], ast.Tuple) \
                         and len(targets[0].elts) == len(summary):

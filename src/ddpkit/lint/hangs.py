@@ -412,7 +412,8 @@ def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
     """The name a stop condition tests, if it is computed in the loop from the same forward as the loss the loop
     backpropagates (`approx_kl` beside `loss` from one batch's `ratio`): a figure of this rank's own batch.
     Not when that value (or what it is computed from) goes through a collective, nor for a loop without a
-    backward; counters and settings (`step`, `args.target_kl`) are not computed from the batch."""
+    backward; counters and settings (`step`, `args.target_kl`, `self.it += 1` also where the loss reads it) are not
+    computed from the batch."""
     if loop is None:
         return ""
     reads: dict[str, set[str]] = defaultdict(set)
@@ -444,7 +445,9 @@ def _step_value(s: Script, test: ast.AST, loop: ast.AST | None) -> str:
               and isinstance(m.value, ast.Name) and m.value.id == "self"}
     for name in sorted(tested | {m.id for m in ast.walk(test) if isinstance(m, ast.Name) and m.id != "self"}):
         own = ancestry({name})
-        if name in reads and own & from_loss and not own & carried:
+        # (a counter, `self.it += 1`, reads nothing else in the loop: the same on every rank, even where the loss
+        # is computed from it, `T = self.t_fn(self.it)`)
+        if name in reads and reads[name] - {name} and own & from_loss and not own & carried:
             return name
     return ""
 

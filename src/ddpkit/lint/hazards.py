@@ -311,18 +311,71 @@ def _global_rank_store(s: Script, source: ast.AST, use: ast.AST) -> ast.AST | No
     return stores[0] if len(stores) == 1 and s.context(stores[0]).scope != s.context(use).scope else None
 
 
+def _global_rank_binding(s: Script, index: ast.AST) -> ast.AST | None:
+    """The one assignment that puts the global rank in the name or attribute a GPU index reads
+    (`local_rank = int(os.environ["RANK"])`, `device_id = rank`, `cfg.rank = dist.get_rank()`).
+    None for the rank call itself, a parameter, or a name more than one assignment binds."""
+    if isinstance(index, ast.Name):
+        values = s.local_values(index.id, index) or [  # a module-level name read in a function
+            v for k, v in s.assignments if k == index.id and scope_of(v, s.parents) is None]
+    elif isinstance(index, ast.Attribute):
+        values = [v for k, v in s.assignments if k == "." + index.attr]
+    else:
+        return None
+    return values[0] if len(values) == 1 and s.is_global_rank(values[0]) else None
+
+
+def _held_for_a_gpu(s: Script, index: ast.AST, uses: list[ast.AST]) -> bool:
+    """Whether the name or attribute the GPU indices `uses` read is held for a GPU, so that its assignment is the
+    line to fix: it is named a local rank (`local_rank = int(os.environ["RANK"])`), or the program reads it
+    nowhere but as a GPU index or a `device=`/`gpu=` argument (`device_id = rank`). A `rank` also read for seeds
+    or rank checks is right as it is: its uses as a GPU are the mistake."""
+    name = index.id if isinstance(index, ast.Name) else index.attr
+    if "local" in name.lower():
+        return True
+    reads = {id(n) for n in s.nodes if isinstance(getattr(n, "ctx", None), ast.Load) and (
+        isinstance(n, ast.Name) and n.id == name if isinstance(index, ast.Name)
+        else isinstance(n, ast.Attribute) and n.attr == name)}
+    passed_as_device = {id(k.value) for c in s.calls for k in c.keywords
+                        if k.arg and any(word in k.arg.lower() for word in ("device", "gpu"))}
+    return reads <= {id(u) for u in uses} | passed_as_device
+
+
+def _global_rank_indices(s: Script) -> dict[object, tuple[ast.AST | None, list[ast.AST]]]:
+    """The GPU indices of live code that are the global rank, grouped by their cause: the assignment that stores
+    the rank (`_global_rank_binding`), else the index's text in its function (one parameter used five times)."""
+    groups: dict[object, tuple[ast.AST | None, list[ast.AST]]] = {}
+    for call in s.calls:
+        for index in _device_indices(s, call):
+            if s.is_global_rank(index) and s.project.runs(s, index):
+                binding = _global_rank_binding(s, index)
+                key = id(binding) if binding is not None else (id(s.context(index).scope), ast.unparse(index))
+                groups.setdefault(key, (binding, []))[1].append(index)
+    return groups
+
+
+def _global_rank_hit(s: Script, binding: ast.AST | None, uses: list[ast.AST]) -> Hit:
+    """One DDP012 for a global rank used as a GPU index, naming every line that uses it as a GPU: at the assignment
+    that stores it where that name is held for a GPU (`_held_for_a_gpu`), else at its first use."""
+    lines = sorted({u.lineno for u in uses})
+    first = min(uses, key=lambda u: (u.lineno, u.col_offset))
+    at = binding if binding is not None and _held_for_a_gpu(s, first, uses) else first
+    where = "" if at is first and len(lines) == 1 else \
+        f" (used as a GPU at line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))})"
+    return Hit(at, "DDP012", "error",
+               f"the GPU index {ast.unparse(first)} is the global rank{where}: right on the first node only; "
+               "on the second node rank 8 asks for cuda:8",
+               "index GPUs by the local rank: int(os.environ['LOCAL_RANK'])")
+
+
 @check
 def device_from_global_rank(s: Script) -> Iterator[Hit]:
     if s.project.single_node or s.project.spawned:
         return
+    yield from (_global_rank_hit(s, binding, uses) for binding, uses in _global_rank_indices(s).values())
     for call in s.calls:
         for index in _device_indices(s, call):
-            if s.is_global_rank(index):
-                yield Hit(index, "DDP012", "error",
-                          f"the GPU index {ast.unparse(index)} is the global rank: right on the first node only; "
-                          "on the second node rank 8 asks for cuda:8",
-                          "index GPUs by the local rank: int(os.environ['LOCAL_RANK'])")
-            elif (source := _grows_with_global_rank(s, index)) is not None:
+            if not s.is_global_rank(index) and (source := _grows_with_global_rank(s, index)) is not None:
                 store = _global_rank_store(s, source, index)
                 where = f" (stored at line {store.lineno})" if store is not None else ""
                 yield Hit(store if store is not None else index, "DDP012", "error",

@@ -367,7 +367,7 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                          for b in [n.split("[", 1)[0]]
                          if LOSS_NAME.search(n) and not is_eval_name(n) and not n[:1].isupper() and b not in called
                          and not _from_evaluation(s, b) and not _constant_literal(s, b) and not _setting(s, b)
-                         and not _dict_display(s, b, call)), None)
+                         and not _dict_display(s, b, call) and not _loss_functions(s, b)), None)
             if loss is not None:
                 break
         if loss is None and isinstance(scope, ast.FunctionDef):
@@ -662,6 +662,28 @@ def _constant_literal(s: Script, name: str) -> bool:
             for n in ast.walk(v)) for v in values)
 
 
+def _loss_functions(s: Script, name: str) -> bool:
+    """Every value the file gives `name` (or the attribute of its last part) is a loss function, not a figure: an
+    object of a class named `...Loss` (`criterion_loss = nn.CrossEntropyLoss()`) or made by a factory named for one
+    (`loss_tr = get_loss_fn(cfg)`, `build_criterion(cfg)`), a list of them (`self.loss = []`
+    then `self.loss.append(nn.MSELoss())`), or, never assigned, a function the file defines (`self.loss_func`).
+    Printed, it shows the module or function, not this rank's loss."""
+    last = name.rsplit(".", 1)[-1]
+    values = [v for k, v in s.assignments if k in (name, "." + last)]
+    if not values and any(d.name == last for d in s.defs):
+        return True  # `print(self.loss_func)`: a method of the file's own, not a value
+    added = [c.args[0] for c in s.calls if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "insert")
+             and isinstance(c.func.value, (ast.Name, ast.Attribute)) and terminal(c.func.value) == last and c.args]
+    def module(v: ast.AST) -> bool:  # `nn.CrossEntropyLoss()`, or a factory named for one: `get_loss_fn(cfg)`
+        return isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)) and (
+            terminal(v.func).endswith("Loss") and terminal(v.func)[:1].isupper()
+            or re.fullmatch(r"(get|build|make|create)_\w*(criterion|loss_(fn|func|function))", terminal(v.func).lower())
+            is not None)  # (not `loss_fn(pred, y)` nor `criterion(pred, y)`: calling one gives a figure)
+    items = [*added, *(e for v in values if isinstance(v, (ast.List, ast.Tuple)) for e in v.elts)]
+    return bool(values) and any(module(v) for v in [*values, *items]) and all(
+        module(v) or isinstance(v, (ast.List, ast.Tuple)) for v in values) and all(module(v) for v in items)
+
+
 def _dict_display(s: Script, name: str, call: ast.Call) -> bool:
     """Every value the file gives `name` is a dict display of evaluation outputs (`lossinfo = {"AUC": round(auc *
     100, 4)}` with `auc, acc = evaluation(model, val_loader)`): named like a loss, it holds what an evaluation
@@ -885,6 +907,20 @@ def _every_rank_writer(s: Script, call: ast.Call) -> bool:
         and not s.context(v).single
         and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
         for v in made)
+
+
+def _writer_made(s: Script, call: ast.Call) -> ast.Call | None:
+    """The one `SummaryWriter(...)` that makes the writer `writer.add_scalar(...)` records through: where every rank
+    makes its own, the line to fix. None where the file makes it in more than one place."""
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    made = [v for k, v in s.assignments if k == key]
+    return made[0] if len(made) == 1 and isinstance(made[0], ast.Call) else None
+
+
+def _writer_key(s: Script, call: ast.Call) -> object:
+    """One every-rank writer finding per writer made in one place, else per function that records."""
+    made = _writer_made(s, call)
+    return id(made) if made is not None else s.context(call).scope
 
 
 def _named_log_dir(s: Script, call: ast.Call) -> bool:
@@ -2088,12 +2124,13 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       "wandb.init() runs on every rank (no rank check): each process opens its own wandb run, so the "
                       "project gets world_size runs of one job",
                       "start the run on rank 0 only (`if rank == 0: wandb.init(...)`) and log under the same check")
-        elif _every_rank_writer(s, call) and ("writer", ctx.scope) not in recorded:
-            recorded.add(("writer", ctx.scope))  # (one per function: the fix is one writer, made on rank 0 only)
-            yield Hit(call, "DDP008", "warning",
+        elif _every_rank_writer(s, call) and ("writer", _writer_key(s, call)) not in recorded:
+            recorded.add(("writer", _writer_key(s, call)))  # (one per writer: the fix is one writer, on rank 0 only)
+            made = _writer_made(s, call)
+            yield Hit(made if made is not None else call, "DDP008", "warning",
                       f"every rank makes its own {ast.unparse(call.func.value)} (a SummaryWriter made without a rank "
-                      "check, on the same folder) and writes the same tags into it: the run's log gets world_size "
-                      "event files and each curve world_size times",
+                      f"check, on the same folder) and writes the same tags into it (line {call.lineno}): the run's "
+                      "log gets world_size event files and each curve world_size times",
                       "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
                       "write under `if rank == 0:`")
 

@@ -10,7 +10,7 @@ from ddpkit.lint.ranks import own_returns, terminal
 Script = Any
 """A lint.analysis.Script (not imported: this module sits below it, beside lint.ranks)."""
 
-__all__ = ["rerun_site", "enclosing_function"]
+__all__ = ["rerun_site", "passed_once", "enclosing_function"]
 
 _DEPTH = 4
 
@@ -34,6 +34,38 @@ def rerun_site(s: Script, sampler: ast.Call) -> tuple[Script, ast.AST] | None:
     return s.project.memo(("rerun site", id(sampler)), lambda: _site(s, sampler))
 
 
+def passed_once(s: Script, sampler: ast.Call) -> bool:
+    """The loaders built over `sampler` are read only to make one iterator each (`loader_iter = enumerate(loader)`,
+    `iter(loader)`), outside any loop and `except` handler, in a function no loop calls: the program takes its
+    batches with next() in a step loop over a dataset sized to the run (`max_iters=...`) and passes over the data
+    once, so there is no second epoch for set_epoch to reorder. An iterator made again when it runs out (`except
+    StopIteration: it = iter(loader)`) is a second pass."""
+    uses = [(x, use) for x, loader in _loaders(s, sampler) for holder in _holders(x, loader)
+            for use in _uses(*holder)]
+    return bool(uses) and all(_one_iterator(x, use) for x, use in uses) and not any(
+        _called_in_a_loop(x, function) for x, use in uses if (function := enclosing_function(x, use)) is not None)
+
+
+def _one_iterator(s: Script, use: ast.AST) -> bool:
+    """`it = iter(loader)` / `it = enumerate(loader)` outside any loop or except handler of its function."""
+    made = s.parents.get(id(use))
+    stmt = s.parents.get(id(made))
+    if not (isinstance(made, ast.Call) and terminal(made.func) in ("iter", "enumerate") and made.args
+            and made.args[0] is use and isinstance(stmt, ast.Assign) and stmt.value is made):
+        return False
+    for parent in _ancestors(s, stmt):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return True
+        if isinstance(parent, (ast.For, ast.While, ast.AsyncFor, ast.ExceptHandler)):
+            return False
+    return True
+
+
+def _called_in_a_loop(s: Script, function: ast.AST) -> bool:
+    """Some call of the function (by its name) sits in a loop: each call makes its iterator anew."""
+    return any(y.in_loop(call) for y, call in s.project.calls_named(function.name))
+
+
 def _site(s: Script, sampler: ast.Call) -> tuple[Script, ast.AST] | None:
     for x, loader in _loaders(s, sampler):
         for holder in _holders(x, loader):
@@ -52,7 +84,8 @@ def _argument_of(s: Script, value: ast.AST) -> ast.Call | None:
 
 def _loaders(s: Script, sampler: ast.Call) -> list[tuple[Script, ast.Call]]:
     """The DataLoader calls given the sampler: directly, through a name it is assigned to in its function (or
-    through torch's BatchSampler), or as the return value of its function at the callers' DataLoader."""
+    through torch's BatchSampler), or as the return value of its function (or an item of the tuple it returns,
+    unpacked by name) at the callers' DataLoader."""
     out: list[tuple[Script, ast.Call]] = []
     values: list[tuple[Script, ast.AST]] = [(s, sampler)]
     while values:
@@ -76,6 +109,22 @@ def _loaders(s: Script, sampler: ast.Call) -> list[tuple[Script, ast.Call]]:
                 values.extend((x, n) for n in _uses(x, *held))
         elif isinstance(parent, ast.Return) and function is not None and len(out) + len(values) < 8:
             values.extend((y, c) for y, c in x.project.calls_named(function.name) if _calls(y, c, x, function))
+        elif isinstance(parent, ast.Tuple) and isinstance(x.parents.get(id(parent)), ast.Return) \
+                and function is not None and len(out) + len(values) < 8:
+            values.extend(_unpacked(x, function, next(i for i, e in enumerate(parent.elts) if e is value)))
+    return out
+
+
+def _unpacked(s: Script, function: ast.AST, index: int) -> list[tuple[Script, ast.AST]]:
+    """Where the callers of `function` read item `index` of the tuple it returns, unpacked by name
+    (`train_set, val_set, train_sampler, val_sampler = load_data(args)`)."""
+    out = []
+    for y, call in s.project.calls_named(function.name):
+        stmt = y.parents.get(id(call))
+        if _calls(y, call, s, function) and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                and isinstance(stmt.targets[0], ast.Tuple) and len(stmt.targets[0].elts) > index \
+                and isinstance(item := stmt.targets[0].elts[index], ast.Name):
+            out += [(y, n) for n in _uses(y, enclosing_function(y, call) or y.tree, item.id)]
     return out
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, is_eval_name,
                                   is_eval_sampler, terminal, without_grad)
-from ddpkit.lint.passes import enclosing_function, rerun_site
+from ddpkit.lint.passes import enclosing_function, passed_once, rerun_site
 
 __all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS", "off_by_default"]
 
@@ -136,6 +136,8 @@ def _unseeded(s: Script, x: Script, call: ast.Call, subclasses: set[str], receiv
         return  # `{"train_valid": DistributedSampler(...)}` whose key nothing reads: its loader never runs
     if _read_only_without_grad(x, call):
         return  # a feature-bank pass under no_grad: its order trains nothing
+    if site is None and passed_once(x, call):
+        return  # one iterator taken with next(): one pass over the data, no epoch to reorder
     what = "DistributedSampler shuffles (shuffle defaults to True)" if torch_sampler else \
         f"{terminal(call.func)} (a DistributedSampler subclass) seeds its shuffle with self.epoch"
     if node is call:

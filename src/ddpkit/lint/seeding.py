@@ -78,11 +78,17 @@ def _chosen_at(s: Script, call: ast.Call) -> list[tuple[Script, ast.Call]]:
     if not any(n in names for n in positional + [a.arg for a in d.args.kwonlyargs]) and (
             d.args.vararg is None or d.args.vararg.arg not in names):
         return [(s, call)]  # a seed of the helper's own (`torch.manual_seed(0)`): chosen where it is called
-    # the calls of this helper (defined in the caller's file or imported from the program), not a library's
-    # function of the same name (`transformers.set_seed`)
-    callers = [(x, c) for x, c in s.project.calls_named(d.name) if x.project.runs(x, c) and (
+    return _callers(s, d) or [(s, call)]
+
+
+def _callers(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[Script, ast.Call]]:
+    """The live calls of the function `d` of `s`: in its own file, or imported from it, also under another name
+    (`from lib import debug_visual_only as debug_flow`), not a library's function of the same name
+    (`transformers.set_seed`)."""
+    names = {d.name} | {local for x in s.project.scripts.values() for local, full in x.aliases.items()
+                        if full.rsplit(".", 1)[-1] == d.name}
+    return [(x, c) for x, c in s.project.calls_named(*names) if x.project.runs(x, c) and (
         x.local_callee(c) == d.name and x is s or (s.project.resolve(x, c.func) or ("", ""))[0] == s.path)]
-    return callers or [(s, call)]
 
 
 _RATE = re.compile(r"(attn_|attention_|hidden_|residual_|embed_|emb_|ff_)?drop(out)?(_path)?(_rate|_prob|_p)?")
@@ -167,7 +173,7 @@ def _given_per_rank(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, names:
     rest = d.args.vararg.arg if d.args.vararg is not None and d.args.vararg.arg in names else None
     if not params and rest is None:
         return None
-    callers = s.project.calls_named(d.name)
+    callers = _callers(s, d)
     if not callers:
         return True
     for script, c in callers:
@@ -250,9 +256,13 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
         # training loop, as `ddpkit port` writes): which seed the training draws follow is not sure from here
         return
     chosen: set[int] = set()
-    for x, site in project.memo("seeds chosen alike", lambda: _chosen_alike(torch_seeds)):
+    sites = project.memo("seeds chosen alike", lambda: _chosen_alike(torch_seeds))
+    training = [(x, site) for x, site in sites if _reaches_backward(x, site)]
+    for x, site in sites:
         if x is not s or s.context(site).scope in chosen:
             continue  # `set_seed(0)` and `torch.manual_seed(0)` in one function: one choice of the seed
+        if training and (x, site) not in training:
+            continue  # a seed of a path that trains nothing (a preview, an export) beside the one that trains
         chosen.add(s.context(site).scope)
         if project.augments:
             yield Hit(site, "DDP014", "warning",
@@ -266,6 +276,27 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
                       f"{os.path.basename(where.path)}:{layer.lineno}) of a step are the same on every rank: the "
                       "ranks' gradients are less independent than intended (milder than identical augmentation)",
                       _SEED_FIX)
+
+
+def _reaches_backward(s: Script, site: ast.Call, depth: int = 3) -> bool:
+    """The function a seed is chosen in runs a backward(), itself or through the project functions it calls by name
+    (`depth` calls deep); module code counts as training."""
+    d = _enclosing(s, site)
+    if d is None:
+        return True
+    todo, seen = [(d, depth)], set()
+    while todo:
+        func, left = todo.pop()
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        calls = [n for n in ast.walk(func) if isinstance(n, ast.Call)]
+        if any(terminal(c.func) == "backward" for c in calls):
+            return True
+        if left:
+            names = {terminal(c.func) for c in calls}
+            todo += [(f, left - 1) for x in s.project.scripts.values() for f in x.defs if f.name in names]
+    return False
 
 
 def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Script, ast.Call]]:
