@@ -119,6 +119,36 @@ def test_a_run_of_messages_before_exit_is_not_repeated_output():
     assert _lint(BAD_HEADER, "DDP008") == [_line(BAD_HEADER, "header ok")]
 
 
+NAN_CHECK = """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+
+    def attend(q, k):
+        scores = q @ k.T
+        if torch.isnan(scores).any():
+            print("DEBUG: NaN in the attention scores")
+            import sys
+
+            sys.exit(1)
+        if torch.isinf(scores).any():
+            print("DEBUG: inf in the attention scores")
+            pass
+            raise FloatingPointError("inf")
+        print("attention ok")
+        return scores
+
+    attend(torch.ones(2, 2), torch.ones(2, 2))
+    dist.destroy_process_group()
+"""
+
+
+def test_an_import_between_the_message_and_the_exit_keeps_it_a_reason_to_stop():
+    # `print(...); import sys; sys.exit(1)`: the import writes nothing, the message still says why the rank stops
+    assert _lint(NAN_CHECK, "DDP008") == [_line(NAN_CHECK, "attention ok")]
+
+
 # ---- which assignment a use sees --------------------------------------------------------------------
 PLATFORMS = """
     import os
