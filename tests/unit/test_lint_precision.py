@@ -119,6 +119,94 @@ def test_a_run_of_messages_before_exit_is_not_repeated_output():
     assert _lint(BAD_HEADER, "DDP008") == [_line(BAD_HEADER, "header ok")]
 
 
+NAN_CHECK = """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+
+    def attend(q, k):
+        scores = q @ k.T
+        if torch.isnan(scores).any():
+            print("DEBUG: NaN in the attention scores")
+            import sys
+
+            sys.exit(1)
+        if torch.isinf(scores).any():
+            print("DEBUG: inf in the attention scores")
+            pass
+            raise FloatingPointError("inf")
+        print("attention ok")
+        return scores
+
+    attend(torch.ones(2, 2), torch.ones(2, 2))
+    dist.destroy_process_group()
+"""
+
+
+def test_an_import_between_the_message_and_the_exit_keeps_it_a_reason_to_stop():
+    # `print(...); import sys; sys.exit(1)`: the import writes nothing, the message still says why the rank stops
+    assert _lint(NAN_CHECK, "DDP008") == [_line(NAN_CHECK, "attention ok")]
+
+
+VALIDATION_INSIDE_TRAINING = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+
+    class Metric:
+        def __init__(self):
+            self.steps = 0
+            self.value = 0
+
+        def update(self, value):
+            self.steps += 1
+            self.value += (value - self.value) / self.steps
+
+
+    def main(rank, root):
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(rank)
+        model = DDP(torch.nn.Linear(4, 4).to(rank), device_ids=[rank])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_set = TensorDataset(torch.load(root, map_location="cpu"))
+        val_set = TensorDataset(torch.load(root, map_location="cpu"))
+        train_loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set, drop_last=True))
+        val_loader = DataLoader(val_set, batch_size=1, shuffle=False)
+        val_loss = Metric()
+        train_loss = Metric()
+        for epoch in range(10):
+            train_loader.sampler.set_epoch(epoch)
+            for x, lengths, y in train_loader:
+                loss = F.l1_loss(model(x.to(rank)), y.to(rank)) / lengths.to(rank).sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                train_loss.update(loss.item())
+                if rank == 0:
+                    print(f"train loss {train_loss.value:.4f}")
+                for i, (x, y) in enumerate(val_loader):
+                    with torch.no_grad():
+                        out = model(x.to(rank))
+                        loss = F.l1_loss(out, y.to(rank))
+                    val_loss.update(loss.item())
+                if rank == 0:
+                    print(f"valid loss {val_loss.value:.4f}")
+        dist.destroy_process_group()
+"""
+
+
+def test_a_loss_name_set_anew_in_a_loop_over_whole_data_is_that_loops_figure():
+    # the validation loop (nested in the training loop, over a loader with no sampler) reassigns `loss` from its own
+    # batches before `val_loss.update(loss.item())`: the training loop's `loss` (built from the shard) is not the one
+    # fed there, so val_loss is every rank's whole-set figure; the training line stays reported
+    assert _lint(VALIDATION_INSIDE_TRAINING, "DDP006") == [_line(VALIDATION_INSIDE_TRAINING, 'f"train loss')]
+
+
 # ---- which assignment a use sees --------------------------------------------------------------------
 PLATFORMS = """
     import os

@@ -69,6 +69,8 @@ class ScopeFlow:
     """The scope's own nodes (not those of the functions it defines)."""
     in_loop: set[int] = field(default_factory=set)
     """ids of the nodes inside a loop over a sharded loader."""
+    shard_loops: set[int] = field(default_factory=set)
+    """ids of the loops over a sharded loader themselves."""
     attributes: dict[str, bool] = field(default_factory=dict)
     """`self.x` attributes this scope sets to a shard figure: attribute -> whether the figure is an evaluation's."""
     reduced_attributes: set[str] = field(default_factory=set)
@@ -701,6 +703,7 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         return flow
     in_loop = {id(n) for loop, _ in shard_loops for n in ast.walk(loop)}
     flow.in_loop = in_loop
+    flow.shard_loops = {id(loop) for loop, _ in shard_loops}
     eval_loop = {id(n) for loop, ev in shard_loops if ev for n in ast.walk(loop)}
     refills = _refills([scope, *nodes])
     for _ in range(6):
@@ -757,7 +760,8 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                     and not _told_distributed(s, node.func.value):
                 # `meter.update(value, n)`: the value decides; n is the batch's weight
                 values = node.args[:1] if node.args else [k.value for k in node.keywords if k.arg != "n"]
-                tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)]
+                tainted = [n for a in values for n in flow.tainted_names(s, a, summaries)
+                           if not _set_anew_in_other_loop(s, flow, node, n, summaries)]
                 if tainted:
                     root = _root(node.func.value)
                     flow.tainted.add(root)
@@ -805,6 +809,28 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
         else:
             flow.returns = flow.is_tainted(s, value, summaries)
     return flow
+
+
+def _set_anew_in_other_loop(s: Script, flow: ScopeFlow, node: ast.AST, name: str, summaries: dict,
+                            depth: int = 3) -> bool:
+    """`for mels, units in val_loader: loss = F.l1_loss(model(units), mels); meter.update(loss.item())`: inside a
+    loop over other data than the shard (also one nested in the training loop), a name the loop's body assigns
+    before `node` holds that value there, whatever the same name holds elsewhere in the function (the training
+    loop's `loss`, built from its own batches); true where that value reads no shard figure."""
+    loop = s.parents.get(id(node))
+    while loop is not None and not isinstance(loop, (ast.For, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef,
+                                                     ast.Lambda, ast.Module)):
+        loop = s.parents.get(id(loop))
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or id(loop) in flow.shard_loops or depth == 0:
+        return False
+    line = getattr(node, "lineno", 0)
+    stores = [n for n in ast.walk(loop) if isinstance(n, ast.Assign) and n.lineno < line
+              and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    if not stores:
+        return False
+    value = max(stores, key=lambda n: n.lineno).value
+    return all(n != name and _set_anew_in_other_loop(s, flow, value, n, summaries, depth - 1)
+               for n in flow.tainted_names(s, value, summaries))
 
 
 def _attribute_of(name: str) -> ast.AST:

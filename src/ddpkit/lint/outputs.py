@@ -1468,7 +1468,8 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
     there, or at the end of an arm of an `if` after which the program reads a name only the other arms bind:
     it says why a process stops; also any message of an `except` block that ends by stopping (`except RuntimeError
     as e: print(e); save(...); exit(0)`: the failing rank's own diagnostics, whatever the exit code). A `for`/`if`
-    of messages alone counts as one (`for k, v in losses.items(): print(k, v)` then `exit()`)."""
+    of messages alone counts as one (`for k, v in losses.items(): print(k, v)` then `exit()`); an `import` or
+    `pass` between them writes nothing (`print(...); import sys; sys.exit(1)`)."""
     handler = _enclosing_handler(s, stmt)
     if handler is not None and _stops(handler.body[-1]):
         return True
@@ -1485,6 +1486,8 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
             return True
         if stmt is None:
             return last is not None and _falls_into_unbound(s, after, last)
+        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
+            continue  # `print(...); import sys; sys.exit(1)`: writes nothing, the run of messages goes on
         if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
                 and terminal(stmt.value.func) in _MESSAGES):
             return False
