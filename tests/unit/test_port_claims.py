@@ -649,3 +649,80 @@ def test_a_project_helper_that_pickles_the_wrapped_model_itself_is_named(tmp_pat
     assert "helpers.py:12 `torch.save(self.to_save, self.path)`" in todo.message
     # a state_dict saved from the unwrapped module is fine
     assert "helpers.save_weights(ddpkit.unwrap(model), \"last.pt\")" in result.code
+
+
+# ---- the script's own functions imported by the project's other files ---------------------------------------------
+PREPARE = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def prepare(n):
+    data = TensorDataset(torch.randn(n, 4), torch.randn(n, 1))
+    train_loader = DataLoader(data, batch_size=16, shuffle=True)
+    return train_loader
+
+
+def train(n):
+    loader = prepare(n)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    torch.save(model.state_dict(), "model.pt")
+
+
+if __name__ == "__main__":
+    train(256)
+'''
+
+
+def test_a_function_another_project_file_imports_that_now_reads_the_main_blocks_ctx_is_a_todo(tmp_path):
+    # `from train import prepare` in predict.py: the port made `prepare` build a ddpkit loader over a `ctx` it must be
+    # given, so predict.py's call raises TypeError; "ported fully" would hide that
+    script = tmp_path / "train.py"
+    script.write_text(PREPARE)
+    (tmp_path / "predict.py").write_text("from train import Net, prepare\n\nloader = prepare(64)\n")
+    result = port_source(PREPARE, str(script))
+    assert "ctx" in ast.unparse(next(n for n in ast.parse(result.code).body
+                                     if isinstance(n, ast.FunctionDef) and n.name == "prepare"))
+    [todo] = [t for t in result.todos if "predict.py" in t.message]
+    assert "`prepare`" in todo.message and "TypeError" in todo.message and "predict.py:1" in todo.message
+    assert result.code.splitlines()[todo.line - 1].startswith("def prepare(")
+    assert result.exit_code == 3 and "ported fully" not in result.message
+
+
+def test_a_function_no_other_file_imports_leaves_the_port_full(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PREPARE)
+    (tmp_path / "predict.py").write_text("from train import Net\n\nmodel = Net()\n")  # imports a class that reads no ctx
+    result = port_source(PREPARE, str(script))
+    assert not [t for t in result.todos if "predict.py" in t.message]
+
+
+def test_a_function_reading_the_ctx_the_main_block_binds_is_named_for_its_importer(tmp_path):
+    # the script's `__main__` block runs the training at module level: the port binds `ctx` there, and the
+    # functions read it as a global, which an importer's run never binds (NameError)
+    code = PREPARE.replace("    train(256)\n", "    for n in (128, 256):\n        train(n)\n")
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "predict.py").write_text("import train\n\nloader = train.prepare(64)\n")
+    result = port_source(code, str(script))
+    [todo] = [t for t in result.todos if "predict.py" in t.message]
+    assert "NameError" in todo.message and "tools/predict.py:3" in todo.message
+    assert result.exit_code == 3

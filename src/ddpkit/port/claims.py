@@ -278,6 +278,99 @@ def _calls_without_ctx(tree: ast.Module) -> list[tuple[int, str]]:
     return out
 
 
+def _imported_without_ctx(tree: ast.Module, path: str, folders: list[str]) -> list[tuple[int, str]]:
+    """A function (or class) of the script that now needs `ctx` (the port gave it a required `ctx` parameter, or it
+    reads the `ctx` only the script's own run binds: its `__main__` block or a function) where another file of the
+    project imports it from the script (`from train import prepare`): called from there, it raises TypeError (no
+    `ctx=` passed) or NameError (no `ctx` in that run). The port rewrote the script alone, so that importer (an
+    inference or evaluation script) is the user's to change."""
+    bound_on_import = any(isinstance(t, ast.Name) and t.id == "ctx" and isinstance(t.ctx, ast.Store)
+                          for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign)) for t in ast.walk(n))
+    needs = {n.name: (n, error) for n in tree.body
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+             for error in [_needs_ctx(n, bound_on_import)] if error}
+    if not needs:
+        return []
+    stem = os.path.splitext(os.path.basename(path))[0]
+    found: dict[str, list[str]] = {}
+    for other in _project_files(folders, path):
+        try:
+            with open(other, encoding="utf-8", errors="replace") as f:
+                module = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        where = os.path.relpath(other, folders[0])
+        for name, line in _names_imported_from(module, stem):
+            for hit in (needs if name == "*" else [name] if name in needs else []):
+                found.setdefault(hit, []).append(f"{where}:{line}")
+    out = []
+    for name, places in sorted(found.items(), key=lambda kv: needs[kv[0]][0].lineno):
+        places = sorted(set(places))
+        shown = ", ".join(places[:3]) + (f" (and {len(places) - 3} more)" if len(places) > 3 else "")
+        out.append((needs[name][0].lineno,
+                    f"not checked: `{name}` now needs `ctx` and {shown} import{'s' if len(places) == 1 else ''} it from "
+                    f"this script: called there it raises {needs[name][1]}; have those callers make one "
+                    "(`ctx = ddpkit.init()`) and pass it, or keep the old single-process version for them"))
+    return out
+
+
+def _needs_ctx(defn: ast.AST, bound_on_import: bool) -> str:
+    """How a call from another file fails now: "TypeError (no `ctx=` passed)" where the port gave the function (a
+    method of the class) a required `ctx`, "NameError (no `ctx` in that run)" where it reads a `ctx` nothing in it
+    binds and the script binds only when it runs; "" where neither."""
+    defs = [defn] if not isinstance(defn, ast.ClassDef) else [
+        n for n in defn.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if any(_requires_ctx(d) for d in defs):
+        return "TypeError (no `ctx=` passed)"
+    if not bound_on_import and any(_reads_global_ctx(d) for d in defs):
+        return "NameError (no `ctx` in that run)"
+    return ""
+
+
+def _reads_global_ctx(defn: ast.AST) -> bool:
+    """`ctx` read in the definition where nothing in it binds the name (no parameter, assignment or loop of it)."""
+    bound = {a.arg for n in ast.walk(defn) if isinstance(n, ast.arguments)
+             for a in (*n.posonlyargs, *n.args, *n.kwonlyargs, *([n.vararg] if n.vararg else []),
+                       *([n.kwarg] if n.kwarg else []))}
+    bound |= {n.id for n in ast.walk(defn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return "ctx" not in bound and any(isinstance(n, ast.Name) and n.id == "ctx" and isinstance(n.ctx, ast.Load)
+                                      for n in ast.walk(defn))
+
+
+def _project_files(folders: list[str], script: str, depth: int = 2, cap: int = 300) -> list[str]:
+    """The `.py` files of the script's folders and their subfolders (`depth` levels down), the script aside."""
+    seen: list[str] = []
+    skip = os.path.abspath(script)
+    for top in dict.fromkeys(os.path.abspath(f) for f in folders):
+        for here, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "node_modules")]
+            if here[len(top):].count(os.sep) >= depth:
+                dirs[:] = []
+            for name in sorted(files):
+                full = os.path.join(here, name)
+                if name.endswith(".py") and full != skip and full not in seen:
+                    seen.append(full)
+                    if len(seen) >= cap:
+                        return seen
+    return seen
+
+
+def _names_imported_from(module: ast.Module, stem: str) -> list[tuple[str, int]]:
+    """(name, line) of what a module takes from the module `stem`: `from stem import a, b` (`*` for a star import),
+    `import stem` then `stem.a`."""
+    out: list[tuple[str, int]] = []
+    aliases: set[str] = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1] == stem:
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name.split(".")[-1] == stem}
+    if aliases:
+        out += [(n.attr, n.lineno) for n in ast.walk(module) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id in aliases]
+    return out
+
+
 def _data_parallel(tree: ast.Module) -> list[tuple[int, str]]:
     """`nn.DataParallel(model)` left in the output (where the port wrapped no model, or could not follow it): under
     ddpkit each rank already owns one GPU (ddpkit.init sets it current), and DataParallel on rank 1 refuses a model
@@ -439,6 +532,8 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += pinned_gpus(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += _calls_without_ctx(tree)
+    todos += _imported_without_ctx(tree, path, [os.path.dirname(os.path.abspath(path)), folder]) \
+        if folder is not None and os.path.isfile(path) else []
     todos += _data_parallel(tree)
     asserted = parallel_asserts(tree, folder, _reached_files(modules, folder) if folder is not None else {})
     lines = {line for line, _ in asserted}  # that call fails before anything it does with the model: said once
