@@ -207,6 +207,21 @@ def test_a_loss_name_set_anew_in_a_loop_over_whole_data_is_that_loops_figure():
     assert _lint(VALIDATION_INSIDE_TRAINING, "DDP006") == [_line(VALIDATION_INSIDE_TRAINING, 'f"train loss')]
 
 
+def test_a_loss_built_through_names_the_validation_loop_moves_anew_is_that_loops_figure():
+    # `x, y = x.to(rank), y.to(rank)` rebinds the loop's own batch, `out = model(x)` then `loss = ...(out, y)`: a chain
+    # of names the training loop also binds (there from a tuple that holds its shard's `lengths` too)
+    code = VALIDATION_INSIDE_TRAINING.replace(
+        "loss = F.l1_loss(model(x.to(rank)), y.to(rank)) / lengths.to(rank).sum()",
+        "x, lengths = x.to(rank), lengths.to(rank)\n"
+        "                out = model(x)\n"
+        "                loss = F.l1_loss(out, y.to(rank)) / lengths.sum()").replace(
+        "                    with torch.no_grad():\n                        out = model(x.to(rank))",
+        "                    x, y = x.to(rank), y.to(rank)\n"
+        "                    with torch.no_grad():\n                        out = model(x)")
+    assert "x, y = x.to(rank), y.to(rank)" in code and "x, lengths = " in code
+    assert _lint(code, "DDP006") == [_line(code, 'f"train loss')]
+
+
 # ---- which assignment a use sees --------------------------------------------------------------------
 PLATFORMS = """
     import os

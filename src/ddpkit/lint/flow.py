@@ -812,11 +812,11 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
 
 
 def _set_anew_in_other_loop(s: Script, flow: ScopeFlow, node: ast.AST, name: str, summaries: dict,
-                            depth: int = 3) -> bool:
+                            depth: int = 6) -> bool:
     """`for mels, units in val_loader: loss = F.l1_loss(model(units), mels); meter.update(loss.item())`: inside a
-    loop over other data than the shard (also one nested in the training loop), a name the loop's body assigns
-    before `node` holds that value there, whatever the same name holds elsewhere in the function (the training
-    loop's `loss`, built from its own batches); true where that value reads no shard figure."""
+    loop over other data than the shard (also one nested in the training loop), a name the loop binds (its target)
+    or its body assigns before `node` holds that value there, whatever the same name holds elsewhere in the function
+    (the training loop's `loss`, built from its own batches); true where that value reads no shard figure."""
     loop = s.parents.get(id(node))
     while loop is not None and not isinstance(loop, (ast.For, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef,
                                                      ast.Lambda, ast.Module)):
@@ -824,13 +824,23 @@ def _set_anew_in_other_loop(s: Script, flow: ScopeFlow, node: ast.AST, name: str
     if not isinstance(loop, (ast.For, ast.AsyncFor)) or id(loop) in flow.shard_loops or depth == 0:
         return False
     line = getattr(node, "lineno", 0)
-    stores = [n for n in ast.walk(loop) if isinstance(n, ast.Assign) and n.lineno < line
-              and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    stores: list[tuple[int, ast.AST | None]] = [(loop.lineno, None)] if name in _names_of(loop.target) else []
+    for n in ast.walk(loop):
+        if isinstance(n, ast.Assign) and loop.lineno < n.lineno < line:
+            for t in n.targets:
+                if isinstance(t, ast.Name) and t.id == name:
+                    stores.append((n.lineno, n.value))
+                elif isinstance(t, (ast.Tuple, ast.List)) and name in _names_of(t):
+                    # `mels, units = mels.to(rank), units.to(rank)`: each name holds its own element
+                    pairs = zip(t.elts, n.value.elts) if isinstance(n.value, (ast.Tuple, ast.List)) \
+                        and len(n.value.elts) == len(t.elts) else [(t, n.value)]
+                    stores += [(n.lineno, v) for e, v in pairs if name in _names_of(e)]
     if not stores:
         return False
-    value = max(stores, key=lambda n: n.lineno).value
-    return all(n != name and _set_anew_in_other_loop(s, flow, value, n, summaries, depth - 1)
-               for n in flow.tainted_names(s, value, summaries))
+    value = max(stores, key=lambda st: st[0])[1]
+    # (`mels = mels.to(rank)` reads the binding before it: the loop's own target)
+    return value is None or all(_set_anew_in_other_loop(s, flow, value, n, summaries, depth - 1)
+                                for n in flow.tainted_names(s, value, summaries))
 
 
 def _attribute_of(name: str) -> ast.AST:
