@@ -38,7 +38,7 @@ _EXPORTS = {
 _ELSEWHERE = {
     "rank_seed": "ddpkit.rng", "LaunchEnv": "ddpkit.env", "read_env": "ddpkit.env",
     "eval_shard": "ddpkit.data", "EvalLoader": "ddpkit.data", "DistributedLoader": "ddpkit.data",
-    "to_device": "ddpkit.device", "all_gather_object": "ddpkit.collectives", "broadcast_object": "ddpkit.collectives",
+    "to_device": "ddpkit.device", "all_gather_object": "ddpkit.collectives", "all_reduce_number": "ddpkit.collectives", "broadcast_object": "ddpkit.collectives",
     "ProgressBar": "ddpkit.metrics.log", "rank_logger": "ddpkit.metrics.log", "read_metrics": "ddpkit.metrics.log",
     "finish_run": "ddpkit.metrics.plot", "latest_checkpoint": "ddpkit.checkpoint.api",
     "verify_checkpoint": "ddpkit.checkpoint.api", "CheckpointError": "ddpkit.checkpoint.api",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "all_reduce_sum",
+    "all_reduce_number",
     "reduce_mean",
     "reduce_means",
     "all_gather_object",
@@ -53,6 +54,24 @@ def all_reduce_sum(ctx: Context, value: torch.Tensor | float | int) -> torch.Ten
     t = t.to(ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def all_reduce_number(ctx: Context, value: float | int) -> float | int:
+    """Sum a Python number over ranks: an int where every rank's value is an int, else a float.
+
+    Collective (one all-reduce, the flag riding with the value). A sum a script starts at the int `0` and adds
+    floats to (`total += loss.item()`) is still the int `0` on a rank that saw no batch of an uneven shard;
+    rebuilding the total with that rank's own type (`int(total)`) would cut the run's figure there, and ranks would
+    disagree on it (an early stop taken on one rank alone hangs the others). Ints sum exactly up to 2**53.
+    """
+    import torch
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"all_reduce_number takes an int or a float, not {type(value).__name__}: sum tensors "
+                        "with all_reduce_sum(ctx, value)")
+    pair = torch.tensor([float(value), 0.0 if isinstance(value, int) else 1.0], dtype=torch.float64)
+    total, floats = all_reduce_sum(ctx, pair).tolist()
+    return float(total) if floats else int(round(total))
 
 
 def reduce_mean(ctx: Context, total: torch.Tensor | float, count: torch.Tensor | int) -> float:

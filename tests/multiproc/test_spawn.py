@@ -113,3 +113,33 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"rank processes left running: {alive}"
+
+
+NUMBERS = """
+import ddpkit
+from ddpkit.collectives import all_reduce_number
+
+
+def sums():
+    with ddpkit.init(device="cpu") as ctx:
+        # rank 0 saw no batch of an uneven shard: its `total = 0` is still the int it started from
+        loss_sum = 0 if ctx.rank == 0 else 2.5
+        correct = 3 * (ctx.rank + 1)
+        return all_reduce_number(ctx, loss_sum), all_reduce_number(ctx, correct)
+
+
+if __name__ == "__main__":
+    results = ddpkit.launch(sums, nproc_per_node=2)
+    assert results == [(2.5, 9), (2.5, 9)], results
+    assert all(isinstance(r[0], float) and isinstance(r[1], int) for r in results), results
+    print("numbers ok")
+"""
+
+
+def test_a_number_summed_over_ranks_is_a_float_where_any_rank_holds_one(tmp_path: Path) -> None:
+    # the sums `ddpkit port` writes after a loop: an int on a rank with no batch must not cut the run's float total
+    script = tmp_path / "sums_job.py"
+    script.write_text(NUMBERS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert done.returncode == 0 and "numbers ok" in done.stdout, done.stderr[-3000:]

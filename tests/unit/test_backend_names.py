@@ -69,3 +69,4 @@ def test_no_module_compares_a_backend_to_the_nccl_string():
             if pattern.search(line) and "backend" in line:  # error-message text may name nccl
                 offenders.append(f"{path.relative_to(SRC)}:{number}: {line.strip()}")
     assert offenders == []
+

@@ -61,7 +61,7 @@ def test_the_plain_digits_script_becomes_the_ddpkit_idioms():
     assert "def evaluate(model, test_loader, device, *, ctx):" in code
     assert "metrics = evaluate(model, test_loader, device, ctx=ctx)" in code
     loop_end = code.index("count += len(y)")
-    reduced = code.index("correct = type(correct)(ddpkit.all_reduce_sum(ctx, correct).item())")
+    reduced = code.index("correct = ddpkit.collectives.all_reduce_number(ctx, correct)")
     assert loop_end < reduced < code.index('return {"test_loss": loss_sum / count')
     assert "loss_sum = ddpkit.all_reduce_sum(ctx, loss_sum).item()" in code
     assert "logits = ddpkit.unwrap(model)(x)" in code  # eval shards differ in length: no DDP forward
@@ -92,7 +92,7 @@ def test_a_top_level_script_keeps_its_indentation_and_sums_are_reduced():
     assert "\nfor epoch in range(5):\n    for xb, yb in train_loader:\n" in code
     import difflib
     changed = [d for d in difflib.ndiff(source.splitlines(), code.splitlines()) if d[:1] in "+-"]
-    assert len(changed) < 30, changed
+    assert len(changed) < 31, changed  # (import ddpkit.collectives for a summed number counts as one)
 
 
 def test_a_trainer_class_gets_ctx_through_its_methods():
@@ -113,7 +113,7 @@ def test_dict_batches_tqdm_and_positional_loader_arguments():
     tq = _port("tqdm_loops").code
     assert 'pbar = tqdm(train_data, desc=f"epoch {epoch}", disable=not ctx.is_main)' in tq
     # the whole dataset's size after the reduction: the same text works for a training loader too
-    assert "correct = type(correct)(ddpkit.all_reduce_sum(ctx, correct).item())" in tq
+    assert "correct = ddpkit.collectives.all_reduce_number(ctx, correct)" in tq
     assert "return correct / len(loader.dataset)" in tq
     rl = _port("running_loss").code
     assert "ddpkit.loader(TensorDataset(x[:512], y[:512]), ctx, batch_size=32 // ctx.world_size, shuffle=True)" in rl

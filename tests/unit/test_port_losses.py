@@ -47,7 +47,7 @@ def test_a_returned_mean_of_a_sum_named_like_a_counter_is_reduced_and_a_shared_p
     todos = {t.line: t.message for t in result.todos}
     # `loss_epoch += loss.item()` is a sum of this rank's losses, not a step counter: reduced, and divided by every
     # rank's batches, before it is returned
-    reduced = code.index("loss_epoch = type(loss_epoch)(ddpkit.all_reduce_sum(ctx, loss_epoch).item())")
+    reduced = code.index("loss_epoch = ddpkit.collectives.all_reduce_number(ctx, loss_epoch)")
     assert reduced < code.index("loss_epoch /= ddpkit.all_reduce_sum(ctx, len(batches)).item()") \
         < code.index("return loss_epoch")
     # the running mean shown in the postfix comes from a pass over both loaders: no collective fits there

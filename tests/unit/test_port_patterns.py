@@ -271,7 +271,7 @@ def test_no_collective_inside_an_evaluation_loop():
            "if __name__ == '__main__':\n    main()\n")
     code = port_source(src).code
     assert "ddpkit.print0(ctx, correct)\n" in code  # shards differ by a batch: a collective here could hang
-    assert code.count("ddpkit.all_reduce_sum(ctx, correct)") == 1  # once, after the loop
+    assert code.count("ddpkit.collectives.all_reduce_number(ctx, correct)") == 1  # once, after the loop
 
 
 def test_a_download_behind_a_check_of_the_disk_is_a_todo():
@@ -329,7 +329,8 @@ def test_a_run_time_typed_sum_keeps_a_numpy_scalar_a_numpy_scalar():
 
     from ddpkit.port.sums import reduce_statement
 
-    fake = types.SimpleNamespace(all_reduce_sum=lambda ctx, value: torch.as_tensor(value) * 2)
+    fake = types.SimpleNamespace(all_reduce_sum=lambda ctx, value: torch.as_tensor(value) * 2,
+                                 collectives=types.SimpleNamespace(all_reduce_number=lambda ctx, value: value * 2))
     for value, expected in ((np.int64(5), np.int64(10)), (torch.tensor(3, dtype=torch.int32), 6), (2.5, 5.0)):
         scope = {"ddpkit": fake, "ctx": None, "total": value}
         exec(reduce_statement("total", "any"), scope)  # noqa: S102 - the generated line, as the port writes it

@@ -73,6 +73,8 @@ def _meta_ddpkit() -> types.ModuleType:
     fake.print0 = lambda ctx, *a, **k: None
     fake.barrier = lambda ctx: None
     fake.all_reduce_sum = lambda ctx, value: torch.as_tensor(value, dtype=torch.float64)
+    fake.collectives = types.ModuleType("ddpkit.collectives")
+    fake.collectives.all_reduce_number = lambda ctx, value: value
     fake.rng = types.SimpleNamespace(seed_everything=lambda seed: None, rank_seed=lambda seed, rank: seed,
                                      rng_state=lambda: None, set_rng_state=lambda state: None)
     return fake
@@ -84,6 +86,7 @@ def _run_on_meta(code: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(sys.modules, "ddpkit", fake)
     monkeypatch.setitem(sys.modules, "ddpkit.rng", fake.rng)
     monkeypatch.setitem(sys.modules, "ddpkit.device", fake.device)
+    monkeypatch.setitem(sys.modules, "ddpkit.collectives", fake.collectives)
     monkeypatch.setattr(sys, "argv", ["ported.py", *argv])
     with contextlib.redirect_stdout(None):
         exec(compile(code, "ported.py", "exec"), {"__name__": "__main__"})

@@ -140,7 +140,7 @@ def test_a_mean_loss_times_the_batch_size_is_summed_as_a_number_not_truncated_to
     would print 0.0 for a loss below 1 per sample. A keyword named like a function of the script (`train=False`)
     hands no function to the call."""
     result = port_source(_BATCH_WEIGHTED, "train.py")
-    assert "running_loss = type(running_loss)(ddpkit.all_reduce_sum(ctx, running_loss).item())" in result.code
+    assert "running_loss = ddpkit.collectives.all_reduce_number(ctx, running_loss)" in result.code
     assert "int(ddpkit.all_reduce_sum(ctx, running_loss)" not in result.code
     assert result.exit_code == 0, result.todos
     # `def train(model, opt)` steps the optimizer it is handed (a call on a parameter, as a search library's trial

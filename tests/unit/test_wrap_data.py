@@ -67,6 +67,17 @@ def test_collectives_check_their_arguments_at_world_size_one():
         ddpkit.gather_in_order(ctx, [1, 2, 3], [0, 1, 2])
 
 
+def test_all_reduce_number_keeps_an_int_an_int_and_refuses_what_is_no_number():
+    ctx = _ctx()
+    from ddpkit.collectives import all_reduce_number
+
+    assert all_reduce_number(ctx, 7) == 7 and isinstance(all_reduce_number(ctx, 7), int)
+    assert all_reduce_number(ctx, 0.25) == 0.25 and isinstance(all_reduce_number(ctx, 0.25), float)
+    for bad in (True, "3", [1.0]):
+        with pytest.raises(TypeError, match="all_reduce_number takes an int or a float"):
+            all_reduce_number(ctx, bad)
+
+
 def test_gather_in_order_keeps_the_dtype_when_a_shard_is_empty(monkeypatch):
     import ddpkit.collectives as collectives
 

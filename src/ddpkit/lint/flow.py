@@ -824,7 +824,9 @@ def _set_anew_in_other_loop(s: Script, flow: ScopeFlow, node: ast.AST, name: str
     if not isinstance(loop, (ast.For, ast.AsyncFor)) or id(loop) in flow.shard_loops or depth == 0:
         return False
     line = getattr(node, "lineno", 0)
-    stores: list[tuple[int, ast.AST | None]] = [(loop.lineno, None)] if name in _names_of(loop.target) else []
+    # (the loop's own target holds items of what it walks: clean where that reads no shard figure, not
+    # `for p, g in zip(preds, gts)` over the shard's collected predictions)
+    stores: list[tuple[int, ast.AST | None]] = [(loop.lineno, loop.iter)] if name in _names_of(loop.target) else []
     for n in ast.walk(loop):
         if isinstance(n, ast.Assign) and loop.lineno < n.lineno < line:
             for t in n.targets:
@@ -837,10 +839,12 @@ def _set_anew_in_other_loop(s: Script, flow: ScopeFlow, node: ast.AST, name: str
                     stores += [(n.lineno, v) for e, v in pairs if name in _names_of(e)]
     if not stores:
         return False
-    value = max(stores, key=lambda st: st[0])[1]
+    stored_at, value = max(stores, key=lambda st: st[0])
+    if value is loop.iter:
+        return not flow.tainted_names(s, value, summaries)
     # (`mels = mels.to(rank)` reads the binding before it: the loop's own target)
-    return value is None or all(_set_anew_in_other_loop(s, flow, value, n, summaries, depth - 1)
-                                for n in flow.tainted_names(s, value, summaries))
+    return all(_set_anew_in_other_loop(s, flow, value, n, summaries, depth - 1)
+               for n in flow.tainted_names(s, value, summaries))
 
 
 def _attribute_of(name: str) -> ast.AST:

@@ -19,7 +19,7 @@ __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_r
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",
-    "barrier", "all_reduce_sum", "reduce_mean", "reduce_means", "all_gather_object", "broadcast_object",
+    "barrier", "all_reduce_sum", "all_reduce_number", "reduce_mean", "reduce_means", "all_gather_object", "broadcast_object",
     "gather_in_order", "gather_list",
 })
 """ddpkit functions every rank must call, each checked against its code: init (init_process_group),

@@ -152,7 +152,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     module = open_context(module, facts, plan.seed, device)
     module = add_import(module, rng=facts.seeded_before_init(), device=any(
         "ddpkit.device." in line for lines in plan.batch_moves.values() for line in lines) or any(
-        "ddpkit.device." in text for text in plan.replace.values()))
+        "ddpkit.device." in text for text in plan.replace.values()),
+        collectives="ddpkit.collectives.all_reduce_number(" in module.code)
     todos = [Todo(line, message) for line, message in sorted(plan.todos)]
     # the claim gate: what the rewrite never looked at (its own output's lint findings, the script's own modules)
     # becomes a TODO, so "ported fully" is never said of code nobody checked

@@ -199,10 +199,11 @@ def _flat(body: list[cst.BaseStatement], keep: int, seed: cst.BaseExpression | N
     return [*body[:keep], start, _first(False), *body[keep:], close]
 
 
-def add_import(module: cst.Module, rng: bool = False, device: bool = False) -> cst.Module:
+def add_import(module: cst.Module, rng: bool = False, device: bool = False, collectives: bool = False) -> cst.Module:
     """`import ddpkit` after the script's leading imports (and `import ddpkit.rng` when the port reads the
     generators before ddpkit.init, which is what imports that module otherwise; `import ddpkit.device` when the
-    port moves batches with ddpkit.device.to_device, a name ddpkit's face does not carry)."""
+    port moves batches with ddpkit.device.to_device, a name ddpkit's face does not carry; `import
+    ddpkit.collectives` when it sums a number with ddpkit.collectives.all_reduce_number, likewise)."""
     body = list(module.body)
     last = -1
     for i, stmt in enumerate(body):
@@ -218,4 +219,6 @@ def add_import(module: cst.Module, rng: bool = False, device: bool = False) -> c
         body.insert(last + 2, cst.parse_statement("import ddpkit.rng\n"))
     if device:
         body.insert(last + 2 + rng, cst.parse_statement("import ddpkit.device\n"))
+    if collectives:
+        body.insert(last + 2 + rng + device, cst.parse_statement("import ddpkit.collectives\n"))
     return module.with_changes(body=body)

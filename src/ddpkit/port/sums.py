@@ -103,11 +103,15 @@ def reduce_statement(name: str, kind: str) -> str:
         expr = f"{total}.item()"
     elif kind == "tensor":  # started as a tensor: stays one, in its own dtype
         expr = f"{total}.to({name}.dtype)"
-    elif kind == "number":  # `.item()` of an int or a float tensor
-        expr = f"{number}({total}.item())"
+    elif kind == "number":  # `.item()` of an int or a float tensor: a float on any rank makes the sum one
+        # (a rank that saw no batch still holds the int 0 it started from; its own type would cut the total)
+        expr = f"float({total}.item())" if mean else f"ddpkit.collectives.all_reduce_number(ctx, {name})"
     else:  # its type is decided at run time (a tensor from `.sum()`, or a number): keep whichever it is
         # a torch tensor keeps its dtype; a numpy scalar (which has a dtype torch cannot take) keeps its type
-        expr = f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else {number}({total}.item())"
+        # (and a Python number one whose sum is a float where any rank's is: see `number` above)
+        plain = f"{number}({total}.item())" if mean else \
+            f"ddpkit.collectives.all_reduce_number(ctx, {name}) if isinstance({name}, (int, float)) else {number}({total}.item())"
+        expr = f"{total}.to({name}.dtype) if hasattr({name}, \"requires_grad\") else {plain}"
     comment = "mean over ranks of each rank's sum of per-step values" if mean else "sum over every rank's shard"
     return f"{name} = {expr}  # {comment}\n"
 
