@@ -726,3 +726,42 @@ def test_a_function_reading_the_ctx_the_main_block_binds_is_named_for_its_import
     [todo] = [t for t in result.todos if "predict.py" in t.message]
     assert "NameError" in todo.message and "tools/predict.py:3" in todo.message
     assert result.exit_code == 3
+
+
+def test_a_batch_size_setting_read_by_the_project_is_not_called_divided_where_the_port_divided_no_batch(tmp_path):
+    # the loader is the project's own (`runner.batches()`): the port builds no ddpkit.loader and divides no batch,
+    # so "each rank's batch is now that divided by the world size" would be false (a TODO that misleads)
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""\
+        import torch
+
+
+        class Runner:
+            def __init__(self, opts):
+                self.opts = opts
+
+            def batches(self):
+                for _ in range(4):
+                    yield torch.randn(self.opts.batch_size, 4), torch.randn(self.opts.batch_size, 1)
+    """))
+    code = textwrap.dedent("""\
+        import argparse
+        import torch
+        from parts import Runner
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--batch-size", type=int, default=8)
+        opts = parser.parse_args()
+        runner = Runner(opts)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in runner.batches():
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    """)
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    result = port_source(code, str(script))
+    code_lines = [line for line in result.code.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code_lines if "ddpkit.loader(" in line or "// ctx.world_size" in line]
+    assert not [t for t in result.todos if "divided by the world size" in t.message], result.todos

@@ -17,7 +17,7 @@ from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_no
                                     writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
-from ddpkit.port.sizes import fixed_device, fixed_devices, shapes_with, split_sizes
+from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.untrained import unused_in_wrapped, unused_wraps
 from ddpkit.port.wrapped import plain_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
@@ -549,11 +549,11 @@ def _instance_aliases(cls: ast.ClassDef, received: dict[str, str]) -> dict[str, 
 
 def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: set[str] = frozenset(),
              follow: Follow | None = None, depth: int = 0, devices: set[str] = frozenset(),
-             sizes: set[str] = frozenset()) -> list[tuple[int, str]]:
+             sizes: set[str] = frozenset(), divided: bool = False) -> list[tuple[int, str]]:
     """(line, what to check) in the code that receives the objects; `one_rank`: the call runs on rank 0 only.
     `follow` resolves the names it calls, so a model handed on to another function of the project is followed;
     `devices` are the module's names bound to a GPU it chose itself; `sizes` the keys of the settings whose batch
-    size the port divided for its loader."""
+    size the port divided for its loader; `divided`: the port divided a loader's batch by the world size at all."""
     kinds = set(received.values())
     out: list[tuple[int, str]] = _handed_on(defn, received, one_rank, follow, depth) if "model" in kinds else []
     out += shapes_with(defn, received)
@@ -596,7 +596,7 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
                                          "divided by the world size for the loader: each rank's batch is smaller "
                                          "now; where it sizes a batch's tensors or counts its samples, use the "
                                          "batch's own size (x.size(0))"))
-            elif "batch" in key.lower() and "norm" not in key.lower():
+            elif "batch" in key.lower() and "norm" not in key.lower() and divided:
                 out.append((node.lineno, f"reads the global batch size `{ast.unparse(node)}`: each rank's batch is "
                                          "now that divided by the world size (ctx.world_size)"))
         if not isinstance(node, ast.Call):
@@ -1166,6 +1166,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     definition = _definer(tree, folder, modules, parsed)
     split = split_sizes(tree)
     sizes = set().union(*split.values()) if split else set()
+    divided = bool(divided_sizes(tree))  # a settings key named like a batch is divided only where some loader's is
     for root, keys in split.items():  # the value divided for the loader, read elsewhere as the batch's size
         kinds.setdefault(root, "config" if keys else "size")
     shared = {root: imported for root, imported in _local_imports(tree, modules, folder, parsed).items()
@@ -1261,7 +1262,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             what = "runs on every rank"
         else:
             hazards = sorted(set(_hazards(defn, received, id(node) in guarded, aliases[path], follower(path),
-                                          devices=devices, sizes=sizes)))
+                                          devices=devices, sizes=sizes, divided=divided)))
             # the model's forward (`received` set above) was read whole where the script built the model
             reached = [] if id(node) in guarded or received.get("forward") == "batch" else _reached_hazards(
                 path, [defn], folder, modules, parsed)

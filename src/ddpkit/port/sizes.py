@@ -10,7 +10,7 @@ import ast
 
 from ddpkit.port.weights import ast_dotted
 
-__all__ = ["fixed_device", "fixed_devices", "shapes_with", "split_sizes"]
+__all__ = ["fixed_device", "fixed_devices", "shapes_with", "divided_sizes", "split_sizes"]
 
 _SHAPED = {"view", "reshape", "resize_", "expand", "repeat", "zeros", "ones", "empty", "full", "rand", "randn",
            "randint", "arange", "new_zeros", "new_ones", "new_full", "new_empty", "FloatTensor", "LongTensor", "Tensor",
@@ -18,26 +18,33 @@ _SHAPED = {"view", "reshape", "resize_", "expand", "repeat", "zeros", "ones", "e
 """Calls whose arguments give a tensor's shape: a batch size there must be the batch's own."""
 
 
+def divided_sizes(tree: ast.Module) -> list[ast.expr]:
+    """Each batch size the port divided by the world size for a loader: `B` of `ddpkit.loader(..., batch_size=B //
+    ctx.world_size)` (a literal, a name, a settings key); empty where the port divided no batch."""
+    out: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast_dotted(node.func) in ("ddpkit.loader", "ddpkit.eval_loader")):
+            continue
+        for kw in node.keywords:
+            out += [div.left for div in (ast.walk(kw.value) if kw.arg == "batch_size" else ())
+                    if isinstance(div, ast.BinOp) and isinstance(div.op, ast.FloorDiv)
+                    and ast_dotted(div.right) == "ctx.world_size"]
+    return out
+
+
 def split_sizes(tree: ast.Module) -> dict[str, set[str]]:
     """What the port divided by the world size for a loader (`ddpkit.loader(..., batch_size=cfg.BATCH_SIZE //
     ctx.world_size)`): {root name: keys read from it} ({'cfg': {'BATCH_SIZE'}}; {'batch_size': set()} for a name).
     Elsewhere that value is still the global batch, so code that shapes a batch's tensors with it no longer fits."""
     out: dict[str, set[str]] = {}
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and ast_dotted(node.func) in ("ddpkit.loader", "ddpkit.eval_loader")):
-            continue
-        for kw in node.keywords:
-            for div in ast.walk(kw.value) if kw.arg == "batch_size" else ():
-                if isinstance(div, ast.BinOp) and isinstance(div.op, ast.FloorDiv) and \
-                        ast_dotted(div.right) == "ctx.world_size":
-                    size = div.left
-                    if isinstance(size, ast.Name):
-                        out.setdefault(size.id, set())
-                    elif isinstance(size, ast.Attribute) and isinstance(size.value, ast.Name):
-                        out.setdefault(size.value.id, set()).add(size.attr)
-                    elif isinstance(size, ast.Subscript) and isinstance(size.value, ast.Name) and isinstance(
-                            size.slice, ast.Constant) and isinstance(size.slice.value, str):
-                        out.setdefault(size.value.id, set()).add(size.slice.value)
+    for size in divided_sizes(tree):
+        if isinstance(size, ast.Name):
+            out.setdefault(size.id, set())
+        elif isinstance(size, ast.Attribute) and isinstance(size.value, ast.Name):
+            out.setdefault(size.value.id, set()).add(size.attr)
+        elif isinstance(size, ast.Subscript) and isinstance(size.value, ast.Name) and isinstance(
+                size.slice, ast.Constant) and isinstance(size.slice.value, str):
+            out.setdefault(size.value.id, set()).add(size.slice.value)
     return out
 
 
