@@ -24,7 +24,7 @@ from typing import Any
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
                                  project_disk_writes, project_downloads, project_hazards, project_loaders,
-                                 project_writers, step_loops, unused_parameter_wraps)
+                                 project_writers, python_files, step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
@@ -339,20 +339,9 @@ def _reads_global_ctx(defn: ast.AST) -> bool:
 
 def _project_files(folders: list[str], script: str, depth: int = 2, cap: int = 300) -> list[str]:
     """The `.py` files of the script's folders and their subfolders (`depth` levels down), the script aside."""
-    seen: list[str] = []
     skip = os.path.abspath(script)
-    for top in dict.fromkeys(os.path.abspath(f) for f in folders):
-        for here, dirs, files in os.walk(top):
-            dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "node_modules")]
-            if here[len(top):].count(os.sep) >= depth:
-                dirs[:] = []
-            for name in sorted(files):
-                full = os.path.join(here, name)
-                if name.endswith(".py") and full != skip and full not in seen:
-                    seen.append(full)
-                    if len(seen) >= cap:
-                        return seen
-    return seen
+    seen = [f for top in dict.fromkeys(os.path.abspath(f) for f in folders) for f in python_files(top, depth)]
+    return [f for f in dict.fromkeys(seen) if f != skip][:cap]
 
 
 def _names_imported_from(module: ast.Module, stem: str) -> list[tuple[str, int]]:

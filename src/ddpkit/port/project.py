@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections.abc import Iterator
 
 from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_nodes, where, writer_class,
                                     writes_reached)
@@ -23,8 +24,8 @@ from ddpkit.port.wrapped import plain_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
-           "unused_parameter_wraps", "project_writers", "path_module", "project_downloads", "project_loaders",
-           "project_disk_writes"]
+           "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
+           "project_loaders", "project_disk_writes"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -164,6 +165,16 @@ def _file_of(modules: dict[str, str], folder: str, dotted: str) -> str | None:
 _SKIPPED = {"__pycache__", "node_modules", "site-packages", "venv", "env", "build", "dist"}
 
 
+def python_files(folder: str, depth: int) -> Iterator[str]:
+    """Each `.py` file under `folder`, at most `depth` folder levels down, in a stable order; hidden folders, caches,
+    environments and build output are skipped."""
+    base = os.path.abspath(folder)
+    for where, dirs, files in os.walk(base):
+        level = os.path.relpath(where, base).count(os.sep) + (where != base)
+        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and d not in _SKIPPED] if level < depth else []
+        yield from (os.path.join(where, name) for name in sorted(files) if name.endswith(".py"))
+
+
 def path_module(folder: str, module: str, name: str, depth: int = 3) -> str | None:
     """The file `from module import name` reads where the script's folder does not hold it (no `module.py` there, or
     a package whose `__init__.py` lacks `name`): a project that puts its module folders on sys.path (a shell script
@@ -171,12 +182,9 @@ def path_module(folder: str, module: str, name: str, depth: int = 3) -> str | No
     `folder` (`depth` levels down) that defines `name`; None where there is none or more than one (a guess)."""
     found: list[str] = []
     base = os.path.abspath(folder)
-    for where, dirs, files in os.walk(base):
-        level = os.path.relpath(where, base).count(os.sep) + (where != base)
-        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and d not in _SKIPPED] if level < depth else []
-        if f"{module}.py" not in files:
+    for path in python_files(base, depth):
+        if os.path.basename(path) != f"{module}.py":
             continue
-        path = os.path.join(where, f"{module}.py")
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 defined = _definition(ast.parse(f.read().removeprefix("\ufeff")), name)
