@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, batchnorm_constructor, own_returns, terminal
 from ddpkit.lint.bindings import scope_of
-from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default
+from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default, splat_keyword
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
            "ddp_without_device", "cuda_before_set_device", "cuda_tensor_type_without_set_device", "batchnorm_without_sync"]
@@ -156,8 +156,9 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
 def _explicit_devices(project) -> str:
     """'explicit' when no code relies on the current CUDA device: every DDP call has device_ids, no bare
     `.cuda()` and no plain 'cuda'/'cuda:0'; 'pinned' when so but a DataLoader pins memory; else ''."""
-    ddp = [c for x in project.scripts.values() for c in x.calls if x.qualname(c.func).endswith("DistributedDataParallel")]
-    if not ddp or any(keyword(c, "device_ids") is None for c in ddp):
+    ddp = [(x, c) for x in project.scripts.values() for c in x.calls
+           if x.qualname(c.func).endswith("DistributedDataParallel")]
+    if not ddp or any(_device_ids(x, c)[0] is None for x, c in ddp):
         return ""
     if not project.single_node and not project.spawned and any(
             x.is_global_rank(i) for x in project.scripts.values() for c in x.calls for i in _device_indices(x, c)):
@@ -488,6 +489,14 @@ def _cpu_arm(s: Script, node: ast.AST) -> bool:
     return False
 
 
+def _device_ids(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
+    """The device_ids a DDP call gets, given or through a `**kwargs` dict the script builds (`DDP(model,
+    **ddp_kwargs)`, `ddp_kwargs = {'device_ids': [rank]}`), and whether that is known (False: a `**kwargs` from
+    elsewhere may carry them)."""
+    given = keyword(call, "device_ids")
+    return (given, True) if given is not None else splat_keyword(s, call, "device_ids")
+
+
 @check
 def ddp_without_device(s: Script) -> Iterator[Hit]:
     if not _uses_cuda(s) or _pinned(s):
@@ -496,7 +505,7 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
     chosen = _set_device_calls(s)
     for call in s.calls:
         if not s.qualname(call.func).endswith("DistributedDataParallel") or len(call.args) > 1 \
-                or keyword(call, "device_ids") is not None or keyword(call, "device_mesh") is not None:
+                or _device_ids(s, call) != (None, True) or keyword(call, "device_mesh") is not None:
             continue
         sides = _branches(call, parents)
         if _cpu_arm(s, call):

@@ -12,7 +12,7 @@ from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, 
                                   is_eval_sampler, terminal, without_grad)
 from ddpkit.lint.passes import enclosing_function, passed_once, rerun_site
 
-__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "is_buffer", "DDP_ONLY_KWARGS", "off_by_default"]
+__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "splat_keyword", "is_buffer", "DDP_ONLY_KWARGS", "off_by_default"]
 
 
 @dataclass(frozen=True)
@@ -462,13 +462,23 @@ def shuffle_arguments(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
     shuffle = argument(call, "shuffle", 2)
     if shuffle is not None:
         return shuffle, False
+    return splat_keyword(s, call, "shuffle")[0], True
+
+
+def splat_keyword(s: Script, call: ast.Call, name: str) -> tuple[ast.AST | None, bool]:
+    """The value keyword `name` gets through the call's `**kwargs` dicts (`DDP(m, **ddp_kwargs)` with
+    `ddp_kwargs = {'device_ids': [rank]}`), and whether every `**` names dicts the script builds (False: a
+    `**kwargs` from elsewhere may carry it)."""
+    known = True
     for k in call.keywords:
         if k.arg is None:
-            for value in _dict_sources(s, k.value):
+            sources = list(_dict_sources(s, k.value))
+            known = known and bool(sources)
+            for value in sources:
                 for key, item in value:
-                    if key == "shuffle":
+                    if key == name:
                         return item, True
-    return None, False
+    return None, known
 
 
 def _dict_sources(s: Script, expr: ast.AST) -> Iterator[list[tuple[str, ast.AST]]]:
