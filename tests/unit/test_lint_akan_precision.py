@@ -56,3 +56,63 @@ def test_a_kwargs_dict_without_device_ids_is_still_reported():
     found = _found({"train.py": _SPLAT_DDP.replace("{kwargs}", "ddp_kwargs = {'find_unused_parameters': True}")})
     assert ("train.py", "self.gen_ddp = DDP(self.gen, **ddp_kwargs)", "DDP012") in found
 
+
+_TEST_MODE = """
+    import argparse
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--test", type=str, default=None)
+    args = parser.parse_args()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.fc(x)
+
+
+    def save_trace(prof):
+        prof.export_chrome_trace(f"trace{local_rank}.json")
+
+
+    def score(outputs):
+        print("scoring", len(outputs), "outputs")
+        return sum(outputs)
+
+
+    def main():
+        model = Net()
+        if args.test {test}:
+            torch.cuda.set_device(local_rank)
+            dist.init_process_group(backend="nccl")
+            model = DDP(model.cuda(), device_ids=[local_rank])
+            with torch.profiler.profile(on_trace_ready=save_trace) as prof:
+                for step in range(10):
+                    model(torch.randn(8, 4).cuda()).sum().backward()
+                    prof.step()
+            print("trained")
+        else:
+            model.load_state_dict(torch.load(args.test, map_location="cpu"))
+            print("test score", score(model(torch.randn(8, 4)).tolist()))
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_the_arm_that_starts_no_group_is_one_process_beside_a_model_class_and_a_callback():
+    # the model's `super().__init__()` calls nn.Module's, no function of the program; the training arm starts the
+    # group itself, whatever the profiler callback it hands along does
+    found = _found({"train.py": _TEST_MODE.replace("{test}", "is None")})
+    assert ("train.py", 'print("trained")', "DDP008") in found  # the training arm: every rank prints
+    assert ("train.py", 'print("test score", score(model(torch.randn(8, 4)).tolist()))', "DDP008") not in found
+    assert ("train.py", 'print("scoring", len(outputs), "outputs")', "DDP008") not in found

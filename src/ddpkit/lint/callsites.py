@@ -766,6 +766,11 @@ def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | No
                 if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == target[1]] or None
     if isinstance(owner, ast.Name) and owner.id in x.aliases and not project.modules.locate(path, x.aliases[owner.id]):
         return []  # `torch.save(...)`, `os.path.join(...)`: a module outside the project
+    if isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name) and func.value.func.id == "super":
+        cls = x.parents.get(id(call))
+        while cls is not None and not isinstance(cls, ast.ClassDef):
+            cls = x.parents.get(id(cls))
+        return _inherited(cls, name, classes, 4) if cls is not None else None
     if name not in named:
         return []
     kinds = receiver(path, x, func)
@@ -776,6 +781,24 @@ def _callees(project, path: str, x, call: ast.Call, found) -> list[ast.AST] | No
         return methods if len(methods) == 1 else None
     return [d for k in kinds for c in classes.get(k, ()) for r in relatives.get(k, {k}) for c2 in classes.get(r, ())
             for d in c2.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name] or None
+
+
+def _inherited(cls: ast.ClassDef, name: str, classes, depth: int) -> list[ast.AST] | None:
+    """The method `super().name(...)` in `cls` runs: that of its nearest project bases that define it, [] where no
+    base is the project's (`super().__init__()` of an `nn.Module` runs torch's), None where the program does not
+    say which class it is."""
+    own = [terminal(b) for b in cls.bases if terminal(b) in classes]
+    found: list[ast.AST] = []
+    for base in own:
+        if len(classes[base]) != 1 or not depth:
+            return None
+        methods = [d for d in classes[base][0].body
+                   if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name]
+        higher = methods or _inherited(classes[base][0], name, classes, depth - 1)
+        if higher is None:
+            return None
+        found += higher
+    return found
 
 
 def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
@@ -803,19 +826,17 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
 
     def starting(nodes: list[ast.AST]) -> bool | None:
         """True where these statements start the group, None where they may, False where they surely do not."""
-        seen = False
         within = [n for stmt in nodes for n in ast.walk(stmt)]
-        funcs = {id(n.func) for n in within if isinstance(n, ast.Call)}
+        called = [n for n in within if isinstance(n, ast.Call)]
+        if any(terminal(c.func) == "init_process_group" or any(id(d) in surely for d in calls.get(id(c)) or ())
+               for c in called):
+            return True  # (whatever else the statements run or hand along)
+        funcs = {id(c.func) for c in called}
         if any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and id(n) not in funcs
                and terminal(n) in named for n in within):
             return None  # a project function handed along (`mp.spawn(worker)`) runs where it is called
-        for c in (n for n in within if isinstance(n, ast.Call)):
-            targets = calls.get(id(c))
-            if terminal(c.func) == "init_process_group" or targets and any(id(d) in surely for d in targets):
-                seen = True
-            elif targets is None or any(id(d) in maybe for d in targets):
-                return None
-        return seen
+        return None if any(calls.get(id(c)) is None or any(id(d) in maybe for d in calls[id(c)])
+                           for c in called) else False
 
     entries: dict[int, bool] = {}
 
