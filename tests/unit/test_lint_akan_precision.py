@@ -116,3 +116,68 @@ def test_the_arm_that_starts_no_group_is_one_process_beside_a_model_class_and_a_
     assert ("train.py", 'print("trained")', "DDP008") in found  # the training arm: every rank prints
     assert ("train.py", 'print("test score", score(model(torch.randn(8, 4)).tolist()))', "DDP008") not in found
     assert ("train.py", 'print("scoring", len(outputs), "outputs")', "DDP008") not in found
+
+
+_BATCH_PROGRESS = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def train_one_epoch(model, loader, optimizer, rank):
+        total_loss = 0.0
+        for step, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item()
+            if rank == 0 and step % 10 == 0:
+                print(f"step {step} loss {loss.item():.4f}")
+        {tail}
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=8, sampler=sampler)
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            epoch_loss = train_one_epoch(model, loader, optimizer, rank)
+            if rank == 0:
+                print(f"epoch {epoch} loss {epoch_loss:.4f}")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_batch_progress_line_is_no_figure_of_the_run_where_the_epoch_figure_is_returned():
+    found = _found({"train.py": _BATCH_PROGRESS.replace("{tail}", "return total_loss / len(loader)")})
+    assert ("train.py", 'print(f"step {step} loss {loss.item():.4f}")', "DDP006") not in found
+    assert ("train.py", 'print(f"epoch {epoch} loss {epoch_loss:.4f}")', "DDP006") in found  # judged there
+
+
+def test_a_batch_progress_line_is_reported_where_it_is_the_only_figure():
+    found = _found({"train.py": _BATCH_PROGRESS.replace("{tail}", "return None")})
+    assert ("train.py", 'print(f"step {step} loss {loss.item():.4f}")', "DDP006") in found
+
+
+def test_a_batch_progress_line_of_a_loader_built_elsewhere_is_no_figure_of_the_run():
+    code = _BATCH_PROGRESS.replace("{tail}", "return total_loss / len(loader)").replace(
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset", "from loaders import build_loader")
+    code = code.replace("""        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, batch_size=8, sampler=sampler)
+""", "        loader, sampler = build_loader(rank)\n")
+    found = _found({"train.py": code})
+    assert ("train.py", 'print(f"step {step} loss {loss.item():.4f}")', "DDP006") not in found
+    assert ("train.py", 'print(f"epoch {epoch} loss {epoch_loss:.4f}")', "DDP006") in found

@@ -379,12 +379,14 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
         if loss is not None and _reduced_here(s, call, loss):
             continue  # this value went through a collective in this function (or was rebuilt from one)
         step = loss is not None and _progress_line(s, scope, call, loss)
-        if step and not (terminal(call.func) in _RECORDS or s.qualname(call.func).startswith("wandb.")):
+        if step and not _kept_record(s, call):
             continue  # rank 0's batch loss inside the training loop; the epoch figure built from it is reduced
         # (but a record a writer keeps, `writer.add_scalar("train/loss_step", loss.item(), step)`, is a curve of
         # rank 0's batches presented as the run's, whatever the epoch figure is)
-        if swapped and not step and loss is not None and _in_batch_loop(s, scope, call):
+        if loss is not None and not step and _in_batch_loop(s, scope, call) and (
+                swapped or not _kept_record(s, call) and _returns_epoch_figure(s, scope, loss)):
             continue  # a progress line of the current batch on the console, not a figure presented as the run's
+            # (the epoch figure the function returns is judged where its caller reports it)
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
@@ -506,6 +508,21 @@ def _progress_line(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool
                 and s.project.runs(s, c) and loss in built_from(s, scope, [c.args[0]]):
             return True
     return False
+
+
+def _kept_record(s: Script, call: ast.Call) -> bool:
+    """A record a writer keeps (`writer.add_scalar`, `wandb.log`): a curve presented as the run's, not a console
+    line."""
+    return terminal(call.func) in _RECORDS or s.qualname(call.func).startswith("wandb.")
+
+
+def _returns_epoch_figure(s: Script, scope: ast.AST, loss: str) -> bool:
+    """The function returns a figure built from `loss` (`return total_loss / len(loader)` after `total_loss +=
+    loss.item()` in the batch loop): its per-batch lines are progress, the epoch figure is the one its caller
+    reports."""
+    return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+        isinstance(r, ast.Return) and r.value is not None and loss in built_from(s, scope, [r.value])
+        for r in ast.walk(scope) if scope_of(s, r) is scope)
 
 
 def _in_step_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
@@ -859,6 +876,9 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                 # rank 0's own step loss (or batch accuracy) in the training loop, where the program reduces a
                 # loss (an accuracy) elsewhere: a progress line, not the run's figure
                 continue
+            if not evaluation and _in_shard_loop(call, flow) and _in_batch_loop(s, scope_of(s, call), call) \
+                    and not _kept_record(s, call) and all(_returns_epoch_figure(s, scope_of(s, call), n) for n in names):
+                continue  # a progress line of the batch; the epoch figure the function returns is judged at its report
             if ctx.level == NONE and helper is not None:
                 where = f"through {terminal(call.func)}(), which shows it on rank 0 only, so it is rank 0's shard alone"
             elif ctx.level == NONE:
