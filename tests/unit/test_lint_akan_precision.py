@@ -181,3 +181,71 @@ def test_a_batch_progress_line_of_a_loader_built_elsewhere_is_no_figure_of_the_r
     found = _found({"train.py": code})
     assert ("train.py", 'print(f"step {step} loss {loss.item():.4f}")', "DDP006") not in found
     assert ("train.py", 'print(f"epoch {epoch} loss {epoch_loss:.4f}")', "DDP006") in found
+
+
+_WHOLE_DEV = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler, TensorDataset
+
+
+    def evaluate(model, loader):
+        correct = total = 0
+        with torch.no_grad():
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+                total += len(y)
+        return correct / total
+
+
+    def main():
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        train_set = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+        sampler = DistributedSampler(train_set)
+        model = DDP(torch.nn.Linear(4, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for x, y in DataLoader(train_set, batch_size=8, sampler=sampler):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            if rank == 0:
+                dev_set = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+                dev_loader = DataLoader(dev_set, batch_size=8, sampler=SequentialSampler(dev_set))
+                dev_acc = evaluate(model, dev_loader)
+                print(f"epoch {epoch} dev_acc {dev_acc:.3f}")
+        test_set = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+        test_loader = DataLoader(test_set, batch_size=8, sampler=DistributedSampler(test_set, shuffle=False))
+        test_acc = evaluate(model, test_loader)
+        if rank == 0:
+            print(f"test_acc {test_acc:.3f}")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_an_accuracy_rank_0_evaluates_over_the_whole_set_is_the_runs():
+    found = _found({"train.py": _WHOLE_DEV})
+    assert ("train.py", 'print(f"epoch {epoch} dev_acc {dev_acc:.3f}")', "DDP006") not in found
+    assert ("train.py", 'print(f"test_acc {test_acc:.3f}")', "DDP006") in found  # the shard's figure
+
+
+def test_the_whole_set_evaluation_is_read_from_the_loader_that_reaches_it():
+    # the same names bound to a sharded loader in another branch further up do not reach the loop's report
+    code = _WHOLE_DEV.replace("""        for epoch in range(3):
+""", """        if "--eval-first" in sys.argv:
+            dev_loader = DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set))
+            dev_acc = evaluate(model, dev_loader)
+            if rank == 0:
+                print(f"dev_acc before training {dev_acc:.3f}")
+        for epoch in range(3):
+""").replace("    import torch\n", "    import sys\n    import torch\n", 1)
+    found = _found({"train.py": code})
+    assert ("train.py", 'print(f"epoch {epoch} dev_acc {dev_acc:.3f}")', "DDP006") not in found
+    assert ("train.py", 'print(f"dev_acc before training {dev_acc:.3f}")', "DDP006") in found

@@ -689,6 +689,25 @@ class Script:
         scope = self.context(within).scope
         return [(stmt, value) for stmt, value in self._bindings.get(name, ()) if self.context(stmt).scope == scope]
 
+    def reaching_values(self, use: ast.Name) -> list[ast.AST | None]:
+        """The values (None: not a plain value) the assignments of `use`'s own function that may reach it give the
+        name, nearest first: back to the last one that always runs before it (`dev_sampler = RandomSampler(...)`
+        right above the loader, not the `DistributedSampler` of another branch further up); [] for none."""
+        parents = self.parents
+        path = path_up(use, parents)
+        scope = scope_of(use, parents)
+        found: list[ast.AST | None] = []
+        for stmt, value in sorted(((st, v) for st, v in self._bindings.get(use.id, ())
+                                   if (st.end_lineno, st.end_col_offset) <= (use.lineno, use.col_offset)
+                                   and id(st) not in path and scope_of(st, parents) is scope),
+                                  key=lambda a: (a[0].lineno, a[0].col_offset), reverse=True):
+            how = relation(stmt, path, parents)
+            if how != "exclusive":
+                found.append(value)
+            if how == "before":
+                break
+        return found
+
     def is_global_rank(self, expr: ast.AST | None) -> bool:
         """True for the global rank as such: get_rank(), os.environ['RANK'], int() of them, a name holding it."""
         if isinstance(expr, ast.Name):

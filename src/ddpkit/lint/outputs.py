@@ -619,18 +619,20 @@ def _wraps_whole_loader(s: Script, expr: ast.AST, loop: ast.For, depth: int = 3)
     return isinstance(stmt, ast.Assign) and value is not None and _wraps_whole_loader(s, value, loop, depth - 1)
 
 
-def _whole_data_loader(s: Script, name: str) -> bool:
-    """Every value the program gives `name` is `DataLoader(dataset, ...)` with no sampler, batch sampler or
-    `**kwargs`, nothing in it tells the rank, and its dataset is built without the rank by a class that does not
-    ask for it (a project class whose code names no rank)."""
-    if name in sharded_names(s):
+def _whole_data_loader(s: Script, name: str, within: ast.Name | None = None) -> bool:
+    """Every value the program (that reaches `within`, a use of the name, where given) gives `name` is `DataLoader(dataset, ...)`
+    with no sampler but torch's whole-set ones, no batch sampler or `**kwargs`, nothing in it tells the rank, and its
+    dataset is built without the rank by a class that does not ask for it (a project class whose code names no
+    rank)."""
+    if within is None and name in sharded_names(s):
         return False
-    values = [v for k, v in s.assignments if k == name]
+    values = [v for k, v in s.assignments if k == name] if within is None else s.reaching_values(within)
     if not values:
         return False
     for value in values:
         if not (isinstance(value, ast.Call) and terminal(value.func) == "DataLoader") or any(
-                k.arg in (None, "sampler", "batch_sampler") for k in value.keywords) or len(value.args) > 2:
+                k.arg in (None, "batch_sampler") or k.arg == "sampler" and not _whole_sampler(s, k.value)
+                for k in value.keywords) or len(value.args) > 2:
             return False
         if any(s.kind(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
             return False
@@ -652,6 +654,34 @@ def _whole_data_loader(s: Script, name: str) -> bool:
                     and not _also_under_a_sampler(s, terminal(b.func)):
                 return False  # a dataset class from code not linted may shard by rank itself
     return True
+
+
+_WHOLE_SAMPLERS = frozenset({"RandomSampler", "SequentialSampler"})
+
+
+def _whole_sampler(s: Script, expr: ast.AST) -> bool:
+    """torch's RandomSampler/SequentialSampler (`sampler=SequentialSampler(dev_set)`, or a name only ever bound to
+    one): it walks the whole dataset, on every rank."""
+    values = s.reaching_values(expr) if isinstance(expr, ast.Name) else [expr]
+    return bool(values) and all(isinstance(v, ast.Call) and s.qualname(v.func).startswith("torch.")
+                                and terminal(v.func) in _WHOLE_SAMPLERS for v in values)
+
+
+def _evaluated_whole(s: Script, call: ast.Call, name: str) -> bool:
+    """Every value of `name` that reaches the report is what a call returns that is handed loaders, each of them one
+    every rank iterates whole (`dev_acc = evaluate(dev_loader, model)`): the figure covers the whole set, on any
+    rank."""
+    use = next((n for n in ast.walk(call) if isinstance(n, ast.Name) and n.id == name), None)
+    values = s.reaching_values(use) if use is not None else []
+    return bool(values) and all(
+        isinstance(v, ast.Call) and (loaders := [a for a in (*v.args, *(k.value for k in v.keywords))
+                                                 if isinstance(a, ast.Name) and _a_loader(s, a)])
+        and all(_whole_data_loader(s, a.id, a) for a in loaders) for v in values)
+
+
+def _a_loader(s: Script, name: ast.Name) -> bool:
+    return any(isinstance(v, ast.Call) and terminal(v.func) == "DataLoader"
+               for v in s.reaching_values(name))
 
 
 def _also_under_a_sampler(s: Script, maker: str) -> bool:
@@ -869,6 +899,8 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                 f"{class_of(s, call)}.{n[5:]}") == "evaluation"]
             if _under_rank_header(s, call) and not _after_shard_pass(s, call):
                 continue  # (a step's line under the rank's header; a total over a pass of the shard claims the set)
+            if all(_evaluated_whole(s, call, n) for n in names):
+                continue  # what reaches the report is an evaluation over the whole set (the name is sharded elsewhere)
             # (a training figure another method of the class keeps, `self.loss`, is read per step the same way)
             if not evaluation and (_in_shard_loop(call, flow) or all(n.startswith("self.") for n in names)) and all(
                     project.reduces(LOSS_NAME) if LOSS_NAME.search(n) else
@@ -1449,6 +1481,8 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
         scope = scope_of(s, call)
         if built_from(s, scope, [*call.args, *(k.value for k in call.keywords)]) & reduced_names(s):
             continue  # computed from what a collective gathered (`f1 = all_stats[0].accuracy()`)
+        if _evaluated_whole(s, call, metric):
+            continue  # an evaluation over a loader every rank iterates whole: the figure is the whole set's
         where = "from inside a rank check" if ctx.level else "by every rank"
         yield Hit(call, "DDP006", "warning",
                   f"'{metric}' is reported {where} but the script never reduces it across ranks, so it "
