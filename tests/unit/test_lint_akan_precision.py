@@ -249,3 +249,35 @@ def test_the_whole_set_evaluation_is_read_from_the_loader_that_reaches_it():
     found = _found({"train.py": code})
     assert ("train.py", 'print(f"epoch {epoch} dev_acc {dev_acc:.3f}")', "DDP006") not in found
     assert ("train.py", 'print(f"dev_acc before training {dev_acc:.3f}")', "DDP006") in found
+
+
+_LOCAL_RANK_FLAG = """
+    import argparse
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int{default})
+    args = parser.parse_args()
+    {fallback}
+    torch.cuda.set_device(args.local_rank)
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[args.local_rank])
+    model(torch.randn(8, 4).cuda()).sum().backward()
+    dist.destroy_process_group()
+"""
+
+
+def test_a_local_rank_flag_the_program_fills_from_local_rank_works_under_torchrun():
+    for default, fallback in (("", "if args.local_rank is None:\n        args.local_rank = int(os.environ['LOCAL_RANK'])"),
+                              (", default=0", "args.local_rank = int(os.environ.get('LOCAL_RANK', 0))")):
+        code = _LOCAL_RANK_FLAG.replace("{default}", default).replace("{fallback}", fallback)
+        assert not {f for f in _found({"train.py": code}) if f[2] == "DDP007"}, fallback
+
+
+def test_a_local_rank_flag_read_as_it_comes_is_still_the_old_contract():
+    code = _LOCAL_RANK_FLAG.replace("{default}", ", default=0").replace(
+        "{fallback}", "world_size = int(os.environ['WORLD_SIZE'])")
+    assert ("train.py", 'parser.add_argument("--local_rank", type=int, default=0)', "DDP007") in _found({"train.py": code})

@@ -809,7 +809,7 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
         if s.project.spawned:
             continue  # mp.spawn starts the ranks itself and passes each its rank; nothing passes --local_rank
         if flag and not (default is not None and "LOCAL_RANK" in ast.unparse(default)) \
-                and not _absorbed(s, call, flag):  # torchrun-compatible
+                and not _absorbed(s, call, flag) and not _filled_from_env(s, _dest(call, flag)):  # torchrun-compatible
             yield Hit(call, "DDP007", "warning",
                       f"argparse argument {flag} is the torch.distributed.launch contract; torchrun does not "
                       "pass it and sets the LOCAL_RANK environment variable instead",
@@ -832,15 +832,28 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
 def _absorbed(s: Script, call: ast.Call, flag: str) -> bool:
     """`--local_rank` that only absorbs the old launcher's argument: the program never reads it (no `args.local_rank`,
     no `"local_rank"` string key or getattr name outside add_argument) and takes LOCAL_RANK from the environment."""
-    dest = keyword(call, "dest")
-    name = dest.value if isinstance(dest, ast.Constant) and isinstance(dest.value, str) else \
-        flag.lstrip("-").replace("-", "_")
+    name = _dest(call, flag)
     scripts = list(s.project.scripts.values())
     if not any(isinstance(n, ast.Constant) and n.value == "LOCAL_RANK" for x in scripts for n in x.nodes):
         return False
     return not any(isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Load)
                    or isinstance(n, ast.Constant) and n.value == name
                    for x in scripts for n in x.nodes)
+
+
+def _dest(call: ast.Call, flag: str) -> str:
+    """The attribute argparse stores a flag under (`dest=`, else the flag's name)."""
+    dest = keyword(call, "dest")
+    return dest.value if isinstance(dest, ast.Constant) and isinstance(dest.value, str) else \
+        flag.lstrip("-").replace("-", "_")
+
+
+def _filled_from_env(s: Script, name: str) -> bool:
+    """The program stores the LOCAL_RANK environment variable into the flag's attribute (`if args.local_rank is None:
+    args.local_rank = int(os.environ["LOCAL_RANK"])`): under torchrun it reads the rank torchrun sets."""
+    return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == name for t in n.targets)
+               and any(isinstance(c, ast.Constant) and c.value == "LOCAL_RANK" for c in ast.walk(n.value))
+               for x in s.project.scripts.values() for n in x.nodes)
 
 
 def _in_spawn_parent(s: Script, call: ast.Call) -> bool:
