@@ -281,3 +281,65 @@ def test_a_local_rank_flag_read_as_it_comes_is_still_the_old_contract():
     code = _LOCAL_RANK_FLAG.replace("{default}", ", default=0").replace(
         "{fallback}", "world_size = int(os.environ['WORLD_SIZE'])")
     assert ("train.py", 'parser.add_argument("--local_rank", type=int, default=0)', "DDP007") in _found({"train.py": code})
+
+
+_STOPPER = """
+    import torch
+
+
+    class EarlyStopping:
+        def __init__(self, patience):
+            self.patience = patience
+            self.best = None
+            self.counter = 0
+            self.early_stop = False
+
+        def __call__(self, val_loss, model, path):
+            if self.best is None or val_loss < self.best:
+                self.best = val_loss
+                self.save_checkpoint(model, path)
+            else:
+                self.counter += 1
+                print(f"EarlyStopping counter: {self.counter} out of {self.patience}")
+                self.early_stop = self.counter >= self.patience
+
+        def save_checkpoint(self, model, path):
+            print("validation loss decreased, saving model")
+            torch.save(model.state_dict(), path)
+"""
+
+_STOPPER_MAIN = """
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from utils import EarlyStopping
+
+
+    def main():
+        dist.init_process_group("gloo")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        model = DDP(torch.nn.Linear(4, 1))
+        early_stopping = EarlyStopping(patience=3)
+        for epoch in range(10):
+            model(torch.randn(8, 4)).sum().backward()
+            val_loss = model(torch.randn(8, 4)).sum().item()
+            {call}
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_callable_object_called_under_a_rank_check_runs_there():
+    found = _found({"utils.py": _STOPPER, "train.py": _STOPPER_MAIN.replace(
+        "{call}", "if dist.get_rank() == 0:\n                early_stopping(val_loss, model.module, 'best.pt')")})
+    assert not {f for f in found if f[0] == "utils.py" and f[2] in ("DDP004", "DDP008")}
+
+
+def test_a_callable_object_called_on_every_rank_still_reports_its_prints():
+    found = _found({"utils.py": _STOPPER, "train.py": _STOPPER_MAIN.replace(
+        "{call}", "early_stopping(val_loss, model.module, 'best.pt')")})
+    assert ("utils.py", 'print(f"EarlyStopping counter: {self.counter} out of {self.patience}")', "DDP008") in found

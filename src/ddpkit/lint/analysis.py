@@ -897,7 +897,8 @@ class Script:
                 if child is not None:
                     self._visit(child, ctx)
             decorated = max((self.decorator_guard(d) for d in node.decorator_list), default=NONE)
-            level = max(ctx.level, decorated, self.function_level.get(node.name, NONE))
+            level = max(ctx.level, decorated, self.function_level.get(node.name, NONE),
+                        self.external_levels.get(f"def@{node.lineno}:{node.col_offset}", NONE))
             self._block(node.body, Context(level, (), ctx.functions + (node.name,), id(node),
                                            ctx.single or node.name in self.function_single
                                            or f"1@{node.lineno}:{node.col_offset}" in self.external_levels))

@@ -22,10 +22,11 @@ def external_levels(project) -> dict[str, dict[str, int]]:
                 methods.setdefault(d.name, []).append(path)
     sides: dict[tuple[str, str], dict[tuple[str, bool], int]] = {}
     """(file, function) -> {(rank expression, rank 0's side): the level around that rank check}"""
+    called_object = _called_objects(project)
     for path, script in project.scripts.items():
         ifs = {id(n): n for n in script.nodes if isinstance(n, ast.If)}
         for call in script.calls:
-            target = project.resolve(script, call.func)
+            target = project.resolve(script, call.func) or called_object(path, script, call)
             if target is None and isinstance(call.func, ast.Attribute):
                 # `trainer.save_checkpoint()` on an object of a class another file defines: followed when
                 # exactly one file of the program defines a method of that name (not module calls)
@@ -418,6 +419,33 @@ def _decorator_levels(project, levels: dict[str, dict[str, int]]) -> None:
                 level = project.scripts[target[0]].decorator_levels.get(target[1])
                 if level is not None:
                     levels.setdefault(path, {})["@" + terminal(decorator)] = level
+
+def _called_objects(project):
+    """`called(path, script, call)`: (file, `def@line:col` of the `__call__`) for `early_stopping(val_loss, model)` on
+    an object every binding of which builds the one project class of that name that defines `__call__` (keyed by
+    place: a file may hold several `__call__`s); else None."""
+    homes: dict[str, tuple[str, ast.FunctionDef]] = {}
+    for path, x in project.scripts.items():
+        for c in x.nodes:
+            method = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__call__"), None) \
+                if isinstance(c, ast.ClassDef) else None
+            if method is not None:
+                homes[c.name] = (path, method)
+    if not homes:
+        return lambda path, x, call: None
+    classes, _, receiver = receivers(project)
+
+    def called(path: str, x, call: ast.Call) -> tuple[str, str] | None:
+        if not isinstance(call.func, ast.Name) or call.func.id in x.function_names or call.func.id in x.aliases:
+            return None
+        kinds = receiver(path, x, ast.Attribute(value=call.func, attr="__call__", ctx=ast.Load()))
+        kind = next(iter(kinds)) if kinds and len(kinds) == 1 else ""
+        if len(classes.get(kind, ())) != 1 or kind not in homes:
+            return None
+        home, method = homes[kind]
+        return home, f"def@{method.lineno}:{method.col_offset}"
+    return called
+
 
 def _constructor_levels(project, levels: dict[str, dict[str, int]]) -> None:
     """Guards of the calls that build a project class (`TensorboardLogger(...)` under `if rank == 0:`).
