@@ -343,3 +343,43 @@ def test_a_callable_object_called_on_every_rank_still_reports_its_prints():
     found = _found({"utils.py": _STOPPER, "train.py": _STOPPER_MAIN.replace(
         "{call}", "early_stopping(val_loss, model.module, 'best.pt')")})
     assert ("utils.py", 'print(f"EarlyStopping counter: {self.counter} out of {self.patience}")', "DDP008") in found
+
+
+_NAN_GUARD = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    class NanException(Exception):
+        pass
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(100):
+            loss = model(torch.randn(8, 4)).sum()
+            loss.backward()
+            optimizer.step()
+            if torch.isnan(loss):
+                print(f"NaN loss at step {step}, reloading the last checkpoint")
+                model.module.load_state_dict(torch.load("last.pt", map_location="cpu"))
+                {end}
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_message_in_an_arm_that_ends_by_raising_is_the_failing_ranks_diagnostic():
+    found = _found({"train.py": _NAN_GUARD.replace("{end}", "raise NanException")})
+    assert ("train.py", 'print(f"NaN loss at step {step}, reloading the last checkpoint")', "DDP008") not in found
+
+
+def test_a_message_in_an_arm_that_goes_on_is_every_ranks_output():
+    found = _found({"train.py": _NAN_GUARD.replace("{end}", "optimizer.zero_grad()")})
+    assert ("train.py", 'print(f"NaN loss at step {step}, reloading the last checkpoint")', "DDP008") in found

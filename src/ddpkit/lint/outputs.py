@@ -1527,6 +1527,9 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
     handler = _enclosing_handler(s, stmt)
     if handler is not None and _stops(handler.body[-1]):
         return True
+    arm = _if_arm(s, stmt)
+    if arm and _stops(arm[-1]) and not _normal_end(arm[-1]):
+        return True  # `if torch.isnan(loss): print(...); reload(...); raise NanException`: why this rank stops
     for _ in range(20):
         last = stmt
         stmt = after.get(id(stmt))
@@ -1546,6 +1549,14 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
                 and terminal(stmt.value.func) in _MESSAGES):
             return False
     return False
+
+
+def _if_arm(s: Script, stmt: ast.stmt | None) -> list[ast.stmt]:
+    """The statements of the `if` arm (body or `else:`) a statement is one of; [] elsewhere."""
+    branch = s.parents.get(id(stmt)) if stmt is not None else None
+    if not isinstance(branch, ast.If):
+        return []
+    return branch.body if stmt in branch.body else branch.orelse if stmt in branch.orelse else []
 
 
 def _enclosing_handler(s: Script, stmt: ast.stmt | None) -> ast.ExceptHandler | None:
