@@ -383,3 +383,55 @@ def test_a_message_in_an_arm_that_ends_by_raising_is_the_failing_ranks_diagnosti
 def test_a_message_in_an_arm_that_goes_on_is_every_ranks_output():
     found = _found({"train.py": _NAN_GUARD.replace("{end}", "optimizer.zero_grad()")})
     assert ("train.py", 'print(f"NaN loss at step {step}, reloading the last checkpoint")', "DDP008") in found
+
+
+_GPU_COUNT_MODE = """
+    import argparse
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from engine import Runner
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--num_gpus", type=int, default=1)
+        cfg = parser.parse_args()
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if cfg.num_gpus > 1:
+            print("multi-GPU training on", cfg.num_gpus, "GPUs")
+            torch.cuda.set_device(local_rank)
+            dist.init_process_group("nccl")
+        else:
+            print("Using single GPU training.")
+        runner = Runner(cfg)
+        runner.train()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+_ENGINE = """
+    class Hook:
+        def train(self):
+            return None
+
+
+    class Runner:
+        def __init__(self, cfg):
+            self.hooks = [Hook() for _ in range(cfg.num_gpus)]
+
+        def train(self):
+            for hook in self.hooks:
+                hook.train()
+"""
+
+
+def test_the_other_arm_of_a_comparison_that_starts_the_group_is_one_process():
+    # what the function runs after the `if` (a runner whose hooks the program does not pin down) runs after its arms
+    found = _found({"train.py": _GPU_COUNT_MODE, "engine.py": _ENGINE})
+    assert ("train.py", 'print("multi-GPU training on", cfg.num_gpus, "GPUs")', "DDP008") in found
+    assert ("train.py", 'print("Using single GPU training.")', "DDP008") not in found

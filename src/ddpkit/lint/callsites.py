@@ -901,10 +901,23 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
             inside = {id(n) for n in ast.walk(node)}
             top = [n for n in (scope.body if scope is not None else x.tree.body)
                    if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-            rest = [c for stmt in top for c in ast.walk(stmt) if isinstance(c, ast.Call) and id(c) not in inside]
+            looped = _in_loop_of(x, node, scope)
+            rest = [c for stmt in top for c in ast.walk(stmt) if isinstance(c, ast.Call) and id(c) not in inside
+                    and (looped or (c.lineno, c.col_offset) < (node.lineno, node.col_offset))]
             if starting([ast.Expr(c) for c in rest]) is not False:
-                continue  # the group may have started before: not a mode without one
+                continue  # the group may have started before (what runs after the `if` runs after its arms, but
+                # where a loop of the function comes back to it)
             levels.setdefault(path, {})[f"^{node.lineno}:{node.col_offset}"] = -1 if other else 1
+
+
+def _in_loop_of(x, node: ast.AST, scope: ast.AST | None) -> bool:
+    """A `for`/`while` of `scope` (the module where None) runs `node`."""
+    up = x.parents.get(id(node))
+    while up is not None and up is not scope:
+        if isinstance(up, (ast.For, ast.AsyncFor, ast.While)):
+            return True
+        up = x.parents.get(id(up))
+    return False
 
 
 def _candidate_modes(project) -> bool:
