@@ -435,3 +435,36 @@ def test_the_other_arm_of_a_comparison_that_starts_the_group_is_one_process():
     found = _found({"train.py": _GPU_COUNT_MODE, "engine.py": _ENGINE})
     assert ("train.py", 'print("multi-GPU training on", cfg.num_gpus, "GPUs")', "DDP008") in found
     assert ("train.py", 'print("Using single GPU training.")', "DDP008") not in found
+
+
+_LOSS_BEFORE_SET_DEVICE = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def worker(gpu, ngpus):
+        criterion = {criterion}.cuda()
+        torch.cuda.set_device(gpu)
+        dist.init_process_group("nccl", rank=gpu, world_size=ngpus)
+        model = DDP(nn.Linear(4, 3).cuda(gpu), device_ids=[gpu])
+        criterion(model(torch.randn(8, 4).cuda(gpu)), torch.randint(0, 3, (8,)).cuda(gpu)).backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(torch.cuda.device_count(),), nprocs=torch.cuda.device_count())
+"""
+
+
+def test_a_loss_module_without_tensors_moved_before_set_device_puts_nothing_on_gpu_0():
+    found = _found({"train.py": _LOSS_BEFORE_SET_DEVICE.replace("{criterion}", "nn.CrossEntropyLoss(ignore_index=255)")})
+    assert not {f for f in found if f[2] == "DDP012"}
+
+
+def test_a_loss_module_with_class_weights_moved_before_set_device_is_still_reported():
+    found = _found({"train.py": _LOSS_BEFORE_SET_DEVICE.replace(
+        "{criterion}", "nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0]))")})
+    assert ("train.py", "criterion = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0])).cuda()", "DDP012") in found

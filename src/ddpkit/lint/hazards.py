@@ -536,7 +536,8 @@ def cuda_before_set_device(s: Script) -> Iterator[Hit]:
     parents = s.parents
     for call in s.calls:
         if not (isinstance(call.func, ast.Attribute) and call.func.attr == "cuda" and not call.args
-                and not call.keywords and call.lineno < first and s.context(call).scope == scope):
+                and not call.keywords and call.lineno < first and s.context(call).scope == scope) \
+                or _tensorless_loss(s, call.func.value):
             continue
         node, looped = call, False
         while id(node) in parents and id(node) != scope:
@@ -552,6 +553,14 @@ def cuda_before_set_device(s: Script) -> Iterator[Hit]:
                   "on GPU 0",
                   "call torch.cuda.set_device(local_rank) first, at the top of the rank's function, or pass the "
                   "device: .cuda(local_rank)")
+
+
+def _tensorless_loss(s: Script, built: ast.AST) -> bool:
+    """`nn.CrossEntropyLoss(ignore_index=255)`: a torch loss module built without a tensor argument (no `weight`,
+    `pos_weight`, nothing positional) holds no parameter or buffer, so `.cuda()` on it moves nothing."""
+    return isinstance(built, ast.Call) and s.qualname(built.func).startswith("torch.nn.") \
+        and terminal(built.func).endswith("Loss") and not built.args \
+        and not any(k.arg in (None, "weight", "pos_weight") for k in built.keywords)
 
 
 # torch's SyncBatchNorm and its converter, and apex's (`apex.parallel.convert_syncbn_model`, `apex.parallel.SyncBatchNorm`)
