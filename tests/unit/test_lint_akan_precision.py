@@ -468,3 +468,31 @@ def test_a_loss_module_with_class_weights_moved_before_set_device_is_still_repor
     found = _found({"train.py": _LOSS_BEFORE_SET_DEVICE.replace(
         "{criterion}", "nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0]))")})
     assert ("train.py", "criterion = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0])).cuda()", "DDP012") in found
+
+
+_RUNTIME_BACKEND = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dist-backend", default="nccl")
+    args = parser.parse_args()
+    dist.init_process_group(backend=args.dist_backend, init_method="env://")
+    model = torch.nn.Linear(4, 1).cuda()
+    {wrap}
+    model(torch.randn(8, 4).cuda()).sum().backward()
+    dist.destroy_process_group()
+"""
+
+
+def test_bare_cuda_under_a_run_time_backend_is_one_finding_at_the_ddp_call_without_device_ids():
+    found = {f for f in _found({"train.py": _RUNTIME_BACKEND.replace(
+        "{wrap}", "model = torch.nn.parallel.DistributedDataParallel(model)")}) if f[2] == "DDP012"}
+    assert found == {("train.py", "model = torch.nn.parallel.DistributedDataParallel(model)", "DDP012")}
+
+
+def test_bare_cuda_under_a_run_time_backend_is_reported_at_the_init_where_ddp_gets_device_ids():
+    found = _found({"train.py": _RUNTIME_BACKEND.replace(
+        "{wrap}", "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])")})
+    assert ("train.py", 'dist.init_process_group(backend=args.dist_backend, init_method="env://")', "DDP012") in found

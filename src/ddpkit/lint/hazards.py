@@ -145,7 +145,10 @@ def nccl_without_set_device(s: Script) -> Iterator[Hit]:
                       "bare .cuda() land on one GPU", fix)
         elif backend is not None and (not values or all("gloo" in v for v in values)) \
                 and s.project.memo("bare cuda", lambda: any(_uses_cuda(x, bare=True)
-                                                            for x in s.project.scripts.values())):
+                                                            for x in s.project.scripts.values())) \
+                and not any(_uses_cuda(x) and _ddp_on_current_device(x, c)
+                            for x in s.project.scripts.values() for c in x.calls):
+            # (where DDP gets no device_ids, that finding names the same cause at the model: one finding)
             what = f"backend {ast.unparse(backend)}" if values else \
                 f"a backend only known at run time ({ast.unparse(backend)})"
             yield Hit(call, "DDP012", "error",
@@ -497,6 +500,14 @@ def _device_ids(s: Script, call: ast.Call) -> tuple[ast.AST | None, bool]:
     return (given, True) if given is not None else splat_keyword(s, call, "device_ids")
 
 
+def _ddp_on_current_device(s: Script, call: ast.Call) -> bool:
+    """A DistributedDataParallel call with no device_ids (nor a device mesh) outside the arm of `if
+    torch.cuda.is_available():` that runs without a GPU (a CPU model needs no device): the model stays where
+    the current device put it."""
+    return s.qualname(call.func).endswith("DistributedDataParallel") and len(call.args) <= 1 \
+        and _device_ids(s, call) == (None, True) and keyword(call, "device_mesh") is None and not _cpu_arm(s, call)
+
+
 @check
 def ddp_without_device(s: Script) -> Iterator[Hit]:
     if not _uses_cuda(s) or _pinned(s):
@@ -504,12 +515,9 @@ def ddp_without_device(s: Script) -> Iterator[Hit]:
     parents = s.parents
     chosen = _set_device_calls(s)
     for call in s.calls:
-        if not s.qualname(call.func).endswith("DistributedDataParallel") or len(call.args) > 1 \
-                or _device_ids(s, call) != (None, True) or keyword(call, "device_mesh") is not None:
+        if not _ddp_on_current_device(s, call):
             continue
         sides = _branches(call, parents)
-        if _cpu_arm(s, call):
-            continue  # the arm of `if torch.cuda.is_available():` that runs without a GPU: a CPU model needs no device
         # a set_device on the other side of an `if` this call is in (or of the same test) does not run first
         reaching = [c for script, c in chosen if script is not s or not any(
             (test, not side) in sides for test, side in _branches(c, parents))]
