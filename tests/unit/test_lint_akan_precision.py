@@ -173,7 +173,8 @@ def test_a_batch_progress_line_is_reported_where_it_is_the_only_figure():
 
 def test_a_batch_progress_line_of_a_loader_built_elsewhere_is_no_figure_of_the_run():
     code = _BATCH_PROGRESS.replace("{tail}", "return total_loss / len(loader)").replace(
-        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset", "from loaders import build_loader")
+        "from torch.utils.data import DataLoader, DistributedSampler, TensorDataset",
+        "from loaders import build_loader")
     code = code.replace("""        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
         sampler = DistributedSampler(data)
         loader = DataLoader(data, batch_size=8, sampler=sampler)
@@ -271,7 +272,8 @@ _LOCAL_RANK_FLAG = """
 
 
 def test_a_local_rank_flag_the_program_fills_from_local_rank_works_under_torchrun():
-    for default, fallback in (("", "if args.local_rank is None:\n        args.local_rank = int(os.environ['LOCAL_RANK'])"),
+    for default, fallback in (("", "if args.local_rank is None:\n"
+                                   "        args.local_rank = int(os.environ['LOCAL_RANK'])"),
                               (", default=0", "args.local_rank = int(os.environ.get('LOCAL_RANK', 0))")):
         code = _LOCAL_RANK_FLAG.replace("{default}", default).replace("{fallback}", fallback)
         assert not {f for f in _found({"train.py": code}) if f[2] == "DDP007"}, fallback
@@ -280,7 +282,8 @@ def test_a_local_rank_flag_the_program_fills_from_local_rank_works_under_torchru
 def test_a_local_rank_flag_read_as_it_comes_is_still_the_old_contract():
     code = _LOCAL_RANK_FLAG.replace("{default}", ", default=0").replace(
         "{fallback}", "world_size = int(os.environ['WORLD_SIZE'])")
-    assert ("train.py", 'parser.add_argument("--local_rank", type=int, default=0)', "DDP007") in _found({"train.py": code})
+    found = _found({"train.py": code})
+    assert ("train.py", 'parser.add_argument("--local_rank", type=int, default=0)', "DDP007") in found
 
 
 _STOPPER = """
@@ -460,14 +463,16 @@ _LOSS_BEFORE_SET_DEVICE = """
 
 
 def test_a_loss_module_without_tensors_moved_before_set_device_puts_nothing_on_gpu_0():
-    found = _found({"train.py": _LOSS_BEFORE_SET_DEVICE.replace("{criterion}", "nn.CrossEntropyLoss(ignore_index=255)")})
+    found = _found({"train.py": _LOSS_BEFORE_SET_DEVICE.replace("{criterion}",
+                                                                "nn.CrossEntropyLoss(ignore_index=255)")})
     assert not {f for f in found if f[2] == "DDP012"}
 
 
 def test_a_loss_module_with_class_weights_moved_before_set_device_is_still_reported():
     found = _found({"train.py": _LOSS_BEFORE_SET_DEVICE.replace(
         "{criterion}", "nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0]))")})
-    assert ("train.py", "criterion = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0])).cuda()", "DDP012") in found
+    line = "criterion = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 1.0])).cuda()"
+    assert ("train.py", line, "DDP012") in found
 
 
 _RUNTIME_BACKEND = """

@@ -420,6 +420,7 @@ def _decorator_levels(project, levels: dict[str, dict[str, int]]) -> None:
                 if level is not None:
                     levels.setdefault(path, {})["@" + terminal(decorator)] = level
 
+
 def _called_objects(project):
     """`called(path, script, call)`: (file, `def@line:col` of the `__call__`) for `early_stopping(val_loss, model)` on
     an object every binding of which builds the one project class of that name that defines `__call__` (keyed by
@@ -901,23 +902,13 @@ def _groupless_modes(project, levels: dict[str, dict[str, int]]) -> None:
             inside = {id(n) for n in ast.walk(node)}
             top = [n for n in (scope.body if scope is not None else x.tree.body)
                    if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-            looped = _in_loop_of(x, node, scope)
+            looped = x.in_loop(node)
             rest = [c for stmt in top for c in ast.walk(stmt) if isinstance(c, ast.Call) and id(c) not in inside
                     and (looped or (c.lineno, c.col_offset) < (node.lineno, node.col_offset))]
             if starting([ast.Expr(c) for c in rest]) is not False:
                 continue  # the group may have started before (what runs after the `if` runs after its arms, but
                 # where a loop of the function comes back to it)
             levels.setdefault(path, {})[f"^{node.lineno}:{node.col_offset}"] = -1 if other else 1
-
-
-def _in_loop_of(x, node: ast.AST, scope: ast.AST | None) -> bool:
-    """A `for`/`while` of `scope` (the module where None) runs `node`."""
-    up = x.parents.get(id(node))
-    while up is not None and up is not scope:
-        if isinstance(up, (ast.For, ast.AsyncFor, ast.While)):
-            return True
-        up = x.parents.get(id(up))
-    return False
 
 
 def _candidate_modes(project) -> bool:

@@ -620,10 +620,10 @@ def _wraps_whole_loader(s: Script, expr: ast.AST, loop: ast.For, depth: int = 3)
 
 
 def _whole_data_loader(s: Script, name: str, within: ast.Name | None = None) -> bool:
-    """Every value the program (that reaches `within`, a use of the name, where given) gives `name` is `DataLoader(dataset, ...)`
-    with no sampler but torch's whole-set ones, no batch sampler or `**kwargs`, nothing in it tells the rank, and its
-    dataset is built without the rank by a class that does not ask for it (a project class whose code names no
-    rank)."""
+    """Every value the program (that reaches `within`, a use of the name, where given) gives `name` is
+    `DataLoader(dataset, ...)` with no sampler but torch's whole-set ones, no batch sampler or `**kwargs`, nothing in
+    it tells the rank, and its dataset is built without the rank by a class that does not ask for it (a project
+    class whose code names no rank)."""
     if within is None and name in sharded_names(s):
         return False
     values = [v for k, v in s.assignments if k == name] if within is None else s.reaching_values(within)
@@ -908,8 +908,9 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
                 # rank 0's own step loss (or batch accuracy) in the training loop, where the program reduces a
                 # loss (an accuracy) elsewhere: a progress line, not the run's figure
                 continue
-            if not evaluation and _in_shard_loop(call, flow) and _in_batch_loop(s, scope_of(s, call), call) \
-                    and not _kept_record(s, call) and all(_returns_epoch_figure(s, scope_of(s, call), n) for n in names):
+            home = scope_of(s, call)
+            if not evaluation and _in_shard_loop(call, flow) and _in_batch_loop(s, home, call) \
+                    and not _kept_record(s, call) and all(_returns_epoch_figure(s, home, n) for n in names):
                 continue  # a progress line of the batch; the epoch figure the function returns is judged at its report
             if ctx.level == NONE and helper is not None:
                 where = f"through {terminal(call.func)}(), which shows it on rank 0 only, so it is rank 0's shard alone"

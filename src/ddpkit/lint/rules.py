@@ -12,7 +12,8 @@ from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, 
                                   is_eval_sampler, terminal, without_grad)
 from ddpkit.lint.passes import enclosing_function, passed_once, rerun_site
 
-__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "splat_keyword", "is_buffer", "DDP_ONLY_KWARGS", "off_by_default"]
+__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "splat_keyword", "is_buffer",
+           "DDP_ONLY_KWARGS", "off_by_default"]
 
 
 @dataclass(frozen=True)
