@@ -313,8 +313,9 @@ def _global_rank_store(s: Script, source: ast.AST, use: ast.AST) -> ast.AST | No
 
 def _global_rank_binding(s: Script, index: ast.AST) -> ast.AST | None:
     """The one assignment that puts the global rank in the name or attribute a GPU index reads
-    (`local_rank = int(os.environ["RANK"])`, `device_id = rank`, `cfg.rank = dist.get_rank()`).
-    None for the rank call itself, a parameter, or a name more than one assignment binds."""
+    (`local_rank = int(os.environ["RANK"])`, `device_id = rank`, `cfg.rank = dist.get_rank()`), also where other
+    assignments bind it to something else (`args.local_rank = int(os.environ["SLURM_PROCID"])` in the SLURM branch,
+    LOCAL_RANK in the other). None for the rank call itself, a parameter, or a name several global stores bind."""
     if isinstance(index, ast.Name):
         values = s.local_values(index.id, index) or [  # a module-level name read in a function
             v for k, v in s.assignments if k == index.id and scope_of(v, s.parents) is None]
@@ -322,7 +323,8 @@ def _global_rank_binding(s: Script, index: ast.AST) -> ast.AST | None:
         values = [v for k, v in s.assignments if k == "." + index.attr]
     else:
         return None
-    return values[0] if len(values) == 1 and s.is_global_rank(values[0]) else None
+    stores = [v for v in values if s.is_global_rank(v)]
+    return stores[0] if len(stores) == 1 else None
 
 
 def _held_for_a_gpu(s: Script, index: ast.AST, uses: list[ast.AST]) -> bool:
