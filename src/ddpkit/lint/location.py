@@ -4,7 +4,9 @@
 where the training code calls it, and that call is where the fix (a rank check) goes. So a finding of a rule that
 follows calls, on a statement of such a helper that is not under a rank check of its own, is reported once at each
 call of the helper that no rank check guards (calls under a rank check are fine and get nothing), climbing through
-helpers of helpers to the outermost such call. The helper stays the place when its callers are not all known.
+helpers of helpers to the outermost such call. A finding the helper has because its callers test the local rank only
+(DDP004's multi-node warning) is reported likewise at those calls: their check is the one to change. The helper stays
+the place when its callers are not all known.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.lint.analysis import NONE, Script, terminal
+from ddpkit.lint.analysis import LOCAL, NONE, Script, terminal
 
-__all__ = ["FOLLOWED", "call_sites"]
+__all__ = ["FOLLOWED", "call_sites", "guard_phrase"]
 
 FOLLOWED = frozenset({"DDP004", "DDP014"})
 """Rules whose finding in a helper is reported at the helper's unguarded calls: the fix (a rank check around the
@@ -53,9 +55,10 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
     `ckpt = load_checkpoint(...)`, is needed on every rank: the call cannot go under a rank check), never passes
     along (as to mp.spawn); whose calls all resolve to it, sit in functions (a call at module level makes it the
     entry point) and run; that tests no rank itself; and `node` under no rank check in it, nor under or after a
-    test of a parameter that decides whether it runs (the body is then the same for every caller)."""
+    test of a parameter that decides whether it runs (the body is then the same for every caller). Where `node` is
+    under a local-rank check only, which the helper gets from its callers, the calls are those under that check."""
     ctx = script.context(node)
-    if ctx.level != NONE or ctx.single or len(ctx.functions) != 1:
+    if ctx.level not in (NONE, LOCAL) or ctx.single or len(ctx.functions) != 1:
         return None
     name = ctx.functions[0]
     d = next((d for d in script.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -111,8 +114,15 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
             if all(p == want for p, (_, want) in zip(passed, flags)):
                 reaching.append((x, c))
         calls = reaching
-    unguarded = [(x, c) for x, c in calls if x.context(c).level == NONE and not x.context(c).single]
+    unguarded = [(x, c) for x, c in calls if x.context(c).level == ctx.level and not x.context(c).single]
     return unguarded or None
+
+
+def guard_phrase(script: Script, call: ast.Call) -> str:
+    """What guards a call a finding is moved to: nothing, or a local-rank check only."""
+    if script.context(call).level == LOCAL:
+        return "under a local-rank check only, so local rank 0 of every node runs it"
+    return "with no rank check, so every rank runs it"
 
 
 def _flag_test(test: ast.AST, params: set[str]) -> tuple[str, bool] | None:
