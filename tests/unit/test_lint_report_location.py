@@ -224,3 +224,42 @@ def test_a_helper_called_under_a_local_rank_check_only_is_reported_at_the_call()
     assert f"save_model() (train.py:{_line(_LOCAL_GUARD, 'torch.save(')})" in found[0].message
     assert "local-rank check only" in found[0].message
     assert "no rank check" not in found[0].message
+
+
+_MODULE_LEVEL_TRAINING = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def save_weights(model, path):
+        torch.save(model.module.state_dict(), path)
+
+
+    def main():
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(4, 1).cuda())
+        torch.save(model.module.state_dict(), "init.pt")
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(4, 1).cuda())
+        for epoch in range(3):
+            model(torch.randn(2, 4).cuda()).sum().backward()
+            save_weights(model, "last.pt")
+"""
+
+
+def test_a_helper_called_from_module_level_training_code_is_reported_at_the_call():
+    """Module code that trains (a loop) is the training code: the rank check goes around its call of the helper."""
+    found = [f for f in lint_sources({"train.py": textwrap.dedent(_MODULE_LEVEL_TRAINING)}) if f.rule == "DDP004"]
+    assert [f.line for f in found] == [_line(_MODULE_LEVEL_TRAINING, '"last.pt"')]
+    assert f"save_weights() (train.py:{_line(_MODULE_LEVEL_TRAINING, 'state_dict(), path)')})" in found[0].message
+
+
+def test_an_entry_function_the_module_only_calls_keeps_its_finding():
+    """`if __name__ == "__main__": main()` with no loop of its own: main is the entry point, not a helper."""
+    source = textwrap.dedent(_MODULE_LEVEL_TRAINING).split('if __name__')[0] + 'if __name__ == "__main__":\n    main()\n'
+    found = [f for f in lint_sources({"train.py": source}) if f.rule == "DDP004"]
+    assert [f.line for f in found] == [_line(_MODULE_LEVEL_TRAINING, '"init.pt"')]

@@ -53,8 +53,8 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
     a module-level function without loops (a loop of work is training code, not a helper), with no decorator, that
     returns no value and that the program only calls as a statement of its own (a result the caller uses, as of
     `ckpt = load_checkpoint(...)`, is needed on every rank: the call cannot go under a rank check), never passes
-    along (as to mp.spawn); whose calls all resolve to it, sit in functions (a call at module level makes it the
-    entry point) and run; that tests no rank itself; and `node` under no rank check in it, nor under or after a
+    along (as to mp.spawn); whose calls all resolve to it, sit in functions or in module code that loops itself
+    (a call from module code that does not makes it the entry point) and run; that tests no rank itself; and `node` under no rank check in it, nor under or after a
     test of a parameter that decides whether it runs (the body is then the same for every caller). Where `node` is
     under a local-rank check only, which the helper gets from its callers, the calls are those under that check."""
     ctx = script.context(node)
@@ -99,7 +99,8 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
             if not _resolves(project, x, c, script.path, name):
                 return None  # a call of this name that may be another function, or this one through a path not seen
             if project.runs(x, c):
-                if not x.context(c).functions or not isinstance(x.parents.get(id(c)), ast.Expr):
+                if not x.context(c).functions and not _module_loops(x) \
+                        or not isinstance(x.parents.get(id(c)), ast.Expr):
                     return None
                 calls.append((x, c))
     if flags:
@@ -123,6 +124,19 @@ def guard_phrase(script: Script, call: ast.Call) -> str:
     if script.context(call).level == LOCAL:
         return "under a local-rank check only, so local rank 0 of every node runs it"
     return "with no rank check, so every rank runs it"
+
+
+def _module_loops(script: Script) -> bool:
+    """The module code itself loops (over epochs or data): it is the training code, and a module-level call of a
+    helper is a call like any other, not the entry point's (`if __name__ == "__main__": main()`)."""
+    todo = list(script.tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _flag_test(test: ast.AST, params: set[str]) -> tuple[str, bool] | None:
