@@ -18,6 +18,7 @@ from ddpkit.lint.doubt import doubted
 from ddpkit.lint.imports import programs
 from ddpkit.lint.launchers import link_launchers
 from ddpkit.lint.location import FOLLOWED, call_sites, guard_phrase
+from ddpkit.lint.shell import shell_launches
 from ddpkit.lint.project import Project
 from ddpkit.lint.report import Finding
 from ddpkit.lint.rules import CHECKS, Hit
@@ -36,8 +37,9 @@ def _suppressed(line: str, rule: str) -> bool:
     return ids is None or rule in {i.strip().upper() for i in ids.split(",")}
 
 
-def lint_sources(sources: dict[str, str]) -> list[Finding]:
-    """All findings for files ({path: text}), sorted by position. Never executes them.
+def lint_sources(sources: dict[str, str], shell: dict[str, str] | None = None) -> list[Finding]:
+    """All findings for files ({path: text}), sorted by position. Never executes them. `shell`: the project's shell
+    scripts ({path: text}), read for launches of these files (ddpkit.lint.shell).
 
     Files that import each other are analysed together as one program (see Project). At most one
     finding per rule and line; a print on every rank that also reports a wrong metric gets both (DDP006 for the
@@ -64,6 +66,7 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
             if (path, line, rule) not in reported:
                 reported.add((path, line, rule))
                 findings.append(f)
+    findings += shell_launches(shell or {}, sources)
     return sorted(findings, key=Finding.sort_key)
 
 
