@@ -77,7 +77,8 @@ def score(projects: list[dict], cache: Path, skipped: list[str] | None = None
             found = []
             wrong.append(f"CRASH {project['repo']}: the linter raised {type(e).__name__}: {str(e)[:80]}")
         for f in sorted(found, key=lambda f: (f.path, f.line, f.rule)):
-            path = local.get(Path(f.path)) or _in_project(Path(f.path), cached(project["repo"], project["commit"], "", cache))
+            base = cached(project["repo"], project["commit"], "", cache)
+            path = local.get(Path(f.path)) or _in_project(Path(f.path), base)
             if any(_covers(u, path, f.line, f.rule, main) for u in uncertain if isinstance(u, dict)):
                 continue
             match = next((label for label in labels if not label["found"] and label["rule"] == f.rule

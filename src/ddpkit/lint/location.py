@@ -54,8 +54,9 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
     returns no value and that the program only calls as a statement of its own (a result the caller uses, as of
     `ckpt = load_checkpoint(...)`, is needed on every rank: the call cannot go under a rank check), never passes
     along (as to mp.spawn); whose calls all resolve to it, sit in functions or in module code that loops itself
-    (a call from module code that does not makes it the entry point) and run; that tests no rank itself; and `node` under no rank check in it, nor under or after a
-    test of a parameter that decides whether it runs (the body is then the same for every caller). Where `node` is
+    (a call from module code that does not makes it the entry point) and run; that tests no rank itself; and
+    `node` under no rank check in it, nor under or after a test of a parameter that decides whether it runs (the
+    body is then the same for every caller). Where `node` is
     under a local-rank check only, which the helper gets from its callers, the calls are those under that check."""
     ctx = script.context(node)
     if ctx.level not in (NONE, LOCAL) or ctx.single or len(ctx.functions) != 1:

@@ -1206,7 +1206,8 @@ class Project:
             for cls in (n for n in s.nodes if isinstance(n, ast.ClassDef)):
                 inits = [d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
                          and d.name == "__init__"]
-                called = {terminal(c.func) for d in inits for c in ast.walk(d) if isinstance(c, ast.Call)} - {"__init__"}
+                called = {terminal(c.func) for d in inits for c in ast.walk(d)
+                          if isinstance(c, ast.Call)} - {"__init__"}
                 found[cls.name] = found.get(cls.name, set()) | called | {terminal(b) for b in cls.bases}
         return found
 

@@ -1,4 +1,4 @@
-"""DDP007 in the project's shell launch scripts: `python -m torch.distributed.launch ... train.py` of a linted script."""
+"""DDP007 in the project's shell launch scripts: `python -m torch.distributed.launch ... train.py` of linted files."""
 
 from __future__ import annotations
 
