@@ -44,6 +44,14 @@ def _covers(entry: dict, path: str, line: int, rule: str, main: str) -> bool:
             and entry.get("rule", rule) == rule)
 
 
+def _in_project(path: Path, base: Path) -> str:
+    """A file the linter read beside the manifest's files (a launch script, run.sh) by its path in the project."""
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def score(projects: list[dict], cache: Path, skipped: list[str] | None = None
           ) -> tuple[Counter, Counter, Counter, list[str]]:
     """(true positives, false positives, false negatives) per rule, and a line per wrong answer.
@@ -69,7 +77,8 @@ def score(projects: list[dict], cache: Path, skipped: list[str] | None = None
             found = []
             wrong.append(f"CRASH {project['repo']}: the linter raised {type(e).__name__}: {str(e)[:80]}")
         for f in sorted(found, key=lambda f: (f.path, f.line, f.rule)):
-            path = local.get(Path(f.path), f.path)
+            base = cached(project["repo"], project["commit"], "", cache)
+            path = local.get(Path(f.path)) or _in_project(Path(f.path), base)
             if any(_covers(u, path, f.line, f.rule, main) for u in uncertain if isinstance(u, dict)):
                 continue
             match = next((label for label in labels if not label["found"] and label["rule"] == f.rule

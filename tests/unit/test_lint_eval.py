@@ -44,6 +44,20 @@ def test_scorer_counts_true_false_positives_and_misses(tmp_path, monkeypatch):
     assert any(w.startswith("FN someone/proj:train.py:9 DDP004") for w in wrong)
 
 
+def test_scorer_names_a_finding_in_a_file_beside_the_linted_ones_by_its_project_path(tmp_path, monkeypatch):
+    """A launch script the linter reads next to the linted files (run.sh) is matched against labels by its path in
+    the project, as the linted files are."""
+    project = {"repo": "someone/proj", "commit": "a" * 40, "files": ["train.py"],
+               "labels": [{"path": "run.sh", "line": 1, "rule": "DDP007", "note": "old launcher"}]}
+    target = fetch.cached(project["repo"], project["commit"], "train.py", tmp_path)
+    target.parent.mkdir(parents=True)
+    target.write_text("x = 1\n")
+    shell = fetch.cached(project["repo"], project["commit"], "run.sh", tmp_path)
+    monkeypatch.setattr(score, "_findings", lambda files: [Finding(str(shell), 1, 1, "DDP007", "warning", "m", "f")])
+    tp, fp, fn, _ = score.score([project], tmp_path)
+    assert (sum(tp.values()), sum(fp.values()), sum(fn.values())) == (1, 0, 0)
+
+
 def test_speed_benchmark_runs_on_a_tiny_project(capsys):
     assert lint_speed.main(["--files", "3", "--repeats", "1"]) == 0
     out = capsys.readouterr().out

@@ -116,3 +116,44 @@ def test_a_name_passed_on_as_a_device_is_still_held_for_a_gpu():
                                       "    dist.init_process_group")  # four lines more above the assignment
     assert [line for line, _ in _ddp012(passed)] == [11]
     assert _ddp012(passed.replace("device=device_id", "seed=device_id"))[0][0] == 12  # read as something else
+
+
+_ONE_BRANCH_STORES_THE_GLOBAL_RANK = """\
+    import argparse
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def setup(args):
+        if "SLURM_PROCID" in os.environ:
+            args.local_rank = int(os.environ["SLURM_PROCID"])
+            args.rank = int(os.environ["SLURM_PROCID"])
+        else:
+            args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+            args.rank = int(os.environ.get("RANK", 0))
+        torch.cuda.set_device(args.local_rank)
+        dist.init_process_group("nccl", rank=args.rank)
+
+
+    def main(args):
+        setup(args)
+        model = DDP(torch.nn.Linear(4, 1).to(args.local_rank), device_ids=[args.local_rank])
+        for _ in range(3):
+            model(torch.randn(2, 4).to(args.local_rank)).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main(argparse.ArgumentParser().parse_args())
+"""
+
+
+def test_a_local_rank_that_one_branch_reads_from_the_global_rank_is_reported_at_that_store():
+    # the SLURM branch stores SLURM_PROCID (the global rank) where the other branch stores LOCAL_RANK: that one
+    # store is the line to fix (SLURM_LOCALID), not each use of args.local_rank as a GPU
+    found = _ddp012(_ONE_BRANCH_STORES_THE_GLOBAL_RANK)
+    assert [line for line, _ in found] == [11]
+    assert "lines 16, 22, 24" in found[0][1]

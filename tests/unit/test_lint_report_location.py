@@ -180,3 +180,86 @@ def test_a_device_that_does_not_name_the_rank_is_still_reported():
     code = _DEVICE.replace('device = torch.device("cuda", local_rank)', 'device = torch.device("cuda")')
     found = lint_sources({"train.py": textwrap.dedent(code)})
     assert [f.line for f in found if f.rule == "DDP008"] == [_line(code, "Using device")]
+
+
+_LOCAL_GUARD = """
+    import argparse
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def save_model(args, model, step):
+        path = os.path.join(args.output_dir, f"step{step}.bin")
+        torch.save(model.module.state_dict(), path)
+
+
+    def train(args):
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(args.local_rank)
+        model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[args.local_rank])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(100):
+            model(torch.randn(2, 4).cuda()).sum().backward()
+            optimizer.step()
+            if args.local_rank in [-1, 0]:
+                save_model(args, model, step)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)))
+        parser.add_argument("--output_dir", default="out")
+        train(parser.parse_args())
+"""
+
+
+def test_a_helper_called_under_a_local_rank_check_only_is_reported_at_the_call():
+    """The local-rank check to change into a global-rank one is the caller's, so the warning goes there."""
+    found = [f for f in lint_sources({"train.py": textwrap.dedent(_LOCAL_GUARD)}) if f.rule == "DDP004"]
+    assert [(f.line, f.severity) for f in found] == [(_line(_LOCAL_GUARD, "        save_model("), "warning")]
+    assert f"save_model() (train.py:{_line(_LOCAL_GUARD, 'torch.save(')})" in found[0].message
+    assert "local-rank check only" in found[0].message
+    assert "no rank check" not in found[0].message
+
+
+_MODULE_LEVEL_TRAINING = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def save_weights(model, path):
+        torch.save(model.module.state_dict(), path)
+
+
+    def main():
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(4, 1).cuda())
+        torch.save(model.module.state_dict(), "init.pt")
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(4, 1).cuda())
+        for epoch in range(3):
+            model(torch.randn(2, 4).cuda()).sum().backward()
+            save_weights(model, "last.pt")
+"""
+
+
+def test_a_helper_called_from_module_level_training_code_is_reported_at_the_call():
+    """Module code that trains (a loop) is the training code: the rank check goes around its call of the helper."""
+    found = [f for f in lint_sources({"train.py": textwrap.dedent(_MODULE_LEVEL_TRAINING)}) if f.rule == "DDP004"]
+    assert [f.line for f in found] == [_line(_MODULE_LEVEL_TRAINING, '"last.pt"')]
+    assert f"save_weights() (train.py:{_line(_MODULE_LEVEL_TRAINING, 'state_dict(), path)')})" in found[0].message
+
+
+def test_an_entry_function_the_module_only_calls_keeps_its_finding():
+    """`if __name__ == "__main__": main()` with no loop of its own: main is the entry point, not a helper."""
+    source = textwrap.dedent(_MODULE_LEVEL_TRAINING).split('if __name__')[0] + 'if __name__ == "__main__":\n    main()\n'
+    found = [f for f in lint_sources({"train.py": source}) if f.rule == "DDP004"]
+    assert [f.line for f in found] == [_line(_MODULE_LEVEL_TRAINING, '"init.pt"')]

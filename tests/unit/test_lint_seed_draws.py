@@ -86,3 +86,23 @@ _SPAWNED = textwrap.dedent("""
 def test_a_module_level_seed_every_spawned_rank_runs_again_is_the_same_on_every_rank():
     found = [(f.line, f.severity) for f in lint_sources({"train.py": _SPAWNED}) if f.rule == "DDP014"]
     assert found == [(10, "warning")]
+
+
+def _chosen_class_seed_lines(first: str, second: str) -> list[int]:
+    chosen = ("    if args.large:\n"
+              f"        model_cls = {first}\n"
+              "    else:\n"
+              f"        model_cls = {second}\n"
+              "    model = model_cls.from_pretrained('bert-base-uncased')\n")
+    source = _TRAIN.replace("    model = MODEL\n", chosen)
+    return [f.line for f in lint_sources({"train.py": source}) if f.rule == "DDP014"]
+
+
+def test_a_pretrained_model_class_chosen_into_a_variable_draws_dropout():
+    # `model_cls = BertForMaskedLM` ... `model_cls.from_pretrained(...)`: the class is followed through the assignment
+    assert _chosen_class_seed_lines("BertForMaskedLM", "RobertaForMaskedLM") == [13]
+
+
+def test_a_chosen_class_draws_dropout_only_where_every_choice_does():
+    assert _chosen_class_seed_lines("BertForMaskedLM", "MyTinyNet") == []
+    assert _chosen_class_seed_lines("BertTokenizerFast", "RobertaTokenizer") == []

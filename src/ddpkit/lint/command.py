@@ -9,7 +9,7 @@ from pathlib import Path
 from ddpkit.lint.linter import lint_sources
 from ddpkit.lint.report import RULES, Finding, format_json, format_sarif, format_text
 
-__all__ = ["lint_source", "lint_file", "lint_files", "lint_sources", "collect_paths", "main"]
+__all__ = ["lint_source", "lint_file", "lint_files", "lint_sources", "collect_paths", "launch_scripts", "main"]
 
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 
@@ -29,8 +29,41 @@ def lint_file(path: str | Path) -> list[Finding]:
 
 
 def lint_files(paths: list[str | Path]) -> list[Finding]:
-    """Findings for several files, those that import each other analysed as one program."""
-    return lint_sources({str(p): _read(Path(p)) for p in paths})
+    """Findings for several files, those that import each other analysed as one program; the shell scripts beside
+    them (launch_scripts) are read for the launches of these files."""
+    return lint_sources({str(p): _read(Path(p)) for p in paths}, shell=_launch_texts(paths))
+
+
+def _launch_texts(paths: list) -> dict[str, str]:
+    """{path: text} of the launch scripts beside `paths` that can be read (one that cannot is not the lint's
+    subject: it is left out)."""
+    texts = {}
+    for script in launch_scripts([Path(p) for p in paths]):
+        try:
+            texts[str(script)] = _read(script)
+        except OSError:
+            continue
+    return texts
+
+
+_LAUNCHER_LEVELS = 2
+"""How far above a linted file's folder its launch scripts are looked for (`tools/train.py` started by `run.sh` at
+the project's root)."""
+
+
+def launch_scripts(paths: list[Path]) -> list[Path]:
+    """The `*.sh` files in the folders of `paths` and up to _LAUNCHER_LEVELS folders above each (not above a
+    folder holding `.git`, a repository's root), not searched further down."""
+    folders: list[Path] = []
+    for path in paths:
+        folder = path.absolute().parent
+        for _ in range(_LAUNCHER_LEVELS + 1):
+            if folder not in folders:
+                folders.append(folder)
+            if (folder / ".git").exists() or folder.parent == folder:
+                break
+            folder = folder.parent
+    return sorted({f for folder in folders for f in folder.glob("*.sh") if f.is_file()})
 
 
 def collect_paths(paths: list[str]) -> list[Path]:
@@ -128,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddpkit lint: error: cannot write {e.filename!r} ({e.strerror}); nothing else was changed "
                   "after it", file=sys.stderr)
             return 2
-    findings = [f for group in sources for f in lint_sources(group)]
+    findings = [f for group in sources for f in lint_sources(group, shell=_launch_texts(list(group)))]
     if args.select:
         findings = [f for f in findings if f.rule in args.select]
     if args.ignore:

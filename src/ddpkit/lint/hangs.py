@@ -15,7 +15,7 @@ from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check, keyword
 
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
-           "loop_bound_from_some_ranks", "uneven_stride_shards"]
+           "loop_bound_from_some_ranks", "stop_on_some_ranks_count", "uneven_stride_shards"]
 
 _DDPKIT_COLLECTIVES = frozenset({
     "init", "wrap", "save_checkpoint", "load_checkpoint", "export_state_dict", "register_comm",
@@ -792,6 +792,36 @@ def loop_bound_from_some_ranks(s: Script) -> Iterator[Hit]:
                   f"the next collective (line {syncs.lineno}) for ranks that have stopped",
                   f"broadcast '{used}' from rank 0 before the loop (dist.broadcast_object_list([{used}], src=0)), "
                   "or compute it on every rank")
+
+
+@check
+def stop_on_some_ranks_count(s: Script) -> Iterator[Hit]:
+    """`if bad_epochs >= patience: break` in the training loop, where `bad_epochs` is only updated under a rank
+    check (`if rank == 0: ... bad_epochs += 1`) and never shared: those ranks leave the loop, the others go on."""
+    if not (s.distributed or s.project.distributed):
+        return
+    names = _rank_only_names(s)
+    for node in s.nodes:
+        stop = _stop_in(node.body) if isinstance(node, ast.If) else None
+        if not isinstance(stop, (ast.Break, ast.Return)) or s.context(node).level or s.context(node).single \
+                or _loop_of(s, node) is None or not _loop_waits(s, stop):
+            continue
+        used = next((n.id for n in ast.walk(node.test) if isinstance(n, ast.Name) and n.id in names
+                     and _set_in_scope(s, n.id, names[n.id], node)), None)
+        if used is None:
+            continue
+        yield Hit(node, "DDP010", "error",
+                  f"this stop tests '{used}', which only the ranks passing the rank check on line {names[used]} "
+                  f"update: they leave the loop ({ast.unparse(stop)}) on their own, and the other ranks go on to "
+                  "the next collective (DDP's gradient all-reduce) and wait there until the job times out",
+                  f"update '{used}' on every rank (from a figure all ranks share), or broadcast it from rank 0 "
+                  f"before the test (dist.broadcast_object_list([{used}], src=0))")
+
+
+def _set_in_scope(s: Script, name: str, line: int, node: ast.AST) -> bool:
+    """The rank check on `line` that sets `name` sits in the same function as `node`."""
+    scope = scope_of(node, s.parents)
+    return any(isinstance(n, ast.If) and n.lineno == line and scope_of(n, s.parents) is scope for n in s.nodes)
 
 
 def _syncs_in_callee(s: Script, call: ast.Call, wrapped: set[str]) -> bool:

@@ -11,6 +11,7 @@ from ddpkit.lint.bindings import scope_of
 from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default, splat_keyword
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
+           "first_gpu_for_every_rank",
            "ddp_without_device", "cuda_before_set_device", "cuda_tensor_type_without_set_device", "batchnorm_without_sync"]
 
 _DEVICE_KWARGS = ("device", "output_device", "map_location", "device_id")
@@ -317,8 +318,9 @@ def _global_rank_store(s: Script, source: ast.AST, use: ast.AST) -> ast.AST | No
 
 def _global_rank_binding(s: Script, index: ast.AST) -> ast.AST | None:
     """The one assignment that puts the global rank in the name or attribute a GPU index reads
-    (`local_rank = int(os.environ["RANK"])`, `device_id = rank`, `cfg.rank = dist.get_rank()`).
-    None for the rank call itself, a parameter, or a name more than one assignment binds."""
+    (`local_rank = int(os.environ["RANK"])`, `device_id = rank`, `cfg.rank = dist.get_rank()`), also where other
+    assignments bind it to something else (`args.local_rank = int(os.environ["SLURM_PROCID"])` in the SLURM branch,
+    LOCAL_RANK in the other). None for the rank call itself, a parameter, or a name several global stores bind."""
     if isinstance(index, ast.Name):
         values = s.local_values(index.id, index) or [  # a module-level name read in a function
             v for k, v in s.assignments if k == index.id and scope_of(v, s.parents) is None]
@@ -326,7 +328,8 @@ def _global_rank_binding(s: Script, index: ast.AST) -> ast.AST | None:
         values = [v for k, v in s.assignments if k == "." + index.attr]
     else:
         return None
-    return values[0] if len(values) == 1 and s.is_global_rank(values[0]) else None
+    stores = [v for v in values if s.is_global_rank(v)]
+    return stores[0] if len(stores) == 1 else None
 
 
 def _held_for_a_gpu(s: Script, index: ast.AST, uses: list[ast.AST]) -> bool:
@@ -433,16 +436,22 @@ def _set_per_rank(project, key: str) -> bool:
     return False
 
 
+def _fixed_gpu_matters(project) -> bool:
+    """A DDP program in which a GPU index fixed in the code is the same GPU on every rank: it sets no
+    CUDA_VISIBLE_DEVICES (a per-rank one renumbers the GPUs) and has no DataParallel mode (which uses the first GPU)."""
+    scripts = list(project.scripts.values())
+    return any(x.uses_ddp for x in scripts) and not any(
+        isinstance(n, ast.Constant) and n.value == "CUDA_VISIBLE_DEVICES" for x in scripts for n in x.nodes) \
+        and not any(x.qualname(c.func).endswith(".DataParallel") for x in scripts for c in x.calls)
+
+
 @check
 def one_gpu_for_every_rank(s: Script) -> Iterator[Hit]:
     """`torch.device(f"cuda:{opt.gpu_ids[0]}")` in the code every rank runs of a DDP program: the first GPU of a
     settings list is the same index on every rank, so every rank works on that one GPU."""
     project = s.project
-    scripts = list(project.scripts.values())
-    if not any(x.uses_ddp for x in scripts) or any(
-            isinstance(n, ast.Constant) and n.value == "CUDA_VISIBLE_DEVICES" for x in scripts for n in x.nodes) \
-            or any(x.qualname(c.func).endswith(".DataParallel") for x in scripts for c in x.calls):
-        return  # (a per-rank CUDA_VISIBLE_DEVICES renumbers the GPUs; a DataParallel mode uses the list's first GPU)
+    if not _fixed_gpu_matters(project):
+        return
     for call in s.calls:
         ctx = s.context(call)
         if ctx.level or ctx.single or not s.per_rank(call):
@@ -459,6 +468,47 @@ def one_gpu_for_every_rank(s: Script) -> Iterator[Hit]:
                       "rank: every rank works on that one GPU (nothing in the files linted gives each rank its own "
                       "list or its own CUDA_VISIBLE_DEVICES)",
                       "index GPUs by the local rank: torch.device('cuda', int(os.environ['LOCAL_RANK']))")
+
+
+def _first_gpu_literals(s: Script, call: ast.Call) -> Iterator[ast.Constant]:
+    """The literal "cuda:0" a call is given as a device: `torch.load(f, map_location="cuda:0")`, `device="cuda:0"`,
+    `torch.device("cuda:0")`, `.to("cuda:0")` (not a dict's key, `map_location={"cuda:0": ...}`: a device saved from;
+    not a question about GPU 0, `torch.cuda.memory_allocated(device="cuda:0")`)."""
+    if s.qualname(call.func).startswith("torch.cuda."):
+        return iter(())
+    given = [k.value for k in call.keywords if k.arg in _DEVICE_KWARGS]
+    if s.qualname(call.func) == "torch.device" or isinstance(call.func, ast.Attribute) and call.func.attr == "to":
+        given += call.args[:1]
+    if s.qualname(call.func) == "torch.load":
+        given += call.args[1:2]
+    return (v for v in given if isinstance(v, ast.Constant) and v.value == "cuda:0")
+
+
+def _local_gpu_indices(project) -> bool:
+    """Some live code of the program picks this rank's GPU by its local rank (`set_device(local_rank)`,
+    `device_ids=[args.gpu]`, `f"cuda:{local_rank}"`): it runs with every GPU of the node visible to each rank."""
+    return any(x.kind(i) and not x.is_global_rank(i) and project.runs(x, i)
+               for x in project.scripts.values() for c in x.calls for i in _device_indices(x, c))
+
+
+@check
+def first_gpu_for_every_rank(s: Script) -> Iterator[Hit]:
+    """`torch.load(path, map_location="cuda:0")` in the code every rank runs of a program that otherwise gives each
+    rank its own GPU by the local rank: every rank puts this on GPU 0 (and opens a CUDA context there)."""
+    project = s.project
+    if not project.memo("first GPU matters", lambda: _fixed_gpu_matters(project) and _local_gpu_indices(project)):
+        return
+    for call in s.calls:
+        ctx = s.context(call)
+        if ctx.level or ctx.single or not s.per_rank(call) or not project.runs(s, call):
+            continue
+        for literal in _first_gpu_literals(s, call):
+            yield Hit(literal, "DDP012", "error",
+                      f"{ast.unparse(call.func)}(...) is given \"cuda:0\" on every rank, while the program gives each "
+                      "rank its own GPU by the local rank elsewhere: every rank puts this on GPU 0 (memory and a CUDA "
+                      "context there; a tensor meeting one on the rank's own GPU fails)",
+                      "use this rank's device: torch.device('cuda', local_rank) (for torch.load, map_location='cpu' "
+                      "also works)")
 
 
 def _branches(node: ast.AST, parents: dict[int, ast.AST]) -> set[tuple[str, bool]]:

@@ -17,7 +17,8 @@ from ddpkit.lint.analysis import Script
 from ddpkit.lint.doubt import doubted
 from ddpkit.lint.imports import programs
 from ddpkit.lint.launchers import link_launchers
-from ddpkit.lint.location import FOLLOWED, call_sites
+from ddpkit.lint.location import FOLLOWED, call_sites, guard_phrase
+from ddpkit.lint.shell import shell_launches
 from ddpkit.lint.project import Project
 from ddpkit.lint.report import Finding
 from ddpkit.lint.rules import CHECKS, Hit
@@ -36,8 +37,9 @@ def _suppressed(line: str, rule: str) -> bool:
     return ids is None or rule in {i.strip().upper() for i in ids.split(",")}
 
 
-def lint_sources(sources: dict[str, str]) -> list[Finding]:
-    """All findings for files ({path: text}), sorted by position. Never executes them.
+def lint_sources(sources: dict[str, str], shell: dict[str, str] | None = None) -> list[Finding]:
+    """All findings for files ({path: text}), sorted by position. Never executes them. `shell`: the project's shell
+    scripts ({path: text}), read for launches of these files (ddpkit.lint.shell).
 
     Files that import each other are analysed together as one program (see Project). At most one
     finding per rule and line; a print on every rank that also reports a wrong metric gets both (DDP006 for the
@@ -64,6 +66,7 @@ def lint_sources(sources: dict[str, str]) -> list[Finding]:
             if (path, line, rule) not in reported:
                 reported.add((path, line, rule))
                 findings.append(f)
+    findings += shell_launches(shell or {}, sources)
     return sorted(findings, key=Finding.sort_key)
 
 
@@ -84,7 +87,7 @@ def _moved(analysed: list[tuple[str, Script, list[Hit]]], sources: dict[str, str
                 key = (call.lineno, hit.rule)
                 at = moved.setdefault(x.path, {})
                 if key not in at:
-                    at[key] = (Hit(call, hit.rule, hit.severity, "", hit.fix), [])
+                    at[key] = (Hit(call, hit.rule, hit.severity, guard_phrase(x, call), hit.fix), [])
                 at[key][1].append((name, hit.message, where))
         hits[:] = kept
     out: dict[str, list[Hit]] = {}
@@ -95,8 +98,7 @@ def _moved(analysed: list[tuple[str, Script, list[Hit]]], sources: dict[str, str
             for place in sorted({w.partition(" at ")[2] for _, _, w in inner}, key=_place_key):
                 by_file.setdefault(_place_key(place)[0], []).append(_place_key(place)[1])
             places = "; ".join(f"{file}:{', '.join(map(str, lines))}" for file, lines in by_file.items())
-            message = (f"{' and '.join(names)} ({places}) is called here with no rank check, so every rank runs "
-                       f"it: {inner[0][1]}")
+            message = f"{' and '.join(names)} ({places}) is called here {hit.message}: {inner[0][1]}"
             out.setdefault(path, []).append(Hit(hit.node, rule, hit.severity, message, hit.fix))
     return out
 

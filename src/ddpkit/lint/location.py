@@ -4,7 +4,9 @@
 where the training code calls it, and that call is where the fix (a rank check) goes. So a finding of a rule that
 follows calls, on a statement of such a helper that is not under a rank check of its own, is reported once at each
 call of the helper that no rank check guards (calls under a rank check are fine and get nothing), climbing through
-helpers of helpers to the outermost such call. The helper stays the place when its callers are not all known.
+helpers of helpers to the outermost such call. A finding the helper has because its callers test the local rank only
+(DDP004's multi-node warning) is reported likewise at those calls: their check is the one to change. The helper stays
+the place when its callers are not all known.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.lint.analysis import NONE, Script, terminal
+from ddpkit.lint.analysis import LOCAL, NONE, Script, terminal
 
-__all__ = ["FOLLOWED", "call_sites"]
+__all__ = ["FOLLOWED", "call_sites", "guard_phrase"]
 
 FOLLOWED = frozenset({"DDP004", "DDP014"})
 """Rules whose finding in a helper is reported at the helper's unguarded calls: the fix (a rank check around the
@@ -51,11 +53,13 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
     a module-level function without loops (a loop of work is training code, not a helper), with no decorator, that
     returns no value and that the program only calls as a statement of its own (a result the caller uses, as of
     `ckpt = load_checkpoint(...)`, is needed on every rank: the call cannot go under a rank check), never passes
-    along (as to mp.spawn); whose calls all resolve to it, sit in functions (a call at module level makes it the
-    entry point) and run; that tests no rank itself; and `node` under no rank check in it, nor under or after a
-    test of a parameter that decides whether it runs (the body is then the same for every caller)."""
+    along (as to mp.spawn); whose calls all resolve to it, sit in functions or in module code that loops itself
+    (a call from module code that does not makes it the entry point) and run; that tests no rank itself; and
+    `node` under no rank check in it, nor under or after a test of a parameter that decides whether it runs (the
+    body is then the same for every caller). Where `node` is
+    under a local-rank check only, which the helper gets from its callers, the calls are those under that check."""
     ctx = script.context(node)
-    if ctx.level != NONE or ctx.single or len(ctx.functions) != 1:
+    if ctx.level not in (NONE, LOCAL) or ctx.single or len(ctx.functions) != 1:
         return None
     name = ctx.functions[0]
     d = next((d for d in script.tree.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -96,7 +100,8 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
             if not _resolves(project, x, c, script.path, name):
                 return None  # a call of this name that may be another function, or this one through a path not seen
             if project.runs(x, c):
-                if not x.context(c).functions or not isinstance(x.parents.get(id(c)), ast.Expr):
+                if not x.context(c).functions and not _module_loops(x) \
+                        or not isinstance(x.parents.get(id(c)), ast.Expr):
                     return None
                 calls.append((x, c))
     if flags:
@@ -111,8 +116,28 @@ def _unguarded_calls(project, script: Script, node: ast.AST) -> list[tuple[Scrip
             if all(p == want for p, (_, want) in zip(passed, flags)):
                 reaching.append((x, c))
         calls = reaching
-    unguarded = [(x, c) for x, c in calls if x.context(c).level == NONE and not x.context(c).single]
+    unguarded = [(x, c) for x, c in calls if x.context(c).level == ctx.level and not x.context(c).single]
     return unguarded or None
+
+
+def guard_phrase(script: Script, call: ast.Call) -> str:
+    """What guards a call a finding is moved to: nothing, or a local-rank check only."""
+    if script.context(call).level == LOCAL:
+        return "under a local-rank check only, so local rank 0 of every node runs it"
+    return "with no rank check, so every rank runs it"
+
+
+def _module_loops(script: Script) -> bool:
+    """The module code itself loops (over epochs or data): it is the training code, and a module-level call of a
+    helper is a call like any other, not the entry point's (`if __name__ == "__main__": main()`)."""
+    todo = list(script.tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _flag_test(test: ast.AST, params: set[str]) -> tuple[str, bool] | None:

@@ -1803,6 +1803,13 @@ def _text(value: ast.AST) -> bool:
     return isinstance(value, ast.JoinedStr) or isinstance(value, ast.Constant) and isinstance(value.value, str)
 
 
+def _logger_warning(call: ast.Call, loggers: set[str]) -> bool:
+    """`logging.warning(...)`, or `.warning(...)` of a logger of the program (`logger = logging.getLogger(...)`)."""
+    return terminal(call.func) == "warning" and isinstance(call.func, ast.Attribute) \
+        and isinstance(call.func.value, (ast.Name, ast.Attribute)) \
+        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}
+
+
 def _not_the_logging_module(s: Script, call: ast.Call) -> bool:
     """`logging.info(...)` where `logging` is a name the program rebinds: a parameter of an enclosing function
     (whatever its callers pass: unknown, so not reported) or an object of a project class whose `info` names the
@@ -1989,6 +1996,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
     loggers |= _logging_module_names(s) | _handed_loggers(s)
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
+    warnings_open = not project.memo("logging per rank", lambda: _logging_per_rank(project))
     outside = project.memo("logging set up outside", lambda: _outside_log_setup(project))
     loguru_open = project.memo("loguru shown", lambda: _loguru_default(project))
     for call in s.calls:
@@ -2018,7 +2026,14 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
             name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
                                        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
-        if is_log and name == "logging.info" and _not_the_logging_module(s, call) or id(call) in forwarding:
+        # a WARNING line is shown with no set-up at all (Python's last-resort handler), so only a set-up per rank hides
+        # it; in the loop that runs the step it is the training log written at WARNING, a line every step on every rank
+        # (a one-off notice elsewhere, `logging.warning("apex not available")`, is left alone)
+        warned = not is_log and warnings_open and (name == "logging.warning" or _logger_warning(call, loggers)) \
+            and _in_step_loop(s, s.tree, call)
+        is_log = is_log or warned
+        if is_log and name in ("logging.info", "logging.warning") and _not_the_logging_module(s, call) \
+                or id(call) in forwarding:
             continue
         # loguru's logger writes to sys.stderr in every process until the program configures it
         is_loguru = loguru_open and name == "loguru.logger.info"
@@ -2055,6 +2070,12 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "to sys.stderr in every process: each line appears world_size times",
                       "configure loguru per rank: `if rank != 0: logger.remove()` (or logger.add(..., "
                       "level='WARNING') there), or guard the call with `if rank == 0:`")
+            continue
+        if warned:
+            yield Hit(call, "DDP008", "warning",
+                      f"{ast.unparse(call.func)}() runs on every rank and nothing sets logging up per rank; WARNING "
+                      "lines are shown even with no logging set-up, so each appears world_size times",
+                      "guard the call with `if rank == 0:` (or log it at INFO with logging shown on rank 0 only)")
             continue
         if is_log:
             shown = "" if outside is None else (

@@ -1184,15 +1184,32 @@ class Project:
     def _joining(self) -> set[str]:
         callees = {d.name: {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)}
                    for s in self.scripts.values() for d in s.defs}
+        callees.update(self._constructions())
         starters = {d.name for s in self.scripts.values() for d in s.defs
                     if any(isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
         changed = True
         while changed:
             more = {name for name, called in callees.items() if called & starters} - starters
+            # `Exp = Exp_Imputation` ... `Exp(args)`: a name that holds a class which starts the group
+            more |= {k for s in self.scripts.values() for k, v in s.assignments
+                     if not k.startswith(".") and isinstance(v, ast.Name) and v.id in starters} - starters
             starters |= more
             changed = bool(more)
         return {s.path for s in self.scripts.values()
                 if any(terminal(c.func) in starters and self.runs(s, c) for c in s.calls)}
+
+    def _constructions(self) -> dict[str, set[str]]:
+        """{class name: what building one runs}: the calls of its own `__init__` (`self._build_model()`) and its base
+        classes, whose `__init__` runs through `super().__init__(...)` or by inheritance."""
+        found: dict[str, set[str]] = {}
+        for s in self.scripts.values():
+            for cls in (n for n in s.nodes if isinstance(n, ast.ClassDef)):
+                inits = [d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and d.name == "__init__"]
+                called = {terminal(c.func) for d in inits for c in ast.walk(d)
+                          if isinstance(c, ast.Call)} - {"__init__"}
+                found[cls.name] = found.get(cls.name, set()) | called | {terminal(b) for b in cls.bases}
+        return found
 
     def reduces(self, pattern: re.Pattern[str]) -> bool:
         """Whether some value whose name matches `pattern` is reduced or gathered across ranks anywhere."""

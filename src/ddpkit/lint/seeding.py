@@ -156,12 +156,23 @@ def _dropout(project) -> tuple[Script, ast.Call] | None:
                     and rate.value > 0
             elif terminal(c.func) == "from_pretrained" and isinstance(c.func, ast.Attribute):
                 # the class names the architecture, from transformers or a copy of its modelling code
-                drawn = bool(_TRANSFORMERS_DROPOUT.fullmatch(terminal(c.func.value)))
+                classes = _classes_held(x, c.func.value)
+                drawn = bool(classes) and all(_TRANSFORMERS_DROPOUT.fullmatch(name) for name in classes)
             else:
                 drawn = any(k.arg and _RATE.fullmatch(k.arg) and _nonzero(project, k.value) for k in c.keywords)
             if drawn and project.runs(x, c):
                 return x, c
     return None
+
+
+def _classes_held(s: Script, expr: ast.AST) -> list[str]:
+    """The names of the classes an expression is: `BertModel` itself, or each class its function assigns to the
+    variable it reads (`model_cls = BertForMaskedLM` in one branch, `RobertaForMaskedLM` in the other)."""
+    if isinstance(expr, ast.Name):
+        assigned = s.local_assignments(expr.id, expr)
+        if assigned and all(isinstance(v, (ast.Name, ast.Attribute)) for _, v in assigned):
+            return [terminal(v) for _, v in assigned]
+    return [terminal(expr)]
 
 
 def _given_per_rank(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, names: set[str]) -> bool | None:

@@ -332,6 +332,32 @@ def _unwrapped_trainables(s: Script, wrapped: dict[str, str]) -> set[str]:
     return found
 
 
+def _rewrap(s: Script, near: ast.AST) -> ast.Call | None:
+    """`d1 = DDP(d1)` a second time in the function of `near`, its module already wrapped: the copy-pasted wrap
+    that was meant for another module."""
+    scope, wrapped = s.context(near).scope, set()
+    for call in sorted((c for c in s.calls if _wraps(s, c) and c.args and s.context(c).scope == scope),
+                       key=lambda c: (c.lineno, c.col_offset)):
+        if _key(call.args[0]) and _key(call.args[0]) in wrapped:
+            return call
+        wrapped.add(_key(call.args[0]))
+    return None
+
+
+def _never_wrapped(s: Script, seen: ast.Call, back: ast.Call) -> Hit:
+    """DDP015 for a trained module run in the step beside the wrapper but never wrapped: at the wrap that wraps
+    another module a second time where there is one (the line to change), else at its run."""
+    name = ast.unparse(seen.func)
+    rewrap = _rewrap(s, seen)
+    slip = "" if rewrap is None else (f" (line {rewrap.lineno} wraps {ast.unparse(rewrap.args[0])} a second time "
+                                      f"instead; first run in the step at line {seen.lineno})")
+    return Hit(rewrap or seen, "DDP015", "error",
+               f"{name} is trained (its parameters are in an optimizer) and runs in the training step into "
+               f"backward() (line {back.lineno}), but it was never wrapped in DistributedDataParallel{slip}: its "
+               "gradients are not all-reduced, so its copies drift apart",
+               f"wrap it too (DistributedDataParallel({name}, ...)) or make it part of the wrapped model")
+
+
 def _feeds(call: ast.Call, back: ast.Call, nodes: list[ast.AST]) -> bool:
     """Whether what `call` returns reaches the value whose backward() runs (through assignments)."""
     tainted: set[str] = set()
@@ -353,6 +379,7 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
         return
     parents = s.parents
     helpers = _bypassing_functions(s, wrapped)
+    reported: set[str] = set()  # one finding per module never wrapped, not one per backward() it reaches
     for back in s.calls:
         notes: dict[int, str] = {}
         if terminal(back.func) not in _BACKWARDS or without_grad(s, back, parents):
@@ -373,13 +400,9 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
         if through and unwrapped:
             # a module the optimizer trains, run in the step beside the wrapper but never wrapped itself
             seen = next((c for c in calls if _key(c.func) in unwrapped and _feeds(c, back, nodes)), None)
-            if seen is not None:
-                yield Hit(seen, "DDP015", "error",
-                          f"{ast.unparse(seen.func)} is trained (its parameters are in an optimizer) and runs in the "
-                          f"training step into backward() (line {back.lineno}), but it was never wrapped in "
-                          "DistributedDataParallel: its gradients are not all-reduced, so its copies drift apart",
-                          f"wrap it too (DistributedDataParallel({ast.unparse(seen.func)}, ...)) or make it part of "
-                          "the wrapped model")
+            if seen is not None and _key(seen.func) not in reported:
+                reported.add(_key(seen.func))
+                yield _never_wrapped(s, seen, back)
             continue
         if through:
             continue
