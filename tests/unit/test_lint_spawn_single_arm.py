@@ -1,5 +1,6 @@
-"""The parent of an mp.spawn program that also calls its worker directly in the one-process arm of a mode check
-(`if world_size > 1: mp.spawn(train, ...) else: train(...)`): the parent's own code runs once, not on every rank."""
+"""The parent of an mp.spawn program: a worker it also calls directly in the one-process arm of a mode check
+(`if world_size > 1: mp.spawn(train, ...) else: train(...)`), and a method of a helper's object that only the
+parent calls (`cfg.announce()` before the spawn): the parent's own code runs once, not on every rank."""
 
 from __future__ import annotations
 
@@ -54,3 +55,46 @@ def test_a_direct_call_on_every_rank_still_makes_the_caller_a_rank():
         "world_size = torch.cuda.device_count()", "world_size, use_spawn = torch.cuda.device_count(), False")
     lines = textwrap.dedent(every_rank).splitlines()
     assert _outputs(every_rank) == {i for i, l in enumerate(lines, 1) if "# parent: once" in l}
+
+
+_CONFIG = """
+    class Config:
+        def __init__(self, epochs):
+            self.epochs = epochs
+
+        def announce(self):
+            print("epochs:", self.epochs)
+"""
+
+_RUN = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from config import Config
+
+
+    def worker(rank, cfg):
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = torch.nn.Linear(2, 2)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        cfg = Config(3)
+        cfg.announce()
+        mp.spawn(worker, args=(cfg,), nprocs=2)
+"""
+
+
+def _config_outputs(run: str) -> set[int]:
+    found = lint_sources({"run.py": textwrap.dedent(run), "config.py": textwrap.dedent(_CONFIG)})
+    return {f.line for f in found if f.rule == "DDP008" and f.path == "config.py"}
+
+
+def test_a_method_of_an_object_only_the_spawning_parent_calls_prints_once():
+    assert _config_outputs(_RUN) == set()
+
+
+def test_a_method_a_rank_calls_too_prints_on_every_rank():
+    on_ranks = _RUN.replace("model = torch.nn.Linear(2, 2)", "model = torch.nn.Linear(2, 2)\n        cfg.announce()")
+    assert _config_outputs(on_ranks) == {7}
