@@ -1038,11 +1038,13 @@ class Script:
         # (or `subprocess_fn(rank=0, ...)`) hands the worker a fixed rank: that path is one process, and the
         # caller stays the parent
         # `if opts.mode == "ddp": mp.spawn(worker, ...) else: worker(...)` where the worker starts its process
-        # group only under that same test: the direct call is one process too
+        # group only under that same test: the direct call is one process too; so is a direct call in the single-process
+        # arm of a mode check (`if world_size > 1: mp.spawn(train, ...) else: train(...)`)
         firsts = {d.name: ([a.arg for a in (*d.args.posonlyargs, *d.args.args)] or [""])[0] for d in defs}
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers
             and not _fixed_rank(c, firsts.get(terminal(c.func), ""))
+            and not self.context(c).single
             and not self._ungrouped_arm(c, [s for w, s in spawns if w == terminal(c.func)], defs)
             for c in ast.walk(d)))
         # `solver.train(args, epoch)` on an object from another file does not call this file's module-level

@@ -1122,25 +1122,19 @@ class Project:
             self._parent_only_open.discard(key)
 
     def _parent_only_method(self, script: Script, name: str) -> bool:
-        """Whether `name` is a classmethod/staticmethod of a module-level class of `script` (a file that starts no
-        ranks) every call of which names the class (`DatasetTools.compose_dataset(cfg)`, imported from that file)
-        in the parent of an mp.spawn/Process script, or is `cls.name(...)`/`self.name(...)` in another method of
-        the class that runs in the parent only: only the parent runs it. Any other call of that name (on an object
-        of unknown class) may reach it from a rank."""
+        """Whether `name` is a method of a module-level class of `script` (a file that starts no ranks) every call
+        of which in the program sits in the parent of an mp.spawn/Process script: `DatasetTools.compose_dataset(cfg)`
+        naming the class, `cfg.announce()` on any object (no rank calls a method of that name at all), or
+        `cls.name(...)`/`self.name(...)` in a method that runs in the parent only: only the parent runs it. Not a
+        dunder or `forward`, which Python and torch call without naming them."""
         if script.per_rank_functions is not None:
             return False
+        if name.startswith("__") or name == "forward":
+            return False
         owner = next((c for c in script.tree.body if isinstance(c, ast.ClassDef) and any(
-            isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name and any(
-                terminal(dec) in ("classmethod", "staticmethod") for dec in d.decorator_list) for d in c.body)), None)
+            isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == name for d in c.body)), None)
         if owner is None:
             return False
-
-        def names_owner(x: Script, value: ast.expr) -> bool:
-            if x is script:
-                return isinstance(value, ast.Name) and value.id == owner.name
-            qualname = x.qualname(value)
-            return "." in qualname and qualname.rsplit(".", 1)[1] == owner.name \
-                and self.modules.locate(x.path, qualname.rsplit(".", 1)[0]) == script.path
 
         def compute() -> bool:
             calls = [(x, c) for x, c in self.calls_named(name) if self.runs(x, c)]
@@ -1148,19 +1142,8 @@ class Project:
                     isinstance(x.parents.get(id(n)), ast.Call) and x.parents[id(n)].func is n)
                     for x in self.scripts.values() for n in x.nodes):
                 return False  # (handed along as a value: it runs wherever it is called)
-            for x, c in calls:
-                if not isinstance(c.func, ast.Attribute):
-                    return False
-                if names_owner(x, c.func.value):
-                    parent = not x.per_rank(c) if x.per_rank_functions is not None else self.parent_only(x, c)
-                elif x is script and isinstance(c.func.value, ast.Name) and c.func.value.id in ("cls", "self") \
-                        and any(n is c for n in ast.walk(owner)):
-                    parent = self.parent_only(x, c)
-                else:
-                    return False
-                if not parent:
-                    return False
-            return True
+            return all(isinstance(c.func, ast.Attribute) and (
+                not x.per_rank(c) if x.per_rank_functions is not None else self.parent_only(x, c)) for x, c in calls)
         key = ("parent only", script.path, owner.name, name)
         if key in self._parent_only_open:
             return False

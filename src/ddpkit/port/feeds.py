@@ -345,9 +345,14 @@ def _local_defs_called(plan: Any, nodes: list[cst.CSTNode], blocks: list[list[cs
     return list(found.values())
 
 
+NOT_SHARDED = "the data is not sharded"
+"""How the TODO over training with no DataLoader where every rank runs the same steps begins."""
+
+
 def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
-    """No DataLoader trains: port the script when every rank runs the same steps (a note in the summary),
-    else the TODO that says the data is not sharded."""
+    """No DataLoader trains: the TODO that says the data is not sharded. Where every rank runs the same steps on
+    the same data the port is still correct (no speed-up), and the TODO says so; a port that leaves N GPUs
+    repeating one run's work is no finished data-parallel port."""
     todo = ("no training DataLoader found: the data is not sharded, so every rank trains on all of it (no "
             "speed-up); feed it through ddpkit.loader(dataset, ctx, batch_size=...) or slice it by ctx.rank and "
             "ctx.world_size")
@@ -398,8 +403,9 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
         f.scope_statements(k) for k in step_scopes)]) for n in walk(d.body)]
     step_draws = draws(step_nodes)
     if not step_draws:
-        plan.summary.append("no DataLoader: every rank trains on all of the data and computes the same gradient "
-                            "(correct, but the data is not sharded: no speed-up)")
+        plan.todo(top[0], f"{NOT_SHARDED}: every rank trains on all of the data, so the ranks "
+                  "repeat one run's work (the result stays the original's, with no speed-up); to train data-parallel, slice the data by ctx.rank and ctx.world_size or feed it "
+                  "through ddpkit.loader(dataset, ctx, batch_size=...)")
         return
     plan.reseed.add(id(top[0]))  # from here on each rank draws its own batches
     plan_drawn_batches(plan, step_draws)
