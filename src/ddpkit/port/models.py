@@ -23,7 +23,19 @@ entries bypasses."""
 
 def is_optimizer(call: cst.Call) -> bool:
     name = dotted(call.func)
-    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
+    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS or _is_own_optimizer(call, name)
+
+
+def _is_own_optimizer(call: cst.Call, name: str) -> bool:
+    """A class of the project or another library built like torch's optimizers (`Lamb(model.parameters(), lr=...)`,
+    `PIDOptimizer(net.parameters(), lr=lr, momentum=m)`): a capitalised name, a learning rate and parameters as its
+    first argument. An EMA or a logger over the parameters takes no `lr`."""
+    last = name.rsplit(".", 1)[-1]
+    first = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "params"), None)
+    return last[:1].isupper() and first is not None and any(a.keyword is not None and a.keyword.value == "lr"
+                                                            for a in call.args) and any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+        and n.func.attr.value in ("parameters", "named_parameters") for n in walk(first))
 
 
 def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
@@ -127,7 +139,41 @@ def plan_models(plan: Any) -> str | None:
                     models.append(_wrap_model(plan, key, node, receiver) or receiver)
                 elif (key, known) in plan.wrapped:  # a second optimizer over it: wrapped on this path too?
                     _place(plan, key, known, plan.built[(key, known)], plan._stmt[id(node)], node)
+    _check_unwrapped_branches(plan)
     return models[0] if models else None
+
+
+def _check_unwrapped_branches(plan: Any) -> None:
+    """A model wrapped in one branch of an if/elif before its optimizer (one branch per optimizer choice), where a
+    sibling branch builds the same optimizer name with a call the port does not read as an optimizer: on that
+    path the model trains unwrapped, an unsynchronised copy per rank. A TODO at that branch's build."""
+    for (key, model), placed in plan.wrapped.items():
+        for where in placed:
+            top = plan._parent.get(id(where))
+            if not isinstance(top, cst.If):
+                continue
+            targets = {dotted(t.target) for s in plan._block[id(where)][0] for n in _assigns(s)
+                       if isinstance(n.value, cst.Call) and is_optimizer(n.value) for t in n.targets}
+            for block in plan.blocks_of(top):
+                if any(plan._block.get(id(p), ([None],))[0][:1] == block[:1] for p in placed):
+                    continue
+                for stmt in block:
+                    for assign in _assigns(stmt):
+                        if isinstance(assign.value, cst.Call) and not is_optimizer(assign.value) and any(
+                                dotted(t.target) in targets for t in assign.targets):
+                            _unwrapped_branch_todo(plan, model, assign, plan.line_of(where))
+
+
+def _assigns(stmt: cst.CSTNode) -> list[cst.Assign]:
+    return [n for n in stmt.body if isinstance(n, cst.Assign)] if isinstance(stmt, cst.SimpleStatementLine) else []
+
+
+def _unwrapped_branch_todo(plan: Any, model: str, assign: cst.Assign, line: int) -> None:
+    callee = dotted(assign.value.func) or "a call"
+    plan.todo(assign, f"`{dotted(assign.targets[0].target)}` is built here by `{callee}(...)`, which the port does "
+              f"not read as an optimizer, while `{model}` is wrapped only in another branch of this if (line "
+              f"{line}): on this path each rank trains its own unsynchronised copy of `{model}`; if this trains "
+              f"{model}, add {model} = ddpkit.wrap({model}, ctx) just before this line")
 
 
 def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
