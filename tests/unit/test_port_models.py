@@ -721,3 +721,44 @@ def test_an_ema_over_the_parameters_is_no_optimizer():
     ''')
     assert result.code.index("ema = ExponentialMovingAverage") < result.code.index("ddpkit.wrap(model, ctx)")
     assert result.todos == []
+
+
+def test_apex_amp_initialize_after_the_wrap_is_named():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from apex import amp
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        model.weight.data.zero_()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    ''')
+    named = [t for t in result.todos if "amp.initialize" in t.message]
+    assert len(named) == 1 and named[0].line == 11 and "after" in named[0].message, result.todos
+    assert "RuntimeError" in named[0].message and "model = ddpkit.wrap(model, ctx)" in named[0].message
+    # torch's own autocast needs nothing
+    plain = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.cuda.amp.GradScaler()
+        for x, y in loader:
+            optimizer.zero_grad()
+            with torch.autocast("cuda"):
+                loss = nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    ''')
+    assert not [t for t in plain.todos if "amp" in t.message]

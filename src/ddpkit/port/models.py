@@ -140,7 +140,28 @@ def plan_models(plan: Any) -> str | None:
                 elif (key, known) in plan.wrapped:  # a second optimizer over it: wrapped on this path too?
                     _place(plan, key, known, plan.built[(key, known)], plan._stmt[id(node)], node)
     _check_unwrapped_branches(plan)
+    _check_amp_order(plan)
     return models[0] if models else None
+
+
+def _check_amp_order(plan: Any) -> None:
+    """apex's `model, optimizer = amp.initialize(model, optimizer)` after the port's wrap of `model`: apex refuses a
+    model already inside a parallel wrapper (RuntimeError at start). A TODO at the call, once per model."""
+    for (key, model), placed in plan.wrapped.items():
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and dotted(node.func).endswith("amp.initialize") and node.args):
+                continue
+            first = node.args[0].value
+            handed = [dotted(e.value) for e in first.elements] if isinstance(first, (cst.List, cst.Tuple)) else \
+                [dotted(first)]
+            stmt = plan._stmt.get(id(node))
+            where = next((w for w in placed if stmt is not None and follows(plan, w, stmt)), None)
+            if model in handed and where is not None:
+                plan.todo(node, f"apex `amp.initialize` gets `{model}` after the port wrapped it (line "
+                          f"{plan.line_of(where)}): apex raises RuntimeError for a model already in a parallel "
+                          f"wrapper; move {model} = ddpkit.wrap({model}, ctx) to just after this line (wrap the "
+                          "model amp.initialize returns), or train with torch.autocast and torch.amp.GradScaler")
+                break
 
 
 def _check_unwrapped_branches(plan: Any) -> None:
