@@ -294,3 +294,49 @@ def test_what_the_called_helper_does_to_the_wrapper_is_named_before_what_its_cal
     items = todo.split("\n")[1:]
     assert items[0].startswith("- labels.py:12 sets `self.model.heads` on the DDP wrapper"), items
     assert "cuda:4" in todo and len(items) == 6, items
+
+
+def test_the_bare_model_handed_to_the_projects_code_before_the_wrap_is_not_called_the_wrapper(tmp_path):
+    # an anchor-box coder reads the model's settings at build, before the optimizer (and so the wrap)
+    _write(tmp_path, {"coder.py": """\
+        class BoxCoder:
+            def __init__(self, net):
+                self.steps = net.steps
+                self.sizes = net.sizes
+        """})
+    script = tmp_path / "train.py"
+    body = """\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from coder import BoxCoder
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+                self.steps, self.sizes = 8, 16
+
+            def forward(self, x):
+                return self.fc(x)
+
+
+        net = Net()
+        {before}
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+        net.fc.weight.data.zero_()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        {after}
+        for x, y in loader:
+            optimizer.zero_grad()
+            (net(x) - y).pow(2).mean().backward()
+            optimizer.step()
+        """
+    script.write_text(textwrap.dedent(body).format(before="coder = BoxCoder(net)", after=""))
+    result = port_source(script.read_text(), str(script))
+    assert "net = ddpkit.wrap(net, ctx)" in result.code
+    assert not [t for t in result.todos if "DDP wrapper" in t.message], result.todos
+    script.write_text(textwrap.dedent(body).format(before="", after="coder = BoxCoder(net)"))
+    result = port_source(script.read_text(), str(script))
+    assert [t for t in result.todos if "`net.steps` is no attribute of the DDP wrapper" in t.message], result.todos

@@ -1160,6 +1160,28 @@ def _logs_to_rank0_run(defn: ast.AST, module: ast.Module | None, started: dict[s
     return out
 
 
+def _wrapped_later(tree: ast.Module, parents: dict[int, ast.AST], call: ast.Call) -> set[str]:
+    """Names the ported script wraps (`net = ddpkit.wrap(net, ctx)`) only after `call`, in the same function and
+    with no loop around the call: there the call gets the bare model (`coder = BoxCoder(net)` reading `net.steps`
+    before the optimizer is made), not the DDP wrapper."""
+    def around(node: ast.AST) -> tuple[ast.AST, bool]:
+        looped = False
+        while id(node) in parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node = parents[id(node)]
+            looped = looped or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        return node, looped
+
+    scope, looped = around(call)
+    wraps: dict[str, list[tuple[int, ast.AST]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast_dotted(node.value.func) == "ddpkit.wrap":
+            for target in node.targets:
+                wraps.setdefault(ast_dotted(target), []).append((node.lineno, around(node)[0]))
+    return set() if looped else {name for name, sites in wraps.items() if name and all(
+        where is scope and line > call.lineno for line, where in sites)}
+
+
 def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
     that does something which breaks under DDP. Silent where that code does none of these things."""
@@ -1210,6 +1232,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 for target in node.targets:
                     kinds.setdefault(ast_dotted(target), "model") if ast_dotted(target) else None
     instance_calls = _instance_calls(tree)
+    parents = {id(child): parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -1237,7 +1260,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             continue
         path, name, defn = found
         module = _parsed(modules, path, parsed)
-        received = received or _received(node, defn, kinds)
+        bare = _wrapped_later(tree, parents, node)
+        received = received or _received(node, defn, {k: v for k, v in kinds.items() if k not in bare})
         reached: list[tuple[str, int, str]] = []
         for root, (source, defined) in shared.items():  # the module reads the same settings object by importing it
             if module is not None and (source, defined) == _local_imports(module, modules, folder, parsed).get(root):
