@@ -276,6 +276,27 @@ def _sum_marker(defn: ast.AST) -> tuple[int, str] | None:
     return None
 
 
+def _divided_by_count(defn: ast.AST) -> bool:
+    """Every value the loss returns is divided by a count it computes (`return (loc + cls) / num_pos` with
+    `num_pos = pos.sum().item()`, `loss.div(n)`): a mean over its own count, as `/ x.size(0)` is in the script,
+    whatever it summed first. Not where it divides by a fixed number."""
+    calls = [n for n in defn.body if isinstance(n, ast.FunctionDef) and n.name in ("forward", "__call__")] \
+        if isinstance(defn, ast.ClassDef) else [defn]
+    returns = [(r.value, f) for f in calls for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
+
+    def counted(value: ast.expr, scope: ast.AST) -> bool:
+        if isinstance(value, ast.Name):  # `loss = (loc + cls) / num_pos; return loss`: its last assignment
+            bound = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
+            return bool(bound) and counted(bound[-1], scope)
+        by = value.right if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) else \
+            value.args[0] if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+            value.func.attr == "div" and value.args else None
+        return by is not None and not isinstance(by, ast.Constant)
+
+    return bool(returns) and all(counted(value, f) for value, f in returns)
+
+
 def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  # noqa: ANN001
     """`loss = criterion(out, y)` ... `loss.backward()` where `criterion` (or the function called) is the project's
     own code that reduces a loss by a sum (`reduction="sum"`, `size_average=False`): under a sharded loader each rank
@@ -307,7 +328,8 @@ def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  #
                 for inner in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
                     func = ast_dotted(inner.func)
                     found = definition(made.get(func, func)) if func else None
-                    marker = _sum_marker(found[2]) if found is not None else None
+                    marker = _sum_marker(found[2]) if found is not None and not _divided_by_count(found[2]) \
+                        else None
                     if marker is None:
                         continue
                     where = os.path.basename(found[0])
