@@ -19,6 +19,7 @@ from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_no
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
+from ddpkit.port.trainers import trained_elsewhere
 from ddpkit.port.untrained import unused_in_wrapped, unused_wraps, used_outside_forward
 from ddpkit.port.wrapped import plain_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
@@ -1344,6 +1345,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                              _follower(tree, folder, modules, parsed))
     out += used_outside_forward(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
                                 _follower(tree, folder, modules, parsed))
+    out += trained_elsewhere(tree, definition)
     own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
 
     def own_or_project(name: str) -> tuple[str, str, ast.AST] | None:
