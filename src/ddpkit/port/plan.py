@@ -28,6 +28,7 @@ from ddpkit.port.decisions import plan_decisions, plan_searches
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch, plan_unfollowed_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
+from ddpkit.port.wrapsites import check_wrap_sites
 from ddpkit.port.heldsums import plan_model_held_sums
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
@@ -183,6 +184,7 @@ class Plan:
             self._index(facts.scope_statements(key))
         self._plan_loaders()
         model = plan_models(self)
+        check_wrap_sites(self)
         plan_model_copies(self)
         plan_unused_parameters(self)
         plan_gpu_products(self)  # after plan_models and the loaders: which DataParallel went, which sizes they divide
