@@ -93,9 +93,12 @@ def _kept(value: ast.expr, param: str) -> bool:
 
 
 def _stepped_in_while(cls: ast.ClassDef, name: str) -> int | None:
-    """The line of a `while` loop of another method of the class that calls `self.<name>()`."""
+    """The line of a `while not done:` loop (a flag the loop's own work sets, as an environment's episode end) of
+    another method of the class that calls `self.<name>()`; not a loop on a step count (`while self.step <
+    self.num_steps:`), which runs as many passes on every rank."""
     for method in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != name):
-        for loop in (n for n in ast.walk(method) if isinstance(n, ast.While)):
+        for loop in (n for n in ast.walk(method) if isinstance(n, ast.While) and isinstance(n.test, ast.UnaryOp)
+                     and isinstance(n.test.op, ast.Not) and isinstance(n.test.operand, (ast.Name, ast.Attribute))):
             if any(isinstance(c, ast.Call) and ast_dotted(c.func) == f"self.{name}" for c in ast.walk(loop)):
                 return loop.lineno
     return None
