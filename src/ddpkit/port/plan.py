@@ -195,10 +195,11 @@ class Plan:
                       "module starts it): the port made it the training entry point; start it once per rank "
                       f"(`ddpkit run` of a script that calls {facts.started_outside}()) and check what it calls")
         if start is not None and model is None:
-            self.todo(start, "no optimizer found in this file, so no model is wrapped: where the model's optimizer is "
-                      "made (here or in the project's code), wrap the model before it (model = ddpkit.wrap(model, "
-                      "ctx)) and compute the loss through calls of the wrapper (its forward: DDP averages gradients "
-                      "only there)")
+            self.todo(start, "no optimizer found in this file, so no model is wrapped: wrap the model once its weights "
+                      "are set (after its initialisation and any loading, which then reach the module, not the "
+                      "wrapper; an optimizer made before the wrap holds the same parameters), here or in the "
+                      "project's code that trains it (model = ddpkit.wrap(model, ctx)), and compute the loss through "
+                      "calls of the wrapper (its forward: DDP averages gradients only there)")
         no_loader = start is not None and "train" not in self.loaders.values() and not any(
             "DataLoader" in m or "sampler" in m for _, m in self.todos)
         self._propagate_roles()
