@@ -762,3 +762,19 @@ def test_apex_amp_initialize_after_the_wrap_is_named():
             scaler.update()
     ''')
     assert not [t for t in plain.todos if "amp" in t.message]
+
+
+def test_no_optimizer_in_the_file_says_to_wrap_once_the_weights_are_set_and_to_train_through_the_wrapper():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from trainer import fit
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        fit(model, loader)
+    ''')
+    [todo] = [t.message for t in result.todos if t.message.startswith("no optimizer found")]
+    assert "once its weights are set" in todo and "through calls of the wrapper" in todo
+    assert "before its optimizer is made" not in todo  # an init after the optimizer would then walk the wrapper
