@@ -218,3 +218,46 @@ def test_an_optimizer_step_gated_on_the_counter_of_an_enumerated_progress_bar_is
                            "                optimizer.step()\n", accumulated)
     accumulated = _variant("import torch\n", "import torch\nfrom tqdm import tqdm\n", accumulated)
     assert _line(accumulated, "if (i + 1) % 4 == 0") not in _todos(accumulated)
+
+
+def test_a_best_loss_reduced_in_a_function_of_a_top_level_script_is_no_todo_though_the_resume_reads_it_from_disk():
+    source = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Linear(4, 1)
+best_loss = float("inf")
+if False:
+    checkpoint = torch.load("ckpt.pth")
+    model.load_state_dict(checkpoint["net"])
+    best_loss = checkpoint["loss"]
+trainloader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+testloader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train():
+    for x, y in trainloader:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+def test():
+    global best_loss
+    test_loss = 0
+    for x, y in testloader:
+        test_loss += nn.functional.mse_loss(model(x), y).item()
+    test_loss /= len(testloader)
+    if test_loss < best_loss:
+        torch.save({"net": model.state_dict(), "loss": test_loss}, "ckpt.pth")
+        best_loss = test_loss
+
+
+for epoch in range(3):
+    train()
+    test()
+'''
+    result = port_source(source, "script.py")
+    assert "all_reduce" in result.code.split("def test", 1)[1].split("if test_loss < best_loss", 1)[0]
+    assert not [t for t in result.todos if "test_loss < best_loss" in t.message], result.todos

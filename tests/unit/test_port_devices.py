@@ -243,3 +243,43 @@ def test_a_model_method_that_builds_its_input_on_the_cpu_is_named_at_its_call_an
     placed = source.replace("torch.FloatTensor(state).unsqueeze(0)",
                             "torch.FloatTensor(state).unsqueeze(0).to(next(self.parameters()).device)")
     assert not any("builds its input" in t.message for t in port_source(placed, "acting_method.py").todos)
+
+
+def _model_factory_project(tmp_path: Path, moves: str) -> Path:
+    """A script whose model comes from its package's factory, which imports the model class inside the function
+    (`from .seg import Segmenter`); the class puts itself on the GPU in its own code (or not)."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "__init__.py").write_text(textwrap.dedent('''
+        def build(opts):
+            from .seg import Segmenter
+            return Segmenter(opts)
+    '''))
+    (tmp_path / "nets" / "seg.py").write_text(textwrap.dedent(f'''
+        import torch
+
+        class Segmenter:
+            def __init__(self, opts):
+                self.net = torch.nn.Linear(4, 2){moves}
+                self.optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+    '''))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from nets import build
+
+        model = build({})
+        loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+        for (x,) in loader:
+            model.step(x)
+    '''))
+    return script
+
+
+def test_a_model_that_puts_itself_on_the_gpu_in_a_module_its_package_imports_keeps_the_default_device(tmp_path):
+    script = _model_factory_project(tmp_path, ".cuda()")
+    result = port_source(script.read_text(), str(script))
+    assert "ctx = ddpkit.init()" in result.code and 'device="cpu"' not in result.code
+    (tmp_path / "bare").mkdir()
+    bare = _model_factory_project(tmp_path / "bare", "")  # nothing names a device: the CPU stays
+    assert 'ddpkit.init(device="cpu")' in port_source(bare.read_text(), str(bare)).code

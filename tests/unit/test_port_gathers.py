@@ -114,3 +114,19 @@ def test_a_set_and_a_dicts_entries_keep_a_todo_naming_them():
     assert "the port does not join it across ranks: `ids` is a set, which has no order to join in" in todos[19]
     assert "`out[...]` is an entry of a dict (or a list of lists)" in todos[20]
     assert set(todos) == {19, 20}  # `xs` beside them is joined
+
+
+def test_a_tensor_started_as_none_and_concatenated_in_the_loop_is_named_for_the_metric_after_it():
+    # `xs = None`, then `if xs is None: xs = out` / `else: xs = torch.cat(...)`: the first batch starts it; a rank
+    # with no batch would keep None, so it is named rather than joined
+    loop = ("    for x, y in val_loader:\n        out = model(x)\n"
+            "        if xs is None:\n            xs = out\n            ys = y\n        else:\n"
+            "            xs = torch.cat((xs, out), dim=0)\n            ys = torch.cat((ys, y), dim=0)\n")
+    source = _eval_script(loop, after="    print(f1_score(ys.cpu(), xs.argmax(1).cpu()))\n").replace(
+        "    xs = []\n", "    xs, ys = None, None\n")
+    result = port_source(source, "script.py")
+    code = result.code
+    named = [t for t in result.todos if t.message.startswith("`xs` concatenates values over this rank's shard")]
+    assert len(named) == 1 and "starts as None (line 15)" in named[0].message, result.todos
+    assert "ddpkit.gather_list(ctx, xs)" in named[0].message and _JOIN.format("xs") not in code
+    assert [t for t in result.todos if t.message.startswith("`ys` concatenates values over this rank's shard")]

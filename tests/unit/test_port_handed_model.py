@@ -294,3 +294,142 @@ def test_what_the_called_helper_does_to_the_wrapper_is_named_before_what_its_cal
     items = todo.split("\n")[1:]
     assert items[0].startswith("- labels.py:12 sets `self.model.heads` on the DDP wrapper"), items
     assert "cuda:4" in todo and len(items) == 6, items
+
+
+def test_the_bare_model_handed_to_the_projects_code_before_the_wrap_is_not_called_the_wrapper(tmp_path):
+    # an anchor-box coder reads the model's settings at build, before the optimizer (and so the wrap)
+    _write(tmp_path, {"coder.py": """\
+        class BoxCoder:
+            def __init__(self, net):
+                self.steps = net.steps
+                self.sizes = net.sizes
+        """})
+    script = tmp_path / "train.py"
+    body = """\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from coder import BoxCoder
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+                self.steps, self.sizes = 8, 16
+
+            def forward(self, x):
+                return self.fc(x)
+
+
+        net = Net()
+        {before}
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+        net.fc.weight.data.zero_()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        {after}
+        for x, y in loader:
+            optimizer.zero_grad()
+            (net(x) - y).pow(2).mean().backward()
+            optimizer.step()
+        """
+    script.write_text(textwrap.dedent(body).format(before="coder = BoxCoder(net)", after=""))
+    result = port_source(script.read_text(), str(script))
+    assert "net = ddpkit.wrap(net, ctx)" in result.code
+    assert not [t for t in result.todos if "DDP wrapper" in t.message], result.todos
+    script.write_text(textwrap.dedent(body).format(before="", after="coder = BoxCoder(net)"))
+    result = port_source(script.read_text(), str(script))
+    assert [t for t in result.todos if "`net.steps` is no attribute of the DDP wrapper" in t.message], result.todos
+
+
+def test_a_project_class_training_the_handed_model_through_another_method_than_forward_is_named(tmp_path):
+    # a policy-gradient agent: the optimizer and the step live in the project's class, the loss goes through
+    # `evaluate_actions`, never through forward (which a DDP wrapper needs to average the gradients)
+    _write(tmp_path, {"agent.py": """\
+        import torch.optim as optim
+
+
+        class Updater:
+            def __init__(self, policy, lr):
+                self.policy = policy
+                self.optimizer = optim.Adam(policy.parameters(), lr=lr)
+
+            def update(self, states):
+                values = self.policy.evaluate_actions(states)
+                loss = values.pow(2).mean()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+        """})
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+        from agent import Updater
+
+
+        class Policy(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+
+            def forward(self, x):
+                raise NotImplementedError
+
+            def evaluate_actions(self, x):
+                return self.fc(x)
+
+
+        policy = Policy()
+        updater = Updater(policy, 0.1)
+        for step in range(10):
+            updater.update(torch.randn(8, 4))
+        """))
+    result = port_source(script.read_text(), str(script))
+    message = _todo_at(result, "updater = Updater(policy, 0.1)")
+    assert "`policy.evaluate_actions(...)` (agent.py:10)" in message and "agent.py:7" in message, message
+    assert "forward" in message and "all-reduce" in message
+
+
+def test_a_project_agent_stepping_the_handed_model_once_per_environment_step_is_named(tmp_path):
+    _write(tmp_path, {"dqn.py": """\
+        import torch
+
+
+        class Agent:
+            def __init__(self, env, policy_net, lr=0.1):
+                self.env = env
+                self.policy_net = policy_net.to("cpu")
+                self.optimizer = torch.optim.Adam(self.policy_net.parameters(), lr=lr)
+
+            def optimize(self, states):
+                loss = self.policy_net(states).pow(2).mean()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+
+            def train(self, episodes):
+                for _ in range(episodes):
+                    done = False
+                    while not done:
+                        state, done = self.env.step()
+                        self.optimize(state)
+        """})
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+        from dqn import Agent
+
+        policy_net = nn.Linear(4, 2)
+        agent = Agent(None, policy_net, lr=0.01)
+        agent.train(10)
+        """))
+    result = port_source(script.read_text(), str(script))
+    message = _todo_at(result, "agent = Agent(None, policy_net, lr=0.01)")
+    assert "(dqn.py:8)" in message and "`while` loop (dqn.py:19)" in message and "same number of steps" in message
+    # a trainer looping on its step count runs as many steps on every rank: nothing to name there
+    counted = (tmp_path / "dqn.py").read_text().replace("done = False\n", "step = 0\n").replace(
+        "while not done:", "while step < 100:").replace("state, done = self.env.step()", "state, step = self.env.step()")
+    (tmp_path / "dqn.py").write_text(counted)
+    assert not [t for t in port_source(script.read_text(), str(script)).todos if "trains `policy_net`" in t.message]

@@ -91,3 +91,39 @@ def test_a_summed_loss_printed_as_the_epochs_figure_is_a_todo_a_per_sample_mean_
     # rank 0's last batch, summed over batch_size // world_size samples: about 1/world_size of the original's figure
     [todo] = [t for t in result.todos if "reported here" in t.message]
     assert todo.line == 17 and "ddpkit.all_reduce_sum(ctx, loss.detach())" in todo.message
+
+
+def _project_loss(tmp_path: Path, returned: str):
+    """A script whose criterion is a class of its project summing the batch's terms, returning `returned`."""
+    (tmp_path / "boxloss.py").write_text(
+        "import torch\nfrom torch import nn\nimport torch.nn.functional as F\n\n\n"
+        "class BoxLoss(nn.Module):\n"
+        "    def forward(self, pred, target):\n"
+        "        pos = target > 0\n"
+        "        num_pos = pos.sum().item()\n"
+        "        loc = F.smooth_l1_loss(pred[pos], target[pos], size_average=False)\n"
+        f"        loss = {returned}\n"
+        "        return loss\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from boxloss import BoxLoss\n\n"
+        "model = nn.Linear(4, 4)\ncriterion = BoxLoss()\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 4)), batch_size=8, shuffle=True)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n"
+        "    optimizer.zero_grad()\n"
+        "    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n")
+    return port_source(script.read_text(), str(script))
+
+
+def test_a_project_loss_summed_and_divided_by_its_own_count_is_no_scaling_todo(tmp_path):
+    summed = _project_loss(tmp_path, "loc")
+    assert [t for t in summed.todos if "reduces a loss by a sum" in t.message], summed.todos
+    for divided in ("loc / num_pos", "(loc + 0.5 * loc) / max(num_pos, 1)", "loc.div(num_pos)"):
+        result = _project_loss(tmp_path, divided)
+        assert not [t for t in result.todos if "reduces a loss by a sum" in t.message], (divided, result.todos)
+    fixed = _project_loss(tmp_path, "loc / 4.0")  # a fixed number: still a sum over the batch
+    assert [t for t in fixed.todos if "reduces a loss by a sum" in t.message], fixed.todos

@@ -643,3 +643,138 @@ def test_an_optimizer_over_a_module_list_whose_entries_are_called_is_a_todo_not_
     assert todo.startswith("the optimizer trains `trainable`, an nn.ModuleList (line 11)")
     assert "wrap each module it holds that trains" in todo
     ast.parse(result.code)
+
+
+def test_an_optimizer_class_of_the_project_in_one_branch_wraps_the_model_there_too():
+    # one branch per optimizer choice: the torch ones and the project's own classes (lr=, over model.parameters())
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from myopt import LookaheadSGD
+
+        def main(opt_name):
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+            model = nn.Linear(4, 1)
+            if opt_name == "mine":
+                optimizer = LookaheadSGD(model.parameters(), lr=0.1, k=5)
+            elif opt_name == "adam":
+                optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+
+        if __name__ == "__main__":
+            main("mine")
+    ''')
+    code = result.code
+    assert code.count("model = ddpkit.wrap(model, ctx)") == 2 and result.todos == []
+    mine = code.split('if opt_name == "mine":', 1)[1].split("elif", 1)[0]
+    assert mine.index("model = ddpkit.wrap(model, ctx)") < mine.index("LookaheadSGD(")
+
+
+def test_a_branch_that_builds_the_optimizer_with_a_call_the_port_cannot_read_is_named():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        import myopt
+
+        def main(opt_name):
+            loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+            model = nn.Linear(4, 1)
+            if opt_name == "mine":
+                optimizer = myopt.build(model, 0.1)
+            else:
+                optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+            for x, y in loader:
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+
+        if __name__ == "__main__":
+            main("mine")
+    ''')
+    todos = [t for t in result.todos if "myopt.build" in t.message]
+    assert len(todos) == 1 and todos[0].line == 11 and "(line 13)" in todos[0].message
+    assert "# TODO(ddpkit port): `optimizer` is built here by `myopt.build(...)`" in result.code
+    assert "unsynchronised" in todos[0].message and "model = ddpkit.wrap(model, ctx)" in todos[0].message
+
+
+def test_an_ema_over_the_parameters_is_no_optimizer():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch_ema import ExponentialMovingAverage
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        ema = ExponentialMovingAverage(model.parameters(), decay=0.99)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            ema.update()
+    ''')
+    assert result.code.index("ema = ExponentialMovingAverage") < result.code.index("ddpkit.wrap(model, ctx)")
+    assert result.todos == []
+
+
+def test_apex_amp_initialize_after_the_wrap_is_named():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from apex import amp
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        model.weight.data.zero_()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    ''')
+    named = [t for t in result.todos if "amp.initialize" in t.message]
+    assert len(named) == 1 and named[0].line == 11 and "after" in named[0].message, result.todos
+    assert "RuntimeError" in named[0].message and "model = ddpkit.wrap(model, ctx)" in named[0].message
+    # torch's own autocast needs nothing
+    plain = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.cuda.amp.GradScaler()
+        for x, y in loader:
+            optimizer.zero_grad()
+            with torch.autocast("cuda"):
+                loss = nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    ''')
+    assert not [t for t in plain.todos if "amp" in t.message]
+
+
+def test_no_optimizer_in_the_file_says_to_wrap_once_the_weights_are_set_and_to_train_through_the_wrapper():
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from trainer import fit
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        model = nn.Linear(4, 1)
+        fit(model, loader)
+    ''')
+    [todo] = [t.message for t in result.todos if t.message.startswith("no optimizer found")]
+    assert "once its weights are set" in todo and "through calls of the wrapper" in todo
+    assert "before its optimizer is made" not in todo  # an init after the optimizer would then walk the wrapper

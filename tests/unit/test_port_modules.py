@@ -476,3 +476,41 @@ def test_a_class_that_turns_its_device_argument_into_cuda_0_and_moves_itself_the
     # a device the class reads as it is handed (no GPU of its own) is no pin
     result = port_project(tmp_path, {"nets.py": nets.replace("device = 'cuda:0'", "pass")}, script)
     assert not [t for t in result.todos if "not checked" in t.message], [t.message for t in result.todos]
+
+
+def test_a_module_forward_never_reads_but_the_loss_uses_outside_forward_is_named(tmp_path):
+    # weight tying in the loss (an adaptive softmax over the decoder's weight), the decoder unused in forward
+    (tmp_path / "lm.py").write_text(textwrap.dedent("""\
+        from torch import nn
+
+
+        class LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Linear(4, 4)
+                self.decoder = nn.Linear(4, 3)
+
+            def forward(self, x):
+                return self.body(x)
+        """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+        from lm import LM
+
+        model = LM()
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,))), batch_size=8, shuffle=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            logits = F.linear(model(x), model.decoder.weight, model.decoder.bias)
+            F.cross_entropy(logits, y).backward()
+            optimizer.step()
+        """))
+    result = port_source(script.read_text(), str(script))
+    assert "ctx, find_unused_parameters=True)" in result.code
+    message = _todo_at(result, "logits = F.linear(model(x), ddpkit.unwrap(model).decoder.weight, "
+                               "ddpkit.unwrap(model).decoder.bias)")
+    assert "outside the model's forward" in message and "(lm.py:8)" in message and "ready a second time" in message

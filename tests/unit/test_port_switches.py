@@ -149,3 +149,18 @@ def test_a_batch_size_parameter_is_followed_to_its_callers_and_the_option_defaul
     eight = port_source(path.read_text().replace('"--batch-size", type=int, default=1', '"--batch-size", type=int, '
                                                  'default=8'), str(path))
     assert eight.todos == [] and "batch_size=batch_size // ctx.world_size" in eight.code
+
+
+def test_a_divided_batch_read_from_a_config_file_is_named_and_one_from_an_option_default_is_not():
+    loader = ("loader = DataLoader(ds, batch_size={size}, shuffle=True)\nmodel = Net()\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    head = "import json\nimport torch\nfrom torch.utils.data import DataLoader\nfrom utils import json_file_to_pyobj\n\n"
+    for bind, size in [("with open('cfg.json') as f:\n    cfg = json.load(f)\n", "cfg['batch_size']"),
+                       ("opts = json_file_to_pyobj('cfg.json')\ntrain_opts = opts.training\n", "train_opts.batchSize")]:
+        result = port_source(head + bind + loader.format(size=size))
+        named = [t for t in result.todos if "0 on more ranks" in t.message]
+        assert len(named) == 1 and f"`{size}`" in named[0].message, result.todos
+        assert "at least" in named[0].message and "line " in named[0].message
+    options = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\np = argparse.ArgumentParser()\n"
+               "p.add_argument('--bs', type=int, default=64)\nargs = p.parse_args()\n")
+    assert not [t for t in port_source(options + loader.format(size="args.bs")).todos if "0 on more ranks" in t.message]

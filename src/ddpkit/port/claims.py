@@ -129,13 +129,16 @@ def _import_root(tree: ast.Module, folder: str) -> str:
 
 
 def project_names_a_device(source: str, folder: str) -> bool:
-    """A module of the script's own project that it imports (beside it) names a device: `.cuda()`, `device`, "cuda"
-    (a file that does not parse counts as naming one)."""
+    """A module of the script's own project that it reaches (imported beside it, and the modules those import, as
+    a model factory's `from .seg_model import SegModel` inside `get_model`) names a device: `.cuda()`, `device`,
+    "cuda" (a file that does not parse counts as naming one)."""
     try:
         tree = ast.parse(source.removeprefix("\ufeff"))
     except SyntaxError:
         return True
-    return any(re.search(r"\bcuda\b|device", text) for text in _imported_files(tree, folder).values())
+    folder = _import_root(tree, folder)
+    return any(re.search(r"\bcuda\b|device", text) for text in _reached_files(_imported_files(tree, folder),
+                                                                                 folder).values())
 
 
 def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] | None]:

@@ -18,7 +18,7 @@ import libcst as cst
 
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import RANDOM_DRAW
-from ddpkit.port.models import is_optimizer
+from ddpkit.port.models import is_optimizer, scope_holding
 from ddpkit.port.ranks import apart, saves_file
 
 __all__ = ["plan_decisions", "plan_searches"]
@@ -39,7 +39,8 @@ def plan_decisions(plan: Any) -> None:
                 while isinstance(branch, cst.If):
                     tops[id(branch)] = node
                     branch = branch.orelse
-            if not isinstance(node, (cst.If, cst.While)) or _inside(plan, tops.get(id(node), node), named):
+            if not isinstance(node, (cst.If, cst.While)) or _inside(plan, tops.get(id(node), node), named) or \
+                    _judged_in_own_scope(plan, key, node):
                 continue
             what = _decided(plan, key, node, tops.get(id(node), node), trains)
             why = None if what is None else apart(plan, key, node.test)
@@ -56,6 +57,14 @@ def plan_decisions(plan: Any) -> None:
             plan.todo(node, f"`{test}` may differ between ranks (it reads a value this rank computed from its own "
                       f"batches or shard, not reduced over ranks), and {what}; decide on a value every rank shares: "
                       "reduce it first (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")
+
+
+def _judged_in_own_scope(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """A top-level script's entry code holds the bodies of its functions too: a test inside a function the port
+    plans on its own (`def test(): ... if test_loss < best_loss:`) is judged there, where the sums it reduces are
+    known, not again from the entry point (where they are not, and a false TODO followed)."""
+    owner = scope_holding(plan, node)
+    return owner is not None and owner != key and owner in plan.f.ported
 
 
 def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, trains: set[str]) -> str | None:

@@ -152,6 +152,10 @@ def _start(plan: Any, key: str, loop: cst.For, name: str) -> tuple[cst.CSTNode, 
                     return (f"`{name}` is also used between where it starts and the loop (line "
                             f"{plan.line_of(prev)})")
                 continue
+            if isinstance(value, cst.Name) and value.value == "None":
+                return (f"`{name}` starts as None (line {plan.line_of(prev)}) and takes the first batch's value in "
+                        "the loop, so a rank whose shard gives it no batch keeps None; start it empty "
+                        "(`torch.tensor([])` or `[]`) so the port can join it")
             kind = _empty(value) if value is not None else None
             if kind in ("list", "tensor"):
                 return prev, kind

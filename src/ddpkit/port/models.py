@@ -10,7 +10,7 @@ import libcst as cst
 from ddpkit.port.facts import ENTRY, dotted, is_device_expr, statements_of, walk
 
 __all__ = ["plan_models", "plan_autograd_grad", "check_rebound", "check_aliases", "is_optimizer", "move_receiver", "moves_to_cpu",
-           "follows", "assigned_value"]
+           "follows", "assigned_value", "scope_holding"]
 
 _OPTIMIZER = re.compile(r"(^|\.)optim\.(?!lr_scheduler)[A-Z]\w*$")
 _OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Adamax", "NAdam", "RAdam",
@@ -23,7 +23,19 @@ entries bypasses."""
 
 def is_optimizer(call: cst.Call) -> bool:
     name = dotted(call.func)
-    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS
+    return bool(_OPTIMIZER.search(name)) or name.rsplit(".", 1)[-1] in _OPTIMIZERS or _is_own_optimizer(call, name)
+
+
+def _is_own_optimizer(call: cst.Call, name: str) -> bool:
+    """A class of the project or another library built like torch's optimizers (`Lamb(model.parameters(), lr=...)`,
+    `PIDOptimizer(net.parameters(), lr=lr, momentum=m)`): a capitalised name, a learning rate and parameters as its
+    first argument. An EMA or a logger over the parameters takes no `lr`."""
+    last = name.rsplit(".", 1)[-1]
+    first = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "params"), None)
+    return last[:1].isupper() and first is not None and any(a.keyword is not None and a.keyword.value == "lr"
+                                                            for a in call.args) and any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+        and n.func.attr.value in ("parameters", "named_parameters") for n in walk(first))
 
 
 def move_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
@@ -386,7 +398,7 @@ def _place(plan: Any, key: str, model: str, built: cst.CSTNode, opt_stmt: cst.CS
         placed.append(anchor)
 
 
-def _holder(plan: Any, stmt: cst.CSTNode) -> str | None:
+def scope_holding(plan: Any, stmt: cst.CSTNode) -> str | None:
     """The function of the script whose body holds `stmt` (the entry point's nodes include the bodies of the
     functions a top-level script defines); None for the entry point's own code."""
     top = _chain(plan, stmt)[-1]
@@ -405,7 +417,7 @@ def runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int |
         for node in plan.nodes(caller):
             if isinstance(node, cst.Call) and key in plan.f.callees(node, caller) and id(node) in plan._stmt:
                 stmt = plan._stmt[id(node)]
-                if _holder(plan, stmt) in (None, caller) or caller == ENTRY:
+                if scope_holding(plan, stmt) in (None, caller) or caller == ENTRY:
                     sites.append(stmt)
     unique = list({id(s): s for s in sites}.values())
     if len(unique) > 1:
@@ -413,7 +425,7 @@ def runs_again(plan: Any, key: str, seen: frozenset[str] = frozenset()) -> int |
     for stmt in unique:
         if any(isinstance(s, (cst.For, cst.While)) for s in _chain(plan, stmt)[1:]):
             return plan.line_of(stmt)
-        outer = _holder(plan, stmt)
+        outer = scope_holding(plan, stmt)
         if outer is not None and outer != key and outer not in seen:
             return runs_again(plan, outer, seen | {key})
     return None
@@ -431,14 +443,15 @@ def _hoisted(plan: Any, built: cst.CSTNode, anchor: cst.CSTNode) -> cst.CSTNode:
     """A model built in the entry point's code and trained by a function that runs again (`for epoch in ...:
     train(epoch)`, the optimizer made in train()): the statement of the build's block that first runs the function,
     so it is wrapped once there; else `anchor`."""
-    holder = _holder(plan, anchor)
-    if holder is None or _holder(plan, built) is not None or runs_again(plan, holder) is None:
+    holder = scope_holding(plan, anchor)
+    if holder is None or scope_holding(plan, built) is not None or runs_again(plan, holder) is None:
         return anchor
     entry = ENTRY if plan.f.ctx_global else plan.f.entry_key
     sites = [plan._stmt[id(n)] for n in plan.nodes(entry)
              if isinstance(n, cst.Call) and holder in plan.f.callees(n, entry) and id(n) in plan._stmt
-             and _holder(plan, plan._stmt[id(n)]) is None]
-    if not sites or any(_holder(plan, plan._stmt[id(n)]) is not None for k in plan.f.ported for n in plan.nodes(k)
+             and scope_holding(plan, plan._stmt[id(n)]) is None]
+    if not sites or any(scope_holding(plan, plan._stmt[id(n)]) is not None
+                        for k in plan.f.ported for n in plan.nodes(k)
                         if isinstance(n, cst.Call) and holder in plan.f.callees(n, k) and id(n) in plan._stmt):
         return anchor
     first = min(sites, key=plan.line_of)
@@ -457,8 +470,8 @@ def _wraps_again(plan: Any, key: str, model: str, built: cst.CSTNode, anchor: cs
     codemod would place it in a function that runs again (every epoch, with the model built outside it) or in a
     loop that builds the model from another one each pass (pruning), it writes a TODO instead: True."""
     plain = f"{model} = ddpkit.wrap({model}, ctx)"
-    holder = _holder(plan, anchor)
-    if holder is not None and holder != _holder(plan, built):
+    holder = scope_holding(plan, anchor)
+    if holder is not None and holder != scope_holding(plan, built):
         again = runs_again(plan, holder)
         if again is not None:
             plan.todo(node, f"`{model}` is built outside {holder}(), which runs again (the call at line {again}): "
@@ -503,8 +516,8 @@ def check_rebound(plan: Any) -> None:
             if node.value is not _bare(node.value) and dotted(_bare(node.value)) == model or any(
                     stmt is where and id(where) in plan.wrap_inline for where in placed):
                 continue
-            holder = _holder(plan, stmt)
-            if holder is not None and all(_holder(plan, where) is None for where in placed) and not any(
+            holder = scope_holding(plan, stmt)
+            if holder is not None and all(scope_holding(plan, where) is None for where in placed) and not any(
                     isinstance(n, cst.Global) and any(g.name.value == model for g in n.names)
                     for n in walk(plan.f.scopes[holder].node)):
                 continue  # a local of another function (`net = Net()` in a build helper that returns it)

@@ -28,13 +28,35 @@ from ddpkit.port.decisions import plan_decisions, plan_searches
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch, plan_unfollowed_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
+from ddpkit.port.wrapsites import check_wrap_sites
 from ddpkit.port.heldsums import plan_model_held_sums
 
 __all__ = ["Plan", "loader_expr", "is_optimizer", "move_receiver"]
 
 _TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 
+_CONFIG_READ = re.compile(r"json|yaml|yml|toml|omegaconf|config|cfg|pyobj|load")
+"""Callees that read a settings file: `json.load`, `yaml.safe_load`, `OmegaConf.load`, `json_file_to_pyobj`,
+`read_config`, `load_cfg`."""
 
+
+def _config_source(plan: Plan, expr: cst.BaseExpression, depth: int = 0) -> cst.Call | None:
+    """The call a setting is read from, through the names it is bound to (`train_opts = opts.training`, `opts =
+    json_file_to_pyobj(path)`): one that loads a settings file (json, yaml, toml, a config reader), not argparse,
+    whose options' defaults the port reads; None where it is not so bound."""
+    while isinstance(expr, (cst.Attribute, cst.Subscript)):
+        expr = expr.value
+    values = plan._values_of(expr.value) if isinstance(expr, cst.Name) and depth < 4 else []
+    if len(values) != 1:
+        return None
+    value = values[0]
+    if isinstance(value, cst.Call):
+        callee = dotted(value.func)
+        if callee.rsplit(".", 1)[-1] in ("parse_args", "parse_known_args") or not _CONFIG_READ.search(callee.lower()):
+            return None
+        return value
+    return _config_source(plan, value, depth + 1) if isinstance(value, (cst.Attribute, cst.Subscript, cst.Name)) \
+        else None
 
 
 def _closure_values(outer: cst.CSTNode, function: cst.FunctionDef, param: str) -> list[cst.BaseExpression]:
@@ -162,6 +184,7 @@ class Plan:
             self._index(facts.scope_statements(key))
         self._plan_loaders()
         model = plan_models(self)
+        check_wrap_sites(self)
         plan_model_copies(self)
         plan_unused_parameters(self)
         plan_gpu_products(self)  # after plan_models and the loaders: which DataParallel went, which sizes they divide
@@ -172,8 +195,11 @@ class Plan:
                       "module starts it): the port made it the training entry point; start it once per rank "
                       f"(`ddpkit run` of a script that calls {facts.started_outside}()) and check what it calls")
         if start is not None and model is None:
-            self.todo(start, "no optimizer found, so no model is wrapped: wrap the model with ddpkit.wrap(model, ctx) "
-                      "before its optimizer is made")
+            self.todo(start, "no optimizer found in this file, so no model is wrapped: wrap the model once its weights "
+                      "are set (after its initialisation and any loading, which then reach the module, not the "
+                      "wrapper; an optimizer made before the wrap holds the same parameters), here or in the "
+                      "project's code that trains it (model = ddpkit.wrap(model, ctx)), and compute the loss through "
+                      "calls of the wrapper (its forward: DDP averages gradients only there)")
         no_loader = start is not None and "train" not in self.loaders.values() and not any(
             "DataLoader" in m or "sampler" in m for _, m in self.todos)
         self._propagate_roles()
@@ -494,6 +520,8 @@ class Plan:
         if kind == "train":
             size = self.f.code(kwargs["batch_size"]) if "batch_size" in kwargs else \
                 self.f.code(positional[1].value) if len(positional) > 1 else "1"
+            self._check_config_batch(key, call, kwargs.get("batch_size", positional[1].value if len(
+                positional) > 1 else None))
             if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
                 self.train_sizes.add(size)
                 self.train_sizes |= passed_as(self, key, size)
@@ -501,6 +529,22 @@ class Plan:
                       f"{size} samples per step")
         if target:
             self._set_role(key, target, kind)
+
+    def _check_config_batch(self, key: str, call: cst.Call, size: cst.BaseExpression | None) -> None:
+        """A training batch read from a settings file the port cannot read (`cfg["batch_size"]` with `cfg =
+        json.load(f)`, `opts.training.batchSize`): divided by the world size it is 0 on more ranks than the setting,
+        and ddpkit.loader refuses a batch of 0 at start. A `not checked:` TODO naming the setting and its source."""
+        if size is None or self._literal(key, size) is not None:
+            return
+        source = _config_source(self, size)
+        if source is None:
+            return
+        text = self.f.code(size)
+        self.todo(call, f"not checked: the batch size `{text}` comes from `{self.f.code(source.func)}(...)` (line "
+                  f"{self.line_of(self._stmt.get(id(source), source))}), a setting the port cannot read: each rank "
+                  f"now gets {text} // ctx.world_size, which is 0 on more ranks than that setting (ddpkit.loader "
+                  f"then raises ValueError at start): keep the setting at least the number of ranks (it stays the "
+                  f"global batch), or give each rank max(1, {text} // ctx.world_size) and scale the learning rate")
 
     def _literal(self, key: str, expr: cst.BaseExpression, depth: int = 0) -> int | None:
         """The int a batch size expression holds: `32`, `BATCH = 1` at module level, a name bound once to

@@ -19,7 +19,8 @@ from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_no
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
-from ddpkit.port.untrained import unused_in_wrapped, unused_wraps
+from ddpkit.port.trainers import trained_elsewhere
+from ddpkit.port.untrained import unused_in_wrapped, unused_wraps, used_outside_forward
 from ddpkit.port.wrapped import plain_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
@@ -276,6 +277,27 @@ def _sum_marker(defn: ast.AST) -> tuple[int, str] | None:
     return None
 
 
+def _divided_by_count(defn: ast.AST) -> bool:
+    """Every value the loss returns is divided by a count it computes (`return (loc + cls) / num_pos` with
+    `num_pos = pos.sum().item()`, `loss.div(n)`): a mean over its own count, as `/ x.size(0)` is in the script,
+    whatever it summed first. Not where it divides by a fixed number."""
+    calls = [n for n in defn.body if isinstance(n, ast.FunctionDef) and n.name in ("forward", "__call__")] \
+        if isinstance(defn, ast.ClassDef) else [defn]
+    returns = [(r.value, f) for f in calls for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
+
+    def counted(value: ast.expr, scope: ast.AST) -> bool:
+        if isinstance(value, ast.Name):  # `loss = (loc + cls) / num_pos; return loss`: its last assignment
+            bound = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
+            return bool(bound) and counted(bound[-1], scope)
+        by = value.right if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) else \
+            value.args[0] if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+            value.func.attr == "div" and value.args else None
+        return by is not None and not isinstance(by, ast.Constant)
+
+    return bool(returns) and all(counted(value, f) for value, f in returns)
+
+
 def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  # noqa: ANN001
     """`loss = criterion(out, y)` ... `loss.backward()` where `criterion` (or the function called) is the project's
     own code that reduces a loss by a sum (`reduction="sum"`, `size_average=False`): under a sharded loader each rank
@@ -307,7 +329,8 @@ def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  #
                 for inner in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
                     func = ast_dotted(inner.func)
                     found = definition(made.get(func, func)) if func else None
-                    marker = _sum_marker(found[2]) if found is not None else None
+                    marker = _sum_marker(found[2]) if found is not None and not _divided_by_count(found[2]) \
+                        else None
                     if marker is None:
                         continue
                     where = os.path.basename(found[0])
@@ -1160,6 +1183,28 @@ def _logs_to_rank0_run(defn: ast.AST, module: ast.Module | None, started: dict[s
     return out
 
 
+def _wrapped_later(tree: ast.Module, parents: dict[int, ast.AST], call: ast.Call) -> set[str]:
+    """Names the ported script wraps (`net = ddpkit.wrap(net, ctx)`) only after `call`, in the same function and
+    with no loop around the call: there the call gets the bare model (`coder = BoxCoder(net)` reading `net.steps`
+    before the optimizer is made), not the DDP wrapper."""
+    def around(node: ast.AST) -> tuple[ast.AST, bool]:
+        looped = False
+        while id(node) in parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node = parents[id(node)]
+            looped = looped or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        return node, looped
+
+    scope, looped = around(call)
+    wraps: dict[str, list[tuple[int, ast.AST]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast_dotted(node.value.func) == "ddpkit.wrap":
+            for target in node.targets:
+                wraps.setdefault(ast_dotted(target), []).append((node.lineno, around(node)[0]))
+    return set() if looped else {name for name, sites in wraps.items() if name and all(
+        where is scope and line > call.lineno for line, where in sites)}
+
+
 def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of the ported script, `not checked:` message) where it hands a changed object to its own module's code
     that does something which breaks under DDP. Silent where that code does none of these things."""
@@ -1210,6 +1255,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                 for target in node.targets:
                     kinds.setdefault(ast_dotted(target), "model") if ast_dotted(target) else None
     instance_calls = _instance_calls(tree)
+    parents = {id(child): parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -1237,7 +1283,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
             continue
         path, name, defn = found
         module = _parsed(modules, path, parsed)
-        received = received or _received(node, defn, kinds)
+        bare = _wrapped_later(tree, parents, node)
+        received = received or _received(node, defn, {k: v for k, v in kinds.items() if k not in bare})
         reached: list[tuple[str, int, str]] = []
         for root, (source, defined) in shared.items():  # the module reads the same settings object by importing it
             if module is not None and (source, defined) == _local_imports(module, modules, folder, parsed).get(root):
@@ -1296,6 +1343,9 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     out += _summed_elsewhere(tree, definition)
     out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
                              _follower(tree, folder, modules, parsed))
+    out += used_outside_forward(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
+                                _follower(tree, folder, modules, parsed))
+    out += trained_elsewhere(tree, definition)
     own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the script's own classes: file ""
 
     def own_or_project(name: str) -> tuple[str, str, ast.AST] | None:

@@ -138,7 +138,7 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
     inside = [n for loop in loops for n in walk(loop.body)]
     # `acc = torch.cat([acc, out])` fills `acc`, which starts beside the loop: not a name the loop starts anew
     assigned_inside = {dotted(t.target) for n in inside if isinstance(n, cst.Assign) and accumulated(n) is None
-                       for t in n.targets}
+                       and not _first_batch_start(plan, n) for t in n.targets}
     assigned_inside |= {dotted(n.target) for n in inside if isinstance(n, cst.For)}
     loop_vars = {dotted(n) for loop in loops for n in walk(loop.target) if isinstance(n, cst.Name)}
     summed = [n for n in inside if isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign)]
@@ -203,6 +203,22 @@ def _plan_loop(plan: Any, key: str, block: list[cst.BaseStatement], stmt: cst.CS
             plan.collected.append((key, node, name, loop, _serves_both(plan, key, loop), todo))
             continue
         plan.todo(node, todo)
+
+
+def _first_batch_start(plan: Any, node: cst.Assign) -> bool:
+    """`xs = out` under `if xs is None:` in a loop that concatenates `xs` otherwise (also `ys = y` beside it, `ys`
+    concatenated in the `else:`): the first batch starts the collection, which the loop then fills; not a value
+    made afresh each pass."""
+    stmt = plan._stmt.get(id(node))
+    parent = plan._parent.get(id(stmt)) if stmt is not None else None
+    if not (isinstance(parent, cst.If) and len(node.targets) == 1 and any(s is stmt for s in parent.body.body)):
+        return False
+    test, name = parent.test, dotted(node.targets[0].target)
+    joined = isinstance(parent.orelse, cst.Else) and any(
+        (accumulated(n) or ("", ""))[0] == name for n in walk(parent.orelse.body))  # `t_outputs_all` beside it
+    return name != "" and isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(
+        test.comparisons[0].operator, cst.Is) and dotted(test.comparisons[0].comparator) == "None" and (
+        dotted(test.left) == name or joined)
 
 
 def _loader_loop(plan: Any, key: str, node: cst.CSTNode) -> cst.For | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ddpkit.port.weights import Definition, ast_dotted, forward_reads, maybe_unused, wrapped_classes
 
-__all__ = ["Resolve", "unused_in_wrapped", "unused_wraps"]
+__all__ = ["Resolve", "unused_in_wrapped", "unused_wraps", "used_outside_forward"]
 
 Resolve = Callable[[str, str], "tuple[str, ast.AST] | None"]
 """(name, file) -> (its file, its definition): a name as a module of the project sees it ("" is the script)."""
@@ -214,4 +214,37 @@ def unused_in_wrapped(tree: ast.Module, builders: dict[str, list[str]], definiti
                                      "never, or throws its output away, so a step may give it no gradient and DDP "
                                      "fails at the next one: wrap with ddpkit.wrap(..., ctx, "
                                      "find_unused_parameters=True) unless it is always used"))
+    return out
+
+
+def used_outside_forward(tree: ast.Module, builders: dict[str, list[str]], definition: Definition,
+                         follow: Resolve | None = None) -> list[tuple[int, str]]:
+    """A TODO where the script uses, outside the model's forward, a module that forward may leave unused
+    (`criterion(ddpkit.unwrap(model).decoder.weight, ...)`, weight tying in the loss) of a model wrapped with
+    find_unused_parameters=True: DDP marks that module's parameters unused after each forward, and the gradient
+    this use gives them at backward marks them ready a second time (RuntimeError)."""
+    out: list[tuple[int, str]] = []
+    bound = {id(n.value): ast_dotted(n.targets[0]) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             and len(n.targets) == 1}  # `model = ddpkit.wrap(LM(), ctx, ...)`: the name the wrapper is read by
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args and any(
+                kw.arg == "find_unused_parameters" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+                for kw in node.keywords)):
+            continue
+        found = _unused_of(node, builders, definition, follow)
+        attrs = {what[5:]: (where, line) for what, where, line in (found[2] if found else []) if what.startswith("self.")}
+        model = bound.get(id(node)) or ast_dotted(node.args[0])
+        read = next((n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in attrs and isinstance(
+            n.value, ast.Call) and ast_dotted(n.value.func) == "ddpkit.unwrap" and n.value.args and ast_dotted(
+            n.value.args[0]) == model), None) if attrs and model else None
+        if read is None:
+            continue
+        where, line = attrs[read.attr]
+        out.append((read.lineno, f"`{model}.{read.attr}` gets its gradient here, outside the model's forward, while "
+                    f"`{found[1]}.forward` may leave self.{read.attr} unused ({os.path.basename(where or found[0])}:"
+                    f"{line}), so the port wrapped {model} with find_unused_parameters=True: DDP then marks its "
+                    "parameters unused after each forward, and this use at backward marks them ready a second "
+                    "time (RuntimeError at the first backward). Compute this use inside forward (return what the "
+                    f"loss needs from it), or, if every step uses self.{read.attr} here and nothing else is unused, "
+                    "wrap without find_unused_parameters"))
     return out
