@@ -1552,6 +1552,35 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
     return False
 
 
+_ANOMALY = frozenset({"isnan", "isinf", "isneginf", "isposinf"})
+
+
+def _under_anomaly_test(s: Script, call: ast.Call) -> bool:
+    """The message sits in the body of an `if` (of its function) that asks whether this rank's own values went
+    bad: `torch.isnan(...)`/`isinf`, `x.isnan().any()`, `math.isnan(v)`, `np.isinf(...)`, or `not
+    torch.isfinite(...).all()`; only a rank whose data gave NaN or inf gets there, so the line is its own
+    diagnostic, not one line written world_size times."""
+    node: ast.AST = call
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        if isinstance(parent, ast.If) and node in parent.body and _asks_anomaly(parent.test):
+            return True
+        node = parent
+    return False
+
+
+def _asks_anomaly(test: ast.AST) -> bool:
+    for n in ast.walk(test):
+        if isinstance(n, ast.Call) and terminal(n.func) in _ANOMALY:
+            return True
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not) and any(
+                isinstance(c, ast.Call) and terminal(c.func) == "isfinite" for c in ast.walk(n.operand)):
+            return True
+    return False
+
+
 def _if_arm(s: Script, stmt: ast.stmt | None) -> list[ast.stmt]:
     """The statements of the `if` arm (body or `else:`) a statement is one of; [] elsewhere."""
     branch = s.parents.get(id(stmt)) if stmt is not None else None
@@ -2056,6 +2085,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if (is_print and keyword(call, "file") is not None) or _before_exit(s, after, statement_of.get(id(call))):
             continue
+        if _under_anomaly_test(s, call):
+            continue  # `if torch.isnan(loss): print(...)`: only the rank whose own values went bad shows it
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
         if _over_rank_filled(s, call):
