@@ -230,3 +230,167 @@ def test_many_writes_of_one_call_are_one_short_todo(tmp_path):
     script = _LOOP.format(imports="from lib import Saver", before="saver = Saver()", after="saver.dump_all(epoch)")
     todos = _writes_todos(port_project(tmp_path, {"lib.py": lib}, script))
     assert len(todos) == 1 and todos[0].count("torch.save") == 4 and "(+3 more)" in todos[0], todos
+
+
+_DISPATCH = {"data/__init__.py": """\
+    from .sets import Small, Large
+
+    SETS = {"small": Small, "large": Large}
+
+
+    def make_set(args):
+        chosen = SETS[args.set]
+        chosen = chosen(args)
+        return chosen
+""", "data/sets.py": """\
+    from data.base import Base
+
+
+    class Small(Base):
+        pass
+
+
+    class Large(Base):
+        pass
+""", "data/base.py": """\
+    import os
+    import pickle
+
+
+    class Base:
+        def __init__(self, args):
+            self.root = args.root
+
+        def prepare(self):
+            if not os.path.isdir(self.root):
+                os.makedirs(self.root)
+            with open(os.path.join(self.root, "cache.pkl"), "wb") as f:
+                pickle.dump([1, 2], f)
+            return [1, 2]
+""", "feed.py": """\
+    from data import make_set
+
+
+    class Feeder:
+        def __init__(self, args, dataset):
+            self.items = dataset.prepare()
+
+
+    def make_feeder(args):
+        return Feeder(args, make_set(args))
+""", "runner.py": """\
+    import torch
+
+
+    class Runner:
+        def __init__(self, model):
+            self.model = model
+
+        def fit(self):
+            torch.save(self.model.state_dict(), "last.pt")
+
+
+    RUNNERS = {"plain": Runner}
+
+
+    def make_runner(kind, model):
+        return RUNNERS[kind](model)
+"""}
+
+
+def test_a_factory_that_dispatches_through_a_dict_of_classes_and_a_method_of_an_object_handed_in_are_followed(
+        tmp_path):
+    # four imports away (feed, data, data.sets, data.base), the dataset class is chosen by a dict lookup, the object is handed to another class whose __init__ calls its
+    # method (defined in a base class): every rank makes the directory and pickles the cache
+    script = _LOOP.format(imports="import argparse\n    from feed import make_feeder\n    from runner import make_runner",
+                          before="args = argparse.Namespace(set='small', root='cache')\n    "
+                                 "feeder = make_feeder(args)\n    runner = make_runner('plain', model)",
+                          after="runner.fit()")
+    todos = _writes_todos(port_project(tmp_path, _DISPATCH, script))
+    feeder = [t for t in todos if t.startswith("`make_feeder(args)`")]
+    assert len(feeder) == 1 and "data/base.py:11 os.makedirs, data/base.py:12 open(w), data/base.py:13 pickle.dump" \
+        in feeder[0], todos
+    # the instance a factory returns (through its dict) is followed where the script calls its method
+    assert any(t.startswith("`runner.fit()`") and "runner.py:9 torch.save" in t for t in todos), todos
+
+
+def test_a_method_of_the_scripts_own_object_called_inside_a_project_function_it_is_handed_to_is_followed(tmp_path):
+    files = {"utils.py": """\
+        import torch
+
+
+        class Saving(torch.nn.Module):
+            def save_model(self):
+                torch.save(self.state_dict(), "model.pt")
+
+
+        class Wrapper(Saving):
+            def __init__(self, size):
+                super().__init__()
+                self.net = torch.nn.Linear(size, 2)
+
+            def loss(self, x, y):
+                return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+        def training_loop(model, loader, optimizer):
+            for x, y in loader:
+                optimizer.zero_grad()
+                model.loss(x, y).backward()
+                optimizer.step()
+            model.save_model()
+    """}
+    script = _LOOP.format(imports="from utils import Wrapper, training_loop",
+                          before="holder = Wrapper(4)", after="training_loop(model=holder, loader=loader, "
+                                                                  "optimizer=optimizer)")
+    todos = _writes_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and "utils.py:6 torch.save" in todos[0], todos
+
+
+def test_a_method_of_an_object_handed_in_is_not_matched_to_a_project_class_it_cannot_be(tmp_path):
+    # `optimizer.step()` and `log.write()` in the project's function are not the project class's `step`/`write`:
+    # no instance of that class is made or handed in on this path
+    files = {"utils.py": """\
+        import torch
+
+
+        class Recorder:
+            def step(self):
+                torch.save({}, "rec.pt")
+
+            def write(self, text):
+                with open("rec.txt", "a") as f:
+                    f.write(text)
+
+
+        def train_epoch(model, loader, optimizer, log):
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            log.write("done")
+    """}
+    script = _LOOP.format(imports="import sys\n    from utils import train_epoch", before="",
+                          after="train_epoch(model, loader, optimizer, sys.stdout)")
+    assert _writes_todos(port_project(tmp_path, files, script)) == []
+
+
+def test_a_shell_command_that_redirects_into_a_file_is_a_write_on_every_rank(tmp_path):
+    files = {"lists.py": """\
+        import os
+        import subprocess
+        import torch
+
+
+        class Listed(torch.utils.data.Dataset):
+            def __init__(self, parts):
+                os.system("cat %s > %s" % (" ".join(parts), "/tmp/listfile.txt"))
+                subprocess.run(f"sort {parts[0]} >> {parts[1]}.sorted", shell=True)
+                os.system("ls %s 2>&1 > /dev/null" % parts[0])
+                self.lines = open("/tmp/listfile.txt").readlines()
+    """}
+    script = _LOOP.format(imports="from lists import Listed", before="names = Listed(['a.txt', 'b.txt'])", after="")
+    todos = _writes_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and "lists.py:8 os.system (a shell redirect), lists.py:9 subprocess.run (a shell redirect)" \
+        in todos[0], todos
+    assert "lists.py:10" not in todos[0]

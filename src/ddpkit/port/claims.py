@@ -516,7 +516,8 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos += plain
     hazards = project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += hazards  # a write those already name is not named again
-    todos += project_disk_writes(tree, folder, _reached_files(modules, folder), "\n".join(m for _, m in hazards)) \
+    # four imports deep: a factory in a package's __init__.py picks a class whose base (another file) writes
+    todos += project_disk_writes(tree, folder, _reached_files(modules, folder, 4), "\n".join(m for _, m in hazards)) \
         if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += pinned_gpus(tree, folder, _reached_files(modules, folder)) if folder is not None else []

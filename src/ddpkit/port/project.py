@@ -14,8 +14,8 @@ import os
 import re
 from collections.abc import Iterator
 
-from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_nodes, where, writer_class,
-                                    writes_reached)
+from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
+                                    table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
@@ -707,8 +707,6 @@ def _stamped(call: ast.Call, clocked: dict[str, str]) -> str:
     return ""
 
 
-_PROCESSES = {"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
-              "subprocess.Popen"}
 _MUTATES = {"append", "extend", "insert", "pop", "update", "setdefault", "add", "clear", "remove", "discard",
             "sort", "reverse"}
 _SHARED_WORK = {"backward", "step", "zero_grad", "all_reduce", "all_gather", "broadcast", "barrier", "reduce",
@@ -755,7 +753,7 @@ def _writes_in(defns: list[ast.AST]) -> tuple[int, str] | None:
             last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
             if last in _SHARED_WORK or func.startswith(("dist.", "torch.distributed")):
                 return None
-            if found is None and (last in _WRITES and last not in ("makedirs", "mkdir") or func in _PROCESSES or (
+            if found is None and (last in _WRITES and last not in ("makedirs", "mkdir") or func in PROCESSES or (
                     func == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
                                            and set(a.value) & set("wax+")
                                            for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]))):
@@ -983,7 +981,7 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
         func = ast_dotted(call.func)
         head, _, rest = func.partition(".")
         if not func:  # `_factory[name](cfg)`: any of the functions the module's table holds may run
-            targets += [(call, _resolve(modules, folder, path, n, parsed)) for n in _table_entries(module, call.func)]
+            targets += [(call, _resolve(modules, folder, path, n, parsed)) for n in table_entries(module, call.func)]
         elif "." in rest:
             continue
         elif not rest:
@@ -1004,18 +1002,6 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
             again = hit[3:] if len(hit) > 3 and _unchecked(defn, call) else ()
             return (hit[0], hit[1], hit[2] or joins, *again)
     return None
-
-
-def _table_entries(module: ast.Module | None, func: ast.AST) -> list[str]:
-    """`_factory[name]` called: the names a module-level dict literal `_factory = {"a": f, "b": g}` holds (every one
-    may be the one called), else none."""
-    if module is None or not (isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name)):
-        return []
-    tables = [n.value for n in module.body if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == func.value.id for t in n.targets)]
-    if len(tables) != 1 or not isinstance(tables[0], ast.Dict):
-        return []
-    return [v.id for v in tables[0].values if isinstance(v, ast.Name)]
 
 
 def _library_names(module: ast.Module) -> dict[str, str]:
@@ -1482,18 +1468,24 @@ def _script_callees(call: ast.Call, definition, instances: dict[str, list[tuple[
     return [hit for path, c in classes if (hit := method_of(path, c, rest, follow))]
 
 
-def _script_instances(tree: ast.Module, definition) -> dict[str, list[tuple[str, ast.ClassDef]]]:  # noqa: ANN001
+def _script_instances(tree: ast.Module, definition, follow: Follow) -> dict[str, list[tuple[str, ast.ClassDef]]]:  # noqa: ANN001
     """Name -> the project classes the script binds it to an instance of (`gan = GAN(args)` in one branch,
-    `gan = CGAN(args)` in another)."""
+    `gan = CGAN(args)` in another, `trainer = trainer_factory(args)` returning one of a dict's classes)."""
     out: dict[str, list[tuple[str, ast.ClassDef]]] = {}
     for node in ast.walk(tree):
         found = definition(ast_dotted(node.value.func)) if isinstance(node, ast.Assign) and isinstance(
             node.value, ast.Call) else None
-        if found is not None and isinstance(found[2], ast.ClassDef):
+        for path, cls in made_classes(found[0], found[2], follow) if found is not None else []:
             for name in (n for t in node.targets for n in _names(t)):
-                if all(c is not found[2] for _, c in out.get(name, [])):
-                    out.setdefault(name, []).append((found[0], found[2]))
+                if all(c is not cls for _, c in out.get(name, [])):
+                    out.setdefault(name, []).append((path, cls))
     return out
+
+
+def _handed_instances(call: ast.Call, instances: dict[str, list[tuple[str, ast.ClassDef]]]) -> list[tuple[str, ast.ClassDef]]:
+    """The project classes of the script's objects a call hands over (`train(model=net)`, `net = Net()`)."""
+    return [c for a in [*call.args, *(k.value for k in call.keywords)] if isinstance(a, ast.Name)
+            for c in instances.get(a.id, [])]
 
 
 def _writes_listed(sites: list[Site], folder: str, shown: int = 4) -> str:
@@ -1516,13 +1508,13 @@ def project_disk_writes(tree: ast.Module, folder: str, modules: dict[str, str],
     parsed: dict[str, ast.Module | None] = {}
     follow = _project_follow(folder, modules, parsed)
     definition = _definer(tree, folder, modules, parsed)
-    instances = _script_instances(tree, definition)
+    instances = _script_instances(tree, definition, follow)
     guarded = _rank_guarded(tree)
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and id(node) not in guarded:
             sites = [s for found in _script_callees(node, definition, instances, follow) for s in writes_reached(
-                *found[:2], follow, found[2], node)]
+                *found[:2], follow, found[2], node, _handed_instances(node, instances))]
             made = definition(ast_dotted(node.func)) if ast_dotted(node.func) else None
             base = writer_class(made[0], made[2], follow) if made and isinstance(made[2], ast.ClassDef) else ""
             sites = [(made[0], made[2].lineno, f"{made[1]} (a {base})")] + sites if base else sites
