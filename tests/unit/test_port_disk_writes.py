@@ -394,3 +394,55 @@ def test_a_shell_command_that_redirects_into_a_file_is_a_write_on_every_rank(tmp
     assert len(todos) == 1 and "lists.py:8 os.system (a shell redirect), lists.py:9 subprocess.run (a shell redirect)" \
         in todos[0], todos
     assert "lists.py:10" not in todos[0]
+
+
+def _prompt_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "asks the terminal" in t.message]
+
+
+def test_an_input_the_projects_code_reaches_at_import_or_through_a_call_is_a_todo_naming_it(tmp_path):
+    # options.py parses at import and its template asks which dataset; the helper asks before it saves: under
+    # torchrun only rank 0 reads the terminal, so the others wait or take another answer
+    files = {"options.py": """\
+        import argparse
+        from templates import set_template
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--template", default=None)
+        args = parser.parse_args()
+        set_template(args)
+
+        if __name__ == "__main__":
+            input("never at import")
+    """, "templates.py": """\
+        def set_template(args):
+            if args.template is None:
+                return
+            args.data = "ml-" + input("Input 1 or 20: ") + "m"
+    """, "helpers.py": """\
+        import getpass
+
+
+        def confirm(text):
+            return input(text) == "y"
+
+
+        def login():
+            return getpass.getpass("token: ")
+
+
+        def unused():
+            return input("never called")
+    """}
+    script = _LOOP.format(imports="from options import args\n    from helpers import confirm, login", before="",
+                          after="if confirm('again? '):\n        print(login())")
+    result = port_project(tmp_path, files, script)
+    todos = _prompt_todos(result)
+    assert len(todos) == 3, todos
+    assert todos[0].startswith("importing options.py runs its module-level code on every rank, which asks the "
+                               "terminal: templates.py:4 input"), todos
+    assert "options.py:10" not in todos[0] and "broadcast_object" in todos[0]
+    assert todos[1].startswith("`confirm('again? ')` runs the project's code on every rank, which asks the terminal: "
+                               "helpers.py:5 input"), todos
+    assert todos[2].startswith("`login()` runs") and "helpers.py:9 getpass.getpass" in todos[2], todos
+    assert not any("helpers.py:13" in t.message for t in result.todos)

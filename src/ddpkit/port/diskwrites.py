@@ -9,7 +9,7 @@ project's functions and classes (resolved by the caller's `follow`), a few level
 chosen from a module-level dict (`DATASETS[args.name](args)`), and a method of an object handed in (`dataset.prepare()`
 in a function given `dataset`) where a class of that path has it: one the walk made, or one the script made and handed
 to the call. A write under a rank test of the module itself, on a path named by the rank, or a mkdir that tolerates an
-existing directory is not one.
+existing directory is not one. The same walk finds where that code asks the terminal (`input()`): only rank 0 reads it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import re
 from ddpkit.port.weights import Follow, ast_dotted
 
 __all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes",
-           "table_entries", "tolerates_existing", "where", "write_of", "writer_class", "writes_reached"]
+           "prompt_of", "prompts_reached", "reached", "table_entries", "tolerates_existing", "where", "write_of",
+           "writer_class", "writes_reached"]
 
 Site = tuple[str, int, str]
 """(file, line, what) of one write: ("src/solver.py", 173, "torch.save")."""
@@ -46,6 +47,9 @@ PROCESSES = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.ca
 """Calls that start a process: every rank would run the same command (a plot script, an evaluation) at once."""
 _REDIRECT = re.compile(r">>?\s*(?!&|/dev/null\b)[\w./~$'\"{%-]")
 """A shell redirection into a file (`cat a b > /tmp/list.txt`, `2>> err.log`); not `2>&1` nor `> /dev/null`."""
+_PROMPTS = frozenset({"input", "raw_input", "getpass", "getpass.getpass", "click.prompt", "click.confirm",
+                      "typer.prompt", "typer.confirm", "Prompt.ask", "Confirm.ask"})
+"""Calls that wait for an answer typed at the terminal: under torchrun only rank 0 reads stdin."""
 _LIBRARY_METHODS = frozenset({"step", "zero_grad", "backward", "train", "eval", "to", "cuda", "cpu", "parameters",
                               "state_dict", "load_state_dict", "item", "forward", "__init__"})
 """Methods of torch's own objects (a module, an optimizer, a scheduler, a tensor): a parameter's call of one is not
@@ -317,12 +321,35 @@ def _callees(where: str, call: ast.Call, node: ast.AST, cls: tuple | None, follo
     return out
 
 
+def prompt_of(call: ast.Call, defn: ast.AST) -> str:  # noqa: ARG001 (a finder's signature, like write_of)
+    """What `call` asks the terminal (`input(...)`, `getpass.getpass(...)`, click's `prompt`/`confirm`), else ""."""
+    func = ast_dotted(call.func)
+    return func if func in _PROMPTS else ""
+
+
+def _write_or_writer(path: str, call: ast.Call, defn: ast.AST, follow: Follow) -> str:
+    return write_of(call, defn) or _writer_made(path, call, follow)
+
+
 def writes_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
                    call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
     """Every write `defn` (of module `path`; a method of class `owner` = (file, class); run by `call`, which hands it
     objects of the project classes `handed`) makes on every rank, itself or through the project's code it calls, a
     level at a time; by file as met, then by line. A method called on a parameter is looked up in `handed` and in the
     classes the walk made once nothing else is left."""
+    return reached(path, defn, follow, owner, call, handed, _write_or_writer)
+
+
+def prompts_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
+                    call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every question to the terminal (`prompt_of`) `defn` asks on every rank, followed as `writes_reached` does."""
+    return reached(path, defn, follow, owner, call, handed, lambda _, c, d, __: prompt_of(c, d))
+
+
+def reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None, call: ast.Call | None,
+            handed: list[tuple[str, ast.ClassDef]], find) -> list[Site]:  # noqa: ANN001
+    """The sites `find(file, call, definition, follow)` names in `defn` and the project code it runs on every rank
+    (see `writes_reached`)."""
     sites: list[Site] = []
     seen: set[int] = set()
     made: list[tuple[str, ast.ClassDef]] = list(handed)
@@ -340,7 +367,7 @@ def writes_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None
         seen.add(id(node))
         skipped = one_rank_nodes(node, _unset(node, by))
         for inner in (n for n in ast.walk(node) if isinstance(n, ast.Call) and id(n) not in skipped):
-            what = write_of(inner, node) or _writer_made(where, inner, follow)
+            what = find(where, inner, node, follow)
             if what:
                 sites += [] if named_per_rank(inner) else [(where, inner.lineno, what)]
             elif depth < _DEPTH and (found := _callees(where, inner, node, cls, follow, made)):

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
-                                    table_entries, where, writer_class, writes_reached)
+                                    prompts_reached, table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
@@ -25,7 +25,7 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
-           "project_loaders", "project_disk_writes"]
+           "project_loaders", "project_disk_writes", "project_prompts"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -1488,7 +1488,7 @@ def _handed_instances(call: ast.Call, instances: dict[str, list[tuple[str, ast.C
             for c in instances.get(a.id, [])]
 
 
-def _writes_listed(sites: list[Site], folder: str, shown: int = 4) -> str:
+def _sites_listed(sites: list[Site], folder: str, shown: int = 4) -> str:
     """`GAN.py:215 torch.save, GAN.py:200 savefig (+3 more)`."""
     more = f" (+{len(sites) - shown} more)" if len(sites) > shown else ""
     return ", ".join(where(s, folder) for s in sites[:shown]) + more
@@ -1499,43 +1499,63 @@ def _unnamed(sites: list[Site], named: str) -> list[Site]:
     return [s for s in sites if not re.search(rf"\b{re.escape(os.path.basename(s[0]))}:[\d, ]*\b{s[1]}\b", named)]
 
 
+def _project_sites(tree: ast.Module, folder: str, modules: dict[str, str], named: str,
+                   reach) -> list[tuple[int, str, str, list[Site]]]:  # noqa: ANN001
+    """(line of the ported script, "call" or "import", the call's code or the module's file, sites) for each call of
+    the script into its project's own code, and each import of a project module whose module-level code runs, where
+    `reach` (ddpkit.port.diskwrites.writes_reached, prompts_reached) finds sites on every rank. Calls the port runs
+    on rank 0 only are not; a site that `named` (the text of the TODOs already made) names is not said twice."""
+    parsed: dict[str, ast.Module | None] = {}
+    follow = _project_follow(folder, modules, parsed)
+    definition = _definer(tree, folder, modules, parsed)
+    instances = _script_instances(tree, definition, follow)
+    guarded = _rank_guarded(tree)
+    out: list[tuple[int, str, str, list[Site]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and id(node) not in guarded:
+            sites = [s for found in _script_callees(node, definition, instances, follow) for s in reach(
+                *found[:2], follow, found[2], node, _handed_instances(node, instances))]
+            made = definition(ast_dotted(node.func)) if ast_dotted(node.func) and reach is writes_reached else None
+            base = writer_class(made[0], made[2], follow) if made and isinstance(made[2], ast.ClassDef) else ""
+            sites = [(made[0], made[2].lineno, f"{made[1]} (a {base})")] + sites if base else sites
+            sites = _unnamed(list(dict.fromkeys(sites)), named)
+            out += [(node.lineno, "call", ast.unparse(node)[:50], sites)] if sites else []
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for path in _imported_paths(node, modules, folder):
+                module = _parsed(modules, path, parsed)
+                sites = reach(path, ast.Module(_module_level(module), []), follow) if module else []
+                out += [(node.lineno, "import", os.path.relpath(path, folder), sites)] if sites else []
+    return out
+
+
 def project_disk_writes(tree: ast.Module, folder: str, modules: dict[str, str],
                         named: str = "") -> list[tuple[int, str]]:
     """(line of the ported script, message) for each call of the script into its project's own code, and each
     import of a project module whose module-level code runs, that writes to the file system on every rank (see
     ddpkit.port.diskwrites): racing writes, FileExistsError, mixed logs. Calls the port runs on rank 0 only are
     not; a write that `named` (the text of the TODOs already made) names is not said twice."""
-    parsed: dict[str, ast.Module | None] = {}
-    follow = _project_follow(folder, modules, parsed)
-    definition = _definer(tree, folder, modules, parsed)
-    instances = _script_instances(tree, definition, follow)
-    guarded = _rank_guarded(tree)
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and id(node) not in guarded:
-            sites = [s for found in _script_callees(node, definition, instances, follow) for s in writes_reached(
-                *found[:2], follow, found[2], node, _handed_instances(node, instances))]
-            made = definition(ast_dotted(node.func)) if ast_dotted(node.func) else None
-            base = writer_class(made[0], made[2], follow) if made and isinstance(made[2], ast.ClassDef) else ""
-            sites = [(made[0], made[2].lineno, f"{made[1]} (a {base})")] + sites if base else sites
-            sites = _unnamed(list(dict.fromkeys(sites)), named)
-            if sites:
-                out.append((node.lineno, f"`{ast.unparse(node)[:50]}` runs the project's code on every rank, which "
-                                         f"writes files: {_writes_listed(sites, folder)}: write them on rank 0 only "
-                                         "(guard them there by the rank, or put this call under `if ctx.is_main:` "
-                                         "where it does not train), ddpkit.barrier(ctx) before another rank reads "
-                                         "them; make directories with exist_ok=True"))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for path in _imported_paths(node, modules, folder):
-                module = _parsed(modules, path, parsed)
-                sites = writes_reached(path, ast.Module(_module_level(module), []), follow) if module else []
-                if sites:
-                    name = os.path.relpath(path, folder)
-                    out.append((node.lineno, f"importing {name} runs its module-level code on every rank, which "
-                                             f"writes files: {_writes_listed(sites, folder)}: move that code into a "
-                                             "function the script calls on rank 0 (`if ctx.is_main:`), or make "
-                                             "directories with exist_ok=True and name files once"))
-    return out
+    return [(line, f"`{what}` runs the project's code on every rank, which writes files: "
+                   f"{_sites_listed(sites, folder)}: write them on rank 0 only (guard them there by the rank, or put "
+                   "this call under `if ctx.is_main:` where it does not train), ddpkit.barrier(ctx) before another "
+                   "rank reads them; make directories with exist_ok=True" if kind == "call" else
+             f"importing {what} runs its module-level code on every rank, which writes files: "
+             f"{_sites_listed(sites, folder)}: move that code into a function the script calls on rank 0 (`if "
+             "ctx.is_main:`), or make directories with exist_ok=True and name files once")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, named, writes_reached)]
+
+
+def project_prompts(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that asks the terminal (`input(...)`) on every rank:
+    under torchrun only rank 0 reads stdin, so the other ranks wait for an answer that never comes, or go on with
+    another one (a template that picks the dataset)."""
+    why = ("only rank 0 reads the terminal under torchrun, so the other ranks wait for an answer or go their own way; "
+           "ask on rank 0 and share the answer: `ddpkit.collectives.broadcast_object(ctx, input(...) if ctx.is_main "
+           "else None)` after ddpkit.init, or take it as a command-line argument")
+    return [(line, (f"`{what}` runs the project's code" if kind == "call" else
+                    f"importing {what} runs its module-level code") +
+             f" on every rank, which asks the terminal: {_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", prompts_reached)]
 
 
 def _asserts_parallel(defn: ast.AST) -> dict[str, int]:
