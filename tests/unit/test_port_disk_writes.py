@@ -446,3 +446,48 @@ def test_an_input_the_projects_code_reaches_at_import_or_through_a_call_is_a_tod
                                "helpers.py:5 input"), todos
     assert todos[2].startswith("`login()` runs") and "helpers.py:9 getpass.getpass" in todos[2], todos
     assert not any("helpers.py:13" in t.message for t in result.todos)
+
+
+def _report_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "reports to an experiment tracker or opens a window" in t.message]
+
+
+def test_a_tracker_run_and_an_env_window_the_projects_code_opens_on_every_rank_are_named(tmp_path):
+    files = {"callbacks.py": """\
+        import mlflow
+
+
+        class ToMLflow:
+            def __init__(self, params, run_name):
+                mlflow.start_run(run_name=run_name)
+                mlflow.log_params(params)
+
+            def on_episode_end(self, metrics):
+                for key, value in metrics.items():
+                    mlflow.log_metric(key, value)
+    """, "agent.py": """\
+        class Agent:
+            def __init__(self, env, callbacks):
+                self.env, self.callbacks = env, callbacks
+
+            def play(self, episodes, render=False, preview=False):
+                for _ in range(episodes):
+                    self.env.reset()
+                    if render:
+                        self.env.render()
+                    if preview:
+                        self.show()
+
+            def show(self):
+                self.env.render()
+    """}
+    script = _LOOP.format(imports="import gym\n    from agent import Agent\n    from callbacks import ToMLflow",
+                          before="env = gym.make('CartPole-v1')\n    hooks = [ToMLflow({'lr': 0.1}, run_name='dqn')]\n    "
+                                 "agent = Agent(env, hooks)",
+                          after="agent.play(5, render=True)\n    agent.play(5)")
+    todos = _report_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 2, todos
+    assert todos[0].startswith("`ToMLflow({'lr': 0.1}, run_name='dqn')` runs the project's code on every rank") and \
+        "callbacks.py:6 mlflow.start_run, callbacks.py:7 mlflow.log_params" in todos[0], todos
+    assert todos[1].startswith("`agent.play(5, render=True)`") and "agent.py:9 self.env.render" in todos[1]
+    assert "agent.py:14" not in todos[1]  # preview is left False by that call

@@ -9,7 +9,8 @@ project's functions and classes (resolved by the caller's `follow`), a few level
 chosen from a module-level dict (`DATASETS[args.name](args)`), and a method of an object handed in (`dataset.prepare()`
 in a function given `dataset`) where a class of that path has it: one the walk made, or one the script made and handed
 to the call. A write under a rank test of the module itself, on a path named by the rank, or a mkdir that tolerates an
-existing directory is not one. The same walk finds where that code asks the terminal (`input()`): only rank 0 reads it.
+existing directory is not one. The same walk finds where that code asks the terminal (`input()`): only rank 0 reads it; and where it starts
+or records into an experiment tracker's run (`mlflow.start_run`, `wandb.log`) or opens a window (`env.render()`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 from ddpkit.port.weights import Follow, ast_dotted
 
 __all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes",
-           "prompt_of", "prompts_reached", "reached", "table_entries", "tolerates_existing", "where", "write_of",
+           "prompt_of", "prompts_reached", "reached", "tracker_of", "trackers_reached", "table_entries", "tolerates_existing", "where", "write_of",
            "writer_class", "writes_reached"]
 
 Site = tuple[str, int, str]
@@ -50,6 +51,10 @@ _REDIRECT = re.compile(r">>?\s*(?!&|/dev/null\b)[\w./~$'\"{%-]")
 _PROMPTS = frozenset({"input", "raw_input", "getpass", "getpass.getpass", "click.prompt", "click.confirm",
                       "typer.prompt", "typer.confirm", "Prompt.ask", "Confirm.ask"})
 """Calls that wait for an answer typed at the terminal: under torchrun only rank 0 reads stdin."""
+_TRACKER_CALL = re.compile(r"^(mlflow|wandb|neptune|comet_ml|swanlab|clearml|aim)\.(?!get_|set_tracking_uri$)\w+$")
+"""Calls of an experiment tracker's module that start a run or record into it (its getters record nothing)."""
+_WINDOW = re.compile(r"(^|\.)env\.render$")
+"""A gym environment's `render()`: a window on every rank's display."""
 _LIBRARY_METHODS = frozenset({"step", "zero_grad", "backward", "train", "eval", "to", "cuda", "cpu", "parameters",
                               "state_dict", "load_state_dict", "item", "forward", "__init__"})
 """Methods of torch's own objects (a module, an optimizer, a scheduler, a tensor): a parameter's call of one is not
@@ -327,6 +332,13 @@ def prompt_of(call: ast.Call, defn: ast.AST) -> str:  # noqa: ARG001 (a finder's
     return func if func in _PROMPTS else ""
 
 
+def tracker_of(call: ast.Call, defn: ast.AST) -> str:  # noqa: ARG001 (a finder's signature, like write_of)
+    """A call that starts or records into an experiment tracker's run (`mlflow.start_run`, `wandb.log`), or opens an
+    environment's window (`env.render()`): its name, else ""."""
+    func = ast_dotted(call.func)
+    return func if _TRACKER_CALL.match(func) or _WINDOW.search(func) else ""
+
+
 def _write_or_writer(path: str, call: ast.Call, defn: ast.AST, follow: Follow) -> str:
     return write_of(call, defn) or _writer_made(path, call, follow)
 
@@ -344,6 +356,13 @@ def prompts_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | Non
                     call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
     """Every question to the terminal (`prompt_of`) `defn` asks on every rank, followed as `writes_reached` does."""
     return reached(path, defn, follow, owner, call, handed, lambda _, c, d, __: prompt_of(c, d))
+
+
+def trackers_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
+                    call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every tracker run, record or window (`tracker_of`) `defn` makes on every rank, followed as `writes_reached`
+    does."""
+    return reached(path, defn, follow, owner, call, handed, lambda _, c, d, __: tracker_of(c, d))
 
 
 def reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None, call: ast.Call | None,

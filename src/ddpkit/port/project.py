@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
-                                    prompts_reached, table_entries, where, writer_class, writes_reached)
+                                    prompts_reached, trackers_reached, table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
@@ -25,7 +25,7 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
-           "project_loaders", "project_disk_writes", "project_prompts"]
+           "project_loaders", "project_disk_writes", "project_prompts", "project_trackers"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -1556,6 +1556,21 @@ def project_prompts(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                     f"importing {what} runs its module-level code") +
              f" on every rank, which asks the terminal: {_sites_listed(sites, folder)}: {why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", prompts_reached)]
+
+
+def project_trackers(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that starts or records into an experiment tracker's run,
+    or opens an environment's window, on every rank: one run per rank (each with 1/world_size of the figures' data),
+    and as many windows."""
+    why = ("every rank starts its own run (or window) and records its own shard's figures; do it on rank 0 only: "
+           "guard those lines there by the rank (`if ctx.is_main:` around this call where it does not train), and "
+           "report figures reduced over the ranks")
+    return [(line, (f"`{what}` runs the project's code" if kind == "call" else
+                    f"importing {what} runs its module-level code") +
+             f" on every rank, which reports to an experiment tracker or opens a window: "
+             f"{_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", trackers_reached)]
 
 
 def _asserts_parallel(defn: ast.AST) -> dict[str, int]:
