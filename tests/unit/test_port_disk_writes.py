@@ -491,3 +491,48 @@ def test_a_tracker_run_and_an_env_window_the_projects_code_opens_on_every_rank_a
         "callbacks.py:6 mlflow.start_run, callbacks.py:7 mlflow.log_params" in todos[0], todos
     assert todos[1].startswith("`agent.play(5, render=True)`") and "agent.py:9 self.env.render" in todos[1]
     assert "agent.py:14" not in todos[1]  # preview is left False by that call
+
+
+def _stop_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "stops on this rank's own" in t.message]
+
+
+def test_a_stop_the_projects_training_function_decides_on_its_own_loss_is_a_todo_at_the_call(tmp_path):
+    # the loss check raises inside the step loop and the handler returns: that rank leaves the loop while the
+    # others wait for it in the next backward's all-reduce
+    files = {"fit.py": """\
+        import math
+        import torch
+
+
+        def fit(model, loader, optimizer, steps):
+            step = 0
+            try:
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    value = loss.item()
+                    if value > 1e8 or math.isnan(value):
+                        raise Exception("Loss exploded")
+                    step += 1
+                    if step >= steps:
+                        break
+            except Exception as e:
+                print(e)
+                return
+
+
+        def evaluate(model, loader):
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                if loss.item() > 10:
+                    return loss
+    """}
+    script = _LOOP.format(imports="from fit import evaluate, fit", before="",
+                          after="fit(model, loader, optimizer, 100)\n    evaluate(model, loader)")
+    todos = _stop_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and todos[0].startswith("`fit(model, loader, optimizer, 100)` runs the project's training "
+                                                   "code on every rank, which stops on this rank's own loss"), todos
+    assert "fit.py:14 raise" in todos[0] and "fit.py:17" not in todos[0], todos

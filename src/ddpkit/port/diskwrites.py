@@ -9,8 +9,8 @@ project's functions and classes (resolved by the caller's `follow`), a few level
 chosen from a module-level dict (`DATASETS[args.name](args)`), and a method of an object handed in (`dataset.prepare()`
 in a function given `dataset`) where a class of that path has it: one the walk made, or one the script made and handed
 to the call. A write under a rank test of the module itself, on a path named by the rank, or a mkdir that tolerates an
-existing directory is not one. The same walk finds where that code asks the terminal (`input()`): only rank 0 reads it; and where it starts
-or records into an experiment tracker's run (`mlflow.start_run`, `wandb.log`) or opens a window (`env.render()`).
+existing directory is not one. The walk itself (`reached`) takes what it looks for: ddpkit.port.asks uses it for
+questions to the terminal, tracker runs and stops on a rank's own loss.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import re
 
 from ddpkit.port.weights import Follow, ast_dotted
 
-__all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes",
-           "prompt_of", "prompts_reached", "reached", "tracker_of", "trackers_reached", "table_entries", "tolerates_existing", "where", "write_of",
-           "writer_class", "writes_reached"]
+__all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes", "reached",
+           "table_entries", "tolerates_existing", "where", "write_of", "writer_class", "writes_reached"]
 
 Site = tuple[str, int, str]
 """(file, line, what) of one write: ("src/solver.py", 173, "torch.save")."""
@@ -48,13 +47,6 @@ PROCESSES = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.ca
 """Calls that start a process: every rank would run the same command (a plot script, an evaluation) at once."""
 _REDIRECT = re.compile(r">>?\s*(?!&|/dev/null\b)[\w./~$'\"{%-]")
 """A shell redirection into a file (`cat a b > /tmp/list.txt`, `2>> err.log`); not `2>&1` nor `> /dev/null`."""
-_PROMPTS = frozenset({"input", "raw_input", "getpass", "getpass.getpass", "click.prompt", "click.confirm",
-                      "typer.prompt", "typer.confirm", "Prompt.ask", "Confirm.ask"})
-"""Calls that wait for an answer typed at the terminal: under torchrun only rank 0 reads stdin."""
-_TRACKER_CALL = re.compile(r"^(mlflow|wandb|neptune|comet_ml|swanlab|clearml|aim)\.(?!get_|set_tracking_uri$)\w+$")
-"""Calls of an experiment tracker's module that start a run or record into it (its getters record nothing)."""
-_WINDOW = re.compile(r"(^|\.)env\.render$")
-"""A gym environment's `render()`: a window on every rank's display."""
 _LIBRARY_METHODS = frozenset({"step", "zero_grad", "backward", "train", "eval", "to", "cuda", "cpu", "parameters",
                               "state_dict", "load_state_dict", "item", "forward", "__init__"})
 """Methods of torch's own objects (a module, an optimizer, a scheduler, a tensor): a parameter's call of one is not
@@ -326,21 +318,8 @@ def _callees(where: str, call: ast.Call, node: ast.AST, cls: tuple | None, follo
     return out
 
 
-def prompt_of(call: ast.Call, defn: ast.AST) -> str:  # noqa: ARG001 (a finder's signature, like write_of)
-    """What `call` asks the terminal (`input(...)`, `getpass.getpass(...)`, click's `prompt`/`confirm`), else ""."""
-    func = ast_dotted(call.func)
-    return func if func in _PROMPTS else ""
-
-
-def tracker_of(call: ast.Call, defn: ast.AST) -> str:  # noqa: ARG001 (a finder's signature, like write_of)
-    """A call that starts or records into an experiment tracker's run (`mlflow.start_run`, `wandb.log`), or opens an
-    environment's window (`env.render()`): its name, else ""."""
-    func = ast_dotted(call.func)
-    return func if _TRACKER_CALL.match(func) or _WINDOW.search(func) else ""
-
-
-def _write_or_writer(path: str, call: ast.Call, defn: ast.AST, follow: Follow) -> str:
-    return write_of(call, defn) or _writer_made(path, call, follow)
+def _write_or_writer(path: str, node: ast.AST, defn: ast.AST, follow: Follow) -> str:
+    return write_of(node, defn) or _writer_made(path, node, follow) if isinstance(node, ast.Call) else ""
 
 
 def writes_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
@@ -352,23 +331,10 @@ def writes_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None
     return reached(path, defn, follow, owner, call, handed, _write_or_writer)
 
 
-def prompts_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
-                    call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
-    """Every question to the terminal (`prompt_of`) `defn` asks on every rank, followed as `writes_reached` does."""
-    return reached(path, defn, follow, owner, call, handed, lambda _, c, d, __: prompt_of(c, d))
-
-
-def trackers_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
-                    call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
-    """Every tracker run, record or window (`tracker_of`) `defn` makes on every rank, followed as `writes_reached`
-    does."""
-    return reached(path, defn, follow, owner, call, handed, lambda _, c, d, __: tracker_of(c, d))
-
-
 def reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None, call: ast.Call | None,
             handed: list[tuple[str, ast.ClassDef]], find) -> list[Site]:  # noqa: ANN001
-    """The sites `find(file, call, definition, follow)` names in `defn` and the project code it runs on every rank
-    (see `writes_reached`)."""
+    """The sites `find(file, node, definition, follow)` names (a short text, "" for none) in `defn` and the project
+    code its calls run on every rank (see `writes_reached`)."""
     sites: list[Site] = []
     seen: set[int] = set()
     made: list[tuple[str, ast.ClassDef]] = list(handed)
@@ -385,10 +351,12 @@ def reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None, call:
             continue
         seen.add(id(node))
         skipped = one_rank_nodes(node, _unset(node, by))
-        for inner in (n for n in ast.walk(node) if isinstance(n, ast.Call) and id(n) not in skipped):
+        for inner in (n for n in ast.walk(node) if id(n) not in skipped):
             what = find(where, inner, node, follow)
             if what:
-                sites += [] if named_per_rank(inner) else [(where, inner.lineno, what)]
+                sites += [] if isinstance(inner, ast.Call) and named_per_rank(inner) else [(where, inner.lineno, what)]
+            elif not isinstance(inner, ast.Call):
+                continue
             elif depth < _DEPTH and (found := _callees(where, inner, node, cls, follow, made)):
                 todo += [(*f, depth + 1, inner) for f in found]
             elif depth < _DEPTH and _handed_in(node, inner):

@@ -14,8 +14,9 @@ import os
 import re
 from collections.abc import Iterator
 
+from ddpkit.port.asks import prompts_reached, stops_reached, trackers_reached
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
-                                    prompts_reached, trackers_reached, table_entries, where, writer_class, writes_reached)
+                                    table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
@@ -25,7 +26,8 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
-           "project_loaders", "project_disk_writes", "project_prompts", "project_trackers"]
+           "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
+           "project_stops"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -1571,6 +1573,19 @@ def project_trackers(tree: ast.Module, folder: str, modules: dict[str, str]) -> 
              f" on every rank, which reports to an experiment tracker or opens a window: "
              f"{_sites_listed(sites, folder)}: {why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", trackers_reached)]
+
+
+def project_stops(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own training code that
+    stops (raises, breaks, returns, exits) on a test of this rank's own loss: that rank leaves while the others wait
+    for it in their next all-reduce."""
+    why = ("under DDP the rank that stops leaves the others waiting in their next backward's all-reduce (a hang until "
+           "the timeout); decide the stop on a value every rank shares: reduce the figure first "
+           "(`ddpkit.all_reduce_sum(ctx, ...)`, then divide by ctx.world_size) or all-reduce a stop flag, so every rank "
+           "stops together")
+    return [(line, f"`{what}` runs the project's training code on every rank, which stops on this rank's own loss: "
+                   f"{_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", stops_reached) if kind == "call"]
 
 
 def _asserts_parallel(defn: ast.AST) -> dict[str, int]:
