@@ -290,7 +290,7 @@ def made_classes(path: str, defn: ast.AST, follow: Follow) -> list[tuple[str, as
 
 
 def _handed_in(defn: ast.AST, call: ast.Call) -> str:
-    """`x.method(...)` on a parameter `x` of `defn` (not self/cls) that is no method of torch's own objects: "method"."""
+    """`x.method(...)` on a parameter `x` of `defn` (not self/cls), of no method torch's own objects have: "method"."""
     params = {a.arg for a in defn.args.posonlyargs + defn.args.args + defn.args.kwonlyargs} - {"self", "cls"} \
         if isinstance(defn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
     func = call.func

@@ -1470,7 +1470,8 @@ def _script_callees(call: ast.Call, definition, instances: dict[str, list[tuple[
     return [hit for path, c in classes if (hit := method_of(path, c, rest, follow))]
 
 
-def _script_instances(tree: ast.Module, definition, follow: Follow) -> dict[str, list[tuple[str, ast.ClassDef]]]:  # noqa: ANN001
+def _script_instances(tree: ast.Module, definition,  # noqa: ANN001
+                      follow: Follow) -> dict[str, list[tuple[str, ast.ClassDef]]]:
     """Name -> the project classes the script binds it to an instance of (`gan = GAN(args)` in one branch,
     `gan = CGAN(args)` in another, `trainer = trainer_factory(args)` returning one of a dict's classes)."""
     out: dict[str, list[tuple[str, ast.ClassDef]]] = {}
@@ -1484,7 +1485,8 @@ def _script_instances(tree: ast.Module, definition, follow: Follow) -> dict[str,
     return out
 
 
-def _handed_instances(call: ast.Call, instances: dict[str, list[tuple[str, ast.ClassDef]]]) -> list[tuple[str, ast.ClassDef]]:
+def _handed_instances(call: ast.Call,
+                      instances: dict[str, list[tuple[str, ast.ClassDef]]]) -> list[tuple[str, ast.ClassDef]]:
     """The project classes of the script's objects a call hands over (`train(model=net)`, `net = Net()`)."""
     return [c for a in [*call.args, *(k.value for k in call.keywords)] if isinstance(a, ast.Name)
             for c in instances.get(a.id, [])]
@@ -1581,8 +1583,8 @@ def project_stops(tree: ast.Module, folder: str, modules: dict[str, str]) -> lis
     for it in their next all-reduce."""
     why = ("under DDP the rank that stops leaves the others waiting in their next backward's all-reduce (a hang until "
            "the timeout); decide the stop on a value every rank shares: reduce the figure first "
-           "(`ddpkit.all_reduce_sum(ctx, ...)`, then divide by ctx.world_size) or all-reduce a stop flag, so every rank "
-           "stops together")
+           "(`ddpkit.all_reduce_sum(ctx, ...)`, then divide by ctx.world_size) or all-reduce a stop flag, so every "
+           "rank stops together")
     return [(line, f"`{what}` runs the project's training code on every rank, which stops on this rank's own loss: "
                    f"{_sites_listed(sites, folder)}: {why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", stops_reached) if kind == "call"]
