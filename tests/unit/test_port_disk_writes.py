@@ -536,3 +536,44 @@ def test_a_stop_the_projects_training_function_decides_on_its_own_loss_is_a_todo
     assert len(todos) == 1 and todos[0].startswith("`fit(model, loader, optimizer, 100)` runs the project's training "
                                                    "code on every rank, which stops on this rank's own loss"), todos
     assert "fit.py:14 raise" in todos[0] and "fit.py:17" not in todos[0], todos
+
+
+def test_a_stop_on_a_step_counter_beside_a_loss_stored_on_the_object_is_not_a_per_rank_stop(tmp_path):
+    # `self.last = loss.item()` stores into the object, and `self.backward(...)` is the object's helper: `self.step`
+    # is not computed from the loss
+    files = {"solver.py": """\
+        import torch
+
+
+        class Solver:
+            def __init__(self, model, loader, optimizer):
+                self.model, self.loader, self.optimizer = model, loader, optimizer
+                self.step, self.max_step = 0, 100
+
+            def run(self):
+                while True:
+                    for x, y in self.loader:
+                        self.optimizer.zero_grad()
+                        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                        loss.backward()
+                        self.optimizer.step()
+                        self.last = loss.item()
+                        self.step += 1
+                        if self.step > self.max_step:
+                            return
+
+            def backward(self, loss):
+                loss.backward()
+                self.optimizer.step()
+
+            def run_with_helper(self):
+                for x, y in self.loader:
+                    self.optimizer.zero_grad()
+                    self.backward(torch.nn.functional.cross_entropy(self.model(x), y))
+                    self.step += 1
+                    if self.step > self.max_step:
+                        break
+    """}
+    script = _LOOP.format(imports="from solver import Solver", before="solver = Solver(model, loader, optimizer)",
+                          after="solver.run()\n    solver.run_with_helper()")
+    assert _stop_todos(port_project(tmp_path, files, script)) == []

@@ -42,18 +42,28 @@ def tracker_of(node: ast.AST) -> str:
 
 def _loss_names(defn: ast.AST) -> set[str]:
     """Names that hold a training function's loss (what it calls `.backward()` on) or a figure computed from it
-    (`value = loss.item()`); none where the function runs no backward."""
-    names = {ast_dotted(n.func.value) for n in ast.walk(defn) if isinstance(n, ast.Call) and isinstance(
-        n.func, ast.Attribute) and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)}
+    (`value = loss.item()`); none where the function calls no `loss.backward()` itself."""
+    names = {n.func.value.id for n in ast.walk(defn) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)
+        and n.func.value.id not in ("self", "cls")}  # `self.backward(loss)`: the object's helper, not a loss
     assigns = [n for n in ast.walk(defn) if isinstance(n, ast.Assign)]
     changed = bool(names)
     while changed:
         changed = False
         for a in (a for a in assigns if any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(a.value))):
-            new = {x.id for t in a.targets for x in ast.walk(t) if isinstance(x, ast.Name)} - names
+            new = {n for t in a.targets for n in _bound_names(t)} - names
             names |= new
             changed = changed or bool(new)
     return names
+
+
+def _bound_names(target: ast.AST) -> list[str]:
+    """Names an assignment target binds (`a`, `a, b`), not the objects it stores into (`self.x`, `d[k]`)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    return _bound_names(target.value) if isinstance(target, ast.Starred) else []
 
 
 def _exit_in(body: list[ast.stmt]) -> str:
