@@ -230,3 +230,350 @@ def test_many_writes_of_one_call_are_one_short_todo(tmp_path):
     script = _LOOP.format(imports="from lib import Saver", before="saver = Saver()", after="saver.dump_all(epoch)")
     todos = _writes_todos(port_project(tmp_path, {"lib.py": lib}, script))
     assert len(todos) == 1 and todos[0].count("torch.save") == 4 and "(+3 more)" in todos[0], todos
+
+
+_DISPATCH = {"data/__init__.py": """\
+    from .sets import Small, Large
+
+    SETS = {"small": Small, "large": Large}
+
+
+    def make_set(args):
+        chosen = SETS[args.set]
+        chosen = chosen(args)
+        return chosen
+""", "data/sets.py": """\
+    from data.base import Base
+
+
+    class Small(Base):
+        pass
+
+
+    class Large(Base):
+        pass
+""", "data/base.py": """\
+    import os
+    import pickle
+
+
+    class Base:
+        def __init__(self, args):
+            self.root = args.root
+
+        def prepare(self):
+            if not os.path.isdir(self.root):
+                os.makedirs(self.root)
+            with open(os.path.join(self.root, "cache.pkl"), "wb") as f:
+                pickle.dump([1, 2], f)
+            return [1, 2]
+""", "feed.py": """\
+    from data import make_set
+
+
+    class Feeder:
+        def __init__(self, args, dataset):
+            self.items = dataset.prepare()
+
+
+    def make_feeder(args):
+        return Feeder(args, make_set(args))
+""", "runner.py": """\
+    import torch
+
+
+    class Runner:
+        def __init__(self, model):
+            self.model = model
+
+        def fit(self):
+            torch.save(self.model.state_dict(), "last.pt")
+
+
+    RUNNERS = {"plain": Runner}
+
+
+    def make_runner(kind, model):
+        return RUNNERS[kind](model)
+"""}
+
+
+def test_a_factory_that_dispatches_through_a_dict_of_classes_and_a_method_of_an_object_handed_in_are_followed(
+        tmp_path):
+    # four imports away (feed, data, data.sets, data.base), the dataset class is chosen by a dict lookup, the object is handed to another class whose __init__ calls its
+    # method (defined in a base class): every rank makes the directory and pickles the cache
+    script = _LOOP.format(imports="import argparse\n    from feed import make_feeder\n    from runner import make_runner",
+                          before="args = argparse.Namespace(set='small', root='cache')\n    "
+                                 "feeder = make_feeder(args)\n    runner = make_runner('plain', model)",
+                          after="runner.fit()")
+    todos = _writes_todos(port_project(tmp_path, _DISPATCH, script))
+    feeder = [t for t in todos if t.startswith("`make_feeder(args)`")]
+    assert len(feeder) == 1 and "data/base.py:11 os.makedirs, data/base.py:12 open(w), data/base.py:13 pickle.dump" \
+        in feeder[0], todos
+    # the instance a factory returns (through its dict) is followed where the script calls its method
+    assert any(t.startswith("`runner.fit()`") and "runner.py:9 torch.save" in t for t in todos), todos
+
+
+def test_a_method_of_the_scripts_own_object_called_inside_a_project_function_it_is_handed_to_is_followed(tmp_path):
+    files = {"utils.py": """\
+        import torch
+
+
+        class Saving(torch.nn.Module):
+            def save_model(self):
+                torch.save(self.state_dict(), "model.pt")
+
+
+        class Wrapper(Saving):
+            def __init__(self, size):
+                super().__init__()
+                self.net = torch.nn.Linear(size, 2)
+
+            def loss(self, x, y):
+                return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+        def training_loop(model, loader, optimizer):
+            for x, y in loader:
+                optimizer.zero_grad()
+                model.loss(x, y).backward()
+                optimizer.step()
+            model.save_model()
+    """}
+    script = _LOOP.format(imports="from utils import Wrapper, training_loop",
+                          before="holder = Wrapper(4)", after="training_loop(model=holder, loader=loader, "
+                                                                  "optimizer=optimizer)")
+    todos = _writes_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and "utils.py:6 torch.save" in todos[0], todos
+
+
+def test_a_method_of_an_object_handed_in_is_not_matched_to_a_project_class_it_cannot_be(tmp_path):
+    # `optimizer.step()` and `log.write()` in the project's function are not the project class's `step`/`write`:
+    # no instance of that class is made or handed in on this path
+    files = {"utils.py": """\
+        import torch
+
+
+        class Recorder:
+            def step(self):
+                torch.save({}, "rec.pt")
+
+            def write(self, text):
+                with open("rec.txt", "a") as f:
+                    f.write(text)
+
+
+        def train_epoch(model, loader, optimizer, log):
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            log.write("done")
+    """}
+    script = _LOOP.format(imports="import sys\n    from utils import train_epoch", before="",
+                          after="train_epoch(model, loader, optimizer, sys.stdout)")
+    assert _writes_todos(port_project(tmp_path, files, script)) == []
+
+
+def test_a_shell_command_that_redirects_into_a_file_is_a_write_on_every_rank(tmp_path):
+    files = {"lists.py": """\
+        import os
+        import subprocess
+        import torch
+
+
+        class Listed(torch.utils.data.Dataset):
+            def __init__(self, parts):
+                os.system("cat %s > %s" % (" ".join(parts), "/tmp/listfile.txt"))
+                subprocess.run(f"sort {parts[0]} >> {parts[1]}.sorted", shell=True)
+                os.system("ls %s 2>&1 > /dev/null" % parts[0])
+                self.lines = open("/tmp/listfile.txt").readlines()
+    """}
+    script = _LOOP.format(imports="from lists import Listed", before="names = Listed(['a.txt', 'b.txt'])", after="")
+    todos = _writes_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and "lists.py:8 os.system (a shell redirect), lists.py:9 subprocess.run (a shell redirect)" \
+        in todos[0], todos
+    assert "lists.py:10" not in todos[0]
+
+
+def _prompt_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "asks the terminal" in t.message]
+
+
+def test_an_input_the_projects_code_reaches_at_import_or_through_a_call_is_a_todo_naming_it(tmp_path):
+    # options.py parses at import and its template asks which dataset; the helper asks before it saves: under
+    # torchrun only rank 0 reads the terminal, so the others wait or take another answer
+    files = {"options.py": """\
+        import argparse
+        from templates import set_template
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--template", default=None)
+        args = parser.parse_args()
+        set_template(args)
+
+        if __name__ == "__main__":
+            input("never at import")
+    """, "templates.py": """\
+        def set_template(args):
+            if args.template is None:
+                return
+            args.data = "ml-" + input("Input 1 or 20: ") + "m"
+    """, "helpers.py": """\
+        import getpass
+
+
+        def confirm(text):
+            return input(text) == "y"
+
+
+        def login():
+            return getpass.getpass("token: ")
+
+
+        def unused():
+            return input("never called")
+    """}
+    script = _LOOP.format(imports="from options import args\n    from helpers import confirm, login", before="",
+                          after="if confirm('again? '):\n        print(login())")
+    result = port_project(tmp_path, files, script)
+    todos = _prompt_todos(result)
+    assert len(todos) == 3, todos
+    assert todos[0].startswith("importing options.py runs its module-level code on every rank, which asks the "
+                               "terminal: templates.py:4 input"), todos
+    assert "options.py:10" not in todos[0] and "broadcast_object" in todos[0]
+    assert todos[1].startswith("`confirm('again? ')` runs the project's code on every rank, which asks the terminal: "
+                               "helpers.py:5 input"), todos
+    assert todos[2].startswith("`login()` runs") and "helpers.py:9 getpass.getpass" in todos[2], todos
+    assert not any("helpers.py:13" in t.message for t in result.todos)
+
+
+def _report_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "reports to an experiment tracker or opens a window" in t.message]
+
+
+def test_a_tracker_run_and_an_env_window_the_projects_code_opens_on_every_rank_are_named(tmp_path):
+    files = {"callbacks.py": """\
+        import mlflow
+
+
+        class ToMLflow:
+            def __init__(self, params, run_name):
+                mlflow.start_run(run_name=run_name)
+                mlflow.log_params(params)
+
+            def on_episode_end(self, metrics):
+                for key, value in metrics.items():
+                    mlflow.log_metric(key, value)
+    """, "agent.py": """\
+        class Agent:
+            def __init__(self, env, callbacks):
+                self.env, self.callbacks = env, callbacks
+
+            def play(self, episodes, render=False, preview=False):
+                for _ in range(episodes):
+                    self.env.reset()
+                    if render:
+                        self.env.render()
+                    if preview:
+                        self.show()
+
+            def show(self):
+                self.env.render()
+    """}
+    script = _LOOP.format(imports="import gym\n    from agent import Agent\n    from callbacks import ToMLflow",
+                          before="env = gym.make('CartPole-v1')\n    hooks = [ToMLflow({'lr': 0.1}, run_name='dqn')]\n    "
+                                 "agent = Agent(env, hooks)",
+                          after="agent.play(5, render=True)\n    agent.play(5)")
+    todos = _report_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 2, todos
+    assert todos[0].startswith("`ToMLflow({'lr': 0.1}, run_name='dqn')` runs the project's code on every rank") and \
+        "callbacks.py:6 mlflow.start_run, callbacks.py:7 mlflow.log_params" in todos[0], todos
+    assert todos[1].startswith("`agent.play(5, render=True)`") and "agent.py:9 self.env.render" in todos[1]
+    assert "agent.py:14" not in todos[1]  # preview is left False by that call
+
+
+def _stop_todos(result) -> list[str]:  # noqa: ANN001
+    return [t.message for t in result.todos if "stops on this rank's own" in t.message]
+
+
+def test_a_stop_the_projects_training_function_decides_on_its_own_loss_is_a_todo_at_the_call(tmp_path):
+    # the loss check raises inside the step loop and the handler returns: that rank leaves the loop while the
+    # others wait for it in the next backward's all-reduce
+    files = {"fit.py": """\
+        import math
+        import torch
+
+
+        def fit(model, loader, optimizer, steps):
+            step = 0
+            try:
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    value = loss.item()
+                    if value > 1e8 or math.isnan(value):
+                        raise Exception("Loss exploded")
+                    step += 1
+                    if step >= steps:
+                        break
+            except Exception as e:
+                print(e)
+                return
+
+
+        def evaluate(model, loader):
+            for x, y in loader:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                if loss.item() > 10:
+                    return loss
+    """}
+    script = _LOOP.format(imports="from fit import evaluate, fit", before="",
+                          after="fit(model, loader, optimizer, 100)\n    evaluate(model, loader)")
+    todos = _stop_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and todos[0].startswith("`fit(model, loader, optimizer, 100)` runs the project's training "
+                                                   "code on every rank, which stops on this rank's own loss"), todos
+    assert "fit.py:14 raise" in todos[0] and "fit.py:17" not in todos[0], todos
+
+
+def test_a_stop_on_a_step_counter_beside_a_loss_stored_on_the_object_is_not_a_per_rank_stop(tmp_path):
+    # `self.last = loss.item()` stores into the object, and `self.backward(...)` is the object's helper: `self.step`
+    # is not computed from the loss
+    files = {"solver.py": """\
+        import torch
+
+
+        class Solver:
+            def __init__(self, model, loader, optimizer):
+                self.model, self.loader, self.optimizer = model, loader, optimizer
+                self.step, self.max_step = 0, 100
+
+            def run(self):
+                while True:
+                    for x, y in self.loader:
+                        self.optimizer.zero_grad()
+                        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                        loss.backward()
+                        self.optimizer.step()
+                        self.last = loss.item()
+                        self.step += 1
+                        if self.step > self.max_step:
+                            return
+
+            def backward(self, loss):
+                loss.backward()
+                self.optimizer.step()
+
+            def run_with_helper(self):
+                for x, y in self.loader:
+                    self.optimizer.zero_grad()
+                    self.backward(torch.nn.functional.cross_entropy(self.model(x), y))
+                    self.step += 1
+                    if self.step > self.max_step:
+                        break
+    """}
+    script = _LOOP.format(imports="from solver import Solver", before="solver = Solver(model, loader, optimizer)",
+                          after="solver.run()\n    solver.run_with_helper()")
+    assert _stop_todos(port_project(tmp_path, files, script)) == []

@@ -24,7 +24,8 @@ from typing import Any
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
                                  project_disk_writes, project_downloads, project_hazards, project_loaders,
-                                 project_writers, python_files, step_loops, unused_parameter_wraps)
+                                 project_prompts, project_stops, project_trackers, project_writers, python_files,
+                                 step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
@@ -519,8 +520,12 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos += plain
     hazards = project_hazards(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += hazards  # a write those already name is not named again
-    todos += project_disk_writes(tree, folder, _reached_files(modules, folder), "\n".join(m for _, m in hazards)) \
+    # four imports deep: a factory in a package's __init__.py picks a class whose base (another file) writes
+    todos += project_disk_writes(tree, folder, _reached_files(modules, folder, 4), "\n".join(m for _, m in hazards)) \
         if folder is not None else []
+    todos += project_prompts(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
+    todos += project_trackers(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
+    todos += project_stops(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += pinned_gpus(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += _calls_without_ctx(tree)

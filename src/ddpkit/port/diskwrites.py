@@ -5,20 +5,25 @@ factory, a module whose import runs code). Where that code saves a checkpoint, d
 a log file or a TensorBoard writer, or makes a directory without `exist_ok=True`, every rank does it on the same
 paths: writes race, `os.mkdir` after `os.path.exists` raises FileExistsError on the rank that comes second, and logs
 mix. The writes are found with ast only, following `self.method()`, `super()`, base classes, classmethods and the
-project's functions and classes (resolved by the caller's `follow`), a few levels deep. A write under a rank test of
-the module itself, on a path named by the rank, or a mkdir that tolerates an existing directory is not one.
+project's functions and classes (resolved by the caller's `follow`), a few levels deep, also a class or function
+chosen from a module-level dict (`DATASETS[args.name](args)`), and a method of an object handed in (`dataset.prepare()`
+in a function given `dataset`) where a class of that path has it: one the walk made, or one the script made and handed
+to the call. A write under a rank test of the module itself, on a path named by the rank, or a mkdir that tolerates an
+existing directory is not one. The walk itself (`reached`) takes what it looks for: ddpkit.port.asks uses it for
+questions to the terminal, tracker runs and stops on a rank's own loss.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 
 from ddpkit.port.weights import Follow, ast_dotted
 
-__all__ = ["Site", "callee", "method_of", "named_per_rank", "one_rank_nodes", "tolerates_existing", "where",
-           "write_of", "writer_class", "writes_reached"]
+__all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes", "reached",
+           "table_entries", "tolerates_existing", "where", "write_of", "writer_class", "writes_reached"]
 
 Site = tuple[str, int, str]
 """(file, line, what) of one write: ("src/solver.py", 173, "torch.save")."""
@@ -36,6 +41,16 @@ _RANKISH = re.compile(r"(^|[._])(rank|local_rank|global_rank|is_main\w*|is_maste
 """Names whose test in an `if` keeps its body to one rank (or names a file per rank)."""
 _DEPTH = 4
 _BUDGET = 80
+PROCESSES = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                       "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
+                       "subprocess.getstatusoutput", "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp"})
+"""Calls that start a process: every rank would run the same command (a plot script, an evaluation) at once."""
+_REDIRECT = re.compile(r">>?\s*(?!&|/dev/null\b)[\w./~$'\"{%-]")
+"""A shell redirection into a file (`cat a b > /tmp/list.txt`, `2>> err.log`); not `2>&1` nor `> /dev/null`."""
+_LIBRARY_METHODS = frozenset({"step", "zero_grad", "backward", "train", "eval", "to", "cuda", "cpu", "parameters",
+                              "state_dict", "load_state_dict", "item", "forward", "__init__"})
+"""Methods of torch's own objects (a module, an optimizer, a scheduler, a tensor): a parameter's call of one is not
+matched to a project class of that path by its name alone."""
 
 
 def _mode_writes(call: ast.Call, first: int) -> bool:
@@ -67,6 +82,8 @@ def write_of(call: ast.Call, defn: ast.AST) -> str:
     short = func if func.count(".") == 1 and head not in ("self", "cls") else last
     if func in _OPENERS:
         return "open(w)" if _mode_writes(call, 1) else ""
+    if func in PROCESSES and _REDIRECT.search(_command_text(call, defn)):
+        return f"{func} (a shell redirect)"
     if last == "open" and isinstance(call.func, ast.Attribute) and func not in _OPENERS:  # `path.open("w")`
         return "open(w)" if _mode_writes(call, 0) else ""
     if last in _ALWAYS or func.endswith("onnx.export"):
@@ -84,6 +101,17 @@ def write_of(call: ast.Call, defn: ast.AST) -> str:
     if last == "basicConfig" and any(k.arg == "filename" for k in call.keywords):
         return "logging.basicConfig(filename=...)"
     return ""
+
+
+def _command_text(call: ast.Call, defn: ast.AST) -> str:
+    """The literal text of a process call's command (`"cat %s > /tmp/l.txt" % x`, `["sh", "-c", "..."]`), also
+    through a name `defn` binds to it (`cmd = f"..."; os.system(cmd)`)."""
+    command = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg in ("args", "cmd")), None)
+    if command is None:
+        return ""
+    parts = [command] + [n.value for n in ast.walk(defn) if isinstance(command, ast.Name) and isinstance(
+        n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == command.id for t in n.targets)]
+    return " ".join(ast.unparse(p) for p in parts)  # `'cat %s > %s' % (...)`, `f"ls > {out}"`: the target kept
 
 
 def tolerates_existing(node: ast.Try) -> bool:
@@ -213,25 +241,126 @@ def callee(path: str, call: ast.Call, owner: tuple | None,
     return (found[0], found[1], None) if isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
+@functools.lru_cache(maxsize=64)
+def _module(path: str) -> ast.Module | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def table_entries(module: ast.Module | None, func: ast.AST, defn: ast.AST | None = None) -> list[str]:
+    """`_factory[name](...)` called, or `chosen(...)` with `chosen = _factory[name]` bound in `defn`: the names a
+    module-level dict literal `_factory = {"a": f, "b": g}` holds (every one may be the one called), else none."""
+    if isinstance(func, ast.Name) and defn is not None:
+        bound = [n.value for n in ast.walk(defn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)
+                 and any(isinstance(t, ast.Name) and t.id == func.id for t in n.targets)]
+        func = bound[0] if len(bound) == 1 else func  # `loader = LOADERS[code]; loader = loader(args)`: the lookup
+    if module is None or not (isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name)):
+        return []
+    tables = [n.value for n in module.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == func.value.id for t in n.targets)]
+    if len(tables) != 1 or not isinstance(tables[0], ast.Dict):
+        return []
+    return [v.id for v in tables[0].values if isinstance(v, ast.Name)]
+
+
+def _chosen(path: str, call: ast.Call, defn: ast.AST, follow: Follow) -> list[tuple[str, ast.AST]]:
+    """(file, definition) of each function or class a call may run: the one it names, else each entry of the dict it
+    chose from (`DATASETS[args.name](args)`)."""
+    func = ast_dotted(call.func)
+    found = follow(func, path) if func and func.count(".") <= 1 else None
+    if found is not None:
+        return [found]
+    return [hit for name in table_entries(_module(path), call.func, defn) if (hit := follow(name, path))]
+
+
+def made_classes(path: str, defn: ast.AST, follow: Follow) -> list[tuple[str, ast.ClassDef]]:
+    """(file, class) of what calling `defn` makes: the class itself, or each project class a factory function
+    returns an instance of (`return Trainer(args)`, `return TRAINERS[name](args)`, `net = Net(); return net`)."""
+    if isinstance(defn, ast.ClassDef):
+        return [(path, defn)]
+    made = {t.id: n.value for n in ast.walk(defn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            for t in n.targets if isinstance(t, ast.Name)}
+    returned = [r.value if isinstance(r.value, ast.Call) else made.get(ast_dotted(r.value)) for r in ast.walk(defn)
+                if isinstance(r, ast.Return) and r.value is not None]
+    return [hit for call in returned if call is not None for hit in _chosen(path, call, defn, follow)
+            if isinstance(hit[1], ast.ClassDef)]
+
+
+def _handed_in(defn: ast.AST, call: ast.Call) -> str:
+    """`x.method(...)` on a parameter `x` of `defn` (not self/cls), of no method torch's own objects have: "method"."""
+    params = {a.arg for a in defn.args.posonlyargs + defn.args.args + defn.args.kwonlyargs} - {"self", "cls"} \
+        if isinstance(defn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in params and \
+            func.attr not in _LIBRARY_METHODS:
+        return func.attr
+    return ""
+
+
+def _callees(where: str, call: ast.Call, node: ast.AST, cls: tuple | None, follow: Follow,
+             made: list[tuple[str, ast.ClassDef]]) -> list[tuple[str, ast.AST, tuple | None]]:
+    """What a call in `node` runs (see `callee`), also each entry of a dict it chose from; classes it makes are added
+    to `made`."""
+    found = callee(where, call, cls, follow)
+    if found is not None:
+        picked = follow(ast_dotted(call.func), where) if ast_dotted(call.func).count(".") == 0 else None
+        made += [picked] if picked is not None and isinstance(picked[1], ast.ClassDef) else []
+        return [found]
+    out = []
+    for path, defn in _chosen(where, call, node, follow):
+        made += [(path, defn)] if isinstance(defn, ast.ClassDef) else []
+        hit = method_of(path, defn, "__init__", follow) if isinstance(defn, ast.ClassDef) else (path, defn, None) \
+            if isinstance(defn, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+        out += [hit] if hit is not None else []
+    return out
+
+
+def _write_or_writer(path: str, node: ast.AST, defn: ast.AST, follow: Follow) -> str:
+    return write_of(node, defn) or _writer_made(path, node, follow) if isinstance(node, ast.Call) else ""
+
+
 def writes_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
-                   call: ast.Call | None = None) -> list[Site]:
-    """Every write `defn` (of module `path`; a method of class `owner` = (file, class); run by `call`) makes on every
-    rank, itself or through the project's code it calls, a level at a time; by file as met, then by line."""
+                   call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every write `defn` (of module `path`; a method of class `owner` = (file, class); run by `call`, which hands it
+    objects of the project classes `handed`) makes on every rank, itself or through the project's code it calls, a
+    level at a time; by file as met, then by line. A method called on a parameter is looked up in `handed` and in the
+    classes the walk made once nothing else is left."""
+    return reached(path, defn, follow, owner, call, handed, _write_or_writer)
+
+
+def reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None, call: ast.Call | None,
+            handed: list[tuple[str, ast.ClassDef]], find) -> list[Site]:  # noqa: ANN001
+    """The sites `find(file, node, definition, follow)` names (a short text, "" for none) in `defn` and the project
+    code its calls run on every rank (see `writes_reached`)."""
     sites: list[Site] = []
     seen: set[int] = set()
+    made: list[tuple[str, ast.ClassDef]] = list(handed)
     todo = [(path, defn, owner, 0, call)]
-    while todo and len(seen) < _BUDGET:
+    deferred: list[tuple[str, ast.Call, int]] = []
+    while (todo or deferred) and len(seen) < _BUDGET:
+        if not todo:
+            todo = [(*hit, depth + 1, c) for _, c, depth in deferred for p, k in dict.fromkeys(made)
+                    if (hit := method_of(p, k, c.func.attr, follow)) and id(hit[1]) not in seen]
+            deferred = []
+            continue
         where, node, cls, depth, by = todo.pop(0)
         if id(node) in seen:
             continue
         seen.add(id(node))
         skipped = one_rank_nodes(node, _unset(node, by))
-        for inner in (n for n in ast.walk(node) if isinstance(n, ast.Call) and id(n) not in skipped):
-            what = write_of(inner, node) or _writer_made(where, inner, follow)
+        for inner in (n for n in ast.walk(node) if id(n) not in skipped):
+            what = find(where, inner, node, follow)
             if what:
-                sites += [] if named_per_rank(inner) else [(where, inner.lineno, what)]
-            elif depth < _DEPTH and (found := callee(where, inner, cls, follow)) is not None:
-                todo.append((*found, depth + 1, inner))
+                sites += [] if isinstance(inner, ast.Call) and named_per_rank(inner) else [(where, inner.lineno, what)]
+            elif not isinstance(inner, ast.Call):
+                continue
+            elif depth < _DEPTH and (found := _callees(where, inner, node, cls, follow, made)):
+                todo += [(*f, depth + 1, inner) for f in found]
+            elif depth < _DEPTH and _handed_in(node, inner):
+                deferred.append((where, inner, depth))
     files = {f: i for i, f in enumerate(dict.fromkeys(s[0] for s in sites))}
     return sorted(dict.fromkeys(sites), key=lambda s: (files[s[0]], s[1]))
 

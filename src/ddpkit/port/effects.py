@@ -13,6 +13,7 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.port.diskwrites import PROCESSES
 from ddpkit.port.facts import ENTRY, dotted, imported_names, statements_of, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader, saves_file
@@ -55,10 +56,6 @@ _FILE_OPS = frozenset({"shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil
 _OPENER_MODULES = frozenset({"io", "os", "gzip", "bz2", "lzma", "codecs", "tarfile", "zipfile", "h5py", "fsspec",
                              "smart_open", "tf", "tensorflow"})
 """Modules whose `open(path, mode)` takes the path first; any other `x.open("wb")` is a path object's (mode first)."""
-_PROCESSES = frozenset({"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
-                        "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput",
-                        "subprocess.getstatusoutput", "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp"})
-"""Calls that start a process: every rank would run the same command (a plot script, an evaluation) at once."""
 _CAPTURES = frozenset({"subprocess.check_output", "subprocess.getoutput", "subprocess.getstatusoutput", "os.popen"})
 """Process calls that hand the command's output back: bound to a name, the script reads what it prints."""
 _LOGGER_CLASS = re.compile(r"[A-Z]\w*(Logger|Writer|Recorder)$")
@@ -260,7 +257,7 @@ def plan_effects(plan: Any) -> None:
             continue
         if project:
             continue  # `snapshots.dump()` whose method does more than write: judged by what it does (the claim gate)
-        process = next((c for c in own if dotted(c.func) in _PROCESSES), None)
+        process = next((c for c in own if dotted(c.func) in PROCESSES), None)
         if process is not None and not calls_model and isinstance(stmt, cst.SimpleStatementLine):
             if all(isinstance(s, cst.Expr) for s in stmt.body) or not _captured(stmt, process):
                 plan.guard.add(id(stmt))  # one process, not one per rank writing the same files at once

@@ -14,8 +14,9 @@ import os
 import re
 from collections.abc import Iterator
 
-from ddpkit.port.diskwrites import (Site, method_of, named_per_rank, one_rank_nodes, where, writer_class,
-                                    writes_reached)
+from ddpkit.port.asks import prompts_reached, stops_reached, trackers_reached
+from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
+                                    table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
@@ -26,7 +27,8 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
-           "project_loaders", "project_disk_writes"]
+           "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
+           "project_stops"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -730,8 +732,6 @@ def _stamped(call: ast.Call, clocked: dict[str, str]) -> str:
     return ""
 
 
-_PROCESSES = {"os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
-              "subprocess.Popen"}
 _MUTATES = {"append", "extend", "insert", "pop", "update", "setdefault", "add", "clear", "remove", "discard",
             "sort", "reverse"}
 _SHARED_WORK = {"backward", "step", "zero_grad", "all_reduce", "all_gather", "broadcast", "barrier", "reduce",
@@ -778,7 +778,7 @@ def _writes_in(defns: list[ast.AST]) -> tuple[int, str] | None:
             last = func.rsplit(".", 1)[-1] if func else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
             if last in _SHARED_WORK or func.startswith(("dist.", "torch.distributed")):
                 return None
-            if found is None and (last in _WRITES and last not in ("makedirs", "mkdir") or func in _PROCESSES or (
+            if found is None and (last in _WRITES and last not in ("makedirs", "mkdir") or func in PROCESSES or (
                     func == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
                                            and set(a.value) & set("wax+")
                                            for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]))):
@@ -1006,7 +1006,7 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
         func = ast_dotted(call.func)
         head, _, rest = func.partition(".")
         if not func:  # `_factory[name](cfg)`: any of the functions the module's table holds may run
-            targets += [(call, _resolve(modules, folder, path, n, parsed)) for n in _table_entries(module, call.func)]
+            targets += [(call, _resolve(modules, folder, path, n, parsed)) for n in table_entries(module, call.func)]
         elif "." in rest:
             continue
         elif not rest:
@@ -1027,18 +1027,6 @@ def _downloads_in(path: str, defn: ast.AST, folder: str, modules: dict[str, str]
             again = hit[3:] if len(hit) > 3 and _unchecked(defn, call) else ()
             return (hit[0], hit[1], hit[2] or joins, *again)
     return None
-
-
-def _table_entries(module: ast.Module | None, func: ast.AST) -> list[str]:
-    """`_factory[name]` called: the names a module-level dict literal `_factory = {"a": f, "b": g}` holds (every one
-    may be the one called), else none."""
-    if module is None or not (isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name)):
-        return []
-    tables = [n.value for n in module.body if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == func.value.id for t in n.targets)]
-    if len(tables) != 1 or not isinstance(tables[0], ast.Dict):
-        return []
-    return [v.id for v in tables[0].values if isinstance(v, ast.Name)]
 
 
 def _library_names(module: ast.Module) -> dict[str, str]:
@@ -1532,21 +1520,29 @@ def _script_callees(call: ast.Call, definition, instances: dict[str, list[tuple[
     return [hit for path, c in classes if (hit := method_of(path, c, rest, follow))]
 
 
-def _script_instances(tree: ast.Module, definition) -> dict[str, list[tuple[str, ast.ClassDef]]]:  # noqa: ANN001
+def _script_instances(tree: ast.Module, definition,  # noqa: ANN001
+                      follow: Follow) -> dict[str, list[tuple[str, ast.ClassDef]]]:
     """Name -> the project classes the script binds it to an instance of (`gan = GAN(args)` in one branch,
-    `gan = CGAN(args)` in another)."""
+    `gan = CGAN(args)` in another, `trainer = trainer_factory(args)` returning one of a dict's classes)."""
     out: dict[str, list[tuple[str, ast.ClassDef]]] = {}
     for node in ast.walk(tree):
         found = definition(ast_dotted(node.value.func)) if isinstance(node, ast.Assign) and isinstance(
             node.value, ast.Call) else None
-        if found is not None and isinstance(found[2], ast.ClassDef):
+        for path, cls in made_classes(found[0], found[2], follow) if found is not None else []:
             for name in (n for t in node.targets for n in _names(t)):
-                if all(c is not found[2] for _, c in out.get(name, [])):
-                    out.setdefault(name, []).append((found[0], found[2]))
+                if all(c is not cls for _, c in out.get(name, [])):
+                    out.setdefault(name, []).append((path, cls))
     return out
 
 
-def _writes_listed(sites: list[Site], folder: str, shown: int = 4) -> str:
+def _handed_instances(call: ast.Call,
+                      instances: dict[str, list[tuple[str, ast.ClassDef]]]) -> list[tuple[str, ast.ClassDef]]:
+    """The project classes of the script's objects a call hands over (`train(model=net)`, `net = Net()`)."""
+    return [c for a in [*call.args, *(k.value for k in call.keywords)] if isinstance(a, ast.Name)
+            for c in instances.get(a.id, [])]
+
+
+def _sites_listed(sites: list[Site], folder: str, shown: int = 4) -> str:
     """`GAN.py:215 torch.save, GAN.py:200 savefig (+3 more)`."""
     more = f" (+{len(sites) - shown} more)" if len(sites) > shown else ""
     return ", ".join(where(s, folder) for s in sites[:shown]) + more
@@ -1557,43 +1553,91 @@ def _unnamed(sites: list[Site], named: str) -> list[Site]:
     return [s for s in sites if not re.search(rf"\b{re.escape(os.path.basename(s[0]))}:[\d, ]*\b{s[1]}\b", named)]
 
 
+def _project_sites(tree: ast.Module, folder: str, modules: dict[str, str], named: str,
+                   reach) -> list[tuple[int, str, str, list[Site]]]:  # noqa: ANN001
+    """(line of the ported script, "call" or "import", the call's code or the module's file, sites) for each call of
+    the script into its project's own code, and each import of a project module whose module-level code runs, where
+    `reach` (ddpkit.port.diskwrites.writes_reached, prompts_reached) finds sites on every rank. Calls the port runs
+    on rank 0 only are not; a site that `named` (the text of the TODOs already made) names is not said twice."""
+    parsed: dict[str, ast.Module | None] = {}
+    follow = _project_follow(folder, modules, parsed)
+    definition = _definer(tree, folder, modules, parsed)
+    instances = _script_instances(tree, definition, follow)
+    guarded = _rank_guarded(tree)
+    out: list[tuple[int, str, str, list[Site]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and id(node) not in guarded:
+            sites = [s for found in _script_callees(node, definition, instances, follow) for s in reach(
+                *found[:2], follow, found[2], node, _handed_instances(node, instances))]
+            made = definition(ast_dotted(node.func)) if ast_dotted(node.func) and reach is writes_reached else None
+            base = writer_class(made[0], made[2], follow) if made and isinstance(made[2], ast.ClassDef) else ""
+            sites = [(made[0], made[2].lineno, f"{made[1]} (a {base})")] + sites if base else sites
+            sites = _unnamed(list(dict.fromkeys(sites)), named)
+            out += [(node.lineno, "call", ast.unparse(node)[:50], sites)] if sites else []
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for path in _imported_paths(node, modules, folder):
+                module = _parsed(modules, path, parsed)
+                sites = reach(path, ast.Module(_module_level(module), []), follow) if module else []
+                out += [(node.lineno, "import", os.path.relpath(path, folder), sites)] if sites else []
+    return out
+
+
 def project_disk_writes(tree: ast.Module, folder: str, modules: dict[str, str],
                         named: str = "") -> list[tuple[int, str]]:
     """(line of the ported script, message) for each call of the script into its project's own code, and each
     import of a project module whose module-level code runs, that writes to the file system on every rank (see
     ddpkit.port.diskwrites): racing writes, FileExistsError, mixed logs. Calls the port runs on rank 0 only are
     not; a write that `named` (the text of the TODOs already made) names is not said twice."""
-    parsed: dict[str, ast.Module | None] = {}
-    follow = _project_follow(folder, modules, parsed)
-    definition = _definer(tree, folder, modules, parsed)
-    instances = _script_instances(tree, definition)
-    guarded = _rank_guarded(tree)
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and id(node) not in guarded:
-            sites = [s for found in _script_callees(node, definition, instances, follow) for s in writes_reached(
-                *found[:2], follow, found[2], node)]
-            made = definition(ast_dotted(node.func)) if ast_dotted(node.func) else None
-            base = writer_class(made[0], made[2], follow) if made and isinstance(made[2], ast.ClassDef) else ""
-            sites = [(made[0], made[2].lineno, f"{made[1]} (a {base})")] + sites if base else sites
-            sites = _unnamed(list(dict.fromkeys(sites)), named)
-            if sites:
-                out.append((node.lineno, f"`{ast.unparse(node)[:50]}` runs the project's code on every rank, which "
-                                         f"writes files: {_writes_listed(sites, folder)}: write them on rank 0 only "
-                                         "(guard them there by the rank, or put this call under `if ctx.is_main:` "
-                                         "where it does not train), ddpkit.barrier(ctx) before another rank reads "
-                                         "them; make directories with exist_ok=True"))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for path in _imported_paths(node, modules, folder):
-                module = _parsed(modules, path, parsed)
-                sites = writes_reached(path, ast.Module(_module_level(module), []), follow) if module else []
-                if sites:
-                    name = os.path.relpath(path, folder)
-                    out.append((node.lineno, f"importing {name} runs its module-level code on every rank, which "
-                                             f"writes files: {_writes_listed(sites, folder)}: move that code into a "
-                                             "function the script calls on rank 0 (`if ctx.is_main:`), or make "
-                                             "directories with exist_ok=True and name files once"))
-    return out
+    return [(line, f"`{what}` runs the project's code on every rank, which writes files: "
+                   f"{_sites_listed(sites, folder)}: write them on rank 0 only (guard them there by the rank, or put "
+                   "this call under `if ctx.is_main:` where it does not train), ddpkit.barrier(ctx) before another "
+                   "rank reads them; make directories with exist_ok=True" if kind == "call" else
+             f"importing {what} runs its module-level code on every rank, which writes files: "
+             f"{_sites_listed(sites, folder)}: move that code into a function the script calls on rank 0 (`if "
+             "ctx.is_main:`), or make directories with exist_ok=True and name files once")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, named, writes_reached)]
+
+
+def project_prompts(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that asks the terminal (`input(...)`) on every rank:
+    under torchrun only rank 0 reads stdin, so the other ranks wait for an answer that never comes, or go on with
+    another one (a template that picks the dataset)."""
+    why = ("only rank 0 reads the terminal under torchrun, so the other ranks wait for an answer or go their own way; "
+           "ask on rank 0 and share the answer: `ddpkit.collectives.broadcast_object(ctx, input(...) if ctx.is_main "
+           "else None)` after ddpkit.init, or take it as a command-line argument")
+    return [(line, (f"`{what}` runs the project's code" if kind == "call" else
+                    f"importing {what} runs its module-level code") +
+             f" on every rank, which asks the terminal: {_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", prompts_reached)]
+
+
+def project_trackers(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that starts or records into an experiment tracker's run,
+    or opens an environment's window, on every rank: one run per rank (each with 1/world_size of the figures' data),
+    and as many windows."""
+    why = ("every rank starts its own run (or window) and records its own shard's figures; do it on rank 0 only: "
+           "guard those lines there by the rank (`if ctx.is_main:` around this call where it does not train), and "
+           "report figures reduced over the ranks")
+    return [(line, (f"`{what}` runs the project's code" if kind == "call" else
+                    f"importing {what} runs its module-level code") +
+             f" on every rank, which reports to an experiment tracker or opens a window: "
+             f"{_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", trackers_reached)]
+
+
+def project_stops(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own training code that
+    stops (raises, breaks, returns, exits) on a test of this rank's own loss: that rank leaves while the others wait
+    for it in their next all-reduce."""
+    why = ("under DDP the rank that stops leaves the others waiting in their next backward's all-reduce (a hang until "
+           "the timeout); decide the stop on a value every rank shares: reduce the figure first "
+           "(`ddpkit.all_reduce_sum(ctx, ...)`, then divide by ctx.world_size) or all-reduce a stop flag, so every "
+           "rank stops together")
+    return [(line, f"`{what}` runs the project's training code on every rank, which stops on this rank's own loss: "
+                   f"{_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", stops_reached) if kind == "call"]
 
 
 def _asserts_parallel(defn: ast.AST) -> dict[str, int]:

@@ -427,16 +427,12 @@ def plan_rank_values(plan: Any) -> None:
     the others read a file nobody wrote. A TODO at the assignment names the value."""
     f = plan.f
     assigns = [n for n in walk(f.module, into_functions=True) if isinstance(n, cst.Assign)]
-
-    def per_rank_call(expr: cst.CSTNode) -> cst.Call | None:
-        return next((c for c in walk(expr) if isinstance(c, cst.Call) and _PER_RANK.match(dotted(c.func))), None)
-
     tainted: dict[str, tuple[cst.Assign, cst.Call, str]] = {}
     changed = True
     while changed:
         changed = False
         for a in assigns:
-            source = per_rank_call(a.value)
+            source = _per_rank_call(a.value)
             reads = [x.value for x in walk(a.value) if isinstance(x, cst.Name)]  # in source order
             origin = next((tainted[r] for r in reads if r in tainted), None)
             if source is not None:
@@ -448,6 +444,7 @@ def plan_rank_values(plan: Any) -> None:
                 for x in (x for x in walk(t.target) if isinstance(x, cst.Name) and x.value not in tainted):
                     tainted[x.value] = origin
                     changed = True
+    _per_rank_defaults(plan, tainted)
     if not tainted:
         return
     # rank 0 alone writes: lines under the file-write rule, and saves (torch.save is put under `if ctx.is_main:`)
@@ -470,6 +467,34 @@ def plan_rank_values(plan: Any) -> None:
             plan.todo(assign, _named_per_rank(origin, dotted(call.func), f"the line {plan.line_of(node)} read on every "
                                               f"rank goes through `{name}`, each rank's own path"))
     _handed_on(plan, tainted, origins)
+
+
+def _per_rank_call(expr: cst.CSTNode) -> cst.Call | None:
+    return next((c for c in walk(expr) if isinstance(c, cst.Call) and _PER_RANK.match(dotted(c.func))), None)
+
+
+def _per_rank_defaults(plan: Any, tainted: dict[str, tuple[cst.Assign, cst.Call, str]]) -> None:
+    """`parser.add_argument("--save", default=stamp + ".pt")` with `stamp` from the clock (or a fresh id): a run that
+    does not pass the option gets another value on every rank (a file rank 0 saves that the others look for under
+    their own name, a log directory per rank). A TODO at the option."""
+    for call in (n for n in walk(plan.f.module, into_functions=True) if isinstance(n, cst.Call)
+                 and dotted(n.func).endswith("add_argument")):
+        default = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "default"), None)
+        source = _per_rank_call(default) if default is not None else None
+        name = next((x.value for x in walk(default) if isinstance(x, cst.Name) and x.value in tainted), None) \
+            if default is not None and source is None else None
+        source = source if source is not None else tainted[name][1] if name is not None else None
+        option = next((str(a.value.evaluated_value) for a in call.args if a.keyword is None and isinstance(
+            a.value, cst.SimpleString) and str(a.value.evaluated_value).startswith("--")), None)
+        if source is None or option is None:
+            continue
+        dest = option.lstrip("-").replace("-", "_")
+        plan.todo(call, f"`{option}`'s default is built from `{dotted(source.func)}()`"
+                        f"{f' (through `{name}`)' if name else ''}, which differs on every rank even after seeding: a "
+                        f"run that does not pass {option} gets another value on every rank (rank 0 saves under its "
+                        "name, the others read or write under theirs); make it alike after parsing, where every "
+                        f"rank passes: `args.{dest} = ddpkit.collectives.broadcast_object(ctx, args.{dest})`, or "
+                        f"pass {option} on the command line")
 
 
 def _named_per_rank(origin: str, source: str, how: str, after: str = "") -> str:

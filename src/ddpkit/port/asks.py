@@ -1,0 +1,106 @@
+"""What the project's own code does on every rank besides writing files: asks the terminal, starts or records into an
+experiment tracker's run, opens a window, stops training on its own loss.
+
+Under torchrun only rank 0 reads stdin: an `input()` leaves the other ranks waiting or on another answer. A tracker's
+`start_run`/`log_metric` made on every rank is one run per rank, each with its shard's figures; `env.render()` is a
+window per rank. A training function that raises, breaks or returns on its own loss (`if math.isnan(loss): raise`)
+leaves the other ranks waiting in their next all-reduce. The places are found by the walk of ddpkit.port.diskwrites
+(the project's functions, classes and methods a call of the script reaches).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ddpkit.port.diskwrites import Site, reached
+from ddpkit.port.weights import Follow, ast_dotted
+
+__all__ = ["prompt_of", "prompts_reached", "stop_of", "stops_reached", "tracker_of", "trackers_reached"]
+
+_PROMPTS = frozenset({"input", "raw_input", "getpass", "getpass.getpass", "click.prompt", "click.confirm",
+                      "typer.prompt", "typer.confirm", "Prompt.ask", "Confirm.ask"})
+"""Calls that wait for an answer typed at the terminal."""
+_TRACKER_CALL = re.compile(r"^(mlflow|wandb|neptune|comet_ml|swanlab|clearml|aim)\.(?!get_|set_tracking_uri$)\w+$")
+"""Calls of an experiment tracker's module that start a run or record into it (its getters record nothing)."""
+_WINDOW = re.compile(r"(^|\.)env\.render$")
+"""A gym environment's `render()`: a window on every rank's display."""
+
+
+def prompt_of(node: ast.AST) -> str:
+    """What a call asks the terminal (`input(...)`, `getpass.getpass(...)`, click's `prompt`/`confirm`), else ""."""
+    func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
+    return func if func in _PROMPTS else ""
+
+
+def tracker_of(node: ast.AST) -> str:
+    """A call that starts or records into an experiment tracker's run (`mlflow.start_run`, `wandb.log`), or opens an
+    environment's window (`env.render()`): its name, else ""."""
+    func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
+    return func if _TRACKER_CALL.match(func) or _WINDOW.search(func) else ""
+
+
+def _loss_names(defn: ast.AST) -> set[str]:
+    """Names that hold a training function's loss (what it calls `.backward()` on) or a figure computed from it
+    (`value = loss.item()`); none where the function calls no `loss.backward()` itself."""
+    names = {n.func.value.id for n in ast.walk(defn) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)
+        and n.func.value.id not in ("self", "cls")}  # `self.backward(loss)`: the object's helper, not a loss
+    assigns = [n for n in ast.walk(defn) if isinstance(n, ast.Assign)]
+    changed = bool(names)
+    while changed:
+        changed = False
+        for a in (a for a in assigns if any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(a.value))):
+            new = {n for t in a.targets for n in _bound_names(t)} - names
+            names |= new
+            changed = changed or bool(new)
+    return names
+
+
+def _bound_names(target: ast.AST) -> list[str]:
+    """Names an assignment target binds (`a`, `a, b`), not the objects it stores into (`self.x`, `d[k]`)."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    return _bound_names(target.value) if isinstance(target, ast.Starred) else []
+
+
+def _exit_in(body: list[ast.stmt]) -> str:
+    """"raise", "break", "return" or "exit" where a block leaves its loop or function, else ""."""
+    for node in (n for s in body for n in ast.walk(s)):
+        if isinstance(node, (ast.Raise, ast.Break, ast.Return)):
+            return type(node).__name__.lower()
+        if isinstance(node, ast.Call) and ast_dotted(node.func) in ("exit", "quit", "sys.exit", "os._exit"):
+            return "exit"
+    return ""
+
+
+def stop_of(node: ast.AST, defn: ast.AST) -> str:
+    """`if value > 1e8 or math.isnan(value): raise ...` in a training function, on its own loss: "raise on `...`"."""
+    if not isinstance(node, ast.If) or not _exit_in(node.body):
+        return ""
+    loss = _loss_names(defn)
+    if not any(isinstance(x, ast.Name) and x.id in loss for x in ast.walk(node.test)):
+        return ""
+    return f"{_exit_in(node.body)} on `{ast.unparse(node.test)[:40]}`"
+
+
+def prompts_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
+                    call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every question to the terminal `defn` asks on every rank, followed as diskwrites.writes_reached follows."""
+    return reached(path, defn, follow, owner, call, handed, lambda _, n, __, ___: prompt_of(n))
+
+
+def trackers_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
+                     call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every tracker run, record or window `defn` makes on every rank, followed as diskwrites.writes_reached
+    follows."""
+    return reached(path, defn, follow, owner, call, handed, lambda _, n, __, ___: tracker_of(n))
+
+
+def stops_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
+                  call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every stop on a rank's own loss (`stop_of`) in the training code `defn` runs, followed as
+    diskwrites.writes_reached follows."""
+    return reached(path, defn, follow, owner, call, handed, lambda _, n, d, __: stop_of(n, d))
