@@ -778,3 +778,27 @@ def test_no_optimizer_in_the_file_says_to_wrap_once_the_weights_are_set_and_to_t
     [todo] = [t.message for t in result.todos if t.message.startswith("no optimizer found")]
     assert "once its weights are set" in todo and "through calls of the wrapper" in todo
     assert "before its optimizer is made" not in todo  # an init after the optimizer would then walk the wrapper
+
+
+def test_a_package_named_like_the_model_keeps_its_imports():
+    # `from model.net import Net` beside a variable `model`, in the code the port runs under ddpkit.init (after
+    # `sys.path.append`): the import names a package, not the wrapped model (it became `from ddpkit.unwrap(model).net`)
+    source = textwrap.dedent("""\
+        import sys
+        sys.path.append("..")
+        import torch
+        from model.net import Net
+
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+        for (x,) in loader:
+            loss = model(x).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.load_state_dict(torch.load("best.pt"))
+        """)
+    result = port_source(source)
+    assert "from model.net import Net\n" in result.code
+    ast.parse(result.code)

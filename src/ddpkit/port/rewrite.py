@@ -515,6 +515,12 @@ class Rewriter(cst.CSTTransformer):
         self.receivers.add(id(node.value))
         return True
 
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False  # a module's name, never a value: `from model.AGCRN import AGCRN` beside a variable `model`
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
     def _enter_binder(self, node: cst.CSTNode) -> None:
         if isinstance(node, cst.Lambda):
             self.comp_bound.append({p.name.value for p in node.params.params})
