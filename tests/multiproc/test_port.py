@@ -18,6 +18,7 @@ import pytest
 from ddpkit.check.command import CheckConfig, run_check
 from ddpkit.lint import lint_source
 from ddpkit.port import port_source
+from ddpkit.port.feeds import NOT_SHARDED
 
 ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "port"
@@ -68,6 +69,8 @@ CASES = {
                 "--seq-len", "32", "--data-bytes", "60000", "--val-bytes", "8000", "--batch-size", "16"],
                "val_bpc", 0.1),
 }
+UNSHARDED = {"fullbatch"}
+"""Cases with no DataLoader: every rank trains on all of the data (the port says so in one TODO)."""
 SAME_ORDER = {"toplevel_script", "gan_pair", "encoder_decoder", "model_list", "model_passed_in", "summed_loss",
               "device_round_trip"}
 """Scripts with shuffle=False and no randomness in the loop: 2 ranks end with the original's parameters."""
@@ -106,7 +109,10 @@ def test_ported_script_passes_check_and_matches_the_original_on_2_ranks(name, tm
         (tmp_path / sub).mkdir()
     ported = tmp_path / f"{name}_ddp.py"
     result = port_source(_source(name).read_text(), str(_source(name)))
-    assert result.exit_code == 0, result.todos
+    # (full-batch training ports with one TODO: every rank trains on all of the data, no speed-up; the result
+    # stays the original's, which this test checks on 2 ranks)
+    left = [t for t in result.todos if not (name in UNSHARDED and t.message.startswith(NOT_SHARDED))]
+    assert left == [] and (result.exit_code == 0) == (name not in UNSHARDED), result.todos
     ported.write_text(result.code)
     assert lint_source(result.code, str(ported)) == []
 
