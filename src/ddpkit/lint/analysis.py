@@ -1038,8 +1038,8 @@ class Script:
         # (or `subprocess_fn(rank=0, ...)`) hands the worker a fixed rank: that path is one process, and the
         # caller stays the parent
         # `if opts.mode == "ddp": mp.spawn(worker, ...) else: worker(...)` where the worker starts its process
-        # group only under that same test: the direct call is one process too; so is a direct call in the single-process
-        # arm of a mode check (`if world_size > 1: mp.spawn(train, ...) else: train(...)`)
+        # group only under that same test: the direct call is one process too; so is a direct call in the
+        # single-process arm of a mode check (`if world_size > 1: mp.spawn(train, ...) else: train(...)`)
         firsts = {d.name: ([a.arg for a in (*d.args.posonlyargs, *d.args.args)] or [""])[0] for d in defs}
         workers.update(d.name for d in defs if any(
             isinstance(c, ast.Call) and not isinstance(c.func, ast.Attribute) and terminal(c.func) in workers

@@ -2,8 +2,8 @@
 ported loader, and reads of torch DataLoader attributes on a loader the port made ddpkit's.
 
 Without a loader there is nothing to shard, yet DDP stays correct when every rank runs the same number of
-optimizer steps: with the same data each rank computes the same gradient (the average is that gradient: correct,
-no speed-up); with per-step random draws each rank draws its own samples from its own stream (ddpkit.init seeds
+optimizer steps: with the same data the ranks repeat one run's work (correct, no speed-up: a TODO says the data is
+not sharded); with per-step random draws each rank draws its own samples from its own stream (ddpkit.init seeds
 ranks differently): data parallelism, where batches.py divides each draw's batch to keep the script's. What must
 stay alike (the data, a split) is drawn before training, so it must be seeded before it is drawn. The step count
 is fixed when every loop and branch around backward() reads only counters, arguments and constants; a `while`,
