@@ -8,8 +8,9 @@ from pathlib import Path
 
 from ddpkit.lint.linter import lint_sources
 from ddpkit.lint.report import RULES, Finding, format_json, format_sarif, format_text
+from ddpkit.lint.shell import launch_scripts
 
-__all__ = ["lint_source", "lint_file", "lint_files", "lint_sources", "collect_paths", "launch_scripts", "main"]
+__all__ = ["lint_source", "lint_file", "lint_files", "lint_sources", "collect_paths", "main"]
 
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
 
@@ -44,26 +45,6 @@ def _launch_texts(paths: list) -> dict[str, str]:
         except OSError:
             continue
     return texts
-
-
-_LAUNCHER_LEVELS = 2
-"""How far above a linted file's folder its launch scripts are looked for (`tools/train.py` started by `run.sh` at
-the project's root)."""
-
-
-def launch_scripts(paths: list[Path]) -> list[Path]:
-    """The `*.sh` files in the folders of `paths` and up to _LAUNCHER_LEVELS folders above each (not above a
-    folder holding `.git`, a repository's root), not searched further down."""
-    folders: list[Path] = []
-    for path in paths:
-        folder = path.absolute().parent
-        for _ in range(_LAUNCHER_LEVELS + 1):
-            if folder not in folders:
-                folders.append(folder)
-            if (folder / ".git").exists() or folder.parent == folder:
-                break
-            folder = folder.parent
-    return sorted({f for folder in folders for f in folder.glob("*.sh") if f.is_file()})
 
 
 def collect_paths(paths: list[str]) -> list[Path]:

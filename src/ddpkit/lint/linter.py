@@ -18,10 +18,10 @@ from ddpkit.lint.doubt import doubted
 from ddpkit.lint.imports import programs
 from ddpkit.lint.launchers import link_launchers
 from ddpkit.lint.location import FOLLOWED, call_sites, guard_phrase
-from ddpkit.lint.shell import shell_launches
 from ddpkit.lint.project import Project
 from ddpkit.lint.report import Finding
 from ddpkit.lint.rules import CHECKS, Hit
+from ddpkit.lint.shell import shell_launches
 
 __all__ = ["lint_sources", "analyse"]
 

@@ -5,10 +5,31 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from ddpkit.lint.report import Finding
 
-__all__ = ["shell_launches"]
+__all__ = ["launch_scripts", "shell_launches"]
+
+_LAUNCHER_LEVELS = 2
+"""How far above a linted file's folder its launch scripts are looked for (`tools/train.py` started by `run.sh` at
+the project's root)."""
+
+
+def launch_scripts(paths: list[Path]) -> list[Path]:
+    """The `*.sh` files in the folders of `paths` and up to _LAUNCHER_LEVELS folders above each (not above a
+    folder holding `.git`, a repository's root), not searched further down."""
+    folders: list[Path] = []
+    for path in paths:
+        folder = path.absolute().parent
+        for _ in range(_LAUNCHER_LEVELS + 1):
+            if folder not in folders:
+                folders.append(folder)
+            if (folder / ".git").exists() or folder.parent == folder:
+                break
+            folder = folder.parent
+    return sorted({f for folder in folders for f in folder.glob("*.sh") if f.is_file()})
+
 
 _OLD_LAUNCHER = re.compile(r"torch\.distributed\.launch\b")
 

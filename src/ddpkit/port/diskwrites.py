@@ -16,7 +16,6 @@ questions to the terminal, tracker runs and stops on a rank's own loss.
 from __future__ import annotations
 
 import ast
-import functools
 import os
 import re
 
@@ -241,7 +240,6 @@ def callee(path: str, call: ast.Call, owner: tuple | None,
     return (found[0], found[1], None) if isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-@functools.lru_cache(maxsize=64)
 def _module(path: str) -> ast.Module | None:
     try:
         with open(path, encoding="utf-8") as f:
@@ -250,14 +248,20 @@ def _module(path: str) -> ast.Module | None:
         return None
 
 
-def table_entries(module: ast.Module | None, func: ast.AST, defn: ast.AST | None = None) -> list[str]:
-    """`_factory[name](...)` called, or `chosen(...)` with `chosen = _factory[name]` bound in `defn`: the names a
-    module-level dict literal `_factory = {"a": f, "b": g}` holds (every one may be the one called), else none."""
+def _lookup(func: ast.AST, defn: ast.AST | None) -> ast.Subscript | None:
+    """`_factory[name]` where a call calls it, directly or through `chosen = _factory[name]` bound in `defn`."""
     if isinstance(func, ast.Name) and defn is not None:
         bound = [n.value for n in ast.walk(defn) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Subscript)
                  and any(isinstance(t, ast.Name) and t.id == func.id for t in n.targets)]
         func = bound[0] if len(bound) == 1 else func  # `loader = LOADERS[code]; loader = loader(args)`: the lookup
-    if module is None or not (isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name)):
+    return func if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name) else None
+
+
+def table_entries(module: ast.Module | None, func: ast.AST, defn: ast.AST | None = None) -> list[str]:
+    """`_factory[name](...)` called, or `chosen(...)` with `chosen = _factory[name]` bound in `defn`: the names a
+    module-level dict literal `_factory = {"a": f, "b": g}` holds (every one may be the one called), else none."""
+    func = _lookup(func, defn)
+    if module is None or func is None:
         return []
     tables = [n.value for n in module.body if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Name) and t.id == func.value.id for t in n.targets)]
@@ -273,6 +277,8 @@ def _chosen(path: str, call: ast.Call, defn: ast.AST, follow: Follow) -> list[tu
     found = follow(func, path) if func and func.count(".") <= 1 else None
     if found is not None:
         return [found]
+    if _lookup(call.func, defn) is None:
+        return []  # (the module is read only for a call that chose from a dict)
     return [hit for name in table_entries(_module(path), call.func, defn) if (hit := follow(name, path))]
 
 

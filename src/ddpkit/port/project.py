@@ -1582,19 +1582,24 @@ def _project_sites(tree: ast.Module, folder: str, modules: dict[str, str], named
     return out
 
 
+def _runs(kind: str, what: str) -> str:
+    """How a message of _project_sites names what runs the project's code: the script's call, or its import."""
+    return f"`{what}` runs the project's code" if kind == "call" else f"importing {what} runs its module-level code"
+
+
 def project_disk_writes(tree: ast.Module, folder: str, modules: dict[str, str],
                         named: str = "") -> list[tuple[int, str]]:
     """(line of the ported script, message) for each call of the script into its project's own code, and each
     import of a project module whose module-level code runs, that writes to the file system on every rank (see
     ddpkit.port.diskwrites): racing writes, FileExistsError, mixed logs. Calls the port runs on rank 0 only are
     not; a write that `named` (the text of the TODOs already made) names is not said twice."""
-    return [(line, f"`{what}` runs the project's code on every rank, which writes files: "
-                   f"{_sites_listed(sites, folder)}: write them on rank 0 only (guard them there by the rank, or put "
-                   "this call under `if ctx.is_main:` where it does not train), ddpkit.barrier(ctx) before another "
-                   "rank reads them; make directories with exist_ok=True" if kind == "call" else
-             f"importing {what} runs its module-level code on every rank, which writes files: "
-             f"{_sites_listed(sites, folder)}: move that code into a function the script calls on rank 0 (`if "
-             "ctx.is_main:`), or make directories with exist_ok=True and name files once")
+    return [(line, f"{_runs(kind, what)} on every rank, which writes files: {_sites_listed(sites, folder)}: "
+                   "write them on rank 0 only (guard them there by the rank, or put this call under `if ctx.is_main:` "
+                   "where it does not train), ddpkit.barrier(ctx) before another rank reads them; make directories "
+                   "with exist_ok=True" if kind == "call" else
+             f"{_runs(kind, what)} on every rank, which writes files: {_sites_listed(sites, folder)}: move that code "
+             "into a function the script calls on rank 0 (`if ctx.is_main:`), or make directories with "
+             "exist_ok=True and name files once")
             for line, kind, what, sites in _project_sites(tree, folder, modules, named, writes_reached)]
 
 
@@ -1606,9 +1611,8 @@ def project_prompts(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     why = ("only rank 0 reads the terminal under torchrun, so the other ranks wait for an answer or go their own way; "
            "ask on rank 0 and share the answer: `ddpkit.collectives.broadcast_object(ctx, input(...) if ctx.is_main "
            "else None)` after ddpkit.init, or take it as a command-line argument")
-    return [(line, (f"`{what}` runs the project's code" if kind == "call" else
-                    f"importing {what} runs its module-level code") +
-             f" on every rank, which asks the terminal: {_sites_listed(sites, folder)}: {why}")
+    return [(line, f"{_runs(kind, what)} on every rank, which asks the terminal: {_sites_listed(sites, folder)}: "
+                   f"{why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", prompts_reached)]
 
 
@@ -1620,10 +1624,8 @@ def project_trackers(tree: ast.Module, folder: str, modules: dict[str, str]) -> 
     why = ("every rank starts its own run (or window) and records its own shard's figures; do it on rank 0 only: "
            "guard those lines there by the rank (`if ctx.is_main:` around this call where it does not train), and "
            "report figures reduced over the ranks")
-    return [(line, (f"`{what}` runs the project's code" if kind == "call" else
-                    f"importing {what} runs its module-level code") +
-             f" on every rank, which reports to an experiment tracker or opens a window: "
-             f"{_sites_listed(sites, folder)}: {why}")
+    return [(line, f"{_runs(kind, what)} on every rank, which reports to an experiment tracker or opens a window: "
+                   f"{_sites_listed(sites, folder)}: {why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", trackers_reached)]
 
 
