@@ -238,3 +238,75 @@ def test_a_module_a_run_time_pattern_may_pick_that_is_also_a_script_keeps_its_ma
     found = lint_sources({"run.py": run, "jobs/__init__.py": "", "jobs/solo.py": solo})
     line = solo.splitlines().index('    torch.save({"step": 1}, "state.pt")') + 1
     assert [(f.path, f.line, f.rule) for f in found if f.rule == "DDP004"] == [("jobs/solo.py", line, "DDP004")]
+
+
+def _own_package_modules() -> Modules:
+    files = ["proj/main.py", "proj/engine.py", "proj/util/misc.py", "proj/models/net.py"]
+    code = {"proj/main.py": "import mypkg.util.misc as misc\nfrom mypkg import engine\nfrom mypkg.models.net import Net\n"
+                            "import timm.models\nfrom timm.data import Mixup\n",
+            "proj/engine.py": "", "proj/util/misc.py": "", "proj/models/net.py": "class Net:\n    pass\n"}
+    return Modules(files, {p: ast.parse(c) for p, c in code.items()})
+
+
+def test_a_project_that_imports_itself_under_its_package_name_finds_its_files():
+    """`import mypkg.util.misc` in a checkout whose folder is not named mypkg (a renamed clone, an unpacked archive):
+    every module the project names under mypkg sits at its top (engine.py, util/, models/), so mypkg is the project
+    itself; timm names a folder it has (models/) but also one it has not (data/), so timm stays a library."""
+    modules = _own_package_modules()
+    assert modules.locate("proj/main.py", "mypkg.util.misc") == "proj/util/misc.py"
+    assert modules.locate("proj/main.py", "mypkg.engine") == "proj/engine.py"
+    assert modules.locate("proj/main.py", "mypkg.models.net") == "proj/models/net.py"
+    assert modules.locate("proj/main.py", "timm.models") is None
+    assert modules.locate("proj/main.py", "timm.data") is None
+    # a name taken from a module of the project that the module does not define: a library's module of that name
+    modules = Modules(["proj/main.py", "proj/models.py", "proj/utils.py"], {
+        "proj/main.py": ast.parse("from timm.models import create_model\nfrom timm.utils import accuracy\n"),
+        "proj/models.py": ast.parse("def vit():\n    pass\n"), "proj/utils.py": ast.parse("def accuracy():\n    pass\n")})
+    assert modules.locate("proj/main.py", "timm.utils") is None
+
+
+def test_a_print_swap_in_the_projects_own_package_silences_the_entry_scripts_prints(tmp_path):
+    """misc.init_distributed_mode swaps builtins.print for a rank-0 print; main.py reaches it as `mypkg.util.misc`
+    (and engine.py as `mypkg.engine`) from a folder not named mypkg: its prints after the call show on rank 0 alone (no DDP008)."""
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text(textwrap.dedent("""\
+        import builtins
+        import os
+        import torch.distributed as dist
+
+
+        def setup_for_distributed(is_master):
+            builtin_print = builtins.print
+
+            def print(*args, **kwargs):
+                if is_master:
+                    builtin_print(*args, **kwargs)
+
+            builtins.print = print
+
+
+        def init_distributed_mode():
+            dist.init_process_group("nccl")
+            setup_for_distributed(int(os.environ["RANK"]) == 0)
+        """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        import mypkg.util.misc as misc
+        from mypkg.engine import train_one_epoch
+
+
+        def main():
+            misc.init_distributed_mode()
+            model = DDP(torch.nn.Linear(4, 2).cuda())
+            print("training starts", model)
+            train_one_epoch(model)
+
+
+        if __name__ == "__main__":
+            main()
+        """))
+    (tmp_path / "engine.py").write_text("def train_one_epoch(model):\n    return model\n")
+    found = lint_files([tmp_path / "main.py", tmp_path / "engine.py", tmp_path / "util" / "misc.py"])
+    assert not [f for f in found if f.rule == "DDP008"], found

@@ -22,6 +22,9 @@ class Modules:
         self._found: dict[tuple[str, str, bool], str | None] = {}
         self._defined = {os.path.normpath(p): _top_level_names(tree) for p, tree in (trees or {}).items()}
         """{file: the names its module code defines}, for a package whose `__init__.py` is not linted."""
+        self._absolute = {pair for tree in (trees or {}).values() for pair in _absolute_imports(tree)}
+        """(module, name) of every absolute import of the files (see own_packages)."""
+        self._own: set[str] | None = None
 
     def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
         """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
@@ -30,8 +33,58 @@ class Modules:
             names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
             self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
                 or next((p for name in names if "." in name for p in [self._unique(name)] if p), None) \
-                or (self._package_member(key[0], dotted) if "." in dotted else None)
+                or (self._package_member(key[0], dotted) if "." in dotted else None) \
+                or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None)
         return self._found[key]
+
+    def _own_package(self, dotted: str) -> str | None:
+        """`import mae_st.util.misc` in a checkout of mae_st whose folder has another name (a renamed clone, an
+        unpacked archive, a cache): the project installed as a package under its own name. The file at the rest of
+        the name from the project's top folder, where `mae_st` is one of its own packages (see own_packages)."""
+        package, rest = dotted.split(".", 1)
+        return self._at_top(rest) if package in self.own_packages() else None
+
+    def own_packages(self) -> set[str]:
+        """Names the project imports itself under: a name that is no module or folder of the project, whose imports
+        reach modules at the project's top under at least two different first parts (`mae_st.util.misc`,
+        `mae_st.engine_pretrain` beside util/misc.py and engine_pretrain.py), more first parts than it names and the
+        project does not hold, and every name it takes from such a module defined there (`from mae_st.util.misc
+        import NativeScaler`). A library whose names only partly match the project's files (`from timm.models import
+        create_model` beside a models.py that defines no create_model, `timm.data` with no data/) is not the project."""
+        if self._own is None:
+            folders = {os.path.basename(d) for f in self.files for d in _folders(f)} | {
+                os.path.basename(f).removesuffix(".py") for f in self.files}
+            verdicts: dict[str, dict[str, set[str]]] = {}
+            for module, name in self._absolute:
+                package, _, rest = module.partition(".")
+                rest, name = (rest, name) if rest else (name, "")
+                if rest and rest != "*":
+                    kind = self._matches_top(rest, name)
+                    verdicts.setdefault(package, {}).setdefault(kind, set()).add(rest.split(".", 1)[0])
+            self._own = {p for p, v in verdicts.items() if p not in folders and not v.get("miss")
+                         and len(v.get("hit", ())) >= 2 and len(v["hit"]) > len(v.get("unknown", set()) - v["hit"])}
+        return self._own
+
+    def _matches_top(self, rest: str, name: str) -> str:
+        """'hit' where module `rest` is a file at the project's top (and defines `name`, or has it as a submodule),
+        'miss' where it is but `name` is not there, 'unknown' where no linted file is that module."""
+        found = self._at_top(rest)
+        if found is None:
+            return "unknown"
+        if not name or name == "*" or name in self._defined.get(os.path.normpath(found), ()) \
+                or self._at_top(f"{rest}.{name}"):
+            return "hit"
+        return "miss"
+
+    def _at_top(self, dotted: str) -> str | None:
+        """The project file of module `dotted` from the project's top folder (no folder above it is searched)."""
+        relative = os.path.join(self._top(), *dotted.split("."))
+        return next((self.files[c] for c in (relative + ".py", os.path.join(relative, "__init__.py"))
+                     if c in self.files), None)
+
+    def _top(self) -> str:
+        """The folder that holds every project file."""
+        return os.path.commonpath([os.path.dirname(f) or "." for f in self.files]) if self.files else ""
 
     def _package_member(self, folder: str, dotted: str) -> str | None:
         """`from datasets import build_loader` where the folder `datasets/` holds linted modules but its
@@ -98,6 +151,18 @@ class Modules:
             if up == folder or not folder:
                 return None
             folder = up
+
+
+def _absolute_imports(tree: ast.Module) -> set[tuple[str, str]]:
+    """(module, name) of each absolute import: `import a.b` -> (a.b, ""), `from a.b import c` -> (a.b, c); relative
+    imports are the file's own folder's and left out."""
+    pairs: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            pairs.update((a.name, "") for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            pairs.update((node.module, a.name) for a in node.names)
+    return pairs
 
 
 def _folders(path: str) -> list[str]:
