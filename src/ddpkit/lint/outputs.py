@@ -387,6 +387,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 swapped or not _kept_record(s, call) and _returns_epoch_figure(s, scope, loss)):
             continue  # a progress line of the current batch on the console, not a figure presented as the run's
             # (the epoch figure the function returns is judged where its caller reports it)
+        if loss is not None and not step and _batch_progress(s, scope, call, [loss]):
+            continue  # the batch's own loss on the console; the epoch figure built from it is reported after the loop
         if loss is not None and _from_whole_data(s, scope, call, given):
             continue  # every rank iterates the whole (unsharded) data: rank 0's figure is the run's
         if loss is not None:
@@ -523,6 +525,45 @@ def _returns_epoch_figure(s: Script, scope: ast.AST, loss: str) -> bool:
     return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
         isinstance(r, ast.Return) and r.value is not None and loss in built_from(s, scope, [r.value])
         for r in ast.walk(scope) if scope_of(s, r) is scope)
+
+
+def _batch_progress(s: Script, scope: ast.AST, call: ast.Call, names: list[str]) -> bool:
+    """A console line (not a record a writer keeps) in a loop over batches (one that runs the step, or one over a
+    sharded loader) of the batch's own figures, one of which is the term of an epoch figure the function reports
+    after the loop (see _epoch_figure_after): a progress line; the mistake, if any, is the epoch figure's, judged at
+    its report. (A best-so-far figure kept in a loop over folds or epochs and reported after it is no batch's.)"""
+    batches = _in_batch_loop(s, scope, call) or any(id(call) in f.in_loop for f in flows(s))
+    return batches and not _kept_record(s, call) \
+        and any(_epoch_figure_after(s, scope, call, n) for n in names)
+
+
+def _epoch_figure_after(s: Script, scope: ast.AST, call: ast.Call, loss: str) -> bool:
+    """The report sits in a loop that sets `loss` anew each pass (`loss = criterion(...)`, the batch's own value),
+    and the same function reports or returns, after that loop, a figure built from it (`step_losses.append(
+    loss.item())` then `print(np.mean(step_losses))`): the line is progress, the epoch figure is judged at its own
+    report."""
+    loop = _innermost_loop(s, scope, call)
+    if loop is None or not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == loss
+                                                                for t in n.targets) for n in ast.walk(loop)):
+        return False
+    inside = {id(n) for n in ast.walk(loop)}
+    for n in ast.walk(scope):
+        if id(n) in inside or getattr(n, "lineno", 0) <= loop.lineno or scope_of(s, n) is not scope:
+            continue
+        values = [n.value] if isinstance(n, ast.Return) and n.value is not None else \
+            [*n.args, *(k.value for k in n.keywords)] if isinstance(n, ast.Call) and shows(s, n) else []
+        if values and loss in built_from(s, scope, values):
+            return True
+    return False
+
+
+def _innermost_loop(s: Script, scope: ast.AST, node: ast.AST) -> ast.For | ast.While | None:
+    """The innermost `for`/`while` of `scope` around `node`, if any."""
+    while id(node) in s.parents and node is not scope:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)):
+            return node
+    return None
 
 
 def _in_step_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
@@ -912,6 +953,8 @@ def _shard_figures(s: Script) -> Iterator[Hit]:
             if not evaluation and _in_shard_loop(call, flow) and _in_batch_loop(s, home, call) \
                     and not _kept_record(s, call) and all(_returns_epoch_figure(s, home, n) for n in names):
                 continue  # a progress line of the batch; the epoch figure the function returns is judged at its report
+            if _in_shard_loop(call, flow) and _batch_progress(s, home, call, names):
+                continue  # the batch's own figures (one the term of an epoch figure reported after the loop): progress
             if ctx.level == NONE and helper is not None:
                 where = f"through {terminal(call.func)}(), which shows it on rank 0 only, so it is rank 0's shard alone"
             elif ctx.level == NONE:
@@ -1484,6 +1527,8 @@ def unreduced_metric(s: Script) -> Iterator[Hit]:
             continue  # computed from what a collective gathered (`f1 = all_stats[0].accuracy()`)
         if _evaluated_whole(s, call, metric):
             continue  # an evaluation over a loader every rank iterates whole: the figure is the whole set's
+        if _batch_progress(s, scope, call, [metric]):
+            continue  # a progress line of the batch; the epoch figure built from it is reported after the loop
         where = "from inside a rank check" if ctx.level else "by every rank"
         yield Hit(call, "DDP006", "warning",
                   f"'{metric}' is reported {where} but the script never reduces it across ranks, so it "
