@@ -160,3 +160,40 @@ def test_a_best_figure_kept_per_fold_is_no_batch_progress_line():
     over batches: the fold's line is still the shard's figure."""
     found = _found({"train.py": _FOLDS})
     assert ("train.py", 'print(f"fold {fold} best_f1 {best_f1:.4f}")', "DDP006") in found
+
+
+_NODE_OFFSET = """
+    import argparse
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local_rank", type=int, default=-1)
+        parser.add_argument("--node_index", type=int, default=0)
+        parser.add_argument("--gpu_per_node", type=int, default=1)
+        args = parser.parse_args()
+        torch.cuda.set_device(args.local_rank)
+        dist.init_process_group("nccl")
+        {offset}
+        model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[torch.cuda.current_device()])
+        if args.local_rank in [-1, 0]:
+            torch.save(model.module.state_dict(), "model.pt")
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_local_rank_offset_by_its_nodes_first_rank_is_the_global_rank():
+    """`args.local_rank += args.node_index * args.gpu_per_node`: the local rank plus the node's index times the
+    GPUs per node is the global rank, so the save under `args.local_rank in [-1, 0]` runs on global rank 0 alone."""
+    offset = "args.local_rank += args.node_index * args.gpu_per_node"
+    found = _found({"train.py": _NODE_OFFSET.replace("{offset}", offset)})
+    assert ("train.py", 'torch.save(model.module.state_dict(), "model.pt")', "DDP004") not in found
+    found = _found({"train.py": _NODE_OFFSET.replace("{offset}", "args.local_rank = args.local_rank + 0")})
+    assert ("train.py", 'torch.save(model.module.state_dict(), "model.pt")', "DDP004") in found

@@ -316,6 +316,8 @@ class Script:
                 # `rank % ngpus_per_node` with `ngpus_per_node = torch.cuda.device_count()`: the rank within the
                 # node (ranks numbered node by node), so `rank % ngpus_per_node == 0` holds on every node
                 return LOCAL
+            if self._node_offset(expr):
+                return GLOBAL
             return max(self.kind(expr.left), self.kind(expr.right))
         if isinstance(expr, ast.IfExp):
             # `SummaryWriter() if rank == 0 else None`: the value exists on the ranks the test picks, so
@@ -358,6 +360,19 @@ class Script:
         return not any(isinstance(t, ast.Attribute) and t.attr == expr.attr for n in self.nodes
                        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+
+    def _node_offset(self, expr: ast.BinOp) -> bool:
+        """`local_rank + node_index * gpus_per_node` (either order): the local rank moved past the ranks of the
+        nodes before this one, a product of two values that are no rank, is the global rank (as
+        `args.local_rank += args.node_index * args.gpu_per_node` makes it)."""
+        if not isinstance(expr.op, ast.Add):
+            return False
+        for local, offset in ((expr.left, expr.right), (expr.right, expr.left)):
+            if self.kind(local) == LOCAL and isinstance(offset, ast.BinOp) and isinstance(offset.op, ast.Mult) \
+                    and not self.kind(offset.left) and not self.kind(offset.right) \
+                    and not any(isinstance(x, ast.Constant) for x in (offset.left, offset.right)):
+                return True
+        return False
 
     def _gpus_per_node(self, expr: ast.AST) -> bool:
         """`torch.cuda.device_count()`, or a name or attribute every store of which in this file is one: the GPUs
