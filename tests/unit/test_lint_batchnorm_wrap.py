@@ -202,3 +202,14 @@ def test_a_class_of_the_program_around_a_library_batchnorm_network_is_reported_w
 
     assert notes("resnet50") == [22]
     assert notes("vit_b_16") == []
+
+
+def test_a_timm_model_made_through_a_submodule_of_timm_is_of_unknown_make():
+    """`from timm.models import create_model` is `timm.create_model` under another path: the network its name
+    picks is not known to hold BatchNorm (a ViT's norm layers are LayerNorm), so the off-by-default switch is no
+    finding, as for `timm.create_model` itself."""
+    for imported in ("from timm.models import create_model", "from timm.models.factory import create_model"):
+        source = (PROGRAMS / "batchnorm_library" / "train.py").read_text().replace(
+            "import torchvision\n", imported + "\n").replace("torchvision.models.resnet50(num_classes=10)",
+                                                             'create_model("vit_small", num_classes=10)')
+        assert [f.line for f in lint_sources({"train.py": source}) if f.rule == "DDP013"] == []

@@ -775,8 +775,10 @@ def _batchnorm_model(s: Script, wrap: ast.Call, gated: list[tuple[Script, ast.AS
     if library:
         return f"{library} holds BatchNorm layers" + (f" ({switched})" if flag else "")
     classes = {n.name for x in s.project.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+    # (timm's factory under any of its paths: `timm.create_model`, `from timm.models import create_model`)
     known = any(isinstance(o, ast.Call) and (s.qualname(o.func).startswith("torchvision.models.") or terminal(o.func)
-                                             in classes or s.qualname(o.func) == "timm.create_model") for o in origins)
+                                             in classes or s.qualname(o.func).startswith("timm.")
+                                             and terminal(o.func) == "create_model") for o in origins)
     if flag and not known:  # a library network of another architecture, or a class of the program that names no
         # BatchNorm, has none to switch
         return f"the program's model has BatchNorm layers, {switched}"
