@@ -310,3 +310,51 @@ def test_a_print_swap_in_the_projects_own_package_silences_the_entry_scripts_pri
     (tmp_path / "engine.py").write_text("def train_one_epoch(model):\n    return model\n")
     found = lint_files([tmp_path / "main.py", tmp_path / "engine.py", tmp_path / "util" / "misc.py"])
     assert not [f for f in found if f.rule == "DDP008"], found
+
+
+def test_a_function_read_off_an_imported_package_whose_init_is_not_linted_joins_the_program():
+    """`import lib.utils as utils; utils.dist_sum(...)` where lib/utils/__init__.py is not linted: the one module of
+    lib/utils that defines dist_sum is part of the program, so the figure it all-reduces is the whole set's."""
+    train = textwrap.dedent("""\
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+        import lib.utils as utils
+
+
+        def main():
+            dist.init_process_group("nccl")
+            data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+            loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), drop_last=True)
+            model = DDP(torch.nn.Linear(4, 2).cuda())
+            correct, total = 0, 0
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+                total += len(y)
+            correct, total = utils.dist_sum(correct, total)
+            accuracy = correct / total
+            if dist.get_rank() == 0:
+                print("accuracy %.3f" % accuracy)
+            dist.destroy_process_group()
+
+
+        if __name__ == "__main__":
+            main()
+        """)
+    helper = textwrap.dedent("""\
+        import torch
+        import torch.distributed as dist
+
+
+        def dist_sum(*values):
+            out = []
+            for v in values:
+                t = torch.tensor(v).cuda()
+                dist.all_reduce(t)
+                out.append(t.item())
+            return out
+        """)
+    found = lint_sources({"train.py": train, "lib/utils/dist_helper.py": helper})
+    assert not [f for f in found if f.rule == "DDP006"], found

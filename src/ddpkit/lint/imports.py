@@ -185,7 +185,8 @@ def programs(trees: dict[str, ast.Module]) -> list[dict[str, ast.Module]]:
     imports, imported = {}, set()
     for path, tree in trees.items():
         nodes = list(ast.walk(tree))
-        static = {t for name in _imported_names(nodes) for t in [modules.locate(path, name)] if t and t != path}
+        static = {t for name in _imported_names(nodes) | _module_members(nodes) for t in [modules.locate(path, name)]
+                  if t and t != path}
         later = runtime_imports(modules, path, nodes)
         imports[path] = static | set(later)
         imported |= static | imported_at_run_time(later, trees)
@@ -215,6 +216,27 @@ def _top_level_names(tree: ast.Module) -> set[str]:
         elif isinstance(stmt, ast.Assign):
             names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
     return names
+
+
+def _module_members(nodes: list[ast.AST]) -> set[str]:
+    """The dotted names of what a file reads off a module it imports (`import lib.utils as utils` then
+    `utils.dist_sum(...)` -> lib.utils.dist_sum): a package whose `__init__.py` is not linted reaches the module
+    of it that defines the name (see Modules._package_member)."""
+    bound = {a.asname or a.name: a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+    members: set[str] = set()
+    for n in nodes:
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and _dotted(n.value) in bound:
+            members.add(f"{bound[_dotted(n.value)]}.{n.attr}")
+    return members
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a chain of names and attributes, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def _imported_names(nodes: list[ast.AST]) -> set[str]:
