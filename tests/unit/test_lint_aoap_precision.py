@@ -197,3 +197,28 @@ def test_a_local_rank_offset_by_its_nodes_first_rank_is_the_global_rank():
     assert ("train.py", 'torch.save(model.module.state_dict(), "model.pt")', "DDP004") not in found
     found = _found({"train.py": _NODE_OFFSET.replace("{offset}", "args.local_rank = args.local_rank + 0")})
     assert ("train.py", 'torch.save(model.module.state_dict(), "model.pt")', "DDP004") in found
+
+
+def test_a_local_rank_flag_filled_through_a_local_name_read_from_local_rank_works_under_torchrun():
+    """`local_rank = int(os.environ.get("LOCAL_RANK", "0"))` then `args.local_rank = local_rank`: the flag holds the
+    rank torchrun sets, as when the environment is read into it directly; a name read from elsewhere is not."""
+    code = """
+        import argparse
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local_rank", type=int, default=0)
+        args = parser.parse_args()
+        local_rank = int(os.environ.get({source}, "0"))
+        args.local_rank = local_rank
+        torch.cuda.set_device(args.local_rank)
+        dist.init_process_group("nccl")
+        model = DDP(torch.nn.Linear(4, 1).cuda(), device_ids=[args.local_rank])
+        model(torch.randn(8, 4).cuda()).sum().backward()
+        dist.destroy_process_group()
+    """
+    assert not {f for f in _found({"train.py": code.replace("{source}", '"LOCAL_RANK"')}) if f[2] == "DDP007"}
+    assert {f for f in _found({"train.py": code.replace("{source}", '"GPU_INDEX"')}) if f[2] == "DDP007"}

@@ -851,10 +851,18 @@ def _dest(call: ast.Call, flag: str) -> str:
 
 def _filled_from_env(s: Script, name: str) -> bool:
     """The program stores the LOCAL_RANK environment variable into the flag's attribute (`if args.local_rank is None:
-    args.local_rank = int(os.environ["LOCAL_RANK"])`): under torchrun it reads the rank torchrun sets."""
+    args.local_rank = int(os.environ["LOCAL_RANK"])`, or through a name of the same function read from it,
+    `local_rank = int(os.environ.get("LOCAL_RANK", "0")); args.local_rank = local_rank`): under torchrun it reads
+    the rank torchrun sets."""
+    def reads_env(value: ast.AST) -> bool:
+        return any(isinstance(c, ast.Constant) and c.value == "LOCAL_RANK" for c in ast.walk(value))
+
+    def from_env(x: Script, value: ast.AST) -> bool:
+        return reads_env(value) or isinstance(value, ast.Name) and any(
+            reads_env(v) for v in x.local_values(value.id, value))
+
     return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == name for t in n.targets)
-               and any(isinstance(c, ast.Constant) and c.value == "LOCAL_RANK" for c in ast.walk(n.value))
-               for x in s.project.scripts.values() for n in x.nodes)
+               and from_env(x, n.value) for x in s.project.scripts.values() for n in x.nodes)
 
 
 def _in_spawn_parent(s: Script, call: ast.Call) -> bool:
