@@ -1297,8 +1297,8 @@ def _logging_per_rank(project) -> bool:
                 # process's own: `getLogger(f"worker_{rank}")`)
             if library_logger(project, x, call):
                 continue  # `getLogger("transformers.modeling_utils").setLevel(WARN)` on some ranks: that library's lines
-            if root_console and _logger_target(project, x, call) == "named" and (
-                    terminal(call.func) == "addHandler" or not chosen and _rank_zero_side(x, call)):
+            if root_console and (_adds_handlers_only(project, x, call) or _logger_target(project, x, call)
+                                 == "named" and not chosen and _rank_zero_side(x, call)):
                 # the other ranks' lines of this logger reach the root's console (doubt.py reads this fact)
                 project.memo(THROUGH_THE_ROOT, set).add(id(call))
                 continue
@@ -1309,6 +1309,31 @@ def _logging_per_rank(project) -> bool:
                 if x.context(node).level or any(x.kind(n) for n in ast.walk(node.value)):
                     return True  # `logger.propagate = rank == 0`
     return False
+
+
+def _adds_handlers_only(project, x: Script, call: ast.Call) -> bool:
+    """The set-up call only gives a logger one more handler: `addHandler(...)`, a set-up of a file handler
+    (`fh.setLevel(...)` after `fh = logging.FileHandler(path)`: it does not write the console), or a project helper
+    whose set-ups are only those (`log_to_file(path)`). More output on the ranks that run it, none hidden on the
+    others."""
+    if terminal(call.func) == "addHandler" or _on_a_file_handler(x, call):
+        return True
+    found = project.callee(x, call)
+    helpers = [] if found is None else [d for d in found[0].defs if d.name == found[1]]
+    if len(helpers) != 1:
+        return False
+    setups = [c for c in ast.walk(helpers[0]) if isinstance(c, ast.Call) and terminal(c.func) in _LOG_SETUP - {"getLogger"}]
+    return bool(setups) and all(terminal(c.func) == "addHandler" or _on_a_file_handler(found[0], c) for c in setups)
+
+
+def _on_a_file_handler(x: Script, call: ast.Call) -> bool:
+    """A call on a file handler the code builds (`fh.setLevel(...)` after `fh = logging.FileHandler(path)`)."""
+    if not isinstance(call.func, ast.Attribute):
+        return False
+    receiver = call.func.value
+    made = [receiver] if isinstance(receiver, ast.Call) else x.local_values(receiver.id, call) \
+        if isinstance(receiver, ast.Name) else []
+    return bool(made) and all(isinstance(v, ast.Call) and terminal(v.func).endswith("FileHandler") for v in made)
 
 
 THROUGH_THE_ROOT = "logging set-ups whose logger prints through the root on every rank"
