@@ -2031,6 +2031,17 @@ def _method_names_the_rank(project, cls: str, method: str) -> bool:
     return False
 
 
+
+def _prints_a_table(s: Script, call: ast.Call) -> bool:
+    """A model summary that prints its table: torchsummary's `summary(model, size)`, or torchinfo's `summary(model)`
+    unless made quiet (`verbose=0`; its default prints outside a notebook)."""
+    name = s.qualname(call.func)
+    if name == "torchsummary.summary":
+        return True
+    quiet = keyword(call, "verbose")
+    return name == "torchinfo.summary" and not (isinstance(quiet, ast.Constant) and quiet.value in (0, False))
+
+
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
@@ -2059,8 +2070,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         flag = keyword(call, "verbose")
         verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
             and isinstance(flag, ast.Constant) and flag.value is True and not _steps_on_some_ranks(s, call)
-        # (torchsummary's summary() prints its table with print())
-        is_print = (name in ("print", "rich.print", "torchsummary.summary") or verbose) \
+        # (torchsummary's and torchinfo's summary() print their table with print())
+        is_print = (name in ("print", "rich.print") or _prints_a_table(s, call) or verbose) \
             and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
@@ -2145,7 +2156,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
-            f"{ast.unparse(call.func)}(), which prints its table with print()," if name == "torchsummary.summary" else \
+            f"{ast.unparse(call.func)}(), which prints its table with print()," if _prints_a_table(s, call) else \
             f"{ast.unparse(call.func)}()" if writer and stream and not via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({via})," if writer and via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \
