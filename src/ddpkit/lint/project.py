@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names, scope_of
 from ddpkit.lint.callsites import external_levels, global_parameter, receivers
-from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
+from ddpkit.lint.imports import Modules, imported_at_run_time, members_read, runtime_imports
 from ddpkit.lint.ranks import LOCAL
 
 __all__ = ["Project", "LOSS_NAME"]
@@ -754,8 +754,10 @@ class Project:
                     qualname = s.qualname(n)
                     if isinstance(root, ast.Name) and root.id in s.aliases \
                             and self.modules.locate(s.path, s.aliases[root.id], parent=True) is None \
-                            and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None:
-                        found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted)
+                            and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None \
+                            and self.modules.locate(s.path, qualname) is None:
+                        found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted;
+                        # `tools.Scheduler` after `import kit.tools as tools`, the module of kit/tools/ defining it)
         return found
 
     def _outside_lookup(self, s: Script, node: ast.AST) -> bool:
@@ -828,7 +830,8 @@ class Project:
         # (every `from m import *` of a file, where its aliases keep one)
         static = {s.path: {path for module in (*s.aliases.values(), *(
             "." * n.level + (n.module or "") + ".*" for n in s.nodes if isinstance(n, ast.ImportFrom)
-            and any(a.name == "*" for a in n.names)))
+            and any(a.name == "*" for a in n.names)), *(  # `tools.Scheduler` after `import kit.tools as tools`
+            m for n in s.nodes if isinstance(n, ast.Import) for m in members_read(s.nodes, n)))
                            for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
                   for s in scripts}
         trees = {path: x.tree for path, x in self.scripts.items()}
