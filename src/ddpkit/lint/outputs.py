@@ -1322,7 +1322,8 @@ def _adds_handlers_only(project, x: Script, call: ast.Call) -> bool:
     helpers = [] if found is None else [d for d in found[0].defs if d.name == found[1]]
     if len(helpers) != 1:
         return False
-    setups = [c for c in ast.walk(helpers[0]) if isinstance(c, ast.Call) and terminal(c.func) in _LOG_SETUP - {"getLogger"}]
+    setups = [c for c in ast.walk(helpers[0])
+              if isinstance(c, ast.Call) and terminal(c.func) in _LOG_SETUP - {"getLogger"}]
     return bool(setups) and all(terminal(c.func) == "addHandler" or _on_a_file_handler(found[0], c) for c in setups)
 
 
