@@ -1997,6 +1997,25 @@ def _handed_loggers(s: Script) -> set[str]:
     return found
 
 
+
+def _logger_parameters_filled(s: Script, makers: set[str]) -> set[str]:
+    """Parameters of this file's module-level functions that every call in the program fills with a logger its
+    caller made (`logger = setup_logger("reid", ...)` then `do_train(cfg, model, ..., logger)`, in another file):
+    `logging.getLogger(...)` or a logger helper of the program, through the caller's own assignments."""
+    def made(x: Script, value: ast.AST | None, within: ast.AST) -> bool:
+        values = x.local_values(value.id, within) if isinstance(value, ast.Name) else [value]
+        return bool(values) and all(isinstance(v, ast.Call) and (
+            x.qualname(v.func) in ("logging.getLogger", "getLogger") or terminal(v.func) in makers) for v in values)
+
+    found = set()
+    for d in (n for n in s.tree.body if isinstance(n, ast.FunctionDef)):
+        calls = [(x, c) for x, c in s.project.calls_named(d.name) if (s.project.callee(x, c) or ("", ""))[0] is s]
+        params = [a.arg for a in d.args.args]
+        found.update(p for i, p in enumerate(params) if calls and all(
+            made(x, argument(c, p, i), c) for x, c in calls))
+    return found
+
+
 def _imported_loggers(s: Script) -> set[str]:
     """Names this file imports from a module of the program that binds them, at module level, to
     `logging.getLogger(...)` (`from tools.common import logger`, where tools/common.py has `logger =
@@ -2059,7 +2078,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
-    loggers |= _logging_module_names(s) | _handed_loggers(s)
+    loggers |= _logging_module_names(s) | _handed_loggers(s) | _logger_parameters_filled(s, makers)
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     warnings_open = not project.memo("logging per rank", lambda: _logging_per_rank(project))
