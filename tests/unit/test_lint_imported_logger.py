@@ -86,3 +86,17 @@ def test_a_logger_handed_to_a_function_of_another_file_logs_on_every_rank():
 
     assert found('make_logger("train")') == [("engine.py", 2)]
     assert found("Recorder()") == []
+
+
+def test_a_logger_handed_on_through_a_dispatching_function_is_still_that_logger():
+    """`run(model, data, logger)` hands its own `logger` parameter on to `fit(...)`: every call of `run` fills it
+    with a logger the caller made, so `fit`'s line repeats on every rank."""
+    engine = _ENGINE + """
+
+def run(model, data, logger):
+    fit(model, data, logger)
+"""
+    train = _HANDING.replace("LOGGER", 'make_logger("train")').replace("from engine import fit", "from engine import run")
+    train = train.replace("    fit(model, [torch.randn(8, 4)], logger)", "    run(model, [torch.randn(8, 4)], logger)")
+    found = [(f.path, f.line) for f in lint_sources({"train.py": train, "engine.py": engine}) if f.rule == "DDP008"]
+    assert found == [("engine.py", 2)]

@@ -2001,19 +2001,28 @@ def _handed_loggers(s: Script) -> set[str]:
 def _logger_parameters_filled(s: Script, makers: set[str]) -> set[str]:
     """Parameters of this file's module-level functions that every call in the program fills with a logger its
     caller made (`logger = setup_logger("reid", ...)` then `do_train(cfg, model, ..., logger)`, in another file):
-    `logging.getLogger(...)` or a logger helper of the program, through the caller's own assignments."""
-    def made(x: Script, value: ast.AST | None, within: ast.AST) -> bool:
-        values = x.local_values(value.id, within) if isinstance(value, ast.Name) else [value]
-        return bool(values) and all(isinstance(v, ast.Call) and (
-            x.qualname(v.func) in ("logging.getLogger", "getLogger") or terminal(v.func) in makers) for v in values)
+    `logging.getLogger(...)` or a logger helper of the program, through the caller's own assignments, or a
+    parameter of the caller filled so in turn (`do_train_config(..., logger)` handing it on)."""
+    return {p for d in s.tree.body if isinstance(d, ast.FunctionDef)
+            for i, p in enumerate(a.arg for a in d.args.args) if _filled_with_a_logger(s, d, p, i, makers, 0)}
 
-    found = set()
-    for d in (n for n in s.tree.body if isinstance(n, ast.FunctionDef)):
-        calls = [(x, c) for x, c in s.project.calls_named(d.name) if (s.project.callee(x, c) or ("", ""))[0] is s]
-        params = [a.arg for a in d.args.args]
-        found.update(p for i, p in enumerate(params) if calls and all(
-            made(x, argument(c, p, i), c) for x, c in calls))
-    return found
+
+def _filled_with_a_logger(s: Script, d: ast.FunctionDef, param: str, at: int, makers: set[str], depth: int) -> bool:
+    calls = [(x, c) for x, c in s.project.calls_named(d.name) if (s.project.callee(x, c) or ("", ""))[0] is s]
+    return bool(calls) and depth < 3 and all(_a_made_logger(x, argument(c, param, at), c, makers, depth)
+                                             for x, c in calls)
+
+
+def _a_made_logger(x: Script, value: ast.AST | None, within: ast.AST, makers: set[str], depth: int) -> bool:
+    values = x.local_values(value.id, within) if isinstance(value, ast.Name) else [value]
+    if not values and isinstance(value, ast.Name):  # the caller's own parameter, handed on
+        scope = x.context(within).scope
+        outer = next((f for f in x.tree.body if isinstance(f, ast.FunctionDef) and id(f) == scope), None)
+        params = [a.arg for a in outer.args.args] if outer is not None else []
+        return value.id in params and _filled_with_a_logger(x, outer, value.id, params.index(value.id), makers,
+                                                            depth + 1)
+    return bool(values) and all(isinstance(v, ast.Call) and (
+        x.qualname(v.func) in ("logging.getLogger", "getLogger") or terminal(v.func) in makers) for v in values)
 
 
 def _imported_loggers(s: Script) -> set[str]:
