@@ -366,3 +366,12 @@ _LOG_FILE = """
 def test_a_loss_written_to_a_log_file_with_writelines_is_reported():
     """`f.writelines(f"loss: {avg_loss}")` under a rank check records rank 0's own loss, as `f.write` does."""
     assert ("train.py", 'f.writelines(f"loss: {avg_loss:.6f}\\n")', "DDP006") in _found({"train.py": _LOG_FILE})
+
+
+def test_torchinfo_summary_prints_its_table_unless_made_quiet():
+    """torchinfo's `summary(model)` prints its table by default (outside a notebook) as torchsummary's does: on
+    every rank, DDP008; `verbose=0` makes it quiet (it only returns the statistics)."""
+    code = _SHOWN_BY_LIBRARIES.replace("from torchsummary import summary", "from torchinfo import summary")
+    assert ("train.py", "summary(model, (4,))", "DDP008") in _found({"train.py": code})
+    quiet = code.replace("summary(model, (4,))", "summary(model, (4,), verbose=0)")
+    assert ("train.py", "summary(model, (4,), verbose=0)", "DDP008") not in _found({"train.py": quiet})

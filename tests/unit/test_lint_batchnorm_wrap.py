@@ -213,3 +213,68 @@ def test_a_timm_model_made_through_a_submodule_of_timm_is_of_unknown_make():
             "import torchvision\n", imported + "\n").replace("torchvision.models.resnet50(num_classes=10)",
                                                              'create_model("vit_small", num_classes=10)')
         assert [f.line for f in lint_sources({"train.py": source}) if f.rule == "DDP013"] == []
+
+
+_BLOCK_NETS = '''from torch import nn
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn = nn.BatchNorm2d(channels)
+
+
+class Plain(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+
+class Backbone(nn.Module):
+    def __init__(self, block, counts):
+        super().__init__()
+        self.stages = nn.Sequential(*[self._stage(block, n) for n in counts])
+
+    def _stage(self, block, n):
+        return nn.Sequential(*[block(64) for _ in range(n)])
+
+
+def backbone50(**kwargs):
+    return Backbone(BLOCK, [3, 4, 6, 3], **kwargs)
+'''
+
+_BLOCK_TRAIN = '''import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from blocks import backbone50
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    model = backbone50().to(rank)
+    model = DDP(model, device_ids=[rank])
+    model(torch.randn(2, 64, 8, 8).to(rank)).sum().backward()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_block_class_handed_to_the_programs_network_is_reported_where_it_is_wrapped():
+    """Backbone(Bottleneck, [3, 4, 6, 3]) builds its stages from the block class it is handed, the way ResNet
+    implementations do: the BatchNorm of Bottleneck is in the wrapped model, so the note goes to the DDP call; a
+    block without BatchNorm handed the same way makes the model hold none (and leaves Bottleneck unbuilt)."""
+    def notes(block: str) -> list[tuple[str, int]]:
+        nets = _BLOCK_NETS.replace("BLOCK", block)
+        return [(f.path, f.line) for f in lint_sources({"train.py": _BLOCK_TRAIN, "blocks.py": nets})
+                if f.rule == "DDP013"]
+
+    assert notes("Bottleneck") == [("train.py", 15)]
+    assert notes("Plain") == []

@@ -506,3 +506,59 @@ def test_the_rank_stored_on_a_config_attribute_is_tested_in_the_file_it_is_hande
     """
     assert _lint({"train.py": train, "trainer.py": trainer}) == {
         ("trainer.py", _lines(trainer, '"every rank"')[0], "DDP008")}
+
+
+_ITEM_ATTRIBUTE_CONFIG = """
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    logging.basicConfig(level=logging.INFO)
+
+
+    class Settings:
+        def __init__(self, values):
+            self.values = {}
+            for key, value in values.items():
+                self[key] = value
+
+        def __getitem__(self, key):
+            return self.values[key]
+
+        def __setitem__(self, key, value):
+            self.values[key] = value
+            self.__setattr__(key, value)
+
+
+    class Trainer:
+        def __init__(self, settings):
+            self.settings = settings
+            self.model = DDP(nn.Linear(4, 1))
+            if self.settings.verbose:
+                logging.info("model built")
+            logging.info("everyone")
+
+        def fit(self):
+            self.model(torch.randn(8, 4)).pow(2).mean().backward()
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        settings = Settings({"verbose": True})
+        settings["verbose"] = (dist.get_rank() == 0) and settings["verbose"]
+        Trainer(settings).fit()
+        dist.destroy_process_group()
+"""
+
+
+def test_an_item_flag_of_a_config_class_that_mirrors_items_as_attributes_is_read_by_attribute():
+    """`settings["verbose"] = rank == 0 and ...` where the program's Settings class sets each item as an attribute
+    too (`__setitem__` calls `__setattr__`): `if self.settings.verbose:` is a rank-0 check; the line outside it is
+    still reported. A plain dict's item is not its attribute: without the mirroring class, nothing is read."""
+    found = _lint({"train.py": _ITEM_ATTRIBUTE_CONFIG})
+    assert found == {("train.py", _lines(_ITEM_ATTRIBUTE_CONFIG, 'logging.info("everyone")')[0], "DDP008")}
+    plain = _ITEM_ATTRIBUTE_CONFIG.replace("            self.__setattr__(key, value)\n", "")
+    assert ("train.py", _lines(plain, 'logging.info("model built")')[0], "DDP008") in _lint({"train.py": plain})

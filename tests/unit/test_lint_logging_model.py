@@ -59,6 +59,15 @@ if rank == 0:
     root.addHandler(logging.StreamHandler())
 log = logging.getLogger("train")
 """,
+    "the console handler's level raised on the other ranks": """
+root = logging.getLogger()
+root.setLevel(logging.INFO)
+console = logging.StreamHandler()
+root.addHandler(console)
+if rank != 0:
+    console.setLevel(logging.WARNING)
+log = logging.getLogger("train")
+""",
     "logging disabled on the others": """
 logging.basicConfig(level=logging.INFO)
 if rank != 0:
@@ -79,6 +88,28 @@ logging.basicConfig(level=logging.DEBUG)
 log = logging.getLogger("train")
 if rank == 0:
     log.setLevel(logging.INFO)
+""",
+    "the root given a file handler on rank 0, its console everywhere": """
+logging.basicConfig(level=logging.INFO)
+if rank == 0:
+    logging.getLogger().addHandler(logging.FileHandler("train.log"))
+log = logging.getLogger()
+""",
+    "a helper that only adds a file handler, called on rank 0, root console everywhere": """
+def log_to_file(path, name=None):
+    if name is not None:
+        lg = logging.getLogger(name)
+    else:
+        lg = logging.getLogger()
+    fh = logging.FileHandler(path)
+    fh.setLevel(logging.INFO)
+    lg.addHandler(fh)
+
+
+logging.basicConfig(level=logging.INFO)
+if rank == 0:
+    log_to_file("train.log")
+log = logging
 """,
     "a logger fetched under a rank check configures nothing": """
 logging.basicConfig(level=logging.INFO)

@@ -313,3 +313,50 @@ def test_a_message_right_before_the_process_dies_is_not_a_duplicate():
     # `width` is bound again before it is read: that arm carries on, and so does every rank
     assert ("train.py", _line(_DIES, 'print("default width")'), "DDP008") in found
     assert ("train.py", _line(_DIES, 'print("steps"'), "DDP008") in found
+
+
+_QUIET_BLOCK = """
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    class Quiet:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def __enter__(self):
+            if self.rank != 0:
+                self.saved = sys.stdout
+                sys.stdout = open(os.devnull, "w")
+
+        def __exit__(self, *exc):
+            if self.rank != 0:
+                sys.stdout.close()
+                sys.stdout = self.saved
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        print("group joined")
+        with Quiet(int(os.environ["LOCAL_RANK"])):
+            print("inside the quiet block")
+            model = DDP(nn.Linear(4, 1))
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+        print("after the quiet block")
+        dist.destroy_process_group()
+"""
+
+
+def test_a_context_manager_that_silences_stdout_silences_only_its_block():
+    """`with Quiet(local_rank):` sends sys.stdout to devnull on the other ranks in `__enter__` and gives it back in
+    `__exit__`: a print inside the block is rank 0's alone, the module-level prints above and below it run on
+    every rank."""
+    found = _lint({"train.py": _QUIET_BLOCK})
+    assert ("train.py", _line(_QUIET_BLOCK, 'print("inside the quiet block")'), "DDP008") not in found
+    assert ("train.py", _line(_QUIET_BLOCK, 'print("group joined")'), "DDP008") in found
+    assert ("train.py", _line(_QUIET_BLOCK, 'print("after the quiet block")'), "DDP008") in found

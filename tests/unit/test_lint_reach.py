@@ -52,3 +52,10 @@ def test_rank_helpers_and_reductions_re_exported_by_a_package_init_are_followed(
     helpers.losses import fold_losses`: the guards `if chief():` / `helpers.chief()` and the reduced losses are seen
     (they used to be unknown names: every print and save under them was reported)."""
     _check("package_star_reexport")
+
+
+def test_a_name_read_off_a_package_imported_under_an_alias_comes_from_the_module_defining_it():
+    """`import kit.tools as tools` then `tools.WarmupCosine(...)`, with kit/tools/schedules.py linted and
+    kit/tools/__init__.py not: the print in the schedule's constructor runs on every rank (the module used to be
+    left out of the program); kit/tools/unused.py, which defines no name read, stays apart."""
+    _check("package_module_alias")

@@ -350,6 +350,9 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
             for t in n.targets if isinstance(n, ast.Assign) else ():
                 if isinstance(t, ast.Attribute):
                     owners.setdefault(t.attr, set()).add(t.value.id if isinstance(t.value, ast.Name) else "")
+    if _mirrors_items(project):  # `cfg["verbose"] = rank == 0` read as `cfg.verbose`
+        found |= {"=." + k[2:-1]: level for k, level in found.items()
+                  if k.startswith("=[") and "=." + k[2:-1] not in found}
     for key in [k for k in found if k.startswith("=.") and owners.get(k[2:]) == {"self"}]:
         # (an attribute only objects set on themselves: an `args.verb` parsed from the command line is another one)
         found["@self" + key] = found[key]
@@ -357,6 +360,24 @@ def _flag_levels(project, levels: dict[str, dict[str, int]]) -> None:
         into = levels.setdefault(path, {})
         for key, level in found.items():
             into[key] = max(into.get(key, NONE), level)
+
+
+def _mirrors_items(project) -> bool:
+    """A class of the program keeps its items as attributes too: a `__setitem__` that sets the attribute of the
+    key (`self.__setattr__(key, value)`, `setattr(self, key, value)`), or a `__getattr__` that reads the item of
+    the name (`return self.params[name]`). Then `cfg["verbose"]` and `cfg.verbose` are one setting."""
+    for script in project.scripts.values():
+        for method in (n for n in script.nodes if isinstance(n, ast.FunctionDef) and len(n.args.args) > 1):
+            key = method.args.args[1].arg
+            if method.name == "__setitem__" and any(
+                    isinstance(c, ast.Call) and terminal(c.func) in ("setattr", "__setattr__")
+                    and any(isinstance(a, ast.Name) and a.id == key for a in c.args) for c in ast.walk(method)):
+                return True
+            if method.name == "__getattr__" and any(
+                    isinstance(s, ast.Subscript) and isinstance(s.slice, ast.Name) and s.slice.id == key
+                    for s in ast.walk(method)):
+                return True
+    return False
 
 
 def _is_flag(value: ast.AST) -> bool:

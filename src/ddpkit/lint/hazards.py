@@ -774,7 +774,7 @@ def _batchnorm_model(s: Script, wrap: ast.Call, gated: list[tuple[Script, ast.AS
     switched = f"switched to SyncBatchNorm only when {flag} is set, which is off by default"
     if library:
         return f"{library} holds BatchNorm layers" + (f" ({switched})" if flag else "")
-    classes = {n.name for x in s.project.scripts.values() for n in x.nodes if isinstance(n, ast.ClassDef)}
+    classes = _program_classes(s.project)
     # (timm's factory under any of its paths: `timm.create_model`, `from timm.models import create_model`)
     known = any(isinstance(o, ast.Call) and (s.qualname(o.func).startswith("torchvision.models.") or terminal(o.func)
                                              in classes or s.qualname(o.func).startswith("timm.")
@@ -861,7 +861,23 @@ def _names_batchnorm(project, name: str, depth: int) -> bool:
     if any(isinstance(c, ast.Call) and batchnorm_constructor(x, c) and project.runs(x, c) for c in ast.walk(d)):
         return True
     called = {terminal(c.func) for c in ast.walk(d) if isinstance(c, ast.Call)} - {name}
-    return any(_names_batchnorm(project, c, depth + 1) for c in called if c[:1].isalpha())
+    built = called | _classes_handed_on(project, d)
+    return any(_names_batchnorm(project, c, depth + 1) for c in built if c[:1].isalpha())
+
+
+def _program_classes(project) -> set[str]:
+    """The names of the classes the program defines."""
+    return project.memo("class names", lambda: {n.name for x in project.scripts.values() for n in x.nodes
+                                                 if isinstance(n, ast.ClassDef)})
+
+
+def _classes_handed_on(project, d: ast.AST) -> set[str]:
+    """The program's classes `d` hands, by name, to a class or function of the program it calls, which builds
+    its layers from them (`ResNet(Bottleneck, [3, 4, 6, 3])`, `_resnet(block=Bottleneck)`)."""
+    classes = _program_classes(project)
+    callables = classes | {f.name for x in project.scripts.values() for f in x.defs}
+    return {a.id for c in ast.walk(d) if isinstance(c, ast.Call) and terminal(c.func) in callables
+            for a in [*c.args, *(k.value for k in c.keywords)] if isinstance(a, ast.Name) and a.id in classes}
 
 
 def _batchnorm_names(s: Script) -> list[ast.AST]:

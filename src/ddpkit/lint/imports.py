@@ -244,12 +244,22 @@ def _imported_names(nodes: list[ast.AST]) -> set[str]:
     for node in nodes:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
+            names.update(members_read(nodes, node))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if base:
                 names.add(base)
             names.update(f"{base}.{a.name}" if base else a.name for a in node.names)
     return names
+
+
+def members_read(nodes: list[ast.AST], node: ast.Import) -> set[str]:
+    """`kit.tools.WarmupCosine` for each name the file reads off a package it imports (`import kit.tools as tools`
+    then `tools.WarmupCosine(...)`): where the package's `__init__.py` is not linted, the module that defines the
+    name is found by it (see Modules._package_member)."""
+    bound = {a.asname or a.name: a.name for a in node.names}
+    return {f"{bound[held]}.{n.attr}" for n in nodes if isinstance(n, ast.Attribute)
+            and isinstance(n.value, (ast.Name, ast.Attribute)) and (held := ast.unparse(n.value)) in bound}
 
 
 def runtime_imports(modules: Modules, path: str, nodes: list[ast.AST]) -> dict[str, ast.Call]:

@@ -1340,8 +1340,8 @@ def _logging_per_rank(project) -> bool:
                 # process's own: `getLogger(f"worker_{rank}")`)
             if library_logger(project, x, call):
                 continue  # `getLogger("transformers.modeling_utils").setLevel(WARN)` on some ranks: that library's lines
-            if root_console and _logger_target(project, x, call) == "named" and (
-                    terminal(call.func) == "addHandler" or not chosen and _rank_zero_side(x, call)):
+            if root_console and (_adds_handlers_only(project, x, call) or _logger_target(project, x, call)
+                                 == "named" and not chosen and _rank_zero_side(x, call)):
                 # the other ranks' lines of this logger reach the root's console (doubt.py reads this fact)
                 project.memo(THROUGH_THE_ROOT, set).add(id(call))
                 continue
@@ -1352,6 +1352,32 @@ def _logging_per_rank(project) -> bool:
                 if x.context(node).level or any(x.kind(n) for n in ast.walk(node.value)):
                     return True  # `logger.propagate = rank == 0`
     return False
+
+
+def _adds_handlers_only(project, x: Script, call: ast.Call) -> bool:
+    """The set-up call only gives a logger one more handler: `addHandler(...)`, a set-up of a file handler
+    (`fh.setLevel(...)` after `fh = logging.FileHandler(path)`: it does not write the console), or a project helper
+    whose set-ups are only those (`log_to_file(path)`). More output on the ranks that run it, none hidden on the
+    others."""
+    if terminal(call.func) == "addHandler" or _on_a_file_handler(x, call):
+        return True
+    found = project.callee(x, call)
+    helpers = [] if found is None else [d for d in found[0].defs if d.name == found[1]]
+    if len(helpers) != 1:
+        return False
+    setups = [c for c in ast.walk(helpers[0])
+              if isinstance(c, ast.Call) and terminal(c.func) in _LOG_SETUP - {"getLogger"}]
+    return bool(setups) and all(terminal(c.func) == "addHandler" or _on_a_file_handler(found[0], c) for c in setups)
+
+
+def _on_a_file_handler(x: Script, call: ast.Call) -> bool:
+    """A call on a file handler the code builds (`fh.setLevel(...)` after `fh = logging.FileHandler(path)`)."""
+    if not isinstance(call.func, ast.Attribute):
+        return False
+    receiver = call.func.value
+    made = [receiver] if isinstance(receiver, ast.Call) else x.local_values(receiver.id, call) \
+        if isinstance(receiver, ast.Name) else []
+    return bool(made) and all(isinstance(v, ast.Call) and terminal(v.func).endswith("FileHandler") for v in made)
 
 
 THROUGH_THE_ROOT = "logging set-ups whose logger prints through the root on every rank"
@@ -2016,6 +2042,34 @@ def _handed_loggers(s: Script) -> set[str]:
     return found
 
 
+
+def _logger_parameters_filled(s: Script, makers: set[str]) -> set[str]:
+    """Parameters of this file's module-level functions that every call in the program fills with a logger its
+    caller made (`logger = setup_logger("reid", ...)` then `do_train(cfg, model, ..., logger)`, in another file):
+    `logging.getLogger(...)` or a logger helper of the program, through the caller's own assignments, or a
+    parameter of the caller filled so in turn (`do_train_config(..., logger)` handing it on)."""
+    return {p for d in s.tree.body if isinstance(d, ast.FunctionDef)
+            for i, p in enumerate(a.arg for a in d.args.args) if _filled_with_a_logger(s, d, p, i, makers, 0)}
+
+
+def _filled_with_a_logger(s: Script, d: ast.FunctionDef, param: str, at: int, makers: set[str], depth: int) -> bool:
+    calls = [(x, c) for x, c in s.project.calls_named(d.name) if (s.project.callee(x, c) or ("", ""))[0] is s]
+    return bool(calls) and depth < 3 and all(_a_made_logger(x, argument(c, param, at), c, makers, depth)
+                                             for x, c in calls)
+
+
+def _a_made_logger(x: Script, value: ast.AST | None, within: ast.AST, makers: set[str], depth: int) -> bool:
+    values = x.local_values(value.id, within) if isinstance(value, ast.Name) else [value]
+    if not values and isinstance(value, ast.Name):  # the caller's own parameter, handed on
+        scope = x.context(within).scope
+        outer = next((f for f in x.tree.body if isinstance(f, ast.FunctionDef) and id(f) == scope), None)
+        params = [a.arg for a in outer.args.args] if outer is not None else []
+        return value.id in params and _filled_with_a_logger(x, outer, value.id, params.index(value.id), makers,
+                                                            depth + 1)
+    return bool(values) and all(isinstance(v, ast.Call) and (
+        x.qualname(v.func) in ("logging.getLogger", "getLogger") or terminal(v.func) in makers) for v in values)
+
+
 def _imported_loggers(s: Script) -> set[str]:
     """Names this file imports from a module of the program that binds them, at module level, to
     `logging.getLogger(...)` (`from tools.common import logger`, where tools/common.py has `logger =
@@ -2051,6 +2105,17 @@ def _method_names_the_rank(project, cls: str, method: str) -> bool:
     return False
 
 
+
+def _prints_a_table(s: Script, call: ast.Call) -> bool:
+    """A model summary that prints its table: torchsummary's `summary(model, size)`, or torchinfo's `summary(model)`
+    unless made quiet (`verbose=0`; its default prints outside a notebook)."""
+    name = s.qualname(call.func)
+    if name == "torchsummary.summary":
+        return True
+    quiet = keyword(call, "verbose")
+    return name == "torchinfo.summary" and not (isinstance(quiet, ast.Constant) and quiet.value in (0, False))
+
+
 @check
 def every_rank_prints(s: Script) -> Iterator[Hit]:
     project = s.project
@@ -2067,7 +2132,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or _maker_method(s, v.func, makers)
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
-    loggers |= _logging_module_names(s) | _handed_loggers(s)
+    loggers |= _logging_module_names(s) | _handed_loggers(s) | _logger_parameters_filled(s, makers)
     logging_open = project.memo("logging shown", lambda: _logging_configured(project)) \
         and not project.memo("logging per rank", lambda: _logging_per_rank(project))
     warnings_open = not project.memo("logging per rank", lambda: _logging_per_rank(project))
@@ -2079,8 +2144,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         flag = keyword(call, "verbose")
         verbose = name.startswith(("torch.optim.lr_scheduler.", "optim.lr_scheduler.")) \
             and isinstance(flag, ast.Constant) and flag.value is True and not _steps_on_some_ranks(s, call)
-        # (torchsummary's summary() prints its table with print())
-        is_print = (name in ("print", "rich.print", "torchsummary.summary") or verbose) \
+        # (torchsummary's and torchinfo's summary() print their table with print())
+        is_print = (name in ("print", "rich.print") or _prints_a_table(s, call) or verbose) \
             and not project.print_silenced(s, call)
         # (a builtins.print swap does not silence a bar: tqdm writes to sys.stderr itself)
         is_bar = name.split(".")[0] == "tqdm" and terminal(call.func) in _BARS \
@@ -2165,7 +2230,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
                       "logging.WARNING), or guard the call with `if rank == 0:`")
             continue
         what = f"{ast.unparse(call.func)}(verbose=True), which prints at every step()," if verbose else \
-            f"{ast.unparse(call.func)}(), which prints its table with print()," if name == "torchsummary.summary" else \
+            f"{ast.unparse(call.func)}(), which prints its table with print()," if _prints_a_table(s, call) else \
             f"{ast.unparse(call.func)}()" if writer and stream and not via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({via})," if writer and via else \
             f"{ast.unparse(call.func)}(), which writes to sys.{writer} ({_writer_method(s, call)})," if writer else \

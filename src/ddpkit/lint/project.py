@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from ddpkit.lint.analysis import REDUCING_NAME, Script, terminal
 from ddpkit.lint.bindings import local_names, scope_of
 from ddpkit.lint.callsites import external_levels, global_parameter, receivers
-from ddpkit.lint.imports import Modules, imported_at_run_time, runtime_imports
+from ddpkit.lint.imports import Modules, imported_at_run_time, members_read, runtime_imports
 from ddpkit.lint.ranks import LOCAL
 
 __all__ = ["Project", "LOSS_NAME"]
@@ -754,8 +754,10 @@ class Project:
                     qualname = s.qualname(n)
                     if isinstance(root, ast.Name) and root.id in s.aliases \
                             and self.modules.locate(s.path, s.aliases[root.id], parent=True) is None \
-                            and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None:
-                        found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted)
+                            and self.modules.locate(s.path, qualname.rsplit(".", 1)[0], parent=True) is None \
+                            and self.modules.locate(s.path, qualname) is None:
+                        found.add(id(n))  # (`mypkg.utils.save` stays the project's where mypkg/utils.py is linted;
+                        # `tools.Scheduler` after `import kit.tools as tools`, the module of kit/tools/ defining it)
         return found
 
     def _outside_lookup(self, s: Script, node: ast.AST) -> bool:
@@ -828,7 +830,8 @@ class Project:
         # (every `from m import *` of a file, where its aliases keep one)
         static = {s.path: {path for module in (*s.aliases.values(), *(
             "." * n.level + (n.module or "") + ".*" for n in s.nodes if isinstance(n, ast.ImportFrom)
-            and any(a.name == "*" for a in n.names)))
+            and any(a.name == "*" for a in n.names)), *(  # `tools.Scheduler` after `import kit.tools as tools`
+            m for n in s.nodes if isinstance(n, ast.Import) for m in members_read(s.nodes, n)))
                            for path in [self.modules.locate(s.path, module, parent=True)] if path and path != s.path}
                   for s in scripts}
         trees = {path: x.tree for path, x in self.scripts.items()}
@@ -1023,6 +1026,11 @@ class Project:
             target = self.resolve(script, n.func) if isinstance(n.func, ast.Attribute) or "." in script.qualname(
                 n.func) else (script.path, terminal(n.func))
             return target in installers
+        managers = self._silencing_managers(silencers, stdout)
+        if managers and _inside_with(script, call, managers):
+            return True  # `with HiddenPrints(rank):` silences its own block
+        if func is None and managers and silencers <= set().union(*managers.values()):
+            return False  # module code outside every such block: each gives the stream back at its end
         if func is None:  # module code: after a silencer (or a call that makes one) at module level of this file
             here = [n.lineno for n in script.nodes if (id(n) in silencers or installs(n))
                     and script.context(n).scope == scope]
@@ -1033,6 +1041,20 @@ class Project:
         if swap_lines:
             return call.lineno > min(swap_lines)
         return not self._called_before_swap(script, func, silencers, stdout)
+
+    def _silencing_managers(self, silencers: set[int], stdout: bool) -> dict[str, set[int]]:
+        """{class name: its silencers} for the program's context managers that silence the stream in `__enter__`
+        (`class HiddenPrints: def __enter__(self): sys.stdout = open(os.devnull, "w")`): for their `with` block."""
+        def compute() -> dict[str, set[int]]:
+            found: dict[str, set[int]] = {}
+            for x in self.scripts.values():
+                for c in (n for n in x.nodes if isinstance(n, ast.ClassDef)):
+                    enter = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__enter__"), None)
+                    held = {id(n) for n in ast.walk(enter) if id(n) in silencers} if enter is not None else set()
+                    if held:
+                        found[c.name] = held
+            return found
+        return self.memo(("silencing managers", stdout), compute)
 
     def _called_before_swap(self, script: Script, func: ast.AST, silencers: set[int], stdout: bool) -> bool:
         """Whether every call of `func` (a module-level function) sits above the swapping call in a function that
@@ -1572,6 +1594,18 @@ def _built_name_candidates(node: ast.AST, defs: dict[str, list[ast.AST]]) -> lis
     head, tail = fragments
     return [name for name in defs if name.startswith(head) and name.endswith(tail)
             and len(name) > len(head) + len(tail)]
+def _inside_with(script: Script, node: ast.AST, managers: dict[str, set[int]]) -> bool:
+    """`node` sits in the block of a `with` over one of `managers` (`with HiddenPrints(rank):`)."""
+    child = node
+    while (parent := script.parents.get(id(child))) is not None:
+        if isinstance(parent, (ast.With, ast.AsyncWith)) and child in parent.body and any(
+                isinstance(i.context_expr, ast.Call) and terminal(i.context_expr.func) in managers
+                for i in parent.items):
+            return True
+        child = parent
+    return False
+
+
 def _star_exports(tree: ast.Module, name: str) -> bool:
     """`from module import *` brings `name`: within the module's `__all__` where it declares one."""
     for stmt in tree.body:
