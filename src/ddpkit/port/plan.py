@@ -696,7 +696,8 @@ class Plan:
                         target = dotted(node.targets[0].target)
                         value = dotted(loader_expr(node.value))
                         role = self.role(key, value) if value and target else None
-                        if role and (target.startswith("self.") or role != "model"):
+                        if role and (target.startswith("self.") or role != "model" or self._alias_after_wrap(
+                                key, node, value)):
                             changed |= self._set_role(key, target, role)
                         if isinstance(node.value, cst.Call):
                             changed |= self._returned_roles(key, node)
@@ -714,6 +715,15 @@ class Plan:
                                 changed |= self._set_role(callee, arg.keyword.value, role)
             if not changed:
                 return
+
+    def _alias_after_wrap(self, key: str, assign: cst.Assign, model: str) -> bool:
+        """`best_model = model` below `model = ddpkit.wrap(model, ctx)` in the same scope: the name holds the DDP
+        wrapper, so code that runs on rank 0 alone must get ddpkit.unwrap(best_model) (a forward of the wrapper there
+        is a collective the other ranks never join). An alias bound before the wrap holds the bare module
+        (check_aliases names it)."""
+        placed = self.wrapped.get((key, model))
+        return isinstance(assign.value, cst.Name) and bool(placed) and \
+            self.line_of(assign) > min(self.line_of(w) for w in placed)
 
     def _returned_roles(self, key: str, assign: cst.Assign) -> bool:
         """`val_loader = make_val_loader(ds)`, `train_dl, val_dl = get_loaders()`: the roles the helper returns."""
