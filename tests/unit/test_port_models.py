@@ -802,3 +802,41 @@ def test_a_package_named_like_the_model_keeps_its_imports():
     result = port_source(source)
     assert "from model.net import Net\n" in result.code
     ast.parse(result.code)
+
+
+def test_an_alias_of_the_wrapped_model_that_rank_0_alone_runs_is_unwrapped(tmp_path):
+    # `best_model = model` after the wrap holds the DDP wrapper: a helper that writes files runs on rank 0 alone, and
+    # its forward there is a collective (BatchNorm buffers are broadcast) the other ranks never join: a hang
+    (tmp_path / "report.py").write_text(textwrap.dedent("""\
+        import torch
+
+
+        def save_outputs(net, name):
+            torch.save(net(torch.zeros(2, 4)), name)
+    """))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from report import save_outputs
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+        model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        best_model = None
+        best_loss = 1e9
+        for epoch in range(3):
+            for x, y in loader:
+                loss = nn.functional.mse_loss(model(x.cuda()), y.cuda())
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            if loss.item() < best_loss:
+                best_loss = loss.item()
+                best_model = model
+        save_outputs(best_model, "best.pt")
+    """))
+    code = port_source(script.read_text(), str(script)).code
+    assert "if ctx.is_main:\n    save_outputs(ddpkit.unwrap(best_model), " in code, code
+    assert "best_model = None" in code  # the alias's first value is no module: unwrapped only where it is the model

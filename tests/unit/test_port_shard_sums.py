@@ -125,7 +125,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
 for epoch in range(2):
     running_loss = 0
-    for xb, yb in DataLoader(data, batch_size=4):
+    for xb, yb in DataLoader(data, batch_size=8):
         loss = ((model(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -147,7 +147,7 @@ def test_a_mean_loss_times_the_batch_size_is_summed_as_a_number_not_truncated_to
     # object is asked for settings); `MNIST(..., train=False)` still hands it nothing
     named = _BATCH_WEIGHTED.replace("model = nn.Linear(2, 1)\n", "def train(model, opt):\n    loss = model(torch.ones(1, 2)).sum()\n"
                                     "    loss.backward()\n    opt.step()\n\n\nmodel = nn.Linear(2, 1)\n").replace(
-        "DataLoader(data, batch_size=4)", "DataLoader(torchvision.datasets.MNIST('.', train=True), batch_size=4)").replace(
+        "DataLoader(data, batch_size=8)", "DataLoader(torchvision.datasets.MNIST('.', train=True), batch_size=8)").replace(
         "import torch\n", "import torch\nimport torchvision\n", 1)
     assert not [t for t in port_source(named, "train.py").todos if "is handed `train`" in t.message]
 

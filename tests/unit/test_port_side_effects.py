@@ -279,7 +279,7 @@ from transformers import AutoModelForSequenceClassification
 
 model = AutoModelForSequenceClassification.from_pretrained("some-model")
 data = [{"x": torch.zeros(4, dtype=torch.long), "y": 0}] * 16
-loader = DataLoader(data, batch_size=4, shuffle=True)
+loader = DataLoader(data, batch_size=8, shuffle=True)
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 model.to(device)
@@ -533,7 +533,7 @@ args = parser.parse_args()
 model = nn.Linear(2, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for epoch in range(args.epochs):
-    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8):
         loss = ((model(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()

@@ -164,3 +164,14 @@ def test_a_divided_batch_read_from_a_config_file_is_named_and_one_from_an_option
     options = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\np = argparse.ArgumentParser()\n"
                "p.add_argument('--bs', type=int, default=64)\nargs = p.parse_args()\n")
     assert not [t for t in port_source(options + loader.format(size="args.bs")).todos if "0 on more ranks" in t.message]
+
+
+def test_a_training_batch_below_a_node_of_8_gpus_is_a_todo_and_8_is_not():
+    # `--batch_size` default 4: 4 // 8 is 0 per rank on a node of 8 GPUs, and ddpkit.loader refuses to start
+    src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\np = argparse.ArgumentParser()\n"
+           "p.add_argument('--batch_size', type=int, default={n})\nargs = p.parse_args()\n"
+           "loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True)\nmodel = Net()\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    small = [t for t in port_source(src.replace("{n}", "4")).todos if t.message.startswith("the batch size is 4")]
+    assert len(small) == 1 and "(a node of 8 GPUs)" in small[0].message and small[0].line == 8, small
+    assert not [t for t in port_source(src.replace("{n}", "8")).todos if "batch size is" in t.message]

@@ -53,7 +53,7 @@ if __name__ == "__main__":
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     tb = SummaryWriter()
-    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8):
         loss = ((net(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -78,7 +78,7 @@ from torch.utils.data import DataLoader, TensorDataset
 def main():
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.Adam(net.parameters())
-    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8):
         loss = ((net(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -115,7 +115,7 @@ args = parser.parse_args()
 if hasattr(nets, args.arch):
     nets = getattr(nets, args.arch)(2)
 opt = torch.optim.SGD(nets.parameters(), lr=0.1)
-for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8):
     loss = ((nets(xb) - yb) ** 2).mean()
     opt.zero_grad()
     loss.backward()
@@ -157,7 +157,7 @@ def fit(loader):
         opt.step()
 
 
-fit(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+fit(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8))
 '''
 
 
@@ -191,7 +191,7 @@ def fit(loader):
         opt.step()
 
 
-fit(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+fit(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8))
 """
     result = port_source(source, "script.py")
     assert result.exit_code == 3
@@ -215,7 +215,7 @@ def fit(opts):
     global lowest
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=opts.lr)
-    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4):
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8):
         loss = ((net(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -254,7 +254,7 @@ def one_epoch(net, batches, opt):
 
 
 def make_batches():
-    return DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+    return DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8)
 
 
 def run(args):
@@ -315,7 +315,7 @@ def train(net, opt, loader):
 def main():
     net = nn.Sequential(Scale(), nn.Linear(2, 2))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    train(net, opt, DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4))
+    train(net, opt, DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=8))
 
 
 if __name__ == "__main__":
@@ -351,7 +351,7 @@ def run():
     args = parser.parse_args()
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-    for xb, yb in DataLoader(TensorDataset(*helper(8)), batch_size=4):
+    for xb, yb in DataLoader(TensorDataset(*helper(8)), batch_size=8):
         loss = ((net(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -380,7 +380,7 @@ def show(samples):
 if __name__ == "__main__":
     net = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 4)), batch_size=4):
+    for xb, yb in DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 4)), batch_size=8):
         loss = ((net(xb) - yb) ** 2).mean()
         opt.zero_grad()
         loss.backward()

@@ -38,6 +38,8 @@ _TRAIN_STEP = re.compile(r"train|step|loss|fit", re.I)
 _CONFIG_READ = re.compile(r"json|yaml|yml|toml|omegaconf|config|cfg|pyobj|load")
 """Callees that read a settings file: `json.load`, `yaml.safe_load`, `OmegaConf.load`, `json_file_to_pyobj`,
 `read_config`, `load_cfg`."""
+_NODE_GPUS = 8
+"""The ranks of one node of 8 GPUs, the common size: a training batch below it divides to 0 per rank there."""
 
 
 def _config_source(plan: Plan, expr: cst.BaseExpression, depth: int = 0) -> cst.Call | None:
@@ -511,8 +513,9 @@ class Plan:
                       "(training) or ddpkit.eval_loader (evaluation)")
             return
         self.loaders[id(call)] = kind
-        if kind == "train" and self._literal(key, kwargs.get("batch_size", positional[1].value if len(
-                positional) > 1 else cst.Integer("1"))) == 1:
+        literal = self._literal(key, kwargs.get("batch_size", positional[1].value if len(positional) > 1 else
+                                                cst.Integer("1"))) if kind == "train" else None
+        if literal == 1:
             self.todo(call, "the batch size is 1: 1 // world_size is 0 per rank on more than one rank; "
                       "keep batch_size=1 per rank (the global batch becomes world_size: scale the learning "
                       "rate) or raise the batch")
@@ -525,8 +528,15 @@ class Plan:
             if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
                 self.train_sizes.add(size)
                 self.train_sizes |= passed_as(self, key, size)
-            self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
-                      f"{size} samples per step")
+            if literal is not None and literal < _NODE_GPUS:
+                self.todo(call, f"the batch size is {literal} (`{size}`): {literal} // world_size is 0 per rank on "
+                          f"more than {literal} ranks (a node of {_NODE_GPUS} GPUs), and ddpkit.loader then raises "
+                          f"ValueError at start; run on at most {literal} ranks, or raise the batch to at least the "
+                          f"number of ranks (it stays the global batch), or give each rank max(1, {size} // "
+                          "ctx.world_size) and scale the learning rate")
+            else:
+                self.note(call, f"batch_size is per rank: {size} // world_size keeps the global batch of "
+                          f"{size} samples per step")
         if target:
             self._set_role(key, target, kind)
 
@@ -696,7 +706,8 @@ class Plan:
                         target = dotted(node.targets[0].target)
                         value = dotted(loader_expr(node.value))
                         role = self.role(key, value) if value and target else None
-                        if role and (target.startswith("self.") or role != "model"):
+                        if role and (target.startswith("self.") or role != "model" or self._alias_after_wrap(
+                                key, node, value)):
                             changed |= self._set_role(key, target, role)
                         if isinstance(node.value, cst.Call):
                             changed |= self._returned_roles(key, node)
@@ -714,6 +725,15 @@ class Plan:
                                 changed |= self._set_role(callee, arg.keyword.value, role)
             if not changed:
                 return
+
+    def _alias_after_wrap(self, key: str, assign: cst.Assign, model: str) -> bool:
+        """`best_model = model` below `model = ddpkit.wrap(model, ctx)` in the same scope: the name holds the DDP
+        wrapper, so code that runs on rank 0 alone must get ddpkit.unwrap(best_model) (a forward of the wrapper there
+        is a collective the other ranks never join). An alias bound before the wrap holds the bare module
+        (check_aliases names it)."""
+        placed = self.wrapped.get((key, model))
+        return isinstance(assign.value, cst.Name) and bool(placed) and \
+            self.line_of(assign) > min(self.line_of(w) for w in placed)
 
     def _returned_roles(self, key: str, assign: cst.Assign) -> bool:
         """`val_loader = make_val_loader(ds)`, `train_dl, val_dl = get_loaders()`: the roles the helper returns."""

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.port.asks import prompts_reached, stops_reached, trackers_reached
+from ddpkit.port.contrast import batch_similarity
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
@@ -300,17 +301,18 @@ def _divided_by_count(defn: ast.AST) -> bool:
     return bool(returns) and all(counted(value, f) for value, f in returns)
 
 
-def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  # noqa: ANN001
-    """`loss = criterion(out, y)` ... `loss.backward()` where `criterion` (or the function called) is the project's
-    own code that reduces a loss by a sum (`reduction="sum"`, `size_average=False`): under a sharded loader each rank
-    sums its share and DDP averages, so the gradient may be 1/world_size of the original's; the port cannot tell."""
+def _backward_losses(tree: ast.Module, definition) -> Iterator[tuple[int, str, tuple[str, str, ast.AST]]]:  # noqa: ANN001
+    """(line of backward(), the loss's name, the definition of a call that computes it) for `loss = criterion(out,
+    y)` ... `loss.backward()`: every call among the values the loss is built from (`loss = loss_l + loss_c` after
+    `loss_l, loss_c = criterion(out, y)`), `criterion` followed to the class it was made from (`criterion =
+    MultiBoxLoss(...)`), each resolved by `definition`. Nothing where no loader is sharded (the same data on every
+    rank)."""
     if "ddpkit.loader(" not in ast.unparse(tree):
-        return []  # the same data on every rank: the average of equal gradients is the original's
+        return
     made: dict[str, str] = {}
     for node in ast.walk(tree):  # `criterion = MultiBoxLoss(...)`, `self.crit = losses.Sum(...)`
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call):
-            made.setdefault(ast_dotted(node.targets[0]), ast_dotted(node.value.func))
-    out: list[tuple[int, str]] = []
+            made.setdefault(ast_dotted(node.targets[0]), ast_dotted(_unmoved(node.value).func))
     scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]
     for scope in scopes:
         body = [n for n in ast.walk(scope)]
@@ -318,7 +320,7 @@ def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  #
                      and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)):
             name = call.func.value.id
             names, values, seen = [name], [], set()
-            while names:  # `loss = loss_l + loss_c` after `loss_l, loss_c = criterion(out, y)`: every name it reads
+            while names:  # every name the loss reads, back to the calls that made them
                 look = names.pop()
                 seen.add(look)
                 for n in body:
@@ -331,21 +333,56 @@ def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  #
                 for inner in (n for n in ast.walk(value) if isinstance(n, ast.Call)):
                     func = ast_dotted(inner.func)
                     found = definition(made.get(func, func)) if func else None
-                    marker = _sum_marker(found[2]) if found is not None and not _divided_by_count(found[2]) \
-                        else None
-                    if marker is None:
-                        continue
-                    where = os.path.basename(found[0])
-                    out.append((call.lineno, f"not checked: `{name}` reaches backward() from `{found[1]}` in {where} "
-                                             f"(read, not ported), which reduces a loss by a sum there ({where}:"
-                                             f"{marker[0]} `{marker[1]}`): where that sums over the batch, each rank "
-                                             "sums its batch_size // world_size samples and DDP averages the "
-                                             "gradients, so the step is 1/world_size of the original's: then call "
-                                             f"backward() on `{name}` times ctx.world_size"))
-                    break
-                else:
-                    continue
-                break
+                    if found is not None:
+                        yield call.lineno, name, found
+
+
+def _unmoved(call: ast.Call) -> ast.Call:
+    """`SimLoss(tau=0.1)` of `SimLoss(tau=0.1).to(ctx.device)` or `.cuda()`: the call that built the object."""
+    while isinstance(call.func, ast.Attribute) and call.func.attr in ("to", "cuda") and isinstance(
+            call.func.value, ast.Call):
+        call = call.func.value
+    return call
+
+
+def _summed_elsewhere(tree: ast.Module, definition) -> list[tuple[int, str]]:  # noqa: ANN001
+    """`loss = criterion(out, y)` ... `loss.backward()` where `criterion` (or the function called) is the project's
+    own code that reduces a loss by a sum (`reduction="sum"`, `size_average=False`): under a sharded loader each rank
+    sums its share and DDP averages, so the gradient may be 1/world_size of the original's; the port cannot tell."""
+    out: list[tuple[int, str]] = []
+    for line, name, found in _backward_losses(tree, definition):
+        marker = _sum_marker(found[2]) if not _divided_by_count(found[2]) else None
+        if marker is None or any(at == line for at, _ in out):
+            continue
+        where = os.path.basename(found[0])
+        out.append((line, f"not checked: `{name}` reaches backward() from `{found[1]}` in {where} "
+                          f"(read, not ported), which reduces a loss by a sum there ({where}:"
+                          f"{marker[0]} `{marker[1]}`): where that sums over the batch, each rank "
+                          "sums its batch_size // world_size samples and DDP averages the "
+                          "gradients, so the step is 1/world_size of the original's: then call "
+                          f"backward() on `{name}` times ctx.world_size"))
+    return out
+
+
+def _compared_in_batch(tree: ast.Module, definition) -> list[tuple[int, str]]:  # noqa: ANN001
+    """`loss = criterion(z)` ... `loss.backward()` where the loss's code compares the samples of a batch with each
+    other (ddpkit.port.contrast): each rank's loss sees only its own batch_size // world_size samples."""
+    own = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}  # the script's: file ""
+
+    def own_or_project(name: str) -> tuple[str, str, ast.AST] | None:
+        return ("", name, own[name]) if name in own else definition(name)
+    out: list[tuple[int, str]] = []
+    for line, name, found in _backward_losses(tree, own_or_project):
+        marker = batch_similarity(found[2])
+        if marker is None or any(at == line for at, _ in out):
+            continue
+        where = f"{os.path.basename(found[0])}:{marker[0]}" if found[0] else f"line {marker[0]}"
+        out.append((line, f"`{name}` reaches backward() from `{found[1]}`, which compares the samples of a batch "
+                          f"with each other ({where} `{marker[1]}`: a similarity matrix, in-batch negatives): each "
+                          "rank now compares only its own batch_size // world_size samples, so every sample meets "
+                          "world_size times fewer others than in the original, and the loss is another one; gather "
+                          "the embeddings of every rank before the loss (torch.distributed.nn.functional.all_gather "
+                          "keeps their gradients), or keep the per-rank batch and say that the loss changed"))
     return out
 
 
@@ -1329,6 +1366,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                                      "under DDP:" + _items(f"{files[h]}:{', '.join(map(str, at))} {h}"
                                                            for at, h in grouped)))
     out += _summed_elsewhere(tree, definition)
+    out += _compared_in_batch(tree, definition)
     out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
                              _follower(tree, folder, modules, parsed))
     out += used_outside_forward(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
