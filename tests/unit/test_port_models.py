@@ -840,3 +840,33 @@ def test_an_alias_of_the_wrapped_model_that_rank_0_alone_runs_is_unwrapped(tmp_p
     code = port_source(script.read_text(), str(script)).code
     assert "if ctx.is_main:\n    save_outputs(ddpkit.unwrap(best_model), " in code, code
     assert "best_model = None" in code  # the alias's first value is no module: unwrapped only where it is the model
+
+
+def test_an_optimizer_over_a_slice_of_the_models_parameter_list_wraps_the_model():
+    # `params = list(net.parameters())` then `SGD(params[4:])` (the first layers kept frozen): the model is the one
+    # the slice comes from; it was left unwrapped with "cannot find the model", and the script's reads of what
+    # forward stored on it (`net.loss`, `net.head.loss`) then went to the wrapper once the user wrapped it
+    result = _port_text('''
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        net = Detector()
+        net.train()
+        params = list(net.parameters())
+        opt = torch.optim.SGD(params[4:], lr=1e-3, momentum=0.9)
+        for x, y in loader:
+            net(x, y)
+            loss = net.loss + net.head.loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if 2 > 1:
+            opt = torch.optim.SGD(params[4:], lr=1e-4)
+    ''')
+    code = result.code
+    assert "cannot find the model" not in " ".join(t.message for t in result.todos)
+    assert code.index("net = ddpkit.wrap(net, ctx)") < code.index("opt = torch.optim.SGD(params[4:]")
+    assert "    net(x, y)\n" in code
+    assert "loss = ddpkit.unwrap(net).loss + ddpkit.unwrap(net).head.loss" in code

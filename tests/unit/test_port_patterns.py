@@ -640,3 +640,49 @@ def test_a_sum_read_in_the_loop_and_reset_by_a_tuple_assignment_stays_a_target()
     compile(code, "<port>", "exec")
     assert "            total, count = 0, 0\n" in code
     assert "print0(ctx, 'psnr', (ddpkit.all_reduce_sum(ctx, total).item() / ctx.world_size) / count)" in code
+
+
+def test_a_forward_whose_stored_loss_a_helper_reads_from_the_model_goes_through_the_wrapper():
+    # `net(x, y)` then `loss = collect_loss(net)` (a helper that reads net.loss): the forward is the training step's
+    # own, as with `loss = net.loss`; through ddpkit.unwrap(net) each rank would train its own copy, unsynced
+    for helper in ("from losses import collect_loss\n", "\n\ndef collect_loss(m):\n    return m.loss + m.aux\n"):
+        src = ("import torch\nfrom torch.utils.data import DataLoader\n" + helper +
+               "\nloader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+               "opt = torch.optim.SGD(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+               "    for x, y in loader:\n        net(x, y)\n        loss = collect_loss(net)\n"
+               "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n")
+        code = port_source(src, "train.py").code
+        assert "ddpkit.unwrap(net)(x, y)" not in code
+        assert "        net(x, y)\n" in code
+
+
+def test_a_dropped_forward_beside_a_backward_that_never_hands_over_the_model_is_still_unwrapped():
+    # precision: a forward whose output is dropped (a graph for a tracker) while the loss comes from another forward
+    # and a helper handed something else than the model stays off the wrapper
+    src = ("import torch\nfrom torch.utils.data import DataLoader\nfrom losses import smooth\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nnet = Net()\n"
+           "opt = torch.optim.SGD(net.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    for x, y in loader:\n        out = net(x)\n        loss = smooth(out, y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "    net(x)\n")
+    code = port_source(src, "train.py").code
+    assert "    ddpkit.unwrap(net)(x)\n" in code
+
+
+def test_parameter_names_read_after_the_wrap_are_the_models_own_without_the_module_prefix():
+    # an EMA dict keyed by `model.named_parameters()` before the wrap (the model is changed in between, so the port
+    # wraps just before the optimizer) and updated from the same call after it: on the wrapper every name has
+    # `module.` and `shadow[n]` is a KeyError (also a name compared or matched: `n.startswith("head.")`)
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n"
+           "loader = DataLoader(ds, batch_size=32, shuffle=True)\nmodel = Net()\n"
+           "shadow = {n: p.detach().clone() for n, p in model.named_parameters()}\nmodel.apply(init_weights)\n"
+           "opt = torch.optim.SGD(model.parameters(), lr=0.01)\nfor epoch in range(2):\n"
+           "    for x, y in loader:\n        loss = loss_fn(model(x), y)\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+           "        for n, p in model.named_parameters():\n            shadow[n].mul_(0.9).add_(p.detach(), alpha=0.1)\n"
+           "        for n, b in model.named_buffers():\n            shadow[n] = b.clone()\n")
+    code = port_source(src, "train.py").code
+    assert code.index("model.apply(init_weights)") < code.index("model = ddpkit.wrap(model, ctx)")
+    assert "        for n, p in ddpkit.unwrap(model).named_parameters():\n" in code
+    assert "        for n, b in ddpkit.unwrap(model).named_buffers():\n" in code
+    assert "    loss = loss_fn(model(x), y)\n" in code

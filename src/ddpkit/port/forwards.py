@@ -184,9 +184,10 @@ _DETACHES = frozenset({"item", "tolist", "detach", "numpy"})
 
 
 def _state_feeds(plan: Any, key: str, model: str, statements: list[cst.CSTNode], feeds: set[str]) -> bool:
-    """Whether a statement that reaches backward reads an attribute of `model` (not a method it calls): a forward
-    run for its effect that stores the loss on the model (`model(x)`, then `loss = model.loss`). That forward is
-    the training step's own and must go through the wrapper, or DDP never averages the gradients."""
+    """Whether a statement that reaches backward reads an attribute of `model` (not a method it calls) or hands
+    `model` itself to a call: a forward run for its effect that stores the loss on the model (`model(x)`, then
+    `loss = model.loss` or `loss = collect_loss(model)`). That forward is the training step's own and must go
+    through the wrapper, or DDP never averages the gradients."""
     for st in statements:
         if not isinstance(st, cst.SimpleStatementLine):
             continue
@@ -197,7 +198,15 @@ def _state_feeds(plan: Any, key: str, model: str, statements: list[cst.CSTNode],
         called = {id(c.func) for c in walk(st) if isinstance(c, cst.Call)}
         if any(isinstance(a, cst.Attribute) and dotted(a.value) == model and id(a) not in called for a in walk(st)):
             return True
+        if _hands_over(st, model):
+            return True
     return False
+
+
+def _hands_over(statement: cst.SimpleStatementLine, model: str) -> bool:
+    """Whether `statement` gives `model` itself to a call (`collect_loss(model)`), which may read what its forward
+    stored on it."""
+    return any(isinstance(c, cst.Call) and any(dotted(a.value) == model for a in c.args) for c in walk(statement))
 
 
 _FIRST = re.compile(r"(?i)\b\w*(init|first)\w*\b")

@@ -147,7 +147,7 @@ def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
     `list(enc.parameters()) + list(dec.parameters())`, `itertools.chain(...)`, parameter groups, or a name
     assigned from such an expression in the same scope (`params = ...; SGD(params)`)."""
     sources: list[cst.CSTNode] = [optimizer]
-    names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
+    names = _argument_names(optimizer)
     for node in plan.nodes(key):
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) in names:
             sources.append(node.value)
@@ -162,9 +162,16 @@ def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
     return out
 
 
+def _argument_names(optimizer: cst.Call) -> list[str]:
+    """The names an optimizer is handed its parameters through: `SGD(params)`, also a slice or an item of such a
+    list (`SGD(params[8:])`, the first layers kept frozen), whose source is the list's own."""
+    values = [a.value.value if isinstance(a.value, cst.Subscript) else a.value for a in optimizer.args]
+    return [dotted(v) for v in values if isinstance(v, cst.Name)]
+
+
 def _parameter_names(plan: Any, key: str, optimizer: cst.Call) -> tuple[list[str], str]:
     """The names an optimizer's parameters come through (`params`, `param_groups`) and the optimizer's own name."""
-    names = [dotted(a.value) for a in optimizer.args if isinstance(a.value, cst.Name)]
+    names = _argument_names(optimizer)
     stmt = plan._stmt.get(id(optimizer))
     small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else None
     target = dotted(small.targets[0].target) if isinstance(small, cst.Assign) and len(small.targets) == 1 else ""

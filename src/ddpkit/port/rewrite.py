@@ -20,10 +20,12 @@ __all__ = ["Rewriter", "parse_expr", "strip_moves"]
 
 # Attributes that DistributedDataParallel forwards or shares with the module it wraps; any other
 # attribute (state_dict, load_state_dict, custom layers and methods) is read from ddpkit.unwrap(model).
-_DDP_SAFE = frozenset({"parameters", "named_parameters", "train", "eval", "zero_grad", "modules", "named_modules",
-                       "children", "named_children", "buffers", "named_buffers", "requires_grad_", "to", "cuda",
-                       "training", "forward", "apply", "no_sync", "register_forward_hook"})
-_NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "save_pretrained", "get_input_embeddings",
+# The `named_*` methods are not among them: on the wrapper every name has `module.` in front, and a dict keyed by
+# the model's own names (an EMA copy, a name matched with startswith) no longer finds them.
+_DDP_SAFE = frozenset({"parameters", "train", "eval", "zero_grad", "modules", "children", "buffers", "requires_grad_",
+                       "to", "cuda", "training", "forward", "apply", "no_sync", "register_forward_hook"})
+_NOT_FORWARD = frozenset({"named_parameters", "named_buffers", "named_modules", "named_children",
+                          "state_dict", "load_state_dict", "save_pretrained", "get_input_embeddings",
                           "resize_token_embeddings", "gradient_checkpointing_enable", "half", "float", "double",
                           "init_weights", "reset_parameters", "num_parameters", "get_num_params", "get_config",
                           "print_trainable_parameters", "configure_optimizers", "tie_weights", "bfloat16",
