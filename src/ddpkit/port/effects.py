@@ -41,6 +41,7 @@ a package or makes a folder; each rank needs its result and may run it again onc
 _FILE_OBJECTS = {"File": "r", "ZipFile": "r", "HDFStore": "a", "open_file": "r", "ExcelWriter": "w"}
 """Library classes that open a file by path (h5py.File, zipfile.ZipFile, pandas' HDFStore and ExcelWriter, PyTables'
 open_file) -> their default mode."""
+_CONSOLE = re.compile(r"^(print|tqdm\.write)$|(^|\.)(info|debug|warning|warn|error|critical)$|^(log|logger|logging)\.log$")
 _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|loadtxt|read_text|read_bytes|"
                     r"imread|from_pretrained)$")
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
@@ -106,6 +107,13 @@ def _writes(call: cst.Call) -> bool:
     if name in _FILE_OPS:
         return True
     return bool(_WRITES.search(name)) and not name.startswith("self.") and name not in ("json.dumps",)
+
+
+def _reports(stmt: cst.CSTNode) -> bool:
+    """`print(...)`, `logger.info(...)`: a line that only shows text on the console or in a log."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and _CONSOLE.search(dotted(s.value.func))
+        for s in stmt.body)
 
 
 def _reads(call: cst.Call) -> bool:
@@ -300,8 +308,9 @@ def plan_effects(plan: Any) -> None:
                 or id(stmt) in sites:
             continue
         own = _own_calls(stmt)
-        # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
-        if not any(_reads(c) or _path_args(plan, c) & paths for c in own):
+        # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote; a
+        # line that only prints or logs the path (`print("saved", path)`) reads nothing
+        if not any(_reads(c) or _path_args(plan, c) & paths and not _reports(stmt) for c in own):
             continue
         if plan.line_of(stmt) <= first.get(key, 1 << 30) and key not in entered:
             continue

@@ -268,7 +268,8 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
             own = own or any(plan.role(key, _model_root(c)) == "model" or "loss" in dotted(c.func).lower()
                              for c in walk(value) if isinstance(c, cst.Call))
         origin = next((o for o in map(drawn, exprs) if o), "")
-        own = own or bool(origin) or any(_reads_disk(e) for e in exprs)
+        own = own or bool(origin) or any(_reads_disk(e) and _after_a_write(plan, key, a)
+                                          for a in assigns[name.removeprefix("len:")] for e in exprs)
         reads = {n for e in exprs for n in names_of(e)}
         deps[name] = (reads, own, origin)
         todo.extend(sorted(reads - deps.keys()))
@@ -282,7 +283,7 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
                 per_rank[name] = next((per_rank[r] for r in sorted(reads & per_rank.keys()) if per_rank[r][1]),
                                       (name, ""))
                 grew = True
-    if _reads_disk(expr):
+    if _reads_disk(expr) and _after_a_write(plan, key, expr):
         return "", ""
     hit = sorted(names_of(expr) & per_rank.keys())
     if hit:
@@ -391,6 +392,17 @@ _AGREED_ROOTS = frozenset({"math", "torch", "np", "float", "int", "len", "abs"})
 def _reads_disk(expr: cst.CSTNode) -> bool:
     """Files on disk: one rank may see what another has not written yet."""
     return any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr))
+
+
+def _after_a_write(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """A file check at `node` may see what rank 0 of this run has or has not written yet: inside a loop, or after a
+    save of the scope. Before both (`if os.path.isfile(ckpt): load it`, ahead of training) it sees the files of an
+    earlier run, the same on every rank."""
+    if _loops_around(plan, node):
+        return True
+    line = plan.line_of(node)
+    return any(isinstance(n, cst.Call) and plan.line_of(n) < line and saves_file(plan, key, n)
+               for n in plan.nodes(key))
 
 
 def tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
