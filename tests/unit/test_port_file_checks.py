@@ -80,3 +80,39 @@ for xb, yb in loader:
 def test_a_print_that_names_the_file_rank_0_wrote_reads_nothing_back():
     result = port_source(_SAVE_AND_SAY, "train.py")
     assert not any("reads one back" in t.message for t in result.todos), result.todos
+
+
+_FIRST_BATCH = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+train_set = TensorDataset(torch.randn(256, 4), torch.randn(256, 4))
+test_set = TensorDataset(torch.randn(40, 4), torch.randn(40, 4))
+train_loader = DataLoader(train_set, batch_size=16, shuffle=True)
+test_loader = DataLoader(test_set, batch_size=16, shuffle=False)
+dataiter = iter(test_loader)
+test_images, _ = next(dataiter)
+shown = next(iter(test_loader))[0]
+first_train = next(iter(train_loader))
+net = nn.Linear(test_images.shape[1], 4)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for epoch in range(2):
+    for xb, yb in train_loader:
+        loss = nn.functional.mse_loss(net(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for xb, yb in test_loader:
+        print(nn.functional.mse_loss(net(xb), yb).item())
+'''
+
+
+def test_the_first_batch_of_an_evaluation_shard_taken_with_next_is_named():
+    # each rank's evaluation shard holds whole batches in order: rank 0's first batch is the original's, another
+    # rank's is another batch, and a rank whose shard is empty (fewer batches than ranks) raises StopIteration
+    result = port_source(_FIRST_BATCH, "train.py")
+    assert "ddpkit.eval_loader(test_set" in result.code
+    todos = {t.line: t.message for t in result.todos if "StopIteration" in t.message}
+    assert set(todos) == {10, 12}, result.todos
+    assert "`iter(test_loader)`" in todos[10] and "test_loader.dataset" in todos[10]
