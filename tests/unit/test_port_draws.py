@@ -208,3 +208,19 @@ def test_one_seed_on_every_rank_is_undone_before_the_scripts_code_the_port_did_n
     alike = code.index("ddpkit.rng.seed_everything(ctx.seed)")
     reseed = code.index("ddpkit.rng.seed_everything(ddpkit.rng.rank_seed(ctx.seed, ctx.rank))")
     assert alike < code.index("logging.root.setLevel") < reseed < code.index("    Fire(Forecast)")
+
+
+def test_the_scripts_code_the_port_did_not_port_has_its_writes_named_at_the_hand_off():
+    # `Forecast.instance` runs on every rank through Fire, out of the port's sight: its `to_csv` and `savefig` write
+    # the same files from every rank at once, and the port names them at the line that hands control over
+    source = _HANDED_TO_A_RUNNER.replace(
+        "        return model\n",
+        "        frame = pd.DataFrame(model.weight.detach().numpy())\n        frame.to_csv('forecast.csv')\n"
+        "        plt.savefig('windows.png')\n        return model\n").replace(
+        "import numpy as np\n", "import numpy as np\nimport pandas as pd\nimport matplotlib.pyplot as plt\n")
+    result = port_source(source, "main.py")
+    line = source.splitlines().index("    Fire(Forecast)") + 1
+    write = source.splitlines().index("        frame.to_csv('forecast.csv')") + 1
+    todos = [t.message for t in result.todos if t.line == line]
+    assert len(todos) == 1 and todos[0].startswith("not checked: `Fire(Forecast)` runs `Forecast`"), result.todos
+    assert f"line {write} `frame.to_csv(" in todos[0] and f"line {write + 1} `plt.savefig(" in todos[0], todos

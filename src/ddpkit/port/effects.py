@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.diskwrites import PROCESSES
-from ddpkit.port.facts import ENTRY, dotted, imported_names, statements_of, walk
+from ddpkit.port.facts import ENTRY, dotted, hands_to_unported, imported_names, statements_of, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader, saves_file
 
@@ -290,6 +290,7 @@ def plan_effects(plan: Any) -> None:
                           "(`if ctx.is_main:`) and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
     _plan_trackers(plan, tracker_names)
     _plan_handles(plan, handles)
+    _plan_unported_writes(plan)
     # a save helper of another module (`save_checkpoint(PATH, model, ...)`) is put on rank 0 by the rewriter
     writes += [(k, plan.line_of(s)) for k, s in statements if isinstance(s, cst.SimpleStatementLine) and any(
         saves_file(plan, k, c) and dotted(c.func) != "torch.save" for c in _calls(s))]
@@ -328,6 +329,26 @@ def plan_effects(plan: Any) -> None:
                      and plan.line_of(s) > end]
             if after:
                 plan.barrier_before.discard(id(min(after, key=plan.line_of)))
+
+
+def _plan_unported_writes(plan: Any) -> None:
+    """A `not checked:` TODO at the entry's line that hands control to code of the script the port did not port
+    (`Fire(Experiment)`), listing that code's writes: it runs on every rank, so each writes the same files at once."""
+    handed = hands_to_unported(plan.f)
+    if handed is None:
+        return
+    stmt, keys = handed
+    writes = sorted({(plan.line_of(c), " ".join(plan.f.code(c).split())[:40]) for key in keys
+                     for c in walk(plan.f.scopes[key].node) if isinstance(c, cst.Call)
+                     and (_writes(c) or dotted(c.func) == "torch.save")})
+    if not writes:
+        return
+    listed = "; ".join(f"line {line} `{code}...`" for line, code in writes[:6])  # lines of this script
+    more = f" (+{len(writes) - 6} more)" if len(writes) > 6 else ""
+    plan.todo(stmt, f"not checked: `{' '.join(plan.f.code(stmt).split())[:40]}` runs "
+              f"`{'`, `'.join(sorted({k.split('.')[0] for k in keys}))}` of this script, which the port did not "
+              f"port, on every rank; it writes files: {listed}{more}: write them on rank 0 only "
+              "(`if ctx.is_main:` around each, ctx handed in), make directories with exist_ok=True")
 
 
 def _plan_before_init(plan: Any) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.batches import plan_drawn_batches
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, names_a_device, root_name, walk
+from ddpkit.port.facts import (ARGS_ROOTS, ENTRY, dotted, hands_to_unported, loader_expr, names_a_device,
+                               root_name, walk)
 from ddpkit.port.hostbatches import model_forwards as _forwards, plan_batch_moves
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import runs_again
@@ -492,23 +493,9 @@ def plan_rank_streams(plan: Any) -> None:
                for n in walk(stmt)):
             plan.reseed.add(id(stmt))
             return
-    handed = _hands_to_unported(plan, entry)
+    handed = hands_to_unported(f)
     if handed is not None:
-        plan.reseed.add(id(handed))
-
-
-def _hands_to_unported(plan: Any, entry: str) -> cst.BaseStatement | None:
-    """The entry's first statement that hands control to a class or function of the script the port did not port
-    (`Fire(Forecast)`, `runner.run(Experiment)`): training runs in there, out of the port's sight, so the one seed
-    every rank got after ddpkit.init must be undone before it, or every rank draws the same samples and noise."""
-    f = plan.f
-    owners = {s.cls or key for key, s in f.scopes.items() if key not in (ENTRY, f.entry_key)}
-    unported = owners - {s.cls or key for key, s in f.scopes.items() if key in f.ported}  # none of its code ported
-    for stmt in f.scope_statements(entry):
-        if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and any(
-                isinstance(n, cst.Name) and n.value in unported for n in walk(stmt)):
-            return stmt
-    return None
+        plan.reseed.add(id(handed[0]))
 
 
 def _top(plan: Any, stmt: cst.CSTNode) -> cst.CSTNode:
