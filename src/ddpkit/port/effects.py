@@ -291,6 +291,7 @@ def plan_effects(plan: Any) -> None:
     _plan_trackers(plan, tracker_names)
     _plan_handles(plan, handles)
     _plan_unported_writes(plan)
+    _plan_after_close(plan)
     # a save helper of another module (`save_checkpoint(PATH, model, ...)`) is put on rank 0 by the rewriter
     writes += [(k, plan.line_of(s)) for k, s in statements if isinstance(s, cst.SimpleStatementLine) and any(
         saves_file(plan, k, c) and dotted(c.func) != "torch.save" for c in _calls(s))]
@@ -349,6 +350,37 @@ def _plan_unported_writes(plan: Any) -> None:
               f"`{'`, `'.join(sorted({k.split('.')[0] for k in keys}))}` of this script, which the port did not "
               f"port, on every rank; it writes files: {listed}{more}: write them on rank 0 only "
               "(`if ctx.is_main:` around each, ctx handed in), make directories with exist_ok=True")
+
+
+def _plan_after_close(plan: Any) -> None:
+    """Lines of the `__main__` block after the call of the entry function run once its ddpkit context has closed,
+    on every rank, where no ctx keeps them to rank 0: a call there that writes files or shows a window (itself, or
+    through a function of the script: `training_plots(losses)` saving a PNG) does it from every rank. A TODO at it."""
+    f = plan.f
+    if f.ctx_global or f.entry_key in (None, ENTRY):
+        return
+    for guard in (s for s in f.module.body if isinstance(s, cst.If) and "__name__" in f.code(s.test)):
+        after = False
+        for stmt in statements_of(guard):
+            if not after:
+                after = any(isinstance(c, cst.Call) and f.entry_key in f.callees(c, ENTRY) for c in walk(stmt))
+                continue
+            effects = _outputs(plan, stmt)
+            if effects:
+                plan.todo(stmt, f"`{' '.join(f.code(stmt).split())[:40]}` runs after `{f.entry_key}` returned (its "
+                          f"ddpkit context closed), on every rank: {'; '.join(effects[:4])}: every rank does it at "
+                          f"once; do it inside `{f.entry_key}` under `if ctx.is_main:` (hand it what it needs there)")
+
+
+def _outputs(plan: Any, stmt: cst.CSTNode) -> list[str]:
+    """The file writes and windows of `stmt`'s calls, itself or in the script's functions it calls: `line 10
+    `plt.savefig(...)``."""
+    f, plots = plan.f, pyplot_names(plan.f.module)
+    nodes = list(walk(stmt)) + [n for c in walk(stmt) if isinstance(c, cst.Call) for k in f.callees(c, ENTRY)
+                                for n in walk(f.scopes[k].node)]
+    return [f"line {plan.line_of(c)} `{' '.join(f.code(c).split())[:30]}`" for c in nodes if isinstance(c, cst.Call)
+            and (_writes(c) or dotted(c.func) == "torch.save" or dotted(c.func).split(".")[0] in plots
+                 and dotted(c.func).endswith(".show"))]
 
 
 def _plan_before_init(plan: Any) -> None:
