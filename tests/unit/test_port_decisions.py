@@ -261,3 +261,17 @@ for epoch in range(3):
     result = port_source(source, "script.py")
     assert "all_reduce" in result.code.split("def test", 1)[1].split("if test_loss < best_loss", 1)[0]
     assert not [t for t in result.todos if "test_loss < best_loss" in t.message], result.todos
+
+
+def test_a_threshold_around_backward_and_the_step_is_a_hang_not_a_drift():
+    # `if loss > threshold: loss.backward(); optimizer.step()`: a rank that skips the branch skips backward() too,
+    # and its peers wait for it in their gradient all-reduce: a hang, not copies drifting apart
+    gated = _variant("            loss.backward()\n            optimizer.step()\n",
+                     "            if loss > 0.5:\n                loss.backward()\n                optimizer.step()\n",
+                     _variant(SKIP, ""))
+    message = _todos(gated)[_line(gated, "if loss > 0.5")]
+    assert "backward()" in message and "wait" in message and "drift" not in message, message
+    # a branch whose other arm runs backward() too keeps every rank in step: only the optimizer step is per-rank
+    both = _variant("                optimizer.step()\n",
+                    "                optimizer.step()\n            else:\n                loss.backward()\n", gated)
+    assert "drift apart" in _todos(both)[_line(both, "if loss > 0.5")]

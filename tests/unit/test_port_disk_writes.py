@@ -577,3 +577,71 @@ def test_a_stop_on_a_step_counter_beside_a_loss_stored_on_the_object_is_not_a_pe
     script = _LOOP.format(imports="from solver import Solver", before="solver = Solver(model, loader, optimizer)",
                           after="solver.run()\n    solver.run_with_helper()")
     assert _stop_todos(port_project(tmp_path, files, script)) == []
+
+
+def test_a_stop_on_the_epoch_loss_a_training_method_of_the_same_class_returns_is_a_todo_at_the_call(tmp_path):
+    # `train` breaks out of the epoch loop on the figure `self.train_epoch` returns: the mean of this rank's own
+    # losses (backward() runs in train_epoch), so one rank leaves while the others wait in their next all-reduce;
+    # a stop on the epoch counter is alike on every rank
+    files = {"trainer.py": """\
+        import torch
+
+
+        class Trainer:
+            def __init__(self, model, loader, optimizer):
+                self.model, self.loader, self.optimizer = model, loader, optimizer
+
+            def train_epoch(self):
+                total = 0.0
+                for x, y in self.loader:
+                    self.optimizer.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(self.model(x), y)
+                    loss.backward()
+                    self.optimizer.step()
+                    total += loss.item()
+                return total / len(self.loader)
+
+            def train(self, epochs):
+                for epoch in range(epochs):
+                    epoch_loss = self.train_epoch()
+                    if epoch_loss > 1e6:
+                        print("Gradient explosion detected. Ending...")
+                        break
+                    if epoch > 100:
+                        break
+    """}
+    script = _LOOP.format(imports="from trainer import Trainer", before="",
+                          after="trainer = Trainer(model, loader, optimizer)\n    trainer.train(3)")
+    todos = _stop_todos(port_project(tmp_path, files, script))
+    assert len(todos) == 1 and "trainer.py:21 break" in todos[0] and "trainer.py:24" not in todos[0], todos
+
+
+def test_the_writes_of_a_project_class_bound_to_another_name_first_are_named(tmp_path):
+    # `Exp = Exp_Main` then `exp = Exp(args)`: the methods of the class the alias names write result files on every
+    # rank; before, the alias hid the class and no TODO named them
+    files = {"exp_main.py": """\
+        import os
+
+        import numpy as np
+        import torch
+
+
+        class Exp_Main:
+            def __init__(self, model, loader, optimizer):
+                self.model, self.loader, self.optimizer = model, loader, optimizer
+
+            def train(self, setting):
+                for x, y in self.loader:
+                    self.optimizer.zero_grad()
+                    torch.nn.functional.cross_entropy(self.model(x), y).backward()
+                    self.optimizer.step()
+                torch.save(self.model.state_dict(), "checkpoints/" + setting + ".pth")
+
+            def test(self, setting):
+                np.save("results/" + setting + "_pred.npy", np.zeros(3))
+    """}
+    script = _LOOP.format(imports="from exp_main import Exp_Main", before="Exp = Exp_Main",
+                          after="exp = Exp(model, loader, optimizer)\n    exp.train('s')\n    exp.test('s')")
+    result = port_project(tmp_path, files, script)
+    assert any("exp_main.py:19 `np.save(...)` writes or downloads on every rank" in t.message
+               for t in result.todos), result.todos

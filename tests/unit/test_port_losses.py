@@ -127,3 +127,15 @@ def test_a_project_loss_summed_and_divided_by_its_own_count_is_no_scaling_todo(t
         assert not [t for t in result.todos if "reduces a loss by a sum" in t.message], (divided, result.todos)
     fixed = _project_loss(tmp_path, "loc / 4.0")  # a fixed number: still a sum over the batch
     assert [t for t in fixed.todos if "reduces a loss by a sum" in t.message], fixed.todos
+
+
+def test_batch_means_weighted_by_a_constant_vector_and_summed_over_it_stay_means():
+    # `torch.sum(torch.mul(weight, mean_loss))` sums over the weight vector's terms, not over the batch: no TODO, no
+    # scaling (a "multiply by world_size" there would scale the step N-fold); a weighted sum of per-sample squares
+    # still sums over the batch and is scaled
+    result = _port("weighted_terms")
+    code = result.code
+    assert not any("summed over the batch" in t.message or "reduces over the batch" in t.message
+                   for t in result.todos), result.todos
+    assert "            loss.backward()\n" in code
+    assert "            (total * ctx.world_size).backward()\n" in code

@@ -554,3 +554,52 @@ def test_a_file_a_function_of_the_script_writes_to_the_path_it_is_given_is_read_
     at = lines.index("data = Rows(rows_path)")
     assert lines[at - 1].startswith("ddpkit.barrier(ctx)"), code
     assert lines.index("write_rows(list(range(64)), rows_path, ctx=ctx)") < at - 1
+
+
+_PLOTS_AFTER = '''
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def training_plots(losses, save_path="curves.png"):
+    plt.plot(losses)
+    plt.savefig(save_path)
+    plt.show()
+
+
+def summary(losses):
+    return min(losses)
+
+
+def train():
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for epoch in range(2):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+if __name__ == "__main__":
+    losses = train()
+    best = summary(losses)
+    training_plots(losses)
+'''
+
+
+def test_a_plot_the_main_block_draws_after_the_entry_returns_is_named():
+    # `training_plots` runs after the entry function returned (its ddpkit context closed), on every rank: every
+    # rank saves the same PNG and opens a window; `summary` only computes
+    result = port_source(_PLOTS_AFTER, "train.py")
+    todos = {t.line: t.message for t in result.todos}
+    assert set(todos) == {36}, todos
+    assert "`training_plots(losses)`" in todos[36] and "line 10 `plt.savefig" in todos[36] \
+        and "plt.show" in todos[36] and "every rank" in todos[36], todos[36]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ddpkit.port.diskwrites import Site, reached
+from ddpkit.port.diskwrites import Site, reached, read_module
 from ddpkit.port.weights import Follow, ast_dotted
 
 __all__ = ["prompt_of", "prompts_reached", "stop_of", "stops_reached", "tracker_of", "trackers_reached"]
@@ -40,21 +40,50 @@ def tracker_of(node: ast.AST) -> str:
     return func if _TRACKER_CALL.match(func) or _WINDOW.search(func) else ""
 
 
-def _loss_names(defn: ast.AST) -> set[str]:
-    """Names that hold a training function's loss (what it calls `.backward()` on) or a figure computed from it
-    (`value = loss.item()`); none where the function calls no `loss.backward()` itself."""
+def _loss_names(defn: ast.AST, seeds: set[str] = frozenset()) -> set[str]:
+    """Names that hold a training function's loss (what it calls `.backward()` on, or `seeds`) or a figure computed
+    from it (`value = loss.item()`, `total += loss.item()`); none where the function calls no `loss.backward()`
+    itself and no seed is given."""
     names = {n.func.value.id for n in ast.walk(defn) if isinstance(n, ast.Call) and isinstance(
         n.func, ast.Attribute) and n.func.attr == "backward" and isinstance(n.func.value, ast.Name)
-        and n.func.value.id not in ("self", "cls")}  # `self.backward(loss)`: the object's helper, not a loss
-    assigns = [n for n in ast.walk(defn) if isinstance(n, ast.Assign)]
+        and n.func.value.id not in ("self", "cls")} | set(seeds)  # `self.backward(loss)`: the object's helper
+    assigns = [n for n in ast.walk(defn) if isinstance(n, (ast.Assign, ast.AugAssign))]
     changed = bool(names)
     while changed:
         changed = False
         for a in (a for a in assigns if any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(a.value))):
-            new = {n for t in a.targets for n in _bound_names(t)} - names
+            new = {n for t in (a.targets if isinstance(a, ast.Assign) else [a.target]) for n in _bound_names(t)}
+            changed = changed or bool(new - names)
             names |= new
-            changed = changed or bool(new)
     return names
+
+
+def _trained_figures(defn: ast.AST, path: str) -> set[str]:
+    """Names `defn` binds to what a training function of its module returns from its own loss (`epoch_loss =
+    self.train_epoch(epoch)`, where `train_epoch` calls `loss.backward()` and returns the mean of its losses)."""
+    calls = {t.id: _called_name(a.value) for a in ast.walk(defn) if isinstance(a, ast.Assign)
+             and isinstance(a.value, ast.Call) for t in a.targets if isinstance(t, ast.Name)}
+    if not any(calls.values()):
+        return set()
+    module = read_module(path) if path else None
+    trained = {f.name for f in ast.walk(module) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and _returns_loss(f)} if module is not None else set()
+    return {name for name, called in calls.items() if called in trained}
+
+
+def _called_name(call: ast.Call) -> str:
+    """`self.train_epoch(...)`, `train_epoch(...)`: "train_epoch"; another object's method or a lookup: ""."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _returns_loss(defn: ast.AST) -> bool:
+    """`defn` calls `loss.backward()` and returns a figure of that loss."""
+    loss = _loss_names(defn)
+    return bool(loss) and any(isinstance(r, ast.Return) and r.value is not None and any(
+        isinstance(x, ast.Name) and x.id in loss for x in ast.walk(r.value)) for r in ast.walk(defn))
 
 
 def _bound_names(target: ast.AST) -> list[str]:
@@ -76,12 +105,13 @@ def _exit_in(body: list[ast.stmt]) -> str:
     return ""
 
 
-def stop_of(node: ast.AST, defn: ast.AST) -> str:
-    """`if value > 1e8 or math.isnan(value): raise ...` in a training function, on its own loss: "raise on `...`"."""
+def stop_of(node: ast.AST, defn: ast.AST, path: str = "") -> str:
+    """`if value > 1e8 or math.isnan(value): raise ...` in a training function, on its own loss, or on the loss a
+    training function of the module (`path`) returns to it: "raise on `...`"."""
     if not isinstance(node, ast.If) or not _exit_in(node.body):
         return ""
-    loss = _loss_names(defn)
-    if not any(isinstance(x, ast.Name) and x.id in loss for x in ast.walk(node.test)):
+    tested = {x.id for x in ast.walk(node.test) if isinstance(x, ast.Name)}
+    if not tested & _loss_names(defn) and not tested & _loss_names(defn, _trained_figures(defn, path)):
         return ""
     return f"{_exit_in(node.body)} on `{ast.unparse(node.test)[:40]}`"
 
@@ -103,4 +133,4 @@ def stops_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None 
                   call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
     """Every stop on a rank's own loss (`stop_of`) in the training code `defn` runs, followed as
     diskwrites.writes_reached follows."""
-    return reached(path, defn, follow, owner, call, handed, lambda _, n, d, __: stop_of(n, d))
+    return reached(path, defn, follow, owner, call, handed, lambda where, n, d, __: stop_of(n, d, where))

@@ -78,6 +78,9 @@ def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, t
             return "the `while` loop it decides runs a training step (backward(), DDP's all-reduce): a rank that " \
                    "leaves it early leaves its peers waiting in their next backward()"
         bodies = bodies[1:]
+    elif _one_arm_trains(plan, key, node, trains):
+        return "on it this rank runs a training step (backward(), DDP's all-reduce) or skips it: a rank that " \
+               "skips it leaves its peers waiting in that backward() (a hang until the timeout)"
     saved = None
     for body in bodies:
         for n, loops in _own_nodes(body):
@@ -112,6 +115,12 @@ def _decided(plan: Any, key: str, node: cst.If | cst.While, stmt: cst.CSTNode, t
         return f"on it rank 0 saves (`{' '.join(plan.f.code(saved.func).split())}(...)`) the model it judges best " \
                "by its own shard's value alone, not by every rank's"
     return None
+
+
+def _one_arm_trains(plan: Any, key: str, node: cst.If, trains: set[str]) -> bool:
+    """backward() runs in the `if`'s body or in its other arm (`else`, `elif`, or nothing), not in both."""
+    other = node.orelse.body if isinstance(node.orelse, cst.Else) else node.orelse
+    return _trains(plan, key, node.body, trains) != (other is not None and _trains(plan, key, other, trains))
 
 
 def _own_nodes(block: cst.CSTNode):

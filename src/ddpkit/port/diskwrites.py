@@ -21,7 +21,7 @@ import re
 
 from ddpkit.port.weights import Follow, ast_dotted
 
-__all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes", "reached",
+__all__ = ["PROCESSES", "Site", "callee", "made_classes", "method_of", "named_per_rank", "one_rank_nodes", "reached", "read_module",
            "table_entries", "tolerates_existing", "where", "write_of", "writer_class", "writes_reached"]
 
 Site = tuple[str, int, str]
@@ -240,7 +240,8 @@ def callee(path: str, call: ast.Call, owner: tuple | None,
     return (found[0], found[1], None) if isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-def _module(path: str) -> ast.Module | None:
+def read_module(path: str) -> ast.Module | None:
+    """The parsed module at `path`, or None where it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
             return ast.parse(f.read())
@@ -279,7 +280,7 @@ def _chosen(path: str, call: ast.Call, defn: ast.AST, follow: Follow) -> list[tu
         return [found]
     if _lookup(call.func, defn) is None:
         return []  # (the module is read only for a call that chose from a dict)
-    return [hit for name in table_entries(_module(path), call.func, defn) if (hit := follow(name, path))]
+    return [hit for name in table_entries(read_module(path), call.func, defn) if (hit := follow(name, path))]
 
 
 def made_classes(path: str, defn: ast.AST, follow: Follow) -> list[tuple[str, ast.ClassDef]]:

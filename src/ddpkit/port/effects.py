@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.diskwrites import PROCESSES
-from ddpkit.port.facts import ENTRY, dotted, imported_names, statements_of, walk
+from ddpkit.port.facts import ENTRY, dotted, hands_to_unported, imported_names, statements_of, walk
 from ddpkit.port.files import pyplot_names
 from ddpkit.port.ranks import agreed, library_loader, saves_file
 
@@ -41,6 +41,7 @@ a package or makes a folder; each rank needs its result and may run it again onc
 _FILE_OBJECTS = {"File": "r", "ZipFile": "r", "HDFStore": "a", "open_file": "r", "ExcelWriter": "w"}
 """Library classes that open a file by path (h5py.File, zipfile.ZipFile, pandas' HDFStore and ExcelWriter, PyTables'
 open_file) -> their default mode."""
+_CONSOLE = re.compile(r"^(print|tqdm\.write)$|(^|\.)(info|debug|warning|warn|error|critical)$|^(log|logger|logging)\.log$")
 _READS = re.compile(r"(^|\.)(torch\.load|read_csv|read_json|read_parquet|load|loadtxt|read_text|read_bytes|"
                     r"imread|from_pretrained)$")
 _TRACKERS = {"SummaryWriter": "a TensorBoard SummaryWriter", "wandb.init": "a W&B run",
@@ -106,6 +107,13 @@ def _writes(call: cst.Call) -> bool:
     if name in _FILE_OPS:
         return True
     return bool(_WRITES.search(name)) and not name.startswith("self.") and name not in ("json.dumps",)
+
+
+def _reports(stmt: cst.CSTNode) -> bool:
+    """`print(...)`, `logger.info(...)`: a line that only shows text on the console or in a log."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and _CONSOLE.search(dotted(s.value.func))
+        for s in stmt.body)
 
 
 def _reads(call: cst.Call) -> bool:
@@ -282,6 +290,8 @@ def plan_effects(plan: Any) -> None:
                           "(`if ctx.is_main:`) and make the others wait (`ddpkit.barrier(ctx)`) before they read it")
     _plan_trackers(plan, tracker_names)
     _plan_handles(plan, handles)
+    _plan_unported_writes(plan)
+    _plan_after_close(plan)
     # a save helper of another module (`save_checkpoint(PATH, model, ...)`) is put on rank 0 by the rewriter
     writes += [(k, plan.line_of(s)) for k, s in statements if isinstance(s, cst.SimpleStatementLine) and any(
         saves_file(plan, k, c) and dotted(c.func) != "torch.save" for c in _calls(s))]
@@ -300,8 +310,9 @@ def plan_effects(plan: Any) -> None:
                 or id(stmt) in sites:
             continue
         own = _own_calls(stmt)
-        # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote
-        if not any(_reads(c) or _path_args(plan, c) & paths for c in own):
+        # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote; a
+        # line that only prints or logs the path (`print("saved", path)`) reads nothing
+        if not any(_reads(c) or _path_args(plan, c) & paths and not _reports(stmt) for c in own):
             continue
         if plan.line_of(stmt) <= first.get(key, 1 << 30) and key not in entered:
             continue
@@ -319,6 +330,57 @@ def plan_effects(plan: Any) -> None:
                      and plan.line_of(s) > end]
             if after:
                 plan.barrier_before.discard(id(min(after, key=plan.line_of)))
+
+
+def _plan_unported_writes(plan: Any) -> None:
+    """A `not checked:` TODO at the entry's line that hands control to code of the script the port did not port
+    (`Fire(Experiment)`), listing that code's writes: it runs on every rank, so each writes the same files at once."""
+    handed = hands_to_unported(plan.f)
+    if handed is None:
+        return
+    stmt, keys = handed
+    writes = sorted({(plan.line_of(c), " ".join(plan.f.code(c).split())[:40]) for key in keys
+                     for c in walk(plan.f.scopes[key].node) if isinstance(c, cst.Call)
+                     and (_writes(c) or dotted(c.func) == "torch.save")})
+    if not writes:
+        return
+    listed = "; ".join(f"line {line} `{code}...`" for line, code in writes[:6])  # lines of this script
+    more = f" (+{len(writes) - 6} more)" if len(writes) > 6 else ""
+    plan.todo(stmt, f"not checked: `{' '.join(plan.f.code(stmt).split())[:40]}` runs "
+              f"`{'`, `'.join(sorted({k.split('.')[0] for k in keys}))}` of this script, which the port did not "
+              f"port, on every rank; it writes files: {listed}{more}: write them on rank 0 only "
+              "(`if ctx.is_main:` around each, ctx handed in), make directories with exist_ok=True")
+
+
+def _plan_after_close(plan: Any) -> None:
+    """Lines of the `__main__` block after the call of the entry function run once its ddpkit context has closed,
+    on every rank, where no ctx keeps them to rank 0: a call there that writes files or shows a window (itself, or
+    through a function of the script: `training_plots(losses)` saving a PNG) does it from every rank. A TODO at it."""
+    f = plan.f
+    if f.ctx_global or f.entry_key in (None, ENTRY):
+        return
+    for guard in (s for s in f.module.body if isinstance(s, cst.If) and "__name__" in f.code(s.test)):
+        after = False
+        for stmt in statements_of(guard):
+            if not after:
+                after = any(isinstance(c, cst.Call) and f.entry_key in f.callees(c, ENTRY) for c in walk(stmt))
+                continue
+            effects = _outputs(plan, stmt)
+            if effects:
+                plan.todo(stmt, f"`{' '.join(f.code(stmt).split())[:40]}` runs after `{f.entry_key}` returned (its "
+                          f"ddpkit context closed), on every rank: {'; '.join(effects[:4])}: every rank does it at "
+                          f"once; do it inside `{f.entry_key}` under `if ctx.is_main:` (hand it what it needs there)")
+
+
+def _outputs(plan: Any, stmt: cst.CSTNode) -> list[str]:
+    """The file writes and windows of `stmt`'s calls, itself or in the script's functions it calls: `line 10
+    `plt.savefig(...)``."""
+    f, plots = plan.f, pyplot_names(plan.f.module)
+    nodes = list(walk(stmt)) + [n for c in walk(stmt) if isinstance(c, cst.Call) for k in f.callees(c, ENTRY)
+                                for n in walk(f.scopes[k].node)]
+    return [f"line {plan.line_of(c)} `{' '.join(f.code(c).split())[:30]}`" for c in nodes if isinstance(c, cst.Call)
+            and (_writes(c) or dotted(c.func) == "torch.save" or dotted(c.func).split(".")[0] in plots
+                 and dotted(c.func).endswith(".show"))]
 
 
 def _plan_before_init(plan: Any) -> None:

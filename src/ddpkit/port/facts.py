@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 __all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "bound",
-           "statements_of", "ENTRY", "ARGS_ROOTS", "CONCAT", "RANDOM_DRAW", "accumulated", "names_a_device"]
+           "statements_of", "ENTRY", "ARGS_ROOTS", "CONCAT", "RANDOM_DRAW", "accumulated", "names_a_device",
+           "hands_to_unported"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -467,6 +468,22 @@ class Facts:
 
     def is_eval_name(self, text: str) -> bool:
         return _EVAL_NAME.search(text.lower()) is not None
+
+
+def hands_to_unported(f: Facts) -> tuple[cst.BaseStatement, list[str]] | None:
+    """The entry's first statement that hands control to classes or functions of the script the port did not port
+    (`Fire(Forecast)`, `runner.run(Experiment)`), and the scope keys of their code: training runs in there, out of
+    the port's sight, so the one seed every rank got after ddpkit.init must be undone before it (or every rank draws
+    the same samples and noise), and what that code writes is every rank's."""
+    entry = ENTRY if f.ctx_global else f.entry_key
+    owners = {s.cls or key for key, s in f.scopes.items() if key not in (ENTRY, f.entry_key)}
+    unported = owners - {s.cls or key for key, s in f.scopes.items() if key in f.ported}  # none of its code ported
+    for stmt in f.scope_statements(entry):
+        named = set() if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) else {
+            n.value for n in walk(stmt) if isinstance(n, cst.Name) and n.value in unported}
+        if named:
+            return stmt, sorted(key for key, s in f.scopes.items() if (s.cls or key) in named)
+    return None
 
 
 def imported_names(module: cst.Module) -> dict[str, str]:

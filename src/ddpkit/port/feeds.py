@@ -21,7 +21,8 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.port.batches import plan_drawn_batches
-from ddpkit.port.facts import ARGS_ROOTS, ENTRY, dotted, loader_expr, names_a_device, root_name, walk
+from ddpkit.port.facts import (ARGS_ROOTS, ENTRY, dotted, hands_to_unported, loader_expr, names_a_device,
+                               root_name, walk)
 from ddpkit.port.hostbatches import model_forwards as _forwards, plan_batch_moves
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import runs_again
@@ -492,6 +493,9 @@ def plan_rank_streams(plan: Any) -> None:
                for n in walk(stmt)):
             plan.reseed.add(id(stmt))
             return
+    handed = hands_to_unported(f)
+    if handed is not None:
+        plan.reseed.add(id(handed[0]))
 
 
 def _top(plan: Any, stmt: cst.CSTNode) -> cst.CSTNode:

@@ -38,6 +38,9 @@ _KEEPS = frozenset({"sum", "mean", "item", "detach", "float", "double", "half", 
                     "cpu", "contiguous"})
 """Methods that leave a loss's (or a criterion's) reduction as it was; `sum` and `mean` decide it."""
 _ARITHMETIC = frozenset({"mul", "mul_", "add", "add_", "sub", "sub_"})
+_TORCH_ARITHMETIC = {"torch.mul": cst.Multiply, "torch.multiply": cst.Multiply, "torch.add": cst.Add,
+                     "torch.sub": cst.Subtract}
+_CONSTANT_TENSORS = frozenset({"torch.Tensor", "torch.tensor", "torch.FloatTensor", "torch.as_tensor"})
 
 
 def plan_summed_losses(plan: Any) -> None:
@@ -268,6 +271,11 @@ def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[s
         method = call.func.attr.value.rstrip("_")  # `torch.sum(k).mul_(-0.5)`, `bce.add(kld)`: as `*` and `+`
         op = cst.Multiply() if method == "mul" else cst.Add() if method == "add" else cst.Subtract()
         return _reduction(plan, key, cst.BinaryOperation(call.func.value, op, call.args[0].value), line, depth + 1)
+    if func in _TORCH_ARITHMETIC and len(call.args) == 2:  # `torch.mul(weight, loss)`: as `weight * loss`
+        return _reduction(plan, key, cst.BinaryOperation(call.args[0].value, _TORCH_ARITHMETIC[func](),
+                                                         call.args[1].value), line, depth + 1)
+    if func in _CONSTANT_TENSORS:
+        return FREE, ""  # `torch.Tensor(config["WEIGHT"])`: a weight vector, free of the batch
     if func == "torch.div" and len(call.args) >= 2:
         return _divided(plan, key, _reduction(plan, key, call.args[0].value, line, depth + 1), call.args[1].value,
                         line)
@@ -280,11 +288,7 @@ def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[s
         else:
             dims = list(call.args)
         if method in ("sum", "mean"):
-            if "parameters(" in plan.f.code(inner):
-                return FREE, ""  # a weight penalty: free of the batch
-            if dims and not any(plan.f.code(a.value).strip() in ("0", "-0") for a in dims):
-                return EACH, ""  # summed over features: still one value per sample
-            return (SUM, code) if method == "sum" else (MEAN, "")
+            return _reduced(plan, key, method, inner, dims, code, line, depth)
         return _reduction(plan, key, inner, line, depth + 1)
     if func == "sum" and call.args and "parameters(" in plan.f.code(call.args[0].value):
         return FREE, ""  # `sum(p.pow(2).sum() for p in model.parameters())`
@@ -301,6 +305,60 @@ def _call(plan: Any, key: str, call: cst.Call, line: int, depth: int) -> tuple[s
     if found[0] == UNKNOWN and _options(plan, key, call, "", line, depth)[0] == SUM:
         return UNKNOWN, f"`{code}` {_TOLD}"  # `CrossEntropyLoss2d(size_average=False)`
     return found
+
+
+def _reduced(plan: Any, key: str, method: str, inner: cst.BaseExpression, dims: list[cst.Arg], code: str,
+             line: int, depth: int) -> tuple[str, str]:
+    """`inner.sum()`, `torch.mean(inner)`: over the batch, unless it runs over features (`dim=1`) or over values
+    already averaged over the batch (`torch.sum(weight * mse)` sums the weighted terms of a batch mean: a mean)."""
+    if "parameters(" in plan.f.code(inner):
+        return FREE, ""  # a weight penalty: free of the batch
+    if dims and not any(plan.f.code(a.value).strip() in ("0", "-0") for a in dims):
+        return EACH, ""  # summed over features: still one value per sample
+    found = _reduction(plan, key, inner, line, depth + 1)
+    if found[0] in (MEAN, MIXED):
+        return found
+    if method == "mean":
+        return MEAN, ""
+    if _weighted_loss(plan, key, inner, line):
+        return UNKNOWN, ""  # a weight vector times a loss the port cannot read: a sum over terms, most likely
+    return SUM, code
+
+
+def _weighted_loss(plan: Any, key: str, expr: cst.BaseExpression, line: int) -> bool:
+    """`weight * loss`, `torch.mul(weight, loss)`: a constant weight tensor times a criterion's result."""
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply):
+        sides = [expr.left, expr.right]
+    elif isinstance(expr, cst.Call) and dotted(expr.func) in ("torch.mul", "torch.multiply") and len(expr.args) == 2:
+        sides = [a.value for a in expr.args]
+    else:
+        return False
+    kinds = [(_bound_to(plan, key, s, line, _is_constant_tensor), _bound_to(plan, key, s, line, _is_loss_call))
+             for s in sides]
+    return (kinds[0][0] and kinds[1][1]) or (kinds[1][0] and kinds[0][1])
+
+
+def _bound_to(plan: Any, key: str, expr: cst.BaseExpression, line: int, test: Any) -> bool:
+    """`test` holds for `expr`, or for every value bound to the name `expr` in the scope before `line`."""
+    if not isinstance(expr, cst.Name):
+        return test(expr)
+    values = [n.value for n in plan.nodes(key) if isinstance(n, cst.Assign) and plan.line_of(n) < line
+              and any(dotted(t.target) == expr.value for t in n.targets)]
+    return bool(values) and all(test(v) for v in values)
+
+
+def _is_constant_tensor(expr: cst.BaseExpression) -> bool:
+    """`torch.Tensor([1.0, 0.5])`, `torch.tensor(cfg["w"]).to(device)`: a tensor made from numbers."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _KEEPS \
+            and dotted(expr.func) not in _CONSTANT_TENSORS:
+        expr = expr.func.value
+    return isinstance(expr, cst.Call) and dotted(expr.func) in _CONSTANT_TENSORS
+
+
+def _is_loss_call(expr: cst.BaseExpression) -> bool:
+    """`content_criterion(sr, gt)`, `self.perceptual_loss(a, b)`: a call of something named as a loss."""
+    name = dotted(expr.func).rsplit(".", 1)[-1].lower() if isinstance(expr, cst.Call) else ""
+    return any(word in name for word in ("loss", "criterion"))
 
 
 def _element(plan: Any, key: str, value: cst.BaseExpression, index: int | None, depth: int) -> tuple[str, str]:

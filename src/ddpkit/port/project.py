@@ -1083,10 +1083,14 @@ def _library_names(module: ast.Module) -> dict[str, str]:
 def _definer(tree: ast.Module, folder: str, modules: dict[str, str], parsed: dict[str, ast.Module | None]):
     """Resolves a call of the ported script to (file, name, definition) in the project's own code, else None."""
     imported = _local_imports(tree, modules, folder, parsed)
+    aliases = {t.id: n.value.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name)
+               and n.value.id in imported for t in n.targets if isinstance(t, ast.Name) and t.id not in imported}
 
     def definition(func: str) -> tuple[str, str, ast.AST] | None:
-        """(file, name, definition) of a call of the project's own code (`Trainer`, `utils.save`), else None."""
+        """(file, name, definition) of a call of the project's own code (`Trainer`, `utils.save`, `Exp` after `Exp =
+        Exp_Main`), else None."""
         head, _, rest = func.partition(".")
+        head = aliases.get(head, head)
         if head not in imported or (imported[head][1] is None) == (not rest) or "." in rest:
             return None
         path, defined = imported[head]

@@ -18,6 +18,8 @@ from ddpkit.port.facts import ARGS_ROOTS, RANDOM_DRAW, dotted, root_name, walk
 __all__ = ["plan_ranks", "plan_rank_values", "library_loader", "agreed", "apart", "random_apart", "tests_around",
            "saves_file"]
 
+_LOADS = re.compile(r"(^|\.)(load\w*|open|read\w*|imread|File|exists|isfile|isdir|is_file|is_dir)$")
+"""Calls that read or check a file they are handed (what a file check guards, not what makes the file)."""
 _DISK = re.compile(r"(^|\.)(exists|isfile|isdir|listdir|glob|is_file|is_dir|iterdir|scandir)$")
 
 
@@ -80,11 +82,25 @@ def plan_ranks(plan: Any) -> None:
                 plan.todo(node, "next(iter(...)) on the training loader starts an epoch of ddpkit.loader and takes "
                           "its first step (the position a checkpoint resumes from): take the sample from the dataset "
                           "instead (`loader.dataset[i]`)")
+            elif name == "iter" and node.args and plan.role(key, dotted(node.args[0].value)) == "eval":
+                _first_eval_batch(plan, node, dotted(node.args[0].value))
             elif name.endswith("ReduceLROnPlateau"):
                 _plateau(plan, key, node)
         for node in plan.nodes(key):
             if isinstance(node, cst.For) and plan.loop_role(key, node) == "eval":
                 _by_position(plan, key, node)
+
+
+def _first_eval_batch(plan: Any, node: cst.Call, loader: str) -> None:
+    """`next(iter(test_loader))`, `dataiter = iter(test_loader)`: batches drawn one by one from this rank's evaluation
+    shard (whole batches in dataset order, unpadded) are not the original's past rank 0, and none at all where the
+    shard is empty. A TODO naming the loader."""
+    plan.todo(node, f"`iter({loader})` draws batches from this rank's evaluation shard (ddpkit.eval_loader splits "
+              "the set's whole batches over the ranks, unpadded): rank 0's first batch is the original's, another "
+              "rank's is another one, and a rank whose shard is empty (fewer batches than ranks) raises "
+              "StopIteration at next(); where every rank needs the original's batch (a fixed batch to show, a shape), "
+              f"take it from the whole set: `next(iter(torch.utils.data.DataLoader({loader}.dataset, "
+              "batch_size=...)))`")
 
 
 def _by_position(plan: Any, key: str, loop: cst.For) -> None:
@@ -268,7 +284,8 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
             own = own or any(plan.role(key, _model_root(c)) == "model" or "loss" in dotted(c.func).lower()
                              for c in walk(value) if isinstance(c, cst.Call))
         origin = next((o for o in map(drawn, exprs) if o), "")
-        own = own or bool(origin) or any(_reads_disk(e) for e in exprs)
+        own = own or bool(origin) or any(_reads_disk(e) and _after_a_write(plan, key, a)
+                                          for a in assigns[name.removeprefix("len:")] for e in exprs)
         reads = {n for e in exprs for n in names_of(e)}
         deps[name] = (reads, own, origin)
         todo.extend(sorted(reads - deps.keys()))
@@ -282,7 +299,7 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
                 per_rank[name] = next((per_rank[r] for r in sorted(reads & per_rank.keys()) if per_rank[r][1]),
                                       (name, ""))
                 grew = True
-    if _reads_disk(expr):
+    if _reads_disk(expr) and _after_a_write(plan, key, expr):
         return "", ""
     hit = sorted(names_of(expr) & per_rank.keys())
     if hit:
@@ -391,6 +408,22 @@ _AGREED_ROOTS = frozenset({"math", "torch", "np", "float", "int", "len", "abs"})
 def _reads_disk(expr: cst.CSTNode) -> bool:
     """Files on disk: one rank may see what another has not written yet."""
     return any(isinstance(c, cst.Call) and _DISK.search(dotted(c.func)) for c in walk(expr))
+
+
+def _after_a_write(plan: Any, key: str, node: cst.CSTNode) -> bool:
+    """A file check at `node` may see what rank 0 of this run has or has not written yet: inside a loop, after a
+    save of the scope, or where the statement holding it makes that file (`if not os.path.exists(p):
+    urlretrieve(url, p)`: rank 0 makes it first, the others then find it). Otherwise (`if os.path.isfile(ckpt): load
+    it`, ahead of training) it sees the files of an earlier run, the same on every rank."""
+    if _loops_around(plan, node):
+        return True
+    line = plan.line_of(node)
+    stmt = plan._stmt.get(id(node), node)
+    checked = {plan.f.code(c.args[0].value) for c in walk(node) if isinstance(c, cst.Call) and c.args
+               and _DISK.search(dotted(c.func))}
+    return any(isinstance(n, cst.Call) and (plan.line_of(n) < line and saves_file(plan, key, n) or line <= plan.line_of(
+        n) <= plan.end_of(stmt) and not _LOADS.search(dotted(n.func)) and any(plan.f.code(a.value) in checked
+                                                                          for a in n.args)) for n in plan.nodes(key))
 
 
 def tests_around(plan: Any, node: cst.CSTNode) -> list[cst.BaseExpression]:
