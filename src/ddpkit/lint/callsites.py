@@ -191,16 +191,11 @@ def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     by its name or through an imported module (`model.train()` is another function); a call that spreads
     `*args`/`**kwargs`, gives a rank test (see _flag_parameters) or anything but the rank, or a function that
     assigns the parameter, gives nothing."""
-    methods = {d.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
-               for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    methods = _method_names(project)
     calls = _calls_by_name(project)
     for path, script in project.scripts.items():
         for d in script.defs:
-            found = calls.get(d.name, [])
-            if d.name not in methods:
-                found = [(x, c) for x, c in found if not isinstance(c.func, ast.Attribute)
-                         or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
-            for param, values in _arguments(d, found).items():
+            for param, values in _arguments(d, _calls_of(d.name, calls, methods)).items():
                 given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
                          and not is_main_flag(terminal(value)) else NONE for x, value in values]
                 if given and min(given):
@@ -213,13 +208,14 @@ def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     parameter is that rank check in its function, as `=fit(verbose)` (Script.kind). Functions are matched by
     name, as elsewhere; a call that spreads `*args`/`**kwargs`, or a function that assigns the parameter, gives
     nothing."""
-    calls = _calls_by_name(project)
+    calls, methods = _calls_by_name(project), _method_names(project)
     for path, script in project.scripts.items():
         for d in script.defs:
             # a class's `__init__` is called by the class's name (`Logger(enable=is_main)`)
             owner = script.parents.get(id(d))
             called = owner.name if d.name == "__init__" and isinstance(owner, ast.ClassDef) else d.name
-            for param, values in _arguments(d, calls.get(called, [])).items():
+            found = calls.get(called, []) if called != d.name else _calls_of(called, calls, methods)
+            for param, values in _arguments(d, found).items():
                 given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
                 if given and min(given):
                     levels.setdefault(path, {})[f"={d.name}({param})"] = min(given)
@@ -280,6 +276,24 @@ def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:
         for call in x.calls:
             calls.setdefault(terminal(call.func), []).append((x, call))
     return calls
+
+
+def _method_names(project) -> set[str]:
+    """Names of the methods of the program's classes."""
+    return {d.name for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef)
+            for d in c.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _calls_of(name: str, calls: dict[str, list[tuple[object, ast.Call]]],
+              methods: set[str]) -> list[tuple[object, ast.Call]]:
+    """The calls that can reach the program's function `name`. Where no class of the program has a method of that
+    name, `obj.name(...)` is another library's method (`model.train()` beside `def train(model, writer=None)`),
+    not a call of the function, unless `obj` is an imported module (`trainer.train(...)`)."""
+    found = calls.get(name, [])
+    if name in methods:
+        return found
+    return [(x, c) for x, c in found if not isinstance(c.func, ast.Attribute)
+            or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
 
 
 def _arguments(d: ast.FunctionDef | ast.AsyncFunctionDef,
