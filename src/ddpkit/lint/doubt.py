@@ -152,8 +152,9 @@ def _reads_rank(s, test: ast.AST, at: ast.AST, depth: int = 1) -> bool:
         if len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) \
                 and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
             # `gpu is not None`: every rank was given a device or none was; only an object made on some ranks
-            # alone (`writer = SummaryWriter() if rank == 0 else None`) makes a None test pick ranks
-            return _made_on_some_ranks(s, test.left, at)
+            # alone (`writer = SummaryWriter() if rank == 0 else None`) makes a None test pick ranks, also when the
+            # callers hand it over as a parameter (Script.kind reads `=train(writer)`, see callsites._flag_parameters)
+            return _made_on_some_ranks(s, test.left, at) or s.kind(test) != NONE
         return any(_value_per_rank(s, e, at, depth) for e in (test.left, *test.comparators))
     if isinstance(test, ast.Attribute) and is_gpu_index(test.attr) and s.test_kind(test) == NONE:
         return False  # `if cfg.mode.gpu:` asks whether the run uses GPUs (see Script.test_kind)
