@@ -124,3 +124,33 @@ def test_the_elif_of_a_rank_check_that_tests_a_rank_zero_writer_runs_on_no_other
     fit = _FIT[:_FIT.index("    def report")] + "    from report import report\n\n\n" + _FIT[_FIT.index("    def train"):]
     found = _found({"fit.py": fit, "report.py": _REPORT, "train_ddp.py": _DDP_ENTRY, "train.py": _SINGLE_ENTRY})
     assert ("report.py", 'print("epoch", epoch, "validation loss", total)', "DDP008") not in found
+
+
+_ASSERT_MESSAGE = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def assign(feats, bases):
+        assert bases.shape[1] == feats.shape[1], print(feats.shape, bases.shape)
+        print("assigned", feats.shape)
+        return feats @ bases.t()
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(4, 4))
+        assign(model(torch.randn(8, 4)), torch.randn(3, 4))
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_print_as_an_asserts_message_is_the_failing_ranks_own():
+    found = _found({"train.py": _ASSERT_MESSAGE})
+    assert ("train.py", "assert bases.shape[1] == feats.shape[1], print(feats.shape, bases.shape)", "DDP008") not in found
+    assert ("train.py", 'print("assigned", feats.shape)', "DDP008") in found

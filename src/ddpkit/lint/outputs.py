@@ -1626,6 +1626,15 @@ def _before_exit(s: Script, after: dict[int, ast.stmt], stmt: ast.stmt | None) -
 _ANOMALY = frozenset({"isnan", "isinf", "isneginf", "isposinf"})
 
 
+def _assert_message(s: Script, call: ast.Call) -> bool:
+    """The call is (in) the message of an `assert` (`assert a == b, print(a, b)`): Python evaluates it only when the
+    assertion fails, so it is the failing rank's own diagnostic."""
+    child, parent = call, s.parents.get(id(call))
+    while parent is not None and not isinstance(parent, (ast.stmt, ast.Lambda)):
+        child, parent = parent, s.parents.get(id(parent))
+    return isinstance(parent, ast.Assert) and parent.msg is child
+
+
 def _under_anomaly_test(s: Script, call: ast.Call) -> bool:
     """The message sits in the body of an `if` (of its function) that asks whether this rank's own values went
     bad: `torch.isnan(...)`/`isinf`, `x.isnan().any()`, `math.isnan(v)`, `np.isinf(...)`, or `not
@@ -2197,6 +2206,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue
         if _under_anomaly_test(s, call):
             continue  # `if torch.isnan(loss): print(...)`: only the rank whose own values went bad shows it
+        if _assert_message(s, call):
+            continue  # `assert ok, print(...)`: runs only where the assertion fails, right before AssertionError
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
         if _over_rank_filled(s, call):
