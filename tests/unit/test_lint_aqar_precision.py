@@ -154,3 +154,37 @@ def test_a_print_as_an_asserts_message_is_the_failing_ranks_own():
     found = _found({"train.py": _ASSERT_MESSAGE})
     assert ("train.py", "assert bases.shape[1] == feats.shape[1], print(feats.shape, bases.shape)", "DDP008") not in found
     assert ("train.py", 'print("assigned", feats.shape)', "DDP008") in found
+
+
+_TEST_SET_EPOCH = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+    def check(model, data):
+        sampler = DistributedSampler(data, shuffle={shuffle})
+        loader = DataLoader(data, batch_size=1, sampler=sampler)
+        sampler.set_epoch(0)
+        hits = 0
+        for x, y in loader:
+            hits += int((model(x) > 0).eq(y > 0).all())
+        return hits
+
+
+    def main():
+        dist.init_process_group("gloo")
+        hits = check(DDP(torch.nn.Linear(4, 1)), TensorDataset(torch.randn(8, 4), torch.randn(8, 1)))
+        dist.all_reduce(torch.tensor(hits))
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_constant_set_epoch_on_a_sampler_that_does_not_shuffle_changes_nothing():
+    assert ("script.py", "sampler.set_epoch(0)", "DDP001") not in _found({"script.py": _TEST_SET_EPOCH.replace("{shuffle}", "False")})
+    assert ("script.py", "sampler.set_epoch(0)", "DDP001") in _found({"script.py": _TEST_SET_EPOCH.replace("{shuffle}", "True")})

@@ -52,6 +52,16 @@ def _is_const(node: ast.AST | None, value: object) -> bool:
 
 
 # ---- data ------------------------------------------------------------------------------------
+def _never_shuffles(s: Script, call: ast.Call) -> bool:
+    """`sampler.set_epoch(...)` where every assignment of `sampler` in the function builds a DistributedSampler with
+    `shuffle=False` (by keyword or at its position)."""
+    if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)):
+        return False
+    built = s.local_values(call.func.value.id, call)
+    return bool(built) and all(isinstance(v, ast.Call) and terminal(v.func) == "DistributedSampler"
+                               and _is_const(argument(v, "shuffle", 3), False) for v in built)
+
+
 @check
 def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
     set_epochs = s.project.calls_named("set_epoch")
@@ -61,6 +71,8 @@ def sampler_without_set_epoch(s: Script) -> Iterator[Hit]:
         if isinstance(call.func, ast.Attribute) and any(is_eval_name(terminal(n)) for n in ast.walk(call.func.value)
                                                         if isinstance(n, (ast.Name, ast.Attribute))):
             continue  # `valid_queue.sampler.set_epoch(0)`: the order of evaluation data does not matter
+        if _never_shuffles(s, call):
+            continue  # the epoch only seeds the shuffle: a sampler built with shuffle=False ignores it
         if isinstance(call.args[0], ast.Constant) or _loop_invariant(s, call):
             yield Hit(call, "DDP001", "error",
                       f"set_epoch({ast.unparse(call.args[0])}) passes the same epoch every time, so every epoch "
