@@ -1,5 +1,6 @@
 """DDP007 in a project's shell launch scripts: `python -m torch.distributed.launch ... train.py` that starts a linted
-script is reported at the .sh line; shell scripts next to the linted files are found by lint_files."""
+script is reported at the .sh line; shell scripts next to the linted files, and those named among the paths, are read
+by lint_files and the command (never parsed as Python)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,23 @@ def test_the_command_reads_the_shell_scripts_beside_a_linted_directory(tmp_path,
     (tmp_path / "run.sh").write_text("python -m torch.distributed.launch --nproc_per_node 8 train.py --lr 0.1\n")
     main([str(tmp_path), "--select", "DDP007"])
     assert "run.sh:1" in capsys.readouterr().out
+
+
+def test_a_shell_script_named_among_the_files_is_read_as_a_launcher_not_parsed_as_python(tmp_path):
+    (tmp_path / "scripts").mkdir()  # below the program's folder: not found by the search upwards
+    (tmp_path / "train.py").write_text(_TRAIN)
+    (tmp_path / "scripts" / "dist_train.sh").write_text(_RUN)
+    found = lint_files([tmp_path / "train.py", tmp_path / "scripts" / "dist_train.sh"])
+    assert [f.rule for f in found if f.path.endswith(".sh")] == ["DDP007"]
+    assert _ddp007(found) == [(str(tmp_path / "scripts" / "dist_train.sh"), 5)]
+
+
+def test_the_command_takes_a_shell_script_among_its_paths(tmp_path, capsys):
+    from ddpkit.lint.command import main
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "train.py").write_text(_TRAIN)
+    (tmp_path / "scripts" / "dist_train.sh").write_text(_RUN)
+    assert main([str(tmp_path / "train.py"), str(tmp_path / "scripts" / "dist_train.sh")]) == 0  # a warning
+    out = capsys.readouterr().out
+    assert "dist_train.sh:5" in out and "DDP000" not in out and "1 file checked" in out

@@ -30,27 +30,34 @@ def lint_file(path: str | Path) -> list[Finding]:
 
 
 def lint_files(paths: list[str | Path]) -> list[Finding]:
-    """Findings for several files, those that import each other analysed as one program; the shell scripts beside
-    them (launch_scripts) are read for the launches of these files."""
-    return lint_sources({str(p): _read(Path(p)) for p in paths}, shell=_launch_texts(paths))
+    """Findings for several files, those that import each other analysed as one program. Shell scripts among
+    `paths` (`*.sh`) and those beside the Python files (launch_scripts) are read for the launches of these files."""
+    scripts = [p for p in paths if not _is_shell(p)]
+    given = {str(p): _read(Path(p)) for p in paths if _is_shell(p)}
+    return lint_sources({str(p): _read(Path(p)) for p in scripts}, shell=_launch_texts(scripts, given))
 
 
-def _launch_texts(paths: list) -> dict[str, str]:
-    """{path: text} of the launch scripts beside `paths` that can be read (one that cannot is not the lint's
-    subject: it is left out)."""
-    texts = {}
-    for script in launch_scripts([Path(p) for p in paths]):
+def _is_shell(path: str | Path) -> bool:
+    return Path(path).suffix == ".sh"
+
+
+def _launch_texts(scripts: list, given: dict[str, str] | None = None) -> dict[str, str]:
+    """{path: text} of the shell scripts the user gave (`given`) and the launch scripts beside `scripts` that can
+    be read (one found beside them that cannot is not the lint's subject: it is left out)."""
+    texts = dict(given or {})
+    for script in launch_scripts([Path(p) for p in scripts]):
         try:
-            texts[str(script)] = _read(script)
+            texts.setdefault(str(script), _read(script))
         except OSError:
             continue
     return texts
 
 
 def collect_paths(paths: list[str]) -> list[Path]:
-    """.py files as given, directories searched for *.py (skipping hidden and cache directories).
+    """.py files and shell launch scripts (.sh) as given, directories searched for *.py (skipping hidden and cache
+    directories).
 
-    FileNotFoundError for a missing path, ValueError for a file that is not a .py file.
+    FileNotFoundError for a missing path, ValueError for a file that is neither a .py file nor a .sh script.
     """
     found: list[Path] = []
     for raw in paths:
@@ -58,9 +65,9 @@ def collect_paths(paths: list[str]) -> list[Path]:
         if not path.exists():
             raise FileNotFoundError(f"path {raw!r} does not exist; pass a .py file or a directory of them")
         if not path.is_dir():
-            if path.suffix != ".py":
-                raise ValueError(f"path {raw!r} is not a Python file (it does not end in .py); "
-                                 "pass a .py file or a directory of them")
+            if path.suffix not in (".py", ".sh"):
+                raise ValueError(f"path {raw!r} is not a Python file (it does not end in .py) or a shell launch "
+                                 "script (.sh); pass a .py file, a .sh script that starts one, or a directory")
             found.append(path)
             continue
         for file in sorted(path.rglob("*.py")):
@@ -116,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
               "e.g. `ddpkit lint train.py`", file=sys.stderr)
         return 2
     try:
-        sources = [{str(f): _read(f) for f in collect_paths(args.paths)}]
+        paths = collect_paths(args.paths)
+        sources = [{str(f): _read(f) for f in paths if not _is_shell(f)}]
+        given_shell = {str(f): _read(f) for f in paths if _is_shell(f)}
     except (FileNotFoundError, ValueError) as e:
         print(f"ddpkit lint: error: {e}", file=sys.stderr)
         return 2
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddpkit lint: error: cannot write {e.filename!r} ({e.strerror}); nothing else was changed "
                   "after it", file=sys.stderr)
             return 2
-    findings = [f for group in sources for f in lint_sources(group, shell=_launch_texts(list(group)))]
+    findings = [f for group in sources for f in lint_sources(group, shell=_launch_texts(list(group), given_shell))]
     if args.select:
         findings = [f for f in findings if f.rule in args.select]
     if args.ignore:
