@@ -1208,6 +1208,11 @@ def _fixed_rank(call: ast.Call, first: str) -> bool:
     return isinstance(given, ast.Constant)
 
 
+def assigned_key(node: ast.AST) -> str:
+    """How Script.assignments names a target: 'x' for a name, '.x' for an attribute ('' for anything else)."""
+    return node.id if isinstance(node, ast.Name) else "." + node.attr if isinstance(node, ast.Attribute) else ""
+
+
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:
     if isinstance(target, ast.Name):
         return [(target.id, value)]
