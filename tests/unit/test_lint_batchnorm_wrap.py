@@ -278,3 +278,62 @@ def test_a_block_class_handed_to_the_programs_network_is_reported_where_it_is_wr
 
     assert notes("Bottleneck") == [("train.py", 15)]
     assert notes("Plain") == []
+
+
+_GAN_NETS = '''from torch import nn
+
+
+class Generator(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.body = nn.Sequential(nn.ConvTranspose2d(cfg.nz, 64, 4), nn.BatchNorm2d(64), nn.ReLU())
+
+
+class Plain(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.body = nn.Sequential(nn.ConvTranspose2d(cfg.nz, 64, 4), nn.ReLU())
+'''
+
+_SETUP = '''import torch
+from torch import nn
+
+
+class TrainConfig:
+    nz = 100
+
+    def get_network(self, network, device_rank=0):
+        net = network(self).to(device_rank)
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[device_rank])
+        return net, torch.optim.Adam(net.parameters())
+'''
+
+_GAN_TRAIN = '''import os
+
+import torch.distributed as dist
+
+from nets import NET
+from setup import TrainConfig
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank = int(os.environ["LOCAL_RANK"])
+    cfg = TrainConfig()
+    net, opt = cfg.get_network(NET, device_rank=rank)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_class_handed_to_another_files_method_that_builds_and_wraps_it_is_reported_at_the_wrap():
+    """`cfg.get_network(Generator)` where get_network builds `network(self)` and wraps it in DDP: the model is the
+    class its callers pass for that parameter; a class without BatchNorm passed the same way is no finding."""
+    def notes(net: str) -> list[tuple[str, int]]:
+        files = {"train.py": _GAN_TRAIN.replace("NET", net), "nets.py": _GAN_NETS, "setup.py": _SETUP}
+        return [(f.path, f.line) for f in lint_sources(files) if f.rule == "DDP013"]
+
+    assert notes("Generator") == [("setup.py", 10)]
+    assert notes("Plain") == []

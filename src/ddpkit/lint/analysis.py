@@ -774,12 +774,23 @@ class Script:
             how = relation(stmt, path, parents)
             if how == "exclusive":
                 continue
+            if value is None:
+                value = self._returned_into(stmt, use.id)
             if value is not None and self.is_global_rank(value):
                 return True
             if how == "before":
                 return False
             reached = True
         return not reached  # only other branches assign it here: the value comes from outside
+
+    def _returned_into(self, stmt: ast.AST, name: str) -> ast.AST | None:
+        """`rank, world_size, device = setup()` of a function of this file with one return, `return rank,
+        world_size, device`: what that return puts at `name`'s place (read in that function), else None."""
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
+            return None
+        own = {d.name: d for d in self.defs}
+        returned = _single_return(own, stmt.value)
+        return None if returned is stmt.value else dict(_target_pairs(stmt.targets[0], returned)).get(name)
 
     # ---- contexts --------------------------------------------------------------------------
     def in_loop(self, node: ast.AST) -> bool:
@@ -1206,6 +1217,22 @@ def _fixed_rank(call: ast.Call, first: str) -> bool:
     """The call hands its function a constant as the rank, its first parameter (`train(0, ...)`, `fn(rank=0, ...)`)."""
     given = call.args[0] if call.args else next((k.value for k in call.keywords if first and k.arg == first), None)
     return isinstance(given, ast.Constant)
+
+
+def _single_return(own: dict[str, ast.AST], value: ast.AST) -> ast.AST:
+    """What `value` holds where it is a call of a function of this file with one return (`rank, world, device =
+    setup()` of `return rank, world_size, device`): that return's value, each name read in the function; else
+    `value` itself."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in own:
+        returns = [r.value for r in own_returns(own[value.func.id])]
+        if len(returns) == 1 and returns[0] is not None:
+            return returns[0]
+    return value
+
+
+def assigned_key(node: ast.AST) -> str:
+    """How Script.assignments names a target: 'x' for a name, '.x' for an attribute ('' for anything else)."""
+    return node.id if isinstance(node, ast.Name) else "." + node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

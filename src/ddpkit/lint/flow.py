@@ -199,12 +199,25 @@ def _reduces_a_copy(s: Script, call: ast.Call) -> bool:
 def _collects_copies(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     params = {a.arg for a in (*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs)}
     copies = {t.id for n in ast.walk(d) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-              and terminal(n.value.func) == "clone" for t in n.targets if isinstance(t, ast.Name)}
+              and _new_tensor(s, n.value) for t in n.targets if isinstance(t, ast.Name)}
     collectives = [c for c in ast.walk(d) if isinstance(c, ast.Call) and s.is_dist_collective(c)
                    and "barrier" not in terminal(c.func).lower()]
     given = [a for c in collectives for a in (*c.args[:1], *(k.value for k in c.keywords if k.arg == "tensor"))]
     return bool(collectives) and bool(given) and all(isinstance(a, ast.Name) and a.id in copies - params
                                                      for a in given)
+
+
+# torch functions that always return a new tensor, never their argument (`torch.tensor([loss])`, `torch.stack(xs)`)
+_NEW_TENSOR = frozenset({"tensor", "stack", "cat", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
+                         "full_like", "empty_like"})
+
+
+def _new_tensor(s: Script, call: ast.Call) -> bool:
+    """`x.clone()`, or a torch function that builds a new tensor from its arguments: reducing it changes no
+    argument of the caller."""
+    name = s.qualname(call.func)
+    return terminal(call.func) == "clone" or name.startswith("torch.") and name.split(".")[-1] in _NEW_TENSOR \
+        and name.count(".") == 1
 
 
 def _method_of_other(s: Script, call: ast.Call) -> bool:
@@ -581,7 +594,10 @@ def _unsharded_loader(s: Script, value: ast.AST, scope: int, depth: int = 0) -> 
 
 
 def _loop_source(flow_names: set[str], s: Script, expr: ast.AST) -> bool:
-    """`for b in loader` / `enumerate(loader)` / `tqdm(loader)` over a sharded loader."""
+    """`for b in loader` / `enumerate(loader)` / `tqdm(loader)` over a sharded loader, also where only rank 0 wraps
+    it in a progress bar (`tqdm(loader) if rank == 0 else loader`: both arms walk the shard)."""
+    if isinstance(expr, ast.IfExp):
+        return _loop_source(flow_names, s, expr.body) and _loop_source(flow_names, s, expr.orelse)
     if isinstance(expr, ast.Call) and terminal(expr.func) in _LOADER_WRAPPERS:
         return any(_loop_source(flow_names, s, a) for a in expr.args)
     if isinstance(expr, ast.Name):
@@ -629,6 +645,7 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
     flow.nodes = nodes
     sources = (sharded_names(s) - _whole_names(s, scope)) | _sharded_params(s).get(id(scope), set())
     # `pbar = tqdm(enumerate(train_loader))` then `for i, (x, y) in pbar:`: the wrapped loader, under a local name
+    # (also `pbar = tqdm(loader) if rank == 0 else loader`)
     # (only a name every assignment of the scope gives a wrapped sharded loader: `pbar` over the training and
     # then an unsharded test loader is not followed)
     bound: dict[str, list[ast.AST]] = {}
@@ -638,7 +655,8 @@ def _analyse(s: Script, scope: ast.AST, summaries: dict) -> ScopeFlow:
                 if isinstance(t, ast.Name):
                     bound.setdefault(t.id, []).append(node.value)
     wrapped = {name: all(_enumerates(v) for v in values) for name, values in bound.items()
-               if name not in sources and all(isinstance(v, ast.Call) and terminal(v.func) in _LOADER_WRAPPERS
+               if name not in sources and all((isinstance(v, ast.IfExp) or isinstance(v, ast.Call)
+                                               and terminal(v.func) in _LOADER_WRAPPERS)
                                               and _loop_source(sources, s, v) for v in values)}
     sources = sources | set(wrapped)
     parents = s.parents

@@ -836,10 +836,33 @@ def _batchnorm_wraps(project) -> list[tuple[Script, ast.Call, str]]:
             if model is None or not x.qualname(call.func).endswith("DistributedDataParallel") \
                     or not project.runs(x, call):
                 continue
-            holder = next((terminal(o.func) for o in _model_origins(x, model) if isinstance(o, ast.Call)
-                           and _names_batchnorm(project, terminal(o.func), 0)), "")
+            holder = next((name for o in _model_origins(x, model) if isinstance(o, ast.Call)
+                           for name in (terminal(o.func), *sorted(_classes_passed_for(project, x, o)))
+                           if _names_batchnorm(project, name, 0)), "")
             if holder:
                 found.append((x, call, f"{holder}()"))
+    return found
+
+
+def _classes_passed_for(project, s: Script, call: ast.Call) -> set[str]:
+    """`network(self)` where `network` is a parameter of the function around it (`def get_network(self, network)`,
+    defined once in the program): the program's classes that the calls some rank runs pass for that parameter
+    (`cfg.get_network(Generator64)` in another file), which the call builds."""
+    func = next((n for n in _parents(s, call) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)] if func is not None else []
+    if not isinstance(call.func, ast.Name) or call.func.id not in params \
+            or sum(d.name == func.name for x in project.scripts.values() for d in x.defs) != 1:
+        return set()
+    method = _enclosing_class(s, func) is not None and params[0] in ("self", "cls")
+    classes, found = _program_classes(project), set()
+    for x, site in project.calls_named(func.name):
+        shift = 1 if method and isinstance(site.func, ast.Attribute) else 0
+        at = params.index(call.func.id) - shift
+        arg = next((k.value for k in site.keywords if k.arg == call.func.id),
+                   site.args[at] if 0 <= at < len(site.args) else None)
+        if isinstance(arg, ast.Name) and arg.id in classes and project.runs(x, site) \
+                and not any(isinstance(a, ast.Starred) for a in site.args):
+            found.add(arg.id)
     return found
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import (LOCAL, NONE, Script, dropped_by_every_caller, is_eval_name,
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, assigned_key, dropped_by_every_caller, is_eval_name,
                                   is_eval_sampler, terminal, without_grad)
 from ddpkit.lint.passes import enclosing_function, passed_once, rerun_site
 
@@ -588,13 +588,15 @@ def _written_buffer(s: Script, call: ast.Call, expr: ast.AST | None) -> bool:
 
 
 def _per_rank_file(s: Script, path: ast.AST | None) -> bool:
-    """A path that names the rank (`f"queue{rank}.pth"`, or a variable built so): each rank has its own file."""
+    """A path that names the rank (`f"queue{rank}.pth"`, or a variable built so): each rank has its own file. A value
+    only some ranks hold (`ckpt_dir = None`, set under `if local_rank == 0:`) names no rank: the path it builds is
+    the one shared file."""
     if path is None:
         return False
     names = {n.id if isinstance(n, ast.Name) else "." + n.attr for n in ast.walk(path)
              if isinstance(n, (ast.Name, ast.Attribute))}
     sources = [path] + [v for k, v in s.assignments if k in names]
-    return any(s.kind(n) for source in sources for n in ast.walk(source))
+    return any(s.kind(n) and assigned_key(n) not in s.rank_only for source in sources for n in ast.walk(source))
 
 
 _HOST_CALLS = frozenset({"gethostname", "getfqdn", "uname", "node"})
