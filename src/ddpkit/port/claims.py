@@ -23,12 +23,13 @@ from typing import Any
 
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
+                                 project_cpu_work,
                                  project_disk_writes, project_downloads, project_hazards, project_loaders,
                                  project_prompts, project_stops, project_trackers, project_writers, python_files,
                                  step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
-__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
+__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_cpu_calls", "project_reports", "project_fetches",
            "project_loader_calls"]
 
 GATE_RULES = {
@@ -140,6 +141,12 @@ def project_names_a_device(source: str, folder: str) -> bool:
     folder = _import_root(tree, folder)
     return any(re.search(r"\bcuda\b|device", text) for text in _reached_files(_imported_files(tree, folder),
                                                                                  folder).values())
+
+
+def project_cpu_calls(source: str, folder: str) -> list[tuple[int, str]]:
+    """The script's calls that hand a DataLoader to its own project's code -> what that code does that needs CPU
+    tensors (see ddpkit.port.project.project_cpu_work)."""
+    return list(_project_calls(source, folder, project_cpu_work))
 
 
 def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] | None]:
