@@ -7,9 +7,11 @@ Two checks run on the ported text, after the rewrite:
 - The script's own modules (see ddpkit.port.project): code the training path hands the model, a loader, its
   batches or the parsed settings to is read, never rewritten; what breaks there under DDP becomes a `not checked:`
   TODO at the line that hands the object over.
-- Three checks of the output itself: a call that may run a function the port gave a required `ctx` but passes none
+- Four checks of the output itself: a call that may run a function the port gave a required `ctx` but passes none
   (a TypeError at any world size), an `nn.DataParallel(...)` the rewrite left in (a crash on rank 1), and a loss
-  that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective).
+  that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective), and
+  a BatchNorm head of a model trained without labels, wrapped without synchronised statistics (see
+  ddpkit.port.batchstats).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.port.batchstats import unsynced_heads
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
                                  project_cpu_work,
@@ -543,6 +546,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     lines = {line for line, _ in asserted}  # that call fails before anything it does with the model: said once
     todos = [(line, m) for line, m in todos if not (line in lines and m.startswith("not checked: `"))] + asserted
     todos += _batch_coupled(tree, loops)
+    todos += unsynced_heads(tree, loops)
     if not todos:
         return code, []
     starts = _statement_lines(tree)
