@@ -21,7 +21,8 @@ from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, na
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
-from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
+from ddpkit.port.sizes import (divided_sizes, fixed_device, fixed_devices, sets_visible_devices, shapes_with,
+                               split_sizes)
 from ddpkit.port.trainers import trained_elsewhere
 from ddpkit.port.untrained import unused_in_wrapped, unused_wraps, used_outside_forward
 from ddpkit.port.wrapped import plain_wraps
@@ -497,8 +498,9 @@ def _called(path: str, defn: ast.AST, folder: str, modules: dict[str, str],
     imported = {**_local_imports(module, modules, os.path.dirname(path), parsed),
                 **_local_imports(module, modules, folder, parsed)}
     out = []
-    for call in (n for n in ast.walk(defn) if isinstance(n, ast.Call)):
-        func = ast_dotted(call.func)
+    # a class's project base classes too: `super().__init__(args)` runs the base's code (the device it picks)
+    bases = [ast_dotted(b) for b in defn.bases] if isinstance(defn, ast.ClassDef) else []
+    for func in [*(ast_dotted(n.func) for n in ast.walk(defn) if isinstance(n, ast.Call)), *bases]:
         head, _, rest = func.partition(".")
         if not func or "." in rest:
             continue
@@ -670,6 +672,10 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             elif "batch" in key.lower() and "norm" not in key.lower() and divided:
                 out.append((node.lineno, f"reads the global batch size `{ast.unparse(node)}`: each rank's batch is "
                                          "now that divided by the world size (ctx.world_size)"))
+        if sets_visible_devices(node):
+            out.append((node.lineno, "`os.environ[\"CUDA_VISIBLE_DEVICES\"] = ...` chooses a device of its own: after "
+                                     "ddpkit.init has initialised CUDA it changes nothing, and the GPU index picked "
+                                     "beside it is the same on every rank; remove both and use ctx.device"))
         if not isinstance(node, ast.Call):
             continue
         func = ast_dotted(node.func)
