@@ -21,8 +21,7 @@ from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, na
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
-from ddpkit.port.sizes import (divided_sizes, fixed_device, fixed_devices, sets_visible_devices, shapes_with,
-                               split_sizes)
+from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.trainers import trained_elsewhere
 from ddpkit.port.untrained import unused_in_wrapped, unused_wraps, used_outside_forward
 from ddpkit.port.wrapped import plain_wraps
@@ -672,10 +671,6 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
             elif "batch" in key.lower() and "norm" not in key.lower() and divided:
                 out.append((node.lineno, f"reads the global batch size `{ast.unparse(node)}`: each rank's batch is "
                                          "now that divided by the world size (ctx.world_size)"))
-        if sets_visible_devices(node):
-            out.append((node.lineno, "`os.environ[\"CUDA_VISIBLE_DEVICES\"] = ...` chooses a device of its own: after "
-                                     "ddpkit.init has initialised CUDA it changes nothing, and the GPU index picked "
-                                     "beside it is the same on every rank; remove both and use ctx.device"))
         if not isinstance(node, ast.Call):
             continue
         func = ast_dotted(node.func)

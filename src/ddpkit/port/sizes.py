@@ -10,7 +10,7 @@ import ast
 
 from ddpkit.port.weights import ast_dotted
 
-__all__ = ["fixed_device", "fixed_devices", "sets_visible_devices", "shapes_with", "divided_sizes", "split_sizes"]
+__all__ = ["fixed_device", "fixed_devices", "shapes_with", "divided_sizes", "split_sizes"]
 
 _SHAPED = {"view", "reshape", "resize_", "expand", "repeat", "zeros", "ones", "empty", "full", "rand", "randn",
            "randint", "arange", "new_zeros", "new_ones", "new_full", "new_empty", "FloatTensor", "LongTensor", "Tensor",
@@ -73,14 +73,6 @@ def fixed_device(expr: ast.AST, devices: set[str]) -> bool:
     "cuda" names the current device, which ddpkit.init makes the rank's."""
     return ast_dotted(expr) in devices or any(
         isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("cuda:") for c in ast.walk(expr))
-
-
-def sets_visible_devices(node: ast.AST) -> bool:
-    """`os.environ["CUDA_VISIBLE_DEVICES"] = ...`: the code picks the GPUs its process sees. Under ddpkit.init CUDA is
-    already initialised, so it changes nothing there, and the `cuda:{gpu}` chosen beside it is GPU 0 on every rank."""
-    return isinstance(node, ast.Assign) and any(
-        isinstance(t, ast.Subscript) and ast_dotted(t.value) == "os.environ" and isinstance(t.slice, ast.Constant)
-        and t.slice.value == "CUDA_VISIBLE_DEVICES" for t in node.targets)
 
 
 def fixed_devices(module: ast.Module | None) -> set[str]:
