@@ -219,9 +219,10 @@ def test_the_ported_helper_built_teacher_meets_the_wrapped_model_on_another_devi
 
 def test_a_model_left_unwrapped_in_a_script_that_names_no_device_keeps_every_rank_on_the_cpu(monkeypatch):
     result = _port("self_training_cpu.py")
-    assert result.exit_code == 3 and "optimizer is built inside the model" in result.todos[0].message
+    assert result.exit_code == 3 and any("optimizer is built inside the model" in t.message for t in result.todos)
     assert 'with ddpkit.init(device="cpu") as ctx:' in [line.strip() for line in result.code.splitlines()]
-    assert 'ddpkit.init(device="cpu")' in result.message
+    # a CPU-only port is a TODO, never a note on the summary line
+    assert any(t.message.startswith('ddpkit.init(device="cpu") keeps every rank on the CPU') for t in result.todos)
     # the model stays on the CPU with the hidden state its forward makes: the loader's batches must come there
     _run_on_meta(result.code, [], monkeypatch)
 

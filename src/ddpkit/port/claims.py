@@ -7,9 +7,11 @@ Two checks run on the ported text, after the rewrite:
 - The script's own modules (see ddpkit.port.project): code the training path hands the model, a loader, its
   batches or the parsed settings to is read, never rewritten; what breaks there under DDP becomes a `not checked:`
   TODO at the line that hands the object over.
-- Three checks of the output itself: a call that may run a function the port gave a required `ctx` but passes none
+- Four checks of the output itself: a call that may run a function the port gave a required `ctx` but passes none
   (a TypeError at any world size), an `nn.DataParallel(...)` the rewrite left in (a crash on rank 1), and a loss
-  that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective).
+  that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective), and
+  a BatchNorm head of a model trained without labels, wrapped without synchronised statistics (see
+  ddpkit.port.batchstats).
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.port.batchstats import unsynced_heads
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
+                                 project_cpu_work,
                                  project_disk_writes, project_downloads, project_hazards, project_loaders,
                                  project_prompts, project_stops, project_trackers, project_writers, python_files,
                                  step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
-__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_reports", "project_fetches",
+__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_cpu_calls", "project_reports", "project_fetches",
            "project_loader_calls"]
 
 GATE_RULES = {
@@ -140,6 +144,12 @@ def project_names_a_device(source: str, folder: str) -> bool:
     folder = _import_root(tree, folder)
     return any(re.search(r"\bcuda\b|device", text) for text in _reached_files(_imported_files(tree, folder),
                                                                                  folder).values())
+
+
+def project_cpu_calls(source: str, folder: str) -> list[tuple[int, str]]:
+    """The script's calls that hand a DataLoader to its own project's code -> what that code does that needs CPU
+    tensors (see ddpkit.port.project.project_cpu_work)."""
+    return list(_project_calls(source, folder, project_cpu_work))
 
 
 def project_reports(source: str, folder: str) -> dict[str, tuple[str, int, str] | None]:
@@ -536,6 +546,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     lines = {line for line, _ in asserted}  # that call fails before anything it does with the model: said once
     todos = [(line, m) for line, m in todos if not (line in lines and m.startswith("not checked: `"))] + asserted
     todos += _batch_coupled(tree, loops)
+    todos += unsynced_heads(tree, loops)
     if not todos:
         return code, []
     starts = _statement_lines(tree)

@@ -83,7 +83,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     from ddpkit.lint.linter import lint_sources
-    from ddpkit.port.claims import (gate, project_fetches, project_loader_calls, project_names_a_device,
+    from ddpkit.port.claims import (gate, project_fetches, project_loader_calls,
                                     project_reports)
     from ddpkit.port.entry import add_import, open_context, thread_ctx
     from ddpkit.port.facts import Facts
@@ -141,11 +141,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)
-    device = plan.init_device
-    if plan.cpu_script and not _wraps(module) and not (folder is not None and project_names_a_device(source, folder)):
-        device = '"cpu"'  # the unwrapped model and the tensors its methods make stay on the CPU: the batches too
-        plan.summary.append('no model is wrapped and the script names no device, so ddpkit.init(device="cpu") '
-                            "keeps every rank on the CPU with it; drop device= once the model is wrapped")
+    device = _cpu_device(plan, module, source, folder) or plan.init_device
     if retabbed:
         plan.summary.append("the file indents with tabs mixed with spaces, which the rewriter cannot read: its "
                             "indentation is written with spaces (8 columns a tab, as Python reads it)")
@@ -168,6 +164,33 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     state = f"{len(todos)} TODO(s) left for you" if todos else "ported fully"
     notes = "".join(f"; note: {n}" for n in plan.summary)
     return PortResult(bom + code, todos, True, f"{path}: {state}{notes}", list(plan.summary))
+
+
+def _cpu_device(plan: Plan, module: cst.Module, source: str, folder: str | None) -> str | None:
+    """'"cpu"' (ddpkit.init's device) where the port keeps every rank on the CPU, with a TODO that says so: no model
+    is wrapped, nothing names a device, and the code the training loader is handed to needs CPU tensors, or the
+    script trains itself (its unwrapped model makes its tensors on the CPU). None, the default device, where the
+    loader goes to project code that runs on any device: the wrap TODO puts the model there."""
+    from ddpkit.port.claims import project_cpu_calls, project_names_a_device
+
+    if not plan.cpu_script or _wraps(module) or (folder is not None and project_names_a_device(source, folder)):
+        return None
+    calls = project_cpu_calls(source, folder) if folder is not None else []
+    needs_cpu = [(line, sites) for line, sites in calls if sites]
+    if calls and not needs_cpu:
+        return None
+    head = ('ddpkit.init(device="cpu") keeps every rank on the CPU (gloo: no GPU is used), since no model is wrapped '
+            "and nothing names a device")
+    if needs_cpu:
+        line, sites = needs_cpu[0]
+        plan.todos.append((line, f"{head}, and the project's code this call runs needs CPU tensors: {sites}; make "
+                                 "those `.cpu().numpy()` (tensors made there `.to(ctx.device)`), wrap the model, then "
+                                 "drop device= to train on the GPUs"))
+    else:
+        line = min((t[0] for t in plan.todos), default=1)
+        plan.todos.append((line, f"{head}: the unwrapped model and the tensors its methods make stay on the CPU; wrap "
+                                 "the model, make those tensors on ctx.device, then drop device= to train on the GPUs"))
+    return '"cpu"'
 
 
 def _with_every_todo(code: str, todos: list[Todo]) -> str:

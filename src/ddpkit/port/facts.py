@@ -10,7 +10,7 @@ import libcst as cst
 
 __all__ = ["Scope", "Facts", "dotted", "root_name", "is_device_expr", "imported_names", "loader_expr", "walk", "bound",
            "statements_of", "ENTRY", "ARGS_ROOTS", "CONCAT", "RANDOM_DRAW", "accumulated", "names_a_device",
-           "hands_to_unported"]
+           "hands_to_unported", "runtime_modules"]
 
 RANDOM_DRAW = re.compile(r"^(torch\.(randint|randn|rand|randperm|normal|bernoulli|multinomial|poisson)"
                          r"|(np|numpy)\.random\.(?!default_rng|RandomState|Generator|seed|get_state|set_state)\w+"
@@ -484,6 +484,18 @@ def hands_to_unported(f: Facts) -> tuple[cst.BaseStatement, list[str]] | None:
         if named:
             return stmt, sorted(key for key, s in f.scopes.items() if (s.cls or key) in named)
     return None
+
+
+_RUNTIME_IMPORTS = frozenset({"import_module", "importlib.import_module", "__import__"})
+
+
+def runtime_modules(module: cst.Module) -> frozenset[str]:
+    """Names the script binds to a module it imports at run time (`module = import_module(args.script)`): a config
+    module the user names on the command line, whose settings (`module.device`) the script reads as it reads
+    `args`."""
+    return frozenset(t.target.value for node in walk(module, into_functions=True) if isinstance(node, cst.Assign)
+                     and isinstance(node.value, cst.Call) and dotted(node.value.func) in _RUNTIME_IMPORTS
+                     for t in node.targets if isinstance(t.target, cst.Name))
 
 
 def imported_names(module: cst.Module) -> dict[str, str]:

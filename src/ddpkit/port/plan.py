@@ -259,7 +259,7 @@ class Plan:
         self.cpu_script = self.init_device is None and bool(self.loaders) and not _names_a_device(facts.module)
         """The script names no device, yet a ddpkit loader delivers batches on ctx.device: where the rewrite wraps
         no model either (each is left to a TODO) and the script's own modules name no device, codemod passes
-        ddpkit.init(device="cpu")."""
+        ddpkit.init(device="cpu") with a TODO, unless the training runs in project code that works on any device."""
 
     # ---- bookkeeping -------------------------------------------------------------------------
     def _index(self, block: list[cst.BaseStatement]) -> None:

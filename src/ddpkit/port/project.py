@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from ddpkit.port.asks import prompts_reached, stops_reached, trackers_reached
 from ddpkit.port.contrast import batch_similarity
+from ddpkit.port.cpuonly import cpu_only_reached
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
@@ -29,7 +30,7 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
            "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
-           "project_stops"]
+           "project_stops", "project_cpu_work"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -496,8 +497,9 @@ def _called(path: str, defn: ast.AST, folder: str, modules: dict[str, str],
     imported = {**_local_imports(module, modules, os.path.dirname(path), parsed),
                 **_local_imports(module, modules, folder, parsed)}
     out = []
-    for call in (n for n in ast.walk(defn) if isinstance(n, ast.Call)):
-        func = ast_dotted(call.func)
+    # a class's project base classes too: `super().__init__(args)` runs the base's code (the device it picks)
+    bases = [ast_dotted(b) for b in defn.bases] if isinstance(defn, ast.ClassDef) else []
+    for func in [*(ast_dotted(n.func) for n in ast.walk(defn) if isinstance(n, ast.Call)), *bases]:
         head, _, rest = func.partition(".")
         if not func or "." in rest:
             continue
@@ -1643,6 +1645,33 @@ def project_disk_writes(tree: ast.Module, folder: str, modules: dict[str, str],
              "into a function the script calls on rank 0 (`if ctx.is_main:`), or make directories with "
              "exist_ok=True and name files once")
             for line, kind, what, sites in _project_sites(tree, folder, modules, named, writes_reached)]
+
+
+def _loader_names(tree: ast.Module) -> set[str]:
+    """Names the script binds to a DataLoader it builds (`train_loader = DataLoader(...)`)."""
+    return {n for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and ast_dotted(node.value.func).endswith("DataLoader") for t in node.targets for n in _names(t)}
+
+
+def project_cpu_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the script, CPU-only sites) for each call of the script that hands a DataLoader it builds to its
+    project's own code (`train_model(model, train_loader)`): the operations there that need CPU tensors (see
+    ddpkit.port.cpuonly), listed as evaluate.py:11 `y.numpy()`, "" where there are none."""
+    parsed: dict[str, ast.Module | None] = {}
+    follow = _project_follow(folder, modules, parsed)
+    definition = _definer(tree, folder, modules, parsed)
+    instances = _script_instances(tree, definition, follow)
+    loaders = _loader_names(tree)
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and any(isinstance(a, ast.Name) and a.id in loaders
+                                              for a in [*node.args, *(k.value for k in node.keywords)]):
+            found = _script_callees(node, definition, instances, follow)
+            sites = [s for f in found for s in cpu_only_reached(*f[:2], follow, f[2], node,
+                                                                _handed_instances(node, instances))]
+            sites = list(dict.fromkeys(sites))
+            out += [(node.lineno, _sites_listed(sites, folder) if sites else "")] if found else []
+    return out
 
 
 def project_prompts(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:

@@ -7,7 +7,7 @@ import re
 import libcst as cst
 
 from ddpkit.port.facts import ARGS_ROOTS, ENTRY, Facts, bound, dotted, imported_names as _imported_names, \
-    is_device_expr, root_name, walk
+    is_device_expr, root_name, runtime_modules, walk
 from ddpkit.port.forwards import returns_no_graph
 from ddpkit.port.gathers import gather_statement
 from ddpkit.port.inputs import CREATORS as _CREATORS
@@ -114,6 +114,8 @@ class Rewriter(cst.CSTTransformer):
         """Per entry of batches: the loader may be a torch DataLoader the port keeps (its batches on the CPU)."""
         self.changes = 0
         self.gpu_numbers = _gpu_numbers(facts.module, "device")
+        self.config_roots = ARGS_ROOTS | runtime_modules(facts.module)
+        """Names whose `.device` is the script's device setting: parsed options, config modules imported at run time."""
         """The default of the script's `--device` option where it holds GPU numbers (`'0,1'`), else None."""
         self.gpu_numbers_named = False
         """A TODO already names the script's `--device` option of GPU numbers (one per script)."""
@@ -572,7 +574,7 @@ class Rewriter(cst.CSTTransformer):
         reduced = self._reduced_read(original)
         if reduced is not None:
             return reduced
-        if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in ARGS_ROOTS:
+        if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in self.config_roots:
             if self.gpu_numbers is not None:  # `--device 0,1`: GPU numbers the script parses, not a device
                 if not self.gpu_numbers_named:
                     self.gpu_numbers_named = True
