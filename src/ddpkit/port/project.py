@@ -19,6 +19,7 @@ from ddpkit.port.contrast import batch_similarity
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
+from ddpkit.port.orders import ORDER_FIX, orders_reached
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.trainers import trained_elsewhere
@@ -29,7 +30,7 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
            "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
-           "project_stops"]
+           "project_stops", "project_orders"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -1669,6 +1670,15 @@ def project_trackers(tree: ast.Module, folder: str, modules: dict[str, str]) -> 
     return [(line, f"{_runs(kind, what)} on every rank, which reports to an experiment tracker or opens a window: "
                    f"{_sites_listed(sites, folder)}: {why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", trackers_reached)]
+
+
+def project_orders(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that makes a sequence or an index from a set of strings
+    on every rank (ddpkit.port.orders): each rank gets its own order."""
+    return [(line, f"{_runs(kind, what)} on every rank, which orders a set of strings: {_sites_listed(sites, folder)}: "
+                   f"{ORDER_FIX}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", orders_reached)]
 
 
 def project_stops(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
