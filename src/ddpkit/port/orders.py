@@ -11,6 +11,7 @@ named, and `sorted(...)` around the set, or a `.sort()` of the list made from it
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 from ddpkit.port.diskwrites import Site, reached
@@ -31,16 +32,10 @@ _STR_NAMES = re.compile(r"text|word|char|token|vocab|corpus|sentence|name|class|
 _ORDERLESS = frozenset({"sorted", "len", "set", "frozenset", "min", "max", "any", "all", "sum", "Counter"})
 """Calls whose result does not depend on the order of what they are handed."""
 
-_scopes: dict[int, tuple[ast.AST, dict[str, list[ast.expr]], set[int], set[str]]] = {}
-"""id(definition) -> (definition, name -> values bound to it, ids of nodes under an order-free call, names sorted in
-place): read once per definition, since `order_of` is asked about each of its nodes."""
-
-
+@functools.lru_cache(maxsize=256)
 def _scope(defn: ast.AST) -> tuple[dict[str, list[ast.expr]], set[int], set[str]]:
-    """The bindings, the order-free nodes and the names sorted in place of a definition (cached)."""
-    hit = _scopes.get(id(defn))
-    if hit is not None and hit[0] is defn:
-        return hit[1:]
+    """The values bound to each name, the ids of nodes under an order-free call and the names sorted in place, of a
+    definition: read once per definition, since `order_of` is asked about each of its nodes."""
     bound: dict[str, list[ast.expr]] = {}
     free: set[int] = set()
     sorted_names: set[str] = set()
@@ -52,9 +47,6 @@ def _scope(defn: ast.AST) -> tuple[dict[str, list[ast.expr]], set[int], set[str]
             free |= {id(n) for a in node.args for n in ast.walk(a)}
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sort":
             sorted_names.add(ast_dotted(node.func.value))
-    if len(_scopes) > 512:
-        _scopes.clear()
-    _scopes[id(defn)] = (defn, bound, free, sorted_names)
     return bound, free, sorted_names
 
 
