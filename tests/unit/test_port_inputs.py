@@ -208,3 +208,20 @@ if __name__ == "__main__":
     loops = [t for t in result.todos if t.message.startswith("no training DataLoader found")]
     assert [(t.line, t.message.split(" counts")[0]) for t in loops] == [
         (21, "no training DataLoader found: the training loop at line 21 (`for k in range(n)`)")]
+
+
+def test_a_function_of_the_script_that_builds_the_loader_from_the_device_is_no_dataset_given_the_device():
+    source = ("import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
+              "    def __len__(self):\n        return 8\n\n    def __getitem__(self, i):\n"
+              "        return torch.zeros(4), torch.zeros(4)\n\n\nclass Prefetcher:\n"
+              "    def __init__(self, loader, device):\n        self.loader, self.device = loader, device\n\n"
+              "    def __iter__(self):\n        return ((x.to(self.device), y.to(self.device)) for x, y in self.loader)\n\n\n"
+              "def load_datasets(device):\n    loader = DataLoader(Pairs(), batch_size=4, shuffle=True, num_workers=2)\n"
+              "    return Prefetcher(loader, device)\n\n\ndef main():\n    device = torch.device('cuda')\n"
+              "    batches = load_datasets(device)\n    model = torch.nn.Linear(4, 4).to(device)\n"
+              "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x, y in batches:\n"
+              "        opt.zero_grad()\n        model(x).sum().backward()\n        opt.step()\n\n\n"
+              "if __name__ == '__main__':\n    main()\n")
+    result = port_source(source, "prefetch.py")
+    # the function hands the device to a prefetcher over the loader, not to a dataset
+    assert not [t for t in result.todos if "the dataset is given the device" in t.message], _messages(result)

@@ -870,3 +870,22 @@ def test_an_optimizer_over_a_slice_of_the_models_parameter_list_wraps_the_model(
     assert code.index("net = ddpkit.wrap(net, ctx)") < code.index("opt = torch.optim.SGD(params[4:]")
     assert "    net(x, y)\n" in code
     assert "loss = ddpkit.unwrap(net).loss + ddpkit.unwrap(net).head.loss" in code
+
+
+def test_a_model_a_helper_wraps_and_returns_is_the_wrapper_in_the_caller_its_attributes_and_state_read_unwrapped():
+    source = ("import torch\nfrom torch import nn, optim\nfrom torch.utils.data import DataLoader\n\n\n"
+              "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.name = 'net'\n"
+              "        self.fc = nn.Linear(4, 4)\n\n    def forward(self, x):\n        return self.fc(x)\n\n\n"
+              "def get_model(lr):\n    model = Net()\n    optimizer = optim.Adam(model.parameters(), lr)\n"
+              "    return model, optimizer\n\n\n"
+              "def main():\n    model, optimizer = get_model(0.1)\n    path = f'models/{model.name}.pt'\n"
+              "    for x in DataLoader(torch.zeros(8, 4), batch_size=4, shuffle=True):\n        optimizer.zero_grad()\n"
+              "        model(x).sum().backward()\n        optimizer.step()\n"
+              "    torch.save({'model_state_dict': model.state_dict()}, path)\n\n\n"
+              "if __name__ == '__main__':\n    main()\n")
+    code = port_source(source, "returned.py").code
+    assert "model = ddpkit.wrap(Net(), ctx)" in code
+    # in main, `model` is the DDP wrapper get_model returned: `.name` is the module's, its keys carry no `module.`
+    assert "path = f'models/{ddpkit.unwrap(model).name}.pt'" in code
+    assert "ddpkit.unwrap(model).state_dict()" in code
+    assert "ddpkit.wrap(model, ctx)" not in code  # not wrapped a second time in the caller

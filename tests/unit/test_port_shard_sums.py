@@ -204,3 +204,21 @@ def test_a_sum_of_step_losses_divided_by_the_datasets_size_is_averaged_over_rank
         "{divisor}", "1"), "by_steps.py").code
     assert "running = ddpkit.all_reduce_sum(ctx, running).item()" in counted
     assert "seen = int(ddpkit.all_reduce_sum(ctx, seen).item())" in counted  # `running /= seen`: every rank's steps
+
+
+def test_a_loader_handed_to_a_prefetcher_of_another_file_is_no_figure_to_reduce_but_an_evaluation_is():
+    source = ("import torch\nfrom torch.utils.data import DataLoader\nfrom helpers import DataPrefetcher, evaluate\n\n\n"
+              "def main():\n    model = torch.nn.Linear(4, 4)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "    train_loader = DataLoader(list(range(8)), batch_size=4, shuffle=True)\n"
+              "    test_loader = DataLoader(list(range(8)), batch_size=4)\n"
+              "    prefetcher = DataPrefetcher(train_loader)\n    batch = prefetcher.next()\n"
+              "    while batch is not None:\n        opt.zero_grad()\n        model(batch).sum().backward()\n"
+              "        opt.step()\n        batch = prefetcher.next()\n    acc = evaluate(model, test_loader)\n"
+              "    print(acc)\n\n\nif __name__ == '__main__':\n    main()\n")
+    todos = [t.message for t in port_source(source, "prefetched.py").todos if "defined outside this file" in t.message]
+    # a prefetcher hands back the loader's batches; an evaluation hands back a figure of this rank's shard
+    assert [m.split(" comes from")[0] for m in todos] == ["not checked: `acc`"], todos
+    # a function named for what it scores over a loader still hands back a figure
+    scored = port_source(source.replace("DataPrefetcher", "score_loader"), "scored.py").todos
+    assert [t.message.split(" comes from")[0] for t in scored if "defined outside this file" in t.message] == [
+        "not checked: `prefetcher`", "not checked: `acc`"]

@@ -1,22 +1,25 @@
 """What the project's own code does on every rank besides writing files: asks the terminal, starts or records into an
-experiment tracker's run, opens a window, stops training on its own loss.
+experiment tracker's run, opens a window, stops training on its own loss, trains a model past its DDP wrapper.
 
 Under torchrun only rank 0 reads stdin: an `input()` leaves the other ranks waiting or on another answer. A tracker's
 `start_run`/`log_metric` made on every rank is one run per rank, each with its shard's figures; `env.render()` is a
 window per rank. A training function that raises, breaks or returns on its own loss (`if math.isnan(loss): raise`)
-leaves the other ranks waiting in their next all-reduce. The places are found by the walk of ddpkit.port.diskwrites
+leaves the other ranks waiting in their next all-reduce. A training function that runs a model through `.module`
+(`gen.module.infer(z)`, written for nn.DataParallel) goes past the DDP wrapper: that forward's gradients are never
+averaged, and each rank's copy drifts apart. The places are found by the walk of ddpkit.port.diskwrites
 (the project's functions, classes and methods a call of the script reaches).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 from ddpkit.port.diskwrites import Site, reached, read_module
 from ddpkit.port.weights import Follow, ast_dotted
 
-__all__ = ["prompt_of", "prompts_reached", "stop_of", "stops_reached", "tracker_of", "trackers_reached"]
+__all__ = ["bypass_of", "bypasses_reached", "prompt_of", "prompts_reached", "stop_of", "stops_reached", "tracker_of", "trackers_reached"]
 
 _PROMPTS = frozenset({"input", "raw_input", "getpass", "getpass.getpass", "click.prompt", "click.confirm",
                       "typer.prompt", "typer.confirm", "Prompt.ask", "Confirm.ask"})
@@ -134,3 +137,41 @@ def stops_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None 
     """Every stop on a rank's own loss (`stop_of`) in the training code `defn` runs, followed as
     diskwrites.writes_reached follows."""
     return reached(path, defn, follow, owner, call, handed, lambda where, n, d, __: stop_of(n, d, where))
+
+
+_NOT_FORWARD = frozenset({"state_dict", "load_state_dict", "parameters", "named_parameters", "buffers",
+                          "named_buffers", "modules", "named_modules", "children", "named_children", "train", "eval",
+                          "to", "cuda", "cpu", "apply", "zero_grad", "requires_grad_", "half", "float", "double",
+                          "save", "save_pretrained", "register_buffer", "register_forward_hook", "get_parameter"})
+"""Methods of a module that run no forward: reading or moving it past the wrapper is fine."""
+
+
+@functools.lru_cache(maxsize=256)
+def _without_grad(defn: ast.AST) -> frozenset[int]:
+    """Ids of the nodes of `defn` under `with torch.no_grad():` (or `inference_mode`), and whether it trains:
+    -1 is in the set where `defn` calls `.backward()`."""
+    quiet = {id(n) for w in ast.walk(defn) if isinstance(w, (ast.With, ast.AsyncWith)) and any(
+        ast_dotted(i.context_expr.func if isinstance(i.context_expr, ast.Call) else i.context_expr).rsplit(".", 1)[-1]
+        in ("no_grad", "inference_mode") for i in w.items) for s in w.body for n in ast.walk(s)}
+    trains = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+                 for n in ast.walk(defn))
+    return frozenset(quiet | ({-1} if trains else set()))
+
+
+def bypass_of(node: ast.AST, defn: ast.AST) -> str:
+    """A call in a training function `defn` (one that calls `.backward()`) that runs a model through `.module`
+    (`gen.module.infer(z)`, `model.module(x)`, `net.module.encoder(x)`), with gradients on: its code, else ""."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute | ast.Name):
+        return ""
+    parts = ast_dotted(node.func).split(".")
+    if "module" not in parts[1:] or parts[-1] in _NOT_FORWARD or parts[0] in ("self", "cls") and parts[1] == "module":
+        return ""
+    quiet = _without_grad(defn)
+    return f"`{ast.unparse(node.func)[:50]}(...)`" if -1 in quiet and id(node) not in quiet else ""
+
+
+def bypasses_reached(path: str, defn: ast.AST, follow: Follow, owner: tuple | None = None,
+                     call: ast.Call | None = None, handed: list[tuple[str, ast.ClassDef]] = ()) -> list[Site]:
+    """Every forward past the DDP wrapper (`bypass_of`) in the training code `defn` runs, followed as
+    diskwrites.writes_reached follows."""
+    return reached(path, defn, follow, owner, call, handed, lambda _, n, d, __: bypass_of(n, d))

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.port.batchstats import unsynced_heads
+from ddpkit.port.orders import script_orders
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
-                                 project_cpu_work,
-                                 project_disk_writes, project_downloads, project_hazards, project_loaders,
-                                 project_prompts, project_stops, project_trackers, project_writers, python_files,
-                                 step_loops, unused_parameter_wraps)
+                                 project_bypasses, project_cpu_work, project_disk_writes, project_downloads,
+                                 project_hazards, project_loaders, project_orders, project_prompts, project_stops,
+                                 project_trackers, project_writers, python_files, step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_cpu_calls", "project_reports", "project_fetches",
@@ -536,6 +536,9 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos += project_prompts(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
     todos += project_trackers(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
     todos += project_stops(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
+    todos += project_orders(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
+    todos += script_orders(tree)
+    todos += project_bypasses(tree, folder, _reached_files(modules, folder, 4)) if folder is not None else []
     todos += import_device_work(tree, folder, modules) if folder is not None else []
     todos += pinned_gpus(tree, folder, _reached_files(modules, folder)) if folder is not None else []
     todos += _calls_without_ctx(tree)

@@ -99,9 +99,17 @@ def plan_device_datasets(plan: Any) -> None:
     for key in sorted(plan.f.ported):
         for node in plan.nodes(key):
             name = dotted(node.func) if isinstance(node, cst.Call) else ""
-            if name and ("dataset" in name.rsplit(".", 1)[-1].lower() or name in datasets) and any(
+            # a function of the script (`load_datasets(config, device)`) is no dataset: one it builds is met inside
+            if name and ("dataset" in name.rsplit(".", 1)[-1].lower() or name in datasets) and not _script_function(
+                    plan, name) and any(
                     is_device_expr(a.value) and not isinstance(a.value, cst.SimpleString) for a in node.args):
                 _device_dataset(plan, key, node)
+
+
+def _script_function(plan: Any, name: str) -> bool:
+    """`name` is a module-level function of the script, not a class."""
+    scope = plan.f.scopes.get(name)
+    return scope is not None and scope.cls is None and name not in plan.f.classes
 
 
 def _device_dataset(plan: Any, key: str, call: cst.Call) -> None:

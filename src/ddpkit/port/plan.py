@@ -736,7 +736,8 @@ class Plan:
             self.line_of(assign) > min(self.line_of(w) for w in placed)
 
     def _returned_roles(self, key: str, assign: cst.Assign) -> bool:
-        """`val_loader = make_val_loader(ds)`, `train_dl, val_dl = get_loaders()`: the roles the helper returns."""
+        """`val_loader = make_val_loader(ds)`, `train_dl, val_dl = get_loaders()`, `model, opt = get_model(args)`
+        (a model the helper wraps): the roles the helper returns."""
         changed = False
         target = assign.targets[0].target
         targets = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
@@ -748,6 +749,9 @@ class Plan:
                 for t, v in zip(targets, values):
                     role = self.loaders.get(id(v)) or self.role(callee, dotted(v))
                     if role in ("train", "eval") and dotted(t):
+                        changed |= self._set_role(key, dotted(t), role)
+                    elif role == "model" and dotted(t) and (callee, dotted(v)) in self.wrapped:
+                        # `model, opt = get_model(args)` where get_model wraps it: the caller holds the wrapper
                         changed |= self._set_role(key, dotted(t), role)
         return changed
 

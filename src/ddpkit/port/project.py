@@ -14,12 +14,13 @@ import os
 import re
 from collections.abc import Iterator
 
-from ddpkit.port.asks import prompts_reached, stops_reached, trackers_reached
+from ddpkit.port.asks import bypasses_reached, prompts_reached, stops_reached, trackers_reached
 from ddpkit.port.contrast import batch_similarity
 from ddpkit.port.cpuonly import cpu_only_reached
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
+from ddpkit.port.orders import ORDER_FIX, orders_reached
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
 from ddpkit.port.trainers import trained_elsewhere
@@ -30,7 +31,7 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
            "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
-           "project_stops", "project_cpu_work"]
+           "project_stops", "project_cpu_work", "project_orders", "project_bypasses"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -1698,6 +1699,26 @@ def project_trackers(tree: ast.Module, folder: str, modules: dict[str, str]) -> 
     return [(line, f"{_runs(kind, what)} on every rank, which reports to an experiment tracker or opens a window: "
                    f"{_sites_listed(sites, folder)}: {why}")
             for line, kind, what, sites in _project_sites(tree, folder, modules, "", trackers_reached)]
+
+
+def project_bypasses(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own training code that
+    runs a model through `.module` (ddpkit.port.asks.bypass_of): past the DDP wrapper the port or the TODOs add."""
+    why = ("that forward goes past the DDP wrapper, so its gradients are never averaged across ranks and each rank's "
+           "copy drifts apart; call the wrapped model itself there (`gen(z)`, its forward), and keep `.module` for "
+           "sampling under torch.no_grad(), state_dict() and attributes")
+    return [(line, f"`{what}` runs the project's training code on every rank, which calls a model past its DDP "
+                   f"wrapper: {_sites_listed(sites, folder)}: {why}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", bypasses_reached) if kind == "call"]
+
+
+def project_orders(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
+    """(line of the ported script, message) for each call of the script into its project's own code, and each
+    import of a project module whose module-level code runs, that makes a sequence or an index from a set of strings
+    on every rank (ddpkit.port.orders): each rank gets its own order."""
+    return [(line, f"{_runs(kind, what)} on every rank, which orders a set of strings: {_sites_listed(sites, folder)}: "
+                   f"{ORDER_FIX}")
+            for line, kind, what, sites in _project_sites(tree, folder, modules, "", orders_reached)]
 
 
 def project_stops(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:

@@ -780,6 +780,10 @@ def _reduce_meter(plan: Any, key: str, loop: cst.For, name: str, meter_classes: 
 _NOT_HELPERS = frozenset({"enumerate", "len", "iter", "next", "zip", "list", "tuple", "tqdm", "tqdm.tqdm", "trange",
                           "print", "sorted", "range", "isinstance", "getattr", "setattr", "hasattr", "id", "type",
                           "dict", "set", "str", "int", "float", "bool", "repr", "format", "map", "filter"})
+_BATCH_SOURCES = re.compile(r"(?i:.*prefetch.*)|[A-Z]\w*(Loader|Iterator|Iter|Generator|Stream|Feeder)|cycle")
+"""Names of what wraps a loader and hands back its batches (`CUDAPrefetcher(loader, device)`, `data_prefetcher`,
+a class `InfiniteLoader`, `ForeverDataIterator`, `BackgroundGenerator`, itertools' `cycle`): no figure of the shard
+to reduce (a function `score_loader(model, loader)` is no such class)."""
 
 
 def _foreign_helpers(plan: Any, key: str) -> None:
@@ -807,8 +811,8 @@ def _foreign_helpers(plan: Any, key: str) -> None:
                           "ddpkit.loader: it is not sharded, so every rank runs over all of it (no speed-up, the same "
                           "batches on every rank); build it with ddpkit.loader(dataset, ctx, batch_size=...) or shard it "
                           "by ctx.rank and ctx.world_size")
-        if not loaders:
-            continue
+        if not loaders or _BATCH_SOURCES.fullmatch(name.rsplit(".", 1)[-1]):
+            continue  # a prefetcher over the loader hands back its batches, not a figure of them
         targets = ", ".join(plan.f.code(t.target) for t in node.targets)
         plan.todo(node, f"not checked: `{targets}` comes from `{name}(...)`, defined outside this file, which runs "
                   f"over this rank's shard of `{loaders[0]}`: reduce what it returns across ranks (sums and counts, "
