@@ -62,8 +62,9 @@ def test_a_wrap_that_would_run_again_in_a_function_is_a_todo_where_it_cannot_be_
 def test_a_model_rebuilt_from_the_trained_one_in_a_loop_is_a_todo_and_a_fresh_model_per_pass_is_wrapped():
     result = _port("prune_loop")
     assert not any(line.strip().startswith("model = ddpkit.wrap") for line in result.code.splitlines())
-    [todo] = result.todos
-    assert todo.line == 28 and "built again from another module in the loop at line 26 (line 27)" in todo.message
+    # (beside the CPU-only TODO of a port that wraps no model and names no device)
+    [todo] = [t for t in result.todos if "keeps every rank on the CPU" not in t.message]
+    assert len(result.todos) == 2 and todo.line == 28 and "built again from another module in the loop at line 26 (line 27)" in todo.message
     fresh = _port_text('''
         import torch
         from torch import nn
