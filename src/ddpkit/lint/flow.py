@@ -15,8 +15,8 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ddpkit.lint.analysis import (REDUCING_NAME, Script, dropped_by_every_caller, function_apply, is_eval_name,
-                                  off_the_training_branch, terminal)
+from ddpkit.lint.analysis import (REDUCING_NAME, Script, assigned_key, dropped_by_every_caller, function_apply,
+                                  is_eval_name, off_the_training_branch, terminal)
 from ddpkit.lint.ranks import distributed_mode
 
 __all__ = ["ScopeFlow", "class_of", "self_attribute", "flows", "sharded_names", "eval_samplers", "sampler_class"]
@@ -270,17 +270,13 @@ def sharded_names(s: Script) -> set[str]:
                 if terminal(n.value.func) in positions and _left_unsharded(x, n.value, terminal(n.value.func)):
                     continue
                 for i in positions.get(terminal(n.value.func), ()):
-                    if i < len(n.targets[0].elts) and (key := _target_key(n.targets[0].elts[i])):
+                    if i < len(n.targets[0].elts) and (key := assigned_key(n.targets[0].elts[i])):
                         names.add(key)
             if (len(names), len(factories), sum(map(len, positions.values()))) == before:
                 break
         return names
 
     return project.memo("sharded names", compute)
-
-
-def _target_key(target: ast.AST) -> str:
-    return target.id if isinstance(target, ast.Name) else "." + target.attr if isinstance(target, ast.Attribute) else ""
 
 
 def _returns_shards(s: Script, ret: ast.Return, value: ast.AST, known: set[str], factories: set[str]) -> bool:
@@ -303,7 +299,7 @@ def _kept_loaders(s: Script, known: set[str], factories: set[str]) -> list[str]:
     for node in s.nodes:
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)):
             continue
-        keys = [k for t in node.targets if isinstance(t, ast.Attribute) for k in [_target_key(t)] if k not in known]
+        keys = [k for t in node.targets if isinstance(t, ast.Attribute) for k in [assigned_key(t)] if k not in known]
         if not keys:
             continue
         d = next((f for f in s.defs if id(f) == s.context(node).scope), None)
@@ -384,7 +380,7 @@ def _sharded_containers(s: Script, known: set[str], factories: set[str]) -> set[
     stores: dict[str, list[bool]] = {}
     for n in s.nodes:
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Subscript):
-            key = _target_key(n.targets[0].value)
+            key = assigned_key(n.targets[0].value)
             value = n.value
             while isinstance(value, ast.Call) and terminal(value.func) in ("list", "iter") and value.args:
                 value = value.args[0]  # `list(DataLoader(...))`: the same batches, held

@@ -7,7 +7,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import Script, terminal, without_grad
+from ddpkit.lint.analysis import Script, assigned_key, terminal, without_grad
 from ddpkit.lint.ranks import own_returns
 from ddpkit.lint.rules import Hit, check
 
@@ -30,19 +30,19 @@ def _own_wrapped(s: Script) -> dict[str, str]:
         if isinstance(value, ast.IfExp):  # `ddpkit.wrap(m, ctx) if fine_tune else m`: wrapped where it trains
             value = next((arm for arm in (value.body, value.orelse) if isinstance(arm, ast.Call)), value)
         if _wraps(s, value):
-            raw = _key(value.args[0]) if value.args else ""
+            raw = assigned_key(value.args[0]) if value.args else ""
             out[key] = "" if raw == key else raw
     for key, value in s.assignments:
         # `model_without_ddp = model.module` (or `= unwrap(model)`): the name holds the wrapper's bare module
         held = value.value if isinstance(value, ast.Attribute) and value.attr == "module" else \
             value.args[0] if isinstance(value, ast.Call) and terminal(value.func) in _UNWRAPS and value.args else None
-        if held is not None and _key(held) in out and not out[_key(held)] and key not in out and \
+        if held is not None and assigned_key(held) in out and not out[assigned_key(held)] and key not in out and \
                 not key.startswith("."):
-            out[f"<module of {_key(held)}>"] = key
+            out[f"<module of {assigned_key(held)}>"] = key
     for n in s.nodes:
         # `DDP(model, device_ids=[rank])` as a statement: the wrapper is built and thrown away, `model` stays raw
-        if isinstance(n, ast.Expr) and _wraps(s, n.value) and n.value.args and _key(n.value.args[0]):
-            out[f"<discarded line {n.lineno}>"] = _key(n.value.args[0])
+        if isinstance(n, ast.Expr) and _wraps(s, n.value) and n.value.args and assigned_key(n.value.args[0]):
+            out[f"<discarded line {n.lineno}>"] = assigned_key(n.value.args[0])
     return out
 
 
@@ -72,16 +72,16 @@ def _captures_before_wrap(s: Script) -> list[tuple[ast.Call, str, ast.AST]]:
             continue
         for i, stmt in enumerate(body):
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and _wraps(s, stmt.value)
-                    and stmt.value.args and _key(stmt.value.args[0]) and _key(stmt.targets[0]) ==
-                    _key(stmt.value.args[0])):
+                    and stmt.value.args and assigned_key(stmt.value.args[0]) and assigned_key(stmt.targets[0]) ==
+                    assigned_key(stmt.value.args[0])):
                 continue
-            name = _key(stmt.targets[0])
+            name = assigned_key(stmt.targets[0])
             for before in body[:i]:
                 if not (isinstance(before, ast.Assign) and isinstance(before.value, ast.Call)):
                     continue
                 call = before.value
                 for arg in (*call.args, *(k.value for k in call.keywords)):
-                    if _key(arg) == name and not isinstance(arg, ast.Starred):
+                    if assigned_key(arg) == name and not isinstance(arg, ast.Starred):
                         found.append((call, name, arg))
     return found
 
@@ -105,8 +105,8 @@ def _passed_models(project) -> dict[str, dict[str, str]]:
                 held = [a for a in call.args[1:] if id(a) in captured]
                 if held and isinstance(script.parents.get(id(call)), ast.Assign):
                     for t in script.parents[id(call)].targets:
-                        if _key(t):
-                            out.setdefault(path, {})[_key(t)] = _key(t)
+                        if assigned_key(t):
+                            out.setdefault(path, {})[assigned_key(t)] = assigned_key(t)
                 continue
             found = classes.get(terminal(call.func), [])
             if len(found) != 1:
@@ -121,7 +121,7 @@ def _passed_models(project) -> dict[str, dict[str, str]]:
             for param, arg in given.items():
                 if id(arg) in captured:
                     verdict = "raw"
-                elif _key(arg) in own and not _key(arg).startswith("<"):
+                elif assigned_key(arg) in own and not assigned_key(arg).startswith("<"):
                     verdict = "wrapped"
                 else:
                     verdict = "other"
@@ -146,10 +146,6 @@ def _passed_models(project) -> dict[str, dict[str, str]]:
     return out
 
 
-def _key(node: ast.AST) -> str:
-    return node.id if isinstance(node, ast.Name) else "." + node.attr if isinstance(node, ast.Attribute) else ""
-
-
 def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
     """How `call` runs the model around its wrapper: 'model.module.encode', 'unwrap(model)...', the raw module."""
     func = call.func
@@ -159,8 +155,8 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
         if isinstance(name, ast.Constant) and isinstance(name.value, str) and _NOT_FORWARD.match(name.value):
             return ""
         owner = func.args[0]
-        if isinstance(owner, ast.Attribute) and owner.attr == "module" and _key(owner.value) in wrapped \
-                or _key(owner) in _raw_here(s, call, wrapped):
+        if isinstance(owner, ast.Attribute) and owner.attr == "module" and assigned_key(owner.value) in wrapped \
+                or assigned_key(owner) in _raw_here(s, call, wrapped):
             return ast.unparse(func)
         return ""
     chain = []
@@ -169,16 +165,16 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
         chain.append(node.attr)
         node = node.value
     if isinstance(node, ast.Call) and terminal(node.func) in _UNWRAPS and node.args \
-            and _key(node.args[0]) in wrapped:
+            and assigned_key(node.args[0]) in wrapped:
         return ast.unparse(func)
     # model.module.x(...) / model.module(...): `.module` right after a wrapped name
     node = func
     while isinstance(node, ast.Attribute):
-        if node.attr == "module" and _key(node.value) in wrapped:
+        if node.attr == "module" and assigned_key(node.value) in wrapped:
             return ast.unparse(func)
         node = node.value
     raw = _raw_here(s, call, wrapped)
-    if _key(func) in raw or (isinstance(func, ast.Attribute) and _key(func.value) in raw):
+    if assigned_key(func) in raw or (isinstance(func, ast.Attribute) and assigned_key(func.value) in raw):
         return ast.unparse(func)
     return ""
 
@@ -228,7 +224,7 @@ def _bypassing_functions(s: Script, wrapped: dict[str, str]) -> dict[str, str]:
                 continue
             nodes = list(ast.walk(d))
             calls = [c for c in nodes if isinstance(c, ast.Call)]
-            if any(_key(c.func) in wrapped or any(_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords)))
+            if any(assigned_key(c.func) in wrapped or any(assigned_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords)))
                    for c in calls):
                 continue
             bypasses = {id(c): b for c in calls for b in [_bypass(s, c, wrapped)]
@@ -274,7 +270,7 @@ def _raw_parameters(s: Script, d: ast.FunctionDef | ast.AsyncFunctionDef, wrappe
         given = [next((k.value for k in c.keywords if k.arg == param),
                       c.args[i] if i < len(c.args) and not any(isinstance(a, ast.Starred) for a in c.args[:i + 1])
                       else None) for c in calls]
-        if given and all(g is not None and _key(g) in raw and _key(g) not in wrapped for g in given):
+        if given and all(g is not None and assigned_key(g) in raw and assigned_key(g) not in wrapped for g in given):
             found.add(param)
     return found
 
@@ -326,7 +322,7 @@ def _unwrapped_trainables(s: Script, wrapped: dict[str, str]) -> set[str]:
                 owner = n.func.value
                 if isinstance(owner, ast.Attribute) and owner.attr == "module":
                     continue  # `model.module.parameters()`: the wrapped model's own parameters
-                key = _key(owner)
+                key = assigned_key(owner)
                 if key and key not in wrapped and key not in raw:
                     found.add(key)
     return found
@@ -338,9 +334,9 @@ def _rewrap(s: Script, near: ast.AST) -> ast.Call | None:
     scope, wrapped = s.context(near).scope, set()
     for call in sorted((c for c in s.calls if _wraps(s, c) and c.args and s.context(c).scope == scope),
                        key=lambda c: (c.lineno, c.col_offset)):
-        if _key(call.args[0]) and _key(call.args[0]) in wrapped:
+        if assigned_key(call.args[0]) and assigned_key(call.args[0]) in wrapped:
             return call
-        wrapped.add(_key(call.args[0]))
+        wrapped.add(assigned_key(call.args[0]))
     return None
 
 
@@ -391,17 +387,17 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
         nodes = list(ast.walk(region))
         calls = [c for c in nodes if isinstance(c, ast.Call)]
         # a forward through the wrapper, or the wrapper handed to a function that may run it: DDP is in the step
-        through = any(_key(c.func) in wrapped or (isinstance(c.func, ast.Attribute) and c.func.attr == "forward"
-                                                  and _key(c.func.value) in wrapped)
+        through = any(assigned_key(c.func) in wrapped or (isinstance(c.func, ast.Attribute) and c.func.attr == "forward"
+                                                  and assigned_key(c.func.value) in wrapped)
                       or (terminal(c.func) not in _UNWRAPS
-                          and any(_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords))))
+                          and any(assigned_key(a) in wrapped for a in (*c.args, *(k.value for k in c.keywords))))
                       for c in calls)
         unwrapped = _unwrapped_trainables(s, wrapped)
         if through and unwrapped:
             # a module the optimizer trains, run in the step beside the wrapper but never wrapped itself
-            seen = next((c for c in calls if _key(c.func) in unwrapped and _feeds(c, back, nodes)), None)
-            if seen is not None and _key(seen.func) not in reported:
-                reported.add(_key(seen.func))
+            seen = next((c for c in calls if assigned_key(c.func) in unwrapped and _feeds(c, back, nodes)), None)
+            if seen is not None and assigned_key(seen.func) not in reported:
+                reported.add(assigned_key(seen.func))
                 yield _never_wrapped(s, seen, back)
             continue
         if through:
