@@ -237,7 +237,7 @@ def test_a_class_imported_from_a_module_folder_the_project_puts_on_sys_path_is_r
 
 
 def test_a_module_found_twice_off_the_scripts_folder_is_not_guessed(tmp_path):
-    from ddpkit.port.project import path_module
+    from ddpkit.port.localcode import path_module
 
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()

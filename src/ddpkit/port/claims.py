@@ -24,12 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.port.batchstats import unsynced_heads
+from ddpkit.port.localcode import path_module, python_files
 from ddpkit.port.orders import script_orders
 from ddpkit.port.pinned import pinned_gpus
-from ddpkit.port.project import (import_device_work, parallel_asserts, path_module, plain_class_wraps,
-                                 project_bypasses, project_cpu_work, project_disk_writes, project_downloads,
-                                 project_hazards, project_loaders, project_orders, project_prompts, project_stops,
-                                 project_trackers, project_writers, python_files, step_loops, unused_parameter_wraps)
+from ddpkit.port.project import (import_device_work, parallel_asserts, plain_class_wraps, project_bypasses,
+                                 project_cpu_work, project_disk_writes, project_downloads, project_hazards,
+                                 project_loaders, project_orders, project_prompts, project_stops, project_trackers,
+                                 project_writers, step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_cpu_calls", "project_reports", "project_fetches",

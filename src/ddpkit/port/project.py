@@ -20,6 +20,8 @@ from ddpkit.port.cpuonly import cpu_only_reached
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
                                     table_entries, where, writer_class, writes_reached)
 from ddpkit.port.effects import DOWNLOADS, FETCHES
+from ddpkit.port.localcode import definition as _definition, imported_paths as _imported_paths, \
+    local_imports as _local_imports, parsed_module as _parsed, resolve as _resolve
 from ddpkit.port.orders import ORDER_FIX, orders_reached
 from ddpkit.port.packing import cpu_tensors_in_wrapped, host_inputs_in_wrapped, plain_tensor_members
 from ddpkit.port.sizes import divided_sizes, fixed_device, fixed_devices, shapes_with, split_sizes
@@ -29,7 +31,7 @@ from ddpkit.port.wrapped import plain_wraps
 from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
-           "unused_parameter_wraps", "project_writers", "path_module", "python_files", "project_downloads",
+           "unused_parameter_wraps", "project_writers", "project_downloads",
            "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
            "project_stops", "project_cpu_work", "project_orders", "project_bypasses"]
 
@@ -152,125 +154,6 @@ def _kind_of(arg: ast.AST, kinds: dict[str, str]) -> str:
     return ""
 
 
-def _parsed(modules: dict[str, str], path: str, cache: dict[str, ast.Module | None]) -> ast.Module | None:
-    """The module at `path`, parsed once per port (None where it does not parse)."""
-    if path not in cache:
-        try:
-            cache[path] = ast.parse(modules[path].removeprefix("\ufeff"))
-        except SyntaxError:
-            cache[path] = None
-    return cache[path]
-
-
-def _file_of(modules: dict[str, str], folder: str, dotted: str) -> str | None:
-    """The file of module `dotted` in the project (`pkg.sub` -> folder/pkg/sub.py or folder/pkg/sub/__init__.py)."""
-    relative = os.path.join(folder, *dotted.split("."))
-    return next((c for c in (relative + ".py", os.path.join(relative, "__init__.py")) if c in modules), None)
-
-
-_SKIPPED = {"__pycache__", "node_modules", "site-packages", "venv", "env", "build", "dist"}
-
-
-def python_files(folder: str, depth: int) -> Iterator[str]:
-    """Each `.py` file under `folder`, at most `depth` folder levels down, in a stable order; hidden folders, caches,
-    environments and build output are skipped."""
-    base = os.path.abspath(folder)
-    for where, dirs, files in os.walk(base):
-        level = os.path.relpath(where, base).count(os.sep) + (where != base)
-        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and d not in _SKIPPED] if level < depth else []
-        yield from (os.path.join(where, name) for name in sorted(files) if name.endswith(".py"))
-
-
-def path_module(folder: str, module: str, name: str, depth: int = 3) -> str | None:
-    """The file `from module import name` reads where the script's folder does not hold it (no `module.py` there, or
-    a package whose `__init__.py` lacks `name`): a project that puts its module folders on sys.path (a shell script
-    exporting PYTHONPATH, `sys.path.insert`) imports `module.py` from one of its subfolders. The one such file under
-    `folder` (`depth` levels down) that defines `name`; None where there is none or more than one (a guess)."""
-    found: list[str] = []
-    base = os.path.abspath(folder)
-    for path in python_files(base, depth):
-        if os.path.basename(path) != f"{module}.py":
-            continue
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                defined = _definition(ast.parse(f.read().removeprefix("\ufeff")), name)
-        except (OSError, SyntaxError, ValueError):
-            continue
-        if defined is not None:
-            found.append(os.path.join(folder, os.path.relpath(path, base)))
-    return found[0] if len(found) == 1 else None
-
-
-def _local_imports(tree: ast.Module, modules: dict[str, str], folder: str,
-                   parsed: dict[str, ast.Module | None]) -> dict[str, tuple[str, str | None]]:
-    """Name used in the script -> (module file, the name defined there; None for a whole module)."""
-    out: dict[str, tuple[str, str | None]] = {}
-
-    def file_of(dotted: str) -> str | None:
-        return _file_of(modules, folder, dotted)
-
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                found = file_of(a.name)
-                if found:
-                    out[a.asname or a.name] = (found, None)
-        elif isinstance(node, ast.ImportFrom) and node.level <= 1 and node.module:
-            star = file_of(node.module) if any(a.name == "*" for a in node.names) else None
-            if star:  # `from generate import *`: every function and class the module defines
-                module = _parsed(modules, star, parsed)
-                for d in module.body if module is not None else []:
-                    if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                        out.setdefault(d.name, (star, d.name))
-                continue
-            for a in node.names:
-                sub = file_of(f"{node.module}.{a.name}")
-                found = sub or file_of(node.module)
-                if not sub and node.level == 0 and "." not in node.module and (
-                        found is None or _resolve(modules, folder, found, a.name, parsed) is None):
-                    on_path = path_module(folder, node.module, a.name)  # `from solver import Solver`, found on sys.path
-                    found = on_path if on_path in modules else found
-                if found:
-                    out[a.asname or a.name] = (found, None if sub else a.name)
-    return out
-
-
-def _import_file(modules: dict[str, str], folder: str, path: str, node: ast.ImportFrom) -> str | None:
-    """The project file `from <module> import ...` in module `path` reads (relative to it, or from the project's
-    folder or the module's own)."""
-    if node.level:
-        base = os.path.dirname(path)
-        for _ in range(node.level - 1):
-            base = os.path.dirname(base)
-        return _file_of(modules, base, node.module) if node.module else None
-    return _file_of(modules, folder, node.module) or _file_of(modules, os.path.dirname(path), node.module)
-
-
-def _resolve(modules: dict[str, str], folder: str, path: str, name: str, parsed: dict[str, ast.Module | None],
-             depth: int = 0) -> tuple[str, ast.AST] | None:
-    """(file, definition) of `name` as module `path` sees it: defined there, or imported there from another module
-    of the project (`from pkg.training import Trainer` in a package's `__init__.py`, `from .io import save`)."""
-    module = _parsed(modules, path, parsed) if path in modules else None
-    if module is None:
-        return None
-    defn = _definition(module, name)
-    if defn is not None:
-        return path, defn
-    for node in module.body if depth < 3 else []:
-        if not isinstance(node, ast.ImportFrom) or not any((a.asname or a.name) == name for a in node.names):
-            continue
-        source = next(a.name for a in node.names if (a.asname or a.name) == name)
-        found = _import_file(modules, folder, path, node)
-        return _resolve(modules, folder, found, source, parsed, depth + 1) if found else None
-    for node in module.body if depth < 3 else []:  # `from .util import *` in a package's __init__.py
-        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
-            found = _import_file(modules, folder, path, node)
-            hit = _resolve(modules, folder, found, name, parsed, depth + 1) if found else None
-            if hit is not None:
-                return hit
-    return None
-
-
 def _sum_marker(defn: ast.AST) -> tuple[int, str] | None:
     """(line, code) of a torch loss reduced by a sum over the batch in a definition: `reduction="sum"`,
     `size_average=False`."""
@@ -386,11 +269,6 @@ def _compared_in_batch(tree: ast.Module, definition) -> list[tuple[int, str]]:  
                           "the embeddings of every rank before the loss (torch.distributed.nn.functional.all_gather "
                           "keeps their gradients), or keep the per-rank batch and say that the loss changed"))
     return out
-
-
-def _definition(tree: ast.Module, name: str) -> ast.AST | None:
-    return next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                 and n.name == name), None)
 
 
 def _parameters(defn: ast.AST) -> list[str]:
@@ -1472,21 +1350,6 @@ def _pins_at_import(module: ast.Module) -> tuple[int, str] | None:
                     isinstance(a, ast.Dict) and any(pins(k) for k in a.keys) for a in node.args):
                 return stmt.lineno, ast.unparse(stmt)
     return None
-
-
-def _imported_paths(stmt: ast.Import | ast.ImportFrom, modules: dict[str, str], folder: str) -> list[str]:
-    """The project files an import statement runs (`import a.b` runs a/__init__.py and a/b.py; `from x import *`
-    runs x.py even where it defines nothing the script can name)."""
-    names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module] + [
-        f"{stmt.module}.{a.name}" for a in stmt.names if a.name != "*"] if stmt.module and stmt.level <= 1 else []
-    out: list[str] = []
-    for name in names:
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            found = _file_of(modules, folder, ".".join(parts[:i]))
-            if found and found not in out:
-                out.append(found)
-    return out
 
 
 def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
