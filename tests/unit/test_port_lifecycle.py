@@ -364,3 +364,14 @@ def test_lengths_a_project_models_forward_packs_as_is_get_a_todo_at_the_wrap(tmp
     (tmp_path / "seq.py").write_text((tmp_path / "seq.py").read_text().replace("lengths))", "lengths.cpu()))"))
     result = port_source(script.read_text(), str(script))
     assert not any("pack_padded_sequence" in t.message for t in result.todos)  # moved to the host in forward
+
+
+def test_a_script_named_relative_to_the_working_folder_is_ported_beside_the_modules_found_for_it(monkeypatch):
+    """`ddpkit port pkg/train.py` from the folder above: the script's path is relative, the modules the port finds
+    for it are not; the linter the port runs on its output placed files by their folders and stopped on the mix
+    ("Can't mix absolute and relative paths")."""
+    monkeypatch.chdir(FIXTURES)
+    path = Path("trainer_pkg") / "train.py"
+    result = port_source(path.read_text(), str(path))
+    assert any('load_weights("weights.pt")' in result.code.splitlines()[t.line - 1] for t in result.todos
+               if t.in_output)

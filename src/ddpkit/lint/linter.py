@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from dataclasses import replace
 
 import ddpkit.lint.hangs  # noqa: F401  (registers DDP010 in CHECKS)
 import ddpkit.lint.hazards  # noqa: F401  (registers DDP011-DDP013 in CHECKS)
@@ -45,6 +46,15 @@ def lint_sources(sources: dict[str, str], shell: dict[str, str] | None = None) -
     finding per rule and line; a print on every rank that also reports a wrong metric gets both (DDP006 for the
     figure, DDP008 for the output repeated world_size times).
     """
+    given = [*sources, *(shell or {})]
+    if len({os.path.isabs(p) for p in given}) > 1:
+        # some paths relative to the working folder, some absolute (`ddpkit lint train.py /abs/utils.py`, or the
+        # port's script beside the modules it found): one spelling to place the files by their folders, and each
+        # finding named as it was given
+        spelled = {os.path.abspath(p): p for p in given}
+        absolute = lint_sources({os.path.abspath(p): t for p, t in sources.items()},
+                                {os.path.abspath(p): t for p, t in (shell or {}).items()})
+        return sorted((replace(f, path=spelled.get(f.path, f.path)) for f in absolute), key=Finding.sort_key)
     findings: list[Finding] = []
     reported: set[tuple[str, int, str]] = set()  # a helper shared by two programs is reported once
     analysed = analyse(sources, findings)
