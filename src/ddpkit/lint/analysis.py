@@ -12,7 +12,7 @@ from ddpkit.lint.ranks import (GLOBAL, GLOBAL_CALLS, GLOBAL_ENV, LOCAL, NONE, QU
                                find_rank_helpers, is_gpu_index, is_main_flag, is_mode_sentinel, rank_name_kind,
                                own_returns, rank_side, single_setting, spawn_index_names, terminal)
 
-__all__ = ["assigned_key", "without_grad", "rerun_by_workers", "dropped_by_every_caller", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
+__all__ = ["assigned_key", "keyword", "argument", "next_statements", "without_grad", "rerun_by_workers", "dropped_by_every_caller", "NONE", "LOCAL", "GLOBAL", "COLLECTIVES", "MPI_COLLECTIVES", "REDUCING_NAME", "EVAL_TOKENS", "is_eval_name", "is_eval_sampler", "off_the_training_branch", "Context", "Script", "is_main_flag", "rank_name_kind",
            "terminal", "distributed_mode", "BATCHNORM_ARCHITECTURES", "batchnorm_constructor", "function_apply"]
 
 COLLECTIVES = frozenset({
@@ -1233,6 +1233,29 @@ def _single_return(own: dict[str, ast.AST], value: ast.AST) -> ast.AST:
 def assigned_key(node: ast.AST) -> str:
     """How Script.assignments names a target: 'x' for a name, '.x' for an attribute ('' for anything else)."""
     return node.id if isinstance(node, ast.Name) else "." + node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def keyword(call: ast.Call, name: str) -> ast.AST | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def argument(call: ast.Call, name: str, position: int) -> ast.AST | None:
+    """The value passed for a parameter, by keyword or at its position."""
+    value = keyword(call, name)
+    if value is None and len(call.args) > position and not isinstance(call.args[position], ast.Starred):
+        value = call.args[position]
+    return value
+
+
+def next_statements(s: Script) -> dict[int, ast.stmt]:
+    after: dict[int, ast.stmt] = {}
+    for node in s.nodes:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                for first, second in zip(block, block[1:]):
+                    after[id(first)] = second
+    return after
 
 
 def _target_pairs(target: ast.AST, value: ast.AST) -> list[tuple[str, ast.AST]]:

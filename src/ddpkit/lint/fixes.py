@@ -22,9 +22,9 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ddpkit.lint.analysis import Script, terminal
+from ddpkit.lint.analysis import Script, argument, keyword, terminal
 from ddpkit.lint.linter import analyse
-from ddpkit.lint.rules import Hit, argument, keyword
+from ddpkit.lint.rules import Hit
 
 __all__ = ["FIXABLE", "fix_source", "apply_fixes"]
 

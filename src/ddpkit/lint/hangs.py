@@ -8,11 +8,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import Script, batchnorm_constructor, distributed_mode, is_main_flag, terminal, without_grad
+from ddpkit.lint.analysis import (Script, batchnorm_constructor, distributed_mode, is_main_flag, keyword, terminal,
+                                  without_grad)
 from ddpkit.lint.callsites import through_reexport
 from ddpkit.lint.bindings import path_up, relation, scope_of
 from ddpkit.lint.ranks import own_returns
-from ddpkit.lint.rules import Hit, check, keyword
+from ddpkit.lint.rules import Hit, check
 
 __all__ = ["collective_in_rank_branch", "one_rank_stops", "ddp_forward_on_some_ranks", "forward_around_wrapper",
            "loop_bound_from_some_ranks", "stop_on_some_ranks_count", "uneven_stride_shards"]

@@ -6,9 +6,9 @@ import ast
 import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import Script, batchnorm_constructor, own_returns, terminal
+from ddpkit.lint.analysis import Script, argument, batchnorm_constructor, keyword, own_returns, terminal
 from ddpkit.lint.bindings import scope_of
-from ddpkit.lint.rules import Hit, argument, check, keyword, off_by_default, splat_keyword
+from ddpkit.lint.rules import Hit, check, off_by_default, splat_keyword
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
            "first_gpu_for_every_rank",

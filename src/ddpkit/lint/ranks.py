@@ -7,7 +7,7 @@ import re
 
 __all__ = ["NONE", "LOCAL", "GLOBAL", "GLOBAL_ENV", "LOCAL_ENV", "GLOBAL_CALLS", "QUERIES",
            "distributed_mode", "run_sense", "single_setting", "rank_name_kind", "is_main_flag", "is_gpu_index", "is_mode_sentinel", "terminal",
-           "own_returns", "find_rank_helpers", "spawn_index_names", "rank_side"]
+           "own_returns", "find_rank_helpers", "spawn_index_names", "rank_side", "WORLD"]
 
 NONE, LOCAL, GLOBAL = 0, 1, 2
 """How strongly a condition singles out ranks: not at all, by local rank (one per node), by global rank."""
@@ -100,6 +100,11 @@ def run_sense(expr: ast.AST | None) -> int:
         return 1
     return -1 if (op, value) in ((ast.Eq, 1), (ast.LtE, 1), (ast.Lt, 2)) else 0
 
+
+WORLD = re.compile(r"world_size|get_world_size|nprocs|num_gpus|ngpus|n_gpus|num_replicas|num_processes|world|"
+                    r"\bws\b|n_?procs|num_?ranks|n_?ranks|gpu_?count|device_count")
+"""Names of a run's world size and its process or GPU counts, matched anywhere in a name or call (`args.world_size`,
+`dist.get_world_size()`, `torch.cuda.device_count()`)."""
 
 _COUNT_NAME = re.compile(r"^(n_?|num_?)(procs|processes|replicas)$|world_size$")
 """Names that count the processes of a run (`nprocs`, `world_size`; not `n_gpu`, often the GPUs of one process)."""

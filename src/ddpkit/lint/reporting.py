@@ -13,13 +13,14 @@ parameter reaches one) or assigns it from one: one reduction elsewhere does not 
 from __future__ import annotations
 
 import ast
+import re
 from typing import NamedTuple
 
-from ddpkit.lint.analysis import (COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, function_apply,
-                                  terminal)
+from ddpkit.lint.analysis import (COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_NAME, Script, assigned_key,
+                                  function_apply, terminal)
 
 __all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
-           "reduced_names"]
+           "reduced_names", "names_a_rank", "reports_only", "in_step_loop", "every_rank_writer"]
 
 SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "writelines", "warning", "set_postfix",
                         "set_description", "log_metric", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
@@ -688,3 +689,63 @@ def _method_call(stmt: ast.stmt) -> tuple[ast.AST, str, ast.Call] | None:
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute):
         return stmt.value.func.value, stmt.value.func.attr, stmt.value
     return None
+
+
+_RANK_ZERO_TEXT = re.compile(r"\brank[ _-]?(0|zero)\b", re.IGNORECASE)
+"""Text that says the figure is rank 0's own ("Rank-0 Batch Wise/train_loss"), not the run's."""
+
+
+def names_a_rank(s: Script, call: ast.Call) -> bool:
+    """The line says whose it is: a rank value written into it, or text naming the rank. A rank read only by the
+    test of a conditional expression inside an argument (`world_size if local_rank != -1 else 1`, a factor of
+    a total) picks a value; it is not written out."""
+    parts = [n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a)]
+    tested = {id(n) for p in parts if isinstance(p, ast.IfExp) for n in ast.walk(p.test)}
+    parts = [n for n in parts if id(n) not in tested]
+    # (an object only some ranks hold, `self.writer` made on rank 0 alone, is handed along, not written out)
+    return any(s.kind(n) for n in parts
+               if isinstance(n, (ast.Name, ast.Attribute)) and assigned_key(n) not in s.rank_only) \
+        or any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str)
+        and (re.search(r"rank ?0|rank\b", n.value) or _RANK_ZERO_TEXT.search(n.value)) for n in parts)
+
+
+def _rank_check(s: Script, stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.If) and s.kind(stmt.test) != NONE
+
+
+def reports_only(s: Script, stmt: ast.stmt) -> bool:
+    """A report statement: a call that shows its arguments, or a `with`, `for` or `if` of nothing else
+    (`for k, v in parts.items(): writer.add_scalar(k, v, step)`)."""
+    if isinstance(stmt, ast.Expr):
+        return isinstance(stmt.value, ast.Call) and shows(s, stmt.value)
+    if isinstance(stmt, (ast.With, ast.For, ast.If)) and not _rank_check(s, stmt):
+        # (a rank check starts a report block of its own)
+        return all(reports_only(s, x) for x in (*stmt.body, *getattr(stmt, "orelse", ())))
+    return False
+
+
+def in_step_loop(s: Script, scope: ast.AST, call: ast.Call) -> bool:
+    """The report sits in a loop of `scope` that runs `backward()`: a progress line of the current batch."""
+    node = call
+    while id(node) in s.parents and node is not scope:
+        node = s.parents[id(node)]
+        if isinstance(node, (ast.For, ast.While)) and any(
+                isinstance(c, ast.Call) and terminal(c.func) == "backward" for c in ast.walk(node)):
+            return True
+    return False
+
+
+def every_rank_writer(s: Script, call: ast.Call) -> bool:
+    """`writer.add_scalar(...)` where `writer` is a tensorboard SummaryWriter this file makes on every rank (no rank
+    check around it, no rank in its arguments) and only there."""
+    if terminal(call.func) not in ("add_scalar", "add_scalars") or not isinstance(call.func, ast.Attribute) \
+            or not isinstance(call.func.value, (ast.Name, ast.Attribute)):
+        return False
+    key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    made = [v for k, v in s.assignments if k == key]
+    return bool(made) and all(
+        isinstance(v, ast.Call) and terminal(v.func) == "SummaryWriter" and not s.context(v).level
+        and not s.context(v).single
+        and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
+        for v in made)

@@ -8,11 +8,11 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ddpkit.lint.analysis import (LOCAL, NONE, Script, assigned_key, dropped_by_every_caller, is_eval_name,
-                                  is_eval_sampler, terminal, without_grad)
+from ddpkit.lint.analysis import (LOCAL, NONE, Script, argument, assigned_key, dropped_by_every_caller, is_eval_name,
+                                  is_eval_sampler, keyword, terminal, without_grad)
 from ddpkit.lint.passes import enclosing_function, passed_once, rerun_site
 
-__all__ = ["Hit", "CHECKS", "check", "keyword", "argument", "shuffle_arguments", "splat_keyword", "is_buffer",
+__all__ = ["Hit", "CHECKS", "check", "shuffle_arguments", "splat_keyword", "is_buffer",
            "DDP_ONLY_KWARGS", "off_by_default"]
 
 
@@ -33,18 +33,6 @@ CHECKS: list[Callable[[Script], Iterator[Hit]]] = []
 def check(func: Callable[[Script], Iterator[Hit]]) -> Callable[[Script], Iterator[Hit]]:
     CHECKS.append(func)
     return func
-
-
-def keyword(call: ast.Call, name: str) -> ast.AST | None:
-    return next((k.value for k in call.keywords if k.arg == name), None)
-
-
-def argument(call: ast.Call, name: str, position: int) -> ast.AST | None:
-    """The value passed for a parameter, by keyword or at its position."""
-    value = keyword(call, name)
-    if value is None and len(call.args) > position and not isinstance(call.args[position], ast.Starred):
-        value = call.args[position]
-    return value
 
 
 def _is_const(node: ast.AST | None, value: object) -> bool:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import Script, terminal
+from ddpkit.lint.analysis import Script, argument, terminal
 from ddpkit.lint.passes import enclosing_function
-from ddpkit.lint.rules import Hit, argument, check
+from ddpkit.lint.rules import Hit, check
 
 __all__ = ["summed_objective", "divided_by_device_count"]
 

@@ -7,8 +7,8 @@ import os
 import re
 from collections.abc import Iterator
 
-from ddpkit.lint.analysis import Script, rerun_by_workers, terminal
-from ddpkit.lint.rules import Hit, argument, check, keyword
+from ddpkit.lint.analysis import Script, argument, keyword, rerun_by_workers, terminal
+from ddpkit.lint.rules import Hit, check
 
 __all__ = ["rank_seeds"]
 
