@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.port.asks import bypasses_reached, prompts_reached, stops_reached, trackers_reached
+from ddpkit.port.buffers import filled_buffers_in_wrapped
 from ddpkit.port.contrast import batch_similarity
 from ddpkit.port.cpuonly import cpu_only_reached
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
@@ -1322,6 +1323,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     out += cpu_tensors_in_wrapped(tree, _builders(tree, classes), definition)
     out += plain_tensor_members(tree, _builders(tree, classes), own_or_project, follow)
+    out += filled_buffers_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out
