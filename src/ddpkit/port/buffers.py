@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import os
 
-from ddpkit.port.weights import Definition, Follow, ast_dotted
+from ddpkit.port.weights import Definition, Follow, ast_dotted, wrapped_classes
 
 __all__ = ["filled_buffers_in_wrapped"]
 
@@ -95,33 +95,36 @@ def filled_buffers_in_wrapped(tree: ast.Module, builders: dict[str, list[str]], 
         if not (isinstance(node, ast.Call) and ast_dotted(node.func) == "ddpkit.wrap" and node.args) or any(
                 k.arg == "broadcast_buffers" for k in node.keywords):
             continue
-        arg = node.args[0]
-        found = [definition(c) for c in ([ast_dotted(arg.func)] if isinstance(arg, ast.Call) else builders.get(
-            ast_dotted(arg), [])) if c]
-        todo = [(f[0], f[2]) for f in found if f is not None and isinstance(f[2], ast.ClassDef)]
-        seen: set[tuple[str, str]] = set()
-        while todo and len(seen) < 20:
-            path, cls = todo.pop(0)
-            if (path, cls.name) in seen:
-                continue
-            seen.add((path, cls.name))
-            hit = _filled(cls)
-            if hit is not None:
-                buffer, method, line, code = hit
-                where = f"{os.path.basename(path)}:{line}" if path else f"line {line}"
-                out.append((node.lineno, f"`{cls.name}` stores values computed from its inputs into its registered "
-                                         f"buffer `{buffer}` in `{method}` ({where} `{code}`: a queue, a memory "
-                                         "bank): each rank stores only its own batch's, and DDP copies rank 0's "
-                                         "buffers over every rank's at each forward (broadcast_buffers=True), so "
-                                         "what the other ranks stored is lost; gather the stored values from every "
-                                         "rank first (torch.distributed.all_gather, MoCo's concat_all_gather: each "
-                                         "store then holds world_size batches), or keep one buffer per rank on "
-                                         "purpose: `ddpkit.wrap(model, ctx, broadcast_buffers=False)`"))
-                break
-            init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-            for member in {ast_dotted(n.value.func) for n in ast.walk(init) if isinstance(n, ast.Assign) and
-                           isinstance(n.value, ast.Call)} if init is not None else ():
-                sub = follow(member, path) if member else None
-                if sub is not None and isinstance(sub[1], ast.ClassDef):
-                    todo.append(sub)
+        found = next(((path, cls, hit) for path, cls in _with_submodules(
+            [(f[0], f[2]) for f in wrapped_classes(node, builders, definition)], follow)
+            if (hit := _filled(cls)) is not None), None)
+        if found is None:
+            continue
+        path, cls, (buffer, method, line, code) = found
+        where = f"{os.path.basename(path)}:{line}" if path else f"line {line}"
+        out.append((node.lineno, f"`{cls.name}` stores values computed from its inputs into its registered buffer "
+                                 f"`{buffer}` in `{method}` ({where} `{code}`: a queue, a memory bank): each rank "
+                                 "stores only its own batch's, and DDP copies rank 0's buffers over every rank's at "
+                                 "each forward (broadcast_buffers=True), so what the other ranks stored is lost; "
+                                 "gather the stored values from every rank first (torch.distributed.all_gather, "
+                                 "MoCo's concat_all_gather: each store then holds world_size batches), or keep one "
+                                 "buffer per rank on purpose: `ddpkit.wrap(model, ctx, broadcast_buffers=False)`"))
     return out
+
+
+def _with_submodules(classes: list[tuple[str, ast.ClassDef]], follow: Follow, limit: int = 20):  # noqa: ANN202
+    """(file, class) of each of `classes` and of the classes of the script or project its `__init__` builds members
+    from (`self.enc = Encoder(...)`), breadth first, each once, `limit` at most."""
+    seen: set[tuple[str, str]] = set()
+    while classes and len(seen) < limit:
+        path, cls = classes.pop(0)
+        if (path, cls.name) in seen:
+            continue
+        seen.add((path, cls.name))
+        yield path, cls
+        init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        for member in sorted({ast_dotted(n.value.func) for n in ast.walk(init) if isinstance(n, ast.Assign)
+                              and isinstance(n.value, ast.Call)} - {""}) if init is not None else ():
+            sub = follow(member, path)
+            if sub is not None and isinstance(sub[1], ast.ClassDef):
+                classes.append(sub)
