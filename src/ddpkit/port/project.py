@@ -296,9 +296,9 @@ def _handed_in_batch(tree: ast.Module, definition, folder: str, modules: dict[st
         path, cls, (line, code) = losses[handed]
         where = f"{os.path.basename(path)}:{line}" if path else f"line {line}"
         out.append((call.lineno, f"`{handed}` ({cls}) is handed to `{found[1]}` in {os.path.basename(found[0])} "
-                                 "(read, not ported), which trains with it (backward()), and it compares the "
-                                 f"samples of a batch with each other ({where} `{code}`: a similarity matrix, "
-                                 "in-batch negatives): " + _IN_BATCH))
+                                 "(read, not ported), whose code calls backward() (the loss trains there), and "
+                                 f"it compares the samples of a batch with each other ({where} `{code}`: a "
+                                 "similarity matrix, in-batch negatives): " + _IN_BATCH))
     return out
 
 
