@@ -20,7 +20,7 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import is_optimizer, scope_holding
-from ddpkit.port.ranks import apart, saves_file
+from ddpkit.port.ranks import apart, saves_file, tests_around
 
 __all__ = ["plan_decisions", "plan_chosen_reads", "plan_searches"]
 
@@ -62,6 +62,7 @@ def plan_decisions(plan: Any) -> None:
 
 _READ_BACK = re.compile(r"^(torch|np|numpy|pickle|joblib)\.load$|(^|\.)load_checkpoint$|^open$")
 """Calls that read back a file a run wrote (a checkpoint, an array); `open` only without a write mode."""
+_CHECKS = re.compile(r"(^|\.)(exists|isfile|is_file)$")
 
 
 def plan_chosen_reads(plan: Any) -> None:
@@ -79,10 +80,13 @@ def plan_chosen_reads(plan: Any) -> None:
                     for a in node.args[1:] for x in walk(a.value)) or _rank_only(plan, node):
                 continue
             path = node.args[0].value
+            code = " ".join(plan.f.code(path).split())
+            if any(isinstance(c, cst.Call) and _CHECKS.search(dotted(c.func)) and c.args and " ".join(plan.f.code(
+                    c.args[0].value).split()) == code for t in tests_around(plan, node) for c in walk(t)):
+                continue  # `if os.path.isfile(p): torch.load(p)`: a cache read where the file exists, not a choice
             why = apart(plan, key, path)
             if why is None:
                 continue
-            code = " ".join(plan.f.code(path).split())
             cause = why or "it reads a value this rank computed from its own batches or shard, not reduced over ranks"
             give = f" (`{code} = ddpkit.collectives.broadcast_object(ctx, {code})`, where every rank passes)" \
                 if isinstance(path, cst.Name) else " (ddpkit.collectives.broadcast_object)"
