@@ -75,3 +75,50 @@ def test_a_product_with_the_modules_own_proxies_compares_no_samples(tmp_path):
     # a proxy loss scores each sample against learned class proxies: no other sample of the batch is involved
     todos = _todos(tmp_path, "self.proxies = torch.zeros(3, 8)\nreturn (z @ self.proxies.t()).logsumexp(1).mean()\n")
     assert not [t for t in todos if "compares the samples" in t], todos
+
+
+_HANDED = """\
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from losses import PairLoss
+    from trainer import train
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=32, shuffle=True)
+    model = nn.Linear(4, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+def _handed(tmp_path, loss: str, trainer: str, calls: str) -> list[str]:
+    """TODOs of a script that builds `PairLoss` (forward returning `loss`) and hands it to trainer.py's `train`."""
+    (tmp_path / "losses.py").write_text("import torch\nimport torch.nn as nn\n\n\nclass PairLoss(nn.Module):\n"
+                                        f"    def forward(self, a, b):\n        return {loss}\n")
+    (tmp_path / "trainer.py").write_text(trainer)
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_HANDED) + calls)
+    return [t.message for t in port_source(script.read_text(), str(script)).todos]
+
+
+def test_a_contrastive_loss_handed_to_the_projects_training_function_is_a_todo(tmp_path):
+    # the backward() is in trainer.py (read, not ported): the loss the script builds and hands over still trains there
+    todos = _handed(tmp_path, "-(a @ b.T).diag().mean()",
+                    "def step(model, x, criterion, optimizer):\n    z = model(x)\n    loss = criterion(z, z)\n"
+                    "    loss.backward()\n    optimizer.step()\n\n\ndef train(model, loader, criterion, optimizer):\n"
+                    "    for (x,) in loader:\n        step(model, x, criterion, optimizer)\n",
+                    "criterion = PairLoss().cuda()\ntrain(model, loader, criterion=criterion, optimizer=optimizer)\n")
+    found = [t for t in todos if "is handed to `train` in trainer.py" in t]
+    assert len(found) == 1 and "losses.py:7 `a @ b.T`" in found[0] and "all_gather" in found[0], todos
+
+
+def test_a_per_sample_loss_handed_to_the_projects_training_function_is_no_todo(tmp_path):
+    trainer = "def train(model, loader, criterion, optimizer):\n    for (x,) in loader:\n" \
+              "        criterion(model(x), x).backward()\n"
+    todos = _handed(tmp_path, "(a * b).sum(-1).mean()", trainer,
+                    "train(model, loader, PairLoss(), optimizer)\ncriterion = PairLoss()\n"
+                    "train(model, loader, criterion, optimizer)\n")
+    assert not [t for t in todos if "compares the samples" in t], todos
+    # a contrastive loss handed to code that never calls backward() (an evaluation): nothing trains with it there
+    todos = _handed(tmp_path, "-(a @ b.T).diag().mean()", trainer.replace(".backward()", ".item()"),
+                    "criterion = PairLoss()\ntrain(model, loader, criterion, optimizer)\n")
+    assert not [t for t in todos if "compares the samples" in t], todos

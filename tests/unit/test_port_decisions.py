@@ -275,3 +275,77 @@ def test_a_threshold_around_backward_and_the_step_is_a_hang_not_a_drift():
     both = _variant("                optimizer.step()\n",
                     "                optimizer.step()\n            else:\n                loss.backward()\n", gated)
     assert "drift apart" in _todos(both)[_line(both, "if loss > 0.5")]
+
+
+_BEST = '''\
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from sklearn.metrics import roc_auc_score
+
+data = TensorDataset(torch.randn(64, 4), (torch.rand(64) > 0.5).long())
+train_loader = DataLoader(data, batch_size=16, shuffle=True)
+val_loader = DataLoader(data, batch_size=16)
+
+
+def val(model, loader, scores, epoch):
+    model.eval()
+    ys, ps = torch.tensor([]).to("cpu"), torch.tensor([]).to("cpu")
+    with torch.no_grad():
+        for x, y in loader:
+            ps = torch.cat((ps, model(x).softmax(1)[:, 1]))
+            ys = torch.cat((ys, y.float()))
+    auc = roc_auc_score(ys.numpy(), ps.numpy())
+    scores.append(auc)
+    torch.save(model.state_dict(), "ckpt_%d_auc_%.5f.pth" % (epoch, auc))
+
+
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+val_scores = []
+for epoch in range(3):
+    model.train()
+    for x, y in train_loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    val(model, val_loader, val_scores, epoch)
+best = int(np.argmax(val_scores))
+path = "ckpt_%d_auc_%.5f.pth" % (best, val_scores[best])
+model.load_state_dict(torch.load(path))
+'''
+
+
+def test_a_file_read_back_by_a_path_chosen_on_this_ranks_own_score_is_a_todo():
+    # val() appends its own shard's AUC (over lists the port cannot join: they do not start empty) to the list it is
+    # handed; the best epoch, and the file name, are per rank
+    result = port_source(_BEST, "best.py")
+    found = [t for t in result.todos if "reads on every rank a file at a path that may differ" in t.message]
+    assert [t.line for t in found] == [_line(_BEST, "torch.load(path)")] and result.exit_code == 3, result.todos
+    assert "`path = ddpkit.collectives.broadcast_object(ctx, path)`" in found[0].message
+
+
+def test_a_file_read_back_by_a_path_every_rank_shares_is_no_todo():
+    # scores the port joins over ranks (lists it gathers before the AUC): every rank picks the same epoch
+    gathered = _BEST.replace("torch.tensor([]).to(\"cpu\"), torch.tensor([]).to(\"cpu\")", "[], []").replace(
+        "ps = torch.cat((ps, model(x).softmax(1)[:, 1]))", "ps.append(model(x).softmax(1)[:, 1])").replace(
+        "ys = torch.cat((ys, y.float()))", "ys.append(y.float())").replace(
+        "roc_auc_score(ys.numpy(), ps.numpy())", "roc_auc_score(torch.cat(ys).numpy(), torch.cat(ps).numpy())")
+    result = port_source(gathered, "best.py")
+    assert "ddpkit.gather_list(ctx, ps)" in result.code
+    assert not [t for t in result.todos if "path that may differ" in t.message], result.todos
+    # the last epoch's file, named by the epoch alone: a counter, alike on every rank (named by its AUC as well, the
+    # name still differs between ranks)
+    last = _BEST.replace("best = int(np.argmax(val_scores))", "best = 2")
+    assert [t for t in port_source(last, "best.py").todos if "path that may differ" in t.message]
+    last = last.replace('"ckpt_%d_auc_%.5f.pth" % (best, val_scores[best])', '"ckpt_%d.pth" % best')
+    assert not [t for t in port_source(last, "best.py").todos if "path that may differ" in t.message]
+    # read only where it exists (`if os.path.isfile(path):`): a cache check, not a choice between files
+    checked = _BEST.replace("model.load_state_dict(torch.load(path))", "import os\nif os.path.isfile(path):\n"
+                            "    model.load_state_dict(torch.load(path))")
+    assert not [t for t in port_source(checked, "best.py").todos if "path that may differ" in t.message]
+    # nothing saved in the script: no file of this run to disagree about
+    unsaved = _BEST.replace('    torch.save(model.state_dict(), "ckpt_%d_auc_%.5f.pth" % (epoch, auc))\n', "")
+    assert not [t for t in port_source(unsaved, "best.py").todos if "path that may differ" in t.message]

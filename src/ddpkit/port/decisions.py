@@ -12,6 +12,7 @@ first), so each TODO names the decision and the value.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import libcst as cst
@@ -19,9 +20,9 @@ import libcst as cst
 from ddpkit.port.facts import dotted, walk
 from ddpkit.port.inputs import RANDOM_DRAW
 from ddpkit.port.models import is_optimizer, scope_holding
-from ddpkit.port.ranks import apart, saves_file
+from ddpkit.port.ranks import apart, saves_file, tests_around
 
-__all__ = ["plan_decisions", "plan_searches"]
+__all__ = ["plan_decisions", "plan_chosen_reads", "plan_searches"]
 
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 
@@ -57,6 +58,48 @@ def plan_decisions(plan: Any) -> None:
             plan.todo(node, f"`{test}` may differ between ranks (it reads a value this rank computed from its own "
                       f"batches or shard, not reduced over ranks), and {what}; decide on a value every rank shares: "
                       "reduce it first (ddpkit.reduce_mean, ddpkit.all_reduce_sum)")
+
+
+_READ_BACK = re.compile(r"^(torch|np|numpy|pickle|joblib)\.load$|(^|\.)load_checkpoint$|^open$")
+"""Calls that read back a file a run wrote (a checkpoint, an array); `open` only without a write mode."""
+_CHECKS = re.compile(r"(^|\.)(exists|isfile|is_file)$")
+
+
+def plan_chosen_reads(plan: Any) -> None:
+    """A TODO at each read every rank makes (`torch.load(path)`, not under a rank test) of a file at a path that may
+    differ between ranks (`ranks.apart`: `path` built from the best epoch by this rank's own validation score), in a
+    script that saves files: rank 0 wrote the file under its own value, so another rank loads another epoch's file,
+    or one nobody wrote (FileNotFoundError)."""
+    keys = sorted(plan.f.ported)
+    if not any(isinstance(n, cst.Call) and saves_file(plan, key, n) for key in keys for n in plan.nodes(key)):
+        return
+    for key in keys:
+        for node in plan.nodes(key):
+            if not (isinstance(node, cst.Call) and node.args and _READ_BACK.search(dotted(node.func))) or any(
+                    isinstance(x, cst.SimpleString) and re.search(r"[wax]", str(x.evaluated_value))
+                    for a in node.args[1:] for x in walk(a.value)) or _rank_only(plan, node):
+                continue
+            path = node.args[0].value
+            code = " ".join(plan.f.code(path).split())
+            if any(isinstance(c, cst.Call) and _CHECKS.search(dotted(c.func)) and c.args and " ".join(plan.f.code(
+                    c.args[0].value).split()) == code for t in tests_around(plan, node) for c in walk(t)):
+                continue  # `if os.path.isfile(p): torch.load(p)`: a cache read where the file exists, not a choice
+            why = apart(plan, key, path)
+            if why is None:
+                continue
+            cause = why or "it reads a value this rank computed from its own batches or shard, not reduced over ranks"
+            give = f" (`{code} = ddpkit.collectives.broadcast_object(ctx, {code})`, where every rank passes)" \
+                if isinstance(path, cst.Name) else " (ddpkit.collectives.broadcast_object)"
+            plan.todo(node, f"`{' '.join(plan.f.code(node.func).split())}({code})` reads on every rank a file at a "
+                      f"path that may differ between ranks ({cause}): rank 0 saved under its own value, so another "
+                      "rank loads another file, or one nobody wrote (FileNotFoundError); choose the path on rank 0 and "
+                      f"give it to every rank{give}, or reduce the value it is chosen by first")
+
+
+def _rank_only(plan: Any, node: cst.CSTNode) -> bool:
+    """`node` runs on one rank only: a line under the port's rank-0 guard, or under a rank test of the script."""
+    stmt = plan._stmt.get(id(node))
+    return stmt is not None and (id(stmt) in plan.guard or plan.guarded_above(stmt))
 
 
 def _judged_in_own_scope(plan: Any, key: str, node: cst.CSTNode) -> bool:

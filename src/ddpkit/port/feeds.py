@@ -413,17 +413,20 @@ def plan_no_loader(plan: Any, start: cst.CSTNode) -> None:
 
 
 # ---- reads of torch DataLoader internals on a ported loader ----------------------------------------------
-_LOADER_INTERNALS = frozenset({"sampler", "batch_sampler", "batch_size", "num_workers", "collate_fn", "drop_last",
-                               "pin_memory", "generator", "worker_init_fn", "prefetch_factor", "persistent_workers",
-                               "timeout", "multiprocessing_context"})
-"""Attributes of torch's DataLoader that ddpkit's loaders lack or hold with another meaning (`dataset` is kept)."""
+_LOADER_INTERNALS = frozenset({"sampler", "batch_sampler", "generator", "worker_init_fn", "prefetch_factor",
+                               "persistent_workers", "timeout", "multiprocessing_context"})
+"""Attributes of torch's DataLoader that ddpkit's loaders lack or hold with another meaning. Both answer `dataset`,
+`batch_size` (the batch each rank's loader yields, as a DataLoader's is the batch it yields), `num_workers`,
+`drop_last`, `collate_fn` and `pin_memory` as a DataLoader does (ddpkit.data's `_DATALOADER_ATTRIBUTES`; port/ reads
+code and does not import the runtime, so the list is kept here too)."""
 
 
 def plan_loader_reads(plan: Any) -> None:
     """`len(loader.sampler)` on a loader the port made ddpkit's meant the dataset's size (DataLoader's default
     samplers hold every sample): it reads `len(loader.dataset)`, the global count, on every rank. ddpkit.loader's
-    `sampler` is its per-rank batch sampler and ddpkit.eval_loader has none, so any other read of a DataLoader
-    attribute (`loader.batch_size`, `loader.batch_sampler`, `loader.sampler.indices`) is a TODO naming it."""
+    `sampler` is its per-rank batch sampler and ddpkit.eval_loader's its shard's indices, so any other read of a
+    DataLoader attribute they lack or answer otherwise (`loader.batch_sampler`, `loader.sampler.indices`) is a TODO
+    naming it; `loader.batch_size` and the others both answer as a DataLoader does are left alone."""
     for key in sorted(plan.f.ported):
         nodes = list(plan.nodes(key))
         measured = {id(n.args[0].value) for n in nodes if isinstance(n, cst.Call) and dotted(n.func) == "len"
@@ -439,8 +442,8 @@ def plan_loader_reads(plan: Any) -> None:
                 plan.replace[id(node)] = f"{loader}.dataset"
                 continue
             made = "ddpkit.loader" if kind == "train" else "ddpkit.eval_loader"
-            has = "holds its per-rank batch sampler there" if node.attr.value == "sampler" and kind == "train" \
-                else "has no such attribute"
+            has = "has no such attribute" if node.attr.value != "sampler" else \
+                "holds its per-rank batch sampler there" if kind == "train" else "holds its shard's indices there"
             plan.todo(node, f"`{loader}.{node.attr.value}` reads an attribute of torch's DataLoader, but `{loader}` "
                       f"is now {made}, which {has}: "
                       f"read `len({loader}.dataset)` for the number of samples, `len({loader})` for this rank's "

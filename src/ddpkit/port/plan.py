@@ -24,7 +24,7 @@ from ddpkit.port.inputs import passed_as, plan_batch_dependents, plan_batch_divi
 from ddpkit.port.leftovers import plan_gpu_products, plan_prefixed_loads
 from ddpkit.port.models import check_aliases, check_rebound, is_optimizer, move_receiver, plan_autograd_grad, plan_models
 from ddpkit.port.unused import plan_parameter_changes, plan_unused_parameters
-from ddpkit.port.decisions import plan_decisions, plan_searches
+from ddpkit.port.decisions import plan_chosen_reads, plan_decisions, plan_searches
 from ddpkit.port.ranks import library_loader, plan_rank_values, plan_ranks
 from ddpkit.port.switches import option_dest, plan_device_flag, plan_foreign_switch, plan_unfollowed_switch
 from ddpkit.port.sums import plan_reductions, plan_shard_figures
@@ -244,6 +244,7 @@ class Plan:
         plan_decisions(self)  # after plan_reductions: it reads which values are reduced
         plan_searches(self)
         plan_rank_values(self)  # after plan_effects: it reads which lines rank 0 alone runs
+        plan_chosen_reads(self)  # after plan_effects and plan_reductions: rank 0's lines, the reduced values
         plan_device_datasets(self)
         plan_loader_reads(self)
         plan_shard_figures(self)  # last: what every other rule left per rank is reduced or named

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 
 from ddpkit.port.asks import bypasses_reached, prompts_reached, stops_reached, trackers_reached
+from ddpkit.port.buffers import filled_buffers_in_wrapped
 from ddpkit.port.contrast import batch_similarity
 from ddpkit.port.cpuonly import cpu_only_reached
 from ddpkit.port.diskwrites import (PROCESSES, Site, made_classes, method_of, named_per_rank, one_rank_nodes,
@@ -263,12 +264,66 @@ def _compared_in_batch(tree: ast.Module, definition) -> list[tuple[int, str]]:  
             continue
         where = f"{os.path.basename(found[0])}:{marker[0]}" if found[0] else f"line {marker[0]}"
         out.append((line, f"`{name}` reaches backward() from `{found[1]}`, which compares the samples of a batch "
-                          f"with each other ({where} `{marker[1]}`: a similarity matrix, in-batch negatives): each "
-                          "rank now compares only its own batch_size // world_size samples, so every sample meets "
-                          "world_size times fewer others than in the original, and the loss is another one; gather "
-                          "the embeddings of every rank before the loss (torch.distributed.nn.functional.all_gather "
-                          "keeps their gradients), or keep the per-rank batch and say that the loss changed"))
+                          f"with each other ({where} `{marker[1]}`: a similarity matrix, in-batch negatives): "
+                          + _IN_BATCH))
     return out
+
+
+def _handed_in_batch(tree: ast.Module, definition, folder: str, modules: dict[str, str],  # noqa: ANN001
+                     parsed: dict[str, ast.Module | None], named: set[int]) -> list[tuple[int, str]]:
+    """`criterion = NTXentLoss(...)` handed to `train(..., criterion=criterion)` of the project, whose code (or code
+    it calls, three levels at most) calls backward(): the loss trains there, read, not ported, where
+    `_compared_in_batch` sees no backward(). A TODO at the call when the loss's class or function compares the
+    samples of a batch with each other (ddpkit.port.contrast); `named`: lines that TODO already holds."""
+    own = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    losses: dict[str, tuple[str, str, tuple[int, str]]] = {}  # the name bound to it -> (file, its name, marker)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _unmoved(node.value) if isinstance(node.value, ast.Call) else node.value
+            func = ast_dotted(value.func) if isinstance(value, ast.Call) else ast_dotted(value)
+            found = ("", func, own[func]) if func in own else definition(func) if func else None
+            marker = batch_similarity(found[2]) if found is not None else None
+            if marker is not None:
+                losses[node.targets[0].id] = (found[0], found[1], marker)
+    out: list[tuple[int, str]] = []
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)) if losses else ():
+        handed = next((a.id for a in [*call.args, *(k.value for k in call.keywords)]
+                       if isinstance(a, ast.Name) and a.id in losses), None)
+        found = definition(ast_dotted(call.func)) if handed is not None and ast_dotted(call.func) else None
+        if found is None or call.lineno in named or not _trains_below(found[0], found[2], folder, modules, parsed):
+            continue
+        named.add(call.lineno)
+        path, cls, (line, code) = losses[handed]
+        where = f"{os.path.basename(path)}:{line}" if path else f"line {line}"
+        out.append((call.lineno, f"`{handed}` ({cls}) is handed to `{found[1]}` in {os.path.basename(found[0])} "
+                                 "(read, not ported), whose code calls backward() (the loss trains there), and "
+                                 f"it compares the samples of a batch with each other ({where} `{code}`: a "
+                                 "similarity matrix, in-batch negatives): " + _IN_BATCH))
+    return out
+
+
+_IN_BATCH = ("each rank now compares only its own batch_size // world_size samples, so every sample meets world_size "
+             "times fewer others than in the original, and the loss is another one; gather the embeddings of every "
+             "rank before the loss (torch.distributed.nn.functional.all_gather keeps their gradients), or keep the "
+             "per-rank batch and say that the loss changed")
+"""What a loss over in-batch negatives becomes under a sharded loader, and the two ways out."""
+
+
+def _trains_below(path: str, defn: ast.AST, folder: str, modules: dict[str, str],
+                  parsed: dict[str, ast.Module | None]) -> bool:
+    """`defn` (of module `path`), or a function or class of the project it calls (three levels at most), calls
+    `X.backward()`."""
+    todo, seen = [(path, defn, 0)], {id(defn)}
+    while todo:
+        where, node, depth = todo.pop(0)
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+               for n in ast.walk(node)):
+            return True
+        for found in _called(where, node, folder, modules, parsed) if depth < 3 and len(seen) < 40 else ():
+            if id(found[1]) not in seen:
+                seen.add(id(found[1]))
+                todo.append((*found, depth + 1))
+    return False
 
 
 def _parameters(defn: ast.AST) -> list[str]:
@@ -1251,7 +1306,8 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
                                      "under DDP:" + _items(f"{files[h]}:{', '.join(map(str, at))} {h}"
                                                            for at, h in grouped)))
     out += _summed_elsewhere(tree, definition)
-    out += _compared_in_batch(tree, definition)
+    compared = _compared_in_batch(tree, definition)
+    out += compared + _handed_in_batch(tree, definition, folder, modules, parsed, {line for line, _ in compared})
     out += unused_in_wrapped(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
                              _follower(tree, folder, modules, parsed))
     out += used_outside_forward(tree, _builders(tree, classes), _through_builders(definition, folder, modules, parsed),
@@ -1267,6 +1323,7 @@ def project_hazards(tree: ast.Module, folder: str, modules: dict[str, str]) -> l
     out += host_inputs_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     out += cpu_tensors_in_wrapped(tree, _builders(tree, classes), definition)
     out += plain_tensor_members(tree, _builders(tree, classes), own_or_project, follow)
+    out += filled_buffers_in_wrapped(tree, _builders(tree, classes), own_or_project, follow)
     if any("`module.`" in message for _, message in out):
         out += strict_loads(tree, definition, follower)
     return out

@@ -218,6 +218,7 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
                 stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is n:
             assigns[n.func.value.value].append(n)
     seen = seen | {key}
+    grown = _grown_in_callees(plan, key, assigns)
 
     def names_of(e: cst.CSTNode) -> set[str]:
         """The names in `e` that may hold a per-rank value: not reduced, not arguments, assigned in this scope."""
@@ -286,6 +287,9 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
         origin = next((o for o in map(drawn, exprs) if o), "")
         own = own or bool(origin) or any(_reads_disk(e) and _after_a_write(plan, key, a)
                                           for a in assigns[name.removeprefix("len:")] for e in exprs)
+        # `val(model, loader, val_auc_list)` where val() appends its own shard's `auc`: the list holds per-rank values
+        own = own or not sized and any(callee not in seen and _apart(plan, callee, value, seen) is not None
+                                       for callee, value in grown.get(name, ()))
         reads = {n for e in exprs for n in names_of(e)}
         deps[name] = (reads, own, origin)
         todo.extend(sorted(reads - deps.keys()))
@@ -306,6 +310,27 @@ def _apart(plan: Any, key: str, expr: cst.CSTNode, seen: frozenset[str]) -> tupl
         return next((per_rank[n] for n in hit if per_rank[n][1]), (hit[0], ""))
     origin = drawn(expr)
     return ("", origin) if origin else None
+
+
+def _grown_in_callees(plan: Any, key: str, assigns: dict[str, list[cst.CSTNode]]) -> dict[str, list[
+        tuple[str, cst.BaseExpression]]]:
+    """A name of scope `key` handed to a function of the script that grows the parameter it lands in
+    (`def val(..., auc_list): auc_list.append(auc)`): name -> [(that function's scope, the value it puts in)]."""
+    out: dict[str, list[tuple[str, cst.BaseExpression]]] = {}
+    for call in (n for n in plan.nodes(key) if isinstance(n, cst.Call)):
+        for callee in plan.f.callees(call, key):
+            params = plan.f.scopes[callee].params
+            for i, arg in enumerate(call.args):
+                name = dotted(arg.value) if isinstance(arg.value, cst.Name) else ""
+                param = arg.keyword.value if arg.keyword is not None else params[i] if i < len(params) and \
+                    arg.star == "" else ""
+                if not name or not param or name not in assigns:
+                    continue
+                for n in plan.nodes(callee):
+                    if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in \
+                            _GROWS and dotted(n.func.value) == param and n.args:
+                        out.setdefault(name, []).append((callee, n.args[-1].value))
+    return out
 
 
 def _loops_around(plan: Any, node: cst.CSTNode) -> list[cst.For]:
