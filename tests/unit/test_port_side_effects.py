@@ -450,6 +450,41 @@ def test_a_graph_dataset_a_project_helper_builds_downloads_on_rank_0_first(tmp_p
     assert "if not ctx.is_main:  # rank 0 downloads first" in code
 
 
+def test_word_vectors_a_project_function_fetches_download_on_rank_0_first_and_an_embedding_copy_does_not(tmp_path):
+    # GloVe(name='6B') and torchtext's (experimental) datasets fetch into .vector_cache/.data on first use;
+    # nn.Embedding.from_pretrained(vectors) only copies the tensor it is handed: no barrier around the model
+    (tmp_path / "setup.py").write_text(
+        "import torchtext\nfrom torchtext.experimental.datasets import IMDB\n\n\ndef init(config):\n"
+        "    vocab = IMDB(data_select='train')[0].get_vocab()\n"
+        "    config['vectors'] = torchtext.vocab.GloVe(name='6B')\n")
+    (tmp_path / "net.py").write_text(
+        "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self, vectors):\n"
+        "        super().__init__()\n        self.embedding = nn.Embedding.from_pretrained(vectors)\n"
+        "        self.fc = nn.Linear(4, 1)\n")
+    source = (
+        "import torch\nfrom setup import init\nfrom net import Net\n\nconfig = {}\ninit(config)\n"
+        "model = Net(config['vectors'])\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(3):\n    opt.zero_grad()\n    model.fc(torch.randn(8, 4)).sum().backward()\n    opt.step()\n")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    code = port_source(source, str(script)).code
+    assert _before(code, "init(config)") == "ddpkit.barrier(ctx)"  # the others wait for rank 0's download
+    assert code.count("if not ctx.is_main:  # rank 0 downloads first") == 1  # around init only, not around Net(...)
+
+
+def test_a_download_at_import_before_init_is_a_todo_naming_it():
+    # module level, before ddpkit.init: no ctx exists there to let rank 0 go first
+    source = (
+        "import nltk\nimport torch\nnltk.download('punkt')\n\nif __name__ == '__main__':\n"
+        "    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(3):\n        opt.zero_grad()\n        model(torch.randn(8, 4)).sum().backward()\n"
+        "        opt.step()\n")
+    result = port_source(source, "train.py")
+    assert result.exit_code == 3
+    assert any(t.line == 3 and "`nltk.download(...)` downloads on every rank at once, before ddpkit.init" in t.message
+               for t in result.todos), [(t.line, t.message) for t in result.todos]
+
+
 def test_a_project_helper_that_fetches_again_wherever_it_runs_is_a_todo_not_rank_0_first(tmp_path):
     helper = (
         "import os\nimport requests\n\n\nclass Ratings:\n    def __init__(self, root):\n        self.root = root\n"
