@@ -472,6 +472,27 @@ def test_word_vectors_a_project_function_fetches_download_on_rank_0_first_and_an
     assert code.count("if not ctx.is_main:  # rank 0 downloads first") == 1  # around init only, not around Net(...)
 
 
+def test_a_function_handed_the_settings_naming_a_file_rank_0_wrote_reads_it_after_a_barrier(tmp_path):
+    # every rank scores the prediction file rank 0 just wrote: evaluate.main(args) opens args.prediction_file
+    (tmp_path / "evaluate.py").write_text(
+        "import json\n\n\ndef main(args):\n    with open(args.prediction_file) as f:\n        return json.load(f)\n")
+    source = (
+        "import argparse\nimport json\nimport torch\nimport evaluate\n\n\ndef test(model, args):\n"
+        "    answers = {'a': float(model(torch.randn(1, 4)).sum())}\n"
+        "    with open(args.prediction_file, 'w') as f:\n        json.dump(answers, f)\n"
+        "    return evaluate.main(args)\n\n\n"
+        "if __name__ == '__main__':\n    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--prediction-file', default='prediction.out')\n    args = parser.parse_args()\n"
+        "    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(3):\n        opt.zero_grad()\n        model(torch.randn(8, 4)).sum().backward()\n"
+        "        opt.step()\n        print(test(model, args))\n")
+    script = tmp_path / "run.py"
+    script.write_text(source)
+    code = port_source(source, str(script)).code
+    assert any(line.startswith("with open(args.prediction_file") for line in _guarded(code)), code
+    assert _before(code, "return evaluate.main(args)").startswith("ddpkit.barrier(ctx)")
+
+
 def test_a_download_at_import_before_init_is_a_todo_naming_it():
     # module level, before ddpkit.init: no ctx exists there to let rank 0 go first
     source = (

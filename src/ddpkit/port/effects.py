@@ -306,6 +306,8 @@ def plan_effects(plan: Any) -> None:
         cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
     handed, sites = _handed_paths(plan, statements, written)
     paths |= handed
+    holders = {h for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
+        cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for h in _path_holders(c)}
     entered = _entered_after_write(plan, statements, writes)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
@@ -316,6 +318,12 @@ def plan_effects(plan: Any) -> None:
         # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote; a
         # line that only prints or logs the path (`print("saved", path)`) reads nothing
         if not any(_reads(c) or _path_args(plan, c) & paths and not _reports(stmt) for c in own):
+            # `evaluate.main(args)` after rank 0's `open(args.prediction_file, "w")`: handed the settings that name
+            # the file, it may read it back; a barrier where every rank passes, nothing where it cannot be placed
+            if not _reports(stmt) and not plan.under_branch(stmt, key) and any(
+                    isinstance(a.value, cst.Name) and a.value.value in holders for c in own for a in c.args) \
+                    and plan.line_of(stmt) > first.get(key, 1 << 30):
+                plan.barrier_before.add(id(stmt))
             continue
         if plan.line_of(stmt) <= first.get(key, 1 << 30) and key not in entered:
             continue
@@ -476,6 +484,16 @@ def _handed_paths(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
                         out.add(arg.value.value)
                         sites.add(id(stmt))
     return out, sites
+
+
+def _path_holders(call: cst.Call) -> set[str]:
+    """`open(args.prediction_file, "w")` -> {"args"}: the object whose attribute names the file a write opens."""
+    if not _writes(call) or not call.args or call.args[0].keyword is not None:
+        return set()
+    value = call.args[0].value
+    if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value != "self":
+        return {value.value.value}
+    return set()
 
 
 def _path_args(plan: Any, call: cst.Call) -> set[str]:
