@@ -691,6 +691,31 @@ if __name__ == "__main__":
 '''
 
 
+def test_an_own_module_that_downloads_at_import_is_named_at_its_import(tmp_path):
+    (tmp_path / "prep.py").write_text("import nltk\nnltk.download('punkt')\n\n\ndef tokens(s):\n    return s.split()\n")
+    (tmp_path / "quiet.py").write_text("import nltk\n\n\ndef fetch():\n    nltk.download('punkt')\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        import prep
+        import quiet
+
+        if __name__ == "__main__":
+            model = torch.nn.Linear(4, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = torch.ones(8, 4), torch.zeros(8, dtype=torch.long)
+            for _ in range(3):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        """))
+    result = port_source(script.read_text(), str(script))
+    # importing prep.py downloads on every rank before ddpkit.init; quiet.py downloads only when its function runs
+    [todo] = [t for t in result.todos if "downloads into the same files" in t.message]
+    assert result.code.splitlines()[todo.line - 1] == "import prep"
+    assert "prep.py:2 `nltk.download('punkt')`" in todo.message
+
+
 def test_a_function_another_project_file_imports_that_now_reads_the_main_blocks_ctx_is_a_todo(tmp_path):
     # `from train import prepare` in predict.py: the port made `prepare` build a ddpkit loader over a `ctx` it must be
     # given, so predict.py's call raises TypeError; "ported fully" would hide that

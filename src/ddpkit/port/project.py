@@ -1352,11 +1352,26 @@ def _pins_at_import(module: ast.Module) -> tuple[int, str] | None:
     return None
 
 
+def _downloads_at_import(module: ast.Module) -> tuple[int, str] | None:
+    """The first statement a module runs at import that downloads (`nltk.download("punkt")`, a library dataset that
+    fetches when made, a `download=` that is not False/None, a known download helper), resolved through its imports."""
+    libraries = _library_names(module)
+    for stmt in _module_level(module):
+        for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+            func = ast_dotted(call.func)
+            head, _, rest = func.partition(".")
+            if head in libraries and FETCHES.match(f"{libraries[head]}.{rest}" if rest else libraries[head]) or \
+                    func and DOWNLOADS.search(func) or any(k.arg == "download" and not (isinstance(
+                        k.value, ast.Constant) and k.value.value in (False, None)) for k in call.keywords):
+                return stmt.lineno, ast.unparse(stmt)
+    return None
+
+
 def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of an import of the script's own module, message) where that module, when imported at the top of the
     script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU (`not checked:`: on every
-    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later) or sets which GPUs the process sees
-    (CUDA_VISIBLE_DEVICES: rank 1 then has no GPU of its own)."""
+    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later), sets which GPUs the process sees
+    (CUDA_VISIBLE_DEVICES: rank 1 then has no GPU of its own) or downloads (every rank into the same files at once)."""
     init = min((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.init"),
                default=None)
     parsed: dict[str, ast.Module | None] = {}
@@ -1374,6 +1389,14 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
                                          f"rank whose local_rank is past them has no device; delete that line in {where} "
                                          "(the launcher gives each rank its GPU) or move it under "
                                          "`if __name__ == \"__main__\":`"))
+            fetched = _downloads_at_import(module) if module is not None else None
+            if fetched:  # no ctx exists at import: rank 0 cannot go first there
+                where = os.path.basename(path)
+                out.append((stmt.lineno, f"importing {where} runs {where}:{fetched[0]} `{' '.join(fetched[1].split())}` "
+                                         "on every rank before ddpkit.init: every rank downloads into the same files "
+                                         f"at once; move that line in {where} into a function the script calls after "
+                                         "ddpkit.init, between `if not ctx.is_main: ddpkit.barrier(ctx)` and `if "
+                                         "ctx.is_main: ddpkit.barrier(ctx)`, or fetch the files once before launching"))
         seen: set[str] = set()
         for path, _ in _local_imports(ast.Module(body=[stmt], type_ignores=[]), modules, folder, parsed).values():
             module = _parsed(modules, path, parsed)
