@@ -1367,6 +1367,18 @@ def _downloads_at_import(module: ast.Module) -> tuple[int, str] | None:
     return None
 
 
+_AT_IMPORT = (
+    (_pins_at_import, "each rank then sees only those GPUs, and a rank whose local_rank is past them has no device",
+     "delete that line in {where} (the launcher gives each rank its GPU) or move it under "
+     "`if __name__ == \"__main__\":`"),
+    # no ctx exists at import: rank 0 cannot go first there
+    (_downloads_at_import, "every rank downloads into the same files at once",
+     "move that line in {where} into a function the script calls after ddpkit.init, between `if not ctx.is_main: "
+     "ddpkit.barrier(ctx)` and `if ctx.is_main: ddpkit.barrier(ctx)`, or fetch the files once before launching"))
+"""What a project module may do at its top level that breaks every rank, named at the script's import of it:
+(finder, what goes wrong, the fix)."""
+
+
 def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of an import of the script's own module, message) where that module, when imported at the top of the
     script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU (`not checked:`: on every
@@ -1381,22 +1393,13 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
             continue
         for path in _imported_paths(stmt, modules, folder):
             module = _parsed(modules, path, parsed)
-            pinned = _pins_at_import(module) if module is not None else None
-            if pinned:
-                where = os.path.basename(path)
-                out.append((stmt.lineno, f"importing {where} runs {where}:{pinned[0]} `{' '.join(pinned[1].split())}` "
-                                         "on every rank before ddpkit.init: each rank then sees only those GPUs, and a "
-                                         f"rank whose local_rank is past them has no device; delete that line in {where} "
-                                         "(the launcher gives each rank its GPU) or move it under "
-                                         "`if __name__ == \"__main__\":`"))
-            fetched = _downloads_at_import(module) if module is not None else None
-            if fetched:  # no ctx exists at import: rank 0 cannot go first there
-                where = os.path.basename(path)
-                out.append((stmt.lineno, f"importing {where} runs {where}:{fetched[0]} `{' '.join(fetched[1].split())}` "
-                                         "on every rank before ddpkit.init: every rank downloads into the same files "
-                                         f"at once; move that line in {where} into a function the script calls after "
-                                         "ddpkit.init, between `if not ctx.is_main: ddpkit.barrier(ctx)` and `if "
-                                         "ctx.is_main: ddpkit.barrier(ctx)`, or fetch the files once before launching"))
+            for finder, harm, fix in _AT_IMPORT:
+                found = finder(module) if module is not None else None
+                if found:
+                    where = os.path.basename(path)
+                    out.append((stmt.lineno, f"importing {where} runs {where}:{found[0]} "
+                                             f"`{' '.join(found[1].split())}` on every rank before ddpkit.init: {harm}; "
+                                             + fix.format(where=where)))
         seen: set[str] = set()
         for path, _ in _local_imports(ast.Module(body=[stmt], type_ignores=[]), modules, folder, parsed).values():
             module = _parsed(modules, path, parsed)
