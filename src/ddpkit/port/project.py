@@ -596,8 +596,12 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         elif (last in _WRITES or func.endswith("onnx.export")) or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
                 for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
+            # a file saved then loaded back (`torch.save` in train(), `torch.load` after it): once only rank 0
+            # writes it, the others must wait for it to be whole
+            back = "; then ddpkit.barrier(ctx) where every rank passes, before any rank reads it back" if \
+                last == "save" or func == "open" else ""
             out.append((node.lineno, f"`{(func or last)}(...)` writes or downloads on every rank (rank 0 only: "
-                                     "`if ctx.is_main:`)"))
+                                     f"`if ctx.is_main:`{back})"))
         elif kinds & {"config", "loader"} and last in _DRAWS and not any(kw.arg == "generator" for kw in node.keywords) \
                 and (func.startswith(("random.", "np.random.", "numpy.random.", "torch.")) or last == "random_split"):
             out.append((node.lineno, f"`{func}(...)` draws on each rank's own random stream: data chosen by it "
