@@ -275,6 +275,22 @@ def test_kwargs_kept_on_self_an_imported_legacy_alias_and_a_progress_bar_over_th
     assert "parts.py:19 reads the global batch size `self.opts.batch_size`" in messages[0]
 
 
+def test_a_file_the_projects_training_function_saves_is_named_with_a_barrier_before_it_is_read_back(tmp_path):
+    (tmp_path / "loop.py").write_text(
+        "import torch\n\n\ndef run_train(model, opt, data):\n    for x in data:\n        opt.zero_grad()\n"
+        "        model(x).sum().backward()\n        opt.step()\n    torch.save(model.state_dict(), 'best.pt')\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom loop import run_train\n\nnet = torch.nn.Linear(4, 2)\n"
+        "data = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8, shuffle=True)\n"
+        "run_train(net, torch.optim.SGD(net.parameters(), lr=0.1), data)\nnet.load_state_dict(torch.load('best.pt'))\n")
+    result = port_source(script.read_text(), str(script))
+    # once rank 0 alone saves best.pt (as the TODO asks), the others would read it half-written without the barrier
+    assert any("loop.py:9 `torch.save(...)` writes or downloads on every rank (rank 0 only: `if ctx.is_main:`; then "
+               "ddpkit.barrier(ctx) where every rank passes, before any rank reads it back)" in t.message
+               for t in result.todos), [t.message for t in result.todos]
+
+
 def test_a_helper_of_the_project_that_writes_on_every_rank_is_a_todo_even_when_handed_nothing_that_changed(tmp_path):
     (tmp_path / "logs.py").write_text(textwrap.dedent("""\
         from torch.utils.tensorboard import SummaryWriter
@@ -689,6 +705,20 @@ def train(n):
 if __name__ == "__main__":
     train(256)
 '''
+
+
+def test_an_own_module_that_downloads_at_import_is_named_at_its_import(tmp_path):
+    (tmp_path / "prep.py").write_text("import nltk\nnltk.download('punkt')\n\n\ndef tokens(s):\n    return s.split()\n")
+    (tmp_path / "quiet.py").write_text("import nltk\n\n\ndef fetch():\n    nltk.download('punkt')\n")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nimport prep\nimport quiet\n\nnet = torch.nn.Linear(4, 1)\n"
+                      "sgd = torch.optim.SGD(net.parameters(), lr=0.1)\nfor _ in range(3):\n    sgd.zero_grad()\n"
+                      "    net(torch.ones(8, 4)).mean().backward()\n    sgd.step()\n")
+    result = port_source(script.read_text(), str(script))
+    # importing prep.py downloads on every rank before ddpkit.init; quiet.py downloads only when its function runs
+    [todo] = [t for t in result.todos if "downloads into the same files" in t.message]
+    assert result.code.splitlines()[todo.line - 1] == "import prep"
+    assert "prep.py:2 `nltk.download('punkt')`" in todo.message
 
 
 def test_a_function_another_project_file_imports_that_now_reads_the_main_blocks_ctx_is_a_todo(tmp_path):

@@ -896,3 +896,35 @@ def test_a_model_a_helper_wraps_and_returns_is_the_wrapper_in_the_caller_its_att
     assert "path = f'models/{ddpkit.unwrap(model).name}.pt'" in code
     assert "ddpkit.unwrap(model).state_dict()" in code
     assert "ddpkit.wrap(model, ctx)" not in code  # not wrapped a second time in the caller
+
+
+def test_a_model_passed_in_to_the_optimizer_is_wrapped_after_its_loads_and_saved_unwrapped_says_the_todo():
+    # the optimizer is made before pretrained weights are loaded: "wrap it where it is built" would put the wrap
+    # before the load (into the wrapper, under `module.` keys) and leave saves of the wrapper's state_dict
+    result = _port_text('''
+        import torch
+        from torch import nn
+
+
+        def build_model():
+            return nn.Linear(4, 4), nn.Linear(4, 1)
+
+
+        def define_optimizer(g_model, d_model):
+            return torch.optim.Adam(g_model.parameters()), torch.optim.Adam(d_model.parameters())
+
+
+        if __name__ == "__main__":
+            g_model, d_model = build_model()
+            g_opt, d_opt = define_optimizer(g_model, d_model)
+            g_model.load_state_dict(torch.load("pretrained.pt"))
+            for step in range(3):
+                g_opt.zero_grad()
+                d_model(g_model(torch.randn(8, 4))).sum().backward()
+                g_opt.step()
+            torch.save(g_model.state_dict(), "g.pt")
+    ''')
+    assert result.exit_code == 3
+    todo = next(t for t in result.todos if "the model g_model is passed in" in t.message)
+    assert "after any loading of weights into it" in todo.message and "before the optimizer" not in todo.message
+    assert "save ddpkit.unwrap(model).state_dict()" in todo.message

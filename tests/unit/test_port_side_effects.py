@@ -9,6 +9,7 @@ import io
 import json
 import runpy
 import sys
+import textwrap
 from pathlib import Path
 
 from ddpkit.port import port_source
@@ -376,6 +377,19 @@ def test_a_project_call_that_reaches_training_through_its_helpers_is_never_put_o
     assert result.exit_code == 3  # the writes fit makes on every rank are named
 
 
+_TRAINS = ("opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(3):\n    opt.zero_grad()\n"
+           "    model(torch.randn(8, 4)).sum().backward()\n    opt.step()\n")
+"""A training loop over `model` at the top level of a script."""
+
+
+def _ported_in(folder: Path, files: dict[str, str], source: str) -> str:
+    """The port of `source`, a script train.py in `folder` beside the project modules `files` (name -> text)."""
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    (folder / "train.py").write_text(source)
+    return port_source(source, str(folder / "train.py")).code
+
+
 def _before(code: str, text: str) -> str:
     lines = [line.strip() for line in code.splitlines()]
     return lines[next(i for i, line in enumerate(lines) if text in line) - 1]
@@ -448,6 +462,47 @@ def test_a_graph_dataset_a_project_helper_builds_downloads_on_rank_0_first(tmp_p
     code = port_source(source, str(script)).code
     assert _before(code, "graph = load_graph()") == "ddpkit.barrier(ctx)"
     assert "if not ctx.is_main:  # rank 0 downloads first" in code
+
+
+def test_word_vectors_a_project_function_fetches_download_on_rank_0_first_and_an_embedding_copy_does_not(tmp_path):
+    # GloVe(name='6B') and torchtext's (experimental) datasets fetch into .vector_cache/.data on first use;
+    # nn.Embedding.from_pretrained(vectors) only copies the tensor it is handed: no barrier around the model
+    code = _ported_in(tmp_path, {
+        "setup.py": "import torchtext\nfrom torchtext.experimental.datasets import IMDB\n\n\ndef init(config):\n"
+                    "    vocab = IMDB(data_select='train')[0].get_vocab()\n"
+                    "    config['vectors'] = torchtext.vocab.GloVe(name='6B')\n",
+        "net.py": "import torch.nn as nn\n\n\nclass Net(nn.Linear):\n    def __init__(self, vectors):\n"
+                  "        super().__init__(4, 1)\n        self.embedding = nn.Embedding.from_pretrained(vectors)\n"},
+        "import torch\nfrom setup import init\nfrom net import Net\n\nconfig = {}\ninit(config)\n"
+        "model = Net(config['vectors'])\n" + _TRAINS)
+    assert _before(code, "init(config)") == "ddpkit.barrier(ctx)"  # the others wait for rank 0's download
+    assert code.count("if not ctx.is_main:  # rank 0 downloads first") == 1  # around init only, not around Net(...)
+
+
+def test_a_function_handed_the_settings_naming_a_file_rank_0_wrote_reads_it_after_a_barrier(tmp_path):
+    # every rank scores the prediction file rank 0 just wrote: evaluate.main(args) opens args.prediction_file
+    code = _ported_in(tmp_path, {
+        "evaluate.py": "import json\n\n\ndef main(args):\n    with open(args.prediction_file) as f:\n"
+                       "        return json.load(f)\n"},
+        "import argparse\nimport json\nimport torch\nimport evaluate\n\n\ndef test(model, args):\n"
+        "    answers = {'a': float(model(torch.randn(1, 4)).sum())}\n"
+        "    with open(args.prediction_file, 'w') as f:\n        json.dump(answers, f)\n"
+        "    return evaluate.main(args)\n\n\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--prediction-file', default='prediction.out')\n"
+        "args = parser.parse_args()\nmodel = torch.nn.Linear(4, 1)\n" + _TRAINS + "    print(test(model, args))\n")
+    assert any(line.startswith("with open(args.prediction_file") for line in _guarded(code)), code
+    assert _before(code, "return evaluate.main(args)").startswith("ddpkit.barrier(ctx)")
+
+
+def test_a_download_at_import_before_init_is_a_todo_naming_it():
+    # module level, before ddpkit.init: no ctx exists there to let rank 0 go first
+    # (at the top of a script whose training is its top-level code it runs after ddpkit.init: rank 0 goes first)
+    source = "import nltk\nimport torch\nnltk.download('punkt')\n\nif __name__ == '__main__':\n" + textwrap.indent(
+        "model = torch.nn.Linear(4, 1)\n" + _TRAINS, "    ")
+    result = port_source(source, "train.py")
+    assert result.exit_code == 3
+    assert any(t.line == 3 and "`nltk.download(...)` downloads on every rank at once, before ddpkit.init" in t.message
+               for t in result.todos), [(t.line, t.message) for t in result.todos]
 
 
 def test_a_project_helper_that_fetches_again_wherever_it_runs_is_a_todo_not_rank_0_first(tmp_path):

@@ -20,19 +20,22 @@ from ddpkit.port.ranks import agreed, library_loader, saves_file
 
 __all__ = ["plan_effects", "check_rank0_bindings", "DOWNLOADS", "FETCHES"]
 
-DOWNLOADS = re.compile(r"(^|\.)(urlretrieve|from_pretrained|hf_hub_download|snapshot_download|load_dataset|"
-                       r"download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
+DOWNLOADS = re.compile(r"(^|\.)(?<!Embedding\.)(?<!EmbeddingBag\.)(urlretrieve|from_pretrained|hf_hub_download|"
+                       r"snapshot_download|load_dataset|download_url|download_and_extract_archive|download_file_from_google_drive|gdown\.download|"
                        r"wget\.download|hub\.load|load_state_dict_from_url|fetch_openml|fetch_\w+)$")
+"""Calls that download by their name; `nn.Embedding.from_pretrained(vectors)` only copies a tensor it is given."""
 _WRITES = re.compile(r"(^|\.)(to_csv|to_json|to_parquet|to_excel|to_hdf|to_feather|to_netcdf|savefig|save_image|"
                      r"imwrite|imsave|mimsave|mimwrite|savemat|save_pretrained|push_to_hub|write_text|write_bytes|savetxt|save|"
                      r"savez|savez_compressed|dump|to_pickle|onnx\.export)$|(^|\.)(sf|soundfile|wavfile|imageio|cv2)\.write$")
 FETCHES = re.compile(r"^(torch_geometric\.datasets\.\w+|ogb\.\w+\.\w*Dataset|dgl\.data\.\w*Dataset|"
-                      r"torchtext\.datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|(tensorflow_datasets|tfds)\.(load|builder)|"
+                      r"torchtext\.(experimental\.)?datasets\.(?!\w*Dataset\b)\w+(\.splits|\.iters)?|"
+                      r"torchtext\.vocab\.(GloVe|FastText|CharNGram)|(tensorflow_datasets|tfds)\.(load|builder)|"
                       r"(tensorflow\.)?keras\.datasets\.\w+\.load_data|gensim\.downloader\.load|nltk\.download|"
                       r"spacy\.cli\.download|torch_geometric\.data\.download_url|wget\.download|"
                       r"(tensorflow\.)?keras\.utils\.get_file|torch\.hub\.download_url_to_file)$")
 """Calls of libraries that fetch files on the first call with no `download=` argument: a graph dataset's class
-(`Planetoid(root, name)`, `PygNodePropPredDataset(name)`, `CoraGraphDataset()`), torchtext's datasets, Keras's
+(`Planetoid(root, name)`, `PygNodePropPredDataset(name)`, `CoraGraphDataset()`), torchtext's datasets and its
+pretrained word vectors (`GloVe(name="6B")` fetches ~800 MB into .vector_cache), Keras's
 `load_data()`, `nltk.download(...)`, resolved through the script's imports."""
 _SHELL_FETCH = re.compile(r"\b(wget|curl|gdown|kaggle|git\s+clone|unzip|tar\s+-?x|pip3?\s+install|conda\s+install|"
                           r"mkdir\s+-p)\b")
@@ -303,6 +306,8 @@ def plan_effects(plan: Any) -> None:
         cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for p in _path_args(plan, c)}
     handed, sites = _handed_paths(plan, statements, written)
     paths |= handed
+    holders = {h for k, s in statements if (k, plan.line_of(s)) in written and isinstance(s, (
+        cst.SimpleStatementLine, cst.With)) for c in _own_calls(s) for h in _path_holders(c)}
     entered = _entered_after_write(plan, statements, writes)
     for key, stmt in statements:
         if not isinstance(stmt, (cst.SimpleStatementLine, cst.With)) or id(stmt) in plan.guard \
@@ -313,6 +318,12 @@ def plan_effects(plan: Any) -> None:
         # `load_checkpoint(PATH, model)`: handed a path a rank-0 write was handed, it reads what rank 0 wrote; a
         # line that only prints or logs the path (`print("saved", path)`) reads nothing
         if not any(_reads(c) or _path_args(plan, c) & paths and not _reports(stmt) for c in own):
+            # `evaluate.main(args)` after rank 0's `open(args.prediction_file, "w")`: handed the settings that name
+            # the file, it may read it back; a barrier where every rank passes, nothing where it cannot be placed
+            if not _reports(stmt) and not plan.under_branch(stmt, key) and any(
+                    isinstance(a.value, cst.Name) and a.value.value in holders for c in own for a in c.args) \
+                    and plan.line_of(stmt) > first.get(key, 1 << 30):
+                plan.barrier_before.add(id(stmt))
             continue
         if plan.line_of(stmt) <= first.get(key, 1 << 30) and key not in entered:
             continue
@@ -387,13 +398,15 @@ def _plan_before_init(plan: Any) -> None:
     """Lines the port leaves before ddpkit.init (the entry's own lines above the argument parsing that stays there,
     and module code above an entry function) run on every rank, where no ctx exists yet to keep them to rank 0: a
     log file every rank opens (`logging.basicConfig(filename=..., filemode="w")`: each rank truncates it and writes
-    its own lines into it) or a file every rank writes. A TODO at the line."""
+    its own lines into it), a file every rank writes, or a download (`nltk.download("punkt")` at import: every rank
+    fetches into the same folder at once). A TODO at the line."""
     f = plan.f
     if not f.region:
         return
     owner = statements_of(f.entry_owner)
     start = next((i for i, s in enumerate(owner) if s is f.region[0]), 0)
     before = owner[:start]
+    imports = imported_names(f.module)
     if not isinstance(f.entry_owner, cst.Module):  # module code above the entry function or its `__main__` block
         before = [s for s in f.module.body if not any(n is f.entry_owner for n in walk(s, into_functions=True))] + before
     for stmt in before:
@@ -409,6 +422,12 @@ def _plan_before_init(plan: Any) -> None:
         elif written is not None:
             plan.todo(stmt, f"`{dotted(written.func)}(...)` runs on every rank before ddpkit.init, so every rank "
                       "writes the same file at once: move it after `ctx = ddpkit.init(...)` under `if ctx.is_main:`")
+        elif (fetched := next((c for c in calls if _downloads(c) or _fetches(imports, c)), None)) is not None:
+            # no process group yet, so rank 0 cannot go first here: every rank fetches into the same files at once
+            plan.todo(stmt, f"`{dotted(fetched.func)}(...)` downloads on every rank at once, before ddpkit.init (no "
+                      "ctx yet to let rank 0 go first): move it after `ctx = ddpkit.init(...)` between `if not "
+                      "ctx.is_main: ddpkit.barrier(ctx)` and `if ctx.is_main: ddpkit.barrier(ctx)`, or fetch the "
+                      "files once before launching")
 
 
 def _wait_after_disk_branch(plan: Any, key: str, stmt: cst.BaseStatement) -> None:
@@ -465,6 +484,16 @@ def _handed_paths(plan: Any, statements: list[tuple[str, cst.BaseStatement]],
                         out.add(arg.value.value)
                         sites.add(id(stmt))
     return out, sites
+
+
+def _path_holders(call: cst.Call) -> set[str]:
+    """`open(args.prediction_file, "w")` -> {"args"}: the object whose attribute names the file a write opens."""
+    if not _writes(call) or not call.args or call.args[0].keyword is not None:
+        return set()
+    value = call.args[0].value
+    if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.value.value != "self":
+        return {value.value.value}
+    return set()
 
 
 def _path_args(plan: Any, call: cst.Call) -> set[str]:

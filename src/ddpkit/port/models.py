@@ -270,8 +270,12 @@ def _wrap_model(plan: Any, key: str, optimizer: cst.Call, receiver: str) -> str 
         if candidates[-1] in scope.params and _wrap_argument(plan, key, candidates[-1]):
             return candidates[-1]
         where = "is passed in" if any(c in scope.params for c in candidates) else "is not built here"
-        plan.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) where it is "
-                  "built, before the optimizer is made")
+        # wrapped before its weights are loaded, a load into the wrapper looks for `module.` keys (a loader that
+        # keeps matching keys only loads nothing), and a save of the wrapper's state_dict writes them
+        plan.todo(optimizer, f"the model {receiver} {where}: wrap it with ddpkit.wrap(model, ctx) once its weights "
+                  "are set (after it is built and after any loading of weights into it, which then reach the module, "
+                  "not the wrapper; an optimizer made before the wrap holds the same parameters), and save "
+                  "ddpkit.unwrap(model).state_dict() from then on (the wrapper's keys start with `module.`)")
         return None
     container = dotted(_bare(assign.value).func) if isinstance(_bare(assign.value), cst.Call) else ""
     if container.rsplit(".", 1)[-1] in _CONTAINERS:

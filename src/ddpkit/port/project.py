@@ -651,8 +651,12 @@ def _hazards(defn: ast.AST, received: dict[str, str], one_rank: bool, aliases: s
         elif (last in _WRITES or func.endswith("onnx.export")) or func == "open" and any(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
                 for a in node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]):
+            # a file saved then loaded back (`torch.save` in train(), `torch.load` after it): once only rank 0
+            # writes it, the others must wait for it to be whole
+            back = "; then ddpkit.barrier(ctx) where every rank passes, before any rank reads it back" if \
+                last == "save" or func == "open" else ""
             out.append((node.lineno, f"`{(func or last)}(...)` writes or downloads on every rank (rank 0 only: "
-                                     "`if ctx.is_main:`)"))
+                                     f"`if ctx.is_main:`{back})"))
         elif kinds & {"config", "loader"} and last in _DRAWS and not any(kw.arg == "generator" for kw in node.keywords) \
                 and (func.startswith(("random.", "np.random.", "numpy.random.", "torch.")) or last == "random_split"):
             out.append((node.lineno, f"`{func}(...)` draws on each rank's own random stream: data chosen by it "
@@ -1409,11 +1413,38 @@ def _pins_at_import(module: ast.Module) -> tuple[int, str] | None:
     return None
 
 
+def _downloads_at_import(module: ast.Module) -> tuple[int, str] | None:
+    """The first statement a module runs at import that downloads (`nltk.download("punkt")`, a library dataset that
+    fetches when made, a `download=` that is not False/None, a known download helper), resolved through its imports."""
+    libraries = _library_names(module)
+    for stmt in _module_level(module):
+        for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+            func = ast_dotted(call.func)
+            head, _, rest = func.partition(".")
+            if head in libraries and FETCHES.match(f"{libraries[head]}.{rest}" if rest else libraries[head]) or \
+                    func and DOWNLOADS.search(func) or any(k.arg == "download" and not (isinstance(
+                        k.value, ast.Constant) and k.value.value in (False, None)) for k in call.keywords):
+                return stmt.lineno, ast.unparse(stmt)
+    return None
+
+
+_AT_IMPORT = (
+    (_pins_at_import, "each rank then sees only those GPUs, and a rank whose local_rank is past them has no device",
+     "delete that line in {where} (the launcher gives each rank its GPU) or move it under "
+     "`if __name__ == \"__main__\":`"),
+    # no ctx exists at import: rank 0 cannot go first there
+    (_downloads_at_import, "every rank downloads into the same files at once",
+     "move that line in {where} into a function the script calls after ddpkit.init, between `if not ctx.is_main: "
+     "ddpkit.barrier(ctx)` and `if ctx.is_main: ddpkit.barrier(ctx)`, or fetch the files once before launching"))
+"""What a project module may do at its top level that breaks every rank, named at the script's import of it:
+(finder, what goes wrong, the fix)."""
+
+
 def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -> list[tuple[int, str]]:
     """(line of an import of the script's own module, message) where that module, when imported at the top of the
     script (before `ddpkit.init` makes each rank's GPU current), makes tensors on a GPU (`not checked:`: on every
-    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later) or sets which GPUs the process sees
-    (CUDA_VISIBLE_DEVICES: rank 1 then has no GPU of its own)."""
+    rank they land on cuda:0, and meet rank 1's tensors on cuda:1 later), sets which GPUs the process sees
+    (CUDA_VISIBLE_DEVICES: rank 1 then has no GPU of its own) or downloads (every rank into the same files at once)."""
     init = min((n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.init"),
                default=None)
     parsed: dict[str, ast.Module | None] = {}
@@ -1423,14 +1454,13 @@ def import_device_work(tree: ast.Module, folder: str, modules: dict[str, str]) -
             continue
         for path in _imported_paths(stmt, modules, folder):
             module = _parsed(modules, path, parsed)
-            pinned = _pins_at_import(module) if module is not None else None
-            if pinned:
-                where = os.path.basename(path)
-                out.append((stmt.lineno, f"importing {where} runs {where}:{pinned[0]} `{' '.join(pinned[1].split())}` "
-                                         "on every rank before ddpkit.init: each rank then sees only those GPUs, and a "
-                                         f"rank whose local_rank is past them has no device; delete that line in {where} "
-                                         "(the launcher gives each rank its GPU) or move it under "
-                                         "`if __name__ == \"__main__\":`"))
+            for finder, harm, fix in _AT_IMPORT:
+                found = finder(module) if module is not None else None
+                if found:
+                    where = os.path.basename(path)
+                    out.append((stmt.lineno, f"importing {where} runs {where}:{found[0]} "
+                                             f"`{' '.join(found[1].split())}` on every rank before ddpkit.init: {harm}; "
+                                             + fix.format(where=where)))
         seen: set[str] = set()
         for path, _ in _local_imports(ast.Module(body=[stmt], type_ignores=[]), modules, folder, parsed).values():
             module = _parsed(modules, path, parsed)
