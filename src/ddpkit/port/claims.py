@@ -11,7 +11,8 @@ Two checks run on the ported text, after the rewrite:
   (a TypeError at any world size), an `nn.DataParallel(...)` the rewrite left in (a crash on rank 1), and a loss
   that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective), and
   a BatchNorm head of a model trained without labels, wrapped without synchronised statistics (see
-  ddpkit.port.batchstats).
+  ddpkit.port.batchstats), and a wrapped model whose forward makes CPU tensors while the port puts it on the GPU (see
+  ddpkit.port.hosttensors).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.port.batchstats import unsynced_heads
+from ddpkit.port.hosttensors import host_tensors
 from ddpkit.port.localcode import path_module, python_files
 from ddpkit.port.orders import script_orders
 from ddpkit.port.pinned import pinned_gpus
@@ -551,6 +553,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     todos = [(line, m) for line, m in todos if not (line in lines and m.startswith("not checked: `"))] + asserted
     todos += _batch_coupled(tree, loops)
     todos += unsynced_heads(tree, loops)
+    todos += host_tensors(tree, folder, _reached_files(modules, folder) if folder is not None else {})
     if not todos:
         return code, []
     starts = _statement_lines(tree)
