@@ -103,8 +103,11 @@ class Plan:
                  end_of: Callable[[cst.CSTNode], int],
                  reports: dict[str, tuple[str, int, str] | None] | None = None,
                  fetches: dict[str, tuple[str, int, bool]] | None = None,
-                 project_loaders: dict[str, str] | None = None) -> None:
+                 project_loaders: dict[str, str] | None = None, config_names: frozenset[str] = frozenset()) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self.config_names = config_names
+        """Names bound to a settings module of the project (or an object of one) that sets a device: `S` of `import
+        settings as S`; `S.device` is the script's device setting."""
         self.reports = reports or {}
         """Calls of the project's own code: `report`, `Plotter.flush` -> (file, line, write) where they only write
         files, None where they do more (judged by the claim gate, not by their names)."""
