@@ -589,7 +589,7 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     lines = {line for line, _ in asserted}  # that call fails before anything it does with the model: said once
     todos = [(line, m) for line, m in todos if not (line in lines and m.startswith("not checked: `"))] + asserted
     todos += _batch_coupled(tree, loops)
-    todos += unsynced_heads(tree, loops)
+    todos += unsynced_heads(tree, loops, folder, _reached_files(modules, folder) if folder is not None else {})
     todos += host_tensors(tree, folder, _reached_files(modules, folder) if folder is not None else {})
     if not todos:
         return code, []

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import ast
 
-from ddpkit.port.localcode import definition, local_imports, parsed_module, resolve
+from ddpkit.port.localcode import class_named, definition, local_imports, parsed_module, resolve
 from ddpkit.port.weights import ast_dotted
+from ddpkit.port.wrapped import wrapped_classes
 
 __all__ = ["host_tensors"]
 
@@ -87,25 +88,6 @@ def _class_sites(module: ast.Module, cls: ast.ClassDef, depth: int = 0) -> list[
     return out
 
 
-def _wrapped_classes(tree: ast.Module) -> list[tuple[ast.Call, str]]:
-    """(wrap call, the dotted name of the class it wraps) for `ddpkit.wrap(Net(...), ctx)` and `model = Net(...)`
-    ... `ddpkit.wrap(model, ctx)` where that name is bound to instances of one class only."""
-    built: dict[str, set[str]] = {}
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):
-            for t in n.targets:
-                if isinstance(t, ast.Name):
-                    built.setdefault(t.id, set()).add(ast_dotted(n.value.func))
-    out = []
-    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.wrap"):
-        model = call.args[0] if call.args else None
-        names = {ast_dotted(model.func)} if isinstance(model, ast.Call) else built.get(model.id, set()) if isinstance(
-            model, ast.Name) else set()
-        if len(names) == 1 and next(iter(names)):
-            out.append((call, next(iter(names))))
-    return out
-
-
 def _on_cpu(tree: ast.Module) -> bool:
     """The port keeps every rank on the CPU: `ddpkit.init(device="cpu")`."""
     return any(isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.init" and any(
@@ -156,17 +138,11 @@ def host_tensors(tree: ast.Module, folder: str | None, modules: dict[str, str]) 
     if folder is not None and not any(isinstance(n, ast.Call) and ast_dotted(n.func) == "ddpkit.wrap" for n in ast.walk(tree)):
         return _built_by_project(tree, folder, modules, parsed, imported)
     out = []
-    for call, name in _wrapped_classes(tree):
-        head, _, attr = name.partition(".")
-        where, module, cls = "", tree, definition(tree, name) if not attr else None
-        if head in imported and (attr or imported[head][1]):
-            path, defined = imported[head]
-            hit = resolve(modules, folder, path, attr or defined, parsed) if not (attr and defined) else None
-            if hit is not None:
-                where, cls = hit
-                module = parsed_module(modules, where, parsed)
-        if not isinstance(cls, ast.ClassDef) or module is None:
+    for call, name in wrapped_classes(tree):
+        found = class_named(tree, name, folder, modules, parsed, imported)
+        if found is None:
             continue
+        where, module, cls = found
         sites = _class_sites(module, cls)
         if not sites:
             continue
