@@ -71,3 +71,21 @@ def test_a_wrap_that_already_syncs_batchnorm_is_left_alone():
     tree = ast.parse(synced)
     from ddpkit.port.project import step_loops
     assert unsynced_heads(tree, step_loops(tree)) == []
+
+
+def test_a_batchnorm_head_of_a_class_in_a_project_module_is_named_at_its_wrap(tmp_path):
+    # the SimSiam class lives in model.py beside the script: its projector's BatchNorm1d is the same objective
+    (tmp_path / "model.py").write_text("import torch.nn as nn\n\n\nclass Projector(nn.Module):\n"
+                                       "    def __init__(self):\n        super().__init__()\n"
+                                       "        self.net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))\n\n"
+                                       "    def forward(self, x):\n        return self.net(x)\n\n\n"
+                                       "class SimSiam(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                                       "        self.proj = Projector()\n\n    def forward(self, x):\n"
+                                       "        return self.proj(x)\n")
+    source = ("import torch\nfrom torch.utils.data import DataLoader\nfrom model import SimSiam\n\nmodel = SimSiam()\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nloader = DataLoader(ds, batch_size=64, shuffle=True)\n"
+              "for (x1, x2), _ in loader:\n    loss = -(model(x1) * model(x2)).sum()\n    opt.zero_grad()\n"
+              "    loss.backward()\n    opt.step()\n")
+    (tmp_path / "train.py").write_text(source)
+    named = [t for t in port_source(source, str(tmp_path / "train.py")).todos if "sync_batchnorm=True" in t.message]
+    assert len(named) == 1 and "model.py:7" in named[0].message and "`SimSiam()`" in named[0].message, named

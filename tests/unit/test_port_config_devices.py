@@ -115,3 +115,25 @@ def test_a_gpu_the_projects_base_class_picks_for_the_config_it_gets_is_named_wit
     picked = [m for m in messages if "base.py:14 `torch.device('cuda:{}'.format(self.args.gpu))` chooses a device of its "
               "own" in m]
     assert picked and "CUDA_VISIBLE_DEVICES" not in picked[0], messages  # after ddpkit.init it changes nothing
+
+
+def test_the_device_of_a_settings_module_read_through_an_alias_is_each_ranks_own(tmp_path):
+    # settings.py picks cuda:0; `S.device` in the script is its device setting, as `args.device` is
+    (tmp_path / "settings.py").write_text("import torch\ndevice = torch.device('cuda:0' if torch.cuda.is_available() "
+                                          "else 'cpu')\nlr = 0.1\n")
+    (tmp_path / "hp.py").write_text("import torch\n\n\nclass C:\n    device = torch.device('cuda:0')\n    lr = 0.1\n")
+    (tmp_path / "other.py").write_text("lr = 0.1\n")
+    body = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n{imp}\n\n"
+            "model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "loader = DataLoader(ds, batch_size=64, shuffle=True)\nfor x, y in loader:\n"
+            "    noise = torch.randn(x.shape, device=S.device)\n    loss = ((model(x + noise) - y) ** 2).mean()\n"
+            "    loss.backward()\n    opt.step()\n")
+    for imp in ("import settings as S", "from hp import C as S"):
+        source = body.format(imp=imp)
+        (tmp_path / "train.py").write_text(source)
+        result = port_source(source, str(tmp_path / "train.py"))
+        assert "device=ctx.device" in result.code and "S.device" not in result.code, result.code
+    # a module of the project that sets no device: `S.device` is something else, left as it is
+    source = body.format(imp="import other as S")
+    (tmp_path / "train.py").write_text(source)
+    assert "device=S.device" in port_source(source, str(tmp_path / "train.py")).code

@@ -175,3 +175,20 @@ def test_a_training_batch_below_a_node_of_8_gpus_is_a_todo_and_8_is_not():
     small = [t for t in port_source(src.replace("{n}", "4")).todos if t.message.startswith("the batch size is 4")]
     assert len(small) == 1 and "(a node of 8 GPUs)" in small[0].message and small[0].line == 8, small
     assert not [t for t in port_source(src.replace("{n}", "8")).todos if "batch size is" in t.message]
+
+
+def test_a_squeeze_without_a_dim_in_the_training_loop_needs_two_samples_a_rank():
+    # 5 // 3 is 1 sample per rank, and `torch.squeeze(y)` then drops the batch dimension too: at most 2 ranks
+    src = ("import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size={n}, "
+           "shuffle=True)\nmodel = Net()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
+           "    y = {squeeze}\n    loss = model(x, y)\n    loss.backward()\n    opt.step()\n")
+    for squeeze in ("torch.squeeze(y)", "y.squeeze()"):
+        named = [t for t in port_source(src.format(n=5, squeeze=squeeze)).todos if "batch size is 5" in t.message]
+        assert len(named) == 1 and "at most 2 ranks" in named[0].message and "line 8" in named[0].message, named
+        assert "max(2, 5 // ctx.world_size)" in named[0].message
+        ten = [t for t in port_source(src.format(n=10, squeeze=squeeze)).todos if "batch size is 10" in t.message]
+        assert len(ten) == 1 and "at most 5 ranks" in ten[0].message, ten
+        assert not [t for t in port_source(src.format(n=16, squeeze=squeeze)).todos if "batch size is" in t.message]
+    # a dim named keeps the batch dimension: the bound stays one sample a rank
+    kept = [t for t in port_source(src.format(n=5, squeeze="y.squeeze(1)")).todos if "batch size is 5" in t.message]
+    assert len(kept) == 1 and "at most 5 ranks" in kept[0].message, kept

@@ -11,7 +11,8 @@ Two checks run on the ported text, after the rewrite:
   (a TypeError at any world size), an `nn.DataParallel(...)` the rewrite left in (a crash on rank 1), and a loss
   that pairs the samples of a batch (in-batch negatives) in a loop over a ported loader (a changed objective), and
   a BatchNorm head of a model trained without labels, wrapped without synchronised statistics (see
-  ddpkit.port.batchstats).
+  ddpkit.port.batchstats), and a wrapped model whose forward makes CPU tensors while the port puts it on the GPU (see
+  ddpkit.port.hosttensors).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.port.batchstats import unsynced_heads
-from ddpkit.port.localcode import path_module, python_files
+from ddpkit.port.hosttensors import host_tensors
+from ddpkit.port.localcode import definition, local_imports, parsed_module, path_module, python_files
 from ddpkit.port.orders import script_orders
 from ddpkit.port.pinned import pinned_gpus
 from ddpkit.port.project import (import_device_work, parallel_asserts, plain_class_wraps, project_bypasses,
@@ -33,7 +35,7 @@ from ddpkit.port.project import (import_device_work, parallel_asserts, plain_cla
                                  project_writers, step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
-__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_cpu_calls", "project_reports", "project_fetches",
+__all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_config_names", "project_cpu_calls", "project_reports", "project_fetches",
            "project_loader_calls"]
 
 GATE_RULES = {
@@ -145,6 +147,43 @@ def project_names_a_device(source: str, folder: str) -> bool:
     folder = _import_root(tree, folder)
     return any(re.search(r"\bcuda\b|device", text) for text in _reached_files(_imported_files(tree, folder),
                                                                                  folder).values())
+
+
+def _sets_device(module: ast.Module, whole: bool) -> bool:
+    """A project module sets a device: `device = ...` at its top level (`whole`: the script imports the module
+    itself), or anywhere an assignment to a name or attribute `device` (`cfg.device = ...`, a class body's `device =
+    ...`, `self.device = ...`) or a `"device"` key of a dict literal (the script imports an object of it)."""
+    stores = module.body if whole else list(ast.walk(module))
+    for node in stores:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == "device" or not whole and isinstance(t, ast.Attribute)
+               and t.attr == "device" for t in targets):
+            return True
+        if not whole and isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value == "device" for k in node.keys):
+            return True
+    return False
+
+
+def project_config_names(source: str, folder: str) -> frozenset[str]:
+    """Names the script binds to a settings module of its own project, or to an object one defines, that sets a
+    device (`import settings as S` with `device = ...` in settings.py, `from config import cfg` with `cfg.device =
+    ...`): `S.device` is the script's device setting, as `args.device` is. Empty where the script does not parse."""
+    try:
+        tree = ast.parse(source.removeprefix("\ufeff"))
+    except SyntaxError:
+        return frozenset()
+    folder = _import_root(tree, folder)
+    modules = _imported_files(tree, folder)
+    parsed: dict[str, ast.Module | None] = {}
+    out = set()
+    for name, (path, defined) in local_imports(tree, modules, folder, parsed).items():
+        module = parsed_module(modules, path, parsed)
+        if module is not None and (defined is None or not isinstance(definition(module, defined), (
+                ast.FunctionDef, ast.AsyncFunctionDef))) and _sets_device(module, defined is None):
+            out.add(name)
+    return frozenset(out)
 
 
 def project_cpu_calls(source: str, folder: str) -> list[tuple[int, str]]:
@@ -550,7 +589,8 @@ def gate(code: str, path: str, mark: str, folder: str | None, lint: Lint) -> tup
     lines = {line for line, _ in asserted}  # that call fails before anything it does with the model: said once
     todos = [(line, m) for line, m in todos if not (line in lines and m.startswith("not checked: `"))] + asserted
     todos += _batch_coupled(tree, loops)
-    todos += unsynced_heads(tree, loops)
+    todos += unsynced_heads(tree, loops, folder, _reached_files(modules, folder) if folder is not None else {})
+    todos += host_tensors(tree, folder, _reached_files(modules, folder) if folder is not None else {})
     if not todos:
         return code, []
     starts = _statement_lines(tree)

@@ -83,7 +83,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     from ddpkit.lint.linter import lint_sources
-    from ddpkit.port.claims import (gate, project_fetches, project_loader_calls,
+    from ddpkit.port.claims import (gate, project_config_names, project_fetches, project_loader_calls,
                                     project_reports)
     from ddpkit.port.entry import add_import, open_context, thread_ctx
     from ddpkit.port.facts import Facts
@@ -137,7 +137,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else None
     plan = Plan(facts, line_of, end_of, project_reports(source, folder) if folder is not None else {},
                 project_fetches(source, folder) if folder is not None else {},
-                project_loader_calls(source, folder) if folder is not None else {})
+                project_loader_calls(source, folder) if folder is not None else {},
+                project_config_names(source, folder) if folder is not None else frozenset())
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)

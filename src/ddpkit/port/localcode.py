@@ -6,7 +6,8 @@ import ast
 import os
 from collections.abc import Iterator
 
-__all__ = ["python_files", "path_module", "parsed_module", "local_imports", "resolve", "definition", "imported_paths"]
+__all__ = ["python_files", "path_module", "parsed_module", "local_imports", "resolve", "definition", "imported_paths",
+           "class_named"]
 
 def parsed_module(modules: dict[str, str], path: str, cache: dict[str, ast.Module | None]) -> ast.Module | None:
     """The module at `path`, parsed once per port (None where it does not parse)."""
@@ -145,3 +146,20 @@ def imported_paths(stmt: ast.Import | ast.ImportFrom, modules: dict[str, str], f
             if found and found not in out:
                 out.append(found)
     return out
+
+
+def class_named(tree: ast.Module, name: str, folder: str | None, modules: dict[str, str],
+                parsed: dict[str, ast.Module | None],
+                imported: dict[str, tuple[str, str | None]]) -> tuple[str, ast.Module, ast.ClassDef] | None:
+    """(file, its module, the class) that a dotted name of the script names: a class of the script itself (file "")
+    or of its project (`LSTMModel` of `from model import LSTMModel`, `M.LSTMModel` of `import model as M`);
+    `imported` is local_imports of the script. None for anything else (a library's class, a function)."""
+    head, _, attr = name.partition(".")
+    where, module, cls = "", tree, definition(tree, name) if not attr else None
+    if head in imported and (attr or imported[head][1]):
+        path, defined = imported[head]
+        hit = resolve(modules, folder, path, attr or defined, parsed) if not (attr and defined) else None
+        if hit is not None:
+            where, cls = hit
+            module = parsed_module(modules, where, parsed)
+    return (where, module, cls) if isinstance(cls, ast.ClassDef) and module is not None else None

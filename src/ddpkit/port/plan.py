@@ -42,6 +42,21 @@ _NODE_GPUS = 8
 """The ranks of one node of 8 GPUs, the common size: a training batch below it divides to 0 per rank there."""
 
 
+def _undimmed_squeeze(module: cst.Module, loader: str) -> cst.Call | None:
+    """The first `x.squeeze()` / `torch.squeeze(x)` naming no dim inside a loop over the training loader `loader`
+    (`for x, y in train_loader`, `enumerate(train_loader)`): on a batch of 1 it drops the batch dimension as well, so
+    each rank needs at least 2 samples; None where there is none (or the loader is not bound to a name)."""
+    loops = [n for n in walk(module, into_functions=True) if isinstance(n, cst.For) and loader and any(
+        isinstance(m, cst.Name) and m.value == loader for m in walk(n.iter))]
+    for node in (m for loop in loops for m in walk(loop.body, into_functions=True)):
+        if not isinstance(node, cst.Call) or dotted(node.func).rsplit(".", 1)[-1] != "squeeze":
+            continue
+        method = isinstance(node.func, cst.Attribute) and dotted(node.func) != "torch.squeeze"
+        if len(node.args) == (0 if method else 1) and all(a.keyword is None for a in node.args):
+            return node
+    return None
+
+
 def _config_source(plan: Plan, expr: cst.BaseExpression, depth: int = 0) -> cst.Call | None:
     """The call a setting is read from, through the names it is bound to (`train_opts = opts.training`, `opts =
     json_file_to_pyobj(path)`): one that loads a settings file (json, yaml, toml, a config reader), not argparse,
@@ -88,8 +103,11 @@ class Plan:
                  end_of: Callable[[cst.CSTNode], int],
                  reports: dict[str, tuple[str, int, str] | None] | None = None,
                  fetches: dict[str, tuple[str, int, bool]] | None = None,
-                 project_loaders: dict[str, str] | None = None) -> None:
+                 project_loaders: dict[str, str] | None = None, config_names: frozenset[str] = frozenset()) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
+        self.config_names = config_names
+        """Names bound to a settings module of the project (or an object of one) that sets a device: `S` of `import
+        settings as S`; `S.device` is the script's device setting."""
         self.reports = reports or {}
         """Calls of the project's own code: `report`, `Plotter.flush` -> (file, line, write) where they only write
         files, None where they do more (judged by the claim gate, not by their names)."""
@@ -529,7 +547,17 @@ class Plan:
             if dotted(kwargs.get("batch_size", positional[1].value if len(positional) > 1 else None)):
                 self.train_sizes.add(size)
                 self.train_sizes |= passed_as(self, key, size)
-            if literal is not None and literal < _NODE_GPUS:
+            squeeze = _undimmed_squeeze(self.f.module, target) if literal is not None else None
+            if squeeze is not None and literal < 2 * _NODE_GPUS:
+                most = literal // 2
+                self.todo(call, f"the batch size is {literal} (`{size}`): {literal} // world_size is 1 per rank on "
+                          f"more than {most} ranks and 0 on more than {literal} (a node of {_NODE_GPUS} GPUs), and "
+                          f"`{self.f.code(squeeze)}` (line {self.line_of(squeeze)}) names no dim, so it also drops "
+                          "the batch dimension of a batch of 1 (a 0-d tensor or a wrong shape after it); run on at "
+                          f"most {most} ranks, or raise the batch to at least twice the number of ranks (it stays "
+                          f"the global batch), or give each rank max(2, {size} // ctx.world_size) and scale the "
+                          "learning rate, or name the dim (`squeeze(1)`)")
+            elif literal is not None and literal < _NODE_GPUS:
                 self.todo(call, f"the batch size is {literal} (`{size}`): {literal} // world_size is 0 per rank on "
                           f"more than {literal} ranks (a node of {_NODE_GPUS} GPUs), and ddpkit.loader then raises "
                           f"ValueError at start; run on at most {literal} ranks, or raise the batch to at least the "

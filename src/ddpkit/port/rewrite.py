@@ -114,8 +114,9 @@ class Rewriter(cst.CSTTransformer):
         """Per entry of batches: the loader may be a torch DataLoader the port keeps (its batches on the CPU)."""
         self.changes = 0
         self.gpu_numbers = _gpu_numbers(facts.module, "device")
-        self.config_roots = ARGS_ROOTS | runtime_modules(facts.module)
-        """Names whose `.device` is the script's device setting: parsed options, config modules imported at run time."""
+        self.config_roots = ARGS_ROOTS | runtime_modules(facts.module) | plan.config_names
+        """Names whose `.device` is the script's device setting: parsed options, config modules imported at run time,
+        the project's settings modules (`import settings as S`) and objects (`from config import cfg`)."""
         """The default of the script's `--device` option where it holds GPU numbers (`'0,1'`), else None."""
         self.gpu_numbers_named = False
         """A TODO already names the script's `--device` option of GPU numbers (one per script)."""

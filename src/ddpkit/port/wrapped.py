@@ -14,7 +14,7 @@ import os
 
 from ddpkit.port.weights import Definition, Follow, ast_dotted
 
-__all__ = ["plain_wraps", "without_wraps"]
+__all__ = ["plain_wraps", "without_wraps", "wrapped_classes"]
 
 _TORCH_BASES = ("nn.", "torch.nn.")
 
@@ -123,3 +123,10 @@ def without_wraps(code: str, tree: ast.Module, wraps: list[tuple[ast.Call, str, 
         data = data[:offset(call.lineno, call.col_offset)] + inner + data[offset(call.end_lineno,
                                                                                   call.end_col_offset):]
     return data.decode("utf-8")
+
+
+def wrapped_classes(tree: ast.Module) -> list[tuple[ast.Call, str]]:
+    """(wrap call, the dotted name of what builds the model it wraps) for `ddpkit.wrap(Net(...), ctx)` and `model =
+    Net(...)` ... `ddpkit.wrap(model, ctx)` (the last assignment of the name before the wrap)."""
+    return [(call, name) for call in ast.walk(tree) if isinstance(call, ast.Call) and ast_dotted(call.func) ==
+            "ddpkit.wrap" and call.args for name in [_built_by(tree, call)] if name]
