@@ -12,6 +12,19 @@ from ddpkit.port import port_source
 FIXTURES = Path(__file__).parents[2] / "tests" / "fixtures" / "port"
 
 
+_TRAINS_NET = """
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8)
+model = Net({args})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+"""
+"""The training of a class `Net` of the script (its arguments `args`), after its definition."""
+
+
 def _todo_at(result, statement: str) -> str:
     lines = result.code.splitlines()
     found = [t.message for t in result.todos if t.in_output and lines[t.line - 1].strip() == statement]
@@ -71,15 +84,7 @@ def test_a_thrown_away_head_of_the_scripts_own_class_gets_find_unused_parameters
                 _ = self.aux(h)
                 return self.out(h)
 
-
-        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8)
-        model = Net()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in loader:
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-    """)
+    """) + _TRAINS_NET.format(args="")
     result = port_source(source)
     assert "ddpkit.wrap(Net(), ctx, find_unused_parameters=True)" in result.code
     assert "Net.forward throws away what self.aux computes" in result.code
@@ -514,3 +519,32 @@ def test_a_module_forward_never_reads_but_the_loss_uses_outside_forward_is_named
     message = _todo_at(result, "logits = F.linear(model(x), ddpkit.unwrap(model).decoder.weight, "
                                "ddpkit.unwrap(model).decoder.bias)")
     assert "outside the model's forward" in message and "(lm.py:8)" in message and "ready a second time" in message
+
+
+def test_a_module_read_in_every_branch_of_forward_is_no_unused_parameter():
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Net(nn.Module):
+            def __init__(self, ngpu):
+                super().__init__()
+                self.ngpu = ngpu
+                self.main = nn.Linear(4, 2)
+                self.extra = nn.Linear(4, 2)
+
+            def forward(self, x):
+                if x.is_cuda and self.ngpu > 1:
+                    out = nn.parallel.data_parallel(self.main, x, range(self.ngpu))
+                else:
+                    out = self.main(x)
+                return out
+
+    """) + _TRAINS_NET.format(args="1")
+    result = port_source(source)
+    assert "self.main" not in "".join(line for line in result.code.splitlines() if "ddpkit port" in line)
+    assert "ddpkit.wrap(Net(1), ctx, find_unused_parameters=True)" in result.code  # self.extra: never read
+    only_main = port_source(source.replace("        self.extra = nn.Linear(4, 2)\n", "")).code
+    assert "find_unused_parameters" not in only_main  # self.main is read whichever branch runs

@@ -444,3 +444,21 @@ def test_eval_loader_batches_are_the_single_process_batches():
             batches = [b[0].tolist() for r in range(world_size)
                        for b in ddpkit.eval_loader(ds, _ctx(r, world_size), batch_size=100)]
         assert batches == whole
+
+
+def test_wrap_keeps_a_model_whose_own_to_returns_none():
+    class PartMover(torch.nn.Module):  # its own .to() moves its children and returns None
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(2, 2)
+            self.scale = torch.nn.Parameter(torch.ones(2))
+            self.moved = False
+
+        def to(self, device):
+            self.body.to(device)
+            self.moved = True
+
+    model = PartMover()
+    wrapped = ddpkit.wrap(model, _ctx())
+    assert wrapped is model and model.moved  # the model itself, its own .to() run
+    assert {p.device.type for p in model.parameters()} == {"cpu"}

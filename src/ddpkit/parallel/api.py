@@ -79,7 +79,8 @@ def wrap(
     At world size 1 the model is returned unwrapped (DDP would only add copies). A model with no
     parameter that requires grad (a fixed decoder, a frozen teacher) has nothing to average and DDP
     refuses it: it is moved, gets rank 0's parameters and buffers, and is returned unwrapped with a
-    one-line warning. Collective: all ranks must call it. On CPU no
+    one-line warning. A class whose own `.to()` returns None (it moves some parts in place) keeps its
+    `.to()` run and is then moved whole by `nn.Module.to`. Collective: all ranks must call it. On CPU no
     `device_ids` are passed (DDP rejects them there); on CUDA `device_ids=[local_rank]`.
 
     Defaults: `gradient_as_bucket_view=True` (gradients alias the all-reduce buckets: one copy and
@@ -160,7 +161,11 @@ def wrap(
                          "under `with torch.device('meta'):`, or drop init_weights")
     frozen = not any(p.requires_grad for p in model.parameters())
     if not meta:
-        model = model.to(ctx.device)
+        moved = model.to(ctx.device)
+        if isinstance(moved, torch.nn.Module):
+            model = moved
+        else:  # a class's own .to() that moves some parts and returns None: the model is kept, and moved whole
+            torch.nn.Module.to(model, ctx.device)
     elif frozen or not (fsdp and ctx.distributed):  # nothing to shard over (or to train): memory for the whole model here
         materialize(model, ctx.device, init_weights)
     if ctx.distributed and frozen:

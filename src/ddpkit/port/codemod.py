@@ -85,7 +85,7 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from ddpkit.lint.linter import lint_sources
     from ddpkit.port.claims import (gate, project_config_names, project_fetches, project_loader_calls,
                                     project_reports)
-    from ddpkit.port.entry import add_import, open_context, thread_ctx
+    from ddpkit.port.entry import add_import, free_ctx, open_context, thread_ctx
     from ddpkit.port.facts import Facts
     from ddpkit.port.plan import Plan
     from ddpkit.port.rewrite import Rewriter
@@ -124,6 +124,11 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     if not facts.region:
         raise PortError(f"{path} has no training entry point (no top-level code and no `if __name__ == "
                         "\"__main__\":` block); port the script that runs the training")
+    module, renamed = free_ctx(wrapper.module)
+    if renamed is not None:  # the script's own `ctx` (an autocast context, a parameter): the port's is `ctx`
+        source = module.code
+        wrapper = MetadataWrapper(module)
+        facts = Facts(wrapper.module)
     positions = wrapper.resolve(PositionProvider)
 
     def line_of(node: cst.CSTNode) -> int:
@@ -139,6 +144,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
                 project_fetches(source, folder) if folder is not None else {},
                 project_loader_calls(source, folder) if folder is not None else {},
                 project_config_names(source, folder) if folder is not None else frozenset())
+    if renamed is not None:
+        plan.summary.append(f"the script's own name `ctx` is renamed `{renamed}`: `ctx` is the port's ddpkit context")
     rewriter = Rewriter(facts, plan)
     module = wrapper.visit(rewriter)
     module = thread_ctx(module, facts)

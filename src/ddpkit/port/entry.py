@@ -6,7 +6,7 @@ import libcst as cst
 
 from ddpkit.port.facts import ENTRY, Facts, dotted, statements_of, walk
 
-__all__ = ["add_import", "open_context", "thread_ctx"]
+__all__ = ["add_import", "free_ctx", "open_context", "thread_ctx"]
 
 
 def _scope_nodes(module: cst.Module) -> dict[str, cst.FunctionDef]:
@@ -222,3 +222,52 @@ def add_import(module: cst.Module, rng: bool = False, device: bool = False, coll
     if collectives:
         body.insert(last + 2 + rng + device, cst.parse_statement("import ddpkit.collectives\n"))
     return module.with_changes(body=body)
+
+
+class _OwnCtx(cst.CSTTransformer):
+    """Renames the script's own `ctx` (a variable, a parameter, a function) to `name`: attributes (`x.ctx`), imported
+    names and keywords of calls into code the port does not rewrite keep their spelling."""
+
+    def __init__(self, name: str, local: set[str]) -> None:
+        super().__init__()
+        self.name, self.local = name, local
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        return updated.with_changes(value=self.name) if original.value == "ctx" else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        return updated.with_changes(attr=original.attr)
+
+    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom) -> cst.ImportFrom:
+        return updated.with_changes(module=original.module)
+
+    def leave_ImportAlias(self, original: cst.ImportAlias, updated: cst.ImportAlias) -> cst.ImportAlias:
+        if isinstance(original.name, cst.Name) and original.name.value == "ctx" and original.asname is None:
+            return updated.with_changes(name=original.name, asname=cst.AsName(cst.Name(self.name)))
+        return updated.with_changes(name=original.name)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        func = original.func.attr.value if isinstance(original.func, cst.Attribute) else dotted(original.func)
+        if func in self.local:  # `f(ctx=ctx)` of a function of this file, whose parameter is renamed too
+            return updated
+        return updated.with_changes(args=[u.with_changes(keyword=o.keyword) if o.keyword is not None else u
+                                          for o, u in zip(original.args, updated.args)])
+
+
+def free_ctx(module: cst.Module) -> tuple[cst.Module, str | None]:
+    """The script with its own name `ctx` renamed where it uses one (`ctx = torch.autocast(...)`, `def f(ctx):`), so
+    the context the port adds under that name never meets it; and the new name (None where nothing was renamed)."""
+    names = {n.value for n in walk(module, into_functions=True) if isinstance(n, cst.Name)}
+    attrs = {id(n.attr) for n in walk(module, into_functions=True) if isinstance(n, cst.Attribute)}
+    keywords = {id(a.keyword) for n in walk(module, into_functions=True) if isinstance(n, cst.Call)
+                for a in n.args if a.keyword is not None}
+    if not any(isinstance(n, cst.Name) and n.value == "ctx" and id(n) not in attrs | keywords
+               for n in walk(module, into_functions=True)):
+        return module, None
+    name, n = "script_ctx", 1
+    while name in names:
+        n += 1
+        name = f"script_ctx{n}"
+    local = {f.name.value for f in walk(module, into_functions=True) if isinstance(f, cst.FunctionDef) and any(
+        p.name.value == "ctx" for p in (*f.params.posonly_params, *f.params.params, *f.params.kwonly_params))}
+    return module.visit(_OwnCtx(name, local)), name

@@ -155,8 +155,8 @@ def plan_kept_batches(plan: Any) -> None:
         for call in model_forwards(plan, k, f.scope_statements(k)):
             moved = plan_batch_moves(plan, k, call)
             loops = [n for n in _around(plan, call) if isinstance(n, cst.For) and dotted(loader_expr(n.iter)) in kept]
-            inputs = [a.value for a in call.args if root_name(a.value) not in moved and any(
-                root_name(a.value) in {x.value for x in walk(lp.target) if isinstance(x, cst.Name)} for lp in loops)]
+            inputs = [a.value for a in call.args if root_name(a.value) not in moved and any(  # `x = noise(batch)` too
+                root_name(a.value) in _computed(lp, set(_loop_names(lp)), {id(call)}) for lp in loops)]
             if inputs:
                 names = ", ".join(f"`{f.code(x)}`" for x in inputs)
                 plan.todo(call, f"{names} {'come' if len(inputs) > 1 else 'comes'} from a batch of "

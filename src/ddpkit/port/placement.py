@@ -15,8 +15,8 @@ value (arithmetic, a comparison, a loss, a torch function of both) before any mo
 - else leaves a TODO naming the value, where it was made (line) and the value it meets.
 
 A CPU tensor of zero dimensions (`torch.tensor(0.5)`) mixes with CUDA tensors; it is never called a host value.
-`Plan.host_loaders` is the other half: a loader name the port leaves a torch DataLoader on some path keeps its
-batches' moves (`x.cuda()` becomes `x.to(ctx.device)` instead of being dropped).
+`Plan.host_loaders` is the other half: a loader name the port leaves a torch DataLoader on some path (also one a
+function of the script returns: `train_loader, val_loader = make_loaders(...)`) keeps its batches' moves (`x.cuda()` becomes `x.to(ctx.device)` instead of being dropped).
 """
 
 from __future__ import annotations
@@ -381,9 +381,7 @@ def host_loader_names(plan: Any, kept: list[tuple[str, str]]) -> dict[str, set[s
         changed = False
         for key in sorted(plan.f.ported):
             names = found.get(key, set())
-            if not names:
-                continue
-            for node in plan.nodes(key):
+            for node in plan.nodes(key) if names else ():
                 if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(
                         loader_expr(node.value)) in names and dotted(node.targets[0].target) not in names:
                     names.add(dotted(node.targets[0].target))
@@ -400,9 +398,35 @@ def host_loader_names(plan: Any, kept: list[tuple[str, str]]) -> dict[str, set[s
                         if param and dotted(arg.value) in names and param not in found.get(callee, set()):
                             found.setdefault(callee, set()).add(param)
                             changed = True
+            for node in plan.nodes(key):  # `train_loader, val_loader = make_loaders(...)` of a function returning them
+                if not isinstance(node, cst.Assign) or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+                    continue
+                for callee in plan.f.callees(node.value, key):
+                    for name in _returned(plan, callee, found.get(callee, set()), node.targets[0].target):
+                        if name not in found.setdefault(key, set()):
+                            found[key].add(name)
+                            changed = True
         if not changed:
             break
     return found
+
+
+def _returned(plan: Any, callee: str, kept: set[str], target: cst.BaseExpression) -> list[str]:
+    """The names of `target` (a name, or a tuple unpacked by position) that receive one of `kept`, a function's names
+    for a kept torch DataLoader, from its `return` statements."""
+    if not kept:
+        return []
+    out = []
+    for node in plan.nodes(callee):
+        if not isinstance(node, cst.Return) or node.value is None:
+            continue
+        if isinstance(target, cst.Name) and dotted(node.value) in kept:
+            out.append(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(node.value, cst.Tuple) and len(
+                target.elements) == len(node.value.elements):
+            out += [t.value.value for t, v in zip(target.elements, node.value.elements)
+                    if isinstance(t.value, cst.Name) and dotted(v.value) in kept]
+    return out
 
 
 def plan_placement(plan: Any) -> None:

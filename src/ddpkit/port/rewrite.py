@@ -52,6 +52,9 @@ def strip_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
 
 _TO_HOST = frozenset({"cpu", "numpy", "tolist", "item"})
 """Tensor methods whose result is on the host."""
+_STR_METHODS = frozenset(n for n in dir(str) if not n.startswith("_"))
+"""`device.lower()`: a device setting the script read as a str (a torch.device has none of these)."""
+_CASE_METHODS = frozenset({"lower", "upper", "casefold", "strip", "lstrip", "rstrip", "title", "capitalize"})
 _TENSOR_METHODS = _TO_HOST | {"to", "cuda", "float", "long", "size", "view", "squeeze", "unsqueeze", "detach", "argmax"}
 """Methods that show a name holds a tensor (a batch may be a list of strings)."""
 
@@ -157,6 +160,9 @@ class Rewriter(cst.CSTTransformer):
         """Names the rewrite introduced (values hoisted out of rank-0 reports)."""
         self.string_devices = _string_devices(facts, self._nodes_to_keys)
         self.device_bound = _device_bound(facts, self._nodes_to_keys)
+        self.submodules: dict[tuple[str, str], str] = {}
+        """(scope key, name) -> the submodule of the model the name is bound to (`main = model.main`)."""
+        self.submodules_named: set[tuple[str, str]] = set()
         """(id(scope), name): device names some binding of which stays a string after the port (see leave_Comparison)."""
         """Function scope -> module-level names a wrap inserted there assigns (declared `global` in it)."""
         """Local name -> the dotted name it was imported as (`random_split` -> `torch.utils.data.random_split`)."""
@@ -297,6 +303,14 @@ class Rewriter(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if not self.in_ctx():
             return updated
+        updated = self._device_types(updated)
+        part = self._submodule_call(original)
+        if part:
+            self.p.todo(original, f"`{original.func.value}(...)` calls `{part}`, a submodule of the wrapped model, not "
+                        "the model: DDP averages gradients only for calls of the wrapped model itself, so this "
+                        "submodule's parameters train on each rank's own gradients and drift apart; call the model "
+                        "(move this computation into its forward, or a wrapper module's forward), or wrap the "
+                        "submodule on its own (ddpkit.wrap)")
         if self._bypasses_ddp(original):
             method = f"{dotted(original.func.value)}.{original.func.attr.value}"
             self.p.todo(original, f"`{method}(...)` trains through a method of the model, not its forward: DDP "
@@ -575,6 +589,10 @@ class Rewriter(cst.CSTTransformer):
         reduced = self._reduced_read(original)
         if reduced is not None:
             return reduced
+        if self.in_ctx() and updated.attr.value in _STR_METHODS and self._type_of(updated.value) and (
+                isinstance(original.value, cst.Name) or _args_device(original.value)):
+            self.changes += 1  # the script read its device as a str ("cuda"): `.lower()` of a torch.device raises
+            return updated.with_changes(value=parse_expr(self._type_of(updated.value)))
         if self.in_ctx() and updated.attr.value == "device" and dotted(updated.value) in self.config_roots:
             if self.gpu_numbers is not None:  # `--device 0,1`: GPU numbers the script parses, not a device
                 if not self.gpu_numbers_named:
@@ -597,6 +615,29 @@ class Rewriter(cst.CSTTransformer):
                 return parse_expr(f"ddpkit.unwrap({dotted(updated.value)})")
             return updated.with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(updated.value)})"))
         return updated
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        """`main = model.main.to(device)`: a name for a submodule of the model (see _submodule_call)."""
+        part = strip_moves(node.value)
+        if not self.in_ctx() or len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name) or \
+                not isinstance(part, cst.Attribute) or part.attr.value in _DDP_SAFE | _NOT_FORWARD or \
+                self.role(part.value) != "model" or any(k == f"{s.cls}.{part.attr.value}"
+                                                        for k, s in self.f.scopes.items() if s.cls):
+            return
+        self.submodules[(self.key, node.targets[0].target.value)] = dotted(part)
+
+    def _submodule_call(self, original: cst.Call) -> str:
+        """`main(x)` in a training step, where `main = model.main`: the submodule's forward, never the wrapper's, so
+        DDP never averages its gradients. The submodule's dotted name, once per name; "" otherwise."""
+        if not isinstance(original.func, cst.Name) or self.no_grad or any(r == "eval" for _, r in self.batches):
+            return ""
+        key = (self.key, original.func.value)
+        part = self.submodules.get(key, "")
+        if not part or key in self.submodules_named or not (any(r == "train" for _, r in self.batches) or (
+                self.key in self.p.training_scopes and self.key not in self.p.loop_scopes)):
+            return ""
+        self.submodules_named.add(key)
+        return part
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         # `args.device = torch.device(...)`: the script's own device setting is bound to ctx.device (code the
@@ -628,6 +669,30 @@ class Rewriter(cst.CSTTransformer):
             return updated.with_changes(left=parse_expr(text), comparisons=[
                 updated.comparisons[0].with_changes(comparator=right)])
         return updated
+
+    def _device_types(self, call: cst.Call) -> cst.Call:
+        """`torch.autocast(device_type=device)` where the port made `device` this rank's device (`str(ctx.device)`,
+        "cuda:1"): autocast takes a device type ("cuda", "cpu"), so it reads `torch.device(device).type`."""
+        autocast = dotted(call.func) in ("torch.autocast", "torch.amp.autocast", "autocast", "amp.autocast")
+        args = list(call.args)
+        for i, arg in enumerate(args):
+            if arg.keyword is not None and arg.keyword.value == "device_type" or (
+                    autocast and i == 0 and arg.keyword is None):
+                text = self._type_of(arg.value)
+                if text:
+                    self.changes += 1
+                    args[i] = arg.with_changes(value=parse_expr(text))
+        return call.with_changes(args=args)
+
+    def _type_of(self, value: cst.BaseExpression) -> str:
+        """The device type of a device the port rewrote (`ctx.device`, a name bound to it or to `str(ctx.device)`), as
+        a str: "ctx.device.type", "torch.device(device).type" (it reads a str and a torch.device alike); "" else."""
+        if dotted(value) == "ctx.device":
+            return "ctx.device.type"
+        if isinstance(value, cst.Name) and self.imports.get("torch") == "torch" and any(
+                name == value.value for _, name in self.device_bound):
+            return f"torch.device({value.value}).type"
+        return ""
 
     def _string_device(self, left: cst.BaseExpression) -> str:
         """"str": `device` is bound to a string the port leaves a string (`device = 'cuda' if ... else 'cpu'` at module
@@ -1154,6 +1219,8 @@ def _stringy(value: cst.BaseExpression) -> bool:
         return _stringy(value.body) and _stringy(value.orelse)
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Modulo)):
         return _stringy(value.left)
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _CASE_METHODS:
+        return True  # `args.device.lower()`: only a str has these
     return isinstance(value, cst.Call) and dotted(value.func) == "str" or (
         isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format"
         and _stringy(value.func.value))

@@ -71,6 +71,7 @@ def _self_reads(node: cst.CSTNode, conditional: bool, out: list[tuple[str, bool]
         _self_reads(node.body, True, out)
         if node.orelse is not None:
             _self_reads(node.orelse, True, out)
+            out.extend((attr, conditional) for attr in _every_path(node.body) & _every_path(node.orelse))
         return
     if isinstance(node, cst.IfExp):
         _self_reads(node.test, conditional, out)
@@ -79,6 +80,20 @@ def _self_reads(node: cst.CSTNode, conditional: bool, out: list[tuple[str, bool]
         return
     for child in node.children:
         _self_reads(child, conditional, out)
+
+
+def _every_path(node: cst.CSTNode) -> set[str]:
+    """The attributes `self.x` that `node` reads on every path through it (`if a: f(self.main) else: self.main(x)`
+    reads self.main whichever branch runs)."""
+    if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.IfExp)):
+        return set()
+    if isinstance(node, cst.If):
+        both = _every_path(node.body) & _every_path(node.orelse) if node.orelse is not None else set()
+        return _every_path(node.test) | both
+    found = {node.attr.value} if isinstance(node, cst.Attribute) and dotted(node.value) == "self" else set()
+    for child in node.children:
+        found |= _every_path(child)
+    return found
 
 
 def _unread_modules(facts: Any, cls: str) -> list[tuple[str, bool]]:
