@@ -121,6 +121,21 @@ def _chosen_values(test: ast.AST) -> tuple[str, set[str], bool] | None:
     return ast.unparse(test.left), set(named), isinstance(op, (ast.Eq, ast.In))
 
 
+def _flag_test(test: ast.AST) -> tuple[ast.AST, int]:
+    """(the flag a test asks, +1 where the test holds when the flag is true, -1 where when it is false): `not ddp`
+    is (ddp, -1); a flag compared with a bool is the flag itself, `opt.parallel == True` is (opt.parallel, +1),
+    `opt.parallel is False` and `opt.parallel != True` are (opt.parallel, -1). Any other test is (test, +1)."""
+    sign = 1
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, sign = test.operand, -1
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, (ast.Name, ast.Attribute)) \
+            and isinstance(test.comparators[0], ast.Constant) and isinstance(test.comparators[0].value, bool) \
+            and isinstance(test.ops[0], (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
+        same = test.comparators[0].value is isinstance(test.ops[0], (ast.Eq, ast.Is))
+        return test.left, sign if same else -sign
+    return test, sign
+
+
 @dataclass(frozen=True)
 class Context:
     """Where a node sits: the strongest rank guard around it and the rank branches it is in."""
@@ -455,9 +470,7 @@ class Script:
     def group_sense(self, test: ast.AST) -> int:
         """+1 where `test` being true means the run starts the process group, -1 where it means one process, read
         from what the program does under it (see _starts_group_arm), else 0."""
-        sign = 1
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            test, sign = test.operand, -1
+        test, sign = _flag_test(test)
         if not isinstance(test, (ast.Name, ast.Attribute, ast.Compare)):
             return 0
         flags = getattr(self, "_mode_flags", None)
@@ -520,9 +533,7 @@ class Script:
         for n in self.nodes:
             if not isinstance(n, ast.If):
                 continue
-            test, sign = n.test, 1
-            if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-                test, sign = test.operand, -1
+            test, sign = _flag_test(n.test)
             if isinstance(test, (ast.Name, ast.Attribute)) and n.orelse:
                 body, other = starts(n.body), starts(n.orelse)
                 if body != other:

@@ -54,6 +54,33 @@ def _in_handler(s: Script, node: ast.AST) -> bool:
     return False
 
 
+def _shows_failed_item(s: Script, call: ast.Call) -> bool:
+    """The message sits in an `except` block (of its function) and shows what failed: the caught exception
+    (`except Exception as e: print(e)`) or a value the `try` body worked on (`print(annotations)` after
+    `augment(**annotations)` failed). A rank gets there only when its own item (its sample, its file) raised,
+    so the line is that rank's diagnostic, not one line written world_size times. A constant message
+    (`except ImportError: print("apex not found")`), or a `try` of imports alone, is the same on every rank
+    and stays reported."""
+    node: ast.AST = call
+    while id(node) in s.parents:
+        parent = s.parents[id(node)]
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False
+        if isinstance(parent, ast.ExceptHandler):
+            break
+        node = parent
+    else:
+        return False
+    handler, attempt = parent, s.parents.get(id(parent))
+    if not isinstance(attempt, ast.Try) or all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in attempt.body):
+        return False
+    worked = {n.id for stmt in attempt.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    if handler.name:
+        worked.add(handler.name)
+    shown = (n for a in (*call.args, *(k.value for k in call.keywords)) for n in ast.walk(a))
+    return any(isinstance(n, ast.Name) and n.id in worked for n in shown)
+
+
 def _stops(stmt: ast.stmt | None) -> bool:
     """`sys.exit(...)` or `raise ...`: a message printed right before it explains why a process stops."""
     if isinstance(stmt, ast.Raise):
@@ -690,6 +717,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
             continue  # `if torch.isnan(loss): print(...)`: only the rank whose own values went bad shows it
         if _assert_message(s, call):
             continue  # `assert ok, print(...)`: runs only where the assertion fails, right before AssertionError
+        if _shows_failed_item(s, call):
+            continue  # `except Exception as e: print(e)`: only the rank whose own item failed shows it
         if _after_a_stop(s, call):
             continue  # no process gets here: an exit (or a `finally:` that exits) comes first
         if _over_rank_filled(s, call):

@@ -782,6 +782,37 @@ def load_without_map_location(s: Script) -> Iterator[Hit]:
 _LAUNCH_FIX = "launch with `torchrun --nproc-per-node N train.py` (or `ddpkit run`) and read os.environ['LOCAL_RANK']"
 
 
+def _only_a_hint(s: Script, node: ast.Constant) -> bool:
+    """The string is only part of what the program tells a user who ran it wrongly: inside a `raise` statement,
+    an `assert`'s message or an argparse `help=`, or in a message a function builds into a name that it reads
+    only in a `raise` (`msg += ". Did you launch with torch.distributed.launch?"; raise ValueError(msg)`). It starts
+    nothing and the program does not depend on the old launcher."""
+    child, parent = node, s.parents.get(id(node))
+    while parent is not None and not isinstance(parent, ast.stmt):
+        if isinstance(parent, ast.keyword) and parent.arg == "help":
+            return True
+        child, parent = parent, s.parents.get(id(parent))
+    if isinstance(parent, ast.Raise) or isinstance(parent, ast.Assert) and parent.msg is child:
+        return True
+    targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target] if isinstance(
+        parent, ast.AugAssign) else []
+    if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+        return False
+    scope = s.parents.get(id(parent))
+    while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        scope = s.parents.get(id(scope))
+    if scope is None:
+        return False
+    reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == targets[0].id
+             and isinstance(n.ctx, ast.Load) and not (isinstance(s.parents.get(id(n)), ast.AugAssign))]
+
+    def in_raise(n: ast.AST) -> bool:
+        while n is not None and not isinstance(n, ast.stmt):
+            n = s.parents.get(id(n))
+        return isinstance(n, ast.Raise)
+    return bool(reads) and all(in_raise(n) for n in reads)
+
+
 @check
 def deprecated_launch(s: Script) -> Iterator[Hit]:
     for node in s.nodes:
@@ -796,7 +827,8 @@ def deprecated_launch(s: Script) -> Iterator[Hit]:
             yield Hit(node, "DDP007", "error", "imports torch.distributed.launch, which is deprecated in favour "
                       "of torchrun and passes --local-rank instead of setting LOCAL_RANK", _LAUNCH_FIX)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and "torch.distributed.launch" in node.value and not isinstance(s.parents.get(id(node)), ast.Expr):
+                and "torch.distributed.launch" in node.value and not isinstance(s.parents.get(id(node)), ast.Expr) \
+                and not _only_a_hint(s, node):
             # (a string statement, a docstring explaining the old usage, starts nothing; a string the program
             # runs or builds a command line from does)
             before = node.value[:node.value.index("torch.distributed.launch")]
