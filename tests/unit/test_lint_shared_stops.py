@@ -88,86 +88,57 @@ def test_a_helper_that_reduces_a_copy_leaves_the_loss_this_ranks_own():
     assert _stops(_program("reduce_value(loss, average=True)", _REDUCE_COPY)) != []
 
 
+_EPOCHS = """
+    import sys
+    import torch
+    import torch.distributed as dist
+    import torchmetrics
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    class Metric:
+        def __init__(self):
+            self.total = torch.zeros(1)
+
+        def update(self, value):
+            self.total += value
+
+        def synchronize(self):
+            dist.all_reduce(self.total)
+
+        def compute(self):
+            self.synchronize()
+            return self.total.item(), {{"total": self.total.item()}}
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(2, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        metric = {metric}
+        for epoch in range(3):
+            for x, y in [(torch.randn(4, 2), torch.randn(4, 1))]:
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                metric.update(loss.detach())
+            {figure}
+            if not torch.isfinite(torch.tensor(total_loss)):
+                sys.exit(1)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
 def test_a_figure_from_a_metric_whose_compute_all_reduces_its_state_is_every_ranks():
-    code = """
-        import sys
-        import torch
-        import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-
-        class Metric:
-            def __init__(self):
-                self.total = torch.zeros(1)
-
-            def update(self, value):
-                self.total += value
-
-            def synchronize(self):
-                dist.all_reduce(self.total)
-
-            def compute(self):
-                self.synchronize()
-                return self.total.item(), {"total": self.total.item()}
-
-
-        def main():
-            dist.init_process_group("gloo")
-            model = DDP(torch.nn.Linear(2, 1))
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            criterions = [Metric()]
-            for epoch in range(3):
-                for x, y in [(torch.randn(4, 2), torch.randn(4, 1))]:
-                    optimizer.zero_grad()
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    loss.backward()
-                    optimizer.step()
-                    criterions[0].update(loss.detach())
-                total_loss = 0.0
-                for c in criterions:
-                    value, logs = c.compute()
-                    total_loss += value
-                if not torch.isfinite(torch.tensor(total_loss)):
-                    sys.exit(1)
-            dist.destroy_process_group()
-
-
-        if __name__ == "__main__":
-            main()
-    """
-    assert _stops(code) == []
-    # the same figure summed from this rank's own losses is still one rank's decision
-    assert _stops(code.replace("value, logs = c.compute()", "value = loss.item()")) != []
+    assert _stops(_EPOCHS.format(metric="Metric()", figure="total_loss, logs = metric.compute()")) == []
+    # the same figure from this rank's own loss is still one rank's decision
+    assert _stops(_EPOCHS.format(metric="Metric()", figure="total_loss = loss.item()")) != []
 
 
 def test_a_torchmetrics_figure_is_every_ranks():
-    code = """
-        import sys
-        import torch
-        import torch.distributed as dist
-        import torchmetrics
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-
-        def main():
-            dist.init_process_group("gloo")
-            model = DDP(torch.nn.Linear(2, 1))
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            mean_loss = torchmetrics.MeanMetric()
-            for epoch in range(3):
-                for x, y in [(torch.randn(4, 2), torch.randn(4, 1))]:
-                    optimizer.zero_grad()
-                    loss = torch.nn.functional.mse_loss(model(x), y)
-                    loss.backward()
-                    optimizer.step()
-                    mean_loss.update(loss.detach())
-                epoch_loss = mean_loss.compute()
-                if not torch.isfinite(epoch_loss):
-                    sys.exit(1)
-            dist.destroy_process_group()
-
-
-        if __name__ == "__main__":
-            main()
-    """
-    assert _stops(code) == []
+    assert _stops(_EPOCHS.format(metric="torchmetrics.MeanMetric()", figure="total_loss = metric.compute()")) == []
