@@ -364,17 +364,115 @@ _STOPS = frozenset({"exit", "_exit", "quit"})
 
 
 def _local_value(s: Script, test: ast.AST) -> str:
-    """The name a NaN/Inf check tests, if that value is this rank's own (not reduced across ranks), else ''."""
+    """The name a NaN/Inf check tests, if that value is this rank's own (not reduced across ranks), else ''.
+    A value is every rank's where it, or what it is computed from (followed through its function's assignments), went
+    through a collective: read from a call that reduces (by its name, or a project function that makes a collective,
+    `loss, logs = metric.compute()` of a `compute` that all-reduces its state; `compute()` of a torchmetrics or
+    ignite metric), or handed above the check, in the same function, to a collective or to a project function that
+    all-reduces that parameter in place (`reduce_value(loss)` of `dist.all_reduce(value)`)."""
     checks = [n for n in ast.walk(test) if isinstance(n, ast.Call) and terminal(n.func) in _NONFINITE]
     for check_call in checks:
         for arg in check_call.args[:1]:
             names = [terminal(n) for n in ast.walk(arg) if isinstance(n, (ast.Name, ast.Attribute))]
-            sources = [v for k, v in s.assignments if k.lstrip(".") in names]
-            tokens = names + [terminal(n) for v in sources for n in ast.walk(v)
-                              if isinstance(n, (ast.Name, ast.Attribute, ast.Call))]
-            if names and not any(re.search("reduce|gather|sync|global", t or "") for t in tokens):
+            if names and not _reduced_value(s, test, names):
                 return names[0]
     return ""
+
+
+_METRIC_LIBRARIES = ("torchmetrics.", "ignite.metrics.")
+"""Libraries whose metric objects reduce every rank's state in `compute()`."""
+
+
+def _reduced_value(s: Script, test: ast.AST, names: list[str]) -> bool:
+    """Whether the values `names` a check at `test` reads are every rank's (see _local_value)."""
+    exchanging = s.project.exchanging_functions
+    metrics = {k.lstrip(".") for k, v in s.assignments if isinstance(v, ast.Call)
+               and s.qualname(v.func).startswith(_METRIC_LIBRARIES)}
+    # the assignments of the check's own function (`loss, logs = c.compute()`: each name unpacked from a call
+    # comes from the whole call)
+    scope = _function_of(s, test)
+    pairs = [(terminal(t), n.value) for n in ast.walk(scope)
+             if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None
+             for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+             for t in ([target] if isinstance(target, (ast.Name, ast.Attribute)) else target.elts
+                       if isinstance(target, ast.Tuple) else [])]
+    # a name that says it went through a collective, or whose assignments in the file say so
+    sources = [v for k, v in s.assignments if k.lstrip(".") in names]
+    tokens = names + [terminal(n) for v in sources for n in ast.walk(v)
+                      if isinstance(n, (ast.Name, ast.Attribute, ast.Call))]
+    if any(re.search("reduce|gather|sync|global", t or "") for t in tokens):
+        return True
+    seen, todo = set(), list(names)
+    while todo:  # what the tested names are computed from, through the function's assignments
+        name = todo.pop()
+        if name in seen or len(seen) > 50:
+            continue
+        seen.add(name)
+        for k, v in pairs:
+            if k.lstrip(".") != name:
+                continue
+            for n in ast.walk(v):
+                if isinstance(n, ast.Call):
+                    if terminal(n.func) in exchanging or isinstance(n.func, ast.Attribute) \
+                            and n.func.attr == "compute" and terminal(n.func.value) in metrics:
+                        return True  # a project function that makes a collective, a library metric's compute()
+                elif isinstance(n, (ast.Name, ast.Attribute)):
+                    todo.append(terminal(n))
+    return _handed_to_collective(s, test, seen)
+
+
+def _handed_to_collective(s: Script, test: ast.AST, names: set[str]) -> bool:
+    """One of `names` is handed, above `test` in its function, to a collective (`dist.all_reduce(loss)`) or to a
+    project function that all-reduces that parameter in place: reduced where it stands, every rank's from then on."""
+    helpers = _in_place_reducers(s.project)
+    for call in ast.walk(_function_of(s, test)):
+        if not isinstance(call, ast.Call) or call.lineno >= test.lineno:
+            continue
+        if _shares_in_place(s, call):
+            given = [*call.args[:1], *(k.value for k in call.keywords if k.arg == "tensor")]
+        else:
+            given = [a for i, a in enumerate(call.args) if i in helpers.get(terminal(call.func), ())]
+        if any(terminal(a) in names for a in given if isinstance(a, (ast.Name, ast.Attribute))):
+            return True
+    return False
+
+
+_EVERY_RANK_GETS = frozenset({"all_reduce", "broadcast", "allreduce", "bcast"})
+"""Collectives that leave their result, in place, in every rank's tensor (`dist.reduce` leaves it in `dst`'s alone)."""
+
+
+def _shares_in_place(s: Script, call: ast.Call) -> bool:
+    return s.is_dist_collective(call) and terminal(call.func).lower() in _EVERY_RANK_GETS
+
+
+def _function_of(s: Script, node: ast.AST) -> ast.AST:
+    """The function around a node (the module where there is none)."""
+    while id(node) in s.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        node = s.parents[id(node)]
+    return node
+
+
+def _in_place_reducers(project) -> dict[str, set[int]]:
+    """Project functions that hand a parameter itself (not a copy) to a torch.distributed collective: name ->
+    positions of those parameters (`def reduce_value(value, average=True): dist.all_reduce(value)`)."""
+    def compute() -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for x in project.scripts.values():
+            for d in x.defs:
+                params = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+                if params[:1] in (["self"], ["cls"]):
+                    continue  # a method: its positions shift with the receiver
+                for call in ast.walk(d):
+                    if isinstance(call, ast.Call) and _shares_in_place(x, call):
+                        for a in [*call.args[:1], *(k.value for k in call.keywords if k.arg == "tensor")]:
+                            if isinstance(a, ast.Name) and a.id in params and not any(
+                                    isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+                                        isinstance(t, ast.Name) and t.id == a.id
+                                        for t in ast.walk(n.target if not isinstance(n, ast.Assign) else n.targets[0]))
+                                    and n.lineno < call.lineno for n in ast.walk(d)):
+                                out.setdefault(d.name, set()).add(params.index(a.id))
+        return out
+    return project.memo("in-place reducers", compute)
 
 
 def _loop_of(s: Script, node: ast.AST) -> ast.For | ast.While | None:

@@ -909,4 +909,54 @@ def _batchnorm_names(s: Script) -> list[ast.AST]:
     tested = {id(m) for c in s.calls if terminal(c.func) in ("isinstance", "issubclass") and len(c.args) > 1
               for m in ast.walk(c.args[1])}
     return [n for n in s.nodes if isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in tested
-            and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)]
+            and re.fullmatch(r"BatchNorm[123]d", terminal(n)) and s.project.runs(s, n)
+            and not _default_overridden(s, n)]
+
+
+def _in_super(s: Script, node: ast.AST) -> bool:
+    """`super(Net, self)`: the class named to reach its base, not handed on."""
+    parent = s.parents.get(id(node))
+    return isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "super"
+
+
+def _default_overridden(s: Script, node: ast.AST) -> bool:
+    """`node` is the default of a parameter (`def __init__(self, ..., norm_layer=nn.BatchNorm2d)`) that every call
+    of its function, or construction of its class, in the program gives another value (`norm_layer=nn.InstanceNorm2d`):
+    the default builds no layer. Not where the function or class is also named otherwise than called (handed on as a
+    value, `partial(NLayerDiscriminator, ...)`), nor where nothing calls it."""
+    arguments = s.parents.get(id(node))
+    func = s.parents.get(id(arguments))
+    if not isinstance(arguments, ast.arguments) or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    positional = [*arguments.posonlyargs, *arguments.args]
+    pairs = list(zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults)) + [
+        (a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
+    param = next((a.arg for a, d in pairs if d is node), None)
+    if param is None:
+        return False
+    owner = s.parents.get(id(func))
+    name, shift = func.name, 0
+    if isinstance(owner, ast.ClassDef):
+        if func.name != "__init__":
+            return False
+        name, shift = owner.name, 1  # (`self` is no argument of the construction)
+    elif positional[:1] and positional[0].arg in ("self", "cls"):
+        return False  # a method reached as an attribute: its calls are not found by name
+    at = [a.arg for a in positional].index(param) - shift if param in [a.arg for a in positional] else -1
+    project = s.project
+    sites = project.calls_named(name)
+    called = {id(c.func) for _, c in sites}
+    handed = [n for x in project.scripts.values() for n in x.nodes
+              if isinstance(n, (ast.Name, ast.Attribute)) and terminal(n) == name and isinstance(n.ctx, ast.Load)
+              and id(n) not in called and not _in_super(x, n)]
+    if not sites or handed:
+        return False
+
+    def other_value(call: ast.Call) -> bool:
+        given = next((k.value for k in call.keywords if k.arg == param), None)
+        if given is None and 0 <= at < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:at]):
+            given = call.args[at]
+        return given is not None and not any(isinstance(n, (ast.Name, ast.Attribute))
+                                             and re.fullmatch(r"BatchNorm[123]d|SyncBatchNorm", terminal(n))
+                                             for n in ast.walk(given))
+    return all(other_value(c) for _, c in sites)
