@@ -106,3 +106,17 @@ def test_a_pretrained_model_class_chosen_into_a_variable_draws_dropout():
 def test_a_chosen_class_draws_dropout_only_where_every_choice_does():
     assert _chosen_class_seed_lines("BertForMaskedLM", "MyTinyNet") == []
     assert _chosen_class_seed_lines("BertTokenizerFast", "RobertaTokenizer") == []
+
+
+def test_a_reseeding_before_the_training_loop_is_the_seed_reported():
+    """`torch.manual_seed(1234)` then, before the loop, `torch.manual_seed(args.seed)`: the later one overrides the
+    first, so it is the seed the training draws follow and the line to fix; a seeding inside the loop is a later
+    phase's and leaves the report where it was."""
+    reseeded = _TRAIN.replace("    model = MODEL\n", "    model = MODEL\n    torch.manual_seed(7)\n")
+    found = [f.line for f in lint_sources({"train.py": reseeded.replace("MODEL", "Seq2Seq(dropout=0.3)")})
+             if f.rule == "DDP014"]
+    assert found == [15]
+    in_loop = _TRAIN.replace("        model(torch.ones", "        torch.manual_seed(step)\n        model(torch.ones")
+    found = [f.line for f in lint_sources({"train.py": in_loop.replace("MODEL", "Seq2Seq(dropout=0.3)")})
+             if f.rule == "DDP014"]
+    assert found == [13]

@@ -52,6 +52,16 @@ def test_loguru_with_its_default_handler_repeats_on_every_rank():
     _check("loguru_default")
 
 
+def test_loguru_debug_lines_show_on_every_rank_through_its_default_handler():
+    """loguru's default handler shows every level from DEBUG up: `logger.debug(...)` and `logger.success(...)` repeat
+    on every rank as `logger.info(...)` does (DDP008)."""
+    for level in ("debug", "success"):
+        sources = _program("loguru_default")
+        sources["train.py"] = sources["train.py"].replace('logger.info("start training")',
+                                                          f'logger.{level}("start training")')
+        assert 19 in _output(sources), level
+
+
 def test_loguru_set_up_by_the_program_is_left_alone():
     sources = _program("loguru_default")
     sources["train.py"] = sources["train.py"].replace(

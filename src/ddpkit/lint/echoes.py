@@ -12,7 +12,7 @@ from ddpkit.lint.flow import class_of
 from ddpkit.lint.logsetup import (logger_classes, logger_helpers, logging_configured, logging_per_rank, loguru_default,
                                   maker_method, outside_log_setup)
 from ddpkit.lint.ranks import WORLD
-from ddpkit.lint.reporting import every_rank_writer, in_step_loop, names_a_rank, reports_only, scope_of
+from ddpkit.lint.reporting import every_rank_writer, handed_writer_record, in_step_loop, names_a_rank, reports_only, scope_of
 from ddpkit.lint.rules import Hit, check, off_by_default
 
 __all__ = ["every_rank_prints", "every_rank_records", "print_swap_opened_by_size"]
@@ -532,14 +532,13 @@ def _logging_module_names(s: Script) -> set[str]:
                                     for key, v in s.assignments if key == k)}
 
 
-def _handed_loggers(s: Script) -> set[str]:
+def _handed_loggers(s: Script, makers: set[str]) -> set[str]:
     """`.logger` where a class of this file keeps a constructor parameter (`self.logger = logger`) and every
-    construction of the class in the program hands it a name its own function binds only to `logging.getLogger(...)`
-    (`Scheduler(args, optimizer, logging.getLogger())` through `logger = logging.getLogger()`)."""
+    construction of the class in the program hands it a logger its caller made (`Scheduler(args, optimizer,
+    logging.getLogger())` through `logger = logging.getLogger()`), or a parameter of the caller every call fills so
+    (`def main(logger, args): model = Model(logger)` with `main(logging.getLogger(__name__), args)`)."""
     def is_logger(x: Script, value: ast.AST, within: ast.AST) -> bool:
-        values = x.local_values(value.id, within) if isinstance(value, ast.Name) else [value]
-        return bool(values) and all(isinstance(v, ast.Call) and x.qualname(v.func) in ("logging.getLogger", "getLogger")
-                                    for v in values)
+        return _a_made_logger(x, value, within, makers, 0)
 
     found = set()
     for c in (n for n in s.tree.body if isinstance(n, ast.ClassDef)):
@@ -650,7 +649,7 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         s.qualname(v.func) in ("logging.getLogger", "getLogger") or s.local_callee(v) in makers
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or maker_method(s, v.func, makers)
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
-    loggers |= _logging_module_names(s) | _handed_loggers(s) | _logger_parameters_filled(s, makers)
+    loggers |= _logging_module_names(s) | _handed_loggers(s, makers) | _logger_parameters_filled(s, makers)
     logging_open = project.memo("logging shown", lambda: logging_configured(project)) \
         and not project.memo("logging per rank", lambda: logging_per_rank(project))
     warnings_open = not project.memo("logging per rank", lambda: logging_per_rank(project))
@@ -692,8 +691,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         if is_log and name in ("logging.info", "logging.warning") and _not_the_logging_module(s, call) \
                 or id(call) in forwarding:
             continue
-        # loguru's logger writes to sys.stderr in every process until the program configures it
-        is_loguru = loguru_open and name == "loguru.logger.info"
+        # loguru's logger writes to sys.stderr in every process until the program configures it; its default handler
+        # shows every level from DEBUG up, so `logger.debug` lines are as much the program's log as `logger.info`
+        is_loguru = loguru_open and name in ("loguru.logger.info", "loguru.logger.debug", "loguru.logger.success")
         is_log = is_log or is_loguru
         ctx = s.context(call)
         # module code of a script that mp.spawns its workers runs again in each of them (see rerun_by_workers)
@@ -884,6 +884,16 @@ def every_rank_records(s: Script) -> Iterator[Hit]:
                       f"every rank makes its own {ast.unparse(call.func.value)} (a SummaryWriter made without a rank "
                       f"check, on the same folder) and writes the same tags into it (line {call.lineno}): the run's "
                       "log gets world_size event files and each curve world_size times",
+                      "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
+                      "write under `if rank == 0:`")
+        elif (handed := handed_writer_record(s, call)) is not None and ("writer", id(handed[1])) not in recorded:
+            name, made, x, record = handed  # (the writer handed to a function of the program that records into it)
+            recorded.add(("writer", id(made)))
+            yield Hit(made, "DDP008", "warning",
+                      f"every rank makes its own {name} (a SummaryWriter made without a rank check, on the same "
+                      f"folder) and hands it to {ast.unparse(call.func)}(), which writes the same tags into it "
+                      f"({os.path.basename(x.path)}:{record.lineno}): the run's log gets world_size event files and "
+                      "each curve world_size times",
                       "make the writer on rank 0 only (`writer = SummaryWriter(logdir) if rank == 0 else None`) and "
                       "write under `if rank == 0:`")
 

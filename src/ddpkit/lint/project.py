@@ -1192,6 +1192,8 @@ class Project:
         callees.update(self._constructions())
         starters = {d.name for s in self.scripts.values() for d in s.defs
                     if any(isinstance(c, ast.Call) and terminal(c.func) == "init_process_group" for c in ast.walk(d))}
+        # (a class whose own `__init__` calls init_process_group: `MetaModel(args.local_rank)` starts the group)
+        starters |= {name for name, called in self._constructions().items() if "init_process_group" in called}
         changed = True
         while changed:
             more = {name for name, called in callees.items() if called & starters} - starters

@@ -20,7 +20,8 @@ from ddpkit.lint.analysis import (COLLECTIVES, MPI_COLLECTIVES, NONE, REDUCING_N
                                   function_apply, terminal)
 
 __all__ = ["SHOW_CALLS", "Reporter", "reporters", "shows", "shown_arguments", "helper_report", "built_from", "ordered_sources", "leaves", "scope_of",
-           "reduced_names", "names_a_rank", "reports_only", "in_step_loop", "every_rank_writer"]
+           "reduced_names", "names_a_rank", "reports_only", "in_step_loop", "every_rank_writer",
+           "handed_writer_record"]
 
 SHOW_CALLS = frozenset({"print", "info", "log", "add_scalar", "add_scalars", "write", "writelines", "warning", "set_postfix",
                         "set_description", "log_metric", "log_metrics", "log_dict", "logkv", "logkv_mean", "record_tabular"})
@@ -743,9 +744,57 @@ def every_rank_writer(s: Script, call: ast.Call) -> bool:
             or not isinstance(call.func.value, (ast.Name, ast.Attribute)):
         return False
     key = terminal(call.func.value) if isinstance(call.func.value, ast.Name) else "." + call.func.value.attr
+    return _made_on_every_rank(s, key)
+
+
+def _made_on_every_rank(s: Script, key: str) -> bool:
+    """Every binding of `key` in this file is a SummaryWriter made with no rank check and no rank in its arguments."""
     made = [v for k, v in s.assignments if k == key]
     return bool(made) and all(
         isinstance(v, ast.Call) and terminal(v.func) == "SummaryWriter" and not s.context(v).level
         and not s.context(v).single
         and not any(s.kind(n) for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute)))
         for v in made)
+
+
+def handed_writer_record(s: Script, call: ast.Call) -> tuple[str, ast.Call, Script, ast.Call] | None:
+    """(writer name, where it is made, file, record) where `call` hands a SummaryWriter this file makes on every rank
+    (see every_rank_writer) to a function of the program that records through that parameter with no rank check
+    (`train(model, loader, writer)` then `writer.add_scalars(...)` in train, or handed on once more:
+    `evaluate(model, val_logger)` whose `log(logger, step)` calls `logger.add_scalar(...)`)."""
+    for i, arg in [*enumerate(call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]:
+        if not isinstance(arg, ast.Name) or not _made_on_every_rank(s, arg.id):
+            continue
+        made = next(v for k, v in s.assignments if k == arg.id)
+        found = _records_through(s, call, i, 0)
+        if found is not None:
+            return arg.id, made, *found
+    return None
+
+
+def _records_through(s: Script, call: ast.Call, at: int | str, depth: int) -> tuple[Script, ast.Call] | None:
+    """The first record (`add_scalar`, `add_scalars`) through the parameter that argument `at` of `call` fills, in a
+    module-level function of the program, run on every rank; followed through one more such call."""
+    target = s.project.callee(s, call)
+    if target is None or depth > 1:
+        return None
+    x, name = target
+    d = next((f for f in x.tree.body if isinstance(f, ast.FunctionDef) and f.name == name), None)
+    params = [a.arg for a in d.args.args] if d is not None else []
+    param = params[at] if isinstance(at, int) and at < len(params) else at if at in params else None
+    if param is None or d.args.vararg is not None and isinstance(at, int):
+        return None
+    if any(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Store) for n in ast.walk(d)):
+        return None  # (the function binds the name to something else)
+    for c in sorted((n for n in ast.walk(d) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)):
+        if x.context(c).level != NONE or x.context(c).single:
+            continue
+        if terminal(c.func) in ("add_scalar", "add_scalars") and isinstance(c.func, ast.Attribute) \
+                and isinstance(c.func.value, ast.Name) and c.func.value.id == param:
+            return x, c
+        for j, a in [*enumerate(c.args), *((k.arg, k.value) for k in c.keywords if k.arg)]:
+            if isinstance(a, ast.Name) and a.id == param:
+                found = _records_through(x, c, j, depth + 1)
+                if found is not None:
+                    return found
+    return None

@@ -266,15 +266,18 @@ def rank_seeds(s: Script) -> Iterator[Hit]:
         # the ranks' torch generators are also seeded apart (`seed_everything(rank_seed(seed, rank))` before the
         # training loop, as `ddpkit port` writes): which seed the training draws follow is not sure from here
         return
-    chosen: set[int] = set()
     sites = project.memo("seeds chosen alike", lambda: _chosen_alike(torch_seeds))
     training = [(x, site) for x, site in sites if _reaches_backward(x, site)]
+    # `set_seed(0)` and `torch.manual_seed(0)` in one function: one choice of the seed, the one in effect
+    groups: dict[tuple[str, int], list[tuple[Script, ast.Call]]] = {}
     for x, site in sites:
-        if x is not s or s.context(site).scope in chosen:
-            continue  # `set_seed(0)` and `torch.manual_seed(0)` in one function: one choice of the seed
+        groups.setdefault((x.path, x.context(site).scope), []).append((x, site))
+    for group in groups.values():
+        x, site = _in_effect(group)
+        if x is not s:
+            continue
         if training and (x, site) not in training:
             continue  # a seed of a path that trains nothing (a preview, an export) beside the one that trains
-        chosen.add(s.context(site).scope)
         if project.augments:
             yield Hit(site, "DDP014", "warning",
                       "every rank gets the same seed, so every rank (and its DataLoader workers) draws the same "
@@ -313,11 +316,21 @@ def _reaches_backward(s: Script, site: ast.Call, depth: int = 3) -> bool:
 def _chosen_alike(torch_seeds: list[tuple[Script, ast.Call]]) -> list[tuple[Script, ast.Call]]:
     """Where a seed the same on every rank is chosen (see _chosen_at), for the torch seeds the ranks run, by line."""
     sites: list[tuple[Script, ast.Call]] = []
-    scopes: set[tuple[str, int]] = set()
     for script, call in torch_seeds:
-        scope = (script.path, script.context(call).scope)
-        if scope not in scopes and (script.per_rank(call) or rerun_by_workers(script, call)) \
-                and not _differs_per_rank(script, call):
-            scopes.add(scope)
+        if (script.per_rank(call) or rerun_by_workers(script, call)) and not _differs_per_rank(script, call):
             sites += [site for site in _chosen_at(script, call) if site not in sites]
     return sorted(sites, key=lambda x: (x[0].path, x[1].lineno, x[1].col_offset))
+
+
+def _in_effect(group: list[tuple[Script, ast.Call]]) -> tuple[Script, ast.Call]:
+    """Of the places one function seeds alike (by line), the one the training draws follow: a later seeding before
+    the function's first loop after them overrides the earlier (`torch.manual_seed(seed + 1)` ... building the
+    datasets ... `torch.manual_seed(seed)`); one inside or after that loop is a later phase's."""
+    x, first = group[0]
+    scope = _enclosing(x, first)
+    body = [scope] if scope is not None else [n for n in x.tree.body
+                                              if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    loops = [n.lineno for part in body for n in ast.walk(part)
+             if isinstance(n, (ast.For, ast.While)) and n.lineno > first.lineno]
+    stop = min(loops, default=None)
+    return [(y, site) for y, site in group if stop is None or site.lineno < stop][-1]
