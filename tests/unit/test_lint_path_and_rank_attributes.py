@@ -123,3 +123,75 @@ def test_sys_path_folders_resolve_only_literal_paths():
     assert modules.locate("a/main.py", "helper") == "lib/helper.py"
     assert modules.locate("a/main.py", "helper2") is None
     assert modules.locate("lib/helper.py", "main") is None
+
+
+_PREPROCESS = """
+    import logging
+
+    logger = logging.getLogger(__name__)
+    logging.basicConfig(level=logging.INFO)
+
+
+    class GenePrep:
+        def __init__(self, filter_genes=False, binning=None):
+            self.filter_genes = filter_genes
+            self.binning = binning
+
+        def __call__(self, data):
+            if self.filter_genes:
+                logger.info("filtering genes")
+            if self.binning:
+                logger.info("binning")
+            return data
+
+
+    class PeakPrep:
+        def __init__(self, filter_genes=False, binning=None):
+            self.filter_genes = filter_genes
+            self.binning = binning
+
+        def __call__(self, data):
+            if self.filter_genes:
+                logger.info("filtering peaks")
+            return data
+"""
+
+_PREP_ENTRY = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from preprocess import GenePrep, PeakPrep
+
+
+    def main():
+        dist.init_process_group("gloo")
+        genes = GenePrep(filter_genes=False, binning=0)(torch.randn(8, 4))
+        peaks = PeakPrep(filter_genes=False)(torch.randn(8, 4))
+        model = DDP(torch.nn.Linear(4, 1))
+        model(genes + peaks).sum().backward()
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_switch_every_construction_turns_off_is_off_though_another_class_has_an_attribute_of_its_name():
+    found = _found({"train.py": _PREP_ENTRY, "preprocess.py": _PREPROCESS})
+    assert not {f for f in found if f[0] == "preprocess.py"}, found
+
+
+def test_a_subclass_that_sets_the_attribute_itself_keeps_the_branch():
+    preprocess = _PREPROCESS + """
+
+    class LoudPrep(PeakPrep):
+        def __init__(self):
+            super().__init__()
+            self.filter_genes = True
+"""
+    entry = _PREP_ENTRY.replace("model = DDP(", "LoudPrep()(peaks)\n        model = DDP(")
+    found = _found({"train.py": entry, "preprocess.py": preprocess})
+    assert ("preprocess.py", 'logger.info("filtering peaks")', "DDP008") in found, found
+    assert ("preprocess.py", 'logger.info("filtering genes")', "DDP008") not in found, found

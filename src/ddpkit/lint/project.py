@@ -433,7 +433,8 @@ class Project:
         module-level name bound once to a literal, in this file or imported, counts as that literal) and that
         those literals decide the same way (`if p:`, `if not p:`, `if p is None:`, `if p == "ddp":`, parts of an
         `and`/`or`); the same for `if self.p:` in the methods of a class whose `__init__` stores such a parameter
-        as `self.p` (assigned nowhere else). `MyTrainer(model, data, opt, True, USE_RAM, rank)` with
+        as `self.p` (set nowhere else: not by a subclass, nor as `obj.p = ...`; another class's own `self.p` is
+        another object's). `MyTrainer(model, data, opt, True, USE_RAM, rank)` with
         `use_ram` fifth and `USE_RAM = False` in the settings module: what runs only `if use_ram:` never runs.
         A function called with `*args`/`**kwargs`, or that reassigns the parameter gives nothing; nor does one
         nothing calls by name, or one also used as a value. A method (not a dunder, nor one of a class a
@@ -473,11 +474,28 @@ class Project:
         values = {terminal(n) for s in self.scripts.values() for n in s.nodes
                   if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
                   and not (isinstance(s.parents.get(id(n)), ast.Call) and s.parents[id(n)].func is n)}
-        assigned_attrs: dict[str, int] = {}
+        # who stores each attribute: `self.x = ...` in a class's own methods sets its objects' own (another class's
+        # `self.x` is another object's), any other `obj.x = ...` may set it on any object
+        own_stores: dict[tuple[str, str], int] = {}
+        other_stores: dict[str, int] = {}
+        derived_from: dict[str, set[str]] = {}
         for s in self.scripts.values():
             for n in s.nodes:
-                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
-                    assigned_attrs[n.attr] = assigned_attrs.get(n.attr, 0) + 1
+                if isinstance(n, ast.ClassDef):
+                    for b in n.bases:
+                        derived_from.setdefault(terminal(b), set()).add(n.name)
+                    for m in ast.walk(n):
+                        if isinstance(m, ast.Attribute) and isinstance(m.ctx, ast.Store) \
+                                and isinstance(m.value, ast.Name) and m.value.id == "self":
+                            own_stores[(n.name, m.attr)] = own_stores.get((n.name, m.attr), 0) + 1
+                elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) \
+                        and not (isinstance(n.value, ast.Name) and n.value.id == "self"):
+                    other_stores[n.attr] = other_stores.get(n.attr, 0) + 1
+
+        def stored_once(cls: ast.ClassDef, attr: str) -> bool:
+            """`self.attr` is set once in the class and by nothing else: no subclass, no `obj.attr = ...`."""
+            return own_stores.get((cls.name, attr)) == 1 and not other_stores.get(attr) and not any(
+                own_stores.get((sub, attr)) for sub in derived_from.get(cls.name, ()))
         out: dict[str, set[int]] = {}
         # `if False:`, and `if DEBUG:` on a module constant the program binds once, to False/None/0: never entered
         bound: dict[str, int] = {}
@@ -558,7 +576,7 @@ class Project:
                     if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id == param:
                         for t in n.targets:
                             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
-                                    and t.value.id == "self" and assigned_attrs.get(t.attr) == 1:
+                                    and t.value.id == "self" and stored_once(cls, t.attr):
                                 _switch_off(cls, lambda x, a=t.attr: isinstance(x, ast.Attribute)
                                             and isinstance(x.value, ast.Name) and x.value.id == "self"
                                             and x.attr == a, literals, dead)
