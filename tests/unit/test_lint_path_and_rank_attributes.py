@@ -195,3 +195,51 @@ def test_a_subclass_that_sets_the_attribute_itself_keeps_the_branch():
     found = _found({"train.py": entry, "preprocess.py": preprocess})
     assert ("preprocess.py", 'logger.info("filtering peaks")', "DDP008") in found, found
     assert ("preprocess.py", 'logger.info("filtering genes")', "DDP008") not in found, found
+
+
+_EXPLICIT = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def evaluate(model, x, device="cuda"):
+        return model(x.to(device)).sum().item()
+
+
+    def main():
+        dist.init_process_group("nccl")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        model = DDP(torch.nn.Linear(4, 1).to(local_rank), device_ids=[local_rank])
+        model(torch.randn(8, 4).to(local_rank)).sum().backward()
+        if dist.get_rank() == 0:
+            print(evaluate(model, torch.randn(8, 4), device=local_rank))
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def _no_set_device(found: set[tuple[str, str, str]]) -> bool:
+    return any(rule == "DDP012" and line.startswith("dist.init_process_group") for _, line, rule in found)
+
+
+def test_a_cuda_default_every_call_overrides_places_nothing():
+    assert not _no_set_device(_found({"train.py": _EXPLICIT}))
+
+
+def test_a_cuda_default_some_call_leaves_places_on_the_current_device():
+    program = _EXPLICIT.replace("evaluate(model, torch.randn(8, 4), device=local_rank)",
+                                "evaluate(model, torch.randn(8, 4))")
+    assert _no_set_device(_found({"train.py": program}))
+
+
+def test_placements_by_the_global_rank_get_that_finding_not_a_set_device_one():
+    program = _EXPLICIT.replace('local_rank = int(os.environ["LOCAL_RANK"])', "local_rank = dist.get_rank()")
+    found = _found({"train.py": program})
+    assert not _no_set_device(found), found
+    assert ("train.py", "local_rank = dist.get_rank()", "DDP012") in found, found

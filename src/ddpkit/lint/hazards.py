@@ -164,9 +164,8 @@ def _explicit_devices(project) -> str:
            if x.qualname(c.func).endswith("DistributedDataParallel")]
     if not ddp or any(_device_ids(x, c)[0] is None for x, c in ddp):
         return ""
-    if not project.single_node and not project.spawned and any(
-            x.is_global_rank(i) for x in project.scripts.values() for c in x.calls for i in _device_indices(x, c)):
-        return ""  # `cuda:{rank}` with the global rank names another node's GPU index, not this rank's
+    # (`cuda:{rank}` with the global rank names another node's GPU index on a second node: device_from_global_rank
+    # reports that cause; nothing here relies on the current device)
     typed = False
     for x in project.scripts.values():
         parents = x.parents
@@ -183,6 +182,8 @@ def _explicit_devices(project) -> str:
                     continue  # `device == "cuda"`
                 if isinstance(holder, ast.Dict) and any(k is n for k in holder.keys):
                     continue  # `map_location={"cuda:0": f"cuda:{rank}"}`: the device saved from, not a placement
+                if isinstance(holder, ast.arguments) and _default_always_given(project, x, holder, n):
+                    continue  # `def evaluate(model, device="cuda")` every call gives its device
                 return ""
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "cuda" and not n.args:
                 return ""
@@ -193,6 +194,36 @@ def _explicit_devices(project) -> str:
     if typed:
         return "typed"  # but for the legacy CUDA tensor types (`x.type(torch.cuda.FloatTensor)`): the current device
     return "pinned" if pinned or any(_pinning_kwargs(x) for x in project.scripts.values()) else "explicit"
+
+
+def _default_always_given(project, x: Script, args: ast.arguments, default: ast.AST) -> bool:
+    """`def zeroshot_eval(model, loader, device="cuda")` where every call of the function in the program passes
+    that parameter (by keyword or position): the default never places anything. False where nothing calls it by
+    name, a call spreads `*args`/`**kwargs`, or the function is also used as a value."""
+    d = x.parents.get(id(args))
+    if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults)) + [
+        (a.arg, v) for a, v in zip(args.kwonlyargs, args.kw_defaults) if v is not None]
+    param = next((name for name, v in pairs if v is default), None)
+    if param is None:
+        return False
+    if positional[:1] in (["self"], ["cls"]):
+        positional = positional[1:]
+    calls = [c for y in project.scripts.values() for c in y.calls if terminal(c.func) == d.name]
+    used_as_value = any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
+                        and terminal(n) == d.name and not any(n is c.func for c in calls)
+                        for y in project.scripts.values() for n in y.nodes)
+    if not calls or used_as_value:
+        return False
+    for c in calls:
+        if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+            return False
+        if not any(k.arg == param for k in c.keywords) and not (
+                param in positional and positional.index(param) < len(c.args)):
+            return False
+    return True
 
 
 def _cuda_tensor_type(s: Script, node: ast.AST) -> bool:
