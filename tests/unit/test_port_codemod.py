@@ -129,6 +129,27 @@ def test_checkpoints_are_written_by_rank_zero_and_loaded_onto_this_device():
     assert 'ddpkit.unwrap(model).load_state_dict(state["model"])' in code
 
 
+def test_a_load_location_naming_one_gpu_becomes_this_ranks_device():
+    src = _path("checkpoint_resume").read_text()
+    cases = {
+        "torch.load(args.ckpt, map_location='cuda:0' if args.gpu else 'cpu')":
+            "torch.load(args.ckpt, map_location=ctx.device if args.gpu else 'cpu')",
+        'torch.load(args.ckpt, map_location=torch.device("cuda", 0))': "torch.load(args.ckpt, map_location=ctx.device)",
+        "torch.load(args.ckpt, map_location=f'cuda:{args.gpu}')": "torch.load(args.ckpt, map_location=ctx.device)",
+        "torch.load(args.ckpt, 'cuda:1')": "torch.load(args.ckpt, ctx.device)",
+        # a dict maps stored locations itself, the CPU is every rank's: both stay as written
+        "torch.load(args.ckpt, map_location={'cuda:1': 'cuda:0'})": "map_location={'cuda:1': 'cuda:0'})",
+        "torch.load(args.ckpt, map_location='cpu')": "torch.load(args.ckpt, map_location='cpu')",
+    }
+    for load, expected in cases.items():
+        script = src.replace('parser.add_argument("--ckpt", default="")',
+                             'parser.add_argument("--ckpt", default="")\n    parser.add_argument("--gpu", type=int, '
+                             'default=1)').replace("torch.load(args.ckpt)", load)
+        result = port_source(script, "resume.py")
+        assert expected in result.code, (load, result.code)
+        assert result.exit_code == 0, result.todos
+
+
 def test_training_objects_built_at_module_level_put_the_whole_script_under_init():
     src = ("import argparse\nimport torch\nfrom torch.utils.data import DataLoader\n\n"
            "parser = argparse.ArgumentParser()\nargs = parser.parse_args()\n"

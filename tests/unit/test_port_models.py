@@ -928,3 +928,62 @@ def test_a_model_passed_in_to_the_optimizer_is_wrapped_after_its_loads_and_saved
     todo = next(t for t in result.todos if "the model g_model is passed in" in t.message)
     assert "after any loading of weights into it" in todo.message and "before the optimizer" not in todo.message
     assert "save ddpkit.unwrap(model).state_dict()" in todo.message
+
+
+_GROUPS_TRAIN = '''
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    {imports}
+
+    {helper}
+    def main():
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+        net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+        groups = {call}
+        optimizer = torch.optim.SGD(groups, lr=0.1)
+        for x, y in loader:
+            loss = nn.functional.mse_loss(net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        main()
+'''
+_DECAY = '''
+    def add_weight_decay(model, weight_decay=1e-5):
+        decay, no_decay = [], []
+        for name, param in model.named_parameters():
+            (no_decay if param.ndim == 1 else decay).append(param)
+        return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+'''
+
+
+def test_an_optimizer_over_a_helpers_parameter_groups_wraps_the_module_handed_to_it(tmp_path):
+    # the script's own helper, and one of its project imported by name, with the module passed by keyword
+    own = _port_text(_GROUPS_TRAIN.format(imports="", helper=textwrap.indent(textwrap.dedent(_DECAY), "    "),
+                                          call="add_weight_decay(net, 1e-4)"))
+    (tmp_path / "optim_utils.py").write_text(textwrap.dedent(_DECAY))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_GROUPS_TRAIN.format(imports="from optim_utils import add_weight_decay",
+                                                           helper="", call="add_weight_decay(model=net)")))
+    project = port_source(script.read_text(), str(script))
+    for result in (own, project):
+        assert result.todos == [], [t.message for t in result.todos]
+        code = result.code
+        # wrapped after the groups are built: the same Parameter objects, named without `module.`
+        assert code.index("add_weight_decay(") < code.index("net = ddpkit.wrap(net, ctx)") \
+            < code.index("optimizer = torch.optim.SGD(groups")
+
+
+def test_a_helper_reading_two_modules_leaves_the_optimizer_a_todo():
+    helper = '''
+    def both(a, b):
+        return list(a.parameters()) + list(b.parameters())
+    '''
+    result = _port_text(_GROUPS_TRAIN.format(imports="", helper=textwrap.indent(textwrap.dedent(helper), "    "),
+                                             call="both(net, nn.Linear(1, 1))"))
+    assert any("cannot find the model this optimizer trains" in t.message for t in result.todos)
+    assert "net = ddpkit.wrap(" not in result.code

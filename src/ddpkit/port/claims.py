@@ -29,14 +29,14 @@ from ddpkit.port.hosttensors import host_tensors
 from ddpkit.port.localcode import definition, local_imports, parsed_module, path_module, python_files
 from ddpkit.port.orders import script_orders
 from ddpkit.port.pinned import pinned_gpus
-from ddpkit.port.project import (import_device_work, parallel_asserts, plain_class_wraps, project_bypasses,
-                                 project_cpu_work, project_disk_writes, project_downloads, project_hazards,
-                                 project_loaders, project_orders, project_prompts, project_stops, project_trackers,
-                                 project_writers, step_loops, unused_parameter_wraps)
+from ddpkit.port.project import (import_device_work, module_parameters, parallel_asserts, plain_class_wraps,
+                                 project_bypasses, project_cpu_work, project_disk_writes, project_downloads,
+                                 project_groups, project_hazards, project_loaders, project_orders, project_prompts,
+                                 project_stops, project_trackers, project_writers, step_loops, unused_parameter_wraps)
 from ddpkit.port.wrapped import without_wraps
 
 __all__ = ["GATE_RULES", "gate", "project_names_a_device", "project_config_names", "project_cpu_calls", "project_reports", "project_fetches",
-           "project_loader_calls"]
+           "project_loader_calls", "parameter_groups"]
 
 GATE_RULES = {
     "DDP001": "error", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP006": "warning",
@@ -209,6 +209,18 @@ def project_loader_calls(source: str, folder: str) -> dict[str, str]:
     """The script's calls of its own project's code that return a torch DataLoader (see
     ddpkit.port.project.project_loaders): `loader` -> the file defining it."""
     return _project_calls(source, folder, project_loaders)
+
+
+def parameter_groups(source: str, folder: str | None) -> dict[str, list[tuple[int, str]]]:
+    """The script's calls of its own functions, or its project's, that build an optimizer's parameters from a module
+    handed in (see ddpkit.port.project.project_groups): `add_weight_decay` -> (position, name) of that module."""
+    try:
+        tree = ast.parse(source.removeprefix("\ufeff"))
+    except SyntaxError:
+        return {}
+    own = {n.name: module_parameters(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return {**(_project_calls(source, folder, project_groups) if folder is not None else {}),
+            **{name: handed for name, handed in own.items() if handed}}
 
 
 def _project_calls(source: str, folder: str, finder) -> dict:

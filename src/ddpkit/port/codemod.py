@@ -83,8 +83,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
     from ddpkit.lint.linter import lint_sources
-    from ddpkit.port.claims import (gate, project_config_names, project_fetches, project_loader_calls,
-                                    project_reports)
+    from ddpkit.port.claims import (gate, parameter_groups, project_config_names, project_fetches,
+                                    project_loader_calls, project_reports)
     from ddpkit.port.entry import add_import, free_ctx, open_context, thread_ctx
     from ddpkit.port.facts import Facts
     from ddpkit.port.plan import Plan
@@ -143,7 +143,8 @@ def port_source(source: str, path: str = "<string>") -> PortResult:
     plan = Plan(facts, line_of, end_of, project_reports(source, folder) if folder is not None else {},
                 project_fetches(source, folder) if folder is not None else {},
                 project_loader_calls(source, folder) if folder is not None else {},
-                project_config_names(source, folder) if folder is not None else frozenset())
+                project_config_names(source, folder) if folder is not None else frozenset(),
+                parameter_groups(source, folder))
     if renamed is not None:
         plan.summary.append(f"the script's own name `ctx` is renamed `{renamed}`: `ctx` is the port's ddpkit context")
     rewriter = Rewriter(facts, plan)

@@ -153,6 +153,8 @@ def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
             sources.append(node.value)
     receivers = [dotted(n.func.value) for s in sources for n in walk(s) if isinstance(n, cst.Call)
                  and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters")]
+    receivers += [_handed_module(n, plan.groups[dotted(n.func)]) for s in sources for n in walk(s)
+                  if isinstance(n, cst.Call) and dotted(n.func) in plan.groups]
     if "" in receivers:  # `heads[0].parameters()`: a module the codemod cannot name, so cannot wrap
         return []
     out: list[str] = []
@@ -160,6 +162,18 @@ def _trained_modules(plan: Any, key: str, optimizer: cst.Call) -> list[str]:
         if not any(_owner(r) == _owner(o) for o in out):
             out.append(r)
     return out
+
+
+def _handed_module(call: cst.Call, handed: list[tuple[int, str]]) -> str:
+    """The module a call of a parameter-group builder hands in (`add_weight_decay(model, 1e-5)` -> 'model'); '' where
+    it is not one name, or where the builder reads more than one module (the port cannot tell which is trained)."""
+    if len(handed) != 1:
+        return ""
+    index, name = handed[0]
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    by_name = [a for a in call.args if a.keyword is not None and a.keyword.value == name]
+    arg = by_name[0] if by_name else positional[index] if index < len(positional) else None
+    return dotted(arg.value) if arg is not None else ""
 
 
 def _argument_names(optimizer: cst.Call) -> list[str]:

@@ -103,7 +103,8 @@ class Plan:
                  end_of: Callable[[cst.CSTNode], int],
                  reports: dict[str, tuple[str, int, str] | None] | None = None,
                  fetches: dict[str, tuple[str, int, bool]] | None = None,
-                 project_loaders: dict[str, str] | None = None, config_names: frozenset[str] = frozenset()) -> None:
+                 project_loaders: dict[str, str] | None = None, config_names: frozenset[str] = frozenset(),
+                 groups: dict[str, list[tuple[int, str]]] | None = None) -> None:
         self.f, self.line_of, self.end_of = facts, line_of, end_of
         self.config_names = config_names
         """Names bound to a settings module of the project (or an object of one) that sets a device: `S` of `import
@@ -115,6 +116,9 @@ class Plan:
         """Calls of the project's own code that download: `getMnistLoader` -> (file, line, also joins a collective)."""
         self.project_loaders = project_loaders or {}
         """Calls of the project's own code that return a torch DataLoader: `loader` -> its file (CPU batches)."""
+        self.groups = groups or {}
+        """Calls of the script's or its project's functions that build an optimizer's parameters from a module handed
+        in: `add_weight_decay` -> (position, name) of that module's parameter."""
         self._local_names: dict[str, set[str]] = {}
         """Function scope -> the names it binds itself (see _locals)."""
         self.todos: list[tuple[int, str]] = []

@@ -34,7 +34,8 @@ from ddpkit.port.weights import Follow, ast_dotted, strict_loads
 __all__ = ["plain_class_wraps", "project_hazards", "import_device_work", "step_loops", "parallel_asserts",
            "unused_parameter_wraps", "project_writers", "project_downloads",
            "project_loaders", "project_disk_writes", "project_prompts", "project_trackers",
-           "project_stops", "project_cpu_work", "project_orders", "project_bypasses"]
+           "project_stops", "project_cpu_work", "project_orders", "project_bypasses", "project_groups",
+           "module_parameters"]
 
 _LEGACY = {"FloatTensor", "LongTensor", "IntTensor", "DoubleTensor", "ByteTensor", "BoolTensor", "HalfTensor",
            "ShortTensor", "CharTensor", "Tensor"}
@@ -853,6 +854,34 @@ def project_loaders(tree: ast.Module, folder: str, modules: dict[str, str]) -> d
                 torch_loader(m) for m in made[v.id]) for v in returns):
             out[func] = path
     return out
+
+
+def project_groups(tree: ast.Module, folder: str, modules: dict[str, str]) -> dict[str, list[tuple[int, str]]]:
+    """The script's calls of its own project's functions that build an optimizer's parameters from a module handed
+    in (`add_weight_decay(model, 1e-5)` with `def add_weight_decay(model, ...): for name, p in
+    model.named_parameters(): ...; return [{"params": ...}]`) -> (position, name) of each such parameter: the module
+    that optimizer trains."""
+    parsed: dict[str, ast.Module | None] = {}
+    definition = _definer(tree, folder, modules, parsed)
+    out: dict[str, list[tuple[int, str]]] = {}
+    for node in ast.walk(tree):
+        func = ast_dotted(node.func) if isinstance(node, ast.Call) else ""
+        found = definition(func) if func and func not in out else None
+        if found is not None and isinstance(found[2], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            handed = module_parameters(found[2])
+            if handed:
+                out[func] = handed
+    return out
+
+
+def module_parameters(defn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[int, str]]:
+    """(position, name) of each parameter of a function that returns a value and reads the parameter's
+    `.parameters()` or `.named_parameters()`."""
+    params = [a.arg for a in defn.args.posonlyargs + defn.args.args]
+    read = {ast_dotted(n.func.value) for n in ast.walk(defn) if isinstance(n, ast.Call) and isinstance(
+        n.func, ast.Attribute) and n.func.attr in ("parameters", "named_parameters")}
+    returns = any(isinstance(r, ast.Return) and r.value is not None for r in ast.walk(defn))
+    return [(i, p) for i, p in enumerate(params) if p in read] if returns else []
 
 
 _BUILDS_TRAINING = {"parameters", "DataLoader", "DistributedDataParallel", "DataParallel"}

@@ -395,6 +395,11 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
                 "ctx.device"))]))
+        if self._torch_name(name) == "torch.load" and any(_is_location(i, a) and _gpu_location(a.value)
+                                                          for i, a in enumerate(updated.args)):
+            self.changes += 1  # `map_location="cuda:0"`: every rank would load onto GPU 0
+            return updated.with_changes(args=[a.with_changes(value=_own_device(a.value)) if _is_location(i, a) else a
+                                              for i, a in enumerate(updated.args)])
         if name in ("copy.deepcopy", "deepcopy", "hasattr", "getattr", "isinstance") and updated.args \
                 and self.role(original.args[0].value) == "model":
             self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
@@ -1397,6 +1402,26 @@ def _names_gpu(value: cst.BaseExpression) -> bool:
         return bool(value.parts) and isinstance(value.parts[0], cst.FormattedStringText) and \
             value.parts[0].value.startswith("cuda")
     return False
+
+
+def _gpu_location(value: cst.BaseExpression) -> bool:
+    """A torch.load location that names a GPU (`"cuda:0"`, `torch.device("cuda", 0)`, a branch of a choice
+    `"cuda:0" if args.gpu else "cpu"`): a dict or a function maps locations itself and is left alone."""
+    if isinstance(value, cst.IfExp):
+        return _gpu_location(value.body) or _gpu_location(value.orelse)
+    return _names_gpu(value)
+
+
+def _is_location(index: int, arg: cst.Arg) -> bool:
+    """torch.load's `map_location`, by keyword or as its second positional argument."""
+    return arg.keyword.value == "map_location" if arg.keyword else index == 1 and not arg.star
+
+
+def _own_device(value: cst.BaseExpression) -> cst.BaseExpression:
+    """Each GPU the location names becomes the rank's own device; the CPU branch of a choice stays."""
+    if isinstance(value, cst.IfExp):
+        return value.with_changes(body=_own_device(value.body), orelse=_own_device(value.orelse))
+    return parse_expr("ctx.device") if _names_gpu(value) else value
 
 
 def _names(target: cst.CSTNode) -> list[cst.Name]:
