@@ -737,3 +737,40 @@ def test_a_method_that_only_reads_its_object_into_a_collective_leaves_its_other_
         "self.sum, self.cnt = infos.tolist()\n                self.avg = self.sum / self.cnt",
         "print(infos.tolist())")})
     assert _lint_files(reading) == {("train.py", 21)}
+
+
+# ---- the else of `mode == "train"` whose elif picks another way to train ------------------------------
+TRAIN_MODES = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def loaders(mode, pairs, held):
+        if mode == "train":
+            sampler = DistributedSampler(pairs)
+            batches = DataLoader(pairs, sampler=sampler)
+        elif mode == "train_crops":
+            sampler = DistributedSampler(pairs)
+            batches = DataLoader(pairs, sampler=sampler)
+        else:
+            sampler = DistributedSampler(held)
+            batches = DataLoader(held, sampler=sampler)
+        return batches
+
+    def main(pairs, held):
+        dist.init_process_group("nccl")
+        net = torch.nn.Linear(2, 2)
+        for x in loaders("train_crops", pairs, held):
+            net(x).sum().backward()
+"""
+
+
+def test_the_else_of_a_train_test_whose_elif_is_another_training_mode_is_not_evaluation():
+    found = _lint(TRAIN_MODES)
+    code = textwrap.dedent(TRAIN_MODES).splitlines()
+    crops = next(i for i, line in enumerate(code, 1) if 'elif mode == "train_crops"' in line) + 1
+    assert crops not in found
+    # the control: an elif for evaluation keeps its else-branch sampler under the padding warning
+    evaluated = TRAIN_MODES.replace('"train_crops"', '"eval"')
+    assert crops in _lint(evaluated)
