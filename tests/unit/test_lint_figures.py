@@ -774,3 +774,40 @@ def test_the_else_of_a_train_test_whose_elif_is_another_training_mode_is_not_eva
     # the control: an elif for evaluation keeps its else-branch sampler under the padding warning
     evaluated = TRAIN_MODES.replace('"train_crops"', '"eval"')
     assert crops in _lint(evaluated)
+
+
+# ---- a loader kept in an attribute of the trainer, over the whole data on every rank --------------------
+WHOLE_ATTRIBUTE = """
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Trainer:
+        def __init__(self, rank):
+            self.rank = rank
+            self.pairs = torchvision.datasets.MNIST("data", download=True)
+            self.batches = torch.utils.data.DataLoader(self.pairs, batch_size=8, shuffle=True)
+            self.net = DDP(torch.nn.Linear(2, 2).to(rank), device_ids=[rank])
+            self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+        def step(self, x):
+            self.opt.zero_grad()
+            loss = self.net(x).sum()
+            loss.backward()
+            self.opt.step()
+            return loss
+
+        def fit(self):
+            for x, y in self.batches:
+                step_loss = self.step(x.to(self.rank))
+                if self.rank == 0:
+                    print(f"batch loss {step_loss}")
+"""
+
+
+def test_a_loss_in_a_loop_over_an_attribute_loader_every_rank_reads_whole_is_not_a_shard_figure():
+    assert _line(WHOLE_ATTRIBUTE, "batch loss") not in _lint(WHOLE_ATTRIBUTE)
+    # the control: the same loader given a DistributedSampler shards the data, and the figure is one rank's
+    sharded = WHOLE_ATTRIBUTE.replace("shuffle=True)", "sampler=torch.utils.data.DistributedSampler(self.pairs))")
+    assert _line(sharded, "batch loss") in _lint(sharded)

@@ -577,6 +577,7 @@ def _in_whole_data_loop(s: Script, node: ast.AST) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return False
         if isinstance(node, ast.For) and (any(isinstance(n, ast.Name) and _whole_data_loader(s, n.id)
+                                              or _own_attribute(n) and _whole_data_loader(s, "." + n.attr)
                                               for n in ast.walk(node.iter)) or _wraps_whole_loader(s, node.iter, node)):
             return True
     return False
@@ -618,9 +619,10 @@ def _whole_data_loader(s: Script, name: str, within: ast.Name | None = None) -> 
         if any(s.kind(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
             return False
         data = argument(value, "dataset", 0)
-        if not isinstance(data, ast.Name):
+        if not (isinstance(data, ast.Name) or _own_attribute(data)):
             return False
-        built = [v for k, v in s.assignments if k == data.id]
+        key = data.id if isinstance(data, ast.Name) else "." + data.attr
+        built = [v for k, v in s.assignments if k == key]
         if not built or not all(isinstance(b, ast.Call) for b in built):
             return False
         for b in built:
@@ -635,6 +637,12 @@ def _whole_data_loader(s: Script, name: str, within: ast.Name | None = None) -> 
                     and not _also_under_a_sampler(s, terminal(b.func)):
                 return False  # a dataset class from code not linted may shard by rank itself
     return True
+
+
+def _own_attribute(node: ast.AST) -> bool:
+    """`self.train_loader`: an attribute of the object a method works on, followed through what the program
+    stores in it."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
 
 
 _WHOLE_SAMPLERS = frozenset({"RandomSampler", "SequentialSampler"})
