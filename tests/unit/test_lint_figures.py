@@ -811,3 +811,30 @@ def test_a_loss_in_a_loop_over_an_attribute_loader_every_rank_reads_whole_is_not
     # the control: the same loader given a DistributedSampler shards the data, and the figure is one rank's
     sharded = WHOLE_ATTRIBUTE.replace("shuffle=True)", "sampler=torch.utils.data.DistributedSampler(self.pairs))")
     assert _line(sharded, "batch loss") in _lint(sharded)
+
+
+# ---- a figure read back from a checkpoint ---------------------------------------------------------------
+RESUMED = """
+    import torch
+    import torch.distributed as dist
+
+    def load_state(path, net):
+        saved = torch.load(path, map_location="cpu")
+        net.load_state_dict(saved["net"])
+        return saved["epoch"], saved["loss"]
+
+    def main(path):
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        net = torch.nn.Linear(2, 2)
+        start_epoch, start_loss = load_state(path, net)
+        if rank == 0:
+            print(f"resumed at epoch {start_epoch}, loss {start_loss}")
+"""
+
+
+def test_a_loss_read_back_from_a_checkpoint_is_not_this_ranks_figure():
+    assert _line(RESUMED, "resumed at") not in _lint(RESUMED)
+    # the control: the same name computed from this rank's batch is its own figure
+    computed = RESUMED.replace("= load_state(path, net)", "= 0, net(torch.randn(4, 2)).sum().item()")
+    assert _line(computed, "resumed at") in _lint(computed)

@@ -304,6 +304,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 continue  # this value went through a collective (or was rebuilt from one)
             if isinstance(leaf, ast.Name) and _text_name(s, leaf.id):
                 continue  # text cut from a setting (the loss's name), not a figure
+            if isinstance(leaf, ast.Name) and _read_back(s, leaf):
+                continue  # a figure read back from a checkpoint (`_, epoch, loss = load_checkpoint(path)`): not this run's batches
             if isinstance(leaf, ast.Name) and (_from_evaluation(s, leaf.id) or _eval_item(_set_just_before(s, leaf))):
                 continue  # a best-so-far copy of an evaluation figure (`best = avg_losses["val/mae"]`)
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
@@ -355,6 +357,25 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                                                   if step else "the script never reduces it across ranks"),
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _read_back(s: Script, use: ast.Name) -> bool:
+    """Every value reaching `use` in its function comes from `torch.load(...)` or from a call of a project function
+    that reads its results with `torch.load` (`_, start_epoch, start_loss = load_checkpoint(path, model)`): a figure
+    stored by an earlier run, not one computed from this rank's batches."""
+    bound = s.local_assignments(use.id, use)
+    if not bound:
+        return False
+    for stmt, _ in bound:
+        value = getattr(stmt, "value", None)
+        if not isinstance(value, ast.Call):
+            return False
+        if s.qualname(value.func) != "torch.load":
+            found = _helper_def(s.project, terminal(value.func))
+            if found is None or not any(isinstance(c, ast.Call) and found[0].qualname(c.func) == "torch.load"
+                                        for c in ast.walk(found[1])):
+                return False
+    return True
 
 
 def _item_keys(leaf: ast.AST) -> list[str]:
