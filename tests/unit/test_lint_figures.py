@@ -838,3 +838,31 @@ def test_a_loss_read_back_from_a_checkpoint_is_not_this_ranks_figure():
     # the control: the same name computed from this rank's batch is its own figure
     computed = RESUMED.replace("= load_state(path, net)", "= 0, net(torch.randn(4, 2)).sum().item()")
     assert _line(computed, "resumed at") in _lint(computed)
+
+
+# ---- a report whose text names the GPU it comes from ----------------------------------------------------
+GPU_NAMED = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def main(pairs):
+        dist.init_process_group("nccl")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        net = torch.nn.Linear(2, 2)
+        total_loss = 0.0
+        for x in DataLoader(pairs, sampler=DistributedSampler(pairs)):
+            loss = net(x).sum()
+            loss.backward()
+            total_loss += loss.item()
+        if rank == 0:
+            print(f"[GPU 0/{world}] epoch loss {total_loss}")
+"""
+
+
+def test_a_report_that_names_gpu_0_is_rank_0s_own_figure():
+    assert _line(GPU_NAMED, "epoch loss") not in _lint(GPU_NAMED)
+    # the control: the same line without the GPU's name passes rank 0's figure off as the run's
+    plain = GPU_NAMED.replace("[GPU 0/{world}] ", "")
+    assert _line(plain, "epoch loss") in _lint(plain)
