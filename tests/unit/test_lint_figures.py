@@ -737,3 +737,132 @@ def test_a_method_that_only_reads_its_object_into_a_collective_leaves_its_other_
         "self.sum, self.cnt = infos.tolist()\n                self.avg = self.sum / self.cnt",
         "print(infos.tolist())")})
     assert _lint_files(reading) == {("train.py", 21)}
+
+
+# ---- the else of `mode == "train"` whose elif picks another way to train ------------------------------
+TRAIN_MODES = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def loaders(mode, pairs, held):
+        if mode == "train":
+            sampler = DistributedSampler(pairs)
+            batches = DataLoader(pairs, sampler=sampler)
+        elif mode == "train_crops":
+            sampler = DistributedSampler(pairs)
+            batches = DataLoader(pairs, sampler=sampler)
+        else:
+            sampler = DistributedSampler(held)
+            batches = DataLoader(held, sampler=sampler)
+        return batches
+
+    def main(pairs, held):
+        dist.init_process_group("nccl")
+        net = torch.nn.Linear(2, 2)
+        for x in loaders("train_crops", pairs, held):
+            net(x).sum().backward()
+"""
+
+
+def test_the_else_of_a_train_test_whose_elif_is_another_training_mode_is_not_evaluation():
+    found = _lint(TRAIN_MODES)
+    code = textwrap.dedent(TRAIN_MODES).splitlines()
+    crops = next(i for i, line in enumerate(code, 1) if 'elif mode == "train_crops"' in line) + 1
+    assert crops not in found
+    # the control: an elif for evaluation keeps its else-branch sampler under the padding warning
+    evaluated = TRAIN_MODES.replace('"train_crops"', '"eval"')
+    assert crops in _lint(evaluated)
+
+
+# ---- a loader kept in an attribute of the trainer, over the whole data on every rank --------------------
+WHOLE_ATTRIBUTE = """
+    import torch
+    import torch.distributed as dist
+    import torchvision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Trainer:
+        def __init__(self, rank):
+            self.rank = rank
+            self.pairs = torchvision.datasets.MNIST("data", download=True)
+            self.batches = torch.utils.data.DataLoader(self.pairs, batch_size=8, shuffle=True)
+            self.net = DDP(torch.nn.Linear(2, 2).to(rank), device_ids=[rank])
+            self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+        def step(self, x):
+            self.opt.zero_grad()
+            loss = self.net(x).sum()
+            loss.backward()
+            self.opt.step()
+            return loss
+
+        def fit(self):
+            for x, y in self.batches:
+                step_loss = self.step(x.to(self.rank))
+                if self.rank == 0:
+                    print(f"batch loss {step_loss}")
+"""
+
+
+def test_a_loss_in_a_loop_over_an_attribute_loader_every_rank_reads_whole_is_not_a_shard_figure():
+    assert _line(WHOLE_ATTRIBUTE, "batch loss") not in _lint(WHOLE_ATTRIBUTE)
+    # the control: the same loader given a DistributedSampler shards the data, and the figure is one rank's
+    sharded = WHOLE_ATTRIBUTE.replace("shuffle=True)", "sampler=torch.utils.data.DistributedSampler(self.pairs))")
+    assert _line(sharded, "batch loss") in _lint(sharded)
+
+
+# ---- a figure read back from a checkpoint ---------------------------------------------------------------
+RESUMED = """
+    import torch
+    import torch.distributed as dist
+
+    def load_state(path, net):
+        saved = torch.load(path, map_location="cpu")
+        net.load_state_dict(saved["net"])
+        return saved["epoch"], saved["loss"]
+
+    def main(path):
+        dist.init_process_group("nccl")
+        rank = dist.get_rank()
+        net = torch.nn.Linear(2, 2)
+        start_epoch, start_loss = load_state(path, net)
+        if rank == 0:
+            print(f"resumed at epoch {start_epoch}, loss {start_loss}")
+"""
+
+
+def test_a_loss_read_back_from_a_checkpoint_is_not_this_ranks_figure():
+    assert _line(RESUMED, "resumed at") not in _lint(RESUMED)
+    # the control: the same name computed from this rank's batch is its own figure
+    computed = RESUMED.replace("= load_state(path, net)", "= 0, net(torch.randn(4, 2)).sum().item()")
+    assert _line(computed, "resumed at") in _lint(computed)
+
+
+# ---- a report whose text names the GPU it comes from ----------------------------------------------------
+GPU_NAMED = """
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def main(pairs):
+        dist.init_process_group("nccl")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        net = torch.nn.Linear(2, 2)
+        total_loss = 0.0
+        for x in DataLoader(pairs, sampler=DistributedSampler(pairs)):
+            loss = net(x).sum()
+            loss.backward()
+            total_loss += loss.item()
+        if rank == 0:
+            print(f"[GPU 0/{world}] epoch loss {total_loss}")
+"""
+
+
+def test_a_report_that_names_gpu_0_is_rank_0s_own_figure():
+    assert _line(GPU_NAMED, "epoch loss") not in _lint(GPU_NAMED)
+    # the control: the same line without the GPU's name passes rank 0's figure off as the run's
+    plain = GPU_NAMED.replace("[GPU 0/{world}] ", "")
+    assert _line(plain, "epoch loss") in _lint(plain)

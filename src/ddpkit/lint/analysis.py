@@ -71,9 +71,27 @@ def off_the_training_branch(s: Script, node: ast.AST) -> bool:
                 training = "body"
             else:
                 training = None
+            if training == "body" and branch == "else" and _other_training_modes(test, parent):
+                training = None  # `if mode == "train": ... elif mode == "train_seg": ...`: a choice among ways to train
             if training is not None:
                 return branch != training
         child = parent
+    return False
+
+
+def _other_training_modes(test: ast.AST, node: ast.If) -> bool:
+    """The elif chain after `if mode == "train":` compares the same subject with another training value
+    (`elif mode == "train_seg":`), so the else of the train test is not where the data stops being for training."""
+    if not isinstance(test, ast.Compare):
+        return False
+    subject = ast.dump(test.left)
+    while len(node.orelse) == 1 and isinstance(node := node.orelse[0], ast.If):
+        t = node.test
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq) \
+                and ast.dump(t.left) == subject and isinstance(t.comparators[0], ast.Constant) \
+                and isinstance(t.comparators[0].value, str) \
+                and any(w in _TRAIN_WORDS for w in t.comparators[0].value.lower().split("_")):
+            return True
     return False
 
 

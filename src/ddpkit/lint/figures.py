@@ -304,6 +304,8 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                 continue  # this value went through a collective (or was rebuilt from one)
             if isinstance(leaf, ast.Name) and _text_name(s, leaf.id):
                 continue  # text cut from a setting (the loss's name), not a figure
+            if isinstance(leaf, ast.Name) and _read_back(s, leaf):
+                continue  # a figure read back from a checkpoint (`_, epoch, loss = load_checkpoint(path)`): not this run's batches
             if isinstance(leaf, ast.Name) and (_from_evaluation(s, leaf.id) or _eval_item(_set_just_before(s, leaf))):
                 continue  # a best-so-far copy of an evaluation figure (`best = avg_losses["val/mae"]`)
             # an attribute's own name counts in the call itself (`meter.loss`), not in a string built
@@ -355,6 +357,25 @@ def _rank_zero_loss(s: Script) -> Iterator[tuple[Hit, str]]:
                                                   if step else "the script never reduces it across ranks"),
                       "reduce it first: dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM) on every rank and divide "
                       "by the count, or name it as rank 0's in the log"), loss
+
+
+def _read_back(s: Script, use: ast.Name) -> bool:
+    """Every value reaching `use` in its function comes from `torch.load(...)` or from a call of a project function
+    that reads its results with `torch.load` (`_, start_epoch, start_loss = load_checkpoint(path, model)`): a figure
+    stored by an earlier run, not one computed from this rank's batches."""
+    bound = s.local_assignments(use.id, use)
+    if not bound:
+        return False
+    for stmt, _ in bound:
+        value = getattr(stmt, "value", None)
+        if not isinstance(value, ast.Call):
+            return False
+        if s.qualname(value.func) != "torch.load":
+            found = _helper_def(s.project, terminal(value.func))
+            if found is None or not any(isinstance(c, ast.Call) and found[0].qualname(c.func) == "torch.load"
+                                        for c in ast.walk(found[1])):
+                return False
+    return True
 
 
 def _item_keys(leaf: ast.AST) -> list[str]:
@@ -577,6 +598,7 @@ def _in_whole_data_loop(s: Script, node: ast.AST) -> bool:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             return False
         if isinstance(node, ast.For) and (any(isinstance(n, ast.Name) and _whole_data_loader(s, n.id)
+                                              or _own_attribute(n) and _whole_data_loader(s, "." + n.attr)
                                               for n in ast.walk(node.iter)) or _wraps_whole_loader(s, node.iter, node)):
             return True
     return False
@@ -618,9 +640,10 @@ def _whole_data_loader(s: Script, name: str, within: ast.Name | None = None) -> 
         if any(s.kind(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))):
             return False
         data = argument(value, "dataset", 0)
-        if not isinstance(data, ast.Name):
+        if not (isinstance(data, ast.Name) or _own_attribute(data)):
             return False
-        built = [v for k, v in s.assignments if k == data.id]
+        key = data.id if isinstance(data, ast.Name) else "." + data.attr
+        built = [v for k, v in s.assignments if k == key]
         if not built or not all(isinstance(b, ast.Call) for b in built):
             return False
         for b in built:
@@ -635,6 +658,12 @@ def _whole_data_loader(s: Script, name: str, within: ast.Name | None = None) -> 
                     and not _also_under_a_sampler(s, terminal(b.func)):
                 return False  # a dataset class from code not linted may shard by rank itself
     return True
+
+
+def _own_attribute(node: ast.AST) -> bool:
+    """`self.train_loader`: an attribute of the object a method works on, followed through what the program
+    stores in it."""
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
 
 
 _WHOLE_SAMPLERS = frozenset({"RandomSampler", "SequentialSampler"})

@@ -692,8 +692,9 @@ def _method_call(stmt: ast.stmt) -> tuple[ast.AST, str, ast.Call] | None:
     return None
 
 
-_RANK_ZERO_TEXT = re.compile(r"\brank[ _-]?(0|zero)\b", re.IGNORECASE)
-"""Text that says the figure is rank 0's own ("Rank-0 Batch Wise/train_loss"), not the run's."""
+_RANK_ZERO_TEXT = re.compile(r"\b(rank|gpu)[ _-]?(0|zero)\b", re.IGNORECASE)
+"""Text that says the figure is rank 0's own ("Rank-0 Batch Wise/train_loss", "[GPU 0/{world_size}] loss"), not the
+run's."""
 
 
 def names_a_rank(s: Script, call: ast.Call) -> bool:
