@@ -254,8 +254,7 @@ def _constructor_flags(project, levels: dict[str, dict[str, int]]) -> None:
         if len(defs) != 1 or init is None:
             continue
         for param, values in _arguments(init, calls.get(name, [])).items():
-            given = [_flag_level(x, value) or _rank_level(x, value) if value is not None else NONE
-                     for x, value in values]
+            given = [_flag_level(x, value) if value is not None else NONE for x, value in values]
             if not given or not min(given):
                 continue
             for stmt in ast.walk(init):
@@ -268,15 +267,6 @@ def _constructor_flags(project, levels: dict[str, dict[str, int]]) -> None:
         into = levels.setdefault(path, {})
         for key, level in found.items():
             into[key] = max(into.get(key, NONE), level)
-
-
-def _rank_level(x, value: ast.AST) -> int:
-    """The rank itself handed over (`Trainer(model, device=rank)` of `rank = dist.get_rank()`), as
-    _rank_parameters reads a function's argument: `self.device = device` then holds the rank, and
-    `if self.device == 0:` is a rank check; NONE for anything made from it (`seed + rank`, `rank == 0`)."""
-    if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value) and not is_main_flag(terminal(value)):
-        return x.kind(value)
-    return NONE
 
 
 def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:
@@ -309,9 +299,9 @@ def _calls_of(name: str, calls: dict[str, list[tuple[object, ast.Call]]],
 def _arguments(d: ast.FunctionDef | ast.AsyncFunctionDef,
                found: list[tuple[object, ast.Call]]) -> dict[str, list[tuple[object, ast.AST | None]]]:
     """For each parameter `d` never assigns: what each call passes to it, by keyword or position (None where a call
-    passes nothing, or where it spreads `**kwargs` and names the parameter neither way: the spread may fill it).
-    Empty when there is no call, or a call spreads `*args` (positions are unknown from there)."""
-    if not found or any(any(isinstance(a, ast.Starred) for a in c.args) for _, c in found):
+    passes nothing). Empty when there is no call, or a call spreads `*args`/`**kwargs`."""
+    if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
+                        or any(k.arg is None for k in c.keywords) for _, c in found):
         return {}
     positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
     if positional[:1] in (["self"], ["cls"]):

@@ -25,8 +25,6 @@ class Modules:
         self._absolute = {pair for tree in (trees or {}).values() for pair in _absolute_imports(tree)}
         """(module, name) of every absolute import of the files (see own_packages)."""
         self._own: set[str] | None = None
-        self._on_path = {os.path.normpath(p): _path_folders(p, tree) for p, tree in (trees or {}).items()}
-        """{file: folders it puts on sys.path itself (`sys.path.append("../utils")`), resolved from its folder}."""
 
     def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
         """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
@@ -34,8 +32,6 @@ class Modules:
         if key not in self._found:
             names = [dotted, dotted.rsplit(".", 1)[0]] if parent and "." in dotted else [dotted]
             self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
-                or next((p for name in names if name for folder in self._on_path.get(os.path.normpath(importer), ())
-                         for p in [self._in_folder(folder, name)] if p), None) \
                 or next((p for name in names if "." in name for p in [self._unique(name)] if p), None) \
                 or (self._package_member(key[0], dotted) if "." in dotted else None) \
                 or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None)
@@ -144,12 +140,6 @@ class Modules:
         found = [p for normal, p in self.files.items() if normal.endswith(tails)]
         return found[0] if len(found) == 1 else None
 
-    def _in_folder(self, folder: str, dotted: str) -> str | None:
-        """The project file of module `dotted` in `folder` itself (a folder put on sys.path: no folder above it)."""
-        relative = os.path.join(*dotted.split("."))
-        return next((p for candidate in (relative + ".py", os.path.join(relative, "__init__.py"))
-                     for p in [self.files.get(os.path.normpath(os.path.join(folder, candidate)))] if p), None)
-
     def _search(self, folder: str, dotted: str) -> str | None:
         relative = os.path.join(*dotted.split("."))
         while True:
@@ -161,36 +151,6 @@ class Modules:
             if up == folder or not folder:
                 return None
             folder = up
-
-
-def _path_folders(path: str, tree: ast.Module) -> list[str]:
-    """Folders a file adds to sys.path with a literal path (`sys.path.append("../utils")`, `sys.path.insert(0,
-    os.path.join(os.path.dirname(__file__), "..", "lib"))`), resolved from the file's own folder: the script is run
-    from there, or names its folder through `__file__`. A path built any other way is not followed."""
-    here = os.path.dirname(os.path.normpath(path))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("append", "insert") and ast.unparse(node.func.value) == "sys.path" and node.args:
-            parts = _literal_path(node.args[-1])
-            if parts:
-                found.append(os.path.normpath(os.path.join(here, *parts)))
-    return found
-
-
-def _literal_path(node: ast.AST) -> list[str] | None:
-    """The parts of a path relative to the file's folder: a string literal, or os.path.join of the file's folder
-    (`os.path.dirname(__file__)`, its abspath or realpath) and string literals; None for anything else."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value and not os.path.isabs(node.value):
-        return [node.value]
-    if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join" and node.args:
-        head = ast.unparse(node.args[0]).replace(" ", "")
-        if head in ("os.path.dirname(__file__)", "os.path.dirname(os.path.abspath(__file__))",
-                    "os.path.dirname(os.path.realpath(__file__))"):
-            rest = node.args[1:]
-            if all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in rest):
-                return [a.value for a in rest] or ["."]
-    return None
 
 
 def _absolute_imports(tree: ast.Module) -> set[tuple[str, str]]:
