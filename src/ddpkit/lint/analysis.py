@@ -289,10 +289,9 @@ class Script:
             # `args.print_progress = rank == 0` in another file of the program: a flag read by attribute name
             # (not an option read off this file's parsed command line, `args.verb`, that the program never sets:
             # another file's `self.verb = ...` is another object's attribute of the same name)
-            return self.derived.get("." + expr.attr) or (NONE if self.external_levels.get("@self=." + expr.attr)
-                                                         and self._parsed_option(expr)
-                                                         else self.external_levels.get("=." + expr.attr, NONE)) \
-                or rank_name_kind(expr.attr)
+            own = self.derived.get("." + expr.attr) or self._rank_attribute(expr)
+            return own or (NONE if self.external_levels.get("@self=." + expr.attr) and self._parsed_option(expr)
+                           else self.external_levels.get("=." + expr.attr, NONE)) or rank_name_kind(expr.attr)
         if isinstance(expr, ast.Call):
             name = terminal(expr.func)
             if name in ("int", "bool", "str") and expr.args:
@@ -459,6 +458,19 @@ class Script:
                         and isinstance(stmt.value.op, ast.And):
                     found = max(found, max(self.kind(v) for v in stmt.value.values))
         return found
+
+    def _rank_attribute(self, use: ast.Attribute) -> int:
+        """The rank `self.device` holds in a method of a class whose constructor every call gives the rank
+        (callsites._rank_attributes)."""
+        if not (isinstance(use.value, ast.Name) and use.value.id == "self") or not any(
+                key.startswith("~") and "(" not in key for key in self.external_levels):
+            return NONE
+        node: ast.AST = use
+        while id(node) in self.parents:
+            node = self.parents[id(node)]
+            if isinstance(node, ast.ClassDef):
+                return self.external_levels.get(f"~{node.name}.{use.attr}", NONE)
+        return NONE
 
     def _parameter_flag(self, use: ast.Name, mark: str = "=") -> int:
         """The rank check a parameter is where every call gives it one (see callsites._flag_parameters); with

@@ -68,6 +68,7 @@ def external_levels(project) -> dict[str, dict[str, int]]:
     _flag_parameters(project, levels)
     _constructor_flags(project, levels)
     _rank_parameters(project, levels)
+    _rank_attributes(project, levels)
     _mode_attributes(project, levels)
     _unlaunched_values(project, levels)
     _groupless_modes(project, levels)
@@ -200,6 +201,60 @@ def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
                          and not is_main_flag(terminal(value)) else NONE for x, value in values]
                 if given and min(given):
                     levels.setdefault(path, {})[f"~{d.name}({param})"] = min(given)
+
+
+def _rank_attributes(project, levels: dict[str, dict[str, int]]) -> None:
+    """`class Trainer: def __init__(self, model, device): self.device = device` where every `Trainer(...)` of the
+    program gives `device` the rank itself (`Trainer(model, device=rank)`): the object's attribute holds the rank
+    in the methods of its class, as `~Trainer.device`, so `if self.device == 0:` there is a rank check (Script.kind).
+    A class that assigns the attribute anywhere else, or a call that gives anything but the rank (see
+    _rank_parameters), gives nothing."""
+    calls = _calls_by_name(project)
+    for path, script in project.scripts.items():
+        for c in (n for n in script.nodes if isinstance(n, ast.ClassDef)):
+            init = next((d for d in c.body if isinstance(d, ast.FunctionDef) and d.name == "__init__"), None)
+            if init is None:
+                continue
+            stores: dict[str, list[ast.AST]] = {}
+            for n in ast.walk(c):
+                for t in n.targets if isinstance(n, ast.Assign) else (n.target,) if isinstance(
+                        n, (ast.AnnAssign, ast.AugAssign)) else ():
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        stores.setdefault(t.attr, []).append(n)
+            found = [(x, call) for x, call in calls.get(c.name, []) if isinstance(call.func, ast.Name)
+                     or isinstance(call.func.value, ast.Name) and call.func.value.id in x.aliases]
+            for param, values in _named_arguments(init, found).items():
+                given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
+                         and not is_main_flag(terminal(value)) else NONE for x, value in values]
+                if not given or not min(given):
+                    continue
+                for attr, assigns in stores.items():
+                    if len(assigns) == 1 and isinstance(assigns[0], ast.Assign) and assigns[0] in init.body \
+                            and isinstance(assigns[0].value, ast.Name) and assigns[0].value.id == param:
+                        levels.setdefault(path, {})[f"~{c.name}.{attr}"] = min(given)
+
+
+def _named_arguments(d: ast.FunctionDef,
+                     found: list[tuple[object, ast.Call]]) -> dict[str, list[tuple[object, ast.AST | None]]]:
+    """As _arguments, but a call that spreads `**config` still gives what it names (`Trainer(device=rank,
+    **config)`: the spread cannot give `device` again), and what it passes before a `*args`."""
+    positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
+    if positional[:1] == ["self"]:
+        positional = positional[1:]
+    stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    out: dict[str, list[tuple[object, ast.AST | None]]] = {}
+    for param in positional + [a.arg for a in d.args.kwonlyargs]:
+        if param in stored or not found:
+            continue
+        values = []
+        for x, c in found:
+            plain = next((i for i, a in enumerate(c.args) if isinstance(a, ast.Starred)), len(c.args))
+            value = next((k.value for k in c.keywords if k.arg == param), None)
+            if value is None and param in positional and positional.index(param) < plain:
+                value = c.args[positional.index(param)]
+            values.append((x, value))
+        out[param] = values
+    return out
 
 
 def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:

@@ -25,6 +25,8 @@ class Modules:
         self._absolute = {pair for tree in (trees or {}).values() for pair in _absolute_imports(tree)}
         """(module, name) of every absolute import of the files (see own_packages)."""
         self._own: set[str] | None = None
+        self._put_on_path = {os.path.normpath(p): _path_folders(p, tree) for p, tree in (trees or {}).items()}
+        """{file: the folders it puts on sys.path itself, `sys.path.append("../utils")`}."""
 
     def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
         """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
@@ -35,7 +37,18 @@ class Modules:
                 or next((p for name in names if "." in name for p in [self._unique(name)] if p), None) \
                 or (self._package_member(key[0], dotted) if "." in dotted else None) \
                 or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None)
-        return self._found[key]
+        return self._found[key] or self._on_added_path(importer, dotted)
+
+    def _on_added_path(self, importer: str, dotted: str) -> str | None:
+        """`sys.path.append("../utils")` then `from utils_trainer import Trainer`: the module in the folder the
+        importer put on sys.path (a relative folder read from the importer's own folder, where its launcher runs it)."""
+        relative = os.path.join(*dotted.split("."))
+        for folder in self._put_on_path.get(os.path.normpath(importer), ()):
+            for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
+                path = self.files.get(os.path.normpath(os.path.join(folder, candidate)))
+                if path is not None:
+                    return path
+        return None
 
     def _own_package(self, dotted: str) -> str | None:
         """`import mae_st.util.misc` in a checkout of mae_st whose folder has another name (a renamed clone, an
@@ -153,6 +166,17 @@ class Modules:
             folder = up
 
 
+def _path_folders(path: str, tree: ast.Module) -> list[str]:
+    """The folders module code of `path` adds to sys.path by a literal, `sys.path.append("../utils")` or
+    `sys.path.insert(0, "src")`, a relative one taken from the file's own folder."""
+    out = []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                and call.func.attr in ("append", "insert") and ast.unparse(call.func.value) == "sys.path" \
+                and call.args and isinstance(call.args[-1], ast.Constant) and isinstance(call.args[-1].value, str):
+            out.append(os.path.normpath(os.path.join(os.path.dirname(os.path.normpath(path)), call.args[-1].value)))
+    return out
 def _absolute_imports(tree: ast.Module) -> set[tuple[str, str]]:
     """(module, name) of each absolute import: `import a.b` -> (a.b, ""), `from a.b import c` -> (a.b, c); relative
     imports are the file's own folder's and left out."""
