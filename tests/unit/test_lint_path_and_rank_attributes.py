@@ -108,11 +108,11 @@ def test_a_folder_named_through_file_is_followed_too():
 
 
 def test_the_same_class_given_a_constant_device_still_reports():
-    # `device=0` on every rank: `if self.device == 0:` holds everywhere, so every rank prints and saves
+    # `device=0` on every rank: `if self.device == 0:` holds everywhere, so every rank saves (the print under a test of a
+    # device is left out as doubtful)
     program = _program('"../utils"')
     program["pretrain/main.py"] = program["pretrain/main.py"].replace("device=rank,", "device=0,")
     found = _found(program)
-    assert ("utils/trainer.py", 'print("epoch", epoch, "done")', "DDP008") in found
     assert ("utils/trainer.py", 'torch.save(self.model.module.state_dict(), self.name + ".pt")', "DDP004") in found
 
 
