@@ -25,6 +25,8 @@ class Modules:
         self._absolute = {pair for tree in (trees or {}).values() for pair in _absolute_imports(tree)}
         """(module, name) of every absolute import of the files (see own_packages)."""
         self._own: set[str] | None = None
+        self._added = {os.path.normpath(p): _added_folders(tree) for p, tree in (trees or {}).items()}
+        """{file: the folders it puts on sys.path by a constant (`sys.path.append("../utils")`)}."""
 
     def locate(self, importer: str, dotted: str, parent: bool = False) -> str | None:
         """The file for module `dotted` seen from `importer`; parent=True also tries `dotted` minus its last part."""
@@ -34,7 +36,9 @@ class Modules:
             self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
                 or next((p for name in names if "." in name for p in [self._unique(name)] if p), None) \
                 or (self._package_member(key[0], dotted) if "." in dotted else None) \
-                or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None)
+                or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None) \
+                or next((p for extra in self._added.get(os.path.normpath(importer), ()) for name in names
+                         for p in [self._at(os.path.normpath(os.path.join(key[0], extra)), name)] if p), None)
         return self._found[key]
 
     def _own_package(self, dotted: str) -> str | None:
@@ -140,6 +144,12 @@ class Modules:
         found = [p for normal, p in self.files.items() if normal.endswith(tails)]
         return found[0] if len(found) == 1 else None
 
+    def _at(self, folder: str, dotted: str) -> str | None:
+        """The project file for `dotted` in `folder` itself (not the folders above it)."""
+        relative = os.path.join(*dotted.split("."))
+        return next((p for candidate in (relative + ".py", os.path.join(relative, "__init__.py"))
+                     for p in [self.files.get(os.path.normpath(os.path.join(folder, candidate)))] if p), None)
+
     def _search(self, folder: str, dotted: str) -> str | None:
         relative = os.path.join(*dotted.split("."))
         while True:
@@ -151,6 +161,20 @@ class Modules:
             if up == folder or not folder:
                 return None
             folder = up
+
+
+def _added_folders(tree: ast.Module) -> list[str]:
+    """The relative folders a file puts on sys.path by a constant (`sys.path.append("../utils")`,
+    `sys.path.insert(0, "lib")`), read from the file's own folder, where the script is run from."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("append", "insert") and _dotted(node.func.value) == "sys.path" and node.args:
+            value = node.args[-1]
+            if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value \
+                    and not os.path.isabs(value.value):
+                found.append(value.value)
+    return found
 
 
 def _absolute_imports(tree: ast.Module) -> set[tuple[str, str]]:
