@@ -191,16 +191,31 @@ def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
     `~train(device)`, so `if device == 0:` is a rank check there (Script.kind). A module-level function is called
     by its name or through an imported module (`model.train()` is another function); a call that spreads
     `*args`/`**kwargs`, gives a rank test (see _flag_parameters) or anything but the rank, or a function that
-    assigns the parameter, gives nothing."""
+    assigns the parameter, gives nothing. A class's `__init__` is called by the class's name (`Trainer(model,
+    device=rank)`); where another `__init__` of the same file takes a parameter of that name and is not so
+    called, neither counts (the key names the function, not its class)."""
     methods = _method_names(project)
     calls = _calls_by_name(project)
     for path, script in project.scripts.items():
+        refused: set[str] = set()
+        found: dict[str, int] = {}
         for d in script.defs:
-            for param, values in _arguments(d, _calls_of(d.name, calls, methods)).items():
+            owner = script.parents.get(id(d))
+            constructor = d.name == "__init__" and isinstance(owner, ast.ClassDef)
+            given_calls = calls.get(owner.name, []) if constructor else _calls_of(d.name, calls, methods)
+            params = _arguments(d, given_calls, keyed=True)
+            if constructor:
+                refused |= {a.arg for a in (*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs)} - params.keys()
+            for param, values in params.items():
                 given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
                          and not is_main_flag(terminal(value)) else NONE for x, value in values]
                 if given and min(given):
-                    levels.setdefault(path, {})[f"~{d.name}({param})"] = min(given)
+                    found[f"~{d.name}({param})"] = min(given)
+                elif constructor:
+                    refused.add(param)
+        for key, level in found.items():
+            if not (key.startswith("~__init__(") and key[len("~__init__("):-1] in refused):
+                levels.setdefault(path, {})[key] = level
 
 
 def _rank_attributes(project, levels: dict[str, dict[str, int]]) -> None:
@@ -223,7 +238,7 @@ def _rank_attributes(project, levels: dict[str, dict[str, int]]) -> None:
                         stores.setdefault(t.attr, []).append(n)
             found = [(x, call) for x, call in calls.get(c.name, []) if isinstance(call.func, ast.Name)
                      or isinstance(call.func.value, ast.Name) and call.func.value.id in x.aliases]
-            for param, values in _named_arguments(init, found).items():
+            for param, values in _arguments(init, found, keyed=True).items():
                 given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
                          and not is_main_flag(terminal(value)) else NONE for x, value in values]
                 if not given or not min(given):
@@ -232,29 +247,6 @@ def _rank_attributes(project, levels: dict[str, dict[str, int]]) -> None:
                     if len(assigns) == 1 and isinstance(assigns[0], ast.Assign) and assigns[0] in init.body \
                             and isinstance(assigns[0].value, ast.Name) and assigns[0].value.id == param:
                         levels.setdefault(path, {})[f"~{c.name}.{attr}"] = min(given)
-
-
-def _named_arguments(d: ast.FunctionDef,
-                     found: list[tuple[object, ast.Call]]) -> dict[str, list[tuple[object, ast.AST | None]]]:
-    """As _arguments, but a call that spreads `**config` still gives what it names (`Trainer(device=rank,
-    **config)`: the spread cannot give `device` again), and what it passes before a `*args`."""
-    positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
-    if positional[:1] == ["self"]:
-        positional = positional[1:]
-    stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    out: dict[str, list[tuple[object, ast.AST | None]]] = {}
-    for param in positional + [a.arg for a in d.args.kwonlyargs]:
-        if param in stored or not found:
-            continue
-        values = []
-        for x, c in found:
-            plain = next((i for i, a in enumerate(c.args) if isinstance(a, ast.Starred)), len(c.args))
-            value = next((k.value for k in c.keywords if k.arg == param), None)
-            if value is None and param in positional and positional.index(param) < plain:
-                value = c.args[positional.index(param)]
-            values.append((x, value))
-        out[param] = values
-    return out
 
 
 def _flag_parameters(project, levels: dict[str, dict[str, int]]) -> None:
@@ -351,20 +343,24 @@ def _calls_of(name: str, calls: dict[str, list[tuple[object, ast.Call]]],
             or isinstance(c.func.value, ast.Name) and c.func.value.id in x.aliases]
 
 
-def _arguments(d: ast.FunctionDef | ast.AsyncFunctionDef,
-               found: list[tuple[object, ast.Call]]) -> dict[str, list[tuple[object, ast.AST | None]]]:
+def _arguments(d: ast.FunctionDef | ast.AsyncFunctionDef, found: list[tuple[object, ast.Call]],
+               keyed: bool = False) -> dict[str, list[tuple[object, ast.AST | None]]]:
     """For each parameter `d` never assigns: what each call passes to it, by keyword or position (None where a call
-    passes nothing). Empty when there is no call, or a call spreads `*args`/`**kwargs`."""
-    if not found or any(any(isinstance(a, ast.Starred) for a in c.args)
-                        or any(k.arg is None for k in c.keywords) for _, c in found):
+    passes nothing). Empty when there is no call, or a call spreads `*args`/`**kwargs`; with `keyed`, a spreading
+    call still tells the parameters it names by keyword (`Trainer(model, device=rank, **cfg)`: the spread cannot
+    give `device` again), and leaves the others out."""
+    spreads = [c for _, c in found if any(isinstance(a, ast.Starred) for a in c.args)
+               or any(k.arg is None for k in c.keywords)]
+    if not found or spreads and not keyed:
         return {}
+    named = set.intersection(*({k.arg for k in c.keywords} for c in spreads)) if spreads else None
     positional = [a.arg for a in (*d.args.posonlyargs, *d.args.args)]
     if positional[:1] in (["self"], ["cls"]):
         positional = positional[1:]
     stored = {n.id for n in ast.walk(d) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
     out: dict[str, list[tuple[object, ast.AST | None]]] = {}
     for param in positional + [a.arg for a in d.args.kwonlyargs]:
-        if param in stored:
+        if param in stored or named is not None and param not in named:
             continue
         values = []
         for x, c in found:
