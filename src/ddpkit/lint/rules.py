@@ -916,11 +916,34 @@ def _destroys_default(call: ast.Call) -> bool:
         isinstance(group, ast.Attribute) and group.attr == "WORLD")  # dist.group.WORLD
 
 
+def _in_handler(s: Script, node: ast.AST) -> bool:
+    """The node lies in an `except` block of its function (or of the module code)."""
+    while id(node) in s.parents and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        node = s.parents[id(node)]
+        if isinstance(node, ast.ExceptHandler):
+            return True
+    return False
+
+
+def _only_on_error(s: Script, call: ast.Call) -> bool:
+    """The call runs only when something failed: in an `except` block (`except KeyboardInterrupt:
+    destroy_process_group()`), or in a function the program calls only from such blocks (`cleanup()`)."""
+    if _in_handler(s, call):
+        return True
+    functions = s.context(call).functions
+    if not functions:
+        return False
+    callers = [(x, c) for x, c in s.project.calls_named(functions[-1].split(".")[-1])]
+    return bool(callers) and all(_in_handler(x, c) for x, c in callers)
+
+
 @check
 def no_destroy(s: Script) -> Iterator[Hit]:
     # the parent of mp.spawn never joined the group: its destroy_process_group frees nothing of the ranks'
-    # destroy_process_group(subgroup) frees only that group; the default one stays
+    # destroy_process_group(subgroup) frees only that group; the default one stays; one in an `except` block
+    # frees nothing when training ends normally
     if any(not _in_spawn_parent(script, c) and script.project.runs(script, c) and _destroys_default(c)
+           and not _only_on_error(script, c)
            for script, c in s.project.calls_named("destroy_process_group")):
         return
     for call in s.calls_named("init_process_group"):

@@ -158,11 +158,25 @@ def _dropout(project) -> tuple[Script, ast.Call] | None:
                 # the class names the architecture, from transformers or a copy of its modelling code
                 classes = _classes_held(x, c.func.value)
                 drawn = bool(classes) and all(_TRANSFORMERS_DROPOUT.fullmatch(name) for name in classes)
+            elif (built := _TRANSFORMERS_DROPOUT.fullmatch(terminal(c.func))) and (c.args or c.keywords):
+                drawn = _default_rates(x, argument(c, "config", 0), built[1])
             else:
                 drawn = any(k.arg and _RATE.fullmatch(k.arg) and _nonzero(project, k.value) for k in c.keywords)
             if drawn and project.runs(x, c):
                 return x, c
     return None
+
+
+def _default_rates(s: Script, config: ast.AST | None, architecture: str) -> bool:
+    """A model config built in the function with its architecture's default dropout: the variable a model class is
+    built from (`GPT2LMHeadModel(cfg)`) holds only `GPT2Config(vocab_size=...)`, the config of the same architecture,
+    which names no rate (`*_pdrop`, `hidden_dropout_prob`) and unpacks nothing (`**settings` may set them to 0)."""
+    if not isinstance(config, ast.Name):
+        return False
+    assigned = s.local_assignments(config.id, config)
+    return bool(assigned) and all(
+        isinstance(v, ast.Call) and terminal(v.func) == f"{architecture}Config" and not v.args
+        and all(k.arg and "drop" not in k.arg for k in v.keywords) for _, v in assigned)
 
 
 def _classes_held(s: Script, expr: ast.AST) -> list[str]:
@@ -333,4 +347,7 @@ def _in_effect(group: list[tuple[Script, ast.Call]]) -> tuple[Script, ast.Call]:
     loops = [n.lineno for part in body for n in ast.walk(part)
              if isinstance(n, (ast.For, ast.While)) and n.lineno > first.lineno]
     stop = min(loops, default=None)
-    return [(y, site) for y, site in group if stop is None or site.lineno < stop][-1]
+    before = [(y, site) for y, site in group if stop is None or site.lineno < stop]
+    # `torch.manual_seed(s)` then `torch.cuda.manual_seed_all(s)`: the first seeds CUDA too, the second repeats it
+    cpu = [(y, site) for y, site in before if not y.qualname(site.func).startswith("torch.cuda.")]
+    return (cpu or before)[-1]

@@ -173,10 +173,20 @@ def _bypass(s: Script, call: ast.Call, wrapped: dict[str, str]) -> str:
         if node.attr == "module" and assigned_key(node.value) in wrapped:
             return ast.unparse(func)
         node = node.value
+    if isinstance(node, ast.IfExp) and _module_when_wrapped(node, wrapped):
+        return ast.unparse(func)
     raw = _raw_here(s, call, wrapped)
     if assigned_key(func) in raw or (isinstance(func, ast.Attribute) and assigned_key(func.value) in raw):
         return ast.unparse(func)
     return ""
+
+
+def _module_when_wrapped(choice: ast.IfExp, wrapped: dict[str, str]) -> bool:
+    """`(model if n_gpus == 1 else model.module)` of a wrapped `model`: the wrapper has none of the module's methods,
+    so where it is wrapped the `.module` arm runs."""
+    arms = (choice.body, choice.orelse)
+    return any(isinstance(arm, ast.Attribute) and arm.attr == "module" and assigned_key(arm.value) in wrapped
+               and assigned_key(other) == assigned_key(arm.value) for arm, other in (arms, arms[::-1]))
 
 
 def _why(key: str) -> str:
@@ -425,7 +435,9 @@ def forward_around_wrapper(s: Script) -> Iterator[Hit]:
         used = [m for a in (back.func, *back.args) for m in ast.walk(a)]
         source = next((by_call[id(m)] for m in used if id(m) in bypasses), None)
         if source is None and any(isinstance(m, ast.Name) and m.id in tainted for m in used):
-            source = next(by_call[i] for i in bypasses)
+            # the bypassing call last before this backward(), not one of another branch further on
+            ordered = sorted((by_call[i] for i in bypasses), key=lambda c: (c.lineno, c.col_offset))
+            source = next((c for c in reversed(ordered) if c.lineno <= back.lineno), ordered[0])
         if source is None:
             continue
         raw = bypasses[id(source)]
