@@ -232,6 +232,19 @@ def _basic_config_unheard(x: Script, call: ast.Call) -> bool:
     return bool(ran_first)
 
 
+def debug_shown(project) -> bool:
+    """The program shows DEBUG lines of the root logger: it calls `logging.basicConfig(level=logging.DEBUG)`, every
+    basicConfig of it passes that level and every `setLevel`/`disable` of it asks for DEBUG too."""
+    calls = [(x, c) for x in project.scripts.values() for c in x.calls
+             if x.qualname(c.func) in ("logging.basicConfig", "logging.disable") or terminal(c.func) == "setLevel"]
+    basics = [(x, c) for x, c in calls if x.qualname(c.func) == "logging.basicConfig"]
+
+    def debug(x: Script, value: ast.AST | None) -> bool:
+        return value is not None and x.qualname(value) == "logging.DEBUG"
+    return bool(basics) and all(debug(x, keyword(c, "level") if x.qualname(c.func) == "logging.basicConfig"
+                                          else c.args[0] if c.args else None) for x, c in calls)
+
+
 def _adds_handlers_only(project, x: Script, call: ast.Call) -> bool:
     """The set-up call only gives a logger one more handler: `addHandler(...)`, a set-up of a file handler
     (`fh.setLevel(...)` after `fh = logging.FileHandler(path)`: it does not write the console), or a project helper
