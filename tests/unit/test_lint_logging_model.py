@@ -178,3 +178,57 @@ log = logging.getLogger("train")
 log.propagate = rank == 0
 """
     assert [f for f in lint_sources({"train.py": _HEAD + setup + _TAIL}) if f.rule == "DDP008"] == []
+
+
+_IMPORT_TIME_CONFIG = '''
+import logging
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+logging.basicConfig(level=logging.INFO)
+log = logging.getLogger(__name__)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING{force})
+    model = DDP(nn.Linear(4, 1))
+    for step in range(10):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        log.info("finished step %d", step)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_per_rank_basic_config_after_one_made_at_import_changes_nothing():
+    """basicConfig does nothing once the root logger has a handler: the module's own call at import gave it one, so
+    the later level chosen by the rank is never set and every rank shows the INFO lines. With force=True it is."""
+    unheard = _IMPORT_TIME_CONFIG.format(force="")
+    found = [f for f in lint_sources({"train.py": unheard}) if f.rule == "DDP008"]
+    assert [f.line for f in found] == [unheard.splitlines().index('        log.info("finished step %d", step)') + 1]
+    forced = _IMPORT_TIME_CONFIG.format(force=", force=True")
+    assert [f for f in lint_sources({"train.py": forced}) if f.rule == "DDP008"] == []
+
+
+@pytest.mark.parametrize("level, reported", [("logging.DEBUG", True), ("logging.INFO", False)])
+def test_debug_lines_repeat_where_the_program_shows_debug(level, reported):
+    """`logging.debug` lines are the program's log where its every basicConfig asks for DEBUG; at INFO they are
+    not shown at all."""
+    setup = f'logging.basicConfig(filename="run.log", level={level})\n'
+    source = _HEAD.replace('dist.init_process_group("gloo")', setup + 'dist.init_process_group("gloo")') + '''
+model = DDP(nn.Linear(4, 1))
+for step in range(10):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    logging.debug("finished step %d", step)
+'''
+    found = [f.line for f in lint_sources({"train.py": source}) if f.rule == "DDP008"]
+    assert found == ([source.splitlines().index('    logging.debug("finished step %d", step)') + 1] if reported else [])

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 from ddpkit.lint.analysis import NONE, Script, argument, keyword, next_statements, rerun_by_workers, terminal
 from ddpkit.lint.flow import class_of
-from ddpkit.lint.logsetup import (logger_classes, logger_helpers, logging_configured, logging_per_rank, loguru_default,
-                                  maker_method, outside_log_setup)
+from ddpkit.lint.logsetup import (debug_shown, logger_classes, logger_helpers, logging_configured, logging_per_rank,
+                                  loguru_default, maker_method, outside_log_setup)
 from ddpkit.lint.ranks import WORLD
 from ddpkit.lint.reporting import every_rank_writer, handed_writer_record, in_step_loop, names_a_rank, reports_only, scope_of
 from ddpkit.lint.rules import Hit, check, off_by_default
@@ -679,8 +679,9 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         is_print = is_print or bool(writer)
         # logging.info / a logging.getLogger() logger: every rank's handler writes the line, unless the
         # program sets logging up per rank (a level, a handler or basicConfig chosen by the rank)
-        is_log = logging_open and terminal(call.func) == "info" and isinstance(call.func, ast.Attribute) and (
-            name == "logging.info" or (isinstance(call.func.value, (ast.Name, ast.Attribute))
+        is_log = logging_open and (terminal(call.func) == "info" or name == "logging.debug" and project.memo(
+            "debug shown", lambda: debug_shown(project))) and isinstance(call.func, ast.Attribute) and (
+            name in ("logging.info", "logging.debug") or (isinstance(call.func.value, (ast.Name, ast.Attribute))
                                        and terminal(call.func.value) in {k.lstrip(".") for k in loggers}))
         # a WARNING line is shown with no set-up at all (Python's last-resort handler), so only a set-up per rank hides
         # it; in the loop that runs the step it is the training log written at WARNING, a line every step on every rank
@@ -688,7 +689,8 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         warned = not is_log and warnings_open and (name == "logging.warning" or _logger_warning(call, loggers)) \
             and in_step_loop(s, s.tree, call)
         is_log = is_log or warned
-        if is_log and name in ("logging.info", "logging.warning") and _not_the_logging_module(s, call) \
+        if is_log and name in ("logging.info", "logging.warning", "logging.debug") \
+                and _not_the_logging_module(s, call) \
                 or id(call) in forwarding:
             continue
         # loguru's logger writes to sys.stderr in every process until the program configures it; its default handler

@@ -194,6 +194,9 @@ def logging_per_rank(project) -> bool:
                     return True
             if terminal(call.func) not in setups:
                 continue
+            if _basic_config_unheard(x, call):
+                project.memo(THROUGH_THE_ROOT, set).add(id(call))  # (doubt.py leaves it alone too)
+                continue
             chosen = _chosen_by_rank(x, call)
             guarded = bool(x.context(call).level) and x.qualname(call.func) != "logging.getLogger"
             if not (chosen or guarded):
@@ -213,6 +216,33 @@ def logging_per_rank(project) -> bool:
                 if x.context(node).level or any(x.kind(n) for n in ast.walk(node.value)):
                     return True  # `logger.propagate = rank == 0`
     return False
+
+
+def _basic_config_unheard(x: Script, call: ast.Call) -> bool:
+    """`logging.basicConfig(...)` without `force=True` after a basicConfig the module body makes at import, above the
+    statement (or the def) holding this one: the root logger already has its handler when this call runs, so it
+    changes nothing (its rank-chosen level included)."""
+    if x.qualname(call.func) != "logging.basicConfig" or keyword(call, "force") is not None:
+        return False
+    top = next((stmt for stmt in x.tree.body if any(n is call for n in ast.walk(stmt))), None)
+    ran_first = [stmt for stmt in x.tree.body
+                 if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and stmt.value is not call
+                 and x.qualname(stmt.value.func) == "logging.basicConfig"
+                 and top is not None and stmt.lineno < top.lineno]
+    return bool(ran_first)
+
+
+def debug_shown(project) -> bool:
+    """The program shows DEBUG lines of the root logger: it calls `logging.basicConfig(level=logging.DEBUG)`, every
+    basicConfig of it passes that level and every `setLevel`/`disable` of it asks for DEBUG too."""
+    calls = [(x, c) for x in project.scripts.values() for c in x.calls
+             if x.qualname(c.func) in ("logging.basicConfig", "logging.disable") or terminal(c.func) == "setLevel"]
+    basics = [(x, c) for x, c in calls if x.qualname(c.func) == "logging.basicConfig"]
+
+    def debug(x: Script, value: ast.AST | None) -> bool:
+        return value is not None and x.qualname(value) == "logging.DEBUG"
+    return bool(basics) and all(debug(x, keyword(c, "level") if x.qualname(c.func) == "logging.basicConfig"
+                                          else c.args[0] if c.args else None) for x, c in calls)
 
 
 def _adds_handlers_only(project, x: Script, call: ast.Call) -> bool:
