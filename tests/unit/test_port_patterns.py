@@ -686,3 +686,14 @@ def test_parameter_names_read_after_the_wrap_are_the_models_own_without_the_modu
     assert "        for n, p in ddpkit.unwrap(model).named_parameters():\n" in code
     assert "        for n, b in ddpkit.unwrap(model).named_buffers():\n" in code
     assert "    loss = loss_fn(model(x), y)\n" in code
+
+
+def test_an_averaged_model_made_after_the_wrap_copies_the_model():
+    """`AveragedModel(model)` deep-copies what it is given: after the wrap, the DDP wrapper. It copies the model."""
+    src = ("import torch\nfrom torch.optim.swa_utils import AveragedModel\nfrom torch.utils.data import DataLoader\n"
+           "\n\ndef main():\n    loader = DataLoader(ds, batch_size=8, shuffle=True)\n    model = Net()\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    swa = AveragedModel(model)\n"
+           "    for x, y in loader:\n        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n"
+           "        swa.update_parameters(model)\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = port_source(src)
+    assert "swa = AveragedModel(ddpkit.unwrap(model))" in result.code
