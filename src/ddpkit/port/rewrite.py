@@ -395,17 +395,13 @@ class Rewriter(cst.CSTTransformer):
             self.changes += 1
             return updated.with_changes(args=_comma_args([*updated.args, _arg("map_location", parse_expr(
                 "ctx.device"))]))
-<<<<<<< HEAD
         if self._torch_name(name) == "torch.load" and any(_is_location(i, a) and _gpu_location(a.value)
                                                           for i, a in enumerate(updated.args)):
             self.changes += 1  # `map_location="cuda:0"`: every rank would load onto GPU 0
             return updated.with_changes(args=[a.with_changes(value=_own_device(a.value)) if _is_location(i, a) else a
                                               for i, a in enumerate(updated.args)])
-        if name in ("copy.deepcopy", "deepcopy", "hasattr", "getattr", "isinstance") and updated.args \
-=======
         if (name in ("copy.deepcopy", "deepcopy", "hasattr", "getattr", "isinstance")
                 or self._imported_as(name) == "torch.optim.swa_utils.AveragedModel") and updated.args \
->>>>>>> s24p2
                 and self.role(original.args[0].value) == "model":
             self.changes += 1  # an EMA copy or an attribute check reads the model, not its DDP wrapper
             first = updated.args[0].with_changes(value=parse_expr(f"ddpkit.unwrap({dotted(original.args[0].value)})"))
