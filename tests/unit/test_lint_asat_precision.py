@@ -134,3 +134,46 @@ def test_placements_by_the_global_rank_get_that_finding_not_a_set_device_one():
     found = _found({"train.py": program})
     assert not _no_set_device(found), found
     assert ("train.py", "local_rank = dist.get_rank()", "DDP012") in found, found
+
+
+_DISABLED = """
+    import logging
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    DISABLE
+    logging.basicConfig(level=logging.INFO)
+    logger = logging.getLogger(__name__)
+
+
+    def main():
+        dist.init_process_group("gloo")
+        model = DDP(torch.nn.Linear(4, 1))
+        for step in range(3):
+            loss = model(torch.randn(8, 4)).sum()
+            loss.backward()
+            logger.info("step %d", step)
+        dist.destroy_process_group()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def _info_reported(disable: str) -> bool:
+    found = _found({"train.py": _DISABLED.replace("DISABLE", disable)})
+    return ("train.py", 'logger.info("step %d", step)', "DDP008") in found
+
+
+def test_logging_disabled_at_the_top_writes_no_info_line_anywhere():
+    assert _info_reported("")
+    assert not _info_reported("logging.disable(logging.WARNING)")
+    assert not _info_reported("logging.disable()")  # CRITICAL and below
+
+
+def test_logging_disabled_below_info_or_turned_back_on_still_writes_it():
+    assert _info_reported("logging.disable(logging.DEBUG)")
+    assert _info_reported("logging.disable(logging.WARNING)\n    logging.disable(logging.NOTSET)")

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 from ddpkit.lint.analysis import NONE, Script, argument, keyword, next_statements, rerun_by_workers, terminal
 from ddpkit.lint.flow import class_of
-from ddpkit.lint.logsetup import (debug_shown, logger_classes, logger_helpers, logging_configured, logging_per_rank,
-                                  loguru_default, maker_method, outside_log_setup)
+from ddpkit.lint.logsetup import (debug_shown, disabled_level, logger_classes, logger_helpers, logging_configured,
+                                  logging_per_rank, loguru_default, maker_method, outside_log_setup)
 from ddpkit.lint.ranks import WORLD
 from ddpkit.lint.reporting import every_rank_writer, handed_writer_record, in_step_loop, names_a_rank, reports_only, scope_of
 from ddpkit.lint.rules import Hit, check, off_by_default
@@ -650,9 +650,11 @@ def every_rank_prints(s: Script) -> Iterator[Hit]:
         or (project.resolve(s, v.func) or ("", ""))[1] in makers or maker_method(s, v.func, makers)
         or terminal(v.func) in classes and not s.qualname(v.func).startswith("logging."))} | _imported_loggers(s)
     loggers |= _logging_module_names(s) | _handed_loggers(s, makers) | _logger_parameters_filled(s, makers)
+    # (`logging.disable(logging.WARNING)` at the top of the program: no INFO, nor WARNING, line is written anywhere)
+    silenced = project.memo("logging disabled", lambda: disabled_level(project))
     logging_open = project.memo("logging shown", lambda: logging_configured(project)) \
-        and not project.memo("logging per rank", lambda: logging_per_rank(project))
-    warnings_open = not project.memo("logging per rank", lambda: logging_per_rank(project))
+        and not project.memo("logging per rank", lambda: logging_per_rank(project)) and silenced < 20
+    warnings_open = not project.memo("logging per rank", lambda: logging_per_rank(project)) and silenced < 30
     outside = project.memo("logging set up outside", lambda: outside_log_setup(project))
     loguru_open = project.memo("loguru shown", lambda: loguru_default(project))
     for call in s.calls:

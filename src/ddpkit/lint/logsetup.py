@@ -232,6 +232,29 @@ def _basic_config_unheard(x: Script, call: ast.Call) -> bool:
     return bool(ran_first)
 
 
+_LEVELS = {"logging.NOTSET": 0, "logging.DEBUG": 10, "logging.INFO": 20, "logging.WARN": 30, "logging.WARNING": 30,
+           "logging.ERROR": 40, "logging.FATAL": 50, "logging.CRITICAL": 50}
+
+
+def disabled_level(project) -> int:
+    """The level up to which the program turns logging off for every logger, everywhere: one `logging.disable(L)`
+    in module code (`logging.disable(logging.WARNING)` at the top of the entry script; no argument is CRITICAL),
+    and no other `logging.disable` call anywhere (a later `disable(logging.NOTSET)` turns it back on). 0 where
+    there is none, or the level is not a `logging` constant or number."""
+    calls = [(x, c) for x in project.scripts.values() for c in x.calls if x.qualname(c.func) == "logging.disable"]
+    if len(calls) != 1:
+        return 0
+    x, call = calls[0]
+    if x.context(call).scope:
+        return 0  # inside a function: whether and when it runs is another question
+    level = argument(call, "level", 0)
+    if level is None:
+        return 50
+    if isinstance(level, ast.Constant) and type(level.value) is int:
+        return level.value
+    return _LEVELS.get(x.qualname(level), 0)
+
+
 def debug_shown(project) -> bool:
     """The program shows DEBUG lines of the root logger: it calls `logging.basicConfig(level=logging.DEBUG)`, every
     basicConfig of it passes that level and every `setLevel`/`disable` of it asks for DEBUG too."""
