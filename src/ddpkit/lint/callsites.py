@@ -316,6 +316,16 @@ def _constructor_flags(project, levels: dict[str, dict[str, int]]) -> None:
             into[key] = max(into.get(key, NONE), level)
 
 
+def given_arguments(project, d: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, list[tuple[object, ast.AST | None]]]:
+    """What each call of the program's function `d` passes to each parameter `d` never assigns (see _arguments; None
+    where a call passes nothing): calls by its name, or by its class's name for an `__init__` (the program's other
+    calls of that name count too: matched by name, as everywhere here). Empty where nothing calls it so, or a call
+    spreads `*args`/`**kwargs`."""
+    owner = next((c for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef) and d in c.body),
+                 None) if d.name == "__init__" else None
+    return _arguments(d, _calls_by_name(project).get(owner.name if owner is not None else d.name, []))
+
+
 def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:
     """Every call of the program, by the name it calls (`f` of `f(...)` and of `obj.f(...)`)."""
     calls: dict[str, list[tuple[object, ast.Call]]] = {}

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from ddpkit.lint.analysis import Script, argument, batchnorm_constructor, keyword, own_returns, terminal
 from ddpkit.lint.bindings import scope_of
+from ddpkit.lint.callsites import given_arguments
 from ddpkit.lint.rules import Hit, check, off_by_default, splat_keyword
 
 __all__ = ["cuda_device_as_device", "nccl_without_set_device", "device_from_global_rank", "one_gpu_for_every_rank",
@@ -199,7 +200,7 @@ def _explicit_devices(project) -> str:
 def _default_always_given(project, x: Script, args: ast.arguments, default: ast.AST) -> bool:
     """`def zeroshot_eval(model, loader, device="cuda")` where every call of the function in the program passes
     that parameter (by keyword or position): the default never places anything. False where nothing calls it by
-    name, a call spreads `*args`/`**kwargs`, or the function is also used as a value."""
+    name, a call spreads `*args`/`**kwargs`, or the function is also used as a value (called elsewhere unseen)."""
     d = x.parents.get(id(args))
     if not isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
@@ -207,23 +208,12 @@ def _default_always_given(project, x: Script, args: ast.arguments, default: ast.
     pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults)) + [
         (a.arg, v) for a, v in zip(args.kwonlyargs, args.kw_defaults) if v is not None]
     param = next((name for name, v in pairs if v is default), None)
-    if param is None:
+    values = given_arguments(project, d).get(param) if param is not None else None
+    if not values or any(v is None for _, v in values):
         return False
-    if positional[:1] in (["self"], ["cls"]):
-        positional = positional[1:]
-    calls = [c for y in project.scripts.values() for c in y.calls if terminal(c.func) == d.name]
-    used_as_value = any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load)
-                        and terminal(n) == d.name and not any(n is c.func for c in calls)
-                        for y in project.scripts.values() for n in y.nodes)
-    if not calls or used_as_value:
-        return False
-    for c in calls:
-        if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
-            return False
-        if not any(k.arg == param for k in c.keywords) and not (
-                param in positional and positional.index(param) < len(c.args)):
-            return False
-    return True
+    calls = {id(c.func) for y in project.scripts.values() for c in y.calls}
+    return not any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and terminal(n) == d.name
+                   and id(n) not in calls for y in project.scripts.values() for n in y.nodes)
 
 
 def _cuda_tensor_type(s: Script, node: ast.AST) -> bool:
