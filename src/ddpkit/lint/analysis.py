@@ -194,6 +194,8 @@ class Script:
                              and any(a.name == "*" for a in n.names)]
         """Modules this file imports with `from m import *`."""
         self.external_levels = external_levels or {}
+        self._rank_attributes = any(k.startswith("~") and "(" not in k for k in self.external_levels)
+        """Some class of the program keeps the rank in an attribute (callsites._rank_attributes)."""
         """Guard levels of this file's functions at their call sites in other files of the project; `?callee`
         keys give the answer of a rank helper another file defines (see rank_helpers)."""
         self.rank_helpers: dict[str, int] = {}
@@ -462,8 +464,7 @@ class Script:
     def _rank_attribute(self, use: ast.Attribute) -> int:
         """The rank `self.device` holds in a method of a class whose constructor every call gives the rank
         (callsites._rank_attributes)."""
-        if not (isinstance(use.value, ast.Name) and use.value.id == "self") or not any(
-                key.startswith("~") and "(" not in key for key in self.external_levels):
+        if not (self._rank_attributes and isinstance(use.value, ast.Name) and use.value.id == "self"):
             return NONE
         node: ast.AST = use
         while id(node) in self.parents:

@@ -207,8 +207,7 @@ def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
             if constructor:
                 refused |= {a.arg for a in (*d.args.posonlyargs, *d.args.args, *d.args.kwonlyargs)} - params.keys()
             for param, values in params.items():
-                given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
-                         and not is_main_flag(terminal(value)) else NONE for x, value in values]
+                given = _rank_levels(values)
                 if given and min(given):
                     found[f"~{d.name}({param})"] = min(given)
                 elif constructor:
@@ -216,6 +215,13 @@ def _rank_parameters(project, levels: dict[str, dict[str, int]]) -> None:
         for key, level in found.items():
             if not (key.startswith("~__init__(") and key[len("~__init__("):-1] in refused):
                 levels.setdefault(path, {})[key] = level
+
+
+def _rank_levels(values: list[tuple[object, ast.AST | None]]) -> list[int]:
+    """How each call's value for a parameter holds the rank (the rank itself through a name or an attribute; not a
+    rank test nor a main-process flag, see _flag_parameters): NONE for anything else."""
+    return [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
+            and not is_main_flag(terminal(value)) else NONE for x, value in values]
 
 
 def _rank_attributes(project, levels: dict[str, dict[str, int]]) -> None:
@@ -239,8 +245,7 @@ def _rank_attributes(project, levels: dict[str, dict[str, int]]) -> None:
             found = [(x, call) for x, call in calls.get(c.name, []) if isinstance(call.func, ast.Name)
                      or isinstance(call.func.value, ast.Name) and call.func.value.id in x.aliases]
             for param, values in _arguments(init, found, keyed=True).items():
-                given = [x.kind(value) if isinstance(value, (ast.Name, ast.Attribute)) and not _is_flag(value)
-                         and not is_main_flag(terminal(value)) else NONE for x, value in values]
+                given = _rank_levels(values)
                 if not given or not min(given):
                     continue
                 for attr, assigns in stores.items():
@@ -316,14 +321,15 @@ def _constructor_flags(project, levels: dict[str, dict[str, int]]) -> None:
             into[key] = max(into.get(key, NONE), level)
 
 
-def given_arguments(project, d: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, list[tuple[object, ast.AST | None]]]:
-    """What each call of the program's function `d` passes to each parameter `d` never assigns (see _arguments; None
-    where a call passes nothing): calls by its name, or by its class's name for an `__init__` (the program's other
-    calls of that name count too: matched by name, as everywhere here). Empty where nothing calls it so, or a call
-    spreads `*args`/`**kwargs`."""
-    owner = next((c for x in project.scripts.values() for c in x.nodes if isinstance(c, ast.ClassDef) and d in c.body),
-                 None) if d.name == "__init__" else None
-    return _arguments(d, _calls_by_name(project).get(owner.name if owner is not None else d.name, []))
+def given_arguments(project, script, d: ast.FunctionDef | ast.AsyncFunctionDef,
+                    ) -> dict[str, list[tuple[object, ast.AST | None]]]:
+    """What each call of `d` (a function of `script`) passes to each parameter `d` never assigns (see _arguments;
+    None where a call passes nothing): calls by its name, or by its class's name for an `__init__` (the program's
+    other calls of that name count too: matched by name, as everywhere here). Empty where nothing calls it so, or a
+    call spreads `*args`/`**kwargs`."""
+    owner = script.parents.get(id(d))
+    name = owner.name if d.name == "__init__" and isinstance(owner, ast.ClassDef) else d.name
+    return _arguments(d, _calls_by_name(project).get(name, []))
 
 
 def _calls_by_name(project) -> dict[str, list[tuple[object, ast.Call]]]:

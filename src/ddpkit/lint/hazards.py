@@ -208,7 +208,7 @@ def _default_always_given(project, x: Script, args: ast.arguments, default: ast.
     pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults)) + [
         (a.arg, v) for a, v in zip(args.kwonlyargs, args.kw_defaults) if v is not None]
     param = next((name for name, v in pairs if v is default), None)
-    values = given_arguments(project, d).get(param) if param is not None else None
+    values = given_arguments(project, x, d).get(param) if param is not None else None
     if not values or any(v is None for _, v in values):
         return False
     calls = {id(c.func) for y in project.scripts.values() for c in y.calls}

@@ -36,8 +36,9 @@ class Modules:
             self._found[key] = next((p for name in names if name for p in [self._search(key[0], name)] if p), None) \
                 or next((p for name in names if "." in name for p in [self._unique(name)] if p), None) \
                 or (self._package_member(key[0], dotted) if "." in dotted else None) \
-                or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None)
-        return self._found[key] or self._on_added_path(importer, dotted)
+                or next((p for name in names if "." in name for p in [self._own_package(name)] if p), None) \
+                or self._on_added_path(importer, dotted)
+        return self._found[key]
 
     def _on_added_path(self, importer: str, dotted: str) -> str | None:
         """`sys.path.append("../utils")` then `from utils_trainer import Trainer`: the module in the folder the
@@ -177,6 +178,8 @@ def _path_folders(path: str, tree: ast.Module) -> list[str]:
                 and call.args and isinstance(call.args[-1], ast.Constant) and isinstance(call.args[-1].value, str):
             out.append(os.path.normpath(os.path.join(os.path.dirname(os.path.normpath(path)), call.args[-1].value)))
     return out
+
+
 def _absolute_imports(tree: ast.Module) -> set[tuple[str, str]]:
     """(module, name) of each absolute import: `import a.b` -> (a.b, ""), `from a.b import c` -> (a.b, c); relative
     imports are the file's own folder's and left out."""
